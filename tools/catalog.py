@@ -1,0 +1,1 @@
+"""Imports every tool module so that its tools register. Add a module here when you add tools."""

@@ -1,0 +1,1 @@
+"""Governance: the gate every tool call passes, rules, approvals and the audit log."""

@@ -1,0 +1,1 @@
+"""Command modules, one per area; each exposes `register(app)`."""

@@ -1,0 +1,46 @@
+"""How every command answers: rich for people, `--json` for machines, one clean error line
+and a non-zero exit for bad input (never a traceback)."""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Callable, NoReturn
+
+from pydantic import BaseModel
+
+
+def to_jsonable(obj: Any) -> Any:
+    if isinstance(obj, BaseModel):
+        return obj.model_dump(mode="json")
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(o) for o in obj]
+    if isinstance(obj, dict):
+        return {k: to_jsonable(v) for k, v in obj.items()}
+    return obj
+
+
+def emit(obj: Any, as_json: bool, render: Callable[[Any], None] | None = None) -> None:
+    """Print `obj` as JSON (machines) or through `render` (people)."""
+    if as_json or render is None:
+        sys.stdout.write(json.dumps(to_jsonable(obj), indent=2, default=str) + "\n")
+    else:
+        render(obj)
+
+
+def fail(message: str, *, as_json: bool = False, code: int = 2) -> NoReturn:
+    """Stop the command with a specific message: what was wrong and what to do."""
+    import typer
+
+    if as_json:
+        sys.stdout.write(json.dumps({"error": message}) + "\n")
+    else:
+        from rich.console import Console
+
+        Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def console():
+    from rich.console import Console
+
+    return Console()
