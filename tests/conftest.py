@@ -15,10 +15,16 @@ def workspace(tmp_path, monkeypatch):
     return home
 
 
-def require_service(available: bool, why: str) -> None:
-    """Skip a real-service test where the service is absent, saying why; under CI that is a failure."""
+def _require(available: bool, why: str) -> None:
     if available:
         return
     if os.environ.get("CI") == "true":
         pytest.fail(f"real service missing under CI=true: {why}")
     pytest.skip(why)
+
+
+@pytest.fixture
+def require_service():
+    """`require_service(available, why)`: skip a real-service test where the service is absent,
+    saying why; under CI=true that is a failure, because .ci/run starts every service."""
+    return _require
