@@ -1,0 +1,248 @@
+"""The job configuration: one TOML file, seven sections, `section.key=value` overrides.
+
+Every field is documented and typed; modes are `Literal`s. Any mistake (an unknown section
+or key, a value of the wrong type or outside the allowed set) becomes a `ConfigError` that
+names `section.key`, the value seen and what is allowed, before a process is started.
+"""
+from __future__ import annotations
+
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from trainer.model import PRESETS, ModelArgs
+
+PipelineSchedule = Literal["GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"]
+
+
+class ConfigError(ValueError):
+    """A configuration mistake, phrased for the person who made it."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    preset: str = Field("tiny", description=f"named model shape, one of {sorted(PRESETS)}; "
+                        "the fields below override it when set")
+    dim: int | None = Field(None, gt=0, description="hidden size")
+    n_layers: int | None = Field(None, gt=0, description="number of transformer blocks")
+    n_heads: int | None = Field(None, gt=0, description="query heads per block")
+    n_kv_heads: int | None = Field(None, gt=0, description="key/value heads (grouped-query attention)")
+    vocab_size: int | None = Field(None, gt=0, description="vocabulary size (256 for the byte tokenizer)")
+    ffn_hidden_dim: int | None = Field(None, gt=0, description="SwiGLU hidden size")
+    norm_eps: float | None = Field(None, gt=0, description="RMSNorm epsilon")
+    rope_theta: float | None = Field(None, gt=0, description="RoPE base frequency")
+    tie_embeddings: bool | None = Field(None, description="share the input embedding and output weights")
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, value: str) -> str:
+        if value not in PRESETS:
+            raise ValueError(f"unknown preset {value!r}; use one of {sorted(PRESETS)}")
+        return value
+
+
+class ParallelConfig(_Section):
+    dp_replicate: int = Field(1, ge=1, description="data-parallel replicas (DDP, or HSDP's outer dim)")
+    dp_shard: int = Field(-1, ge=-1, description="FSDP shard degree; -1 infers world / (other degrees)")
+    cp: int = Field(1, ge=1, description="context-parallel degree")
+    tp: int = Field(1, ge=1, description="tensor-parallel degree")
+    pp: int = Field(1, ge=1, description="pipeline-parallel stages")
+    pp_schedule: PipelineSchedule = Field("1F1B", description="pipeline schedule")
+    virtual_stages: int = Field(1, ge=1, description="model chunks per pipeline rank (interleaved schedules)")
+    sequence_parallel: bool = Field(False, description="shard norms/dropouts along the sequence with TP")
+    data_parallel: Literal["ddp", "fsdp"] = Field(
+        "fsdp", description="ddp: every data-parallel rank holds a full replica; fsdp: FSDP2 fully_shard")
+    reshard_after_forward: bool = Field(
+        True, description="FSDP2: free gathered parameters after forward (ZeRO-3-like); false keeps "
+        "them until backward (ZeRO-2-like)")
+
+    @field_validator("dp_shard")
+    @classmethod
+    def _not_zero(cls, value: int) -> int:
+        if value == 0:
+            raise ValueError("0 is not a degree; use a positive degree or -1 to infer it")
+        return value
+
+
+class TrainingConfig(_Section):
+    steps: int = Field(20, ge=1, description="optimizer steps to run")
+    global_batch: int = Field(8, ge=1, description="sequences per optimizer step, all ranks together")
+    micro_batch: int = Field(4, ge=1, description="sequences per forward/backward on one rank")
+    seq_len: int = Field(64, ge=2, description="tokens per sequence")
+    lr: float = Field(3e-3, gt=0, description="peak learning rate (AdamW)")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine floor as a fraction of lr")
+    warmup_steps: int = Field(2, ge=0, description="linear warm-up steps before the cosine decay")
+    weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping threshold (global L2 norm)")
+    precision: Literal["fp32", "bf16"] = Field("fp32", description="compute precision")
+    activation_checkpointing: Literal["none", "selective", "full"] = Field(
+        "none", description="recompute activations in backward: none, every other block, every block")
+    compile: bool = Field(False, description="torch.compile each transformer block")
+    seed: int = Field(0, ge=0, description="seed for weights, data and dropout-free RNG state")
+    deterministic: bool = Field(True, description="torch.use_deterministic_algorithms (warn-only)")
+
+    @model_validator(mode="after")
+    def _batch_divides(self) -> "TrainingConfig":
+        if self.global_batch % self.micro_batch:
+            raise ValueError(f"training.global_batch ({self.global_batch}) must be a multiple of "
+                             f"training.micro_batch ({self.micro_batch})")
+        return self
+
+
+class DataConfig(_Section):
+    kind: Literal["synthetic", "text"] = Field("text", description="synthetic random tokens, or "
+                                               "a byte-level tokenizer over a text file")
+    path: str | None = Field(None, description="text file for kind=text; default: the shipped "
+                             "data/tiny_shakespeare_like.txt corpus")
+    prefetch: bool = Field(False, description="load the next batch on a background thread")
+
+
+class CheckpointConfig(_Section):
+    enable: bool = Field(False, description="save distributed checkpoints and resume from the newest")
+    interval: int = Field(10, ge=1, description="save every N steps (and at the last step)")
+    mode: Literal["sync", "async", "async_pinned"] = Field(
+        "sync", description="sync: block until written; async: stage then write in background; "
+        "async_pinned: async with pinned-memory staging")
+    keep: int = Field(2, ge=1, description="keep the newest N committed checkpoints")
+    folder: str = Field("checkpoints", description="folder under the run directory")
+
+
+class MetricsConfig(_Section):
+    log_every: int = Field(1, ge=1, description="print a readable line on rank 0 every N steps")
+    jsonl: bool = Field(True, description="append one JSON record per step per rank to metrics.jsonl")
+    prometheus_port_base: int = Field(0, ge=0, le=65000, description="exporter port of rank 0 (rank R "
+                                      "uses base+R); 0 turns the exporters off")
+    heartbeat: bool = Field(True, description="rewrite heartbeat/rank{R}.json every step")
+
+
+class FaultsConfig(_Section):
+    crash_step: int | None = Field(None, ge=0, description="crash at the start of this step")
+    crash_rank: int = Field(0, ge=0, description="rank that crashes")
+    crash_mode: Literal["exit", "sigkill"] = Field("exit", description="exit with a code, or SIGKILL itself")
+    hang_step: int | None = Field(None, ge=0, description="hang from this step on")
+    hang_rank: int = Field(0, ge=0, description="rank that hangs")
+    nan_step: int | None = Field(None, ge=0, description="make the loss NaN at this step")
+    bitflip_step: int | None = Field(None, ge=0, description="flip a bit in one parameter at this step")
+    bitflip_rank: int = Field(0, ge=0, description="rank whose parameter is flipped")
+    slow_rank: int | None = Field(None, ge=0, description="straggler rank")
+    slow_ms: int = Field(0, ge=0, description="extra milliseconds per step on the straggler rank")
+    corrupt_checkpoint: bool = Field(False, description="corrupt the newest checkpoint after it is saved")
+
+
+class JobConfig(_Section):
+    model: ModelConfig = Field(default_factory=ModelConfig, description="model shape")
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="parallel layout")
+    training: TrainingConfig = Field(default_factory=TrainingConfig, description="optimisation")
+    data: DataConfig = Field(default_factory=DataConfig, description="input data")
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="checkpoints")
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="metrics outputs")
+    faults: FaultsConfig = Field(default_factory=FaultsConfig, description="fault injection (drills)")
+
+    def model_args(self) -> ModelArgs:
+        """The preset with explicit dims applied; RoPE tables cover the training seq_len."""
+        dims = {k: v for k, v in self.model.model_dump(exclude={"preset"}).items() if v is not None}
+        args = replace(PRESETS[self.model.preset], **dims)
+        return replace(args, max_seq_len=max(args.max_seq_len, self.training.seq_len))
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "JobConfig":
+        args = self.model_args()
+        if args.dim % args.n_heads:
+            raise ValueError(f"model.dim ({args.dim}) must be divisible by model.n_heads ({args.n_heads})")
+        if args.n_heads % args.kv_heads:
+            raise ValueError(f"model.n_heads ({args.n_heads}) must be divisible by "
+                             f"model.n_kv_heads ({args.kv_heads})")
+        if self.data.kind == "text" and args.vocab_size < 256:
+            raise ValueError(f"data.kind='text' uses byte tokens: model.vocab_size ({args.vocab_size}) "
+                             "must be at least 256")
+        return self
+
+    def to_toml(self) -> str:
+        """TOML text that `load_config` reads back to an equal config (None fields are left out)."""
+        lines: list[str] = []
+        for section, values in self.model_dump().items():
+            lines.append(f"[{section}]")
+            lines += [f"{key} = {_toml_value(value)}" for key, value in values.items() if value is not None]
+            lines.append("")
+        return "\n".join(lines)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    escaped = str(value).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
+
+
+SECTIONS: dict[str, type[_Section]] = {
+    name: field.annotation for name, field in JobConfig.model_fields.items()  # type: ignore[misc]
+}
+
+
+def _check_key(section: str, key: str | None, where: str) -> None:
+    if section not in SECTIONS:
+        raise ConfigError(f"{where}: unknown section [{section}]; sections are {sorted(SECTIONS)}")
+    if key is not None and key not in SECTIONS[section].model_fields:
+        raise ConfigError(f"{where}: unknown key {section}.{key}; keys of [{section}] are "
+                          f"{sorted(SECTIONS[section].model_fields)}")
+
+
+def _parse_override(override: str) -> tuple[str, str, Any]:
+    name, sep, raw = override.partition("=")
+    section, dot, key = name.strip().partition(".")
+    if not sep or not dot or not key:
+        raise ConfigError(f"override {override!r} is not section.key=value (e.g. training.steps=50)")
+    _check_key(section, key, f"override {override!r}")
+    raw = raw.strip()
+    # pydantic's lax mode turns "3" into 3 and "true" into True by the field's type
+    return section, key, None if raw.lower() in ("none", "null", "") else raw
+
+
+def _explain(error: ValidationError, data: dict[str, Any]) -> ConfigError:
+    problems = []
+    for item in error.errors():
+        loc = ".".join(str(part) for part in item["loc"])
+        message = item["msg"].removeprefix("Value error, ")
+        if len(item["loc"]) == 2:
+            seen = data.get(item["loc"][0], {}).get(item["loc"][1], item.get("input"))
+            problems.append(f"{loc} = {seen!r} is not valid: {message}")
+        else:  # a cross-field check: its message already names the fields
+            problems.append(message)
+    return ConfigError("; ".join(problems))
+
+
+def load_config(path: str | Path | None = None, preset: str | None = None,
+                overrides: list[str] | None = None) -> JobConfig:
+    """Read TOML (optional), apply a model preset (optional), then `section.key=value` overrides."""
+    data: dict[str, dict[str, Any]] = {}
+    if path is not None:
+        file = Path(path)
+        if not file.is_file():
+            raise ConfigError(f"config file {str(file)!r} does not exist; pass a TOML file or use --preset")
+        try:
+            data = tomllib.loads(file.read_text())
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"config file {str(file)!r} is not valid TOML: {err}") from None
+        for section, values in data.items():
+            if not isinstance(values, dict):
+                raise ConfigError(f"{file}: top-level key {section!r} must be a [section] table")
+            _check_key(section, None, str(file))
+            for key in values:
+                _check_key(section, key, str(file))
+    if preset is not None:
+        data.setdefault("model", {})["preset"] = preset
+    for override in overrides or []:
+        section, key, value = _parse_override(override)
+        data.setdefault(section, {})[key] = value
+    try:
+        return JobConfig.model_validate(data)
+    except ValidationError as err:
+        raise _explain(err, data) from None
