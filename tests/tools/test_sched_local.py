@@ -1,0 +1,84 @@
+"""The local scheduler: detached jobs tracked in the workspace, found again by id."""
+from __future__ import annotations
+
+import socket
+import sys
+import time
+
+import pytest
+from pydantic import ValidationError
+
+from tools.schedulers import JobSpec, SchedulerError, get_scheduler
+
+
+def _spec(code: str, **kw) -> JobSpec:
+    return JobSpec(name="t", command=[sys.executable, "-c", code], **kw)
+
+
+def test_a_job_runs_to_completion_and_its_log_is_readable():
+    sched = get_scheduler("local")
+    handle = sched.submit(_spec("print('hello from the job')"))
+    status = sched.wait(handle.job_id, timeout_s=30)
+    assert status.state == "completed" and status.exit_code == 0
+    assert "hello from the job" in sched.logs(handle.job_id)
+
+
+def test_a_failing_command_reports_failed_with_its_exit_code():
+    sched = get_scheduler("local")
+    handle = sched.submit(_spec("import sys; sys.exit(3)"))
+    status = sched.wait(handle.job_id, timeout_s=30)
+    assert (status.state, status.exit_code) == ("failed", 3)
+
+
+def test_a_job_outlives_the_call_and_a_fresh_scheduler_finds_it_running():
+    handle = get_scheduler("local").submit(_spec("import time; time.sleep(30)"))
+    try:
+        assert get_scheduler("local").status(handle.job_id).state == "running"
+    finally:
+        get_scheduler("local").cancel(handle.job_id)
+
+
+def test_cancel_stops_the_whole_process_group():
+    sched = get_scheduler("local")
+    handle = sched.submit(_spec("import time; time.sleep(60)"))
+    started = time.monotonic()
+    status = sched.cancel(handle.job_id)
+    assert status.state == "cancelled"
+    assert time.monotonic() - started < 10
+    assert sched.status(handle.job_id).state == "cancelled"
+
+
+def test_requeue_runs_the_same_spec_again_under_the_same_id(tmp_path):
+    marker = tmp_path / "count"
+    code = f"import pathlib; p = pathlib.Path({str(marker)!r}); p.write_text(p.read_text() + 'x' if p.exists() else 'x')"
+    sched = get_scheduler("local")
+    handle = sched.submit(_spec(code))
+    sched.wait(handle.job_id, timeout_s=30)
+    again = sched.requeue(handle.job_id)
+    assert again.job_id == handle.job_id
+    assert sched.wait(handle.job_id, timeout_s=30).state == "completed"
+    assert marker.read_text() == "xx"
+
+
+def test_a_drained_node_refuses_submits_until_resumed():
+    sched = get_scheduler("local")
+    host = socket.gethostname()
+    assert sched.drain(host, "fault drill").state == "drained"
+    with pytest.raises(SchedulerError, match="drained"):
+        sched.submit(_spec("pass"))
+    assert sched.resume(host).state == "idle"
+    assert sched.wait(sched.submit(_spec("pass")).job_id, timeout_s=30).state == "completed"
+
+
+def test_an_unknown_job_id_names_the_backend_and_the_id():
+    with pytest.raises(SchedulerError, match=r"local scheduler: unknown job id 'nope-1'"):
+        get_scheduler("local").status("nope-1")
+
+
+def test_a_malformed_spec_names_the_field_and_the_fix():
+    with pytest.raises(ValidationError, match="procs_per_node must be at least 1"):
+        JobSpec(name="ok", command=["true"], procs_per_node=0)
+    with pytest.raises(ValidationError, match="name 'Bad_Name' is not valid"):
+        JobSpec(name="Bad_Name", command=["true"])
+    with pytest.raises(ValidationError, match="needs launcher='torchrun'"):
+        JobSpec(name="ok", command=["true"], procs_per_node=2)

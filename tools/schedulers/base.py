@@ -1,0 +1,182 @@
+"""The scheduler contract: a framework-agnostic `JobSpec` in, a `JobHandle` out, and the same
+status/logs/cancel/requeue/drain verbs on every backend, so a drill reads the same on a
+laptop, on Slurm and on Kubernetes."""
+from __future__ import annotations
+
+import re
+from typing import Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+SchedulerKind = Literal["local", "slurm", "kubernetes"]
+JobState = Literal["pending", "running", "completed", "failed", "cancelled", "unknown"]
+NodeState = Literal["idle", "allocated", "mixed", "drained", "draining", "down", "unknown"]
+TERMINAL_STATES: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
+
+_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class SchedulerError(Exception):
+    """A backend failed: the message names the backend, the address or command, and what to do."""
+
+    def __init__(self, backend: str, message: str):
+        super().__init__(f"{backend} scheduler: {message}")
+        self.backend = backend
+
+
+class JobSpec(BaseModel):
+    """What to run and where, independent of the scheduler that runs it."""
+
+    name: str = Field(description="Job name: lower-case letters, digits and '-' (it becomes a Slurm job name and a Kubernetes object name).")
+    command: list[str] = Field(description="The program and its arguments. With launcher='torchrun' this is what torchrun runs (a script or '-m module' and its arguments).")
+    launcher: Literal["plain", "torchrun"] = Field("plain", description="'plain' runs the command once; 'torchrun' starts procs_per_node processes on each node with rendezvous set up by the backend.")
+    nodes: int = Field(1, description="Number of nodes.")
+    procs_per_node: int = Field(1, description="Processes (ranks) per node.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables for the job.")
+    time_limit_min: int | None = Field(None, description="Wall-clock limit in minutes; None means the backend default.")
+    partition: str | None = Field(None, description="Slurm partition (or Kubernetes namespace); None means the default.")
+    exclude_nodes: list[str] = Field(default_factory=list, description="Nodes the job must not run on (isolation after a fault).")
+    workdir: str | None = Field(None, description="Working directory for the job; None means the current directory.")
+    run_dir: str | None = Field(None, description="The training run folder, if the job is a trainer run (per-rank logs, heartbeats, metrics).")
+    rdzv_port: int = Field(29500, description="TCP port of the torchrun c10d rendezvous on the first node.")
+
+    @field_validator("name")
+    @classmethod
+    def _name_ok(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError(f"name {v!r} is not valid: use 1-63 lower-case letters, digits or '-', starting and ending with a letter or digit (e.g. 'llama-baseline')")
+        return v
+
+    @field_validator("command")
+    @classmethod
+    def _command_ok(cls, v: list[str]) -> list[str]:
+        if not v or not v[0].strip():
+            raise ValueError(f"command {v!r} is empty: give the program and its arguments as a list, e.g. ['python', 'train.py']")
+        return v
+
+    @field_validator("nodes", "procs_per_node")
+    @classmethod
+    def _positive(cls, v: int, info) -> int:
+        if v < 1:
+            raise ValueError(f"{info.field_name} must be at least 1 (got {v}); use 1 for a single node or process")
+        return v
+
+    @field_validator("time_limit_min")
+    @classmethod
+    def _limit_ok(cls, v: int | None) -> int | None:
+        if v is not None and v < 1:
+            raise ValueError(f"time_limit_min must be at least 1 minute (got {v}); leave it empty for the backend default")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env_ok(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            if not _ENV_KEY.match(key):
+                raise ValueError(f"env key {key!r} is not a valid variable name: use letters, digits and '_', not starting with a digit")
+        return v
+
+    @field_validator("rdzv_port")
+    @classmethod
+    def _port_ok(cls, v: int) -> int:
+        if not 1024 <= v <= 65535:
+            raise ValueError(f"rdzv_port {v} is out of range: use an unprivileged port between 1024 and 65535")
+        return v
+
+    @model_validator(mode="after")
+    def _plain_single(self) -> "JobSpec":
+        if self.launcher == "plain" and self.procs_per_node > 1:
+            raise ValueError(f"procs_per_node={self.procs_per_node} needs launcher='torchrun' (a plain command runs once); set launcher='torchrun' or procs_per_node=1")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+
+class JobHandle(BaseModel):
+    """What a submit returns: enough to find the job again from a later CLI call."""
+
+    job_id: str = Field(description="The backend's job id.")
+    backend: SchedulerKind
+    name: str
+    submitted_at: float = Field(description="Submission wall time (Unix seconds).")
+    run_dir: str | None = None
+    log_path: str | None = Field(None, description="Where the job's combined stdout/stderr goes.")
+
+
+class JobStatus(BaseModel):
+    job_id: str
+    backend: SchedulerKind
+    name: str = ""
+    state: JobState
+    exit_code: int | None = None
+    nodes: list[str] = Field(default_factory=list)
+    reason: str = Field("", description="The backend's reason for the state (pending reason, failure reason).")
+    started_at: float | None = None
+    ended_at: float | None = None
+    run_dir: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+class NodeInfo(BaseModel):
+    name: str
+    state: NodeState
+    cpus: int | None = None
+    reason: str = ""
+
+
+@runtime_checkable
+class Scheduler(Protocol):
+    kind: str
+
+    def submit(self, spec: JobSpec) -> JobHandle: ...
+    def status(self, job_id: str) -> JobStatus: ...
+    def wait(self, job_id: str, timeout_s: float) -> JobStatus: ...
+    def logs(self, job_id: str, tail: int = 100, rank: int | None = None) -> str: ...
+    def cancel(self, job_id: str) -> JobStatus: ...
+    def requeue(self, job_id: str) -> JobHandle: ...
+    def list_jobs(self) -> list[JobStatus]: ...
+    def list_nodes(self) -> list[NodeInfo]: ...
+    def drain(self, node: str, reason: str) -> NodeInfo: ...
+    def resume(self, node: str) -> NodeInfo: ...
+
+
+def get_scheduler(kind: str) -> Scheduler:
+    """The backend for `kind`; heavy clients are imported only here."""
+    if kind == "local":
+        from tools.schedulers.local import LocalScheduler
+
+        return LocalScheduler()
+    if kind == "slurm":
+        from tools.schedulers.slurm import SlurmScheduler
+
+        return SlurmScheduler()
+    if kind == "kubernetes":
+        from tools.schedulers.kubernetes import KubernetesScheduler
+
+        return KubernetesScheduler()
+    raise SchedulerError(kind, f"unknown scheduler {kind!r}: use one of local, slurm, kubernetes")
+
+
+def tail_text(text: str, lines: int) -> str:
+    """The last `lines` lines of `text` (all of it when lines <= 0)."""
+    if lines <= 0:
+        return text
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def rank_log(run_dir: str | None, rank: int, backend: str, job_id: str) -> str:
+    """A rank's own log from the run folder (the trainer writes logs/rank{R}.log)."""
+    from pathlib import Path
+
+    if not run_dir:
+        raise SchedulerError(backend, f"job {job_id} has no run_dir, so it has no per-rank logs; ask for the job log (rank=None)")
+    path = Path(run_dir) / "logs" / f"rank{rank}.log"
+    if not path.exists():
+        raise SchedulerError(backend, f"no log for rank {rank} of job {job_id} at {path}; check the rank number (0..world_size-1) or that the job has started")
+    return path.read_text(errors="replace")

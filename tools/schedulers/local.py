@@ -1,0 +1,244 @@
+"""The embedded scheduler: jobs are detached process groups on this machine, tracked in
+`$TRAINOPS_HOME/jobs/<id>.json`, so a job outlives the CLI call that started it."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from tools.schedulers.base import (
+    TERMINAL_STATES,
+    JobHandle,
+    JobSpec,
+    JobStatus,
+    NodeInfo,
+    SchedulerError,
+    rank_log,
+    tail_text,
+)
+
+KIND = "local"
+CANCEL_GRACE_S = 5.0
+
+
+def _jobs() -> Path:
+    from trainops.workspace import jobs_dir
+
+    return jobs_dir()
+
+
+def _nodes_file() -> Path:
+    from trainops.workspace import home
+
+    return home() / "local_nodes.json"
+
+
+def _proc_start_ticks(pid: int) -> int | None:
+    """The kernel's start time of `pid`, to tell our process from a later one reusing the pid."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[19]) if fields[0] != "Z" else None
+
+
+def pid_alive(pid: int, start_ticks: int | None = None) -> bool:
+    """True while `pid` runs (a zombie or a recycled pid counts as gone)."""
+    try:
+        waited, _ = os.waitpid(pid, os.WNOHANG)
+        if waited == pid:
+            return False
+    except ChildProcessError:
+        pass
+    ticks = _proc_start_ticks(pid)
+    if ticks is None:
+        return False
+    return start_ticks is None or ticks == start_ticks
+
+
+class LocalScheduler:
+    kind = KIND
+
+    def _record_path(self, job_id: str) -> Path:
+        from trainops.workspace import check_id
+
+        try:
+            check_id("job", job_id)
+        except ValueError as exc:
+            raise SchedulerError(KIND, str(exc)) from None
+        return _jobs() / f"{job_id}.json"
+
+    def _load(self, job_id: str) -> dict:
+        path = self._record_path(job_id)
+        if not path.exists():
+            known = sorted(p.stem for p in _jobs().glob("*.json"))[-5:]
+            hint = f"recent jobs: {', '.join(known)}" if known else "no jobs submitted in this workspace yet"
+            raise SchedulerError(KIND, f"unknown job id {job_id!r} in {_jobs()}; {hint} (list them with list_jobs)")
+        return json.loads(path.read_text())
+
+    def _save(self, record: dict) -> None:
+        path = self._record_path(record["job_id"])
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record, indent=2))
+        os.replace(tmp, path)
+
+    def _launch(self, record: dict) -> dict:
+        spec = JobSpec.model_validate(record["spec"])
+        if spec.nodes != 1:
+            raise SchedulerError(KIND, f"nodes={spec.nodes}: the local scheduler has one node ({socket.gethostname()}); use nodes=1 or scheduler='slurm'")
+        if spec.launcher == "torchrun":
+            command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+                       "--nproc-per-node", str(spec.procs_per_node), *spec.command]
+        else:
+            command = list(spec.command)
+        exit_file = _jobs() / f"{record['job_id']}.exit"
+        exit_file.unlink(missing_ok=True)
+        env = {**os.environ, **spec.env}
+        env.setdefault("OMP_NUM_THREADS", "1")
+        repo_root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, env.get("PYTHONPATH", "")) if p)
+        log = open(record["log_path"], "ab")
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tools.schedulers.local_runner", str(exit_file), "--", *command],
+                cwd=spec.workdir or None, env=env, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        except OSError as exc:
+            raise SchedulerError(KIND, f"cannot start {command[0]!r} in {spec.workdir or os.getcwd()}: {exc}; check the command and workdir") from None
+        finally:
+            log.close()
+        record.update(pid=proc.pid, pgid=proc.pid, start_ticks=_proc_start_ticks(proc.pid), started_at=time.time(),
+                      command=command, exit_file=str(exit_file), cancelled=False)
+        record["attempts"] = record.get("attempts", 0) + 1
+        self._save(record)
+        return record
+
+    def _handle(self, record: dict) -> JobHandle:
+        return JobHandle(job_id=record["job_id"], backend=KIND, name=record["spec"]["name"],
+                         submitted_at=record["submitted_at"], run_dir=record["spec"].get("run_dir"),
+                         log_path=record["log_path"])
+
+    def submit(self, spec: JobSpec) -> JobHandle:
+        host = socket.gethostname()
+        drained = self._drained()
+        if host in drained:
+            raise SchedulerError(KIND, f"node {host} is drained ({drained[host]}); resume it with resume_node before submitting")
+        if host in spec.exclude_nodes:
+            raise SchedulerError(KIND, f"exclude_nodes contains {host}, the only local node; remove it or use scheduler='slurm'")
+        job_id = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        record = {"job_id": job_id, "spec": spec.model_dump(), "submitted_at": time.time(),
+                  "log_path": str(_jobs() / f"{job_id}.log"), "node": host}
+        return self._handle(self._launch(record))
+
+    def status(self, job_id: str) -> JobStatus:
+        record = self._load(job_id)
+        exit_info = None
+        exit_file = Path(record["exit_file"])
+        if exit_file.exists():
+            exit_info = json.loads(exit_file.read_text())
+        alive = exit_info is None and pid_alive(record["pid"], record.get("start_ticks"))
+        if record.get("cancelled"):
+            state, code = "cancelled", exit_info["exit_code"] if exit_info else None
+        elif exit_info is not None:
+            code = exit_info["exit_code"]
+            state = "completed" if code == 0 else "failed"
+        elif alive:
+            state, code = "running", None
+        else:
+            state, code = "failed", None
+        reason = "" if state != "failed" or code is not None else "the job's runner died without recording an exit code (killed)"
+        if code is not None and code < 0:
+            reason = f"killed by signal {signal.Signals(-code).name}"
+        return JobStatus(job_id=job_id, backend=KIND, name=record["spec"]["name"], state=state, exit_code=code,
+                         nodes=[record["node"]], reason=reason, started_at=record.get("started_at"),
+                         ended_at=exit_info["ended_at"] if exit_info else record.get("cancelled_at"),
+                         run_dir=record["spec"].get("run_dir"))
+
+    def wait(self, job_id: str, timeout_s: float, poll_s: float = 0.1) -> JobStatus:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            st = self.status(job_id)
+            if st.state in TERMINAL_STATES or time.monotonic() >= deadline:
+                return st
+            time.sleep(poll_s)
+
+    def logs(self, job_id: str, tail: int = 100, rank: int | None = None) -> str:
+        record = self._load(job_id)
+        if rank is not None:
+            return tail_text(rank_log(record["spec"].get("run_dir"), rank, KIND, job_id), tail)
+        path = Path(record["log_path"])
+        return tail_text(path.read_text(errors="replace") if path.exists() else "", tail)
+
+    def cancel(self, job_id: str) -> JobStatus:
+        record = self._load(job_id)
+        if self.status(job_id).state not in TERMINAL_STATES:
+            record.update(cancelled=True, cancelled_at=time.time())
+            self._save(record)
+            self._kill_group(record)
+        return self.status(job_id)
+
+    def _kill_group(self, record: dict) -> None:
+        try:
+            os.killpg(record["pgid"], signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + CANCEL_GRACE_S
+        while time.monotonic() < deadline and pid_alive(record["pid"], record.get("start_ticks")):
+            time.sleep(0.05)
+        try:
+            os.killpg(record["pgid"], signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def requeue(self, job_id: str) -> JobHandle:
+        """Stop the job if it still runs and start it again with the same spec and id; a trainer
+        resumes from its newest checkpoint in the same run folder."""
+        record = self._load(job_id)
+        if self.status(job_id).state not in TERMINAL_STATES:
+            self._kill_group(record)
+        record.pop("cancelled_at", None)
+        return self._handle(self._launch(record))
+
+    def list_jobs(self) -> list[JobStatus]:
+        return [self.status(p.stem) for p in sorted(_jobs().glob("*.json"))]
+
+    def _drained(self) -> dict[str, str]:
+        path = _nodes_file()
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def list_nodes(self) -> list[NodeInfo]:
+        host = socket.gethostname()
+        drained = self._drained()
+        if host in drained:
+            state, reason = "drained", drained[host]
+        else:
+            busy = any(s.state == "running" for s in self.list_jobs())
+            state, reason = ("allocated" if busy else "idle"), ""
+        return [NodeInfo(name=host, state=state, cpus=os.cpu_count(), reason=reason)]
+
+    def _check_node(self, node: str) -> str:
+        host = socket.gethostname()
+        if node not in (host, "localhost"):
+            raise SchedulerError(KIND, f"unknown node {node!r}: the local scheduler has one node, {host!r}")
+        return host
+
+    def drain(self, node: str, reason: str) -> NodeInfo:
+        host = self._check_node(node)
+        drained = self._drained()
+        drained[host] = reason or "drained by trainops"
+        _nodes_file().write_text(json.dumps(drained))
+        return self.list_nodes()[0]
+
+    def resume(self, node: str) -> NodeInfo:
+        host = self._check_node(node)
+        drained = self._drained()
+        drained.pop(host, None)
+        _nodes_file().write_text(json.dumps(drained))
+        return self.list_nodes()[0]

@@ -1,0 +1,38 @@
+"""Runs one job command and records its exit code, so a later CLI call can tell a job that
+finished from one that died (the local scheduler's parent process is long gone by then).
+
+    python -m tools.schedulers.local_runner EXIT_FILE -- CMD ARGS...
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3 or argv[1] != "--":
+        sys.stderr.write("usage: python -m tools.schedulers.local_runner EXIT_FILE -- CMD ARGS...\n")
+        return 2
+    exit_file, command = argv[0], argv[2:]
+    started = time.time()
+    try:
+        child = subprocess.Popen(command)
+    except OSError as exc:
+        sys.stderr.write(f"local_runner: cannot start {command[0]!r}: {exc}\n")
+        rc = 127
+    else:
+        signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signum))
+        rc = child.wait()
+    tmp = exit_file + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump({"exit_code": rc, "started_at": started, "ended_at": time.time()}, fh)
+    os.replace(tmp, exit_file)
+    return 0 if rc == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
