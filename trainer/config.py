@@ -56,6 +56,8 @@ class ParallelConfig(_Section):
     pp_schedule: PipelineSchedule = Field("1F1B", description="pipeline schedule")
     virtual_stages: int = Field(1, ge=1, description="model chunks per pipeline rank (interleaved schedules)")
     sequence_parallel: bool = Field(False, description="shard norms/dropouts along the sequence with TP")
+    comm_overlap: bool = Field(False, description="overlap TP collectives with the GEMMs (async TP); "
+                               "needs sequence_parallel")
     data_parallel: Literal["ddp", "fsdp"] = Field(
         "fsdp", description="ddp: every data-parallel rank holds a full replica; fsdp: FSDP2 fully_shard")
     reshard_after_forward: bool = Field(
