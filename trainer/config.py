@@ -101,8 +101,7 @@ class DataConfig(_Section):
     kind: Literal["synthetic", "text"] = Field("text", description="synthetic random tokens, or "
                                                "a byte-level tokenizer over a text file")
     path: str | None = Field(None, description="text file for kind=text; default: the shipped "
-                             "data/tiny_shakespeare_like.txt corpus")
-    prefetch: bool = Field(False, description="load the next batch on a background thread")
+                             "data/public_domain_excerpts.txt")
 
 
 class CheckpointConfig(_Section):
