@@ -1,0 +1,1 @@
+"""The evidence pack: model, renderers, plots and the validated writer."""

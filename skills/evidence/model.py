@@ -1,0 +1,161 @@
+"""The evidence pack: what a human reads before approving a training-efficiency or
+fault-tolerance conclusion. The model is the contract; its JSON schema is exported as
+`evidence.schema.json` next to this file."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+Verdict = Literal["pass", "fail", "partial"]
+Isolation = Literal["process", "rank", "node", "job"]
+Cause = Literal["hardware", "network", "software", "data"]
+FaultKind = Literal["crash", "node-loss", "hang", "nan", "bitflip", "straggler", "checkpoint-corruption"]
+
+SCHEMA_PATH = Path(__file__).with_name("evidence.schema.json")
+
+
+class EnvironmentDeclaration(BaseModel):
+    """What every MFU or scaling conclusion must name (S1)."""
+
+    framework: str = Field(description="training framework, e.g. 'trainops-trainer'")
+    framework_version: str = Field(description="framework version string")
+    torch_version: str = Field(description="torch.__version__ of the run")
+    hardware: str = Field(description="accelerator generation or CPU model, e.g. 'H100-SXM' or 'cpu:x86_64'")
+    device_count: int = Field(ge=1, description="devices (or CPU processes) in the declared pool")
+    backend: str = Field(description="collective backend: nccl or gloo")
+    scheduler: str = Field(description="scheduler name and version, e.g. 'local' or 'slurm 22.05'")
+    checkpoint_write_gib_per_s: float | None = Field(default=None, description="measured checkpoint write bandwidth")
+    hot_spares: int = Field(default=0, ge=0, description="hot-spare nodes available to the scheduler")
+
+
+class MetricSpread(BaseModel):
+    median: float = Field(description="median over repeats")
+    low: float = Field(description="smallest repeat value")
+    high: float = Field(description="largest repeat value")
+    spread_pct: float = Field(ge=0, description="(high - low) / median, in percent: the run-to-run noise band")
+
+
+class BaselineSummary(BaseModel):
+    """S2: the default configuration measured with repeats, warm-up steps excluded."""
+
+    model: str = Field(description="model preset or dims")
+    parallel_layout: str = Field(description="e.g. 'dp_shard=2 tp=1 pp=1'")
+    precision: str = Field(description="fp32 or bf16")
+    repeats: int = Field(ge=1, description="independent runs measured")
+    warmup_steps_excluded: int = Field(ge=0, description="leading steps dropped from every repeat")
+    step_time_s: MetricSpread
+    tokens_per_s: MetricSpread
+    mfu_pct: MetricSpread
+    peak_source: str = Field(description="where the peak FLOP/s came from: vendor table or measured GEMM")
+    data_wait_share_pct: float = Field(ge=0, le=100, description="share of step time spent waiting for data")
+    comm_share_pct: float | None = Field(default=None, ge=0, le=100, description="share of profiled time in collectives; None when not measurable")
+    comm_share_method: str = Field(default="", description="how comm_share_pct was measured")
+    run_dirs: list[str] = Field(description="the baseline runs, one per repeat")
+
+
+class AblationRow(BaseModel):
+    """One single-variable arm against the baseline at one scale (S3/S4)."""
+
+    knob: str = Field(description="catalogue name of the changed variable")
+    value: str = Field(description="value in this arm")
+    baseline_value: str = Field(description="value in the baseline")
+    category: str = Field(description="communication-overlap | kernels | data-pipeline | batch | memory | parallelism")
+    scale: str = Field(description="scale condition, e.g. 'tiny, 2 procs'")
+    scale_kind: Literal["small", "target"]
+    mfu_change_pct: float = Field(description="relative MFU change vs the baseline median, percent")
+    noise_band_pct: float = Field(ge=0, description="run-to-run noise band at this scale, percent")
+    beyond_noise: bool = Field(description="|mfu_change_pct| exceeds the noise band")
+    verdict: Literal["gain", "regression", "within-noise"]
+    vanished_at_scale: bool = Field(default=False, description="a small-scale gain that is within noise or negative at target scale")
+    source_run: str = Field(description="run folder of the arm's median repeat")
+    reference: str = Field(default="", description="published comparison, with source and scale difference")
+
+    @model_validator(mode="after")
+    def _verdict_matches_numbers(self) -> "AblationRow":
+        expected = ablation_verdict(self.mfu_change_pct, self.noise_band_pct)
+        if self.verdict != expected or self.beyond_noise != (expected != "within-noise"):
+            raise ValueError(
+                f"ablation row {self.knob}={self.value}: verdict {self.verdict!r} does not follow from "
+                f"mfu_change_pct={self.mfu_change_pct} and noise_band_pct={self.noise_band_pct} "
+                f"(expected {expected!r}); recompute with skills.ablation.ablation_verdict"
+            )
+        return self
+
+
+def ablation_verdict(mfu_change_pct: float, noise_band_pct: float) -> str:
+    """A gain counts only beyond the run-to-run noise band."""
+    if abs(mfu_change_pct) <= noise_band_pct:
+        return "within-noise"
+    return "gain" if mfu_change_pct > 0 else "regression"
+
+
+class DrillResult(BaseModel):
+    """One injected fault, timed from injection to the first completed step after restart (S5)."""
+
+    fault: FaultKind
+    run_dir: str
+    injected_at_step: int = Field(ge=0)
+    injected_time: float = Field(description="unix time of the injection")
+    detected_time: float = Field(description="unix time the detector flagged the fault")
+    isolated_time: float = Field(description="unix time the faulty unit was excluded")
+    recovered_time: float = Field(description="unix time of the first completed step after restart")
+    detection_latency_s: float = Field(ge=0)
+    isolation_granularity: Isolation
+    recovery_time_s: float = Field(ge=0, description="detection -> first completed step after restart")
+    steps_lost: int = Field(ge=0)
+    checkpoint_used: str = Field(description="checkpoint folder the restart loaded")
+    async_checkpoint_intact: bool = Field(description="the restored checkpoint verified complete")
+    cause: Cause
+    detector: str = Field(description="which signal caught it: exit code, heartbeat, loss check, step-time outlier")
+
+
+class FaultToleranceReport(BaseModel):
+    drills: list[DrillResult]
+    cause_distribution: dict[str, int] = Field(description="drills per cause class: hardware/network/software/data")
+
+
+class EvidenceRow(BaseModel):
+    tool: str
+    version: str
+    command: str
+    log_path: str
+    value: str
+    window_start: float = Field(description="unix time the measurement began")
+    window_end: float = Field(description="unix time the measurement ended")
+
+
+class EvidencePack(BaseModel):
+    """Everything a human needs to approve or reject the SOP's conclusions."""
+
+    pack_id: str
+    created_time: float
+    verdict: Verdict
+    blockers: list[str] = Field(default_factory=list, description="what stops a 'pass'; empty only for pass")
+    environment: EnvironmentDeclaration | None = Field(description="S1; required for any MFU or scaling conclusion")
+    baseline: BaselineSummary | None = None
+    ablations: list[AblationRow] = Field(default_factory=list)
+    fault_tolerance: FaultToleranceReport | None = None
+    evidence: list[EvidenceRow] = Field(default_factory=list)
+    awaiting_human: list[str] = Field(default_factory=list, description="decisions left to a person")
+    rollback: str = Field(default="", description="how to return to the baseline configuration")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "EvidencePack":
+        if self.environment is None and (self.baseline or self.ablations):
+            raise ValueError(
+                "environment: missing (got None) but the pack makes MFU claims; "
+                "declare the environment first (trainops env / tool declare_environment)"
+            )
+        if self.verdict == "pass" and self.blockers:
+            raise ValueError(f"verdict: 'pass' with blockers {self.blockers}; use 'partial' or 'fail'")
+        if self.verdict != "pass" and not self.blockers:
+            raise ValueError(f"blockers: empty for verdict {self.verdict!r}; name what stops a pass")
+        return self
+
+
+def export_schema(path: Path = SCHEMA_PATH) -> Path:
+    path.write_text(json.dumps(EvidencePack.model_json_schema(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return path

@@ -1,0 +1,120 @@
+"""Assemble, validate and write evidence packs to `$TRAINOPS_HOME/packs/PACK/`.
+
+Order matters: the pack is validated by its model and by governance (claims and report text)
+*before* anything touches the disk, so an invalid pack is never written."""
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from pathlib import Path
+
+from skills.evidence.model import (
+    AblationRow,
+    BaselineSummary,
+    DrillResult,
+    EnvironmentDeclaration,
+    EvidencePack,
+    EvidenceRow,
+    FaultToleranceReport,
+)
+from skills.evidence.render import to_html, to_markdown
+
+
+class PackRefused(ValueError):
+    """Governance or the model refused the pack; nothing was written."""
+
+
+def decide(baseline: BaselineSummary | None, ablations: list[AblationRow],
+           drills: list[DrillResult]) -> tuple[str, list[str]]:
+    """Verdict and blockers from the measurements: fail when a recovery broke, partial when a
+    part of the SOP is missing or no change beat the noise, pass otherwise."""
+    failures, gaps = [], []
+    if baseline is None:
+        gaps.append("no baseline measured (S2)")
+    if not ablations:
+        gaps.append("no ablation arms run (S3/S4)")
+    elif not any(r.verdict == "gain" for r in ablations):
+        gaps.append("no ablation arm beat the run-to-run noise band")
+    failures += [f"{r.knob}={r.value}: gain at small scale vanished at target scale (stop the rollout, roll back)"
+                 for r in ablations if r.vanished_at_scale]
+    if not drills:
+        gaps.append("no fault drill run (S5)")
+    failures += [f"drill {d.fault}: restored checkpoint {d.checkpoint_used} failed verification"
+                 for d in drills if not d.async_checkpoint_intact]
+    if failures:
+        return "fail", failures + gaps
+    return ("partial", gaps) if gaps else ("pass", [])
+
+
+def assemble(pack_id: str, environment: EnvironmentDeclaration | None, baseline: BaselineSummary | None,
+             ablations: list[AblationRow], drills: list[DrillResult], evidence: list[EvidenceRow],
+             rollback: str = "") -> EvidencePack:
+    verdict, blockers = decide(baseline, ablations, drills)
+    awaiting = ["approve or reject the pack (trainops approve / trainops reject)"]
+    awaiting += [f"decide whether to adopt {r.knob}={r.value} at target scale" for r in ablations
+                 if r.scale_kind == "target" and r.verdict == "gain"]
+    awaiting += [f"confirm isolation of {d.fault}: {d.isolation_granularity}-level" for d in drills
+                 if d.isolation_granularity in ("node", "job")]
+    report = FaultToleranceReport(drills=drills, cause_distribution=dict(Counter(d.cause for d in drills))) if drills else None
+    return EvidencePack(pack_id=pack_id, created_time=time.time(), verdict=verdict, blockers=blockers,
+                        environment=environment, baseline=baseline, ablations=ablations,
+                        fault_tolerance=report, evidence=evidence, awaiting_human=awaiting, rollback=rollback)
+
+
+def governance_errors(pack: EvidencePack, markdown: str) -> list[str]:
+    """What governance refuses in this pack: each MFU claim, ablation arm and fault-tolerance
+    conclusion goes through its claim model, and the report text through the text rules."""
+    from pydantic import ValidationError
+
+    from tools.governance import claims
+
+    errors: list[str] = []
+    checks = []
+    if pack.baseline and pack.environment:
+        b, env = pack.baseline, pack.environment
+        checks.append(lambda: claims.MfuClaim(model=b.model, hardware=env.hardware, parallel_layout=b.parallel_layout,
+                                              precision=b.precision, mfu_pct=b.mfu_pct.median,
+                                              framework_version=f"{env.framework} {env.framework_version}"))
+    for r in pack.ablations:
+        checks.append(lambda r=r: claims.AblationArm(baseline={r.knob: r.baseline_value}, arm={r.knob: r.value}))
+    for d in pack.fault_tolerance.drills if pack.fault_tolerance else []:
+        checks.append(lambda d=d: claims.FaultToleranceConclusion(
+            detection_latency_s=d.detection_latency_s, isolation_granularity=d.isolation_granularity,
+            recovery_time_s=d.recovery_time_s))
+    for check in checks:
+        try:
+            check()
+        except (ValidationError, ValueError) as exc:
+            errors.append(str(exc).splitlines()[0] if not isinstance(exc, ValidationError) else
+                          "; ".join(e["msg"] for e in exc.errors()))
+    errors += claims.validate_report_text(markdown)
+    return errors
+
+
+def write(pack: EvidencePack, packs_root: Path | None = None) -> Path:
+    """Validate, then write evidence.json, report.md, report.html and plots. Raises PackRefused."""
+    from skills.evidence import plots
+    from trainops.workspace import check_id, packs_dir
+
+    check_id("pack", pack.pack_id)
+    pack = EvidencePack.model_validate(pack.model_dump())
+    markdown = to_markdown(pack)
+    errors = governance_errors(pack, markdown)
+    if errors:
+        raise PackRefused(f"pack {pack.pack_id} refused by governance: " + "; ".join(errors))
+    folder = (packs_root or packs_dir()) / pack.pack_id
+    if folder.exists():
+        raise PackRefused(f"pack {pack.pack_id} already exists at {folder}; packs are immutable, build a new one")
+    staging = folder.with_name(f".{pack.pack_id}.partial")
+    staging.mkdir(parents=True)
+    plot_paths = plots.all_plots(pack, staging / "plots")
+    (staging / "evidence.json").write_text(pack.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    (staging / "report.md").write_text(markdown, encoding="utf-8")
+    (staging / "report.html").write_text(to_html(pack, plot_paths), encoding="utf-8")
+    staging.rename(folder)
+    return folder
+
+
+def load(pack_dir: Path) -> EvidencePack:
+    return EvidencePack.model_validate(json.loads((Path(pack_dir) / "evidence.json").read_text(encoding="utf-8")))

@@ -1,0 +1,66 @@
+"""Noise-band math and the knob catalogue: what counts as a gain, and which arms are refused."""
+from __future__ import annotations
+
+import pytest
+
+from skills.evidence.model import MetricSpread
+from skills.knobs import CATALOGUE, KnobError, overrides_for, parse_arm, plan_order
+from skills.stats import compare, read_records, run_medians, spread
+
+
+def test_spread_is_range_over_median():
+    s = spread([9.0, 10.0, 11.0])
+    assert (s.median, s.low, s.high, s.spread_pct) == (10.0, 9.0, 11.0, 20.0)
+
+
+def test_gain_inside_the_noise_band_is_not_a_gain():
+    change, band, verdict = compare(spread([9.0, 10.0, 11.0]), spread([10.8, 10.9, 11.0]))
+    assert round(change, 1) == 9.0 and band == 20.0 and verdict == "within-noise"
+
+
+def test_gain_beyond_the_noise_band_is_a_gain():
+    change, band, verdict = compare(spread([9.9, 10.0, 10.1]), spread([11.9, 12.0, 12.1]))
+    assert round(change, 1) == 20.0 and round(band, 1) == 2.0 and verdict == "gain"
+
+
+def test_single_repeat_still_needs_to_beat_a_one_percent_floor():
+    _, band, verdict = compare(MetricSpread(median=10, low=10, high=10, spread_pct=0),
+                               MetricSpread(median=9.95, low=9.95, high=9.95, spread_pct=0))
+    assert band == 1.0 and verdict == "within-noise"
+
+
+def test_regression_beyond_noise_is_reported_as_regression():
+    assert compare(spread([10.0, 10.1]), spread([8.0, 8.1]))[2] == "regression"
+
+
+def test_run_medians_exclude_warmup_steps(factories, tmp_path):
+    run = factories.write_run(tmp_path / "run", steps=6, step_time_s=0.1)
+    medians = run_medians(read_records(run), warmup_steps=1)
+    assert medians["step_time_s"] == pytest.approx(0.1)
+    assert medians["data_wait_share_pct"] == pytest.approx(10.0)
+
+
+def test_unknown_knob_is_refused_with_the_known_list():
+    with pytest.raises(KnobError, match="unknown knob 'warp_speed'.*prefetch"):
+        parse_arm(["warp_speed=9"])
+
+
+def test_two_knobs_in_one_arm_are_refused():
+    with pytest.raises(KnobError, match="exactly one variable, got 2"):
+        parse_arm(["prefetch=true", "micro_batch=8"])
+
+
+def test_value_outside_the_catalogue_is_refused():
+    with pytest.raises(KnobError, match="micro_batch='3' is not accepted"):
+        parse_arm(["micro_batch=3"])
+
+
+def test_tp_with_sequence_parallel_is_one_variable():
+    knob, value = parse_arm(["tp_sp=2"])
+    assert overrides_for(knob, value) == ["parallel.tp=2", "parallel.sequence_parallel=true"]
+
+
+def test_plan_orders_communication_overlap_before_kernels_data_and_batch():
+    order = [k.category for k in plan_order([CATALOGUE["micro_batch"], CATALOGUE["prefetch"],
+                                             CATALOGUE["compile"], CATALOGUE["reshard_after_forward"]])]
+    assert order == ["communication-overlap", "kernels", "data-pipeline", "batch"]
