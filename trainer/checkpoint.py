@@ -1,0 +1,395 @@
+"""Distributed checkpoints with torch.distributed.checkpoint (DCP): sync, async, async_pinned.
+
+A checkpoint is written into `step-N.tmp/` and becomes `step-N/` only after every rank has
+finished and rank 0 has written `COMMIT.json` (file sizes and sha256) and renamed the folder:
+an unfinished write is never loaded. Loading verifies the newest commit and falls back to the
+previous good one when a file is missing or its checksum differs. Save stall (time the training
+loop was blocked) and total write time go to `RUN/checkpoints.jsonl` for benchmarks and drills.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import re
+import shutil
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from pydantic import BaseModel, Field
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.stateful import Stateful
+
+log = logging.getLogger("trainer.checkpoint")
+
+COMMIT_FILE = "COMMIT.json"
+_STEP_DIR = re.compile(r"^step-(\d{8})(\.tmp)?$")
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+# ---------------------------------------------------------------- pure inspection (no process group)
+
+
+class CheckpointInfo(BaseModel):
+    step: int = Field(description="Training step the checkpoint was taken after.")
+    path: str = Field(description="Folder of the checkpoint.")
+    committed: bool = Field(description="True when the write finished and COMMIT.json was written.")
+    size_bytes: int = Field(description="Total size of the files in the folder.")
+    time: float = Field(description="Commit wall time (unix s); folder mtime when not committed.")
+
+
+class CheckpointVerification(BaseModel):
+    path: str = Field(description="Folder that was verified.")
+    step: int | None = Field(default=None, description="Step recorded in COMMIT.json, if readable.")
+    committed: bool = Field(description="COMMIT.json is present and readable.")
+    complete: bool = Field(description="Committed, every listed file present with its size and sha256.")
+    missing_files: list[str] = Field(default_factory=list, description="Listed in COMMIT.json, absent.")
+    checksum_mismatches: list[str] = Field(
+        default_factory=list, description="Present, but size or sha256 differs from COMMIT.json."
+    )
+    message: str = Field(description="One line: what was checked and what failed.")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _data_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != COMMIT_FILE)
+
+
+def list_checkpoints(folder: str | Path) -> list[CheckpointInfo]:
+    """Every `step-N/` and unfinished `step-N.tmp/` under `folder`, oldest step first."""
+    root = Path(folder)
+    infos: list[CheckpointInfo] = []
+    if not root.is_dir():
+        return infos
+    for entry in root.iterdir():
+        match = _STEP_DIR.match(entry.name)
+        if not match or not entry.is_dir():
+            continue
+        commit = entry / COMMIT_FILE
+        committed = match.group(2) is None and commit.is_file()
+        commit_time = entry.stat().st_mtime
+        if committed:
+            try:
+                commit_time = float(json.loads(commit.read_text())["time"])
+            except (ValueError, KeyError, TypeError):
+                committed = False
+        infos.append(
+            CheckpointInfo(
+                step=int(match.group(1)),
+                path=str(entry),
+                committed=committed,
+                size_bytes=sum(p.stat().st_size for p in entry.rglob("*") if p.is_file()),
+                time=commit_time,
+            )
+        )
+    return sorted(infos, key=lambda info: (info.step, info.committed))
+
+
+def verify_checkpoint(path: str | Path) -> CheckpointVerification:
+    """Check a checkpoint folder against its COMMIT.json: presence, size and sha256 of each file."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return CheckpointVerification(
+            path=str(folder), committed=False, complete=False,
+            message=f"checkpoint {folder} does not exist",
+        )
+    commit_path = folder / COMMIT_FILE
+    if not commit_path.is_file():
+        return CheckpointVerification(
+            path=str(folder), committed=False, complete=False,
+            message=f"checkpoint {folder} has no {COMMIT_FILE}: the write did not finish (partial)",
+        )
+    try:
+        commit = json.loads(commit_path.read_text())
+        listed: dict[str, dict[str, Any]] = commit["files"]
+        step = int(commit["step"])
+    except (ValueError, KeyError, TypeError) as err:
+        return CheckpointVerification(
+            path=str(folder), committed=False, complete=False,
+            message=f"checkpoint {folder}: {COMMIT_FILE} is unreadable ({err}); treat as corrupt",
+        )
+    missing, mismatched = [], []
+    for name, expected in sorted(listed.items()):
+        file = folder / name
+        if not file.is_file():
+            missing.append(name)
+        elif file.stat().st_size != expected["size_bytes"] or _sha256(file) != expected["sha256"]:
+            mismatched.append(name)
+    complete = not missing and not mismatched and bool(listed)
+    if complete:
+        message = f"checkpoint {folder.name}: {len(listed)} files verified (size and sha256)"
+    else:
+        problems = []
+        if missing:
+            problems.append(f"missing files {missing}")
+        if mismatched:
+            problems.append(f"checksum mismatch in {mismatched}")
+        if not listed:
+            problems.append(f"{COMMIT_FILE} lists no files")
+        message = f"checkpoint {folder.name} is corrupt: " + "; ".join(problems)
+    return CheckpointVerification(
+        path=str(folder), step=step, committed=True, complete=complete,
+        missing_files=missing, checksum_mismatches=mismatched, message=message,
+    )
+
+
+# ---------------------------------------------------------------- what a checkpoint holds
+
+
+def _rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+class AppState(Stateful):
+    """Everything an exact resume needs: model, optimizer, scheduler, loader position, RNG, step.
+
+    Model and optimizer go through `get_state_dict`/`set_state_dict`, which speak DDP, FSDP2
+    (DTensor shards, resharded on load) and plain modules alike. RNG state differs per rank, so
+    it is stored under a per-rank key (DCP keeps one copy of equal keys); a rank the checkpoint
+    did not have (a larger world on load) keeps its own seeded RNG. The loader position is the
+    same on every rank (trainer.data derives each rank's slice from it), so it has one key.
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 scheduler: Any | None = None, dataloader: Any | None = None) -> None:
+        self.model, self.optimizer = model, optimizer
+        self.scheduler, self.dataloader = scheduler, dataloader
+        self.step = 0
+        self.rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        self.saved_world_size: int | None = None
+
+    def _has_rank_state(self) -> bool:
+        return self.saved_world_size is None or self.rank < self.saved_world_size
+
+    def state_dict(self) -> dict[str, Any]:
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        state: dict[str, Any] = {"model": model_sd, "optimizer": optim_sd, "step": self.step}
+        if self._has_rank_state():
+            state["rng"] = {f"rank{self.rank}": _rng_state()}
+        if self.scheduler is not None:
+            state["scheduler"] = self.scheduler.state_dict()
+        if self.dataloader is not None:
+            state["dataloader"] = self.dataloader.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        set_state_dict(
+            self.model, self.optimizer,
+            model_state_dict=state_dict["model"], optim_state_dict=state_dict["optimizer"],
+        )
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(state_dict["scheduler"])
+        if self.dataloader is not None:
+            self.dataloader.load_state_dict(state_dict["dataloader"])
+        if "rng" in state_dict:
+            _set_rng_state(state_dict["rng"][f"rank{self.rank}"])
+        self.step = int(state_dict["step"])
+
+
+# ---------------------------------------------------------------- saving and loading
+
+
+class CheckpointSettings(Protocol):
+    """The `[checkpoint]` section as the Checkpointer reads it (trainer.config.CheckpointConfig)."""
+
+    enable: bool
+    interval: int
+    mode: Literal["sync", "async", "async_pinned"]
+    keep: int
+    folder: str
+
+
+def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    with path.open("a") as fh:
+        fh.write(json.dumps(record) + "\n")
+
+
+class Checkpointer:
+    """Saves every `interval` steps in the configured mode, keeps the last `keep`, loads the
+    newest good one. One instance per rank; every rank calls every method at the same step."""
+
+    def __init__(self, cfg: CheckpointSettings, run_dir: str | Path, rank: int) -> None:
+        self.cfg, self.rank = cfg, rank
+        self.run_dir = Path(run_dir)
+        self.folder = self.run_dir / cfg.folder
+        self.journal = self.run_dir / "checkpoints.jsonl"
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.world_size = dist.get_world_size() if self.distributed else 1
+        # Background writes run collectives; a group of their own keeps them from interleaving
+        # with the training loop's collectives on the default group.
+        self._pg = None
+        if cfg.mode != "sync" and self.distributed:
+            self._pg = dist.new_group(backend="gloo")
+        self._stager = None
+        if cfg.mode == "async_pinned":
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            on_gpu = torch.cuda.is_available()
+            self._stager = DefaultStager(StagingOptions(
+                use_pinned_memory=on_gpu, use_shared_memory=False,
+                use_async_staging=on_gpu, use_non_blocking_copy=on_gpu,
+            ))
+        self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-commit")
+        self._pending: Future | None = None
+
+    def _barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
+
+    def maybe_save(self, step: int, app: AppState, *, last_step: bool = False) -> bool:
+        """Save when checkpoints are enabled and `step` is on the interval (or is the last)."""
+        if not self.cfg.enable or step <= 0:
+            return False
+        if step % self.cfg.interval != 0 and not last_step:
+            return False
+        return self.save(step, app)
+
+    def save(self, step: int, app: AppState) -> bool:
+        """Write a checkpoint of `app` at `step`; returns False when that step is already committed."""
+        started = time.perf_counter()
+        self.wait()
+        final = self.folder / step_dir_name(step)
+        if (final / COMMIT_FILE).is_file():
+            log.info("checkpoint %s already committed; not writing it again", final)
+            return False
+        tmp = self.folder / f"{step_dir_name(step)}.tmp"
+        if self.rank == 0:
+            for stale in self.folder.glob("step-*.tmp"):
+                shutil.rmtree(stale, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        self._barrier()
+        app.step = step
+        state = {"app": app}
+        if self.cfg.mode == "sync":
+            dcp.save(state, checkpoint_id=tmp, no_dist=not self.distributed)
+            self._commit(step, tmp, final, started, stall_s=None)
+            self._barrier()
+            return True
+        response = dcp.async_save(
+            state, checkpoint_id=tmp, process_group=self._pg, async_stager=self._stager,
+            no_dist=not self.distributed,
+        )
+        if isinstance(response, Future):
+            upload = response
+        else:  # staged on a background stream: parameters must not change until staging is done
+            response.staging_completion.result()
+            upload = response.upload_completion
+        stall_s = time.perf_counter() - started
+        self._pending = self._committer.submit(self._finish_async, step, tmp, final, started, stall_s, upload)
+        return True
+
+    def _finish_async(self, step: int, tmp: Path, final: Path, started: float,
+                      stall_s: float, upload: Future) -> None:
+        upload.result()
+        self._commit(step, tmp, final, started, stall_s)
+
+    def _commit(self, step: int, tmp: Path, final: Path, started: float, stall_s: float | None) -> None:
+        """Rank 0, after all ranks wrote (DCP gathers every rank's write result before returning
+        on the coordinator): checksum, write COMMIT.json last, rename, prune, journal."""
+        if self.rank != 0:
+            return
+        files = {
+            str(p.relative_to(tmp)): {"size_bytes": p.stat().st_size, "sha256": _sha256(p)}
+            for p in _data_files(tmp)
+        }
+        commit = {
+            "step": step, "time": time.time(), "mode": self.cfg.mode,
+            "world_size": self.world_size, "files": files,
+        }
+        partial = tmp / f"{COMMIT_FILE}.partial"
+        partial.write_text(json.dumps(commit, indent=1))
+        partial.rename(tmp / COMMIT_FILE)
+        tmp.rename(final)
+        write_s = time.perf_counter() - started
+        pruned = self._prune()
+        _append_jsonl(self.journal, {
+            "event": "save", "step": step, "mode": self.cfg.mode, "world_size": self.world_size,
+            "stall_s": write_s if stall_s is None else stall_s, "write_s": write_s,
+            "size_bytes": sum(f["size_bytes"] for f in files.values()),
+            "path": str(final), "pruned_steps": pruned, "time": commit["time"],
+        })
+
+    def _prune(self) -> list[int]:
+        if self.cfg.keep <= 0:
+            return []
+        committed = [info for info in list_checkpoints(self.folder) if info.committed]
+        doomed = committed[: max(0, len(committed) - self.cfg.keep)]
+        for info in doomed:
+            shutil.rmtree(info.path, ignore_errors=True)
+        return [info.step for info in doomed]
+
+    def wait(self) -> None:
+        """Block until the background write (if any) is committed; re-raises its error."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
+
+    def _choose_latest(self) -> Path | None:
+        for info in reversed(list_checkpoints(self.folder)):
+            if not info.committed:
+                log.info("ignoring unfinished checkpoint %s", info.path)
+                continue
+            verdict = verify_checkpoint(info.path)
+            if verdict.complete:
+                return Path(info.path)
+            log.warning("%s; falling back to the previous checkpoint", verdict.message)
+            _append_jsonl(self.journal, {
+                "event": "fallback", "step": info.step, "path": info.path,
+                "reason": verdict.message, "time": time.time(),
+            })
+        return None
+
+    def load_latest(self, app: AppState) -> int | None:
+        """Load the newest verified checkpoint into `app`; returns its step, or None if there is none."""
+        self.wait()
+        chosen = [str(self._choose_latest() or "")] if self.rank == 0 else [""]
+        if self.distributed:
+            dist.broadcast_object_list(chosen, src=0)
+        if not chosen[0]:
+            return None
+        commit = json.loads((Path(chosen[0]) / COMMIT_FILE).read_text())
+        app.saved_world_size = int(commit["world_size"])
+        try:
+            dcp.load({"app": app}, checkpoint_id=chosen[0], no_dist=not self.distributed)
+        finally:
+            app.saved_world_size = None
+        if self.rank == 0:
+            _append_jsonl(self.journal, {
+                "event": "load", "step": app.step, "path": chosen[0], "time": time.time(),
+            })
+        return app.step
+
+    def close(self) -> None:
+        """Finish any background write, then release the stager and the commit thread."""
+        try:
+            self.wait()
+        finally:
+            self._committer.shutdown(wait=True)
+            if self._stager is not None:
+                self._stager.close()

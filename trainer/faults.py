@@ -1,0 +1,161 @@
+"""Fault injection for drills: crash, hang, NaN loss, bit-flip, straggler, corrupt checkpoint.
+
+Each injection appends its exact wall time to `RUN/faults.jsonl` (kind, step, rank, time)
+*before* it acts, so a drill measures detection latency as (time detected - time injected).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import torch
+
+from trainer.checkpoint import list_checkpoints
+
+CRASH_EXIT_CODE = 42
+"""Exit code of an injected `crash_mode = "exit"` crash: distinct, so a drill can tell it apart."""
+
+
+class FaultSettings(Protocol):
+    """The `[faults]` section as the injector reads it (trainer.config.FaultsConfig)."""
+
+    crash_step: int | None
+    crash_rank: int
+    crash_mode: Literal["exit", "sigkill"]
+    hang_step: int | None
+    hang_rank: int
+    nan_step: int | None
+    bitflip_step: int | None
+    bitflip_rank: int
+    slow_rank: int | None
+    slow_ms: int
+    corrupt_checkpoint: bool
+
+
+def record_fault(run_dir: str | Path, kind: str, step: int | None, rank: int, **detail: Any) -> dict:
+    """Append one injection record to RUN/faults.jsonl, flushed to disk, and return it."""
+    record = {"kind": kind, "step": step, "rank": rank, "time": time.time(), **detail}
+    path = Path(run_dir) / "faults.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        fh.write(json.dumps(record) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    return record
+
+
+def _int_view(values: torch.Tensor) -> torch.Tensor:
+    widths = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    return values.view(widths[values.element_size()])
+
+
+def flip_bit(param: torch.Tensor, index: int, bit: int) -> tuple[float, float]:
+    """Flip bit `bit` of element `index` (flat) of a floating tensor in place; returns (old, new)."""
+    flat = param.detach().view(-1)
+    old = flat[index].item()
+    bits = _int_view(flat[index : index + 1])
+    bits ^= torch.tensor(1 << bit, dtype=torch.int64).to(bits.dtype)
+    return old, flat[index].item()
+
+
+def exponent_msb(dtype: torch.dtype) -> int:
+    """The highest exponent bit: flipping it turns a small weight into a huge one (visible SDC)."""
+    return {torch.float32: 30, torch.float64: 62, torch.bfloat16: 14, torch.float16: 14}[dtype]
+
+
+def corrupt_checkpoint(path: str | Path, how: Literal["overwrite", "truncate"] = "overwrite") -> str:
+    """Damage the largest data file of a checkpoint folder; returns the file's name.
+
+    `overwrite` inverts 64 bytes in the middle (size unchanged, only the checksum can tell);
+    `truncate` cuts the file in half (what a full disk or a killed writer leaves).
+    """
+    data_files = [p for p in Path(path).rglob("*.distcp") if p.is_file()]
+    if not data_files:
+        raise FileNotFoundError(f"checkpoint {path} has no .distcp data file to corrupt")
+    target = max(data_files, key=lambda p: p.stat().st_size)
+    size = target.stat().st_size
+    if how == "truncate":
+        os.truncate(target, size // 2)
+    else:
+        with target.open("r+b") as fh:
+            fh.seek(size // 2)
+            chunk = fh.read(64)
+            fh.seek(size // 2)
+            fh.write(bytes(b ^ 0xFF for b in chunk))
+    return target.name
+
+
+class FaultInjector:
+    """Called by the training loop at fixed points; does nothing unless `[faults]` asks for it."""
+
+    def __init__(self, cfg: FaultSettings, rank: int, run_dir: str | Path) -> None:
+        self.cfg, self.rank, self.run_dir = cfg, rank, Path(run_dir)
+        self._slow_recorded = False
+
+    def on_step_start(self, step: int) -> None:
+        """Crash, hang or slow down this rank, as configured, before the step's work."""
+        cfg = self.cfg
+        if cfg.crash_step == step and cfg.crash_rank == self.rank:
+            record_fault(self.run_dir, "crash", step, self.rank, mode=cfg.crash_mode,
+                         exit_code=CRASH_EXIT_CODE if cfg.crash_mode == "exit" else -signal.SIGKILL)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            if cfg.crash_mode == "sigkill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            sys.exit(CRASH_EXIT_CODE)
+        if cfg.hang_step is not None and step >= cfg.hang_step and cfg.hang_rank == self.rank:
+            record_fault(self.run_dir, "hang", step, self.rank)
+            while True:  # a hung rank: no progress, no heartbeat, no exit
+                time.sleep(1.0)
+        if cfg.slow_rank == self.rank and cfg.slow_ms > 0:
+            if not self._slow_recorded:
+                record_fault(self.run_dir, "slow", step, self.rank, slow_ms=cfg.slow_ms)
+                self._slow_recorded = True
+            time.sleep(cfg.slow_ms / 1000.0)
+
+    def after_loss(self, step: int, loss: torch.Tensor) -> torch.Tensor:
+        """Return the loss, or a NaN loss at `nan_step` (on every rank: the loss is global)."""
+        if self.cfg.nan_step != step:
+            return loss
+        record_fault(self.run_dir, "nan", step, self.rank)
+        return loss * float("nan")
+
+    def after_step(self, step: int, model: torch.nn.Module) -> dict | None:
+        """At `bitflip_step` on `bitflip_rank`, flip the top exponent bit of one parameter element
+        (the middle element of the first floating parameter this rank holds); a silent data
+        corruption that only the loss, the grad norm or a replica comparison can reveal."""
+        if self.cfg.bitflip_step != step or self.cfg.bitflip_rank != self.rank:
+            return None
+        for name, param in model.named_parameters():
+            local = param.to_local() if hasattr(param, "to_local") else param
+            if local.numel() == 0 or not local.is_floating_point():
+                continue
+            index = local.numel() // 2
+            bit = exponent_msb(local.dtype)
+            with torch.no_grad():
+                old, new = flip_bit(local, index, bit)
+            return record_fault(self.run_dir, "bitflip", step, self.rank, parameter=name,
+                                index=index, bit=bit, old_value=old, new_value=new)
+        return None
+
+    def on_train_end(self, checkpoint_folder: str | Path) -> dict | None:
+        """With `corrupt_checkpoint`, rank 0 damages the newest committed checkpoint once training
+        (and every background write) has finished, so the next resume must fall back."""
+        if not self.cfg.corrupt_checkpoint or self.rank != 0:
+            return None
+        return self.corrupt_latest_checkpoint(checkpoint_folder)
+
+    def corrupt_latest_checkpoint(self, folder: str | Path) -> dict | None:
+        """Corrupt the newest committed checkpoint under `folder` now, whatever the config says."""
+        committed = [info for info in list_checkpoints(folder) if info.committed]
+        if not committed:
+            return None
+        newest = committed[-1]
+        record = record_fault(self.run_dir, "corrupt_checkpoint", newest.step, self.rank,
+                              path=newest.path)
+        return {**record, "file": corrupt_checkpoint(newest.path)}
