@@ -115,5 +115,8 @@ def _explain(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or "input"
-        parts.append(f"{where}: {err['msg']} (got {err.get('input')!r})")
+        if err["type"] == "missing":
+            parts.append(f"{where}: required field missing: add {where!r}")
+        else:
+            parts.append(f"{where}: {err['msg']} (got {err.get('input')!r})")
     return "; ".join(parts)

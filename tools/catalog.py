@@ -1,2 +1,5 @@
 """Imports every tool module so that its tools register. Add a module here when you add tools."""
 from tools import planning  # noqa: F401  (plan_checkpoint_interval, plan_effective_training_time, plan_layout)
+from tools import env  # noqa: F401  (declare_environment)
+from tools import detection, faults, jobs  # noqa: F401  (jobs/nodes/metrics tools, inject_fault, detect_faults)
+from tools import tenancy  # noqa: F401  (set_tenant_quota, change_scheduler_policy, upgrade_framework)

@@ -1,8 +1,244 @@
-"""CLI commands for this area (being built)."""
+"""`trainops tool list|schema|call`, `trainops env`, `trainops plan checkpoint|ettr|layout`.
+
+Wiring only: every command goes through `tools.base.call`, so the governance gate sees the CLI
+exactly as it sees the agent. Heavy modules (pydantic models, torch) load inside commands.
+"""
 from __future__ import annotations
+
+import json
+from typing import Any, Optional
 
 import typer
 
+from trainops.output import console, emit, fail
+
+JsonOpt = typer.Option(False, "--json", help="Print JSON for machines.")
+
+
+def run_tool(name: str, payload: dict[str, Any], as_json: bool, approval_token: str | None = None) -> Any:
+    """Call a tool as the CLI; a ToolError becomes one clear line and exit code 2."""
+    from tools.base import CallContext, ToolError, call
+
+    try:
+        return call(name, payload, CallContext(actor="cli", approval_token=approval_token))
+    except ToolError as exc:
+        fail(str(exc), as_json=as_json)
+
+
+def _cell(value: Any) -> str:
+    return json.dumps(value, default=str) if isinstance(value, (dict, list)) else str(value)
+
+
+def render_fields(title: str):
+    """A two-column table of a model's top-level fields (nested values as compact JSON)."""
+
+    def render(out: Any) -> None:
+        from rich.markup import escape
+        from rich.table import Table
+
+        table = Table(title=title, show_header=False)
+        table.add_column("field", style="bold")
+        table.add_column("value")
+        for key, value in out.model_dump(mode="json").items():
+            table.add_row(key, escape(_cell(value)))
+        console().print(table)
+
+    return render
+
 
 def register(app: typer.Typer) -> None:
-    return None
+    tool_app = typer.Typer(help="The typed tools: list them, show their schemas, call one.", no_args_is_help=True)
+    plan_app = typer.Typer(help="Planning: checkpoint interval, effective training time, parallel layout.", no_args_is_help=True)
+    app.add_typer(tool_app, name="tool")
+    app.add_typer(plan_app, name="plan")
+
+    @tool_app.command("list")
+    def tool_list(as_json: bool = JsonOpt) -> None:
+        """Every tool with its risk class, whether it needs approval, and what it does."""
+        from tools.base import registry
+
+        rows = [
+            {"name": s.name, "risk": s.risk, "approval_required": s.approval_required,
+             "description": s.description.split(".")[0].replace("\n", " ") + "."}
+            for s in registry().values()
+        ]
+
+        def render(items: list[dict[str, Any]]) -> None:
+            from rich.markup import escape
+            from rich.table import Table
+
+            table = Table(title=f"{len(items)} tools")
+            for column in ("name", "risk", "approval", "description"):
+                table.add_column(column, overflow="fold")
+            for r in items:
+                table.add_row(r["name"], r["risk"], "yes" if r["approval_required"] else "no", escape(r["description"]))
+            console().print(table)
+
+        emit(rows, as_json, render)
+
+    @tool_app.command("schema")
+    def tool_schema(name: str = typer.Argument(..., help="Tool name (see `trainops tool list`)."),
+                    as_json: bool = JsonOpt) -> None:
+        """JSON schema of a tool's input and output."""
+        from tools.base import ToolError, get
+
+        try:
+            spec = get(name)
+        except ToolError as exc:
+            fail(str(exc), as_json=as_json)
+        emit({"name": spec.name, "risk": spec.risk, "approval_required": spec.approval_required,
+              "description": spec.description, "input": spec.Input.model_json_schema(),
+              "output": spec.Output.model_json_schema()}, True)
+
+    @tool_app.command("call")
+    def tool_call(
+        name: str = typer.Argument(..., help="Tool name (see `trainops tool list`)."),
+        input_json: str = typer.Option("{}", "--input", help='Input as a JSON object, e.g. \'{"mtbf_h": 24}\'.'),
+        approval_token: Optional[str] = typer.Option(None, "--approval-token", help="Signed approval for gated tools."),
+        as_json: bool = JsonOpt,
+    ) -> None:
+        """Call one tool through the governance gate."""
+        try:
+            payload = json.loads(input_json)
+        except json.JSONDecodeError as exc:
+            fail(f"--input is not valid JSON ({exc.msg} at column {exc.colno}): pass a JSON object, e.g. '{{\"mtbf_h\": 24}}'", as_json=as_json)
+        if not isinstance(payload, dict):
+            fail(f"--input must be a JSON object, got {type(payload).__name__}: wrap the fields in {{...}}", as_json=as_json)
+        out = run_tool(name, payload, as_json, approval_token)
+        emit(out, as_json, render_fields(name))
+
+    @app.command("env")
+    def env(
+        ckpt_dir: Optional[str] = typer.Option(None, "--ckpt-dir", help="Where checkpoints go (default $TRAINOPS_HOME/runs)."),
+        ckpt_test_mib: int = typer.Option(64, "--ckpt-test-mib", help="Size of the checkpoint write test, MiB."),
+        scheduler: str = typer.Option("local", "--scheduler", help="local | slurm | kubernetes."),
+        framework: Optional[str] = typer.Option(None, "--framework", help="Declare another framework (needs --framework-version)."),
+        framework_version: Optional[str] = typer.Option(None, "--framework-version", help="Version of --framework."),
+        as_json: bool = JsonOpt,
+    ) -> None:
+        """Declare the environment (SOP S1): hardware, versions, scheduler, measured bandwidth and peak."""
+        out = run_tool("declare_environment", {
+            "ckpt_dir": ckpt_dir, "ckpt_test_mib": ckpt_test_mib, "scheduler": scheduler,
+            "framework": framework, "framework_version": framework_version}, as_json)
+        emit(out, as_json, _render_env)
+
+    @plan_app.command("checkpoint")
+    def plan_checkpoint(
+        save_s: float = typer.Option(..., "--save-s", help="Measured checkpoint write time, seconds."),
+        restart_s: float = typer.Option(..., "--restart-s", help="Restart time after a failure, seconds."),
+        mtbf_h: float = typer.Option(..., "--mtbf-h", help="Job mean time between failures, hours."),
+        as_json: bool = JsonOpt,
+    ) -> None:
+        """Checkpoint interval by Young and Daly, expected waste, and a recommendation."""
+        out = run_tool("plan_checkpoint_interval", {"save_s": save_s, "restart_s": restart_s, "mtbf_h": mtbf_h}, as_json)
+        emit(out, as_json, render_fields("checkpoint interval"))
+
+    @plan_app.command("ettr")
+    def plan_ettr(
+        gpus: int = typer.Option(16384, "--gpus", help="GPUs in the job."),
+        days: float = typer.Option(54, "--days", help="Simulated length, days."),
+        profile: str = typer.Option("llama3", "--profile", help="Failure profile: llama3, or a JSON FailureProfile."),
+        detection_latency_s: float = typer.Option(120, "--detection-latency-s", help="Failure to detection, seconds."),
+        restart_s: float = typer.Option(600, "--restart-s", help="Detection to training again, seconds."),
+        hot_spares: bool = typer.Option(True, "--hot-spares/--no-hot-spares", help="Spare nodes replace failed ones at once."),
+        node_replacement_s: float = typer.Option(1800, "--node-replacement-s", help="Provisioning time without spares, seconds."),
+        checkpoint_save_s: float = typer.Option(60, "--checkpoint-save-s", help="Time for a checkpoint to be durable, seconds."),
+        checkpoint_mode: str = typer.Option("async", "--checkpoint-mode", help="sync | async."),
+        async_stall_s: float = typer.Option(5, "--async-stall-s", help="Training stall of an async checkpoint, seconds."),
+        interval_min: Optional[float] = typer.Option(None, "--interval-min", help="Checkpoint interval, minutes (default: Daly)."),
+        seed: int = typer.Option(0, "--seed", help="Random seed."),
+        as_json: bool = JsonOpt,
+    ) -> None:
+        """Effective training time ratio under a failure profile (seeded simulation)."""
+        if profile.lstrip().startswith("{"):
+            try:
+                profile_value: Any = json.loads(profile)
+            except json.JSONDecodeError as exc:
+                fail(f"--profile is not valid JSON ({exc.msg}): pass llama3 or a FailureProfile object", as_json=as_json)
+        else:
+            profile_value = profile
+        out = run_tool("plan_effective_training_time", {
+            "gpus": gpus, "days": days, "profile": profile_value, "detection_latency_s": detection_latency_s,
+            "restart_s": restart_s, "hot_spares": hot_spares, "node_replacement_s": node_replacement_s,
+            "checkpoint_save_s": checkpoint_save_s, "checkpoint_mode": checkpoint_mode, "async_stall_s": async_stall_s,
+            "checkpoint_interval_min": interval_min, "seed": seed}, as_json)
+        emit(out, as_json, _render_ettr)
+
+    @plan_app.command("layout")
+    def plan_layout(
+        config: Optional[str] = typer.Argument(None, help="Job config TOML (omit to use --preset)."),
+        nproc: int = typer.Option(..., "--nproc", help="World size to plan for."),
+        preset: Optional[str] = typer.Option(None, "--preset", help="Model preset."),
+        overrides: list[str] = typer.Option([], "--set", help="section.key=value override (repeatable)."),
+        as_json: bool = JsonOpt,
+    ) -> None:
+        """Validate a parallel layout for a world size without starting processes."""
+        out = run_tool("plan_layout", {"config": config, "preset": preset, "overrides": overrides, "nproc": nproc}, as_json)
+        if not out.valid:
+            fail(f"layout invalid for nproc={nproc}: {out.error}", as_json=as_json, code=1)
+        emit(out, as_json, _render_layout)
+
+
+def _render_env(decl: Any) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    a, s = decl.accelerators, decl.software
+    table = Table(title=f"environment declaration ({decl.declared_at:%Y-%m-%d %H:%M:%S} UTC)", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    accel = f"{a.count} x {a.model}" + (f", {a.memory_gib} GiB" if a.memory_gib else "")
+    if a.kind == "cpu":
+        accel += f" ({a.cpu_sockets} socket(s), {a.cpu_physical_cores} cores, {a.cpu_logical} logical)"
+    rows = [
+        ("host", decl.host), ("accelerators", accel), ("hardware generation", decl.hardware_generation),
+        ("scale-up domain", f"{a.scale_up_domain.gpus} GPUs over {a.scale_up_domain.link}" if a.scale_up_domain else "n/a"),
+        ("interconnect", decl.interconnect),
+        ("software", f"python {s.python}, torch {s.torch}, CUDA {s.cuda or '-'}, NCCL {s.nccl or '-'}, gloo {'yes' if s.gloo else 'no'}"),
+        ("framework", f"{decl.framework.name} {decl.framework.version}"),
+        ("scheduler", f"{decl.scheduler.kind} ({decl.scheduler.version}); partitions {', '.join(decl.scheduler.partitions)}"),
+        ("hot spares", ", ".join(decl.scheduler.hot_spare_nodes) or "none"),
+        ("checkpoint write", f"{decl.checkpoint_storage.write_bandwidth_mib_s:.0f} MiB/s ({decl.checkpoint_storage.test_size_mib} MiB "
+                             f"to {decl.checkpoint_storage.path}, {decl.checkpoint_storage.filesystem}, fsync'd)"),
+        ("compute peak", f"{decl.compute_peak.peak_tflops:.3f} TFLOP/s {decl.compute_peak.dtype} ({decl.compute_peak.source})"),
+    ] + [("note", n) for n in decl.notes]
+    for key, value in rows:
+        table.add_row(key, escape(value))
+    console().print(table)
+
+
+def _render_ettr(out: Any) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    c = console()
+    c.print(f"[bold]ETTR {out.ettr:.1%}[/] — {out.failures} failures in {out.wall_h:.0f} h "
+            f"(job MTBF {out.job_mtbf_h:.2f} h, checkpoint every {out.checkpoint_interval_min:.1f} min); profile: {escape(out.profile)}")
+    table = Table(title="hours lost")
+    table.add_column("cause / phase")
+    table.add_column("failures", justify="right")
+    table.add_column("hours", justify="right")
+    for cause, hours in out.lost_h_by_cause.items():
+        table.add_row(cause, str(out.failures_by_cause.get(cause, "")), f"{hours:.1f}")
+    for phase, hours in out.lost_h_by_phase.items():
+        table.add_row(f"[dim]phase: {phase}[/]", "", f"{hours:.1f}")
+    c.print(table)
+
+
+def _render_layout(out: Any) -> None:
+    from rich.table import Table
+
+    plan = out.plan
+    c = console()
+    layout = plan.get("layout", {})
+    c.print(f"[bold green]valid[/] mesh {plan.get('mesh_dim_names')} = {plan.get('mesh_shape')}; "
+            f"microbatches {plan.get('n_microbatches')}; max memory {plan.get('max_total_bytes', 0) / 2**30:.2f} GiB/rank")
+    table = Table(title="ranks")
+    for column in ("rank", "coords", "stages", "layers", "params", "GiB"):
+        table.add_column(column)
+    for r in plan.get("ranks", []):
+        table.add_row(str(r["rank"]), _cell(r["coords"]), _cell(r["stages"]), f"{len(r['layers'])}",
+                      f"{r['params']:,}", f"{r['total_bytes'] / 2**30:.2f}")
+    c.print(table)
+    if layout:
+        c.print(f"[dim]layout: {_cell(layout)}[/]")

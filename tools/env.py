@@ -1,0 +1,373 @@
+"""Environment declaration: the facts any MFU or scaling claim must be read against.
+
+SOP step S1. Everything here is either read from the machine (nvidia-smi, /proc/cpuinfo,
+torch, the scheduler) or measured on it (checkpoint write bandwidth, CPU GEMM peak); each field
+says which. Governance rules refuse an MFU conclusion that has no declaration behind it.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shutil
+import socket
+import subprocess
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from tools.base import ToolError, tool
+
+SchedulerKind = Literal["local", "slurm", "kubernetes"]
+SINGLE_HOST_INTERCONNECT = "loopback/shared-memory (single host)"
+EMBEDDED_FRAMEWORK = "trainops-embedded-trainer"
+
+# GPU product names -> architecture generation (the MFU denominator depends on it).
+_GPU_GENERATIONS = (
+    (r"GB200|B200|B100|GB300|B300", "Blackwell"),
+    (r"H100|H200|H800|H20|GH200", "Hopper"),
+    (r"L40|L4\b|RTX 40|RTX 6000 Ada", "Ada Lovelace"),
+    (r"A100|A800|A10\b|A30|A40|RTX 30", "Ampere"),
+    (r"V100", "Volta"),
+    (r"MI300|MI325", "CDNA 3"),
+)
+
+
+class ScaleUpDomain(BaseModel):
+    gpus: int = Field(description="GPUs reachable from GPU0 over NVLink/NVSwitch, GPU0 included.")
+    link: str = Field(description="Link type seen in `nvidia-smi topo -m` (e.g. NV18), or PCIe.")
+
+
+class Accelerators(BaseModel):
+    kind: Literal["gpu", "cpu"] = Field(description="gpu when nvidia-smi lists devices, otherwise cpu.")
+    model: str = Field(description="GPU product name, or the CPU model name.")
+    count: int = Field(description="GPUs on this host, or logical CPUs this process may use.")
+    memory_gib: float | None = Field(None, description="Memory per GPU, GiB (None for CPUs).")
+    driver_version: str | None = Field(None, description="NVIDIA driver version.")
+    compute_capability: str | None = Field(None, description="CUDA compute capability, e.g. 9.0.")
+    scale_up_domain: ScaleUpDomain | None = Field(None, description="From `nvidia-smi topo -m` when present.")
+    cpu_sockets: int | None = Field(None, description="CPU sockets (from /proc/cpuinfo).")
+    cpu_physical_cores: int | None = Field(None, description="Physical CPU cores (from /proc/cpuinfo).")
+    cpu_logical: int = Field(description="Logical CPUs of the host (os.cpu_count()).")
+
+
+class Software(BaseModel):
+    python: str
+    torch: str
+    cuda: str | None = Field(description="CUDA version torch was built with; None on a CPU build.")
+    nccl: str | None = Field(description="NCCL version when torch has CUDA; None otherwise.")
+    gloo: bool = Field(description="Whether torch.distributed has the gloo backend.")
+    distributed_backend: Literal["nccl", "gloo"] = Field(description="What the trainer uses here.")
+
+
+class Framework(BaseModel):
+    name: str = Field(description="Training framework, e.g. trainops-embedded-trainer, Megatron-LM, torchtitan.")
+    version: str = Field(description="Its version; a claim without it is refused.")
+
+
+class Scheduler(BaseModel):
+    kind: SchedulerKind
+    version: str = Field(description="Scheduler version as it reports itself.")
+    partitions: list[str] = Field(description="Partitions (Slurm) or node pools; 'local' for the local scheduler.")
+    nodes: list[str] = Field(description="Nodes the scheduler reports.")
+    hot_spare_nodes: list[str] = Field(description="Idle nodes that could replace a failed one at once.")
+
+
+class CheckpointStorage(BaseModel):
+    path: str = Field(description="Where the test file was written (where checkpoints go).")
+    filesystem: str = Field(description="Filesystem type of that path, from /proc/mounts.")
+    test_size_mib: int = Field(description="Size of the test write, MiB.")
+    write_s: float = Field(description="Time to write and fsync the test file, seconds (measured).")
+    write_bandwidth_mib_s: float = Field(description="test_size_mib / write_s, MiB/s (measured).")
+
+
+class ComputePeak(BaseModel):
+    peak_tflops: float = Field(description="Peak dense TFLOP/s used as the MFU denominator here.")
+    dtype: str = Field(description="Data type of the peak.")
+    source: str = Field(description="How it was obtained: measured CPU GEMM (which probe) or a vendor table.")
+
+
+class EnvironmentDeclaration(BaseModel):
+    declared_at: datetime = Field(description="When this declaration was made (UTC).")
+    host: str
+    accelerators: Accelerators
+    hardware_generation: str = Field(description="e.g. Hopper (H100, sm_90), or the CPU architecture and widest vector ISA.")
+    interconnect: str = Field(description="NVLink / InfiniBand when visible, else loopback/shared-memory (single host).")
+    software: Software
+    framework: Framework
+    scheduler: Scheduler
+    checkpoint_storage: CheckpointStorage
+    compute_peak: ComputePeak
+    notes: list[str] = Field(default_factory=list, description="What could not be read, and what was declared rather than measured.")
+
+
+class EnvInput(BaseModel):
+    scheduler: SchedulerKind = Field("local", description="Which scheduler to query for version, partitions and idle nodes.")
+    ckpt_dir: str | None = Field(None, description="Where checkpoints go; default $TRAINOPS_HOME/runs.")
+    ckpt_test_mib: int = Field(64, ge=1, le=65536, description="Size of the checkpoint write test, MiB.")
+    framework: str | None = Field(None, description="Declare a framework other than the embedded trainer (needs framework_version).")
+    framework_version: str | None = Field(None, description="Version of `framework`.")
+    measure_gemm: bool = Field(True, description="Measure the CPU GEMM peak (a fraction of a second); false reports 0 and says so.")
+
+    @model_validator(mode="after")
+    def _framework_needs_version(self) -> EnvInput:
+        if self.framework and not self.framework_version:
+            raise ValueError(
+                f"framework={self.framework!r} has no framework_version: declare the version, e.g. framework_version='0.12.0'"
+            )
+        return self
+
+
+def _run(cmd: list[str], timeout_s: float = 15) -> str | None:
+    """Output of a command, or None when it is missing or fails (absence is a fact, not an error)."""
+    if shutil.which(cmd[0]) is None:
+        return None
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def parse_gpu_query(csv_text: str) -> list[dict[str, str]]:
+    """Rows of `nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader,nounits`."""
+    rows = []
+    for line in csv_text.strip().splitlines():
+        name, memory_mib, driver, cap = [part.strip() for part in line.split(",")][:4]
+        rows.append({"name": name, "memory_mib": memory_mib, "driver": driver, "compute_cap": cap})
+    return rows
+
+
+def parse_topology(topo_text: str) -> ScaleUpDomain | None:
+    """GPU0's row of `nvidia-smi topo -m`: the GPUs it reaches over NV# links form its scale-up domain."""
+    rows = [line.split() for line in topo_text.splitlines() if line.strip()]
+    header = next((r for r in rows if r[0] == "GPU0" and "X" not in r), None)
+    gpu0 = next((r for r in rows if r[0] == "GPU0" and len(r) > 1 and r[1] == "X"), None)
+    if header is None or gpu0 is None:
+        return None
+    n_gpus = next((i for i, cell in enumerate(header) if not re.fullmatch(r"GPU\d+", cell)), len(header))
+    nv_links = [cell for cell in gpu0[2 : 1 + n_gpus] if re.fullmatch(r"NV\d+", cell)]
+    if not nv_links:
+        return ScaleUpDomain(gpus=1, link="PCIe")
+    return ScaleUpDomain(gpus=len(nv_links) + 1, link=max(set(nv_links), key=nv_links.count))
+
+
+def gpu_generation(name: str, compute_cap: str | None) -> str:
+    arch = next((gen for pattern, gen in _GPU_GENERATIONS if re.search(pattern, name)), "unknown architecture")
+    sm = f", sm_{compute_cap.replace('.', '')}" if compute_cap and compute_cap[0].isdigit() else ""
+    return f"{arch} ({name}{sm})"
+
+
+def cpu_facts(cpuinfo_text: str) -> dict[str, object]:
+    """Model, sockets, physical cores and the widest GEMM-relevant ISA from /proc/cpuinfo."""
+    model, sockets, cores, flags = "unknown CPU", set(), set(), set()
+    physical = "0"
+    for line in cpuinfo_text.splitlines():
+        key, _, value = line.partition(":")
+        key, value = key.strip(), value.strip()
+        if key == "model name":
+            model = value
+        elif key == "physical id":
+            physical = value
+            sockets.add(value)
+        elif key == "core id":
+            cores.add((physical, value))
+        elif key == "flags" and not flags:
+            flags = set(value.split())
+    isa = next((name for name, flag in (("AMX", "amx_tile"), ("AVX-512", "avx512f"), ("AVX2", "avx2")) if flag in flags), "scalar/SSE")
+    return {"model": model, "sockets": len(sockets) or None, "cores": len(cores) or None, "isa": isa}
+
+
+def _accelerators(notes: list[str]) -> tuple[Accelerators, str, str]:
+    query = _run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version,compute_cap", "--format=csv,noheader,nounits"])
+    if query and query.strip():
+        gpus = parse_gpu_query(query)
+        topo_text = _run(["nvidia-smi", "topo", "-m"])
+        domain = parse_topology(topo_text) if topo_text else None
+        if domain is None:
+            notes.append("nvidia-smi topo -m gave no GPU matrix: scale-up domain unknown")
+        first = gpus[0]
+        infiniband = _infiniband_devices()
+        links = [f"NVLink ({domain.link}, {domain.gpus} GPUs per domain)"] if domain and domain.link != "PCIe" else ["PCIe"]
+        links += [f"InfiniBand ({', '.join(infiniband)})"] if infiniband else []
+        acc = Accelerators(
+            kind="gpu", model=first["name"], count=len(gpus), memory_gib=round(float(first["memory_mib"]) / 1024, 1),
+            driver_version=first["driver"], compute_capability=first["compute_cap"], scale_up_domain=domain,
+            cpu_logical=os.cpu_count() or 1,
+        )
+        return acc, gpu_generation(first["name"], first["compute_cap"]), " + ".join(links)
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    facts = cpu_facts(cpuinfo)
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    acc = Accelerators(
+        kind="cpu", model=str(facts["model"]), count=usable, cpu_sockets=facts["sockets"],
+        cpu_physical_cores=facts["cores"], cpu_logical=os.cpu_count() or usable,
+    )
+    infiniband = _infiniband_devices()
+    interconnect = SINGLE_HOST_INTERCONNECT + (f"; InfiniBand visible ({', '.join(infiniband)})" if infiniband else "")
+    return acc, f"{platform.machine()} CPU ({facts['model']}, {facts['isa']})", interconnect
+
+
+def _infiniband_devices() -> list[str]:
+    ib = Path("/sys/class/infiniband")
+    return sorted(p.name for p in ib.iterdir()) if ib.is_dir() else []
+
+
+def _software() -> Software:
+    import torch
+    import torch.distributed as dist
+
+    nccl = None
+    if torch.cuda.is_available():
+        nccl = ".".join(str(v) for v in torch.cuda.nccl.version())
+    return Software(
+        python=platform.python_version(), torch=torch.__version__, cuda=torch.version.cuda, nccl=nccl,
+        gloo=dist.is_available() and dist.is_gloo_available(),
+        distributed_backend="nccl" if nccl else "gloo",
+    )
+
+
+def _framework(inp: EnvInput) -> Framework:
+    if inp.framework:
+        return Framework(name=inp.framework, version=str(inp.framework_version))
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return Framework(name=EMBEDDED_FRAMEWORK, version=version("trainops"))
+    except PackageNotFoundError:
+        raise ToolError("declare_environment", "the trainops package is not installed: run `make test` (pip install -e .)") from None
+
+
+def _filesystem(path: Path) -> str:
+    best, kind = "", "unknown"
+    for line in Path("/proc/mounts").read_text().splitlines() if Path("/proc/mounts").exists() else []:
+        parts = line.split()
+        if len(parts) >= 3 and str(path).startswith(parts[1]) and len(parts[1]) > len(best):
+            best, kind = parts[1], parts[2]
+    return kind
+
+
+def measure_checkpoint_write(folder: Path, size_mib: int) -> CheckpointStorage:
+    """Write `size_mib` MiB where checkpoints go and fsync it: what a synchronous save costs per MiB."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        target = folder / f".trainops-write-test-{os.getpid()}"
+        chunk = os.urandom(1 << 20)
+        started = time.perf_counter()
+        with open(target, "wb") as fh:
+            for _ in range(size_mib):
+                fh.write(chunk)
+            fh.flush()
+            os.fsync(fh.fileno())
+        write_s = time.perf_counter() - started
+        target.unlink()
+    except OSError as exc:
+        raise ToolError("declare_environment", f"cannot write the checkpoint test file in {folder}: {exc}; pass a writable ckpt_dir") from None
+    return CheckpointStorage(
+        path=str(folder), filesystem=_filesystem(folder.resolve()), test_size_mib=size_mib,
+        write_s=write_s, write_bandwidth_mib_s=size_mib / write_s,
+    )
+
+
+def _compute_peak(acc: Accelerators, inp: EnvInput, notes: list[str]) -> ComputePeak:
+    """The trainer's own MFU denominator, so the declaration and the metrics agree."""
+    import torch
+    from trainer.metrics import GPU_PEAK_TFLOPS_BF16, measure_cpu_peak_tflops
+
+    if acc.kind == "gpu":
+        key = next((k for k in GPU_PEAK_TFLOPS_BF16 if k in acc.model), None)
+        if key is not None:
+            return ComputePeak(peak_tflops=GPU_PEAK_TFLOPS_BF16[key], dtype="bf16", source=f"vendor-table:{key} (trainer.metrics)")
+        notes.append(f"no vendor peak for {acc.model} in trainer.metrics.GPU_PEAK_TFLOPS_BF16")
+        return ComputePeak(peak_tflops=0.0, dtype="bf16", source="unknown GPU: no vendor peak")
+    if not inp.measure_gemm:
+        notes.append("CPU GEMM peak not measured (measure_gemm=false)")
+        return ComputePeak(peak_tflops=0.0, dtype="fp32", source="not measured")
+    return ComputePeak(
+        peak_tflops=measure_cpu_peak_tflops(torch.float32), dtype="fp32",
+        source=f"measured-gemm (trainer.metrics.measure_cpu_peak_tflops, 512x512 fp32, {torch.get_num_threads()} threads)",
+    )
+
+
+def _scheduler(kind: SchedulerKind, host: str) -> Scheduler:
+    if kind == "local":
+        import torch
+
+        return Scheduler(kind="local", version=f"trainops local (torchrun, torch {torch.__version__})",
+                         partitions=["local"], nodes=[host], hot_spare_nodes=[])
+    if kind == "slurm":
+        return _slurm()
+    return _kubernetes()
+
+
+def _slurm() -> Scheduler:
+    version = _run(["sinfo", "-V"])
+    if version is None:
+        raise ToolError("declare_environment", "slurm: `sinfo -V` failed or sinfo is not on PATH; start slurmctld or use scheduler=local")
+    rows = _run(["sinfo", "-h", "-N", "-o", "%N|%P|%T"])
+    if rows is None:
+        raise ToolError("declare_environment", "slurm: `sinfo` cannot reach slurmctld; check `scontrol ping` or use scheduler=local")
+    partitions, nodes, idle = parse_sinfo_nodes(rows)
+    return Scheduler(kind="slurm", version=version.strip(), partitions=partitions, nodes=nodes, hot_spare_nodes=idle)
+
+
+def parse_sinfo_nodes(text: str) -> tuple[list[str], list[str], list[str]]:
+    """`sinfo -h -N -o '%N|%P|%T'` lines -> partitions, nodes, idle nodes (the hot-spare pool)."""
+    partitions, nodes, idle = [], [], []
+    for line in text.strip().splitlines():
+        node, partition, state = line.split("|")[:3]
+        partition = partition.rstrip("*")
+        partitions += [partition] if partition not in partitions else []
+        nodes += [node] if node not in nodes else []
+        if state.lower() == "idle" and node not in idle:
+            idle.append(node)
+    return partitions, nodes, idle
+
+
+def _kubernetes() -> Scheduler:
+    try:
+        from kubernetes import client, config
+
+        config.load_kube_config()
+        version = client.VersionApi().get_code().git_version
+        node_list = client.CoreV1Api().list_node().items
+        busy = {p.spec.node_name for p in client.CoreV1Api().list_pod_for_all_namespaces(field_selector="status.phase=Running").items
+                if p.metadata.namespace != "kube-system"}
+    except Exception as exc:  # config, connection and API errors all mean: no usable cluster
+        raise ToolError("declare_environment", f"kubernetes: no reachable cluster ({exc.__class__.__name__}: {exc}); set KUBECONFIG or use scheduler=local") from None
+    names = [n.metadata.name for n in node_list]
+    ready = [n.metadata.name for n in node_list if not n.spec.unschedulable and any(
+        c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])]
+    pools = sorted({(n.metadata.labels or {}).get("cloud.google.com/gke-nodepool", "default") for n in node_list})
+    return Scheduler(kind="kubernetes", version=version, partitions=pools, nodes=names,
+                     hot_spare_nodes=[n for n in ready if n not in busy])
+
+
+@tool("declare_environment", risk="read", tags=("environment", "S1"))
+def declare_environment(inp: EnvInput) -> EnvironmentDeclaration:
+    """Declare the training environment (SOP step S1): accelerators and their scale-up domain,
+    hardware generation, interconnect, torch/CUDA/NCCL/gloo versions, framework and version,
+    scheduler version, partitions and hot-spare pool, measured checkpoint write bandwidth and
+    measured compute peak. Required before any MFU or scaling conclusion."""
+    from trainops.workspace import runs_dir
+
+    notes: list[str] = []
+    host = socket.gethostname()
+    acc, generation, interconnect = _accelerators(notes)
+    folder = Path(inp.ckpt_dir).expanduser() if inp.ckpt_dir else runs_dir()
+    return EnvironmentDeclaration(
+        declared_at=datetime.now(timezone.utc),
+        host=host,
+        accelerators=acc,
+        hardware_generation=generation,
+        interconnect=interconnect,
+        software=_software(),
+        framework=_framework(inp),
+        scheduler=_scheduler(inp.scheduler, host),
+        checkpoint_storage=measure_checkpoint_write(folder, inp.ckpt_test_mib),
+        compute_peak=_compute_peak(acc, inp, notes),
+        notes=notes,
+    )
