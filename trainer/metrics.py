@@ -1,0 +1,182 @@
+"""Per-step numbers a team can trust: FLOPs per token with the convention stated, MFU against
+a labelled peak, memory, JSONL + Prometheus + a readable line, and a heartbeat per rank."""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import platform
+import resource
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer.config import MetricsConfig
+from trainer.model import ModelArgs, count_parameters
+
+# Dense bf16 tensor-core peaks in TFLOP/s (vendor data sheets, no sparsity). Matched by
+# substring of torch.cuda.get_device_name(); the first match wins, so specific names go first.
+GPU_PEAK_TFLOPS_BF16: dict[str, float] = {
+    "H100 PCIe": 756.0,
+    "H100 NVL": 835.0,
+    "H100": 989.0,   # SXM
+    "H200": 989.0,
+    "GH200": 989.0,
+    "B200": 2250.0,
+    "B100": 1750.0,
+    "A100": 312.0,
+    "A800": 312.0,
+    "L40S": 362.0,
+    "L4": 121.0,
+    "A10G": 70.0,
+    "MI300X": 1307.0,
+    "MI250X": 383.0,
+}
+
+RECORD_FIELDS = ("step", "rank", "loss", "grad_norm", "step_time_s", "tokens_per_s", "flops_per_token",
+                 "tflops", "mfu_pct", "peak_mem_gib", "time", "data_wait_s")
+
+
+def flops_per_token(args: ModelArgs, seq_len: int) -> int:
+    """Training FLOPs per token, torchtitan's convention (after PaLM, appendix B):
+    `6 * (N - N_embedding) + 12 * layers * heads * head_dim * seq_len`.
+
+    6 = 2 FLOPs per multiply-add x 3 (forward, and backward for inputs and weights). The first
+    term covers every matmul weight (the output projection counts even when tied, the embedding
+    lookup does not); the second is attention's two matmuls (QK^T and AV, 2*2*h*hd*seq forward,
+    x3). The causal mask is not halved and activation recomputation is not counted: MFU measures
+    useful work. (The `6*layers*...` form quoted in some notes is the causal-halved count.)
+    """
+    counts = count_parameters(args)
+    matmul_params = counts["total"] - counts["embedding"] + (
+        args.vocab_size * args.dim if args.tie_embeddings else 0)
+    return 6 * matmul_params + 12 * args.n_layers * args.n_heads * args.head_dim * seq_len
+
+
+def _peak_cache_path() -> Path:
+    return Path(os.environ.get("TRAINOPS_HOME", ".trainops")).expanduser() / "cache" / "peak_flops.json"
+
+
+def measure_cpu_peak_tflops(dtype: torch.dtype, size: int = 512, repeats: int = 8) -> float:
+    """Best-of-N GEMM throughput of this process (its thread count), in TFLOP/s."""
+    a = torch.randn(size, size, dtype=dtype)
+    b = torch.randn(size, size, dtype=dtype)
+    torch.mm(a, b)  # warm-up
+    best_s = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        torch.mm(a, b)
+        best_s = min(best_s, time.perf_counter() - started)
+    return 2 * size**3 / best_s / 1e12
+
+
+def device_peak_tflops(device: torch.device, precision: str) -> tuple[float, str]:
+    """(peak TFLOP/s, label): `vendor-table:<name>` for known GPUs, else `measured-gemm` for the
+    CPU (cached per CPU model, dtype and thread count in $TRAINOPS_HOME/cache)."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, peak in GPU_PEAK_TFLOPS_BF16.items():
+            if key in name:
+                return peak, f"vendor-table:{key}"
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    key = f"{device.type}|{platform.processor() or platform.machine()}|{dtype}|{torch.get_num_threads()}"
+    cache = _peak_cache_path()
+    try:
+        cached = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        cached = {}
+    if key not in cached:
+        cached[key] = measure_cpu_peak_tflops(dtype) if device.type == "cpu" else 0.0
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        partial = cache.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps(cached, indent=1))
+        partial.replace(cache)
+    return cached[key], "measured-gemm"
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+class MetricsLogger:
+    """Writes one record per step: metrics.jsonl, the Prometheus gauges, the heartbeat file,
+    and (rank 0, every `log_every` steps) one readable line."""
+
+    def __init__(self, cfg: MetricsConfig, run_dir: Path, rank: int, *, run_id: str, total_steps: int,
+                 peak_tflops: float, peak_source: str):
+        self.cfg, self.run_dir, self.rank = cfg, Path(run_dir), rank
+        self.run_id, self.total_steps = run_id, total_steps
+        self.peak_tflops, self.peak_source = peak_tflops, peak_source
+        self.heartbeat_path = self.run_dir / "heartbeat" / f"rank{rank}.json"
+        self.heartbeat_path.parent.mkdir(parents=True, exist_ok=True)
+        self.gauges: dict[str, Any] = {}
+        if cfg.prometheus_port_base:
+            self._start_exporter(cfg.prometheus_port_base + rank)
+
+    def _start_exporter(self, port: int) -> None:
+        from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+        registry = CollectorRegistry()
+        for name in RECORD_FIELDS:
+            if name not in ("rank", "step"):
+                self.gauges[name] = Gauge(f"trainops_{name}", f"trainer {name} of the latest step",
+                                          ["run", "rank"], registry=registry)
+        self.gauges["step"] = Gauge("trainops_step", "latest completed step (heartbeat)",
+                                    ["run", "rank"], registry=registry)
+        start_http_server(port, addr="0.0.0.0", registry=registry)
+        self._register_exporter(f"{socket.gethostname()}:{port}")
+
+    def _register_exporter(self, address: str) -> None:
+        """Ranks start at once: a file lock keeps their read-modify-write of exporters.json whole."""
+        path = self.run_dir / "exporters.json"
+        with open(self.run_dir / ".exporters.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            exporters = json.loads(path.read_text()) if path.exists() else {}
+            exporters[str(self.rank)] = address
+            path.write_text(json.dumps(exporters, indent=1, sort_keys=True))
+
+    def heartbeat(self, step: int) -> None:
+        if not self.cfg.heartbeat:
+            return
+        partial = self.heartbeat_path.with_suffix(".tmp")
+        partial.write_text(json.dumps({"step": step, "time": time.time(), "pid": os.getpid()}))
+        partial.replace(self.heartbeat_path)
+
+    def record(self, *, step: int, loss: float, grad_norm: float, step_time_s: float, tokens: int,
+               flops_per_token: int, peak_mem_gib: float, data_wait_s: float) -> dict[str, Any]:
+        """`tokens` are this device's share of the step's tokens."""
+        tokens_per_s = tokens / step_time_s
+        tflops = tokens_per_s * flops_per_token / 1e12
+        record = {
+            "step": step, "rank": self.rank, "loss": loss, "grad_norm": grad_norm,
+            "step_time_s": step_time_s, "tokens_per_s": tokens_per_s, "flops_per_token": flops_per_token,
+            "tflops": tflops, "mfu_pct": 100.0 * tflops / self.peak_tflops if self.peak_tflops else 0.0,
+            "peak_mem_gib": peak_mem_gib, "time": time.time(), "data_wait_s": data_wait_s,
+            "peak_source": self.peak_source,
+        }
+        if self.cfg.jsonl:
+            line = (json.dumps(record) + "\n").encode()
+            fd = os.open(self.run_dir / "metrics.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                os.write(fd, line)  # one O_APPEND write per line: ranks never interleave
+            finally:
+                os.close(fd)
+        for name, gauge in self.gauges.items():
+            gauge.labels(run=self.run_id, rank=str(self.rank)).set(record[name])
+        self.heartbeat(step)
+        if self.rank == 0 and (step % self.cfg.log_every == 0 or step == self.total_steps):
+            print(format_line(record, self.total_steps), flush=True)
+        return record
+
+
+def format_line(record: dict[str, Any], total_steps: int) -> str:
+    return (f"step {record['step']:>5}/{total_steps}  loss {record['loss']:.4f}  "
+            f"grad_norm {record['grad_norm']:.3f}  step_time {record['step_time_s'] * 1e3:.0f}ms  "
+            f"tok/s {record['tokens_per_s']:,.0f}  tflops {record['tflops']:.3f}  "
+            f"mfu {record['mfu_pct']:.2f}% ({record['peak_source']})  "
+            f"mem {record['peak_mem_gib']:.2f}GiB  data_wait {record['data_wait_s'] * 1e3:.1f}ms")

@@ -1,0 +1,101 @@
+"""Apply parallelism to a plain `Transformer`, in torchtitan's fixed order:
+tensor parallel -> activation checkpointing -> per-block compile -> DDP or FSDP2.
+
+The model file knows nothing of this; the mesh comes from one validated `Layout`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from trainer.config import JobConfig
+from trainer.layout import MESH_DIM_NAMES, Layout
+
+DP_DIMS = ("dp_replicate", "dp_shard")
+
+
+@dataclass
+class MeshInfo:
+    """The mesh and what the training loop needs from it: its data-parallel slice."""
+
+    mesh: DeviceMesh
+    layout: Layout
+    dp_rank: int
+    dp_degree: int
+
+
+def build_mesh(layout: Layout, device_type: str) -> MeshInfo:
+    """One mesh over all named dims (size-1 dims included, so submesh names always resolve)."""
+    mesh = init_device_mesh(device_type, layout.mesh_shape, mesh_dim_names=MESH_DIM_NAMES)
+    replicate_rank, shard_rank = (mesh.get_local_rank(dim) for dim in DP_DIMS)
+    return MeshInfo(mesh=mesh, layout=layout, dp_rank=replicate_rank * layout.dp_shard + shard_rank,
+                    dp_degree=layout.dp)
+
+
+def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
+    """full: recompute every block in backward; selective: every other block (layer-level SAC,
+    about half the activation memory for about half the recompute)."""
+    if mode == "none":
+        return
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    for index, (name, block) in enumerate(list(model.layers.items())):
+        if mode == "full" or index % 2 == 0:
+            model.layers[name] = checkpoint_wrapper(block, preserve_rng_state=False)
+
+
+def apply_compile(model: nn.Module) -> None:
+    """Compile each block separately: identical blocks share one compiled graph, and the
+    FSDP hooks between blocks stay outside the graphs."""
+    for name, block in list(model.layers.items()):
+        model.layers[name] = torch.compile(block, fullgraph=True)
+
+
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: str, reshard_after_forward: bool) -> None:
+    """FSDP2: one parameter group per block, then the root (embeddings, norm, output)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp_policy = MixedPrecisionPolicy(
+        param_dtype=torch.bfloat16 if precision == "bf16" else torch.float32,
+        reduce_dtype=torch.float32,
+    )
+    shard = partial(fully_shard, mesh=dp_mesh, mp_policy=mp_policy)
+    blocks = list(model.layers.values())
+    for index, block in enumerate(blocks):
+        # the last block's parameters are needed again at once by backward: keep them gathered
+        shard(block, reshard_after_forward=reshard_after_forward and index < len(blocks) - 1)
+    shard(model, reshard_after_forward=reshard_after_forward)
+
+
+def _dp_mesh(info: MeshInfo) -> DeviceMesh:
+    layout = info.layout
+    if layout.dp_replicate > 1 and layout.dp_shard > 1:
+        return info.mesh[DP_DIMS]
+    return info.mesh["dp_replicate" if layout.dp_replicate > 1 else "dp_shard"]
+
+
+def parallelize(model: nn.Module, cfg: JobConfig, info: MeshInfo) -> nn.Module:
+    """Return the model ready to train on this rank (wrapped by DDP when data_parallel=ddp)."""
+    if cfg.parallel.tp > 1:
+        from trainer.parallel import apply_tp  # the parallelism module is only needed with TP
+
+        apply_tp(model, info.mesh["tp"], cfg)
+    apply_activation_checkpointing(model, cfg.training.activation_checkpointing)
+    if cfg.training.compile:
+        apply_compile(model)
+    if info.dp_degree == 1:
+        return model
+    if cfg.parallel.data_parallel == "fsdp":
+        # HSDP when both dims are > 1: shard within dp_shard, replicate across dp_replicate
+        apply_fsdp(model, _dp_mesh(info), cfg.training.precision, cfg.parallel.reshard_after_forward)
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    dp_mesh = info.mesh[DP_DIMS]._flatten("dp") if info.layout.dp_replicate > 1 and \
+        info.layout.dp_shard > 1 else _dp_mesh(info)
+    device_ids = [torch.cuda.current_device()] if info.mesh.device_type == "cuda" else None
+    return DistributedDataParallel(model, process_group=dp_mesh.get_group(), device_ids=device_ids)

@@ -1,0 +1,183 @@
+"""The training entry point, run by torchrun on every rank:
+`python -m trainer.train --run-dir RUN` reads RUN/config.toml, trains, and exits non-zero on
+failure (an exception, a non-finite loss, or an injected crash)."""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import socket
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from trainer.checkpoint import AppState, Checkpointer
+from trainer.config import JobConfig, load_config
+from trainer.data import DataLoader
+from trainer.faults import FaultInjector
+from trainer.layout import validate_layout
+from trainer.metrics import MetricsLogger, device_peak_tflops, flops_per_token, peak_memory_gib
+from trainer.model import Transformer
+from trainer.parallelize import build_mesh, parallelize
+
+
+class NonFiniteLoss(RuntimeError):
+    """Training stops at a NaN/inf loss rather than silently corrupting the weights."""
+
+
+class _Tee:
+    """Copies a stream into the rank's log file, so logs/rank{R}.log holds everything."""
+
+    def __init__(self, stream, log_file):
+        self.stream, self.log_file = stream, log_file
+
+    def write(self, text: str) -> int:
+        self.log_file.write(text)
+        self.log_file.flush()
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+        self.log_file.flush()
+
+
+def init_distributed() -> tuple[int, int, torch.device]:
+    """Join torchrun's process group (or form a group of one when run directly)."""
+    if "RANK" not in os.environ:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1",
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        dist.init_process_group("cuda:nccl,cpu:gloo", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def lr_lambda(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
+    """Linear warm-up to the peak, then cosine decay to `min_lr_ratio` of it."""
+    if step < warmup_steps:
+        return (step + 1) / (warmup_steps + 1)
+    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def _grad_sync(model: torch.nn.Module, enabled: bool):
+    """Skip the gradient all-reduce on all but the last micro-batch of a step."""
+    if hasattr(model, "no_sync"):  # DDP
+        return nullcontext() if enabled else model.no_sync()
+    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+        model.set_requires_gradient_sync(enabled)
+    return nullcontext()
+
+
+def train(cfg: JobConfig, run_dir: Path, rank: int, world_size: int, device: torch.device) -> None:
+    layout = validate_layout(cfg, world_size)
+    if layout.pp > 1:
+        raise ValueError("parallel.pp > 1 is not run by this loop yet: set parallel.pp=1")
+    training = cfg.training
+    torch.manual_seed(training.seed)
+    if training.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    mesh_info = build_mesh(layout, device.type)
+
+    model_args = cfg.model_args()
+    model = Transformer(model_args)
+    model.init_weights(seed=training.seed)  # same weights on every rank before sharding
+    model = parallelize(model.to(device), cfg, mesh_info)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=training.lr, betas=(0.9, 0.95),
+                                  weight_decay=training.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_lambda(
+        step, training.warmup_steps, training.steps, training.min_lr_ratio))
+    loader = DataLoader(cfg.data, vocab_size=model_args.vocab_size, seq_len=training.seq_len,
+                        seed=training.seed, global_batch=training.global_batch,
+                        micro_batch=training.micro_batch, dp_rank=mesh_info.dp_rank,
+                        dp_degree=mesh_info.dp_degree)
+
+    checkpointer = Checkpointer(cfg.checkpoint, run_dir, rank)
+    app = AppState(model, optimizer, scheduler, loader)
+    start_step = checkpointer.load_latest(app) or 0
+    faults = FaultInjector(cfg.faults, rank, run_dir)
+    peak_tflops, peak_source = device_peak_tflops(device, training.precision)
+    logger = MetricsLogger(cfg.metrics, run_dir, rank, run_id=run_dir.name, total_steps=training.steps,
+                           peak_tflops=peak_tflops, peak_source=peak_source)
+    logger.heartbeat(start_step)
+    flops = flops_per_token(model_args, training.seq_len)
+    tokens_per_device = training.global_batch * training.seq_len // world_size
+    # FSDP2 casts parameters itself; DDP and a single process use autocast for bf16
+    fsdp_casts = cfg.parallel.data_parallel == "fsdp" and mesh_info.dp_degree > 1
+    use_autocast = training.precision == "bf16" and not fsdp_casts
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if use_autocast else nullcontext()
+
+    for step in range(start_step + 1, training.steps + 1):
+        faults.on_step_start(step)
+        started = time.perf_counter()
+        micro_batches = loader.next_step()
+        step_loss = torch.zeros((), device=device)
+        for index, (inputs, labels) in enumerate(micro_batches):
+            inputs, labels = inputs.to(device), labels.to(device)
+            with _grad_sync(model, index == len(micro_batches) - 1):
+                with autocast:
+                    logits = model(inputs)
+                loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+                if index == 0:
+                    loss = faults.after_loss(step, loss)
+                (loss / len(micro_batches)).backward()
+            step_loss += loss.detach() / len(micro_batches)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), training.max_grad_norm)
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        faults.after_step(step, model)
+        if world_size > 1:
+            dist.all_reduce(step_loss, op=dist.ReduceOp.AVG)
+        loss_value = step_loss.item()
+        logger.record(step=step, loss=loss_value, grad_norm=grad_norm.item(),
+                      step_time_s=time.perf_counter() - started, tokens=tokens_per_device,
+                      flops_per_token=flops, peak_mem_gib=peak_memory_gib(device),
+                      data_wait_s=loader.pop_data_wait_s())
+        if not math.isfinite(loss_value):
+            raise NonFiniteLoss(f"loss is {loss_value} at step {step}: stopping before the weights "
+                                "are corrupted further; resume from the last good checkpoint")
+        checkpointer.maybe_save(step, app, last_step=step == training.steps)
+    checkpointer.close()
+    faults.on_train_end(checkpointer.folder)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--run-dir", required=True, help="run folder holding config.toml")
+    run_dir = Path(parser.parse_args(argv).run_dir)
+    cfg = load_config(run_dir / "config.toml")
+    rank, world_size, device = init_distributed()
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    log_file = open(run_dir / "logs" / f"rank{rank}.log", "a", buffering=1)
+    sys.stdout, sys.stderr = _Tee(sys.stdout, log_file), _Tee(sys.stderr, log_file)
+    try:
+        train(cfg, run_dir, rank, world_size, device)
+    except Exception as error:  # the rank log and the exit code carry the failure
+        import traceback
+
+        traceback.print_exc()
+        print(f"rank {rank} failed: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
