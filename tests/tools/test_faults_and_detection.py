@@ -1,0 +1,131 @@
+"""Fault injection and detection on live processes. The ranks here are a stand-in for the
+trainer (a few lines that write heartbeats and metrics records the way trainer/metrics.py
+does), so each mechanism is exercised in a second; the trainer-driven drill is in
+tests/integration."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tools.base import ToolError, call
+
+RANK_SCRIPT = r"""
+import json, math, os, sys, time
+run_dir, rank, step_s, nan_step = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+os.makedirs(f"{run_dir}/heartbeat", exist_ok=True)
+for step in range(1, 100000):
+    time.sleep(step_s)
+    loss = float("nan") if step == nan_step else 5.0 / step
+    rec = {"step": step, "rank": rank, "loss": loss, "grad_norm": 1.0, "step_time_s": step_s, "time": time.time()}
+    with open(f"{run_dir}/metrics.jsonl", "a") as fh:
+        fh.write(json.dumps(rec) + "\n")
+    tmp = f"{run_dir}/heartbeat/rank{rank}.tmp"
+    with open(tmp, "w") as fh:
+        json.dump({"step": step, "time": time.time(), "pid": os.getpid()}, fh)
+    os.replace(tmp, f"{run_dir}/heartbeat/rank{rank}.json")
+"""
+
+
+@pytest.fixture
+def ranks(workspace):
+    """Start stand-in ranks in run 'drill': ranks(step_s=[...], nan_step=...)."""
+    procs = []
+    run_dir = workspace / "runs" / "drill"
+    run_dir.mkdir(parents=True)
+
+    def start(step_s=(0.02, 0.02), nan_step=-1):
+        for rank, s in enumerate(step_s):
+            procs.append(subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(run_dir), str(rank), str(s), str(nan_step)]))
+        deadline = time.monotonic() + 20
+        while len(list((run_dir / "heartbeat").glob("rank*.json"))) < len(step_s):
+            assert time.monotonic() < deadline, "stand-in ranks did not start"
+            time.sleep(0.02)
+        return run_dir
+
+    yield start
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def test_a_killed_rank_is_detected_as_process_exit_with_its_latency(ranks):
+    run_dir = ranks()
+    injected = call("inject_fault", {"kind": "kill_rank", "run": "drill", "rank": 1})
+    found = call("detect_faults", {"run": "drill", "poll_interval_s": 0.05, "timeout_s": 10})
+    assert (found.detected, found.mechanism, found.rank, found.isolation) == (True, "process_exit", 1, "node")
+    assert found.injected_at == pytest.approx(injected.injected_at)
+    assert 0 <= found.detection_latency_s < 2.0
+    assert json.loads((run_dir / "faults.jsonl").read_text().splitlines()[-1])["kind"] == "kill_rank"
+
+
+def test_a_hung_rank_is_detected_by_its_stale_heartbeat(ranks):
+    ranks()
+    injected = call("inject_fault", {"kind": "hang", "run": "drill", "rank": 0})
+    try:
+        found = call("detect_faults", {"run": "drill", "poll_interval_s": 0.05, "heartbeat_stale_s": 0.5, "timeout_s": 10})
+    finally:
+        import os, signal
+
+        os.kill(injected.pids[0], signal.SIGCONT)
+    assert (found.mechanism, found.rank) == ("heartbeat_stale", 0)
+    assert 0.5 <= found.detection_latency_s < 2.5
+
+
+def test_a_nan_loss_is_a_loss_anomaly_that_isolates_the_job(ranks):
+    ranks(nan_step=5)
+    found = call("detect_faults", {"run": "drill", "poll_interval_s": 0.05, "timeout_s": 10})
+    assert (found.mechanism, found.step, found.isolation) == ("loss_anomaly", 5, "job")
+
+
+def test_a_slow_rank_is_a_step_time_outlier(ranks):
+    ranks(step_s=(0.02, 0.02, 0.1))
+    found = call("detect_faults", {"run": "drill", "poll_interval_s": 0.05, "timeout_s": 10, "straggler_ratio": 2.0})
+    assert (found.mechanism, found.rank) == ("step_time_outlier", 2)
+
+
+def test_diverging_replica_checksums_are_silent_data_corruption(workspace):
+    run_dir = workspace / "runs" / "sdc"
+    run_dir.mkdir(parents=True)
+    now = time.time()
+    lines = [{"step": 3, "rank": r, "loss": 1.0, "grad_norm": 1.0, "step_time_s": 0.1, "time": now, "param_checksum": c}
+             for r, c in enumerate(["aa", "aa", "ff", "aa"])]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    found = call("detect_faults", {"run": "sdc", "timeout_s": 1, "injected_at": now - 0.25})
+    assert (found.mechanism, found.rank, found.isolation) == ("checksum_mismatch", 2, "replica_group")
+    assert found.detection_latency_s >= 0.25
+
+
+def test_a_healthy_run_reports_nothing_within_the_timeout(ranks):
+    ranks()
+    found = call("detect_faults", {"run": "drill", "poll_interval_s": 0.05, "timeout_s": 0.5})
+    assert not found.detected and found.polls >= 5
+
+
+def test_launch_time_faults_return_the_trainer_overrides():
+    out = call("inject_fault", {"kind": "straggler", "rank": 1, "slow_ms": 300})
+    assert out.overrides == ["faults.slow_rank=1", "faults.slow_ms=300"] and out.injected_at is None
+    from trainer.config import load_config
+
+    cfg = load_config(None, "tiny", call("inject_fault", {"kind": "bitflip", "rank": 1, "step": 4}).overrides)
+    assert (cfg.faults.bitflip_step, cfg.faults.bitflip_rank) == (4, 1)
+
+
+def test_corrupting_the_newest_checkpoint_changes_its_largest_file(workspace):
+    ckpt = workspace / "runs" / "ck" / "checkpoints"
+    (ckpt / "step-00000002").mkdir(parents=True)
+    (ckpt / "step-00000004").mkdir(parents=True)
+    (ckpt / "step-00000004" / "__0_0.distcp").write_bytes(bytes(1000))
+    (ckpt / "step-00000002" / "__0_0.distcp").write_bytes(bytes(1000))
+    out = call("inject_fault", {"kind": "corrupt_checkpoint", "run": "ck"})
+    assert out.target.endswith("step-00000004/__0_0.distcp")
+    assert (ckpt / "step-00000004" / "__0_0.distcp").read_bytes() != bytes(1000)
+    assert (ckpt / "step-00000002" / "__0_0.distcp").read_bytes() == bytes(1000)
+
+
+def test_killing_a_rank_of_an_unknown_run_names_the_run():
+    with pytest.raises(ToolError, match="run 'ghost' not found"):
+        call("inject_fault", {"kind": "kill_rank", "run": "ghost"})

@@ -1,0 +1,229 @@
+"""Fault detection for drills: poll a run (and its job) until something is wrong, and say
+what, how it was seen, how long after the injection, and how much to isolate.
+
+Mechanisms: process exit (job state or a rank's pid), heartbeat staleness (hang), loss /
+grad-norm anomaly (NaN/inf or a z-score jump), cross-replica parameter checksum mismatch
+(silent data corruption; needs a `param_checksum` field in the metrics records, compared
+among ranks of the same `replica_group` field when present), per-rank step-time outlier
+(straggler; uses `compute_time_s` when the trainer writes it, else `step_time_s`)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from tools.base import ToolError, tool
+from tools.monitoring.base import MonitorError
+from tools.schedulers.base import TERMINAL_STATES, SchedulerError, SchedulerKind
+
+Mechanism = Literal["process_exit", "heartbeat_stale", "loss_anomaly", "checksum_mismatch", "step_time_outlier"]
+Isolation = Literal["rank", "node", "replica_group", "job"]
+
+
+class DetectFaultsInput(BaseModel):
+    run: str = Field(description="Run id or run folder to watch.")
+    job_id: str | None = Field(None, description="The run's job, to watch its state too.")
+    scheduler: SchedulerKind = "local"
+    poll_interval_s: float = Field(0.1, ge=0.05, le=60, description="Seconds between polls (down to 0.05).")
+    timeout_s: float = Field(60.0, gt=0, description="Stop watching after this many seconds with nothing found.")
+    heartbeat_stale_s: float = Field(5.0, gt=0, description="A heartbeat older than this (while others are fresher) is a hang.")
+    zscore_threshold: float = Field(6.0, gt=0, description="A grad-norm this many standard deviations above its recent history is an anomaly.")
+    straggler_ratio: float = Field(1.5, gt=1, description="A rank whose median step time is this many times the others' median is a straggler.")
+    window_steps: int = Field(8, ge=3, description="Steps of history for the z-score and straggler checks.")
+    injected_at: float | None = Field(None, description="Injection wall time; None reads the newest entry of RUN/faults.jsonl.")
+
+
+class Detection(BaseModel):
+    detected: bool
+    mechanism: Mechanism | None = None
+    rank: int | None = None
+    node: str | None = None
+    step: int | None = None
+    detected_at: float | None = Field(None, description="Wall time the fault was seen (Unix seconds).")
+    injected_at: float | None = None
+    detection_latency_s: float | None = Field(None, description="detected_at - injected_at.")
+    isolation: Isolation | None = Field(None, description="The smallest unit to take out of service.")
+    recommendation: str = ""
+    evidence: str = ""
+    polls: int = 0
+
+
+_ISOLATION: dict[str, tuple[Isolation, str]] = {
+    "process_exit": ("node", "exclude the rank's node (drain it) and requeue the job from its newest checkpoint"),
+    "heartbeat_stale": ("node", "cancel the job, drain the hung rank's node, requeue from the newest checkpoint"),
+    "loss_anomaly": ("job", "roll the whole job back to the last checkpoint before the anomaly and skip or re-check the batch"),
+    "checksum_mismatch": ("replica_group", "stop the job, take the diverging replica group's nodes out for a hardware check, restart from a verified checkpoint"),
+    "step_time_outlier": ("node", "drain the straggler's node and requeue on a hot spare"),
+}
+
+
+def _latest_injection(run_dir: Path) -> float | None:
+    path = run_dir / "faults.jsonl"
+    if not path.exists():
+        return None
+    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+    return float(json.loads(lines[-1])["time"]) if lines else None
+
+
+class _Watch:
+    def __init__(self, inp: DetectFaultsInput, run_dir: Path):
+        self.inp, self.run_dir = inp, run_dir
+        self.offset = 0
+        self.by_rank: dict[int, list[dict]] = {}
+        self.checksums: dict[int, dict[int, dict]] = {}
+        self.last_step_time: dict[int, float] = {}
+
+    def ingest(self) -> list[dict]:
+        from tools.monitoring.embedded import read_records
+
+        records, self.offset = read_records(self.run_dir, self.offset)
+        for rec in records:
+            r = int(rec.get("rank", 0))
+            self.by_rank.setdefault(r, []).append(rec)
+            if "param_checksum" in rec:
+                self.checksums.setdefault(int(rec["step"]), {})[r] = rec
+        return records
+
+    def loss_anomaly(self, records: list[dict]) -> tuple[dict, str] | None:
+        for rec in records:
+            for field in ("loss", "grad_norm"):
+                v = rec.get(field)
+                if v is None or (isinstance(v, float) and not math.isfinite(v)) or v in ("nan", "inf", "NaN", "Infinity"):
+                    if field in rec:
+                        return rec, f"{field}={v} at step {rec.get('step')} on rank {rec.get('rank')}"
+            hist = [float(h["grad_norm"]) for h in self.by_rank.get(int(rec.get("rank", 0)), [])
+                    if h is not rec and isinstance(h.get("grad_norm"), (int, float)) and int(h["step"]) < int(rec["step"])][-self.inp.window_steps:]
+            g = rec.get("grad_norm")
+            if len(hist) >= 3 and isinstance(g, (int, float)):
+                sd = statistics.pstdev(hist) or 1e-12
+                z = (float(g) - statistics.fmean(hist)) / sd
+                if z > self.inp.zscore_threshold and float(g) > 2 * max(hist):
+                    return rec, f"grad_norm {g:.4g} is {z:.1f} sd above the last {len(hist)} steps (mean {statistics.fmean(hist):.4g})"
+        return None
+
+    def checksum_mismatch(self) -> tuple[dict, str] | None:
+        for step in sorted(self.checksums):
+            recs = self.checksums[step]
+            groups: dict[str, list[dict]] = {}
+            for rec in recs.values():
+                groups.setdefault(str(rec.get("replica_group", "all")), []).append(rec)
+            for group, members in groups.items():
+                values = [m["param_checksum"] for m in members]
+                if len(set(values)) > 1:
+                    majority = max(set(values), key=values.count)
+                    odd = next(m for m in members if m["param_checksum"] != majority)
+                    return odd, f"step {step}: rank {odd.get('rank')} checksum {odd['param_checksum']} differs from {majority} in replica group {group}"
+        return None
+
+    def straggler(self) -> tuple[dict, str] | None:
+        if len(self.by_rank) < 2:
+            return None
+        medians = {}
+        for r, recs in self.by_rank.items():
+            recent = recs[-self.inp.window_steps:]
+            field = "compute_time_s" if all("compute_time_s" in x for x in recent) else "step_time_s"
+            vals = [float(x[field]) for x in recent if isinstance(x.get(field), (int, float))]
+            if len(vals) < 3:
+                return None
+            medians[r] = (statistics.median(vals), field)
+        slow = max(medians, key=lambda r: medians[r][0])
+        others = statistics.median([m for r, (m, _) in medians.items() if r != slow])
+        if others > 0 and medians[slow][0] > self.inp.straggler_ratio * others:
+            return self.by_rank[slow][-1], f"rank {slow} median {medians[slow][1]} {medians[slow][0]:.4f}s vs {others:.4f}s on the other ranks"
+        return None
+
+    def stale_or_dead(self) -> tuple[str, int, dict, str] | None:
+        from tools.monitoring.embedded import read_heartbeats
+        from tools.schedulers.local import pid_alive
+
+        beats = read_heartbeats(self.run_dir)
+        now = time.time()
+        host = os.uname().nodename
+        for r, b in sorted(beats.items()):
+            if "pid" in b and b.get("host", host) == host and not pid_alive(int(b["pid"])):
+                return "process_exit", r, b, f"rank {r} pid {b['pid']} is gone (last heartbeat at step {b.get('step')})"
+        if len(beats) >= 1:
+            ages = {r: now - float(b["time"]) for r, b in beats.items()}
+            oldest = max(ages, key=ages.get)
+            if ages[oldest] > self.inp.heartbeat_stale_s:
+                return "heartbeat_stale", oldest, beats[oldest], f"rank {oldest} heartbeat is {ages[oldest]:.2f}s old (step {beats[oldest].get('step')}); limit {self.inp.heartbeat_stale_s}s"
+        return None
+
+
+def _finished_ok(run_dir: Path) -> bool:
+    """The launcher writes status.json at the end; a clean finish is not a fault."""
+    try:
+        return json.loads((run_dir / "status.json").read_text()).get("status") == "ok"
+    except (OSError, ValueError):
+        return False
+
+
+def _finish(mechanism: str, rank, node, step, evidence, injected_at, polls) -> Detection:
+    now = time.time()
+    isolation, recommendation = _ISOLATION[mechanism]
+    return Detection(detected=True, mechanism=mechanism, rank=rank, node=node, step=step, detected_at=now,
+                     injected_at=injected_at, detection_latency_s=None if injected_at is None else now - injected_at,
+                     isolation=isolation, recommendation=recommendation, evidence=evidence, polls=polls)
+
+
+@tool("detect_faults", risk="read", tags=("faults", "drill"))
+def detect_faults(inp: DetectFaultsInput) -> Detection:
+    """Watch a run until a fault shows (a rank exits, a heartbeat goes stale, loss or grad norm
+    turns NaN or jumps, replica checksums disagree, a rank straggles) or the timeout passes.
+    Reports the mechanism, the rank and node, the detection latency from the injection, and
+    the isolation to apply (rank, node, replica group or job)."""
+    from tools.monitoring.embedded import resolve_run
+
+    try:
+        run_dir = resolve_run(inp.run)
+    except MonitorError as exc:
+        raise ToolError("detect_faults", str(exc)) from None
+    sched = None
+    if inp.job_id:
+        from tools.schedulers import get_scheduler
+
+        sched = get_scheduler(inp.scheduler)
+    watch = _Watch(inp, run_dir)
+    host = os.uname().nodename
+    deadline = time.monotonic() + inp.timeout_s
+    polls = 0
+    while True:
+        polls += 1
+        injected_at = inp.injected_at if inp.injected_at is not None else _latest_injection(run_dir)
+        st = None
+        if sched is not None:
+            try:
+                st = sched.status(inp.job_id)
+            except SchedulerError as exc:
+                raise ToolError("detect_faults", str(exc)) from None
+        if (st is not None and st.state == "completed") or _finished_ok(run_dir):
+            return Detection(detected=False, evidence=f"run {inp.run} finished cleanly with no fault seen", polls=polls, injected_at=injected_at)
+        records = watch.ingest()
+        found = watch.loss_anomaly(records)
+        if found:
+            rec, why = found
+            return _finish("loss_anomaly", rec.get("rank"), None, rec.get("step"), why, injected_at or rec.get("time"), polls)
+        found = watch.checksum_mismatch()
+        if found:
+            rec, why = found
+            return _finish("checksum_mismatch", rec.get("rank"), rec.get("host", host), rec.get("step"), why, injected_at or rec.get("time"), polls)
+        dead = watch.stale_or_dead()
+        if dead:
+            mechanism, rank, beat, why = dead
+            return _finish(mechanism, rank, beat.get("host", host), beat.get("step"), why, injected_at, polls)
+        if st is not None and st.state in TERMINAL_STATES:
+            node = st.nodes[0] if st.nodes else None
+            return _finish("process_exit", None, node, None, f"job {inp.job_id} is {st.state} (exit code {st.exit_code}; {st.reason})", injected_at, polls)
+        found = watch.straggler()
+        if found:
+            rec, why = found
+            return _finish("step_time_outlier", rec.get("rank"), rec.get("host", host), rec.get("step"), why, injected_at, polls)
+        if time.monotonic() >= deadline:
+            return Detection(detected=False, evidence=f"nothing abnormal in {inp.timeout_s}s of watching {run_dir}", polls=polls, injected_at=injected_at)
+        time.sleep(inp.poll_interval_s)

@@ -1,0 +1,273 @@
+"""Job and metrics tools: submit, watch, stop and requeue training jobs on any scheduler, and
+read their metrics. The same tools serve the CLI, the skills and the agent."""
+from __future__ import annotations
+
+import statistics
+from typing import Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from tools.base import ToolError, tool
+from tools.monitoring.base import MonitorError, MonitorKind, Sample, Series
+from tools.schedulers.base import JobHandle, JobSpec, JobStatus, NodeInfo, SchedulerError, SchedulerKind
+
+
+def _scheduler(tool_name: str, kind: str):
+    from tools.schedulers import get_scheduler
+
+    try:
+        return get_scheduler(kind)
+    except SchedulerError as exc:
+        raise ToolError(tool_name, str(exc)) from None
+
+
+def _run(tool_name: str, fn, *args):
+    """Backend errors become ToolErrors that keep the backend's message (what, where, what to do)."""
+    try:
+        return fn(*args)
+    except (SchedulerError, MonitorError) as exc:
+        raise ToolError(tool_name, str(exc)) from None
+
+
+class TrainingRequest(BaseModel):
+    """A trainer run to prepare and launch with torchrun: `python -m trainer.train --run-dir RUN`."""
+
+    config: str | None = Field(None, description="Path to a job config TOML; None uses the preset alone.")
+    preset: str | None = Field(None, description="Model preset (tiny, small, llama3-1b, ...).")
+    overrides: list[str] = Field(default_factory=list, description="section.key=value overrides, e.g. training.steps=20.")
+    nproc: int = Field(1, ge=1, description="Processes per node.")
+    nodes: int = Field(1, ge=1, description="Number of nodes.")
+
+
+class SubmitJobInput(BaseModel):
+    scheduler: SchedulerKind = "local"
+    spec: JobSpec | None = Field(None, description="A framework-agnostic job to run as is.")
+    training: TrainingRequest | None = Field(None, description="Or: a trainer run; trainops prepares the run folder and the command.")
+    name: str = Field("train", description="Job name for a training request.")
+    exclude_nodes: list[str] = Field(default_factory=list, description="Nodes a training request must avoid.")
+
+    @model_validator(mode="after")
+    def _one_of(self) -> "SubmitJobInput":
+        if (self.spec is None) == (self.training is None):
+            raise ValueError("give exactly one of spec (a JobSpec) or training (config/preset/overrides/nproc)")
+        return self
+
+
+class SubmitJobOutput(BaseModel):
+    handle: JobHandle
+    spec: JobSpec
+
+
+def training_spec(req: TrainingRequest, name: str, exclude_nodes: list[str]) -> JobSpec:
+    """Prepare the run folder through the trainer's launcher and build the torchrun job."""
+    from trainer.launch import prepare_run
+
+    run_dir = prepare_run(req.config, req.preset, req.overrides)
+    return JobSpec(name=name, command=["-m", "trainer.train", "--run-dir", str(run_dir)], launcher="torchrun",
+                   nodes=req.nodes, procs_per_node=req.nproc, run_dir=str(run_dir), exclude_nodes=exclude_nodes,
+                   env={"OMP_NUM_THREADS": "1"})
+
+
+@tool("submit_job", risk="mutate", tags=("jobs",))
+def submit_job(inp: SubmitJobInput) -> SubmitJobOutput:
+    """Submit a job to a scheduler (local, slurm or kubernetes) and return its handle (job id,
+    run folder, log path). Give either a JobSpec or a training request (config/preset/overrides/nproc)."""
+    if inp.training is not None:
+        try:
+            spec = training_spec(inp.training, inp.name, inp.exclude_nodes)
+        except (ValueError, OSError) as exc:
+            raise ToolError("submit_job", f"cannot prepare the training run: {exc}") from None
+    else:
+        spec = inp.spec
+    return SubmitJobOutput(handle=_run("submit_job", _scheduler("submit_job", inp.scheduler).submit, spec), spec=spec)
+
+
+class JobRef(BaseModel):
+    job_id: str = Field(description="The job id a submit returned.")
+    scheduler: SchedulerKind = "local"
+
+
+@tool("job_status", risk="read", tags=("jobs",))
+def job_status(inp: JobRef) -> JobStatus:
+    """The state of a job (pending, running, completed, failed, cancelled, unknown), its exit code and nodes."""
+    return _run("job_status", _scheduler("job_status", inp.scheduler).status, inp.job_id)
+
+
+class WaitJobInput(JobRef):
+    timeout_s: float = Field(600.0, gt=0, description="Give up waiting after this many seconds (the job keeps running).")
+
+
+@tool("wait_job", risk="read", tags=("jobs",))
+def wait_job(inp: WaitJobInput) -> JobStatus:
+    """Wait until a job finishes or the timeout passes; returns its state either way."""
+    return _run("wait_job", _scheduler("wait_job", inp.scheduler).wait, inp.job_id, inp.timeout_s)
+
+
+class JobLogsInput(JobRef):
+    tail: int = Field(100, ge=0, description="Last N lines (0 = all).")
+    rank: int | None = Field(None, ge=0, description="A rank's own log from the run folder; None = the job's combined log.")
+
+
+class JobLogsOutput(BaseModel):
+    job_id: str
+    rank: int | None
+    text: str
+
+
+@tool("job_logs", risk="read", tags=("jobs",))
+def job_logs(inp: JobLogsInput) -> JobLogsOutput:
+    """The tail of a job's log, or of one rank's log."""
+    text = _run("job_logs", _scheduler("job_logs", inp.scheduler).logs, inp.job_id, inp.tail, inp.rank)
+    return JobLogsOutput(job_id=inp.job_id, rank=inp.rank, text=text)
+
+
+@tool("cancel_job", risk="mutate", tags=("jobs",))
+def cancel_job(inp: JobRef) -> JobStatus:
+    """Cancel a job (all its processes)."""
+    return _run("cancel_job", _scheduler("cancel_job", inp.scheduler).cancel, inp.job_id)
+
+
+@tool("requeue_job", risk="mutate", tags=("jobs",))
+def requeue_job(inp: JobRef) -> JobHandle:
+    """Requeue a job with the same spec; a trainer run resumes from its newest checkpoint."""
+    return _run("requeue_job", _scheduler("requeue_job", inp.scheduler).requeue, inp.job_id)
+
+
+class SchedulerRef(BaseModel):
+    scheduler: SchedulerKind = "local"
+
+
+class JobList(BaseModel):
+    jobs: list[JobStatus]
+
+
+@tool("list_jobs", risk="read", tags=("jobs",))
+def list_jobs(inp: SchedulerRef) -> JobList:
+    """All jobs the scheduler knows, with their states."""
+    return JobList(jobs=_run("list_jobs", _scheduler("list_jobs", inp.scheduler).list_jobs))
+
+
+class NodeList(BaseModel):
+    nodes: list[NodeInfo]
+
+
+@tool("list_nodes", risk="read", tags=("jobs", "nodes"))
+def list_nodes(inp: SchedulerRef) -> NodeList:
+    """The scheduler's nodes and their states (idle nodes are the hot-spare pool)."""
+    return NodeList(nodes=_run("list_nodes", _scheduler("list_nodes", inp.scheduler).list_nodes))
+
+
+class DrainNodeInput(SchedulerRef):
+    node: str = Field(description="Node name as the scheduler knows it.")
+    reason: str = Field("drained by trainops", min_length=1, description="Why (kept by the scheduler).")
+
+
+@tool("drain_node", risk="mutate", tags=("nodes",))
+def drain_node(inp: DrainNodeInput) -> NodeInfo:
+    """Drain a node: no new jobs start there (isolation after a fault)."""
+    return _run("drain_node", _scheduler("drain_node", inp.scheduler).drain, inp.node, inp.reason)
+
+
+class ResumeNodeInput(SchedulerRef):
+    node: str = Field(description="Node name as the scheduler knows it.")
+
+
+@tool("resume_node", risk="mutate", tags=("nodes",))
+def resume_node(inp: ResumeNodeInput) -> NodeInfo:
+    """Return a drained node to service."""
+    return _run("resume_node", _scheduler("resume_node", inp.scheduler).resume, inp.node)
+
+
+class QueryMetricsInput(BaseModel):
+    run: str = Field(description="Run id (folder under $TRAINOPS_HOME/runs) or run folder path; the `run` label in Prometheus.")
+    metric: str = Field(description="Record name: loss, grad_norm, step_time_s, tokens_per_s, mfu_pct, peak_mem_gib, data_wait_s, heartbeat_age_s, ...")
+    rank: int | None = Field(None, ge=0, description="One rank, or None for all.")
+    mode: Literal["instant", "series"] = "instant"
+    window_s: float = Field(300.0, gt=0, description="Series window in seconds.")
+    monitor: MonitorKind = "embedded"
+    url: str | None = Field(None, description="Prometheus URL (default $TRAINOPS_PROMETHEUS_URL or http://127.0.0.1:9090).")
+
+
+class QueryMetricsOutput(BaseModel):
+    instant: list[Sample] = Field(default_factory=list)
+    series: list[Series] = Field(default_factory=list)
+
+
+@tool("query_metrics", risk="read", tags=("metrics",))
+def query_metrics(inp: QueryMetricsInput) -> QueryMetricsOutput:
+    """A metric of a run, per rank: the latest value or a series over a window."""
+    from tools.monitoring import get_monitor
+
+    mon = _run("query_metrics", get_monitor, inp.monitor, inp.url)
+    if inp.mode == "instant":
+        return QueryMetricsOutput(instant=_run("query_metrics", mon.instant, inp.metric, inp.run, inp.rank))
+    return QueryMetricsOutput(series=_run("query_metrics", mon.series, inp.metric, inp.run, inp.rank, inp.window_s))
+
+
+class SummarizeRunInput(BaseModel):
+    run: str = Field(description="Run id or run folder path.")
+    skip_steps: int = Field(2, ge=0, description="Warm-up steps left out (compile, allocator, first collectives).")
+
+
+class RunSummary(BaseModel):
+    run: str
+    ranks: int
+    steps_measured: int = Field(description="Steps after the warm-up that every statistic uses.")
+    step_time_median_s: float | None
+    step_time_rank_spread_pct: float | None = Field(description="Median over steps of (slowest - fastest rank) / median rank step time.")
+    tokens_per_s_median: float | None = Field(description="Median over steps of the sum over ranks.")
+    mfu_pct_median: float | None = Field(description="Median over steps of the mean over ranks.")
+    data_wait_share_pct: float | None = Field(description="Share of step time spent waiting for data.")
+    final_loss: float | None
+    peak_source: str | None = Field(None, description="Where the MFU peak came from (vendor table or measured GEMM), as the trainer labelled it.")
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def summarize_records(run: str, records: list[dict], skip_steps: int) -> RunSummary:
+    by_step: dict[int, list[dict]] = {}
+    for rec in records:
+        by_step.setdefault(int(rec["step"]), []).append(rec)
+    steps = sorted(by_step)
+    measured = [s for s in steps if s > (steps[0] + skip_steps - 1 if steps else 0)] or steps
+    step_times, spreads, tps, mfu = [], [], [], []
+    wait_s = total_s = 0.0
+    for s in measured:
+        recs = by_step[s]
+        times = [float(r["step_time_s"]) for r in recs if "step_time_s" in r]
+        if times:
+            step_times.append(max(times))
+            mid = statistics.median(times)
+            if len(times) > 1 and mid > 0:
+                spreads.append(100.0 * (max(times) - min(times)) / mid)
+            total_s += sum(times)
+        tps.append(sum(float(r.get("tokens_per_s", 0.0)) for r in recs))
+        mfus = [float(r["mfu_pct"]) for r in recs if r.get("mfu_pct") is not None]
+        if mfus:
+            mfu.append(statistics.fmean(mfus))
+        wait_s += sum(float(r.get("data_wait_s", 0.0)) for r in recs)
+    last = by_step[steps[-1]] if steps else []
+    losses = [r.get("loss") for r in last if r.get("loss") is not None]
+    return RunSummary(
+        run=run, ranks=len({r.get("rank", 0) for r in records}), steps_measured=len(measured),
+        step_time_median_s=_median(step_times), step_time_rank_spread_pct=_median(spreads),
+        tokens_per_s_median=_median(tps) if measured else None, mfu_pct_median=_median(mfu),
+        data_wait_share_pct=100.0 * wait_s / total_s if total_s > 0 else None,
+        final_loss=float(losses[0]) if losses else None,
+        peak_source=next((r.get("peak_source") for r in records if r.get("peak_source")), None),
+    )
+
+
+@tool("summarize_run", risk="read", tags=("metrics",))
+def summarize_run(inp: SummarizeRunInput) -> RunSummary:
+    """Median step time, per-rank step-time spread, tokens/s, MFU (warm-up steps excluded),
+    data-wait share and final loss of a run, from its metrics.jsonl."""
+    from tools.monitoring.embedded import read_records, resolve_run
+
+    run_dir = _run("summarize_run", resolve_run, inp.run)
+    records, _ = read_records(run_dir)
+    if not records:
+        raise ToolError("summarize_run", f"{run_dir / 'metrics.jsonl'} has no records yet; wait for the run to take a step")
+    return summarize_records(inp.run, records, inp.skip_steps)

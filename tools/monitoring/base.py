@@ -1,0 +1,59 @@
+"""The monitoring contract: an instant value or a series for one metric of one run, per rank.
+
+Metric names are the trainer's record names (`loss`, `step_time_s`, `mfu_pct`, ...) plus
+`heartbeat_age_s`; Prometheus names add the `trainops_` prefix, the backend does that."""
+from __future__ import annotations
+
+from typing import Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, Field
+
+MonitorKind = Literal["embedded", "prometheus"]
+HEARTBEAT_AGE = "heartbeat_age_s"
+
+
+class MonitorError(Exception):
+    """A monitoring backend failed: names the backend, the address or file, and what to do."""
+
+    def __init__(self, backend: str, message: str):
+        super().__init__(f"{backend} monitor: {message}")
+        self.backend = backend
+
+
+class Sample(BaseModel):
+    rank: int | None = Field(None, description="The rank, or None for a value over all ranks.")
+    time: float = Field(description="Unix seconds of the sample.")
+    value: float
+    step: int | None = None
+
+
+class Series(BaseModel):
+    metric: str
+    run: str
+    rank: int | None = None
+    samples: list[Sample] = Field(default_factory=list)
+
+
+@runtime_checkable
+class Monitor(Protocol):
+    kind: str
+
+    def instant(self, metric: str, run: str, rank: int | None = None) -> list[Sample]:
+        """The latest value per rank (or of one rank)."""
+        ...
+
+    def series(self, metric: str, run: str, rank: int | None = None, window_s: float = 300.0) -> list[Series]:
+        """Values over the last `window_s` seconds, one series per rank."""
+        ...
+
+
+def get_monitor(kind: str, url: str | None = None) -> Monitor:
+    if kind == "embedded":
+        from tools.monitoring.embedded import EmbeddedMonitor
+
+        return EmbeddedMonitor()
+    if kind == "prometheus":
+        from tools.monitoring.prometheus import PrometheusMonitor
+
+        return PrometheusMonitor(url)
+    raise MonitorError(kind, f"unknown monitor {kind!r}: use embedded or prometheus")
