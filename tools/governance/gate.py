@@ -1,32 +1,118 @@
-"""The action gate. Every tool call passes `before_call` and `after_call`.
+"""The action gate. Every tool call passes `before_call` and `after_call` (tools.base.call).
 
-This first version records each call and its timing in the audit log; the governance issue
-adds rule checks, approval tokens and the hash chain.
+Order of checks in `before_call`: forbidden actions (R-SEC-2) are refused outright; then
+per-tool input checks and the tenant-isolation check on path fields (R-SEC-3); then, for
+irreversible and approval-gated tools, a signed single-use token bound to this exact call
+(R-SEC-1, R-SEC-4) — a call without one is queued as a pending approval. Every decision
+and every call lands in the hash-chained audit log (R-SEC-5).
 """
 from __future__ import annotations
 
-import json
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 from pydantic import BaseModel
 
+from tools.base import ToolError
+from tools.governance import audit, tokens
 
-def before_call(spec, inp: BaseModel, ctx) -> None:
+
+class GateRefused(ToolError):
+    """The gate said no; `reason` is one of tokens.RefusalReason, `rule_id` the AGENTS.md rule."""
+
+    def __init__(self, tool: str, reason: str, message: str, rule_id: str, pending_id: str | None = None):
+        super().__init__(tool, f"refused ({reason}, {rule_id}): {message}")
+        self.reason = reason
+        self.rule_id = rule_id
+        self.pending_id = pending_id
+
+
+@dataclass(frozen=True)
+class Check:
+    """A per-tool input check: `fn(inp)` returns a refusal message, or None to let the call on."""
+
+    tool: str
+    rule_id: str
+    kind: str  # "forbidden" (refused outright) or "invalid_input"
+    fn: Callable[[BaseModel], str | None]
+
+
+_CHECKS: list[Check] = []
+PATH_FIELD_SUFFIXES = ("_path", "_dir", "folder")
+
+
+def register_check(tool: str, rule_id: str, kind: str = "invalid_input"):
+    """Decorator: attach an input check to `tool` (used by tool modules for their own rules)."""
+    if kind not in ("forbidden", "invalid_input"):
+        raise ValueError(f"kind={kind!r} is not valid: use 'forbidden' or 'invalid_input'")
+
+    def add(fn: Callable[[BaseModel], str | None]):
+        if not any(c.tool == tool and c.fn is fn for c in _CHECKS):
+            _CHECKS.append(Check(tool, rule_id, kind, fn))
+        return fn
+
+    return add
+
+
+def checks_for(tool: str) -> list[Check]:
+    return [c for c in _CHECKS if c.tool == tool]
+
+
+def _refuse(spec, inp, ctx, reason: str, rule_id: str, message: str, pending_id: str | None = None):
+    audit.append("gate", tool=spec.name, risk=spec.risk, actor=ctx.actor, decision="refused", reason=reason,
+                 rule_id=rule_id, message=message, input_sha256=tokens.input_hash(inp), pending_id=pending_id)
+    raise GateRefused(spec.name, reason, message, rule_id, pending_id)
+
+
+def _tenant_path_problem(inp: BaseModel) -> str | None:
+    tenant = getattr(inp, "tenant", None)
+    if not isinstance(tenant, str) or not tenant:
+        return None
+    from tools.tenancy import check_tenant_path
+
+    for name, value in inp:
+        if value is not None and name.endswith(PATH_FIELD_SUFFIXES):
+            try:
+                check_tenant_path(tenant, str(value))
+            except ValueError as exc:
+                return f"{name}: {exc}"
     return None
 
 
-def after_call(spec, inp: BaseModel, ctx, *, started: float, output: BaseModel | None, error: Exception | None) -> None:
-    from trainops.workspace import audit_log_path
+def before_call(spec, inp: BaseModel, ctx) -> None:
+    checks = checks_for(spec.name)
+    for check in (c for c in checks if c.kind == "forbidden"):
+        message = check.fn(inp)
+        if message:
+            _refuse(spec, inp, ctx, "forbidden", check.rule_id, message)
+    for check in (c for c in checks if c.kind == "invalid_input"):
+        message = check.fn(inp)
+        if message:
+            _refuse(spec, inp, ctx, "invalid_input", check.rule_id, message)
+    problem = _tenant_path_problem(inp)
+    if problem:
+        _refuse(spec, inp, ctx, "invalid_input", "R-SEC-3", problem)
+    if not (spec.approval_required or spec.risk == "irreversible"):
+        return
+    rule_id = "R-SEC-1" if spec.risk != "irreversible" and "tenant-governance" in spec.tags else "R-SEC-4"
+    if not ctx.approval_token:
+        item = tokens.record_pending(spec.name, inp, ctx.actor)
+        _refuse(spec, inp, ctx, "missing_token", rule_id,
+                f"{spec.name} needs a human approval; queued as pending approval {item.id} — approve with "
+                f"`trainops approve --pending {item.id} --by NAME` and pass the token", pending_id=item.id)
+    try:
+        payload = tokens.consume(ctx.approval_token, spec.name, inp)
+    except tokens.TokenRefused as exc:
+        _refuse(spec, inp, ctx, exc.reason, rule_id, str(exc))
+    audit.append("gate", tool=spec.name, risk=spec.risk, actor=ctx.actor, decision="allowed", rule_id=rule_id,
+                 approver=payload.get("approver"), input_sha256=tokens.input_hash(inp))
 
-    entry = {
-        "time": time.time(),
-        "kind": "tool_call",
-        "tool": spec.name,
-        "risk": spec.risk,
-        "actor": ctx.actor,
-        "elapsed_s": round(time.time() - started, 6),
-        "ok": error is None,
-        "error": None if error is None else str(error),
-    }
-    with open(audit_log_path(), "a", encoding="utf-8") as fh:
-        fh.write(json.dumps(entry, sort_keys=True) + "\n")
+
+def after_call(spec, inp: BaseModel, ctx, *, started: float, output: BaseModel | None, error: Exception | None) -> None:
+    fields = {}
+    if spec.risk != "read":
+        fields["input"] = inp.model_dump(mode="json")
+    audit.append("tool_call", tool=spec.name, risk=spec.risk, actor=ctx.actor, thread_id=ctx.thread_id,
+                 input_sha256=tokens.input_hash(inp), elapsed_s=round(time.time() - started, 6),
+                 ok=error is None, error=None if error is None else str(error), **fields)

@@ -1,0 +1,208 @@
+"""Tenant-facing changes that a human must approve, and per-tenant isolation of data and
+checkpoints.
+
+State lives under `$TRAINOPS_HOME/tenants/TENANT/` (quota.json, framework.json, data/,
+checkpoints/) and `$TRAINOPS_HOME/scheduler/policies/`. The gate refuses the forbidden forms
+(a global scheduler policy change, a forced cross-version framework upgrade) before any
+token is looked at.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, field_validator
+
+from tools.base import tool
+from tools.governance.claims import SchedulerChange
+from tools.governance.gate import register_check
+
+TenantKind = Literal["data", "checkpoints"]
+
+
+def _tenants_root() -> Path:
+    from trainops.workspace import home
+
+    return home() / "tenants"
+
+
+def tenant_root(tenant: str) -> Path:
+    from trainops.workspace import check_id
+
+    return _tenants_root() / check_id("tenant", tenant)
+
+
+def tenant_path(tenant: str, kind: TenantKind) -> Path:
+    """The one folder where `tenant`'s training data or checkpoints may live (R-SEC-3)."""
+    if kind not in ("data", "checkpoints"):
+        raise ValueError(f"kind={kind!r} is not valid: use 'data' or 'checkpoints'")
+    path = tenant_root(tenant) / kind
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def check_tenant_path(tenant: str, path: str | Path) -> Path:
+    """Refuse a path (relative paths count from the tenant root) that resolves outside the tenant's root."""
+    root = tenant_root(tenant).resolve()
+    candidate = Path(path)
+    resolved = (candidate if candidate.is_absolute() else root / candidate).resolve()
+    if not resolved.is_relative_to(root):
+        raise ValueError(f"R-SEC-3: path={str(path)!r} is outside tenant {tenant!r}'s root {root}; "
+                         f"fix: keep data and checkpoints under tenant_path({tenant!r}, 'data'|'checkpoints')")
+    return resolved
+
+
+def _write_json(path: Path, obj: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True))
+    tmp.replace(path)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+class QuotaInput(BaseModel):
+    tenant: str = Field(description="Tenant id.")
+    gpus: int = Field(ge=0, description="GPU quota (devices the tenant may hold at once).")
+    priority: Literal["low", "normal", "high"] = Field(description="Scheduling priority class.")
+    reason: str = Field(min_length=3, description="Why the change is needed; shown to the approver.")
+
+
+class QuotaOutput(BaseModel):
+    tenant: str
+    previous: dict[str, Any] | None
+    current: dict[str, Any]
+
+
+@tool("set_tenant_quota", risk="mutate", approval_required=True, tags=("tenant-governance",))
+def set_tenant_quota(inp: QuotaInput) -> QuotaOutput:
+    """Set a tenant's GPU quota and priority class. Needs a human approval token for this exact
+    change (R-SEC-1); without one the call is queued as a pending approval."""
+    path = tenant_root(inp.tenant) / "quota.json"
+    previous = _read_json(path)
+    current = {"gpus": inp.gpus, "priority": inp.priority, "reason": inp.reason, "time": time.time()}
+    _write_json(path, current)
+    return QuotaOutput(tenant=inp.tenant, previous=previous, current=current)
+
+
+class PolicyInput(BaseModel):
+    scope: Literal["global", "partition", "tenant"] = Field(description="What the policy applies to; 'global' is forbidden.")
+    target: str = Field("", description="Partition or tenant name (empty for global).")
+    settings: dict[str, str | int | float | bool] = Field(description="Policy settings, e.g. {'preempt': 'requeue'}.")
+    change: SchedulerChange = Field(description="Impact, shadow-queue result and rollback command (R-SCH-1).")
+
+    @field_validator("target")
+    @classmethod
+    def _target_is_id(cls, value: str) -> str:
+        if value and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", value):
+            raise ValueError(f"target={value!r} is not a valid partition/tenant name: use letters, digits, '_', '.', '-'")
+        return value
+
+
+class PolicyOutput(BaseModel):
+    policy_file: str
+    previous: dict[str, Any] | None
+    rollback_command: str
+
+
+@register_check("change_scheduler_policy", "R-SEC-2", kind="forbidden")
+def _no_global_policy(inp: PolicyInput) -> str | None:
+    if inp.scope == "global":
+        return ("scope='global' is on the forbidden list: a global scheduler policy change is outside this agent's "
+                "remit; scope it to one partition or tenant, or hand it to the scheduler owners")
+    return None
+
+
+@register_check("change_scheduler_policy", "R-SCH-1")
+def _needs_target(inp: PolicyInput) -> str | None:
+    return None if inp.target else f"target is empty for scope={inp.scope!r}: name the partition or tenant"
+
+
+@tool("change_scheduler_policy", risk="mutate", approval_required=True, tags=("tenant-governance",))
+def change_scheduler_policy(inp: PolicyInput) -> PolicyOutput:
+    """Change a partition's or tenant's scheduler policy. Carries its impact, a passed
+    shadow-queue result and a rollback command (R-SCH-1); global changes are forbidden
+    (R-SEC-2); needs a human approval token."""
+    from trainops.workspace import home
+
+    path = home() / "scheduler" / "policies" / f"{inp.scope}-{inp.target}.json"
+    previous = _read_json(path)
+    _write_json(path, {"settings": inp.settings, "change": inp.change.model_dump(), "time": time.time(),
+                       "previous": previous})
+    return PolicyOutput(policy_file=str(path), previous=previous, rollback_command=inp.change.rollback_command)
+
+
+_VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+def _major_minor(field: str, value: str) -> tuple[int, int]:
+    match = _VERSION.match(value.strip())
+    if not match:
+        raise ValueError(f"{field}={value!r} is not a version: write MAJOR.MINOR[.PATCH], e.g. 2.13.0")
+    return int(match.group(1)), int(match.group(2))
+
+
+class UpgradeInput(BaseModel):
+    tenant: str = Field(description="Tenant whose jobs the upgrade applies to.")
+    framework: str = Field(description="Framework name, e.g. 'torch', 'megatron-core', 'deepspeed'.")
+    from_version: str = Field(description="Version pinned now.")
+    to_version: str = Field(description="Version to pin.")
+    force: bool = Field(False, description="Skip the compatibility matrix; a forced cross-version upgrade is forbidden.")
+
+    @field_validator("from_version", "to_version")
+    @classmethod
+    def _is_version(cls, value: str, info) -> str:
+        _major_minor(info.field_name, value)
+        return value
+
+
+class UpgradeOutput(BaseModel):
+    tenant: str
+    framework: str
+    pinned_version: str
+    previous_version: str
+
+
+def is_cross_version(from_version: str, to_version: str) -> bool:
+    """The compatibility matrix allows a step within one major version, one minor at a time."""
+    (fa, fi), (ta, ti) = _major_minor("from_version", from_version), _major_minor("to_version", to_version)
+    return fa != ta or abs(ti - fi) > 1
+
+
+@register_check("upgrade_framework", "R-SEC-2", kind="forbidden")
+def _no_forced_cross_version(inp: UpgradeInput) -> str | None:
+    if inp.force and is_cross_version(inp.from_version, inp.to_version):
+        return (f"force=True from {inp.from_version} to {inp.to_version} is a forced cross-version upgrade, on "
+                "the forbidden list; upgrade one minor version at a time along the compatibility matrix")
+    return None
+
+
+@register_check("upgrade_framework", "R-SEC-2")
+def _follows_matrix(inp: UpgradeInput) -> str | None:
+    if is_cross_version(inp.from_version, inp.to_version):
+        return (f"to_version={inp.to_version!r} is not reachable from {inp.from_version} in one step of the "
+                "compatibility matrix; upgrade one minor version at a time")
+    pinned = _read_json(tenant_root(inp.tenant) / "framework.json") or {}
+    current = pinned.get(inp.framework)
+    if current and current != inp.from_version:
+        return f"from_version={inp.from_version!r} but {inp.framework} is pinned at {current}: start from the pin"
+    return None
+
+
+@tool("upgrade_framework", risk="irreversible", tags=("tenant-governance",))
+def upgrade_framework(inp: UpgradeInput) -> UpgradeOutput:
+    """Pin a newer framework version for a tenant's jobs, one compatibility-matrix step at a
+    time. Irreversible for running jobs (checkpoints written by the new version may not load
+    in the old one), so it needs a human approval token."""
+    path = tenant_root(inp.tenant) / "framework.json"
+    pinned = _read_json(path) or {}
+    previous = pinned.get(inp.framework, inp.from_version)
+    pinned[inp.framework] = inp.to_version
+    _write_json(path, pinned)
+    return UpgradeOutput(tenant=inp.tenant, framework=inp.framework, pinned_version=inp.to_version,
+                         previous_version=previous)
