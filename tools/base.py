@@ -99,7 +99,7 @@ def call(name: str, inp: BaseModel | dict[str, Any] | None = None, ctx: CallCont
         try:
             inp = spec.Input.model_validate(inp or {})
         except ValidationError as exc:
-            raise ToolError(name, f"invalid input: {_explain(exc)}") from None
+            raise ToolError(name, f"invalid input: {explain(exc)}") from None
     gate.before_call(spec, inp, ctx)
     started = time.time()
     try:
@@ -111,7 +111,8 @@ def call(name: str, inp: BaseModel | dict[str, Any] | None = None, ctx: CallCont
     return out
 
 
-def _explain(exc: ValidationError) -> str:
+def explain(exc: ValidationError) -> str:
+    """One line per invalid field: where, what was wrong, the value seen (or what to add)."""
     parts = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or "input"

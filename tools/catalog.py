@@ -3,3 +3,4 @@ from tools import planning  # noqa: F401  (plan_checkpoint_interval, plan_effect
 from tools import env  # noqa: F401  (declare_environment)
 from tools import detection, faults, jobs  # noqa: F401  (jobs/nodes/metrics tools, inject_fault, detect_faults)
 from tools import tenancy  # noqa: F401  (set_tenant_quota, change_scheduler_policy, upgrade_framework)
+from tools import checkpoints  # noqa: F401  (list_checkpoints, verify_checkpoint, measure_checkpoint_io)
