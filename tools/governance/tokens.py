@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import re
 import secrets
 import time
 from pathlib import Path
@@ -55,6 +56,7 @@ def issue_token(tool: str, inp: BaseModel | dict[str, Any], approver: str, ttl_s
         raise ValueError("approver is empty: pass the approving person's name (--by NAME)")
     if ttl_s <= 0:
         raise ValueError(f"ttl_s is {ttl_s}: give a positive lifetime in seconds (default {DEFAULT_TTL_S})")
+    inp = _validated(tool, inp)
     now = time.time()
     payload = {
         "tool": tool,
@@ -70,6 +72,23 @@ def issue_token(tool: str, inp: BaseModel | dict[str, Any], approver: str, ttl_s
                  approver=approver, decision="token_issued", expires_at=payload["expires_at"],
                  call_id=call_id(tool, inp))
     return token
+
+
+def _validated(tool: str, inp: BaseModel | dict[str, Any]) -> BaseModel:
+    """Approve the input as the tool will see it (defaults filled in), so the hashes match."""
+    if isinstance(inp, BaseModel):
+        return inp
+    from pydantic import ValidationError
+
+    from tools.base import ToolError, get
+
+    try:
+        return get(tool).Input.model_validate(inp)
+    except ToolError as exc:
+        raise ValueError(str(exc)) from None
+    except ValidationError as exc:
+        fields = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'input'}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"input is not a valid {tool} input: {fields}") from None
 
 
 def decode(token: str) -> dict[str, Any]:
@@ -154,6 +173,8 @@ def decided_calls() -> list[PendingCall]:
 
 
 def get_pending(item_id: str) -> PendingCall:
+    if not re.fullmatch(r"[0-9a-f]{12}", item_id):
+        raise ValueError(f"pending id {item_id!r} is not valid: use the 12-hex-digit id from `trainops approvals`")
     path = _gov_dir("pending") / f"{item_id}.json"
     if not path.exists():
         known = ", ".join(p.id for p in pending_calls()) or "none"
