@@ -42,9 +42,13 @@ CATALOGUE: dict[str, Knob] = {k.name: k for k in (
     Knob(name="pp_schedule", category="parallelism", overrides=("parallel.pp_schedule",),
          values=("GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble"),
          expected_effect="1F1B and zero-bubble schedules shrink the pipeline bubble against GPipe (needs pp > 1)", min_procs=2),
-    Knob(name="tp_sp", category="parallelism", overrides=("parallel.tp", "parallel.sequence_parallel"),
-         values=("1", "2"),
-         expected_effect="tensor parallel of degree N with sequence parallel; keep TP inside one scale-up domain", min_procs=2),
+    Knob(name="tp", category="parallelism", overrides=("parallel.tp",), values=("1", "2"),
+         expected_effect="tensor parallel degree N: splits each GEMM, adds two collectives per block; keep it inside one scale-up domain",
+         min_procs=2),
+    Knob(name="sequence_parallel", category="parallelism", overrides=("parallel.sequence_parallel",),
+         values=("true", "false"),
+         expected_effect="with tp > 1, shards norms along the sequence: less activation memory, reduce-scatter/all-gather instead of all-reduce",
+         min_procs=2),
 )}
 
 
@@ -71,8 +75,6 @@ def parse_arm(specs: list[str]) -> tuple[Knob, str]:
 
 def overrides_for(knob: Knob, value: str) -> list[str]:
     """The `section.key=value` overrides that apply the knob."""
-    if knob.name == "tp_sp":
-        return [f"parallel.tp={value}", f"parallel.sequence_parallel={'true' if value != '1' else 'false'}"]
     return [f"{key}={value}" for key in knob.overrides]
 
 

@@ -10,9 +10,9 @@ from typing import Literal
 from pydantic import BaseModel, Field, model_validator
 
 Verdict = Literal["pass", "fail", "partial"]
-Isolation = Literal["process", "rank", "node", "job"]
+Isolation = Literal["rank", "node", "replica_group", "switch", "rack", "job"]
 Cause = Literal["hardware", "network", "software", "data"]
-FaultKind = Literal["crash", "node-loss", "hang", "nan", "bitflip", "straggler", "checkpoint-corruption"]
+FaultKind = Literal["crash", "node-loss", "hang", "checkpoint-corruption"]
 
 SCHEMA_PATH = Path(__file__).with_name("evidence.schema.json")
 
@@ -110,6 +110,7 @@ class DrillResult(BaseModel):
     async_checkpoint_intact: bool = Field(description="the restored checkpoint verified complete")
     cause: Cause
     detector: str = Field(description="which signal caught it: exit code, heartbeat, loss check, step-time outlier")
+    drill_record: str = Field(description="the drill's JSON record (RUN/drill.json) these figures come from")
 
 
 class FaultToleranceReport(BaseModel):

@@ -21,7 +21,7 @@ def _table(headers: list[str], rows: list[list[object]]) -> list[str]:
 
 
 def _fmt(value: float | None, digits: int = 2, unit: str = "") -> str:
-    return "n/a" if value is None else f"{value:.{digits}f}{unit}"
+    return "not measured" if value is None else f"{value:.{digits}f}{unit}"
 
 
 def to_markdown(pack: EvidencePack) -> str:

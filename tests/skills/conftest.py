@@ -54,7 +54,8 @@ def drill(intact: bool = True) -> DrillResult:
                        detected_time=101.5, isolated_time=101.6, recovered_time=110.0, detection_latency_s=1.5,
                        isolation_granularity="rank", recovery_time_s=8.5, steps_lost=1,
                        checkpoint_used="checkpoints/step-00000005", async_checkpoint_intact=intact,
-                       cause="software", detector="exit code")
+                       cause="software", detector="process_exit",
+                       drill_record="runs/drill-1/drill.json")
 
 
 @pytest.fixture

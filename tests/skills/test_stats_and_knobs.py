@@ -55,9 +55,9 @@ def test_value_outside_the_catalogue_is_refused():
         parse_arm(["micro_batch=3"])
 
 
-def test_tp_with_sequence_parallel_is_one_variable():
-    knob, value = parse_arm(["tp_sp=2"])
-    assert overrides_for(knob, value) == ["parallel.tp=2", "parallel.sequence_parallel=true"]
+def test_a_knob_becomes_one_config_override():
+    knob, value = parse_arm(["micro_batch=8"])
+    assert overrides_for(knob, value) == ["training.micro_batch=8"]
 
 
 def test_plan_orders_communication_overlap_before_kernels_data_and_batch():

@@ -1,0 +1,78 @@
+"""S3/S4: single-variable ablations, small scale first, then target scale, each judged against
+the run-to-run noise band of its own scale."""
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from skills.baseline import JobRequest, Progress, RunResult, command_line, repeat
+from skills.evidence.model import AblationRow, EvidenceRow
+from skills.knobs import Knob, overrides_for, parse_arm, plan_order
+from skills.stats import compare, spread
+from tools.base import CallContext
+
+
+def _config(run_dir: str) -> dict:
+    return tomllib.loads((Path(run_dir) / "config.toml").read_text(encoding="utf-8"))
+
+
+def check_single_variable(baseline_run: str, arm_run: str, name: str) -> None:
+    """Governance's AblationArm compares the two configs actually run: exactly one setting differs."""
+    from tools.governance.claims import AblationArm
+
+    AblationArm(name=name, baseline_config=_config(baseline_run), arm_config=_config(arm_run))
+
+
+def _setting(run_dir: str, dotted: str) -> str:
+    section, key = dotted.split(".", 1)
+    value = _config(run_dir).get(section, {}).get(key)
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _row(knob: Knob, value: str, base: list[RunResult], arm: list[RunResult], nproc: int, kind: str) -> AblationRow:
+    base_mfu = spread([r.summary["mfu_pct_median"] for r in base])
+    arm_mfu = spread([r.summary["mfu_pct_median"] for r in arm])
+    change, band, verdict = compare(base_mfu, arm_mfu)
+    median_run = sorted(arm, key=lambda r: r.summary["mfu_pct_median"])[len(arm) // 2]
+    return AblationRow(knob=knob.name, value=value, baseline_value=_setting(base[0].run_dir, knob.overrides[0]),
+                       category=knob.category, scale=f"{nproc} procs", scale_kind=kind, mfu_change_pct=change,
+                       noise_band_pct=band, beyond_noise=verdict != "within-noise", verdict=verdict,
+                       source_run=median_run.run_dir)
+
+
+def run_arm(req: JobRequest, spec: str, baselines: dict[int, list[RunResult]], repeats: int,
+            ctx: CallContext | None = None, progress: Progress | None = None) -> tuple[list[AblationRow], list[EvidenceRow]]:
+    """One knob at every scale in `baselines` (ascending process count: small, then target).
+    A small-scale gain that is not a gain at target scale is flagged as vanished."""
+    knob, value = parse_arm([spec])
+    scales = sorted(baselines)
+    rows, evidence = [], []
+    for nproc in scales:
+        if nproc < knob.min_procs:
+            continue
+        arm_req = req.with_overrides(overrides_for(knob, value), nproc=nproc)
+        arm = repeat(arm_req, f"arm-{knob.name.replace('_', '-')}-{nproc}p", repeats, ctx, progress)
+        check_single_variable(baselines[nproc][0].run_dir, arm[0].run_dir, f"{knob.name}={value}")
+        kind = "target" if nproc == scales[-1] else "small"
+        rows.append(_row(knob, value, baselines[nproc], arm, nproc, kind))
+        evidence += [EvidenceRow(tool="submit_job+summarize_run", version=r.summary.get("peak_source") or "unlabelled",
+                                 command=command_line(arm_req), log_path=f"{r.run_dir}/metrics.jsonl",
+                                 value=f"MFU {r.summary['mfu_pct_median']:.3f}%", window_start=r.started,
+                                 window_end=r.ended) for r in arm]
+    small_gain = any(r.scale_kind == "small" and r.verdict == "gain" for r in rows)
+    if small_gain and rows and rows[-1].scale_kind == "target" and rows[-1].verdict != "gain":
+        rows[-1] = rows[-1].model_copy(update={"vanished_at_scale": True})
+    return rows, evidence
+
+
+def run_plan(req: JobRequest, specs: list[str], baselines: dict[int, list[RunResult]], repeats: int,
+             ctx: CallContext | None = None, progress: Progress | None = None) -> tuple[list[AblationRow], list[EvidenceRow]]:
+    """Every arm, highest expected gain first (communication overlap, kernels, data pipeline, batch)."""
+    parsed = {parse_arm([s])[0].name: s for s in specs}
+    ordered = plan_order([parse_arm([s])[0] for s in specs])
+    rows, evidence = [], []
+    for knob in ordered:
+        r, e = run_arm(req, parsed[knob.name], baselines, repeats, ctx, progress)
+        rows += r
+        evidence += e
+    return rows, evidence

@@ -1,0 +1,130 @@
+"""S2: the baseline. The same config run N times; the spread across repeats is the noise band
+that every ablation gain must beat."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+from pydantic import BaseModel, Field
+
+from skills.evidence.model import BaselineSummary, EvidenceRow
+from skills.stats import spread
+from tools.base import CallContext, ToolError, call
+
+Progress = Callable[[str], None]
+
+
+class JobRequest(BaseModel):
+    """A trainer run as the SOP launches it: config, overrides, processes, where."""
+
+    config: str | None = Field(None, description="job config TOML; None uses the preset")
+    preset: str | None = Field("tiny", description="model preset when no config is given")
+    overrides: list[str] = Field(default_factory=list, description="section.key=value overrides")
+    nproc: int = Field(2, ge=1, description="processes (ranks)")
+    scheduler: str = Field("local", description="local, slurm or kubernetes")
+    timeout_s: float = Field(600.0, gt=0, description="give up waiting for one run after this long")
+    warmup_steps: int = Field(2, ge=0, description="leading steps excluded from every statistic")
+
+    def with_overrides(self, extra: list[str], nproc: int | None = None) -> "JobRequest":
+        return self.model_copy(update={"overrides": [*self.overrides, *extra], "nproc": nproc or self.nproc})
+
+
+class RunResult(BaseModel):
+    job_id: str
+    run_dir: str
+    summary: dict
+    started: float
+    ended: float
+
+
+def run_once(req: JobRequest, name: str, ctx: CallContext | None = None) -> RunResult:
+    """Submit one trainer run, wait for it, summarise it; a failed run is an error, not a data point."""
+    started = time.time()
+    sub = call("submit_job", {"scheduler": req.scheduler, "name": name, "training": {
+        "config": req.config, "preset": None if req.config else req.preset, "overrides": req.overrides,
+        "nproc": req.nproc}}, ctx)
+    job_id, run_dir = sub.handle.job_id, sub.handle.run_dir
+    status = call("wait_job", {"job_id": job_id, "scheduler": req.scheduler, "timeout_s": req.timeout_s}, ctx)
+    if status.state != "completed":
+        raise ToolError("submit_job", f"run {name} ({run_dir}) ended {status.state} (exit code {status.exit_code}, "
+                        f"{status.reason or 'no reason given'}); read {run_dir}/logs/rank0.log")
+    summary = call("summarize_run", {"run": run_dir, "skip_steps": req.warmup_steps}, ctx)
+    return RunResult(job_id=job_id, run_dir=run_dir, summary=summary.model_dump(), started=started, ended=time.time())
+
+
+def repeat(req: JobRequest, name: str, repeats: int, ctx: CallContext | None = None,
+           progress: Progress | None = None) -> list[RunResult]:
+    results = []
+    for i in range(repeats):
+        if progress:
+            progress(f"{name} repeat {i + 1}/{repeats}")
+        results.append(run_once(req, f"{name}-{i + 1}", ctx))
+    return results
+
+
+def layout_of(overrides: list[str], nproc: int) -> str:
+    """The parallel layout as the claim states it: every parallel.* override and the world size."""
+    parallel = [o.removeprefix("parallel.") for o in overrides if o.startswith("parallel.")]
+    return " ".join([f"world={nproc}", *parallel]) if parallel else f"world={nproc} fsdp dp_shard={nproc}"
+
+
+def _setting(overrides: list[str], key: str, default: str) -> str:
+    values = [o.split("=", 1)[1] for o in overrides if o.startswith(key + "=")]
+    return values[-1] if values else default
+
+
+def summarize(req: JobRequest, results: list[RunResult]) -> BaselineSummary:
+    """Medians and spreads over repeats, warm-up excluded (summarize_run dropped it per run)."""
+    def values(key: str) -> list[float]:
+        found = [r.summary[key] for r in results if r.summary.get(key) is not None]
+        if not found:
+            raise ToolError("summarize_run", f"no repeat reported {key}; check the runs' metrics.jsonl")
+        return found
+
+    waits = [r.summary["data_wait_share_pct"] for r in results if r.summary.get("data_wait_share_pct") is not None]
+    share, method = comm_share(results)
+    return BaselineSummary(
+        model=_setting(req.overrides, "model.preset", req.preset or Path(req.config or "config").stem),
+        parallel_layout=layout_of(req.overrides, req.nproc),
+        precision=_setting(req.overrides, "training.precision", "fp32"),
+        repeats=len(results), warmup_steps_excluded=req.warmup_steps,
+        step_time_s=spread(values("step_time_median_s")), tokens_per_s=spread(values("tokens_per_s_median")),
+        mfu_pct=spread(values("mfu_pct_median")),
+        peak_source=next((r.summary["peak_source"] for r in results if r.summary.get("peak_source")), "unlabelled"),
+        data_wait_share_pct=sum(waits) / len(waits) if waits else 0.0,
+        comm_share_pct=share, comm_share_method=method, run_dirs=[r.run_dir for r in results])
+
+
+def comm_share(results: list[RunResult]) -> tuple[float | None, str]:
+    """Share of profiled time in collectives, from a torch.profiler trace the run left behind
+    (`RUN/profile/*.json`, Chrome trace format). None when no run was profiled."""
+    import json
+
+    for result in results:
+        for trace in sorted(Path(result.run_dir).glob("profile/*.json")):
+            events = [e for e in json.loads(trace.read_text()).get("traceEvents", []) if e.get("ph") == "X"]
+            total = sum(e.get("dur", 0) for e in events if e.get("cat") == "cpu_op")
+            comm = sum(e.get("dur", 0) for e in events if e.get("cat") == "cpu_op"
+                       and any(k in e.get("name", "") for k in ("c10d", "gloo", "nccl", "all_reduce", "all_gather", "reduce_scatter")))
+            if total:
+                return 100.0 * comm / total, f"torch.profiler trace {trace.name}: c10d/gloo/nccl ops over all CPU ops"
+    return None, "not measured: no run left a torch.profiler trace (RUN/profile/*.json)"
+
+
+def measure(req: JobRequest, repeats: int = 3, ctx: CallContext | None = None,
+            progress: Progress | None = None) -> tuple[BaselineSummary, list[RunResult], list[EvidenceRow]]:
+    """Run the baseline `repeats` times and summarise it."""
+    results = repeat(req, "baseline", repeats, ctx, progress)
+    summary = summarize(req, results)
+    evidence = [EvidenceRow(tool="submit_job+summarize_run", version=summary.peak_source, command=command_line(req),
+                            log_path=f"{r.run_dir}/metrics.jsonl",
+                            value=f"MFU {r.summary['mfu_pct_median']:.3f}%, step {r.summary['step_time_median_s']:.4f} s",
+                            window_start=r.started, window_end=r.ended) for r in results]
+    return summary, results, evidence
+
+
+def command_line(req: JobRequest) -> str:
+    target = req.config or f"--preset {req.preset}"
+    sets = " ".join(f"--set {o}" for o in req.overrides)
+    return f"trainops train {target} --nproc {req.nproc} {sets}".strip()

@@ -1,0 +1,145 @@
+"""S5: fault drills. Launch a checkpointing job, inject a fault, detect it, isolate it, restart
+from the newest good checkpoint, and time every phase; the restored checkpoint is verified."""
+from __future__ import annotations
+
+import json
+import time
+import tomllib
+from pathlib import Path
+
+from skills.baseline import JobRequest, Progress, command_line
+from skills.evidence.model import DrillResult, EvidenceRow
+from tools.base import CallContext, ToolError, call
+
+# drill kind -> (inject_fault kind, cause class); runtime kinds are injected into the live job
+DRILLS: dict[str, tuple[str, str]] = {
+    "crash": ("kill_rank", "software"),
+    "node-loss": ("kill_node", "hardware"),
+    "hang": ("hang", "network"),
+    "checkpoint-corruption": ("corrupt_checkpoint", "hardware"),
+}
+
+
+class DrillRefused(ValueError):
+    """A drill that cannot teach anything: unknown fault or nothing to recover from."""
+
+
+def require_checkpoints(req: JobRequest) -> None:
+    """Refuse a drill on a job that writes no checkpoints: recovery would start from scratch."""
+    enabled = False
+    if req.config:
+        enabled = bool(tomllib.loads(Path(req.config).read_text(encoding="utf-8")).get("checkpoint", {}).get("enable"))
+    for item in req.overrides:
+        if item.startswith("checkpoint.enable="):
+            enabled = item.split("=", 1)[1].strip().lower() == "true"
+    if not enabled:
+        raise DrillRefused("checkpoint.enable: the job writes no checkpoints (got false), so a drill has nothing to "
+                           "recover from; set [checkpoint] enable = true or pass --set checkpoint.enable=true")
+
+
+def _heartbeat_step(run_dir: str, rank: int = 0) -> int:
+    path = Path(run_dir) / "heartbeat" / f"rank{rank}.json"
+    try:
+        return int(json.loads(path.read_text()).get("step", -1))
+    except (OSError, ValueError):
+        return -1
+
+
+def _journal(run_dir: str) -> list[dict]:
+    path = Path(run_dir) / "checkpoints.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def _wait_for(predicate, timeout_s: float, what: str) -> float:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if predicate():
+            return time.time()
+        time.sleep(0.05)
+    raise ToolError("drill", f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def _first_step_after(run_dir: str, since: float) -> float | None:
+    path = Path(run_dir) / "metrics.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        rec = json.loads(line)
+        if rec.get("rank", 0) == 0 and rec.get("time", 0) > since:
+            return float(rec["time"])
+    return None
+
+
+def drill(req: JobRequest, fault: str, inject_step: int = 5, ctx: CallContext | None = None,
+          progress: Progress | None = None) -> tuple[DrillResult, EvidenceRow]:
+    """One drill end to end; returns its result and the evidence row for the pack."""
+    if fault not in DRILLS:
+        raise DrillRefused(f"fault: unknown fault {fault!r}; use one of {', '.join(DRILLS)}")
+    require_checkpoints(req)
+    kind, cause = DRILLS[fault]
+    say = progress or (lambda _msg: None)
+    sched = req.scheduler
+    say(f"drill {fault}: launching")
+    sub = call("submit_job", {"scheduler": sched, "name": f"drill-{fault}", "training": {
+        "config": req.config, "preset": None if req.config else req.preset, "overrides": req.overrides,
+        "nproc": req.nproc}}, ctx)
+    job_id, run_dir = sub.handle.job_id, sub.handle.run_dir
+    started = time.time()
+    _wait_for(lambda: _heartbeat_step(run_dir) >= inject_step and any(e.get("event") == "save" for e in _journal(run_dir)),
+              req.timeout_s, f"step {inject_step} and a committed checkpoint in {run_dir}")
+    say(f"drill {fault}: injecting {kind}")
+    rank = min(1, req.nproc - 1)
+    injected = call("inject_fault", {"kind": kind, "run": run_dir, "rank": rank}, ctx)
+    last_step = max(_heartbeat_step(run_dir, r) for r in range(req.nproc))
+    if kind == "corrupt_checkpoint":
+        call("inject_fault", {"kind": "kill_rank", "run": run_dir, "rank": rank}, ctx)
+    detection = call("detect_faults", {"run": run_dir, "job_id": job_id, "scheduler": sched,
+                                       "injected_at": injected.injected_at, "timeout_s": 60}, ctx)
+    if not detection.detected:
+        raise ToolError("detect_faults", f"drill {fault}: nothing detected within 60 s in {run_dir}; check the detectors")
+    say(f"drill {fault}: detected by {detection.mechanism} after {detection.detection_latency_s:.2f} s; isolating")
+    call("cancel_job", {"job_id": job_id, "scheduler": sched}, ctx)
+    isolated = time.time()
+    requeued = call("requeue_job", {"job_id": job_id, "scheduler": sched}, ctx)
+    recovered = _wait_for(lambda: _first_step_after(run_dir, isolated) is not None, req.timeout_s,
+                          f"the first step after restart in {run_dir}")
+    recovered = _first_step_after(run_dir, isolated) or recovered
+    status = call("wait_job", {"job_id": requeued.job_id, "scheduler": sched, "timeout_s": req.timeout_s}, ctx)
+    if status.state != "completed":
+        raise ToolError("requeue_job", f"drill {fault}: the restarted job ended {status.state}; read {run_dir}/logs")
+    loads = [e for e in _journal(run_dir) if e.get("event") == "load" and e.get("time", 0) > isolated]
+    used = loads[0] if loads else {"step": 0, "path": "none (restarted from step 0)"}
+    record = Path(run_dir) / "drill.json"
+    result = DrillResult(
+        fault=fault, run_dir=run_dir, injected_at_step=last_step, injected_time=injected.injected_at,
+        detected_time=detection.detected_at, isolated_time=isolated, recovered_time=recovered,
+        detection_latency_s=detection.detection_latency_s, isolation_granularity=detection.isolation,
+        recovery_time_s=recovered - detection.detected_at, steps_lost=max(0, last_step - int(used["step"])),
+        checkpoint_used=str(used["path"]), async_checkpoint_intact=verify_restored(run_dir, used, ctx),
+        cause=cause, detector=detection.mechanism, drill_record=str(record))
+    record.write_text(result.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    evidence = EvidenceRow(tool="inject_fault+detect_faults+requeue_job", version=sched, command=command_line(req),
+                           log_path=str(record), value=f"{fault}: detect {result.detection_latency_s:.2f} s, "
+                           f"recover {result.recovery_time_s:.1f} s, {result.steps_lost} steps lost",
+                           window_start=started, window_end=time.time())
+    return result, evidence
+
+
+def verify_restored(run_dir: str, used: dict, ctx: CallContext | None = None) -> bool:
+    """The restart loaded a committed checkpoint that verifies, and no newer committed save was
+    skipped over unless it failed verification (the async writer lost nothing it had committed)."""
+    if "path" not in used or not Path(str(used["path"])).exists():
+        return False
+    verified = call("verify_checkpoint", {"path": str(used["path"])}, ctx)
+    fallbacks = {e.get("step") for e in _journal(run_dir) if e.get("event") == "fallback"}
+    newer = [e for e in _journal(run_dir) if e.get("event") == "save" and e.get("step", 0) > int(used["step"])
+             and e.get("time", 0) < float(used.get("time", 0)) and e.get("step") not in fallbacks]
+    return bool(getattr(verified, "ok", False)) and not newer
+
+
+def run_drills(req: JobRequest, faults: list[str], ctx: CallContext | None = None,
+               progress: Progress | None = None) -> tuple[list[DrillResult], list[EvidenceRow]]:
+    results, evidence = [], []
+    for fault in faults:
+        result, row = drill(req, fault, ctx=ctx, progress=progress)
+        results.append(result)
+        evidence.append(row)
+    return results, evidence

@@ -1,0 +1,30 @@
+"""S1: the environment declaration every MFU or scaling conclusion must carry."""
+from __future__ import annotations
+
+from skills.evidence.model import EnvironmentDeclaration, EvidenceRow
+from tools.base import CallContext, call
+
+
+def declare(scheduler: str = "local", ctx: CallContext | None = None) -> tuple[EnvironmentDeclaration, EvidenceRow]:
+    """Declare through the `declare_environment` tool and keep the pack's short form of it."""
+    import time
+
+    started = time.time()
+    env = call("declare_environment", {"scheduler": scheduler, "ckpt_test_mib": 16}, ctx)
+    decl = EnvironmentDeclaration(
+        framework=env.framework.name, framework_version=env.framework.version, torch_version=env.software.torch,
+        hardware=f"{env.accelerators.model} ({env.hardware_generation})",
+        device_count=env.accelerators.count, backend=env.software.distributed_backend,
+        scheduler=f"{env.scheduler.kind} {env.scheduler.version}",
+        checkpoint_write_gib_per_s=env.checkpoint_storage.write_bandwidth_mib_s / 1024,
+        hot_spares=len(env.scheduler.hot_spare_nodes))
+    row = EvidenceRow(tool="declare_environment", version=env.framework.version, command="trainops env --json",
+                      log_path=str(_audit_log()), value=f"{decl.hardware}; peak {env.compute_peak.peak_tflops:.3f} TFLOP/s "
+                      f"({env.compute_peak.source})", window_start=started, window_end=time.time())
+    return decl, row
+
+
+def _audit_log():
+    from trainops.workspace import audit_log_path
+
+    return audit_log_path()
