@@ -1,8 +1,155 @@
-"""CLI commands for this area (being built)."""
+"""`trainops chat`, `trainops ask`, `trainops threads`: the ops agent at the command line.
+
+Wiring only: `agents.session` does the work; LangGraph and LangChain load inside the commands.
+"""
 from __future__ import annotations
+
+import getpass
+import json
+import os
+from typing import Any, Optional
 
 import typer
 
+from trainops.output import console, emit, fail
+
+ThreadOpt = typer.Option(None, "--thread", help="Thread id to resume or create (letters, digits, _ . -).")
+ProviderOpt = typer.Option(None, "--provider", help="offline (default), openai or anthropic; overrides TRAINOPS_PROVIDER and trainops.toml.")
+ModelOpt = typer.Option(None, "--model", help="Model name for the provider.")
+BaseUrlOpt = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1.")
+
+
+def _approver() -> str:
+    return os.environ.get("TRAINOPS_APPROVER") or getpass.getuser()
+
+
+def _open(thread: str | None, provider: str | None, model: str | None, base_url: str | None, as_json: bool):
+    from agents.providers import ProviderError, load_settings
+    from agents.session import AgentSession
+
+    try:
+        return AgentSession(thread, load_settings(provider, model, base_url))
+    except ProviderError as exc:
+        fail(str(exc), as_json=as_json)
+    except ValueError as exc:
+        fail(f"--thread: {exc}", as_json=as_json)
+
+
+def _drain(events, show, as_json: bool) -> list[dict[str, Any]]:
+    """Run the graph, showing each event as it arrives; provider failures become one clean line."""
+    from agents.providers import ProviderError
+
+    seen = []
+    try:
+        for event in events:
+            seen.append(event)
+            show(event)
+    except ProviderError as exc:
+        fail(str(exc), as_json=as_json)
+    except ValueError as exc:
+        fail(str(exc), as_json=as_json)
+    return seen
+
+
+def _show(event: dict[str, Any]) -> None:
+    out = console()
+    kind = event["kind"]
+    if kind == "tool_call":
+        out.print(f"[cyan]→ {event['tool']}[/] {json.dumps(event['args'], default=str)}", highlight=False)
+    elif kind == "tool_result":
+        mark = "[green]✓[/]" if event["status"] == "success" else "[red]✗[/]"
+        detail = "" if event["status"] == "success" else f" {(event['output'] or {}).get('error', '')}"
+        out.print(f"{mark} {event['tool']}{detail}", highlight=False)
+    elif kind == "approval":
+        out.print(f"[bold yellow]approval needed[/] {event['tool']} (risk {event['risk']}) "
+                  f"{json.dumps(event['args'], default=str)}", highlight=False)
+    elif kind == "answer":
+        out.print(event["text"] or "(no answer)", highlight=False, markup=False)
+
+
+def _ask_decision(payload: dict[str, Any], approver: str) -> dict[str, Any]:
+    from rich.prompt import Prompt
+
+    choice = Prompt.ask(f"{payload['tool']}: approve, edit or reject?", choices=["approve", "edit", "reject"], default="reject")
+    if choice == "reject":
+        return {"decision": "reject", "approver": approver, "comment": Prompt.ask("reason", default="rejected in chat")}
+    if choice == "edit":
+        while True:
+            text = Prompt.ask("new input as JSON", default=json.dumps(payload["args"]))
+            try:
+                return {"decision": "edit", "approver": approver, "args": json.loads(text)}
+            except json.JSONDecodeError as exc:
+                console().print(f"[red]not JSON ({exc}); try again[/]")
+    return {"decision": "approve", "approver": approver}
+
 
 def register(app: typer.Typer) -> None:
-    return None
+    @app.command()
+    def chat(
+        thread: Optional[str] = ThreadOpt,
+        provider: Optional[str] = ProviderOpt,
+        model: Optional[str] = ModelOpt,
+        base_url: Optional[str] = BaseUrlOpt,
+        approver: Optional[str] = typer.Option(None, "--approver", help="Name recorded on approvals (default $TRAINOPS_APPROVER or your login)."),
+    ) -> None:
+        """Talk to the ops agent; the thread persists, gated actions ask you inline. /exit leaves."""
+        from rich.prompt import Prompt
+
+        who = approver or _approver()
+        with _open(thread, provider, model, base_url, False) as session:
+            console().print(f"[dim]thread {session.thread_id} · provider {session.settings.provider} · /exit to leave[/]")
+            while True:
+                for payload in session.pending():
+                    _show({"kind": "approval", **payload})
+                    _drain(session.decide(_ask_decision(payload, who)), _show, False)
+                try:
+                    text = Prompt.ask("[bold]you[/]").strip()
+                except (EOFError, KeyboardInterrupt):
+                    break
+                if text in ("/exit", "/quit"):
+                    break
+                if text:
+                    _drain(session.ask(text), _show, False)
+
+    @app.command()
+    def ask(
+        question: str = typer.Argument(..., help="What you want, in words."),
+        as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+        thread: Optional[str] = ThreadOpt,
+        provider: Optional[str] = ProviderOpt,
+        model: Optional[str] = ModelOpt,
+        base_url: Optional[str] = BaseUrlOpt,
+    ) -> None:
+        """One question, no prompts: a gated action becomes a pending approval instead of running."""
+        if not question.strip():
+            fail("question is empty: say what you need, e.g. trainops ask \"show pending approvals\"", as_json=as_json)
+        with _open(thread, provider, model, base_url, as_json) as session:
+            events = _drain(session.ask(question), (lambda e: None) if as_json else _show, as_json)
+            pending = session.pending()
+            result = {
+                "thread_id": session.thread_id,
+                "provider": session.settings.provider,
+                "answer": next((e["text"] for e in events if e["kind"] == "answer"), None),
+                "tool_calls": [{"tool": e["tool"], "status": e["status"]} for e in events if e["kind"] == "tool_result"],
+                "pending_approvals": pending,
+                "resume": f"trainops chat --thread {session.thread_id}" if pending else None,
+            }
+        if as_json:
+            emit(result, True)
+        elif pending:
+            console().print(f"[yellow]{len(pending)} action(s) wait for approval; decide with `{result['resume']}`[/]")
+
+    @app.command()
+    def threads(as_json: bool = typer.Option(False, "--json", help="Print the threads as JSON.")) -> None:
+        """List the ops agent's conversation threads, newest first."""
+        from agents.session import list_threads
+
+        def render(items) -> None:
+            from rich.table import Table
+
+            table = Table("thread", "updated", "messages", "pending", "first request")
+            for item in items:
+                table.add_row(item.thread_id, item.updated[:19], str(item.messages), str(item.pending_approvals), item.first_request)
+            console().print(table if items else "no threads yet: start one with `trainops chat` or `trainops ask`")
+
+        emit(list_threads(), as_json, render)

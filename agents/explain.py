@@ -1,0 +1,148 @@
+"""The offline policy's answers: turn tool results into a short report that names its
+evidence, and say plainly which figure was missing instead of guessing it.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from langchain_core.messages import ToolMessage
+
+
+def find(data: Any, *names: str) -> Any:
+    """First value under any of `names`, searching nested dicts and lists breadth-first."""
+    queue = [data]
+    while queue:
+        node = queue.pop(0)
+        if isinstance(node, dict):
+            for name in names:
+                if node.get(name) is not None:
+                    return node[name]
+            queue.extend(node.values())
+        elif isinstance(node, list):
+            queue.extend(node)
+    return None
+
+
+def _data(message: ToolMessage) -> Any:
+    from agents.policy import parse_tool_output
+
+    return parse_tool_output(message)
+
+
+def _compact(data: Any, limit: int = 1200) -> str:
+    text = json.dumps(data, default=str, sort_keys=True) if not isinstance(data, str) else data
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def explain_mfu(summary: Any, env: Any) -> list[str]:
+    """Why an MFU figure is what it is, from the run summary and the environment declaration."""
+    lines: list[str] = []
+    mfu = find(summary, "mfu_pct_median", "mfu_pct", "mean_mfu_pct")
+    model = find(summary, "model", "preset")
+    hardware = " ".join(str(v) for v in (find(env, "hardware_generation"), find(find(env, "accelerators"), "model")) if v)
+    framework = find(env, "framework")
+    framework = f"{framework.get('name')} {framework.get('version')}" if isinstance(framework, dict) else None
+    layout = find(summary, "parallel", "layout")
+    precision = find(summary, "precision")
+    peak_source = find(summary, "peak_source") or find(find(env, "compute_peak"), "source")
+    head = f"MFU of run {find(summary, 'run')}: {mfu:.2f}% (median over measured steps)" if isinstance(mfu, (int, float)) \
+        else "The run summary has no MFU figure"
+    context = ", ".join(f"{k} {v}" for k, v in (("model", model), ("hardware", hardware), ("framework", framework),
+                                                    ("layout", layout), ("precision", precision)) if v not in (None, ""))
+    lines.append(head + (f" ({context})." if context else "."))
+    missing = [k for k, v in (("model", model), ("hardware", hardware), ("parallel layout", layout), ("precision", precision)) if v in (None, "")]
+    if missing:
+        lines.append("Not in the evidence, so no MFU conclusion is drawn on them: " + ", ".join(missing) + ".")
+    reasons: list[str] = []
+    share = find(summary, "data_wait_share_pct")
+    step = find(summary, "step_time_median_s", "step_time_s")
+    wait = find(summary, "data_wait_s")
+    if share is None and isinstance(step, (int, float)) and isinstance(wait, (int, float)) and step > 0:
+        share = 100 * wait / step
+    if isinstance(share, (int, float)) and share >= 5:
+        reasons.append(f"data pipeline: {share:.1f}% of each step waits for data")
+    spread = find(summary, "step_time_rank_spread_pct")
+    if isinstance(spread, (int, float)) and spread >= 10:
+        reasons.append(f"straggler: the slowest rank's step is {spread:.1f}% longer than the median rank's")
+    comm = find(summary, "comm_share_pct", "comm_pct", "communication_pct")
+    if isinstance(comm, (int, float)) and comm >= 10:
+        reasons.append(f"communication: {comm:.1f}% of step time is exposed communication (overlap is the largest single lever)")
+    if isinstance(precision, str) and precision.lower() in ("fp32", "float32"):
+        reasons.append("precision: fp32 runs against a lower peak than bf16 mixed precision")
+    if isinstance(peak_source, str) and ("cpu" in peak_source.lower() or "measured" in peak_source.lower()):
+        reasons.append(f"peak: MFU is measured against {peak_source}; small GEMMs on a CPU reach only a fraction of it")
+    params = find(summary, "params", "n_params", "num_params", "parameters")
+    if (isinstance(params, (int, float)) and params < 1e8) or (isinstance(model, str) and model in ("tiny", "small")):
+        reasons.append("model size: a small model spends much of each step in per-op overhead (Python, launches, optimizer), not in matmuls")
+    ac = find(summary, "activation_checkpointing")
+    if isinstance(ac, str) and ac.lower() == "full":
+        reasons.append("activation checkpointing full: recomputed forward work is not counted as model FLOPs")
+    if reasons:
+        lines.append("Why it is low, largest lever first:")
+        lines.extend(f"- {r}" for r in reasons)
+    else:
+        lines.append("The summary carries no data_wait_s, comm share, precision or peak_source figure that explains it; "
+                     "to decompose it I need per-step data_wait_s and communication time (run with metrics on).")
+    return lines
+
+
+def _fault_lines(data: Any) -> list[str]:
+    figures = [(label, find(data, *names)) for label, names in (
+        ("detection latency", ("detection_latency_s",)), ("isolation granularity", ("isolation_granularity", "isolation")),
+        ("recovery time", ("recovery_time_s", "recovery_s")))]
+    lines = [f"- {label}: {value}" for label, value in figures if value is not None]
+    absent = [label for label, value in figures if value is None]
+    if absent:
+        lines.append("- not measured yet (a fault-tolerance conclusion needs all three): " + ", ".join(absent))
+    return lines
+
+
+def render_answer(intent: str, request: str, results: list[ToolMessage], assumed: dict | None = None) -> str:
+    failed = [r for r in results if r.status == "error"]
+    if failed:
+        first = failed[0]
+        data = _data(first)
+        reason = data.get("error") if isinstance(data, dict) else data
+        verb = "was not run" if isinstance(data, dict) and data.get("kind") in ("rejected", "refused") else "failed"
+        return f"Stopped: {first.name} {verb}: {reason}"
+    by_tool = {r.name: _data(r) for r in results}
+    if intent == "mfu":
+        return "\n".join(explain_mfu(by_tool.get("summarize_run"), by_tool.get("declare_environment")))
+    if intent == "drill":
+        lines = [f"Fault injected: {_compact(by_tool.get('inject_fault'), 300)}"]
+        if "detect_faults" in by_tool:
+            lines.append("Detection:")
+            lines.extend(_fault_lines(by_tool["detect_faults"]))
+        return "\n".join(lines)
+    if intent == "checkpoint":
+        plan = by_tool.get("plan_checkpoint_interval")
+        daly, young = find(plan, "daly_interval_min"), find(plan, "young_interval_min")
+        head = (f"Checkpoint every {daly:.1f} min (Daly; Young's first-order optimum {young:.1f} min)."
+                if isinstance(daly, (int, float)) and isinstance(young, (int, float)) else "Checkpoint plan:")
+        lines = [head]
+        if find(plan, "recommendation"):
+            lines.append(str(find(plan, "recommendation")))
+        lines.extend(f"Assumed {k} time {v:g} s (not stated; say e.g. 'a 2-minute restart' to include it in the waste estimate)."
+                     for k, v in (assumed or {}).items() if k == "restart")
+        lines.append("Evidence: " + _compact(plan))
+        return "\n".join(lines)
+    if intent == "sop":
+        lines = ["SOP steps run, with their results:"]
+        lines.extend(f"- {r.name}: {_compact(_data(r), 400)}" for r in results)
+        if "summarize_run" in by_tool:
+            lines.append("Baseline:")
+            lines.extend(explain_mfu(by_tool["summarize_run"], by_tool.get("declare_environment")))
+        lines.append("Next: ablations one variable at a time, then a fault drill, then the evidence pack (`trainops sop CFG`).")
+        return "\n".join(lines)
+    if intent == "approvals":
+        items = find(next(iter(by_tool.values()), None), "items") or []
+        if not items:
+            return "Nothing waits for approval."
+        return f"{len(items)} item(s) wait for a human decision:\n" + "\n".join(
+            f"- {i.get('kind')} {i.get('id')}: {i.get('detail')}" for i in items if isinstance(i, dict))
+    if intent == "logs":
+        text = find(by_tool.get("job_logs"), "text", "log")
+        text = text if isinstance(text, str) else _compact(by_tool.get("job_logs"))
+        return "Job log (quoted as data, not acted on):\n" + "\n".join("> " + line for line in text.splitlines())
+    return "\n".join(f"{r.name}: {_compact(_data(r))}" for r in results) or "Nothing to report."

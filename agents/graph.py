@@ -1,0 +1,212 @@
+"""The ops agent as an explicit LangGraph `StateGraph`.
+
+    START -> select_skill -> model -+-> governance -+-> tools ----------+-> model ...
+                                    |               +-> human_approval -+
+                                    +-> report_check -> END
+
+`governance` checks every proposed call before anything runs: unknown tools and invalid
+inputs are refused, read-only calls go to `tools`, and every call that changes the world
+waits in `human_approval`, which `interrupt()`s for approve / edit / reject. Approval mints
+the governance token for that exact input and runs the call with it. `report_check` passes
+the final answer through the governance text rules before anyone sees it. Tool results go
+back to the model wrapped as data, never as instructions.
+"""
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, NotRequired, TypedDict
+
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.runnables import RunnableConfig
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+from langgraph.types import interrupt
+from pydantic import ValidationError
+
+from agents import approvals as _approvals_tool  # noqa: F401  (registers list_pending_approvals)
+from agents import transcript
+from agents.prompt import Skill, choose_skill, load_skills, system_prompt
+from agents.providers import AgentSettings, explain_provider_failure
+
+
+class AgentState(TypedDict):
+    messages: Annotated[list[AnyMessage], add_messages]
+    skill: NotRequired[str | None]
+    ready: NotRequired[list[dict[str, Any]]]
+    gated: NotRequired[list[dict[str, Any]]]
+    report_violations: NotRequired[list[str]]
+
+
+def wrap_as_data(tool: str, payload: Any) -> str:
+    """Tool output as a quoted data block; JSON escaping keeps injected text on one inert line."""
+    body = json.dumps(payload, default=str, sort_keys=True).replace("</tool-output>", "<\\/tool-output>")
+    return f'<tool-output tool="{tool}" trust="data">\n{body}\n</tool-output>'
+
+
+def tool_schemas(specs: dict) -> list[dict[str, Any]]:
+    return [{"type": "function", "function": {"name": s.name, "description": s.description or s.name,
+                                              "parameters": s.Input.model_json_schema()}} for s in specs.values()]
+
+
+def needs_human(spec) -> bool:
+    """The agent never changes the world on its own: any non-read tool waits for a person."""
+    return spec.risk != "read" or spec.approval_required
+
+
+def _thread(config: RunnableConfig) -> str | None:
+    return config.get("configurable", {}).get("thread_id")
+
+
+def _result(call: dict, status: str, data: Any) -> ToolMessage:
+    return ToolMessage(content=wrap_as_data(call["name"], data), tool_call_id=call["id"], name=call["name"],
+                       status=status, artifact=data)
+
+
+def _run(call: dict, thread: str | None, token: str | None = None) -> ToolMessage:
+    from tools.base import CallContext, ToolError, call as call_tool
+
+    ctx = CallContext(actor="agent", approval_token=token, thread_id=thread)
+    try:
+        out = call_tool(call["name"], call["args"], ctx)
+    except ToolError as exc:
+        kind = "gate_refused" if type(exc).__name__ == "GateRefused" else "tool_error"
+        message = _result(call, "error", {"error": str(exc), "kind": kind})
+    except Exception as exc:  # a backend failure is reported to the model, not raised at the user
+        message = _result(call, "error", {"error": f"{type(exc).__name__}: {exc}", "kind": "tool_error"})
+    else:
+        message = _result(call, "success", out.model_dump(mode="json"))
+    transcript.record(thread, "tool_result", tool=call["name"], call_id=call["id"], status=message.status,
+                      output=message.artifact)
+    return message
+
+
+def _is_gate_refusal(message: ToolMessage) -> bool:
+    return isinstance(message.artifact, dict) and message.artifact.get("kind") == "gate_refused"
+
+
+def build_graph(llm, checkpointer=None, settings: AgentSettings | None = None, skills: list[Skill] | None = None):
+    """Compile the agent around any LangChain chat model that supports `bind_tools`."""
+    from tools.base import registry
+
+    specs = registry()
+    bound = llm.bind_tools(tool_schemas(specs))
+    skills = load_skills() if skills is None else skills
+
+    def select_skill(state: AgentState, config: RunnableConfig) -> dict:
+        request = next((str(m.content) for m in reversed(state["messages"]) if isinstance(m, HumanMessage)), "")
+        chosen = choose_skill(request, skills)
+        transcript.record(_thread(config), "user", content=request, skill=chosen.name if chosen else None)
+        return {"skill": chosen.name if chosen else None, "ready": [], "gated": [], "report_violations": []}
+
+    def model(state: AgentState, config: RunnableConfig) -> dict:
+        prompt = SystemMessage(content=system_prompt(skills, state.get("skill")))
+        try:
+            reply = bound.invoke([prompt, *state["messages"]], config)
+        except Exception as exc:
+            better = explain_provider_failure(settings, exc) if settings else None
+            if better:
+                raise better from None
+            raise
+        transcript.record(_thread(config), "assistant", content=reply.content, tool_calls=reply.tool_calls)
+        return {"messages": [reply]}
+
+    def governance(state: AgentState, config: RunnableConfig) -> dict:
+        from tools.governance.tokens import record_pending
+
+        thread = _thread(config)
+        refused, ready, gated = [], [], []
+        for call in state["messages"][-1].tool_calls:
+            spec = specs.get(call["name"])
+            if spec is None:
+                reason = f"{call['name']} is not a registered tool; registered: {', '.join(specs)}"
+                refused.append(_result(call, "error", {"error": reason, "kind": "refused"}))
+                transcript.record(thread, "gate", tool=call["name"], decision="refused", reason=reason)
+                continue
+            try:
+                inp = spec.Input.model_validate(call["args"])
+            except ValidationError as exc:
+                reason = f"invalid input for {spec.name}: {exc.errors()[0]['loc']} {exc.errors()[0]['msg']}"
+                refused.append(_result(call, "error", {"error": reason, "kind": "refused"}))
+                transcript.record(thread, "gate", tool=spec.name, decision="refused", reason=reason)
+                continue
+            if needs_human(spec):
+                pending = record_pending(spec.name, inp, requested_by=f"agent thread {thread}")
+                gated.append({**call, "pending_id": pending.id})
+                transcript.record(thread, "gate", tool=spec.name, args=call["args"], decision="approval_required",
+                                  risk=spec.risk, pending_id=pending.id)
+            else:
+                ready.append(call)
+                transcript.record(thread, "gate", tool=spec.name, args=call["args"], decision="allowed", risk=spec.risk)
+        return {"messages": refused, "ready": ready, "gated": gated}
+
+    def tools(state: AgentState, config: RunnableConfig) -> dict:
+        thread = _thread(config)
+        results, gated = [], list(state.get("gated", []))
+        for call in state.get("ready", []):
+            message = _run(call, thread)
+            if _is_gate_refusal(message):
+                gated.append(call)
+            else:
+                results.append(message)
+        return {"messages": results, "ready": [], "gated": gated}
+
+    def human_approval(state: AgentState, config: RunnableConfig) -> dict:
+        from tools.governance.tokens import issue_token
+
+        thread = _thread(config)
+        call, rest = state["gated"][0], state["gated"][1:]
+        spec = specs[call["name"]]
+        answer = interrupt({"tool": call["name"], "args": call["args"], "risk": spec.risk, "call_id": call["id"],
+                            "pending_id": call.get("pending_id"), "description": spec.description.split("\n")[0]})
+        decision = answer if isinstance(answer, dict) else {"decision": str(answer)}
+        verdict = str(decision.get("decision", "reject")).lower()
+        approver = str(decision.get("approver") or "unknown")
+        if verdict not in ("approve", "edit"):
+            note = decision.get("comment") or "no reason given"
+            transcript.record(thread, "gate", tool=call["name"], decision="rejected", approver=approver, comment=note)
+            return {"messages": [_result(call, "error", {"error": f"rejected by {approver}: {note}", "kind": "rejected"})],
+                    "gated": rest}
+        if verdict == "edit":
+            call = {**call, "args": decision.get("args") or call["args"]}
+        try:
+            inp = spec.Input.model_validate(call["args"])
+        except ValidationError as exc:
+            return {"messages": [_result(call, "error", {"error": f"edited input is invalid: {exc.errors()[0]['msg']}",
+                                                         "kind": "refused"})], "gated": rest}
+        token = issue_token(spec.name, inp, approver)
+        transcript.record(thread, "gate", tool=call["name"], decision=f"{verdict}d", approver=approver, args=call["args"])
+        return {"messages": [_run(call, thread, token=token)], "gated": rest}
+
+    def report_check(state: AgentState, config: RunnableConfig) -> dict:
+        from tools.governance.text import check_text
+
+        final = state["messages"][-1]
+        violations = [str(v) for v in check_text(str(final.content))]
+        transcript.record(_thread(config), "report_check", ok=not violations, violations=violations)
+        if not violations:
+            return {"report_violations": []}
+        withheld = ("Governance withheld this answer; it breaks the report rules:\n"
+                    + "\n".join(f"- {v}" for v in violations))
+        return {"messages": [AIMessage(content=withheld, id=final.id)], "report_violations": violations}
+
+    def after_model(state: AgentState) -> str:
+        last = state["messages"][-1]
+        return "governance" if isinstance(last, AIMessage) and last.tool_calls else "report_check"
+
+    def after_calls(state: AgentState) -> str:
+        if state.get("ready"):
+            return "tools"
+        return "human_approval" if state.get("gated") else "model"
+
+    graph = StateGraph(AgentState)
+    for name, node in (("select_skill", select_skill), ("model", model), ("governance", governance),
+                       ("tools", tools), ("human_approval", human_approval), ("report_check", report_check)):
+        graph.add_node(name, node)
+    graph.add_edge(START, "select_skill")
+    graph.add_edge("select_skill", "model")
+    graph.add_conditional_edges("model", after_model, ["governance", "report_check"])
+    graph.add_conditional_edges("governance", after_calls, ["tools", "human_approval", "model"])
+    graph.add_conditional_edges("tools", after_calls, ["human_approval", "model"])
+    graph.add_conditional_edges("human_approval", after_calls, ["human_approval", "model"])
+    graph.add_edge("report_check", END)
+    return graph.compile(checkpointer=checkpointer)

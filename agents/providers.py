@@ -1,0 +1,128 @@
+"""Which language model drives the ops agent, and how a bad setting is reported.
+
+Settings come, strongest first, from the command line, environment variables
+(`TRAINOPS_PROVIDER`, `TRAINOPS_MODEL`, `TRAINOPS_BASE_URL`, `TRAINOPS_API_KEY_ENV`), the
+`[agent]` table of `trainops.toml` (current folder, then `$TRAINOPS_HOME`), and the default:
+the offline SOP policy, which needs no network and no key. Every setting remembers where it
+came from, so an error can name the exact knob to turn.
+"""
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+Provider = Literal["offline", "openai", "anthropic"]
+
+_DEFAULT_KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
+_DEFAULT_MODEL = {"offline": "sop-policy", "openai": "gpt-4o-mini", "anthropic": "claude-sonnet-4-5"}
+_ENV = {"provider": "TRAINOPS_PROVIDER", "model": "TRAINOPS_MODEL", "base_url": "TRAINOPS_BASE_URL",
+        "api_key_env": "TRAINOPS_API_KEY_ENV"}
+
+
+class ProviderError(Exception):
+    """The chosen model cannot be used: names the setting, the value seen and the fix."""
+
+
+class AgentSettings(BaseModel):
+    provider: Provider = Field("offline", description="offline (deterministic SOP policy), openai (any OpenAI-compatible server) or anthropic")
+    model: str = Field("", description="model name sent to the provider; empty means the provider's default")
+    base_url: str | None = Field(None, description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 for vLLM")
+    api_key_env: str | None = Field(None, description="environment variable that holds the API key")
+    timeout_s: float = Field(60.0, gt=0, description="per-request timeout of the provider client")
+    sources: dict[str, str] = Field(default_factory=dict, description="setting -> where its value came from")
+
+    def source(self, key: str) -> str:
+        return self.sources.get(key, "default")
+
+    @property
+    def key_env(self) -> str:
+        return self.api_key_env or _DEFAULT_KEY_ENV.get(self.provider, "")
+
+
+def config_files() -> list[Path]:
+    from trainops.workspace import home
+
+    return [Path.cwd() / "trainops.toml", home() / "trainops.toml"]
+
+
+def load_settings(provider: str | None = None, model: str | None = None, base_url: str | None = None) -> AgentSettings:
+    """Merge flag > environment > trainops.toml > default, remembering each value's source."""
+    values: dict[str, object] = {}
+    sources: dict[str, str] = {}
+    for path in reversed(config_files()):
+        if not path.is_file():
+            continue
+        try:
+            table = tomllib.loads(path.read_text(encoding="utf-8")).get("agent", {})
+        except tomllib.TOMLDecodeError as exc:
+            raise ProviderError(f"{path} is not valid TOML ({exc}); fix the file or remove it") from None
+        for key, value in table.items():
+            values[key] = value
+            sources[key] = f"[agent] {key} in {path}"
+    for key, var in _ENV.items():
+        if os.environ.get(var):
+            values[key] = os.environ[var]
+            sources[key] = f"environment variable {var}"
+    for key, value in (("provider", provider), ("model", model), ("base_url", base_url)):
+        if value:
+            values[key] = value
+            sources[key] = f"--{key.replace('_', '-')}"
+    chosen = values.get("provider", "offline")
+    if chosen not in ("offline", "openai", "anthropic"):
+        raise ProviderError(
+            f"provider {chosen!r} (from {sources.get('provider', 'default')}) is not known; "
+            "use offline, openai or anthropic"
+        )
+    unknown = set(values) - (set(AgentSettings.model_fields) - {"sources"})
+    if unknown:
+        raise ProviderError(f"unknown [agent] setting(s) {sorted(unknown)}; known: provider, model, base_url, api_key_env, timeout_s")
+    return AgentSettings(**values, sources=sources)
+
+
+def make_chat_model(settings: AgentSettings):
+    """Build the LangChain chat model; a missing key fails here, before any request."""
+    if settings.provider == "offline":
+        from agents.policy import OfflinePolicy
+
+        return OfflinePolicy()
+    key = os.environ.get(settings.key_env, "")
+    if not key:
+        hint = " (local servers such as vLLM, SGLang or llama.cpp accept any value, e.g. EMPTY)" if settings.provider == "openai" else ""
+        raise ProviderError(
+            f"provider {settings.provider} needs an API key: environment variable {settings.key_env} is not set{hint}; "
+            "set it, or name another variable with [agent] api_key_env in trainops.toml / TRAINOPS_API_KEY_ENV"
+        )
+    model = settings.model or _DEFAULT_MODEL[settings.provider]
+    if settings.provider == "openai":
+        from langchain_openai import ChatOpenAI
+
+        return ChatOpenAI(model=model, api_key=key, base_url=settings.base_url, timeout=settings.timeout_s, max_retries=0)
+    from langchain_anthropic import ChatAnthropic
+
+    extra = {"base_url": settings.base_url} if settings.base_url else {}
+    return ChatAnthropic(model=model, api_key=key, timeout=settings.timeout_s, max_retries=0, **extra)
+
+
+def explain_provider_failure(settings: AgentSettings, exc: Exception) -> ProviderError | None:
+    """Turn a client's connection or auth failure into one line naming the setting to fix."""
+    name = type(exc).__name__
+    if name in ("APIConnectionError", "APITimeoutError", "ConnectError", "ConnectTimeout"):
+        where = settings.base_url or "the provider's default URL"
+        return ProviderError(
+            f"cannot reach the {settings.provider} endpoint at base_url={where} (from {settings.source('base_url')}): "
+            f"{exc}; start the server or fix base_url ([agent] base_url in trainops.toml or TRAINOPS_BASE_URL)"
+        )
+    if name in ("AuthenticationError", "PermissionDeniedError"):
+        return ProviderError(
+            f"the {settings.provider} endpoint refused the API key in {settings.key_env}: {exc}; set a valid key"
+        )
+    if name == "NotFoundError":
+        return ProviderError(
+            f"the {settings.provider} endpoint does not know model={settings.model or _DEFAULT_MODEL[settings.provider]!r} "
+            f"(from {settings.source('model')}): {exc}; set [agent] model or TRAINOPS_MODEL"
+        )
+    return None

@@ -1,0 +1,118 @@
+"""A conversation with the ops agent: one thread, persisted in SQLite, resumable from any
+process. The CLI's `chat`, `ask` and `threads` are thin views over this module."""
+from __future__ import annotations
+
+import secrets
+import sqlite3
+import time
+from typing import Any, Iterator
+
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.types import Command
+from pydantic import BaseModel, Field
+
+from agents.graph import build_graph
+from agents.providers import AgentSettings, load_settings, make_chat_model
+
+
+def new_thread_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+class AgentSession:
+    """Send requests and approval decisions to one thread; events stream as the graph runs.
+
+    Events are dicts with `kind`: `tool_call` (tool, args), `tool_result` (tool, status,
+    output), `approval` (tool, args, risk, ...: the graph is paused for a human) and `answer`
+    (text, after the governance report check)."""
+
+    def __init__(self, thread_id: str | None = None, settings: AgentSettings | None = None, llm=None):
+        from trainops.workspace import agent_db_path, check_id
+
+        self.settings = settings or load_settings()
+        self.thread_id = check_id("thread", thread_id) if thread_id else new_thread_id()
+        self._conn = sqlite3.connect(str(agent_db_path()), check_same_thread=False)
+        self.graph = build_graph(llm or make_chat_model(self.settings), SqliteSaver(self._conn), self.settings)
+        self.config = {"configurable": {"thread_id": self.thread_id}}
+
+    def __enter__(self) -> "AgentSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def ask(self, text: str) -> Iterator[dict[str, Any]]:
+        if self.pending():
+            raise ValueError(f"thread {self.thread_id} is waiting for an approval decision; decide it first "
+                             f"(trainops chat --thread {self.thread_id})")
+        yield from self._stream({"messages": [HumanMessage(content=text)]})
+
+    def decide(self, decision: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """Resume a paused thread with {'decision': approve|edit|reject, 'approver', 'args', 'comment'}."""
+        if not self.pending():
+            raise ValueError(f"thread {self.thread_id} has no pending approval")
+        yield from self._stream(Command(resume=decision))
+
+    def pending(self) -> list[dict[str, Any]]:
+        return [dict(i.value) for i in self.graph.get_state(self.config).interrupts]
+
+    def answer(self) -> str:
+        messages = self.graph.get_state(self.config).values.get("messages", [])
+        last = messages[-1] if messages else None
+        return str(last.content) if isinstance(last, AIMessage) and not last.tool_calls else ""
+
+    def _stream(self, graph_input) -> Iterator[dict[str, Any]]:
+        for update in self.graph.stream(graph_input, self.config, stream_mode="updates"):
+            for node, data in update.items():
+                if node == "__interrupt__":
+                    for item in data:
+                        yield {"kind": "approval", **item.value}
+                    continue
+                for message in (data or {}).get("messages", []):
+                    if isinstance(message, AIMessage) and node == "model":
+                        for call in message.tool_calls:
+                            yield {"kind": "tool_call", "tool": call["name"], "args": call["args"]}
+                    elif isinstance(message, ToolMessage):
+                        yield {"kind": "tool_result", "tool": message.name, "status": message.status,
+                               "output": message.artifact}
+        if not self.pending():
+            yield {"kind": "answer", "text": self.answer()}
+
+
+class ThreadInfo(BaseModel):
+    thread_id: str
+    updated: str = Field(description="time of the thread's latest checkpoint (UTC, ISO 8601)")
+    messages: int
+    first_request: str
+    pending_approvals: int
+
+
+def list_threads() -> list[ThreadInfo]:
+    """Every thread in the workspace's agent database, newest first."""
+    from trainops.workspace import agent_db_path
+
+    path = agent_db_path()
+    if not path.exists():
+        return []
+    conn = sqlite3.connect(str(path), check_same_thread=False)
+    try:
+        saver = SqliteSaver(conn)
+        saver.setup()
+        ids = [row[0] for row in conn.execute("SELECT DISTINCT thread_id FROM checkpoints WHERE checkpoint_ns = ''")]
+        infos = []
+        for thread_id in ids:
+            found = saver.get_tuple({"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}})
+            if found is None:
+                continue
+            messages = found.checkpoint["channel_values"].get("messages", [])
+            first = next((str(m.content) for m in messages if isinstance(m, HumanMessage)), "")
+            waiting = sum(1 for _task, channel, _value in (found.pending_writes or []) if channel == "__interrupt__")
+            infos.append(ThreadInfo(thread_id=thread_id, updated=found.checkpoint["ts"], messages=len(messages),
+                                    first_request=first[:120], pending_approvals=waiting))
+    finally:
+        conn.close()
+    return sorted(infos, key=lambda info: info.updated, reverse=True)
