@@ -1,0 +1,145 @@
+"""Real services for the integration tests, started once per session and stopped after:
+munged, slurmctld + slurmd (one node: this host, its real CPU count) and Prometheus on
+127.0.0.1. Where a binary is missing the tests skip and say why; under CI=true (where
+.ci/run installs them) that is a failure, through the `require_service` fixture."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+MUNGE_KEY = Path("/etc/munge/munge.key")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.2)
+
+
+def _munge_ok() -> bool:
+    if not shutil.which("munge"):
+        return False
+    cred = subprocess.run(["munge", "-n"], capture_output=True)
+    return cred.returncode == 0 and subprocess.run(["unmunge"], input=cred.stdout, capture_output=True).returncode == 0
+
+
+def start_munge() -> subprocess.Popen | None:
+    """Reuse a working munged; otherwise create the key if needed and start one (returns it)."""
+    if _munge_ok():
+        return None
+    if not MUNGE_KEY.exists():
+        MUNGE_KEY.parent.mkdir(parents=True, exist_ok=True)
+        MUNGE_KEY.write_bytes(os.urandom(1024))
+    Path("/run/munge").mkdir(parents=True, exist_ok=True)
+    shutil.chown(MUNGE_KEY, "munge", "munge")
+    shutil.chown("/run/munge", "munge", "munge")
+    MUNGE_KEY.chmod(0o400)
+    subprocess.run(["/usr/sbin/munged", "--force"], capture_output=True, check=True)
+    _wait(_munge_ok, 10, "munged to answer `munge -n | unmunge`")
+    pid = int(Path("/run/munge/munged.pid").read_text()) if Path("/run/munge/munged.pid").exists() else None
+    return pid
+
+
+def write_slurm_conf(state_dir: Path) -> Path:
+    host = socket.gethostname()
+    mem_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+    conf = state_dir / "slurm.conf"
+    conf.write_text("\n".join([
+        "ClusterName=trainops-test", f"SlurmctldHost={host}", "SlurmUser=root", "SlurmdUser=root",
+        "AuthType=auth/munge", "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
+        "SchedulerType=sched/backfill", "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",
+        "ReturnToService=2", "MinJobAge=3600", "JobRequeue=1", "MessageTimeout=5", "KillWait=5",
+        f"SlurmctldPort={_free_port()}", f"SlurmdPort={_free_port()}",
+        f"StateSaveLocation={state_dir}/ctld", f"SlurmdSpoolDir={state_dir}/d",
+        f"SlurmctldPidFile={state_dir}/slurmctld.pid", f"SlurmdPidFile={state_dir}/slurmd.pid",
+        f"SlurmctldLogFile={state_dir}/slurmctld.log", f"SlurmdLogFile={state_dir}/slurmd.log",
+        f"NodeName={host} CPUs={os.cpu_count()} RealMemory={int(mem_mb * 0.8)} State=UNKNOWN",
+        f"PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP",
+    ]) + "\n")
+    (state_dir / "ctld").mkdir(exist_ok=True)
+    (state_dir / "d").mkdir(exist_ok=True)
+    return conf
+
+
+def _node_idle(env: dict) -> bool:
+    out = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, env=env)
+    return out.returncode == 0 and out.stdout.strip() == "idle"
+
+
+def _stop_pidfile(path: Path) -> None:
+    try:
+        os.kill(int(path.read_text()), signal.SIGTERM)
+    except (OSError, ValueError):
+        pass
+
+
+class SlurmCluster:
+    """A one-node Slurm on this host, configured through SLURM_CONF."""
+
+    def __init__(self, state_dir: Path):
+        self.state_dir = state_dir
+        self.conf = write_slurm_conf(state_dir)
+        self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
+        self.host = socket.gethostname()
+
+    def start_controller(self) -> None:
+        subprocess.run(["/usr/sbin/slurmctld", "-f", str(self.conf)], env=self.env, check=True, capture_output=True)
+        _wait(lambda: subprocess.run(["scontrol", "ping"], env=self.env, capture_output=True, text=True).stdout.count("UP") > 0,
+              20, "slurmctld to answer `scontrol ping`")
+
+    def start(self) -> None:
+        self.start_controller()
+        subprocess.run(["/usr/sbin/slurmd", "-f", str(self.conf)], env=self.env, check=True, capture_output=True)
+        self.wait_idle()
+
+    def wait_idle(self, timeout_s: float = 30) -> None:
+        _wait(lambda: _node_idle(self.env), timeout_s, f"node {self.host} to be idle in sinfo")
+
+    def stop_controller(self) -> None:
+        _stop_pidfile(self.state_dir / "slurmctld.pid")
+        _wait(lambda: subprocess.run(["scontrol", "ping"], env=self.env, capture_output=True, text=True).stdout.count("UP") == 0,
+              20, "slurmctld to stop")
+
+    def stop(self) -> None:
+        subprocess.run(["scancel", "--full", "--user=root"], env=self.env, capture_output=True)
+        _stop_pidfile(self.state_dir / "slurmd.pid")
+        _stop_pidfile(self.state_dir / "slurmctld.pid")
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    missing = [b for b in ("munged", "slurmctld", "slurmd", "sbatch") if not (shutil.which(b) or Path(f"/usr/sbin/{b}").exists())]
+    if missing:
+        yield None, f"Slurm/munge binaries not installed ({', '.join(missing)}); run tests/services/install.sh"
+        return
+    start_munge()
+    state_dir = Path(tempfile.mkdtemp(prefix="trainops-slurm-"))
+    cluster = SlurmCluster(state_dir)
+    cluster.start()
+    yield cluster, ""
+    cluster.stop()
+
+
+@pytest.fixture
+def slurm(slurm_cluster, require_service, monkeypatch):
+    """The session's Slurm cluster, with SLURM_CONF pointing at it for this test."""
+    cluster, why = slurm_cluster
+    require_service(cluster is not None, why)
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+    return cluster

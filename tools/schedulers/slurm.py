@@ -1,0 +1,241 @@
+"""Slurm through its command line (`sbatch --parsable`, `scontrol`, `squeue --json`,
+`sinfo --json`, `scancel`). pyslurm binds to one Slurm release (PyPI's is 25.11) and cannot
+talk to Debian 12's 22.05, so the CLI is the first-class path; `SLURM_CONF` selects the
+cluster. Job records in `$TRAINOPS_HOME/jobs/slurm-<id>.json` keep the spec and log path, so
+logs stay readable after slurmctld forgets the job."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tools.schedulers.base import (
+    TERMINAL_STATES,
+    JobHandle,
+    JobSpec,
+    JobStatus,
+    NodeInfo,
+    SchedulerError,
+    rank_log,
+    tail_text,
+)
+
+KIND = "slurm"
+COMMAND_TIMEOUT_S = 60.0
+
+_STATES = {
+    "PENDING": "pending", "CONFIGURING": "pending", "REQUEUED": "pending", "REQUEUE_HOLD": "pending",
+    "REQUEUE_FED": "pending", "RESV_DEL_HOLD": "pending", "SUSPENDED": "pending",
+    "RUNNING": "running", "COMPLETING": "running", "STAGE_OUT": "running", "SIGNALING": "running",
+    "RESIZING": "running", "COMPLETED": "completed", "CANCELLED": "cancelled", "PREEMPTED": "cancelled",
+    "FAILED": "failed", "TIMEOUT": "failed", "NODE_FAIL": "failed", "OUT_OF_MEMORY": "failed",
+    "BOOT_FAIL": "failed", "DEADLINE": "failed", "SPECIAL_EXIT": "failed",
+}
+_NODE_STATES = {"idle": "idle", "allocated": "allocated", "mixed": "mixed", "down": "down",
+                "drained": "drained", "draining": "draining", "drain": "drained"}
+_KEYVAL = re.compile(r"(\S+?)=(\S*)")
+
+
+def controller_address() -> str:
+    """SlurmctldHost from the active slurm.conf, for error messages."""
+    conf = Path(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf"))
+    try:
+        for line in conf.read_text().splitlines():
+            if line.strip().startswith(("SlurmctldHost", "ControlMachine")):
+                return f"{line.split('=', 1)[1].strip()} (from {conf})"
+    except OSError:
+        return f"unknown ({conf} not readable)"
+    return f"unknown (no SlurmctldHost in {conf})"
+
+
+def run_cli(args: list[str], check: bool = True) -> subprocess.CompletedProcess:
+    try:
+        out = subprocess.run(args, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+    except FileNotFoundError:
+        raise SchedulerError(KIND, f"`{args[0]}` is not installed; install slurm-wlm (tests/services/install.sh) or use scheduler='local'") from None
+    except subprocess.TimeoutExpired:
+        raise SchedulerError(KIND, f"`{shlex.join(args)}` gave no answer in {COMMAND_TIMEOUT_S:.0f}s; is slurmctld running at {controller_address()}? check with `scontrol ping`") from None
+    if check and out.returncode != 0:
+        err = (out.stderr or out.stdout).strip().splitlines()
+        detail = err[-1] if err else f"exit code {out.returncode}"
+        hint = f"is slurmctld running at {controller_address()}? check with `scontrol ping`" if "contact" in detail or "onnect" in detail else "check the arguments"
+        raise SchedulerError(KIND, f"`{shlex.join(args)}` failed: {detail}; {hint}")
+    return out
+
+
+def batch_script(spec: JobSpec, log_path: str) -> str:
+    """The sbatch script for a JobSpec: #SBATCH lines, env, then the command (torchrun under
+    srun, one launcher per node, c10d rendezvous on the first node)."""
+    lines = ["#!/bin/bash", f"#SBATCH --job-name={spec.name}", f"#SBATCH --nodes={spec.nodes}",
+             "#SBATCH --ntasks-per-node=1", f"#SBATCH --cpus-per-task={spec.procs_per_node}",
+             f"#SBATCH --output={log_path}", "#SBATCH --open-mode=append", "#SBATCH --requeue"]
+    if spec.time_limit_min:
+        lines.append(f"#SBATCH --time={spec.time_limit_min}")
+    if spec.partition:
+        lines.append(f"#SBATCH --partition={spec.partition}")
+    if spec.exclude_nodes:
+        lines.append(f"#SBATCH --exclude={','.join(spec.exclude_nodes)}")
+    if spec.workdir:
+        lines.append(f"#SBATCH --chdir={spec.workdir}")
+    lines.append("set -euo pipefail")
+    for key, value in sorted(spec.env.items()):
+        lines.append(f"export {key}={shlex.quote(value)}")
+    if spec.launcher == "torchrun":
+        lines += [
+            'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+            f"srun --kill-on-bad-exit=1 {shlex.quote(sys.executable)} -m torch.distributed.run --nnodes \"$SLURM_NNODES\" "
+            f"--nproc-per-node {spec.procs_per_node} --rdzv-backend c10d --rdzv-endpoint \"$head_node:{spec.rdzv_port}\" "
+            f"--rdzv-id \"$SLURM_JOB_ID\" {shlex.join(spec.command)}",
+        ]
+    else:
+        lines.append(shlex.join(spec.command))
+    return "\n".join(lines) + "\n"
+
+
+def parse_scontrol(text: str) -> dict[str, str]:
+    return dict(_KEYVAL.findall(text))
+
+
+def _epoch(value: str | None) -> float | None:
+    if not value or value in ("Unknown", "None", "N/A"):
+        return None
+    try:
+        return time.mktime(time.strptime(value, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
+class SlurmScheduler:
+    kind = KIND
+
+    def _jobs(self) -> Path:
+        from trainops.workspace import jobs_dir
+
+        return jobs_dir()
+
+    def _record(self, job_id: str) -> dict | None:
+        if not job_id.isdigit():
+            raise SchedulerError(KIND, f"job id {job_id!r} is not a Slurm job id (a number, as sbatch printed it)")
+        path = self._jobs() / f"slurm-{job_id}.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def submit(self, spec: JobSpec) -> JobHandle:
+        stamp = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+        log_path = str(Path(spec.run_dir) / "slurm.log") if spec.run_dir else str(self._jobs() / f"slurm-{stamp}.log")
+        script = self._jobs() / f"slurm-{stamp}.sbatch"
+        script.write_text(batch_script(spec, log_path))
+        out = run_cli(["sbatch", "--parsable", str(script)])
+        job_id = out.stdout.strip().split(";")[0]
+        handle = JobHandle(job_id=job_id, backend=KIND, name=spec.name, submitted_at=time.time(),
+                           run_dir=spec.run_dir, log_path=log_path)
+        (self._jobs() / f"slurm-{job_id}.json").write_text(json.dumps({"handle": handle.model_dump(), "spec": spec.model_dump(), "script": str(script)}))
+        return handle
+
+    def status(self, job_id: str) -> JobStatus:
+        record = self._record(job_id)
+        out = run_cli(["scontrol", "show", "job", job_id], check=False)
+        if out.returncode != 0:
+            detail = (out.stderr or out.stdout).strip()
+            if "Invalid job id" not in detail:
+                run_cli(["scontrol", "show", "job", job_id])
+            if record is None:
+                raise SchedulerError(KIND, f"unknown job id {job_id!r}: slurmctld at {controller_address()} does not know it and this workspace never submitted it; list jobs with list_jobs")
+            return JobStatus(job_id=job_id, backend=KIND, name=record["spec"]["name"], state="unknown",
+                             reason="slurmctld has purged the job (MinJobAge) and accounting (sacct) is not enabled",
+                             run_dir=record["spec"].get("run_dir"))
+        fields = parse_scontrol(out.stdout)
+        raw_state = fields.get("JobState", "UNKNOWN")
+        code, _, sig = fields.get("ExitCode", "0:0").partition(":")
+        state = _STATES.get(raw_state, "unknown")
+        exit_code = int(code) if state in TERMINAL_STATES else None
+        if exit_code == 0 and sig not in ("", "0"):
+            exit_code = -int(sig)
+        nodes = [] if fields.get("NodeList", "(null)") == "(null)" else self._hostnames(fields["NodeList"])
+        return JobStatus(job_id=job_id, backend=KIND, name=fields.get("JobName", ""), state=state, exit_code=exit_code,
+                         nodes=nodes, reason=f"{raw_state}: {fields.get('Reason', 'None')}",
+                         started_at=_epoch(fields.get("StartTime")), ended_at=_epoch(fields.get("EndTime")) if state in TERMINAL_STATES else None,
+                         run_dir=record["spec"].get("run_dir") if record else None)
+
+    def _hostnames(self, nodelist: str) -> list[str]:
+        return run_cli(["scontrol", "show", "hostnames", nodelist]).stdout.split()
+
+    def wait(self, job_id: str, timeout_s: float, poll_s: float = 0.5) -> JobStatus:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            st = self.status(job_id)
+            if st.state in TERMINAL_STATES or time.monotonic() >= deadline:
+                return st
+            time.sleep(poll_s)
+
+    def logs(self, job_id: str, tail: int = 100, rank: int | None = None) -> str:
+        record = self._record(job_id)
+        run_dir = record["spec"].get("run_dir") if record else None
+        if rank is not None:
+            return tail_text(rank_log(run_dir, rank, KIND, job_id), tail)
+        if record is not None:
+            path = Path(record["handle"]["log_path"])
+        else:
+            path = Path(parse_scontrol(run_cli(["scontrol", "show", "job", job_id]).stdout).get("StdOut", ""))
+        return tail_text(path.read_text(errors="replace") if path.is_file() else "", tail)
+
+    def cancel(self, job_id: str) -> JobStatus:
+        self.status(job_id)
+        run_cli(["scancel", job_id])
+        deadline = time.monotonic() + 30
+        while True:
+            st = self.status(job_id)
+            if st.state in TERMINAL_STATES or time.monotonic() > deadline:
+                return st
+            time.sleep(0.3)
+
+    def requeue(self, job_id: str) -> JobHandle:
+        """`scontrol requeue`: same job id, back to pending; a trainer resumes from its checkpoint."""
+        record = self._record(job_id)
+        self.status(job_id)
+        run_cli(["scontrol", "requeue", job_id])
+        if record is not None:
+            return JobHandle.model_validate(record["handle"])
+        return JobHandle(job_id=job_id, backend=KIND, name="", submitted_at=time.time())
+
+    def list_jobs(self) -> list[JobStatus]:
+        data = json.loads(run_cli(["squeue", "--json"]).stdout)
+        jobs = []
+        for job in data.get("jobs", []):
+            raw = str(job.get("job_state", "UNKNOWN"))
+            jobs.append(JobStatus(job_id=str(job["job_id"]), backend=KIND, name=job.get("name", ""),
+                                  state=_STATES.get(raw, "unknown"), reason=f"{raw}: {job.get('state_reason', '')}",
+                                  nodes=self._hostnames(job["nodes"]) if job.get("nodes") else []))
+        return jobs
+
+    def list_nodes(self) -> list[NodeInfo]:
+        data = json.loads(run_cli(["sinfo", "--json"]).stdout)
+        nodes = []
+        for node in data.get("nodes", []):
+            state = str(node.get("state", "unknown")).lower()
+            flags = [str(f).upper() for f in node.get("state_flags", [])]
+            if "DRAIN" in flags:
+                state = "drained" if state == "idle" or "DRAINED" in flags else "draining"
+            nodes.append(NodeInfo(name=node["name"], state=_NODE_STATES.get(state, "unknown"),
+                                  cpus=node.get("cpus"), reason=node.get("reason", "") or ""))
+        return nodes
+
+    def _node(self, node: str) -> NodeInfo:
+        for info in self.list_nodes():
+            if info.name == node:
+                return info
+        raise SchedulerError(KIND, f"unknown node {node!r}; nodes are: {', '.join(n.name for n in self.list_nodes())}")
+
+    def drain(self, node: str, reason: str) -> NodeInfo:
+        self._node(node)
+        run_cli(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason or 'drained by trainops'}"])
+        return self._node(node)
+
+    def resume(self, node: str) -> NodeInfo:
+        self._node(node)
+        run_cli(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
+        return self._node(node)
