@@ -190,9 +190,9 @@ SECTIONS: dict[str, type[_Section]] = {
 
 def _check_key(section: str, key: str | None, where: str) -> None:
     if section not in SECTIONS:
-        raise ConfigError(f"{where}: unknown section [{section}]; sections are {sorted(SECTIONS)}")
+        raise ConfigError(f"{where}: unknown section {section!r}; sections are {sorted(SECTIONS)}")
     if key is not None and key not in SECTIONS[section].model_fields:
-        raise ConfigError(f"{where}: unknown key {section}.{key}; keys of [{section}] are "
+        raise ConfigError(f"{where}: unknown key {section}.{key}; keys of section {section!r} are "
                           f"{sorted(SECTIONS[section].model_fields)}")
 
 
@@ -234,7 +234,7 @@ def load_config(path: str | Path | None = None, preset: str | None = None,
             raise ConfigError(f"config file {str(file)!r} is not valid TOML: {err}") from None
         for section, values in data.items():
             if not isinstance(values, dict):
-                raise ConfigError(f"{file}: top-level key {section!r} must be a [section] table")
+                raise ConfigError(f"{file}: top-level key {section!r} must be a section table (a TOML header line)")
             _check_key(section, None, str(file))
             for key in values:
                 _check_key(section, key, str(file))

@@ -1,0 +1,181 @@
+"""Launch the trainer on this machine with torchrun and summarise the run.
+
+`prepare_run` makes the run folder (`$TRAINOPS_HOME/runs/RUN/` with config.toml) for any
+scheduler; `run_local` starts `torchrun --standalone`, shows progress fed from
+metrics.jsonl, and writes status.json. Works without a TTY (CI, agents, Slurm steps).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from trainer.config import JobConfig, load_config
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+class RunResult(BaseModel):
+    run_dir: str = Field(description="the run folder")
+    status: Literal["ok", "failed"] = Field(description="ok only when every rank exited 0")
+    exit_code: int = Field(description="torchrun's exit code (negative: killed by that signal)")
+    final_loss: float | None = Field(None, description="rank 0's loss at the last completed step")
+    mfu_pct: float | None = Field(None, description="mean MFU over completed steps after the first "
+                                  "(step 1 includes warm-up), all ranks")
+    steps_completed: int = Field(0, description="last step rank 0 completed")
+    peak_source: str | None = Field(None, description="where the MFU's peak came from")
+
+
+def runs_root() -> Path:
+    """`$TRAINOPS_HOME/runs` (the same place trainops.workspace uses; the trainer imports nothing
+    from the other packages)."""
+    path = Path(os.environ.get("TRAINOPS_HOME", ".trainops")).expanduser().resolve() / "runs"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def prepare_run(cfg: JobConfig | str | Path | None = None, preset: str | None = None,
+                overrides: list[str] | None = None, *, run_id: str | None = None) -> Path:
+    """Create `runs/RUN/` with config.toml. `cfg` is a JobConfig, or a TOML path (or None) that
+    is loaded with `preset` and `overrides`."""
+    if not isinstance(cfg, JobConfig):
+        cfg = load_config(cfg, preset, overrides)
+    if run_id is None:
+        run_id = f"run-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+    if not _SAFE_ID.match(run_id):
+        raise ValueError(f"run id {run_id!r} is not valid: use letters, digits, '_', '.', '-' "
+                         "(at most 128 characters, not starting with a dot)")
+    run_dir = runs_root() / run_id
+    if (run_dir / "config.toml").exists():
+        raise ValueError(f"run id {run_id!r} already exists at {run_dir}: choose another --run-id")
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.toml").write_text(cfg.to_toml())
+    return run_dir
+
+
+def build_torchrun_command(run_dir: str | Path, nproc: int, *, nnodes: int = 1,
+                           rdzv_endpoint: str | None = None, rdzv_id: str | None = None) -> list[str]:
+    """`python -m torch.distributed.run ... -m trainer.train --run-dir RUN` (standalone on one
+    node; c10d rendezvous at `rdzv_endpoint` across nodes)."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
+    if nnodes == 1 and rdzv_endpoint is None:
+        command.append("--standalone")
+    else:
+        if rdzv_endpoint is None:
+            raise ValueError(f"nnodes={nnodes} needs rdzv_endpoint (host:port of node 0)")
+        command += ["--nnodes", str(nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv_endpoint,
+                    "--rdzv-id", rdzv_id or Path(run_dir).name]
+    return command + ["-m", "trainer.train", "--run-dir", str(run_dir)]
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:  # a line being written right now
+            continue
+    return records
+
+
+def summarize(run_dir: str | Path, exit_code: int) -> RunResult:
+    """The run's outcome from its metrics; also written to status.json."""
+    records = read_metrics(run_dir)
+    rank0 = [r for r in records if r["rank"] == 0]
+    last = max(rank0, key=lambda r: r["step"]) if rank0 else None
+    steady = [r["mfu_pct"] for r in records if r["step"] > 1] or [r["mfu_pct"] for r in records]
+    result = RunResult(
+        run_dir=str(run_dir), status="ok" if exit_code == 0 else "failed", exit_code=exit_code,
+        final_loss=last["loss"] if last else None,
+        mfu_pct=sum(steady) / len(steady) if steady else None,
+        steps_completed=last["step"] if last else 0,
+        peak_source=last.get("peak_source") if last else None,
+    )
+    (Path(run_dir) / "status.json").write_text(result.model_dump_json(indent=1))
+    return result
+
+
+def _pump(stream, log_path: Path, show) -> None:
+    """Copy torchrun's output to logs/launcher.log and, when showing progress, to the screen."""
+    with open(log_path, "a") as log:
+        for line in stream:
+            log.write(line)
+            log.flush()
+            if show is not None:
+                show(line.rstrip("\n"))
+
+
+def run_local(cfg: JobConfig, nproc: int, run_id: str | None = None, show_progress: bool = True,
+              timeout_s: float | None = None) -> RunResult:
+    """Train `cfg` on this machine with `nproc` ranks; returns when every rank has exited."""
+    run_dir = prepare_run(cfg, run_id=run_id)
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    env["TRAINOPS_HOME"] = str(run_dir.parent.parent)
+    process = subprocess.Popen(build_torchrun_command(run_dir, nproc), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    progress = _progress() if show_progress else None
+    show = None
+    if progress is not None:
+        show = lambda line: progress.console.print(line, highlight=False, markup=False, soft_wrap=True)  # noqa: E731
+    pump = threading.Thread(target=_pump, args=(process.stdout, run_dir / "logs" / "launcher.log", show),
+                            daemon=True)
+    pump.start()
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    try:
+        if progress is not None:
+            progress.start()
+            task = progress.add_task("training", total=cfg.training.steps)
+        while process.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                _stop(process)
+                break
+            if progress is not None:
+                steps = [r["step"] for r in read_metrics(run_dir) if r["rank"] == 0]
+                progress.update(task, completed=max(steps, default=0))
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        _stop(process)
+        raise
+    finally:
+        process.wait()
+        pump.join(timeout=5)
+        if progress is not None:
+            progress.stop()
+    return summarize(run_dir, process.returncode)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """Stop torchrun and the ranks it started (they share its session)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+            process.wait(timeout=10)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+        except ProcessLookupError:
+            return
+
+
+def _progress():
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=Console(), transient=True)
