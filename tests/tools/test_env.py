@@ -1,0 +1,147 @@
+"""Environment declaration on this machine: every field filled, bandwidth and peak measured."""
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from tools.base import ToolError, call
+from tools.env import cpu_facts, gpu_generation, parse_gpu_query, parse_sinfo_nodes, parse_topology
+
+SMALL = {"ckpt_test_mib": 4}
+
+
+@pytest.fixture(scope="module")
+def declaration(tmp_path_factory):
+    """One declaration for the field checks (it measures, so it is not free)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRAINOPS_HOME", str(tmp_path_factory.mktemp("home")))
+        return call("declare_environment", SMALL)
+
+
+def test_accelerators_are_this_hosts(declaration):
+    acc = declaration.accelerators
+    if shutil.which("nvidia-smi") is None:
+        assert acc.kind == "cpu" and acc.cpu_physical_cores >= 1 and acc.count >= 1
+        assert declaration.interconnect == "loopback/shared-memory (single host)"
+    else:
+        assert acc.kind == "gpu" and acc.memory_gib > 0
+
+
+def test_software_versions_are_the_running_ones(declaration):
+    sw = declaration.software
+    assert sw.torch == torch.__version__ and sw.cuda == torch.version.cuda
+    assert sw.gloo is True
+    assert sw.distributed_backend == ("nccl" if torch.cuda.is_available() else "gloo")
+
+
+def test_framework_defaults_to_the_embedded_trainer_with_its_version(declaration):
+    from importlib.metadata import version
+
+    assert declaration.framework.name == "trainops-embedded-trainer"
+    assert declaration.framework.version == version("trainops")
+
+
+def test_local_scheduler_reports_this_host(declaration):
+    assert declaration.scheduler.kind == "local"
+    assert declaration.scheduler.nodes == [socket.gethostname()]
+
+
+def test_checkpoint_write_bandwidth_is_measured(declaration):
+    storage = declaration.checkpoint_storage
+    assert storage.test_size_mib == 4 and storage.write_s > 0 and storage.write_bandwidth_mib_s > 0
+    assert storage.filesystem != ""
+
+
+def test_compute_peak_is_measured_or_from_the_vendor_table(declaration):
+    peak = declaration.compute_peak
+    assert peak.peak_tflops > 0
+    assert peak.source.startswith("measured-gemm" if declaration.accelerators.kind == "cpu" else "vendor-table")
+
+
+def test_write_test_goes_to_the_given_checkpoint_dir_and_leaves_nothing(tmp_path):
+    folder = tmp_path / "ckpts"
+    out = call("declare_environment", SMALL | {"ckpt_dir": str(folder), "measure_gemm": False})
+    assert out.checkpoint_storage.path == str(folder)
+    assert list(folder.iterdir()) == []
+
+
+def test_an_unwritable_checkpoint_dir_is_a_clear_error(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(ToolError, match="cannot write the checkpoint test file"):
+        call("declare_environment", SMALL | {"ckpt_dir": str(blocker / "sub"), "measure_gemm": False})
+
+
+def test_a_declared_framework_needs_its_version():
+    with pytest.raises(ToolError, match="framework_version"):
+        call("declare_environment", {"framework": "Megatron-LM"})
+
+
+def test_a_declared_framework_is_reported_as_declared():
+    out = call("declare_environment", SMALL | {"framework": "Megatron-LM", "framework_version": "0.12.0", "measure_gemm": False})
+    assert (out.framework.name, out.framework.version) == ("Megatron-LM", "0.12.0")
+
+
+def test_slurm_without_its_commands_names_the_backend(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(ToolError, match="slurm: `sinfo -V` failed"):
+        call("declare_environment", SMALL | {"scheduler": "slurm", "measure_gemm": False})
+
+
+def test_kubernetes_without_a_cluster_names_the_backend(monkeypatch, tmp_path):
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing-kubeconfig"))
+    with pytest.raises(ToolError, match="kubernetes: no reachable cluster"):
+        call("declare_environment", SMALL | {"scheduler": "kubernetes", "measure_gemm": False})
+
+
+def _slurm_up() -> bool:
+    if shutil.which("scontrol") is None:
+        return False
+    return subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=10).stdout.count("UP") > 0
+
+
+@pytest.mark.services
+def test_slurm_declaration_lists_partitions_and_idle_nodes(require_service):
+    require_service(_slurm_up(), "slurmctld is not running (scontrol ping); .ci/run starts it")
+    out = call("declare_environment", SMALL | {"scheduler": "slurm", "measure_gemm": False})
+    assert out.scheduler.version.startswith("slurm") and out.scheduler.partitions and out.scheduler.nodes
+    assert set(out.scheduler.hot_spare_nodes) <= set(out.scheduler.nodes)
+
+
+def test_cpu_facts_from_this_hosts_cpuinfo():
+    facts = cpu_facts(Path("/proc/cpuinfo").read_text())
+    assert facts["model"] != "unknown CPU" and facts["cores"] >= 1
+
+
+# The GPU parsers run on text in nvidia-smi's documented formats: a fake, because this machine
+# has no GPU (on a GPU machine the declaration tests above exercise them for real).
+TOPO_8_NVSWITCH = "\tGPU0\tGPU1\tGPU2\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n" + "".join(
+    f"GPU{i}\t" + "\t".join(" X " if i == j else "NV18" for j in range(3)) + "\tPXB\t0-55\t0\t\tN/A\n" for i in range(3)
+) + "NIC0\tPXB\tPXB\tPXB\t X \n"
+TOPO_1_GPU = "\tGPU0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\nGPU0\t X \t0-15\t0\t\tN/A\n"
+
+
+def test_topology_counts_the_nvlink_domain_of_gpu0():
+    domain = parse_topology(TOPO_8_NVSWITCH)
+    assert (domain.gpus, domain.link) == (3, "NV18")
+
+
+def test_a_single_gpu_is_a_domain_of_one_over_pcie():
+    domain = parse_topology(TOPO_1_GPU)
+    assert (domain.gpus, domain.link) == (1, "PCIe")
+
+
+def test_gpu_query_rows_and_generation():
+    rows = parse_gpu_query("NVIDIA H200, 143771, 570.86.15, 9.0\nNVIDIA H200, 143771, 570.86.15, 9.0\n")
+    assert len(rows) == 2 and rows[0]["memory_mib"] == "143771"
+    assert gpu_generation(rows[0]["name"], rows[0]["compute_cap"]) == "Hopper (NVIDIA H200, sm_90)"
+
+
+def test_sinfo_rows_give_partitions_nodes_and_the_idle_pool():
+    partitions, nodes, idle = parse_sinfo_nodes("n1|debug*|idle\nn2|debug*|allocated\nn2|gpu|allocated\nn3|gpu|idle\n")
+    assert partitions == ["debug", "gpu"] and nodes == ["n1", "n2", "n3"] and idle == ["n1", "n3"]
