@@ -30,7 +30,7 @@ _ANGLE = re.compile(r"<([A-Za-z][A-Za-z0-9 _-]{0,40})>")
 
 _UNIT = r"(?:%|[KMBT]\b|\s?(?:GiB|GB|TB|ms|min|s|h|GPUs|nodes)\b)"
 _NUMBER_RULES: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"\d\s+%"), "space before '%': write 41.2% not 41.2 %"),
+    (re.compile(r"\d+(?:\.\d+)?\s+%"), "space before '%': write 41.2% not 41.2 %"),
     (re.compile(rf"(?<![\w.~-])\d+(?:\.\d+)?{_UNIT}?\s*(?:-|–|—|\bto\b)\s*\d+(?:\.\d+)?{_UNIT}"),
      "range not written with '~': write 40~55% (or 8~16 GPUs)"),
     (re.compile(r"\b\d+(?:\.\d+)?\s+(?:billion|million|trillion)\s+param", re.I),
