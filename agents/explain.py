@@ -110,7 +110,11 @@ def render_answer(intent: str, request: str, results: list[ToolMessage], assumed
     if intent == "mfu":
         return "\n".join(explain_mfu(by_tool.get("summarize_run"), by_tool.get("declare_environment")))
     if intent == "drill":
-        lines = [f"Fault injected: {_compact(by_tool.get('inject_fault'), 300)}"]
+        injected = by_tool.get("inject_fault") or {}
+        if isinstance(injected, dict) and injected.get("overrides"):
+            return (f"{injected.get('kind')} is a launch-time fault ({injected.get('target')}): start the run with "
+                    f"{' '.join('--set ' + o for o in injected['overrides'])}, then ask me to detect faults on it.")
+        lines = [f"Fault injected: {_compact(injected, 300)}"]
         if "detect_faults" in by_tool:
             lines.append("Detection:")
             lines.extend(_fault_lines(by_tool["detect_faults"]))

@@ -18,7 +18,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMe
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
-from agents.explain import render_answer
+from agents.explain import find, render_answer
 
 _UNIT_S = {"s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1, "min": 60, "mins": 60, "minute": 60,
            "minutes": 60, "m": 60, "h": 3600, "hr": 3600, "hrs": 3600, "hour": 3600, "hours": 3600}
@@ -30,7 +30,7 @@ _DURATION_STEMS = {"save": ("save", "checkpoint_save", "save_time", "write", "ch
 _ALIASES = {"run": ("run", "run_id", "run_name", "run_dir"), "job": ("job", "job_id", "jobid"),
             "config": ("config", "config_path", "cfg", "config_file"),
             "fault": ("fault", "fault_kind", "kind", "fault_type"), "rank": ("rank", "target_rank")}
-_FALLBACK = {"run": "job", "job": "run"}
+_FALLBACK = {"run": "job"}
 _FAULT_KINDS = {"crash": ("kill_rank", "crash"), "hang": ("hang",), "nan": ("nan",), "bitflip": ("bitflip",),
                 "straggler": ("straggler",), "slow": ("straggler",), "corrupt": ("corrupt_checkpoint",)}
 # Labelled assumptions: a restart that is not stated does not move the Young/Daly interval.
@@ -186,8 +186,9 @@ def _learned(results: list[ToolMessage]) -> dict[str, Any]:
     for result in results:
         data = result.artifact if isinstance(result.artifact, dict) else {}
         for key, name in (("job_id", "job"), ("run_id", "run"), ("run", "run"), ("run_dir", "run"), ("job", "job")):
-            if isinstance(data.get(key), (str, int)):
-                learned.setdefault(name, str(data[key]))
+            value = find(data, key)
+            if isinstance(value, (str, int)):
+                learned.setdefault(name, str(value))
         learned["outputs"].update({k: v for k, v in data.items() if isinstance(v, (str, int, float, bool))})
     return learned
 
@@ -208,6 +209,8 @@ def decide(messages: list[BaseMessage], tool_schemas: list[dict]) -> AIMessage:
     assumed = {k: v for k, v in ASSUMED.items() if k not in params}
     params.update(assumed)
     done = {name for name, _ in calls}
+    if any(isinstance(r.artifact, dict) and r.artifact.get("overrides") for r in results):
+        return AIMessage(content=render_answer(intent_name, request, results, assumed))
     for candidates, optional in INTENTS[intent_name].steps:
         if any(name in done for name in candidates):
             continue
