@@ -106,7 +106,8 @@ class LocalScheduler:
         log = open(record["log_path"], "ab")
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "tools.schedulers.local_runner", str(exit_file), "--", *command],
+                [sys.executable, "-m", "tools.schedulers.local_runner", str(exit_file),
+                 *([spec.run_dir] if spec.run_dir else []), "--", *command],
                 cwd=spec.workdir or None, env=env, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True,
             )

@@ -90,8 +90,11 @@ def batch_script(spec: JobSpec, log_path: str) -> str:
             'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
             f"srun --kill-on-bad-exit=1 {shlex.quote(sys.executable)} -m torch.distributed.run --nnodes \"$SLURM_NNODES\" "
             f"--nproc-per-node {spec.procs_per_node} --rdzv-backend c10d --rdzv-endpoint \"$head_node:{spec.rdzv_port}\" "
-            f"--rdzv-id \"$SLURM_JOB_ID\" {shlex.join(spec.command)}",
+            f"--rdzv-id \"$SLURM_JOB_ID\" {shlex.join(spec.command)} && rc=0 || rc=$?",
         ]
+        if spec.run_dir:
+            lines.append(f"{shlex.quote(sys.executable)} -m tools.schedulers.run_status {shlex.quote(spec.run_dir)} \"$rc\"")
+        lines.append('exit "$rc"')
     else:
         lines.append(shlex.join(spec.command))
     return "\n".join(lines) + "\n"
