@@ -1,0 +1,136 @@
+"""`trainops tool ...`, `trainops env`, `trainops plan ...` through typer's CliRunner."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from trainops.cli import app
+
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def test_tool_list_json_gives_name_risk_approval_and_description():
+    result = invoke("tool", "list", "--json")
+    assert result.exit_code == 0
+    rows = {r["name"]: r for r in json.loads(result.stdout)}
+    assert rows["plan_checkpoint_interval"]["risk"] == "read"
+    assert rows["plan_checkpoint_interval"]["approval_required"] is False
+    assert rows["declare_environment"]["description"].startswith("Declare the training environment")
+
+
+def test_tool_list_renders_a_table_for_people():
+    result = invoke("tool", "list")
+    assert result.exit_code == 0 and "plan_layout" in result.stdout and "risk" in result.stdout
+
+
+def test_tool_schema_prints_input_and_output_json_schemas():
+    result = invoke("tool", "schema", "plan_checkpoint_interval")
+    assert result.exit_code == 0
+    schema = json.loads(result.stdout)
+    assert set(schema["input"]["required"]) == {"save_s", "restart_s", "mtbf_h"}
+    assert "daly_interval_min" in schema["output"]["properties"]
+
+
+def test_tool_schema_of_an_unknown_tool_fails_with_exit_2():
+    result = invoke("tool", "schema", "nope")
+    assert result.exit_code == 2 and "unknown tool" in result.output
+
+
+def test_tool_call_runs_the_tool_and_prints_json():
+    result = invoke("tool", "call", "plan_checkpoint_interval", "--input", '{"save_s":300,"restart_s":600,"mtbf_h":6}', "--json")
+    assert result.exit_code == 0
+    assert json.loads(result.stdout)["daly_interval_min"] == pytest.approx(57, abs=1)
+
+
+def test_tool_call_with_bad_json_is_one_line_and_exit_2():
+    result = invoke("tool", "call", "plan_checkpoint_interval", "--input", "{save_s: 3", "--json")
+    assert result.exit_code == 2
+    assert "--input is not valid JSON" in json.loads(result.stdout)["error"]
+    assert "Traceback" not in result.output
+
+
+def test_tool_call_with_a_json_list_says_an_object_is_needed():
+    result = invoke("tool", "call", "plan_checkpoint_interval", "--input", "[1]")
+    assert result.exit_code == 2 and "must be a JSON object" in result.output
+
+
+def test_tool_call_with_an_invalid_field_names_it_and_exits_2():
+    result = invoke("tool", "call", "plan_checkpoint_interval", "--input", '{"save_s":-5,"restart_s":600,"mtbf_h":6}', "--json")
+    assert result.exit_code == 2
+    error = json.loads(result.stdout)["error"]
+    assert "save_s" in error and "-5" in error and "Traceback" not in result.output
+
+
+def test_plan_checkpoint_reproduces_dalys_24h_example():
+    result = invoke("plan", "checkpoint", "--save-s", "300", "--restart-s", "600", "--mtbf-h", "24", "--json")
+    assert result.exit_code == 0
+    assert json.loads(result.stdout)["daly_interval_min"] == pytest.approx(117, abs=1)
+
+
+def test_plan_checkpoint_renders_the_recommendation_for_people():
+    result = invoke("plan", "checkpoint", "--save-s", "300", "--restart-s", "600", "--mtbf-h", "0.25")
+    assert result.exit_code == 0 and "two-phase" in result.stdout
+
+
+def test_plan_ettr_defaults_to_the_llama3_profile_and_is_reproducible():
+    first = invoke("plan", "ettr", "--json", "--seed", "3")
+    second = invoke("plan", "ettr", "--json", "--seed", "3")
+    assert first.exit_code == 0 and first.stdout == second.stdout
+    out = json.loads(first.stdout)
+    assert out["profile"].startswith("Llama 3") and 0 < out["ettr"] < 1
+
+
+def test_plan_ettr_accepts_a_custom_profile_as_json():
+    profile = {"name": "lab", "interruptions": 10, "reference_days": 10, "reference_gpus": 64, "cause_counts": {"gpu": 10}}
+    result = invoke("plan", "ettr", "--gpus", "64", "--days", "30", "--profile", json.dumps(profile), "--json")
+    assert result.exit_code == 0 and json.loads(result.stdout)["profile"] == "lab"
+
+
+def test_plan_ettr_with_an_unknown_mode_names_the_field():
+    result = invoke("plan", "ettr", "--checkpoint-mode", "sometimes", "--json")
+    assert result.exit_code == 2 and "checkpoint_mode" in json.loads(result.stdout)["error"]
+
+
+def test_plan_layout_of_a_valid_preset_layout_lists_every_rank():
+    result = invoke("plan", "layout", "--preset", "tiny", "--nproc", "4", "--set", "parallel.tp=2", "--json")
+    assert result.exit_code == 0
+    out = json.loads(result.stdout)
+    assert out["valid"] is True and len(out["plan"]["ranks"]) == 4
+
+
+def test_plan_layout_of_an_impossible_layout_says_why_and_exits_1():
+    result = invoke("plan", "layout", "--preset", "tiny", "--nproc", "3", "--set", "parallel.tp=2", "--json")
+    assert result.exit_code == 1
+    assert "not divisible" in json.loads(result.stdout)["error"]
+
+
+def test_plan_layout_with_a_bad_override_names_it():
+    result = invoke("plan", "layout", "--preset", "tiny", "--nproc", "2", "--set", "parallel.tp=two", "--json")
+    assert result.exit_code == 2 and "parallel.tp" in json.loads(result.stdout)["error"]
+
+
+def test_env_json_is_a_full_declaration(tmp_path):
+    result = invoke("env", "--json", "--ckpt-test-mib", "2", "--ckpt-dir", str(tmp_path))
+    assert result.exit_code == 0
+    out = json.loads(result.stdout)
+    assert out["checkpoint_storage"]["write_bandwidth_mib_s"] > 0
+    assert {"accelerators", "hardware_generation", "interconnect", "software", "framework", "scheduler",
+            "compute_peak", "declared_at"} <= set(out)
+
+
+def test_env_renders_a_table_for_people(tmp_path):
+    result = invoke("env", "--ckpt-test-mib", "2", "--ckpt-dir", str(tmp_path))
+    assert result.exit_code == 0 and "checkpoint write" in result.stdout and "MiB/s" in result.stdout
+
+
+def test_env_with_an_unknown_scheduler_names_the_field_and_choices():
+    result = invoke("env", "--scheduler", "pbs", "--json")
+    assert result.exit_code == 2
+    error = json.loads(result.stdout)["error"]
+    assert "scheduler" in error and "'pbs'" in error and "slurm" in error

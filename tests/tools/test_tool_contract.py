@@ -1,0 +1,126 @@
+"""The tool contract: one registry, typed schemas, validation naming the field, every call gated
+and recorded, and the same tools as LangChain structured tools."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import BaseModel
+
+from tools.base import CallContext, ToolError, call, registry
+
+MINE = {
+    "declare_environment", "plan_checkpoint_interval", "plan_effective_training_time", "plan_layout",
+    "list_checkpoints", "verify_checkpoint", "measure_checkpoint_io",
+}
+DALY_24H = {"save_s": 300, "restart_s": 600, "mtbf_h": 24}
+
+
+def audit_entries(workspace) -> list[dict]:
+    path = workspace / "audit.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_registry_holds_the_environment_planning_and_checkpoint_tools():
+    assert MINE <= set(registry())
+
+
+@pytest.mark.parametrize("name", sorted(registry()))
+def test_every_tool_exports_input_and_output_schemas_and_a_description(name):
+    spec = registry()[name]
+    assert spec.risk in ("read", "mutate", "irreversible")
+    assert len(spec.description) > 20
+    assert issubclass(spec.Input, BaseModel) and issubclass(spec.Output, BaseModel)
+    assert spec.Input.model_json_schema()["type"] == "object"
+    assert spec.Output.model_json_schema()["type"] == "object"
+
+
+def test_irreversible_tools_always_need_approval():
+    assert all(s.approval_required for s in registry().values() if s.risk == "irreversible")
+
+
+def test_bad_input_raises_a_tool_error_naming_the_tool_field_and_value():
+    with pytest.raises(ToolError) as caught:
+        call("plan_checkpoint_interval", DALY_24H | {"mtbf_h": "soon"})
+    assert caught.value.tool == "plan_checkpoint_interval"
+    assert "mtbf_h" in caught.value.message and "'soon'" in caught.value.message
+
+
+def test_a_missing_field_says_to_add_it():
+    with pytest.raises(ToolError, match="restart_s: required field missing"):
+        call("plan_checkpoint_interval", {"save_s": 300, "mtbf_h": 24})
+
+
+def test_an_unknown_tool_lists_the_known_ones():
+    with pytest.raises(ToolError, match="unknown tool; known tools: .*plan_layout"):
+        call("no_such_tool", {})
+
+
+def test_the_gate_records_each_call_with_the_caller(workspace):
+    call("plan_checkpoint_interval", DALY_24H, CallContext(actor="tester"))
+    call("plan_checkpoint_interval", DALY_24H, CallContext(actor="tester"))
+    calls = [e for e in audit_entries(workspace) if e.get("kind") == "tool_call" and e.get("tool") == "plan_checkpoint_interval"]
+    assert len(calls) == 2 and all(e["ok"] and e["actor"] == "tester" for e in calls)
+
+
+def test_the_gate_records_a_failed_call_as_not_ok(workspace):
+    with pytest.raises(ToolError):
+        call("list_checkpoints", {"run": "ghost"})
+    failed = [e for e in audit_entries(workspace) if e.get("tool") == "list_checkpoints"]
+    assert failed and failed[-1]["ok"] is False and "ghost" in failed[-1]["error"]
+
+
+# --- LangChain ------------------------------------------------------------------------------
+
+
+def test_every_tool_becomes_a_structured_tool_with_its_input_as_args_schema():
+    from langchain_core.tools import StructuredTool
+
+    from tools.langchain import as_langchain_tools
+
+    lc_tools = as_langchain_tools()
+    assert [t.name for t in lc_tools] == sorted(registry())
+    for lc in lc_tools:
+        assert isinstance(lc, StructuredTool) and lc.args_schema is registry()[lc.name].Input
+        assert f"risk: {registry()[lc.name].risk}" in lc.description
+
+
+def test_a_structured_tool_call_passes_the_gate_as_the_agent(workspace):
+    from tools.langchain import as_langchain_tools
+
+    (plan,) = as_langchain_tools(["plan_checkpoint_interval"])
+    out = plan.invoke(DALY_24H)
+    assert out["daly_interval_min"] == pytest.approx(116.7, abs=0.1)
+    entries = [e for e in audit_entries(workspace) if e.get("tool") == "plan_checkpoint_interval"]
+    assert entries[-1]["actor"] == "agent"
+
+
+def test_the_context_factory_supplies_the_caller(workspace):
+    from tools.langchain import as_langchain_tools
+
+    (plan,) = as_langchain_tools(["plan_checkpoint_interval"], ctx_factory=lambda: CallContext(actor="ops-agent", thread_id="t1"))
+    plan.invoke(DALY_24H)
+    assert audit_entries(workspace)[-1]["actor"] == "ops-agent"
+
+
+def test_invalid_agent_input_comes_back_as_a_message_naming_the_field():
+    from tools.langchain import as_langchain_tools
+
+    (plan,) = as_langchain_tools(["plan_checkpoint_interval"])
+    answer = plan.invoke(DALY_24H | {"save_s": -1})
+    assert isinstance(answer, str) and "save_s" in answer and "-1" in answer
+
+
+def test_a_tool_error_comes_back_to_the_agent_as_text():
+    from tools.langchain import as_langchain_tools
+
+    (lister,) = as_langchain_tools(["list_checkpoints"])
+    answer = lister.invoke({"run": "ghost"})
+    assert isinstance(answer, str) and "run 'ghost' not found" in answer
+
+
+def test_asking_for_an_unknown_tool_is_an_error():
+    from tools.langchain import as_langchain_tools
+
+    with pytest.raises(ToolError, match="unknown tool"):
+        as_langchain_tools(["nope"])
