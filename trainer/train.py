@@ -81,10 +81,12 @@ def _grad_sync(model: torch.nn.Module, enabled: bool):
     return nullcontext()
 
 
+def _pipeline_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+
+
 def train(cfg: JobConfig, run_dir: Path, rank: int, world_size: int, device: torch.device) -> None:
     layout = validate_layout(cfg, world_size)
-    if layout.pp > 1:
-        raise ValueError("parallel.pp > 1 is not run by this loop yet: set parallel.pp=1")
     training = cfg.training
     torch.manual_seed(training.seed)
     if training.deterministic:
@@ -94,7 +96,15 @@ def train(cfg: JobConfig, run_dir: Path, rank: int, world_size: int, device: tor
     model_args = cfg.model_args()
     model = Transformer(model_args)
     model.init_weights(seed=training.seed)  # same weights on every rank before sharding
-    model = parallelize(model.to(device), cfg, mesh_info)
+    pipe = None
+    if layout.pp > 1:  # the schedule runs forward+backward over this rank's stages
+        from trainer.parallel import build_pipeline, merged_view
+
+        pipe = build_pipeline(model.to(device), layout, mesh_info.mesh["pp"],
+                              lambda part: parallelize(part, cfg, mesh_info), _pipeline_loss, device)
+        model = merged_view(pipe.model_parts)
+    else:
+        model = parallelize(model.to(device), cfg, mesh_info)
     optimizer = torch.optim.AdamW(model.parameters(), lr=training.lr, betas=(0.9, 0.95),
                                   weight_decay=training.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_lambda(
@@ -124,6 +134,11 @@ def train(cfg: JobConfig, run_dir: Path, rank: int, world_size: int, device: tor
         started = time.perf_counter()
         micro_batches = loader.next_step()
         step_loss = torch.zeros((), device=device)
+        if pipe is not None:
+            with autocast:
+                step_loss = pipe.step(torch.cat([m[0] for m in micro_batches]).to(device),
+                                      torch.cat([m[1] for m in micro_batches]).to(device))
+            micro_batches = []
         for index, (inputs, labels) in enumerate(micro_batches):
             inputs, labels = inputs.to(device), labels.to(device)
             with _grad_sync(model, index == len(micro_batches) - 1):
@@ -134,7 +149,12 @@ def train(cfg: JobConfig, run_dir: Path, rank: int, world_size: int, device: tor
                     loss = faults.after_loss(step, loss)
                 (loss / len(micro_batches)).backward()
             step_loss += loss.detach() / len(micro_batches)
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), training.max_grad_norm)
+        if pipe is not None:
+            from trainer.parallel import clip_grad_norm_
+
+            grad_norm = clip_grad_norm_(model.parameters(), training.max_grad_norm, pipe.pp_group)
+        else:
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), training.max_grad_norm)
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
         optimizer.step()

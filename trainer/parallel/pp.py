@@ -111,3 +111,35 @@ def build_pipeline(
         schedule=schedule, stage_indices=stage_indices, model_parts=parts,
         has_first=0 in stage_indices, has_last=layout.num_stages - 1 in stage_indices, pp_group=group,
     )
+
+
+def merged_view(parts: list[nn.Module]) -> nn.Module:
+    """One module over this rank's stage parts, named like the whole model (`layers.N...`,
+    `tok_embeddings`, `norm`, `output`), for checkpoints and gradient clipping. It shares the
+    parts' parameters; it is never called."""
+    parts = [getattr(part, "module", part) for part in parts]  # unwrap DDP
+    if len(parts) == 1:
+        return parts[0]
+    view = nn.Module()
+    view.layers = nn.ModuleDict({name: block for part in parts for name, block in part.layers.items()})
+    for name in ("tok_embeddings", "norm", "output"):
+        held = [getattr(part, name) for part in parts if getattr(part, name, None) is not None]
+        if held:
+            setattr(view, name, held[0])
+    return view
+
+
+def clip_grad_norm_(parameters, max_norm: float, pp_group=None) -> torch.Tensor:
+    """Clip by the global gradient norm across tp/dp shards (DTensor) and pipeline stages."""
+    import torch.distributed as dist
+
+    parameters = [p for p in parameters if p.grad is not None]
+    total = torch.nn.utils.get_total_norm([p.grad for p in parameters])
+    if hasattr(total, "full_tensor"):
+        total = total.full_tensor()
+    if pp_group is not None:
+        total = total ** 2
+        dist.all_reduce(total, group=pp_group)
+        total = total.sqrt()
+    torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total)
+    return total
