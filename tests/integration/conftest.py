@@ -4,6 +4,7 @@ munged, slurmctld + slurmd (one node: this host, its real CPU count) and Prometh
 .ci/run installs them) that is a failure, through the `require_service` fixture."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -39,8 +40,8 @@ def _munge_ok() -> bool:
     return cred.returncode == 0 and subprocess.run(["unmunge"], input=cred.stdout, capture_output=True).returncode == 0
 
 
-def start_munge() -> subprocess.Popen | None:
-    """Reuse a working munged; otherwise create the key if needed and start one (returns it)."""
+def start_munge() -> int | None:
+    """Reuse a working munged; otherwise create the key if needed and start one (returns its pid)."""
     if _munge_ok():
         return None
     if not MUNGE_KEY.exists():
@@ -128,12 +129,15 @@ def slurm_cluster():
     if missing:
         yield None, f"Slurm/munge binaries not installed ({', '.join(missing)}); run tests/services/install.sh"
         return
-    start_munge()
+    munged_pid = start_munge()
     state_dir = Path(tempfile.mkdtemp(prefix="trainops-slurm-"))
     cluster = SlurmCluster(state_dir)
     cluster.start()
     yield cluster, ""
     cluster.stop()
+    if munged_pid:
+        os.kill(munged_pid, signal.SIGTERM)
+    shutil.rmtree(state_dir, ignore_errors=True)
 
 
 @pytest.fixture
@@ -143,3 +147,65 @@ def slurm(slurm_cluster, require_service, monkeypatch):
     require_service(cluster is not None, why)
     monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
     return cluster
+
+
+class PrometheusServer:
+    """Prometheus on 127.0.0.1 (a free port, 1 s scrapes) whose targets come from a file_sd
+    file: `scrape_run(run_dir)` points it at a run's exporters.json."""
+
+    def __init__(self, state_dir: Path):
+        self.state_dir = state_dir
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.targets = state_dir / "targets.json"
+        self.targets.write_text("[]")
+        config = state_dir / "prometheus.yml"
+        config.write_text(json.dumps({
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "scrape_configs": [{"job_name": "trainops", "file_sd_configs": [{"files": [str(self.targets)], "refresh_interval": "1s"}]}],
+        }))
+        self.log = open(state_dir / "prometheus.log", "wb")
+        self.proc = subprocess.Popen(
+            ["prometheus", f"--config.file={config}", f"--web.listen-address=127.0.0.1:{self.port}",
+             f"--storage.tsdb.path={state_dir / 'data'}"], stdout=self.log, stderr=subprocess.STDOUT)
+        _wait(self._ready, 30, f"Prometheus at {self.url}/-/ready")
+
+    def _ready(self) -> bool:
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as resp:
+                return resp.status == 200
+        except OSError:
+            return False
+
+    def scrape_run(self, run_dir: Path, ranks: int, timeout_s: float = 120) -> None:
+        """Wait for the run's exporters to register, then add them as targets."""
+        path = Path(run_dir) / "exporters.json"
+        _wait(lambda: path.exists() and len(json.loads(path.read_text() or "{}")) >= ranks, timeout_s, f"{ranks} exporters in {path}")
+        addresses = sorted(json.loads(path.read_text()).values())
+        self.targets.write_text(json.dumps([{"targets": addresses}]))
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=20)
+        self.log.close()
+
+
+@pytest.fixture(scope="session")
+def prometheus_server():
+    if not shutil.which("prometheus"):
+        yield None, "prometheus is not installed; run tests/services/install.sh"
+        return
+    state_dir = Path(tempfile.mkdtemp(prefix="trainops-prometheus-"))
+    server = PrometheusServer(state_dir)
+    yield server, ""
+    server.stop()
+    shutil.rmtree(state_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def prometheus(prometheus_server, require_service):
+    server, why = prometheus_server
+    require_service(server is not None, why)
+    return server

@@ -68,6 +68,18 @@ def run_cli(args: list[str], check: bool = True) -> subprocess.CompletedProcess:
     return out
 
 
+def run_json(args: list[str]) -> dict:
+    """A `--json` command; 22.05 exits 0 with an `errors` list when it cannot reach slurmctld."""
+    out = run_cli(args)
+    data = json.loads(out.stdout)
+    errors = data.get("errors") or []
+    if errors:
+        detail = "; ".join(str(e.get("description") or e.get("error")) for e in errors)
+        stderr = out.stderr.strip().splitlines()
+        raise SchedulerError(KIND, f"`{shlex.join(args)}` failed: {detail}{' (' + stderr[-1] + ')' if stderr else ''}; is slurmctld running at {controller_address()}? check with `scontrol ping`")
+    return data
+
+
 def batch_script(spec: JobSpec, log_path: str) -> str:
     """The sbatch script for a JobSpec: #SBATCH lines, env, then the command (torchrun under
     srun, one launcher per node, c10d rendezvous on the first node)."""
@@ -206,7 +218,7 @@ class SlurmScheduler:
         return JobHandle(job_id=job_id, backend=KIND, name="", submitted_at=time.time())
 
     def list_jobs(self) -> list[JobStatus]:
-        data = json.loads(run_cli(["squeue", "--json"]).stdout)
+        data = run_json(["squeue", "--json"])
         jobs = []
         for job in data.get("jobs", []):
             raw = str(job.get("job_state", "UNKNOWN"))
@@ -216,7 +228,7 @@ class SlurmScheduler:
         return jobs
 
     def list_nodes(self) -> list[NodeInfo]:
-        data = json.loads(run_cli(["sinfo", "--json"]).stdout)
+        data = run_json(["sinfo", "--json"])
         nodes = []
         for node in data.get("nodes", []):
             state = str(node.get("state", "unknown")).lower()

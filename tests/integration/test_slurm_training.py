@@ -1,0 +1,123 @@
+"""The trainer through a real Slurm (munged + slurmctld + slurmd on this host) and a real
+Prometheus: completion, metrics, a killed rank, drain/resume, requeue from a checkpoint, and
+the errors a dead controller or an unknown job id give."""
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tools.base import ToolError, call
+
+pytestmark = [pytest.mark.services, pytest.mark.slow]
+
+TINY = ["training.seq_len=64", "training.global_batch=4", "training.micro_batch=2"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _submit_training(steps: int, *extra: str):
+    out = call("submit_job", {"scheduler": "slurm", "name": "tiny",
+                              "training": {"preset": "tiny", "nproc": 2, "overrides": [f"training.steps={steps}", *TINY, *extra]}})
+    return out.handle.job_id, Path(out.handle.run_dir)
+
+
+def _wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def _heartbeats(run_dir: Path) -> dict:
+    beats = {}
+    for p in (run_dir / "heartbeat").glob("rank*.json"):
+        try:
+            beats[p.stem] = json.loads(p.read_text())
+        except (OSError, ValueError):
+            pass
+    return beats
+
+
+def test_a_two_process_trainer_job_completes_and_prometheus_scrapes_its_metrics(slurm, prometheus):
+    job_id, run_dir = _submit_training(40, f"metrics.prometheus_port_base={_free_port()}")
+    prometheus.scrape_run(run_dir, ranks=2)
+    status = call("wait_job", {"job_id": job_id, "scheduler": "slurm", "timeout_s": 300})
+    assert (status.state, status.exit_code) == ("completed", 0), call("job_logs", {"job_id": job_id, "scheduler": "slurm"}).text
+    assert json.loads((run_dir / "status.json").read_text())["steps_completed"] == 40
+    series = call("query_metrics", {"run": run_dir.name, "metric": "loss", "mode": "series", "window_s": 600,
+                                    "monitor": "prometheus", "url": prometheus.url}).series
+    assert sorted(s.rank for s in series) == [0, 1]
+    assert all(len(s.samples) >= 2 for s in series)
+    embedded_final = call("summarize_run", {"run": str(run_dir)}).final_loss
+    assert series[0].samples[-1].value == pytest.approx(embedded_final, rel=0.5)
+
+
+def test_a_killed_rank_is_detected_with_its_latency(slurm):
+    job_id, run_dir = _submit_training(2000)
+    try:
+        _wait_for(lambda: len(_heartbeats(run_dir)) == 2, 180, "both ranks' heartbeats")
+        injected = call("inject_fault", {"kind": "kill_rank", "run": str(run_dir), "rank": 1})
+        found = call("detect_faults", {"run": str(run_dir), "job_id": job_id, "scheduler": "slurm",
+                                       "poll_interval_s": 0.05, "timeout_s": 60})
+        assert (found.mechanism, found.rank, found.isolation) == ("process_exit", 1, "node")
+        assert found.injected_at == pytest.approx(injected.injected_at)
+        assert 0 <= found.detection_latency_s < 5
+        assert call("wait_job", {"job_id": job_id, "scheduler": "slurm", "timeout_s": 120}).state == "failed"
+    finally:
+        call("cancel_job", {"job_id": job_id, "scheduler": "slurm"})
+
+
+def test_a_drained_node_holds_new_jobs_until_it_is_resumed(slurm):
+    node = slurm.host
+    assert call("drain_node", {"scheduler": "slurm", "node": node, "reason": "drill"}).state == "drained"
+    try:
+        spec = {"name": "after-drain", "command": [sys.executable, "-c", "print('ran')"]}
+        job_id = call("submit_job", {"scheduler": "slurm", "spec": spec}).handle.job_id
+        time.sleep(2)
+        assert call("job_status", {"job_id": job_id, "scheduler": "slurm"}).state == "pending"
+    finally:
+        assert call("resume_node", {"scheduler": "slurm", "node": node}).state in ("idle", "allocated", "mixed")
+    assert call("wait_job", {"job_id": job_id, "scheduler": "slurm", "timeout_s": 60}).state == "completed"
+    assert "ran" in call("job_logs", {"job_id": job_id, "scheduler": "slurm"}).text
+
+
+def test_a_requeued_job_resumes_from_its_newest_checkpoint(slurm):
+    job_id, run_dir = _submit_training(60, "checkpoint.enable=true", "checkpoint.interval=5")
+    journal = run_dir / "checkpoints.jsonl"
+
+    def saved_steps() -> list[int]:
+        if not journal.exists():
+            return []
+        return [e["step"] for e in map(json.loads, journal.read_text().splitlines()) if e.get("event") == "save"]
+
+    _wait_for(lambda: any(s >= 5 for s in saved_steps()), 240, "a first checkpoint")
+    call("requeue_job", {"job_id": job_id, "scheduler": "slurm"})
+    status = call("wait_job", {"job_id": job_id, "scheduler": "slurm", "timeout_s": 400})
+    assert status.state == "completed", call("job_logs", {"job_id": job_id, "scheduler": "slurm"}).text
+    loads = [e for e in map(json.loads, journal.read_text().splitlines()) if e.get("event") == "load"]
+    assert loads and loads[-1]["step"] >= 5
+    assert json.loads((run_dir / "status.json").read_text())["steps_completed"] == 60
+
+
+def test_an_unknown_job_id_names_slurm_and_the_id(slurm):
+    with pytest.raises(ToolError, match=r"slurm scheduler: unknown job id '987654'"):
+        call("job_status", {"job_id": "987654", "scheduler": "slurm"})
+
+
+def test_a_dead_controller_is_a_clear_error_naming_its_address(slurm):
+    slurm.stop_controller()
+    try:
+        with pytest.raises(ToolError, match=r"slurm scheduler: `sinfo --json` failed: .*is slurmctld running at .*check with `scontrol ping`"):
+            call("list_nodes", {"scheduler": "slurm"})
+    finally:
+        slurm.start_controller()
+        slurm.wait_idle()
