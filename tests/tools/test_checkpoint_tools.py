@@ -10,6 +10,9 @@ from trainer.config import CheckpointConfig
 from trainer.faults import corrupt_checkpoint
 from trainops.workspace import runs_dir
 
+# The trainer's Checkpointer runs here in one process without a process group, on purpose.
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+
 
 def write_run(run: str, steps: list[int]):
     """A run folder whose checkpoints/ holds real committed checkpoints at `steps`."""

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import shutil
 import socket
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -97,20 +96,6 @@ def test_kubernetes_without_a_cluster_names_the_backend(monkeypatch, tmp_path):
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing-kubeconfig"))
     with pytest.raises(ToolError, match="kubernetes: no reachable cluster"):
         call("declare_environment", SMALL | {"scheduler": "kubernetes", "measure_gemm": False})
-
-
-def _slurm_up() -> bool:
-    if shutil.which("scontrol") is None:
-        return False
-    return subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=10).stdout.count("UP") > 0
-
-
-@pytest.mark.services
-def test_slurm_declaration_lists_partitions_and_idle_nodes(require_service):
-    require_service(_slurm_up(), "slurmctld is not running (scontrol ping); .ci/run starts it")
-    out = call("declare_environment", SMALL | {"scheduler": "slurm", "measure_gemm": False})
-    assert out.scheduler.version.startswith("slurm") and out.scheduler.partitions and out.scheduler.nodes
-    assert set(out.scheduler.hot_spare_nodes) <= set(out.scheduler.nodes)
 
 
 def test_cpu_facts_from_this_hosts_cpuinfo():
