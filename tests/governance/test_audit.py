@@ -78,7 +78,7 @@ def test_reordered_entries_are_detected_at_the_first_moved_line(log):
 def test_entries_cut_from_the_end_are_detected(log):
     _write(log, _lines(log)[:3])
     report = audit.verify()
-    assert (report.ok, report.first_bad_line) == (False, 4) and "removed from the end" in report.reason
+    assert (report.ok, report.first_bad_line) == (False, 4) and "removed from or replaced at the end" in report.reason
 
 
 def test_audit_verify_cli_exits_1_and_names_the_line(log):

@@ -171,3 +171,30 @@ def test_valid_call_passes_the_gate_and_is_audited():
     kinds = [(e["kind"], e.get("decision")) for e in audit.read()]
     assert kinds == [("approval", "token_issued"), ("gate", "allowed"), ("tool_call", None)]
     assert audit.read()[-1]["input"]["gpus"] == 16
+
+
+def test_tokens_expire_after_15_minutes_by_default():
+    payload = tokens.decode(tokens.issue_token("set_tenant_quota", QUOTA, approver="alice"))
+    assert payload["expires_at"] - payload["issued_at"] == pytest.approx(15 * 60)
+    assert payload["input_sha256"] == tokens.input_hash(QUOTA)
+
+
+def test_token_minted_from_the_cli_for_a_call_opens_that_call():
+    from typer.testing import CliRunner
+
+    from trainops.cli import app
+
+    minted = CliRunner().invoke(app, ["approve", "--call", "set_tenant_quota", "--input", json.dumps(QUOTA),
+                                      "--by", "alice", "--json"])
+    assert minted.exit_code == 0, minted.output
+    assert _call("set_tenant_quota", QUOTA, json.loads(minted.output)["token"]).current["gpus"] == 16
+
+
+def test_cli_refuses_to_mint_a_token_for_an_input_the_tool_would_reject():
+    from typer.testing import CliRunner
+
+    from trainops.cli import app
+
+    result = CliRunner().invoke(app, ["approve", "--call", "set_tenant_quota", "--input", '{"tenant": "acme"}',
+                                      "--by", "alice"])
+    assert result.exit_code == 2 and "gpus: Field required" in result.output

@@ -125,11 +125,12 @@ def verify(path: Path | None = None) -> AuditReport:
     head_file = _head_path(log)
     if head_file.exists():
         head = json.loads(head_file.read_text())
-        if head["seq"] != expected_seq - 1 or head["hash"] != prev:
+        last_seq = expected_seq - 1
+        if head["seq"] > last_seq or (head["seq"] == last_seq and head["hash"] != prev):
             return AuditReport(
-                ok=False, path=str(log), entries=n, first_bad_line=n + 1,
-                reason=f"log ends at entry {expected_seq - 1} but the head file records entry {head['seq']}: "
-                       "lines were removed from the end",
+                ok=False, path=str(log), entries=n, first_bad_line=min(head["seq"], n + 1),
+                reason=f"log ends at entry {last_seq} but the head file records entry {head['seq']} "
+                       f"({head['hash'][:12]}): lines were removed from or replaced at the end",
             )
     return AuditReport(ok=True, path=str(log), entries=n, reason="chain intact")
 

@@ -35,18 +35,37 @@ def _private_key():
     pem = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    # Write under a temporary name, then link into place: the link fails if another process
+    # won the race, and then its key is the one everybody uses.
+    tmp = path.with_name(f".{PRIVATE_NAME}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as fh:
         fh.write(pem)
-    public_key_path().write_bytes(
-        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-    )
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    finally:
+        tmp.unlink()
+    _write_public(key)
     return key
 
 
+def _public_pem(key) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    return key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def _write_public(key) -> None:
+    tmp = public_key_path().with_name(f".{PUBLIC_NAME}.{os.getpid()}")
+    tmp.write_bytes(_public_pem(key))
+    tmp.replace(public_key_path())
+
+
 def public_key_pem() -> str:
-    _private_key()
-    return public_key_path().read_text()
+    """The workspace public key, derived from the private key (the .pub.pem file is a copy to hand out)."""
+    return _public_pem(_private_key()).decode()
 
 
 def sign(message: bytes) -> str:
