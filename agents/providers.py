@@ -109,18 +109,18 @@ def make_chat_model(settings: AgentSettings):
 
 def explain_provider_failure(settings: AgentSettings, exc: Exception) -> ProviderError | None:
     """Turn a client's connection or auth failure into one line naming the setting to fix."""
-    name = type(exc).__name__
-    if name in ("APIConnectionError", "APITimeoutError", "ConnectError", "ConnectTimeout"):
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if names & {"APIConnectionError", "APITimeoutError", "ConnectError", "ConnectTimeout"}:
         where = settings.base_url or "the provider's default URL"
         return ProviderError(
             f"cannot reach the {settings.provider} endpoint at base_url={where} (from {settings.source('base_url')}): "
             f"{exc}; start the server or fix base_url ([agent] base_url in trainops.toml or TRAINOPS_BASE_URL)"
         )
-    if name in ("AuthenticationError", "PermissionDeniedError"):
+    if names & {"AuthenticationError", "PermissionDeniedError"}:
         return ProviderError(
             f"the {settings.provider} endpoint refused the API key in {settings.key_env}: {exc}; set a valid key"
         )
-    if name == "NotFoundError":
+    if "NotFoundError" in names:
         return ProviderError(
             f"the {settings.provider} endpoint does not know model={settings.model or _DEFAULT_MODEL[settings.provider]!r} "
             f"(from {settings.source('model')}): {exc}; set [agent] model or TRAINOPS_MODEL"

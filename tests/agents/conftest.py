@@ -30,6 +30,9 @@ def text(content: str) -> dict[str, Any]:
 class ScriptedOpenAI:
     """Each request gets the next scripted reply; a reply may be a function of the request body."""
 
+    tool_call = staticmethod(tool_call)
+    text = staticmethod(text)
+
     def __init__(self) -> None:
         self.script: list[dict[str, Any] | Callable[[dict], dict]] = []
         self.requests: list[dict[str, Any]] = []
