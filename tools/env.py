@@ -132,13 +132,28 @@ def _run(cmd: list[str], timeout_s: float = 15) -> str | None:
     return done.stdout if done.returncode == 0 else None
 
 
-def parse_gpu_query(csv_text: str) -> list[dict[str, str]]:
-    """Rows of `nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader,nounits`."""
+def parse_gpu_query(csv_text: str) -> list[dict[str, str | float | None]]:
+    """Rows of `nvidia-smi --query-gpu=name,memory.total,driver_version[,compute_cap] --format=csv,noheader,nounits`."""
     rows = []
     for line in csv_text.strip().splitlines():
-        name, memory_mib, driver, cap = [part.strip() for part in line.split(",")][:4]
-        rows.append({"name": name, "memory_mib": memory_mib, "driver": driver, "compute_cap": cap})
+        parts = [part.strip() for part in line.split(",")]
+        memory = parts[1] if len(parts) > 1 else ""
+        rows.append({
+            "name": parts[0],
+            "memory_gib": round(float(memory) / 1024, 1) if memory.replace(".", "", 1).isdigit() else None,
+            "driver": parts[2] if len(parts) > 2 else None,
+            "compute_cap": parts[3] if len(parts) > 3 and parts[3][:1].isdigit() else None,
+        })
     return rows
+
+
+def _query_gpus() -> list[dict[str, str | float | None]]:
+    """Older drivers do not know compute_cap: ask again without it rather than miss the GPUs."""
+    for fields in ("name,memory.total,driver_version,compute_cap", "name,memory.total,driver_version"):
+        text = _run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits"])
+        if text and text.strip():
+            return parse_gpu_query(text)
+    return []
 
 
 def parse_topology(topo_text: str) -> ScaleUpDomain | None:
@@ -157,7 +172,7 @@ def parse_topology(topo_text: str) -> ScaleUpDomain | None:
 
 def gpu_generation(name: str, compute_cap: str | None) -> str:
     arch = next((gen for pattern, gen in _GPU_GENERATIONS if re.search(pattern, name)), "unknown architecture")
-    sm = f", sm_{compute_cap.replace('.', '')}" if compute_cap and compute_cap[0].isdigit() else ""
+    sm = f", sm_{compute_cap.replace('.', '')}" if compute_cap else ""
     return f"{arch} ({name}{sm})"
 
 
@@ -182,9 +197,8 @@ def cpu_facts(cpuinfo_text: str) -> dict[str, object]:
 
 
 def _accelerators(notes: list[str]) -> tuple[Accelerators, str, str]:
-    query = _run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version,compute_cap", "--format=csv,noheader,nounits"])
-    if query and query.strip():
-        gpus = parse_gpu_query(query)
+    gpus = _query_gpus()
+    if gpus:
         topo_text = _run(["nvidia-smi", "topo", "-m"])
         domain = parse_topology(topo_text) if topo_text else None
         if domain is None:
@@ -194,7 +208,7 @@ def _accelerators(notes: list[str]) -> tuple[Accelerators, str, str]:
         links = [f"NVLink ({domain.link}, {domain.gpus} GPUs per domain)"] if domain and domain.link != "PCIe" else ["PCIe"]
         links += [f"InfiniBand ({', '.join(infiniband)})"] if infiniband else []
         acc = Accelerators(
-            kind="gpu", model=first["name"], count=len(gpus), memory_gib=round(float(first["memory_mib"]) / 1024, 1),
+            kind="gpu", model=first["name"], count=len(gpus), memory_gib=first["memory_gib"],
             driver_version=first["driver"], compute_capability=first["compute_cap"], scale_up_domain=domain,
             cpu_logical=os.cpu_count() or 1,
         )
@@ -245,7 +259,7 @@ def _filesystem(path: Path) -> str:
     best, kind = "", "unknown"
     for line in Path("/proc/mounts").read_text().splitlines() if Path("/proc/mounts").exists() else []:
         parts = line.split()
-        if len(parts) >= 3 and str(path).startswith(parts[1]) and len(parts[1]) > len(best):
+        if len(parts) >= 3 and path.is_relative_to(parts[1]) and len(parts[1]) > len(best):
             best, kind = parts[1], parts[2]
     return kind
 

@@ -123,8 +123,14 @@ def test_a_single_gpu_is_a_domain_of_one_over_pcie():
 
 def test_gpu_query_rows_and_generation():
     rows = parse_gpu_query("NVIDIA H200, 143771, 570.86.15, 9.0\nNVIDIA H200, 143771, 570.86.15, 9.0\n")
-    assert len(rows) == 2 and rows[0]["memory_mib"] == "143771"
+    assert len(rows) == 2 and rows[0]["memory_gib"] == 140.4
     assert gpu_generation(rows[0]["name"], rows[0]["compute_cap"]) == "Hopper (NVIDIA H200, sm_90)"
+
+
+def test_gpu_query_without_compute_capability_or_memory_still_lists_the_gpu():
+    (row,) = parse_gpu_query("NVIDIA GB200, [N/A], 575.51.03\n")
+    assert row["memory_gib"] is None and row["compute_cap"] is None
+    assert gpu_generation(row["name"], row["compute_cap"]) == "Blackwell (NVIDIA GB200)"
 
 
 def test_sinfo_rows_give_partitions_nodes_and_the_idle_pool():
