@@ -198,3 +198,13 @@ def test_cli_refuses_to_mint_a_token_for_an_input_the_tool_would_reject():
     result = CliRunner().invoke(app, ["approve", "--call", "set_tenant_quota", "--input", '{"tenant": "acme"}',
                                       "--by", "alice"])
     assert result.exit_code == 2 and "gpus: Field required" in result.output
+
+
+def test_check_input_lets_the_agent_refuse_a_forbidden_call_before_asking_a_human():
+    from tools.base import get
+    from tools.governance.gate import check_input
+
+    spec = get("change_scheduler_policy")
+    with pytest.raises(GateRefused, match="forbidden"):
+        check_input(spec, spec.Input.model_validate({**POLICY, "scope": "global", "target": ""}), CallContext())
+    assert tokens.pending_calls() == []

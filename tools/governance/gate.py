@@ -80,7 +80,13 @@ def _tenant_path_problem(inp: BaseModel) -> str | None:
     return None
 
 
-def before_call(spec, inp: BaseModel, ctx) -> None:
+def needs_approval(spec) -> bool:
+    return spec.approval_required or spec.risk == "irreversible"
+
+
+def check_input(spec, inp: BaseModel, ctx) -> None:
+    """Forbidden-action, per-tool and tenant-path checks, without the token step: lets the
+    agent refuse a call before it asks a human to approve something the gate would refuse."""
     checks = checks_for(spec.name)
     for check in (c for c in checks if c.kind == "forbidden"):
         message = check.fn(inp)
@@ -93,7 +99,11 @@ def before_call(spec, inp: BaseModel, ctx) -> None:
     problem = _tenant_path_problem(inp)
     if problem:
         _refuse(spec, inp, ctx, "invalid_input", "R-SEC-3", problem)
-    if not (spec.approval_required or spec.risk == "irreversible"):
+
+
+def before_call(spec, inp: BaseModel, ctx) -> None:
+    check_input(spec, inp, ctx)
+    if not needs_approval(spec):
         return
     rule_id = "R-SEC-1" if spec.risk != "irreversible" and "tenant-governance" in spec.tags else "R-SEC-4"
     if not ctx.approval_token:
