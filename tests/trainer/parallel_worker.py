@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -97,12 +99,14 @@ def run_case(case: str, save: tuple[str, int] | None, load: str | None) -> list[
     if layout.pp > 1:
         pipe = build_pipeline(model, layout, info.mesh["pp"], lambda part: parallelize(part, cfg, info),
                               loss_fn, torch.device("cpu"))
-        trained, params = (pipe.model_parts[0] if len(pipe.model_parts) == 1 else None), list(pipe.parameters())
+        from trainer.parallel import merged_view
+
+        trained, params = merged_view(pipe.model_parts), list(pipe.parameters())
     else:
         pipe, trained = None, parallelize(model, cfg, info)
         params = list(trained.parameters())
     optimizer = torch.optim.SGD(params, lr=LR, momentum=0.9)
-    app = AppState(trained, optimizer) if trained is not None else None
+    app = AppState(trained, optimizer)
     first_step = 1
     if load:
         loader = Checkpointer(cfg.checkpoint.model_copy(update={"enable": True}), load, dist.get_rank())
@@ -129,6 +133,23 @@ def run_case(case: str, save: tuple[str, int] | None, load: str | None) -> list[
             saver.save(step, app)
             saver.close()
     return losses
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch(folder: Path, nproc: int, specs: list[str]) -> dict[str, list[float | None]]:
+    """Run this file under torchrun with `nproc` ranks; the losses per case spec."""
+    out = folder / f"losses-{nproc}-{_free_port()}.json"
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+           f"--master_port={_free_port()}", str(Path(__file__).resolve()), str(out), *specs]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=540)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(out.read_text())
 
 
 def main() -> None:
