@@ -289,7 +289,7 @@ def measure_checkpoint_write(folder: Path, size_mib: int) -> CheckpointStorage:
 def _compute_peak(acc: Accelerators, inp: EnvInput, notes: list[str]) -> ComputePeak:
     """The trainer's own MFU denominator, so the declaration and the metrics agree."""
     import torch
-    from trainer.metrics import GPU_PEAK_TFLOPS_BF16, measure_cpu_peak_tflops
+    from trainer.metrics import GPU_PEAK_TFLOPS_BF16, device_peak_tflops
 
     if acc.kind == "gpu":
         key = next((k for k in GPU_PEAK_TFLOPS_BF16 if k in acc.model), None)
@@ -300,9 +300,11 @@ def _compute_peak(acc: Accelerators, inp: EnvInput, notes: list[str]) -> Compute
     if not inp.measure_gemm:
         notes.append("CPU GEMM peak not measured (measure_gemm=false)")
         return ComputePeak(peak_tflops=0.0, dtype="fp32", source="not measured")
+    peak_tflops, label = device_peak_tflops(torch.device("cpu"), "fp32")
     return ComputePeak(
-        peak_tflops=measure_cpu_peak_tflops(torch.float32), dtype="fp32",
-        source=f"measured-gemm (trainer.metrics.measure_cpu_peak_tflops, 512x512 fp32, {torch.get_num_threads()} threads)",
+        peak_tflops=peak_tflops, dtype="fp32",
+        source=f"{label} (trainer.metrics.device_peak_tflops: best of 8 512x512 fp32 GEMMs, {torch.get_num_threads()} threads, "
+        "cached per CPU in $TRAINOPS_HOME/cache; the same denominator the trainer's MFU uses)",
     )
 
 
