@@ -78,8 +78,9 @@ def _last_line(log: Path) -> str | None:
     return None
 
 
-def append(kind: str, path: Path | None = None, **fields: Any) -> dict[str, Any]:
-    """Append one entry of `kind` (tool_call, gate, approval, ...) and return it with its hash."""
+def append(kind: str, path: Path | None = None, durable: bool = True, **fields: Any) -> dict[str, Any]:
+    """Append one entry of `kind` (tool_call, gate, approval, ...) and return it with its hash.
+    `durable` fsyncs the line (about 10 ms here); read-only tool calls skip it."""
     log = _log_path(path)
     with _locked(log):
         last = _last_line(log)
@@ -94,7 +95,8 @@ def append(kind: str, path: Path | None = None, **fields: Any) -> dict[str, Any]
         with open(log, "a", encoding="utf-8") as fh:
             fh.write(line)
             fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                os.fsync(fh.fileno())
         _head_path(log).write_text(canonical_json({"seq": seq, "hash": entry["hash"]}) + "\n")
     return entry
 

@@ -125,4 +125,4 @@ def after_call(spec, inp: BaseModel, ctx, *, started: float, output: BaseModel |
         fields["input"] = inp.model_dump(mode="json")
     audit.append("tool_call", tool=spec.name, risk=spec.risk, actor=ctx.actor, thread_id=ctx.thread_id,
                  input_sha256=tokens.input_hash(inp), elapsed_s=round(time.time() - started, 6),
-                 ok=error is None, error=None if error is None else str(error), **fields)
+                 ok=error is None, error=None if error is None else str(error), durable=spec.risk != "read", **fields)
