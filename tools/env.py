@@ -73,7 +73,7 @@ class Scheduler(BaseModel):
     version: str = Field(description="Scheduler version as it reports itself.")
     partitions: list[str] = Field(description="Partitions (Slurm) or node pools; 'local' for the local scheduler.")
     nodes: list[str] = Field(description="Nodes the scheduler reports.")
-    hot_spare_nodes: list[str] = Field(description="Idle nodes that could replace a failed one at once.")
+    hot_spare_nodes: list[str] = Field(description="Idle nodes as the scheduler reports them: the pool that can replace a failed node at once.")
 
 
 class CheckpointStorage(BaseModel):
@@ -308,39 +308,28 @@ def _compute_peak(acc: Accelerators, inp: EnvInput, notes: list[str]) -> Compute
     )
 
 
-def _scheduler(kind: SchedulerKind, host: str) -> Scheduler:
-    if kind == "local":
-        import torch
+def _scheduler(kind: SchedulerKind) -> Scheduler:
+    """Version and partitions per backend; nodes and the idle pool through the scheduler protocol
+    (tools.schedulers), the same view the job tools have."""
+    if kind == "kubernetes":
+        return _kubernetes()
+    from tools.schedulers.base import SchedulerError, get_scheduler
 
-        return Scheduler(kind="local", version=f"trainops local (torchrun, torch {torch.__version__})",
-                         partitions=["local"], nodes=[host], hot_spare_nodes=[])
-    if kind == "slurm":
-        return _slurm()
-    return _kubernetes()
+    try:
+        if kind == "slurm":
+            from tools.schedulers.slurm import run_cli
 
+            version = run_cli(["sinfo", "-V"]).stdout.strip()
+            partitions = sorted(set(run_cli(["sinfo", "-h", "-o", "%R"]).stdout.split()))
+        else:
+            import torch
 
-def _slurm() -> Scheduler:
-    version = _run(["sinfo", "-V"])
-    if version is None:
-        raise ToolError("declare_environment", "slurm: `sinfo -V` failed or sinfo is not on PATH; start slurmctld or use scheduler=local")
-    rows = _run(["sinfo", "-h", "-N", "-o", "%N|%P|%T"])
-    if rows is None:
-        raise ToolError("declare_environment", "slurm: `sinfo` cannot reach slurmctld; check `scontrol ping` or use scheduler=local")
-    partitions, nodes, idle = parse_sinfo_nodes(rows)
-    return Scheduler(kind="slurm", version=version.strip(), partitions=partitions, nodes=nodes, hot_spare_nodes=idle)
-
-
-def parse_sinfo_nodes(text: str) -> tuple[list[str], list[str], list[str]]:
-    """`sinfo -h -N -o '%N|%P|%T'` lines -> partitions, nodes, idle nodes (the hot-spare pool)."""
-    partitions, nodes, idle = [], [], []
-    for line in text.strip().splitlines():
-        node, partition, state = line.split("|")[:3]
-        partition = partition.rstrip("*")
-        partitions += [partition] if partition not in partitions else []
-        nodes += [node] if node not in nodes else []
-        if state.lower() == "idle" and node not in idle:
-            idle.append(node)
-    return partitions, nodes, idle
+            version, partitions = f"trainops local (torchrun, torch {torch.__version__})", ["local"]
+        nodes = get_scheduler(kind).list_nodes()
+    except SchedulerError as exc:
+        raise ToolError("declare_environment", str(exc)) from None
+    return Scheduler(kind=kind, version=version, partitions=partitions, nodes=[n.name for n in nodes],
+                     hot_spare_nodes=[n.name for n in nodes if n.state == "idle"])
 
 
 def _kubernetes() -> Scheduler:
@@ -382,7 +371,7 @@ def declare_environment(inp: EnvInput) -> EnvironmentDeclaration:
         interconnect=interconnect,
         software=_software(),
         framework=_framework(inp),
-        scheduler=_scheduler(inp.scheduler, host),
+        scheduler=_scheduler(inp.scheduler),
         checkpoint_storage=measure_checkpoint_write(folder, inp.ckpt_test_mib),
         compute_peak=_compute_peak(acc, inp, notes),
         notes=notes,

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tools.base import ToolError, call
-from tools.env import cpu_facts, gpu_generation, parse_gpu_query, parse_sinfo_nodes, parse_topology
+from tools.env import cpu_facts, gpu_generation, parse_gpu_query, parse_topology
 
 SMALL = {"ckpt_test_mib": 4}
 
@@ -45,9 +45,10 @@ def test_framework_defaults_to_the_embedded_trainer_with_its_version(declaration
     assert declaration.framework.version == version("trainops")
 
 
-def test_local_scheduler_reports_this_host(declaration):
+def test_local_scheduler_reports_this_host_and_it_is_idle(declaration):
     assert declaration.scheduler.kind == "local"
     assert declaration.scheduler.nodes == [socket.gethostname()]
+    assert declaration.scheduler.hot_spare_nodes == [socket.gethostname()]
 
 
 def test_checkpoint_write_bandwidth_is_measured(declaration):
@@ -88,7 +89,7 @@ def test_a_declared_framework_is_reported_as_declared():
 
 def test_slurm_without_its_commands_names_the_backend(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
-    with pytest.raises(ToolError, match="slurm: `sinfo -V` failed"):
+    with pytest.raises(ToolError, match="slurm scheduler: `sinfo` is not installed"):
         call("declare_environment", SMALL | {"scheduler": "slurm", "measure_gemm": False})
 
 
@@ -131,8 +132,3 @@ def test_gpu_query_without_compute_capability_or_memory_still_lists_the_gpu():
     (row,) = parse_gpu_query("NVIDIA GB200, [N/A], 575.51.03\n")
     assert row["memory_gib"] is None and row["compute_cap"] is None
     assert gpu_generation(row["name"], row["compute_cap"]) == "Blackwell (NVIDIA GB200)"
-
-
-def test_sinfo_rows_give_partitions_nodes_and_the_idle_pool():
-    partitions, nodes, idle = parse_sinfo_nodes("n1|debug*|idle\nn2|debug*|allocated\nn2|gpu|allocated\nn3|gpu|idle\n")
-    assert partitions == ["debug", "gpu"] and nodes == ["n1", "n2", "n3"] and idle == ["n1", "n3"]
