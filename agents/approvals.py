@@ -33,6 +33,7 @@ def list_pending_approvals(inp: PendingInput) -> PendingOutput:
     items = [PendingItem(kind=i.kind, id=i.id, status=i.status, detail=i.detail) for i in list_items()
              if inp.include_decided or i.status == "pending"]
     items += [PendingItem(kind="thread", id=t.thread_id, status="pending",
-                          detail=f"{t.pending_approvals} decision(s); resume with `trainops chat --thread {t.thread_id}`")
+                          detail=f"{', '.join(t.waiting_tools) or 'a call'} waits for a decision; "
+                                 f"resume with `trainops chat --thread {t.thread_id}`")
               for t in list_threads() if t.pending_approvals]
     return PendingOutput(items=items, count_pending=sum(1 for i in items if i.status == "pending"))

@@ -111,29 +111,35 @@ def build_graph(llm, checkpointer=None, settings: AgentSettings | None = None, s
         return {"messages": [reply]}
 
     def governance(state: AgentState, config: RunnableConfig) -> dict:
-        from tools.governance.tokens import record_pending
+        from tools.base import CallContext, ToolError
+        from tools.governance import gate, tokens
 
         thread = _thread(config)
         refused, ready, gated = [], [], []
+
+        def refuse(call: dict, reason: str) -> None:
+            refused.append(_result(call, "error", {"error": reason, "kind": "refused"}))
+            transcript.record(thread, "gate", tool=call["name"], args=call["args"], decision="refused", reason=reason)
+
         for call in state["messages"][-1].tool_calls:
             spec = specs.get(call["name"])
             if spec is None:
-                reason = f"{call['name']} is not a registered tool; registered: {', '.join(specs)}"
-                refused.append(_result(call, "error", {"error": reason, "kind": "refused"}))
-                transcript.record(thread, "gate", tool=call["name"], decision="refused", reason=reason)
+                refuse(call, f"{call['name']} is not a registered tool; registered: {', '.join(specs)}")
                 continue
             try:
                 inp = spec.Input.model_validate(call["args"])
+                gate.check_input(spec, inp, CallContext(actor="agent", thread_id=thread))
             except ValidationError as exc:
-                reason = f"invalid input for {spec.name}: {exc.errors()[0]['loc']} {exc.errors()[0]['msg']}"
-                refused.append(_result(call, "error", {"error": reason, "kind": "refused"}))
-                transcript.record(thread, "gate", tool=spec.name, decision="refused", reason=reason)
+                refuse(call, f"invalid input for {spec.name}: {exc.errors()[0]['loc']} {exc.errors()[0]['msg']}")
+                continue
+            except ToolError as exc:
+                refuse(call, str(exc))
                 continue
             if needs_human(spec):
-                pending = record_pending(spec.name, inp, requested_by=f"agent thread {thread}")
-                gated.append({**call, "pending_id": pending.id})
+                pending_id = tokens.record_pending(spec.name, inp, f"agent thread {thread}").id if gate.needs_approval(spec) else None
+                gated.append({**call, "pending_id": pending_id})
                 transcript.record(thread, "gate", tool=spec.name, args=call["args"], decision="approval_required",
-                                  risk=spec.risk, pending_id=pending.id)
+                                  risk=spec.risk, pending_id=pending_id)
             else:
                 ready.append(call)
                 transcript.record(thread, "gate", tool=spec.name, args=call["args"], decision="allowed", risk=spec.risk)
@@ -151,7 +157,7 @@ def build_graph(llm, checkpointer=None, settings: AgentSettings | None = None, s
         return {"messages": results, "ready": [], "gated": gated}
 
     def human_approval(state: AgentState, config: RunnableConfig) -> dict:
-        from tools.governance.tokens import issue_token
+        from tools.governance import audit, gate, tokens
 
         thread = _thread(config)
         call, rest = state["gated"][0], state["gated"][1:]
@@ -161,20 +167,23 @@ def build_graph(llm, checkpointer=None, settings: AgentSettings | None = None, s
         decision = answer if isinstance(answer, dict) else {"decision": str(answer)}
         verdict = str(decision.get("decision", "reject")).lower()
         approver = str(decision.get("approver") or "unknown")
-        if verdict not in ("approve", "edit"):
-            note = decision.get("comment") or "no reason given"
-            transcript.record(thread, "gate", tool=call["name"], decision="rejected", approver=approver, comment=note)
-            return {"messages": [_result(call, "error", {"error": f"rejected by {approver}: {note}", "kind": "rejected"})],
-                    "gated": rest}
         if verdict == "edit":
             call = {**call, "args": decision.get("args") or call["args"]}
+        recorded = {"approve": "approved", "edit": "edited"}.get(verdict, "rejected")
+        audit.append("approval", subject="agent_call", tool=spec.name, approver=approver, decision=recorded,
+                     thread_id=thread, comment=decision.get("comment"))
+        transcript.record(thread, "gate", tool=call["name"], decision=recorded, approver=approver, args=call["args"],
+                          comment=decision.get("comment"))
+        if recorded == "rejected":
+            note = decision.get("comment") or "no reason given"
+            return {"messages": [_result(call, "error", {"error": f"rejected by {approver}: {note}", "kind": "rejected"})],
+                    "gated": rest}
         try:
             inp = spec.Input.model_validate(call["args"])
         except ValidationError as exc:
             return {"messages": [_result(call, "error", {"error": f"edited input is invalid: {exc.errors()[0]['msg']}",
                                                          "kind": "refused"})], "gated": rest}
-        token = issue_token(spec.name, inp, approver)
-        transcript.record(thread, "gate", tool=call["name"], decision=f"{verdict}d", approver=approver, args=call["args"])
+        token = tokens.issue_token(spec.name, inp, approver) if gate.needs_approval(spec) else None
         return {"messages": [_run(call, thread, token=token)], "gated": rest}
 
     def report_check(state: AgentState, config: RunnableConfig) -> dict:

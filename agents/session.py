@@ -89,6 +89,7 @@ class ThreadInfo(BaseModel):
     messages: int
     first_request: str
     pending_approvals: int
+    waiting_tools: list[str] = Field(default_factory=list, description="tools whose calls wait for a decision")
 
 
 def list_threads() -> list[ThreadInfo]:
@@ -110,9 +111,11 @@ def list_threads() -> list[ThreadInfo]:
                 continue
             messages = found.checkpoint["channel_values"].get("messages", [])
             first = next((str(m.content) for m in messages if isinstance(m, HumanMessage)), "")
-            waiting = sum(1 for _task, channel, _value in (found.pending_writes or []) if channel == "__interrupt__")
+            waiting = [item for _task, channel, value in (found.pending_writes or []) if channel == "__interrupt__"
+                       for item in (value if isinstance(value, (list, tuple)) else [value])]
+            tools = [str(getattr(item, "value", {}).get("tool")) for item in waiting if isinstance(getattr(item, "value", None), dict)]
             infos.append(ThreadInfo(thread_id=thread_id, updated=found.checkpoint["ts"], messages=len(messages),
-                                    first_request=first[:120], pending_approvals=waiting))
+                                    first_request=first[:120], pending_approvals=len(waiting), waiting_tools=tools))
     finally:
         conn.close()
     return sorted(infos, key=lambda info: info.updated, reverse=True)

@@ -66,18 +66,18 @@ def test_pending_approvals_are_listed_by_the_agent():
         run(session, "drill a straggler on run r1")
     with AgentSession("other") as session:
         text = answer(run(session, "show pending approvals"))
-    assert "call" in text and "inject_fault" in text
-    assert "thread drill" in text
+    assert "- thread drill: inject_fault waits for a decision; resume with `trainops chat --thread drill`" in text
 
 
-def test_approval_mints_a_token_and_runs_the_call():
+def test_approval_runs_the_call_and_is_audited_with_the_approver():
     with AgentSession("drill") as session:
         run(session, "drill a straggler on run r1")
         events = list(session.decide({"decision": "approve", "approver": "alice"}))
     assert events[0] == {"kind": "tool_result", "tool": "inject_fault", "status": "success", "output": events[0]["output"]}
     assert "faults.slow_rank=0" in answer(events)
     audit = [json.loads(line) for line in open(__import__("trainops.workspace").workspace.audit_log_path())]
-    assert any(e.get("decision") == "token_issued" and e.get("approver") == "alice" for e in audit)
+    assert any(e.get("kind") == "approval" and e.get("decision") == "approved" and e.get("approver") == "alice"
+               and e.get("tool") == "inject_fault" for e in audit)
 
 
 def test_edit_runs_the_edited_input():

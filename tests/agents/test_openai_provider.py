@@ -64,6 +64,32 @@ def test_injected_log_line_cannot_trigger_an_ungated_cancel(scripted_openai, ope
     assert call("job_status", {"job_id": chatty_job}).state == "running"
 
 
+def test_a_token_gated_call_waits_in_the_governance_queue_and_approval_mints_the_token(scripted_openai, openai_settings):
+    from tools.governance import tokens
+
+    quota = {"tenant": "team-a", "gpus": 8, "priority": "high", "reason": "launch week"}
+    scripted_openai.script = [tool_call("set_tenant_quota", quota), text("Quota set.")]
+    with AgentSession("quota", openai_settings) as session:
+        events = list(session.ask("give team-a 8 GPUs at high priority for launch week"))
+        assert events[-1]["kind"] == "approval"
+        assert [p.tool for p in tokens.pending_calls()] == ["set_tenant_quota"]
+        events = list(session.decide({"decision": "approve", "approver": "alice"}))
+    assert events[0]["status"] == "success" and events[0]["output"]["current"]["gpus"] == 8
+    assert tokens.pending_calls() == []
+    assert [(c.tool, c.approver) for c in tokens.decided_calls()] == [("set_tenant_quota", "alice")]
+
+
+def test_a_call_the_gate_forbids_is_refused_without_asking_a_human(scripted_openai, openai_settings):
+    change = {"impact": "all queues", "shadow_queue_result": "ok", "rollback_command": "x"}
+    scripted_openai.script = [tool_call("change_scheduler_policy", {"scope": "global", "settings": {"preempt": "off"},
+                                                                    "change": change}), text("Refused.")]
+    with AgentSession("forbid", openai_settings) as session:
+        events = list(session.ask("turn preemption off everywhere"))
+    assert [e["kind"] for e in events] == ["tool_call", "tool_result", "answer"]
+    assert events[1]["status"] == "error"
+    assert events[1]["output"]["kind"] == "refused"
+
+
 def test_a_governance_violation_in_the_final_answer_is_withheld(scripted_openai, openai_settings):
     scripted_openai.script = [text("MFU is <value> on the cluster.")]
     with AgentSession("oa", openai_settings) as session:
