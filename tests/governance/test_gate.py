@@ -208,3 +208,15 @@ def test_check_input_lets_the_agent_refuse_a_forbidden_call_before_asking_a_huma
     with pytest.raises(GateRefused, match="forbidden"):
         check_input(spec, spec.Input.model_validate({**POLICY, "scope": "global", "target": ""}), CallContext())
     assert tokens.pending_calls() == []
+
+
+def test_cli_refuses_to_mint_a_token_for_a_forbidden_call():
+    from typer.testing import CliRunner
+
+    from trainops.cli import app
+
+    forbidden = {**POLICY, "scope": "global", "target": ""}
+    result = CliRunner().invoke(app, ["approve", "--call", "change_scheduler_policy", "--input", json.dumps(forbidden),
+                                      "--by", "alice"])
+    assert result.exit_code == 2 and "no token minted" in result.output and "forbidden" in result.output
+    assert not any(e.get("decision") == "token_issued" for e in audit.read())

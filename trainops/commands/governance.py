@@ -61,6 +61,7 @@ def register(app: typer.Typer) -> None:
                 tool_name, payload = item.tool, item.input
             else:
                 tool_name, payload = call, _parse_input(input_json, as_json)
+            _refuse_what_the_gate_would(tool_name, payload, by)
             token = tokens.issue_token(tool_name, payload, by, ttl_s=ttl_min * 60)
         except ValueError as exc:
             fail(str(exc), as_json=as_json)
@@ -153,6 +154,20 @@ def _parse_input(text: Optional[str], as_json: bool) -> dict[str, Any]:
     if not isinstance(payload, dict):
         fail(f"--input is {type(payload).__name__}, not an object: pass a JSON object", as_json=as_json)
     return payload
+
+
+def _refuse_what_the_gate_would(tool_name: str, payload: dict[str, Any], by: str) -> None:
+    """No token for a call the gate refuses anyway (forbidden, outside the tenant's root, ...)."""
+    from tools.base import CallContext, ToolError, get
+    from tools.governance.gate import GateRefused, check_input
+
+    try:
+        spec = get(tool_name)
+        check_input(spec, spec.Input.model_validate(payload), CallContext(actor=by))
+    except GateRefused as exc:
+        raise ValueError(f"no token minted: {exc}") from None
+    except (ToolError, ValueError):
+        return  # issue_token explains unknown tools and invalid inputs field by field
 
 
 def _decide(pack: str, decision: str, by: str, note: str, as_json: bool) -> None:
