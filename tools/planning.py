@@ -143,6 +143,10 @@ class EttrInput(BaseModel):
         "llama3", description="Named failure profile, or a custom one (interruptions, window, reference GPUs, causes)."
     )
     detection_latency_s: float = Field(120, ge=0, description="Failure to detection, seconds (assumed, not from the profile).")
+    detection_latency_s_by_cause: dict[str, float] = Field(
+        default_factory=dict,
+        description="Per-cause detection latency overrides, seconds (e.g. silent data corruption is found late: {'gpu_sdc': 3600}).",
+    )
     restart_s: float = Field(600, ge=0, description="Detection to training again: restart, rendezvous, checkpoint load, seconds.")
     hot_spares: bool = Field(True, description="A healthy spare node replaces a failed one at once; without, hardware causes wait node_replacement_s.")
     node_replacement_s: float = Field(1800, ge=0, description="Time to provision a replacement node when there is no hot spare, seconds.")
@@ -155,6 +159,18 @@ class EttrInput(BaseModel):
         None, gt=0, description="Compute time between checkpoints, minutes; default: Daly's optimum for the stall and MTBF."
     )
     seed: int = Field(0, description="Random seed: the same inputs and seed give the same result.")
+
+    @model_validator(mode="after")
+    def _override_causes_exist(self) -> EttrInput:
+        causes = _resolve_profile(self.profile).cause_counts
+        unknown = sorted(set(self.detection_latency_s_by_cause) - set(causes))
+        if unknown:
+            raise ValueError(
+                f"detection_latency_s_by_cause has unknown cause(s) {unknown}: use causes of the profile, {sorted(causes)}"
+            )
+        if any(v < 0 for v in self.detection_latency_s_by_cause.values()):
+            raise ValueError(f"detection_latency_s_by_cause={self.detection_latency_s_by_cause} has a negative latency: use seconds >= 0")
+        return self
 
     @field_validator("async_stall_s")
     @classmethod
@@ -223,7 +239,8 @@ def simulate_ettr(inp: EttrInput) -> EttrOutput:
         replace_s = 0.0 if inp.hot_spares or cause not in HARDWARE_CAUSES else inp.node_replacement_s
         phase["rework"] += work_s - kept_s
         lost_s, t = work_s - kept_s, fail_at
-        for name, seconds in (("detection", inp.detection_latency_s), ("restart", inp.restart_s), ("replacement", replace_s)):
+        detect_s = inp.detection_latency_s_by_cause.get(cause, inp.detection_latency_s)
+        for name, seconds in (("detection", detect_s), ("restart", inp.restart_s), ("replacement", replace_s)):
             seconds = min(seconds, end_s - t)  # the window may end while the job is down
             phase[name] += seconds
             lost_s += seconds

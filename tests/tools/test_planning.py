@@ -99,3 +99,26 @@ def test_custom_profile_whose_causes_do_not_add_up_is_rejected():
 def test_async_stall_longer_than_the_save_is_rejected():
     with pytest.raises(ToolError, match="async_stall_s"):
         call("plan_effective_training_time", {"checkpoint_save_s": 10, "async_stall_s": 20})
+
+
+def test_a_slow_to_detect_cause_costs_more_of_its_own_hours():
+    base = call("plan_effective_training_time", {})
+    late_sdc = call("plan_effective_training_time", {"detection_latency_s_by_cause": {"gpu_sdc": 6 * 3600}})
+    assert late_sdc.lost_h_by_cause["gpu_sdc"] > base.lost_h_by_cause["gpu_sdc"] + 5
+    sdc, others = late_sdc.failures_by_cause["gpu_sdc"], late_sdc.failures - late_sdc.failures_by_cause["gpu_sdc"]
+    assert late_sdc.lost_h_by_phase["detection"] == pytest.approx(sdc * 6 + others * 120 / 3600, rel=0.02)
+
+
+def test_a_detection_override_for_an_unknown_cause_is_rejected_with_the_known_ones():
+    with pytest.raises(ToolError, match=r"unknown cause\(s\) \['cosmic_rays'\].*gpu_sdc"):
+        call("plan_effective_training_time", {"detection_latency_s_by_cause": {"cosmic_rays": 10}})
+
+
+def test_the_simulator_agrees_with_dalys_closed_form_for_sync_checkpoints():
+    """Daly's expected waste, with detection + restart as the restart cost, over a simulated year."""
+    from tools.planning import daly_waste_fraction
+
+    inp = {"checkpoint_mode": "sync", "days": 365, "detection_latency_s": 120, "restart_s": 600, "checkpoint_save_s": 60}
+    out = call("plan_effective_training_time", inp)
+    closed_form = 1 - daly_waste_fraction(out.checkpoint_interval_min * 60, 60, 720, out.job_mtbf_h * 3600)
+    assert out.ettr == pytest.approx(closed_form, abs=0.01)
