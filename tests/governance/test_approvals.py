@@ -115,3 +115,14 @@ def test_pending_call_approved_from_the_cli_runs_with_the_minted_token(workspace
     ran = _cli("tool", "call", "set_tenant_quota", "--input", json.dumps(inp), "--approval-token", token, "--json")
     assert ran.exit_code == 0, ran.output
     assert json.loads(_cli("approvals", "--json").output)[0]["status"] == "approved"
+
+
+def test_pending_call_rejected_from_the_cli_leaves_the_queue_with_its_reason(workspace):
+    _cli("tool", "call", "set_tenant_quota", "--input",
+         json.dumps({"tenant": "acme", "gpus": 4096, "priority": "high", "reason": "all of it"}))
+    [item] = json.loads(_cli("approvals", "--json").output)
+    result = _cli("reject", "--pending", item["id"], "--by", "bob", "--note", "exceeds the cluster")
+    assert result.exit_code == 0, result.output
+    [decided] = json.loads(_cli("approvals", "--json").output)
+    assert (decided["status"], decided["by"]) == ("rejected", "bob") and "exceeds the cluster" in decided["detail"]
+    assert audit.read()[-1]["decision"] == "rejected"

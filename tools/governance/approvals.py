@@ -139,6 +139,7 @@ def list_items() -> list[ApprovalItem]:
             items.append(ApprovalItem(kind="pack", id=folder.name, status="pending",
                                       detail=f"{len(file_hashes(folder))} file(s) awaiting a decision"))
     for call in tokens.pending_calls() + tokens.decided_calls():
+        why = f"; {call.note}" if call.note else ""
         items.append(ApprovalItem(kind="call", id=call.id, status=call.status, by=call.approver,
-                                  detail=f"{call.tool} {audit.canonical_json(call.input)} (asked by {call.requested_by})"))
+                                  detail=f"{call.tool} {audit.canonical_json(call.input)} (asked by {call.requested_by}{why})"))
     return sorted(items, key=lambda i: (i.status != "pending", i.kind, i.id))

@@ -141,8 +141,9 @@ class PendingCall(BaseModel):
     input: dict[str, Any]
     requested_by: str
     time: float
-    status: Literal["pending", "approved"] = "pending"
-    approver: str | None = Field(None, description="Who approved it, once a token for it was used.")
+    status: Literal["pending", "approved", "rejected"] = "pending"
+    approver: str | None = Field(None, description="Who decided: approved once a token for it was used, or rejected.")
+    note: str = ""
 
 
 def record_pending(tool: str, inp: BaseModel, requested_by: str) -> PendingCall:
@@ -162,6 +163,18 @@ def _resolve_pending(item_id: str, approver: str) -> None:
         item.status, item.approver = "approved", approver
         (_gov_dir("decided") / path.name).write_text(item.model_dump_json(indent=2))
         path.unlink()
+
+
+def reject_pending(item_id: str, by: str, note: str) -> PendingCall:
+    """A human says no to a queued call; it leaves the queue with the reason."""
+    if not by.strip() or not note.strip():
+        raise ValueError("by and note are required to reject a call: --by NAME --note TEXT (why it is refused)")
+    item = get_pending(item_id)
+    item.status, item.approver, item.note = "rejected", by, note
+    (_gov_dir("decided") / f"{item.id}.json").write_text(item.model_dump_json(indent=2))
+    (_gov_dir("pending") / f"{item.id}.json").unlink()
+    audit.append("approval", subject="call", tool=item.tool, call_id=item.id, approver=by, decision="rejected", note=note)
+    return item
 
 
 def pending_calls() -> list[PendingCall]:

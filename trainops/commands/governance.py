@@ -73,13 +73,27 @@ def register(app: typer.Typer) -> None:
 
     @app.command("reject")
     def reject(
-        pack: str = typer.Argument(..., help="Evidence pack id (or folder) to reject."),
+        pack: Optional[str] = typer.Argument(None, help="Evidence pack id (or folder) to reject."),
         by: str = typer.Option(..., "--by", help="Name of the rejecting human."),
         note: str = typer.Option(..., "--note", help="Why it is rejected (required)."),
+        pending: Optional[str] = typer.Option(None, "--pending", help="Reject a pending gated call by its id."),
         as_json: bool = JsonOpt,
     ) -> None:
-        """Reject an evidence pack with a signed decision and a reason."""
-        _decide(pack, "rejected", by, note, as_json)
+        """Reject an evidence pack (signed decision) or a pending gated call, with a reason."""
+        if bool(pack) == bool(pending):
+            fail("reject needs exactly one of PACK or --pending ID; e.g. `trainops reject PACK --by NAME --note WHY`",
+                 as_json=as_json)
+        if pack:
+            _decide(pack, "rejected", by, note, as_json)
+            return
+        from tools.governance import tokens
+
+        try:
+            item = tokens.reject_pending(pending, by, note)
+        except ValueError as exc:
+            fail(str(exc), as_json=as_json)
+        emit(item, as_json, lambda i: console().print(f"rejected call {i.id} ({i.tool}) by {i.approver}: {i.note}",
+                                                       highlight=False))
 
     approvals_app = typer.Typer(help="Pending and decided approvals; `verify PACK` checks a signed decision.")
     app.add_typer(approvals_app, name="approvals")
