@@ -134,3 +134,18 @@ def test_env_with_an_unknown_scheduler_names_the_field_and_choices():
     assert result.exit_code == 2
     error = json.loads(result.stdout)["error"]
     assert "scheduler" in error and "'pbs'" in error and "slurm" in error
+
+
+def test_plan_ettr_takes_per_cause_detection_latency():
+    result = invoke("plan", "ettr", "--detect", "gpu_sdc=3600", "--json")
+    assert result.exit_code == 0 and json.loads(result.stdout)["lost_h_by_cause"]["gpu_sdc"] > 5
+
+
+def test_plan_ettr_with_a_malformed_detect_option_shows_the_form():
+    result = invoke("plan", "ettr", "--detect", "gpu_sdc", "--json")
+    assert result.exit_code == 2 and "CAUSE=SECONDS" in json.loads(result.stdout)["error"]
+
+
+def test_plan_ettr_with_a_non_numeric_detect_value_names_the_field():
+    result = invoke("plan", "ettr", "--detect", "gpu_sdc=soon", "--json")
+    assert result.exit_code == 2 and "detection_latency_s_by_cause.gpu_sdc" in json.loads(result.stdout)["error"]

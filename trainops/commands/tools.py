@@ -139,6 +139,7 @@ def register(app: typer.Typer) -> None:
         days: float = typer.Option(54, "--days", help="Simulated length, days."),
         profile: str = typer.Option("llama3", "--profile", help="Failure profile: llama3, or a JSON FailureProfile."),
         detection_latency_s: float = typer.Option(120, "--detection-latency-s", help="Failure to detection, seconds."),
+        detection_by_cause: list[str] = typer.Option([], "--detect", help="Per-cause detection latency CAUSE=SECONDS (repeatable), e.g. gpu_sdc=3600."),
         restart_s: float = typer.Option(600, "--restart-s", help="Detection to training again, seconds."),
         hot_spares: bool = typer.Option(True, "--hot-spares/--no-hot-spares", help="Spare nodes replace failed ones at once."),
         node_replacement_s: float = typer.Option(1800, "--node-replacement-s", help="Provisioning time without spares, seconds."),
@@ -157,8 +158,15 @@ def register(app: typer.Typer) -> None:
                 fail(f"--profile is not valid JSON ({exc.msg}): pass llama3 or a FailureProfile object", as_json=as_json)
         else:
             profile_value = profile
+        by_cause: dict[str, str] = {}
+        for item in detection_by_cause:
+            cause, sep, seconds = item.partition("=")
+            if not sep or not cause:
+                fail(f"--detect {item!r} is not CAUSE=SECONDS: write it like gpu_sdc=3600", as_json=as_json)
+            by_cause[cause] = seconds
         out = run_tool("plan_effective_training_time", {
             "gpus": gpus, "days": days, "profile": profile_value, "detection_latency_s": detection_latency_s,
+            "detection_latency_s_by_cause": by_cause,
             "restart_s": restart_s, "hot_spares": hot_spares, "node_replacement_s": node_replacement_s,
             "checkpoint_save_s": checkpoint_save_s, "checkpoint_mode": checkpoint_mode, "async_stall_s": async_stall_s,
             "checkpoint_interval_min": interval_min, "seed": seed}, as_json)
