@@ -55,7 +55,7 @@ def run_arm(req: JobRequest, spec: str, baselines: dict[int, list[RunResult]], r
         check_single_variable(baselines[nproc][0].run_dir, arm[0].run_dir, f"{knob.name}={value}")
         kind = "target" if nproc == scales[-1] else "small"
         rows.append(_row(knob, value, baselines[nproc], arm, nproc, kind))
-        evidence += [EvidenceRow(tool="submit_job+summarize_run", version=r.summary.get("peak_source") or "unlabelled",
+        evidence += [EvidenceRow(tool="submit_job+summarize_run", version=req.framework_version,
                                  command=command_line(arm_req), log_path=f"{r.run_dir}/metrics.jsonl",
                                  value=f"MFU {r.summary['mfu_pct_median']:.3f}%", window_start=r.started,
                                  window_end=r.ended) for r in arm]

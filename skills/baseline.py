@@ -25,6 +25,7 @@ class JobRequest(BaseModel):
     scheduler: str = Field("local", description="local, slurm or kubernetes")
     timeout_s: float = Field(600.0, gt=0, description="give up waiting for one run after this long")
     warmup_steps: int = Field(2, ge=0, description="leading steps excluded from every statistic")
+    framework_version: str = Field("undeclared", description="framework and torch versions stamped on evidence rows (from S1)")
 
     def with_overrides(self, extra: list[str], nproc: int | None = None) -> "JobRequest":
         return self.model_copy(update={"overrides": [*self.overrides, *extra], "nproc": nproc or self.nproc})
@@ -117,7 +118,7 @@ def measure(req: JobRequest, repeats: int = 3, ctx: CallContext | None = None,
     """Run the baseline `repeats` times and summarise it."""
     results = repeat(req, "baseline", repeats, ctx, progress)
     summary = summarize(req, results)
-    evidence = [EvidenceRow(tool="submit_job+summarize_run", version=summary.peak_source, command=command_line(req),
+    evidence = [EvidenceRow(tool="submit_job+summarize_run", version=req.framework_version, command=command_line(req),
                             log_path=f"{r.run_dir}/metrics.jsonl",
                             value=f"MFU {r.summary['mfu_pct_median']:.3f}%, step {r.summary['step_time_median_s']:.4f} s",
                             window_start=r.started, window_end=r.ended) for r in results]

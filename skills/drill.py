@@ -102,21 +102,22 @@ def drill(req: JobRequest, fault: str, inject_step: int = 5, ctx: CallContext | 
     recovered = _wait_for(lambda: _first_step_after(run_dir, isolated) is not None, req.timeout_s,
                           f"the first step after restart in {run_dir}")
     recovered = _first_step_after(run_dir, isolated) or recovered
+    loads = [e for e in _journal(run_dir) if e.get("event") == "load" and e.get("time", 0) > isolated]
+    used = loads[0] if loads else {"step": 0, "path": "none (restarted from step 0)"}
+    intact = verify_restored(run_dir, used, ctx)
     status = call("wait_job", {"job_id": requeued.job_id, "scheduler": sched, "timeout_s": req.timeout_s}, ctx)
     if status.state != "completed":
         raise ToolError("requeue_job", f"drill {fault}: the restarted job ended {status.state}; read {run_dir}/logs")
-    loads = [e for e in _journal(run_dir) if e.get("event") == "load" and e.get("time", 0) > isolated]
-    used = loads[0] if loads else {"step": 0, "path": "none (restarted from step 0)"}
     record = Path(run_dir) / "drill.json"
     result = DrillResult(
         fault=fault, run_dir=run_dir, injected_at_step=last_step, injected_time=injected.injected_at,
         detected_time=detection.detected_at, isolated_time=isolated, recovered_time=recovered,
         detection_latency_s=detection.detection_latency_s, isolation_granularity=detection.isolation,
         recovery_time_s=recovered - detection.detected_at, steps_lost=max(0, last_step - int(used["step"])),
-        checkpoint_used=str(used["path"]), async_checkpoint_intact=verify_restored(run_dir, used, ctx),
+        checkpoint_used=str(used["path"]), async_checkpoint_intact=intact,
         cause=cause, detector=detection.mechanism, drill_record=str(record))
     record.write_text(result.model_dump_json(indent=2) + "\n", encoding="utf-8")
-    evidence = EvidenceRow(tool="inject_fault+detect_faults+requeue_job", version=sched, command=command_line(req),
+    evidence = EvidenceRow(tool="inject_fault+detect_faults+requeue_job", version=req.framework_version, command=command_line(req),
                            log_path=str(record), value=f"{fault}: detect {result.detection_latency_s:.2f} s, "
                            f"recover {result.recovery_time_s:.1f} s, {result.steps_lost} steps lost",
                            window_start=started, window_end=time.time())
@@ -132,7 +133,7 @@ def verify_restored(run_dir: str, used: dict, ctx: CallContext | None = None) ->
     fallbacks = {e.get("step") for e in _journal(run_dir) if e.get("event") == "fallback"}
     newer = [e for e in _journal(run_dir) if e.get("event") == "save" and e.get("step", 0) > int(used["step"])
              and e.get("time", 0) < float(used.get("time", 0)) and e.get("step") not in fallbacks]
-    return bool(getattr(verified, "ok", False)) and not newer
+    return verified.complete and not newer
 
 
 def run_drills(req: JobRequest, faults: list[str], ctx: CallContext | None = None,

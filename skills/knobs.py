@@ -32,8 +32,8 @@ CATALOGUE: dict[str, Knob] = {k.name: k for k in (
          expected_effect="torch.compile fuses elementwise kernels per block; gains on GPUs, compile time dominates short CPU runs"),
     Knob(name="precision", category="kernels", overrides=("training.precision",), values=("fp32", "bf16"),
          expected_effect="bf16 halves bytes moved and uses tensor cores on GPUs; on CPUs often slower without AMX"),
-    Knob(name="prefetch", category="data-pipeline", overrides=("data.prefetch",), values=("true", "false"),
-         expected_effect="loads the next batch on a background thread, hiding the data wait"),
+    Knob(name="data_kind", category="data-pipeline", overrides=("data.kind",), values=("text", "synthetic"),
+         expected_effect="synthetic tokens skip reading and tokenising: the gain bounds what a faster data pipeline can give"),
     Knob(name="micro_batch", category="batch", overrides=("training.micro_batch",), values=("1", "2", "4", "8"),
          expected_effect="larger micro-batches raise arithmetic intensity and cut accumulation steps; costs activation memory"),
     Knob(name="activation_checkpointing", category="memory", overrides=("training.activation_checkpointing",),
@@ -61,7 +61,7 @@ def parse_arm(specs: list[str]) -> tuple[Knob, str]:
     if len(specs) != 1:
         raise KnobError(
             f"knob: an arm changes exactly one variable, got {len(specs)} ({', '.join(specs) or 'none'}); "
-            "run one arm per --knob, e.g. --knob prefetch=true")
+            "run one arm per --knob, e.g. --knob data_kind=synthetic")
     name, sep, value = specs[0].partition("=")
     if not sep or not value:
         raise KnobError(f"knob: {specs[0]!r} is not NAME=VALUE; e.g. --knob micro_batch=8")

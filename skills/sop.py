@@ -33,13 +33,13 @@ class SopSettings(BaseModel):
         return 2 if self.quick else 3
 
     def plan(self) -> list[str]:
-        return self.knobs or (["prefetch=true"] if self.quick else ["reshard_after_forward=false", "prefetch=true", "micro_batch=2"])
+        return self.knobs or (["data_parallel=ddp"] if self.quick else ["reshard_after_forward=false", "data_parallel=ddp", "data_kind=synthetic"])
 
     def drills(self) -> list[str]:
         return self.faults or (["crash"] if self.quick else ["crash", "hang"])
 
     def request(self) -> JobRequest:
-        steps = 8 if self.quick else 12
+        steps = 6 if self.quick else 12
         return JobRequest(config=self.config, preset=None if self.config else "tiny", scheduler=self.scheduler,
                           overrides=[] if self.config else [f"training.steps={steps}", "training.seq_len=64",
                                                             "training.global_batch=8", "training.micro_batch=4"])
@@ -52,9 +52,9 @@ class SopResult(BaseModel):
     elapsed_s: float
 
 
-def reference_notes(world: int) -> str:
+def reference_notes(world: int) -> list[str]:
     """Published breakdowns to read our numbers against, with source and scale difference."""
-    return " ".join(REFERENCES).format(world=world)
+    return [ref.format(world=world) for ref in REFERENCES]
 
 
 def run(settings: SopSettings, ctx: CallContext | None = None, progress: Progress | None = None) -> SopResult:
@@ -64,6 +64,7 @@ def run(settings: SopSettings, ctx: CallContext | None = None, progress: Progres
     req = settings.request()
     say("S1 environment declaration")
     env, env_row = environment.declare(settings.scheduler, ctx)
+    req = req.model_copy(update={"framework_version": f"{env.framework} {env.framework_version}, torch {env.torch_version}"})
     say("S2 baseline")
     summary, base_runs, evidence = baseline.measure(req, settings.repeats(), ctx, say)
     baselines = {req.nproc: base_runs}
@@ -73,14 +74,14 @@ def run(settings: SopSettings, ctx: CallContext | None = None, progress: Progres
     rows, arm_evidence = ablation.run_plan(req, settings.plan(), baselines, settings.repeats(), ctx, say)
     say("S5 fault drills")
     drill_req = req.with_overrides(["checkpoint.enable=true", "checkpoint.interval=2", "checkpoint.mode=async",
-                                    "training.steps=16"])
+                                    "checkpoint.keep=50", "training.steps=12"])
     drills, drill_evidence = drill.run_drills(drill_req, settings.drills(), ctx, say)
     say("S6 evidence pack")
     pack = evidence_pack.assemble(
         f"sop-{time.strftime('%Y%m%d-%H%M%S')}", env, summary, rows, drills,
         [env_row, *evidence, *arm_evidence, *drill_evidence],
-        rollback=f"keep the baseline configuration ({baseline.command_line(req)}); adopt no arm until a human "
-                 f"approves. References: {reference_notes(req.nproc)}")
+        rollback=f"keep the baseline configuration ({baseline.command_line(req)}); adopt no arm until a human approves",
+        references=reference_notes(req.nproc))
     folder = evidence_pack.write(pack)
     return SopResult(pack_dir=str(folder), verdict=pack.verdict, blockers=pack.blockers, elapsed_s=time.time() - started)
 

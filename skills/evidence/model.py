@@ -142,6 +142,7 @@ class EvidencePack(BaseModel):
     evidence: list[EvidenceRow] = Field(default_factory=list)
     awaiting_human: list[str] = Field(default_factory=list, description="decisions left to a person")
     rollback: str = Field(default="", description="how to return to the baseline configuration")
+    references: list[str] = Field(default_factory=list, description="published results to compare with, each with source and scale difference")
 
     @model_validator(mode="after")
     def _consistent(self) -> "EvidencePack":

@@ -49,7 +49,7 @@ def decide(baseline: BaselineSummary | None, ablations: list[AblationRow],
 
 def assemble(pack_id: str, environment: EnvironmentDeclaration | None, baseline: BaselineSummary | None,
              ablations: list[AblationRow], drills: list[DrillResult], evidence: list[EvidenceRow],
-             rollback: str = "") -> EvidencePack:
+             rollback: str = "", references: list[str] | None = None) -> EvidencePack:
     verdict, blockers = decide(baseline, ablations, drills)
     awaiting = ["approve or reject the pack (trainops approve / trainops reject)"]
     awaiting += [f"decide whether to adopt {r.knob}={r.value} at target scale" for r in ablations
@@ -59,7 +59,8 @@ def assemble(pack_id: str, environment: EnvironmentDeclaration | None, baseline:
     report = FaultToleranceReport(drills=drills, cause_distribution=dict(Counter(d.cause for d in drills))) if drills else None
     return EvidencePack(pack_id=pack_id, created_time=time.time(), verdict=verdict, blockers=blockers,
                         environment=environment, baseline=baseline, ablations=ablations,
-                        fault_tolerance=report, evidence=evidence, awaiting_human=awaiting, rollback=rollback)
+                        fault_tolerance=report, evidence=evidence, awaiting_human=awaiting, rollback=rollback,
+                        references=references or [])
 
 
 def governance_errors(pack: EvidencePack, markdown: str) -> list[str]:

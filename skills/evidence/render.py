@@ -72,6 +72,8 @@ def to_markdown(pack: EvidencePack) -> str:
             ["tool", "version", "command", "log", "value", "window (s)"],
             [[e.tool, e.version, f"`{e.command}`", e.log_path, e.value, f"{e.window_end - e.window_start:.1f}"] for e in pack.evidence],
         ) + [""]
+    if pack.references:
+        out += ["## Reference comparison", ""] + [f"- {ref}" for ref in pack.references] + [""]
     if pack.rollback:
         out += ["## Rollback", "", pack.rollback, ""]
     out += ["## Awaiting a human", ""] + [f"- {item}" for item in pack.awaiting_human or ["approve or reject this pack"]]

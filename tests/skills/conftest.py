@@ -43,7 +43,7 @@ def baseline(run_dirs: list[str]) -> BaselineSummary:
 
 
 def ablation(change: float = 12.0, band: float = 5.0, verdict: str = "gain", vanished: bool = False) -> AblationRow:
-    return AblationRow(knob="prefetch", value="true", baseline_value="false", category="data-pipeline",
+    return AblationRow(knob="data_kind", value="synthetic", baseline_value="text", category="data-pipeline",
                        scale="tiny, 2 procs", scale_kind="small", mfu_change_pct=change, noise_band_pct=band,
                        beyond_noise=verdict != "within-noise", verdict=verdict, vanished_at_scale=vanished,
                        source_run="runs/arm-1")

@@ -41,13 +41,13 @@ def test_run_medians_exclude_warmup_steps(factories, tmp_path):
 
 
 def test_unknown_knob_is_refused_with_the_known_list():
-    with pytest.raises(KnobError, match="unknown knob 'warp_speed'.*prefetch"):
+    with pytest.raises(KnobError, match="unknown knob 'warp_speed'.*data_kind"):
         parse_arm(["warp_speed=9"])
 
 
 def test_two_knobs_in_one_arm_are_refused():
     with pytest.raises(KnobError, match="exactly one variable, got 2"):
-        parse_arm(["prefetch=true", "micro_batch=8"])
+        parse_arm(["data_kind=synthetic", "micro_batch=8"])
 
 
 def test_value_outside_the_catalogue_is_refused():
@@ -61,6 +61,6 @@ def test_a_knob_becomes_one_config_override():
 
 
 def test_plan_orders_communication_overlap_before_kernels_data_and_batch():
-    order = [k.category for k in plan_order([CATALOGUE["micro_batch"], CATALOGUE["prefetch"],
+    order = [k.category for k in plan_order([CATALOGUE["micro_batch"], CATALOGUE["data_kind"],
                                              CATALOGUE["compile"], CATALOGUE["reshard_after_forward"]])]
     assert order == ["communication-overlap", "kernels", "data-pipeline", "batch"]
