@@ -126,3 +126,26 @@ def test_pending_call_rejected_from_the_cli_leaves_the_queue_with_its_reason(wor
     [decided] = json.loads(_cli("approvals", "--json").output)
     assert (decided["status"], decided["by"]) == ("rejected", "bob") and "exceeds the cluster" in decided["detail"]
     assert audit.read()[-1]["decision"] == "rejected"
+
+
+_SIGNER = """
+import json
+from tools.governance import signing
+print(json.dumps({"pem": signing.public_key_pem(), "sig": signing.sign(b"same message")}))
+"""
+
+
+@pytest.mark.slow
+def test_processes_racing_to_create_the_key_all_end_up_signing_with_one_key(workspace):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "TRAINOPS_HOME": str(workspace), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
+    procs = [subprocess.Popen([sys.executable, "-c", _SIGNER], env=env, cwd=root, stdout=subprocess.PIPE, text=True)
+             for _ in range(4)]
+    outs = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+    assert {o["pem"] for o in outs} == {signing.public_key_path().read_text()}
+    assert all(signing.verify(b"same message", o["sig"]) for o in outs)

@@ -121,7 +121,7 @@ def consume(token: str, tool: str, inp: BaseModel | dict[str, Any], now: float |
     if now > payload["expires_at"]:
         ago_s = now - payload["expires_at"]
         raise TokenRefused("expired", f"approval token expired {ago_s:.0f} s ago: ask the approver for a new one")
-    used = _gov_dir("tokens") / "used.jsonl"
+    used = _gov_dir("tokens") / "used_nonces.txt"
     with open(used.with_suffix(".lock"), "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         seen = used.read_text().split() if used.exists() else []
