@@ -149,3 +149,17 @@ def test_plan_ettr_with_a_malformed_detect_option_shows_the_form():
 def test_plan_ettr_with_a_non_numeric_detect_value_names_the_field():
     result = invoke("plan", "ettr", "--detect", "gpu_sdc=soon", "--json")
     assert result.exit_code == 2 and "detection_latency_s_by_cause.gpu_sdc" in json.loads(result.stdout)["error"]
+
+
+def test_plan_layout_of_a_missing_config_file_says_so():
+    result = invoke("plan", "layout", "/no/such/job.toml", "--nproc", "2", "--json")
+    assert result.exit_code == 2 and "does not exist" in json.loads(result.stdout)["error"]
+
+
+def test_loading_the_cli_does_not_import_torch_or_langchain():
+    import subprocess
+    import sys
+
+    code = "import sys, trainops.commands.tools; print(sorted(m for m in ('torch', 'langchain_core', 'tools.env') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
