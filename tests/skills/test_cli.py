@@ -1,0 +1,85 @@
+"""The SOP commands at the command line: JSON for machines, one clear line and exit 2 for refusals."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from trainops.cli import app
+
+runner = CliRunner()
+
+
+def _run(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def test_ablate_list_shows_the_catalogue_in_plan_order():
+    result = _run("ablate", "--list", "--json")
+    assert result.exit_code == 0
+    categories = [k["category"] for k in json.loads(result.stdout)]
+    assert categories.index("communication-overlap") < categories.index("kernels") < categories.index("batch")
+
+
+def test_unknown_knob_is_refused_naming_the_knob():
+    result = _run("ablate", "--knob", "warp_speed=9", "--json")
+    assert result.exit_code == 2
+    assert "unknown knob 'warp_speed'" in json.loads(result.stdout)["error"]
+
+
+def test_two_knobs_in_one_arm_are_refused():
+    result = _run("ablate", "--knob", "data_kind=synthetic,micro_batch=8", "--json")
+    assert result.exit_code == 2
+    assert "exactly one variable" in json.loads(result.stdout)["error"]
+
+
+def test_drill_on_a_job_without_checkpoints_is_refused():
+    result = _run("drill", "--fault", "crash", "--json")
+    assert result.exit_code == 2
+    assert json.loads(result.stdout)["error"].startswith("checkpoint.enable: the job writes no checkpoints")
+
+
+def test_unknown_fault_is_refused():
+    result = _run("drill", "--fault", "meteor", "--set", "checkpoint.enable=true", "--json")
+    assert result.exit_code == 2 and "unknown fault 'meteor'" in result.stdout
+
+
+def test_evidence_show_of_a_missing_pack_says_where_it_looked():
+    result = _run("evidence", "show", "nope", "--json")
+    assert result.exit_code == 2 and "no pack 'nope'" in result.stdout
+
+
+def test_skill_list_names_every_skill():
+    result = _run("skill", "list", "--json")
+    assert result.exit_code == 0
+    assert "training-efficiency-ablation-and-fault-sop" in {s["name"] for s in json.loads(result.stdout)}
+
+
+def test_evidence_build_from_runs_writes_a_partial_pack(factories, tmp_path):
+    runs = [str(factories.write_run(tmp_path / f"run-{i}")) for i in (1, 2)]
+    result = _run("evidence", "build", *runs, "--json")
+    assert result.exit_code == 0, result.stdout
+    pack = Path(json.loads(result.stdout)["pack_dir"])
+    first = (pack / "report.md").read_text().splitlines()[0]
+    assert first.startswith("Verdict: PARTIAL — blockers: no ablation arms run")
+
+
+@pytest.mark.slow
+def test_sop_quick_ends_with_a_pack_awaiting_approval(workspace):
+    """The product's main job, for real: torchrun on the local scheduler, 2 gloo processes."""
+    env = {**os.environ, "TRAINOPS_HOME": str(workspace), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([str(Path(sys.executable).parent / "trainops"), "sop", "--quick", "--json"], env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert out["verdict"] in {"pass", "partial", "fail"}
+    pack = Path(out["pack_dir"])
+    assert (pack / "report.md").read_text().startswith(f"Verdict: {out['verdict'].upper()}")
+    evidence = json.loads((pack / "evidence.json").read_text())
+    assert evidence["fault_tolerance"]["drills"][0]["async_checkpoint_intact"] is True
+    assert not (pack / "approval.json").exists()
