@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Literal
 
 from pydantic import BaseModel
 
@@ -34,7 +34,7 @@ class Check:
 
     tool: str
     rule_id: str
-    kind: str  # "forbidden" (refused outright) or "invalid_input"
+    kind: Literal["forbidden", "invalid_input"]  # forbidden: refused outright, before any token
     fn: Callable[[BaseModel], str | None]
 
 
@@ -42,7 +42,7 @@ _CHECKS: list[Check] = []
 PATH_FIELD_SUFFIXES = ("_path", "_dir", "folder")
 
 
-def register_check(tool: str, rule_id: str, kind: str = "invalid_input"):
+def register_check(tool: str, rule_id: str, kind: Literal["forbidden", "invalid_input"] = "invalid_input"):
     """Decorator: attach an input check to `tool` (used by tool modules for their own rules)."""
     if kind not in ("forbidden", "invalid_input"):
         raise ValueError(f"kind={kind!r} is not valid: use 'forbidden' or 'invalid_input'")

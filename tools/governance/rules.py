@@ -65,7 +65,7 @@ RULES: dict[str, Rule] = {r.id: r for r in [
     Rule(id="R-SEC-1", title="Tenant quota, priority and policy changes need a human approval",
          enforcement="tools.governance.gate:before_call", where="action gate"),
     Rule(id="R-SEC-2", title="Forbidden actions (global scheduler policy, forced cross-version upgrade) are refused",
-         enforcement="tools.tenancy:_no_global_policy", where="action gate"),
+         enforcement="tools.governance.gate:check_input", where="action gate"),
     Rule(id="R-SEC-3", title="Training data and checkpoints are isolated per tenant",
          enforcement="tools.tenancy:check_tenant_path", where="action gate"),
     Rule(id="R-SEC-4", title="Irreversible and gated calls need a signed, single-use, expiring token bound to the call",
