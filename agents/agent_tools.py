@@ -1,11 +1,12 @@
-"""`list_pending_approvals`: what waits for a human, as a read-only typed tool the agent can
-call: gated calls and evidence packs from governance, and agent threads paused at an
-approval. It lives with the agent because it reads the agent's own thread store."""
+"""Typed tools the agent adds to the registry, because they sit above the tools layer:
+`run_sop` runs the SOP skill (skills may call tools, tools may not call skills) and
+`list_pending_approvals` reads the agent's own thread store next to governance's queue."""
 from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from tools.base import tool
+from skills.sop import SopResult, SopSettings
+from tools.base import CallContext, tool
 
 
 class PendingInput(BaseModel):
@@ -37,3 +38,13 @@ def list_pending_approvals(inp: PendingInput) -> PendingOutput:
                                  f"resume with `trainops chat --thread {t.thread_id}`")
               for t in list_threads() if t.pending_approvals]
     return PendingOutput(items=items, count_pending=sum(1 for i in items if i.status == "pending"))
+
+
+@tool("run_sop", risk="mutate", tags=("sop", "agent"))
+def run_sop(inp: SopSettings) -> SopResult:
+    """Run the whole SOP on a job config: S1 environment declaration, S2 baseline, S3/S4 single-variable
+    ablations (small scale first), S5 fault drills, S6 evidence pack. Launches training jobs (quick: about
+    2 minutes on 2 CPU cores). Returns the pack folder, verdict and blockers; a human then approves the pack."""
+    from skills.sop import run
+
+    return run(inp, CallContext(actor="agent"))

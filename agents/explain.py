@@ -4,6 +4,7 @@ evidence, and say plainly which figure was missing instead of guessing it.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from langchain_core.messages import ToolMessage
@@ -132,13 +133,14 @@ def render_answer(intent: str, request: str, results: list[ToolMessage], assumed
         lines.append("Evidence: " + _compact(plan))
         return "\n".join(lines)
     if intent == "sop":
-        lines = ["SOP steps run, with their results:"]
-        lines.extend(f"- {r.name}: {_compact(_data(r), 400)}" for r in results)
-        if "summarize_run" in by_tool:
-            lines.append("Baseline:")
-            lines.extend(explain_mfu(by_tool["summarize_run"], by_tool.get("declare_environment")))
-        lines.append("Next: ablations one variable at a time, then a fault drill, then the evidence pack (`trainops sop CFG`).")
-        return "\n".join(lines)
+        result = by_tool.get("run_sop") or {}
+        blockers = result.get("blockers") or []
+        return "\n".join([
+            f"Verdict: {result.get('verdict')}" + (f"; blockers: {'; '.join(blockers)}" if blockers else ""),
+            f"Evidence pack: {result.get('pack_dir')} (SOP took {result.get('elapsed_s', 0):.0f} s).",
+            f"A human decides it: trainops approve {Path(str(result.get('pack_dir'))).name} --by NAME "
+            f"(or trainops reject ... --by NAME --note WHY).",
+        ])
     if intent == "approvals":
         items = find(next(iter(by_tool.values()), None), "items") or []
         if not items:

@@ -23,7 +23,7 @@ from langgraph.graph.message import add_messages
 from langgraph.types import interrupt
 from pydantic import ValidationError
 
-from agents import approvals as _approvals_tool  # noqa: F401  (registers list_pending_approvals)
+from agents import agent_tools  # noqa: F401  (registers run_sop, list_pending_approvals)
 from agents import transcript
 from agents.prompt import Skill, choose_skill, load_skills, system_prompt
 from agents.providers import AgentSettings, explain_provider_failure
@@ -174,8 +174,13 @@ def build_graph(llm, checkpointer=None, settings: AgentSettings | None = None, s
                      thread_id=thread, comment=decision.get("comment"))
         transcript.record(thread, "gate", tool=call["name"], decision=recorded, approver=approver, args=call["args"],
                           comment=decision.get("comment"))
+        note = decision.get("comment") or ("replaced by an edited call" if recorded == "edited" else "no reason given")
+        if recorded != "approved" and call.get("pending_id"):
+            try:
+                tokens.reject_pending(call["pending_id"], approver, note)
+            except ValueError:
+                pass  # already decided outside the thread (trainops approve/reject --pending)
         if recorded == "rejected":
-            note = decision.get("comment") or "no reason given"
             return {"messages": [_result(call, "error", {"error": f"rejected by {approver}: {note}", "kind": "rejected"})],
                     "gated": rest}
         try:

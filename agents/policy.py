@@ -29,7 +29,8 @@ _DURATION_STEMS = {"save": ("save", "checkpoint_save", "save_time", "write", "ch
                    "restart": ("restart", "recovery", "restart_time", "recover", "recovery_time")}
 _ALIASES = {"run": ("run", "run_id", "run_name", "run_dir"), "job": ("job", "job_id", "jobid"),
             "config": ("config", "config_path", "cfg", "config_file"),
-            "fault": ("fault", "fault_kind", "kind", "fault_type"), "rank": ("rank", "target_rank")}
+            "fault": ("fault", "fault_kind", "kind", "fault_type"), "rank": ("rank", "target_rank"),
+            "quick": ("quick",)}
 _FALLBACK = {"run": "job"}
 _FAULT_KINDS = {"crash": ("kill_rank", "crash"), "hang": ("hang",), "nan": ("nan",), "bitflip": ("bitflip",),
                 "straggler": ("straggler",), "slow": ("straggler",), "corrupt": ("corrupt_checkpoint",)}
@@ -57,8 +58,7 @@ INTENTS = {
     "approvals": Intent("approvals", ((("list_approvals", "list_pending_approvals"), False),)),
     "checkpoint": Intent("checkpoint", ((("plan_checkpoint_interval",), False),)),
     "drill": Intent("drill", ((("job_status",), True), (("inject_fault",), False), (("detect_faults",), True))),
-    "sop": Intent("sop", ((("declare_environment",), True), (("plan_layout",), True), (("submit_job",), False),
-                          (("wait_job",), True), (("summarize_run",), False))),
+    "sop": Intent("sop", ((("run_sop",), False),)),
     "mfu": Intent("mfu", ((("summarize_run",), False), (("declare_environment",), True))),
     "logs": Intent("logs", ((("job_logs",), False),)),
     "jobs": Intent("jobs", ((("list_jobs",), False),)),
@@ -105,6 +105,8 @@ def parse_params(text: str) -> dict[str, Any]:
     fault = next((f for f in _FAULTS if f in low), None)
     if fault:
         params["fault"] = {"bit-flip": "bitflip"}.get(fault, fault)
+    if re.search(r"\bquick(ly)?\b", low):
+        params["quick"] = True
     rank = re.search(r"\brank\s+(\d+)", low)
     if rank:
         params["rank"] = int(rank.group(1))

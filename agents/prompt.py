@@ -10,8 +10,6 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 DATA_RULE = (
@@ -30,44 +28,39 @@ class Skill:
     path: Path
 
 
-def _front_matter(text: str) -> tuple[dict, str]:
-    match = re.match(r"^---\s*\n(.*?)\n---\s*\n?(.*)$", text, re.S)
-    if not match:
-        return {}, text
-    try:
-        meta = yaml.safe_load(match.group(1)) or {}
-    except yaml.YAMLError:
-        return {}, text
-    return (meta if isinstance(meta, dict) else {}), match.group(2)
+def _body(path: Path) -> str:
+    text = path.read_text(encoding="utf-8")
+    parts = text.split("---", 2) if text.startswith("---") else ["", "", text]
+    return parts[2].strip()
 
 
-def load_skills(root: Path = REPO_ROOT) -> list[Skill]:
-    """Every SKILL.md at the repository root and under skills/, by its front-matter name."""
-    paths = [root / "SKILL.md", *sorted((root / "skills").glob("**/SKILL.md"))]
-    found: dict[str, Skill] = {}
-    for path in paths:
-        if not path.is_file():
-            continue
-        meta, body = _front_matter(path.read_text(encoding="utf-8"))
-        name = str(meta.get("name") or path.parent.name)
-        description = " ".join(str(meta.get("description", "")).split())
-        found.setdefault(name, Skill(name, description, body.strip(), path))
-    return list(found.values())
+def load_skills() -> list[Skill]:
+    """Every skill the skills registry knows (skills/<name>/SKILL.md), with its body for later."""
+    from skills.registry import all_skills
+
+    return [Skill(s.name, " ".join(s.description.split()), _body(s.path), s.path) for s in all_skills().values()]
+
+
+_STOPWORDS = {"the", "and", "for", "with", "what", "why", "how", "this", "that", "from", "run", "job", "use", "when", "are", "its"}
+
+
+def _words(text: str) -> set[str]:
+    return set(re.findall(r"[a-z0-9]{3,}", text.lower())) - _STOPWORDS
 
 
 def choose_skill(request: str, skills: list[Skill]) -> Skill | None:
-    """The skill whose name or description shares the most words with the request."""
-    words = set(re.findall(r"[a-z0-9]{3,}", request.lower()))
+    """The skill whose name (counted double) and description share the most words with the request."""
+    words = _words(request)
     best, best_score = None, 0
     for skill in skills:
-        vocab = set(re.findall(r"[a-z0-9]{3,}", f"{skill.name.replace('-', ' ')} {skill.description}".lower()))
-        score = len(words & vocab) + (3 if skill.name.lower() in request.lower() else 0)
+        score = 2 * len(words & _words(skill.name.replace("-", " "))) + len(words & _words(skill.description))
         if score > best_score:
             best, best_score = skill, score
-    return best if best_score >= 2 else None
+    return best if best_score >= 1 else None
 
 
 def agents_contract(root: Path = REPO_ROOT) -> str:
+    """AGENTS.md at the repository root: the agent's role, boundaries and rule ids."""
     path = root / "AGENTS.md"
     return path.read_text(encoding="utf-8").strip() if path.is_file() else ""
 

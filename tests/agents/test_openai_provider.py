@@ -79,6 +79,18 @@ def test_a_token_gated_call_waits_in_the_governance_queue_and_approval_mints_the
     assert [(c.tool, c.approver) for c in tokens.decided_calls()] == [("set_tenant_quota", "alice")]
 
 
+def test_rejecting_a_token_gated_call_rejects_it_in_the_governance_queue(scripted_openai, openai_settings):
+    from tools.governance import tokens
+
+    quota = {"tenant": "team-a", "gpus": 8, "priority": "high", "reason": "launch week"}
+    scripted_openai.script = [tool_call("set_tenant_quota", quota), text("Not set.")]
+    with AgentSession("quota", openai_settings) as session:
+        list(session.ask("give team-a 8 GPUs"))
+        list(session.decide({"decision": "reject", "approver": "bob", "comment": "no budget"}))
+    assert tokens.pending_calls() == []
+    assert [(c.status, c.approver) for c in tokens.decided_calls()] == [("rejected", "bob")]
+
+
 def test_a_call_the_gate_forbids_is_refused_without_asking_a_human(scripted_openai, openai_settings):
     change = {"impact": "all queues", "shadow_queue_result": "ok", "rollback_command": "x"}
     scripted_openai.script = [tool_call("change_scheduler_policy", {"scope": "global", "settings": {"preempt": "off"},
