@@ -163,3 +163,17 @@ def test_loading_the_cli_does_not_import_torch_or_langchain():
     code = "import sys, trainops.commands.tools; print(sorted(m for m in ('torch', 'langchain_core', 'tools.env') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+QUOTA = '{"tenant": "lab", "gpus": 8, "priority": "high", "reason": "launch week"}'
+
+
+def test_tool_call_of_a_gated_tool_without_a_token_is_refused_with_exit_2():
+    result = invoke("tool", "call", "set_tenant_quota", "--input", QUOTA, "--json")
+    assert result.exit_code == 2 and "missing_token" in json.loads(result.stdout)["error"]
+
+
+def test_tool_call_passes_the_approval_token_to_the_gate():
+    result = invoke("tool", "call", "set_tenant_quota", "--input", QUOTA, "--approval-token", "not-a-token", "--json")
+    error = json.loads(result.stdout)["error"]
+    assert result.exit_code == 2 and "refused" in error and "missing_token" not in error
