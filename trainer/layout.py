@@ -142,6 +142,13 @@ def validate_layout(cfg: Any, world_size: int, gpus_per_node: int | None = None,
     if tp > 1 and getattr(args, "vocab_size", 0) % tp:
         raise LayoutError(f"vocab size {args.vocab_size} is not divisible by tp={tp}: pad the vocabulary to a multiple of {tp}")
 
+    if getattr(args, "tie_embeddings", False) and (tp > 1 or pp > 1):
+        raise LayoutError(
+            f"model.tie_embeddings=true cannot run with tp={tp}, pp={pp}: the shared weight is split by rows in the "
+            "embedding and by columns in the output head (tp), or lives on two stages (pp); "
+            "set model.tie_embeddings=false, or tp=1 and pp=1"
+        )
+
     if gpus_per_node is None:
         gpus_per_node = detect_gpus_per_node()
     if gpus_per_node is not None and tp > 1 and (tp > gpus_per_node or gpus_per_node % tp):

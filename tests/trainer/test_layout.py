@@ -81,6 +81,11 @@ def test_global_batch_must_be_dp_times_micro_batch_times_accumulation():
         validate_layout(cfg(), 4)
 
 
+def test_tied_embeddings_cannot_be_split_by_tp_or_pp():
+    with pytest.raises(LayoutError, match=r"model.tie_embeddings=true cannot run with tp=1, pp=2"):
+        validate_layout(cfg("model.tie_embeddings=true", "parallel.pp=2"), 2)
+
+
 def test_tp_must_stay_inside_one_nodes_accelerator_domain():
     with pytest.raises(LayoutError, match=r"tp=2 does not fit one node's accelerator domain of 1"):
         validate_layout(cfg("parallel.tp=2"), 2, gpus_per_node=1)
