@@ -26,6 +26,8 @@ def run_tool(name: str, payload: dict[str, Any], as_json: bool, approval_token: 
 
 
 def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
     return json.dumps(value, default=str) if isinstance(value, (dict, list)) else str(value)
 
 
