@@ -6,11 +6,10 @@ import json
 import sys
 from typing import Any, Callable, NoReturn
 
-from pydantic import BaseModel
-
 
 def to_jsonable(obj: Any) -> Any:
-    if isinstance(obj, BaseModel):
+    """pydantic models by duck typing, so that importing this module stays cheap (CLI start-up)."""
+    if hasattr(obj, "model_dump"):
         return obj.model_dump(mode="json")
     if isinstance(obj, (list, tuple)):
         return [to_jsonable(o) for o in obj]
