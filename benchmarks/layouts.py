@@ -1,0 +1,104 @@
+"""Step time of each parallel layout, on the CPU with gloo (functional figures: they show every
+layout runs through the real trainer and what it costs here, not what it gains on GPUs).
+
+Each layout is one `trainer.launch.run_local` run; the figure is the median `step_time_s` of
+rank 0 over the steps after the first (the first pays for start-up and shape inference). All
+layouts of a preset share seed, data and global batch, so their final losses must agree too;
+the table shows them. Results go to benchmarks/RESULTS.md under their own heading.
+
+    .venv/bin/python benchmarks/layouts.py [--presets tiny small] [--steps 6]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.harness import RESULTS_PATH, machine  # noqa: E402
+
+BEGIN, END = "<!-- layouts:begin -->", "<!-- layouts:end -->"
+LAYOUTS: dict[str, tuple[int, list[str]]] = {
+    "1 process": (1, []),
+    "FSDP2 x2": (2, []),
+    "DDP x2": (2, ["parallel.data_parallel=ddp"]),
+    "TP2": (2, ["parallel.tp=2"]),
+    "TP2 + SP": (2, ["parallel.tp=2", "parallel.sequence_parallel=true"]),
+    "PP2 GPipe": (2, ["parallel.pp=2", "parallel.pp_schedule=GPipe"]),
+    "PP2 1F1B": (2, ["parallel.pp=2", "parallel.pp_schedule=1F1B"]),
+    "PP2 Interleaved1F1B v2": (2, ["parallel.pp=2", "parallel.pp_schedule=Interleaved1F1B", "parallel.virtual_stages=2"]),
+    "PP2 InterleavedZeroBubble v2": (2, ["parallel.pp=2", "parallel.pp_schedule=InterleavedZeroBubble", "parallel.virtual_stages=2"]),
+    "PP2 ZBVZeroBubble": (2, ["parallel.pp=2", "parallel.pp_schedule=ZBVZeroBubble", "parallel.virtual_stages=2"]),
+    "FSDP2 x2 x TP2": (4, ["parallel.tp=2", "parallel.sequence_parallel=true"]),
+    "PP2 x FSDP2 x2": (4, ["parallel.pp=2"]),
+}
+BASE = ["data.kind=synthetic", "training.seq_len=64", "training.global_batch=8", "training.micro_batch=2",
+        "metrics.log_every=1000"]
+
+
+def measure(preset: str, nproc: int, overrides: list[str], steps: int) -> dict:
+    from trainer.config import load_config
+    from trainer.launch import read_metrics, run_local
+
+    cfg = load_config(None, preset, BASE + [f"training.steps={steps}"] + overrides)
+    result = run_local(cfg, nproc, show_progress=False, timeout_s=900)
+    times = [r["step_time_s"] for r in read_metrics(result.run_dir) if r["rank"] == 0 and r["step"] > 1]
+    return {"status": result.status, "final_loss": result.final_loss,
+            "step_time_s": statistics.median(times) if times else None,
+            "spread": (min(times), max(times)) if times else None, "n": len(times)}
+
+
+def render(rows: list[tuple[str, str, int, dict]], steps: int, wall_s: float) -> str:
+    info = machine()
+    lines = [BEGIN, "## Parallel layouts on CPU (`benchmarks/layouts.py`)", "",
+             f"Measured {time.strftime('%Y-%m-%d %H:%M UTC')} on " + ", ".join(f"{k} {v}" for k, v in info.items())
+             + f"; gloo, seq_len 64, global batch 8, micro-batch 2, fp32, {steps} steps per run, figure = median "
+             f"step time of rank 0 over steps 2..{steps}; wall time {wall_s:.0f} s. Functional figures: the host is "
+             "shared and has fewer cores than ranks, so more processes mostly means more time-slicing; the "
+             "final losses agreeing across layouts is the point, GPU scaling figures come with the benchmark issue.",
+             "", "| preset | layout | ranks | step time (s) | spread (min ~ max) | n | final loss | status |",
+             "|---|---|---|---|---|---|---|---|"]
+    for preset, name, nproc, r in rows:
+        step = f"{r['step_time_s']:.4g}" if r["step_time_s"] is not None else "n/a"
+        spread = f"{r['spread'][0]:.4g} ~ {r['spread'][1]:.4g}" if r["spread"] else "n/a"
+        loss = f"{r['final_loss']:.5f}" if r["final_loss"] is not None else "n/a"
+        lines.append(f"| {preset} | {name} | {nproc} | {step} | {spread} | {r['n']} | {loss} | {r['status']} |")
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def publish(block: str, path: Path = RESULTS_PATH) -> None:
+    text = path.read_text() if path.exists() else "# Benchmark results\n\n"
+    if BEGIN in text:
+        text = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: block, text, flags=re.S)
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    path.write_text(text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--presets", nargs="+", default=["tiny", "small"])
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), help="layout names (default: all)")
+    args = parser.parse_args()
+    os.environ.setdefault("TRAINOPS_HOME", tempfile.mkdtemp(prefix="bench-layouts-"))
+    started, rows = time.time(), []
+    for preset in args.presets:
+        for name in args.layouts:
+            nproc, overrides = LAYOUTS[name]
+            result = measure(preset, nproc, overrides, args.steps)
+            rows.append((preset, name, nproc, result))
+            print(f"{preset:6s} {name:30s} {result}", flush=True)
+    publish(render(rows, args.steps, time.time() - started))
+    print(f"wrote {RESULTS_PATH}")
+
+
+if __name__ == "__main__":
+    main()

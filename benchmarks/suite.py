@@ -1,0 +1,220 @@
+"""`make bench` / `trainops bench`: the performance suite. Every ratio pairs two measurements
+taken back to back in this run; RESULTS.md is rewritten with medians, spreads and targets."""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+from benchmarks.harness import RESULTS_PATH as RESULTS, Figure, Suite, interleaved, publish, ratios
+
+REPO = Path(__file__).resolve().parent.parent
+WARMUP_STEPS = 5
+TRAIN_SHAPE = ["training.global_batch=8", "training.seq_len=128", "data.kind=synthetic"]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return env
+
+
+def _steady(step_times: list[float]) -> float:
+    return statistics.median(step_times[WARMUP_STEPS:])
+
+
+def trainer_step_time(nproc: int, steps: int, extra: list[str] = ()) -> float:
+    """Median steady-state step time of the embedded trainer (rank 0, warm-up excluded)."""
+    from trainer.config import load_config
+    from trainer.launch import read_metrics, run_local
+
+    overrides = [*TRAIN_SHAPE, f"training.steps={steps}", f"training.micro_batch={8 // nproc}",
+                 "parallel.data_parallel=fsdp", *extra]
+    result = run_local(load_config(None, "tiny", overrides), nproc, show_progress=False)
+    if result.status != "ok":
+        raise RuntimeError(f"benchmark trainer run failed: read {result.run_dir}/logs")
+    return _steady([r["step_time_s"] for r in read_metrics(result.run_dir) if r["rank"] == 0])
+
+
+def plain_step_time(nproc: int, steps: int) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "plain.json"
+        script = [str(REPO / "benchmarks" / "plain_loop.py"), "--steps", str(steps), "--global-batch", "8",
+                  "--seq-len", "128", "--out", str(out)]
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
+        subprocess.run([*launcher, *script], check=True, env=_env(), capture_output=True)
+        return _steady(json.loads(out.read_text())["step_time_s"])
+
+
+def bench_trainer_overhead(suite: Suite, repeats: int, steps: int) -> None:
+    for nproc, label in ((1, "one process"), (2, "2-process FSDP2")):
+        trainer, plain = interleaved(lambda: trainer_step_time(nproc, steps), lambda: plain_step_time(nproc, steps),
+                                     repeats)
+        fig = suite.add(Figure(f"trainer / plain PyTorch loop step time, {label}", ratios(trainer, plain), "x",
+                               target="<= 1.03"))
+        fig.passed = fig.median <= 1.03
+        fig.note = (f"step time trainer {statistics.median(trainer) * 1000:.1f} ms vs plain "
+                    f"{statistics.median(plain) * 1000:.1f} ms (tiny preset, batch 8 x 128 tokens, fp32)")
+
+
+def _checkpoint_stall(mode: str, steps: int) -> float:
+    from trainer.config import load_config
+    from trainer.launch import run_local
+
+    cfg = load_config(None, "small", [*TRAIN_SHAPE, f"training.steps={steps}", "training.micro_batch=8",
+                                      "checkpoint.enable=true", "checkpoint.interval=2", f"checkpoint.mode={mode}"])
+    result = run_local(cfg, 1, show_progress=False)
+    if result.status != "ok":
+        raise RuntimeError(f"benchmark checkpoint run failed: read {result.run_dir}/logs")
+    journal = [json.loads(line) for line in (Path(result.run_dir) / "checkpoints.jsonl").read_text().splitlines()]
+    return statistics.median(e["stall_s"] for e in journal if e.get("event") == "save")
+
+
+def bench_async_checkpoint(suite: Suite, repeats: int) -> None:
+    asyncs, syncs = interleaved(lambda: _checkpoint_stall("async", 6), lambda: _checkpoint_stall("sync", 6), repeats)
+    fig = suite.add(Figure("async checkpoint stall / sync save stall", ratios(asyncs, syncs), "x", target="<= 0.10"))
+    fig.passed = fig.median <= 0.10
+    fig.note = (f"median stall async {statistics.median(asyncs) * 1000:.0f} ms vs sync "
+                f"{statistics.median(syncs) * 1000:.0f} ms (small preset, one process)")
+
+
+def _detect(kind: str, heartbeat_stale_s: float) -> float:
+    from tools.base import call
+
+    sub = call("submit_job", {"name": f"bench-{kind}", "training": {
+        "preset": "tiny", "nproc": 2, "overrides": [*TRAIN_SHAPE, "training.steps=100000", "training.micro_batch=4"]}})
+    run_dir, job_id = sub.handle.run_dir, sub.handle.job_id
+    try:
+        _wait(lambda: all((Path(run_dir) / "heartbeat" / f"rank{r}.json").exists() for r in (0, 1)), 120)
+        time.sleep(1.0)
+        injected = call("inject_fault", {"kind": kind, "run": run_dir, "rank": 1})
+        found = call("detect_faults", {"run": run_dir, "job_id": job_id, "injected_at": injected.injected_at,
+                                       "poll_interval_s": 0.05, "heartbeat_stale_s": heartbeat_stale_s,
+                                       "timeout_s": 30})
+        if not found.detected:
+            raise RuntimeError(f"{kind} was not detected in {run_dir}")
+        return found.detection_latency_s
+    finally:
+        call("cancel_job", {"job_id": job_id})
+
+
+def _wait(predicate: Callable[[], bool], timeout_s: float) -> None:
+    deadline = time.time() + timeout_s
+    while not predicate():
+        if time.time() > deadline:
+            raise RuntimeError("benchmark timed out waiting for the job to start")
+        time.sleep(0.05)
+
+
+def bench_detection(suite: Suite, repeats: int) -> None:
+    crash = suite.add(Figure("crash detection latency (SIGKILL of a rank -> detected)",
+                             [_detect("kill_rank", 2.0) for _ in range(repeats)], "s", target="median <= 0.5 s"))
+    crash.passed = crash.median <= 0.5
+    hang = suite.add(Figure("hang detection latency (SIGSTOP, 2 s heartbeat timeout)",
+                            [_detect("hang", 2.0) for _ in range(repeats)], "s", target="<= 3.0 s"))
+    hang.passed = max(hang.samples) <= 3.0
+
+
+def _cold_start_s() -> float:
+    """Submit -> first completed step of a fresh job: what a restart is compared against."""
+    from tools.base import call
+
+    started = time.time()
+    sub = call("submit_job", {"name": "bench-cold", "training": {
+        "preset": "tiny", "nproc": 2, "overrides": [*TRAIN_SHAPE, "training.steps=3", "training.micro_batch=4",
+                                                    "checkpoint.enable=true"]}})
+    metrics = Path(sub.handle.run_dir) / "metrics.jsonl"
+    _wait(lambda: metrics.exists() and metrics.read_text().strip() != "", 120)
+    first = json.loads(metrics.read_text().splitlines()[0])["time"]
+    call("wait_job", {"job_id": sub.handle.job_id, "timeout_s": 120})
+    return first - started
+
+
+def _recovery_s() -> float:
+    from skills.baseline import JobRequest
+    from skills.drill import drill
+
+    req = JobRequest(preset="tiny", nproc=2, overrides=[*TRAIN_SHAPE, "training.steps=40", "training.micro_batch=4",
+                                                        "checkpoint.enable=true", "checkpoint.interval=5"])
+    result, _ = drill(req, "crash", inject_step=8)
+    return result.recovery_time_s
+
+
+def bench_recovery(suite: Suite, repeats: int) -> None:
+    recovery, cold = interleaved(_recovery_s, _cold_start_s, repeats)
+    fig = suite.add(Figure("recovery time (detected -> first step after restart) / cold start",
+                           ratios(recovery, cold), "x", target="<= 1.2"))
+    fig.passed = fig.median <= 1.2
+    fig.note = (f"recovery {statistics.median(recovery):.2f} s vs cold start {statistics.median(cold):.2f} s "
+                "(tiny preset, 2 processes, local scheduler)")
+
+
+def _cli_wall_s(args: list[str]) -> float:
+    exe = Path(sys.executable).with_name("trainops")
+    started = time.perf_counter()
+    subprocess.run([str(exe), *args], check=True, capture_output=True, env=_env())
+    return time.perf_counter() - started
+
+
+def bench_cli_startup(suite: Suite, repeats: int) -> None:
+    for args in (["--help"], ["rules"]):
+        fig = suite.add(Figure(f"`trainops {' '.join(args)}` wall time",
+                               [_cli_wall_s(args) for _ in range(repeats)], "s", target="<= 0.3 s"))
+        fig.passed = fig.median <= 0.3
+
+
+def bench_sop_overhead(suite: Suite) -> None:
+    exe = Path(sys.executable).with_name("trainops")
+    done = subprocess.run([str(exe), "sop", "--quick", "--json"], capture_output=True, text=True, env=_env())
+    if done.returncode != 0:
+        raise RuntimeError(f"trainops sop --quick failed: {done.stderr[-2000:]}")
+    timing = json.loads(done.stdout)["timing"]
+    share = 100.0 * timing["orchestration_s"] / timing["wall_s"]
+    fig = suite.add(Figure("SOP orchestration overhead (wall - jobs - tools) / wall", [share], "%", target="<= 5%"))
+    fig.passed = share <= 5.0
+    fig.note = f"sop --quick wall {timing['wall_s']:.0f} s, of which orchestration {timing['orchestration_s']:.2f} s"
+
+
+DALY_VECTORS = ((24.0, 117.0), (6.0, 57.0), (0.25, 9.1))  # MTBF h -> Daly's optimum (restart 10 min, write 5 min)
+
+
+def bench_planner(suite: Suite) -> None:
+    from tools.base import call
+
+    errors = []
+    for mtbf_h, expected_min in DALY_VECTORS:
+        out = call("plan_checkpoint_interval", {"save_s": 300, "restart_s": 600, "mtbf_h": mtbf_h})
+        errors.append(abs(out.daly_interval_min - expected_min))
+    fig = suite.add(Figure("Daly worked examples: |planned - published| interval", errors, "min", target="<= 1 min"))
+    fig.passed = max(errors) <= 1.0
+
+
+RESULTS_PATH = RESULTS
+
+
+def run(quick: bool = False) -> Suite:
+    """Run the whole suite and rewrite RESULTS.md; `quick` trims repeats for a smoke run."""
+    repeats = 2 if quick else 3
+    with tempfile.TemporaryDirectory() as home:
+        os.environ["TRAINOPS_HOME"] = home
+        suite = Suite()
+        bench_cli_startup(suite, 5 if quick else 10)
+        bench_planner(suite)
+        bench_trainer_overhead(suite, repeats, steps=20 if quick else 40)
+        bench_async_checkpoint(suite, repeats)
+        bench_detection(suite, repeats)
+        bench_recovery(suite, repeats)
+        bench_sop_overhead(suite)
+        publish(suite)
+        return suite
+
+
+if __name__ == "__main__":
+    run(quick="--quick" in sys.argv)
+    print(RESULTS)
