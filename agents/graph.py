@@ -43,11 +43,6 @@ def wrap_as_data(tool: str, payload: Any) -> str:
     return f'<tool-output tool="{tool}" trust="data">\n{body}\n</tool-output>'
 
 
-def tool_schemas(specs: dict) -> list[dict[str, Any]]:
-    return [{"type": "function", "function": {"name": s.name, "description": s.description or s.name,
-                                              "parameters": s.Input.model_json_schema()}} for s in specs.values()]
-
-
 def needs_human(spec) -> bool:
     """The agent never changes the world on its own: any non-read tool waits for a person."""
     return spec.risk != "read" or spec.approval_required
@@ -87,9 +82,10 @@ def _is_gate_refusal(message: ToolMessage) -> bool:
 def build_graph(llm, checkpointer=None, settings: AgentSettings | None = None, skills: list[Skill] | None = None):
     """Compile the agent around any LangChain chat model that supports `bind_tools`."""
     from tools.base import registry
+    from tools.langchain import as_langchain_tools
 
     specs = registry()
-    bound = llm.bind_tools(tool_schemas(specs))
+    bound = llm.bind_tools(as_langchain_tools())  # schemas and risk labels only: calls run in the nodes below
     skills = load_skills() if skills is None else skills
 
     def select_skill(state: AgentState, config: RunnableConfig) -> dict:
