@@ -96,7 +96,7 @@ def summarize(run_dir: str | Path, exit_code: int) -> RunResult:
     """The run's outcome from its metrics; also written to status.json."""
     records = read_metrics(run_dir)
     rank0 = [r for r in records if r["rank"] == 0]
-    last = max(rank0, key=lambda r: r["step"]) if rank0 else None
+    last = max(reversed(rank0), key=lambda r: r["step"]) if rank0 else None  # newest on a tie (resumed)
     steady = [r["mfu_pct"] for r in records if r["step"] > 1] or [r["mfu_pct"] for r in records]
     result = RunResult(
         run_dir=str(run_dir), status="ok" if exit_code == 0 else "failed", exit_code=exit_code,
@@ -122,7 +122,16 @@ def _pump(stream, log_path: Path, show) -> None:
 def run_local(cfg: JobConfig, nproc: int, run_id: str | None = None, show_progress: bool = True,
               timeout_s: float | None = None) -> RunResult:
     """Train `cfg` on this machine with `nproc` ranks; returns when every rank has exited."""
-    run_dir = prepare_run(cfg, run_id=run_id)
+    return launch_run(prepare_run(cfg, run_id=run_id), nproc, show_progress=show_progress,
+                      timeout_s=timeout_s)
+
+
+def launch_run(run_dir: str | Path, nproc: int, *, show_progress: bool = True,
+               timeout_s: float | None = None) -> RunResult:
+    """Run torchrun on a prepared run folder; launching it again resumes from its newest good
+    checkpoint (when `[checkpoint] enable`), which is how a requeue continues a run."""
+    run_dir = Path(run_dir)
+    total_steps = load_config(run_dir / "config.toml").training.steps
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
@@ -140,7 +149,7 @@ def run_local(cfg: JobConfig, nproc: int, run_id: str | None = None, show_progre
     try:
         if progress is not None:
             progress.start()
-            task = progress.add_task("training", total=cfg.training.steps)
+            task = progress.add_task("training", total=total_steps)
         while process.poll() is None:
             if deadline is not None and time.monotonic() > deadline:
                 _stop(process)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from trainer.config import load_config
-from trainer.launch import RunResult, build_torchrun_command, read_metrics, run_local
+from trainer.launch import RunResult, build_torchrun_command, launch_run, read_metrics, run_local
 from trainer.train import lr_lambda
 
 TINY = ["training.seq_len=32", "training.global_batch=8", "training.micro_batch=4"]
@@ -80,3 +80,20 @@ def test_a_nan_loss_stops_the_run_with_a_failed_status():
     assert json.loads((run_dir / "status.json").read_text())["status"] == "failed"
     log = (run_dir / "logs" / "rank0.log").read_text()
     assert "loss is nan at step 2" in log
+
+
+@pytest.mark.slow
+def test_relaunching_a_crashed_run_resumes_from_its_checkpoint_to_the_straight_run_loss():
+    """Crash rank 1 at step 5 with a checkpoint at step 3, clear the fault, launch the same run
+    folder again: it loads step 3 and ends on exactly the loss of an uninterrupted run (same
+    data position, RNG, optimizer and scheduler state)."""
+    base = ["training.steps=6", "checkpoint.enable=true", "checkpoint.interval=3"]
+    straight, _ = _run(2, *base, run_id="straight")
+    crashed, _ = _run(2, *base, "faults.crash_step=5", "faults.crash_rank=1", run_id="crashed")
+    assert crashed.status == "failed" and crashed.steps_completed == 4
+    run_dir = Path(crashed.run_dir)
+    cfg = load_config(run_dir / "config.toml", None, ["faults.crash_step=none"])
+    (run_dir / "config.toml").write_text(cfg.to_toml())
+    resumed = launch_run(run_dir, 2, show_progress=False, timeout_s=240)
+    assert resumed.status == "ok" and resumed.steps_completed == 6
+    assert resumed.final_loss == straight.final_loss
