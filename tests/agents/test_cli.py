@@ -69,3 +69,18 @@ def test_interrupt_in_one_process_is_approved_in_another():
     home = Path(os.environ["TRAINOPS_HOME"])
     decisions = [json.loads(line) for line in (home / "transcripts" / "restart.jsonl").read_text().splitlines()]
     assert {"decision": "approved", "approver": "carol"}.items() <= next(d for d in decisions if d.get("decision") == "approved").items()
+
+
+def test_an_unreachable_endpoint_is_one_line_naming_base_url(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "x")
+    result = runner.invoke(app, ["ask", "hi", "--provider", "openai", "--base-url", "http://127.0.0.1:1/v1", "--json"])
+    assert result.exit_code == 2
+    error = json.loads(result.stdout)["error"]
+    assert error.startswith("cannot reach the openai endpoint at base_url=http://127.0.0.1:1/v1 (from --base-url)")
+
+
+def test_asking_a_thread_that_waits_for_a_decision_says_how_to_decide():
+    runner.invoke(app, ["ask", "drill a straggler on run r1", "--thread", "busy"])
+    result = runner.invoke(app, ["ask", "show pending approvals", "--thread", "busy", "--json"])
+    assert result.exit_code == 2
+    assert "decide it first (trainops chat --thread busy)" in json.loads(result.stdout)["error"]
