@@ -28,3 +28,8 @@ def test_prompt_lists_every_skill_but_carries_only_the_chosen_body():
     assert all(f"- {s.name}: {s.description}" in prompt for s in skills)
     assert drill.body in prompt and ablation.body not in prompt
     assert prompt.endswith(DATA_RULE)
+
+
+def test_prompt_starts_from_the_agents_contract_with_its_rule_ids():
+    prompt = system_prompt(load_skills(), None)
+    assert "# Contract (AGENTS.md)" in prompt and "R-SEC-4" in prompt
