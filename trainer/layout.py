@@ -209,6 +209,10 @@ def validate_layout(cfg: Any, world_size: int, gpus_per_node: int | None = None,
         raise LayoutError(f"training.seq_len={seq_len} is not divisible by tp={tp} under sequence parallel: use a multiple of {tp}")
     if comm_overlap and not sequence_parallel:
         raise LayoutError("parallel.comm_overlap=true needs sequence_parallel=true (it overlaps the SP all-gather/reduce-scatter with the GEMMs): enable sequence parallel or turn overlap off")
+    if comm_overlap and not bool(getattr(train, "compile", False)):
+        raise LayoutError("parallel.comm_overlap=true needs training.compile=true: the overlap (async TP) is an inductor pass over the compiled blocks; set training.compile=true or comm_overlap=false")
+    if comm_overlap and (backend or detect_backend()) != "nccl":
+        raise LayoutError(f"parallel.comm_overlap=true needs NCCL on CUDA (symmetric-memory collectives); this run uses {backend or detect_backend()}: set parallel.comm_overlap=false")
 
     if cp > 1:
         backend = backend or detect_backend()

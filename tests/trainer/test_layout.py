@@ -101,6 +101,18 @@ def test_comm_overlap_needs_sequence_parallel():
         validate_layout(cfg("parallel.tp=2", "parallel.comm_overlap=true", "training.global_batch=4"), 2, gpus_per_node=2)
 
 
+def test_comm_overlap_needs_compile():
+    with pytest.raises(LayoutError, match=r"comm_overlap=true needs training.compile=true"):
+        validate_layout(cfg("parallel.tp=2", "parallel.sequence_parallel=true", "parallel.comm_overlap=true",
+                            "training.global_batch=4"), 2, gpus_per_node=2, backend="nccl")
+
+
+def test_comm_overlap_on_gloo_is_a_clear_error():
+    with pytest.raises(LayoutError, match=r"comm_overlap=true needs NCCL on CUDA.*uses gloo"):
+        validate_layout(cfg("parallel.tp=2", "parallel.sequence_parallel=true", "parallel.comm_overlap=true",
+                            "training.compile=true", "training.global_batch=4"), 2, gpus_per_node=2, backend="gloo")
+
+
 def test_context_parallel_on_gloo_is_a_clear_error():
     with pytest.raises(LayoutError, match=r"context parallel \(cp=2\) needs NCCL on CUDA.*gloo backend on CPU.*set parallel.cp=1"):
         validate_layout(cfg("parallel.cp=2", "training.global_batch=4"), 2, backend="gloo")

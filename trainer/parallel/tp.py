@@ -76,6 +76,11 @@ def apply_tp(model: nn.Module, mesh, cfg) -> nn.Module:
     if getattr(getattr(model, "args", None), "tie_embeddings", False) and tp_mesh.size() > 1:
         raise ValueError("model.tie_embeddings=true cannot be tensor-parallel: the embedding splits rows and "
                          "the output head columns of one weight; set model.tie_embeddings=false or parallel.tp=1")
+    if getattr(cfg.parallel, "comm_overlap", False):
+        import torch._inductor.config as inductor_config
+
+        # async TP: inductor splits the SP all-gather / reduce-scatter and overlaps them with the GEMMs
+        inductor_config._micro_pipeline_tp = True
     parallelize_module(model, tp_mesh, top_plan(model, sequence_parallel))
     plan = block_plan(sequence_parallel)
     for block in model.layers.values():
