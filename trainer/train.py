@@ -81,6 +81,27 @@ def _grad_sync(model: torch.nn.Module, enabled: bool):
     return nullcontext()
 
 
+def clip_grad_norm(parameters, max_norm: float, pp_group=None) -> torch.Tensor:
+    """Clip by the global L2 norm of all gradients: DTensor shards (FSDP2, TP) and plain
+    tensors alike (TP without FSDP leaves the norms' weights plain, and torch's own clip
+    refuses the mix), summed over pipeline stages when `pp_group` is given."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    squares = torch.zeros((), dtype=torch.float32, device=grads[0].device)
+    for group in ([g for g in grads if hasattr(g, "full_tensor")],
+                  [g for g in grads if not hasattr(g, "full_tensor")]):
+        if group:
+            norm = torch.nn.utils.get_total_norm(group)
+            squares += (norm.full_tensor() if hasattr(norm, "full_tensor") else norm).float() ** 2
+    if pp_group is not None:
+        dist.all_reduce(squares, group=pp_group)
+    total = squares.sqrt()
+    scale = min(1.0, max_norm / (total.item() + 1e-6))
+    if scale < 1.0:
+        for grad in grads:
+            grad.mul_(scale)
+    return total
+
+
 def _pipeline_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
 
@@ -138,6 +159,7 @@ def train(cfg: JobConfig, run_dir: Path, rank: int, world_size: int, device: tor
             with autocast:
                 step_loss = pipe.step(torch.cat([m[0] for m in micro_batches]).to(device),
                                       torch.cat([m[1] for m in micro_batches]).to(device))
+            step_loss = faults.after_loss(step, step_loss)
             micro_batches = []
         for index, (inputs, labels) in enumerate(micro_batches):
             inputs, labels = inputs.to(device), labels.to(device)
@@ -149,14 +171,8 @@ def train(cfg: JobConfig, run_dir: Path, rank: int, world_size: int, device: tor
                     loss = faults.after_loss(step, loss)
                 (loss / len(micro_batches)).backward()
             step_loss += loss.detach() / len(micro_batches)
-        if pipe is not None:
-            from trainer.parallel import clip_grad_norm_
-
-            grad_norm = clip_grad_norm_(model.parameters(), training.max_grad_norm, pipe.pp_group)
-        else:
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), training.max_grad_norm)
-        if hasattr(grad_norm, "full_tensor"):
-            grad_norm = grad_norm.full_tensor()
+        grad_norm = clip_grad_norm(model.parameters(), training.max_grad_norm,
+                                   pipe.pp_group if pipe is not None else None)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
