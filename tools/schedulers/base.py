@@ -39,6 +39,7 @@ class JobSpec(BaseModel):
     exclude_nodes: list[str] = Field(default_factory=list, description="Nodes the job must not run on (isolation after a fault).")
     workdir: str | None = Field(None, description="Working directory for the job; None means the current directory.")
     run_dir: str | None = Field(None, description="The training run folder, if the job is a trainer run (per-rank logs, heartbeats, metrics).")
+    image: str | None = Field(None, description="Container image with the trainer installed (kubernetes only).")
     rdzv_port: int = Field(29500, description="TCP port of the torchrun c10d rendezvous on the first node.")
 
     @field_validator("name")

@@ -1,0 +1,50 @@
+"""The Slurm backend's pure parts: the batch script it generates and the scontrol parser.
+The live backend is exercised against a real slurmctld in tests/integration."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tools.schedulers import JobSpec, SchedulerError
+from tools.schedulers.slurm import SlurmScheduler, batch_script, parse_scontrol
+
+
+def _spec(**kw) -> JobSpec:
+    base = dict(name="drill", command=["-m", "trainer.train", "--run-dir", "/runs/r 1"], launcher="torchrun",
+                nodes=2, procs_per_node=4, exclude_nodes=["n07", "n09"], time_limit_min=30, partition="gpu",
+                env={"OMP_NUM_THREADS": "1"}, run_dir="/runs/r 1")
+    return JobSpec(**{**base, **kw})
+
+
+def test_the_script_asks_for_the_spec_resources_and_excludes_nodes():
+    script = batch_script(_spec(), "/logs/job.log")
+    for line in ("#SBATCH --job-name=drill", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --cpus-per-task=4",
+                 "#SBATCH --time=30", "#SBATCH --partition=gpu", "#SBATCH --exclude=n07,n09", "#SBATCH --output=/logs/job.log",
+                 "#SBATCH --requeue", "export OMP_NUM_THREADS=1"):
+        assert line in script.splitlines()
+
+
+def test_multi_node_runs_torchrun_under_srun_with_c10d_rendezvous_on_the_first_node():
+    script = batch_script(_spec(), "/logs/job.log")
+    launch = next(line for line in script.splitlines() if line.startswith("srun"))
+    assert f"{sys.executable} -m torch.distributed.run --nnodes \"$SLURM_NNODES\" --nproc-per-node 4" in launch
+    assert '--rdzv-backend c10d --rdzv-endpoint "$head_node:29500"' in launch
+    assert "-m trainer.train --run-dir '/runs/r 1'" in launch
+    assert "tools.schedulers.run_status '/runs/r 1' \"$rc\"" in script
+
+
+def test_a_plain_command_runs_once_without_srun():
+    script = batch_script(JobSpec(name="p", command=["echo", "a b"]), "/l")
+    assert script.splitlines()[-1] == "echo 'a b'"
+    assert "srun" not in script
+
+
+def test_scontrol_output_parses_into_fields():
+    fields = parse_scontrol("JobId=7 JobName=drill\n   JobState=FAILED Reason=NonZeroExitCode Dependency=(null)\n   ExitCode=1:0 NodeList=vm")
+    assert (fields["JobState"], fields["ExitCode"], fields["NodeList"]) == ("FAILED", "1:0", "vm")
+
+
+def test_a_non_numeric_job_id_is_refused_before_any_command_runs():
+    with pytest.raises(SchedulerError, match=r"slurm scheduler: job id 'abc' is not a Slurm job id"):
+        SlurmScheduler().status("abc")
