@@ -1,0 +1,164 @@
+"""The adapter contract and the registry. An adapter is plain data plus pure functions: it
+imports its framework (if at all) only inside methods, so the CLI and the tool catalogue stay
+light and an adapter works for planning and log parsing where the framework is not installed."""
+from __future__ import annotations
+
+import json
+from importlib.metadata import PackageNotFoundError, version
+from typing import Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, Field
+
+from tools.schedulers.base import JobSpec
+
+FrameworkName = Literal["trainops", "deepspeed", "torchtitan", "megatron"]
+KnobCategory = Literal["communication-overlap", "kernels", "data-pipeline", "batch", "memory", "parallelism"]
+MfuSource = Literal["framework", "trainops-from-tflops", "trainops-flops-convention", "none"]
+
+
+class FrameworkRefused(ValueError):
+    """Input an adapter refuses before launch; the message names the flag, the value and the fix."""
+
+
+class FrameworkKnob(BaseModel):
+    """One ablation variable in the framework's own vocabulary."""
+
+    name: str = Field(description="What the user types in --knob NAME=VALUE.")
+    category: KnobCategory = Field(description="Orders the ablation plan (communication overlap first).")
+    flag: str = Field(description="The framework's own flag or config key the knob sets, e.g. '--tp-comm-overlap' or 'zero_optimization.stage'.")
+    override: str = Field(description="The key the knob sets in the adapter's overrides (section.key=value).")
+    values: tuple[str, ...] = Field(description="Accepted values.")
+    expected_effect: str = Field(description="What we expect and why.")
+    min_procs: int = Field(1, description="Processes the knob needs to mean anything.")
+
+
+class StepRecord(BaseModel):
+    """A framework's step line in trainops' metric names (the metrics.jsonl record subset)."""
+
+    step: int
+    loss: float | None = None
+    step_time_s: float | None = None
+    tokens_per_s: float | None = Field(None, description="Per device (GPU/rank), as trainops records it.")
+    tflops: float | None = Field(None, description="Achieved TFLOP/s per device.")
+    mfu_pct: float | None = None
+    mfu_source: MfuSource = Field("none", description="framework: the framework printed MFU; trainops-from-tflops: its "
+                                  "TFLOP/s over trainops' peak; trainops-flops-convention: tokens/s x trainops' FLOPs/token over the peak.")
+
+
+class ParseContext(BaseModel):
+    """What trainops knows about a run that the framework's log line may not say."""
+
+    flops_per_token: float | None = Field(None, description="trainops' FLOPs/token (trainer.metrics.flops_per_token convention).")
+    peak_tflops: float | None = Field(None, description="Per-device peak TFLOP/s (MFU denominator).")
+    seq_len: int | None = None
+    world_size: int = Field(1, ge=1, description="Devices the global batch is spread over.")
+
+
+class FrameworkJob(BaseModel):
+    """A job in the adapter's vocabulary: the overrides are `section.key=value` pairs; the
+    adapter documents its sections (knob overrides use the same keys)."""
+
+    name: str = Field("train", description="Job name (lower-case letters, digits, '-').")
+    config: str | None = Field(None, description="The framework's own config file, if any (TOML for trainops/torchtitan).")
+    preset: str | None = Field("tiny", description="trainops model preset when no config is given.")
+    overrides: list[str] = Field(default_factory=list, description="section.key=value overrides.")
+    nproc: int = Field(1, ge=1, description="Processes (ranks) per node.")
+    nodes: int = Field(1, ge=1)
+
+
+@runtime_checkable
+class FrameworkAdapter(Protocol):
+    name: FrameworkName
+    display_name: str
+    package: str | None
+
+    def version(self) -> str: ...
+    def knobs(self) -> list[FrameworkKnob]: ...
+    def validate(self, knob_values: dict[str, str]) -> None: ...
+    def build_job(self, job: FrameworkJob) -> JobSpec: ...
+    def parse_log_line(self, line: str, ctx: ParseContext | None = None) -> StepRecord | None: ...
+    def checkpoint_dir(self, run_dir: str) -> str: ...
+    def resume_args(self, run_dir: str) -> list[str]: ...
+
+
+def installed_version(package: str | None) -> str:
+    """The installed distribution's version, or 'not installed'."""
+    if package is None:
+        return "not installed"
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def knob_table(knobs: list[FrameworkKnob]) -> dict[str, FrameworkKnob]:
+    return {k.name: k for k in knobs}
+
+
+def check_knob_values(framework: str, knobs: list[FrameworkKnob], knob_values: dict[str, str]) -> None:
+    """Refuse knobs the framework lacks and values it does not accept."""
+    table = knob_table(knobs)
+    for name, value in knob_values.items():
+        if name not in table:
+            raise FrameworkRefused(f"knob: {framework} has no knob {name!r}; its knobs: {', '.join(table)} "
+                                   f"(trainops ablate --framework {framework} --list)")
+        if str(value) not in table[name].values:
+            raise FrameworkRefused(f"knob: {framework} {name}={value!r} is not accepted ({table[name].flag}); "
+                                   f"use one of {', '.join(table[name].values)}")
+
+
+def parse_value(text: str) -> object:
+    """'2' -> 2, 'true' -> True, '5e8' -> 5e8, anything else stays a string."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        try:
+            return float(text)
+        except ValueError:
+            return text
+
+
+def split_override(item: str) -> tuple[str, str]:
+    key, sep, value = item.partition("=")
+    if not sep or "." not in key or not value:
+        raise FrameworkRefused(f"--set: {item!r} is not section.key=value; e.g. --set training.steps=20")
+    return key.strip(), value.strip()
+
+
+def mfu(record: StepRecord, ctx: ParseContext | None) -> StepRecord:
+    """Fill tflops and MFU with trainops' convention where the framework printed none, and say which."""
+    if record.mfu_pct is not None:
+        return record.model_copy(update={"mfu_source": "framework"})
+    if ctx is None or not ctx.peak_tflops:
+        return record
+    tflops, source = record.tflops, "trainops-from-tflops"
+    if tflops is None and record.tokens_per_s is not None and ctx.flops_per_token:
+        tflops, source = record.tokens_per_s * ctx.flops_per_token / 1e12, "trainops-flops-convention"
+    if tflops is None:
+        return record
+    return record.model_copy(update={"tflops": tflops, "mfu_pct": 100.0 * tflops / ctx.peak_tflops, "mfu_source": source})
+
+
+def known_frameworks() -> tuple[str, ...]:
+    return ("trainops", "deepspeed", "torchtitan", "megatron")
+
+
+def get_adapter(name: str) -> FrameworkAdapter:
+    """The adapter for `name`; an unknown name is refused with the known ones listed."""
+    if name == "trainops":
+        from tools.frameworks.trainops_adapter import TrainopsAdapter
+
+        return TrainopsAdapter()
+    if name == "deepspeed":
+        from tools.frameworks.deepspeed_adapter import DeepSpeedAdapter
+
+        return DeepSpeedAdapter()
+    if name == "torchtitan":
+        from tools.frameworks.torchtitan_adapter import TorchtitanAdapter
+
+        return TorchtitanAdapter()
+    if name == "megatron":
+        from tools.frameworks.megatron_adapter import MegatronAdapter
+
+        return MegatronAdapter()
+    raise FrameworkRefused(f"framework: unknown framework {name!r}; use one of {', '.join(known_frameworks())}")

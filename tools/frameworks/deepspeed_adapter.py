@@ -1,0 +1,216 @@
+"""DeepSpeed: knobs are keys of DeepSpeed's own JSON config (`deepspeed.<dotted.key>`), the job
+is `torchrun -m tools.frameworks.deepspeed_train --run-dir RUN`, and every generated config
+passes DeepSpeed's own `DeepSpeedConfig` (batch arithmetic, ZeRO schema) before launch.
+
+Overrides (`section.key=value`): `model.preset`; `training.steps|global_batch|micro_batch|
+seq_len|lr|seed`; `checkpoint.enable|interval|keep|mode` (mode: sync only, DeepSpeed's
+`save_checkpoint` blocks); `deepspeed.<key>` for any DeepSpeed JSON key, e.g.
+`deepspeed.zero_optimization.stage=2`."""
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import time
+from pathlib import Path
+
+from tools.frameworks.base import (
+    FrameworkJob,
+    FrameworkKnob,
+    FrameworkRefused,
+    ParseContext,
+    StepRecord,
+    check_knob_values,
+    installed_version,
+    mfu,
+    parse_value,
+    split_override,
+)
+from tools.frameworks.trainops_adapter import TrainopsAdapter
+from tools.schedulers.base import JobSpec
+
+SETTINGS: dict[str, dict[str, object]] = {
+    "model": {"preset": "tiny"},
+    "training": {"steps": 10, "global_batch": 8, "micro_batch": 2, "seq_len": 64, "lr": 1e-3, "seed": 0},
+    "checkpoint": {"enable": False, "interval": 5, "keep": 2, "mode": "sync"},
+    "deepspeed": {
+        "zero_optimization.stage": 1,
+        "zero_optimization.overlap_comm": False,
+        "zero_optimization.contiguous_gradients": True,
+        "zero_optimization.reduce_bucket_size": 500_000_000,
+        "zero_optimization.allgather_bucket_size": 500_000_000,
+        "zero_optimization.offload_optimizer.device": "none",
+        "zero_optimization.offload_param.device": "none",
+        "bf16.enabled": False,
+        "gradient_clipping": 1.0,
+        "steps_per_print": 1_000_000_000,
+    },
+}
+
+
+def _knob(name, category, key, values, effect, min_procs=1) -> FrameworkKnob:
+    return FrameworkKnob(name=name, category=category, flag=key, override=f"deepspeed.{key}", values=values,
+                         expected_effect=effect, min_procs=min_procs)
+
+
+KNOBS: list[FrameworkKnob] = [
+    _knob("overlap_comm", "communication-overlap", "zero_optimization.overlap_comm", ("true", "false"),
+          "overlaps ZeRO's gradient reduce with backward (needs ZeRO stage >= 1); more memory for buckets", 2),
+    _knob("reduce_bucket_size", "communication-overlap", "zero_optimization.reduce_bucket_size",
+          ("50000000", "200000000", "500000000"), "bigger buckets: fewer, larger reduce calls; smaller: earlier overlap", 2),
+    _knob("allgather_bucket_size", "communication-overlap", "zero_optimization.allgather_bucket_size",
+          ("50000000", "200000000", "500000000"), "bigger buckets: fewer all-gathers of updated partitions", 2),
+    _knob("contiguous_gradients", "memory", "zero_optimization.contiguous_gradients", ("true", "false"),
+          "copies gradients into one buffer as produced: less fragmentation, one extra copy"),
+    _knob("precision", "kernels", "bf16.enabled", ("true", "false"),
+          "bf16 halves bytes moved and uses tensor cores on GPUs; on CPUs often slower without AMX"),
+    FrameworkKnob(name="micro_batch", category="batch", flag="train_micro_batch_size_per_gpu",
+                  override="training.micro_batch", values=("1", "2", "4", "8"),
+                  expected_effect="larger micro-batches raise arithmetic intensity and cut accumulation steps; cost activation memory"),
+    _knob("zero_stage", "memory", "zero_optimization.stage", ("0", "1", "2", "3"),
+          "1 shards optimizer state, 2 also gradients (reduce-scatter), 3 also parameters (all-gather per layer)"),
+    _knob("offload_optimizer", "memory", "zero_optimization.offload_optimizer.device", ("none", "cpu"),
+          "ZeRO-Offload: optimizer state and step on the CPU (needs ZeRO stage >= 1); frees GPU memory, costs PCIe time"),
+    _knob("offload_param", "memory", "zero_optimization.offload_param.device", ("none", "cpu"),
+          "ZeRO-Infinity parameter offload (needs ZeRO stage 3)"),
+]
+
+# DeepSpeed's own per-step lines (engine.print at steps_per_print, ThroughputTimer):
+#   "[Rank 0] step=10, skipped=0, lr=[0.001], mom=[(0.9, 0.999)]"
+#   "epoch=0/micro_step=10/global_step=10, RunningAvgSamplesPerSec=35.2, CurrSamplesPerSec=36.1, MemAllocated=..."
+_THROUGHPUT = re.compile(r"global_step=(?P<step>\d+), RunningAvgSamplesPerSec=[\d.]+, CurrSamplesPerSec=(?P<sps>[\d.]+)")
+
+
+def merged_settings(overrides: list[str]) -> dict[str, dict[str, object]]:
+    """Defaults with the overrides applied; unknown sections or keys are refused."""
+    settings = {section: dict(values) for section, values in SETTINGS.items()}
+    for item in overrides:
+        key, value = split_override(item)
+        section, _, name = key.partition(".")
+        if section not in settings:
+            raise FrameworkRefused(f"--set {key}: deepspeed jobs have sections {', '.join(settings)}; "
+                                   "DeepSpeed JSON keys go under deepspeed., e.g. deepspeed.zero_optimization.stage=2")
+        if section != "deepspeed" and name not in settings[section]:
+            raise FrameworkRefused(f"--set {key}: unknown key; {section} takes {', '.join(settings[section])}")
+        settings[section][name] = parse_value(value)
+    if settings["checkpoint"]["mode"] != "sync":
+        raise FrameworkRefused(f"checkpoint.mode={settings['checkpoint']['mode']!r}: DeepSpeed's save_checkpoint is "
+                               "synchronous in this adapter; use checkpoint.mode=sync")
+    return settings
+
+
+def ds_config(settings: dict[str, dict[str, object]]) -> dict:
+    """The DeepSpeed JSON config: batch keys from [training], everything else from [deepspeed]."""
+    config: dict = {"train_batch_size": settings["training"]["global_batch"],
+                    "train_micro_batch_size_per_gpu": settings["training"]["micro_batch"],
+                    "optimizer": {"type": "AdamW", "params": {"lr": settings["training"]["lr"], "torch_adam": True}}}
+    for dotted, value in settings["deepspeed"].items():
+        node = config
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return config
+
+
+def check_rules(config: dict) -> None:
+    """DeepSpeed's prerequisites between keys that its config class does not enforce itself."""
+    zero = config.get("zero_optimization", {})
+    stage = int(zero.get("stage", 0))
+    if zero.get("offload_optimizer", {}).get("device", "none") != "none" and stage < 1:
+        raise FrameworkRefused(f"zero_optimization.offload_optimizer.device={zero['offload_optimizer']['device']!r} needs "
+                               f"ZeRO stage >= 1 (got zero_optimization.stage={stage}); set --knob zero_stage=1 or higher")
+    if zero.get("offload_param", {}).get("device", "none") != "none" and stage != 3:
+        raise FrameworkRefused(f"zero_optimization.offload_param.device={zero['offload_param']['device']!r} needs "
+                               f"ZeRO stage 3 (got zero_optimization.stage={stage}); set zero_stage=3 or offload_param=none")
+    if zero.get("overlap_comm") and stage < 1:
+        raise FrameworkRefused("zero_optimization.overlap_comm=true overlaps ZeRO's gradient reduction, which stage 0 "
+                               "does not do (got zero_optimization.stage=0); set zero_stage=1 or higher, or overlap_comm=false")
+
+
+def validate_config(config: dict, world_size: int) -> None:
+    """Our rules, then DeepSpeed's own `DeepSpeedConfig` with the job's data-parallel world size."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    check_rules(config)
+
+    class _DataParallel:  # DeepSpeedConfig reads the data-parallel size from an mpu when given one
+        def get_data_parallel_world_size(self) -> int:
+            return world_size
+
+    try:
+        DeepSpeedConfig(json.loads(json.dumps(config)), mpu=_DataParallel())
+    except (AssertionError, ValueError, TypeError) as exc:
+        raise FrameworkRefused(f"deepspeed config refused by DeepSpeedConfig (world_size={world_size}): "
+                               f"{' '.join(str(exc).split())[:400]}") from None
+
+
+def _toml(settings: dict[str, dict[str, object]]) -> str:
+    """Flat sections; dotted DeepSpeed keys are quoted so each knob is one TOML key."""
+    lines = []
+    for section, values in settings.items():
+        lines.append(f"[{section}]")
+        lines += [f"{json.dumps(k) if '.' in k else k} = {json.dumps(v)}" for k, v in values.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+class DeepSpeedAdapter:
+    name = "deepspeed"
+    display_name = "DeepSpeed"
+    package = "deepspeed"
+
+    def version(self) -> str:
+        return installed_version(self.package)
+
+    def knobs(self) -> list[FrameworkKnob]:
+        return list(KNOBS)
+
+    def validate(self, knob_values: dict[str, str], overrides: list[str] | None = None, world_size: int = 2) -> None:
+        check_knob_values(self.name, KNOBS, knob_values)
+        by_name = {k.name: k for k in KNOBS}
+        settings = merged_settings([*(overrides or []), *(f"{by_name[n].override}={v}" for n, v in knob_values.items())])
+        validate_config(ds_config(settings), world_size)
+
+    def prepare_run(self, job: FrameworkJob) -> Path:
+        """Validate, then write RUN/config.toml (trainops' view) and RUN/ds_config.json (DeepSpeed's)."""
+        from trainer.launch import runs_root
+
+        if job.config:
+            raise FrameworkRefused(f"config: {job.config!r}: the deepspeed adapter takes --set overrides, not a config "
+                                   "file; pass DeepSpeed keys as --set deepspeed.<key>=<value>")
+        settings = merged_settings([*([f"model.preset={job.preset}"] if job.preset else []), *job.overrides])
+        config = ds_config(settings)
+        validate_config(config, job.nproc * job.nodes)
+        run_dir = runs_root() / f"run-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+        (run_dir / "logs").mkdir(parents=True)
+        (run_dir / "config.toml").write_text(f'framework = "deepspeed"\n\n{_toml(settings)}', encoding="utf-8")
+        (run_dir / "ds_config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
+        return run_dir
+
+    def build_job(self, job: FrameworkJob) -> JobSpec:
+        run_dir = self.prepare_run(job)
+        return JobSpec(name=job.name, command=["-m", "tools.frameworks.deepspeed_train", "--run-dir", str(run_dir)],
+                       launcher="torchrun", nodes=job.nodes, procs_per_node=job.nproc, run_dir=str(run_dir),
+                       env={"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"})
+
+    def parse_log_line(self, line: str, ctx: ParseContext | None = None) -> StepRecord | None:
+        """The training script's line (trainops format, MFU included) or DeepSpeed's ThroughputTimer line
+        (samples/s only: tokens/s, TFLOP/s and MFU are then computed with trainops' convention)."""
+        record = TrainopsAdapter().parse_log_line(line, ctx)
+        if record is not None:
+            return record
+        match = _THROUGHPUT.search(line)
+        if not match:
+            return None
+        tokens_per_s = None
+        if ctx is not None and ctx.seq_len:
+            tokens_per_s = float(match["sps"]) * ctx.seq_len / ctx.world_size
+        return mfu(StepRecord(step=int(match["step"]), tokens_per_s=tokens_per_s), ctx)
+
+    def checkpoint_dir(self, run_dir: str) -> str:
+        return str(Path(run_dir) / "checkpoints")
+
+    def resume_args(self, run_dir: str) -> list[str]:
+        """None: the script loads the newest verified `checkpoints/step-N/` with `engine.load_checkpoint`."""
+        return []

@@ -1,0 +1,100 @@
+"""The embedded trainer as one adapter among the others: its knobs are trainer config keys,
+its job is `torchrun -m trainer.train --run-dir RUN`, and its log line is `format_line`."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tools.frameworks.base import (
+    FrameworkJob,
+    FrameworkKnob,
+    FrameworkRefused,
+    ParseContext,
+    StepRecord,
+    check_knob_values,
+    installed_version,
+    mfu,
+)
+from tools.schedulers.base import JobSpec
+
+# trainer/metrics.py format_line: "step     5/12  loss 5.1234  grad_norm 1.234  step_time 85ms  tok/s 1,505 ..."
+_LINE = re.compile(
+    r"step\s+(?P<step>\d+)/\d+\s+loss (?P<loss>[-\d.e+naif]+)\s+grad_norm \S+\s+step_time (?P<ms>[\d.]+)ms\s+"
+    r"tok/s (?P<tps>[\d,.]+)\s+tflops (?P<tflops>[\d.e+-]+)\s+mfu (?P<mfu>[\d.e+-]+)%")
+
+
+def _knob(name, category, key, values, effect, min_procs=1) -> FrameworkKnob:
+    return FrameworkKnob(name=name, category=category, flag=key, override=key, values=values,
+                         expected_effect=effect, min_procs=min_procs)
+
+
+KNOBS: list[FrameworkKnob] = [
+    _knob("reshard_after_forward", "communication-overlap", "parallel.reshard_after_forward", ("true", "false"),
+          "false keeps gathered FSDP parameters for backward (ZeRO-2): one all-gather fewer per layer, more memory"),
+    _knob("comm_overlap", "communication-overlap", "parallel.comm_overlap", ("true", "false"),
+          "overlaps TP collectives with the GEMMs (async TP); needs tp > 1", 2),
+    _knob("data_parallel", "communication-overlap", "parallel.data_parallel", ("fsdp", "ddp"),
+          "ddp replicates weights and overlaps bucketed all-reduce with backward"),
+    _knob("compile", "kernels", "training.compile", ("true", "false"), "torch.compile fuses elementwise kernels per block"),
+    _knob("precision", "kernels", "training.precision", ("fp32", "bf16"), "bf16 halves bytes moved; tensor cores on GPUs"),
+    _knob("data_kind", "data-pipeline", "data.kind", ("text", "synthetic"),
+          "synthetic tokens skip reading and tokenising: bounds what a faster data pipeline can give"),
+    _knob("micro_batch", "batch", "training.micro_batch", ("1", "2", "4", "8"),
+          "larger micro-batches raise arithmetic intensity; cost activation memory"),
+    _knob("activation_checkpointing", "memory", "training.activation_checkpointing", ("none", "selective", "full"),
+          "recomputes activations in backward: saves memory, costs compute"),
+    _knob("pp_schedule", "parallelism", "parallel.pp_schedule", ("GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble"),
+          "1F1B and zero-bubble schedules shrink the pipeline bubble against GPipe (needs pp > 1)", 2),
+    _knob("tp", "parallelism", "parallel.tp", ("1", "2"), "tensor parallel degree: splits each GEMM, adds collectives", 2),
+    _knob("sequence_parallel", "parallelism", "parallel.sequence_parallel", ("true", "false"),
+          "with tp > 1, shards norms along the sequence", 2),
+]
+
+
+class TrainopsAdapter:
+    name = "trainops"
+    display_name = "trainops-embedded-trainer"
+    package = "trainops"
+
+    def version(self) -> str:
+        return installed_version(self.package)
+
+    def knobs(self) -> list[FrameworkKnob]:
+        return list(KNOBS)
+
+    def validate(self, knob_values: dict[str, str]) -> None:
+        """Knob names and values, then the trainer's own config validation (types, layout rules)."""
+        from trainer.config import load_config
+
+        check_knob_values(self.name, KNOBS, knob_values)
+        by_name = {k.name: k for k in KNOBS}
+        try:
+            load_config(None, "tiny", [f"{by_name[n].override}={v}" for n, v in knob_values.items()])
+        except ValueError as exc:
+            raise FrameworkRefused(str(exc).splitlines()[0]) from None
+
+    def build_job(self, job: FrameworkJob) -> JobSpec:
+        from tools.jobs import TrainingRequest, training_spec
+
+        req = TrainingRequest(config=job.config, preset=None if job.config else job.preset, overrides=job.overrides,
+                              nproc=job.nproc, nodes=job.nodes)
+        try:
+            return training_spec(req, job.name, [])
+        except ValueError as exc:
+            raise FrameworkRefused(str(exc).splitlines()[0]) from None
+
+    def parse_log_line(self, line: str, ctx: ParseContext | None = None) -> StepRecord | None:
+        match = _LINE.search(line)
+        if not match:
+            return None
+        record = StepRecord(step=int(match["step"]), loss=float(match["loss"]), step_time_s=float(match["ms"]) / 1e3,
+                            tokens_per_s=float(match["tps"].replace(",", "")), tflops=float(match["tflops"]),
+                            mfu_pct=float(match["mfu"]))
+        return mfu(record, ctx)
+
+    def checkpoint_dir(self, run_dir: str) -> str:
+        return str(Path(run_dir) / "checkpoints")
+
+    def resume_args(self, run_dir: str) -> list[str]:
+        """None: launching the same run folder again resumes from its newest verified checkpoint."""
+        return []
