@@ -46,12 +46,12 @@ def run_arm(req: JobRequest, spec: str, baselines: dict[int, list[RunResult]], r
     A small-scale gain that is not a gain at target scale is flagged as vanished."""
     knob, value = parse_arm([spec])
     scales = sorted(baselines)
-    rows, evidence = [], []
+    rows, evidence, arms = [], [], {}
     for nproc in scales:
         if nproc < knob.min_procs:
             continue
         arm_req = req.with_overrides(overrides_for(knob, value), nproc=nproc)
-        arm = repeat(arm_req, f"arm-{knob.name.replace('_', '-')}-{nproc}p", repeats, ctx, progress)
+        arm = arms[nproc] = repeat(arm_req, f"arm-{knob.name.replace('_', '-')}-{nproc}p", repeats, ctx, progress)
         check_single_variable(baselines[nproc][0].run_dir, arm[0].run_dir, f"{knob.name}={value}")
         kind = "target" if nproc == scales[-1] else "small"
         rows.append(_row(knob, value, baselines[nproc], arm, nproc, kind))
@@ -59,10 +59,27 @@ def run_arm(req: JobRequest, spec: str, baselines: dict[int, list[RunResult]], r
                                  command=command_line(arm_req), log_path=f"{r.run_dir}/metrics.jsonl",
                                  value=f"MFU {r.summary['mfu_pct_median']:.3f}%", window_start=r.started,
                                  window_end=r.ended) for r in arm]
-    small_gain = any(r.scale_kind == "small" and r.verdict == "gain" for r in rows)
-    if small_gain and rows and rows[-1].scale_kind == "target" and rows[-1].verdict != "gain":
-        rows[-1] = rows[-1].model_copy(update={"vanished_at_scale": True})
+    if len(rows) == 2:
+        rows[-1] = judge_scale(knob, rows, arms)
     return rows, evidence
+
+
+def _median(results: list[RunResult], key: str) -> float:
+    return spread([r.summary[key] for r in results]).median
+
+
+def judge_scale(knob: Knob, rows: list[AblationRow], arms: dict[int, list[RunResult]]) -> AblationRow:
+    """Small against target scale through governance's ScaleResult (R-ABL-2/3, R-EVD-4): compared by
+    weak-scaling efficiency; a small-scale gain whose target gain is at or below zero vanished."""
+    from tools.governance.claims import ScaleResult
+
+    (small_n, small), (target_n, target) = sorted(arms.items())
+    efficiency = 100.0 * (_median(target, "tokens_per_s_median") / target_n) / (_median(small, "tokens_per_s_median") / small_n)
+    vanished = rows[0].verdict == "gain" and rows[1].mfu_change_pct <= 0
+    ScaleResult(knob=knob.overrides[0], small_world_size=small_n, small_gain_pct=rows[0].mfu_change_pct,
+                target_world_size=target_n, target_gain_pct=rows[1].mfu_change_pct,
+                weak_scaling_efficiency_pct=efficiency, rollout="stop" if vanished else "continue")
+    return rows[1].model_copy(update={"vanished_at_scale": vanished, "weak_scaling_efficiency_pct": efficiency})
 
 
 def run_plan(req: JobRequest, specs: list[str], baselines: dict[int, list[RunResult]], repeats: int,

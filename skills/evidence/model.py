@@ -69,7 +69,8 @@ class AblationRow(BaseModel):
     noise_band_pct: float = Field(ge=0, description="run-to-run noise band at this scale, percent")
     beyond_noise: bool = Field(description="|mfu_change_pct| exceeds the noise band")
     verdict: Literal["gain", "regression", "within-noise"]
-    vanished_at_scale: bool = Field(default=False, description="a small-scale gain that is within noise or negative at target scale")
+    vanished_at_scale: bool = Field(default=False, description="a small-scale gain whose MFU change at target scale is at or below zero")
+    weak_scaling_efficiency_pct: float | None = Field(default=None, ge=0, description="target rows: per-process tokens/s of the arm at target over small scale")
     source_run: str = Field(description="run folder of the arm's median repeat")
     reference: str = Field(default="", description="published comparison, with source and scale difference")
 

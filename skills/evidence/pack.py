@@ -38,6 +38,10 @@ def decide(baseline: BaselineSummary | None, ablations: list[AblationRow],
         gaps.append("no ablation arm beat the run-to-run noise band")
     failures += [f"{r.knob}={r.value}: gain at small scale vanished at target scale (stop the rollout, roll back)"
                  for r in ablations if r.vanished_at_scale]
+    small_gains = {r.knob for r in ablations if r.scale_kind == "small" and r.verdict == "gain"}
+    gaps += [f"{r.knob}={r.value}: small-scale gain not confirmed beyond the noise band at target scale"
+             for r in ablations if r.scale_kind == "target" and r.knob in small_gains and r.verdict != "gain"
+             and not r.vanished_at_scale]
     if not drills:
         gaps.append("no fault drill run (S5)")
     failures += [f"drill {d.fault}: restored checkpoint {d.checkpoint_used} failed verification"

@@ -50,7 +50,8 @@ def to_markdown(pack: EvidencePack) -> str:
         out += ["## Ablations (one variable per arm)", ""]
         out += _table(
             ["knob", "value (baseline)", "category", "scale", "MFU change", "noise band", "verdict", "source"],
-            [[r.knob, f"{r.value} ({r.baseline_value})", r.category, f"{r.scale} [{r.scale_kind}]",
+            [[r.knob, f"{r.value} ({r.baseline_value})", r.category, f"{r.scale} [{r.scale_kind}]" + (
+                 f", weak-scaling efficiency {r.weak_scaling_efficiency_pct:.0f}%" if r.weak_scaling_efficiency_pct is not None else ""),
               _fmt(r.mfu_change_pct, 1, "%"), f"±{r.noise_band_pct:.1f}%",
               r.verdict + (" — vanished at scale" if r.vanished_at_scale else ""), r.source_run]
              for r in pack.ablations],

@@ -64,3 +64,31 @@ def test_plan_orders_communication_overlap_before_kernels_data_and_batch():
     order = [k.category for k in plan_order([CATALOGUE["micro_batch"], CATALOGUE["data_kind"],
                                              CATALOGUE["compile"], CATALOGUE["reshard_after_forward"]])]
     assert order == ["communication-overlap", "kernels", "data-pipeline", "batch"]
+
+
+def _runs(mfu: float, tokens_per_s: float) -> list:
+    from skills.baseline import RunResult
+
+    return [RunResult(job_id="j", run_dir="r", summary={"mfu_pct_median": mfu, "tokens_per_s_median": tokens_per_s},
+                      started=0, ended=1)]
+
+
+def test_small_scale_gain_that_turns_negative_at_target_scale_vanished(factories):
+    from skills.ablation import judge_scale
+
+    small = factories.ablation(change=12.0, band=5.0, verdict="gain")
+    target = factories.ablation(change=-8.0, band=5.0, verdict="regression").model_copy(update={"scale_kind": "target"})
+    row = judge_scale(CATALOGUE["data_kind"], [small, target], {1: _runs(2.0, 1000.0), 2: _runs(1.8, 1800.0)})
+    assert row.vanished_at_scale and row.weak_scaling_efficiency_pct == pytest.approx(90.0)
+
+
+def test_positive_target_change_within_noise_is_unconfirmed_not_vanished(factories):
+    from skills.ablation import judge_scale
+    from skills.evidence.pack import decide
+
+    small = factories.ablation(change=12.0, band=5.0, verdict="gain")
+    target = factories.ablation(change=4.0, band=30.0, verdict="within-noise").model_copy(update={"scale_kind": "target"})
+    row = judge_scale(CATALOGUE["data_kind"], [small, target], {1: _runs(2.0, 1000.0), 2: _runs(2.1, 2000.0)})
+    assert not row.vanished_at_scale
+    verdict, blockers = decide(factories.baseline(["r"]), [small, row], [factories.drill()])
+    assert verdict == "partial" and "not confirmed beyond the noise band at target scale" in blockers[0]
