@@ -21,11 +21,16 @@ def _progress(as_json: bool):
     return (lambda msg: None) if as_json else (lambda msg: err.print(f"[cyan]»[/] {msg}", highlight=False))
 
 
-def _request(config: Optional[str], sets: Optional[List[str]], nproc: int, scheduler: str, as_json: bool):
+def _request(config: Optional[str], sets: Optional[List[str]], nproc: int, scheduler: str, as_json: bool,
+             monitor: str = "embedded"):
     from pathlib import Path
 
     from skills.baseline import JobRequest
 
+    if monitor != "embedded":
+        fail(f"--monitor: {monitor!r} does not feed the SOP's statistics yet (summarize_run reads each run's "
+             "metrics.jsonl); use --monitor embedded, and `trainops tool call query_metrics` for Prometheus series",
+             as_json=as_json)
     if config and not Path(config).is_file():
         fail(f"CONFIG: file {config!r} does not exist; pass a job config TOML or omit it for the tiny preset", as_json=as_json)
     return JobRequest(config=config, preset=None if config else "tiny", overrides=list(sets or []), nproc=nproc,
@@ -71,7 +76,7 @@ def register(app: typer.Typer) -> None:
         """S2: repeats of the unchanged config; median and spread of step time, tokens/s, MFU."""
         from skills import baseline as skill_baseline
 
-        req = _request(config, sets, nproc, scheduler, as_json)
+        req = _request(config, sets, nproc, scheduler, as_json, monitor)
         summary, _, _ = _guard(lambda: skill_baseline.measure(req, repeats, progress=_progress(as_json)), as_json)
         emit(summary, as_json, lambda s: _table(
             f"baseline: {s.model}, {s.parallel_layout}, {s.precision}, {s.repeats} repeats", ["metric", "median", "spread"],
@@ -97,7 +102,7 @@ def register(app: typer.Typer) -> None:
             fail("--knob: no arm given; pass --knob NAME=VALUE (see trainops ablate --list)", as_json=as_json)
         for spec in knob:
             _guard(lambda: parse_arm(spec.split(",")), as_json)
-        req = _request(config, sets, nproc, scheduler, as_json)
+        req = _request(config, sets, nproc, scheduler, as_json, monitor)
         say = _progress(as_json)
 
         def go():
@@ -118,7 +123,7 @@ def register(app: typer.Typer) -> None:
         """S5: inject, detect, isolate, restart from the newest good checkpoint; time each phase."""
         from skills import drill as skill_drill
 
-        req = _request(config, sets, nproc, scheduler, as_json)
+        req = _request(config, sets, nproc, scheduler, as_json, monitor)
         for kind in fault:
             if kind not in skill_drill.DRILLS:
                 fail(f"--fault: unknown fault {kind!r}; use one of {', '.join(skill_drill.DRILLS)}", as_json=as_json)
@@ -169,8 +174,7 @@ def register(app: typer.Typer) -> None:
 
         for spec in knob or []:
             _guard(lambda: parse_arm([spec]), as_json)
-        if config:
-            _request(config, None, 2, scheduler, as_json)
+        _request(config, None, 2, scheduler, as_json, monitor)
         settings = SopSettings(config=config, quick=quick, scheduler=scheduler, knobs=knob or [], faults=fault or [])
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), disable=as_json,
                       transient=False) as bar:
