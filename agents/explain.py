@@ -36,15 +36,30 @@ def _compact(data: Any, limit: int = 1200) -> str:
     return text if len(text) <= limit else text[:limit] + " ..."
 
 
-def explain_mfu(summary: Any, env: Any) -> list[str]:
+def _layout_text(plan: Any) -> tuple[str | None, float | None]:
+    """'dp_replicate x dp_shard x cp x tp x pp = 1x2x1x1x1, micro_batch 4, seq_len 64' and ~model params."""
+    layout = find(plan, "layout")
+    if not isinstance(layout, dict):
+        return None, None
+    dims = ("dp_replicate", "dp_shard", "cp", "tp", "pp")
+    text = (" x ".join(dims) + " = " + "x".join(str(layout.get(d)) for d in dims)
+            + f", micro_batch {layout.get('micro_batch')}, seq_len {layout.get('seq_len')}")
+    ranks = find(plan, "ranks")
+    per_rank = ranks[0].get("params") if isinstance(ranks, list) and ranks and isinstance(ranks[0], dict) else None
+    shards = (layout.get("dp_shard") or 1) * (layout.get("tp") or 1) * (layout.get("pp") or 1)
+    return text, (per_rank * shards if isinstance(per_rank, (int, float)) else None)
+
+
+def explain_mfu(summary: Any, env: Any, plan: Any = None) -> list[str]:
     """Why an MFU figure is what it is, from the run summary and the environment declaration."""
     lines: list[str] = []
     mfu = find(summary, "mfu_pct_median", "mfu_pct", "mean_mfu_pct")
     model = find(summary, "model", "preset")
-    hardware = " ".join(str(v) for v in (find(env, "hardware_generation"), find(find(env, "accelerators"), "model")) if v)
+    hardware = find(env, "hardware_generation") or find(find(env, "accelerators"), "model")
     framework = find(env, "framework")
     framework = f"{framework.get('name')} {framework.get('version')}" if isinstance(framework, dict) else None
-    layout = find(summary, "parallel", "layout")
+    layout, params = _layout_text(plan)
+    model = model or (f"~{params / 1e6:.1f}M parameters" if params else None)
     precision = find(summary, "precision")
     peak_source = find(summary, "peak_source") or find(find(env, "compute_peak"), "source")
     head = f"MFU of run {find(summary, 'run')}: {mfu:.2f}% (median over measured steps)" if isinstance(mfu, (int, float)) \
@@ -73,7 +88,6 @@ def explain_mfu(summary: Any, env: Any) -> list[str]:
         reasons.append("precision: fp32 runs against a lower peak than bf16 mixed precision")
     if isinstance(peak_source, str) and ("cpu" in peak_source.lower() or "measured" in peak_source.lower()):
         reasons.append(f"peak: MFU is measured against {peak_source}; small GEMMs on a CPU reach only a fraction of it")
-    params = find(summary, "params", "n_params", "num_params", "parameters")
     if (isinstance(params, (int, float)) and params < 1e8) or (isinstance(model, str) and model in ("tiny", "small")):
         reasons.append("model size: a small model spends much of each step in per-op overhead (Python, launches, optimizer), not in matmuls")
     ac = find(summary, "activation_checkpointing")
@@ -109,7 +123,8 @@ def render_answer(intent: str, request: str, results: list[ToolMessage], assumed
         return f"Stopped: {first.name} {verb}: {reason}"
     by_tool = {r.name: _data(r) for r in results}
     if intent == "mfu":
-        return "\n".join(explain_mfu(by_tool.get("summarize_run"), by_tool.get("declare_environment")))
+        return "\n".join(explain_mfu(by_tool.get("summarize_run"), by_tool.get("declare_environment"),
+                                      by_tool.get("plan_layout")))
     if intent == "drill":
         injected = by_tool.get("inject_fault") or {}
         if isinstance(injected, dict) and injected.get("overrides"):

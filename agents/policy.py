@@ -30,7 +30,7 @@ _DURATION_STEMS = {"save": ("save", "checkpoint_save", "save_time", "write", "ch
 _ALIASES = {"run": ("run", "run_id", "run_name", "run_dir"), "job": ("job", "job_id", "jobid"),
             "config": ("config", "config_path", "cfg", "config_file"),
             "fault": ("fault", "fault_kind", "kind", "fault_type"), "rank": ("rank", "target_rank"),
-            "quick": ("quick",)}
+            "quick": ("quick",), "nproc": ("nproc",)}
 _FALLBACK = {"run": "job"}
 _FAULT_KINDS = {"crash": ("kill_rank", "crash"), "hang": ("hang",), "nan": ("nan",), "bitflip": ("bitflip",),
                 "straggler": ("straggler",), "slow": ("straggler",), "corrupt": ("corrupt_checkpoint",)}
@@ -59,7 +59,7 @@ INTENTS = {
     "checkpoint": Intent("checkpoint", ((("plan_checkpoint_interval",), False),)),
     "drill": Intent("drill", ((("job_status",), True), (("inject_fault",), False), (("detect_faults",), True))),
     "sop": Intent("sop", ((("run_sop",), False),)),
-    "mfu": Intent("mfu", ((("summarize_run",), False), (("declare_environment",), True))),
+    "mfu": Intent("mfu", ((("summarize_run",), False), (("plan_layout",), True), (("declare_environment",), True))),
     "logs": Intent("logs", ((("job_logs",), False),)),
     "jobs": Intent("jobs", ((("list_jobs",), False),)),
 }
@@ -195,6 +195,18 @@ def _learned(results: list[ToolMessage]) -> dict[str, Any]:
     return learned
 
 
+def _run_layout_params(params: dict[str, Any]) -> dict[str, Any]:
+    """Once the summary names the run's world size, its saved config.toml lets plan_layout
+    report the layout and model size an MFU claim must name."""
+    from trainops.workspace import runs_dir
+
+    ranks, run = params["outputs"].get("ranks"), params.get("run")
+    config = runs_dir() / str(run) / "config.toml" if run else None
+    if not isinstance(ranks, int) or config is None or not config.is_file():
+        return {}
+    return {"nproc": ranks, "config": str(config)}
+
+
 def decide(messages: list[BaseMessage], tool_schemas: list[dict]) -> AIMessage:
     request, calls, results = _turn(messages)
     intent_name = classify(request)
@@ -210,6 +222,8 @@ def decide(messages: list[BaseMessage], tool_schemas: list[dict]) -> AIMessage:
     params = {**_learned(results), **parse_params(request)}
     assumed = {k: v for k, v in ASSUMED.items() if k not in params}
     params.update(assumed)
+    if intent_name == "mfu":
+        params.update(_run_layout_params(params))
     done = {name for name, _ in calls}
     if any(isinstance(r.artifact, dict) and r.artifact.get("overrides") for r in results):
         return AIMessage(content=render_answer(intent_name, request, results, assumed))

@@ -111,6 +111,7 @@ def write_run(home: Path, run: str, *, mfu_pct: float, data_wait_s: float, step_
     """A run folder as the trainer leaves it (two ranks of metrics.jsonl), for summarize_run to read."""
     folder = home / "runs" / run
     folder.mkdir(parents=True)
+    (folder / "config.toml").write_text('[model]\npreset = "tiny"\n\n[training]\nmicro_batch = 2\nglobal_batch = 4\nseq_len = 64\n')
     with open(folder / "metrics.jsonl", "w") as fh:
         for step in range(1, steps + 1):
             for rank in (0, 1):

@@ -32,9 +32,11 @@ def test_mfu_question_reads_the_run_and_names_the_data_wait(make_run):
     make_run("slow-data", mfu_pct=3.0, data_wait_s=0.04, step_time_s=0.2)
     with AgentSession("mfu") as session:
         events = run(session, "what is the MFU of run slow-data and why is it low?")
-    assert [e["tool"] for e in events if e["kind"] == "tool_call"] == ["summarize_run", "declare_environment"]
+    assert [e["tool"] for e in events if e["kind"] == "tool_call"] == ["summarize_run", "plan_layout", "declare_environment"]
     text = answer(events)
     assert "MFU of run slow-data: 3.00%" in text
+    assert "layout dp_replicate x dp_shard x cp x tp x pp = 1x2x1x1x1, micro_batch 2, seq_len 64" in text
+    assert "Not in the evidence, so no MFU conclusion is drawn on them: precision." in text
     assert "data pipeline: 20.0% of each step waits for data" in text
     assert "measured CPU GEMM" in text
 

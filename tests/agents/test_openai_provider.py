@@ -3,7 +3,6 @@ the remote LLM only): the real client parses its tool calls and the real graph, 
 gate act on them."""
 from __future__ import annotations
 
-import json
 import socket
 
 import pytest
