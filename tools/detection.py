@@ -148,11 +148,24 @@ class _Watch:
         for r, b in sorted(beats.items()):
             if "pid" in b and b.get("host", host) == host and not pid_alive(int(b["pid"])):
                 return "process_exit", r, b, f"rank {r} pid {b['pid']} is gone (last heartbeat at step {b.get('step')})"
-        if len(beats) >= 1:
+        if beats:
             ages = {r: now - float(b["time"]) for r, b in beats.items()}
             oldest = max(ages, key=ages.get)
             if ages[oldest] > self.inp.heartbeat_stale_s:
-                return "heartbeat_stale", oldest, beats[oldest], f"rank {oldest} heartbeat is {ages[oldest]:.2f}s old (step {beats[oldest].get('step')}); limit {self.inp.heartbeat_stale_s}s"
+                # peers of a hung rank block in its collective and go stale too; a stopped
+                # process on this host names the culprit, else the lowest step, then the oldest
+                stopped = [r for r, b in beats.items() if b.get("host", host) == host and _proc_state(int(b.get("pid", 0))) == "T"]
+                culprit = stopped[0] if stopped else min(beats, key=lambda r: (beats[r].get("step", 0), -ages[r]))
+                how = " (its process is stopped)" if stopped else ""
+                return "heartbeat_stale", culprit, beats[culprit], f"rank {culprit}{how} heartbeat is {ages[culprit]:.2f}s old (step {beats[culprit].get('step')}); limit {self.inp.heartbeat_stale_s}s"
+        return None
+
+
+def _proc_state(pid: int) -> str | None:
+    """The kernel's one-letter state of a local pid (T = stopped), or None."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
         return None
 
 
