@@ -14,6 +14,7 @@ back to the model wrapped as data, never as instructions.
 from __future__ import annotations
 
 import json
+import time
 from typing import Annotated, Any, NotRequired, TypedDict
 
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage, ToolMessage
@@ -61,6 +62,7 @@ def _run(call: dict, thread: str | None, token: str | None = None) -> ToolMessag
     from tools.base import CallContext, ToolError, call as call_tool
 
     ctx = CallContext(actor="agent", approval_token=token, thread_id=thread)
+    started = time.perf_counter()
     try:
         out = call_tool(call["name"], call["args"], ctx)
     except ToolError as exc:
@@ -70,8 +72,9 @@ def _run(call: dict, thread: str | None, token: str | None = None) -> ToolMessag
         message = _result(call, "error", {"error": f"{type(exc).__name__}: {exc}", "kind": "tool_error"})
     else:
         message = _result(call, "success", out.model_dump(mode="json"))
+    message.response_metadata["elapsed_s"] = time.perf_counter() - started
     transcript.record(thread, "tool_result", tool=call["name"], call_id=call["id"], status=message.status,
-                      output=message.artifact)
+                      elapsed_s=message.response_metadata["elapsed_s"], output=message.artifact)
     return message
 
 

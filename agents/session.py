@@ -20,6 +20,16 @@ def new_thread_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
 
 
+class Timing(BaseModel):
+    """Where the time of one request (or one decision) went: the agent's own share is what
+    is left after the tools (graph, model, checkpointing, gate checks)."""
+
+    wall_s: float
+    tool_s: float = Field(description="time inside tool calls, training jobs included")
+    agent_overhead_s: float
+    agent_overhead_pct: float
+
+
 class AgentSession:
     """Send requests and approval decisions to one thread; events stream as the graph runs.
 
@@ -35,6 +45,7 @@ class AgentSession:
         self._conn = sqlite3.connect(str(agent_db_path()), check_same_thread=False)
         self.graph = build_graph(llm or make_chat_model(self.settings), SqliteSaver(self._conn), self.settings)
         self.config = {"configurable": {"thread_id": self.thread_id}}
+        self.timing: Timing | None = None
 
     def __enter__(self) -> "AgentSession":
         return self
@@ -66,6 +77,7 @@ class AgentSession:
         return str(last.content) if isinstance(last, AIMessage) and not last.tool_calls else ""
 
     def _stream(self, graph_input) -> Iterator[dict[str, Any]]:
+        started, tool_s = time.perf_counter(), 0.0
         for update in self.graph.stream(graph_input, self.config, stream_mode="updates"):
             for node, data in update.items():
                 if node == "__interrupt__":
@@ -77,8 +89,12 @@ class AgentSession:
                         for call in message.tool_calls:
                             yield {"kind": "tool_call", "tool": call["name"], "args": call["args"]}
                     elif isinstance(message, ToolMessage):
+                        tool_s += message.response_metadata.get("elapsed_s", 0.0)
                         yield {"kind": "tool_result", "tool": message.name, "status": message.status,
                                "output": message.artifact}
+        wall_s = time.perf_counter() - started
+        self.timing = Timing(wall_s=wall_s, tool_s=tool_s, agent_overhead_s=wall_s - tool_s,
+                             agent_overhead_pct=100 * (wall_s - tool_s) / wall_s if wall_s else 0.0)
         if not self.pending():
             yield {"kind": "answer", "text": self.answer()}
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from trainops.cli import app
@@ -30,6 +31,9 @@ def test_ask_json_gives_thread_answer_and_tool_calls():
     assert out["thread_id"] == "cli1" and out["provider"] == "offline"
     assert out["tool_calls"] == [{"tool": "plan_checkpoint_interval", "status": "success"}]
     assert out["answer"].startswith("Checkpoint every 39.2 min") and out["pending_approvals"] == []
+    timing = out["timing"]
+    assert 0 < timing["tool_s"] < timing["wall_s"]
+    assert timing["agent_overhead_s"] == pytest.approx(timing["wall_s"] - timing["tool_s"])
 
 
 def test_ask_turns_a_gated_action_into_a_pending_approval():

@@ -133,6 +133,7 @@ def register(app: typer.Typer) -> None:
                 "tool_calls": [{"tool": e["tool"], "status": e["status"]} for e in events if e["kind"] == "tool_result"],
                 "pending_approvals": pending,
                 "resume": f"trainops chat --thread {session.thread_id}" if pending else None,
+                "timing": session.timing,
             }
         if as_json:
             emit(result, True)
