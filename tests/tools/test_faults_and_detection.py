@@ -72,7 +72,7 @@ def test_a_hung_rank_is_detected_by_its_stale_heartbeat(ranks):
 
         os.kill(injected.pids[0], signal.SIGCONT)
     assert (found.mechanism, found.rank) == ("heartbeat_stale", 0)
-    assert 0.5 <= found.detection_latency_s < 2.5
+    assert 0.4 <= found.detection_latency_s < 2.5  # the last beat predates the injection by up to a step
 
 
 def test_a_nan_loss_is_a_loss_anomaly_that_isolates_the_job(ranks):
