@@ -142,3 +142,23 @@ def test_an_unknown_provider_is_refused_with_the_choices(monkeypatch):
     monkeypatch.setenv("TRAINOPS_PROVIDER", "gemini")
     with pytest.raises(ProviderError, match="'gemini' \\(from environment variable TRAINOPS_PROVIDER\\) is not known; use offline, openai or anthropic"):
         load_settings()
+
+
+def test_anthropic_missing_key_names_its_variable(monkeypatch):
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    with pytest.raises(ProviderError, match="provider anthropic needs an API key: environment variable ANTHROPIC_API_KEY is not set"):
+        make_chat_model(load_settings(provider="anthropic"))
+
+
+def test_anthropic_builds_the_langchain_client_with_the_configured_model(monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "x")
+    model = make_chat_model(load_settings(provider="anthropic", model="claude-test"))
+    assert type(model).__name__ == "ChatAnthropic" and model.model == "claude-test"
+
+
+def test_api_key_env_names_another_variable_and_the_error_says_so(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "trainops.toml").write_text('[agent]\nprovider = "openai"\napi_key_env = "VLLM_KEY"\n')
+    monkeypatch.delenv("VLLM_KEY", raising=False)
+    with pytest.raises(ProviderError, match="environment variable VLLM_KEY is not set"):
+        make_chat_model(load_settings())
