@@ -1,0 +1,81 @@
+"""Checkpoints under torchrun (2 gloo processes, FSDP2): resume equivalence for background
+writes, and fallback past a corrupt newest checkpoint, both against an uninterrupted run.
+
+A run is stopped by ending it at step 4 and relaunched with steps=8. `training.min_lr_ratio=1`
+keeps the learning rate flat after warm-up, so the schedule does not depend on the total step
+count and the two halves must reproduce the straight run's losses exactly (same layout, same
+gloo reduction order: bit-for-bit, no tolerance needed).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trainer.checkpoint import list_checkpoints, step_dir_name
+from trainer.config import load_config
+from trainer.launch import RunResult, launch_run, read_metrics, run_local
+
+pytestmark = pytest.mark.slow
+
+BASE = ["model.n_layers=2", "training.seq_len=32", "training.global_batch=8", "training.micro_batch=4",
+        "training.min_lr_ratio=1", "training.steps=8"]
+
+
+def run(*overrides: str, run_id: str) -> RunResult:
+    cfg = load_config(None, "tiny", BASE + list(overrides))
+    return run_local(cfg, 2, run_id=run_id, show_progress=False, timeout_s=300)
+
+
+def relaunch(result: RunResult, *overrides: str) -> RunResult:
+    run_dir = Path(result.run_dir)
+    cfg = load_config(run_dir / "config.toml", None, list(overrides))
+    (run_dir / "config.toml").write_text(cfg.to_toml())
+    return launch_run(run_dir, 2, show_progress=False, timeout_s=300)
+
+
+def losses(result: RunResult) -> dict[tuple[int, int], float]:
+    """(step, rank) -> loss; a relaunch's records replace the first run's for the same step."""
+    return {(r["step"], r["rank"]): r["loss"] for r in read_metrics(result.run_dir)}
+
+
+def journal(result: RunResult) -> list[dict]:
+    text = (Path(result.run_dir) / "checkpoints.jsonl").read_text()
+    return [json.loads(line) for line in text.splitlines()]
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> dict[tuple[int, int], float]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRAINOPS_HOME", str(tmp_path_factory.mktemp("straight-home")))
+        result = run(run_id="straight")
+    assert result.status == "ok", Path(result.run_dir, "logs", "launcher.log").read_text()[-3000:]
+    return losses(result)
+
+
+def test_async_checkpoint_resume_reproduces_every_step_of_the_straight_run(straight):
+    first = run("training.steps=4", "checkpoint.enable=true", "checkpoint.interval=4",
+                "checkpoint.mode=async", run_id="async")
+    assert first.status == "ok" and first.steps_completed == 4
+    resumed = relaunch(first, "training.steps=8")
+    assert resumed.status == "ok" and resumed.steps_completed == 8
+    assert [e["step"] for e in journal(resumed) if e["event"] == "load"] == [4]
+    assert losses(resumed) == straight
+
+
+def test_a_corrupt_newest_checkpoint_falls_back_and_still_matches_the_straight_run(straight):
+    first = run("training.steps=4", "checkpoint.enable=true", "checkpoint.interval=2",
+                "checkpoint.mode=async_pinned", "faults.corrupt_checkpoint=true", run_id="corrupt")
+    assert first.status == "ok"
+    folder = Path(first.run_dir) / "checkpoints"
+    assert [i.step for i in list_checkpoints(folder) if i.committed] == [2, 4]
+
+    resumed = relaunch(first, "training.steps=8", "faults.corrupt_checkpoint=false")
+
+    assert resumed.status == "ok" and resumed.steps_completed == 8
+    events = [(e["event"], e["step"]) for e in journal(resumed) if e["event"] in ("fallback", "load")]
+    assert events == [("fallback", 4), ("load", 2)]
+    log = (Path(resumed.run_dir) / "logs" / "rank0.log").read_text()
+    assert f"checkpoint {step_dir_name(4)} is corrupt: checksum mismatch" in log
+    assert losses(resumed) == straight
