@@ -6,8 +6,8 @@
 
 `governance` checks every proposed call before anything runs: unknown tools and invalid
 inputs are refused, read-only calls go to `tools`, and every call that changes the world
-waits in `human_approval`, which `interrupt()`s for approve / edit / reject. Approval mints
-the governance token for that exact input and runs the call with it. `report_check` passes
+waits in `human_approval`, which `interrupt()`s for approve / edit / reject. Approval of a
+token-gated tool mints the governance token for that exact input; the call then runs. `report_check` passes
 the final answer through the governance text rules before anyone sees it. Tool results go
 back to the model wrapped as data, never as instructions.
 """

@@ -1,15 +1,15 @@
 """The offline provider: a deterministic SOP policy behind LangChain's chat-model interface.
 
-It reads the user's request (never a tool's output) to pick an intent and its parameters,
-then emits one tool call per turn from the intent's plan, filling arguments from each bound
-tool's JSON schema; when the plan is done it writes the answer from the tool results. So the
-same graph, gate and approvals run with no network and no key, and tests are repeatable.
+It picks an intent and its plan from the user's request only (a tool's output can never
+change what it does; outputs only supply ids and values to later steps of the same plan),
+then emits one tool call per turn, filling arguments from each bound tool's JSON schema; when
+the plan is done it writes the answer from the tool results. So the same graph, gate and
+approvals run with no network and no key, and tests are repeatable.
 """
 from __future__ import annotations
 
 import json
 import re
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -241,7 +241,7 @@ def decide(messages: list[BaseMessage], tool_schemas: list[dict]) -> AIMessage:
             if optional:
                 continue
             return AIMessage(content=f"To run {name} I need " + "; ".join(dict.fromkeys(_need(f) for f in missing)) + ".")
-        return AIMessage(content="", tool_calls=[{"name": name, "args": args, "id": f"call_{uuid.uuid4().hex[:12]}"}])
+        return AIMessage(content="", tool_calls=[{"name": name, "args": args, "id": f"call_{len(messages)}"}])
     return AIMessage(content=render_answer(intent_name, request, results, assumed))
 
 
