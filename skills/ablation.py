@@ -44,13 +44,17 @@ def run_arm(req: JobRequest, spec: str, baselines: dict[int, list[RunResult]], r
             ctx: CallContext | None = None, progress: Progress | None = None) -> tuple[list[AblationRow], list[EvidenceRow]]:
     """One knob at every scale in `baselines` (ascending process count: small, then target).
     A small-scale gain that is not a gain at target scale is flagged as vanished."""
-    knob, value = parse_arm([spec])
+    knob, value = parse_arm([spec], req.framework)
     scales = sorted(baselines)
     rows, evidence, arms = [], [], {}
     for nproc in scales:
         if nproc < knob.min_procs:
             continue
         arm_req = req.with_overrides(overrides_for(knob, value), nproc=nproc)
+        if req.framework != "trainops":  # the framework's own flag prerequisites, before launch
+            from tools.frameworks.base import get_adapter
+
+            get_adapter(req.framework).validate({knob.name: value}, overrides=req.overrides, world_size=nproc)
         arm = arms[nproc] = repeat(arm_req, f"arm-{knob.name.replace('_', '-')}-{nproc}p", repeats, ctx, progress)
         check_single_variable(baselines[nproc][0].run_dir, arm[0].run_dir, f"{knob.name}={value}")
         kind = "target" if nproc == scales[-1] else "small"
@@ -85,8 +89,8 @@ def judge_scale(knob: Knob, rows: list[AblationRow], arms: dict[int, list[RunRes
 def run_plan(req: JobRequest, specs: list[str], baselines: dict[int, list[RunResult]], repeats: int,
              ctx: CallContext | None = None, progress: Progress | None = None) -> tuple[list[AblationRow], list[EvidenceRow]]:
     """Every arm, highest expected gain first (communication overlap, kernels, data pipeline, batch)."""
-    parsed = {parse_arm([s])[0].name: s for s in specs}
-    ordered = plan_order([parse_arm([s])[0] for s in specs])
+    parsed = {parse_arm([s], req.framework)[0].name: s for s in specs}
+    ordered = plan_order([parse_arm([s], req.framework)[0] for s in specs])
     rows, evidence = [], []
     for knob in ordered:
         r, e = run_arm(req, parsed[knob.name], baselines, repeats, ctx, progress)

@@ -26,6 +26,7 @@ class JobRequest(BaseModel):
     timeout_s: float = Field(600.0, gt=0, description="give up waiting for one run after this long")
     warmup_steps: int = Field(2, ge=0, description="leading steps excluded from every statistic")
     framework_version: str = Field("undeclared", description="framework and torch versions stamped on evidence rows (from S1)")
+    framework: str = Field("trainops", description="whose job this is: trainops, deepspeed, torchtitan or megatron (tools.frameworks)")
 
     def with_overrides(self, extra: list[str], nproc: int | None = None) -> "JobRequest":
         return self.model_copy(update={"overrides": [*self.overrides, *extra], "nproc": nproc or self.nproc})
@@ -42,9 +43,7 @@ class RunResult(BaseModel):
 def run_once(req: JobRequest, name: str, ctx: CallContext | None = None) -> RunResult:
     """Submit one trainer run, wait for it, summarise it; a failed run is an error, not a data point."""
     started = time.time()
-    sub = call("submit_job", {"scheduler": req.scheduler, "name": name, "training": {
-        "config": req.config, "preset": None if req.config else req.preset, "overrides": req.overrides,
-        "nproc": req.nproc}}, ctx)
+    sub = submit(req, name, ctx)
     job_id, run_dir = sub.handle.job_id, sub.handle.run_dir
     status = call("wait_job", {"job_id": job_id, "scheduler": req.scheduler, "timeout_s": req.timeout_s}, ctx)
     if status.state != "completed":
@@ -52,6 +51,19 @@ def run_once(req: JobRequest, name: str, ctx: CallContext | None = None) -> RunR
                         f"{status.reason or 'no reason given'}); read {run_dir}/logs/rank0.log")
     summary = call("summarize_run", {"run": run_dir, "skip_steps": req.warmup_steps}, ctx)
     return RunResult(job_id=job_id, run_dir=run_dir, summary=summary.model_dump(), started=started, ended=time.time())
+
+
+def submit(req: JobRequest, name: str, ctx: CallContext | None = None):
+    """submit_job for the request: a trainer run, or the framework adapter's JobSpec (validated before launch)."""
+    if req.framework == "trainops":
+        return call("submit_job", {"scheduler": req.scheduler, "name": name, "training": {
+            "config": req.config, "preset": None if req.config else req.preset, "overrides": req.overrides,
+            "nproc": req.nproc}}, ctx)
+    from tools.frameworks.base import FrameworkJob, get_adapter
+
+    spec = get_adapter(req.framework).build_job(FrameworkJob(name=name, config=req.config, preset=None if req.config else req.preset,
+                                                             overrides=req.overrides, nproc=req.nproc))
+    return call("submit_job", {"scheduler": req.scheduler, "spec": spec}, ctx)
 
 
 def repeat(req: JobRequest, name: str, repeats: int, ctx: CallContext | None = None,
@@ -128,4 +140,6 @@ def measure(req: JobRequest, repeats: int = 3, ctx: CallContext | None = None,
 def command_line(req: JobRequest) -> str:
     target = req.config or f"--preset {req.preset}"
     sets = " ".join(f"--set {o}" for o in req.overrides)
+    if req.framework != "trainops":
+        return f"trainops baseline --framework {req.framework} {target} --nproc {req.nproc} {sets}".strip()
     return f"trainops train {target} --nproc {req.nproc} {sets}".strip()

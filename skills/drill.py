@@ -7,7 +7,7 @@ import time
 import tomllib
 from pathlib import Path
 
-from skills.baseline import JobRequest, Progress, command_line
+from skills.baseline import JobRequest, Progress, command_line, submit
 from skills.evidence.model import DrillResult, EvidenceRow
 from tools.base import CallContext, ToolError, call
 
@@ -27,7 +27,7 @@ class DrillRefused(ValueError):
 def require_checkpoints(req: JobRequest) -> None:
     """Refuse a drill on a job that writes no checkpoints: recovery would start from scratch."""
     enabled = False
-    if req.config:
+    if req.config and req.config.endswith(".toml"):
         enabled = bool(tomllib.loads(Path(req.config).read_text(encoding="utf-8")).get("checkpoint", {}).get("enable"))
     for item in req.overrides:
         if item.startswith("checkpoint.enable="):
@@ -78,9 +78,7 @@ def drill(req: JobRequest, fault: str, inject_step: int = 5, ctx: CallContext | 
     say = progress or (lambda _msg: None)
     sched = req.scheduler
     say(f"drill {fault}: launching")
-    sub = call("submit_job", {"scheduler": sched, "name": f"drill-{fault}", "training": {
-        "config": req.config, "preset": None if req.config else req.preset, "overrides": req.overrides,
-        "nproc": req.nproc}}, ctx)
+    sub = submit(req, f"drill-{fault}", ctx)
     job_id, run_dir = sub.handle.job_id, sub.handle.run_dir
     started = time.time()
     _wait_for(lambda: _heartbeat_step(run_dir) >= inject_step and any(e.get("event") == "save" for e in _journal(run_dir)),

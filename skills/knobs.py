@@ -56,7 +56,18 @@ class KnobError(ValueError):
     """An arm the SOP refuses: unknown knob, bad value, or more than one variable."""
 
 
-def parse_arm(specs: list[str]) -> tuple[Knob, str]:
+def catalogue(framework: str = "trainops") -> dict[str, Knob]:
+    """The knobs of a framework: this catalogue for the embedded trainer, the adapter's flags otherwise."""
+    if framework == "trainops":
+        return CATALOGUE
+    from tools.frameworks.base import get_adapter
+
+    return {k.name: Knob(name=k.name, category=k.category, overrides=(k.override,), values=k.values,
+                         expected_effect=f"{k.flag}: {k.expected_effect}", min_procs=k.min_procs)
+            for k in get_adapter(framework).knobs()}
+
+
+def parse_arm(specs: list[str], framework: str = "trainops") -> tuple[Knob, str]:
     """`["NAME=VALUE"]` -> the knob and its value; exactly one variable per arm."""
     if len(specs) != 1:
         raise KnobError(
@@ -65,9 +76,11 @@ def parse_arm(specs: list[str]) -> tuple[Knob, str]:
     name, sep, value = specs[0].partition("=")
     if not sep or not value:
         raise KnobError(f"knob: {specs[0]!r} is not NAME=VALUE; e.g. --knob micro_batch=8")
-    if name not in CATALOGUE:
-        raise KnobError(f"knob: unknown knob {name!r}; known knobs: {', '.join(CATALOGUE)} (trainops ablate --list)")
-    knob = CATALOGUE[name]
+    known = catalogue(framework)
+    if name not in known:
+        raise KnobError(f"knob: unknown knob {name!r} for {framework}; known knobs: {', '.join(known)} "
+                        f"(trainops ablate --framework {framework} --list)")
+    knob = known[name]
     if value not in knob.values:
         raise KnobError(f"knob: {name}={value!r} is not accepted; use one of {', '.join(knob.values)}")
     return knob, value

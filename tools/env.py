@@ -108,13 +108,15 @@ class EnvInput(BaseModel):
     scheduler: SchedulerKind = Field("local", description="Which scheduler to query for version, partitions and idle nodes.")
     ckpt_dir: str | None = Field(None, description="Where checkpoints go; default $TRAINOPS_HOME/runs.")
     ckpt_test_mib: int = Field(64, ge=1, le=65536, description="Size of the checkpoint write test, MiB.")
-    framework: str | None = Field(None, description="Declare a framework other than the embedded trainer (needs framework_version).")
+    framework: str | None = Field(None, description="Declare a framework other than the embedded trainer: an adapter's name (trainops, deepspeed, torchtitan, megatron) reports its installed version; any other name needs framework_version.")
     framework_version: str | None = Field(None, description="Version of `framework`.")
     measure_gemm: bool = Field(True, description="Measure the CPU GEMM peak (a fraction of a second); false reports 0 and says so.")
 
     @model_validator(mode="after")
     def _framework_needs_version(self) -> EnvInput:
-        if self.framework and not self.framework_version:
+        from tools.frameworks.base import known_frameworks
+
+        if self.framework and not self.framework_version and self.framework not in known_frameworks():
             raise ValueError(
                 f"framework={self.framework!r} has no framework_version: declare the version, e.g. framework_version='0.12.0'"
             )
@@ -245,6 +247,11 @@ def _software() -> Software:
 
 
 def _framework(inp: EnvInput) -> Framework:
+    if inp.framework and not inp.framework_version:  # an adapter's framework: its installed version
+        from tools.frameworks.base import get_adapter
+
+        adapter = get_adapter(inp.framework)
+        return Framework(name=adapter.display_name, version=adapter.version())
     if inp.framework:
         return Framework(name=inp.framework, version=str(inp.framework_version))
     from importlib.metadata import PackageNotFoundError, version

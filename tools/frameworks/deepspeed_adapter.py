@@ -8,9 +8,11 @@ seq_len|lr|seed`; `checkpoint.enable|interval|keep|mode` (mode: sync only, DeepS
 `deepspeed.zero_optimization.stage=2`."""
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import secrets
+import sys
 import time
 from pathlib import Path
 
@@ -130,9 +132,9 @@ def check_rules(config: dict) -> None:
 
 def validate_config(config: dict, world_size: int) -> None:
     """Our rules, then DeepSpeed's own `DeepSpeedConfig` with the job's data-parallel world size."""
-    from deepspeed.runtime.config import DeepSpeedConfig
-
     check_rules(config)
+    with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed's logger writes to stdout, which --json keeps clean
+        from deepspeed.runtime.config import DeepSpeedConfig
 
     class _DataParallel:  # DeepSpeedConfig reads the data-parallel size from an mpu when given one
         def get_data_parallel_world_size(self) -> int:

@@ -12,6 +12,7 @@ JSON = typer.Option(False, "--json", help="Print JSON for machines.")
 SCHED = typer.Option("local", "--scheduler", help="local, slurm or kubernetes.")
 MONITOR = typer.Option("embedded", "--monitor", help="embedded (metrics files) or prometheus.")
 SETS = typer.Option(None, "--set", help="section.key=value override (repeatable).")
+FRAMEWORK = typer.Option("trainops", "--framework", help="Whose job: trainops (embedded trainer), deepspeed, torchtitan or megatron.")
 
 
 def _progress(as_json: bool):
@@ -22,10 +23,11 @@ def _progress(as_json: bool):
 
 
 def _request(config: Optional[str], sets: Optional[List[str]], nproc: int, scheduler: str, as_json: bool,
-             monitor: str = "embedded"):
+             monitor: str = "embedded", framework: str = "trainops"):
     from pathlib import Path
 
     from skills.baseline import JobRequest
+    from tools.frameworks.base import FrameworkRefused, get_adapter
 
     if monitor != "embedded":
         fail(f"--monitor: {monitor!r} does not feed the SOP's statistics yet (summarize_run reads each run's "
@@ -33,8 +35,13 @@ def _request(config: Optional[str], sets: Optional[List[str]], nproc: int, sched
              as_json=as_json)
     if config and not Path(config).is_file():
         fail(f"CONFIG: file {config!r} does not exist; pass a job config TOML or omit it for the tiny preset", as_json=as_json)
+    try:
+        adapter = get_adapter(framework)
+    except FrameworkRefused as exc:
+        fail(f"--{exc}", as_json=as_json)
+    version = f"{adapter.display_name} {adapter.version()}" if framework != "trainops" else "undeclared"
     return JobRequest(config=config, preset=None if config else "tiny", overrides=list(sets or []), nproc=nproc,
-                      scheduler=scheduler)
+                      scheduler=scheduler, framework=framework, framework_version=version)
 
 
 def _guard(fn, as_json: bool):
@@ -45,10 +52,11 @@ def _guard(fn, as_json: bool):
     from skills.evidence.pack import PackRefused
     from skills.knobs import KnobError
     from tools.base import ToolError
+    from tools.frameworks.base import FrameworkRefused
 
     try:
         return fn()
-    except (KnobError, DrillRefused, PackRefused, ToolError, LookupError, ValueError, ValidationError) as exc:
+    except (KnobError, DrillRefused, PackRefused, FrameworkRefused, ToolError, LookupError, ValueError, ValidationError) as exc:
         fail(str(exc).splitlines()[0], as_json=as_json)
 
 
@@ -72,11 +80,12 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def baseline(config: Optional[str] = typer.Argument(None, help="Job config TOML (default: tiny preset)."),
                  repeats: int = typer.Option(3, min=1, help="Independent runs."), nproc: int = typer.Option(2, min=1),
-                 sets: Optional[List[str]] = SETS, scheduler: str = SCHED, monitor: str = MONITOR, as_json: bool = JSON):
+                 sets: Optional[List[str]] = SETS, scheduler: str = SCHED, monitor: str = MONITOR, as_json: bool = JSON,
+                 framework: str = FRAMEWORK):
         """S2: repeats of the unchanged config; median and spread of step time, tokens/s, MFU."""
         from skills import baseline as skill_baseline
 
-        req = _request(config, sets, nproc, scheduler, as_json, monitor)
+        req = _request(config, sets, nproc, scheduler, as_json, monitor, framework)
         summary, _, _ = _guard(lambda: skill_baseline.measure(req, repeats, progress=_progress(as_json)), as_json)
         emit(summary, as_json, lambda s: _table(
             f"baseline: {s.model}, {s.parallel_layout}, {s.precision}, {s.repeats} repeats", ["metric", "median", "spread"],
@@ -88,21 +97,25 @@ def register(app: typer.Typer) -> None:
                knob: Optional[List[str]] = typer.Option(None, "--knob", help="NAME=VALUE; one variable per arm (repeat for more arms)."),
                list_knobs: bool = typer.Option(False, "--list", help="Show the knob catalogue."),
                repeats: int = typer.Option(3, min=1), nproc: int = typer.Option(2, min=1),
-               sets: Optional[List[str]] = SETS, scheduler: str = SCHED, monitor: str = MONITOR, as_json: bool = JSON):
+               sets: Optional[List[str]] = SETS, scheduler: str = SCHED, monitor: str = MONITOR, as_json: bool = JSON,
+               framework: str = FRAMEWORK):
         """S3/S4: single-variable arms against the baseline, small scale then target scale."""
         from skills import ablation as skill_ablation
         from skills import baseline as skill_baseline
-        from skills.knobs import CATALOGUE, parse_arm, plan_order
+        from skills.knobs import catalogue, parse_arm, plan_order
+        from tools.frameworks.base import get_adapter
 
+        req = _request(config, sets, nproc, scheduler, as_json, monitor, framework)
         if list_knobs:
-            knobs = plan_order(list(CATALOGUE.values()))
+            knobs = plan_order(list(catalogue(framework).values()))
             return emit(knobs, as_json, lambda ks: _table("ablation knobs (plan order)", ["knob", "category", "values", "expected effect"],
                                                           [[k.name, k.category, "|".join(k.values), k.expected_effect] for k in ks]))
         if not knob:
             fail("--knob: no arm given; pass --knob NAME=VALUE (see trainops ablate --list)", as_json=as_json)
         for spec in knob:
-            _guard(lambda: parse_arm(spec.split(",")), as_json)
-        req = _request(config, sets, nproc, scheduler, as_json, monitor)
+            arm, value = _guard(lambda: parse_arm(spec.split(","), framework), as_json)
+            if framework != "trainops":  # the framework's own flag prerequisites, before anything launches
+                _guard(lambda: get_adapter(framework).validate({arm.name: value}, overrides=req.overrides, world_size=nproc), as_json)
         say = _progress(as_json)
 
         def go():
@@ -119,11 +132,11 @@ def register(app: typer.Typer) -> None:
     def drill(config: Optional[str] = typer.Argument(None, help="Job config TOML with [checkpoint] enable = true."),
               fault: List[str] = typer.Option(["crash"], "--fault", help="crash | node-loss | hang | checkpoint-corruption."),
               nproc: int = typer.Option(2, min=1), sets: Optional[List[str]] = SETS, scheduler: str = SCHED,
-              monitor: str = MONITOR, as_json: bool = JSON):
+              monitor: str = MONITOR, as_json: bool = JSON, framework: str = FRAMEWORK):
         """S5: inject, detect, isolate, restart from the newest good checkpoint; time each phase."""
         from skills import drill as skill_drill
 
-        req = _request(config, sets, nproc, scheduler, as_json, monitor)
+        req = _request(config, sets, nproc, scheduler, as_json, monitor, framework)
         for kind in fault:
             if kind not in skill_drill.DRILLS:
                 fail(f"--fault: unknown fault {kind!r}; use one of {', '.join(skill_drill.DRILLS)}", as_json=as_json)
