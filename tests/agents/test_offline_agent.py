@@ -131,3 +131,11 @@ def test_run_the_sop_asks_to_run_the_sop_skill_with_the_config():
         events = run(session, "run the SOP on config jobs/tiny.toml, quick")
     assert events[-1]["kind"] == "approval"
     assert (events[-1]["tool"], events[-1]["args"]) == ("run_sop", {"config": "jobs/tiny.toml", "quick": True})
+
+
+def test_drill_a_rank_crash_on_a_live_job_looks_the_job_up_then_asks_to_kill_a_rank(chatty_job):
+    with AgentSession("crash") as session:
+        events = run(session, f"drill a rank crash on job {chatty_job}")
+    assert [(e["kind"], e.get("tool")) for e in events] == [
+        ("tool_call", "job_status"), ("tool_result", "job_status"), ("tool_call", "inject_fault"), ("approval", "inject_fault")]
+    assert events[-1]["args"]["kind"] == "kill_rank"

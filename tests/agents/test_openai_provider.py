@@ -39,6 +39,21 @@ def test_system_prompt_carries_the_skills_and_the_data_rule(scripted_openai, ope
     assert "training-efficiency-ablation-and-fault-sop" in system["content"]
 
 
+def test_parallel_calls_run_the_read_and_pause_the_mutation_before_the_model_sees_both(scripted_openai, openai_settings,
+                                                                                       chatty_job):
+    both = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c_read", "type": "function", "function": {"name": "job_status", "arguments": f'{{"job_id": "{chatty_job}"}}'}},
+        {"id": "c_cancel", "type": "function", "function": {"name": "cancel_job", "arguments": f'{{"job_id": "{chatty_job}"}}'}}]}
+    scripted_openai.script = [both, text("Cancelled.")]
+    with AgentSession("par", openai_settings) as session:
+        events = list(session.ask("check job then cancel it"))
+        assert [(e["kind"], e.get("tool")) for e in events] == [
+            ("tool_call", "job_status"), ("tool_call", "cancel_job"), ("tool_result", "job_status"), ("approval", "cancel_job")]
+        list(session.decide({"decision": "approve", "approver": "alice"}))
+    answered = {m["tool_call_id"] for m in scripted_openai.requests[1]["messages"] if m["role"] == "tool"}
+    assert answered == {"c_read", "c_cancel"}
+
+
 def test_an_unregistered_tool_is_refused_and_the_model_is_told(scripted_openai, openai_settings):
     scripted_openai.script = [tool_call("rm_rf", {"path": "/"}), text("I cannot do that.")]
     with AgentSession("oa", openai_settings) as session:

@@ -1,0 +1,49 @@
+"""The offline policy's parsing and argument filling, as specifications."""
+from __future__ import annotations
+
+import pytest
+
+from agents.policy import classify, fill_args, parse_params
+
+
+@pytest.mark.parametrize("text, intent", [
+    ("what is the MFU of run r1 and why is it low?", "mfu"),
+    ("run the SOP on config jobs/a.toml", "sop"),
+    ("drill a rank crash on job 12", "drill"),
+    ("plan the checkpoint interval for a 5-minute save and an MTBF of 3 hours", "checkpoint"),
+    ("show pending approvals", "approvals"),
+    ("show the logs of job 12", "logs"),
+    ("what's for lunch", None),
+])
+def test_requests_map_to_intents(text, intent):
+    assert classify(text) == intent
+
+
+def test_durations_are_read_in_seconds_next_to_their_keyword():
+    params = parse_params("a 5-minute save, a 90 s restart and an MTBF of 3 hours")
+    assert (params["save"], params["restart"], params["mtbf"]) == (300.0, 90.0, 10800.0)
+
+
+def test_ids_config_fault_and_rank_are_read_from_the_request():
+    params = parse_params("drill a rank 1 crash on job train-42 with config jobs/a.toml")
+    assert params == {"job": "train-42", "config": "jobs/a.toml", "fault": "crash", "rank": 1}
+
+
+def test_a_stop_word_after_run_is_not_taken_as_a_run_id():
+    assert "run" not in parse_params("run the SOP")
+
+
+def test_duration_fields_are_filled_in_the_unit_their_name_states():
+    schema = {"properties": {"save_s": {}, "mtbf_h": {}, "restart_min": {}}, "required": ["save_s", "mtbf_h"]}
+    args, missing = fill_args(schema, {"save": 300.0, "mtbf": 10800.0, "restart": 120.0})
+    assert args == {"save_s": 300.0, "mtbf_h": 3.0, "restart_min": 2.0} and missing == []
+
+
+def test_a_crash_on_a_live_job_prefers_killing_the_rank_when_the_tool_offers_it():
+    schema = {"properties": {"kind": {"enum": ["crash", "kill_rank", "hang"]}}, "required": ["kind"]}
+    assert fill_args(schema, {"fault": "crash"})[0] == {"kind": "kill_rank"}
+
+
+def test_missing_required_fields_are_reported():
+    schema = {"properties": {"run": {}, "skip_steps": {}}, "required": ["run"]}
+    assert fill_args(schema, {}) == ({}, ["run"])
