@@ -13,6 +13,7 @@ from langgraph.types import Command
 from pydantic import BaseModel, Field
 
 from agents.graph import build_graph
+from agents.transcript import transcript_path
 from agents.providers import AgentSettings, load_settings, make_chat_model
 
 
@@ -106,6 +107,7 @@ class ThreadInfo(BaseModel):
     first_request: str
     pending_approvals: int
     waiting_tools: list[str] = Field(default_factory=list, description="tools whose calls wait for a decision")
+    transcript: str = Field(description="JSONL of the thread's messages, tool calls and gate decisions")
 
 
 def list_threads() -> list[ThreadInfo]:
@@ -131,7 +133,8 @@ def list_threads() -> list[ThreadInfo]:
                        for item in (value if isinstance(value, (list, tuple)) else [value])]
             tools = [str(getattr(item, "value", {}).get("tool")) for item in waiting if isinstance(getattr(item, "value", None), dict)]
             infos.append(ThreadInfo(thread_id=thread_id, updated=found.checkpoint["ts"], messages=len(messages),
-                                    first_request=first[:120], pending_approvals=len(waiting), waiting_tools=tools))
+                                    first_request=first[:120], pending_approvals=len(waiting), waiting_tools=tools,
+                                    transcript=str(transcript_path(thread_id))))
     finally:
         conn.close()
     return sorted(infos, key=lambda info: info.updated, reverse=True)

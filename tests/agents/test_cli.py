@@ -46,7 +46,9 @@ def test_threads_json_lists_threads():
     runner.invoke(app, ["ask", "show pending approvals", "--thread", "t-list"])
     result = runner.invoke(app, ["threads", "--json"])
     assert result.exit_code == 0
-    assert [t["thread_id"] for t in json.loads(result.stdout)] == ["t-list"]
+    threads = json.loads(result.stdout)
+    assert [t["thread_id"] for t in threads] == ["t-list"]
+    assert Path(threads[0]["transcript"]).is_file()
 
 
 def test_a_bad_thread_id_is_one_line_naming_the_option():
