@@ -82,3 +82,10 @@ def test_a_malformed_spec_names_the_field_and_the_fix():
         JobSpec(name="Bad_Name", command=["true"])
     with pytest.raises(ValidationError, match="needs launcher='torchrun'"):
         JobSpec(name="ok", command=["true"], procs_per_node=2)
+
+
+def test_submit_job_with_a_malformed_spec_names_the_field_through_the_tool():
+    from tools.base import ToolError, call
+
+    with pytest.raises(ToolError, match=r"submit_job: invalid input: .*spec\.procs_per_node.*must be at least 1"):
+        call("submit_job", {"spec": {"name": "ok", "command": ["true"], "procs_per_node": 0}})
