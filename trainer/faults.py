@@ -126,21 +126,25 @@ class FaultInjector:
         return loss * float("nan")
 
     def after_step(self, step: int, model: torch.nn.Module) -> dict | None:
-        """At `bitflip_step` on `bitflip_rank`, flip the top exponent bit of one parameter element
-        (the middle element of the first floating parameter this rank holds); a silent data
-        corruption that only the loss, the grad norm or a replica comparison can reveal."""
+        """At `bitflip_step` on `bitflip_rank`, flip the top exponent bit of one parameter element:
+        the middle element this rank holds of the first parameter outside an embedding (an
+        embedding row only matters when its token occurs; a projection touches every token).
+        A silent data corruption that only the loss, the grad norm or a replica check reveals."""
         if self.cfg.bitflip_step != step or self.cfg.bitflip_rank != self.rank:
             return None
-        for name, param in model.named_parameters():
-            local = param.to_local() if hasattr(param, "to_local") else param
-            if local.numel() == 0 or not local.is_floating_point():
+        for module_name, module in model.named_modules():
+            if isinstance(module, torch.nn.Embedding):
                 continue
-            index = local.numel() // 2
-            bit = exponent_msb(local.dtype)
-            with torch.no_grad():
-                old, new = flip_bit(local, index, bit)
-            return record_fault(self.run_dir, "bitflip", step, self.rank, parameter=name,
-                                index=index, bit=bit, old_value=old, new_value=new)
+            for param_name, param in module.named_parameters(recurse=False):
+                local = param.to_local() if hasattr(param, "to_local") else param
+                if local.numel() == 0 or not local.is_floating_point():
+                    continue
+                index, bit = local.numel() // 2, exponent_msb(local.dtype)
+                with torch.no_grad():
+                    old, new = flip_bit(local, index, bit)
+                return record_fault(self.run_dir, "bitflip", step, self.rank,
+                                    parameter=f"{module_name}.{param_name}".lstrip("."),
+                                    index=index, bit=bit, old_value=old, new_value=new)
         return None
 
     def on_train_end(self, checkpoint_folder: str | Path) -> dict | None:

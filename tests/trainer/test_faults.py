@@ -67,6 +67,12 @@ def test_bitflip_changes_one_parameter_element_on_the_configured_rank_and_step(t
     assert [(r["kind"], r["step"], r["rank"]) for r in records(tmp_path)] == [("bitflip", 3, 1)]
 
 
+def test_bitflip_skips_embeddings_for_a_projection_every_token_uses(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Embedding(16, 4), torch.nn.Linear(4, 4))
+    record = FaultInjector(FaultsConfig(bitflip_step=1), rank=0, run_dir=tmp_path).after_step(1, model)
+    assert record["parameter"] == "1.weight" and record["index"] == 8
+
+
 def test_nan_replaces_the_loss_only_at_the_configured_step(tmp_path):
     injector = FaultInjector(FaultsConfig(nan_step=5), rank=0, run_dir=tmp_path)
     loss = torch.tensor(2.5, requires_grad=True)

@@ -1,0 +1,71 @@
+"""Injected faults seen from outside a 2-process torchrun job, the way a drill sees them:
+the crashed rank's exit code, a hang as a heartbeat that stops while the processes live,
+a bit-flip as a loss that leaves the clean run's trajectory."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from trainer.config import load_config
+from trainer.faults import CRASH_EXIT_CODE
+from trainer.launch import REPO_ROOT, build_torchrun_command, prepare_run, read_metrics, run_local
+
+pytestmark = pytest.mark.slow
+
+BASE = ["model.n_layers=2", "training.seq_len=32", "training.global_batch=8", "training.micro_batch=4"]
+
+
+def faults_jsonl(run_dir: str | Path) -> list[dict]:
+    path = Path(run_dir) / "faults.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_crashed_rank_ends_the_job_with_its_exit_code(tmp_path):
+    cfg = load_config(None, "tiny", BASE + ["training.steps=6", "faults.crash_step=3", "faults.crash_rank=1"])
+    result = run_local(cfg, 2, run_id="crash", show_progress=False, timeout_s=300)
+    assert result.status == "failed" and result.steps_completed == 2
+    launcher_log = (Path(result.run_dir) / "logs" / "launcher.log").read_text()
+    assert re.search(rf"exitcode\s*:\s*{CRASH_EXIT_CODE}\b", launcher_log)
+    assert [(f["kind"], f["step"], f["rank"]) for f in faults_jsonl(result.run_dir)] == [("crash", 3, 1)]
+
+
+def test_a_bitflip_sends_the_loss_off_the_clean_trajectory(tmp_path):
+    clean = run_local(load_config(None, "tiny", BASE + ["training.steps=4"]), 2, run_id="clean",
+                      show_progress=False, timeout_s=300)
+    flipped = run_local(load_config(None, "tiny", BASE + ["training.steps=4", "faults.bitflip_step=2",
+                                                          "faults.bitflip_rank=1"]),
+                        2, run_id="flipped", show_progress=False, timeout_s=300)
+    loss = {name: {r["step"]: r["loss"] for r in read_metrics(res.run_dir) if r["rank"] == 0}
+            for name, res in (("clean", clean), ("flipped", flipped))}
+    assert [loss["flipped"][s] == loss["clean"][s] for s in (1, 2)] == [True, True]
+    assert loss["flipped"][3] != loss["clean"][3]
+    (record,) = faults_jsonl(flipped.run_dir)
+    assert record["kind"] == "bitflip" and record["rank"] == 1 and record["step"] == 2
+
+
+def test_a_hung_rank_is_seen_as_a_heartbeat_that_stops_while_the_processes_live(tmp_path):
+    cfg = load_config(None, "tiny", BASE + ["training.steps=50", "faults.hang_step=3", "faults.hang_rank=1"])
+    run_dir = prepare_run(cfg, run_id="hang")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
+    job = subprocess.Popen(build_torchrun_command(run_dir, 2), env=env, start_new_session=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 240
+        while not faults_jsonl(run_dir) and time.time() < deadline and job.poll() is None:
+            time.sleep(0.2)
+        (record,) = faults_jsonl(run_dir)
+        time.sleep(3.0)
+        heartbeat = json.loads((run_dir / "heartbeat" / "rank1.json").read_text())
+        assert job.poll() is None
+        assert heartbeat["step"] == 2 and time.time() - heartbeat["time"] >= 3.0
+        assert heartbeat["time"] <= record["time"]
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
