@@ -131,20 +131,21 @@ def check_rules(config: dict) -> None:
 
 
 def validate_config(config: dict, world_size: int) -> None:
-    """Our rules, then DeepSpeed's own `DeepSpeedConfig` with the job's data-parallel world size."""
+    """Our rules, then DeepSpeed's own `DeepSpeedConfig`. Without a process group DeepSpeedConfig
+    sees one data-parallel rank, so it is given one rank's share of the global batch."""
     check_rules(config)
+    batch = config["train_batch_size"]
+    if batch % world_size:
+        raise FrameworkRefused(f"training.global_batch={batch} is not divisible by the data-parallel world size "
+                               f"({world_size}); use a multiple of {world_size}")
     with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed's logger writes to stdout, which --json keeps clean
         from deepspeed.runtime.config import DeepSpeedConfig
 
-    class _DataParallel:  # DeepSpeedConfig reads the data-parallel size from an mpu when given one
-        def get_data_parallel_world_size(self) -> int:
-            return world_size
-
-    try:
-        DeepSpeedConfig(json.loads(json.dumps(config)), mpu=_DataParallel())
-    except (AssertionError, ValueError, TypeError) as exc:
-        raise FrameworkRefused(f"deepspeed config refused by DeepSpeedConfig (world_size={world_size}): "
-                               f"{' '.join(str(exc).split())[:400]}") from None
+        try:
+            DeepSpeedConfig(json.loads(json.dumps({**config, "train_batch_size": batch // world_size})))
+        except (AssertionError, ValueError, TypeError) as exc:
+            raise FrameworkRefused(f"deepspeed config refused by DeepSpeedConfig (per data-parallel rank of {world_size}): "
+                                   f"{' '.join(str(exc).split())[:400]}") from None
 
 
 def _toml(settings: dict[str, dict[str, object]]) -> str:
