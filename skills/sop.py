@@ -39,7 +39,7 @@ class SopSettings(BaseModel):
         return self.faults or (["crash"] if self.quick else ["crash", "hang"])
 
     def request(self) -> JobRequest:
-        steps = 6 if self.quick else 12
+        steps = 10 if self.quick else 20
         return JobRequest(config=self.config, preset=None if self.config else "tiny", scheduler=self.scheduler,
                           overrides=[] if self.config else [f"training.steps={steps}", "training.seq_len=64",
                                                             "training.global_batch=8", "training.micro_batch=4"])

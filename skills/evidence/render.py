@@ -61,7 +61,7 @@ def to_markdown(pack: EvidencePack) -> str:
         out += ["## Fault tolerance", ""]
         out += _table(
             ["fault", "detection latency", "isolation", "recovery time", "steps lost", "checkpoint used", "async ckpt intact", "cause", "detector"],
-            [[d.fault, _fmt(d.detection_latency_s, 1, " s"), d.isolation_granularity, _fmt(d.recovery_time_s, 1, " s"),
+            [[d.fault, _fmt(d.detection_latency_s, 3, " s"), d.isolation_granularity, _fmt(d.recovery_time_s, 1, " s"),
               d.steps_lost, d.checkpoint_used, "yes" if d.async_checkpoint_intact else "NO", d.cause, d.detector]
              for d in ft.drills],
         )
