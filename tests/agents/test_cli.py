@@ -64,6 +64,7 @@ def test_a_missing_api_key_is_one_line_naming_the_variable(monkeypatch):
     assert "environment variable OPENAI_API_KEY is not set" in json.loads(result.stdout)["error"]
 
 
+@pytest.mark.slow
 def test_interrupt_in_one_process_is_approved_in_another():
     first = trainops("ask", "drill a straggler on run r1", "--thread", "restart", "--json")
     assert first.returncode == 0, first.stderr
