@@ -105,7 +105,9 @@ def summarize(run_dir: str | Path, exit_code: int) -> RunResult:
         steps_completed=last["step"] if last else 0,
         peak_source=last.get("peak_source") if last else None,
     )
-    (Path(run_dir) / "status.json").write_text(result.model_dump_json(indent=1))
+    partial = Path(run_dir) / "status.json.partial"
+    partial.write_text(result.model_dump_json(indent=1))
+    partial.replace(Path(run_dir) / "status.json")  # readers never see half a file
     return result
 
 

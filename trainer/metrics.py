@@ -98,6 +98,8 @@ def device_peak_tflops(device: torch.device, precision: str) -> tuple[float, str
 
 
 def peak_memory_gib(device: torch.device) -> float:
+    """GPU: the allocator's peak (tensors only). CPU: the process's peak resident set, which
+    includes the interpreter and torch itself (about 0.3 GiB before any tensor)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
