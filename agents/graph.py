@@ -106,7 +106,7 @@ def build_graph(llm, checkpointer=None, settings: AgentSettings | None = None, s
             if better:
                 raise better from None
             raise
-        transcript.record(_thread(config), "assistant", content=reply.content, tool_calls=reply.tool_calls)
+        transcript.record(_thread(config), "assistant", content=reply.text, tool_calls=reply.tool_calls)
         return {"messages": [reply]}
 
     def governance(state: AgentState, config: RunnableConfig) -> dict:
@@ -194,7 +194,7 @@ def build_graph(llm, checkpointer=None, settings: AgentSettings | None = None, s
         from tools.governance.text import check_text
 
         final = state["messages"][-1]
-        violations = [str(v) for v in check_text(str(final.content))]
+        violations = [str(v) for v in check_text(final.text)]
         transcript.record(_thread(config), "report_check", ok=not violations, violations=violations)
         if not violations:
             return {"report_violations": []}

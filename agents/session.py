@@ -75,7 +75,7 @@ class AgentSession:
     def answer(self) -> str:
         messages = self.graph.get_state(self.config).values.get("messages", [])
         last = messages[-1] if messages else None
-        return str(last.content) if isinstance(last, AIMessage) and not last.tool_calls else ""
+        return last.text if isinstance(last, AIMessage) and not last.tool_calls else ""
 
     def _stream(self, graph_input) -> Iterator[dict[str, Any]]:
         started, tool_s = time.perf_counter(), 0.0
