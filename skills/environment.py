@@ -9,6 +9,8 @@ def declare(scheduler: str = "local", ctx: CallContext | None = None) -> tuple[E
     """Declare through the `declare_environment` tool and keep the pack's short form of it."""
     import time
 
+    from trainops.workspace import audit_log_path
+
     started = time.time()
     env = call("declare_environment", {"scheduler": scheduler, "ckpt_test_mib": 16}, ctx)
     decl = EnvironmentDeclaration(
@@ -19,12 +21,6 @@ def declare(scheduler: str = "local", ctx: CallContext | None = None) -> tuple[E
         checkpoint_write_gib_per_s=env.checkpoint_storage.write_bandwidth_mib_s / 1024,
         hot_spares=len(env.scheduler.hot_spare_nodes))
     row = EvidenceRow(tool="declare_environment", version=env.framework.version, command="trainops env --json",
-                      log_path=str(_audit_log()), value=f"{decl.hardware}; peak {env.compute_peak.peak_tflops:.3f} TFLOP/s "
+                      log_path=str(audit_log_path()), value=f"{decl.hardware}; peak {env.compute_peak.peak_tflops:.3f} TFLOP/s "
                       f"({env.compute_peak.source})", window_start=started, window_end=time.time())
     return decl, row
-
-
-def _audit_log():
-    from trainops.workspace import audit_log_path
-
-    return audit_log_path()

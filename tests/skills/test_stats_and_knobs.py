@@ -5,7 +5,7 @@ import pytest
 
 from skills.evidence.model import MetricSpread
 from skills.knobs import CATALOGUE, KnobError, overrides_for, parse_arm, plan_order
-from skills.stats import compare, read_records, run_medians, spread
+from skills.stats import compare, spread
 
 
 def test_spread_is_range_over_median():
@@ -31,13 +31,6 @@ def test_single_repeat_still_needs_to_beat_a_one_percent_floor():
 
 def test_regression_beyond_noise_is_reported_as_regression():
     assert compare(spread([10.0, 10.1]), spread([8.0, 8.1]))[2] == "regression"
-
-
-def test_run_medians_exclude_warmup_steps(factories, tmp_path):
-    run = factories.write_run(tmp_path / "run", steps=6, step_time_s=0.1)
-    medians = run_medians(read_records(run), warmup_steps=1)
-    assert medians["step_time_s"] == pytest.approx(0.1)
-    assert medians["data_wait_share_pct"] == pytest.approx(10.0)
 
 
 def test_unknown_knob_is_refused_with_the_known_list():
