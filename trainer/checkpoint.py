@@ -4,7 +4,8 @@ A checkpoint is written into `step-N.tmp/` and becomes `step-N/` only after ever
 finished and rank 0 has written `COMMIT.json` (file sizes and sha256) and renamed the folder:
 an unfinished write is never loaded. Loading verifies the newest commit and falls back to the
 previous good one when a file is missing or its checksum differs. Save stall (time the training
-loop was blocked) and total write time go to `RUN/checkpoints.jsonl` for benchmarks and drills.
+loop was blocked, including `wait_previous_s` spent waiting for the previous background write)
+and total write time go to `RUN/checkpoints.jsonl` for benchmarks and drills.
 """
 from __future__ import annotations
 
@@ -274,6 +275,7 @@ class Checkpointer:
         """Write a checkpoint of `app` at `step`; returns False when that step is already committed."""
         started = time.perf_counter()
         self.wait()
+        wait_previous_s = time.perf_counter() - started
         final = self.folder / step_dir_name(step)
         if (final / COMMIT_FILE).is_file():
             log.info("checkpoint %s already committed; not writing it again", final)
@@ -288,7 +290,7 @@ class Checkpointer:
         state = {"app": app}
         if self.cfg.mode == "sync":
             dcp.save(state, checkpoint_id=tmp, no_dist=not self.distributed)
-            self._commit(step, tmp, final, started, stall_s=None)
+            self._commit(step, tmp, final, started, None, wait_previous_s)
             self._barrier()
             return True
         response = dcp.async_save(
@@ -301,15 +303,18 @@ class Checkpointer:
             response.staging_completion.result()
             upload = response.upload_completion
         stall_s = time.perf_counter() - started
-        self._pending = self._committer.submit(self._finish_async, step, tmp, final, started, stall_s, upload)
+        self._pending = self._committer.submit(
+            self._finish_async, step, tmp, final, started, stall_s, wait_previous_s, upload
+        )
         return True
 
     def _finish_async(self, step: int, tmp: Path, final: Path, started: float,
-                      stall_s: float, upload: Future) -> None:
+                      stall_s: float, wait_previous_s: float, upload: Future) -> None:
         upload.result()
-        self._commit(step, tmp, final, started, stall_s)
+        self._commit(step, tmp, final, started, stall_s, wait_previous_s)
 
-    def _commit(self, step: int, tmp: Path, final: Path, started: float, stall_s: float | None) -> None:
+    def _commit(self, step: int, tmp: Path, final: Path, started: float, stall_s: float | None,
+                wait_previous_s: float) -> None:
         """Rank 0, after all ranks wrote (DCP gathers every rank's write result before returning
         on the coordinator): checksum, write COMMIT.json last, rename, prune, journal."""
         if self.rank != 0:
@@ -331,6 +336,7 @@ class Checkpointer:
         _append_jsonl(self.journal, {
             "event": "save", "step": step, "mode": self.cfg.mode, "world_size": self.world_size,
             "stall_s": write_s if stall_s is None else stall_s, "write_s": write_s,
+            "wait_previous_s": wait_previous_s,
             "size_bytes": sum(f["size_bytes"] for f in files.values()),
             "path": str(final), "pruned_steps": pruned, "time": commit["time"],
         })

@@ -154,7 +154,8 @@ def test_journal_records_stall_and_total_write_time(tmp_path, mode):
     assert [e["step"] for e in entries] == [2, 4]
     for entry in entries:
         assert entry["mode"] == mode and entry["size_bytes"] > 0
-        assert 0 < entry["stall_s"] <= entry["write_s"]
+        assert 0 <= entry["wait_previous_s"] <= entry["stall_s"] <= entry["write_s"]
+        assert entry["stall_s"] > 0
 
 
 def test_saving_a_step_that_is_already_committed_is_a_no_op(tmp_path):
