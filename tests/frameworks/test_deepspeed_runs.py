@@ -1,0 +1,81 @@
+"""The DeepSpeed adapter end to end against real DeepSpeed on the CPU (ZeRO on 2 gloo processes
+under torchrun, through the local scheduler): a baseline, a single-knob ablation (ZeRO stage 1
+vs 2) and a crash drill that recovers from DeepSpeed's own checkpoint."""
+from __future__ import annotations
+
+import json
+import math
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from skills.baseline import JobRequest, run_once
+
+pytestmark = pytest.mark.slow
+
+STEPS = ["training.steps=6", "training.seq_len=32"]
+
+
+def _request(*extra: str) -> JobRequest:
+    return JobRequest(framework="deepspeed", preset="tiny", nproc=2, overrides=[*STEPS, *extra], timeout_s=300,
+                      framework_version="DeepSpeed (test)")
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+    """One baseline run shared by the module (each DeepSpeed launch costs ~30 s here)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRAINOPS_HOME", str(tmp_path_factory.mktemp("ds-home")))
+        yield run_once(_request(), "ds-baseline")
+
+
+def test_baseline_trains_on_two_ranks_and_reports_trainops_metrics(baseline):
+    result = baseline
+    summary = result.summary
+    assert summary["ranks"] == 2 and summary["steps_measured"] == 4
+    assert math.isfinite(summary["final_loss"]) and summary["mfu_pct_median"] > 0
+    assert summary["peak_source"] == "measured-gemm"
+    status = json.loads((Path(result.run_dir) / "status.json").read_text())
+    assert status["status"] == "ok" and status["steps_completed"] == 6
+
+
+def test_baseline_log_lines_parse_back_to_its_metrics(baseline):
+    from tools.frameworks.base import get_adapter
+
+    result = baseline
+    run = Path(result.run_dir)
+    adapter = get_adapter("deepspeed")
+    parsed = [r for r in map(adapter.parse_log_line, (run / "logs" / "rank0.log").read_text().splitlines()) if r]
+    recorded = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rank0 = {r["step"]: r for r in recorded if r["rank"] == 0}
+    assert [p.step for p in parsed] == list(range(1, 7))
+    assert all(p.loss == pytest.approx(rank0[p.step]["loss"], abs=1e-4) for p in parsed)
+
+
+def test_zero_stage_ablation_changes_one_setting_and_runs_stage_2(baseline):
+    from skills.ablation import run_arm
+
+    result = baseline
+    rows, evidence = run_arm(_request(), "zero_stage=2", {2: [result]}, repeats=1)
+    assert [(r.knob, r.baseline_value, r.value) for r in rows] == [("zero_stage", "1", "2")]
+    arm_run = Path(rows[0].source_run)
+    assert json.loads((arm_run / "ds_config.json").read_text())["zero_optimization"]["stage"] == 2
+    assert "zero_stage=2" in (arm_run / "logs" / "rank0.log").read_text().splitlines()[0]
+    assert evidence[0].command.startswith("trainops baseline --framework deepspeed")
+
+
+def test_crash_drill_recovers_from_the_deepspeed_checkpoint(baseline):
+    from skills.drill import drill
+
+    req = _request("checkpoint.enable=true", "checkpoint.interval=2", "checkpoint.keep=20").with_overrides(["training.steps=40"])
+    result, _ = drill(req, "crash", inject_step=4)
+    assert result.detector == "process_exit" and result.detection_latency_s < 10
+    assert result.checkpoint_used.rsplit("/", 1)[-1].startswith("step-")
+    assert result.async_checkpoint_intact  # the restored checkpoint verifies against its COMMIT.json
+    journal = [json.loads(x) for x in (Path(result.run_dir) / "checkpoints.jsonl").read_text().splitlines()]
+    assert any(e["event"] == "load" for e in journal)
+    config = tomllib.loads((Path(result.run_dir) / "config.toml").read_text())
+    assert config["framework"] == "deepspeed"
+    status = json.loads((Path(result.run_dir) / "status.json").read_text())
+    assert status["status"] == "ok" and status["steps_completed"] == 40
