@@ -1,0 +1,53 @@
+"""`--framework` at the command line: the framework's knobs, and refusals before anything launches
+(exit 2, one JSON line naming the flag and the fix, and no run folder created)."""
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from trainops.cli import app
+
+runner = CliRunner()
+
+
+def _run(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def _refused(result) -> str:
+    assert result.exit_code == 2, result.stdout
+    return json.loads(result.stdout)["error"]
+
+
+def test_unknown_framework_is_refused_for_every_sop_step():
+    for command in ("baseline", "ablate", "drill"):
+        error = _refused(_run(command, "--framework", "jax", "--json"))
+        assert error == "--framework: unknown framework 'jax'; use one of trainops, deepspeed, torchtitan, megatron"
+
+
+def test_ablate_list_shows_the_frameworks_own_flags_in_plan_order():
+    result = _run("ablate", "--framework", "megatron", "--list", "--json")
+    assert result.exit_code == 0
+    knobs = json.loads(result.stdout)
+    assert knobs[0]["name"] == "tp_comm_overlap" and knobs[0]["overrides"] == ["megatron.tp_comm_overlap"]
+    assert knobs[0]["expected_effect"].startswith("--tp-comm-overlap: ")
+
+
+def test_a_knob_the_framework_lacks_is_refused(workspace):
+    error = _refused(_run("ablate", "--framework", "deepspeed", "--knob", "pp_schedule=1F1B", "--json"))
+    assert error.startswith("knob: unknown knob 'pp_schedule' for deepspeed; known knobs: overlap_comm")
+    assert not (workspace / "runs").exists()
+
+
+def test_a_forbidden_flag_combination_is_refused_before_launch(workspace):
+    error = _refused(_run("ablate", "--framework", "deepspeed", "--knob", "offload_param=cpu", "--json"))
+    assert "needs ZeRO stage 3" in error and "set zero_stage=3" in error
+    error = _refused(_run("ablate", "--framework", "megatron", "--knob", "overlap_param_gather=true", "--json"))
+    assert error.startswith("--overlap-param-gather only supported with distributed optimizer")
+    assert not (workspace / "runs").exists()
+
+
+def test_a_deepspeed_drill_without_checkpoints_is_refused():
+    error = _refused(_run("drill", "--framework", "deepspeed", "--json"))
+    assert error.startswith("checkpoint.enable: the job writes no checkpoints")
