@@ -35,6 +35,21 @@ class RunResult(BaseModel):
                                   "(step 1 includes warm-up), all ranks")
     steps_completed: int = Field(0, description="last step rank 0 completed")
     peak_source: str | None = Field(None, description="where the MFU's peak came from")
+    failure: str | None = Field(None, description="why it failed: the first rank's error line, "
+                                "or the exit code's meaning when no rank left one")
+
+
+def failure_reason(run_dir: str | Path, exit_code: int) -> str | None:
+    """The `rank R failed: ...` line a rank logged, else what the exit code says."""
+    if exit_code == 0:
+        return None
+    for log in sorted((Path(run_dir) / "logs").glob("rank*.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith("rank ") and " failed: " in line:
+                return line.strip()
+    if exit_code < 0:
+        return f"torchrun was killed by signal {-exit_code}; see {run_dir}/logs/launcher.log"
+    return f"a rank exited with an error (torchrun exit code {exit_code}); see {run_dir}/logs/"
 
 
 def runs_root() -> Path:
@@ -104,6 +119,7 @@ def summarize(run_dir: str | Path, exit_code: int) -> RunResult:
         mfu_pct=sum(steady) / len(steady) if steady else None,
         steps_completed=last["step"] if last else 0,
         peak_source=last.get("peak_source") if last else None,
+        failure=failure_reason(run_dir, exit_code),
     )
     partial = Path(run_dir) / "status.json.partial"
     partial.write_text(result.model_dump_json(indent=1))

@@ -81,6 +81,7 @@ def test_a_nan_loss_stops_the_run_with_a_failed_status():
     assert json.loads((run_dir / "status.json").read_text())["status"] == "failed"
     log = (run_dir / "logs" / "rank0.log").read_text()
     assert "loss is nan at step 2" in log
+    assert result.failure.startswith("rank ") and "NonFiniteLoss: loss is nan at step 2" in result.failure
 
 
 @pytest.mark.slow

@@ -10,12 +10,16 @@ from trainops.output import console, emit, fail
 
 
 def _render_result(result: Any) -> None:
+    from rich.markup import escape
+
     out = console()
     colour = "green" if result.status == "ok" else "red"
     mfu = f"{result.mfu_pct:.2f}% ({result.peak_source})" if result.mfu_pct is not None else "n/a"
     loss = f"{result.final_loss:.4f}" if result.final_loss is not None else "n/a"
     out.print(f"[bold {colour}]{result.status}[/]  steps {result.steps_completed}  final loss {loss}  "
               f"mean MFU {mfu}  exit code {result.exit_code}")
+    if result.failure:
+        out.print(f"[red]{escape(result.failure)}[/]", highlight=False)
     out.print(f"run folder: {result.run_dir}", highlight=False)
 
 
