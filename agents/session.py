@@ -7,7 +7,7 @@ import sqlite3
 import time
 from typing import Any, Iterator
 
-from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, ToolMessage
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.types import Command
 from pydantic import BaseModel, Field
@@ -35,10 +35,12 @@ class AgentSession:
     """Send requests and approval decisions to one thread; events stream as the graph runs.
 
     Events are dicts with `kind`: `tool_call` (tool, args), `tool_result` (tool, status,
-    output), `approval` (tool, args, risk, ...: the graph is paused for a human) and `answer`
-    (text, after the governance report check)."""
+    output), `approval` (tool, args, risk, ...: the graph is paused for a human), `answer`
+    (text, after the governance report check) and, with `stream_tokens`, `token` (a draft
+    chunk of the model's text as it streams, not yet checked: show it transiently)."""
 
-    def __init__(self, thread_id: str | None = None, settings: AgentSettings | None = None, llm=None):
+    def __init__(self, thread_id: str | None = None, settings: AgentSettings | None = None, llm=None,
+                 stream_tokens: bool = False):
         from trainops.workspace import agent_db_path, check_id
 
         self.settings = settings or load_settings()
@@ -47,6 +49,7 @@ class AgentSession:
         self.graph = build_graph(llm or make_chat_model(self.settings), SqliteSaver(self._conn), self.settings)
         self.config = {"configurable": {"thread_id": self.thread_id}}
         self.timing: Timing | None = None
+        self.stream_tokens = stream_tokens
 
     def __enter__(self) -> "AgentSession":
         return self
@@ -79,8 +82,14 @@ class AgentSession:
 
     def _stream(self, graph_input) -> Iterator[dict[str, Any]]:
         started, tool_s = time.perf_counter(), 0.0
-        for update in self.graph.stream(graph_input, self.config, stream_mode="updates"):
-            for node, data in update.items():
+        modes = ["updates", "messages"] if self.stream_tokens else ["updates"]
+        for mode, chunk in self.graph.stream(graph_input, self.config, stream_mode=modes):
+            if mode == "messages":
+                message, meta = chunk
+                if meta.get("langgraph_node") == "model" and isinstance(message, AIMessageChunk) and message.text:
+                    yield {"kind": "token", "text": message.text}
+                continue
+            for node, data in chunk.items():
                 if node == "__interrupt__":
                     for item in data:
                         yield {"kind": "approval", **item.value}

@@ -48,6 +48,9 @@ class ScriptedOpenAI:
                     return
                 reply = stub.script.pop(0)
                 message = reply(body) if callable(reply) else reply
+                if body.get("stream"):
+                    self._stream(body, message)
+                    return
                 payload = {"id": f"chatcmpl-{len(stub.requests)}", "object": "chat.completion", "created": int(time.time()),
                            "model": body.get("model", "scripted"),
                            "choices": [{"index": 0, "message": message,
@@ -59,6 +62,26 @@ class ScriptedOpenAI:
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+
+            def _stream(self, body: dict, message: dict) -> None:
+                """Server-sent events as OpenAI streams them: deltas, a finish chunk, [DONE]."""
+                base = {"id": f"chatcmpl-{len(stub.requests)}", "object": "chat.completion.chunk",
+                        "created": int(time.time()), "model": body.get("model", "scripted")}
+                if message.get("tool_calls"):
+                    calls = [{**c, "index": i} for i, c in enumerate(message["tool_calls"])]
+                    deltas, finish = [{"role": "assistant", "content": None, "tool_calls": calls}], "tool_calls"
+                else:
+                    words = message["content"].split(" ")
+                    deltas = [{"role": "assistant", "content": ""}] + [{"content": w + " "} for w in words[:-1]]
+                    deltas, finish = deltas + [{"content": words[-1]}], "stop"
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                for delta, reason in [*((d, None) for d in deltas), ({}, finish)]:
+                    chunk = {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": reason}]}
+                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    self.wfile.flush()
+                self.wfile.write(b"data: [DONE]\n\n")
 
             def log_message(self, *args) -> None:
                 return None

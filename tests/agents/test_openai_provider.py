@@ -177,3 +177,14 @@ def test_api_key_env_names_another_variable_and_the_error_says_so(monkeypatch, t
     monkeypatch.delenv("VLLM_KEY", raising=False)
     with pytest.raises(ProviderError, match="environment variable VLLM_KEY is not set"):
         make_chat_model(load_settings())
+
+
+def test_streaming_chat_yields_draft_tokens_then_the_checked_answer(scripted_openai, openai_settings):
+    scripted_openai.script = [tool_call("list_jobs", {}), text("No jobs are running right now.")]
+    with AgentSession("stream", openai_settings, stream_tokens=True) as session:
+        events = list(session.ask("which jobs run?"))
+    assert all(request["stream"] for request in scripted_openai.requests)
+    assert [e["tool"] for e in events if e["kind"] == "tool_call"] == ["list_jobs"]
+    tokens = [e["text"] for e in events if e["kind"] == "token"]
+    assert len(tokens) > 1 and "".join(tokens) == "No jobs are running right now."
+    assert events[-1] == {"kind": "answer", "text": "No jobs are running right now."}

@@ -23,12 +23,13 @@ def _approver() -> str:
     return os.environ.get("TRAINOPS_APPROVER") or getpass.getuser()
 
 
-def _open(thread: str | None, provider: str | None, model: str | None, base_url: str | None, as_json: bool):
+def _open(thread: str | None, provider: str | None, model: str | None, base_url: str | None, as_json: bool,
+          stream_tokens: bool = False):
     from agents.providers import ProviderError, load_settings
     from agents.session import AgentSession
 
     try:
-        return AgentSession(thread, load_settings(provider, model, base_url))
+        return AgentSession(thread, load_settings(provider, model, base_url), stream_tokens=stream_tokens)
     except ProviderError as exc:
         fail(str(exc), as_json=as_json)
     except ValueError as exc:
@@ -67,6 +68,31 @@ def _show(event: dict[str, Any]) -> None:
         out.print(event["text"] or "(no answer)", highlight=False, markup=False)
 
 
+class _ChatView:
+    """Shows events as they arrive; model tokens stream into a transient draft line that gives
+    way to the checked answer (the report check runs before an answer is final)."""
+
+    def __init__(self) -> None:
+        self.live = None
+        self.draft = ""
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        from rich.live import Live
+        from rich.text import Text
+
+        if event["kind"] == "token":
+            if self.live is None:
+                self.live = Live(console=console(), transient=True, auto_refresh=False)
+                self.live.start()
+            self.draft += event["text"]
+            self.live.update(Text(self.draft, style="dim"), refresh=True)
+            return
+        if self.live is not None:
+            self.live.stop()
+            self.live, self.draft = None, ""
+        _show(event)
+
+
 def _ask_decision(payload: dict[str, Any], approver: str) -> dict[str, Any]:
     from rich.prompt import Prompt
 
@@ -96,12 +122,13 @@ def register(app: typer.Typer) -> None:
         from rich.prompt import Prompt
 
         who = approver or _approver()
-        with _open(thread, provider, model, base_url, False) as session:
+        with _open(thread, provider, model, base_url, False, stream_tokens=True) as session:
+            view = _ChatView()
             console().print(f"[dim]thread {session.thread_id} · provider {session.settings.provider} · /exit to leave[/]")
             while True:
                 for payload in session.pending():
                     _show({"kind": "approval", **payload})
-                    _drain(session.decide(_ask_decision(payload, who)), _show, False)
+                    _drain(session.decide(_ask_decision(payload, who)), view, False)
                 try:
                     text = Prompt.ask("[bold]you[/]").strip()
                 except (EOFError, KeyboardInterrupt):
@@ -109,7 +136,7 @@ def register(app: typer.Typer) -> None:
                 if text in ("/exit", "/quit"):
                     break
                 if text:
-                    _drain(session.ask(text), _show, False)
+                    _drain(session.ask(text), view, False)
 
     @app.command()
     def ask(
