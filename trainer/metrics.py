@@ -60,36 +60,45 @@ def _peak_cache_path() -> Path:
     return Path(os.environ.get("TRAINOPS_HOME", ".trainops")).expanduser() / "cache" / "peak_flops.json"
 
 
-def measure_cpu_peak_tflops(dtype: torch.dtype, size: int = 512, repeats: int = 8) -> float:
-    """Best-of-N GEMM throughput of this process (its thread count), in TFLOP/s."""
-    a = torch.randn(size, size, dtype=dtype)
-    b = torch.randn(size, size, dtype=dtype)
+def measure_gemm_peak_tflops(dtype: torch.dtype, device: torch.device | str = "cpu",
+                             size: int | None = None, repeats: int = 8) -> float:
+    """Best-of-N square GEMM throughput of this process on `device`, in TFLOP/s: the peak used
+    for CPUs (with this process's thread count) and for GPUs missing from the vendor table."""
+    device = torch.device(device)
+    size = size or (8192 if device.type == "cuda" else 512)
+    a = torch.randn(size, size, dtype=dtype, device=device)
+    b = torch.randn(size, size, dtype=dtype, device=device)
     torch.mm(a, b)  # warm-up
     best_s = float("inf")
     for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         started = time.perf_counter()
         torch.mm(a, b)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         best_s = min(best_s, time.perf_counter() - started)
     return 2 * size**3 / best_s / 1e12
 
 
 def device_peak_tflops(device: torch.device, precision: str) -> tuple[float, str]:
-    """(peak TFLOP/s, label): `vendor-table:<name>` for known GPUs, else `measured-gemm` for the
-    CPU (cached per CPU model, dtype and thread count in $TRAINOPS_HOME/cache)."""
+    """(peak TFLOP/s, label): `vendor-table:<name>` for known GPUs, else `measured-gemm` (cached
+    per device model, dtype and thread count in $TRAINOPS_HOME/cache)."""
+    model_name = platform.processor() or platform.machine()
     if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
+        model_name = torch.cuda.get_device_name(device)
         for key, peak in GPU_PEAK_TFLOPS_BF16.items():
-            if key in name:
+            if key in model_name:
                 return peak, f"vendor-table:{key}"
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    key = f"{device.type}|{platform.processor() or platform.machine()}|{dtype}|{torch.get_num_threads()}"
+    key = f"{device.type}|{model_name}|{dtype}|{torch.get_num_threads()}"
     cache = _peak_cache_path()
     try:
         cached = json.loads(cache.read_text())
     except (OSError, ValueError):
         cached = {}
     if key not in cached:
-        cached[key] = measure_cpu_peak_tflops(dtype) if device.type == "cpu" else 0.0
+        cached[key] = measure_gemm_peak_tflops(dtype, device)
         cache.parent.mkdir(parents=True, exist_ok=True)
         partial = cache.with_suffix(f".{os.getpid()}.tmp")
         partial.write_text(json.dumps(cached, indent=1))
