@@ -102,3 +102,11 @@ def test_chat_streams_from_an_openai_compatible_server_and_asks_for_approval_inl
     assert "approval needed inject_fault (risk mutate)" in result.output
     assert "✓ inject_fault" in result.output and "Launch with faults.slow_rank=0." in result.output
     assert all(request["stream"] for request in scripted_openai.requests)
+
+
+def test_leaving_chat_at_an_approval_prompt_keeps_the_approval_pending():
+    runner.invoke(app, ["ask", "drill a straggler on run r1", "--thread", "left"])
+    result = runner.invoke(app, ["chat", "--thread", "left"], input="")
+    assert result.exit_code == 0, result.output
+    threads = json.loads(runner.invoke(app, ["threads", "--json"]).stdout)
+    assert threads[0]["pending_approvals"] == 1

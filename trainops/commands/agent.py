@@ -126,10 +126,10 @@ def register(app: typer.Typer) -> None:
             view = _ChatView()
             console().print(f"[dim]thread {session.thread_id} · provider {session.settings.provider} · /exit to leave[/]")
             while True:
-                for payload in session.pending():
-                    _show({"kind": "approval", **payload})
-                    _drain(session.decide(_ask_decision(payload, who)), view, False)
-                try:
+                try:  # leaving at any prompt keeps an undecided approval pending in the thread
+                    for payload in session.pending():
+                        _show({"kind": "approval", **payload})
+                        _drain(session.decide(_ask_decision(payload, who)), view, False)
                     text = Prompt.ask("[bold]you[/]").strip()
                 except (EOFError, KeyboardInterrupt):
                     break
