@@ -99,3 +99,14 @@ def test_relaunching_a_crashed_run_resumes_from_its_checkpoint_to_the_straight_r
     resumed = launch_run(run_dir, 2, show_progress=False, timeout_s=240)
     assert resumed.status == "ok" and resumed.steps_completed == 6
     assert resumed.final_loss == straight.final_loss
+
+
+@pytest.mark.slow
+def test_a_run_past_its_timeout_is_stopped_with_every_rank():
+    cfg = load_config(None, "tiny", TINY + ["training.steps=50", "faults.hang_step=2", "faults.hang_rank=1"])
+    result = run_local(cfg, 2, run_id="hung", show_progress=False, timeout_s=20)
+    assert result.status == "failed" and result.exit_code != 0
+    pids = [json.loads(beat.read_text())["pid"] for beat in (Path(result.run_dir) / "heartbeat").glob("*.json")]
+    assert len(pids) == 2
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
