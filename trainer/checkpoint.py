@@ -372,7 +372,10 @@ class Checkpointer:
         return None
 
     def load_latest(self, app: AppState) -> int | None:
-        """Load the newest verified checkpoint into `app`; returns its step, or None if there is none."""
+        """Load the newest verified checkpoint into `app`; returns its step, or None if there is
+        none or checkpoints are disabled (a disabled run starts fresh even in an old run folder)."""
+        if not self.cfg.enable:
+            return None
         self.wait()
         chosen = [str(self._choose_latest() or "")] if self.rank == 0 else [""]
         if self.distributed:

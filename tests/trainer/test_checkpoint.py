@@ -170,6 +170,11 @@ def test_load_latest_without_checkpoints_returns_none(tmp_path):
     assert Checkpointer(ckpt_cfg(), tmp_path, rank=0).load_latest(make_job().app()) is None
 
 
+def test_a_run_with_checkpoints_disabled_does_not_resume(tmp_path):
+    saved_run(tmp_path, 2)
+    assert Checkpointer(ckpt_cfg(enable=False), tmp_path, rank=0).load_latest(make_job().app()) is None
+
+
 def test_an_unfinished_tmp_checkpoint_is_never_loaded(tmp_path):
     saved_run(tmp_path, 4)
     folder = tmp_path / "checkpoints"
