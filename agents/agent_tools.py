@@ -3,7 +3,9 @@
 `list_pending_approvals` reads the agent's own thread store next to governance's queue."""
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pathlib import Path
+
+from pydantic import BaseModel, Field, field_validator
 
 from skills.sop import SopResult, SopSettings
 from tools.base import CallContext, tool
@@ -40,8 +42,18 @@ def list_pending_approvals(inp: PendingInput) -> PendingOutput:
     return PendingOutput(items=items, count_pending=sum(1 for i in items if i.status == "pending"))
 
 
+class RunSopInput(SopSettings):
+    @field_validator("config")
+    @classmethod
+    def _config_exists(cls, value: str | None) -> str | None:
+        if value is not None and not Path(value).is_file():
+            raise ValueError(f"config={value!r} is not a file: pass a job config TOML path, or omit config for the "
+                             "embedded tiny defaults")
+        return value
+
+
 @tool("run_sop", risk="mutate", tags=("sop", "agent"))
-def run_sop(inp: SopSettings) -> SopResult:
+def run_sop(inp: RunSopInput) -> SopResult:
     """Run the whole SOP on a job config: S1 environment declaration, S2 baseline, S3/S4 single-variable
     ablations (small scale first), S5 fault drills, S6 evidence pack. Launches training jobs (quick: about
     2 minutes on 2 CPU cores). Returns the pack folder, verdict and blockers; a human then approves the pack."""

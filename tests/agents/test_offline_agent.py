@@ -126,11 +126,20 @@ def test_a_log_line_with_instructions_is_quoted_not_obeyed(chatty_job):
     assert call("job_status", {"job_id": chatty_job}).state == "running"
 
 
-def test_run_the_sop_asks_to_run_the_sop_skill_with_the_config():
+def test_run_the_sop_asks_to_run_the_sop_skill_with_the_config(tmp_path):
+    config = tmp_path / "job.toml"
+    config.write_text('[model]\npreset = "tiny"\n')
     with AgentSession("sop") as session:
-        events = run(session, "run the SOP on config jobs/tiny.toml, quick")
+        events = run(session, f"run the SOP on config {config}, quick")
     assert events[-1]["kind"] == "approval"
-    assert (events[-1]["tool"], events[-1]["args"]) == ("run_sop", {"config": "jobs/tiny.toml", "quick": True})
+    assert (events[-1]["tool"], events[-1]["args"]) == ("run_sop", {"config": str(config), "quick": True})
+
+
+def test_the_sop_on_a_missing_config_is_refused_before_a_human_is_asked():
+    with AgentSession("sop") as session:
+        events = run(session, "run the SOP on config nowhere/job.toml")
+    assert [e["kind"] for e in events] == ["tool_call", "tool_result", "answer"]
+    assert "config='nowhere/job.toml' is not a file" in events[-1]["text"]
 
 
 def test_drill_a_rank_crash_on_a_live_job_looks_the_job_up_then_asks_to_kill_a_rank(chatty_job):
