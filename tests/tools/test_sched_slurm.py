@@ -48,3 +48,9 @@ def test_scontrol_output_parses_into_fields():
 def test_a_non_numeric_job_id_is_refused_before_any_command_runs():
     with pytest.raises(SchedulerError, match=r"slurm scheduler: job id 'abc' is not a Slurm job id"):
         SlurmScheduler().status("abc")
+
+
+def test_a_missing_slurm_conf_is_refused_at_once_naming_the_path(monkeypatch, tmp_path):
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "missing.conf"))
+    with pytest.raises(SchedulerError, match=r"slurm scheduler: SLURM_CONF=.*missing.conf does not exist"):
+        SlurmScheduler().list_nodes()

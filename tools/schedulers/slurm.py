@@ -54,6 +54,9 @@ def controller_address() -> str:
 
 
 def run_cli(args: list[str], check: bool = True) -> subprocess.CompletedProcess:
+    conf = os.environ.get("SLURM_CONF")
+    if conf and not Path(conf).is_file():
+        raise SchedulerError(KIND, f"SLURM_CONF={conf} does not exist (the Slurm CLI would retry for a minute); point SLURM_CONF at the cluster's slurm.conf or unset it")
     try:
         out = subprocess.run(args, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
     except FileNotFoundError:
@@ -63,7 +66,12 @@ def run_cli(args: list[str], check: bool = True) -> subprocess.CompletedProcess:
     if check and out.returncode != 0:
         err = (out.stderr or out.stdout).strip().splitlines()
         detail = err[-1] if err else f"exit code {out.returncode}"
-        hint = f"is slurmctld running at {controller_address()}? check with `scontrol ping`" if "contact" in detail or "onnect" in detail else "check the arguments"
+        if "configuration" in detail:
+            hint = f"set SLURM_CONF to the cluster's slurm.conf (now {os.environ.get('SLURM_CONF', 'unset, so /etc/slurm/slurm.conf')})"
+        elif "contact" in detail or "onnect" in detail:
+            hint = f"is slurmctld running at {controller_address()}? check with `scontrol ping`"
+        else:
+            hint = "check the arguments"
         raise SchedulerError(KIND, f"`{shlex.join(args)}` failed: {detail}; {hint}")
     return out
 
