@@ -150,11 +150,11 @@ def render_answer(intent: str, request: str, results: list[ToolMessage], assumed
     if intent == "sop":
         result = by_tool.get("run_sop") or {}
         blockers = result.get("blockers") or []
+        pack = Path(str(result.get("pack_dir"))).name
         return "\n".join([
             f"Verdict: {result.get('verdict')}" + (f"; blockers: {'; '.join(blockers)}" if blockers else ""),
             f"Evidence pack: {result.get('pack_dir')} (SOP took {result.get('elapsed_s', 0):.0f} s).",
-            f"A human decides it: trainops approve {Path(str(result.get('pack_dir'))).name} --by NAME "
-            f"(or trainops reject ... --by NAME --note WHY).",
+            f"A human decides it: trainops approve {pack} --by NAME, or trainops reject {pack} --by NAME --note WHY.",
         ])
     if intent == "approvals":
         items = find(next(iter(by_tool.values()), None), "items") or []
