@@ -47,3 +47,19 @@ def test_a_crash_on_a_live_job_prefers_killing_the_rank_when_the_tool_offers_it(
 def test_missing_required_fields_are_reported():
     schema = {"properties": {"run": {}, "skip_steps": {}}, "required": ["run"]}
     assert fill_args(schema, {}) == ({}, ["run"])
+
+
+def test_the_sop_answer_leads_with_the_verdict_and_names_the_pack_to_decide():
+    """Rendering only: a real SOP run takes minutes (measured in the report), so its result is built here."""
+    from langchain_core.messages import ToolMessage
+
+    from agents.explain import render_answer
+    from tools.governance.text import check_text
+
+    result = {"pack_dir": "/w/packs/sop-1", "verdict": "partial", "blockers": ["drill hang: recovery not measured"],
+              "elapsed_s": 120.4}
+    message = ToolMessage(content="", tool_call_id="c1", name="run_sop", status="success", artifact=result)
+    text = render_answer("sop", "run the SOP", [message])
+    assert text.splitlines()[0] == "Verdict: partial; blockers: drill hang: recovery not measured"
+    assert "trainops approve sop-1 --by NAME" in text and "trainops reject sop-1 --by NAME --note WHY" in text
+    assert check_text(text) == []
