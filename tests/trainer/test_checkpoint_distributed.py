@@ -1,5 +1,5 @@
-"""Checkpoints under torchrun (2 gloo processes, FSDP2): resume equivalence for background
-writes, and fallback past a corrupt newest checkpoint, both against an uninterrupted run.
+"""Checkpoints under torchrun (2 gloo processes, FSDP2): resume equivalence for sync and
+background writes, and fallback past a corrupt newest checkpoint, both against an uninterrupted run.
 
 A run is stopped by ending it at step 4 and relaunched with steps=8. `training.min_lr_ratio=1`
 keeps the learning rate flat after warm-up, so the schedule does not depend on the total step
@@ -54,9 +54,10 @@ def straight(tmp_path_factory) -> dict[tuple[int, int], float]:
     return losses(result)
 
 
-def test_async_checkpoint_resume_reproduces_every_step_of_the_straight_run(straight):
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_resume_reproduces_every_step_of_the_straight_run(straight, mode):
     first = run("training.steps=4", "checkpoint.enable=true", "checkpoint.interval=4",
-                "checkpoint.mode=async", run_id="async")
+                f"checkpoint.mode={mode}", run_id=mode)
     assert first.status == "ok" and first.steps_completed == 4
     resumed = relaunch(first, "training.steps=8")
     assert resumed.status == "ok" and resumed.steps_completed == 8
