@@ -76,10 +76,11 @@ def repeat(req: JobRequest, name: str, repeats: int, ctx: CallContext | None = N
     return results
 
 
-def layout_of(overrides: list[str], nproc: int) -> str:
-    """The parallel layout as the claim states it: every parallel.* override and the world size."""
-    parallel = [o.removeprefix("parallel.") for o in overrides if o.startswith("parallel.")]
-    return " ".join([f"world={nproc}", *parallel]) if parallel else f"world={nproc} fsdp dp_shard={nproc}"
+def layout_of(overrides: list[str], nproc: int, framework: str = "trainops") -> str:
+    """The parallel layout as the claim states it, in the framework's terms (tools.frameworks)."""
+    from tools.frameworks.base import get_adapter
+
+    return get_adapter(framework).describe_layout(overrides, nproc)
 
 
 def _setting(overrides: list[str], key: str, default: str) -> str:
@@ -99,7 +100,7 @@ def summarize(req: JobRequest, results: list[RunResult]) -> BaselineSummary:
     share, method = comm_share(results)
     return BaselineSummary(
         model=_setting(req.overrides, "model.preset", req.preset or Path(req.config or "config").stem),
-        parallel_layout=layout_of(req.overrides, req.nproc),
+        parallel_layout=layout_of(req.overrides, req.nproc, req.framework),
         precision=_setting(req.overrides, "training.precision", "fp32"),
         repeats=len(results), warmup_steps_excluded=req.warmup_steps,
         step_time_s=spread(values("step_time_median_s")), tokens_per_s=spread(values("tokens_per_s_median")),

@@ -141,3 +141,16 @@ def test_declared_environment_names_an_adapters_framework_and_installed_version(
 
     out = call("declare_environment", {"framework": "deepspeed", "ckpt_test_mib": 1, "measure_gemm": False})
     assert (out.framework.name, out.framework.version) == ("DeepSpeed", version("deepspeed"))
+
+
+@pytest.mark.parametrize(("framework", "overrides", "world", "layout"), [
+    ("trainops", ["parallel.tp=2"], 4, "world=4 tp=2"),
+    ("deepspeed", ["deepspeed.zero_optimization.stage=3", "deepspeed.zero_optimization.offload_param.device=cpu"], 2,
+     "world=2 deepspeed data-parallel ZeRO-3 offload_param=cpu"),
+    ("megatron", ["megatron.tensor_model_parallel_size=2", "megatron.sequence_parallel=true"], 8,
+     "world=8 megatron tp=2 pp=1 cp=1 dp=4 sequence_parallel"),
+    ("torchtitan", ["torchtitan.parallelism.tensor_parallel_degree=2"], 8,
+     "world=8 torchtitan dp_replicate=1 dp_shard=-1 cp=1 tp=2 pp=1"),
+])
+def test_the_layout_an_mfu_claim_names_is_stated_in_the_frameworks_terms(framework, overrides, world, layout):
+    assert get_adapter(framework).describe_layout(overrides, world) == layout

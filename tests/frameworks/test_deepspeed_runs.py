@@ -40,6 +40,12 @@ def test_baseline_trains_on_two_ranks_and_reports_trainops_metrics(baseline):
     assert status["status"] == "ok" and status["steps_completed"] == 6
 
 
+def test_baseline_summary_names_the_deepspeed_layout(baseline):
+    from skills.baseline import summarize
+
+    assert summarize(_request(), [baseline]).parallel_layout == "world=2 deepspeed data-parallel ZeRO-1"
+
+
 def test_baseline_log_lines_parse_back_to_its_metrics(baseline):
     from tools.frameworks.base import get_adapter
 

@@ -195,7 +195,7 @@ class DeepSpeedAdapter:
         run_dir = self.prepare_run(job)
         return JobSpec(name=job.name, command=["-m", "tools.frameworks.deepspeed_train", "--run-dir", str(run_dir)],
                        launcher="torchrun", nodes=job.nodes, procs_per_node=job.nproc, run_dir=str(run_dir),
-                       env={"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"})
+                       env={"OMP_NUM_THREADS": "1"})
 
     def parse_log_line(self, line: str, ctx: ParseContext | None = None) -> StepRecord | None:
         """The training script's line (trainops format, MFU included) or DeepSpeed's ThroughputTimer line
@@ -210,6 +210,13 @@ class DeepSpeedAdapter:
         if ctx is not None and ctx.seq_len:
             tokens_per_s = float(match["sps"]) * ctx.seq_len / ctx.world_size
         return mfu(StepRecord(step=int(match["step"]), tokens_per_s=tokens_per_s), ctx)
+
+    def describe_layout(self, overrides: list[str], world_size: int) -> str:
+        """What an MFU claim must name: ZeRO stage and offload over pure data parallelism."""
+        zero = merged_settings(overrides)["deepspeed"]
+        offload = [f"offload_{what}={zero[f'zero_optimization.offload_{what}.device']}" for what in ("optimizer", "param")
+                   if zero[f"zero_optimization.offload_{what}.device"] != "none"]
+        return " ".join([f"world={world_size} deepspeed data-parallel ZeRO-{zero['zero_optimization.stage']}", *offload])
 
     def checkpoint_dir(self, run_dir: str) -> str:
         return str(Path(run_dir) / "checkpoints")

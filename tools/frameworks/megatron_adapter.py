@@ -199,6 +199,12 @@ class MegatronAdapter:
                             tokens_per_s=tokens_per_s, tflops=found["tflops"])
         return mfu(record, ctx)
 
+    def describe_layout(self, overrides: list[str], world_size: int) -> str:
+        flags = self.settings(overrides)["megatron"]
+        tp, pp, cp = (int(flags[k]) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"))
+        extras = [name for name in ("sequence_parallel", "use_distributed_optimizer") if flags[name]]
+        return " ".join([f"world={world_size} megatron tp={tp} pp={pp} cp={cp} dp={world_size // (tp * pp * cp)}", *extras])
+
     def checkpoint_dir(self, run_dir: str) -> str:
         return str(Path(run_dir) / "checkpoints")
 

@@ -147,6 +147,13 @@ class TorchtitanAdapter:
                             tflops=found["tflops"], mfu_pct=found["mfu"])
         return mfu(record, ctx)
 
+    def describe_layout(self, overrides: list[str], world_size: int) -> str:
+        knobs = self.settings(overrides)["torchtitan"]
+        dims = {name: knobs[f"parallelism.{key}"] for name, key in (
+            ("dp_replicate", "data_parallel_replicate_degree"), ("dp_shard", "data_parallel_shard_degree"),
+            ("cp", "context_parallel_degree"), ("tp", "tensor_parallel_degree"), ("pp", "pipeline_parallel_degree"))}
+        return f"world={world_size} torchtitan " + " ".join(f"{name}={value}" for name, value in dims.items())
+
     def checkpoint_dir(self, run_dir: str) -> str:
         """`{job.dump_folder}/{checkpoint.folder}` with torchtitan's default folder name."""
         return str(Path(run_dir) / "checkpoint")

@@ -92,6 +92,11 @@ class TrainopsAdapter:
                             mfu_pct=float(match["mfu"]))
         return mfu(record, ctx)
 
+    def describe_layout(self, overrides: list[str], world_size: int) -> str:
+        """Every parallel.* override and the world size (the SOP's own wording)."""
+        parallel = [o.removeprefix("parallel.") for o in overrides if o.startswith("parallel.")]
+        return " ".join([f"world={world_size}", *parallel]) if parallel else f"world={world_size} fsdp dp_shard={world_size}"
+
     def checkpoint_dir(self, run_dir: str) -> str:
         return str(Path(run_dir) / "checkpoints")
 
