@@ -35,7 +35,7 @@ def fail(message: str, *, as_json: bool = False, code: int = 2) -> NoReturn:
     else:
         from rich.console import Console
 
-        Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False)
+        Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
