@@ -5,7 +5,7 @@ Mechanisms: process exit (job state or a rank's pid), heartbeat staleness (hang)
 grad-norm anomaly (NaN/inf or a z-score jump), cross-replica parameter checksum mismatch
 (silent data corruption; needs a `param_checksum` field in the metrics records, compared
 among ranks of the same `replica_group` field when present), per-rank step-time outlier
-(straggler; uses `compute_time_s` when the trainer writes it, else `step_time_s`)."""
+(straggler; `compute_time_s` when the trainer writes it, else the `step_time_s` spread)."""
 from __future__ import annotations
 
 import json
@@ -34,7 +34,7 @@ class DetectFaultsInput(BaseModel):
     timeout_s: float = Field(60.0, gt=0, description="Stop watching after this many seconds with nothing found.")
     heartbeat_stale_s: float = Field(5.0, gt=0, description="A heartbeat older than this (while others are fresher) is a hang.")
     zscore_threshold: float = Field(6.0, gt=0, description="A grad-norm this many standard deviations above its recent history is an anomaly.")
-    straggler_ratio: float = Field(1.5, gt=1, description="A rank whose median step time is this many times the others' median is a straggler.")
+    straggler_ratio: float = Field(1.5, gt=1, description="Straggler threshold: the ratio between the slow rank's and its peers' median step (or compute) time.")
     window_steps: int = Field(8, ge=3, description="Steps of history for the z-score and straggler checks.")
     injected_at: float | None = Field(None, description="Injection wall time; None reads the newest entry of RUN/faults.jsonl.")
 
@@ -122,20 +122,29 @@ class _Watch:
         return None
 
     def straggler(self) -> tuple[dict, str] | None:
+        """With per-rank `compute_time_s`, the slowest compute is the straggler. With only
+        `step_time_s` of synchronous ranks, the peers' timers absorb the wait for a rank that is
+        late outside its own timer, so a wide spread points at the rank with the *shortest*
+        timed step (a slowdown inside every timer shows no spread at all)."""
         if len(self.by_rank) < 2:
             return None
-        medians = {}
-        for r, recs in self.by_rank.items():
-            recent = recs[-self.inp.window_steps:]
-            field = "compute_time_s" if all("compute_time_s" in x for x in recent) else "step_time_s"
-            vals = [float(x[field]) for x in recent if isinstance(x.get(field), (int, float))]
-            if len(vals) < 3:
-                return None
-            medians[r] = (statistics.median(vals), field)
-        slow = max(medians, key=lambda r: medians[r][0])
-        others = statistics.median([m for r, (m, _) in medians.items() if r != slow])
-        if others > 0 and medians[slow][0] > self.inp.straggler_ratio * others:
-            return self.by_rank[slow][-1], f"rank {slow} median {medians[slow][1]} {medians[slow][0]:.4f}s vs {others:.4f}s on the other ranks"
+        recent = {r: recs[-self.inp.window_steps:] for r, recs in self.by_rank.items()}
+        if any(len(v) < 3 for v in recent.values()):
+            return None
+        use_compute = all("compute_time_s" in x for v in recent.values() for x in v)
+        field = "compute_time_s" if use_compute else "step_time_s"
+        medians = {r: statistics.median(float(x[field]) for x in v) for r, v in recent.items()}
+        if use_compute:
+            suspect = max(medians, key=medians.get)
+            others = statistics.median(m for r, m in medians.items() if r != suspect)
+            if others > 0 and medians[suspect] > self.inp.straggler_ratio * others:
+                return recent[suspect][-1], f"rank {suspect} median compute_time_s {medians[suspect]:.4f}s vs {others:.4f}s on the other ranks"
+            return None
+        suspect = min(medians, key=medians.get)
+        others = statistics.median(m for r, m in medians.items() if r != suspect)
+        if medians[suspect] > 0 and others > self.inp.straggler_ratio * medians[suspect]:
+            return recent[suspect][-1], (f"rank {suspect} median step_time_s {medians[suspect]:.4f}s vs {others:.4f}s on its peers: "
+                                         "the peers wait for it in the collective, so it is late outside its own step")
         return None
 
     def stale_or_dead(self) -> tuple[str, int, dict, str] | None:

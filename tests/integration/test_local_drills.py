@@ -73,3 +73,13 @@ def test_an_injected_nan_is_a_loss_anomaly_at_its_step(workspace):
     assert (found.mechanism, found.step, found.isolation) == ("loss_anomaly", 4, "job")
     assert 0 <= found.detection_latency_s < 2.0
     assert call("wait_job", {"job_id": job_id, "timeout_s": 60}).state == "failed"
+
+
+def test_a_straggler_rank_is_named_from_the_step_time_spread(workspace):
+    overrides = call("inject_fault", {"kind": "straggler", "rank": 1, "slow_ms": 300}).overrides
+    job_id, run_dir = _start(40, *overrides)
+    try:
+        found = call("detect_faults", {"run": str(run_dir), "job_id": job_id, "poll_interval_s": 0.1, "timeout_s": 180})
+        assert (found.mechanism, found.rank, found.isolation) == ("step_time_outlier", 1, "node")
+    finally:
+        call("cancel_job", {"job_id": job_id})

@@ -20,7 +20,7 @@ os.makedirs(f"{run_dir}/heartbeat", exist_ok=True)
 for step in range(1, 100000):
     time.sleep(step_s)
     loss = float("nan") if step == nan_step else 5.0 / step
-    rec = {"step": step, "rank": rank, "loss": loss, "grad_norm": 1.0, "step_time_s": step_s, "time": time.time()}
+    rec = {"step": step, "rank": rank, "loss": loss, "grad_norm": 1.0, "step_time_s": step_s, "compute_time_s": step_s, "time": time.time()}
     with open(f"{run_dir}/metrics.jsonl", "a") as fh:
         fh.write(json.dumps(rec) + "\n")
     tmp = f"{run_dir}/heartbeat/rank{rank}.tmp"
@@ -81,10 +81,21 @@ def test_a_nan_loss_is_a_loss_anomaly_that_isolates_the_job(ranks):
     assert (found.mechanism, found.step, found.isolation) == ("loss_anomaly", 5, "job")
 
 
-def test_a_slow_rank_is_a_step_time_outlier(ranks):
+def test_a_rank_with_slow_compute_is_a_step_time_outlier(ranks):
     ranks(step_s=(0.02, 0.02, 0.1))
     found = call("detect_faults", {"run": "drill", "poll_interval_s": 0.05, "timeout_s": 10, "straggler_ratio": 2.0})
     assert (found.mechanism, found.rank) == ("step_time_outlier", 2)
+
+
+def test_in_synchronous_steps_the_rank_late_outside_its_timer_is_the_straggler(workspace):
+    run_dir = workspace / "runs" / "sync"
+    run_dir.mkdir(parents=True)
+    now = time.time()
+    lines = [{"step": s, "rank": r, "loss": 1.0, "grad_norm": 1.0, "step_time_s": 0.15 if r == 1 else 0.45, "time": now}
+             for s in range(1, 5) for r in range(3)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    found = call("detect_faults", {"run": "sync", "timeout_s": 0.2})
+    assert (found.mechanism, found.rank) == ("step_time_outlier", 1)
 
 
 def test_diverging_replica_checksums_are_silent_data_corruption(workspace):
