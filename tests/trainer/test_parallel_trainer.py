@@ -29,6 +29,7 @@ def one_process() -> float:
     ("parallel.pp=2", "parallel.pp_schedule=1F1B"),
     ("parallel.pp=2", "parallel.pp_schedule=ZBVZeroBubble", "parallel.virtual_stages=2"),
     ("parallel.tp=2", "parallel.sequence_parallel=true"),
-], ids=["pp2-1F1B", "pp2-ZBV", "tp2-sp"])
+    ("parallel.tp=2",),
+], ids=["pp2-1F1B", "pp2-ZBV", "tp2-sp", "tp2"])
 def test_trainer_reaches_the_one_process_loss(one_process, layout):
     assert final_loss(2, *layout) == pytest.approx(one_process, abs=1e-4)

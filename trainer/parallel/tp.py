@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 
 
@@ -57,6 +58,26 @@ def top_plan(model: nn.Module, sequence_parallel: bool) -> dict[str, Any]:
     return plan
 
 
+def replicate_norms(model: nn.Module, tp_mesh) -> None:
+    """Without sequence parallel the norms see full activations; their weights still become
+    Replicate DTensors, so every parameter is a DTensor (gradient clipping and the optimizer's
+    foreach kernels refuse a mix) while the norm itself computes on plain tensors."""
+    from torch.distributed.tensor import DTensor, Replicate, distribute_module
+
+    def to_dtensor(_module, inputs, mesh):
+        return tuple(DTensor.from_local(x, mesh, [Replicate()], run_check=False)
+                     if isinstance(x, torch.Tensor) and not isinstance(x, DTensor) else x for x in inputs)
+
+    def to_local(_module, output, _mesh):
+        return output.to_local() if isinstance(output, DTensor) else output
+
+    norms = [block.attention_norm for block in model.layers.values()] + [block.ffn_norm for block in model.layers.values()]
+    if getattr(model, "norm", None) is not None:
+        norms.append(model.norm)
+    for norm in norms:
+        distribute_module(norm, tp_mesh, input_fn=to_dtensor, output_fn=to_local)
+
+
 def tp_submesh(mesh):
     """Accept the whole named mesh or its `tp` submesh."""
     names = getattr(mesh, "mesh_dim_names", None) or ()
@@ -85,4 +106,6 @@ def apply_tp(model: nn.Module, mesh, cfg) -> nn.Module:
     plan = block_plan(sequence_parallel)
     for block in model.layers.values():
         parallelize_module(block, tp_mesh, plan)
+    if not sequence_parallel:
+        replicate_norms(model, tp_mesh)
     return model
