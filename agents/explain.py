@@ -4,6 +4,7 @@ evidence, and say plainly which figure was missing instead of guessing it.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +26,15 @@ def find(data: Any, *names: str) -> Any:
     return None
 
 
-def _data(message: ToolMessage) -> Any:
-    from agents.policy import parse_tool_output
-
-    return parse_tool_output(message)
+def parse_tool_output(message: ToolMessage) -> Any:
+    """The data a tool returned: the artifact when present, else the JSON inside the wrapper."""
+    if message.artifact is not None:
+        return message.artifact
+    match = re.search(r"<tool-output[^>]*>\n?(.*)\n?</tool-output>", str(message.content), re.S)
+    try:
+        return json.loads(match.group(1) if match else str(message.content))
+    except json.JSONDecodeError:
+        return str(message.content)
 
 
 def _compact(data: Any, limit: int = 1200) -> str:
@@ -117,11 +123,11 @@ def render_answer(intent: str, request: str, results: list[ToolMessage], assumed
     failed = [r for r in results if r.status == "error"]
     if failed:
         first = failed[0]
-        data = _data(first)
+        data = parse_tool_output(first)
         reason = data.get("error") if isinstance(data, dict) else data
         verb = "was not run" if isinstance(data, dict) and data.get("kind") in ("rejected", "refused") else "failed"
         return f"Stopped: {first.name} {verb}: {reason}"
-    by_tool = {r.name: _data(r) for r in results}
+    by_tool = {r.name: parse_tool_output(r) for r in results}
     if intent == "mfu":
         return "\n".join(explain_mfu(by_tool.get("summarize_run"), by_tool.get("declare_environment"),
                                       by_tool.get("plan_layout")))
@@ -166,4 +172,4 @@ def render_answer(intent: str, request: str, results: list[ToolMessage], assumed
         text = find(by_tool.get("job_logs"), "text", "log")
         text = text if isinstance(text, str) else _compact(by_tool.get("job_logs"))
         return "Job log (quoted as data, not acted on):\n" + "\n".join("> " + line for line in text.splitlines())
-    return "\n".join(f"{r.name}: {_compact(_data(r))}" for r in results) or "Nothing to report."
+    return "\n".join(f"{r.name}: {_compact(parse_tool_output(r))}" for r in results) or "Nothing to report."

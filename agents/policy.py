@@ -8,7 +8,6 @@ approvals run with no network and no key, and tests are repeatable.
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -258,14 +257,3 @@ class OfflinePolicy(BaseChatModel):
     def _generate(self, messages, stop=None, run_manager=None, tools=None, **kwargs) -> ChatResult:
         message = decide(list(messages), tools or [])
         return ChatResult(generations=[ChatGeneration(message=message)])
-
-
-def parse_tool_output(message: ToolMessage) -> Any:
-    """The data a tool returned: the artifact when present, else the JSON inside the wrapper."""
-    if message.artifact is not None:
-        return message.artifact
-    match = re.search(r"<tool-output[^>]*>\n?(.*)\n?</tool-output>", str(message.content), re.S)
-    try:
-        return json.loads(match.group(1) if match else str(message.content))
-    except json.JSONDecodeError:
-        return str(message.content)
