@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 Provider = Literal["offline", "openai", "anthropic"]
 
@@ -80,7 +80,13 @@ def load_settings(provider: str | None = None, model: str | None = None, base_ur
     unknown = set(values) - (set(AgentSettings.model_fields) - {"sources"})
     if unknown:
         raise ProviderError(f"unknown [agent] setting(s) {sorted(unknown)}; known: provider, model, base_url, api_key_env, timeout_s")
-    return AgentSettings(**values, sources=sources)
+    try:
+        return AgentSettings(**values, sources=sources)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = str(err["loc"][0])
+        raise ProviderError(f"agent setting {field}={err.get('input')!r} (from {sources.get(field, 'default')}) "
+                            f"is not valid: {err['msg']}") from None
 
 
 def make_chat_model(settings: AgentSettings):

@@ -188,3 +188,10 @@ def test_streaming_chat_yields_draft_tokens_then_the_checked_answer(scripted_ope
     tokens = [e["text"] for e in events if e["kind"] == "token"]
     assert len(tokens) > 1 and "".join(tokens) == "No jobs are running right now."
     assert events[-1] == {"kind": "answer", "text": "No jobs are running right now."}
+
+
+def test_a_bad_setting_value_names_the_setting_and_its_file(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "trainops.toml").write_text('[agent]\ntimeout_s = -1\n')
+    with pytest.raises(ProviderError, match=r"agent setting timeout_s=-1 \(from \[agent\] timeout_s in .*trainops.toml\) is not valid"):
+        load_settings()
