@@ -128,7 +128,11 @@ def explain_provider_failure(settings: AgentSettings, exc: Exception) -> Provide
         )
     if "NotFoundError" in names:
         return ProviderError(
-            f"the {settings.provider} endpoint does not know model={settings.model or _DEFAULT_MODEL[settings.provider]!r} "
-            f"(from {settings.source('model')}): {exc}; set [agent] model or TRAINOPS_MODEL"
+            f"the {settings.provider} endpoint answered 404 for model={settings.model or _DEFAULT_MODEL[settings.provider]!r} "
+            f"(from {settings.source('model')}) at base_url={settings.base_url or 'default'}: {exc}; the model name or "
+            "the base_url path (usually ending in /v1) is wrong: fix [agent] model / base_url or TRAINOPS_MODEL / TRAINOPS_BASE_URL"
         )
+    if names & {"APIError", "APIStatusError"}:
+        return ProviderError(f"the {settings.provider} endpoint at base_url={settings.base_url or 'default'} answered "
+                             f"with an error: {exc}; check the server's log and the model name ({settings.source('model')})")
     return None

@@ -195,3 +195,10 @@ def test_a_bad_setting_value_names_the_setting_and_its_file(monkeypatch, tmp_pat
     (tmp_path / "trainops.toml").write_text('[agent]\ntimeout_s = -1\n')
     with pytest.raises(ProviderError, match=r"agent setting timeout_s=-1 \(from \[agent\] timeout_s in .*trainops.toml\) is not valid"):
         load_settings()
+
+
+def test_a_server_error_is_one_line_naming_the_endpoint(scripted_openai, openai_settings):
+    scripted_openai.script = []  # the stub answers 500 when its script is empty
+    with AgentSession("err", openai_settings) as session:
+        with pytest.raises(ProviderError, match=rf"the openai endpoint at base_url={scripted_openai.base_url} answered with an error"):
+            list(session.ask("hello"))
