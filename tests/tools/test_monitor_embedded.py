@@ -66,8 +66,17 @@ def test_an_unreachable_prometheus_names_the_url():
         call("query_metrics", {"run": "r1", "metric": "loss", "monitor": "prometheus", "url": "http://127.0.0.1:1"})
 
 
-def test_the_promql_for_heartbeat_age_uses_the_step_scrape_time():
-    from tools.monitoring.prometheus import promql, step_time_spread_query
+def test_the_promql_for_heartbeat_age_and_the_run_aggregates():
+    from tools.monitoring.prometheus import promql
 
     assert promql("heartbeat_age_s", "r1", 0) == 'time() - timestamp(trainops_step{run="r1",rank="0"})'
-    assert step_time_spread_query("r1") == 'max(trainops_step_time_s{run="r1"}) - min(trainops_step_time_s{run="r1"})'
+    assert promql("step_time_spread_s", "r1") == 'max(trainops_step_time_s{run="r1"}) - min(trainops_step_time_s{run="r1"})'
+    assert promql("mfu_pct_avg", "r1") == 'avg(trainops_mfu_pct{run="r1"})'
+
+
+def test_run_level_aggregates_average_mfu_and_sum_tokens_over_ranks(workspace):
+    _write_run(workspace)
+    value = {m: call("query_metrics", {"run": "r1", "metric": m}).instant[0].value
+             for m in ("mfu_pct_avg", "tokens_per_s_sum", "step_time_spread_s")}
+    assert value == {"mfu_pct_avg": pytest.approx(40.5), "tokens_per_s_sum": pytest.approx(2000.0),
+                     "step_time_spread_s": pytest.approx(0.02)}

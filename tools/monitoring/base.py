@@ -1,7 +1,9 @@
 """The monitoring contract: an instant value or a series for one metric of one run, per rank.
 
 Metric names are the trainer's record names (`loss`, `step_time_s`, `mfu_pct`, ...) plus
-`heartbeat_age_s`; Prometheus names add the `trainops_` prefix, the backend does that."""
+`heartbeat_age_s` and the run-level aggregates in AGGREGATES (`mfu_pct_avg`,
+`tokens_per_s_sum`, `step_time_spread_s`: slowest minus fastest rank); Prometheus names add
+the `trainops_` prefix, the backend does that."""
 from __future__ import annotations
 
 from typing import Literal, Protocol, runtime_checkable
@@ -10,6 +12,12 @@ from pydantic import BaseModel, Field
 
 MonitorKind = Literal["embedded", "prometheus"]
 HEARTBEAT_AGE = "heartbeat_age_s"
+# run-level aggregates over ranks: name -> (record metric, how)
+AGGREGATES: dict[str, tuple[str, str]] = {
+    "mfu_pct_avg": ("mfu_pct", "avg"),
+    "tokens_per_s_sum": ("tokens_per_s", "sum"),
+    "step_time_spread_s": ("step_time_s", "spread"),
+}
 
 
 class MonitorError(Exception):

@@ -7,7 +7,7 @@ import math
 import time
 from pathlib import Path
 
-from tools.monitoring.base import HEARTBEAT_AGE, MonitorError, Sample, Series
+from tools.monitoring.base import AGGREGATES, HEARTBEAT_AGE, MonitorError, Sample, Series
 
 KIND = "embedded"
 
@@ -70,7 +70,19 @@ class EmbeddedMonitor:
         return [Sample(rank=r, time=now, value=now - float(b["time"]), step=b.get("step"))
                 for r, b in sorted(beats.items()) if rank is None or r == rank]
 
+    def _aggregate(self, name: str, run: str) -> list[Sample]:
+        """A run-level value over the ranks' latest records (the same definition as the PromQL)."""
+        base, how = AGGREGATES[name]
+        latest = self.instant(base, run)
+        if not latest:
+            return []
+        values = [s.value for s in latest]
+        value = {"avg": sum(values) / len(values), "sum": sum(values), "spread": max(values) - min(values)}[how]
+        return [Sample(rank=None, time=max(s.time for s in latest), value=value, step=min(s.step or 0 for s in latest))]
+
     def series(self, metric: str, run: str, rank: int | None = None, window_s: float = 300.0) -> list[Series]:
+        if metric in AGGREGATES:
+            return [Series(metric=metric, run=run, samples=self._aggregate(metric, run))]
         run_dir = resolve_run(run)
         if metric == HEARTBEAT_AGE:
             return [Series(metric=metric, run=run, rank=s.rank, samples=[s]) for s in self._heartbeat_samples(run_dir, rank)]
@@ -94,4 +106,6 @@ class EmbeddedMonitor:
     def instant(self, metric: str, run: str, rank: int | None = None) -> list[Sample]:
         if metric == HEARTBEAT_AGE:
             return self._heartbeat_samples(resolve_run(run), rank)
+        if metric in AGGREGATES:
+            return self._aggregate(metric, run)
         return [s.samples[-1] for s in self.series(metric, run, rank, window_s=math.inf) if s.samples]

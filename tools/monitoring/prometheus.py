@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from tools.monitoring.base import HEARTBEAT_AGE, MonitorError, Sample, Series
+from tools.monitoring.base import AGGREGATES, HEARTBEAT_AGE, MonitorError, Sample, Series
 
 KIND = "prometheus"
 DEFAULT_URL = "http://127.0.0.1:9090"
@@ -24,21 +24,18 @@ def promql(metric: str, run: str, rank: int | None = None) -> str:
     """The PromQL for one of our metrics; heartbeat age is the time since the last scraped step."""
     if metric == HEARTBEAT_AGE:
         return f"time() - timestamp({selector('step', run, rank)})"
+    if metric in AGGREGATES:
+        return aggregate_query(metric, run)
     return selector(metric, run, rank)
 
 
-def mfu_query(run: str) -> str:
-    return f"avg({selector('mfu_pct', run)})"
-
-
-def tokens_per_s_query(run: str) -> str:
-    return f"sum({selector('tokens_per_s', run)})"
-
-
-def step_time_spread_query(run: str) -> str:
-    """Slowest minus fastest rank's step time: a straggler shows as a spread."""
-    sel = selector("step_time_s", run)
-    return f"max({sel}) - min({sel})"
+def aggregate_query(name: str, run: str) -> str:
+    """PromQL for a run-level aggregate: avg MFU, summed tokens/s, per-rank step-time spread."""
+    metric, how = AGGREGATES[name]
+    sel = selector(metric, run)
+    if how == "spread":
+        return f"max({sel}) - min({sel})"
+    return f"{how}({sel})"
 
 
 class PrometheusMonitor:
@@ -49,8 +46,10 @@ class PrometheusMonitor:
 
     def _client(self):
         from prometheus_api_client import PrometheusConnect
+        from urllib3.util.retry import Retry
 
-        return PrometheusConnect(url=self.url, disable_ssl=True)
+        # one quick retry: a drill must not spend seconds in the client's default backoff
+        return PrometheusConnect(url=self.url, disable_ssl=True, retry=Retry(total=1, backoff_factor=0.1), timeout=10)
 
     def query(self, expr: str) -> list[dict]:
         """Run an instant PromQL query; an unreachable server is a MonitorError naming the URL."""
@@ -78,12 +77,3 @@ class PrometheusMonitor:
             samples = [Sample(rank=None if r is None else int(r), time=float(t), value=float(v)) for t, v in item["values"]]
             out.append(Series(metric=metric, run=run, rank=None if r is None else int(r), samples=samples))
         return sorted(out, key=lambda s: (s.rank is None, s.rank))
-
-    def wait_for(self, metric: str, run: str, timeout_s: float = 30.0) -> list[Sample]:
-        """Poll until the metric has been scraped at least once (or the timeout passes)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            samples = self.instant(metric, run)
-            if samples or time.monotonic() >= deadline:
-                return samples
-            time.sleep(0.5)
