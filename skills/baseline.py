@@ -49,6 +49,11 @@ def run_once(req: JobRequest, name: str, ctx: CallContext | None = None) -> RunR
     if status.state != "completed":
         raise ToolError("submit_job", f"run {name} ({run_dir}) ended {status.state} (exit code {status.exit_code}, "
                         f"{status.reason or 'no reason given'}); read {run_dir}/logs/rank0.log")
+    if not (Path(run_dir) / "metrics.jsonl").exists():  # torchtitan, Megatron-LM: their step lines are the metrics
+        from tools.frameworks.base import ParseContext, get_adapter, ingest_log
+
+        log = call("job_logs", {"job_id": job_id, "scheduler": req.scheduler, "tail": 0}, ctx)
+        ingest_log(get_adapter(req.framework), log.text, run_dir, ParseContext(world_size=req.nproc))
     summary = call("summarize_run", {"run": run_dir, "skip_steps": req.warmup_steps}, ctx)
     return RunResult(job_id=job_id, run_dir=run_dir, summary=summary.model_dump(), started=started, ended=time.time())
 

@@ -103,6 +103,8 @@ def drill(req: JobRequest, fault: str, inject_step: int = 5, ctx: CallContext | 
     loads = [e for e in _journal(run_dir) if e.get("event") == "load" and e.get("time", 0) > isolated]
     used = loads[0] if loads else {"step": 0, "path": "none (restarted from step 0)"}
     intact = verify_restored(run_dir, used, ctx)
+    fell_back = [e["step"] for e in _journal(run_dir) if e.get("event") == "fallback" and e.get("time", 0) > isolated]
+    detector = detection.mechanism + (f"; the restart's checksum check skipped corrupt step(s) {fell_back}" if fell_back else "")
     status = call("wait_job", {"job_id": requeued.job_id, "scheduler": sched, "timeout_s": req.timeout_s}, ctx)
     if status.state != "completed":
         raise ToolError("requeue_job", f"drill {fault}: the restarted job ended {status.state}; read {run_dir}/logs")
@@ -113,7 +115,7 @@ def drill(req: JobRequest, fault: str, inject_step: int = 5, ctx: CallContext | 
         detection_latency_s=detection.detection_latency_s, isolation_granularity=detection.isolation,
         recovery_time_s=recovered - detection.detected_at, steps_lost=max(0, last_step - int(used["step"])),
         checkpoint_used=str(used["path"]), async_checkpoint_intact=intact,
-        cause=cause, detector=detection.mechanism, drill_record=str(record))
+        cause=cause, detector=detector, drill_record=str(record))
     record.write_text(result.model_dump_json(indent=2) + "\n", encoding="utf-8")
     evidence = EvidenceRow(tool="inject_fault+detect_faults+requeue_job", version=req.framework_version, command=command_line(req),
                            log_path=str(record), value=f"{fault}: detect {result.detection_latency_s:.2f} s, "

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from skills import ablation, baseline, drill, environment
+from skills import ablation, baseline, drill, environment, planning
 from skills.baseline import JobRequest, Progress
 from skills.evidence import pack as evidence_pack
 from tools.base import CallContext, call
@@ -28,6 +28,7 @@ class SopSettings(BaseModel):
     scheduler: str = Field("local", description="local, slurm or kubernetes")
     knobs: list[str] = Field(default_factory=list, description="arms NAME=VALUE; empty uses the default plan")
     faults: list[str] = Field(default_factory=list, description="drill kinds; empty uses the default set")
+    mtbf_h: float = Field(24.0, gt=0, description="job MTBF for the checkpoint plan, hours (declared, not measured)")
 
     def repeats(self) -> int:
         return 2 if self.quick else 3
@@ -76,12 +77,14 @@ def run(settings: SopSettings, ctx: CallContext | None = None, progress: Progres
     drill_req = req.with_overrides(["checkpoint.enable=true", "checkpoint.interval=2", "checkpoint.mode=async",
                                     "checkpoint.keep=50", "training.steps=12"])
     drills, drill_evidence = drill.run_drills(drill_req, settings.drills(), ctx, say)
+    ckpt_plan = planning.plan_from_drill(drills[0], settings.mtbf_h, "declared by the operator (--mtbf-h), not measured",
+                                         ctx) if drills else None
     say("S6 evidence pack")
     pack = evidence_pack.assemble(
         f"sop-{time.strftime('%Y%m%d-%H%M%S')}", env, summary, rows, drills,
         [env_row, *evidence, *arm_evidence, *drill_evidence],
         rollback=f"keep the baseline configuration ({baseline.command_line(req)}); adopt no arm until a human approves",
-        references=reference_notes(req.nproc))
+        references=reference_notes(req.nproc), checkpoint_plan=ckpt_plan)
     folder = evidence_pack.write(pack)
     return SopResult(pack_dir=str(folder), verdict=pack.verdict, blockers=pack.blockers, elapsed_s=time.time() - started)
 

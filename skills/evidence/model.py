@@ -119,6 +119,20 @@ class FaultToleranceReport(BaseModel):
     cause_distribution: dict[str, int] = Field(description="drills per cause class: hardware/network/software/data")
 
 
+class CheckpointPlan(BaseModel):
+    """Interval from the drill's measured checkpoint cost and recovery time (Young/Daly)."""
+
+    save_stall_s: float = Field(description="median training stall per checkpoint, measured in the drill run")
+    write_s: float = Field(description="median time for a checkpoint to become durable, measured")
+    restart_s: float = Field(description="detection -> training again, measured in the drill")
+    mtbf_h: float = Field(gt=0, description="job mean time between failures used, hours")
+    mtbf_basis: str = Field(description="where the MTBF comes from (declared by the operator, not measured here)")
+    young_interval_min: float
+    daly_interval_min: float
+    expected_waste_pct: float = Field(description="expected share of wall time lost at the Daly interval")
+    recommendation: str
+
+
 class EvidenceRow(BaseModel):
     tool: str
     version: str
@@ -140,6 +154,7 @@ class EvidencePack(BaseModel):
     baseline: BaselineSummary | None = None
     ablations: list[AblationRow] = Field(default_factory=list)
     fault_tolerance: FaultToleranceReport | None = None
+    checkpoint_plan: CheckpointPlan | None = None
     evidence: list[EvidenceRow] = Field(default_factory=list)
     awaiting_human: list[str] = Field(default_factory=list, description="decisions left to a person")
     rollback: str = Field(default="", description="how to return to the baseline configuration")

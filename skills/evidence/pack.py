@@ -12,6 +12,7 @@ from pathlib import Path
 from skills.evidence.model import (
     AblationRow,
     BaselineSummary,
+    CheckpointPlan,
     DrillResult,
     EnvironmentDeclaration,
     EvidencePack,
@@ -53,7 +54,8 @@ def decide(baseline: BaselineSummary | None, ablations: list[AblationRow],
 
 def assemble(pack_id: str, environment: EnvironmentDeclaration | None, baseline: BaselineSummary | None,
              ablations: list[AblationRow], drills: list[DrillResult], evidence: list[EvidenceRow],
-             rollback: str = "", references: list[str] | None = None) -> EvidencePack:
+             rollback: str = "", references: list[str] | None = None,
+             checkpoint_plan: CheckpointPlan | None = None) -> EvidencePack:
     verdict, blockers = decide(baseline, ablations, drills)
     awaiting = ["approve or reject the pack (trainops approve / trainops reject)"]
     awaiting += [f"decide whether to adopt {r.knob}={r.value} at target scale" for r in ablations
@@ -64,7 +66,7 @@ def assemble(pack_id: str, environment: EnvironmentDeclaration | None, baseline:
     return EvidencePack(pack_id=pack_id, created_time=time.time(), verdict=verdict, blockers=blockers,
                         environment=environment, baseline=baseline, ablations=ablations,
                         fault_tolerance=report, evidence=evidence, awaiting_human=awaiting, rollback=rollback,
-                        references=references or [])
+                        references=references or [], checkpoint_plan=checkpoint_plan)
 
 
 def governance_errors(pack: EvidencePack, markdown: str) -> list[str]:

@@ -178,6 +178,7 @@ def register(app: typer.Typer) -> None:
             quick: bool = typer.Option(False, "--quick", help="Fewer repeats, one arm, one drill (~2 minutes)."),
             knob: Optional[List[str]] = typer.Option(None, "--knob", help="Arms NAME=VALUE (default plan otherwise)."),
             fault: Optional[List[str]] = typer.Option(None, "--fault", help="Drill kinds (default: crash)."),
+            mtbf_h: float = typer.Option(24.0, "--mtbf-h", min=0.001, help="Job MTBF for the checkpoint plan, hours (declared)."),
             scheduler: str = SCHED, monitor: str = MONITOR, as_json: bool = JSON):
         """S1..S6 end to end; ends with an evidence pack waiting for approval."""
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -188,7 +189,8 @@ def register(app: typer.Typer) -> None:
         for spec in knob or []:
             _guard(lambda: parse_arm([spec]), as_json)
         _request(config, None, 2, scheduler, as_json, monitor)
-        settings = SopSettings(config=config, quick=quick, scheduler=scheduler, knobs=knob or [], faults=fault or [])
+        settings = SopSettings(config=config, quick=quick, scheduler=scheduler, knobs=knob or [], faults=fault or [],
+                               mtbf_h=mtbf_h)
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), disable=as_json,
                       transient=False) as bar:
             task = bar.add_task("SOP", total=None)
