@@ -85,3 +85,15 @@ def test_deepspeed_throughput_timer_line_gets_trainops_mfu():
 @pytest.mark.parametrize("name", ["trainops", "deepspeed", "torchtitan", "megatron"])
 def test_other_lines_are_not_steps(name):
     assert get_adapter(name).parse_log_line("[rank0]: Loading checkpoint from /ckpt/step-100") is None
+
+
+def test_a_job_log_becomes_metrics_records_that_summarize_run_reads(tmp_path):
+    from tools.base import call
+    from tools.frameworks.base import ingest_log
+
+    log = "\n".join(["[titan] loading model", TITAN.replace("step: 10", "step: 1"), TITAN_VALIDATE,
+                     TITAN.replace("step: 10", "step: 2").replace("7.8312", "7.5000")])
+    assert ingest_log(get_adapter("torchtitan"), log, tmp_path) == 2
+    summary = call("summarize_run", {"run": str(tmp_path), "skip_steps": 0})
+    assert (summary.steps_measured, summary.final_loss, summary.mfu_pct_median) == (2, 7.5, 7.22)
+    assert summary.step_time_median_s is None  # torchtitan prints no step time: absent, not zero

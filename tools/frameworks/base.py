@@ -4,7 +4,9 @@ light and an adapter works for planning and log parsing where the framework is n
 from __future__ import annotations
 
 import json
+import time
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
@@ -138,6 +140,19 @@ def mfu(record: StepRecord, ctx: ParseContext | None) -> StepRecord:
     if tflops is None:
         return record
     return record.model_copy(update={"tflops": tflops, "mfu_pct": 100.0 * tflops / ctx.peak_tflops, "mfu_source": source})
+
+
+def ingest_log(adapter: FrameworkAdapter, text: str, run_dir: str | Path, ctx: ParseContext | None = None,
+               rank: int = 0) -> int:
+    """Append the framework's step lines from a job log to `RUN/metrics.jsonl` as trainops records
+    (for frameworks that write no metrics file), so summarize_run and the SOP read them; returns
+    how many steps were written. Fields the framework did not print stay absent, not zero."""
+    records = [adapter.parse_log_line(line, ctx) for line in text.splitlines()]
+    lines = [json.dumps({"rank": rank, "time": time.time(), **r.model_dump(exclude_none=True)}) + "\n"
+             for r in records if r is not None]
+    with open(Path(run_dir) / "metrics.jsonl", "a", encoding="utf-8") as fh:
+        fh.writelines(lines)
+    return len(lines)
 
 
 def known_frameworks() -> tuple[str, ...]:
