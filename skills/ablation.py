@@ -2,30 +2,23 @@
 the run-to-run noise band of its own scale."""
 from __future__ import annotations
 
-import tomllib
-from pathlib import Path
-
-from skills.baseline import JobRequest, Progress, RunResult, command_line, repeat
+from skills.baseline import JobRequest, Progress, RunResult, command_line, repeat, run_config
 from skills.evidence.model import AblationRow, EvidenceRow
 from skills.knobs import Knob, overrides_for, parse_arm, plan_order
 from skills.stats import compare, spread
 from tools.base import CallContext
 
 
-def _config(run_dir: str) -> dict:
-    return tomllib.loads((Path(run_dir) / "config.toml").read_text(encoding="utf-8"))
-
-
 def check_single_variable(baseline_run: str, arm_run: str, name: str) -> None:
     """Governance's AblationArm compares the two configs actually run: exactly one setting differs."""
     from tools.governance.claims import AblationArm
 
-    AblationArm(name=name, baseline_config=_config(baseline_run), arm_config=_config(arm_run))
+    AblationArm(name=name, baseline_config=run_config(baseline_run), arm_config=run_config(arm_run))
 
 
 def _setting(run_dir: str, dotted: str) -> str:
     section, key = dotted.split(".", 1)
-    value = _config(run_dir).get(section, {}).get(key)
+    value = run_config(run_dir).get(section, {}).get(key)
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 

@@ -81,9 +81,6 @@ def repeat(req: JobRequest, name: str, repeats: int, ctx: CallContext | None = N
     return results
 
 
-LAYOUT_KEYS = ("data_parallel", "dp_replicate", "dp_shard", "tp", "cp", "pp", "pp_schedule", "sequence_parallel")
-
-
 def run_config(run_dir: str) -> dict:
     """The config the run actually used (RUN/config.toml), or {} for a folder without one."""
     import tomllib
@@ -92,10 +89,16 @@ def run_config(run_dir: str) -> dict:
     return tomllib.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
 
 
-def layout_of(config: dict, world: int) -> str:
-    """The parallel layout as a claim states it: world size and the parallel degrees run."""
-    parallel = config.get("parallel", {})
-    return " ".join([f"world={world}", *(f"{k}={parallel[k]}" for k in LAYOUT_KEYS if k in parallel)])
+def layout_of(overrides: list[str], nproc: int, framework: str = "trainops") -> str:
+    """The parallel layout as the claim states it, in the framework's terms (tools.frameworks)."""
+    from tools.frameworks.base import get_adapter
+
+    return get_adapter(framework).describe_layout(overrides, nproc)
+
+
+def _setting(overrides: list[str], key: str, default: str) -> str:
+    values = [o.split("=", 1)[1] for o in overrides if o.startswith(key + "=")]
+    return values[-1] if values else default
 
 
 def summarize(req: JobRequest, results: list[RunResult]) -> BaselineSummary:

@@ -34,7 +34,7 @@ class SopSettings(BaseModel):
         return 2 if self.quick else 3
 
     def plan(self) -> list[str]:
-        return self.knobs or (["data_parallel=ddp"] if self.quick else ["reshard_after_forward=false", "data_parallel=ddp", "data_kind=synthetic"])
+        return self.knobs or (["data_parallel=ddp"] if self.quick else ["data_parallel=ddp", "data_kind=synthetic"])
 
     def drills(self) -> list[str]:
         return self.faults or (["crash"] if self.quick else ["crash", "hang"])
