@@ -62,6 +62,18 @@ def test_a_killed_rank_is_detected_as_process_exit_with_its_latency(ranks):
     assert json.loads((run_dir / "faults.jsonl").read_text().splitlines()[-1])["kind"] == "kill_rank"
 
 
+def test_killing_a_node_kills_every_rank_it_hosts(ranks):
+    from tools.schedulers.local import pid_alive
+
+    ranks(step_s=(0.02, 0.02, 0.02))
+    out = call("inject_fault", {"kind": "kill_node", "run": "drill"})
+    assert len(out.pids) == 3 and out.target.endswith("ranks [0, 1, 2]")
+    deadline = time.monotonic() + 5
+    while any(pid_alive(pid) for pid in out.pids):
+        assert time.monotonic() < deadline, "a rank survived kill_node"
+        time.sleep(0.05)
+
+
 def test_a_hung_rank_is_detected_by_its_stale_heartbeat(ranks):
     ranks()
     injected = call("inject_fault", {"kind": "hang", "run": "drill", "rank": 0})
