@@ -54,23 +54,44 @@ def measure(preset: str, nproc: int, overrides: list[str], steps: int) -> dict:
             "spread": (min(times), max(times)) if times else None, "n": len(times)}
 
 
-def render(rows: list[tuple[str, str, int, dict]], steps: int, wall_s: float) -> str:
+def row(preset: str, name: str, nproc: int, r: dict) -> str:
+    step = f"{r['step_time_s']:.4g}" if r["step_time_s"] is not None else "n/a"
+    spread = f"{r['spread'][0]:.4g} ~ {r['spread'][1]:.4g}" if r["spread"] else "n/a"
+    loss = f"{r['final_loss']:.5f}" if r["final_loss"] is not None else "n/a"
+    when = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
+    return f"| {preset} | {name} | {nproc} | {step} | {spread} | {r['n']} | {loss} | {r['status']} | {when} |"
+
+
+def _key(line: str) -> tuple[str, str]:
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    return cells[0], cells[1]
+
+
+def render(new_rows: list[str], old_rows: list[str], steps: int) -> str:
+    """The section: rows measured now replace the same (preset, layout) rows; others are kept."""
+    fresh = {_key(line) for line in new_rows}
+    names = list(LAYOUTS)
+    rows = [line for line in old_rows if _key(line) not in fresh] + new_rows
+    rows.sort(key=lambda line: (_key(line)[0] != "tiny", _key(line)[0],
+                                names.index(_key(line)[1]) if _key(line)[1] in names else len(names)))
     info = machine()
-    lines = [BEGIN, "## Parallel layouts on CPU (`benchmarks/layouts.py`)", "",
-             f"Measured {time.strftime('%Y-%m-%d %H:%M UTC')} on " + ", ".join(f"{k} {v}" for k, v in info.items())
-             + f"; gloo, seq_len 64, global batch 8, micro-batch 2, fp32, {steps} steps per run, figure = median "
-             f"step time of rank 0 over steps 2..{steps}; wall time {wall_s:.0f} s. Functional figures: the host is "
-             "shared and has fewer cores than ranks, so more processes mostly means more time-slicing; the "
-             "final losses agreeing across layouts is the point, GPU scaling figures come with the benchmark issue.",
-             "", "| preset | layout | ranks | step time (s) | spread (min ~ max) | n | final loss | status |",
-             "|---|---|---|---|---|---|---|---|"]
-    for preset, name, nproc, r in rows:
-        step = f"{r['step_time_s']:.4g}" if r["step_time_s"] is not None else "n/a"
-        spread = f"{r['spread'][0]:.4g} ~ {r['spread'][1]:.4g}" if r["spread"] else "n/a"
-        loss = f"{r['final_loss']:.5f}" if r["final_loss"] is not None else "n/a"
-        lines.append(f"| {preset} | {name} | {nproc} | {step} | {spread} | {r['n']} | {loss} | {r['status']} |")
-    lines.append(END)
-    return "\n".join(lines)
+    return "\n".join([
+        BEGIN, "## Parallel layouts on CPU (`benchmarks/layouts.py`)", "",
+        "Machine: " + ", ".join(f"{k} {v}" for k, v in info.items()) + f". gloo, seq_len 64, global batch 8, "
+        f"micro-batch 2, fp32, {steps} steps per run; figure = median step time of rank 0 over steps 2..{steps}. "
+        "Functional figures: the host is shared and has fewer cores than ranks, so more processes mostly means "
+        "more time-slicing; the final losses agreeing across layouts is the point; GPU scaling figures come "
+        "with the benchmark issue.", "",
+        "| preset | layout | ranks | step time (s) | spread (min ~ max) | n | final loss | status | measured (UTC) |",
+        "|---|---|---|---|---|---|---|---|---|", *rows, END])
+
+
+def existing_rows(path: Path = RESULTS_PATH) -> list[str]:
+    text = path.read_text() if path.exists() else ""
+    match = re.search(re.escape(BEGIN) + r"(.*?)" + re.escape(END), text, flags=re.S)
+    if not match:
+        return []
+    return [line for line in match.group(1).splitlines() if line.startswith("| ") and not line.startswith("| preset")]
 
 
 def publish(block: str, path: Path = RESULTS_PATH) -> None:
@@ -89,14 +110,14 @@ def main() -> None:
     parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), help="layout names (default: all)")
     args = parser.parse_args()
     os.environ.setdefault("TRAINOPS_HOME", tempfile.mkdtemp(prefix="bench-layouts-"))
-    started, rows = time.time(), []
+    rows = []
     for preset in args.presets:
         for name in args.layouts:
             nproc, overrides = LAYOUTS[name]
             result = measure(preset, nproc, overrides, args.steps)
-            rows.append((preset, name, nproc, result))
+            rows.append(row(preset, name, nproc, result))
             print(f"{preset:6s} {name:30s} {result}", flush=True)
-    publish(render(rows, args.steps, time.time() - started))
+    publish(render(rows, existing_rows(), args.steps))
     print(f"wrote {RESULTS_PATH}")
 
 

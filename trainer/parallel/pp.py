@@ -128,18 +128,3 @@ def merged_view(parts: list[nn.Module]) -> nn.Module:
             setattr(view, name, held[0])
     return view
 
-
-def clip_grad_norm_(parameters, max_norm: float, pp_group=None) -> torch.Tensor:
-    """Clip by the global gradient norm across tp/dp shards (DTensor) and pipeline stages."""
-    import torch.distributed as dist
-
-    parameters = [p for p in parameters if p.grad is not None]
-    total = torch.nn.utils.get_total_norm([p.grad for p in parameters])
-    if hasattr(total, "full_tensor"):
-        total = total.full_tensor()
-    if pp_group is not None:
-        total = total ** 2
-        dist.all_reduce(total, group=pp_group)
-        total = total.sqrt()
-    torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total)
-    return total
