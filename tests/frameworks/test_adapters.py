@@ -154,3 +154,22 @@ def test_declared_environment_names_an_adapters_framework_and_installed_version(
 ])
 def test_the_layout_an_mfu_claim_names_is_stated_in_the_frameworks_terms(framework, overrides, world, layout):
     assert get_adapter(framework).describe_layout(overrides, world) == layout
+
+
+def test_the_agent_can_check_a_megatron_job_before_launch():
+    from tools.base import call
+
+    out = call("check_framework_job", {"framework": "megatron", "knobs": {"tp_comm_overlap": "true"},
+                                       "overrides": ["megatron.tensor_model_parallel_size=2"], "world_size": 8})
+    assert not out.accepted and out.refusal.startswith("--tp-comm-overlap: ")
+    out = call("check_framework_job", {"framework": "megatron", "knobs": {"tp_comm_overlap": "true"}, "world_size": 8,
+                                       "overrides": ["megatron.tensor_model_parallel_size=2", "megatron.sequence_parallel=true"]})
+    assert out.accepted and out.layout == "world=8 megatron tp=2 pp=1 cp=1 dp=4 sequence_parallel"
+
+
+def test_the_agent_reads_a_frameworks_knobs_and_version():
+    from tools.base import call
+
+    out = call("framework_knobs", {"framework": "deepspeed"})
+    assert out.version == version("deepspeed")
+    assert {k.name: k.flag for k in out.knobs}["zero_stage"] == "zero_optimization.stage"

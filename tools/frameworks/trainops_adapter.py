@@ -62,14 +62,14 @@ class TrainopsAdapter:
     def knobs(self) -> list[FrameworkKnob]:
         return list(KNOBS)
 
-    def validate(self, knob_values: dict[str, str]) -> None:
-        """Knob names and values, then the trainer's own config validation (types, layout rules)."""
+    def validate(self, knob_values: dict[str, str], overrides: list[str] | None = None, world_size: int = 2) -> None:
+        """Knob names and values, then the trainer's own config validation (types, allowed values)."""
         from trainer.config import load_config
 
         check_knob_values(self.name, KNOBS, knob_values)
         by_name = {k.name: k for k in KNOBS}
         try:
-            load_config(None, "tiny", [f"{by_name[n].override}={v}" for n, v in knob_values.items()])
+            load_config(None, "tiny", [*(overrides or []), *(f"{by_name[n].override}={v}" for n, v in knob_values.items())])
         except ValueError as exc:
             raise FrameworkRefused(str(exc).splitlines()[0]) from None
 
