@@ -114,7 +114,7 @@ def register(app: typer.Typer) -> None:
         ckpt_dir: Optional[str] = typer.Option(None, "--ckpt-dir", help="Where checkpoints go (default $TRAINOPS_HOME/runs)."),
         ckpt_test_mib: int = typer.Option(64, "--ckpt-test-mib", help="Size of the checkpoint write test, MiB."),
         scheduler: str = typer.Option("local", "--scheduler", help="local | slurm | kubernetes."),
-        framework: Optional[str] = typer.Option(None, "--framework", help="Declare another framework (needs --framework-version)."),
+        framework: Optional[str] = typer.Option(None, "--framework", help="Declare another framework: deepspeed, torchtitan, megatron report their installed version; any other name needs --framework-version."),
         framework_version: Optional[str] = typer.Option(None, "--framework-version", help="Version of --framework."),
         as_json: bool = JsonOpt,
     ) -> None:
