@@ -73,7 +73,7 @@ def to_markdown(pack: EvidencePack) -> str:
                 f"Measured: stall {plan.save_stall_s:.3f} s and durable write {plan.write_s:.3f} s per checkpoint, "
                 f"restart {plan.restart_s:.1f} s; MTBF {plan.mtbf_h:g} h ({plan.mtbf_basis}). Young interval "
                 f"{plan.young_interval_min:.1f} min, Daly interval {plan.daly_interval_min:.1f} min, expected waste "
-                f"{plan.expected_waste_pct:.2f}%. {plan.recommendation}", ""]
+                f"{plan.expected_waste_pct:.2f}%. Recommendation: {plan.recommendation}.", ""]
     if pack.evidence:
         out += ["## Evidence", ""]
         out += _table(
