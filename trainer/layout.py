@@ -188,6 +188,11 @@ def validate_layout(cfg: Any, world_size: int, gpus_per_node: int | None = None,
             f"{dp * micro_batch}: global batch = dp x micro_batch x accumulation; use a multiple of {dp * micro_batch}"
         )
     accumulation = global_batch // (dp * micro_batch)
+    if pp > 1 and dp > 1 and getattr(par, "data_parallel", "fsdp") == "ddp":
+        raise LayoutError(
+            f"parallel.data_parallel=ddp cannot run with pp={pp} and dp={dp}: DDP's reducer breaks on pipeline "
+            "stages that run several micro-batches per step; set parallel.data_parallel=fsdp (FSDP2 composes with PP)"
+        )
     if pp > 1:
         if schedule == "1F1B" and accumulation < pp:
             raise LayoutError(

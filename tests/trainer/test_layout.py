@@ -71,6 +71,11 @@ def test_interleaved_microbatches_must_fill_whole_rounds():
                             "training.global_batch=5", "training.micro_batch=1"), 2)
 
 
+def test_pipeline_with_ddp_data_parallel_is_rejected():
+    with pytest.raises(LayoutError, match=r"data_parallel=ddp cannot run with pp=2 and dp=2.*set parallel.data_parallel=fsdp"):
+        validate_layout(cfg("parallel.pp=2", "parallel.data_parallel=ddp", "training.micro_batch=2"), 4)
+
+
 def test_virtual_stages_need_pipeline_parallel():
     with pytest.raises(LayoutError, match=r"virtual_stages=2 needs pp > 1"):
         validate_layout(cfg("parallel.virtual_stages=2"), 1)
