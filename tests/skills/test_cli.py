@@ -83,3 +83,19 @@ def test_sop_quick_ends_with_a_pack_awaiting_approval(workspace):
     evidence = json.loads((pack / "evidence.json").read_text())
     assert evidence["fault_tolerance"]["drills"][0]["async_checkpoint_intact"] is True
     assert not (pack / "approval.json").exists()
+
+
+def test_sop_refuses_an_unknown_knob_before_running_anything(workspace):
+    result = _run("sop", "--quick", "--knob", "warp_speed=9", "--json")
+    assert result.exit_code == 2 and "unknown knob 'warp_speed'" in result.stdout
+    assert not (workspace / "runs").exists() or not any((workspace / "runs").iterdir())
+
+
+def test_sop_refuses_a_missing_config_file():
+    result = _run("sop", "no-such.toml", "--json")
+    assert result.exit_code == 2 and "CONFIG: file 'no-such.toml' does not exist" in result.stdout
+
+
+def test_skill_run_forwards_to_the_skill_command():
+    result = _run("skill", "run", "ablation", "--list", "--json")
+    assert result.exit_code == 0 and json.loads(result.stdout)[0]["category"] == "communication-overlap"
