@@ -270,12 +270,15 @@ FORMULAS = {
     "param_bytes": "params x 4 (fp32 master weights; bf16 compute copies are transient per layer)",
     "grad_bytes": "params x 4 (fp32 gradients, reduce-scattered to the shard)",
     "optimizer_bytes": "params x 8 (AdamW exp_avg and exp_avg_sq in fp32)",
-    "activation_bytes": "layers_on_rank x in_flight_microbatches x s*b*h*k*e / (tp*cp) with "
-                        "k=34 (no AC, SDPA: no s^2 attention scores kept; Korthikanti et al. 2022), "
-                        "k=17 (selective AC, an experiential range), k=2 plus one layer at k=34 (full AC); "
-                        "e=2 bytes in bf16, 4 in fp32; without sequence parallel the norms/dropout part "
-                        "(10 of 34) is not divided by tp; in-flight micro-batches: 1 without pp, "
-                        "n_microbatches under GPipe, pp - pp_rank under 1F1B-family schedules",
+    "activation_bytes": "in_flight_microbatches x per-layer bytes summed over the rank's layers; per layer "
+                        "s*b*h*k*w / (tp*cp) with k=34 (Korthikanti et al. 2022: 34*s*b*h bytes per layer "
+                        "at 16-bit without the s^2 attention scores, which SDPA does not keep; an upper "
+                        "estimate, this model has no dropout masks), k=2 for a checkpointed block (its input "
+                        "only) plus one block at k=34 being recomputed; full AC checkpoints every block, "
+                        "selective every other one (as trainer.parallelize does); w=1 in bf16, 2 in fp32; "
+                        "without sequence parallel the norm part (10 of 34) is not divided by tp; in-flight "
+                        "micro-batches: 1 without pp, n_microbatches under GPipe, pp - pp_rank under the "
+                        "1F1B-family schedules",
 }
 
 
@@ -288,8 +291,8 @@ def _in_flight(layout: Layout, pp_rank: int) -> int:
 
 
 def _activation_bytes(args: Any, layout: Layout, n_layers: int, in_flight: int, precision: str, ac_mode: str) -> int:
-    elem = 2 if "bf16" in precision or "fp16" in precision else 4
-    sbh = layout.seq_len * layout.micro_batch * args.dim * elem // layout.cp
+    width = 1 if "bf16" in precision or "fp16" in precision else 2  # k counts bytes at 16-bit
+    sbh = layout.seq_len * layout.micro_batch * args.dim * width // layout.cp
     tp = layout.tp
 
     def per_layer(k: float) -> float:
@@ -297,13 +300,10 @@ def _activation_bytes(args: Any, layout: Layout, n_layers: int, in_flight: int, 
             return sbh * k / tp
         return sbh * (10 * k / 34 + (24 * k / 34) / tp)
 
-    if ac_mode == "full":
-        total = n_layers * sbh * 2 / (tp if layout.sequence_parallel else 1) + per_layer(34)
-    elif ac_mode == "selective":
-        total = n_layers * per_layer(17)
-    else:
-        total = n_layers * per_layer(34)
-    return int(total * in_flight)
+    checkpointed = {"none": 0, "selective": (n_layers + 1) // 2, "full": n_layers}[ac_mode]
+    stored = checkpointed * sbh * 2 / (tp if layout.sequence_parallel else 1) + (n_layers - checkpointed) * per_layer(34)
+    recompute = per_layer(34) if checkpointed else 0.0  # one block's activations, rebuilt in backward
+    return int(stored * in_flight + recompute)
 
 
 def plan_dry_run(cfg: Any, nproc: int, gpus_per_node: int | None = None, backend: str | None = None) -> DryRunPlan:

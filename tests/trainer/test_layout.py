@@ -156,3 +156,18 @@ def test_dry_run_parameter_count_matches_the_model_on_one_rank():
     config = cfg("training.global_batch=4")
     model = Transformer(config.model_args())
     assert plan_dry_run(config, 1).ranks[0].params == sum(p.numel() for p in model.parameters())
+
+
+def test_dry_run_activation_estimate_follows_the_stated_formula():
+    # tiny, one rank, fp32, no AC: 4 layers x s*b*h*34 bytes at 16-bit x 2 for fp32
+    rank = plan_dry_run(cfg("training.global_batch=4", "training.micro_batch=4", "training.seq_len=64"), 1).ranks[0]
+    assert rank.activation_bytes == 4 * 64 * 4 * 128 * 34 * 2
+
+
+def test_dry_run_activation_estimate_falls_with_checkpointing_bf16_and_sequence_parallel():
+    def act(*overrides, nproc=2):
+        return plan_dry_run(cfg("parallel.tp=2", "training.global_batch=4", *overrides), nproc, gpus_per_node=2).ranks[0].activation_bytes
+
+    assert act() > act("training.activation_checkpointing=selective") > act("training.activation_checkpointing=full")
+    assert act("training.precision=bf16") == act() // 2
+    assert act("parallel.sequence_parallel=true") < act()
