@@ -95,6 +95,7 @@ def drill(req: JobRequest, fault: str, inject_step: int = 5, ctx: CallContext | 
         raise ToolError("detect_faults", f"drill {fault}: nothing detected within 60 s in {run_dir}; check the detectors")
     say(f"drill {fault}: detected by {detection.mechanism} after {detection.detection_latency_s:.2f} s; isolating")
     call("cancel_job", {"job_id": job_id, "scheduler": sched}, ctx)
+    drained = isolate_node(detection, sched, ctx)
     isolated = time.time()
     requeued = call("requeue_job", {"job_id": job_id, "scheduler": sched}, ctx)
     recovered = _wait_for(lambda: _first_step_after(run_dir, isolated) is not None, req.timeout_s,
@@ -104,8 +105,10 @@ def drill(req: JobRequest, fault: str, inject_step: int = 5, ctx: CallContext | 
     used = loads[0] if loads else {"step": 0, "path": "none (restarted from step 0)"}
     intact = verify_restored(run_dir, used, ctx)
     fell_back = [e["step"] for e in _journal(run_dir) if e.get("event") == "fallback" and e.get("time", 0) > isolated]
-    detector = detection.mechanism + (f"; the restart's checksum check skipped corrupt step(s) {fell_back}" if fell_back else "")
+    detector = detection.mechanism + (f"; drained {drained}, restarted on a spare" if drained else "") + (f"; the restart's checksum check skipped corrupt step(s) {fell_back}" if fell_back else "")
     status = call("wait_job", {"job_id": requeued.job_id, "scheduler": sched, "timeout_s": req.timeout_s}, ctx)
+    if drained:
+        call("resume_node", {"node": drained, "scheduler": sched}, ctx)
     if status.state != "completed":
         raise ToolError("requeue_job", f"drill {fault}: the restarted job ended {status.state}; read {run_dir}/logs")
     record = Path(run_dir) / "drill.json"
@@ -122,6 +125,19 @@ def drill(req: JobRequest, fault: str, inject_step: int = 5, ctx: CallContext | 
                            f"recover {result.recovery_time_s:.1f} s, {result.steps_lost} steps lost",
                            window_start=started, window_end=time.time())
     return result, evidence
+
+
+def isolate_node(detection, scheduler: str, ctx: CallContext | None = None) -> str | None:
+    """Drain the faulty node when the scheduler has another idle node to restart on (a hot
+    spare); with no spare the restart reuses the node. Returns the drained node, if any; the
+    drill resumes it afterwards."""
+    if detection.isolation != "node" or not detection.node:
+        return None
+    nodes = call("list_nodes", {"scheduler": scheduler}, ctx).nodes
+    if not any(n.name != detection.node and n.state == "idle" for n in nodes):
+        return None
+    call("drain_node", {"node": detection.node, "scheduler": scheduler, "reason": "trainops fault drill"}, ctx)
+    return detection.node
 
 
 def verify_restored(run_dir: str, used: dict, ctx: CallContext | None = None) -> bool:
