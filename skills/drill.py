@@ -105,7 +105,11 @@ def drill(req: JobRequest, fault: str, inject_step: int = 5, ctx: CallContext | 
     used = loads[0] if loads else {"step": 0, "path": "none (restarted from step 0)"}
     intact = verify_restored(run_dir, used, ctx)
     fell_back = [e["step"] for e in _journal(run_dir) if e.get("event") == "fallback" and e.get("time", 0) > isolated]
-    detector = detection.mechanism + (f"; drained {drained}, restarted on a spare" if drained else "") + (f"; the restart's checksum check skipped corrupt step(s) {fell_back}" if fell_back else "")
+    detector = detection.mechanism
+    if drained:
+        detector += f"; drained {drained}, restarted on a spare"
+    if fell_back:
+        detector += f"; the restart's checksum check skipped corrupt step(s) {fell_back}"
     status = call("wait_job", {"job_id": requeued.job_id, "scheduler": sched, "timeout_s": req.timeout_s}, ctx)
     if drained:
         call("resume_node", {"node": drained, "scheduler": sched}, ctx)
