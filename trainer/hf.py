@@ -159,3 +159,15 @@ def import_hf(folder: str | Path) -> Transformer:
     weights = from_hf_state_dict(hf_state, args)
     model.load_state_dict({k: v.to(torch.float32) for k, v in weights.items()}, strict=True)
     return model
+
+
+def checkpoint_to_hf(checkpoint: str | Path, args: ModelArgs, folder: str | Path) -> Path:
+    """Export a committed DCP checkpoint (any layout: FSDP2, TP, PP shards) as an HF folder, in
+    one process: DCP reassembles the full tensors from the shards on load."""
+    import torch.distributed.checkpoint as dcp
+
+    model = Transformer(args)
+    state = {"app": {"model": model.state_dict()}}
+    dcp.load(state, checkpoint_id=str(checkpoint), no_dist=True)
+    model.load_state_dict(state["app"]["model"])
+    return export_hf(model, folder)

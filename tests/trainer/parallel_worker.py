@@ -70,17 +70,22 @@ def new_model(cfg):
 
 def reference_losses() -> list[float]:
     """One process, no parallelism: the losses every layout must reproduce."""
+    return reference_run(STEPS)[1]
+
+
+def reference_run(steps: int) -> tuple[torch.nn.Module, list[float]]:
+    """The one-process model after `steps` steps, and its losses."""
     cfg = config("reference")
     model = new_model(cfg)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
     losses = []
-    for tokens, labels in batches(cfg):
+    for _, (tokens, labels) in zip(range(steps), batches(cfg)):
         loss = loss_fn(model(tokens), labels)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.item())
-    return losses
+    return model, losses
 
 
 def run_case(case: str, save: tuple[str, int] | None, load: str | None) -> list[float | None]:

@@ -90,3 +90,22 @@ def test_missing_tensor_is_named(tmp_path):
     with pytest.raises(HFFormatError, match=r"model.layers.3.mlp.up_proj.weight"):
         import_hf(folder)
     assert json.loads((folder / "config.json").read_text())["num_hidden_layers"] == 4
+
+
+def test_a_training_checkpoint_exports_to_hf_with_the_same_logits(tmp_path):
+    from transformers import LlamaForCausalLM
+
+    from trainer.checkpoint import AppState, Checkpointer
+    from trainer.config import load_config
+    from trainer.hf import checkpoint_to_hf
+
+    cfg = load_config(None, "tiny", ["checkpoint.enable=true"])
+    ours = _ours(cfg.model_args(), seed=5)
+    optimizer = torch.optim.SGD(ours.parameters(), lr=0.1)
+    saver = Checkpointer(cfg.checkpoint, tmp_path / "run", rank=0)
+    saver.save(7, AppState(ours, optimizer))
+    saver.close()
+    folder = checkpoint_to_hf(tmp_path / "run" / "checkpoints" / "step-00000007", cfg.model_args(), tmp_path / "hf")
+    theirs = LlamaForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(TOKENS).logits, ours(TOKENS), atol=ATOL, rtol=0)

@@ -30,7 +30,7 @@ def resumed(tmp_path_factory) -> dict:
         f"pp2_1F1B:save={root}/pp@2", f"fsdp2:load={root}/pp",
         f"pp2_ZBVZeroBubble:save={root}/zbv@2", f"tp2_sp:load={root}/zbv",
     ])
-    return {"4->2": two[f"fsdp2:load={root}/from4"], "saved4": four[f"fsdp2_tp2:save={root}/from4@2"],
+    return {"root": root, "4->2": two[f"fsdp2:load={root}/from4"], "saved4": four[f"fsdp2_tp2:save={root}/from4@2"],
             "fsdp2->tp2": two[f"tp2:load={root}/fsdp"], "pp2->fsdp2": two[f"fsdp2:load={root}/pp"],
             "zbv->tp2_sp": two[f"tp2_sp:load={root}/zbv"]}
 
@@ -46,3 +46,22 @@ def test_training_continues_with_the_same_loss_under_a_new_layout(resumed, expec
 @pytest.mark.slow
 def test_saving_does_not_disturb_the_saving_run(resumed, expected):
     assert resumed["saved4"] == pytest.approx(expected, abs=ATOL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("saved", ["from4", "pp"], ids=["fsdp2xtp2-4proc", "pp2"])
+def test_a_sharded_checkpoint_exports_to_hf_as_the_one_process_model(resumed, saved):
+    """DCP reassembles FSDP2/TP/PP shards into full HF tensors; HF's model then gives the
+    logits of the one-process model after the same 2 steps (atol 1e-4, as in test_hf.py)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from trainer.hf import checkpoint_to_hf
+
+    reference, _ = parallel_worker.reference_run(2)
+    checkpoint = resumed["root"] / saved / "checkpoints" / "step-00000002"
+    folder = checkpoint_to_hf(checkpoint, reference.args, resumed["root"] / f"hf-{saved}")
+    theirs = LlamaForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    tokens = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(tokens).logits, reference.eval()(tokens), atol=1e-4, rtol=0)
