@@ -120,6 +120,8 @@ class MetricsConfig(_Section):
     prometheus_port_base: int = Field(0, ge=0, le=65000, description="exporter port of rank 0 (rank R "
                                       "uses base+R); 0 turns the exporters off")
     heartbeat: bool = Field(True, description="rewrite heartbeat/rank{R}.json every step")
+    param_checksum: bool = Field(True, description="record a checksum of this rank's parameters each "
+                                 "step, compared among replicas to detect silent data corruption")
 
 
 class FaultsConfig(_Section):

@@ -155,12 +155,15 @@ class MetricsLogger:
         if not self.cfg.heartbeat:
             return
         partial = self.heartbeat_path.with_suffix(".tmp")
-        partial.write_text(json.dumps({"step": step, "time": time.time(), "pid": os.getpid()}))
+        partial.write_text(json.dumps({"step": step, "time": time.time(), "pid": os.getpid(),
+                                       "host": socket.gethostname()}))
         partial.replace(self.heartbeat_path)
 
     def record(self, *, step: int, loss: float, grad_norm: float, step_time_s: float, tokens: int,
-               flops_per_token: int, peak_mem_gib: float, data_wait_s: float) -> dict[str, Any]:
-        """`tokens` are this device's share of the step's tokens."""
+               flops_per_token: int, peak_mem_gib: float, data_wait_s: float,
+               extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """`tokens` are this device's share of the step's tokens; `extra` fields (such as the
+        replica checksum) go to metrics.jsonl only."""
         tokens_per_s = tokens / step_time_s
         tflops = tokens_per_s * flops_per_token / 1e12
         record = {
@@ -168,7 +171,7 @@ class MetricsLogger:
             "step_time_s": step_time_s, "tokens_per_s": tokens_per_s, "flops_per_token": flops_per_token,
             "tflops": tflops, "mfu_pct": 100.0 * tflops / self.peak_tflops if self.peak_tflops else 0.0,
             "peak_mem_gib": peak_mem_gib, "time": time.time(), "data_wait_s": data_wait_s,
-            "peak_source": self.peak_source,
+            "peak_source": self.peak_source, **(extra or {}),
         }
         if self.cfg.jsonl:
             line = (json.dumps(record) + "\n").encode()
@@ -183,6 +186,16 @@ class MetricsLogger:
         if self.rank == 0 and (step % self.cfg.log_every == 0 or step == self.total_steps):
             print(format_line(record, self.total_steps), flush=True)
         return record
+
+
+def param_checksum(model: torch.nn.Module) -> float:
+    """Sum of this rank's parameter values in float64. Replicas that hold the same shard must
+    agree bit for bit after every step; a flipped bit on one of them shows as a mismatch."""
+    total = torch.zeros((), dtype=torch.float64)
+    for param in model.parameters():
+        local = param.to_local() if hasattr(param, "to_local") else param
+        total += local.detach().double().sum().cpu()
+    return total.item()
 
 
 def format_line(record: dict[str, Any], total_steps: int) -> str:

@@ -36,6 +36,13 @@ def build_mesh(layout: Layout, device_type: str) -> MeshInfo:
                     dp_degree=layout.dp)
 
 
+def replica_group(info: MeshInfo, data_parallel: str) -> str:
+    """Ranks with the same key hold identical parameters: DDP replicates across both data-parallel
+    dims, FSDP only across dp_replicate (HSDP)."""
+    replicated = DP_DIMS if data_parallel == "ddp" else ("dp_replicate",)
+    return ",".join(f"{dim}{info.mesh.get_local_rank(dim)}" for dim in MESH_DIM_NAMES if dim not in replicated)
+
+
 def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
     """full: recompute every block in backward; selective: every other block (layer-level SAC,
     about half the activation memory for about half the recompute)."""

@@ -21,9 +21,9 @@ from trainer.config import JobConfig, load_config
 from trainer.data import DataLoader
 from trainer.faults import FaultInjector
 from trainer.layout import validate_layout
-from trainer.metrics import MetricsLogger, device_peak_tflops, flops_per_token, peak_memory_gib
+from trainer.metrics import MetricsLogger, device_peak_tflops, flops_per_token, param_checksum, peak_memory_gib
 from trainer.model import Transformer
-from trainer.parallelize import build_mesh, parallelize
+from trainer.parallelize import build_mesh, parallelize, replica_group
 
 
 class NonFiniteLoss(RuntimeError):
@@ -144,6 +144,7 @@ def train(cfg: JobConfig, run_dir: Path, rank: int, world_size: int, device: tor
                            peak_tflops=peak_tflops, peak_source=peak_source)
     logger.heartbeat(start_step)
     flops = flops_per_token(model_args, training.seq_len)
+    group = replica_group(mesh_info, cfg.parallel.data_parallel)
     tokens_per_device = training.global_batch * training.seq_len // world_size
     # FSDP2 casts parameters itself; DDP and a single process use autocast for bf16
     fsdp_casts = cfg.parallel.data_parallel == "fsdp" and mesh_info.dp_degree > 1
@@ -180,10 +181,11 @@ def train(cfg: JobConfig, run_dir: Path, rank: int, world_size: int, device: tor
         if world_size > 1:
             dist.all_reduce(step_loss, op=dist.ReduceOp.AVG)
         loss_value = step_loss.item()
-        logger.record(step=step, loss=loss_value, grad_norm=grad_norm.item(),
-                      step_time_s=time.perf_counter() - started, tokens=tokens_per_device,
-                      flops_per_token=flops, peak_mem_gib=peak_memory_gib(device),
-                      data_wait_s=loader.pop_data_wait_s())
+        step_time_s = time.perf_counter() - started
+        extra = {"param_checksum": param_checksum(model), "replica_group": group} if cfg.metrics.param_checksum else None
+        logger.record(step=step, loss=loss_value, grad_norm=grad_norm.item(), step_time_s=step_time_s,
+                      tokens=tokens_per_device, flops_per_token=flops, peak_mem_gib=peak_memory_gib(device),
+                      data_wait_s=loader.pop_data_wait_s(), extra=extra)
         if not math.isfinite(loss_value):
             raise NonFiniteLoss(f"loss is {loss_value} at step {step}: stopping before the weights "
                                 "are corrupted further; resume from the last good checkpoint")

@@ -83,3 +83,13 @@ def test_a_straggler_rank_is_named_from_the_step_time_spread(workspace):
         assert (found.mechanism, found.rank, found.isolation) == ("step_time_outlier", 1, "node")
     finally:
         call("cancel_job", {"job_id": job_id})
+
+
+def test_a_flipped_bit_on_one_replica_is_a_checksum_mismatch_in_its_replica_group(workspace):
+    """DDP replicas hold identical parameters after every step; the bit flipped on rank 1 after
+    step 4 must show as that rank's checksum disagreeing with its group, at step 4."""
+    overrides = call("inject_fault", {"kind": "bitflip", "rank": 1, "step": 4}).overrides
+    job_id, run_dir = _start(12, "parallel.data_parallel=ddp", *overrides)
+    found = call("detect_faults", {"run": str(run_dir), "job_id": job_id, "poll_interval_s": 0.05, "timeout_s": 180})
+    assert (found.mechanism, found.rank, found.step, found.isolation) == ("checksum_mismatch", 1, 4, "replica_group")
+    call("wait_job", {"job_id": job_id, "timeout_s": 120})
