@@ -97,8 +97,10 @@ def detect_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def validate_layout(cfg: Any, world_size: int, gpus_per_node: int | None = None, backend: str | None = None) -> Layout:
-    """Check `cfg` for `world_size` ranks; return the resolved layout or raise `LayoutError`."""
+def validate_layout(cfg: Any, world_size: int, gpus_per_node: int | None = None, backend: str | None = None,
+                    plan_only: bool = False) -> Layout:
+    """Check `cfg` for `world_size` ranks; return the resolved layout or raise `LayoutError`.
+    `plan_only` accepts what can be planned but not yet trained here (context parallel on NCCL)."""
     par, train = _section(cfg, "parallel"), _section(cfg, "training")
     args = model_dims(cfg)
     dp_replicate, dp_shard, cp, tp, pp = (int(getattr(par, k)) for k in ("dp_replicate", "dp_shard", "cp", "tp", "pp"))
@@ -228,6 +230,12 @@ def validate_layout(cfg: Any, world_size: int, gpus_per_node: int | None = None,
             )
         if seq_len % (2 * cp):
             raise LayoutError(f"training.seq_len={seq_len} is not divisible by 2*cp = {2 * cp} (load-balanced context parallel): use a multiple of {2 * cp}")
+        if not plan_only:
+            raise LayoutError(
+                f"context parallel (cp={cp}) is planned but not yet run by trainer.train (its sequence sharding and "
+                "cp-wide gradient reduction need a multi-GPU host to prove): set parallel.cp=1 to train; "
+                "--dry-run plans it"
+            )
 
     return Layout(
         world_size=world_size, dp_replicate=dp_replicate, dp_shard=dp_shard, cp=cp, tp=tp, pp=pp,
@@ -310,7 +318,7 @@ def plan_dry_run(cfg: Any, nproc: int, gpus_per_node: int | None = None, backend
     """Validate `cfg` for `nproc` ranks and describe every rank: coordinates, stages, layers, memory."""
     from trainer.model import count_parameters
 
-    layout = validate_layout(cfg, nproc, gpus_per_node=gpus_per_node, backend=backend)
+    layout = validate_layout(cfg, nproc, gpus_per_node=gpus_per_node, backend=backend, plan_only=True)
     args = model_dims(cfg)
     counts = count_parameters(args)
     per_layer_sharded = (counts["per_layer"] - 2 * args.dim) / layout.tp + 2 * args.dim

@@ -123,9 +123,11 @@ def test_context_parallel_on_gloo_is_a_clear_error():
         validate_layout(cfg("parallel.cp=2", "training.global_batch=4"), 2, backend="gloo")
 
 
-def test_context_parallel_is_accepted_on_nccl():
-    layout = validate_layout(cfg("parallel.cp=2", "training.global_batch=4"), 2, gpus_per_node=8, backend="nccl")
-    assert layout.cp == 2
+def test_context_parallel_on_nccl_is_planned_but_not_trained_yet():
+    config = cfg("parallel.cp=2", "training.global_batch=4")
+    assert plan_dry_run(config, 2, gpus_per_node=8, backend="nccl").layout.cp == 2
+    with pytest.raises(LayoutError, match=r"context parallel \(cp=2\) is planned but not yet run by trainer.train"):
+        validate_layout(config, 2, gpus_per_node=8, backend="nccl")
 
 
 def test_dry_run_places_stages_and_layers_per_rank():
