@@ -22,6 +22,10 @@ from skills.evidence.model import (
 from skills.evidence.render import to_html, to_markdown
 
 
+MIN_REPEATS = 3
+"""Repeats per side before a noise band (and so a gain) is trusted enough to pass."""
+
+
 class PackRefused(ValueError):
     """Governance or the model refused the pack; nothing was written."""
 
@@ -33,6 +37,9 @@ def decide(baseline: BaselineSummary | None, ablations: list[AblationRow],
     failures, gaps = [], []
     if baseline is None:
         gaps.append("no baseline measured (S2)")
+    elif baseline.repeats < MIN_REPEATS:
+        gaps.append(f"baseline has {baseline.repeats} repeat(s); {MIN_REPEATS} or more are needed before a noise band "
+                    "is trusted (run without --quick)")
     if not ablations:
         gaps.append("no ablation arms run (S3/S4)")
     elif not any(r.verdict == "gain" for r in ablations):

@@ -36,7 +36,7 @@ def write_run(run_dir: Path, steps: int = 6, step_time_s: float = 0.1, mfu_pct: 
 
 def baseline(run_dirs: list[str]) -> BaselineSummary:
     m = MetricSpread(median=2.0, low=1.95, high=2.05, spread_pct=5.0)
-    return BaselineSummary(model="tiny", parallel_layout="dp_shard=2", precision="fp32", repeats=len(run_dirs),
+    return BaselineSummary(model="tiny", parallel_layout="dp_shard=2", precision="fp32", repeats=max(3, len(run_dirs)),
                            warmup_steps_excluded=2, step_time_s=MetricSpread(median=0.1, low=0.09, high=0.11, spread_pct=20.0),
                            tokens_per_s=MetricSpread(median=1000, low=950, high=1050, spread_pct=10.0), mfu_pct=m,
                            peak_source="measured GEMM", data_wait_share_pct=10.0, run_dirs=run_dirs)

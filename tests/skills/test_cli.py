@@ -66,7 +66,8 @@ def test_evidence_build_from_runs_writes_a_partial_pack(factories, tmp_path):
     assert result.exit_code == 0, result.stdout
     pack = Path(json.loads(result.stdout)["pack_dir"])
     first = (pack / "report.md").read_text().splitlines()[0]
-    assert first.startswith("Verdict: PARTIAL — blockers: no ablation arms run")
+    assert first.startswith("Verdict: PARTIAL — blockers: baseline has 2 repeat(s)")
+    assert "no ablation arms run" in first and "no fault drill run" in first
 
 
 @pytest.mark.slow

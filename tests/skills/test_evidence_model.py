@@ -52,3 +52,9 @@ def test_broken_checkpoint_after_drill_fails(factories):
 
 def test_exported_schema_matches_the_model():
     assert json.loads(SCHEMA_PATH.read_text()) == EvidencePack.model_json_schema()
+
+
+def test_too_few_repeats_cannot_pass(factories):
+    base = factories.baseline(["r"]).model_copy(update={"repeats": 2})
+    verdict, blockers = decide(base, [factories.ablation()], [factories.drill()])
+    assert verdict == "partial" and blockers[0].startswith("baseline has 2 repeat(s); 3 or more")
