@@ -26,6 +26,7 @@ BASE = ["data.kind=synthetic", "training.seq_len=32", "training.global_batch=8",
 STEPS = 4
 LR = 0.5  # plain SGD with momentum: unlike Adam, its update scales with the gradient, so a
 # layout that mis-scales gradients (micro-batch or data-parallel averaging) changes the loss
+MESH_COORDS: dict[str, list[dict[str, int]]] = {}  # case -> each rank's coordinates in the real DeviceMesh
 CASES: dict[str, list[str]] = {
     "tp2": ["parallel.tp=2"],
     "tp2_sp": ["parallel.tp=2", "parallel.sequence_parallel=true"],
@@ -100,6 +101,9 @@ def run_case(case: str, save: tuple[str, int] | None, load: str | None) -> list[
     cfg = config(case)
     layout = validate_layout(cfg, dist.get_world_size())
     info = build_mesh(layout, "cpu")
+    mesh_coords: list[dict[str, int]] = [{} for _ in range(dist.get_world_size())]
+    dist.all_gather_object(mesh_coords, {name: info.mesh.get_local_rank(name) for name in info.mesh.mesh_dim_names})
+    MESH_COORDS[case] = mesh_coords
     model = new_model(cfg)
     if layout.pp > 1:
         pipe = build_pipeline(model, layout, info.mesh["pp"], lambda part: parallelize(part, cfg, info),
@@ -173,6 +177,7 @@ def main() -> None:
         elif option.startswith("load="):
             load = option.removeprefix("load=")
         results[spec] = run_case(case, save, load)
+    results["mesh_coords"] = MESH_COORDS
     if dist.get_rank() == 0:
         out.write_text(json.dumps(results))
     dist.destroy_process_group()

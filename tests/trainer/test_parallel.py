@@ -53,3 +53,12 @@ def test_two_process_layout_matches_one_process(two_process, expected, case):
 @pytest.mark.parametrize("case", FOUR_PROCESS)
 def test_four_process_layout_matches_one_process(four_process, expected, case):
     assert four_process[case] == pytest.approx(expected, abs=ATOL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", FOUR_PROCESS)
+def test_dry_run_coordinates_are_the_real_mesh_coordinates(four_process, case):
+    from trainer.layout import plan_dry_run
+
+    planned = [rank.coords for rank in plan_dry_run(parallel_worker.config(case), 4).ranks]
+    assert planned == four_process["mesh_coords"][case]
