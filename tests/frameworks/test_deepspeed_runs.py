@@ -59,16 +59,28 @@ def test_baseline_log_lines_parse_back_to_its_metrics(baseline):
     assert all(p.loss == pytest.approx(rank0[p.step]["loss"], abs=1e-4) for p in parsed)
 
 
-def test_zero_stage_ablation_changes_one_setting_and_runs_stage_2(baseline):
+@pytest.fixture(scope="module")
+def zero2_arm(baseline):
+    """The single-knob arm ZeRO stage 1 -> 2 against the shared baseline."""
     from skills.ablation import run_arm
 
-    result = baseline
-    rows, evidence = run_arm(_request(), "zero_stage=2", {2: [result]}, repeats=1)
+    return run_arm(_request(), "zero_stage=2", {2: [baseline]}, repeats=1)
+
+
+def test_zero_stage_ablation_changes_one_setting_and_runs_stage_2(zero2_arm):
+    rows, evidence = zero2_arm
     assert [(r.knob, r.baseline_value, r.value) for r in rows] == [("zero_stage", "1", "2")]
     arm_run = Path(rows[0].source_run)
     assert json.loads((arm_run / "ds_config.json").read_text())["zero_optimization"]["stage"] == 2
     assert "zero_stage=2" in (arm_run / "logs" / "rank0.log").read_text().splitlines()[0]
     assert evidence[0].command.startswith("trainops baseline --framework deepspeed")
+
+
+def test_zero_stage_changes_where_state_lives_not_the_loss(baseline, zero2_arm):
+    from tools.base import call
+
+    arm = call("summarize_run", {"run": zero2_arm[0][0].source_run})
+    assert arm.final_loss == pytest.approx(baseline.summary["final_loss"], abs=1e-4)
 
 
 def test_crash_drill_recovers_from_the_deepspeed_checkpoint(baseline):

@@ -11,9 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import secrets
 import sys
-import time
 from pathlib import Path
 
 from tools.frameworks.base import (
@@ -25,9 +23,8 @@ from tools.frameworks.base import (
     check_knob_values,
     installed_version,
     mfu,
-    parse_value,
-    split_override,
 )
+from tools.frameworks.flags import merged, new_run_dir
 from tools.frameworks.trainops_adapter import TrainopsAdapter
 from tools.schedulers.base import JobSpec
 
@@ -84,17 +81,8 @@ _THROUGHPUT = re.compile(r"global_step=(?P<step>\d+), RunningAvgSamplesPerSec=[\
 
 
 def merged_settings(overrides: list[str]) -> dict[str, dict[str, object]]:
-    """Defaults with the overrides applied; unknown sections or keys are refused."""
-    settings = {section: dict(values) for section, values in SETTINGS.items()}
-    for item in overrides:
-        key, value = split_override(item)
-        section, _, name = key.partition(".")
-        if section not in settings:
-            raise FrameworkRefused(f"--set {key}: deepspeed jobs have sections {', '.join(settings)}; "
-                                   "DeepSpeed JSON keys go under deepspeed., e.g. deepspeed.zero_optimization.stage=2")
-        if section != "deepspeed" and name not in settings[section]:
-            raise FrameworkRefused(f"--set {key}: unknown key; {section} takes {', '.join(settings[section])}")
-        settings[section][name] = parse_value(value)
+    """Defaults with the overrides applied; any DeepSpeed JSON key may be set under deepspeed."""
+    settings = merged("deepspeed", SETTINGS, overrides, open_sections=("deepspeed",))
     if settings["checkpoint"]["mode"] != "sync":
         raise FrameworkRefused(f"checkpoint.mode={settings['checkpoint']['mode']!r}: DeepSpeed's save_checkpoint is "
                                "synchronous in this adapter; use checkpoint.mode=sync")
@@ -148,16 +136,6 @@ def validate_config(config: dict, world_size: int) -> None:
                                    f"{' '.join(str(exc).split())[:400]}") from None
 
 
-def _toml(settings: dict[str, dict[str, object]]) -> str:
-    """Flat sections; dotted DeepSpeed keys are quoted so each knob is one TOML key."""
-    lines = []
-    for section, values in settings.items():
-        lines.append(f"[{section}]")
-        lines += [f"{json.dumps(k) if '.' in k else k} = {json.dumps(v)}" for k, v in values.items()]
-        lines.append("")
-    return "\n".join(lines)
-
-
 class DeepSpeedAdapter:
     name = "deepspeed"
     display_name = "DeepSpeed"
@@ -177,17 +155,13 @@ class DeepSpeedAdapter:
 
     def prepare_run(self, job: FrameworkJob) -> Path:
         """Validate, then write RUN/config.toml (trainops' view) and RUN/ds_config.json (DeepSpeed's)."""
-        from trainer.launch import runs_root
-
         if job.config:
             raise FrameworkRefused(f"config: {job.config!r}: the deepspeed adapter takes --set overrides, not a config "
                                    "file; pass DeepSpeed keys as --set deepspeed.<key>=<value>")
         settings = merged_settings([*([f"model.preset={job.preset}"] if job.preset else []), *job.overrides])
         config = ds_config(settings)
         validate_config(config, job.nproc * job.nodes)
-        run_dir = runs_root() / f"run-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
-        (run_dir / "logs").mkdir(parents=True)
-        (run_dir / "config.toml").write_text(f'framework = "deepspeed"\n\n{_toml(settings)}', encoding="utf-8")
+        run_dir = new_run_dir(self.name, settings)
         (run_dir / "ds_config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
         return run_dir
 
