@@ -75,7 +75,7 @@ def judge_scale(knob: Knob, rows: list[AblationRow], arms: dict[int, list[RunRes
     vanished = rows[0].verdict == "gain" and rows[1].mfu_change_pct <= 0
     ScaleResult(knob=knob.overrides[0], small_world_size=small_n, small_gain_pct=rows[0].mfu_change_pct,
                 target_world_size=target_n, target_gain_pct=rows[1].mfu_change_pct,
-                weak_scaling_efficiency_pct=efficiency, rollout="stop" if vanished else "continue")
+                weak_scaling_efficiency_pct=efficiency, rollout="stop" if rows[1].mfu_change_pct <= 0 else "continue")
     return rows[1].model_copy(update={"vanished_at_scale": vanished, "weak_scaling_efficiency_pct": efficiency})
 
 

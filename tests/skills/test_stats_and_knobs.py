@@ -85,3 +85,12 @@ def test_positive_target_change_within_noise_is_unconfirmed_not_vanished(factori
     assert not row.vanished_at_scale
     verdict, blockers = decide(factories.baseline(["r"]), [small, row], [factories.drill()])
     assert verdict == "partial" and "not confirmed beyond the noise band at target scale" in blockers[0]
+
+
+def test_an_arm_that_was_no_gain_small_and_loses_at_target_is_stopped_not_vanished(factories):
+    from skills.ablation import judge_scale
+
+    small = factories.ablation(change=2.0, band=30.0, verdict="within-noise")
+    target = factories.ablation(change=-20.0, band=30.0, verdict="within-noise").model_copy(update={"scale_kind": "target"})
+    row = judge_scale(CATALOGUE["data_kind"], [small, target], {1: _runs(2.0, 1000.0), 2: _runs(1.6, 1600.0)})
+    assert not row.vanished_at_scale
