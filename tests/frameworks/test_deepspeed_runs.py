@@ -83,7 +83,7 @@ def test_zero_stage_changes_where_state_lives_not_the_loss(baseline, zero2_arm):
     assert arm.final_loss == pytest.approx(baseline.summary["final_loss"], abs=1e-4)
 
 
-def test_crash_drill_recovers_from_the_deepspeed_checkpoint(baseline):
+def test_crash_drill_recovers_from_the_deepspeed_checkpoint():
     from skills.drill import drill
 
     req = _request("checkpoint.enable=true", "checkpoint.interval=2", "checkpoint.keep=20").with_overrides(["training.steps=40"])
@@ -97,3 +97,19 @@ def test_crash_drill_recovers_from_the_deepspeed_checkpoint(baseline):
     assert config["framework"] == "deepspeed"
     status = json.loads((Path(result.run_dir) / "status.json").read_text())
     assert status["status"] == "ok" and status["steps_completed"] == 40
+
+
+def test_checkpoint_corruption_drill_falls_back_past_the_corrupt_checkpoint_and_rewrites_it():
+    from skills.drill import drill
+    from tools.base import call
+
+    # saves 5 steps apart, so no newer save lands between the corruption and the kill
+    req = _request("checkpoint.enable=true", "checkpoint.interval=5", "checkpoint.keep=50").with_overrides(
+        ["training.steps=40", "training.seq_len=64"])
+    result, _ = drill(req, "checkpoint-corruption", inject_step=12)  # saves at 5 and 10 are committed
+    journal = [json.loads(x) for x in (Path(result.run_dir) / "checkpoints.jsonl").read_text().splitlines()]
+    skipped = {e["step"] for e in journal if e["event"] == "fallback"}
+    loaded = next(e for e in journal if e["event"] == "load")
+    assert skipped and loaded["step"] < min(skipped), journal
+    for step in skipped:  # the restarted run saved that step again, and the new copy verifies
+        assert call("verify_checkpoint", {"path": f"{result.run_dir}/checkpoints/step-{step:08d}"}).complete

@@ -36,11 +36,17 @@ def _sha256(path: Path) -> str:
 
 
 def save(engine, run_dir: Path, step: int, keep: int, world_size: int) -> None:
-    """DeepSpeed writes `step-N.tmp/` on every rank; rank 0 then checksums, commits and renames it."""
+    """DeepSpeed writes `step-N.tmp/` on every rank; rank 0 then checksums, commits and renames it.
+    Leftovers of an interrupted save are removed first; a corrupt copy of the same step (the one a
+    resume fell back past) is replaced by the new, verified one."""
     from trainer.checkpoint import COMMIT_FILE, list_checkpoints, step_dir_name
 
     root, name = run_dir / "checkpoints", step_dir_name(step)
     started = time.perf_counter()
+    if dist.get_rank() == 0:
+        for stale in root.glob("step-*.tmp"):
+            shutil.rmtree(stale, ignore_errors=True)
+    dist.barrier()
     engine.save_checkpoint(str(root), tag=f"{name}.tmp", client_state={"step": step}, save_latest=False)
     dist.barrier()
     if dist.get_rank() == 0:
@@ -50,6 +56,7 @@ def save(engine, run_dir: Path, step: int, keep: int, world_size: int) -> None:
         commit = {"step": step, "time": time.time(), "mode": "sync", "world_size": world_size, "files": files,
                   "framework": "deepspeed"}
         (tmp / COMMIT_FILE).write_text(json.dumps(commit, indent=1))
+        shutil.rmtree(root / name, ignore_errors=True)
         tmp.rename(root / name)
         committed = [c for c in list_checkpoints(root) if c.committed]
         for old in committed[: max(0, len(committed) - keep)]:
