@@ -20,6 +20,10 @@ from trainer.checkpoint import list_checkpoints
 CRASH_EXIT_CODE = 42
 """Exit code of an injected `crash_mode = "exit"` crash: distinct, so a drill can tell it apart."""
 
+ONE_SHOT_KINDS = frozenset({"crash", "hang", "nan", "bitflip", "corrupt_checkpoint"})
+"""Faults that fire once per run: a requeued run reads the same config, and firing again would
+make every restart fail the same way. A straggler (`slow`) is a property of the node: it stays."""
+
 
 class FaultSettings(Protocol):
     """The `[faults]` section as the injector reads it (trainer.config.FaultsConfig)."""
@@ -47,6 +51,23 @@ def record_fault(run_dir: str | Path, kind: str, step: int | None, rank: int, **
         fh.flush()
         os.fsync(fh.fileno())
     return record
+
+
+def fired_faults(run_dir: str | Path, rank: int) -> set[str]:
+    """One-shot kinds the trainer's injector already fired on `rank` in this run folder (its own
+    records carry a step; a drill tool's runtime injections, which have none, do not count)."""
+    path = Path(run_dir) / "faults.jsonl"
+    if not path.exists():
+        return set()
+    fired = set()
+    for line in path.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:  # a line cut short by a kill mid-write
+            continue
+        if entry.get("kind") in ONE_SHOT_KINDS and "step" in entry and entry.get("rank") == rank:
+            fired.add(entry["kind"])
+    return fired
 
 
 def _int_view(values: torch.Tensor) -> torch.Tensor:
@@ -96,20 +117,30 @@ class FaultInjector:
     def __init__(self, cfg: FaultSettings, rank: int, run_dir: str | Path) -> None:
         self.cfg, self.rank, self.run_dir = cfg, rank, Path(run_dir)
         self._slow_recorded = False
+        self.fired = fired_faults(self.run_dir, rank)
+
+    def _due(self, kind: str) -> bool:
+        """A one-shot fault this rank already fired in this run (before a restart) stays quiet."""
+        return kind not in self.fired
+
+    def _fire(self, kind: str, step: int | None, **detail: Any) -> dict:
+        self.fired.add(kind)
+        return record_fault(self.run_dir, kind, step, self.rank, **detail)
 
     def on_step_start(self, step: int) -> None:
         """Crash, hang or slow down this rank, as configured, before the step's work."""
         cfg = self.cfg
-        if cfg.crash_step == step and cfg.crash_rank == self.rank:
-            record_fault(self.run_dir, "crash", step, self.rank, mode=cfg.crash_mode,
+        if cfg.crash_step == step and cfg.crash_rank == self.rank and self._due("crash"):
+            self._fire("crash", step, mode=cfg.crash_mode,
                          exit_code=CRASH_EXIT_CODE if cfg.crash_mode == "exit" else -signal.SIGKILL)
             sys.stdout.flush()
             sys.stderr.flush()
             if cfg.crash_mode == "sigkill":
                 os.kill(os.getpid(), signal.SIGKILL)
             sys.exit(CRASH_EXIT_CODE)
-        if cfg.hang_step is not None and step >= cfg.hang_step and cfg.hang_rank == self.rank:
-            record_fault(self.run_dir, "hang", step, self.rank)
+        if (cfg.hang_step is not None and step >= cfg.hang_step and cfg.hang_rank == self.rank
+                and self._due("hang")):
+            self._fire("hang", step)
             while True:  # a hung rank: no progress, no heartbeat, no exit
                 time.sleep(1.0)
         if cfg.slow_rank == self.rank and cfg.slow_ms > 0:
@@ -120,9 +151,9 @@ class FaultInjector:
 
     def after_loss(self, step: int, loss: torch.Tensor) -> torch.Tensor:
         """Return the loss, or a NaN loss at `nan_step` (on every rank: the loss is global)."""
-        if self.cfg.nan_step != step:
+        if self.cfg.nan_step != step or not self._due("nan"):
             return loss
-        record_fault(self.run_dir, "nan", step, self.rank)
+        self._fire("nan", step)
         return loss * float("nan")
 
     def after_step(self, step: int, model: torch.nn.Module) -> dict | None:
@@ -130,7 +161,7 @@ class FaultInjector:
         the middle element this rank holds of the first parameter outside an embedding (an
         embedding row only matters when its token occurs; a projection touches every token).
         A silent data corruption that only the loss, the grad norm or a replica check reveals."""
-        if self.cfg.bitflip_step != step or self.cfg.bitflip_rank != self.rank:
+        if self.cfg.bitflip_step != step or self.cfg.bitflip_rank != self.rank or not self._due("bitflip"):
             return None
         for module_name, module in model.named_modules():
             if isinstance(module, torch.nn.Embedding):
@@ -142,15 +173,15 @@ class FaultInjector:
                 index, bit = local.numel() // 2, exponent_msb(local.dtype)
                 with torch.no_grad():
                     old, new = flip_bit(local, index, bit)
-                return record_fault(self.run_dir, "bitflip", step, self.rank,
-                                    parameter=f"{module_name}.{param_name}".lstrip("."),
-                                    index=index, bit=bit, old_value=old, new_value=new)
+                return self._fire("bitflip", step,
+                                  parameter=f"{module_name}.{param_name}".lstrip("."),
+                                  index=index, bit=bit, old_value=old, new_value=new)
         return None
 
     def on_train_end(self, checkpoint_folder: str | Path) -> dict | None:
         """With `corrupt_checkpoint`, rank 0 damages the newest committed checkpoint once training
         (and every background write) has finished, so the next resume must fall back."""
-        if not self.cfg.corrupt_checkpoint or self.rank != 0:
+        if not self.cfg.corrupt_checkpoint or self.rank != 0 or not self._due("corrupt_checkpoint"):
             return None
         return self.corrupt_latest_checkpoint(checkpoint_folder)
 
@@ -160,6 +191,5 @@ class FaultInjector:
         if not committed:
             return None
         newest = committed[-1]
-        record = record_fault(self.run_dir, "corrupt_checkpoint", newest.step, self.rank,
-                              path=newest.path)
+        record = self._fire("corrupt_checkpoint", newest.step, path=newest.path)
         return {**record, "file": corrupt_checkpoint(newest.path)}

@@ -150,3 +150,37 @@ def test_corrupt_checkpoint_is_off_unless_configured_and_only_on_rank_0(tmp_path
     assert FaultInjector(FaultsConfig(), rank=0, run_dir=tmp_path).on_train_end(folder) is None
     assert FaultInjector(FaultsConfig(corrupt_checkpoint=True), rank=1, run_dir=tmp_path).on_train_end(folder) is None
     assert verify_checkpoint(folder / step_dir_name(2)).complete and records(tmp_path) == []
+
+
+def test_a_restarted_rank_does_not_fire_a_one_shot_fault_again(tmp_path):
+    cfg = FaultsConfig(nan_step=5, bitflip_step=5, bitflip_rank=0, crash_step=5, hang_step=5)
+    first = FaultInjector(cfg, rank=0, run_dir=tmp_path)
+    assert torch.isnan(first.after_loss(5, torch.tensor(1.0)))
+    assert first.after_step(5, torch.nn.Linear(4, 4)) is not None
+    with (tmp_path / "faults.jsonl").open("a") as fh:  # as a crash and a hang before the restart leave them
+        for kind in ("crash", "hang"):
+            fh.write(json.dumps({"kind": kind, "step": 5, "rank": 0, "time": 0}) + "\n")
+    restarted = FaultInjector(cfg, rank=0, run_dir=tmp_path)  # the requeued run reads the same config
+    started = time.perf_counter()
+    restarted.on_step_start(5)  # would exit (crash) or block forever (hang) if they fired again
+    assert time.perf_counter() - started < 0.5
+    assert restarted.after_loss(5, torch.tensor(1.0)).item() == 1.0
+    assert restarted.after_step(5, torch.nn.Linear(4, 4)) is None
+    assert [r["kind"] for r in records(tmp_path)] == ["nan", "bitflip", "crash", "hang"]
+
+
+def test_a_fault_fired_on_another_rank_or_by_a_drill_tool_still_fires_here(tmp_path):
+    (tmp_path / "faults.jsonl").write_text(json.dumps({"kind": "nan", "step": 5, "rank": 1, "time": 0}) + "\n"
+                                           + json.dumps({"kind": "corrupt_checkpoint", "time": 0, "file": "x"}) + "\n")
+    injector = FaultInjector(FaultsConfig(nan_step=5), rank=0, run_dir=tmp_path)
+    assert torch.isnan(injector.after_loss(5, torch.tensor(1.0)))
+    assert injector.fired == {"nan"}
+
+
+def test_a_straggler_stays_slow_after_a_restart(tmp_path):
+    cfg = FaultsConfig(slow_rank=0, slow_ms=100)
+    FaultInjector(cfg, rank=0, run_dir=tmp_path).on_step_start(1)
+    restarted = FaultInjector(cfg, rank=0, run_dir=tmp_path)
+    started = time.perf_counter()
+    restarted.on_step_start(2)
+    assert time.perf_counter() - started >= 0.1

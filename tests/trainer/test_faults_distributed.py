@@ -4,6 +4,7 @@ a bit-flip as a loss that leaves the clean run's trajectory."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
@@ -15,7 +16,7 @@ import pytest
 
 from trainer.config import load_config
 from trainer.faults import CRASH_EXIT_CODE
-from trainer.launch import REPO_ROOT, build_torchrun_command, prepare_run, read_metrics, run_local
+from trainer.launch import REPO_ROOT, build_torchrun_command, launch_run, prepare_run, read_metrics, run_local
 
 pytestmark = pytest.mark.slow
 
@@ -69,3 +70,18 @@ def test_a_hung_rank_is_seen_as_a_heartbeat_that_stops_while_the_processes_live(
     finally:
         os.killpg(job.pid, signal.SIGKILL)
         job.wait()
+
+
+def test_a_nan_run_relaunched_resumes_from_its_checkpoint_and_completes(tmp_path):
+    """The relaunch reads the same config (faults.nan_step=4): the NaN fired once, so it must not
+    fire again, or every requeue of a run would fail the same way."""
+    cfg = load_config(None, "tiny", BASE + ["training.steps=6", "faults.nan_step=4", "checkpoint.enable=true",
+                                            "checkpoint.interval=2", "checkpoint.mode=sync"])
+    failed = run_local(cfg, 2, run_id="nan-once", show_progress=False, timeout_s=300)
+    assert failed.status == "failed" and failed.steps_completed == 4  # step 4 is logged with its NaN
+    resumed = launch_run(failed.run_dir, 2, show_progress=False, timeout_s=300)
+    assert resumed.status == "ok" and resumed.steps_completed == 6
+    rank0 = [r for r in read_metrics(resumed.run_dir) if r["rank"] == 0]
+    assert [r["step"] for r in rank0] == [1, 2, 3, 4, 3, 4, 5, 6]  # restarted after step 2's checkpoint
+    assert all(math.isfinite(r["loss"]) for r in rank0 if r["step"] > 4)
+    assert [(f["kind"], f["step"]) for f in faults_jsonl(resumed.run_dir)] == [("nan", 4), ("nan", 4)]  # once per rank
