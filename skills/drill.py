@@ -3,21 +3,53 @@ from the newest good checkpoint, and time every phase; the restored checkpoint i
 from __future__ import annotations
 
 import json
+import shutil
 import time
 import tomllib
 from pathlib import Path
+
+from pydantic import BaseModel, Field
 
 from skills.baseline import JobRequest, Progress, command_line, submit
 from skills.evidence.model import DrillResult, EvidenceRow
 from tools.base import CallContext, ToolError, call
 
-# drill kind -> (inject_fault kind, cause class); runtime kinds are injected into the live job
+# drill kind -> (inject_fault kind, cause class); runtime kinds are injected into the live job,
+# launch-time kinds (LAUNCH_TIME) start the job with the overrides inject_fault returns
 DRILLS: dict[str, tuple[str, str]] = {
     "crash": ("kill_rank", "software"),
     "node-loss": ("kill_node", "hardware"),
     "hang": ("hang", "network"),
     "checkpoint-corruption": ("corrupt_checkpoint", "hardware"),
+    "nan": ("nan", "data"),
+    "bitflip": ("bitflip", "hardware"),
+    "straggler": ("straggler", "hardware"),
 }
+# launch-time drill -> (the trainer's faults.jsonl kind when it fires, extra launch overrides)
+LAUNCH_TIME: dict[str, tuple[str, list[str]]] = {
+    "nan": ("nan", []),
+    "bitflip": ("bitflip", ["parallel.data_parallel=ddp"]),  # replicas, so their checksums can disagree
+    "straggler": ("slow", []),
+}
+DETECTION_ONLY = {
+    "straggler": ("needs a spare node", "a slow node stays slow, so restarting on the same (only) node brings the "
+                  "straggler back; drain it and requeue on a hot spare"),
+}
+"""Drills measured up to detection and isolation only: (what recovery needs, why)."""
+
+
+class DetectionOnlyResult(BaseModel):
+    """A drill stopped after detection: restarting would not recover anything on this machine."""
+
+    fault: str
+    run_dir: str
+    injected_at_step: int = Field(ge=0)
+    detection_latency_s: float = Field(ge=0)
+    isolation_granularity: str = Field(description="what the detector recommends taking out")
+    detector: str
+    recovery: str = Field(description="what recovery needs that this machine lacks")
+    note: str = Field(description="why restarting here would not be a recovery")
+    drill_record: str = Field(description="RUN/detection.json")
 
 
 class DrillRefused(ValueError):
@@ -59,6 +91,33 @@ def _wait_for(predicate, timeout_s: float, what: str) -> float:
     raise ToolError("drill", f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
+def _fired(run_dir: str, kind: str) -> dict | None:
+    """The trainer's record of a launch-time fault firing (it carries a step; tool records do not)."""
+    path = Path(run_dir) / "faults.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if entry.get("kind") == kind and "step" in entry:
+            return entry
+    return None
+
+
+def quarantine_after(run_dir: str, step: int, ctx: CallContext | None = None) -> list[int]:
+    """Move committed checkpoints taken at or after `step` to RUN/quarantine/: after a silent data
+    corruption they may hold the corrupted weights, so the restart must load an older one."""
+    listing = call("list_checkpoints", {"run": Path(run_dir).name}, ctx)  # a run id under $TRAINOPS_HOME/runs
+    moved = []
+    for entry in listing.checkpoints:
+        if entry.step >= step:
+            target = Path(run_dir) / "quarantine" / Path(entry.path).name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(entry.path, target)
+            moved.append(entry.step)
+    return moved
+
+
 def _first_step_after(run_dir: str, since: float) -> float | None:
     path = Path(run_dir) / "metrics.jsonl"
     for line in path.read_text().splitlines() if path.exists() else []:
@@ -69,7 +128,7 @@ def _first_step_after(run_dir: str, since: float) -> float | None:
 
 
 def drill(req: JobRequest, fault: str, inject_step: int = 5, ctx: CallContext | None = None,
-          progress: Progress | None = None) -> tuple[DrillResult, EvidenceRow]:
+          progress: Progress | None = None) -> tuple[DrillResult | DetectionOnlyResult, EvidenceRow]:
     """One drill end to end; returns its result and the evidence row for the pack."""
     if fault not in DRILLS:
         raise DrillRefused(f"fault: unknown fault {fault!r}; use one of {', '.join(DRILLS)}")
@@ -77,25 +136,41 @@ def drill(req: JobRequest, fault: str, inject_step: int = 5, ctx: CallContext | 
     kind, cause = DRILLS[fault]
     say = progress or (lambda _msg: None)
     sched = req.scheduler
+    rank = min(1, req.nproc - 1)
+    launch = req
+    if fault in LAUNCH_TIME:
+        fired_kind, extra = LAUNCH_TIME[fault]
+        planned = call("inject_fault", {"kind": kind, "rank": rank, "step": inject_step}, ctx)
+        launch = req.with_overrides([*extra, *planned.overrides])
     say(f"drill {fault}: launching")
-    sub = submit(req, f"drill-{fault}", ctx)
+    sub = submit(launch, f"drill-{fault}", ctx)
     job_id, run_dir = sub.handle.job_id, sub.handle.run_dir
     started = time.time()
-    _wait_for(lambda: _heartbeat_step(run_dir) >= inject_step and any(e.get("event") == "save" for e in _journal(run_dir)),
-              req.timeout_s, f"step {inject_step} and a committed checkpoint in {run_dir}")
-    say(f"drill {fault}: injecting {kind}")
-    rank = min(1, req.nproc - 1)
-    injected = call("inject_fault", {"kind": kind, "run": run_dir, "rank": rank}, ctx)
-    last_step = max(_heartbeat_step(run_dir, r) for r in range(req.nproc))
-    if kind == "corrupt_checkpoint":
-        call("inject_fault", {"kind": "kill_rank", "run": run_dir, "rank": rank}, ctx)
-    detection = call("detect_faults", {"run": run_dir, "job_id": job_id, "scheduler": sched,
-                                       "injected_at": injected.injected_at, "timeout_s": 60}, ctx)
+    if fault in LAUNCH_TIME:
+        say(f"drill {fault}: waiting for the trainer to fire {kind}")
+        _wait_for(lambda: _fired(run_dir, fired_kind) is not None, req.timeout_s,
+                  f"the trainer to fire {fired_kind} (faults.jsonl) in {run_dir}")
+        fired = _fired(run_dir, fired_kind)
+        injected_at, last_step = float(fired["time"]), int(fired["step"])
+    else:
+        _wait_for(lambda: _heartbeat_step(run_dir) >= inject_step and any(e.get("event") == "save" for e in _journal(run_dir)),
+                  req.timeout_s, f"step {inject_step} and a committed checkpoint in {run_dir}")
+        say(f"drill {fault}: injecting {kind}")
+        injected = call("inject_fault", {"kind": kind, "run": run_dir, "rank": rank}, ctx)
+        injected_at = injected.injected_at
+        last_step = max(_heartbeat_step(run_dir, r) for r in range(req.nproc))
+        if kind == "corrupt_checkpoint":
+            call("inject_fault", {"kind": "kill_rank", "run": run_dir, "rank": rank}, ctx)
+    detection = call("detect_faults", {"run": run_dir, "job_id": job_id, "scheduler": sched, "poll_interval_s": 0.05,
+                                       "injected_at": injected_at, "timeout_s": 60}, ctx)
     if not detection.detected:
         raise ToolError("detect_faults", f"drill {fault}: nothing detected within 60 s in {run_dir}; check the detectors")
     say(f"drill {fault}: detected by {detection.mechanism} after {detection.detection_latency_s:.2f} s; isolating")
-    call("cancel_job", {"job_id": job_id, "scheduler": sched}, ctx)
+    call("cancel_job", {"job_id": job_id, "scheduler": sched}, ctx)  # a no-op when the job already ended
+    if fault in DETECTION_ONLY:
+        return _detection_only(req, fault, run_dir, last_step, detection, started)
     drained = isolate_node(detection, sched, ctx)
+    quarantined = quarantine_after(run_dir, int(detection.step), ctx) if detection.mechanism == "checksum_mismatch" else []
     isolated = time.time()
     requeued = call("requeue_job", {"job_id": job_id, "scheduler": sched}, ctx)
     recovered = _wait_for(lambda: _first_step_after(run_dir, isolated) is not None, req.timeout_s,
@@ -103,11 +178,13 @@ def drill(req: JobRequest, fault: str, inject_step: int = 5, ctx: CallContext | 
     recovered = _first_step_after(run_dir, isolated) or recovered
     loads = [e for e in _journal(run_dir) if e.get("event") == "load" and e.get("time", 0) > isolated]
     used = loads[0] if loads else {"step": 0, "path": "none (restarted from step 0)"}
-    intact = verify_restored(run_dir, used, ctx)
+    intact = verify_restored(run_dir, used, ctx, excluded=set(quarantined))
     fell_back = [e["step"] for e in _journal(run_dir) if e.get("event") == "fallback" and e.get("time", 0) > isolated]
-    detector = detection.mechanism
+    detector = f"{detection.mechanism}: {detection.evidence}" if fault in LAUNCH_TIME else detection.mechanism
     if drained:
         detector += f"; drained {drained}, restarted on a spare"
+    if quarantined:
+        detector += f"; quarantined checkpoint(s) {quarantined} taken after the corruption"
     if fell_back:
         detector += f"; the restart's checksum check skipped corrupt step(s) {fell_back}"
     status = call("wait_job", {"job_id": requeued.job_id, "scheduler": sched, "timeout_s": req.timeout_s}, ctx)
@@ -117,16 +194,33 @@ def drill(req: JobRequest, fault: str, inject_step: int = 5, ctx: CallContext | 
         raise ToolError("requeue_job", f"drill {fault}: the restarted job ended {status.state}; read {run_dir}/logs")
     record = Path(run_dir) / "drill.json"
     result = DrillResult(
-        fault=fault, run_dir=run_dir, injected_at_step=last_step, injected_time=injected.injected_at,
+        fault=fault, run_dir=run_dir, injected_at_step=last_step, injected_time=injected_at,
         detected_time=detection.detected_at, isolated_time=isolated, recovered_time=recovered,
         detection_latency_s=detection.detection_latency_s, isolation_granularity=detection.isolation,
         recovery_time_s=recovered - detection.detected_at, steps_lost=max(0, last_step - int(used["step"])),
         checkpoint_used=str(used["path"]), async_checkpoint_intact=intact,
         cause=cause, detector=detector, drill_record=str(record))
     record.write_text(result.model_dump_json(indent=2) + "\n", encoding="utf-8")
-    evidence = EvidenceRow(tool="inject_fault+detect_faults+requeue_job", version=req.framework_version, command=command_line(req),
+    evidence = EvidenceRow(tool="inject_fault+detect_faults+requeue_job", version=req.framework_version, command=command_line(launch),
                            log_path=str(record), value=f"{fault}: detect {result.detection_latency_s:.2f} s, "
                            f"recover {result.recovery_time_s:.1f} s, {result.steps_lost} steps lost",
+                           window_start=started, window_end=time.time())
+    return result, evidence
+
+
+def _detection_only(req: JobRequest, fault: str, run_dir: str, step: int, detection,
+                    started: float) -> tuple[DetectionOnlyResult, EvidenceRow]:
+    record = Path(run_dir) / "detection.json"
+    result = DetectionOnlyResult(fault=fault, run_dir=run_dir, injected_at_step=step,
+                                 detection_latency_s=detection.detection_latency_s,
+                                 isolation_granularity=detection.isolation,
+                                 detector=f"{detection.mechanism}: {detection.evidence}",
+                                 recovery=DETECTION_ONLY[fault][0], note=DETECTION_ONLY[fault][1],
+                                 drill_record=str(record))
+    record.write_text(result.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    evidence = EvidenceRow(tool="inject_fault+detect_faults", version=req.framework_version, command=command_line(req),
+                           log_path=str(record), value=f"{fault}: detect {result.detection_latency_s:.2f} s, isolate "
+                           f"{result.isolation_granularity}; recovery not measured: {result.recovery} ({result.note})",
                            window_start=started, window_end=time.time())
     return result, evidence
 
@@ -144,20 +238,21 @@ def isolate_node(detection, scheduler: str, ctx: CallContext | None = None) -> s
     return detection.node
 
 
-def verify_restored(run_dir: str, used: dict, ctx: CallContext | None = None) -> bool:
+def verify_restored(run_dir: str, used: dict, ctx: CallContext | None = None, excluded: set[int] = frozenset()) -> bool:
     """The restart loaded a committed checkpoint that verifies, and no newer committed save was
-    skipped over unless it failed verification (the async writer lost nothing it had committed)."""
+    skipped over unless it failed verification or was quarantined (`excluded`): the async
+    writer lost nothing it had committed."""
     if "path" not in used or not Path(str(used["path"])).exists():
         return False
     verified = call("verify_checkpoint", {"path": str(used["path"])}, ctx)
-    fallbacks = {e.get("step") for e in _journal(run_dir) if e.get("event") == "fallback"}
+    fallbacks = {e.get("step") for e in _journal(run_dir) if e.get("event") == "fallback"} | set(excluded)
     newer = [e for e in _journal(run_dir) if e.get("event") == "save" and e.get("step", 0) > int(used["step"])
              and e.get("time", 0) < float(used.get("time", 0)) and e.get("step") not in fallbacks]
     return verified.complete and not newer
 
 
 def run_drills(req: JobRequest, faults: list[str], ctx: CallContext | None = None,
-               progress: Progress | None = None) -> tuple[list[DrillResult], list[EvidenceRow]]:
+               progress: Progress | None = None) -> tuple[list[DrillResult | DetectionOnlyResult], list[EvidenceRow]]:
     results, evidence = [], []
     for fault in faults:
         result, row = drill(req, fault, ctx=ctx, progress=progress)

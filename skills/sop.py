@@ -37,7 +37,7 @@ class SopSettings(BaseModel):
         return self.knobs or (["data_parallel=ddp"] if self.quick else ["data_parallel=ddp", "data_kind=synthetic"])
 
     def drills(self) -> list[str]:
-        return self.faults or (["crash"] if self.quick else ["crash", "hang"])
+        return self.faults or (["crash"] if self.quick else ["crash", "hang", "bitflip"])
 
     def request(self) -> JobRequest:
         steps = 10 if self.quick else 20
@@ -76,7 +76,8 @@ def run(settings: SopSettings, ctx: CallContext | None = None, progress: Progres
     say("S5 fault drills")
     drill_req = req.with_overrides(["checkpoint.enable=true", "checkpoint.interval=2", "checkpoint.mode=async",
                                     "checkpoint.keep=50", "training.steps=12"])
-    drills, drill_evidence = drill.run_drills(drill_req, settings.drills(), ctx, say)
+    results, drill_evidence = drill.run_drills(drill_req, settings.drills(), ctx, say)
+    drills = [d for d in results if not isinstance(d, drill.DetectionOnlyResult)]  # the pack's drills recovered
     ckpt_plan = planning.plan_from_drill(drills[0], settings.mtbf_h, "declared by the operator (--mtbf-h), not measured",
                                          ctx) if drills else None
     say("S6 evidence pack")

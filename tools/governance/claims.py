@@ -143,7 +143,7 @@ class ScaleResult(BaseModel):
         return self
 
 
-IsolationGranularity = Literal["rank", "node", "switch", "rack", "job"]
+IsolationGranularity = Literal["rank", "node", "replica_group", "switch", "rack", "job"]
 
 
 class FaultToleranceConclusion(BaseModel):

@@ -130,7 +130,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def drill(config: Optional[str] = typer.Argument(None, help="Job config TOML with [checkpoint] enable = true."),
-              fault: List[str] = typer.Option(["crash"], "--fault", help="crash | node-loss | hang | checkpoint-corruption."),
+              fault: List[str] = typer.Option(["crash"], "--fault", help="crash | node-loss | hang | checkpoint-corruption | nan (loss anomaly) | "
+                                                         "bitflip (silent data corruption, DDP replicas) | straggler (detection only: recovery needs a spare node)."),
               nproc: int = typer.Option(2, min=1), sets: Optional[List[str]] = SETS, scheduler: str = SCHED,
               monitor: str = MONITOR, as_json: bool = JSON, framework: str = FRAMEWORK):
         """S5: inject, detect, isolate, restart from the newest good checkpoint; time each phase."""
@@ -143,8 +144,13 @@ def register(app: typer.Typer) -> None:
         _guard(lambda: skill_drill.require_checkpoints(req), as_json)
         results = _guard(lambda: skill_drill.run_drills(req, fault, progress=_progress(as_json))[0], as_json)
         emit(results, as_json, lambda rs: _table("drills", ["fault", "detection", "isolation", "recovery", "steps lost", "checkpoint"],
-                                                 [[d.fault, f"{d.detection_latency_s:.2f} s", d.isolation_granularity,
-                                                   f"{d.recovery_time_s:.1f} s", d.steps_lost, d.checkpoint_used] for d in rs]))
+                                                 [_drill_row(d) for d in rs]))
+
+    def _drill_row(d) -> list:
+        if not hasattr(d, "recovery_time_s"):  # a detection-only drill says why recovery was not measured
+            return [d.fault, f"{d.detection_latency_s:.2f} s", d.isolation_granularity, d.recovery, "-", "-"]
+        return [d.fault, f"{d.detection_latency_s:.2f} s", d.isolation_granularity, f"{d.recovery_time_s:.1f} s",
+                d.steps_lost, d.checkpoint_used]
 
     @evidence.command("build")
     def evidence_build(run_dirs: List[str] = typer.Argument(..., help="Run folders (baseline repeats; drills are picked up)."),
@@ -177,7 +183,7 @@ def register(app: typer.Typer) -> None:
     def sop(config: Optional[str] = typer.Argument(None, help="Job config TOML (default: embedded tiny job)."),
             quick: bool = typer.Option(False, "--quick", help="Fewer repeats, one arm, one drill (~2 minutes)."),
             knob: Optional[List[str]] = typer.Option(None, "--knob", help="Arms NAME=VALUE (default plan otherwise)."),
-            fault: Optional[List[str]] = typer.Option(None, "--fault", help="Drill kinds (default: crash)."),
+            fault: Optional[List[str]] = typer.Option(None, "--fault", help="Drill kinds (default: crash; full run: crash, hang, bitflip)."),
             mtbf_h: float = typer.Option(24.0, "--mtbf-h", min=0.001, help="Job MTBF for the checkpoint plan, hours (declared)."),
             scheduler: str = SCHED, monitor: str = MONITOR, as_json: bool = JSON):
         """S1..S6 end to end; ends with an evidence pack waiting for approval."""

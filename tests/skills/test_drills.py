@@ -1,0 +1,56 @@
+"""Drills beyond process faults: a NaN loss and a flipped bit (silent data corruption) are
+detected, the job restarts from a good checkpoint and completes; a straggler is detected and
+isolated to its node, its recovery reported as needing a spare node (one node here)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from skills.baseline import JobRequest
+from skills.drill import DRILLS, DetectionOnlyResult, drill, quarantine_after
+from skills.evidence.model import DrillResult
+from trainops.cli import app
+
+DRILL_JOB = ["training.steps=12", "training.seq_len=64", "training.global_batch=8", "training.micro_batch=4",
+             "checkpoint.enable=true", "checkpoint.interval=2", "checkpoint.mode=async", "checkpoint.keep=50"]
+
+
+def test_drill_help_lists_every_fault_kind():
+    result = CliRunner().invoke(app, ["drill", "--help"], env={"COLUMNS": "400"})
+    assert result.exit_code == 0
+    assert [kind for kind in DRILLS if kind not in result.stdout] == []
+
+
+def test_quarantine_moves_the_checkpoints_taken_at_or_after_the_corrupted_step(workspace):
+    run_dir = workspace / "runs" / "sdc"
+    for step in (2, 4, 6):
+        folder = run_dir / "checkpoints" / f"step-{step:08d}"
+        folder.mkdir(parents=True)
+        (folder / "COMMIT.json").write_text(json.dumps({"step": step, "time": float(step)}))
+    assert quarantine_after(str(run_dir), 4) == [4, 6]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-00000002"]
+    assert sorted(p.name for p in (run_dir / "quarantine").iterdir()) == ["step-00000004", "step-00000006"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault, mechanism, isolation", [("nan", "loss_anomaly", "job"),
+                                                         ("bitflip", "checksum_mismatch", "replica_group")])
+def test_a_numeric_fault_is_detected_and_the_restarted_job_completes(workspace, fault, mechanism, isolation):
+    result, row = drill(JobRequest(overrides=DRILL_JOB, timeout_s=300), fault)
+    assert isinstance(result, DrillResult)
+    assert (result.isolation_granularity, result.detector.split(":")[0]) == (isolation, mechanism)
+    assert result.injected_at_step == 5 and result.async_checkpoint_intact
+    assert int(Path(result.checkpoint_used).name.split("-")[1]) <= 4  # a checkpoint from before the fault
+    assert 0 <= result.detection_latency_s < 5 and result.recovery_time_s > 0
+    assert Path(result.drill_record).is_file() and fault in row.value
+
+
+@pytest.mark.slow
+def test_a_straggler_is_detected_and_isolated_to_its_node_without_a_claimed_recovery(workspace):
+    result, row = drill(JobRequest(overrides=DRILL_JOB, timeout_s=300), "straggler")
+    assert isinstance(result, DetectionOnlyResult)
+    assert (result.isolation_granularity, result.recovery) == ("node", "needs a spare node")
+    assert result.detector.startswith("step_time_outlier") and "recovery not measured" in row.value
