@@ -101,8 +101,9 @@ def _setting(overrides: list[str], key: str, default: str) -> str:
     return values[-1] if values else default
 
 
-def summarize(req: JobRequest, results: list[RunResult]) -> BaselineSummary:
-    """Medians and spreads over repeats, warm-up excluded (summarize_run dropped it per run)."""
+def summarize(req: JobRequest, results: list[RunResult], profiled: RunResult | None = None) -> BaselineSummary:
+    """Medians and spreads over repeats, warm-up excluded (summarize_run dropped it per run); the
+    communication share from the profiled run when there is one, else from any repeat's trace."""
     def values(key: str) -> list[float]:
         found = [r.summary[key] for r in results if r.summary.get(key) is not None]
         if not found:
@@ -110,7 +111,7 @@ def summarize(req: JobRequest, results: list[RunResult]) -> BaselineSummary:
         return found
 
     waits = [r.summary["data_wait_share_pct"] for r in results if r.summary.get("data_wait_share_pct") is not None]
-    share, method = comm_share(results)
+    share, method = comm_share([profiled] if profiled else results)
     return BaselineSummary(
         model=_setting(req.overrides, "model.preset", req.preset or Path(req.config or "config").stem),
         parallel_layout=layout_of(req.overrides, req.nproc, req.framework),
@@ -123,27 +124,73 @@ def summarize(req: JobRequest, results: list[RunResult]) -> BaselineSummary:
         comm_share_pct=share, comm_share_method=method, run_dirs=[r.run_dir for r in results])
 
 
-def comm_share(results: list[RunResult]) -> tuple[float | None, str]:
-    """Share of profiled time in collectives, from a torch.profiler trace the run left behind
-    (`RUN/profile/*.json`, Chrome trace format). None when no run was profiled."""
+PROFILE_STEPS = 2
+"""Steps the extra profiled run traces, right after the warm-up (the profiler slows the steps it
+records, so the repeats whose timings make the noise band are never profiled)."""
+COMM_PREFIXES = ("gloo:", "nccl:", "ncclKernel", "ncclDevKernel")
+"""Trace events that are collectives doing their work: gloo's and NCCL's own ranges on their
+threads, NCCL kernels on the GPU."""
+
+
+def _union_s(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for lo, hi in sorted(intervals):
+        if hi > end:
+            total += hi - max(lo, end)
+            end = hi
+    return total
+
+
+def trace_comm_share(trace: Path) -> tuple[float, float] | None:
+    """(collective time, step time) in microseconds from one rank's Chrome trace: the union of
+    collective ranges (any thread; they may overlap compute) inside the `train_step#N` ranges,
+    against the summed duration of those steps. None when the trace has no step range."""
     import json
 
+    events = [e for e in json.loads(trace.read_text()).get("traceEvents", []) if e.get("ph") == "X"]
+    steps = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in events
+             if str(e.get("name", "")).startswith("train_step#")]
+    if not steps:
+        return None
+    comm = [(max(lo, float(e["ts"])), min(hi, float(e["ts"]) + float(e.get("dur", 0))))
+            for e in events if str(e.get("name", "")).startswith(COMM_PREFIXES) for lo, hi in steps]
+    return _union_s([(lo, hi) for lo, hi in comm if hi > lo]), sum(hi - lo for lo, hi in steps)
+
+
+def comm_share(results: list[RunResult]) -> tuple[float | None, str]:
+    """Share of profiled step time spent in collectives, from the torch.profiler traces a run
+    left behind (`RUN/profile/rank{R}.json`, written for `[metrics] profile_steps`), summed over
+    its ranks. None when no run was profiled."""
     for result in results:
-        for trace in sorted(Path(result.run_dir).glob("profile/*.json")):
-            events = [e for e in json.loads(trace.read_text()).get("traceEvents", []) if e.get("ph") == "X"]
-            total = sum(e.get("dur", 0) for e in events if e.get("cat") == "cpu_op")
-            comm = sum(e.get("dur", 0) for e in events if e.get("cat") == "cpu_op"
-                       and any(k in e.get("name", "") for k in ("c10d", "gloo", "nccl", "all_reduce", "all_gather", "reduce_scatter")))
-            if total:
-                return 100.0 * comm / total, f"torch.profiler trace {trace.name}: c10d/gloo/nccl ops over all CPU ops"
+        traces = sorted(Path(result.run_dir).glob("profile/rank*.json"))
+        readings = [r for r in (trace_comm_share(t) for t in traces) if r is not None]
+        step_us = sum(step for _comm, step in readings)
+        if step_us > 0:
+            share = 100.0 * sum(comm for comm, _step in readings) / step_us
+            return share, (f"torch.profiler traces of {Path(result.run_dir).name} ({len(readings)} rank(s)): gloo/NCCL "
+                           "collective time inside the profiled steps over their step time (collectives may overlap compute)")
     return None, "not measured: no run left a torch.profiler trace (RUN/profile/*.json)"
+
+
+def profile_run(req: JobRequest, ctx: CallContext | None = None) -> RunResult | None:
+    """One extra short run that profiles PROFILE_STEPS steps right after the warm-up; None for
+    other frameworks' jobs, which do not take the trainer's `[metrics] profile_steps`."""
+    if req.framework != "trainops":
+        return None
+    start = req.warmup_steps + 1
+    profiled = req.with_overrides([f"metrics.profile_steps={start},{PROFILE_STEPS}",
+                                   f"training.steps={start + PROFILE_STEPS - 1}"])
+    return run_once(profiled, "baseline-profile", ctx)
 
 
 def measure(req: JobRequest, repeats: int = 3, ctx: CallContext | None = None,
             progress: Progress | None = None) -> tuple[BaselineSummary, list[RunResult], list[EvidenceRow]]:
-    """Run the baseline `repeats` times and summarise it."""
+    """Run the baseline `repeats` times, then one short profiled run, and summarise them."""
     results = repeat(req, "baseline", repeats, ctx, progress)
-    summary = summarize(req, results)
+    if progress:
+        progress("baseline profiled run (communication share)")
+    profiled = profile_run(req, ctx)
+    summary = summarize(req, results, profiled)
     evidence = [EvidenceRow(tool="submit_job+summarize_run", version=req.framework_version, command=command_line(req),
                             log_path=f"{r.run_dir}/metrics.jsonl",
                             value=f"MFU {r.summary['mfu_pct_median']:.3f}%, step {r.summary['step_time_median_s']:.4f} s",

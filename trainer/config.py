@@ -122,6 +122,27 @@ class MetricsConfig(_Section):
     heartbeat: bool = Field(True, description="rewrite heartbeat/rank{R}.json every step")
     param_checksum: bool = Field(True, description="record a checksum of this rank's parameters each "
                                  "step, compared among replicas to detect silent data corruption")
+    profile_steps: list[int] = Field(default_factory=list, description="steps to run under torch.profiler, "
+                                     "exported as a Chrome trace per rank to profile/rank{R}.json: a list of "
+                                     "consecutive steps, or \"start,count\"; empty (default) profiles nothing")
+
+    @field_validator("profile_steps", mode="before")
+    @classmethod
+    def _steps_from_pair(cls, value: Any) -> Any:
+        """`--set metrics.profile_steps=6,2` arrives as the string "6,2": start at step 6, 2 steps."""
+        if isinstance(value, str):
+            parts = [p.strip() for p in value.split(",") if p.strip()]
+            if len(parts) != 2 or not all(p.isdigit() for p in parts) or int(parts[0]) < 1:
+                raise ValueError("give \"start,count\" (e.g. \"6,2\", start >= 1) or a list of consecutive steps")
+            return list(range(int(parts[0]), int(parts[0]) + int(parts[1])))
+        return value
+
+    @field_validator("profile_steps")
+    @classmethod
+    def _consecutive(cls, value: list[int]) -> list[int]:
+        if value and (value[0] < 1 or value != list(range(value[0], value[0] + len(value)))):
+            raise ValueError("the profiled steps must be consecutive and >= 1; give \"start,count\" (e.g. \"6,2\")")
+        return value
 
 
 class FaultsConfig(_Section):
@@ -181,6 +202,8 @@ def _toml_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
     escaped = str(value).replace("\\", "\\\\").replace('"', '\\"')
     return f'"{escaped}"'
 

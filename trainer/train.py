@@ -102,6 +102,38 @@ def clip_grad_norm(parameters, max_norm: float, pp_group=None) -> torch.Tensor:
     return total
 
 
+class StepProfiler:
+    """torch.profiler over the configured consecutive steps (`[metrics] profile_steps`); each
+    profiled step is a `train_step#N` range, and the Chrome trace goes to RUN/profile/rank{R}.json
+    so a reader can set collective time against step time."""
+
+    def __init__(self, steps: list[int], run_dir: Path, rank: int, device: torch.device) -> None:
+        self.steps, self.path, self.device = set(steps), run_dir / "profile" / f"rank{rank}.json", device
+        self.last = max(steps, default=0)
+        self.profiler = None
+
+    def step(self, step: int):
+        """A context for one step: a recorded range when profiled, nothing otherwise."""
+        if step not in self.steps:
+            return nullcontext()
+        if self.profiler is None:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if self.device.type == "cuda":
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            self.profiler = torch.profiler.profile(activities=activities)
+            self.profiler.start()
+        return torch.profiler.record_function(f"train_step#{step}")
+
+    def after(self, step: int) -> None:
+        if self.profiler is not None and step == self.last:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.profiler.stop()
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.profiler.export_chrome_trace(str(self.path))
+            self.profiler = None
+
+
 def _pipeline_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
 
@@ -150,38 +182,41 @@ def train(cfg: JobConfig, run_dir: Path, rank: int, world_size: int, device: tor
     fsdp_casts = cfg.parallel.data_parallel == "fsdp" and mesh_info.dp_degree > 1
     use_autocast = training.precision == "bf16" and not fsdp_casts
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if use_autocast else nullcontext()
+    profiler = StepProfiler(cfg.metrics.profile_steps, run_dir, rank, device)
 
     for step in range(start_step + 1, training.steps + 1):
         faults.on_step_start(step)
         started = time.perf_counter()
-        micro_batches = loader.next_step()
-        step_loss = torch.zeros((), device=device)
-        if pipe is not None:
-            with autocast:
-                step_loss = pipe.step(torch.cat([m[0] for m in micro_batches]).to(device),
-                                      torch.cat([m[1] for m in micro_batches]).to(device))
-            step_loss = faults.after_loss(step, step_loss)
-            micro_batches = []
-        for index, (inputs, labels) in enumerate(micro_batches):
-            inputs, labels = inputs.to(device), labels.to(device)
-            with _grad_sync(model, index == len(micro_batches) - 1):
+        with profiler.step(step):  # a no-op outside [metrics] profile_steps
+            micro_batches = loader.next_step()
+            step_loss = torch.zeros((), device=device)
+            if pipe is not None:
                 with autocast:
-                    logits = model(inputs)
-                loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
-                if index == 0:
-                    loss = faults.after_loss(step, loss)
-                (loss / len(micro_batches)).backward()
-            step_loss += loss.detach() / len(micro_batches)
-        grad_norm = clip_grad_norm(model.parameters(), training.max_grad_norm,
-                                   pipe.pp_group if pipe is not None else None)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        faults.after_step(step, model)
-        if world_size > 1:
-            dist.all_reduce(step_loss, op=dist.ReduceOp.AVG)
-        loss_value = step_loss.item()
+                    step_loss = pipe.step(torch.cat([m[0] for m in micro_batches]).to(device),
+                                          torch.cat([m[1] for m in micro_batches]).to(device))
+                step_loss = faults.after_loss(step, step_loss)
+                micro_batches = []
+            for index, (inputs, labels) in enumerate(micro_batches):
+                inputs, labels = inputs.to(device), labels.to(device)
+                with _grad_sync(model, index == len(micro_batches) - 1):
+                    with autocast:
+                        logits = model(inputs)
+                    loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+                    if index == 0:
+                        loss = faults.after_loss(step, loss)
+                    (loss / len(micro_batches)).backward()
+                step_loss += loss.detach() / len(micro_batches)
+            grad_norm = clip_grad_norm(model.parameters(), training.max_grad_norm,
+                                       pipe.pp_group if pipe is not None else None)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            faults.after_step(step, model)
+            if world_size > 1:
+                dist.all_reduce(step_loss, op=dist.ReduceOp.AVG)
+            loss_value = step_loss.item()
         step_time_s = time.perf_counter() - started
+        profiler.after(step)
         extra = {"param_checksum": param_checksum(model), "replica_group": group} if cfg.metrics.param_checksum else None
         logger.record(step=step, loss=loss_value, grad_norm=grad_norm.item(), step_time_s=step_time_s,
                       tokens=tokens_per_device, flops_per_token=flops, peak_mem_gib=peak_memory_gib(device),
