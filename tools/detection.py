@@ -154,9 +154,16 @@ class _Watch:
         beats = read_heartbeats(self.run_dir)
         now = time.time()
         host = os.uname().nodename
-        for r, b in sorted(beats.items()):
-            if "pid" in b and b.get("host", host) == host and not pid_alive(int(b["pid"])):
-                return "process_exit", r, b, f"rank {r} pid {b['pid']} is gone (last heartbeat at step {b.get('step')})"
+        dead = [r for r, b in sorted(beats.items())
+                if "pid" in b and b.get("host", host) == host and not pid_alive(int(b["pid"]))]
+        if dead:
+            # a rank that exited saying why (a broken collective) is collateral; one that
+            # vanished without a word is the root cause
+            silent = [r for r in dead if "exit" not in beats[r]]
+            r = (silent or dead)[0]
+            b = beats[r]
+            how = "vanished without an exit note" if "exit" not in b else f"exited: {b['exit'].get('error')}"
+            return "process_exit", r, b, f"rank {r} pid {b['pid']} is gone ({how}; last heartbeat at step {b.get('step')})"
         if beats:
             ages = {r: now - float(b["time"]) for r, b in beats.items()}
             oldest = max(ages, key=ages.get)
@@ -227,14 +234,13 @@ def detect_faults(inp: DetectFaultsInput) -> Detection:
         if (st is not None and st.state == "completed") or _finished_ok(run_dir):
             return Detection(detected=False, evidence=f"run {inp.run} finished cleanly with no fault seen", polls=polls, injected_at=injected_at)
         records = watch.ingest()
-        found = watch.loss_anomaly(records)
-        if found:
-            rec, why = found
-            return _finish("loss_anomaly", rec.get("rank"), None, rec.get("step"), why, injected_at or rec.get("time"), polls)
-        found = watch.checksum_mismatch()
-        if found:
-            rec, why = found
-            return _finish("checksum_mismatch", rec.get("rank"), rec.get("host", host), rec.get("step"), why, injected_at or rec.get("time"), polls)
+        # a corrupted replica explains the loss anomaly it causes: the earlier step wins, the checksum on a tie
+        findings = [(rec, why, "checksum_mismatch") for rec, why in filter(None, [watch.checksum_mismatch()])]
+        findings += [(rec, why, "loss_anomaly") for rec, why in filter(None, [watch.loss_anomaly(records)])]
+        if findings:
+            rec, why, mechanism = min(findings, key=lambda f: int(f[0].get("step", 0)))
+            node = rec.get("host", host) if mechanism == "checksum_mismatch" else None
+            return _finish(mechanism, rec.get("rank"), node, rec.get("step"), why, injected_at or rec.get("time"), polls)
         dead = watch.stale_or_dead()
         if dead:
             mechanism, rank, beat, why = dead

@@ -188,6 +188,22 @@ class MetricsLogger:
         return record
 
 
+def note_exit(run_dir: str | Path, rank: int, error: str) -> None:
+    """Add how this rank ended to its heartbeat. A rank that exits saying why (often a peer's
+    failure seen as a broken collective) is collateral; one that vanished without a word was
+    killed: detection names the latter as the root cause."""
+    path = Path(run_dir) / "heartbeat" / f"rank{rank}.json"
+    try:
+        beat = json.loads(path.read_text())
+    except (OSError, ValueError):
+        beat = {"step": 0, "pid": os.getpid(), "host": socket.gethostname()}
+    beat["exit"] = {"time": time.time(), "error": error[:300]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".exit.tmp")
+    partial.write_text(json.dumps(beat))
+    partial.replace(path)
+
+
 def param_checksum(model: torch.nn.Module) -> float:
     """Sum of this rank's parameter values in float64. Replicas that hold the same shard must
     agree bit for bit after every step; a flipped bit on one of them shows as a mismatch."""

@@ -21,7 +21,8 @@ from trainer.config import JobConfig, load_config
 from trainer.data import DataLoader
 from trainer.faults import FaultInjector
 from trainer.layout import validate_layout
-from trainer.metrics import MetricsLogger, device_peak_tflops, flops_per_token, param_checksum, peak_memory_gib
+from trainer.metrics import (MetricsLogger, device_peak_tflops, flops_per_token, note_exit, param_checksum,
+                             peak_memory_gib)
 from trainer.model import Transformer
 from trainer.parallelize import build_mesh, parallelize, replica_group
 
@@ -245,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
 
         traceback.print_exc()
         print(f"rank {rank} failed: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+        note_exit(run_dir, rank, f"{type(error).__name__}: {error}")
         return 1
     finally:
         if dist.is_initialized():

@@ -48,21 +48,22 @@ def _heartbeats(run_dir: Path) -> dict:
 
 
 def test_a_two_process_trainer_job_completes_and_prometheus_scrapes_its_metrics(slurm, prometheus):
-    job_id, run_dir = _submit_training(60, f"metrics.prometheus_port_base={_free_port()}")
+    # long enough (~30 s on an idle 2-core host) for file discovery and several 1 s scrapes
+    job_id, run_dir = _submit_training(600, f"metrics.prometheus_port_base={_free_port()}")
     prometheus.scrape_run(run_dir, ranks=2)
     live = {}
 
     def scraped() -> bool:
         for metric in ("mfu_pct_avg", "tokens_per_s_sum", "step_time_spread_s", "heartbeat_age_s"):
             live[metric] = call("query_metrics", {"run": run_dir.name, "metric": metric, "monitor": "prometheus", "url": prometheus.url}).instant
-        return all(live.values())
+        return all(live.values()) and len(live["heartbeat_age_s"]) == 2  # both targets scraped
 
     _wait_for(scraped, 120, "the run's aggregates in Prometheus")
     assert live["mfu_pct_avg"][0].value > 0 and live["tokens_per_s_sum"][0].value > 0
     assert sorted(s.rank for s in live["heartbeat_age_s"]) == [0, 1] and all(s.value < 30 for s in live["heartbeat_age_s"])
     status = call("wait_job", {"job_id": job_id, "scheduler": "slurm", "timeout_s": 300})
     assert (status.state, status.exit_code) == ("completed", 0), call("job_logs", {"job_id": job_id, "scheduler": "slurm"}).text
-    assert json.loads((run_dir / "status.json").read_text())["steps_completed"] == 60
+    assert json.loads((run_dir / "status.json").read_text())["steps_completed"] == 600
     series = call("query_metrics", {"run": run_dir.name, "metric": "loss", "mode": "series", "window_s": 600,
                                     "monitor": "prometheus", "url": prometheus.url}).series
     assert sorted(s.rank for s in series) == [0, 1]
