@@ -54,8 +54,7 @@ def register(app: typer.Typer) -> None:
         dry_run: bool = typer.Option(False, "--dry-run", help="Validate the layout and plan memory per rank; launch nothing."),
         as_json: bool = typer.Option(False, "--json", help="Print a JSON summary for machines."),
     ) -> None:
-        """Train with torchrun on this machine (gloo on CPU, NCCL on GPU); prints per-step MFU
-        lines and the run folder, and exits non-zero when the run fails."""
+        """Train with torchrun here (gloo on CPU, NCCL on GPU): per-step MFU lines, the run folder, non-zero exit on failure."""
         if nproc < 1:
             fail(f"--nproc {nproc} is not valid: use 1 or more processes", as_json=as_json)
         from trainer.config import ConfigError, load_config
