@@ -20,11 +20,9 @@ from tools.frameworks.base import (
     FrameworkRefused,
     ParseContext,
     StepRecord,
-    check_knob_values,
-    installed_version,
     mfu,
 )
-from tools.frameworks.flags import merged, new_run_dir
+from tools.frameworks.flags import AdapterBase, new_run_dir
 from tools.frameworks.trainops_adapter import TrainopsAdapter
 from tools.schedulers.base import JobSpec
 
@@ -80,15 +78,6 @@ KNOBS: list[FrameworkKnob] = [
 _THROUGHPUT = re.compile(r"global_step=(?P<step>\d+), RunningAvgSamplesPerSec=[\d.]+, CurrSamplesPerSec=(?P<sps>[\d.]+)")
 
 
-def merged_settings(overrides: list[str]) -> dict[str, dict[str, object]]:
-    """Defaults with the overrides applied; any DeepSpeed JSON key may be set under deepspeed."""
-    settings = merged("deepspeed", SETTINGS, overrides, open_sections=("deepspeed",))
-    if settings["checkpoint"]["mode"] != "sync":
-        raise FrameworkRefused(f"checkpoint.mode={settings['checkpoint']['mode']!r}: DeepSpeed's save_checkpoint is "
-                               "synchronous in this adapter; use checkpoint.mode=sync")
-    return settings
-
-
 def ds_config(settings: dict[str, dict[str, object]]) -> dict:
     """The DeepSpeed JSON config: batch keys from [training], everything else from [deepspeed]."""
     config: dict = {"train_batch_size": settings["training"]["global_batch"],
@@ -136,29 +125,30 @@ def validate_config(config: dict, world_size: int) -> None:
                                    f"{' '.join(str(exc).split())[:400]}") from None
 
 
-class DeepSpeedAdapter:
+class DeepSpeedAdapter(AdapterBase):
     name = "deepspeed"
     display_name = "DeepSpeed"
     package = "deepspeed"
+    knob_list = KNOBS
+    defaults = SETTINGS
 
-    def version(self) -> str:
-        return installed_version(self.package)
-
-    def knobs(self) -> list[FrameworkKnob]:
-        return list(KNOBS)
+    def settings(self, overrides: list[str]) -> dict[str, dict[str, object]]:
+        """Defaults with the overrides applied; any DeepSpeed JSON key may be set under deepspeed."""
+        settings = super().settings(overrides)
+        if settings["checkpoint"]["mode"] != "sync":
+            raise FrameworkRefused(f"checkpoint.mode={settings['checkpoint']['mode']!r}: DeepSpeed's save_checkpoint is "
+                                   "synchronous in this adapter; use checkpoint.mode=sync")
+        return settings
 
     def validate(self, knob_values: dict[str, str], overrides: list[str] | None = None, world_size: int = 2) -> None:
-        check_knob_values(self.name, KNOBS, knob_values)
-        by_name = {k.name: k for k in KNOBS}
-        settings = merged_settings([*(overrides or []), *(f"{by_name[n].override}={v}" for n, v in knob_values.items())])
-        validate_config(ds_config(settings), world_size)
+        validate_config(ds_config(self.settings(self.knob_overrides(knob_values, overrides))), world_size)
 
     def prepare_run(self, job: FrameworkJob) -> Path:
         """Validate, then write RUN/config.toml (trainops' view) and RUN/ds_config.json (DeepSpeed's)."""
         if job.config:
             raise FrameworkRefused(f"config: {job.config!r}: the deepspeed adapter takes --set overrides, not a config "
                                    "file; pass DeepSpeed keys as --set deepspeed.<key>=<value>")
-        settings = merged_settings([*([f"model.preset={job.preset}"] if job.preset else []), *job.overrides])
+        settings = self.settings([*([f"model.preset={job.preset}"] if job.preset else []), *job.overrides])
         config = ds_config(settings)
         validate_config(config, job.nproc * job.nodes)
         run_dir = new_run_dir(self.name, settings)
@@ -187,13 +177,10 @@ class DeepSpeedAdapter:
 
     def describe_layout(self, overrides: list[str], world_size: int) -> str:
         """What an MFU claim must name: ZeRO stage and offload over pure data parallelism."""
-        zero = merged_settings(overrides)["deepspeed"]
+        zero = self.settings(overrides)["deepspeed"]
         offload = [f"offload_{what}={zero[f'zero_optimization.offload_{what}.device']}" for what in ("optimizer", "param")
                    if zero[f"zero_optimization.offload_{what}.device"] != "none"]
         return " ".join([f"world={world_size} deepspeed data-parallel ZeRO-{zero['zero_optimization.stage']}", *offload])
-
-    def checkpoint_dir(self, run_dir: str) -> str:
-        return str(Path(run_dir) / "checkpoints")
 
     def resume_args(self, run_dir: str) -> list[str]:
         """None: the script loads the newest verified `checkpoints/step-N/` with `engine.load_checkpoint`."""

@@ -1,5 +1,5 @@
-"""Shared pieces of the flag-driven adapters (torchtitan, Megatron-LM): settings from defaults
-plus `section.key=value` overrides, and the run folder they launch into."""
+"""Shared pieces of the adapters: the class boilerplate every adapter repeats (`AdapterBase`),
+settings from defaults plus `section.key=value` overrides, and the run folder they launch into."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,15 @@ import secrets
 import time
 from pathlib import Path
 
-from tools.frameworks.base import FrameworkRefused, parse_value, split_override
+from tools.frameworks.base import (
+    FrameworkKnob,
+    FrameworkRefused,
+    check_knob_values,
+    installed_version,
+    knob_table,
+    parse_value,
+    split_override,
+)
 
 
 def merged(framework: str, defaults: dict[str, dict[str, object]], overrides: list[str],
@@ -24,6 +32,35 @@ def merged(framework: str, defaults: dict[str, dict[str, object]], overrides: li
             raise FrameworkRefused(f"--set {key}: unknown key; {section} takes {', '.join(settings[section])}")
         settings[section][name] = parse_value(value)
     return settings
+
+
+class AdapterBase:
+    """What every adapter shares: its version from its package, its knobs, knob values turned into
+    overrides, settings merged over its defaults (its own section open) and `RUN/checkpoints`."""
+
+    name: str
+    display_name: str
+    package: str | None
+    knob_list: list[FrameworkKnob] = []
+    defaults: dict[str, dict[str, object]] = {}
+
+    def version(self) -> str:
+        return installed_version(self.package)
+
+    def knobs(self) -> list[FrameworkKnob]:
+        return list(self.knob_list)
+
+    def settings(self, overrides: list[str]) -> dict[str, dict[str, object]]:
+        return merged(self.name, self.defaults, overrides, open_sections=(self.name,))
+
+    def knob_overrides(self, knob_values: dict[str, str], overrides: list[str] | None) -> list[str]:
+        """Refuse unknown knobs and values, then the overrides followed by each knob's own."""
+        check_knob_values(self.name, self.knob_list, knob_values)
+        table = knob_table(self.knob_list)
+        return [*(overrides or []), *(f"{table[n].override}={v}" for n, v in knob_values.items())]
+
+    def checkpoint_dir(self, run_dir: str) -> str:
+        return str(Path(run_dir) / "checkpoints")
 
 
 def new_run_dir(framework: str, settings: dict[str, dict[str, object]]) -> Path:

@@ -14,11 +14,9 @@ from tools.frameworks.base import (
     FrameworkRefused,
     ParseContext,
     StepRecord,
-    check_knob_values,
-    installed_version,
     mfu,
 )
-from tools.frameworks.flags import merged, new_run_dir, number, write_command
+from tools.frameworks.flags import AdapterBase, new_run_dir, number, write_command
 from tools.schedulers.base import JobSpec
 
 DEFAULTS: dict[str, dict[str, object]] = {
@@ -148,23 +146,15 @@ def command_flags(settings: dict[str, dict[str, object]], run_dir: str) -> list[
     return [str(x) for x in out]
 
 
-class MegatronAdapter:
+class MegatronAdapter(AdapterBase):
     name = "megatron"
     display_name = "Megatron-LM"
     package = "megatron-core"
-
-    def version(self) -> str:
-        return installed_version(self.package)
-
-    def knobs(self) -> list[FrameworkKnob]:
-        return list(KNOBS)
-
-    def settings(self, overrides: list[str]) -> dict[str, dict[str, object]]:
-        return merged(self.name, DEFAULTS, overrides, open_sections=("megatron",))
+    knob_list = KNOBS
+    defaults = DEFAULTS
 
     def validate(self, knob_values: dict[str, str], overrides: list[str] | None = None, world_size: int = 2) -> None:
-        check_knob_values(self.name, KNOBS, knob_values)
-        settings = self.settings([*(overrides or []), *(f"megatron.{n}={v}" for n, v in knob_values.items())])
+        settings = self.settings(self.knob_overrides(knob_values, overrides))
         from trainer.model import preset as model_preset
 
         preset = str(settings["model"]["preset"])
@@ -204,9 +194,6 @@ class MegatronAdapter:
         tp, pp, cp = (int(flags[k]) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"))
         extras = [name for name in ("sequence_parallel", "use_distributed_optimizer") if flags[name]]
         return " ".join([f"world={world_size} megatron tp={tp} pp={pp} cp={cp} dp={world_size // (tp * pp * cp)}", *extras])
-
-    def checkpoint_dir(self, run_dir: str) -> str:
-        return str(Path(run_dir) / "checkpoints")
 
     def resume_args(self, run_dir: str) -> list[str]:
         """Megatron resumes from `latest_checkpointed_iteration.txt` in --load."""

@@ -14,11 +14,9 @@ from tools.frameworks.base import (
     FrameworkRefused,
     ParseContext,
     StepRecord,
-    check_knob_values,
-    installed_version,
     mfu,
 )
-from tools.frameworks.flags import merged, new_run_dir, number, write_command
+from tools.frameworks.flags import AdapterBase, new_run_dir, number, write_command
 from tools.schedulers.base import JobSpec
 
 DEFAULTS: dict[str, dict[str, object]] = {
@@ -97,25 +95,15 @@ def check_rules(world_size: int, knobs: dict[str, object]) -> None:
                                "effect with pipeline_parallel_degree=1; set pp >= 2 first")
 
 
-class TorchtitanAdapter:
+class TorchtitanAdapter(AdapterBase):
     name = "torchtitan"
     display_name = "torchtitan"
     package = "torchtitan"
-
-    def version(self) -> str:
-        return installed_version(self.package)
-
-    def knobs(self) -> list[FrameworkKnob]:
-        return list(KNOBS)
-
-    def settings(self, overrides: list[str]) -> dict[str, dict[str, object]]:
-        return merged(self.name, DEFAULTS, overrides, open_sections=("torchtitan",))
+    knob_list = KNOBS
+    defaults = DEFAULTS
 
     def validate(self, knob_values: dict[str, str], overrides: list[str] | None = None, world_size: int = 2) -> None:
-        check_knob_values(self.name, KNOBS, knob_values)
-        by_name = {k.name: k for k in KNOBS}
-        settings = self.settings([*(overrides or []), *(f"{by_name[n].override}={v}" for n, v in knob_values.items())])
-        check_rules(world_size, settings["torchtitan"])
+        check_rules(world_size, self.settings(self.knob_overrides(knob_values, overrides))["torchtitan"])
 
     def build_job(self, job: FrameworkJob) -> JobSpec:
         """`job.config` is the torchtitan TOML (e.g. torchtitan/models/llama3/train_configs/debug_model.toml);

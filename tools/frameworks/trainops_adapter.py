@@ -3,7 +3,6 @@ its job is `torchrun -m trainer.train --run-dir RUN`, and its log line is `forma
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from tools.frameworks.base import (
     FrameworkJob,
@@ -11,10 +10,9 @@ from tools.frameworks.base import (
     FrameworkRefused,
     ParseContext,
     StepRecord,
-    check_knob_values,
-    installed_version,
     mfu,
 )
+from tools.frameworks.flags import AdapterBase
 from tools.schedulers.base import JobSpec
 
 # trainer/metrics.py format_line: "step     5/12  loss 5.1234  grad_norm 1.234  step_time 85ms  tok/s 1,505 ..."
@@ -51,25 +49,19 @@ KNOBS: list[FrameworkKnob] = [
 ]
 
 
-class TrainopsAdapter:
+class TrainopsAdapter(AdapterBase):
     name = "trainops"
     display_name = "trainops-embedded-trainer"
     package = "trainops"
-
-    def version(self) -> str:
-        return installed_version(self.package)
-
-    def knobs(self) -> list[FrameworkKnob]:
-        return list(KNOBS)
+    knob_list = KNOBS
 
     def validate(self, knob_values: dict[str, str], overrides: list[str] | None = None, world_size: int = 2) -> None:
         """Knob names and values, then the trainer's own config validation (types, allowed values)."""
         from trainer.config import load_config
 
-        check_knob_values(self.name, KNOBS, knob_values)
-        by_name = {k.name: k for k in KNOBS}
+        merged_overrides = self.knob_overrides(knob_values, overrides)
         try:
-            load_config(None, "tiny", [*(overrides or []), *(f"{by_name[n].override}={v}" for n, v in knob_values.items())])
+            load_config(None, "tiny", merged_overrides)
         except ValueError as exc:
             raise FrameworkRefused(str(exc).splitlines()[0]) from None
 
@@ -96,9 +88,6 @@ class TrainopsAdapter:
         """Every parallel.* override and the world size (the SOP's own wording)."""
         parallel = [o.removeprefix("parallel.") for o in overrides if o.startswith("parallel.")]
         return " ".join([f"world={world_size}", *parallel]) if parallel else f"world={world_size} fsdp dp_shard={world_size}"
-
-    def checkpoint_dir(self, run_dir: str) -> str:
-        return str(Path(run_dir) / "checkpoints")
 
     def resume_args(self, run_dir: str) -> list[str]:
         """None: launching the same run folder again resumes from its newest verified checkpoint."""
