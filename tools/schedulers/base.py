@@ -4,6 +4,7 @@ laptop, on Slurm and on Kubernetes."""
 from __future__ import annotations
 
 import re
+import time
 from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field, field_validator, model_validator
@@ -145,6 +146,21 @@ class Scheduler(Protocol):
     def list_nodes(self) -> list[NodeInfo]: ...
     def drain(self, node: str, reason: str) -> NodeInfo: ...
     def resume(self, node: str) -> NodeInfo: ...
+
+
+class PollingWait:
+    """`wait` for a backend whose only view of a job is `status`: poll it until the job is
+    terminal or the deadline passes; `poll_s` is the backend's polite polling interval."""
+
+    poll_s: float = 0.5
+
+    def wait(self, job_id: str, timeout_s: float, poll_s: float | None = None) -> JobStatus:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            st = self.status(job_id)
+            if st.finished or time.monotonic() >= deadline:
+                return st
+            time.sleep(self.poll_s if poll_s is None else poll_s)
 
 
 def get_scheduler(kind: str) -> Scheduler:

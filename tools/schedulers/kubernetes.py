@@ -14,6 +14,7 @@ from tools.schedulers.base import (
     JobSpec,
     JobStatus,
     NodeInfo,
+    PollingWait,
     SchedulerError,
 )
 
@@ -77,8 +78,9 @@ def _split(job_id: str) -> tuple[str, str]:
     return namespace, name
 
 
-class KubernetesScheduler:
+class KubernetesScheduler(PollingWait):
     kind = KIND
+    poll_s = 1.0
 
     def __init__(self) -> None:
         self._api = None
@@ -136,14 +138,6 @@ class KubernetesScheduler:
         return JobStatus(job_id=job_id, backend=KIND, name=name, state=state, reason=reason,
                          started_at=st.start_time.timestamp() if st.start_time else None,
                          ended_at=st.completion_time.timestamp() if st.completion_time else None)
-
-    def wait(self, job_id: str, timeout_s: float, poll_s: float = 1.0) -> JobStatus:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            st = self.status(job_id)
-            if st.state in TERMINAL_STATES or time.monotonic() >= deadline:
-                return st
-            time.sleep(poll_s)
 
     def _pods(self, namespace: str, name: str):
         _, core = self._clients()

@@ -18,6 +18,7 @@ from tools.schedulers.base import (
     JobSpec,
     JobStatus,
     NodeInfo,
+    PollingWait,
     SchedulerError,
     rank_log,
     tail_text,
@@ -62,8 +63,9 @@ def pid_alive(pid: int, start_ticks: int | None = None) -> bool:
     return start_ticks is None or ticks == start_ticks
 
 
-class LocalScheduler:
+class LocalScheduler(PollingWait):
     kind = KIND
+    poll_s = 0.1
 
     def _record_path(self, job_id: str) -> Path:
         from trainops.workspace import check_id
@@ -161,14 +163,6 @@ class LocalScheduler:
                          nodes=[record["node"]], reason=reason, started_at=record.get("started_at"),
                          ended_at=exit_info["ended_at"] if exit_info else record.get("cancelled_at"),
                          run_dir=record["spec"].get("run_dir"))
-
-    def wait(self, job_id: str, timeout_s: float, poll_s: float = 0.1) -> JobStatus:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            st = self.status(job_id)
-            if st.state in TERMINAL_STATES or time.monotonic() >= deadline:
-                return st
-            time.sleep(poll_s)
 
     def logs(self, job_id: str, tail: int = 100, rank: int | None = None) -> str:
         record = self._load(job_id)

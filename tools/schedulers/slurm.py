@@ -20,6 +20,7 @@ from tools.schedulers.base import (
     JobSpec,
     JobStatus,
     NodeInfo,
+    PollingWait,
     SchedulerError,
     rank_log,
     tail_text,
@@ -133,8 +134,9 @@ def _epoch(value: str | None) -> float | None:
         return None
 
 
-class SlurmScheduler:
+class SlurmScheduler(PollingWait):
     kind = KIND
+    poll_s = 0.5
 
     def _jobs(self) -> Path:
         from trainops.workspace import jobs_dir
@@ -187,14 +189,6 @@ class SlurmScheduler:
     def _hostnames(self, nodelist: str) -> list[str]:
         return run_cli(["scontrol", "show", "hostnames", nodelist]).stdout.split()
 
-    def wait(self, job_id: str, timeout_s: float, poll_s: float = 0.5) -> JobStatus:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            st = self.status(job_id)
-            if st.state in TERMINAL_STATES or time.monotonic() >= deadline:
-                return st
-            time.sleep(poll_s)
-
     def logs(self, job_id: str, tail: int = 100, rank: int | None = None) -> str:
         record = self._record(job_id)
         run_dir = record["spec"].get("run_dir") if record else None
@@ -209,12 +203,7 @@ class SlurmScheduler:
     def cancel(self, job_id: str) -> JobStatus:
         self.status(job_id)
         run_cli(["scancel", job_id])
-        deadline = time.monotonic() + 30
-        while True:
-            st = self.status(job_id)
-            if st.state in TERMINAL_STATES or time.monotonic() > deadline:
-                return st
-            time.sleep(0.3)
+        return self.wait(job_id, 30, poll_s=0.3)
 
     def requeue(self, job_id: str) -> JobHandle:
         """`scontrol requeue`: same job id, back to pending; a trainer resumes from its checkpoint."""
