@@ -16,6 +16,14 @@ def _pyplot():
     return plt
 
 
+def _save(plt, fig, path: Path) -> Path:
+    """Write the figure as a small PNG and free it (pyplot keeps every open figure alive)."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
 def read_metrics(run_dir: str | Path, rank: int = 0) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
@@ -38,11 +46,7 @@ def curves(pack: EvidencePack, out_dir: Path) -> Path | None:
     ax_loss.set(title="loss", xlabel="step")
     ax_mfu.set(title=f"MFU % ({pack.baseline.peak_source})", xlabel="step")
     ax_loss.legend(fontsize=7)
-    path = out_dir / "loss_mfu.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, out_dir / "loss_mfu.png")
 
 
 def ablation_bars(pack: EvidencePack, out_dir: Path) -> Path | None:
@@ -59,11 +63,7 @@ def ablation_bars(pack: EvidencePack, out_dir: Path) -> Path | None:
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set(title="MFU change vs baseline (error bar = noise band)", ylabel="%")
     ax.tick_params(axis="x", labelsize=7)
-    path = out_dir / "ablation.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, out_dir / "ablation.png")
 
 
 def drill_timeline(pack: EvidencePack, out_dir: Path) -> Path | None:
@@ -83,11 +83,7 @@ def drill_timeline(pack: EvidencePack, out_dir: Path) -> Path | None:
     ax.set_yticks(range(len(drills)), [d.fault for d in drills])
     ax.set(title="drill timeline (s after injection)", xlabel="s")
     ax.legend(fontsize=7, loc="lower right")
-    path = out_dir / "drill_timeline.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, out_dir / "drill_timeline.png")
 
 
 def all_plots(pack: EvidencePack, out_dir: Path) -> list[Path]:
