@@ -117,13 +117,18 @@ def render(suite: Suite) -> str:
     return "\n".join(lines)
 
 
-def publish(suite: Suite, path: Path = RESULTS_PATH) -> Path:
-    """Rewrite the suite's section of RESULTS.md, keeping the sections other scripts own."""
-    block = render(suite)
+def write_section(block: str, begin: str, end: str, path: Path = RESULTS_PATH) -> Path:
+    """Replace the `begin`..`end` section of RESULTS.md with `block` (appended when absent),
+    keeping the sections other scripts own."""
     text = path.read_text() if path.exists() else "# Benchmark results\n\n"
-    if SUITE_BEGIN in text:
-        text = re.sub(re.escape(SUITE_BEGIN) + r".*?" + re.escape(SUITE_END), lambda _: block, text, flags=re.S)
+    if begin in text:
+        text = re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _: block, text, flags=re.S)
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
     path.write_text(text)
     return path
+
+
+def publish(suite: Suite, path: Path = RESULTS_PATH) -> Path:
+    """Rewrite the suite's section of RESULTS.md."""
+    return write_section(render(suite), SUITE_BEGIN, SUITE_END, path)

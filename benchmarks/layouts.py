@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness import RESULTS_PATH, machine  # noqa: E402
+from benchmarks.harness import RESULTS_PATH, machine, write_section  # noqa: E402
 
 BEGIN, END = "<!-- layouts:begin -->", "<!-- layouts:end -->"
 LAYOUTS: dict[str, tuple[int, list[str]]] = {
@@ -94,15 +94,6 @@ def existing_rows(path: Path = RESULTS_PATH) -> list[str]:
     return [line for line in match.group(1).splitlines() if line.startswith("| ") and not line.startswith("| preset")]
 
 
-def publish(block: str, path: Path = RESULTS_PATH) -> None:
-    text = path.read_text() if path.exists() else "# Benchmark results\n\n"
-    if BEGIN in text:
-        text = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: block, text, flags=re.S)
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    path.write_text(text)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", nargs="+", default=["tiny", "small"])
@@ -117,7 +108,7 @@ def main() -> None:
             result = measure(preset, nproc, overrides, args.steps)
             rows.append(row(preset, name, nproc, result))
             print(f"{preset:6s} {name:30s} {result}", flush=True)
-    publish(render(rows, existing_rows(), args.steps))
+    write_section(render(rows, existing_rows(), args.steps), BEGIN, END)
     print(f"wrote {RESULTS_PATH}")
 
 
