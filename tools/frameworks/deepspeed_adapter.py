@@ -22,7 +22,7 @@ from tools.frameworks.base import (
     StepRecord,
     mfu,
 )
-from tools.frameworks.flags import AdapterBase, new_run_dir
+from tools.frameworks.flags import SettingsAdapter, new_run_dir
 from tools.frameworks.trainops_adapter import TrainopsAdapter
 from tools.schedulers.base import JobSpec
 
@@ -125,7 +125,7 @@ def validate_config(config: dict, world_size: int) -> None:
                                    f"{' '.join(str(exc).split())[:400]}") from None
 
 
-class DeepSpeedAdapter(AdapterBase):
+class DeepSpeedAdapter(SettingsAdapter):
     name = "deepspeed"
     display_name = "DeepSpeed"
     package = "deepspeed"

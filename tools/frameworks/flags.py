@@ -36,22 +36,18 @@ def merged(framework: str, defaults: dict[str, dict[str, object]], overrides: li
 
 class AdapterBase:
     """What every adapter shares: its version from its package, its knobs, knob values turned into
-    overrides, settings merged over its defaults (its own section open) and `RUN/checkpoints`."""
+    overrides, and `RUN/checkpoints`."""
 
     name: str
     display_name: str
     package: str | None
-    knob_list: list[FrameworkKnob] = []
-    defaults: dict[str, dict[str, object]] = {}
+    knob_list: list[FrameworkKnob]
 
     def version(self) -> str:
         return installed_version(self.package)
 
     def knobs(self) -> list[FrameworkKnob]:
         return list(self.knob_list)
-
-    def settings(self, overrides: list[str]) -> dict[str, dict[str, object]]:
-        return merged(self.name, self.defaults, overrides, open_sections=(self.name,))
 
     def knob_overrides(self, knob_values: dict[str, str], overrides: list[str] | None) -> list[str]:
         """Refuse unknown knobs and values, then the overrides followed by each knob's own."""
@@ -61,6 +57,16 @@ class AdapterBase:
 
     def checkpoint_dir(self, run_dir: str) -> str:
         return str(Path(run_dir) / "checkpoints")
+
+
+class SettingsAdapter(AdapterBase):
+    """An adapter whose settings are its own `defaults` with overrides applied; its own section
+    (named after the framework) passes any key through to the framework."""
+
+    defaults: dict[str, dict[str, object]]
+
+    def settings(self, overrides: list[str]) -> dict[str, dict[str, object]]:
+        return merged(self.name, self.defaults, overrides, open_sections=(self.name,))
 
 
 def new_run_dir(framework: str, settings: dict[str, dict[str, object]]) -> Path:

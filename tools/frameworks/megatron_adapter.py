@@ -16,7 +16,7 @@ from tools.frameworks.base import (
     StepRecord,
     mfu,
 )
-from tools.frameworks.flags import AdapterBase, new_run_dir, number, write_command
+from tools.frameworks.flags import SettingsAdapter, new_run_dir, number, write_command
 from tools.schedulers.base import JobSpec
 
 DEFAULTS: dict[str, dict[str, object]] = {
@@ -146,7 +146,7 @@ def command_flags(settings: dict[str, dict[str, object]], run_dir: str) -> list[
     return [str(x) for x in out]
 
 
-class MegatronAdapter(AdapterBase):
+class MegatronAdapter(SettingsAdapter):
     name = "megatron"
     display_name = "Megatron-LM"
     package = "megatron-core"

@@ -16,7 +16,7 @@ from tools.frameworks.base import (
     StepRecord,
     mfu,
 )
-from tools.frameworks.flags import AdapterBase, new_run_dir, number, write_command
+from tools.frameworks.flags import SettingsAdapter, new_run_dir, number, write_command
 from tools.schedulers.base import JobSpec
 
 DEFAULTS: dict[str, dict[str, object]] = {
@@ -95,7 +95,7 @@ def check_rules(world_size: int, knobs: dict[str, object]) -> None:
                                "effect with pipeline_parallel_degree=1; set pp >= 2 first")
 
 
-class TorchtitanAdapter(AdapterBase):
+class TorchtitanAdapter(SettingsAdapter):
     name = "torchtitan"
     display_name = "torchtitan"
     package = "torchtitan"
