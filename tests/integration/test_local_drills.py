@@ -2,7 +2,6 @@
 killed rank, a hung rank and an injected NaN are each detected, with their latency."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tools.base import call
+from tools.monitoring.embedded import read_heartbeats
 
 pytestmark = pytest.mark.slow
 
@@ -26,12 +26,7 @@ def _start(steps: int, *extra: str) -> tuple[str, Path]:
 def _wait_for_ranks(run_dir: Path, ranks: int = 2, timeout_s: float = 180) -> dict:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        beats = {}
-        for p in (run_dir / "heartbeat").glob("rank*.json"):
-            try:
-                beats[p.stem] = json.loads(p.read_text())
-            except (OSError, ValueError):
-                pass
+        beats = read_heartbeats(run_dir)
         if len(beats) == ranks and all(b["step"] >= 1 for b in beats.values()):
             return beats
         time.sleep(0.2)

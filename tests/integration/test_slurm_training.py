@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tools.base import ToolError, call
+from tools.monitoring.embedded import read_heartbeats
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -35,16 +36,6 @@ def _wait_for(predicate, timeout_s: float, what: str):
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.2)
-
-
-def _heartbeats(run_dir: Path) -> dict:
-    beats = {}
-    for p in (run_dir / "heartbeat").glob("rank*.json"):
-        try:
-            beats[p.stem] = json.loads(p.read_text())
-        except (OSError, ValueError):
-            pass
-    return beats
 
 
 def test_a_two_process_trainer_job_completes_and_prometheus_scrapes_its_metrics(slurm, prometheus):
@@ -75,7 +66,7 @@ def test_a_two_process_trainer_job_completes_and_prometheus_scrapes_its_metrics(
 def test_a_killed_rank_is_detected_with_its_latency(slurm):
     job_id, run_dir = _submit_training(2000)
     try:
-        _wait_for(lambda: len(_heartbeats(run_dir)) == 2, 180, "both ranks' heartbeats")
+        _wait_for(lambda: len(read_heartbeats(run_dir)) == 2, 180, "both ranks' heartbeats")
         injected = call("inject_fault", {"kind": "kill_rank", "run": str(run_dir), "rank": 1})
         found = call("detect_faults", {"run": str(run_dir), "job_id": job_id, "scheduler": "slurm",
                                        "poll_interval_s": 0.05, "timeout_s": 60})
