@@ -15,7 +15,9 @@ def register(app: typer.Typer) -> None:
         """Run the performance suite and rewrite benchmarks/RESULTS.md (side-by-side ratios)."""
         try:
             from benchmarks import suite
-        except ImportError:
+        except ModuleNotFoundError as error:
+            if error.name != "benchmarks":
+                raise
             fail("the benchmarks package is not importable: run from a source checkout "
                  "(pip install -e .) to use `trainops bench`", as_json=as_json)
         try:
