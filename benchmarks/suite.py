@@ -94,7 +94,7 @@ def bench_async_checkpoint(suite: Suite, repeats: int) -> None:
 def _detect(kind: str, heartbeat_stale_s: float) -> float:
     from tools.base import call
 
-    sub = call("submit_job", {"name": f"bench-{kind}", "training": {
+    sub = call("submit_job", {"name": f"bench-{kind.replace('_', '-')}", "training": {
         "preset": "tiny", "nproc": 2, "overrides": [*TRAIN_SHAPE, "training.steps=100000", "training.micro_batch=4"]}})
     run_dir, job_id = sub.handle.run_dir, sub.handle.job_id
     try:
@@ -257,19 +257,31 @@ RESULTS_PATH = RESULTS
 
 def run(quick: bool = False) -> Suite:
     """Run the whole suite and rewrite RESULTS.md; `quick` trims repeats for a smoke run."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
     repeats = 2 if quick else 3
+    steps = [
+        ("CLI start-up", lambda s: bench_cli_startup(s, 5 if quick else 10)),
+        ("checkpoint planner", bench_planner),
+        ("trainer vs plain loop", lambda s: bench_trainer_overhead(s, repeats, steps=20 if quick else 40)),
+        ("async checkpoint stall", lambda s: bench_async_checkpoint(s, repeats)),
+        ("fault detection", lambda s: bench_detection(s, repeats)),
+        ("recovery vs cold start", lambda s: bench_recovery(s, repeats)),
+        ("SOP orchestration overhead", bench_sop_overhead),
+        ("ops agent overhead", bench_agent_overhead),
+    ]
     with tempfile.TemporaryDirectory() as home:
         os.environ["TRAINOPS_HOME"] = home
         suite = Suite()
-        bench_cli_startup(suite, 5 if quick else 10)
-        bench_planner(suite)
-        bench_trainer_overhead(suite, repeats, steps=20 if quick else 40)
-        bench_async_checkpoint(suite, repeats)
-        bench_detection(suite, repeats)
-        bench_recovery(suite, repeats)
-        bench_sop_overhead(suite)
-        bench_agent_overhead(suite)
-        publish(suite)
+        for index, (label, bench) in enumerate(steps, 1):
+            with console.status(f"[{index}/{len(steps)}] {label}"):
+                done = len(suite.figures)
+                bench(suite)
+            for fig in suite.figures[done:]:
+                console.print(f"[{index}/{len(steps)}] {fig.name}: median {fig.median:.4g} {fig.unit} "
+                              f"(target {fig.target})", highlight=False)
+            publish(suite)  # after every step, so an interrupted run still leaves what it measured
         return suite
 
 

@@ -20,9 +20,11 @@ def register(app: typer.Typer) -> None:
                 raise
             fail("the benchmarks package is not importable: run from a source checkout "
                  "(pip install -e .) to use `trainops bench`", as_json=as_json)
+        from tools.base import ToolError
+
         try:
             result = suite.run(quick=quick)
-        except RuntimeError as error:
+        except (RuntimeError, ToolError) as error:
             fail(f"benchmark failed: {error}", as_json=as_json)
         figures = [{"name": f.name, "median": f.median, "unit": f.unit, "samples": f.samples, "target": f.target,
                     "met": f.passed, "note": f.note} for f in result.figures]
