@@ -48,7 +48,9 @@ def plain_step_time(nproc: int, steps: int) -> float:
         script = [str(REPO / "benchmarks" / "plain_loop.py"), "--steps", str(steps), "--global-batch", "8",
                   "--seq-len", "128", "--out", str(out)]
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
-        subprocess.run([*launcher, *script], check=True, env=_env(), capture_output=True)
+        done = subprocess.run([*launcher, *script], env=_env(), capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"plain loop on {nproc} process(es) failed: {done.stderr[-1500:]}")
         return _steady(json.loads(out.read_text())["step_time_s"])
 
 
