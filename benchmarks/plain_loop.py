@@ -63,6 +63,7 @@ def main() -> None:
         with open(args.out, "w") as fh:
             json.dump({"step_time_s": step_times}, fh)
     if distributed:
+        dist.barrier()  # no rank tears gloo down while a peer still talks to it
         dist.destroy_process_group()
 
 
