@@ -127,6 +127,24 @@ def _first_step_after(run_dir: str, since: float) -> float | None:
     return None
 
 
+def _wait_for_restart(run_dir: str, since: float, job_id: str, req: JobRequest, ctx: CallContext | None) -> float:
+    """The time of the first step after `since`; fails at once, naming the scheduler's reason,
+    when the restarted job ends without taking one (rather than waiting out the timeout)."""
+    deadline = time.time() + req.timeout_s
+    next_status = time.time() + 1.0
+    while time.time() < deadline:
+        if (first := _first_step_after(run_dir, since)) is not None:
+            return first
+        if time.time() >= next_status:
+            next_status = time.time() + 1.0
+            status = call("job_status", {"job_id": job_id, "scheduler": req.scheduler}, ctx)
+            if status.finished and (first := _first_step_after(run_dir, since)) is None:
+                raise ToolError("requeue_job", f"the restarted job {job_id} ended {status.state} ({status.reason or 'no reason given'}) "
+                                               f"before its first step; read {run_dir}/logs and the scheduler's log")
+        time.sleep(0.05)
+    raise ToolError("drill", f"timed out after {req.timeout_s:.0f} s waiting for the first step after restart in {run_dir}")
+
+
 def drill(req: JobRequest, fault: str, inject_step: int = 5, ctx: CallContext | None = None,
           progress: Progress | None = None) -> tuple[DrillResult | DetectionOnlyResult, EvidenceRow]:
     """One drill end to end; returns its result and the evidence row for the pack."""
@@ -166,16 +184,15 @@ def drill(req: JobRequest, fault: str, inject_step: int = 5, ctx: CallContext | 
     if not detection.detected:
         raise ToolError("detect_faults", f"drill {fault}: nothing detected within 60 s in {run_dir}; check the detectors")
     say(f"drill {fault}: detected by {detection.mechanism} after {detection.detection_latency_s:.2f} s; isolating")
-    call("cancel_job", {"job_id": job_id, "scheduler": sched}, ctx)  # a no-op when the job already ended
+    # forced: the survivors of a detected failure are stuck in a collective, a grace period only waits on them
+    call("cancel_job", {"job_id": job_id, "scheduler": sched, "force": True}, ctx)
     if fault in DETECTION_ONLY:
         return _detection_only(req, fault, run_dir, last_step, detection, started)
     drained = isolate_node(detection, sched, ctx)
     quarantined = quarantine_after(run_dir, int(detection.step), ctx) if detection.mechanism == "checksum_mismatch" else []
     isolated = time.time()
     requeued = call("requeue_job", {"job_id": job_id, "scheduler": sched}, ctx)
-    recovered = _wait_for(lambda: _first_step_after(run_dir, isolated) is not None, req.timeout_s,
-                          f"the first step after restart in {run_dir}")
-    recovered = _first_step_after(run_dir, isolated) or recovered
+    recovered = _wait_for_restart(run_dir, isolated, requeued.job_id, req, ctx)
     loads = [e for e in _journal(run_dir) if e.get("event") == "load" and e.get("time", 0) > isolated]
     used = loads[0] if loads else {"step": 0, "path": "none (restarted from step 0)"}
     intact = verify_restored(run_dir, used, ctx, excluded=set(quarantined))
@@ -239,16 +256,19 @@ def isolate_node(detection, scheduler: str, ctx: CallContext | None = None) -> s
 
 
 def verify_restored(run_dir: str, used: dict, ctx: CallContext | None = None, excluded: set[int] = frozenset()) -> bool:
-    """The restart loaded a committed checkpoint that verifies, and no newer committed save was
-    skipped over unless it failed verification or was quarantined (`excluded`): the async
-    writer lost nothing it had committed."""
-    if "path" not in used or not Path(str(used["path"])).exists():
+    """The restart loaded a committed checkpoint that verified (by the trainer as it loaded, else
+    here), and no newer committed save was skipped over unless it failed verification or was
+    quarantined (`excluded`): the async writer lost nothing it had committed."""
+    if "path" not in used:
         return False
-    verified = call("verify_checkpoint", {"path": str(used["path"])}, ctx)
+    if used.get("verified"):  # checked at the moment of loading; keep-N may have pruned it since
+        complete = True
+    else:
+        complete = Path(str(used["path"])).exists() and call("verify_checkpoint", {"path": str(used["path"])}, ctx).complete
     fallbacks = {e.get("step") for e in _journal(run_dir) if e.get("event") == "fallback"} | set(excluded)
     newer = [e for e in _journal(run_dir) if e.get("event") == "save" and e.get("step", 0) > int(used["step"])
              and e.get("time", 0) < float(used.get("time", 0)) and e.get("step") not in fallbacks]
-    return verified.complete and not newer
+    return complete and not newer
 
 
 def run_drills(req: JobRequest, faults: list[str], ctx: CallContext | None = None,

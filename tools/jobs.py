@@ -121,10 +121,16 @@ def job_logs(inp: JobLogsInput) -> JobLogsOutput:
     return JobLogsOutput(job_id=inp.job_id, rank=inp.rank, text=text)
 
 
+class CancelJobInput(JobRef):
+    force: bool = Field(False, description=(
+        "Kill every process at once, with no grace period for a clean exit. For a job already detected "
+        "as failed: its survivors are blocked in a collective and would only spend the grace period timing out."))
+
+
 @tool("cancel_job", risk="mutate", tags=("jobs",))
-def cancel_job(inp: JobRef) -> JobStatus:
-    """Cancel a job (all its processes)."""
-    return _run("cancel_job", _scheduler("cancel_job", inp.scheduler).cancel, inp.job_id)
+def cancel_job(inp: CancelJobInput) -> JobStatus:
+    """Cancel a job (all its processes); `force` skips the grace period."""
+    return _run("cancel_job", _scheduler("cancel_job", inp.scheduler).cancel, inp.job_id, inp.force)
 
 
 @tool("requeue_job", risk="mutate", tags=("jobs",))

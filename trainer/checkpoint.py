@@ -390,7 +390,7 @@ class Checkpointer:
             app.saved_world_size = None
         if self.rank == 0:
             _append_jsonl(self.journal, {
-                "event": "load", "step": app.step, "path": chosen[0], "time": time.time(),
+                "event": "load", "step": app.step, "path": chosen[0], "verified": True, "time": time.time(),
             })
         return app.step
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from skills.baseline import JobRequest
+from skills.drill import drill
 from tools.base import ToolError, call
 from tools.monitoring.embedded import read_heartbeats
 
@@ -76,6 +78,27 @@ def test_a_killed_rank_is_detected_with_its_latency(slurm):
         assert call("wait_job", {"job_id": job_id, "scheduler": "slurm", "timeout_s": 120}).state == "failed"
     finally:
         call("cancel_job", {"job_id": job_id, "scheduler": "slurm"})
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_cancel_gives_the_batch_a_grace_period_unless_forced(slurm, tmp_path, force):
+    code = (f"import pathlib, signal, sys, time; d = pathlib.Path({str(tmp_path)!r}); "
+            "signal.signal(signal.SIGTERM, lambda *_: (d.joinpath('terminated').write_text('x'), sys.exit(0))); "
+            "d.joinpath('ready').write_text('x'); time.sleep(120)")
+    job_id = call("submit_job", {"scheduler": "slurm", "spec": {"name": "graceful", "command": [sys.executable, "-c", code]}}).handle.job_id
+    _wait_for(lambda: (tmp_path / "ready").exists(), 60, "the job to start")
+    status = call("cancel_job", {"job_id": job_id, "scheduler": "slurm", "force": force})
+    # forced, the batch may die of the SIGKILL before slurmctld files the cancel: Slurm records FAILED
+    assert status.state == "cancelled" or (force and status.state == "failed")
+    assert (tmp_path / "terminated").exists() is not force
+
+
+def test_a_crash_drill_recovers_through_slurm(slurm):
+    job = ["training.steps=14", *TINY, "checkpoint.enable=true", "checkpoint.interval=2", "checkpoint.mode=async"]
+    result, row = drill(JobRequest(scheduler="slurm", overrides=job, timeout_s=300), "crash")
+    assert result.detector.startswith("process_exit") and result.isolation_granularity == "node"
+    assert result.async_checkpoint_intact and result.recovery_time_s > 0 and "crash" in row.value
+    assert call("list_nodes", {"scheduler": "slurm"}).nodes[0].state == "idle"  # one node: reused, not drained
 
 
 def test_a_drained_node_holds_new_jobs_until_it_is_resumed(slurm):

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from skills.baseline import JobRequest
-from skills.drill import DRILLS, DetectionOnlyResult, drill, quarantine_after
+from skills.drill import DRILLS, DetectionOnlyResult, drill, quarantine_after, verify_restored
 from skills.evidence.model import DrillResult
 from trainops.cli import app
 
@@ -54,3 +54,14 @@ def test_a_straggler_is_detected_and_isolated_to_its_node_without_a_claimed_reco
     assert isinstance(result, DetectionOnlyResult)
     assert (result.isolation_granularity, result.recovery) == ("node", "needs a spare node")
     assert result.detector.startswith("step_time_outlier") and "recovery not measured" in row.value
+
+
+def test_a_restore_counts_as_intact_when_keep_n_pruned_the_checkpoint_the_trainer_verified_at_load(workspace):
+    run_dir = workspace / "runs" / "pruned"
+    run_dir.mkdir(parents=True)
+    save = {"event": "save", "step": 4, "time": 1.0}
+    (run_dir / "checkpoints.jsonl").write_text(json.dumps(save) + "\n")
+    gone = str(run_dir / "checkpoints" / "step-00000004")
+    assert verify_restored(str(run_dir), {"event": "load", "step": 4, "path": gone, "verified": True, "time": 2.0})
+    assert not verify_restored(str(run_dir), {"event": "load", "step": 4, "path": gone, "time": 2.0})
+    assert not verify_restored(str(run_dir), {"event": "load", "step": 2, "path": gone, "verified": True, "time": 2.0})

@@ -75,3 +75,73 @@ def test_a_plain_job_runs_on_a_live_cluster():
         assert "ok" in sched.logs(handle.job_id)
     finally:
         sched.cancel(handle.job_id)
+
+
+class _RecordingApiServer:
+    """Answers the few API paths a cancel uses and records each request. A stand-in: no
+    Kubernetes API server can run on this machine; the real `kubernetes` client talks to it."""
+
+    def __init__(self):
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.requests: list[tuple[str, str]] = []
+        job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "llama-drill", "namespace": "training"},
+               "spec": {"completions": 1, "template": {"spec": {"containers": []}}}, "status": {"active": 1}}
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self, body: dict) -> None:
+                server.requests.append((self.command, self.path))
+                data = json.dumps(body).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:  # noqa: N802 (http.server API)
+                self._answer(job)
+
+            def do_DELETE(self) -> None:  # noqa: N802
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self._answer({"apiVersion": "v1", "kind": "Status", "status": "Success"})
+
+            def log_message(self, *_args) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_a_forced_cancel_deletes_the_pods_with_no_grace_period(tmp_path, monkeypatch, force):
+    from urllib.parse import parse_qs, urlsplit
+
+    from tools.schedulers import get_scheduler
+
+    api = _RecordingApiServer()
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: c, cluster: {{server: "{api.url}"}}}}]
+users: [{{name: u, user: {{token: t}}}}]
+contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
+current-context: x
+""")
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    try:
+        assert get_scheduler("kubernetes").cancel("training/llama-drill", force=force).state == "cancelled"
+    finally:
+        api.httpd.shutdown()
+        api.httpd.server_close()
+    deletes = {urlsplit(path).path: parse_qs(urlsplit(path).query) for method, path in api.requests if method == "DELETE"}
+    job = deletes["/apis/batch/v1/namespaces/training/jobs/llama-drill"]
+    assert job["propagationPolicy"] == ["Background" if force else "Foreground"]
+    pods = deletes.get("/api/v1/namespaces/training/pods")
+    if force:
+        assert pods == {"labelSelector": ["trainops/job=llama-drill"], "gracePeriodSeconds": ["0"]}
+    else:
+        assert pods is None

@@ -48,6 +48,27 @@ def test_cancel_stops_the_whole_process_group():
     assert sched.status(handle.job_id).state == "cancelled"
 
 
+def _graceful_job(tmp_path):
+    """A job that writes `ready`, then on SIGTERM writes `terminated` before it exits."""
+    code = (f"import pathlib, signal, sys, time; d = pathlib.Path({str(tmp_path)!r}); "
+            "signal.signal(signal.SIGTERM, lambda *_: (d.joinpath('terminated').write_text('x'), sys.exit(0))); "
+            "d.joinpath('ready').write_text('x'); time.sleep(60)")
+    sched = get_scheduler("local")
+    handle = sched.submit(_spec(code))
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "ready").exists():
+        assert time.monotonic() < deadline, sched.logs(handle.job_id)
+        time.sleep(0.05)
+    return sched, handle
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_cancel_gives_a_grace_period_unless_forced(tmp_path, force):
+    sched, handle = _graceful_job(tmp_path)
+    assert sched.cancel(handle.job_id, force=force).state == "cancelled"
+    assert (tmp_path / "terminated").exists() is not force
+
+
 def test_requeue_runs_the_same_spec_again_under_the_same_id(tmp_path):
     marker = tmp_path / "count"
     code = f"import pathlib; p = pathlib.Path({str(marker)!r}); p.write_text(p.read_text() + 'x' if p.exists() else 'x')"

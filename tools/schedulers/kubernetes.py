@@ -5,6 +5,8 @@ client (imported on first use); `KUBECONFIG` or the in-cluster config selects th
 Job ids are `<namespace>/<name>`; `partition` in the JobSpec is the namespace."""
 from __future__ import annotations
 
+import os
+
 import time
 from typing import Any
 
@@ -90,7 +92,8 @@ class KubernetesScheduler(PollingWait):
             from kubernetes import client, config
 
             try:
-                config.load_kube_config()
+                # read KUBECONFIG now: the client library reads it once, when it is imported
+                config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
             except Exception as kube_exc:
                 try:
                     config.load_incluster_config()
@@ -157,11 +160,17 @@ class KubernetesScheduler(PollingWait):
             parts.append(f"== {pod.metadata.name} ==\n{text}")
         return "\n".join(parts)
 
-    def cancel(self, job_id: str) -> JobStatus:
+    def cancel(self, job_id: str, force: bool = False) -> JobStatus:
+        """Delete the Job and its pods. `force` deletes the pods with grace 0 (SIGKILL now) instead
+        of their terminationGracePeriodSeconds, which the garbage collector would honour."""
         namespace, name = _split(job_id)
         batch, core = self._clients()
         before = self.status(job_id)
-        self._call(f"delete Job {job_id}", batch.delete_namespaced_job, name, namespace, propagation_policy="Foreground")
+        self._call(f"delete Job {job_id}", batch.delete_namespaced_job, name, namespace,
+                   propagation_policy="Background" if force else "Foreground")
+        if force:
+            self._call(f"delete pods of {job_id}", core.delete_collection_namespaced_pod, namespace,
+                       label_selector=f"trainops/job={name}", grace_period_seconds=0)
         try:
             core.delete_namespaced_service(name, namespace)
         except Exception:

@@ -171,26 +171,31 @@ class LocalScheduler(PollingWait):
         path = Path(record["log_path"])
         return tail_text(path.read_text(errors="replace") if path.exists() else "", tail)
 
-    def cancel(self, job_id: str) -> JobStatus:
+    def cancel(self, job_id: str, force: bool = False) -> JobStatus:
         record = self._load(job_id)
         if self.status(job_id).state not in TERMINAL_STATES:
             record.update(cancelled=True, cancelled_at=time.time())
             self._save(record)
-            self._kill_group(record)
+            self._kill_group(record, grace_s=0.0 if force else CANCEL_GRACE_S)
         return self.status(job_id)
 
-    def _kill_group(self, record: dict) -> None:
-        try:
-            os.killpg(record["pgid"], signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + CANCEL_GRACE_S
+    def _kill_group(self, record: dict, grace_s: float = CANCEL_GRACE_S) -> None:
+        """SIGTERM, up to `grace_s` for a clean exit, then SIGKILL; grace 0 goes straight to SIGKILL."""
+        if grace_s > 0:
+            try:
+                os.killpg(record["pgid"], signal.SIGTERM)
+            except ProcessLookupError:
+                return
+        deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and pid_alive(record["pid"], record.get("start_ticks")):
             time.sleep(0.05)
         try:
             os.killpg(record["pgid"], signal.SIGKILL)
         except ProcessLookupError:
-            pass
+            return
+        reaped_by = time.monotonic() + 2.0  # so a requeue never overlaps the old processes
+        while time.monotonic() < reaped_by and pid_alive(record["pid"], record.get("start_ticks")):
+            time.sleep(0.01)
 
     def requeue(self, job_id: str) -> JobHandle:
         """Stop the job if it still runs and start it again with the same spec and id; a trainer
