@@ -5,14 +5,17 @@ from skills.evidence.model import EnvironmentDeclaration, EvidenceRow
 from tools.base import CallContext, call
 
 
-def declare(scheduler: str = "local", ctx: CallContext | None = None) -> tuple[EnvironmentDeclaration, EvidenceRow]:
-    """Declare through the `declare_environment` tool and keep the pack's short form of it."""
+def declare(scheduler: str = "local", ctx: CallContext | None = None,
+            framework: str = "trainops") -> tuple[EnvironmentDeclaration, EvidenceRow]:
+    """Declare through the `declare_environment` tool and keep the pack's short form of it;
+    `framework` other than trainops declares that adapter's framework and its installed version."""
     import time
 
     from trainops.workspace import audit_log_path
 
     started = time.time()
-    env = call("declare_environment", {"scheduler": scheduler, "ckpt_test_mib": 16}, ctx)
+    env = call("declare_environment", {"scheduler": scheduler, "ckpt_test_mib": 16,
+                                       **({"framework": framework} if framework != "trainops" else {})}, ctx)
     decl = EnvironmentDeclaration(
         framework=env.framework.name, framework_version=env.framework.version, torch_version=env.software.torch,
         hardware=f"{env.accelerators.model} ({env.hardware_generation})",
@@ -20,7 +23,7 @@ def declare(scheduler: str = "local", ctx: CallContext | None = None) -> tuple[E
         scheduler=f"{env.scheduler.kind} {env.scheduler.version}",
         checkpoint_write_gib_per_s=env.checkpoint_storage.write_bandwidth_mib_s / 1024,
         hot_spares=len(env.scheduler.hot_spare_nodes))
-    row = EvidenceRow(tool="declare_environment", version=env.framework.version, command="trainops env --json",
+    row = EvidenceRow(tool="declare_environment", version=env.framework.version, command="trainops env --json" + (f" --framework {framework}" if framework != "trainops" else ""),
                       log_path=str(audit_log_path()), value=f"{decl.hardware}; peak {env.compute_peak.peak_tflops:.3f} TFLOP/s "
                       f"({env.compute_peak.source})", window_start=started, window_end=time.time())
     return decl, row

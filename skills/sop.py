@@ -11,6 +11,7 @@ from skills import ablation, baseline, drill, environment, planning
 from skills.baseline import JobRequest, Progress
 from skills.evidence import pack as evidence_pack
 from tools.base import CallContext, call
+from tools.frameworks.base import FrameworkName, SopPlan
 
 REFERENCES = (
     "MegaScale (arXiv 2402.15627) reports MFU 55.2% against 41.2% for Megatron-LM on 12,288 GPUs, "
@@ -21,29 +22,43 @@ REFERENCES = (
 
 
 class SopSettings(BaseModel):
-    """How much of the SOP to run; `quick` trades repeats and arms for time."""
+    """How much of the SOP to run; `quick` trades repeats and arms for time. Arms, drills and the
+    small job default to the framework adapter's `sop_plan` (tools.frameworks)."""
 
-    config: str | None = Field(None, description="job config TOML; None uses the embedded defaults")
+    config: str | None = Field(None, description="job config (TOML; for megatron the pretrain_gpt.py path); None uses the embedded defaults")
     quick: bool = Field(False, description="fewer repeats, one arm, one drill (~2 minutes on 2 CPU cores)")
     scheduler: str = Field("local", description="local, slurm or kubernetes")
-    knobs: list[str] = Field(default_factory=list, description="arms NAME=VALUE; empty uses the default plan")
-    faults: list[str] = Field(default_factory=list, description="drill kinds; empty uses the default set")
+    knobs: list[str] = Field(default_factory=list, description="arms NAME=VALUE; empty uses the framework's default plan")
+    faults: list[str] = Field(default_factory=list, description="drill kinds; empty uses the framework's default set")
     mtbf_h: float = Field(24.0, gt=0, description="job MTBF for the checkpoint plan, hours (declared, not measured)")
+    framework: FrameworkName = Field("trainops", description="whose job: trainops (embedded trainer), deepspeed, torchtitan or megatron")
+
+    def _plan(self) -> SopPlan:
+        from tools.frameworks.base import get_adapter
+
+        return get_adapter(self.framework).sop_plan
 
     def repeats(self) -> int:
         return 2 if self.quick else 3
 
     def plan(self) -> list[str]:
-        return self.knobs or (["data_parallel=ddp"] if self.quick else ["data_parallel=ddp", "data_kind=synthetic"])
+        arms = list(self._plan().arms)
+        return self.knobs or (arms[:1] if self.quick else arms)
 
     def drills(self) -> list[str]:
-        return self.faults or (["crash"] if self.quick else ["crash", "hang", "bitflip"])
+        faults = list(self._plan().faults)
+        return self.faults or (faults[:1] if self.quick else faults)
+
+    def drill_overrides(self) -> list[str]:
+        """Checkpoint often and stop at step 12, so a fault at step 5 has a checkpoint to return to."""
+        return [*self._plan().drill, f"{self._plan().steps_key}=12"]
 
     def request(self) -> JobRequest:
         steps = 10 if self.quick else 20
+        plan = self._plan()
         return JobRequest(config=self.config, preset=None if self.config else "tiny", scheduler=self.scheduler,
-                          overrides=[] if self.config else [f"training.steps={steps}", "training.seq_len=64",
-                                                            "training.global_batch=8", "training.micro_batch=4"])
+                          framework=self.framework,
+                          overrides=[] if self.config else [f"{plan.steps_key}={steps}", *plan.job])
 
 
 class SopResult(BaseModel):
@@ -64,7 +79,7 @@ def run(settings: SopSettings, ctx: CallContext | None = None, progress: Progres
     started = time.time()
     req = settings.request()
     say("S1 environment declaration")
-    env, env_row = environment.declare(settings.scheduler, ctx)
+    env, env_row = environment.declare(settings.scheduler, ctx, framework=settings.framework)
     req = req.model_copy(update={"framework_version": f"{env.framework} {env.framework_version}, torch {env.torch_version}"})
     say("S2 baseline")
     summary, base_runs, evidence = baseline.measure(req, settings.repeats(), ctx, say)
@@ -74,8 +89,7 @@ def run(settings: SopSettings, ctx: CallContext | None = None, progress: Progres
     baselines[1] = baseline.repeat(small, "baseline-small", settings.repeats(), ctx, say)
     rows, arm_evidence = ablation.run_plan(req, settings.plan(), baselines, settings.repeats(), ctx, say)
     say("S5 fault drills")
-    drill_req = req.with_overrides(["checkpoint.enable=true", "checkpoint.interval=2", "checkpoint.mode=async",
-                                    "checkpoint.keep=50", "training.steps=12"])
+    drill_req = req.with_overrides(settings.drill_overrides())
     results, drill_evidence = drill.run_drills(drill_req, settings.drills(), ctx, say)
     drills = [d for d in results if not isinstance(d, drill.DetectionOnlyResult)]  # the pack's drills recovered
     ckpt_plan = planning.plan_from_drill(drills[0], settings.mtbf_h, "declared by the operator (--mtbf-h), not measured",

@@ -173,3 +173,34 @@ def test_the_agent_reads_a_frameworks_knobs_and_version():
     out = call("framework_knobs", {"framework": "deepspeed"})
     assert out.version == version("deepspeed")
     assert {k.name: k.flag for k in out.knobs}["zero_stage"] == "zero_optimization.stage"
+
+
+@pytest.mark.parametrize("name", known_frameworks())
+def test_each_framework_sop_plan_is_runnable_in_its_own_vocabulary(name):
+    """The defaults `trainops sop --framework NAME` runs: arms its knobs accept (and its flag rules
+    allow at 2 ranks), drills that exist, and checkpoint overrides its settings take."""
+    from skills.drill import DRILLS
+    from skills.knobs import parse_arm
+
+    adapter = get_adapter(name)
+    plan = adapter.sop_plan
+    assert plan.arms and plan.faults
+    assert all(fault in DRILLS for fault in plan.faults)
+    overrides = [f"{plan.steps_key}=12", *plan.job, *plan.drill]
+    for arm in plan.arms:
+        knob, value = parse_arm([arm], name)
+        adapter.validate({knob.name: value}, overrides=overrides, world_size=2)
+
+
+def test_sop_settings_take_the_frameworks_plan_and_its_drill_checkpoints():
+    from skills.sop import SopSettings
+
+    quick = SopSettings(framework="deepspeed", quick=True)
+    assert (quick.plan(), quick.drills()) == (["overlap_comm=true"], ["crash"])
+    assert "checkpoint.mode=async" not in quick.drill_overrides()  # DeepSpeed saves synchronously here
+    assert quick.request().framework == "deepspeed" and "training.steps=10" in quick.request().overrides
+    full = SopSettings()
+    assert (full.plan(), full.drills()) == (["data_parallel=ddp", "data_kind=synthetic"], ["crash", "hang", "bitflip"])
+    assert "checkpoint.mode=async" in full.drill_overrides()
+    with pytest.raises(ValueError, match="framework"):
+        SopSettings(framework="jax")

@@ -21,7 +21,7 @@ def _refused(result) -> str:
 
 
 def test_unknown_framework_is_refused_for_every_sop_step():
-    for command in ("baseline", "ablate", "drill"):
+    for command in ("baseline", "ablate", "drill", "sop"):
         error = _refused(_run(command, "--framework", "jax", "--json"))
         assert error == "--framework: unknown framework 'jax'; use one of trainops, deepspeed, torchtitan, megatron"
 
@@ -51,3 +51,9 @@ def test_a_forbidden_flag_combination_is_refused_before_launch(workspace):
 def test_a_deepspeed_drill_without_checkpoints_is_refused():
     error = _refused(_run("drill", "--framework", "deepspeed", "--json"))
     assert error.startswith("checkpoint.enable: the job writes no checkpoints")
+
+
+def test_sop_refuses_a_knob_value_the_framework_does_not_take_before_running(workspace):
+    error = _refused(_run("sop", "--quick", "--framework", "deepspeed", "--knob", "zero_stage=9", "--json"))
+    assert "zero_stage" in error and "9" in error
+    assert not (workspace / "runs").exists() or not any((workspace / "runs").iterdir())

@@ -34,6 +34,18 @@ class FrameworkKnob(BaseModel):
     min_procs: int = Field(1, description="Processes the knob needs to mean anything.")
 
 
+class SopPlan(BaseModel):
+    """What `trainops sop --framework` runs where the operator names nothing, in the framework's
+    own keys: the sections differ (DeepSpeed saves synchronously here, torchtitan nests its
+    steps under its own section), so each adapter carries its own."""
+
+    steps_key: str = Field("training.steps", description="The override that sets the number of steps.")
+    job: tuple[str, ...] = Field((), description="Overrides for a small SOP job when no config is given (steps added by the SOP).")
+    arms: tuple[str, ...] = Field(description="Default ablation arms NAME=VALUE, highest expected gain first; --quick runs the first.")
+    drill: tuple[str, ...] = Field(description="Overrides that make the job checkpoint often enough to drill.")
+    faults: tuple[str, ...] = Field(description="Default drills; --quick runs the first.")
+
+
 class StepRecord(BaseModel):
     """A framework's step line in trainops' metric names (the metrics.jsonl record subset)."""
 
@@ -73,6 +85,8 @@ class FrameworkAdapter(Protocol):
     name: FrameworkName
     display_name: str
     package: str | None
+
+    sop_plan: SopPlan
 
     def version(self) -> str: ...
     def knobs(self) -> list[FrameworkKnob]: ...

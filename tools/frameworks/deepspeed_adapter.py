@@ -19,6 +19,7 @@ from tools.frameworks.base import (
     FrameworkKnob,
     FrameworkRefused,
     ParseContext,
+    SopPlan,
     StepRecord,
     mfu,
 )
@@ -131,6 +132,9 @@ class DeepSpeedAdapter(SettingsAdapter):
     package = "deepspeed"
     knob_list = KNOBS
     defaults = SETTINGS
+    sop_plan = SopPlan(job=("training.seq_len=64", "training.global_batch=8", "training.micro_batch=4"), arms=("overlap_comm=true", "zero_stage=2"),
+                       drill=("checkpoint.enable=true", "checkpoint.interval=2", "checkpoint.keep=50"),
+                       faults=("crash", "hang", "checkpoint-corruption"))
 
     def settings(self, overrides: list[str]) -> dict[str, dict[str, object]]:
         """Defaults with the overrides applied; any DeepSpeed JSON key may be set under deepspeed."""

@@ -13,6 +13,7 @@ from tools.frameworks.base import (
     FrameworkKnob,
     FrameworkRefused,
     ParseContext,
+    SopPlan,
     StepRecord,
     mfu,
 )
@@ -152,6 +153,9 @@ class MegatronAdapter(SettingsAdapter):
     package = "megatron-core"
     knob_list = KNOBS
     defaults = DEFAULTS
+    sop_plan = SopPlan(job=("training.seq_len=64", "training.global_batch=8"),
+                       arms=("overlap_grad_reduce=true", "use_distributed_optimizer=true"),
+                       drill=("checkpoint.enable=true", "checkpoint.interval=2"), faults=("crash", "hang"))
 
     def validate(self, knob_values: dict[str, str], overrides: list[str] | None = None, world_size: int = 2) -> None:
         settings = self.settings(self.knob_overrides(knob_values, overrides))

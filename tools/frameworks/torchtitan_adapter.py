@@ -13,6 +13,7 @@ from tools.frameworks.base import (
     FrameworkKnob,
     FrameworkRefused,
     ParseContext,
+    SopPlan,
     StepRecord,
     mfu,
 )
@@ -101,6 +102,8 @@ class TorchtitanAdapter(SettingsAdapter):
     package = "torchtitan"
     knob_list = KNOBS
     defaults = DEFAULTS
+    sop_plan = SopPlan(steps_key="torchtitan.training.steps", arms=("compile=true", "activation_checkpoint=none"),
+                       drill=("torchtitan.checkpoint.enable=true", "torchtitan.checkpoint.interval=2"), faults=("crash", "hang"))
 
     def validate(self, knob_values: dict[str, str], overrides: list[str] | None = None, world_size: int = 2) -> None:
         check_rules(world_size, self.settings(self.knob_overrides(knob_values, overrides))["torchtitan"])

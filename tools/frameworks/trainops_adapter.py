@@ -9,6 +9,7 @@ from tools.frameworks.base import (
     FrameworkKnob,
     FrameworkRefused,
     ParseContext,
+    SopPlan,
     StepRecord,
     mfu,
 )
@@ -54,6 +55,9 @@ class TrainopsAdapter(AdapterBase):
     display_name = "trainops-embedded-trainer"
     package = "trainops"
     knob_list = KNOBS
+    sop_plan = SopPlan(job=("training.seq_len=64", "training.global_batch=8", "training.micro_batch=4"), arms=("data_parallel=ddp", "data_kind=synthetic"),
+                       drill=("checkpoint.enable=true", "checkpoint.interval=2", "checkpoint.mode=async", "checkpoint.keep=50"),
+                       faults=("crash", "hang", "bitflip"))
 
     def validate(self, knob_values: dict[str, str], overrides: list[str] | None = None, world_size: int = 2) -> None:
         """Knob names and values, then the trainer's own config validation (types, allowed values)."""

@@ -183,20 +183,20 @@ def register(app: typer.Typer) -> None:
     def sop(config: Optional[str] = typer.Argument(None, help="Job config TOML (default: embedded tiny job)."),
             quick: bool = typer.Option(False, "--quick", help="Fewer repeats, one arm, one drill (~2 minutes)."),
             knob: Optional[List[str]] = typer.Option(None, "--knob", help="Arms NAME=VALUE (default plan otherwise)."),
-            fault: Optional[List[str]] = typer.Option(None, "--fault", help="Drill kinds (default: crash; full run: crash, hang, bitflip)."),
+            fault: Optional[List[str]] = typer.Option(None, "--fault", help="Drill kinds (default: the framework's; trainops: crash, full run crash, hang, bitflip)."),
             mtbf_h: float = typer.Option(24.0, "--mtbf-h", min=0.001, help="Job MTBF for the checkpoint plan, hours (declared)."),
-            scheduler: str = SCHED, monitor: str = MONITOR, as_json: bool = JSON):
+            scheduler: str = SCHED, monitor: str = MONITOR, as_json: bool = JSON, framework: str = FRAMEWORK):
         """S1..S6 end to end; ends with an evidence pack waiting for approval."""
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
         from skills.knobs import parse_arm
         from skills.sop import SopSettings, run
 
+        _request(config, None, 2, scheduler, as_json, monitor, framework)
         for spec in knob or []:
-            _guard(lambda: parse_arm([spec]), as_json)
-        _request(config, None, 2, scheduler, as_json, monitor)
+            _guard(lambda: parse_arm([spec], framework), as_json)
         settings = SopSettings(config=config, quick=quick, scheduler=scheduler, knobs=knob or [], faults=fault or [],
-                               mtbf_h=mtbf_h)
+                               mtbf_h=mtbf_h, framework=framework)
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), disable=as_json,
                       transient=False) as bar:
             task = bar.add_task("SOP", total=None)
