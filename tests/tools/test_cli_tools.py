@@ -24,6 +24,18 @@ def test_tool_list_json_gives_name_risk_approval_and_description():
     assert rows["declare_environment"]["description"].startswith("Declare the training environment")
 
 
+def test_a_fresh_cli_lists_the_agents_own_tools_too():
+    """In a new process (in this one an agent test may have registered them already)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    done = subprocess.run([str(Path(sys.executable).parent / "trainops"), "tool", "list", "--json"],
+                          capture_output=True, text=True, timeout=60)
+    rows = {r["name"]: r for r in json.loads(done.stdout)}
+    assert rows["run_sop"]["risk"] == "mutate" and rows["list_pending_approvals"]["risk"] == "read"
+
+
 def test_tool_list_renders_a_table_for_people():
     result = invoke("tool", "list")
     assert result.exit_code == 0 and "plan_layout" in result.stdout and "risk" in result.stdout

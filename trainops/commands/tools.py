@@ -25,6 +25,13 @@ def run_tool(name: str, payload: dict[str, Any], as_json: bool, approval_token: 
         fail(str(exc), as_json=as_json)
 
 
+def register_agent_tools() -> None:
+    """`run_sop` and `list_pending_approvals` sit above the tools layer (they call a skill and
+    read the agent's threads), so they register when `agents.agent_tools` is imported; the
+    `tool` commands import it so they list, describe and call every tool the agent has."""
+    import agents.agent_tools  # noqa: F401
+
+
 def _cell(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
@@ -59,6 +66,7 @@ def register(app: typer.Typer) -> None:
         """Every tool with its risk class, whether it needs approval, and what it does."""
         from tools.base import registry
 
+        register_agent_tools()
         rows = [
             {"name": s.name, "risk": s.risk, "approval_required": s.approval_required,
              "description": s.description.split(".")[0].replace("\n", " ") + "."}
@@ -84,6 +92,7 @@ def register(app: typer.Typer) -> None:
         """JSON schema of a tool's input and output."""
         from tools.base import ToolError, get
 
+        register_agent_tools()
         try:
             spec = get(name)
         except ToolError as exc:
@@ -106,6 +115,7 @@ def register(app: typer.Typer) -> None:
             fail(f"--input is not valid JSON ({exc.msg} at column {exc.colno}): pass a JSON object, e.g. '{{\"mtbf_h\": 24}}'", as_json=as_json)
         if not isinstance(payload, dict):
             fail(f"--input must be a JSON object, got {type(payload).__name__}: wrap the fields in {{...}}", as_json=as_json)
+        register_agent_tools()
         out = run_tool(name, payload, as_json, approval_token)
         emit(out, as_json, render_fields(name))
 
