@@ -14,6 +14,8 @@ from typing import Callable
 RESULTS_PATH = Path(__file__).with_name("RESULTS.md")
 SUITE_BEGIN = "<!-- suite:begin -->"
 SUITE_END = "<!-- suite:end -->"
+GPU_BEGIN = "<!-- gpu:begin -->"  # benchmarks/gpu_mfu.py owns this section
+GPU_END = "<!-- gpu:end -->"
 
 
 @dataclass
