@@ -199,8 +199,11 @@ def measure(req: JobRequest, repeats: int = 3, ctx: CallContext | None = None,
 
 
 def command_line(req: JobRequest) -> str:
-    target = req.config or f"--preset {req.preset}"
+    """The command that runs this job again: `trainops train` for the embedded trainer; for
+    another framework one `trainops baseline` run (its preset is the adapter's model.preset)."""
     sets = " ".join(f"--set {o}" for o in req.overrides)
     if req.framework != "trainops":
-        return f"trainops baseline --framework {req.framework} {target} --nproc {req.nproc} {sets}".strip()
+        target = req.config or f"--set model.preset={req.preset}"
+        return f"trainops baseline --framework {req.framework} {target} --repeats 1 --nproc {req.nproc} {sets}".strip()
+    target = req.config or f"--preset {req.preset}"
     return f"trainops train {target} --nproc {req.nproc} {sets}".strip()

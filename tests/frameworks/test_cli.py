@@ -57,3 +57,25 @@ def test_sop_refuses_a_knob_value_the_framework_does_not_take_before_running(wor
     error = _refused(_run("sop", "--quick", "--framework", "deepspeed", "--knob", "zero_stage=9", "--json"))
     assert "zero_stage" in error and "9" in error
     assert not (workspace / "runs").exists() or not any((workspace / "runs").iterdir())
+
+
+def test_the_evidence_command_for_a_framework_job_is_one_the_cli_accepts(workspace, monkeypatch):
+    """An evidence row's command must run: the real CLI parses it; the launch itself is cut off."""
+    import shlex
+
+    from skills import baseline as skill_baseline
+    from skills.baseline import JobRequest, command_line
+
+    seen = []
+
+    def measure(req, repeats, progress=None):
+        seen.append((req, repeats))
+        raise ValueError("stopped before launch")
+
+    monkeypatch.setattr(skill_baseline, "measure", measure)
+    line = command_line(JobRequest(framework="deepspeed", nproc=2, overrides=["training.steps=4"]))
+    result = _run(*shlex.split(line)[1:], "--json")
+    assert seen, result.stdout
+    req, repeats = seen[0]
+    assert (req.framework, req.nproc, repeats) == ("deepspeed", 2, 1)
+    assert req.overrides == ["model.preset=tiny", "training.steps=4"] and req.preset == "tiny"
