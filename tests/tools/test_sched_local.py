@@ -69,6 +69,28 @@ def test_cancel_gives_a_grace_period_unless_forced(tmp_path, force):
     assert (tmp_path / "terminated").exists() is not force
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("force", [False, True])
+def test_cancel_leaves_no_torchrun_worker_behind(tmp_path, force):
+    """torchrun starts each worker in a session of its own: killing the job's process group alone
+    would orphan them, and orphaned ranks train on."""
+    import psutil
+
+    script = tmp_path / "worker.py"
+    script.write_text("import os, pathlib, sys, time\n"
+                      f"pathlib.Path({str(tmp_path)!r}, 'pid' + os.environ['RANK']).write_text(str(os.getpid()))\n"
+                      "time.sleep(120)\n")
+    sched = get_scheduler("local")
+    handle = sched.submit(JobSpec(name="t", command=[str(script)], launcher="torchrun", procs_per_node=2))
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / f"pid{rank}").exists() for rank in (0, 1)):
+        assert time.monotonic() < deadline, sched.logs(handle.job_id)
+        time.sleep(0.1)
+    workers = [int((tmp_path / f"pid{rank}").read_text()) for rank in (0, 1)]
+    assert sched.cancel(handle.job_id, force=force).state == "cancelled"
+    assert [pid for pid in workers if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE] == []
+
+
 def test_requeue_runs_the_same_spec_again_under_the_same_id(tmp_path):
     marker = tmp_path / "count"
     code = f"import pathlib; p = pathlib.Path({str(marker)!r}); p.write_text(p.read_text() + 'x' if p.exists() else 'x')"

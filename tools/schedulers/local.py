@@ -2,6 +2,7 @@
 `$TRAINOPS_HOME/jobs/<id>.json`, so a job outlives the CLI call that started it."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -61,6 +62,20 @@ def pid_alive(pid: int, start_ticks: int | None = None) -> bool:
     if ticks is None:
         return False
     return start_ticks is None or ticks == start_ticks
+
+
+def _process_tree(record: dict) -> list:
+    """The job's runner and every process below it (psutil.Process objects, which know their
+    own start time, so a recycled pid is never signalled)."""
+    import psutil
+
+    if not pid_alive(record["pid"], record.get("start_ticks")):
+        return []
+    try:
+        root = psutil.Process(record["pid"])
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
 
 
 class LocalScheduler(PollingWait):
@@ -180,22 +195,27 @@ class LocalScheduler(PollingWait):
         return self.status(job_id)
 
     def _kill_group(self, record: dict, grace_s: float = CANCEL_GRACE_S) -> None:
-        """SIGTERM, up to `grace_s` for a clean exit, then SIGKILL; grace 0 goes straight to SIGKILL."""
-        if grace_s > 0:
-            try:
-                os.killpg(record["pgid"], signal.SIGTERM)
-            except ProcessLookupError:
-                return
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and pid_alive(record["pid"], record.get("start_ticks")):
-            time.sleep(0.05)
-        try:
-            os.killpg(record["pgid"], signal.SIGKILL)
-        except ProcessLookupError:
+        """SIGTERM the job's process group (torchrun passes it on to its workers for a clean exit),
+        up to `grace_s`, then SIGKILL every process of the job's tree as it was before the first
+        signal: torchrun starts each worker in a session of its own, so the group alone would
+        orphan the ranks (seen: orphaned ranks trained on and saved a checkpoint after a drill
+        had quarantined that step). Grace 0 goes straight to SIGKILL."""
+        import psutil
+
+        tree = _process_tree(record)
+        if not tree:
             return
-        reaped_by = time.monotonic() + 2.0  # so a requeue never overlaps the old processes
-        while time.monotonic() < reaped_by and pid_alive(record["pid"], record.get("start_ticks")):
-            time.sleep(0.01)
+        if grace_s > 0:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(record["pgid"], signal.SIGTERM)
+            psutil.wait_procs(tree, timeout=grace_s)
+        alive = [proc for proc in tree if proc.is_running()]
+        for proc in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(record["pgid"], signal.SIGKILL)
+        psutil.wait_procs(alive, timeout=2.0)  # so a requeue never overlaps the old processes
 
     def requeue(self, job_id: str) -> JobHandle:
         """Stop the job if it still runs and start it again with the same spec and id; a trainer
