@@ -132,7 +132,8 @@ class DeepSpeedAdapter(SettingsAdapter):
     package = "deepspeed"
     knob_list = KNOBS
     defaults = SETTINGS
-    sop_plan = SopPlan(job=("training.seq_len=64", "training.global_batch=8", "training.micro_batch=4"), arms=("overlap_comm=true", "zero_stage=2"),
+    sop_plan = SopPlan(job=("training.seq_len=64", "training.global_batch=8", "training.micro_batch=4"),
+                       arms=("overlap_comm=true", "zero_stage=2"),
                        drill=("checkpoint.enable=true", "checkpoint.interval=2", "checkpoint.keep=50"),
                        faults=("crash", "hang", "checkpoint-corruption"))
 

@@ -55,7 +55,8 @@ class TrainopsAdapter(AdapterBase):
     display_name = "trainops-embedded-trainer"
     package = "trainops"
     knob_list = KNOBS
-    sop_plan = SopPlan(job=("training.seq_len=64", "training.global_batch=8", "training.micro_batch=4"), arms=("data_parallel=ddp", "data_kind=synthetic"),
+    sop_plan = SopPlan(job=("training.seq_len=64", "training.global_batch=8", "training.micro_batch=4"),
+                       arms=("data_parallel=ddp", "data_kind=synthetic"),
                        drill=("checkpoint.enable=true", "checkpoint.interval=2", "checkpoint.mode=async", "checkpoint.keep=50"),
                        faults=("crash", "hang", "bitflip"))
 

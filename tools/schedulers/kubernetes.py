@@ -6,7 +6,6 @@ Job ids are `<namespace>/<name>`; `partition` in the JobSpec is the namespace.""
 from __future__ import annotations
 
 import os
-
 import time
 from typing import Any
 
