@@ -78,6 +78,23 @@ def _process_tree(record: dict) -> list:
         return []
 
 
+def _running(proc) -> bool:
+    """Alive and not a zombie: orphaned ranks' zombies wait on whoever adopts them (here a PID 1
+    that may never reap), and psutil.wait_procs would wait its whole timeout for them."""
+    import psutil
+
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _wait_gone(procs: list, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(_running(proc) for proc in procs):
+        time.sleep(0.01)
+
+
 class LocalScheduler(PollingWait):
     kind = KIND
     poll_s = 0.1
@@ -208,14 +225,14 @@ class LocalScheduler(PollingWait):
         if grace_s > 0:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(record["pgid"], signal.SIGTERM)
-            psutil.wait_procs(tree, timeout=grace_s)
-        alive = [proc for proc in tree if proc.is_running()]
+            _wait_gone(tree, grace_s)
+        alive = [proc for proc in tree if _running(proc)]
         for proc in alive:
             with contextlib.suppress(psutil.NoSuchProcess):
                 proc.kill()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(record["pgid"], signal.SIGKILL)
-        psutil.wait_procs(alive, timeout=2.0)  # so a requeue never overlaps the old processes
+        _wait_gone(alive, 2.0)  # so a requeue never overlaps the old processes
 
     def requeue(self, job_id: str) -> JobHandle:
         """Stop the job if it still runs and start it again with the same spec and id; a trainer
