@@ -168,7 +168,7 @@ def bench_recovery(suite: Suite, repeats: int) -> None:
     restart_s = statistics.median(p[1] for p in RECOVERY_PHASES)
     fig.note = (f"recovery {statistics.median(recovery):.2f} s vs cold start {statistics.median(cold):.2f} s "
                 f"(tiny preset, 2 processes, local scheduler); phases: isolation (forced cancel: SIGKILL of "
-                f"the job's process group) {isolation_s:.2f} s, restart to first step {restart_s:.2f} s")
+                f"the job's process tree) {isolation_s:.2f} s, restart to first step {restart_s:.2f} s")
 
 
 def _cli_wall_s(args: list[str]) -> float:
