@@ -6,6 +6,7 @@ metrics.jsonl, and writes status.json. Works without a TTY (CI, agents, Slurm st
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -188,16 +189,60 @@ def launch_run(run_dir: str | Path, nproc: int, *, show_progress: bool = True,
 
 
 def _stop(process: subprocess.Popen) -> None:
-    """Stop torchrun and the ranks it started (they share its session)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(process.pid, sig)
-            process.wait(timeout=10)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-        except ProcessLookupError:
-            return
+    """Stop torchrun and the ranks it started, with 10 s for a clean exit."""
+    stop_processes(process_tree(process.pid), process.pid, grace_s=10.0)
+
+
+def process_tree(pid: int) -> list:
+    """`pid` and every process below it, as psutil.Process objects (they know their own start
+    time, so a recycled pid is never signalled)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def stop_processes(tree: list, pgid: int, grace_s: float) -> None:
+    """SIGTERM the process group (torchrun passes it on to its ranks for a clean exit), up to
+    `grace_s`, then SIGKILL every process of `tree`, taken before the first signal: torchrun
+    starts each rank in a session of its own, so signalling the group alone orphans the ranks
+    (seen: orphaned ranks trained on after a drill, and SIGSTOPped ones were leaked). Grace 0
+    goes straight to SIGKILL."""
+    import psutil
+
+    if not tree:
+        return
+    if grace_s > 0:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+        _wait_gone(tree, grace_s)
+    alive = [proc for proc in tree if _running(proc)]
+    for proc in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    _wait_gone(alive, 2.0)  # so a restart never overlaps the old processes
+
+
+def _running(proc) -> bool:
+    """Alive and not a zombie: orphaned ranks' zombies wait on whoever adopts them (here a PID 1
+    that reaps slowly), and psutil.wait_procs would wait its whole timeout for them."""
+    import psutil
+
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _wait_gone(procs: list, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(_running(proc) for proc in procs):
+        time.sleep(0.01)
 
 
 def _progress():

@@ -7,7 +7,6 @@ import json
 import math
 import os
 import re
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -16,7 +15,16 @@ import pytest
 
 from trainer.config import load_config
 from trainer.faults import CRASH_EXIT_CODE
-from trainer.launch import REPO_ROOT, build_torchrun_command, launch_run, prepare_run, read_metrics, run_local
+from trainer.launch import (
+    REPO_ROOT,
+    build_torchrun_command,
+    launch_run,
+    prepare_run,
+    process_tree,
+    read_metrics,
+    run_local,
+    stop_processes,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -68,7 +76,7 @@ def test_a_hung_rank_is_seen_as_a_heartbeat_that_stops_while_the_processes_live(
         assert heartbeat["step"] == 2 and time.time() - heartbeat["time"] >= 3.0
         assert heartbeat["time"] <= record["time"]
     finally:
-        os.killpg(job.pid, signal.SIGKILL)
+        stop_processes(process_tree(job.pid), job.pid, grace_s=0)
         job.wait()
 
 

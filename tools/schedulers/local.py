@@ -2,7 +2,6 @@
 `$TRAINOPS_HOME/jobs/<id>.json`, so a job outlives the CLI call that started it."""
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -65,34 +64,10 @@ def pid_alive(pid: int, start_ticks: int | None = None) -> bool:
 
 
 def _process_tree(record: dict) -> list:
-    """The job's runner and every process below it (psutil.Process objects, which know their
-    own start time, so a recycled pid is never signalled)."""
-    import psutil
+    """The job's runner and every process below it; empty once the runner is gone."""
+    from trainer.launch import process_tree
 
-    if not pid_alive(record["pid"], record.get("start_ticks")):
-        return []
-    try:
-        root = psutil.Process(record["pid"])
-        return [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-
-
-def _running(proc) -> bool:
-    """Alive and not a zombie: orphaned ranks' zombies wait on whoever adopts them (here a PID 1
-    that may never reap), and psutil.wait_procs would wait its whole timeout for them."""
-    import psutil
-
-    try:
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _wait_gone(procs: list, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and any(_running(proc) for proc in procs):
-        time.sleep(0.01)
+    return process_tree(record["pid"]) if pid_alive(record["pid"], record.get("start_ticks")) else []
 
 
 class LocalScheduler(PollingWait):
@@ -212,27 +187,11 @@ class LocalScheduler(PollingWait):
         return self.status(job_id)
 
     def _kill_group(self, record: dict, grace_s: float = CANCEL_GRACE_S) -> None:
-        """SIGTERM the job's process group (torchrun passes it on to its workers for a clean exit),
-        up to `grace_s`, then SIGKILL every process of the job's tree as it was before the first
-        signal: torchrun starts each worker in a session of its own, so the group alone would
-        orphan the ranks (seen: orphaned ranks trained on and saved a checkpoint after a drill
-        had quarantined that step). Grace 0 goes straight to SIGKILL."""
-        import psutil
+        """SIGTERM, up to `grace_s` for a clean exit, then SIGKILL of the job's whole process tree
+        (trainer.launch.stop_processes says why the tree); grace 0 goes straight to SIGKILL."""
+        from trainer.launch import stop_processes
 
-        tree = _process_tree(record)
-        if not tree:
-            return
-        if grace_s > 0:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(record["pgid"], signal.SIGTERM)
-            _wait_gone(tree, grace_s)
-        alive = [proc for proc in tree if _running(proc)]
-        for proc in alive:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                proc.kill()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(record["pgid"], signal.SIGKILL)
-        _wait_gone(alive, 2.0)  # so a requeue never overlaps the old processes
+        stop_processes(_process_tree(record), record["pgid"], grace_s)
 
     def requeue(self, job_id: str) -> JobHandle:
         """Stop the job if it still runs and start it again with the same spec and id; a trainer
