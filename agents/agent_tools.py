@@ -7,8 +7,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, field_validator
 
-from skills.sop import SopResult, SopSettings
-from tools.base import CallContext, tool
+from trainops.skills.sop import SopResult, SopSettings
+from trainops.tools.base import CallContext, tool
 
 
 class PendingInput(BaseModel):
@@ -30,8 +30,8 @@ class PendingOutput(BaseModel):
 @tool("list_pending_approvals", risk="read", tags=("governance", "agent"))
 def list_pending_approvals(inp: PendingInput) -> PendingOutput:
     """List what waits for a human decision: gated tool calls, evidence packs and agent threads paused at an approval."""
-    from agents.session import list_threads
-    from tools.governance.approvals import list_items
+    from trainops.agents.session import list_threads
+    from trainops.tools.governance.approvals import list_items
 
     items = [PendingItem(kind=i.kind, id=i.id, status=i.status, detail=i.detail) for i in list_items()
              if inp.include_decided or i.status == "pending"]
@@ -57,6 +57,6 @@ def run_sop(inp: RunSopInput) -> SopResult:
     """Run the whole SOP on a job config: S1 environment declaration, S2 baseline, S3/S4 single-variable
     ablations (small scale first), S5 fault drills, S6 evidence pack. Launches training jobs (quick: about
     2 minutes on 2 CPU cores). Returns the pack folder, verdict and blockers; a human then approves the pack."""
-    from skills.sop import run
+    from trainops.skills.sop import run
 
     return run(inp, CallContext(actor="agent"))

@@ -24,10 +24,10 @@ from langgraph.graph.message import add_messages
 from langgraph.types import interrupt
 from pydantic import ValidationError
 
-from agents import agent_tools  # noqa: F401  (registers run_sop, list_pending_approvals)
-from agents import transcript
-from agents.prompt import Skill, choose_skill, load_skills, system_prompt
-from agents.providers import AgentSettings, explain_provider_failure
+from trainops.agents import agent_tools  # noqa: F401  (registers run_sop, list_pending_approvals)
+from trainops.agents import transcript
+from trainops.agents.prompt import Skill, choose_skill, load_skills, system_prompt
+from trainops.agents.providers import AgentSettings, explain_provider_failure
 
 
 class AgentState(TypedDict):
@@ -59,7 +59,7 @@ def _result(call: dict, status: str, data: Any) -> ToolMessage:
 
 
 def _run(call: dict, thread: str | None, token: str | None = None) -> ToolMessage:
-    from tools.base import CallContext, ToolError, call as call_tool
+    from trainops.tools.base import CallContext, ToolError, call as call_tool
 
     ctx = CallContext(actor="agent", approval_token=token, thread_id=thread)
     started = time.perf_counter()
@@ -84,8 +84,8 @@ def _is_gate_refusal(message: ToolMessage) -> bool:
 
 def build_graph(llm, checkpointer=None, settings: AgentSettings | None = None, skills: list[Skill] | None = None):
     """Compile the agent around any LangChain chat model that supports `bind_tools`."""
-    from tools.base import registry
-    from tools.langchain import as_langchain_tools
+    from trainops.tools.base import registry
+    from trainops.tools.langchain import as_langchain_tools
 
     specs = registry()
     bound = llm.bind_tools(as_langchain_tools())  # schemas and risk labels only: calls run in the nodes below
@@ -110,8 +110,8 @@ def build_graph(llm, checkpointer=None, settings: AgentSettings | None = None, s
         return {"messages": [reply]}
 
     def governance(state: AgentState, config: RunnableConfig) -> dict:
-        from tools.base import CallContext, ToolError
-        from tools.governance import gate, tokens
+        from trainops.tools.base import CallContext, ToolError
+        from trainops.tools.governance import gate, tokens
 
         thread = _thread(config)
         refused, ready, gated = [], [], []
@@ -156,7 +156,7 @@ def build_graph(llm, checkpointer=None, settings: AgentSettings | None = None, s
         return {"messages": results, "ready": [], "gated": gated}
 
     def human_approval(state: AgentState, config: RunnableConfig) -> dict:
-        from tools.governance import audit, gate, tokens
+        from trainops.tools.governance import audit, gate, tokens
 
         thread = _thread(config)
         call, rest = state["gated"][0], state["gated"][1:]
@@ -191,7 +191,7 @@ def build_graph(llm, checkpointer=None, settings: AgentSettings | None = None, s
         return {"messages": [_run(call, thread, token=token)], "gated": rest}
 
     def report_check(state: AgentState, config: RunnableConfig) -> dict:
-        from tools.governance.text import check_text
+        from trainops.tools.governance.text import check_text
 
         final = state["messages"][-1]
         violations = [str(v) for v in check_text(final.text)]

@@ -92,7 +92,7 @@ def load_settings(provider: str | None = None, model: str | None = None, base_ur
 def make_chat_model(settings: AgentSettings):
     """Build the LangChain chat model; a missing key fails here, before any request."""
     if settings.provider == "offline":
-        from agents.policy import OfflinePolicy
+        from trainops.agents.policy import OfflinePolicy
 
         return OfflinePolicy()
     key = os.environ.get(settings.key_env, "")

@@ -12,9 +12,9 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.types import Command
 from pydantic import BaseModel, Field
 
-from agents.graph import build_graph
-from agents.transcript import transcript_path
-from agents.providers import AgentSettings, load_settings, make_chat_model
+from trainops.agents.graph import build_graph
+from trainops.agents.transcript import transcript_path
+from trainops.agents.providers import AgentSettings, load_settings, make_chat_model
 
 
 def new_thread_id() -> str:

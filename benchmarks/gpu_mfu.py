@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.harness import GPU_BEGIN, GPU_END, write_section
-from trainer.config import load_config
-from trainer.launch import read_metrics, run_local
+from trainops.benchmarks.harness import GPU_BEGIN, GPU_END, write_section
+from trainops.trainer.config import load_config
+from trainops.trainer.launch import read_metrics, run_local
 
 ARMS = {
     "bf16 eager": [],

@@ -1,7 +1,7 @@
 """Step time of each parallel layout, on the CPU with gloo (functional figures: they show every
 layout runs through the real trainer and what it costs here, not what it gains on GPUs).
 
-Each layout is one `trainer.launch.run_local` run; the figure is the median `step_time_s` of
+Each layout is one `trainops.trainer.launch.run_local` run; the figure is the median `step_time_s` of
 rank 0 over the steps after the first (the first pays for start-up and shape inference). All
 layouts of a preset share seed, data and global batch, so their final losses must agree too;
 the table shows them. Results go to benchmarks/RESULTS.md under their own heading.
@@ -14,14 +14,11 @@ import argparse
 import os
 import re
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.harness import RESULTS_PATH, machine, write_section  # noqa: E402
+from trainops.benchmarks.harness import RESULTS_PATH, machine, write_section
 
 BEGIN, END = "<!-- layouts:begin -->", "<!-- layouts:end -->"
 LAYOUTS: dict[str, tuple[int, list[str]]] = {
@@ -43,8 +40,8 @@ BASE = ["data.kind=synthetic", "training.seq_len=64", "training.global_batch=8",
 
 
 def measure(preset: str, nproc: int, overrides: list[str], steps: int) -> dict:
-    from trainer.config import load_config
-    from trainer.launch import read_metrics, run_local
+    from trainops.trainer.config import load_config
+    from trainops.trainer.launch import read_metrics, run_local
 
     cfg = load_config(None, preset, BASE + [f"training.steps={steps}"] + overrides)
     result = run_local(cfg, nproc, show_progress=False, timeout_s=900)

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from trainer.model import Transformer, preset
+from trainops.trainer.model import Transformer, preset
 
 
 def main() -> None:

@@ -12,17 +12,14 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from benchmarks.harness import RESULTS_PATH as RESULTS, Figure, Suite, interleaved, publish, ratios
+from trainops.benchmarks.harness import RESULTS_PATH as RESULTS, Figure, Suite, interleaved, publish, ratios
 
-REPO = Path(__file__).resolve().parent.parent
 WARMUP_STEPS = 5
 TRAIN_SHAPE = ["training.global_batch=8", "training.seq_len=128", "data.kind=synthetic"]
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return env
+    return dict(os.environ, OMP_NUM_THREADS="1")
 
 
 def _steady(step_times: list[float]) -> float:
@@ -31,8 +28,8 @@ def _steady(step_times: list[float]) -> float:
 
 def trainer_step_time(nproc: int, steps: int, extra: list[str] = ()) -> float:
     """Median steady-state step time of the embedded trainer (rank 0, warm-up excluded)."""
-    from trainer.config import load_config
-    from trainer.launch import read_metrics, run_local
+    from trainops.trainer.config import load_config
+    from trainops.trainer.launch import read_metrics, run_local
 
     overrides = [*TRAIN_SHAPE, f"training.steps={steps}", f"training.micro_batch={8 // nproc}",
                  "parallel.data_parallel=fsdp", *extra]
@@ -45,7 +42,7 @@ def trainer_step_time(nproc: int, steps: int, extra: list[str] = ()) -> float:
 def plain_step_time(nproc: int, steps: int) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "plain.json"
-        script = [str(REPO / "benchmarks" / "plain_loop.py"), "--steps", str(steps), "--global-batch", "8",
+        script = ["-m", "trainops.benchmarks.plain_loop", "--steps", str(steps), "--global-batch", "8",
                   "--seq-len", "128", "--out", str(out)]
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
         done = subprocess.run([*launcher, *script], env=_env(), capture_output=True, text=True)
@@ -66,8 +63,8 @@ def bench_trainer_overhead(suite: Suite, repeats: int, steps: int) -> None:
 
 
 def _checkpoint_stall(mode: str, steps: int) -> float:
-    from trainer.config import load_config
-    from trainer.launch import run_local
+    from trainops.trainer.config import load_config
+    from trainops.trainer.launch import run_local
 
     cfg = load_config(None, "small", [*TRAIN_SHAPE, f"training.steps={steps}", "training.micro_batch=8",
                                       "checkpoint.enable=true", "checkpoint.interval=2", f"checkpoint.mode={mode}"])
@@ -94,7 +91,7 @@ def bench_async_checkpoint(suite: Suite, repeats: int) -> None:
 
 
 def _detect(kind: str, heartbeat_stale_s: float) -> float:
-    from tools.base import call
+    from trainops.tools.base import call
 
     sub = call("submit_job", {"name": f"bench-{kind.replace('_', '-')}", "training": {
         "preset": "tiny", "nproc": 2, "overrides": [*TRAIN_SHAPE, "training.steps=100000", "training.micro_batch=4"]}})
@@ -132,7 +129,7 @@ def bench_detection(suite: Suite, repeats: int) -> None:
 
 def _cold_start_s() -> float:
     """Submit -> first completed step of a fresh job: what a restart is compared against."""
-    from tools.base import call
+    from trainops.tools.base import call
 
     started = time.time()
     sub = call("submit_job", {"name": "bench-cold", "training": {
@@ -149,8 +146,8 @@ RECOVERY_PHASES: list[tuple[float, float]] = []  # (isolation s, restart s) per 
 
 
 def _recovery_s() -> float:
-    from skills.baseline import JobRequest
-    from skills.drill import drill
+    from trainops.skills.baseline import JobRequest
+    from trainops.skills.drill import drill
 
     req = JobRequest(preset="tiny", nproc=2, overrides=[*TRAIN_SHAPE, "training.steps=40", "training.micro_batch=4",
                                                         "checkpoint.enable=true", "checkpoint.interval=5"])
@@ -235,7 +232,7 @@ def bench_sop_overhead(suite: Suite) -> None:
 
 def bench_agent_overhead(suite: Suite) -> None:
     """The ops agent driving the SOP (offline policy): its own time is what the tools did not use."""
-    from agents.session import AgentSession
+    from trainops.agents.session import AgentSession
 
     wall_s = tool_s = 0.0
     with AgentSession(thread_id="bench-agent") as session:
@@ -256,7 +253,7 @@ DALY_VECTORS = ((24.0, 117.0), (6.0, 57.0), (0.25, 9.1))  # MTBF h -> Daly's opt
 
 
 def bench_planner(suite: Suite) -> None:
-    from tools.base import call
+    from trainops.tools.base import call
 
     errors = []
     for mtbf_h, expected_min in DALY_VECTORS:

@@ -2,16 +2,16 @@
 the run-to-run noise band of its own scale."""
 from __future__ import annotations
 
-from skills.baseline import JobRequest, Progress, RunResult, command_line, repeat, run_config
-from skills.evidence.model import AblationRow, EvidenceRow
-from skills.knobs import Knob, overrides_for, parse_arm, plan_order
-from skills.stats import compare, spread
-from tools.base import CallContext
+from trainops.skills.baseline import JobRequest, Progress, RunResult, command_line, repeat, run_config
+from trainops.skills.evidence.model import AblationRow, EvidenceRow
+from trainops.skills.knobs import Knob, overrides_for, parse_arm, plan_order
+from trainops.skills.stats import compare, spread
+from trainops.tools.base import CallContext
 
 
 def check_single_variable(baseline_run: str, arm_run: str, name: str) -> None:
     """Governance's AblationArm compares the two configs actually run: exactly one setting differs."""
-    from tools.governance.claims import AblationArm
+    from trainops.tools.governance.claims import AblationArm
 
     AblationArm(name=name, baseline_config=run_config(baseline_run), arm_config=run_config(arm_run))
 
@@ -45,7 +45,7 @@ def run_arm(req: JobRequest, spec: str, baselines: dict[int, list[RunResult]], r
             continue
         arm_req = req.with_overrides(overrides_for(knob, value), nproc=nproc)
         if req.framework != "trainops":  # the framework's own flag prerequisites, before launch
-            from tools.frameworks.base import get_adapter
+            from trainops.tools.frameworks.base import get_adapter
 
             get_adapter(req.framework).validate({knob.name: value}, overrides=req.overrides, world_size=nproc)
         arm = arms[nproc] = repeat(arm_req, f"arm-{knob.name.replace('_', '-')}-{nproc}p", repeats, ctx, progress)
@@ -68,7 +68,7 @@ def _median(results: list[RunResult], key: str) -> float:
 def judge_scale(knob: Knob, rows: list[AblationRow], arms: dict[int, list[RunResult]]) -> AblationRow:
     """Small against target scale through governance's ScaleResult (R-ABL-2/3, R-EVD-4): compared by
     weak-scaling efficiency; a small-scale gain whose target gain is at or below zero vanished."""
-    from tools.governance.claims import ScaleResult
+    from trainops.tools.governance.claims import ScaleResult
 
     (small_n, small), (target_n, target) = sorted(arms.items())
     efficiency = 100.0 * (_median(target, "tokens_per_s_median") / target_n) / (_median(small, "tokens_per_s_median") / small_n)

@@ -8,9 +8,9 @@ from typing import Callable
 
 from pydantic import BaseModel, Field
 
-from skills.evidence.model import BaselineSummary, EvidenceRow
-from skills.stats import spread
-from tools.base import CallContext, ToolError, call
+from trainops.skills.evidence.model import BaselineSummary, EvidenceRow
+from trainops.skills.stats import spread
+from trainops.tools.base import CallContext, ToolError, call
 
 Progress = Callable[[str], None]
 
@@ -26,7 +26,7 @@ class JobRequest(BaseModel):
     timeout_s: float = Field(600.0, gt=0, description="give up waiting for one run after this long")
     warmup_steps: int = Field(2, ge=0, description="leading steps excluded from every statistic")
     framework_version: str = Field("undeclared", description="framework and torch versions stamped on evidence rows (from S1)")
-    framework: str = Field("trainops", description="whose job this is: trainops, deepspeed, torchtitan or megatron (tools.frameworks)")
+    framework: str = Field("trainops", description="whose job this is: trainops, deepspeed, torchtitan or megatron (trainops.tools.frameworks)")
 
     def with_overrides(self, extra: list[str], nproc: int | None = None) -> "JobRequest":
         return self.model_copy(update={"overrides": [*self.overrides, *extra], "nproc": nproc or self.nproc})
@@ -50,7 +50,7 @@ def run_once(req: JobRequest, name: str, ctx: CallContext | None = None) -> RunR
         raise ToolError("submit_job", f"run {name} ({run_dir}) ended {status.state} (exit code {status.exit_code}, "
                         f"{status.reason or 'no reason given'}); read {run_dir}/logs/rank0.log")
     if not (Path(run_dir) / "metrics.jsonl").exists():  # torchtitan, Megatron-LM: their step lines are the metrics
-        from tools.frameworks.base import ParseContext, get_adapter, ingest_log
+        from trainops.tools.frameworks.base import ParseContext, get_adapter, ingest_log
 
         log = call("job_logs", {"job_id": job_id, "scheduler": req.scheduler, "tail": 0}, ctx)
         ingest_log(get_adapter(req.framework), log.text, run_dir, ParseContext(world_size=req.nproc))
@@ -64,7 +64,7 @@ def submit(req: JobRequest, name: str, ctx: CallContext | None = None):
         return call("submit_job", {"scheduler": req.scheduler, "name": name, "training": {
             "config": req.config, "preset": None if req.config else req.preset, "overrides": req.overrides,
             "nproc": req.nproc}}, ctx)
-    from tools.frameworks.base import FrameworkJob, get_adapter
+    from trainops.tools.frameworks.base import FrameworkJob, get_adapter
 
     spec = get_adapter(req.framework).build_job(FrameworkJob(name=name, config=req.config, preset=None if req.config else req.preset,
                                                              overrides=req.overrides, nproc=req.nproc))
@@ -90,8 +90,8 @@ def run_config(run_dir: str) -> dict:
 
 
 def layout_of(overrides: list[str], nproc: int, framework: str = "trainops") -> str:
-    """The parallel layout as the claim states it, in the framework's terms (tools.frameworks)."""
-    from tools.frameworks.base import get_adapter
+    """The parallel layout as the claim states it, in the framework's terms (trainops.tools.frameworks)."""
+    from trainops.tools.frameworks.base import get_adapter
 
     return get_adapter(framework).describe_layout(overrides, nproc)
 

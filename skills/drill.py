@@ -10,9 +10,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from skills.baseline import JobRequest, Progress, command_line, submit
-from skills.evidence.model import DrillResult, EvidenceRow
-from tools.base import CallContext, ToolError, call
+from trainops.skills.baseline import JobRequest, Progress, command_line, submit
+from trainops.skills.evidence.model import DrillResult, EvidenceRow
+from trainops.tools.base import CallContext, ToolError, call
 
 # drill kind -> (inject_fault kind, cause class); runtime kinds are injected into the live job,
 # launch-time kinds (LAUNCH_TIME) start the job with the overrides inject_fault returns

@@ -1,8 +1,8 @@
 """S1: the environment declaration every MFU or scaling conclusion must carry."""
 from __future__ import annotations
 
-from skills.evidence.model import EnvironmentDeclaration, EvidenceRow
-from tools.base import CallContext, call
+from trainops.skills.evidence.model import EnvironmentDeclaration, EvidenceRow
+from trainops.tools.base import CallContext, call
 
 
 def declare(scheduler: str = "local", ctx: CallContext | None = None,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from skills.evidence.model import CheckpointPlan, DrillResult
-from tools.base import CallContext, call
+from trainops.skills.evidence.model import CheckpointPlan, DrillResult
+from trainops.tools.base import CallContext, call
 
 
 def plan_checkpoint(save_s: float, restart_s: float, mtbf_h: float, ctx: CallContext | None = None) -> BaseModel:

@@ -11,7 +11,6 @@ from typing import Callable
 
 SKILLS_ROOT = Path(__file__).parent
 MAIN_SKILL = "training-efficiency-ablation-and-fault-sop"
-REPO_SKILL_MD = SKILLS_ROOT.parent / "SKILL.md"
 _STEP = re.compile(r"^(\d+)\.\s+(.*?)\s*\(impl:\s*`([\w.]+)`\)\s*$")
 _NUMBERED = re.compile(r"^(\d+)\.\s+")
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from skills import ablation, baseline, drill, environment, planning
-from skills.baseline import JobRequest, Progress
-from skills.evidence import pack as evidence_pack
-from tools.base import CallContext, call
-from tools.frameworks.base import FrameworkName, SopPlan
+from trainops.skills import ablation, baseline, drill, environment, planning
+from trainops.skills.baseline import JobRequest, Progress
+from trainops.skills.evidence import pack as evidence_pack
+from trainops.tools.base import CallContext, call
+from trainops.tools.frameworks.base import FrameworkName, SopPlan
 
 REFERENCES = (
     "MegaScale (arXiv 2402.15627) reports MFU 55.2% against 41.2% for Megatron-LM on 12,288 GPUs, "
@@ -23,7 +23,7 @@ REFERENCES = (
 
 class SopSettings(BaseModel):
     """How much of the SOP to run; `quick` trades repeats and arms for time. Arms, drills and the
-    small job default to the framework adapter's `sop_plan` (tools.frameworks)."""
+    small job default to the framework adapter's `sop_plan` (trainops.tools.frameworks)."""
 
     config: str | None = Field(None, description="job config (TOML; for megatron the pretrain_gpt.py path); None uses the embedded defaults")
     quick: bool = Field(False, description="fewer repeats, one arm, one drill (~2 minutes on 2 CPU cores)")
@@ -34,7 +34,7 @@ class SopSettings(BaseModel):
     framework: FrameworkName = Field("trainops", description="whose job: trainops (embedded trainer), deepspeed, torchtitan or megatron")
 
     def _plan(self) -> SopPlan:
-        from tools.frameworks.base import get_adapter
+        from trainops.tools.frameworks.base import get_adapter
 
         return get_adapter(self.framework).sop_plan
 
@@ -108,7 +108,7 @@ def build_from_runs(run_dirs: list[str], scheduler: str = "local", ctx: CallCont
     """`trainops evidence build RUNDIR...`: the runs as baseline repeats, plus any drills they recorded."""
     import json
 
-    from skills.evidence.model import DrillResult
+    from trainops.skills.evidence.model import DrillResult
 
     env, env_row = environment.declare(scheduler, ctx)
     results = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 
-from skills.evidence.model import MetricSpread, ablation_verdict
+from trainops.skills.evidence.model import MetricSpread, ablation_verdict
 
 
 def spread(values: list[float]) -> MetricSpread:

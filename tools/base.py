@@ -77,7 +77,7 @@ def tool(name: str, *, risk: Risk, approval_required: bool = False, tags: tuple[
 
 def registry() -> dict[str, ToolSpec]:
     """All tools, loading the catalogue on first use (tool modules import heavy libraries lazily)."""
-    import tools.catalog  # noqa: F401  (registers every tool)
+    import trainops.tools.catalog  # noqa: F401  (registers every tool)
 
     return dict(sorted(_REGISTRY.items()))
 
@@ -91,7 +91,7 @@ def get(name: str) -> ToolSpec:
 
 def call(name: str, inp: BaseModel | dict[str, Any] | None = None, ctx: CallContext | None = None) -> BaseModel:
     """Validate the input, pass the gate, run, record. The only way a tool runs."""
-    from tools.governance import gate
+    from trainops.tools.governance import gate
 
     spec = get(name)
     ctx = ctx or CallContext()

@@ -1,7 +1,7 @@
 """Checkpoint tools: list a run's checkpoints, verify one against its commit record, and measure
 what a save and a load cost on this storage.
 
-Listing and verification wrap `trainer.checkpoint` (the format's owner); the measurement goes
+Listing and verification wrap `trainops.trainer.checkpoint` (the format's owner); the measurement goes
 through `torch.distributed.checkpoint` itself, so the planner's write cost is a real DCP number.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, model_validator
 
-from tools.base import ToolError, tool
+from trainops.tools.base import ToolError, tool
 
 
 def _run_checkpoint_folder(run: str, tool_name: str) -> Path:
@@ -60,7 +60,7 @@ class ListCheckpointsOutput(BaseModel):
 def list_checkpoints(inp: ListCheckpointsInput) -> ListCheckpointsOutput:
     """List the checkpoints of a run (or a folder): step, committed or partial, size, time, and
     the newest committed step a resume would load."""
-    from trainer.checkpoint import list_checkpoints as trainer_list
+    from trainops.trainer.checkpoint import list_checkpoints as trainer_list
 
     folder = _run_checkpoint_folder(inp.run, "list_checkpoints") if inp.run else Path(inp.folder).expanduser()
     entries = [CheckpointEntry(**info.model_dump()) for info in trainer_list(folder)]
@@ -96,9 +96,9 @@ class VerifyCheckpointOutput(BaseModel):
 def verify_checkpoint(inp: VerifyCheckpointInput) -> VerifyCheckpointOutput:
     """Verify a checkpoint is complete: committed, every file present, sizes and sha256 checksums
     matching its COMMIT.json. Reports missing and corrupted files by name."""
-    from trainer.checkpoint import list_checkpoints as trainer_list
-    from trainer.checkpoint import step_dir_name
-    from trainer.checkpoint import verify_checkpoint as trainer_verify
+    from trainops.trainer.checkpoint import list_checkpoints as trainer_list
+    from trainops.trainer.checkpoint import step_dir_name
+    from trainops.trainer.checkpoint import verify_checkpoint as trainer_verify
 
     if inp.path is not None:
         target = Path(inp.path).expanduser()

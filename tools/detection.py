@@ -18,9 +18,9 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from tools.base import ToolError, tool
-from tools.monitoring.base import MonitorError
-from tools.schedulers.base import TERMINAL_STATES, SchedulerError, SchedulerKind
+from trainops.tools.base import ToolError, tool
+from trainops.tools.monitoring.base import MonitorError
+from trainops.tools.schedulers.base import TERMINAL_STATES, SchedulerError, SchedulerKind
 
 Mechanism = Literal["process_exit", "heartbeat_stale", "loss_anomaly", "checksum_mismatch", "step_time_outlier"]
 Isolation = Literal["rank", "node", "replica_group", "job"]
@@ -80,7 +80,7 @@ class _Watch:
         self.last_step_time: dict[int, float] = {}
 
     def ingest(self) -> list[dict]:
-        from tools.monitoring.embedded import read_records
+        from trainops.tools.monitoring.embedded import read_records
 
         records, self.offset = read_records(self.run_dir, self.offset)
         for rec in records:
@@ -148,8 +148,8 @@ class _Watch:
         return None
 
     def stale_or_dead(self) -> tuple[str, int, dict, str] | None:
-        from tools.monitoring.embedded import read_heartbeats
-        from tools.schedulers.local import pid_alive
+        from trainops.tools.monitoring.embedded import read_heartbeats
+        from trainops.tools.schedulers.local import pid_alive
 
         beats = read_heartbeats(self.run_dir)
         now = time.time()
@@ -207,7 +207,7 @@ def detect_faults(inp: DetectFaultsInput) -> Detection:
     turns NaN or jumps, replica checksums disagree, a rank straggles) or the timeout passes.
     Reports the mechanism, the rank and node, the detection latency from the injection, and
     the isolation to apply (rank, node, replica group or job)."""
-    from tools.monitoring.embedded import resolve_run
+    from trainops.tools.monitoring.embedded import resolve_run
 
     try:
         run_dir = resolve_run(inp.run)
@@ -215,7 +215,7 @@ def detect_faults(inp: DetectFaultsInput) -> Detection:
         raise ToolError("detect_faults", str(exc)) from None
     sched = None
     if inp.job_id:
-        from tools.schedulers import get_scheduler
+        from trainops.tools.schedulers import get_scheduler
 
         sched = get_scheduler(inp.scheduler)
     watch = _Watch(inp, run_dir)

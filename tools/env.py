@@ -19,7 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from tools.base import ToolError, tool
+from trainops.tools.base import ToolError, tool
 
 SchedulerKind = Literal["local", "slurm", "kubernetes"]
 SINGLE_HOST_INTERCONNECT = "loopback/shared-memory (single host)"
@@ -114,7 +114,7 @@ class EnvInput(BaseModel):
 
     @model_validator(mode="after")
     def _framework_needs_version(self) -> EnvInput:
-        from tools.frameworks.base import known_frameworks
+        from trainops.tools.frameworks.base import known_frameworks
 
         if self.framework and not self.framework_version and self.framework not in known_frameworks():
             raise ValueError(
@@ -248,7 +248,7 @@ def _software() -> Software:
 
 def _framework(inp: EnvInput) -> Framework:
     if inp.framework and not inp.framework_version:  # an adapter's framework: its installed version
-        from tools.frameworks.base import get_adapter
+        from trainops.tools.frameworks.base import get_adapter
 
         adapter = get_adapter(inp.framework)
         return Framework(name=adapter.display_name, version=adapter.version())
@@ -296,13 +296,13 @@ def measure_checkpoint_write(folder: Path, size_mib: int) -> CheckpointStorage:
 def _compute_peak(acc: Accelerators, inp: EnvInput, notes: list[str]) -> ComputePeak:
     """The trainer's own MFU denominator, so the declaration and the metrics agree."""
     import torch
-    from trainer.metrics import GPU_PEAK_TFLOPS_BF16, device_peak_tflops
+    from trainops.trainer.metrics import GPU_PEAK_TFLOPS_BF16, device_peak_tflops
 
     if acc.kind == "gpu":
         key = next((k for k in GPU_PEAK_TFLOPS_BF16 if k in acc.model), None)
         if key is not None:
-            return ComputePeak(peak_tflops=GPU_PEAK_TFLOPS_BF16[key], dtype="bf16", source=f"vendor-table:{key} (trainer.metrics)")
-        notes.append(f"no vendor peak for {acc.model} in trainer.metrics.GPU_PEAK_TFLOPS_BF16")
+            return ComputePeak(peak_tflops=GPU_PEAK_TFLOPS_BF16[key], dtype="bf16", source=f"vendor-table:{key} (trainops.trainer.metrics)")
+        notes.append(f"no vendor peak for {acc.model} in trainops.trainer.metrics.GPU_PEAK_TFLOPS_BF16")
         return ComputePeak(peak_tflops=0.0, dtype="bf16", source="unknown GPU: no vendor peak")
     if not inp.measure_gemm:
         notes.append("CPU GEMM peak not measured (measure_gemm=false)")
@@ -310,21 +310,21 @@ def _compute_peak(acc: Accelerators, inp: EnvInput, notes: list[str]) -> Compute
     peak_tflops, label = device_peak_tflops(torch.device("cpu"), "fp32")
     return ComputePeak(
         peak_tflops=peak_tflops, dtype="fp32",
-        source=f"{label} (trainer.metrics.device_peak_tflops: best of 8 512x512 fp32 GEMMs, {torch.get_num_threads()} threads, "
+        source=f"{label} (trainops.trainer.metrics.device_peak_tflops: best of 8 512x512 fp32 GEMMs, {torch.get_num_threads()} threads, "
         "cached per CPU in $TRAINOPS_HOME/cache; the same denominator the trainer's MFU uses)",
     )
 
 
 def _scheduler(kind: SchedulerKind) -> Scheduler:
     """Version and partitions per backend; nodes and the idle pool through the scheduler protocol
-    (tools.schedulers), the same view the job tools have."""
+    (trainops.tools.schedulers), the same view the job tools have."""
     if kind == "kubernetes":
         return _kubernetes()
-    from tools.schedulers.base import SchedulerError, get_scheduler
+    from trainops.tools.schedulers.base import SchedulerError, get_scheduler
 
     try:
         if kind == "slurm":
-            from tools.schedulers.slurm import run_cli
+            from trainops.tools.schedulers.slurm import run_cli
 
             version = run_cli(["sinfo", "-V"]).stdout.strip()
             partitions = sorted(set(run_cli(["sinfo", "-h", "-o", "%R"]).stdout.split()))

@@ -14,9 +14,9 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from tools.base import ToolError, tool
-from tools.monitoring.base import MonitorError
-from tools.schedulers.base import SchedulerError, SchedulerKind
+from trainops.tools.base import ToolError, tool
+from trainops.tools.monitoring.base import MonitorError
+from trainops.tools.schedulers.base import SchedulerError, SchedulerKind
 
 FaultKind = Literal["kill_rank", "kill_node", "hang", "straggler", "nan", "bitflip", "crash", "corrupt_checkpoint", "drain_node"]
 LAUNCH_TIME_KINDS = {"straggler", "nan", "bitflip", "crash"}
@@ -50,7 +50,7 @@ class InjectFaultOutput(BaseModel):
 
 
 def _run_dir(run: str) -> Path:
-    from tools.monitoring.embedded import resolve_run
+    from trainops.tools.monitoring.embedded import resolve_run
 
     try:
         return resolve_run(run)
@@ -59,7 +59,7 @@ def _run_dir(run: str) -> Path:
 
 
 def _rank_pid(run_dir: Path, rank: int) -> int:
-    from tools.monitoring.embedded import read_heartbeats
+    from trainops.tools.monitoring.embedded import read_heartbeats
 
     beats = read_heartbeats(run_dir)
     if rank not in beats or "pid" not in beats[rank]:
@@ -121,7 +121,7 @@ def inject_fault(inp: InjectFaultInput) -> InjectFaultOutput:
                                  overrides=launch_overrides(inp),
                                  note="launch-time fault: start the run with these overrides; the trainer logs the step it fires")
     if inp.kind == "drain_node":
-        from tools.schedulers import get_scheduler
+        from trainops.tools.schedulers import get_scheduler
 
         try:
             get_scheduler(inp.scheduler).drain(inp.node, "trainops fault drill")
@@ -137,7 +137,7 @@ def inject_fault(inp: InjectFaultInput) -> InjectFaultOutput:
         record_fault(run_dir, {"kind": inp.kind, "time": at, "file": target})
         return InjectFaultOutput(kind=inp.kind, injected_at=at, target=target)
     if inp.kind == "kill_node":
-        from tools.monitoring.embedded import read_heartbeats
+        from trainops.tools.monitoring.embedded import read_heartbeats
 
         node = inp.node or os.uname().nodename
         beats = read_heartbeats(run_dir)

@@ -7,13 +7,13 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from tools.base import ToolError, tool
-from tools.monitoring.base import MonitorError, MonitorKind, Sample, Series
-from tools.schedulers.base import JobHandle, JobSpec, JobStatus, NodeInfo, SchedulerError, SchedulerKind
+from trainops.tools.base import ToolError, tool
+from trainops.tools.monitoring.base import MonitorError, MonitorKind, Sample, Series
+from trainops.tools.schedulers.base import JobHandle, JobSpec, JobStatus, NodeInfo, SchedulerError, SchedulerKind
 
 
 def _scheduler(tool_name: str, kind: str):
-    from tools.schedulers import get_scheduler
+    from trainops.tools.schedulers import get_scheduler
 
     try:
         return get_scheduler(kind)
@@ -30,7 +30,7 @@ def _run(tool_name: str, fn, *args):
 
 
 class TrainingRequest(BaseModel):
-    """A trainer run to prepare and launch with torchrun: `python -m trainer.train --run-dir RUN`."""
+    """A trainer run to prepare and launch with torchrun: `python -m trainops.trainer.train --run-dir RUN`."""
 
     config: str | None = Field(None, description="Path to a job config TOML; None uses the preset alone.")
     preset: str | None = Field(None, description="Model preset (tiny, small, llama3-1b, ...).")
@@ -60,10 +60,10 @@ class SubmitJobOutput(BaseModel):
 
 def training_spec(req: TrainingRequest, name: str, exclude_nodes: list[str]) -> JobSpec:
     """Prepare the run folder through the trainer's launcher and build the torchrun job."""
-    from trainer.launch import prepare_run
+    from trainops.trainer.launch import prepare_run
 
     run_dir = prepare_run(req.config, req.preset, req.overrides)
-    return JobSpec(name=name, command=["-m", "trainer.train", "--run-dir", str(run_dir)], launcher="torchrun",
+    return JobSpec(name=name, command=["-m", "trainops.trainer.train", "--run-dir", str(run_dir)], launcher="torchrun",
                    nodes=req.nodes, procs_per_node=req.nproc, run_dir=str(run_dir), exclude_nodes=exclude_nodes,
                    env={"OMP_NUM_THREADS": "1"})
 
@@ -202,7 +202,7 @@ class QueryMetricsOutput(BaseModel):
 @tool("query_metrics", risk="read", tags=("metrics",))
 def query_metrics(inp: QueryMetricsInput) -> QueryMetricsOutput:
     """A metric of a run, per rank: the latest value or a series over a window."""
-    from tools.monitoring import get_monitor
+    from trainops.tools.monitoring import get_monitor
 
     mon = _run("query_metrics", get_monitor, inp.monitor, inp.url)
     if inp.mode == "instant":
@@ -270,7 +270,7 @@ def summarize_records(run: str, records: list[dict], skip_steps: int) -> RunSumm
 def summarize_run(inp: SummarizeRunInput) -> RunSummary:
     """Median step time, per-rank step-time spread, tokens/s, MFU (warm-up steps excluded),
     data-wait share and final loss of a run, from its metrics.jsonl."""
-    from tools.monitoring.embedded import read_records, resolve_run
+    from trainops.tools.monitoring.embedded import read_records, resolve_run
 
     run_dir = _run("summarize_run", resolve_run, inp.run)
     records, _ = read_records(run_dir)

@@ -1,14 +1,14 @@
 """The registry as LangChain structured tools, for the ops agent.
 
 Each structured tool takes the tool's own pydantic `Input` as its args schema and runs through
-`tools.base.call`, so the agent passes the same gate (validation, approval, audit) as the CLI.
+`trainops.tools.base.call`, so the agent passes the same gate (validation, approval, audit) as the CLI.
 A `ToolError` comes back to the model as the tool's answer, so it can correct its input.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from tools.base import CallContext, ToolError, call, explain, registry
+from trainops.tools.base import CallContext, ToolError, call, explain, registry
 
 if TYPE_CHECKING:
     from langchain_core.tools import StructuredTool, ToolException

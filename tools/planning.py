@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from tools.base import ToolError, tool
+from trainops.tools.base import ToolError, tool
 
 # --- checkpoint interval -------------------------------------------------------------------
 
@@ -304,8 +304,8 @@ def plan_layout(inp: LayoutInput) -> LayoutOutput:
     world size without starting any process: the trainer's dry run. An impossible layout comes
     back as valid=false with the reason and the numbers."""
     try:
-        from trainer.config import load_config
-        from trainer.layout import plan_dry_run
+        from trainops.trainer.config import load_config
+        from trainops.trainer.layout import plan_dry_run
     except ImportError as exc:
         raise ToolError("plan_layout", f"the trainer's layout planner is not available ({exc})") from None
     try:

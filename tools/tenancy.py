@@ -16,9 +16,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from tools.base import tool
-from tools.governance.claims import SchedulerChange
-from tools.governance.gate import register_check
+from trainops.tools.base import tool
+from trainops.tools.governance.claims import SchedulerChange
+from trainops.tools.governance.gate import register_check
 
 TenantKind = Literal["data", "checkpoints"]
 

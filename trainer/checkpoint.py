@@ -27,7 +27,7 @@ from pydantic import BaseModel, Field
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
-log = logging.getLogger("trainer.checkpoint")
+log = logging.getLogger("trainops.trainer.checkpoint")
 
 COMMIT_FILE = "COMMIT.json"
 _STEP_DIR = re.compile(r"^step-(\d{8})(\.tmp)?$")
@@ -174,7 +174,7 @@ class AppState(Stateful):
     (DTensor shards, resharded on load) and plain modules alike. RNG state differs per rank, so
     it is stored under a per-rank key (DCP keeps one copy of equal keys); a rank the checkpoint
     did not have (a larger world on load) keeps its own seeded RNG. The loader position is the
-    same on every rank (trainer.data derives each rank's slice from it), so it has one key.
+    same on every rank (trainops.trainer.data derives each rank's slice from it), so it has one key.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -217,7 +217,7 @@ class AppState(Stateful):
 
 
 class CheckpointSettings(Protocol):
-    """The `[checkpoint]` section as the Checkpointer reads it (trainer.config.CheckpointConfig)."""
+    """The `[checkpoint]` section as the Checkpointer reads it (trainops.trainer.config.CheckpointConfig)."""
 
     enable: bool
     interval: int

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from trainer.model import PRESETS, ModelArgs
+from trainops.trainer.model import PRESETS, ModelArgs
 
 PipelineSchedule = Literal["GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"]
 
@@ -101,7 +101,7 @@ class DataConfig(_Section):
     kind: Literal["synthetic", "text"] = Field("text", description="synthetic random tokens, or "
                                                "a byte-level tokenizer over a text file")
     path: str | None = Field(None, description="text file for kind=text; default: the shipped "
-                             "data/public_domain_excerpts.txt")
+                             "trainer/text/public_domain_excerpts.txt")
 
 
 class CheckpointConfig(_Section):

@@ -9,13 +9,14 @@ needs to resume exactly, even with a different data-parallel degree.
 from __future__ import annotations
 
 import time
+from importlib import resources
 from pathlib import Path
 
 import torch
 
-from trainer.config import DataConfig
+from trainops.trainer.config import DataConfig
 
-DEFAULT_TEXT = Path(__file__).resolve().parent.parent / "data" / "public_domain_excerpts.txt"
+DEFAULT_TEXT = Path(str(resources.files("trainops.trainer") / "text" / "public_domain_excerpts.txt"))
 
 
 class SyntheticTokens:

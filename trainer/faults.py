@@ -15,7 +15,7 @@ from typing import Any, Literal, Protocol
 
 import torch
 
-from trainer.checkpoint import list_checkpoints
+from trainops.trainer.checkpoint import list_checkpoints
 
 CRASH_EXIT_CODE = 42
 """Exit code of an injected `crash_mode = "exit"` crash: distinct, so a drill can tell it apart."""
@@ -26,7 +26,7 @@ make every restart fail the same way. A straggler (`slow`) is a property of the 
 
 
 class FaultSettings(Protocol):
-    """The `[faults]` section as the injector reads it (trainer.config.FaultsConfig)."""
+    """The `[faults]` section as the injector reads it (trainops.trainer.config.FaultsConfig)."""
 
     crash_step: int | None
     crash_rank: int

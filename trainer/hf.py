@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from trainer.model import ModelArgs, Transformer
+from trainops.trainer.model import ModelArgs, Transformer
 
 CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 

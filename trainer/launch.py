@@ -21,9 +21,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from trainer.config import JobConfig, load_config
+from trainops.trainer.config import JobConfig, load_config
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
@@ -82,7 +81,7 @@ def prepare_run(cfg: JobConfig | str | Path | None = None, preset: str | None = 
 
 def build_torchrun_command(run_dir: str | Path, nproc: int, *, nnodes: int = 1,
                            rdzv_endpoint: str | None = None, rdzv_id: str | None = None) -> list[str]:
-    """`python -m torch.distributed.run ... -m trainer.train --run-dir RUN` (standalone on one
+    """`python -m torch.distributed.run ... -m trainops.trainer.train --run-dir RUN` (standalone on one
     node; c10d rendezvous at `rdzv_endpoint` across nodes)."""
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
     if nnodes == 1 and rdzv_endpoint is None:
@@ -92,7 +91,7 @@ def build_torchrun_command(run_dir: str | Path, nproc: int, *, nnodes: int = 1,
             raise ValueError(f"nnodes={nnodes} needs rdzv_endpoint (host:port of node 0)")
         command += ["--nnodes", str(nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv_endpoint,
                     "--rdzv-id", rdzv_id or Path(run_dir).name]
-    return command + ["-m", "trainer.train", "--run-dir", str(run_dir)]
+    return command + ["-m", "trainops.trainer.train", "--run-dir", str(run_dir)]
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -153,7 +152,6 @@ def launch_run(run_dir: str | Path, nproc: int, *, show_progress: bool = True,
     total_steps = load_config(run_dir / "config.toml").training.steps
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     env["TRAINOPS_HOME"] = str(run_dir.parent.parent)
     process = subprocess.Popen(build_torchrun_command(run_dir, nproc), stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)

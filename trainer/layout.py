@@ -232,7 +232,7 @@ def validate_layout(cfg: Any, world_size: int, gpus_per_node: int | None = None,
             raise LayoutError(f"training.seq_len={seq_len} is not divisible by 2*cp = {2 * cp} (load-balanced context parallel): use a multiple of {2 * cp}")
         if not plan_only:
             raise LayoutError(
-                f"context parallel (cp={cp}) is planned but not yet run by trainer.train (its sequence sharding and "
+                f"context parallel (cp={cp}) is planned but not yet run by trainops.trainer.train (its sequence sharding and "
                 "cp-wide gradient reduction need a multi-GPU host to prove): set parallel.cp=1 to train; "
                 "--dry-run plans it"
             )
@@ -283,7 +283,7 @@ FORMULAS = {
                         "at 16-bit without the s^2 attention scores, which SDPA does not keep; an upper "
                         "estimate, this model has no dropout masks), k=2 for a checkpointed block (its input "
                         "only) plus one block at k=34 being recomputed; full AC checkpoints every block, "
-                        "selective every other one (as trainer.parallelize does); w=1 in bf16, 2 in fp32; "
+                        "selective every other one (as trainops.trainer.parallelize does); w=1 in bf16, 2 in fp32; "
                         "without sequence parallel the norm part (10 of 34) is not divided by tp; in-flight "
                         "micro-batches: 1 without pp, n_microbatches under GPipe, pp - pp_rank under the "
                         "1F1B-family schedules",
@@ -316,7 +316,7 @@ def _activation_bytes(args: Any, layout: Layout, n_layers: int, in_flight: int, 
 
 def plan_dry_run(cfg: Any, nproc: int, gpus_per_node: int | None = None, backend: str | None = None) -> DryRunPlan:
     """Validate `cfg` for `nproc` ranks and describe every rank: coordinates, stages, layers, memory."""
-    from trainer.model import count_parameters
+    from trainops.trainer.model import count_parameters
 
     layout = validate_layout(cfg, nproc, gpus_per_node=gpus_per_node, backend=backend, plan_only=True)
     args = model_dims(cfg)

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from trainer.config import MetricsConfig
-from trainer.model import ModelArgs, count_parameters
+from trainops.trainer.config import MetricsConfig
+from trainops.trainer.model import ModelArgs, count_parameters
 
 # Dense bf16 tensor-core peaks in TFLOP/s (vendor data sheets, no sparsity). Matched by
 # substring of torch.cuda.get_device_name(); the first match wins, so specific names go first.

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from trainer.config import JobConfig
-from trainer.layout import MESH_DIM_NAMES, Layout
+from trainops.trainer.config import JobConfig
+from trainops.trainer.layout import MESH_DIM_NAMES, Layout
 
 DP_DIMS = ("dp_replicate", "dp_shard")
 
@@ -88,7 +88,7 @@ def _dp_mesh(info: MeshInfo) -> DeviceMesh:
 def parallelize(model: nn.Module, cfg: JobConfig, info: MeshInfo) -> nn.Module:
     """Return the model ready to train on this rank (wrapped by DDP when data_parallel=ddp)."""
     if cfg.parallel.tp > 1:
-        from trainer.parallel import apply_tp  # the parallelism module is only needed with TP
+        from trainops.trainer.parallel import apply_tp  # the parallelism module is only needed with TP
 
         apply_tp(model, info.mesh["tp"], cfg)
     apply_activation_checkpointing(model, cfg.training.activation_checkpointing)

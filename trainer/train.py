@@ -1,5 +1,5 @@
 """The training entry point, run by torchrun on every rank:
-`python -m trainer.train --run-dir RUN` reads RUN/config.toml, trains, and exits non-zero on
+`python -m trainops.trainer.train --run-dir RUN` reads RUN/config.toml, trains, and exits non-zero on
 failure (an exception, a non-finite loss, or an injected crash)."""
 from __future__ import annotations
 
@@ -16,15 +16,15 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from trainer.checkpoint import AppState, Checkpointer
-from trainer.config import JobConfig, load_config
-from trainer.data import DataLoader
-from trainer.faults import FaultInjector
-from trainer.layout import validate_layout
-from trainer.metrics import (MetricsLogger, device_peak_tflops, flops_per_token, note_exit, param_checksum,
+from trainops.trainer.checkpoint import AppState, Checkpointer
+from trainops.trainer.config import JobConfig, load_config
+from trainops.trainer.data import DataLoader
+from trainops.trainer.faults import FaultInjector
+from trainops.trainer.layout import validate_layout
+from trainops.trainer.metrics import (MetricsLogger, device_peak_tflops, flops_per_token, note_exit, param_checksum,
                              peak_memory_gib)
-from trainer.model import Transformer
-from trainer.parallelize import build_mesh, parallelize, replica_group
+from trainops.trainer.model import Transformer
+from trainops.trainer.parallelize import build_mesh, parallelize, replica_group
 
 
 class NonFiniteLoss(RuntimeError):
@@ -152,7 +152,7 @@ def train(cfg: JobConfig, run_dir: Path, rank: int, world_size: int, device: tor
     model.init_weights(seed=training.seed)  # same weights on every rank before sharding
     pipe = None
     if layout.pp > 1:  # the schedule runs forward+backward over this rank's stages
-        from trainer.parallel import build_pipeline, merged_view
+        from trainops.trainer.parallel import build_pipeline, merged_view
 
         pipe = build_pipeline(model.to(device), layout, mesh_info.mesh["pp"],
                               lambda part: parallelize(part, cfg, mesh_info), _pipeline_loss, device)

@@ -81,7 +81,7 @@ class AblationRow(BaseModel):
             raise ValueError(
                 f"ablation row {self.knob}={self.value}: verdict {self.verdict!r} does not follow from "
                 f"mfu_change_pct={self.mfu_change_pct} and noise_band_pct={self.noise_band_pct} "
-                f"(expected {expected!r}); recompute with skills.ablation.ablation_verdict"
+                f"(expected {expected!r}); recompute with trainops.skills.ablation.ablation_verdict"
             )
         return self
 

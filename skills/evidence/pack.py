@@ -9,7 +9,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from skills.evidence.model import (
+from trainops.skills.evidence.model import (
     AblationRow,
     BaselineSummary,
     CheckpointPlan,
@@ -19,7 +19,7 @@ from skills.evidence.model import (
     EvidenceRow,
     FaultToleranceReport,
 )
-from skills.evidence.render import to_html, to_markdown
+from trainops.skills.evidence.render import to_html, to_markdown
 
 
 MIN_REPEATS = 3
@@ -82,8 +82,8 @@ def governance_errors(pack: EvidencePack, markdown: str) -> list[str]:
     checked for a single variable (R-ABL-1) when they ran."""
     from pydantic import ValidationError
 
-    from tools.governance import claims
-    from tools.governance.text import validate_report_text
+    from trainops.tools.governance import claims
+    from trainops.tools.governance.text import validate_report_text
 
     checks = []
     if pack.baseline and pack.environment:
@@ -107,7 +107,7 @@ def governance_errors(pack: EvidencePack, markdown: str) -> list[str]:
 
 def write(pack: EvidencePack, packs_root: Path | None = None) -> Path:
     """Validate, then write evidence.json, report.md, report.html and plots. Raises PackRefused."""
-    from skills.evidence import plots
+    from trainops.skills.evidence import plots
     from trainops.workspace import check_id, packs_dir
 
     check_id("pack", pack.pack_id)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from skills.evidence.model import EvidencePack
+from trainops.skills.evidence.model import EvidencePack
 
 
 def _pyplot():

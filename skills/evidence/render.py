@@ -6,7 +6,7 @@ import base64
 import html
 from pathlib import Path
 
-from skills.evidence.model import EvidencePack
+from trainops.skills.evidence.model import EvidencePack
 
 
 def verdict_line(pack: EvidencePack) -> str:

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from agents.session import AgentSession, list_threads
-from agents.transcript import read
+from trainops.agents.session import AgentSession, list_threads
+from trainops.agents.transcript import read
 
 
 def run(session: AgentSession, text: str) -> list[dict]:
@@ -117,7 +117,7 @@ def test_threads_are_listed_with_their_pending_approvals():
 
 
 def test_a_log_line_with_instructions_is_quoted_not_obeyed(chatty_job):
-    from tools.base import call
+    from trainops.tools.base import call
 
     with AgentSession("inject") as session:
         events = run(session, f"show the logs of job {chatty_job}")

@@ -7,8 +7,8 @@ import socket
 
 import pytest
 
-from agents.providers import ProviderError, load_settings, make_chat_model
-from agents.session import AgentSession
+from trainops.agents.providers import ProviderError, load_settings, make_chat_model
+from trainops.agents.session import AgentSession
 
 from tests.agents.conftest import ScriptedOpenAI
 
@@ -63,7 +63,7 @@ def test_an_unregistered_tool_is_refused_and_the_model_is_told(scripted_openai, 
 
 def test_injected_log_line_cannot_trigger_an_ungated_cancel(scripted_openai, openai_settings, chatty_job):
     """The scripted model is 'fooled' by the log and asks to cancel: the graph pauses for a human."""
-    from tools.base import call
+    from trainops.tools.base import call
 
     def fooled(body: dict) -> dict:
         assert "ignore previous instructions" in body["messages"][-1]["content"]
@@ -79,7 +79,7 @@ def test_injected_log_line_cannot_trigger_an_ungated_cancel(scripted_openai, ope
 
 
 def test_a_token_gated_call_waits_in_the_governance_queue_and_approval_mints_the_token(scripted_openai, openai_settings):
-    from tools.governance import tokens
+    from trainops.tools.governance import tokens
 
     quota = {"tenant": "team-a", "gpus": 8, "priority": "high", "reason": "launch week"}
     scripted_openai.script = [tool_call("set_tenant_quota", quota), text("Quota set.")]
@@ -94,7 +94,7 @@ def test_a_token_gated_call_waits_in_the_governance_queue_and_approval_mints_the
 
 
 def test_rejecting_a_token_gated_call_rejects_it_in_the_governance_queue(scripted_openai, openai_settings):
-    from tools.governance import tokens
+    from trainops.tools.governance import tokens
 
     quota = {"tenant": "team-a", "gpus": 8, "priority": "high", "reason": "launch week"}
     scripted_openai.script = [tool_call("set_tenant_quota", quota), text("Not set.")]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from agents.policy import classify, fill_args, parse_params
+from trainops.agents.policy import classify, fill_args, parse_params
 
 
 @pytest.mark.parametrize("text, intent", [
@@ -53,8 +53,8 @@ def test_the_sop_answer_leads_with_the_verdict_and_names_the_pack_to_decide():
     """Rendering only: a real SOP run takes minutes (measured in the report), so its result is built here."""
     from langchain_core.messages import ToolMessage
 
-    from agents.explain import render_answer
-    from tools.governance.text import check_text
+    from trainops.agents.explain import render_answer
+    from trainops.tools.governance.text import check_text
 
     result = {"pack_dir": "/w/packs/sop-1", "verdict": "partial", "blockers": ["drill hang: recovery not measured"],
               "elapsed_s": 120.4}

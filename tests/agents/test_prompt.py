@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agents.prompt import DATA_RULE, choose_skill, load_skills, system_prompt
+from trainops.agents.prompt import DATA_RULE, choose_skill, load_skills, system_prompt
 
 
 @pytest.mark.parametrize("request_text, skill", [

@@ -7,8 +7,8 @@ from importlib.metadata import version
 
 import pytest
 
-from skills.knobs import CATALOGUE, CATEGORY_ORDER
-from tools.frameworks.base import FrameworkJob, FrameworkRefused, get_adapter, known_frameworks
+from trainops.skills.knobs import CATALOGUE, CATEGORY_ORDER
+from trainops.tools.frameworks.base import FrameworkJob, FrameworkRefused, get_adapter, known_frameworks
 
 
 def test_unknown_framework_is_refused_listing_the_known_ones():
@@ -99,7 +99,7 @@ def test_deepspeed_job_writes_a_config_deepspeed_itself_accepts(workspace):
 
     spec = get_adapter("deepspeed").build_job(FrameworkJob(name="ds", nproc=2, overrides=["deepspeed.zero_optimization.stage=2"]))
     assert spec.launcher == "torchrun" and spec.procs_per_node == 2
-    assert spec.command[:2] == ["-m", "tools.frameworks.deepspeed_train"]
+    assert spec.command[:2] == ["-m", "trainops.tools.frameworks.deepspeed_train"]
     ds = json.loads((workspace / "runs" / spec.run_dir.rsplit("/", 1)[-1] / "ds_config.json").read_text())
     assert ds["zero_optimization"]["stage"] == 2 and ds["train_batch_size"] == 8
 
@@ -137,7 +137,7 @@ def test_torchtitan_job_passes_knobs_as_its_command_line_overrides(tmp_path):
 
 
 def test_declared_environment_names_an_adapters_framework_and_installed_version():
-    from tools.base import call
+    from trainops.tools.base import call
 
     out = call("declare_environment", {"framework": "deepspeed", "ckpt_test_mib": 1, "measure_gemm": False})
     assert (out.framework.name, out.framework.version) == ("DeepSpeed", version("deepspeed"))
@@ -157,7 +157,7 @@ def test_the_layout_an_mfu_claim_names_is_stated_in_the_frameworks_terms(framewo
 
 
 def test_the_agent_can_check_a_megatron_job_before_launch():
-    from tools.base import call
+    from trainops.tools.base import call
 
     out = call("check_framework_job", {"framework": "megatron", "knobs": {"tp_comm_overlap": "true"},
                                        "overrides": ["megatron.tensor_model_parallel_size=2"], "world_size": 8})
@@ -168,7 +168,7 @@ def test_the_agent_can_check_a_megatron_job_before_launch():
 
 
 def test_the_agent_reads_a_frameworks_knobs_and_version():
-    from tools.base import call
+    from trainops.tools.base import call
 
     out = call("framework_knobs", {"framework": "deepspeed"})
     assert out.version == version("deepspeed")
@@ -179,8 +179,8 @@ def test_the_agent_reads_a_frameworks_knobs_and_version():
 def test_each_framework_sop_plan_is_runnable_in_its_own_vocabulary(name):
     """The defaults `trainops sop --framework NAME` runs: arms its knobs accept (and its flag rules
     allow at 2 ranks), drills that exist, and checkpoint overrides its settings take."""
-    from skills.drill import DRILLS
-    from skills.knobs import parse_arm
+    from trainops.skills.drill import DRILLS
+    from trainops.skills.knobs import parse_arm
 
     adapter = get_adapter(name)
     plan = adapter.sop_plan
@@ -193,7 +193,7 @@ def test_each_framework_sop_plan_is_runnable_in_its_own_vocabulary(name):
 
 
 def test_sop_settings_take_the_frameworks_plan_and_its_drill_checkpoints():
-    from skills.sop import SopSettings
+    from trainops.skills.sop import SopSettings
 
     quick = SopSettings(framework="deepspeed", quick=True)
     assert (quick.plan(), quick.drills()) == (["overlap_comm=true"], ["crash"])

@@ -63,8 +63,8 @@ def test_the_evidence_command_for_a_framework_job_is_one_the_cli_accepts(workspa
     """An evidence row's command must run: the real CLI parses it; the launch itself is cut off."""
     import shlex
 
-    from skills import baseline as skill_baseline
-    from skills.baseline import JobRequest, command_line
+    from trainops.skills import baseline as skill_baseline
+    from trainops.skills.baseline import JobRequest, command_line
 
     seen = []
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from skills.baseline import JobRequest, run_once
+from trainops.skills.baseline import JobRequest, run_once
 
 pytestmark = pytest.mark.slow
 
@@ -41,13 +41,13 @@ def test_baseline_trains_on_two_ranks_and_reports_trainops_metrics(baseline):
 
 
 def test_baseline_summary_names_the_deepspeed_layout(baseline):
-    from skills.baseline import summarize
+    from trainops.skills.baseline import summarize
 
     assert summarize(_request(), [baseline]).parallel_layout == "world=2 deepspeed data-parallel ZeRO-1"
 
 
 def test_baseline_log_lines_parse_back_to_its_metrics(baseline):
-    from tools.frameworks.base import get_adapter
+    from trainops.tools.frameworks.base import get_adapter
 
     result = baseline
     run = Path(result.run_dir)
@@ -62,7 +62,7 @@ def test_baseline_log_lines_parse_back_to_its_metrics(baseline):
 @pytest.fixture(scope="module")
 def zero2_arm(baseline):
     """The single-knob arm ZeRO stage 1 -> 2 against the shared baseline."""
-    from skills.ablation import run_arm
+    from trainops.skills.ablation import run_arm
 
     return run_arm(_request(), "zero_stage=2", {2: [baseline]}, repeats=1)
 
@@ -77,14 +77,14 @@ def test_zero_stage_ablation_changes_one_setting_and_runs_stage_2(zero2_arm):
 
 
 def test_zero_stage_changes_where_state_lives_not_the_loss(baseline, zero2_arm):
-    from tools.base import call
+    from trainops.tools.base import call
 
     arm = call("summarize_run", {"run": zero2_arm[0][0].source_run})
     assert arm.final_loss == pytest.approx(baseline.summary["final_loss"], abs=1e-4)
 
 
 def test_crash_drill_recovers_from_the_deepspeed_checkpoint():
-    from skills.drill import drill
+    from trainops.skills.drill import drill
 
     req = _request("checkpoint.enable=true", "checkpoint.interval=2", "checkpoint.keep=20").with_overrides(["training.steps=40"])
     result, _ = drill(req, "crash", inject_step=4)
@@ -100,8 +100,8 @@ def test_crash_drill_recovers_from_the_deepspeed_checkpoint():
 
 
 def test_checkpoint_corruption_drill_falls_back_past_the_corrupt_checkpoint_and_rewrites_it():
-    from skills.drill import drill
-    from tools.base import call
+    from trainops.skills.drill import drill
+    from trainops.tools.base import call
 
     # saves 5 steps apart, so no newer save lands between the corruption and the kill
     req = _request("checkpoint.enable=true", "checkpoint.interval=5", "checkpoint.keep=50").with_overrides(

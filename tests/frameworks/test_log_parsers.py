@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tools.frameworks.base import ParseContext, get_adapter
+from trainops.tools.frameworks.base import ParseContext, get_adapter
 
 # torchtitan MetricsProcessor.log (colour codes included, as it writes them to a terminal)
 TITAN = ("[titan] 2025-05-01 10:00:00,000 - root - INFO - \x1b[31mstep: 10  \x1b[32mloss:  7.8312  "
@@ -88,8 +88,8 @@ def test_other_lines_are_not_steps(name):
 
 
 def test_a_job_log_becomes_metrics_records_that_summarize_run_reads(tmp_path):
-    from tools.base import call
-    from tools.frameworks.base import ingest_log
+    from trainops.tools.base import call
+    from trainops.tools.frameworks.base import ingest_log
 
     log = "\n".join(["[titan] loading model", TITAN.replace("step: 10", "step: 1"), TITAN_VALIDATE,
                      TITAN.replace("step: 10", "step: 2").replace("7.8312", "7.5000")])

@@ -7,8 +7,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from tools.governance import audit, signing
-from tools.governance.approvals import Decision, decide, verify_pack
+from trainops.tools.governance import audit, signing
+from trainops.tools.governance.approvals import Decision, decide, verify_pack
 from trainops.cli import app
 
 runner = CliRunner()
@@ -130,7 +130,7 @@ def test_pending_call_rejected_from_the_cli_leaves_the_queue_with_its_reason(wor
 
 _SIGNER = """
 import json
-from tools.governance import signing
+from trainops.tools.governance import signing
 print(json.dumps({"pem": signing.public_key_pem(), "sig": signing.sign(b"same message")}))
 """
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tools.governance import audit
+from trainops.tools.governance import audit
 from trainops.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,7 +92,7 @@ def test_audit_verify_cli_exits_1_and_names_the_line(log):
 
 _WRITER = """
 import sys
-from tools.governance import audit
+from trainops.tools.governance import audit
 for i in range(int(sys.argv[2])):
     audit.append("tool_call", tool="writer", writer=int(sys.argv[1]), i=i)
 """

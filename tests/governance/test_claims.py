@@ -6,7 +6,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from tools.governance.claims import (AblationArm, ExternalComparison, FaultToleranceConclusion, MfuClaim,
+from trainops.tools.governance.claims import (AblationArm, ExternalComparison, FaultToleranceConclusion, MfuClaim,
                                      RangeStatement, ScaleResult, SchedulerChange)
 
 

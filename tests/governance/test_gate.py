@@ -1,5 +1,5 @@
 """The action gate: approval tokens bound to one exact call, forbidden actions, tenant isolation,
-input validation. Calls go through the real `tools.base.call` and the real tenancy tools."""
+input validation. Calls go through the real `trainops.tools.base.call` and the real tenancy tools."""
 from __future__ import annotations
 
 import json
@@ -8,10 +8,10 @@ import time
 import pytest
 from pydantic import BaseModel
 
-from tools.base import CallContext, ToolError, ToolSpec, call
-from tools.governance import audit, signing, tokens
-from tools.governance.gate import GateRefused, before_call
-from tools.tenancy import check_tenant_path, tenant_path
+from trainops.tools.base import CallContext, ToolError, ToolSpec, call
+from trainops.tools.governance import audit, signing, tokens
+from trainops.tools.governance.gate import GateRefused, before_call
+from trainops.tools.tenancy import check_tenant_path, tenant_path
 
 QUOTA = {"tenant": "acme", "gpus": 16, "priority": "high", "reason": "launch week"}
 POLICY = {"scope": "partition", "target": "gpu-a", "settings": {"preempt": "requeue"},
@@ -201,8 +201,8 @@ def test_cli_refuses_to_mint_a_token_for_an_input_the_tool_would_reject():
 
 
 def test_check_input_lets_the_agent_refuse_a_forbidden_call_before_asking_a_human():
-    from tools.base import get
-    from tools.governance.gate import check_input
+    from trainops.tools.base import get
+    from trainops.tools.governance.gate import check_input
 
     spec = get("change_scheduler_policy")
     with pytest.raises(GateRefused, match="forbidden"):

@@ -6,7 +6,7 @@ import ast
 import json
 from pathlib import Path
 
-from tools.governance.rules import RULES, agents_md_rules
+from trainops.tools.governance.rules import RULES, agents_md_rules
 
 HERE = Path(__file__).parent
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from tools.governance.claims import ScaleResult, check_text, validate_report_text
-from tools.governance.escalation import Escalation, EscalationReport, EscalationSignals, required_escalations
+from trainops.tools.governance.claims import ScaleResult, check_text, validate_report_text
+from trainops.tools.governance.escalation import Escalation, EscalationReport, EscalationSignals, required_escalations
 
 GOOD_REPORT = """# Verdict: partial — blockers: recovery time 212 s exceeds the 120 s target
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tools.base import call
-from tools.monitoring.embedded import read_heartbeats
+from trainops.tools.base import call
+from trainops.tools.monitoring.embedded import read_heartbeats
 
 pytestmark = pytest.mark.slow
 

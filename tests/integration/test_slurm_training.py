@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from skills.baseline import JobRequest
-from skills.drill import drill
-from tools.base import ToolError, call
-from tools.monitoring.embedded import read_heartbeats
+from trainops.skills.baseline import JobRequest
+from trainops.skills.drill import drill
+from trainops.tools.base import ToolError, call
+from trainops.tools.monitoring.embedded import read_heartbeats
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from skills.evidence.model import (
+from trainops.skills.evidence.model import (
     AblationRow,
     BaselineSummary,
     DrillResult,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from skills.baseline import JobRequest, comm_share, profile_run, trace_comm_share
-from trainer.config import ConfigError, load_config
+from trainops.skills.baseline import JobRequest, comm_share, profile_run, trace_comm_share
+from trainops.trainer.config import ConfigError, load_config
 
 
 def _trace(path: Path, events: list[tuple[str, float, float]]) -> Path:

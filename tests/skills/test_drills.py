@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from skills.baseline import JobRequest
-from skills.drill import DRILLS, DetectionOnlyResult, drill, quarantine_after, verify_restored
-from skills.evidence.model import DrillResult
+from trainops.skills.baseline import JobRequest
+from trainops.skills.drill import DRILLS, DetectionOnlyResult, drill, quarantine_after, verify_restored
+from trainops.skills.evidence.model import DrillResult
 from trainops.cli import app
 
 DRILL_JOB = ["training.steps=12", "training.seq_len=64", "training.global_batch=8", "training.micro_batch=4",

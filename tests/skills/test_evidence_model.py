@@ -6,8 +6,8 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from skills.evidence.model import SCHEMA_PATH, EvidencePack
-from skills.evidence.pack import assemble, decide
+from trainops.skills.evidence.model import SCHEMA_PATH, EvidencePack
+from trainops.skills.evidence.pack import assemble, decide
 
 
 def test_mfu_claims_without_environment_declaration_are_refused(factories):

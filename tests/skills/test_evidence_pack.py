@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from skills.evidence.pack import PackRefused, assemble, load, write
-from skills.evidence.render import to_markdown
+from trainops.skills.evidence.pack import PackRefused, assemble, load, write
+from trainops.skills.evidence.render import to_markdown
 from trainops.workspace import packs_dir
 
 

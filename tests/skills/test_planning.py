@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from skills.planning import plan_from_drill
+from trainops.skills.planning import plan_from_drill
 
 
 def test_checkpoint_plan_takes_stall_from_the_journal_and_restart_from_the_drill(factories, tmp_path):

@@ -1,10 +1,12 @@
 """Every SKILL.md passes the Agent Skills reference validator, and every step maps to code."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from skills_ref import validate
 
-from skills.registry import MAIN_SKILL, REPO_SKILL_MD, all_skills, parse_steps, skill_dirs
+from trainops.skills.registry import MAIN_SKILL, all_skills, parse_steps, skill_dirs
 
 EXPECTED = {MAIN_SKILL, "environment-declaration", "baseline", "ablation", "fault-drill", "checkpoint-plan", "evidence-pack"}
 
@@ -36,5 +38,7 @@ def test_a_step_without_an_implementation_is_reported():
         step.resolve()
 
 
-def test_root_skill_md_is_the_main_skill():
-    assert REPO_SKILL_MD.read_text() == (skill_dirs()[0].parent / MAIN_SKILL / "SKILL.md").read_text()
+def test_root_skill_md_is_the_main_skill_with_one_source():
+    root_skill = Path(__file__).resolve().parents[2] / "SKILL.md"
+    assert root_skill.is_symlink(), "the root SKILL.md must be a link to the main skill, not a copy"
+    assert root_skill.resolve() == (skill_dirs()[0].parent / MAIN_SKILL / "SKILL.md").resolve()

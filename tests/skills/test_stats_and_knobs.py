@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from skills.evidence.model import MetricSpread
-from skills.knobs import CATALOGUE, KnobError, overrides_for, parse_arm, plan_order
-from skills.stats import compare, spread
+from trainops.skills.evidence.model import MetricSpread
+from trainops.skills.knobs import CATALOGUE, KnobError, overrides_for, parse_arm, plan_order
+from trainops.skills.stats import compare, spread
 
 
 def test_spread_is_range_over_median():
@@ -60,14 +60,14 @@ def test_plan_orders_communication_overlap_before_kernels_data_and_batch():
 
 
 def _runs(mfu: float, tokens_per_s: float) -> list:
-    from skills.baseline import RunResult
+    from trainops.skills.baseline import RunResult
 
     return [RunResult(job_id="j", run_dir="r", summary={"mfu_pct_median": mfu, "tokens_per_s_median": tokens_per_s},
                       started=0, ended=1)]
 
 
 def test_small_scale_gain_that_turns_negative_at_target_scale_vanished(factories):
-    from skills.ablation import judge_scale
+    from trainops.skills.ablation import judge_scale
 
     small = factories.ablation(change=12.0, band=5.0, verdict="gain")
     target = factories.ablation(change=-8.0, band=5.0, verdict="regression").model_copy(update={"scale_kind": "target"})
@@ -76,8 +76,8 @@ def test_small_scale_gain_that_turns_negative_at_target_scale_vanished(factories
 
 
 def test_positive_target_change_within_noise_is_unconfirmed_not_vanished(factories):
-    from skills.ablation import judge_scale
-    from skills.evidence.pack import decide
+    from trainops.skills.ablation import judge_scale
+    from trainops.skills.evidence.pack import decide
 
     small = factories.ablation(change=12.0, band=5.0, verdict="gain")
     target = factories.ablation(change=4.0, band=30.0, verdict="within-noise").model_copy(update={"scale_kind": "target"})
@@ -88,7 +88,7 @@ def test_positive_target_change_within_noise_is_unconfirmed_not_vanished(factori
 
 
 def test_an_arm_that_was_no_gain_small_and_loses_at_target_is_stopped_not_vanished(factories):
-    from skills.ablation import judge_scale
+    from trainops.skills.ablation import judge_scale
 
     small = factories.ablation(change=2.0, band=30.0, verdict="within-noise")
     target = factories.ablation(change=-20.0, band=30.0, verdict="within-noise").model_copy(update={"scale_kind": "target"})

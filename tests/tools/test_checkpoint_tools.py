@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tools.base import ToolError, call
-from trainer.checkpoint import AppState, Checkpointer, step_dir_name
-from trainer.config import CheckpointConfig
-from trainer.faults import corrupt_checkpoint
+from trainops.tools.base import ToolError, call
+from trainops.trainer.checkpoint import AppState, Checkpointer, step_dir_name
+from trainops.trainer.config import CheckpointConfig
+from trainops.trainer.faults import corrupt_checkpoint
 from trainops.workspace import runs_dir
 
 # The trainer's Checkpointer runs here in one process without a process group, on purpose.

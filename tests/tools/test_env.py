@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tools.base import ToolError, call
-from tools.env import cpu_facts, gpu_generation, parse_gpu_query, parse_topology
+from trainops.tools.base import ToolError, call
+from trainops.tools.env import cpu_facts, gpu_generation, parse_gpu_query, parse_topology
 
 SMALL = {"ckpt_test_mib": 4}
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.base import call
+from trainops.tools.base import call
 
 pytestmark = pytest.mark.services
 

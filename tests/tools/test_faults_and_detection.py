@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tools.base import ToolError, call
+from trainops.tools.base import ToolError, call
 
 RANK_SCRIPT = r"""
 import json, math, os, sys, time
@@ -63,7 +63,7 @@ def test_a_killed_rank_is_detected_as_process_exit_with_its_latency(ranks):
 
 
 def test_killing_a_node_kills_every_rank_it_hosts(ranks):
-    from tools.schedulers.local import pid_alive
+    from trainops.tools.schedulers.local import pid_alive
 
     ranks(step_s=(0.02, 0.02, 0.02))
     out = call("inject_fault", {"kind": "kill_node", "run": "drill"})
@@ -131,7 +131,7 @@ def test_a_healthy_run_reports_nothing_within_the_timeout(ranks):
 def test_launch_time_faults_return_the_trainer_overrides():
     out = call("inject_fault", {"kind": "straggler", "rank": 1, "slow_ms": 300})
     assert out.overrides == ["faults.slow_rank=1", "faults.slow_ms=300"] and out.injected_at is None
-    from trainer.config import load_config
+    from trainops.trainer.config import load_config
 
     cfg = load_config(None, "tiny", call("inject_fault", {"kind": "bitflip", "rank": 1, "step": 4}).overrides)
     assert (cfg.faults.bitflip_step, cfg.faults.bitflip_rank) == (4, 1)

@@ -7,14 +7,14 @@ import os
 import kubernetes_validate
 import pytest
 
-from tools.schedulers import JobSpec, SchedulerError
-from tools.schedulers.kubernetes import job_manifest, service_manifest
+from trainops.tools.schedulers import JobSpec, SchedulerError
+from trainops.tools.schedulers.kubernetes import job_manifest, service_manifest
 
 K8S_VERSION = "1.30.0"
 
 
 def _spec(**kw) -> JobSpec:
-    base = dict(name="llama-drill", command=["-m", "trainer.train", "--run-dir", "/runs/r1"], launcher="torchrun",
+    base = dict(name="llama-drill", command=["-m", "trainops.trainer.train", "--run-dir", "/runs/r1"], launcher="torchrun",
                 nodes=2, procs_per_node=4, image="registry.example/trainops:0.1", env={"OMP_NUM_THREADS": "1"},
                 exclude_nodes=["gpu-07"], time_limit_min=30, partition="training")
     return JobSpec(**{**base, **kw})
@@ -66,7 +66,7 @@ def test_a_plain_job_runs_on_a_live_cluster():
     ok, why = _cluster_reachable()
     if not ok:
         pytest.skip(why)
-    from tools.schedulers import get_scheduler
+    from trainops.tools.schedulers import get_scheduler
 
     sched = get_scheduler("kubernetes")
     handle = sched.submit(JobSpec(name="trainops-live-check", command=["python", "-c", "print('ok')"], image="python:3.11-slim"))
@@ -120,7 +120,7 @@ class _RecordingApiServer:
 def test_a_forced_cancel_deletes_the_pods_with_no_grace_period(tmp_path, monkeypatch, force):
     from urllib.parse import parse_qs, urlsplit
 
-    from tools.schedulers import get_scheduler
+    from trainops.tools.schedulers import get_scheduler
 
     api = _RecordingApiServer()
     kubeconfig = tmp_path / "kubeconfig"

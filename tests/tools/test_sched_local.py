@@ -8,7 +8,7 @@ import time
 import pytest
 from pydantic import ValidationError
 
-from tools.schedulers import JobSpec, SchedulerError, get_scheduler
+from trainops.tools.schedulers import JobSpec, SchedulerError, get_scheduler
 
 
 def _spec(code: str, **kw) -> JobSpec:
@@ -128,7 +128,7 @@ def test_a_malformed_spec_names_the_field_and_the_fix():
 
 
 def test_submit_job_with_a_malformed_spec_names_the_field_through_the_tool():
-    from tools.base import ToolError, call
+    from trainops.tools.base import ToolError, call
 
     with pytest.raises(ToolError, match=r"submit_job: invalid input: .*spec\.procs_per_node.*must be at least 1"):
         call("submit_job", {"spec": {"name": "ok", "command": ["true"], "procs_per_node": 0}})

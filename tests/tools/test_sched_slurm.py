@@ -6,12 +6,12 @@ import sys
 
 import pytest
 
-from tools.schedulers import JobSpec, SchedulerError
-from tools.schedulers.slurm import SlurmScheduler, batch_script, parse_scontrol
+from trainops.tools.schedulers import JobSpec, SchedulerError
+from trainops.tools.schedulers.slurm import SlurmScheduler, batch_script, parse_scontrol
 
 
 def _spec(**kw) -> JobSpec:
-    base = dict(name="drill", command=["-m", "trainer.train", "--run-dir", "/runs/r 1"], launcher="torchrun",
+    base = dict(name="drill", command=["-m", "trainops.trainer.train", "--run-dir", "/runs/r 1"], launcher="torchrun",
                 nodes=2, procs_per_node=4, exclude_nodes=["n07", "n09"], time_limit_min=30, partition="gpu",
                 env={"OMP_NUM_THREADS": "1"}, run_dir="/runs/r 1")
     return JobSpec(**{**base, **kw})
@@ -30,8 +30,8 @@ def test_multi_node_runs_torchrun_under_srun_with_c10d_rendezvous_on_the_first_n
     launch = next(line for line in script.splitlines() if line.startswith("srun"))
     assert f"{sys.executable} -m torch.distributed.run --nnodes \"$SLURM_NNODES\" --nproc-per-node 4" in launch
     assert '--rdzv-backend c10d --rdzv-endpoint "$head_node:29500"' in launch
-    assert "-m trainer.train --run-dir '/runs/r 1'" in launch
-    assert "tools.schedulers.run_status '/runs/r 1' \"$rc\"" in script
+    assert "-m trainops.trainer.train --run-dir '/runs/r 1'" in launch
+    assert "trainops.tools.schedulers.run_status '/runs/r 1' \"$rc\"" in script
 
 
 def test_a_plain_command_runs_once_without_srun():

@@ -7,7 +7,7 @@ import json
 import pytest
 from pydantic import BaseModel
 
-from tools.base import CallContext, ToolError, call, registry
+from trainops.tools.base import CallContext, ToolError, call, registry
 
 MINE = {
     "declare_environment", "plan_checkpoint_interval", "plan_effective_training_time", "plan_layout",
@@ -76,7 +76,7 @@ def test_the_gate_records_a_failed_call_as_not_ok(workspace):
 def test_every_tool_becomes_a_structured_tool_with_its_input_as_args_schema():
     from langchain_core.tools import StructuredTool
 
-    from tools.langchain import as_langchain_tools
+    from trainops.tools.langchain import as_langchain_tools
 
     lc_tools = as_langchain_tools()
     assert [t.name for t in lc_tools] == sorted(registry())
@@ -86,7 +86,7 @@ def test_every_tool_becomes_a_structured_tool_with_its_input_as_args_schema():
 
 
 def test_a_structured_tool_call_passes_the_gate_as_the_agent(workspace):
-    from tools.langchain import as_langchain_tools
+    from trainops.tools.langchain import as_langchain_tools
 
     (plan,) = as_langchain_tools(["plan_checkpoint_interval"])
     out = plan.invoke(DALY_24H)
@@ -96,7 +96,7 @@ def test_a_structured_tool_call_passes_the_gate_as_the_agent(workspace):
 
 
 def test_the_context_factory_supplies_the_caller(workspace):
-    from tools.langchain import as_langchain_tools
+    from trainops.tools.langchain import as_langchain_tools
 
     (plan,) = as_langchain_tools(["plan_checkpoint_interval"], ctx_factory=lambda: CallContext(actor="ops-agent", thread_id="t1"))
     plan.invoke(DALY_24H)
@@ -104,7 +104,7 @@ def test_the_context_factory_supplies_the_caller(workspace):
 
 
 def test_invalid_agent_input_comes_back_as_a_message_naming_the_field():
-    from tools.langchain import as_langchain_tools
+    from trainops.tools.langchain import as_langchain_tools
 
     (plan,) = as_langchain_tools(["plan_checkpoint_interval"])
     answer = plan.invoke(DALY_24H | {"save_s": -1})
@@ -112,7 +112,7 @@ def test_invalid_agent_input_comes_back_as_a_message_naming_the_field():
 
 
 def test_a_tool_error_comes_back_to_the_agent_as_text():
-    from tools.langchain import as_langchain_tools
+    from trainops.tools.langchain import as_langchain_tools
 
     (lister,) = as_langchain_tools(["list_checkpoints"])
     answer = lister.invoke({"run": "ghost"})
@@ -120,7 +120,7 @@ def test_a_tool_error_comes_back_to_the_agent_as_text():
 
 
 def test_asking_for_an_unknown_tool_is_an_error():
-    from tools.langchain import as_langchain_tools
+    from trainops.tools.langchain import as_langchain_tools
 
     with pytest.raises(ToolError, match="unknown tool"):
         as_langchain_tools(["nope"])

@@ -43,7 +43,7 @@ CASES: dict[str, list[str]] = {
 
 
 def config(case: str):
-    from trainer.config import load_config
+    from trainops.trainer.config import load_config
 
     return load_config(None, "tiny", BASE + CASES.get(case, []))
 
@@ -62,7 +62,7 @@ def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def new_model(cfg):
-    from trainer.model import Transformer
+    from trainops.trainer.model import Transformer
 
     model = Transformer(cfg.model_args())
     model.init_weights(seed=cfg.training.seed)
@@ -93,10 +93,10 @@ def run_case(case: str, save: tuple[str, int] | None, load: str | None) -> list[
     """Train `case` on the current process group; losses per step (None for steps skipped by a load)."""
     import torch.distributed as dist
 
-    from trainer.checkpoint import AppState, Checkpointer
-    from trainer.layout import validate_layout
-    from trainer.parallel import build_pipeline
-    from trainer.parallelize import build_mesh, parallelize
+    from trainops.trainer.checkpoint import AppState, Checkpointer
+    from trainops.trainer.layout import validate_layout
+    from trainops.trainer.parallel import build_pipeline
+    from trainops.trainer.parallelize import build_mesh, parallelize
 
     cfg = config(case)
     layout = validate_layout(cfg, dist.get_world_size())
@@ -108,7 +108,7 @@ def run_case(case: str, save: tuple[str, int] | None, load: str | None) -> list[
     if layout.pp > 1:
         pipe = build_pipeline(model, layout, info.mesh["pp"], lambda part: parallelize(part, cfg, info),
                               loss_fn, torch.device("cpu"))
-        from trainer.parallel import merged_view
+        from trainops.trainer.parallel import merged_view
 
         trained, params = merged_view(pipe.model_parts), list(pipe.parameters())
     else:

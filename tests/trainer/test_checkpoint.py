@@ -17,13 +17,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainer.checkpoint import (
+from trainops.trainer.checkpoint import (
     COMMIT_FILE, AppState, Checkpointer, list_checkpoints, step_dir_name, verify_checkpoint,
 )
-from trainer.config import CheckpointConfig, load_config
-from trainer.data import DataLoader
-from trainer.faults import corrupt_checkpoint
-from trainer.model import Transformer
+from trainops.trainer.config import CheckpointConfig, load_config
+from trainops.trainer.data import DataLoader
+from trainops.trainer.faults import corrupt_checkpoint
+from trainops.trainer.model import Transformer
 
 MODES = ["sync", "async", "async_pinned"]
 
@@ -190,7 +190,7 @@ def test_a_corrupt_newest_checkpoint_is_reported_and_the_previous_one_loaded(tmp
     saved_run(tmp_path, 4)
     corrupt_checkpoint(tmp_path / "checkpoints" / step_dir_name(4), how=how)
 
-    with caplog.at_level(logging.WARNING, logger="trainer.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="trainops.trainer.checkpoint"):
         step = Checkpointer(ckpt_cfg(), tmp_path, rank=0).load_latest(make_job().app())
 
     assert step == 2

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from trainer.checkpoint import list_checkpoints, step_dir_name
-from trainer.config import load_config
-from trainer.launch import RunResult, launch_run, read_metrics, run_local
+from trainops.trainer.checkpoint import list_checkpoints, step_dir_name
+from trainops.trainer.config import load_config
+from trainops.trainer.launch import RunResult, launch_run, read_metrics, run_local
 
 pytestmark = pytest.mark.slow
 

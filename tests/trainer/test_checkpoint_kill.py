@@ -15,16 +15,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.checkpoint import AppState, Checkpointer, list_checkpoints, step_dir_name
-from trainer.config import CheckpointConfig
+from trainops.trainer.checkpoint import AppState, Checkpointer, list_checkpoints, step_dir_name
+from trainops.trainer.config import CheckpointConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
 SCRIPT = textwrap.dedent("""
     import os, signal, sys
     import torch
-    from trainer.checkpoint import AppState, Checkpointer
-    from trainer.config import CheckpointConfig
+    from trainops.trainer.checkpoint import AppState, Checkpointer
+    from trainops.trainer.config import CheckpointConfig
 
     class KillWhenSerialised:
         def __reduce__(self):

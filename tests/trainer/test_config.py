@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.config import ConfigError, JobConfig, load_config
+from trainops.trainer.config import ConfigError, JobConfig, load_config
 
 
 def test_overrides_are_coerced_by_the_field_type():

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.config import DataConfig
-from trainer.data import DataLoader
+from trainops.trainer.config import DataConfig
+from trainops.trainer.data import DataLoader
 
 
 def _loader(kind: str = "text", **kwargs) -> DataLoader:

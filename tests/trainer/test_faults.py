@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.checkpoint import AppState, Checkpointer, step_dir_name, verify_checkpoint
-from trainer.config import CheckpointConfig, FaultsConfig
-from trainer.faults import CRASH_EXIT_CODE, FaultInjector, exponent_msb, flip_bit
+from trainops.trainer.checkpoint import AppState, Checkpointer, step_dir_name, verify_checkpoint
+from trainops.trainer.config import CheckpointConfig, FaultsConfig
+from trainops.trainer.faults import CRASH_EXIT_CODE, FaultInjector, exponent_msb, flip_bit
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -30,8 +30,8 @@ def start_injected_loop(run_dir: Path, faults: str) -> subprocess.Popen:
     """A process that runs steps 0..9 through a FaultInjector built from `faults` (kwargs)."""
     script = textwrap.dedent(f"""
         import time
-        from trainer.config import FaultsConfig
-        from trainer.faults import FaultInjector
+        from trainops.trainer.config import FaultsConfig
+        from trainops.trainer.faults import FaultInjector
         injector = FaultInjector(FaultsConfig({faults}), rank=0, run_dir={str(run_dir)!r})
         for step in range(10):
             injector.on_step_start(step)

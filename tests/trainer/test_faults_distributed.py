@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config import load_config
-from trainer.faults import CRASH_EXIT_CODE
-from trainer.launch import (
-    REPO_ROOT,
+from trainops.trainer.config import load_config
+from trainops.trainer.faults import CRASH_EXIT_CODE
+from trainops.trainer.launch import (
     build_torchrun_command,
     launch_run,
     prepare_run,
@@ -62,7 +61,7 @@ def test_a_bitflip_sends_the_loss_off_the_clean_trajectory(tmp_path):
 def test_a_hung_rank_is_seen_as_a_heartbeat_that_stops_while_the_processes_live(tmp_path):
     cfg = load_config(None, "tiny", BASE + ["training.steps=50", "faults.hang_step=3", "faults.hang_rank=1"])
     run_dir = prepare_run(cfg, run_id="hang")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     job = subprocess.Popen(build_torchrun_command(run_dir, 2), env=env, start_new_session=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -12,8 +12,8 @@ import json
 import pytest
 import torch
 
-from trainer.hf import HFFormatError, args_from_hf_config, export_hf, hf_config, import_hf
-from trainer.model import PRESETS, Transformer
+from trainops.trainer.hf import HFFormatError, args_from_hf_config, export_hf, hf_config, import_hf
+from trainops.trainer.model import PRESETS, Transformer
 
 ATOL = 1e-4
 
@@ -95,9 +95,9 @@ def test_missing_tensor_is_named(tmp_path):
 def test_a_training_checkpoint_exports_to_hf_with_the_same_logits(tmp_path):
     from transformers import LlamaForCausalLM
 
-    from trainer.checkpoint import AppState, Checkpointer
-    from trainer.config import load_config
-    from trainer.hf import checkpoint_to_hf
+    from trainops.trainer.checkpoint import AppState, Checkpointer
+    from trainops.trainer.config import load_config
+    from trainops.trainer.hf import checkpoint_to_hf
 
     cfg = load_config(None, "tiny", ["checkpoint.enable=true"])
     ours = _ours(cfg.model_args(), seed=5)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.config import load_config
-from trainer.layout import LayoutError, plan_dry_run, validate_layout
+from trainops.trainer.config import load_config
+from trainops.trainer.layout import LayoutError, plan_dry_run, validate_layout
 
 
 def cfg(*overrides: str, preset: str = "tiny"):
@@ -126,7 +126,7 @@ def test_context_parallel_on_gloo_is_a_clear_error():
 def test_context_parallel_on_nccl_is_planned_but_not_trained_yet():
     config = cfg("parallel.cp=2", "training.global_batch=4")
     assert plan_dry_run(config, 2, gpus_per_node=8, backend="nccl").layout.cp == 2
-    with pytest.raises(LayoutError, match=r"context parallel \(cp=2\) is planned but not yet run by trainer.train"):
+    with pytest.raises(LayoutError, match=r"context parallel \(cp=2\) is planned but not yet run by trainops.trainer.train"):
         validate_layout(config, 2, gpus_per_node=8, backend="nccl")
 
 
@@ -153,7 +153,7 @@ def test_dry_run_memory_shrinks_with_fsdp_sharding():
 
 
 def test_dry_run_parameter_count_matches_the_model_on_one_rank():
-    from trainer.model import Transformer
+    from trainops.trainer.model import Transformer
 
     config = cfg("training.global_batch=4")
     model = Transformer(config.model_args())

@@ -10,9 +10,9 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from trainer.config import MetricsConfig
-from trainer.metrics import RECORD_FIELDS, MetricsLogger, device_peak_tflops, flops_per_token
-from trainer.model import Transformer, preset
+from trainops.trainer.config import MetricsConfig
+from trainops.trainer.metrics import RECORD_FIELDS, MetricsLogger, device_peak_tflops, flops_per_token
+from trainops.trainer.model import Transformer, preset
 
 
 @pytest.mark.parametrize("tie_embeddings", [False, True])

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from trainer.model import PRESETS, Transformer, count_parameters, preset
+from trainops.trainer.model import PRESETS, Transformer, count_parameters, preset
 
 
 def _tiny(**overrides) -> Transformer:

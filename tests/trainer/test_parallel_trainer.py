@@ -1,4 +1,4 @@
-"""The real trainer (`trainops train` -> torchrun -> trainer.train) runs pipeline and tensor
+"""The real trainer (`trainops train` -> torchrun -> trainops.trainer.train) runs pipeline and tensor
 parallel layouts to the one-process loss (AdamW, grad clipping, LR schedule included).
 Tolerance 1e-4 as in test_parallel.py; clipping needs the grad norm summed across stages, so a
 pp rank that clipped by its own stage's norm alone would miss it."""
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.config import load_config
-from trainer.launch import run_local
+from trainops.trainer.config import load_config
+from trainops.trainer.launch import run_local
 
 BASE = ["data.kind=synthetic", "training.steps=3", "training.seq_len=32", "training.global_batch=8",
         "training.micro_batch=2", "training.max_grad_norm=0.5"]

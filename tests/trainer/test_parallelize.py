@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainer.model import Transformer, preset
-from trainer.parallelize import apply_activation_checkpointing
+from trainops.trainer.model import Transformer, preset
+from trainops.trainer.parallelize import apply_activation_checkpointing
 
 
 def _grads(mode: str) -> dict[str, torch.Tensor]:

@@ -56,7 +56,7 @@ def test_a_sharded_checkpoint_exports_to_hf_as_the_one_process_model(resumed, sa
     import torch
     from transformers import LlamaForCausalLM
 
-    from trainer.hf import checkpoint_to_hf
+    from trainops.trainer.hf import checkpoint_to_hf
 
     reference, _ = parallel_worker.reference_run(2)
     checkpoint = resumed["root"] / saved / "checkpoints" / "step-00000002"

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config import load_config
-from trainer.launch import RunResult, build_torchrun_command, launch_run, read_metrics, run_local
-from trainer.train import lr_lambda
+from trainops.trainer.config import load_config
+from trainops.trainer.launch import RunResult, build_torchrun_command, launch_run, read_metrics, run_local
+from trainops.trainer.train import lr_lambda
 
 TINY = ["training.seq_len=32", "training.global_batch=8", "training.micro_batch=4"]
 
@@ -33,7 +33,7 @@ def test_learning_rate_warms_up_linearly_then_decays_to_the_floor():
 def test_the_torchrun_command_is_standalone_on_one_node_and_rendezvous_across_nodes(tmp_path):
     single = build_torchrun_command(tmp_path, 2)
     assert "--standalone" in single
-    assert single[-4:] == ["-m", "trainer.train", "--run-dir", str(tmp_path)]
+    assert single[-4:] == ["-m", "trainops.trainer.train", "--run-dir", str(tmp_path)]
     multi = build_torchrun_command(tmp_path, 4, nnodes=2, rdzv_endpoint="node0:29500")
     assert "--standalone" not in multi and "node0:29500" in multi and "c10d" in multi
 

@@ -11,7 +11,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
 
-from tools.schedulers.base import JobSpec
+from trainops.tools.schedulers.base import JobSpec
 
 FrameworkName = Literal["trainops", "deepspeed", "torchtitan", "megatron"]
 KnobCategory = Literal["communication-overlap", "kernels", "data-pipeline", "batch", "memory", "parallelism"]
@@ -62,7 +62,7 @@ class StepRecord(BaseModel):
 class ParseContext(BaseModel):
     """What trainops knows about a run that the framework's log line may not say."""
 
-    flops_per_token: float | None = Field(None, description="trainops' FLOPs/token (trainer.metrics.flops_per_token convention).")
+    flops_per_token: float | None = Field(None, description="trainops' FLOPs/token (trainops.trainer.metrics.flops_per_token convention).")
     peak_tflops: float | None = Field(None, description="Per-device peak TFLOP/s (MFU denominator).")
     seq_len: int | None = None
     world_size: int = Field(1, ge=1, description="Devices the global batch is spread over.")
@@ -176,19 +176,19 @@ def known_frameworks() -> tuple[str, ...]:
 def get_adapter(name: str) -> FrameworkAdapter:
     """The adapter for `name`; an unknown name is refused with the known ones listed."""
     if name == "trainops":
-        from tools.frameworks.trainops_adapter import TrainopsAdapter
+        from trainops.tools.frameworks.trainops_adapter import TrainopsAdapter
 
         return TrainopsAdapter()
     if name == "deepspeed":
-        from tools.frameworks.deepspeed_adapter import DeepSpeedAdapter
+        from trainops.tools.frameworks.deepspeed_adapter import DeepSpeedAdapter
 
         return DeepSpeedAdapter()
     if name == "torchtitan":
-        from tools.frameworks.torchtitan_adapter import TorchtitanAdapter
+        from trainops.tools.frameworks.torchtitan_adapter import TorchtitanAdapter
 
         return TorchtitanAdapter()
     if name == "megatron":
-        from tools.frameworks.megatron_adapter import MegatronAdapter
+        from trainops.tools.frameworks.megatron_adapter import MegatronAdapter
 
         return MegatronAdapter()
     raise FrameworkRefused(f"framework: unknown framework {name!r}; use one of {', '.join(known_frameworks())}")

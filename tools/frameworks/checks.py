@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from tools.base import tool
-from tools.frameworks.base import FrameworkKnob, FrameworkName, FrameworkRefused, get_adapter
+from trainops.tools.base import tool
+from trainops.tools.frameworks.base import FrameworkKnob, FrameworkName, FrameworkRefused, get_adapter
 
 
 class FrameworkRef(BaseModel):

@@ -1,5 +1,5 @@
 """DeepSpeed: knobs are keys of DeepSpeed's own JSON config (`deepspeed.<dotted.key>`), the job
-is `torchrun -m tools.frameworks.deepspeed_train --run-dir RUN`, and every generated config
+is `torchrun -m trainops.tools.frameworks.deepspeed_train --run-dir RUN`, and every generated config
 passes DeepSpeed's own `DeepSpeedConfig` (batch arithmetic, ZeRO schema) before launch.
 
 Overrides (`section.key=value`): `model.preset`; `training.steps|global_batch|micro_batch|
@@ -14,7 +14,7 @@ import re
 import sys
 from pathlib import Path
 
-from tools.frameworks.base import (
+from trainops.tools.frameworks.base import (
     FrameworkJob,
     FrameworkKnob,
     FrameworkRefused,
@@ -23,9 +23,9 @@ from tools.frameworks.base import (
     StepRecord,
     mfu,
 )
-from tools.frameworks.flags import SettingsAdapter, new_run_dir
-from tools.frameworks.trainops_adapter import TrainopsAdapter
-from tools.schedulers.base import JobSpec
+from trainops.tools.frameworks.flags import SettingsAdapter, new_run_dir
+from trainops.tools.frameworks.trainops_adapter import TrainopsAdapter
+from trainops.tools.schedulers.base import JobSpec
 
 SETTINGS: dict[str, dict[str, object]] = {
     "model": {"preset": "tiny"},
@@ -162,7 +162,7 @@ class DeepSpeedAdapter(SettingsAdapter):
 
     def build_job(self, job: FrameworkJob) -> JobSpec:
         run_dir = self.prepare_run(job)
-        return JobSpec(name=job.name, command=["-m", "tools.frameworks.deepspeed_train", "--run-dir", str(run_dir)],
+        return JobSpec(name=job.name, command=["-m", "trainops.tools.frameworks.deepspeed_train", "--run-dir", str(run_dir)],
                        launcher="torchrun", nodes=job.nodes, procs_per_node=job.nproc, run_dir=str(run_dir),
                        env={"OMP_NUM_THREADS": "1"})
 

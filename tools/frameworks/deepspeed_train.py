@@ -4,7 +4,7 @@ trainops' run-folder contract — metrics.jsonl, heartbeats, logs/rank{R}.log, a
 written with `engine.save_checkpoint` then committed (COMMIT.json with sha256) so that
 `verify_checkpoint`, drills and resume treat them like the embedded trainer's.
 
-    torchrun --nproc-per-node 2 -m tools.frameworks.deepspeed_train --run-dir RUN
+    torchrun --nproc-per-node 2 -m trainops.tools.frameworks.deepspeed_train --run-dir RUN
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def save(engine, run_dir: Path, step: int, keep: int, world_size: int) -> None:
     """DeepSpeed writes `step-N.tmp/` on every rank; rank 0 then checksums, commits and renames it.
     Leftovers of an interrupted save are removed first; a corrupt copy of the same step (the one a
     resume fell back past) is replaced by the new, verified one."""
-    from trainer.checkpoint import COMMIT_FILE, list_checkpoints, step_dir_name
+    from trainops.trainer.checkpoint import COMMIT_FILE, list_checkpoints, step_dir_name
 
     root, name = run_dir / "checkpoints", step_dir_name(step)
     started = time.perf_counter()
@@ -71,7 +71,7 @@ def save(engine, run_dir: Path, step: int, keep: int, world_size: int) -> None:
 
 def resume(engine, run_dir: Path) -> int:
     """Load the newest checkpoint that verifies (falling back past corrupt ones); 0 when none."""
-    from trainer.checkpoint import list_checkpoints, verify_checkpoint
+    from trainops.trainer.checkpoint import list_checkpoints, verify_checkpoint
 
     chosen = [""]
     if dist.get_rank() == 0:
@@ -103,10 +103,10 @@ def main(argv: list[str]) -> int:
 
     import deepspeed
 
-    from trainer.config import MetricsConfig
-    from trainer.data import SyntheticTokens
-    from trainer.metrics import MetricsLogger, device_peak_tflops, flops_per_token, format_line, peak_memory_gib
-    from trainer.model import Transformer, preset
+    from trainops.trainer.config import MetricsConfig
+    from trainops.trainer.data import SyntheticTokens
+    from trainops.trainer.metrics import MetricsLogger, device_peak_tflops, flops_per_token, format_line, peak_memory_gib
+    from trainops.trainer.model import Transformer, preset
 
     deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -7,7 +7,7 @@ import secrets
 import time
 from pathlib import Path
 
-from tools.frameworks.base import (
+from trainops.tools.frameworks.base import (
     FrameworkKnob,
     FrameworkRefused,
     check_knob_values,
@@ -71,7 +71,7 @@ class SettingsAdapter(AdapterBase):
 
 def new_run_dir(framework: str, settings: dict[str, dict[str, object]]) -> Path:
     """`$TRAINOPS_HOME/runs/RUN/` with config.toml (flat sections, one key per knob)."""
-    from trainer.launch import runs_root
+    from trainops.trainer.launch import runs_root
 
     run_dir = runs_root() / f"run-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
     (run_dir / "logs").mkdir(parents=True)

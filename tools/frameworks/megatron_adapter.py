@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tools.frameworks.base import (
+from trainops.tools.frameworks.base import (
     FrameworkJob,
     FrameworkKnob,
     FrameworkRefused,
@@ -17,8 +17,8 @@ from tools.frameworks.base import (
     StepRecord,
     mfu,
 )
-from tools.frameworks.flags import SettingsAdapter, new_run_dir, number, write_command
-from tools.schedulers.base import JobSpec
+from trainops.tools.frameworks.flags import SettingsAdapter, new_run_dir, number, write_command
+from trainops.tools.schedulers.base import JobSpec
 
 DEFAULTS: dict[str, dict[str, object]] = {
     "model": {"preset": "tiny"},
@@ -105,7 +105,7 @@ def core_config_check(flags: dict[str, object], preset: str) -> None:
             from megatron.core.transformer import TransformerConfig
     except ImportError:
         return
-    from trainer.model import preset as model_preset
+    from trainops.trainer.model import preset as model_preset
 
     args = model_preset(preset)
     granularity = flags["recompute_granularity"]
@@ -125,7 +125,7 @@ def core_config_check(flags: dict[str, object], preset: str) -> None:
 
 def command_flags(settings: dict[str, dict[str, object]], run_dir: str) -> list[str]:
     """pretrain_gpt.py's arguments: model shape from the trainops preset, mock data, the knobs' flags."""
-    from trainer.model import preset as model_preset
+    from trainops.trainer.model import preset as model_preset
 
     args, training = model_preset(str(settings["model"]["preset"])), settings["training"]
     out = ["--num-layers", args.n_layers, "--hidden-size", args.dim, "--num-attention-heads", args.n_heads,
@@ -159,7 +159,7 @@ class MegatronAdapter(SettingsAdapter):
 
     def validate(self, knob_values: dict[str, str], overrides: list[str] | None = None, world_size: int = 2) -> None:
         settings = self.settings(self.knob_overrides(knob_values, overrides))
-        from trainer.model import preset as model_preset
+        from trainops.trainer.model import preset as model_preset
 
         preset = str(settings["model"]["preset"])
         check_rules(world_size, settings["megatron"], model_preset(preset).n_layers)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tools.frameworks.base import (
+from trainops.tools.frameworks.base import (
     FrameworkJob,
     FrameworkKnob,
     FrameworkRefused,
@@ -17,8 +17,8 @@ from tools.frameworks.base import (
     StepRecord,
     mfu,
 )
-from tools.frameworks.flags import SettingsAdapter, new_run_dir, number, write_command
-from tools.schedulers.base import JobSpec
+from trainops.tools.frameworks.flags import SettingsAdapter, new_run_dir, number, write_command
+from trainops.tools.schedulers.base import JobSpec
 
 DEFAULTS: dict[str, dict[str, object]] = {
     "torchtitan": {

@@ -1,10 +1,10 @@
 """The embedded trainer as one adapter among the others: its knobs are trainer config keys,
-its job is `torchrun -m trainer.train --run-dir RUN`, and its log line is `format_line`."""
+its job is `torchrun -m trainops.trainer.train --run-dir RUN`, and its log line is `format_line`."""
 from __future__ import annotations
 
 import re
 
-from tools.frameworks.base import (
+from trainops.tools.frameworks.base import (
     FrameworkJob,
     FrameworkKnob,
     FrameworkRefused,
@@ -13,8 +13,8 @@ from tools.frameworks.base import (
     StepRecord,
     mfu,
 )
-from tools.frameworks.flags import AdapterBase
-from tools.schedulers.base import JobSpec
+from trainops.tools.frameworks.flags import AdapterBase
+from trainops.tools.schedulers.base import JobSpec
 
 # trainer/metrics.py format_line: "step     5/12  loss 5.1234  grad_norm 1.234  step_time 85ms  tok/s 1,505 ..."
 _LINE = re.compile(
@@ -62,7 +62,7 @@ class TrainopsAdapter(AdapterBase):
 
     def validate(self, knob_values: dict[str, str], overrides: list[str] | None = None, world_size: int = 2) -> None:
         """Knob names and values, then the trainer's own config validation (types, allowed values)."""
-        from trainer.config import load_config
+        from trainops.trainer.config import load_config
 
         merged_overrides = self.knob_overrides(knob_values, overrides)
         try:
@@ -71,7 +71,7 @@ class TrainopsAdapter(AdapterBase):
             raise FrameworkRefused(str(exc).splitlines()[0]) from None
 
     def build_job(self, job: FrameworkJob) -> JobSpec:
-        from tools.jobs import TrainingRequest, training_spec
+        from trainops.tools.jobs import TrainingRequest, training_spec
 
         req = TrainingRequest(config=job.config, preset=None if job.config else job.preset, overrides=job.overrides,
                               nproc=job.nproc, nodes=job.nodes)

@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from tools.governance import audit, signing
+from trainops.tools.governance import audit, signing
 
 APPROVAL_FILE = "approval.json"
 
@@ -125,7 +125,7 @@ class ApprovalItem(BaseModel):
 
 def list_items() -> list[ApprovalItem]:
     """Pending and decided packs and gated calls, pending first."""
-    from tools.governance import tokens
+    from trainops.tools.governance import tokens
     from trainops.workspace import packs_dir
 
     items = []

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from tools.governance.text import Violation, check_text, validate_report_text
+from trainops.tools.governance.text import Violation, check_text, validate_report_text
 
 _PLACEHOLDER_VALUES = {"", "?", "??", "???", "-", "n/a", "na", "none", "null", "unknown", "tbd", "todo", "xxx", "tba"}
 

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from tools.governance.claims import ScaleResult
+from trainops.tools.governance.claims import ScaleResult
 
 CAUSE_CLASSES = ("hardware", "network", "software", "data")
 # Sync checkpoints at the Young/Daly interval cost about sqrt(2·save/MTBF) of the run; above

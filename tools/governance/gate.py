@@ -1,4 +1,4 @@
-"""The action gate. Every tool call passes `before_call` and `after_call` (tools.base.call).
+"""The action gate. Every tool call passes `before_call` and `after_call` (trainops.tools.base.call).
 
 Order of checks in `before_call`: forbidden actions (R-SEC-2) are refused outright; then
 per-tool input checks and the tenant-isolation check on path fields (R-SEC-3); then, for
@@ -14,8 +14,8 @@ from typing import Callable, Literal
 
 from pydantic import BaseModel
 
-from tools.base import ToolError
-from tools.governance import audit, tokens
+from trainops.tools.base import ToolError
+from trainops.tools.governance import audit, tokens
 
 
 class GateRefused(ToolError):
@@ -69,7 +69,7 @@ def _tenant_path_problem(inp: BaseModel) -> str | None:
     tenant = getattr(inp, "tenant", None)
     if not isinstance(tenant, str) or not tenant:
         return None
-    from tools.tenancy import check_tenant_path
+    from trainops.tools.tenancy import check_tenant_path
 
     for name, value in inp:
         if value is not None and name.endswith(PATH_FIELD_SUFFIXES):

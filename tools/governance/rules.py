@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import re
+from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,14 +31,14 @@ class Rule(BaseModel):
         return obj
 
 
-_C = "tools.governance.claims"
+_C = "trainops.tools.governance.claims"
 RULES: dict[str, Rule] = {r.id: r for r in [
     Rule(id="R-ENV-1", title="MFU/scaling conclusions name model, hardware generation, layout, precision, framework and version",
          enforcement=f"{_C}:MfuClaim._declared", where="claim model"),
     Rule(id="R-ENV-2", title="MFU figures cite the measured run they come from",
          enforcement=f"{_C}:MfuClaim._declared", where="claim model"),
     Rule(id="R-TOOL-1", title="Tools are called only through the gate with validated, typed input",
-         enforcement="tools.base:call", where="action gate"),
+         enforcement="trainops.tools.base:call", where="action gate"),
     Rule(id="R-ABL-1", title="An ablation arm changes exactly one setting against its baseline",
          enforcement=f"{_C}:AblationArm._single_variable", where="claim model"),
     Rule(id="R-ABL-2", title="A small-scale reproduction precedes the target scale",
@@ -53,40 +54,41 @@ RULES: dict[str, Rule] = {r.id: r for r in [
     Rule(id="R-EVD-4", title="Cross-scale comparisons use weak-scaling efficiency, not absolute throughput",
          enforcement=f"{_C}:ScaleResult._small_first", where="claim model"),
     Rule(id="R-ESC-1", title="Falling effective training time escalates with the four-class interruption causes",
-         enforcement="tools.governance.escalation:EscalationReport._all_fired_escalated", where="escalation"),
+         enforcement="trainops.tools.governance.escalation:EscalationReport._all_fired_escalated", where="escalation"),
     Rule(id="R-ESC-2", title="An ablation failing at scale stops the rollout and is escalated",
-         enforcement="tools.governance.escalation:EscalationReport._all_fired_escalated", where="escalation"),
+         enforcement="trainops.tools.governance.escalation:EscalationReport._all_fired_escalated", where="escalation"),
     Rule(id="R-ESC-3", title="Suspected silent data corruption triggers fleet and co-located tests",
-         enforcement="tools.governance.escalation:EscalationReport._all_fired_escalated", where="escalation"),
+         enforcement="trainops.tools.governance.escalation:EscalationReport._all_fired_escalated", where="escalation"),
     Rule(id="R-ESC-4", title="Checkpoint save time near the MTBF moves to two-phase async checkpoints",
-         enforcement="tools.governance.escalation:EscalationReport._all_fired_escalated", where="escalation"),
+         enforcement="trainops.tools.governance.escalation:EscalationReport._all_fired_escalated", where="escalation"),
     Rule(id="R-SCH-1", title="Scheduler changes carry impact, a passed shadow-queue result and a rollback command",
          enforcement=f"{_C}:SchedulerChange._complete", where="tool input"),
     Rule(id="R-SEC-1", title="Tenant quota, priority and policy changes need a human approval",
-         enforcement="tools.governance.gate:before_call", where="action gate"),
+         enforcement="trainops.tools.governance.gate:before_call", where="action gate"),
     Rule(id="R-SEC-2", title="Forbidden actions (global scheduler policy, forced cross-version upgrade) are refused",
-         enforcement="tools.governance.gate:check_input", where="action gate"),
+         enforcement="trainops.tools.governance.gate:check_input", where="action gate"),
     Rule(id="R-SEC-3", title="Training data and checkpoints are isolated per tenant",
-         enforcement="tools.tenancy:check_tenant_path", where="action gate"),
+         enforcement="trainops.tools.tenancy:check_tenant_path", where="action gate"),
     Rule(id="R-SEC-4", title="Irreversible and gated calls need a signed, single-use, expiring token bound to the call",
-         enforcement="tools.governance.tokens:consume", where="action gate"),
+         enforcement="trainops.tools.governance.tokens:consume", where="action gate"),
     Rule(id="R-SEC-5", title="Every tool call, gate decision and approval is in the hash-chained audit log",
-         enforcement="tools.governance.audit:verify", where="audit log"),
+         enforcement="trainops.tools.governance.audit:verify", where="audit log"),
     Rule(id="R-APR-1", title="Evidence packs are approved or rejected by a signed human decision; approved packs are immutable",
-         enforcement="tools.governance.approvals:verify_pack", where="approval"),
+         enforcement="trainops.tools.governance.approvals:verify_pack", where="approval"),
     Rule(id="R-OUT-1", title="A report's first line is a verdict (pass/fail/partial) and its blockers",
-         enforcement="tools.governance.text:validate_report_text", where="report text"),
+         enforcement="trainops.tools.governance.text:validate_report_text", where="report text"),
     Rule(id="R-OUT-2", title="No placeholder text in any output",
-         enforcement="tools.governance.text:check_text", where="report text"),
+         enforcement="trainops.tools.governance.text:check_text", where="report text"),
     Rule(id="R-OUT-3", title="Numbers: units on parameter counts, ranges with ~, no space before %",
-         enforcement="tools.governance.text:check_text", where="report text"),
+         enforcement="trainops.tools.governance.text:check_text", where="report text"),
 ]}
 
 RULE_LINE = re.compile(r"^\s*-\s+\*\*(R-[A-Z]+-\d+)\*\*\s+—\s+(.+)$")
 
 
 def agents_md_path() -> Path:
-    return Path(__file__).resolve().parents[2] / "AGENTS.md"
+    """AGENTS.md as package data (the repository root's file, shipped inside the wheel)."""
+    return Path(str(resources.files("trainops") / "AGENTS.md"))
 
 
 def agents_md_rules(path: Path | None = None) -> dict[str, str]:

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from tools.governance import audit, signing
+from trainops.tools.governance import audit, signing
 
 DEFAULT_TTL_S = 15 * 60
 
@@ -80,7 +80,7 @@ def _validated(tool: str, inp: BaseModel | dict[str, Any]) -> BaseModel:
         return inp
     from pydantic import ValidationError
 
-    from tools.base import ToolError, get
+    from trainops.tools.base import ToolError, get
 
     try:
         return get(tool).Input.model_validate(inp)

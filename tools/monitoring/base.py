@@ -57,11 +57,11 @@ class Monitor(Protocol):
 
 def get_monitor(kind: str, url: str | None = None) -> Monitor:
     if kind == "embedded":
-        from tools.monitoring.embedded import EmbeddedMonitor
+        from trainops.tools.monitoring.embedded import EmbeddedMonitor
 
         return EmbeddedMonitor()
     if kind == "prometheus":
-        from tools.monitoring.prometheus import PrometheusMonitor
+        from trainops.tools.monitoring.prometheus import PrometheusMonitor
 
         return PrometheusMonitor(url)
     raise MonitorError(kind, f"unknown monitor {kind!r}: use embedded or prometheus")

@@ -7,7 +7,7 @@ import math
 import time
 from pathlib import Path
 
-from tools.monitoring.base import AGGREGATES, HEARTBEAT_AGE, MonitorError, Sample, Series
+from trainops.tools.monitoring.base import AGGREGATES, HEARTBEAT_AGE, MonitorError, Sample, Series
 
 KIND = "embedded"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from tools.monitoring.base import AGGREGATES, HEARTBEAT_AGE, MonitorError, Sample, Series
+from trainops.tools.monitoring.base import AGGREGATES, HEARTBEAT_AGE, MonitorError, Sample, Series
 
 KIND = "prometheus"
 DEFAULT_URL = "http://127.0.0.1:9090"

@@ -1,5 +1,5 @@
 """Job schedulers behind one protocol: `local` (embedded default), `slurm`, `kubernetes`."""
-from tools.schedulers.base import (
+from trainops.tools.schedulers.base import (
     JobHandle,
     JobSpec,
     JobState,

@@ -166,15 +166,15 @@ class PollingWait:
 def get_scheduler(kind: str) -> Scheduler:
     """The backend for `kind`; heavy clients are imported only here."""
     if kind == "local":
-        from tools.schedulers.local import LocalScheduler
+        from trainops.tools.schedulers.local import LocalScheduler
 
         return LocalScheduler()
     if kind == "slurm":
-        from tools.schedulers.slurm import SlurmScheduler
+        from trainops.tools.schedulers.slurm import SlurmScheduler
 
         return SlurmScheduler()
     if kind == "kubernetes":
-        from tools.schedulers.kubernetes import KubernetesScheduler
+        from trainops.tools.schedulers.kubernetes import KubernetesScheduler
 
         return KubernetesScheduler()
     raise SchedulerError(kind, f"unknown scheduler {kind!r}: use one of local, slurm, kubernetes")

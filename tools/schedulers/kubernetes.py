@@ -9,7 +9,7 @@ import os
 import time
 from typing import Any
 
-from tools.schedulers.base import (
+from trainops.tools.schedulers.base import (
     TERMINAL_STATES,
     JobHandle,
     JobSpec,

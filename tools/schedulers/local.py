@@ -12,7 +12,7 @@ import time
 import uuid
 from pathlib import Path
 
-from tools.schedulers.base import (
+from trainops.tools.schedulers.base import (
     TERMINAL_STATES,
     JobHandle,
     JobSpec,
@@ -65,7 +65,7 @@ def pid_alive(pid: int, start_ticks: int | None = None) -> bool:
 
 def _process_tree(record: dict) -> list:
     """The job's runner and every process below it; empty once the runner is gone."""
-    from trainer.launch import process_tree
+    from trainops.trainer.launch import process_tree
 
     return process_tree(record["pid"]) if pid_alive(record["pid"], record.get("start_ticks")) else []
 
@@ -110,12 +110,10 @@ class LocalScheduler(PollingWait):
         exit_file.unlink(missing_ok=True)
         env = {**os.environ, **spec.env}
         env.setdefault("OMP_NUM_THREADS", "1")
-        repo_root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, env.get("PYTHONPATH", "")) if p)
         log = open(record["log_path"], "ab")
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "tools.schedulers.local_runner", str(exit_file),
+                [sys.executable, "-m", "trainops.tools.schedulers.local_runner", str(exit_file),
                  *([spec.run_dir] if spec.run_dir else []), "--", *command],
                 cwd=spec.workdir or None, env=env, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True,
@@ -188,8 +186,8 @@ class LocalScheduler(PollingWait):
 
     def _kill_group(self, record: dict, grace_s: float = CANCEL_GRACE_S) -> None:
         """SIGTERM, up to `grace_s` for a clean exit, then SIGKILL of the job's whole process tree
-        (trainer.launch.stop_processes says why the tree); grace 0 goes straight to SIGKILL."""
-        from trainer.launch import stop_processes
+        (trainops.trainer.launch.stop_processes says why the tree); grace 0 goes straight to SIGKILL."""
+        from trainops.trainer.launch import stop_processes
 
         stop_processes(_process_tree(record), record["pgid"], grace_s)
 

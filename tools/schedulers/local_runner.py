@@ -1,7 +1,7 @@
 """Runs one job command and records its exit code, so a later CLI call can tell a job that
 finished from one that died (the local scheduler's parent process is long gone by then).
 
-    python -m tools.schedulers.local_runner EXIT_FILE [RUN_DIR] -- CMD ARGS...
+    python -m trainops.tools.schedulers.local_runner EXIT_FILE [RUN_DIR] -- CMD ARGS...
 
 With RUN_DIR (a trainer run), it also writes the run's status.json when the command ends.
 """
@@ -17,7 +17,7 @@ import time
 
 def main(argv: list[str]) -> int:
     if "--" not in argv[1:3] or argv.index("--") == len(argv) - 1:
-        sys.stderr.write("usage: python -m tools.schedulers.local_runner EXIT_FILE [RUN_DIR] -- CMD ARGS...\n")
+        sys.stderr.write("usage: python -m trainops.tools.schedulers.local_runner EXIT_FILE [RUN_DIR] -- CMD ARGS...\n")
         return 2
     split = argv.index("--")
     exit_file, run_dir, command = argv[0], argv[1] if split == 2 else None, argv[split + 1:]
@@ -31,7 +31,7 @@ def main(argv: list[str]) -> int:
         signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signum))
         rc = child.wait()
     if run_dir:
-        from tools.schedulers.run_status import write_run_status
+        from trainops.tools.schedulers.run_status import write_run_status
 
         write_run_status(run_dir, rc)
     tmp = exit_file + ".tmp"

@@ -1,7 +1,7 @@
 """Writes a trainer run's status.json once its job ends, whichever scheduler ran it (the
 trainer's own launcher does this only for `trainops train`).
 
-    python -m tools.schedulers.run_status RUN_DIR EXIT_CODE
+    python -m trainops.tools.schedulers.run_status RUN_DIR EXIT_CODE
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 def write_run_status(run_dir: str, exit_code: int) -> None:
     if not (Path(run_dir) / "config.toml").exists():
         return
-    from trainer.launch import summarize
+    from trainops.trainer.launch import summarize
 
     summarize(run_dir, exit_code)
 

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from tools.schedulers.base import (
+from trainops.tools.schedulers.base import (
     TERMINAL_STATES,
     JobHandle,
     JobSpec,
@@ -114,7 +114,7 @@ def batch_script(spec: JobSpec, log_path: str) -> str:
             f"--rdzv-id \"$SLURM_JOB_ID\" {shlex.join(spec.command)} && rc=0 || rc=$?",
         ]
         if spec.run_dir:
-            lines.append(f"{shlex.quote(sys.executable)} -m tools.schedulers.run_status {shlex.quote(spec.run_dir)} \"$rc\"")
+            lines.append(f"{shlex.quote(sys.executable)} -m trainops.tools.schedulers.run_status {shlex.quote(spec.run_dir)} \"$rc\"")
         lines.append('exit "$rc"')
     else:
         lines.append(shlex.join(spec.command))

@@ -3,7 +3,7 @@
 One plan dict per module, torchtitan style: attention and SwiGLU are split column-then-row so
 each block needs one all-reduce forward (or, with sequence parallel, an all-gather before and
 a reduce-scatter after, the norms working on sequence shards). Grouped-query attention splits
-whole kv heads: tp must divide n_kv_heads (checked by `trainer.layout`).
+whole kv heads: tp must divide n_kv_heads (checked by `trainops.trainer.layout`).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`trainops chat`, `trainops ask`, `trainops threads`: the ops agent at the command line.
 
-Wiring only: `agents.session` does the work; LangGraph and LangChain load inside the commands.
+Wiring only: `trainops.agents.session` does the work; LangGraph and LangChain load inside the commands.
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ def _approver() -> str:
 
 def _open(thread: str | None, provider: str | None, model: str | None, base_url: str | None, as_json: bool,
           stream_tokens: bool = False):
-    from agents.providers import ProviderError, load_settings
-    from agents.session import AgentSession
+    from trainops.agents.providers import ProviderError, load_settings
+    from trainops.agents.session import AgentSession
 
     try:
         return AgentSession(thread, load_settings(provider, model, base_url), stream_tokens=stream_tokens)
@@ -38,7 +38,7 @@ def _open(thread: str | None, provider: str | None, model: str | None, base_url:
 
 def _drain(events, show, as_json: bool) -> list[dict[str, Any]]:
     """Run the graph, showing each event as it arrives; provider failures become one clean line."""
-    from agents.providers import ProviderError
+    from trainops.agents.providers import ProviderError
 
     seen = []
     try:
@@ -170,7 +170,7 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def threads(as_json: bool = typer.Option(False, "--json", help="Print the threads as JSON.")) -> None:
         """List the ops agent's conversation threads, newest first."""
-        from agents.session import list_threads
+        from trainops.agents.session import list_threads
 
         def render(items) -> None:
             from rich.table import Table

@@ -14,13 +14,13 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run the performance suite and rewrite benchmarks/RESULTS.md (side-by-side ratios)."""
         try:
-            from benchmarks import suite
+            from trainops.benchmarks import suite
         except ModuleNotFoundError as error:
             if error.name != "benchmarks":
                 raise
             fail("the benchmarks package is not importable: run from a source checkout "
                  "(pip install -e .) to use `trainops bench`", as_json=as_json)
-        from tools.base import ToolError
+        from trainops.tools.base import ToolError
 
         try:
             result = suite.run(quick=quick)

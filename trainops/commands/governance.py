@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
     @app.command("rules")
     def rules(as_json: bool = JsonOpt) -> None:
         """List every AGENTS.md rule ID and the code that enforces it."""
-        from tools.governance.rules import list_rules
+        from trainops.tools.governance.rules import list_rules
 
         emit(list_rules(), as_json, lambda rs: _table(
             "AGENTS.md rules", ["id", "title", "enforcement", "where"],
@@ -53,7 +53,7 @@ def register(app: typer.Typer) -> None:
         if pack:
             _decide(pack, "approved", by, note, as_json)
             return
-        from tools.governance import tokens
+        from trainops.tools.governance import tokens
 
         try:
             if pending:
@@ -86,7 +86,7 @@ def register(app: typer.Typer) -> None:
         if pack:
             _decide(pack, "rejected", by, note, as_json)
             return
-        from tools.governance import tokens
+        from trainops.tools.governance import tokens
 
         try:
             item = tokens.reject_pending(pending, by, note)
@@ -103,7 +103,7 @@ def register(app: typer.Typer) -> None:
         """List pending items (packs without a decision, gated calls waiting) and decided ones."""
         if ctx.invoked_subcommand:
             return
-        from tools.governance.approvals import list_items
+        from trainops.tools.governance.approvals import list_items
 
         emit(list_items(), as_json, lambda items: _table(
             "approvals", ["kind", "id", "status", "by", "detail"],
@@ -116,7 +116,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JsonOpt,
     ) -> None:
         """Check a pack's signed decision and that no file changed since; exit 1 when it does not hold."""
-        from tools.governance.approvals import verify_pack
+        from trainops.tools.governance.approvals import verify_pack
 
         if public_key is not None and not public_key.is_file():
             fail(f"--public-key {str(public_key)!r} is not a file: pass the approver's PEM public key", as_json=as_json)
@@ -136,7 +136,7 @@ def register(app: typer.Typer) -> None:
     @audit_app.command("verify")
     def audit_verify(as_json: bool = JsonOpt) -> None:
         """Walk the hash chain; name the first edited, deleted, inserted or reordered line (exit 1)."""
-        from tools.governance.audit import verify
+        from trainops.tools.governance.audit import verify
 
         report = verify()
         emit(report, as_json, lambda r: console().print(
@@ -149,7 +149,7 @@ def register(app: typer.Typer) -> None:
     def audit_show(tail: int = typer.Option(20, "--tail", min=1, help="How many recent entries."),
                    as_json: bool = JsonOpt) -> None:
         """The most recent audit entries."""
-        from tools.governance.audit import read
+        from trainops.tools.governance.audit import read
 
         emit(read(tail=tail), as_json, lambda es: _table(
             "audit log", ["seq", "kind", "tool/subject", "decision/ok", "actor/approver"],
@@ -172,8 +172,8 @@ def _parse_input(text: Optional[str], as_json: bool) -> dict[str, Any]:
 
 def _refuse_what_the_gate_would(tool_name: str, payload: dict[str, Any], by: str) -> None:
     """No token for a call the gate refuses anyway (forbidden, outside the tenant's root, ...)."""
-    from tools.base import CallContext, ToolError, get
-    from tools.governance.gate import GateRefused, check_input
+    from trainops.tools.base import CallContext, ToolError, get
+    from trainops.tools.governance.gate import GateRefused, check_input
 
     try:
         spec = get(tool_name)
@@ -185,7 +185,7 @@ def _refuse_what_the_gate_would(tool_name: str, payload: dict[str, Any], by: str
 
 
 def _decide(pack: str, decision: str, by: str, note: str, as_json: bool) -> None:
-    from tools.governance.approvals import decide
+    from trainops.tools.governance.approvals import decide
 
     try:
         record = decide(pack, decision, by, note)

@@ -26,8 +26,8 @@ def _request(config: Optional[str], sets: Optional[List[str]], nproc: int, sched
              monitor: str = "embedded", framework: str = "trainops"):
     from pathlib import Path
 
-    from skills.baseline import JobRequest
-    from tools.frameworks.base import FrameworkRefused, get_adapter
+    from trainops.skills.baseline import JobRequest
+    from trainops.tools.frameworks.base import FrameworkRefused, get_adapter
 
     if monitor != "embedded":
         fail(f"--monitor: {monitor!r} does not feed the SOP's statistics yet (summarize_run reads each run's "
@@ -48,11 +48,11 @@ def _guard(fn, as_json: bool):
     """Run a skill; refusals and tool errors become one clear line and exit code 2."""
     from pydantic import ValidationError
 
-    from skills.drill import DrillRefused
-    from skills.evidence.pack import PackRefused
-    from skills.knobs import KnobError
-    from tools.base import ToolError
-    from tools.frameworks.base import FrameworkRefused
+    from trainops.skills.drill import DrillRefused
+    from trainops.skills.evidence.pack import PackRefused
+    from trainops.skills.knobs import KnobError
+    from trainops.tools.base import ToolError
+    from trainops.tools.frameworks.base import FrameworkRefused
 
     try:
         return fn()
@@ -83,7 +83,7 @@ def register(app: typer.Typer) -> None:
                  sets: Optional[List[str]] = SETS, scheduler: str = SCHED, monitor: str = MONITOR, as_json: bool = JSON,
                  framework: str = FRAMEWORK):
         """S2: repeats of the unchanged config; median and spread of step time, tokens/s, MFU."""
-        from skills import baseline as skill_baseline
+        from trainops.skills import baseline as skill_baseline
 
         req = _request(config, sets, nproc, scheduler, as_json, monitor, framework)
         summary, _, _ = _guard(lambda: skill_baseline.measure(req, repeats, progress=_progress(as_json)), as_json)
@@ -100,10 +100,10 @@ def register(app: typer.Typer) -> None:
                sets: Optional[List[str]] = SETS, scheduler: str = SCHED, monitor: str = MONITOR, as_json: bool = JSON,
                framework: str = FRAMEWORK):
         """S3/S4: single-variable arms against the baseline, small scale then target scale."""
-        from skills import ablation as skill_ablation
-        from skills import baseline as skill_baseline
-        from skills.knobs import catalogue, parse_arm, plan_order
-        from tools.frameworks.base import get_adapter
+        from trainops.skills import ablation as skill_ablation
+        from trainops.skills import baseline as skill_baseline
+        from trainops.skills.knobs import catalogue, parse_arm, plan_order
+        from trainops.tools.frameworks.base import get_adapter
 
         req = _request(config, sets, nproc, scheduler, as_json, monitor, framework)
         if list_knobs:
@@ -135,7 +135,7 @@ def register(app: typer.Typer) -> None:
               nproc: int = typer.Option(2, min=1), sets: Optional[List[str]] = SETS, scheduler: str = SCHED,
               monitor: str = MONITOR, as_json: bool = JSON, framework: str = FRAMEWORK):
         """S5: inject, detect, isolate, restart from the newest good checkpoint; time each phase."""
-        from skills import drill as skill_drill
+        from trainops.skills import drill as skill_drill
 
         req = _request(config, sets, nproc, scheduler, as_json, monitor, framework)
         for kind in fault:
@@ -158,7 +158,7 @@ def register(app: typer.Typer) -> None:
         """Build, validate and write a pack from finished runs."""
         from pathlib import Path
 
-        from skills.sop import build_from_runs
+        from trainops.skills.sop import build_from_runs
 
         for run_dir in run_dirs:
             if not (Path(run_dir) / "metrics.jsonl").exists():
@@ -171,7 +171,7 @@ def register(app: typer.Typer) -> None:
         """Print a pack's report (or its JSON)."""
         from pathlib import Path
 
-        from skills.evidence.pack import load
+        from trainops.skills.evidence.pack import load
         from trainops.workspace import packs_dir
 
         folder = Path(pack) if Path(pack).is_dir() else packs_dir() / pack
@@ -189,8 +189,8 @@ def register(app: typer.Typer) -> None:
         """S1..S6 end to end; ends with an evidence pack waiting for approval."""
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-        from skills.knobs import parse_arm
-        from skills.sop import SopSettings, run
+        from trainops.skills.knobs import parse_arm
+        from trainops.skills.sop import SopSettings, run
 
         _request(config, None, 2, scheduler, as_json, monitor, framework)
         for spec in knob or []:
@@ -208,7 +208,7 @@ def register(app: typer.Typer) -> None:
     @skill.command("list")
     def skill_list(as_json: bool = JSON):
         """Every skill and its step count."""
-        from skills.registry import all_skills
+        from trainops.skills.registry import all_skills
 
         skills = all_skills()
         data = [{"name": s.name, "steps": len(s.steps), "description": s.description} for s in skills.values()]
@@ -218,7 +218,7 @@ def register(app: typer.Typer) -> None:
     @skill.command("show")
     def skill_show(name: str, as_json: bool = JSON):
         """A skill's SKILL.md, or its steps and their implementations with --json."""
-        from skills.registry import get
+        from trainops.skills.registry import get
 
         found = _guard(lambda: get(name), as_json)
         emit({"name": found.name, "path": str(found.path), "steps": [s.__dict__ for s in found.steps]}, as_json,

@@ -1,6 +1,6 @@
 """`trainops tool list|schema|call`, `trainops env`, `trainops plan checkpoint|ettr|layout`.
 
-Wiring only: every command goes through `tools.base.call`, so the governance gate sees the CLI
+Wiring only: every command goes through `trainops.tools.base.call`, so the governance gate sees the CLI
 exactly as it sees the agent. Heavy modules (pydantic models, torch) load inside commands.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ JsonOpt = typer.Option(False, "--json", help="Print JSON for machines.")
 
 def run_tool(name: str, payload: dict[str, Any], as_json: bool, approval_token: str | None = None) -> Any:
     """Call a tool as the CLI; a ToolError becomes one clear line and exit code 2."""
-    from tools.base import CallContext, ToolError, call
+    from trainops.tools.base import CallContext, ToolError, call
 
     try:
         return call(name, payload, CallContext(actor="cli", approval_token=approval_token))
@@ -27,9 +27,9 @@ def run_tool(name: str, payload: dict[str, Any], as_json: bool, approval_token: 
 
 def register_agent_tools() -> None:
     """`run_sop` and `list_pending_approvals` sit above the tools layer (they call a skill and
-    read the agent's threads), so they register when `agents.agent_tools` is imported; the
+    read the agent's threads), so they register when `trainops.agents.agent_tools` is imported; the
     `tool` commands import it so they list, describe and call every tool the agent has."""
-    import agents.agent_tools  # noqa: F401
+    import trainops.agents.agent_tools  # noqa: F401
 
 
 def _cell(value: Any) -> str:
@@ -64,7 +64,7 @@ def register(app: typer.Typer) -> None:
     @tool_app.command("list")
     def tool_list(as_json: bool = JsonOpt) -> None:
         """Every tool with its risk class, whether it needs approval, and what it does."""
-        from tools.base import registry
+        from trainops.tools.base import registry
 
         register_agent_tools()
         rows = [
@@ -90,7 +90,7 @@ def register(app: typer.Typer) -> None:
     def tool_schema(name: str = typer.Argument(..., help="Tool name (see `trainops tool list`)."),
                     as_json: bool = JsonOpt) -> None:
         """JSON schema of a tool's input and output."""
-        from tools.base import ToolError, get
+        from trainops.tools.base import ToolError, get
 
         register_agent_tools()
         try:

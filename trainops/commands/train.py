@@ -57,8 +57,8 @@ def register(app: typer.Typer) -> None:
         """Train with torchrun here (gloo on CPU, NCCL on GPU): per-step MFU lines, the run folder, non-zero exit on failure."""
         if nproc < 1:
             fail(f"--nproc {nproc} is not valid: use 1 or more processes", as_json=as_json)
-        from trainer.config import ConfigError, load_config
-        from trainer.layout import LayoutError, plan_dry_run, validate_layout
+        from trainops.trainer.config import ConfigError, load_config
+        from trainops.trainer.layout import LayoutError, plan_dry_run, validate_layout
 
         try:
             cfg = load_config(config, preset, overrides)
@@ -68,7 +68,7 @@ def register(app: typer.Typer) -> None:
             validate_layout(cfg, nproc)
         except (ConfigError, LayoutError) as error:
             fail(str(error), as_json=as_json)
-        from trainer.launch import run_local
+        from trainops.trainer.launch import run_local
 
         try:
             result = run_local(cfg, nproc, run_id=run_id, show_progress=not as_json)

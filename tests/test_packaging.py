@@ -1,0 +1,98 @@
+"""trainops installs as one product: one import namespace, every file it reads shipped inside the
+wheel, and a wheel installed into a fresh environment outside the repository works."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+ROOT_FOLDERS = {"trainops": "trainops", "trainops.agents": "agents", "trainops.skills": "skills",
+                "trainops.tools": "tools", "trainops.trainer": "trainer", "trainops.benchmarks": "benchmarks"}
+
+
+def _pyproject() -> dict:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def test_every_package_folder_is_listed_under_the_trainops_namespace():
+    settings = _pyproject()["tool"]["setuptools"]
+    assert settings["package-dir"] == ROOT_FOLDERS
+    on_disk = set()
+    for package, folder in ROOT_FOLDERS.items():
+        for init in (REPO / folder).rglob("__init__.py"):
+            relative = init.parent.relative_to(REPO / folder).parts
+            on_disk.add(".".join((package, *relative)))
+    assert set(settings["packages"]) == on_disk
+
+
+def test_runtime_imports_are_all_declared_dependencies():
+    """skills_ref is read at run time (skill list, the agent's prompt): a plain install needs it."""
+    deps = " ".join(_pyproject()["project"]["dependencies"])
+    for needed in ("skills-ref", "pydantic", "typer", "rich", "langgraph", "torch", "cryptography"):
+        assert needed in deps
+
+
+def test_no_module_imports_a_bare_root_folder_name():
+    """`import tools` would pick up whatever `tools` comes first on a user's sys.path."""
+    offenders = []
+    for path in REPO.rglob("*.py"):
+        if {".venv", ".git", "build"} & set(path.parts):
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            stripped = line.strip()
+            for name in ("tools", "agents", "skills", "trainer", "benchmarks"):
+                if stripped.startswith((f"from {name} ", f"from {name}.", f"import {name}")):
+                    offenders.append(f"{path.relative_to(REPO)}:{number}: {stripped}")
+    assert not offenders, "\n".join(offenders)
+
+
+def _run(command: list[str], cwd: Path, env: dict[str, str], timeout: int = 600) -> subprocess.CompletedProcess:
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    return done
+
+
+@pytest.mark.slow
+def test_the_wheel_installed_outside_the_repository_runs_the_cli_the_agent_and_a_training_run(tmp_path):
+    wheels = tmp_path / "wheels"
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(REPO)], REPO, dict(os.environ))
+    (wheel,) = wheels.glob("trainops-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    top_level = {name.split("/")[0] for name in names if not name.startswith("trainops-")}
+    assert top_level == {"trainops"}, f"the wheel installs more than one import name: {top_level}"
+    for shipped in ("trainops/AGENTS.md", "trainops/skills/training-efficiency-ablation-and-fault-sop/SKILL.md",
+                    "trainops/skills/evidence/evidence.schema.json", "trainops/trainer/text/public_domain_excerpts.txt"):
+        assert shipped in names, f"{shipped} is not in the wheel"
+
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", str(venv)], tmp_path, dict(os.environ))
+    python, trainops = venv / "bin" / "python", venv / "bin" / "trainops"
+    torch_spec = os.environ.get("TORCH_SPEC", "torch==2.13.0")
+    _run([str(python), "-m", "pip", "install", "-q", torch_spec], tmp_path, dict(os.environ))
+    _run([str(python), "-m", "pip", "install", "-q", str(wheel)], tmp_path, dict(os.environ))
+
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    env = {key: value for key, value in os.environ.items() if key not in {"PYTHONPATH", "VIRTUAL_ENV"}}
+    env.update(TRAINOPS_HOME=str(work / ".trainops"), OMP_NUM_THREADS="1", PATH=f"{venv / 'bin'}:{env['PATH']}")
+    where = _run([str(python), "-c", "import trainops, importlib.util as u; print(trainops.__file__);"
+                  "print(u.find_spec('tools'), u.find_spec('agents'), u.find_spec('trainer'))"], work, env).stdout
+    assert str(venv) in where.splitlines()[0] and "None None None" in where
+
+    assert "Usage" in _run([str(trainops), "--help"], work, env).stdout
+    assert "R-" in _run([str(trainops), "rules"], work, env).stdout
+    skills = _run([str(trainops), "skill", "list", "--json"], work, env).stdout
+    assert "training-efficiency-ablation-and-fault-sop" in skills
+    answer = _run([str(trainops), "ask", "plan the checkpoint interval for a 60 s save, 300 s restart and 10 h MTBF",
+                   "--json"], work, env).stdout
+    assert "interval" in answer.lower()
+    trained = json.loads(_run([str(trainops), "train", "--preset", "tiny", "--set", "training.steps=3", "--json"],
+                              work, env).stdout)
+    assert trained["status"] == "ok" and Path(trained["run_dir"]).is_relative_to(work)
