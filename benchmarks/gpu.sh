@@ -2,7 +2,9 @@
 # One command on a GPU machine (<= 8 minutes on one H100/H200): MFU, tokens/s per GPU and peak
 # memory of the llama3-1b preset in bf16, eager / compile / compile + selective AC, and the async
 # checkpoint stall. Uses the python that has a CUDA torch, or installs TORCH_SPEC into .venv-gpu
-# up front; nothing is downloaded while measuring. Results: benchmarks/gpu-results/ (or $OUT).
+# up front; installs trainops only when that python cannot import it already (GPU machines are
+# often offline: carry trainops and pydantic as wheels there). Nothing is downloaded while
+# measuring. Results: benchmarks/gpu-results/ (or $OUT). Arguments go to gpu_mfu.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -11,6 +13,8 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
   .venv-gpu/bin/pip install --quiet "${TORCH_SPEC:-torch==2.13.0}"
   PY=.venv-gpu/bin/python
 fi
-"$PY" -m pip install --quiet -e . 2>/dev/null || "$PY" -m pip install --quiet pydantic typer rich prometheus-client numpy
+if ! "$PY" -c "import trainops.trainer.train, trainops.benchmarks.harness" 2>/dev/null; then
+  "$PY" -m pip install --quiet -e .
+fi
 export TRAINOPS_HOME=${TRAINOPS_HOME:-$(mktemp -d)}
 "$PY" benchmarks/gpu_mfu.py --out "${OUT:-benchmarks/gpu-results}" "$@"

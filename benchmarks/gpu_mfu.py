@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import time
@@ -27,6 +28,7 @@ ARMS = {
     "bf16 compile": ["training.compile=true"],
     "bf16 compile + selective AC": ["training.compile=true", "training.activation_checkpointing=selective"],
 }
+CHECKPOINT_MODES = ("sync", "async", "async_pinned")
 
 
 def _shape(args) -> list[str]:
@@ -38,9 +40,9 @@ def _shape(args) -> list[str]:
 def measure_arm(name: str, overrides: list[str], args) -> dict:
     cfg = load_config(None, args.preset, [*_shape(args), *overrides])
     started = time.time()
-    result = run_local(cfg, 1, show_progress=False)
+    result = run_local(cfg, 1, show_progress=False, timeout_s=args.run_timeout_s)
     if result.status != "ok":
-        return {"arm": name, "status": "failed", "run_dir": result.run_dir}
+        return {"arm": name, "status": "failed", "run_dir": result.run_dir, "failure": result.failure}
     steady = [r for r in read_metrics(result.run_dir) if r["rank"] == 0 and r["step"] > args.warmup]
     return {
         "arm": name, "status": "ok", "run_dir": result.run_dir, "wall_s": time.time() - started,
@@ -52,16 +54,76 @@ def measure_arm(name: str, overrides: list[str], args) -> dict:
     }
 
 
-def checkpoint_stall(mode: str, args) -> float | None:
-    cfg = load_config(None, args.preset, [*_shape(args), "training.steps=6", "checkpoint.enable=true",
-                                          "checkpoint.interval=2", f"checkpoint.mode={mode}"])
-    result = run_local(cfg, 1, show_progress=False)
+def checkpoint_stall(mode: str, args) -> dict | None:
+    """The loop's stall per save, without the wait for the previous background write: that wait
+    only measures an interval too short for the write (reported apart, with the write time, so a
+    reader can size the interval). The checkpoints are deleted afterwards: at ~15 GB each for
+    llama3-1b, three modes would fill a small disk."""
+    cfg = load_config(None, args.preset, [*_shape(args), f"training.steps={args.checkpoint_steps}",
+                                          "checkpoint.enable=true", f"checkpoint.interval={args.checkpoint_interval}",
+                                          f"checkpoint.mode={mode}"])
+    result = run_local(cfg, 1, show_progress=False, timeout_s=args.run_timeout_s)
+    shutil.rmtree(Path(result.run_dir) / cfg.checkpoint.folder, ignore_errors=True)
     journal = Path(result.run_dir) / "checkpoints.jsonl"
     if result.status != "ok" or not journal.exists():
         return None
-    stalls = [json.loads(line)["stall_s"] for line in journal.read_text().splitlines()
-              if json.loads(line).get("event") == "save"]
-    return statistics.median(stalls) if stalls else None
+    saves = [record for record in map(json.loads, journal.read_text().splitlines()) if record.get("event") == "save"]
+    if not saves:
+        return None
+    return {"stall_s": statistics.median(s["stall_s"] - s["wait_previous_s"] for s in saves),
+            "wait_previous_s": max(s["wait_previous_s"] for s in saves),
+            "write_s": statistics.median(s["write_s"] for s in saves),
+            "size_gib": saves[-1]["size_bytes"] / 2**30, "saves": len(saves)}
+
+
+def render(args, rows: list[dict], stalls: dict[str, dict | None]) -> list[str]:
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu (script check, not a figure)"
+    lines = [f"# GPU MFU — {device}, torch {torch.__version__} (CUDA {torch.version.cuda})", "",
+             f"{args.preset} preset, bf16, seq {args.seq_len}, batch {args.batch}, {args.steps} steps, "
+             f"median over steps > {args.warmup}; measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
+             "| arm | MFU | tokens/s/GPU | step time | peak memory |", "|---|---|---|---|---|"]
+    for row in rows:
+        if row["status"] != "ok":
+            lines.append(f"| {row['arm']} | failed: {row['failure']} (logs: {row['run_dir']}/logs) | | | |")
+            continue
+        lines.append(f"| {row['arm']} | {row['mfu_pct']:.1f}% | {row['tokens_per_s']:.0f} | "
+                     f"{row['step_time_s'] * 1000:.0f} ms | {row['peak_mem_gib']:.1f} GiB |")
+    lines.append("")
+    peak = next((row["peak_source"] for row in rows if row["status"] == "ok"), None)
+    if peak:
+        lines += [f"MFU against {peak} (bf16 dense peak).", ""]
+    sync = stalls.get("sync")
+    if sync:
+        lines.append(f"Checkpoint ({sync['size_gib']:.1f} GiB, {args.checkpoint_steps} steps, interval "
+                     f"{args.checkpoint_interval}, median of {sync['saves']} saves): sync stall {sync['stall_s']:.3f} s.")
+    for mode in ("async", "async_pinned"):
+        stall = stalls.get(mode)
+        if sync and stall:
+            lines.append(f"Checkpoint stall {mode}: {stall['stall_s']:.3f} s vs sync {sync['stall_s']:.3f} s "
+                         f"(ratio {stall['stall_s'] / sync['stall_s']:.3f}, target <= 0.10); background write "
+                         f"{stall['write_s']:.1f} s, longest wait for the previous write {stall['wait_previous_s']:.1f} s.")
+        elif mode in stalls:
+            lines.append(f"Checkpoint stall {mode}: not measured (a run failed; read its logs under $TRAINOPS_HOME/runs).")
+        else:
+            lines.append(f"Checkpoint stall {mode}: not measured yet.")
+    return lines
+
+
+def publish(args, rows: list[dict], stalls: dict[str, dict | None]) -> list[str]:
+    """Write the results so far: a short loan that ends mid-run still leaves every finished figure."""
+    out = Path(args.out)
+    report = {"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+              "torch": torch.__version__, "cuda": torch.version.cuda, "model": f"{args.preset} preset",
+              "seq_len": args.seq_len, "batch": args.batch, "steps": args.steps, "warmup": args.warmup,
+              "arms": rows, "checkpoint": stalls,
+              "checkpoint_stall_s": {mode: (stall or {}).get("stall_s") for mode, stall in stalls.items()}}
+    (out / "gpu-results.json").write_text(json.dumps(report, indent=2))
+    lines = render(args, rows, stalls)
+    (out / "gpu-results.md").write_text("\n".join(lines) + "\n")
+    if torch.cuda.is_available():  # a real figure: it replaces the GPU section of RESULTS.md
+        body = "\n".join(["## GPU (`benchmarks/gpu.sh`)", "", *lines[2:]])
+        write_section(f"{GPU_BEGIN}\n{body}\n{GPU_END}", GPU_BEGIN, GPU_END)
+    return lines
 
 
 def main() -> None:
@@ -73,40 +135,24 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--preset", default="llama3-1b")
     parser.add_argument("--arm", action="append", choices=list(ARMS), help="measure only these arms (repeatable)")
+    parser.add_argument("--checkpoint-steps", type=int, default=6, help="steps of each checkpoint-stall run")
+    parser.add_argument("--checkpoint-interval", type=int, default=2, help="save every N steps in those runs")
+    parser.add_argument("--run-timeout-s", type=float, default=900.0, help="stop a training run after this long")
     parser.add_argument("--allow-cpu", action="store_true", help="run on the CPU: a check of the script, not a figure")
     args = parser.parse_args()
     if not torch.cuda.is_available() and not args.allow_cpu:
         sys.exit("no CUDA device: this script measures GPU MFU; run the CPU suite with `make bench`")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    rows = [measure_arm(name, ARMS[name], args) for name in args.arm or ARMS]
-    stalls = {mode: checkpoint_stall(mode, args) for mode in ("sync", "async", "async_pinned")}
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu (script check, not a figure)"
-    report = {"gpu": device, "torch": torch.__version__, "cuda": torch.version.cuda,
-              "model": f"{args.preset} preset", "seq_len": args.seq_len, "batch": args.batch, "arms": rows,
-              "checkpoint_stall_s": stalls}
-    (out / "gpu-results.json").write_text(json.dumps(report, indent=2))
-    lines = [f"# GPU MFU — {report['gpu']}, torch {report['torch']} (CUDA {report['cuda']})", "",
-             f"{args.preset} preset, bf16, seq {args.seq_len}, batch {args.batch}, median over steps > {args.warmup}", "",
-             "| arm | MFU | tokens/s/GPU | step time | peak memory |", "|---|---|---|---|---|"]
-    for row in rows:
-        if row["status"] != "ok":
-            lines.append(f"| {row['arm']} | failed: read {row['run_dir']}/logs | | | |")
-            continue
-        lines.append(f"| {row['arm']} | {row['mfu_pct']:.1f}% | {row['tokens_per_s']:.0f} | "
-                     f"{row['step_time_s'] * 1000:.0f} ms | {row['peak_mem_gib']:.1f} GiB |")
-    lines.append("")
-    sync_s = stalls["sync"]
-    for mode in ("async", "async_pinned"):
-        if sync_s and stalls[mode] is not None:
-            lines.append(f"Checkpoint stall {mode}: {stalls[mode]:.3f} s vs sync {sync_s:.3f} s "
-                         f"(ratio {stalls[mode] / sync_s:.3f}, target <= 0.10).")
-        else:
-            lines.append(f"Checkpoint stall {mode}: not measured (a run failed; read its logs under $TRAINOPS_HOME/runs).")
-    (out / "gpu-results.md").write_text("\n".join(lines) + "\n")
-    if torch.cuda.is_available():  # a real figure: it replaces the GPU section of RESULTS.md
-        body = "\n".join(["## GPU (`benchmarks/gpu.sh`)", "", *lines[2:]])
-        write_section(f"{GPU_BEGIN}\n{body}\n{GPU_END}", GPU_BEGIN, GPU_END)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    stalls: dict[str, dict | None] = {}
+    for name in args.arm or ARMS:
+        rows.append(measure_arm(name, ARMS[name], args))
+        print(f"{name}: {json.dumps(rows[-1])}", flush=True)
+        publish(args, rows, stalls)
+    for mode in CHECKPOINT_MODES:
+        stalls[mode] = checkpoint_stall(mode, args)
+        print(f"checkpoint {mode}: {json.dumps(stalls[mode])}", flush=True)
+        lines = publish(args, rows, stalls)
     print("\n".join(lines))
 
 
