@@ -3,6 +3,9 @@ and fail under CI=true (where .ci/run has installed and started the services).""
 from __future__ import annotations
 
 import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -28,3 +31,47 @@ def require_service():
     """`require_service(available, why)`: skip a real-service test where the service is absent,
     saying why; under CI=true that is a failure, because .ci/run starts every service."""
     return _require
+
+
+@dataclass(frozen=True)
+class Approver:
+    principal: str
+    key: Path  # the private key (no passphrase); `key.with_suffix(".pub")` is its public half
+
+
+@dataclass(frozen=True)
+class Approvers:
+    alice: Approver
+    bob: Approver
+    allowed_signers: Path
+    config: Path
+
+
+def make_ssh_key(folder: Path, name: str) -> Path:
+    """A throwaway ed25519 key pair made by ssh-keygen, as a human approver would have."""
+    folder.mkdir(parents=True, exist_ok=True)
+    key = folder / name
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", str(key)], check=True)
+    return key
+
+
+@pytest.fixture
+def approvers(tmp_path, monkeypatch) -> Approvers:
+    """Two human approvers (alice, bob) with their own keys outside the workspace, an
+    allowed-signers file (0644 in a 0755 folder) listing them, and a user config
+    ($TRAINOPS_CONFIG) naming that file under [governance] allowed_signers."""
+    root = tmp_path / "approvers"
+    keys = {name: make_ssh_key(root / "keys", name) for name in ("alice", "bob")}
+    signers = root / "etc" / "allowed_signers"
+    signers.parent.mkdir(parents=True)
+    signers.write_text("".join(f"{name} {' '.join(key.with_suffix('.pub').read_text().split()[:2])}\n"
+                               for name, key in keys.items()))
+    signers.chmod(0o644)
+    signers.parent.chmod(0o755)
+    config = root / "config.toml"
+    config.write_text(f'[governance]\nallowed_signers = "{signers}"\n')
+    monkeypatch.setenv("TRAINOPS_CONFIG", str(config))
+    monkeypatch.delenv("TRAINOPS_ALLOWED_SIGNERS", raising=False)
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)  # never sign with the developer's own agent
+    return Approvers(alice=Approver("alice", keys["alice"]), bob=Approver("bob", keys["bob"]),
+                     allowed_signers=signers, config=config)
