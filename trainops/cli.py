@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from trainops.commands import agent, bench, governance, sop, tools, train
+from trainops.commands import agent, bench, governance, sandbox, sop, tools, train
 
 app = typer.Typer(
     name="trainops",
@@ -17,6 +17,7 @@ app = typer.Typer(
 
 for area in (train, tools, sop, governance, agent, bench):
     area.register(app)
+app.add_typer(sandbox.app, name="sandbox")
 
 
 def main() -> None:

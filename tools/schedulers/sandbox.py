@@ -1,0 +1,434 @@
+"""A real multi-node Slurm cluster on this host, one network namespace per node (`trainops sandbox`).
+
+Like `kind` for Kubernetes: for trying the multi-node SOP without a cluster, and for the tests.
+Layout: a bridge in the root namespace at NET.1/24 (sbatch, squeue and trainops run there);
+slurmctld in a namespace of its own at NET.2 (its ports cannot clash with another Slurm on the
+host); node nK = namespace with a veth `tos0` at NET.(10+K), peer on the bridge, its own UTS and
+mount namespace (hostname nK, an /etc/hosts listing the nodes) and `slurmd -N nK`. No default
+route anywhere, so traffic stays inside the bridge's /24.
+
+Everything `up` creates is recorded in `$TRAINOPS_HOME/sandbox/state.json` (namespaces, links,
+the munged it started), and `down` removes exactly that, by name and pid, and nothing else.
+Requires root and Linux (iproute2, util-linux, Debian's slurm-wlm and munge).
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, Field, field_validator
+
+NODE_IF = "tos0"
+SLURMCTLD, SLURMD, MUNGED = "/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged"
+
+
+class SandboxError(RuntimeError):
+    """The sandbox cannot be brought up or used: says what failed and what to do."""
+
+
+class SandboxSpec(BaseModel):
+    nodes: int = Field(3, ge=1, le=64, description="number of namespace nodes, n1..nN")
+    prefix: str = Field("tos", description="names of namespaces and links start with it (1-6 letters/digits)")
+    net: str = Field("10.251.7", description="first three octets of a private /24 nothing on this host uses")
+    cpus_per_node: int = Field(2, ge=1, le=256, description="CPUs each node declares (may exceed the host)")
+    memory_mib: int = Field(4000, ge=256, description="RealMemory each node declares")
+    ctld_port: int = Field(17817, ge=1024, le=65535)
+    slurmd_port: int = Field(17818, ge=1024, le=65535)
+    slurmd_timeout_s: int = Field(10, ge=3, le=300, description="SlurmdTimeout: how soon Slurm calls a silent node down")
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        if not re.fullmatch(r"[a-z][a-z0-9]{0,5}", value):
+            raise ValueError(f"prefix {value!r}: use 1-6 lower-case letters or digits, starting with a letter")
+        return value
+
+    @field_validator("net")
+    @classmethod
+    def _net(cls, value: str) -> str:
+        try:
+            network = ipaddress.ip_network(f"{value}.0/24")
+        except ValueError:
+            raise ValueError(f"net {value!r}: give three octets such as 10.251.7") from None
+        if not network.is_private:
+            raise ValueError(f"net {value}.0/24 is not a private range; use one such as 10.251.7")
+        return value
+
+    def ns(self, node: int) -> str:
+        return f"{self.prefix}-n{node}"
+
+    @property
+    def ctl_ns(self) -> str:
+        return f"{self.prefix}-ctl"
+
+    @property
+    def bridge(self) -> str:
+        return f"{self.prefix}br0"
+
+    def host_link(self, node: int | str) -> str:
+        return f"{self.prefix}h{node}"
+
+    def address(self, node: int) -> str:
+        return f"{self.net}.{10 + node}"
+
+
+class SandboxState(BaseModel):
+    spec: SandboxSpec
+    folder: str
+    namespaces: list[str] = []
+    links: list[str] = []
+    munged_pid: int | None = Field(None, description="the munged this sandbox started (None: it reused one)")
+    bring_up_s: float | None = None
+
+    @property
+    def conf(self) -> Path:
+        return Path(self.folder) / "slurm.conf"
+
+
+def sandbox_dir() -> Path:
+    from trainops.workspace import home
+
+    return home() / "sandbox"
+
+
+def _state_path() -> Path:
+    return sandbox_dir() / "state.json"
+
+
+def load_state() -> SandboxState | None:
+    path = _state_path()
+    if not path.is_file():
+        return None
+    try:
+        return SandboxState.model_validate_json(path.read_text())
+    except ValueError as exc:
+        raise SandboxError(f"{path} is corrupt ({exc.__class__.__name__}); remove what it made by hand "
+                           "(`ip netns list`) and delete the file") from None
+
+
+def _save(state: SandboxState) -> None:
+    path = _state_path()
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(state.model_dump_json(indent=2))
+    tmp.replace(path)
+
+
+def _sh(args: list[str], check: bool = True, **kw) -> subprocess.CompletedProcess:
+    done = subprocess.run(args, capture_output=True, text=True, timeout=60, **kw)
+    if check and done.returncode != 0:
+        raise SandboxError(f"`{' '.join(args)}` failed ({done.returncode}): {done.stderr.strip()[:300]}")
+    return done
+
+
+def _in_ns(ns: str, args: list[str]) -> list[str]:
+    # nsenter, not `ip netns exec`: that remounts /sys, hides the cgroup tree, and slurmd dies.
+    return ["nsenter", f"--net=/run/netns/{ns}", *args]
+
+
+def _require_host() -> None:
+    if os.name != "posix" or not Path("/proc/self/ns/net").exists():
+        raise SandboxError("the sandbox needs Linux network namespaces")
+    if os.geteuid() != 0:
+        raise SandboxError("the sandbox creates network namespaces: run `trainops sandbox` as root")
+    missing = [tool for tool in ("ip", "nsenter", "unshare", "tc", "sinfo", "scontrol", "munge")
+               if not shutil.which(tool)] + [d for d in (SLURMCTLD, SLURMD, MUNGED) if not Path(d).exists()]
+    if missing:
+        raise SandboxError(f"missing on this host: {', '.join(missing)}; install Debian's iproute2, util-linux, "
+                           "slurm-wlm and munge")
+
+
+def slurm_env(state: SandboxState) -> dict[str, str]:
+    return {**os.environ, "SLURM_CONF": str(state.conf)}
+
+
+def _munge_ok() -> bool:
+    try:
+        cred = subprocess.run(["munge", "-n"], capture_output=True, timeout=5)
+        return cred.returncode == 0 and subprocess.run(["unmunge"], input=cred.stdout, capture_output=True,
+                                                       timeout=5).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _start_munge() -> int | None:
+    """Reuse a running munged (its socket serves every namespace); else start one and return its pid."""
+    if _munge_ok():
+        return None
+    key = Path("/etc/munge/munge.key")
+    if not key.exists() or key.stat().st_size == 0:
+        key.parent.mkdir(parents=True, exist_ok=True)
+        key.write_bytes(os.urandom(1024))
+        shutil.chown(key, "munge", "munge")
+        key.chmod(0o400)
+    Path("/run/munge").mkdir(parents=True, exist_ok=True)
+    shutil.chown("/run/munge", "munge", "munge")
+    _sh([MUNGED, "--force"])
+    _wait(10, "munged to answer", _munge_ok)
+    return int(Path("/run/munge/munged.pid").read_text().strip())
+
+
+def _wait(timeout_s: float, what: str, ready) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        if time.monotonic() > deadline:
+            raise SandboxError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def _conf_text(spec: SandboxSpec, folder: Path) -> str:
+    state, logs = folder / "state", folder / "log"
+    lines = [
+        f"ClusterName={spec.prefix}sandbox", f"SlurmctldHost={socket.gethostname().split('.')[0]}({spec.net}.2)",
+        "SlurmUser=root", "SlurmdUser=root", "AuthType=auth/munge", "CredType=cred/munge",
+        # cred_expire is also how long a requeued job waits before it may start again (default 120 s)
+        "AuthInfo=cred_expire=10", "MpiDefault=none", "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
+        "JobAcctGatherType=jobacct_gather/none", "SchedulerType=sched/backfill",
+        "SchedulerParameters=bf_interval=1,sched_interval=2", "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core", "SlurmdParameters=config_overrides", "ReturnToService=2", "JobRequeue=1",
+        "MinJobAge=3600", f"SlurmctldPort={spec.ctld_port}", f"SlurmdPort={spec.slurmd_port}",
+        f"SlurmdTimeout={spec.slurmd_timeout_s}", "SlurmctldTimeout=10", "MessageTimeout=5", "TCPTimeout=2",
+        "KillWait=5", "InactiveLimit=0", f"StateSaveLocation={state}/ctld", f"SlurmdSpoolDir={state}/d-%n",
+        f"SlurmctldPidFile={state}/slurmctld.pid", f"SlurmdPidFile={state}/slurmd-%n.pid",
+        f"SlurmctldLogFile={logs}/slurmctld.log", f"SlurmdLogFile={logs}/slurmd-%n.log",
+        "SlurmctldDebug=info", "SlurmdDebug=info",
+    ]
+    for k in range(1, spec.nodes + 1):
+        lines.append(f"NodeName=n{k} NodeAddr={spec.address(k)} CPUs={spec.cpus_per_node} Sockets=1 "
+                     f"CoresPerSocket={spec.cpus_per_node} ThreadsPerCore=1 RealMemory={spec.memory_mib} State=UNKNOWN")
+    lines.append(f"PartitionName=sandbox Nodes=n[1-{spec.nodes}] Default=YES MaxTime=INFINITE State=UP")
+    return "# written by trainops sandbox up\n" + "\n".join(lines) + "\n"
+
+
+def _hosts_text(spec: SandboxSpec) -> str:
+    rows = ["127.0.0.1 localhost", f"{spec.net}.1 {spec.prefix}host",
+            f"{spec.net}.2 {spec.prefix}ctl {socket.gethostname().split('.')[0]}"]
+    rows += [f"{spec.address(k)} n{k}" for k in range(1, spec.nodes + 1)]
+    return "\n".join(rows) + "\n"
+
+
+def _net_in_use(spec: SandboxSpec) -> bool:
+    shown = _sh(["ip", "-4", "-o", "addr", "show"]).stdout
+    return f" {spec.net}." in shown
+
+
+def _add_namespace(state: SandboxState, ns: str, link: str, address: str) -> None:
+    _sh(["ip", "netns", "add", ns])
+    state.namespaces.append(ns)
+    _sh(["ip", "link", "add", link, "type", "veth", "peer", "name", NODE_IF, "netns", ns])
+    state.links.append(link)
+    _sh(["ip", "link", "set", link, "master", state.spec.bridge, "up"])
+    _sh(["ip", "-n", ns, "link", "set", "lo", "up"])
+    _sh(["ip", "-n", ns, "addr", "add", f"{address}/24", "dev", NODE_IF])
+    _sh(["ip", "-n", ns, "link", "set", NODE_IF, "up"])
+
+
+def start_slurmd(state: SandboxState, node: int) -> None:
+    """(Re)start node nK's slurmd in its namespace, with hostname nK and the sandbox's /etc/hosts."""
+    folder = Path(state.folder)
+    (folder / "state" / f"d-n{node}").mkdir(parents=True, exist_ok=True)  # slurmd does not create it
+    script = 'hostname "$1" && mount --bind "$2" /etc/hosts && exec "$3" -N "$1" -f "$4"'
+    _sh(_in_ns(state.spec.ns(node), ["unshare", "--uts", "--mount", "--propagation", "private", "sh", "-c", script,
+                                     "sh", f"n{node}", str(folder / "hosts"), SLURMD, str(state.conf)]))
+
+
+def node_states(state: SandboxState) -> dict[str, str]:
+    """Node name -> Slurm state (lower case, e.g. idle, allocated, down*, drained), from `scontrol show node`."""
+    done = subprocess.run(["scontrol", "-o", "show", "node"], capture_output=True, text=True, timeout=15,
+                          env=slurm_env(state))
+    if done.returncode != 0:
+        return {}
+    states = {}
+    for line in done.stdout.splitlines():
+        name, node_state = re.search(r"NodeName=(\S+)", line), re.search(r"\bState=(\S+)", line)
+        if name and node_state:
+            states[name.group(1)] = node_state.group(1).lower()
+    return states
+
+
+def up(spec: SandboxSpec) -> SandboxState:
+    """Bring up (or find already up) a sandbox of `spec.nodes` nodes, all idle. Idempotent."""
+    _require_host()
+    current = load_state()
+    if current is not None:
+        if current.spec == spec and _all_idle(current):
+            return current
+        down()
+    if _net_in_use(spec):
+        raise SandboxError(f"{spec.net}.0/24 is already used by an interface on this host; choose another "
+                           "--net (three octets of a private /24)")
+    started = time.monotonic()
+    folder = sandbox_dir()
+    shutil.rmtree(folder / "state", ignore_errors=True)
+    shutil.rmtree(folder / "log", ignore_errors=True)
+    (folder / "state" / "ctld").mkdir(parents=True)
+    (folder / "log").mkdir()
+    state = SandboxState(spec=spec, folder=str(folder))
+    _save(state)
+    try:
+        state.munged_pid = _start_munge()
+        _sh(["ip", "link", "add", spec.bridge, "type", "bridge"])
+        state.links.append(spec.bridge)
+        _save(state)
+        _sh(["ip", "addr", "add", f"{spec.net}.1/24", "dev", spec.bridge])
+        _sh(["ip", "link", "set", spec.bridge, "up"])
+        _add_namespace(state, spec.ctl_ns, spec.host_link("c"), f"{spec.net}.2")
+        for k in range(1, spec.nodes + 1):
+            _add_namespace(state, spec.ns(k), spec.host_link(k), spec.address(k))
+            _save(state)
+        state.conf.write_text(_conf_text(spec, folder))
+        (folder / "hosts").write_text(_hosts_text(spec))
+        _sh(_in_ns(spec.ctl_ns, [SLURMCTLD, "-f", str(state.conf)]))
+        _wait(30, "slurmctld to answer `scontrol ping`", lambda: "UP" in subprocess.run(
+            ["scontrol", "ping"], capture_output=True, text=True, timeout=15, env=slurm_env(state)).stdout)
+        for k in range(1, spec.nodes + 1):
+            start_slurmd(state, k)
+        _wait(60, f"all {spec.nodes} nodes idle (see {folder}/log)", lambda: _all_idle(state))
+    except Exception:
+        _save(state)
+        down()
+        raise
+    state.bring_up_s = round(time.monotonic() - started, 3)
+    _save(state)
+    return state
+
+
+def _all_idle(state: SandboxState) -> bool:
+    states = node_states(state)
+    return len(states) == state.spec.nodes and all(s == "idle" for s in states.values())
+
+
+def namespace_pids(ns: str) -> list[int]:
+    done = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=15)
+    return [int(p) for p in done.stdout.split()] if done.returncode == 0 else []
+
+
+def _signal(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def down() -> list[str]:
+    """Remove every namespace, link and process the sandbox recorded, and nothing else. Returns what it removed."""
+    state = load_state()
+    if state is None:
+        return []
+    removed = []
+    for sig, grace in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 0.5)):
+        for ns in state.namespaces:
+            _signal(namespace_pids(ns), sig)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(namespace_pids(ns) for ns in state.namespaces):
+            time.sleep(0.1)
+    for ns in state.namespaces:
+        if subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=15).returncode == 0:
+            removed.append(f"netns {ns}")
+    for link in state.links:  # veths went with their namespace; the bridge remains
+        if subprocess.run(["ip", "link", "del", link], capture_output=True, timeout=15).returncode == 0:
+            removed.append(f"link {link}")
+    if state.munged_pid and not _other_slurm_daemons(state):
+        try:
+            if "munged" in Path(f"/proc/{state.munged_pid}/cmdline").read_text():
+                os.kill(state.munged_pid, signal.SIGTERM)
+                removed.append(f"munged {state.munged_pid}")
+        except (OSError, ValueError):
+            pass
+    _state_path().unlink(missing_ok=True)
+    return removed
+
+
+def _other_slurm_daemons(state: SandboxState) -> bool:
+    """Another Slurm (a test suite's, a real one) may use the munged we started: then it stays."""
+    import psutil
+
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        if proc.info["name"] in ("slurmctld", "slurmd") and str(state.conf) not in " ".join(proc.info["cmdline"] or []):
+            return True
+    return False
+
+
+def status() -> dict:
+    state = load_state()
+    if state is None:
+        return {"up": False}
+    return {"up": True, "nodes": node_states(state), "slurm_conf": str(state.conf),
+            "namespaces": state.namespaces, "bring_up_s": state.bring_up_s,
+            "addresses": {f"n{k}": state.spec.address(k) for k in range(1, state.spec.nodes + 1)}}
+
+
+def _require_state() -> SandboxState:
+    state = load_state()
+    if state is None:
+        raise SandboxError("no sandbox is up; run `trainops sandbox up --nodes N` first")
+    return state
+
+
+def _check_node(state: SandboxState, node: int) -> None:
+    if not 1 <= node <= state.spec.nodes:
+        raise SandboxError(f"node {node} is not in the sandbox: use 1..{state.spec.nodes}")
+
+
+def crash_node(node: int, power_loss: bool = False) -> list[int]:
+    """SIGKILL slurmd and every process on node nK; with power_loss its link goes down first, so its
+    peers see silence instead of connection resets. Returns the pids killed."""
+    state = _require_state()
+    _check_node(state, node)
+    if power_loss:
+        _sh(["ip", "link", "set", state.spec.host_link(node), "down"])
+    pids = namespace_pids(state.spec.ns(node))
+    _signal(pids, signal.SIGKILL)
+    return pids
+
+
+def set_link(node: int, up_: bool) -> None:
+    """Partition node nK (host-side link down; slurmd and its tasks keep running), or heal it."""
+    state = _require_state()
+    _check_node(state, node)
+    _sh(["ip", "link", "set", state.spec.host_link(node), "up" if up_ else "down"])
+
+
+def restart_node(node: int) -> None:
+    """Link up and slurmd started again; ReturnToService=2 makes a DOWN node usable once it registers."""
+    state = _require_state()
+    _check_node(state, node)
+    set_link(node, True)
+    start_slurmd(state, node)
+
+
+def slow_link(node: int, rate_mbit: float | None) -> None:
+    """Rate-limit both directions of node nK's link with tbf (netem is not in every kernel); None clears it."""
+    state = _require_state()
+    _check_node(state, node)
+    host, inside = state.spec.host_link(node), state.spec.ns(node)
+    if rate_mbit is None:
+        subprocess.run(["tc", "qdisc", "del", "dev", host, "root"], capture_output=True, timeout=15)
+        subprocess.run(_in_ns(inside, ["tc", "qdisc", "del", "dev", NODE_IF, "root"]), capture_output=True, timeout=15)
+        return
+    if not 0.01 <= rate_mbit <= 100_000:
+        raise SandboxError(f"rate_mbit={rate_mbit} is out of range: use 0.01..100000")
+    qdisc = ["root", "tbf", "rate", f"{rate_mbit}mbit", "burst", "32kbit", "latency", "400ms"]
+    _sh(["tc", "qdisc", "replace", "dev", host, *qdisc])
+    _sh(_in_ns(inside, ["tc", "qdisc", "replace", "dev", NODE_IF, *qdisc]))
+
+
+def node_exec(node: int, argv: list[str], timeout_s: float = 60) -> subprocess.CompletedProcess:
+    """Run argv on node nK as its jobs see it (its network, hostname and /etc/hosts)."""
+    state = _require_state()
+    _check_node(state, node)
+    pid_file = Path(state.folder) / "state" / f"slurmd-n{node}.pid"
+    try:
+        pid = int(pid_file.read_text().strip())
+        os.kill(pid, 0)
+        prefix = ["nsenter", "-t", str(pid), "--net", "--uts", "--mount"]
+    except (OSError, ValueError):
+        prefix = _in_ns(state.spec.ns(node), [])
+    return subprocess.run([*prefix, *argv], capture_output=True, text=True, timeout=timeout_s)

@@ -1,0 +1,85 @@
+"""`trainops sandbox up|down|status`: a real multi-node Slurm cluster of network-namespace nodes on
+this host (trainops.tools.schedulers.sandbox), for trying the multi-node SOP without a cluster."""
+from __future__ import annotations
+
+import typer
+
+from trainops.output import console, emit, fail
+
+app = typer.Typer(help="A real Slurm cluster of network-namespace nodes on this host (root, Linux).",
+                  no_args_is_help=True)
+JsonOpt = typer.Option(False, "--json", help="Print the result as JSON.")
+
+
+@app.command("up")
+def up(
+    nodes: int = typer.Option(3, "--nodes", help="Number of nodes n1..nN (1-64)."),
+    net: str = typer.Option("10.251.7", "--net", help="First three octets of a private /24 nothing here uses."),
+    cpus_per_node: int = typer.Option(2, "--cpus-per-node", help="CPUs each node declares to Slurm."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Bring the cluster up (idempotent) and wait until every node is idle."""
+    from pydantic import ValidationError
+
+    from trainops.tools.base import explain
+    from trainops.tools.schedulers import sandbox
+
+    try:
+        spec = sandbox.SandboxSpec(nodes=nodes, net=net, cpus_per_node=cpus_per_node)
+        state = sandbox.up(spec)
+    except ValidationError as exc:
+        fail(f"invalid sandbox settings: {explain(exc)}", as_json=as_json)
+    except sandbox.SandboxError as exc:
+        fail(str(exc), as_json=as_json)
+    payload = {**sandbox.status(), "export": f"export SLURM_CONF={state.conf}"}
+    emit(payload, as_json, _render_up)
+
+
+def _render_up(payload: dict) -> None:
+    from rich.markup import escape
+
+    out = console()
+    out.print(f"sandbox up: {len(payload['nodes'])} nodes idle in {payload['bring_up_s']} s")
+    for name, address in payload["addresses"].items():
+        out.print(f"  {name}  {address}  {escape(payload['nodes'].get(name, '?'))}")
+    out.print("Point Slurm's CLI and trainops at it:")
+    out.print(f"  {escape(payload['export'])}")
+    out.print("  trainops tool call submit_job ... with scheduler 'slurm' (or any command taking --scheduler slurm)")
+
+
+@app.command("down")
+def down(as_json: bool = JsonOpt) -> None:
+    """Remove every namespace, link and process the sandbox made, and nothing else."""
+    from trainops.tools.schedulers import sandbox
+
+    try:
+        removed = sandbox.down()
+    except sandbox.SandboxError as exc:
+        fail(str(exc), as_json=as_json)
+    emit({"removed": removed}, as_json,
+         lambda p: console().print(f"sandbox down: removed {len(p['removed'])} items" if p["removed"]
+                                   else "no sandbox was up"))
+
+
+@app.command("status")
+def status(as_json: bool = JsonOpt) -> None:
+    """Nodes and their Slurm state, the slurm.conf to use, the namespaces."""
+    from trainops.tools.schedulers import sandbox
+
+    try:
+        payload = sandbox.status()
+    except sandbox.SandboxError as exc:
+        fail(str(exc), as_json=as_json)
+    emit(payload, as_json, _render_status)
+
+
+def _render_status(payload: dict) -> None:
+    from rich.markup import escape
+
+    out = console()
+    if not payload["up"]:
+        out.print("no sandbox is up; `trainops sandbox up --nodes N` starts one")
+        return
+    out.print(f"SLURM_CONF={escape(payload['slurm_conf'])}")
+    for name, state in payload["nodes"].items():
+        out.print(f"  {name}  {payload['addresses'].get(name, '?')}  {escape(state)}")
