@@ -9,6 +9,7 @@ and every call lands in the hash-chained audit log (R-SEC-5).
 from __future__ import annotations
 
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Callable, Literal
 
@@ -60,8 +61,11 @@ def checks_for(tool: str) -> list[Check]:
 
 
 def _refuse(spec, inp, ctx, reason: str, rule_id: str, message: str, pending_id: str | None = None):
-    audit.append("gate", tool=spec.name, risk=spec.risk, actor=ctx.actor, decision="refused", reason=reason,
-                 rule_id=rule_id, message=message, input_sha256=tokens.input_hash(inp), pending_id=pending_id)
+    try:
+        audit.append("gate", tool=spec.name, risk=spec.risk, actor=ctx.actor, decision="refused", reason=reason,
+                     rule_id=rule_id, message=message, input_sha256=tokens.input_hash(inp), pending_id=pending_id)
+    except audit.AuditUnavailable as exc:
+        message = f"{message}; the refusal itself was not audited: {exc}"
     raise GateRefused(spec.name, reason, message, rule_id, pending_id)
 
 
@@ -104,6 +108,7 @@ def check_input(spec, inp: BaseModel, ctx) -> None:
 def before_call(spec, inp: BaseModel, ctx) -> None:
     check_input(spec, inp, ctx)
     if not needs_approval(spec):
+        _write_intent(spec, inp, ctx)
         return
     rule_id = "R-SEC-1" if spec.risk != "irreversible" and "tenant-governance" in spec.tags else "R-SEC-4"
     if not ctx.approval_token:
@@ -117,12 +122,39 @@ def before_call(spec, inp: BaseModel, ctx) -> None:
         _refuse(spec, inp, ctx, exc.reason, rule_id, str(exc))
     audit.append("gate", tool=spec.name, risk=spec.risk, actor=ctx.actor, decision="allowed", rule_id=rule_id,
                  approver=payload.get("approver"), input_sha256=tokens.input_hash(inp))
+    _write_intent(spec, inp, ctx)
+
+
+# The intent ids of the calls now running in this context, innermost last: a tool that calls
+# tools (run_sop) nests, and each after_call closes the intent its before_call opened.
+_OPEN_INTENTS: ContextVar[tuple[str | None, ...]] = ContextVar("open_intents", default=())
+
+
+def _write_intent(spec, inp: BaseModel, ctx) -> None:
+    """Fail-closed audit (R-SEC-5): a call that changes the world acts only once its intent is
+    written; the last step of before_call, so every intent opened is closed by after_call."""
+    intent_id = None
+    if spec.risk != "read":
+        try:
+            intent_id = audit.intent(spec.name, spec.risk, ctx.actor, tokens.input_hash(inp),
+                                     thread_id=ctx.thread_id, input=inp.model_dump(mode="json"))
+        except audit.AuditUnavailable as exc:
+            raise GateRefused(spec.name, "audit_unavailable", f"the call was not run: {exc}", "R-SEC-5") from None
+    _OPEN_INTENTS.set(_OPEN_INTENTS.get() + (intent_id,))
 
 
 def after_call(spec, inp: BaseModel, ctx, *, started: float, output: BaseModel | None, error: Exception | None) -> None:
-    fields = {}
-    if spec.risk != "read":
-        fields["input"] = inp.model_dump(mode="json")
-    audit.append("tool_call", tool=spec.name, risk=spec.risk, actor=ctx.actor, thread_id=ctx.thread_id,
-                 input_sha256=tokens.input_hash(inp), elapsed_s=round(time.time() - started, 6),
-                 ok=error is None, error=None if error is None else str(error), durable=spec.risk != "read", **fields)
+    open_intents = _OPEN_INTENTS.get()
+    intent_id = open_intents[-1] if open_intents else None
+    _OPEN_INTENTS.set(open_intents[:-1])
+    fields = dict(tool=spec.name, risk=spec.risk, actor=ctx.actor, thread_id=ctx.thread_id,
+                  input_sha256=tokens.input_hash(inp), elapsed_s=round(time.time() - started, 6),
+                  ok=error is None, error=None if error is None else str(error))
+    try:
+        if intent_id is None:
+            audit.append("tool_call", durable=False, **fields)
+        else:
+            audit.outcome(intent_id, input=inp.model_dump(mode="json"), **fields)
+    except audit.AuditUnavailable as exc:
+        raise ToolError(spec.name, f"the call ran (intent {intent_id or 'none: a read'}) but its outcome could "
+                                   f"not be audited: {exc}") from None

@@ -145,13 +145,30 @@ def register(app: typer.Typer) -> None:
         if not report.ok:
             raise typer.Exit(1)
 
+    @audit_app.command("repair")
+    def audit_repair(as_json: bool = JsonOpt) -> None:
+        """Cut a torn last line (a write cut short) off the log, keep its bytes in a side file, and audit the repair."""
+        from trainops.tools.governance.audit import AuditUnavailable, repair
+
+        try:
+            entry = repair()
+        except (ValueError, AuditUnavailable) as exc:
+            fail(str(exc), as_json=as_json)
+        emit(entry, as_json, lambda e: console().print(
+            f"repaired: line {e['torn_line']} ({e['torn_problem']}) moved to {e['side_file']}; "
+            f"recorded as entry {e['seq']}", highlight=False, markup=False))
+
     @audit_app.command("show")
     def audit_show(tail: int = typer.Option(20, "--tail", min=1, help="How many recent entries."),
                    as_json: bool = JsonOpt) -> None:
         """The most recent audit entries."""
-        from trainops.tools.governance.audit import read
+        from trainops.tools.governance.audit import AuditUnavailable, read
 
-        emit(read(tail=tail), as_json, lambda es: _table(
+        try:
+            entries = read(tail=tail)
+        except AuditUnavailable as exc:
+            fail(str(exc), as_json=as_json)
+        emit(entries, as_json, lambda es: _table(
             "audit log", ["seq", "kind", "tool/subject", "decision/ok", "actor/approver"],
             [[e["seq"], e["kind"], e.get("tool") or e.get("pack") or e.get("subject"),
               e.get("decision", e.get("ok")), e.get("actor") or e.get("approver")] for e in es]))
