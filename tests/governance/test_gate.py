@@ -169,7 +169,7 @@ def test_invalid_tool_input_is_refused_naming_the_field():
 def test_valid_call_passes_the_gate_and_is_audited():
     _call("set_tenant_quota", QUOTA, tokens.issue_token("set_tenant_quota", QUOTA, approver="alice"))
     kinds = [(e["kind"], e.get("decision")) for e in audit.read()]
-    assert kinds == [("approval", "token_issued"), ("gate", "allowed"), ("tool_call", None)]
+    assert kinds == [("approval", "token_issued"), ("gate", "allowed"), ("intent", None), ("tool_call", None)]
     assert audit.read()[-1]["input"]["gpus"] == 16
 
 
