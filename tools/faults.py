@@ -1,21 +1,23 @@
-"""Fault injection for drills. Process faults (kill, hang) act on a live run through the
-pids in its heartbeat files; numeric and slow-rank faults go through the trainer's
-config-driven injection points, which must be set at launch (the tool returns the
-`faults.*` overrides to launch with). Every injection is appended to `RUN/faults.jsonl`
-with its exact wall time, so detection can report its latency."""
+"""Fault injection for drills. Process faults (kill, hang) act only on the processes of the job
+trainops launched for the run (tools/schedulers/processes.py), never on a pid a heartbeat or any
+other file names; the checkpoint fault only on files inside the workspace. Numeric and slow-rank
+faults go through the trainer's config-driven injection points, which must be set at launch (the
+tool returns the `faults.*` overrides to launch with). Every injection is appended to
+`RUN/faults.jsonl` with its exact wall time, so detection can report its latency."""
 from __future__ import annotations
 
 import json
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+import psutil
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trainops.tools.base import ToolError, tool
-from trainops.tools.monitoring.base import MonitorError
 from trainops.tools.schedulers.base import SchedulerError, SchedulerKind
 
 FaultKind = Literal["kill_rank", "kill_node", "hang", "straggler", "nan", "bitflip", "crash", "corrupt_checkpoint", "drain_node"]
@@ -23,12 +25,14 @@ LAUNCH_TIME_KINDS = {"straggler", "nan", "bitflip", "crash"}
 
 
 class InjectFaultInput(BaseModel):
+    model_config = ConfigDict(allow_inf_nan=False)
+
     kind: FaultKind = Field(description="kill_rank (SIGKILL one rank), kill_node (SIGKILL every rank on a node), hang (SIGSTOP one rank), corrupt_checkpoint (damage the newest checkpoint), drain_node (through the scheduler); straggler, nan, bitflip, crash are trainer injection points set at launch: this returns the overrides to launch with.")
-    run: str | None = Field(None, description="Run id or run folder (needed for every kind except drain_node).")
-    rank: int = Field(0, ge=0, description="Target rank (kill_rank, hang, straggler, bitflip, crash).")
+    run: str | None = Field(None, description="Run id or run folder inside the workspace (needed for every kind except drain_node).")
+    rank: int = Field(0, ge=0, le=1_048_575, description="Target rank (kill_rank, hang, straggler, bitflip, crash).")
     node: str | None = Field(None, description="Target node (kill_node, drain_node); kill_node defaults to this host.")
-    step: int = Field(5, ge=0, description="Step at which a launch-time fault fires.")
-    slow_ms: int = Field(200, ge=1, description="Extra milliseconds per step for a straggler.")
+    step: int = Field(5, ge=0, le=1_000_000_000, description="Step at which a launch-time fault fires.")
+    slow_ms: int = Field(200, ge=1, le=600_000, description="Extra milliseconds per step for a straggler.")
     scheduler: SchedulerKind = "local"
 
     @model_validator(mode="after")
@@ -50,22 +54,32 @@ class InjectFaultOutput(BaseModel):
 
 
 def _run_dir(run: str) -> Path:
-    from trainops.tools.monitoring.embedded import resolve_run
+    from trainops.workspace import run_folder
 
     try:
-        return resolve_run(run)
-    except MonitorError as exc:
+        return run_folder(run)
+    except ValueError as exc:
         raise ToolError("inject_fault", str(exc)) from None
 
 
-def _rank_pid(run_dir: Path, rank: int) -> int:
-    from trainops.tools.monitoring.embedded import read_heartbeats
+def _job_ranks(inp: InjectFaultInput, run_dir: Path, node: str | None = None) -> dict[int, psutil.Process]:
+    """rank -> process of the job trainops launched for this run (on `node` when given)."""
+    from trainops.tools.schedulers.processes import job_of_run, job_processes, rank_processes
 
-    beats = read_heartbeats(run_dir)
-    if rank not in beats or "pid" not in beats[rank]:
-        have = ", ".join(str(r) for r in sorted(beats)) or "none yet"
-        raise ToolError("inject_fault", f"no heartbeat with a pid for rank {rank} in {run_dir / 'heartbeat'} (ranks seen: {have}); wait for the run to take a step or pick a rank that exists")
-    return int(beats[rank]["pid"])
+    try:
+        procs = job_processes(job_of_run(run_dir, inp.scheduler), inp.scheduler)
+    except SchedulerError as exc:
+        raise ToolError("inject_fault", str(exc)) from None
+    return rank_processes(procs, node)
+
+
+def _rank_process(inp: InjectFaultInput, run_dir: Path) -> psutil.Process:
+    ranks = _job_ranks(inp, run_dir)
+    if inp.rank not in ranks:
+        have = ", ".join(str(r) for r in ranks) or "none running"
+        raise ToolError("inject_fault", f"rank {inp.rank} is not a running process of the job for {run_dir} (ranks: {have}); "
+                                        "wait for the job to start or pick a rank that exists")
+    return ranks[inp.rank]
 
 
 def record_fault(run_dir: Path, entry: dict) -> None:
@@ -73,27 +87,40 @@ def record_fault(run_dir: Path, entry: dict) -> None:
         fh.write(json.dumps(entry) + "\n")
 
 
-def _signal(pids: list[int], sig: signal.Signals) -> float:
-    for pid in pids:
+def _signal(procs: list[psutil.Process], sig: signal.Signals) -> float:
+    """psutil checks each process is still the one found (same pid and create time) before it signals."""
+    for proc in procs:
         try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            raise ToolError("inject_fault", f"pid {pid} is not running; the rank has already exited") from None
+            proc.send_signal(sig)
+        except psutil.NoSuchProcess:
+            raise ToolError("inject_fault", f"pid {proc.pid} is not running; the rank has already exited") from None
     return time.time()
 
 
 def _corrupt_newest_checkpoint(run_dir: Path) -> tuple[float, str]:
-    ckpts = sorted((run_dir / "checkpoints").glob("step-*"))
-    if not ckpts:
-        raise ToolError("inject_fault", f"no checkpoint under {run_dir / 'checkpoints'}; run with checkpoint.enable=true and wait for a save")
-    files = sorted((p for p in ckpts[-1].rglob("*") if p.is_file() and p.stat().st_size > 0), key=lambda p: p.stat().st_size)
+    """Flip bytes in the largest file of the newest checkpoint; every path is confined to the
+    workspace (a symlinked checkpoint folder or file pointing elsewhere is refused) and the file
+    is opened without following a link."""
+    from trainops.workspace import confine
+
+    try:
+        folder = confine(run_dir / "checkpoints", "checkpoint folder")
+        ckpts = sorted(confine(p, "checkpoint") for p in folder.glob("step-*"))
+        if not ckpts:
+            raise ToolError("inject_fault", f"no checkpoint under {folder}; run with checkpoint.enable=true and wait for a save")
+        files = sorted((confine(p, "checkpoint file") for p in ckpts[-1].rglob("*") if p.is_file() and p.stat().st_size > 0),
+                       key=lambda p: p.stat().st_size)
+    except ValueError as exc:
+        raise ToolError("inject_fault", str(exc)) from None
     if not files:
         raise ToolError("inject_fault", f"checkpoint {ckpts[-1]} has no data files to corrupt")
     target = files[-1]
-    with open(target, "r+b") as fh:
-        fh.seek(target.stat().st_size // 2)
+    fd = os.open(target, os.O_RDWR | os.O_NOFOLLOW)
+    with os.fdopen(fd, "r+b") as fh:
+        middle = os.fstat(fd).st_size // 2
+        fh.seek(middle)
         chunk = fh.read(64)
-        fh.seek(target.stat().st_size // 2)
+        fh.seek(middle)
         fh.write(bytes(b ^ 0xFF for b in chunk))
         fh.flush()
         os.fsync(fh.fileno())
@@ -123,13 +150,14 @@ def inject_fault(inp: InjectFaultInput) -> InjectFaultOutput:
     if inp.kind == "drain_node":
         from trainops.tools.schedulers import get_scheduler
 
+        run_dir = _run_dir(inp.run) if inp.run else None
         try:
             get_scheduler(inp.scheduler).drain(inp.node, "trainops fault drill")
         except SchedulerError as exc:
             raise ToolError("inject_fault", str(exc)) from None
         at = time.time()
-        if inp.run:
-            record_fault(_run_dir(inp.run), {"kind": inp.kind, "time": at, "node": inp.node})
+        if run_dir:
+            record_fault(run_dir, {"kind": inp.kind, "time": at, "node": inp.node})
         return InjectFaultOutput(kind=inp.kind, injected_at=at, target=f"node {inp.node}")
     run_dir = _run_dir(inp.run)
     if inp.kind == "corrupt_checkpoint":
@@ -137,19 +165,16 @@ def inject_fault(inp: InjectFaultInput) -> InjectFaultOutput:
         record_fault(run_dir, {"kind": inp.kind, "time": at, "file": target})
         return InjectFaultOutput(kind=inp.kind, injected_at=at, target=target)
     if inp.kind == "kill_node":
-        from trainops.tools.monitoring.embedded import read_heartbeats
-
-        node = inp.node or os.uname().nodename
-        beats = read_heartbeats(run_dir)
-        ranks = sorted(r for r, b in beats.items() if b.get("host", os.uname().nodename) == node and "pid" in b)
+        node = socket.gethostname() if inp.node in (None, "localhost") else inp.node
+        ranks = _job_ranks(inp, run_dir, node)
         if not ranks:
-            raise ToolError("inject_fault", f"no rank of {run_dir} reports node {node!r} in its heartbeat; check the node name")
-        pids = [int(beats[r]["pid"]) for r in ranks]
-        at = _signal(pids, signal.SIGKILL)
-        record_fault(run_dir, {"kind": inp.kind, "time": at, "node": node, "ranks": ranks, "pids": pids})
-        return InjectFaultOutput(kind=inp.kind, injected_at=at, target=f"node {node} ranks {ranks}", pids=pids)
-    pid = _rank_pid(run_dir, inp.rank)
-    at = _signal([pid], signal.SIGKILL if inp.kind == "kill_rank" else signal.SIGSTOP)
-    record_fault(run_dir, {"kind": inp.kind, "time": at, "rank": inp.rank, "pid": pid})
-    note = f"the rank is stopped, not dead: `kill -CONT {pid}` resumes it, or cancel the job" if inp.kind == "hang" else ""
-    return InjectFaultOutput(kind=inp.kind, injected_at=at, target=f"rank {inp.rank} pid {pid}", pids=[pid], note=note)
+            raise ToolError("inject_fault", f"no running rank of the job for {run_dir} is on node {node!r}; check the node name")
+        pids = [proc.pid for proc in ranks.values()]
+        at = _signal(list(ranks.values()), signal.SIGKILL)
+        record_fault(run_dir, {"kind": inp.kind, "time": at, "node": node, "ranks": list(ranks), "pids": pids})
+        return InjectFaultOutput(kind=inp.kind, injected_at=at, target=f"node {node} ranks {list(ranks)}", pids=pids)
+    proc = _rank_process(inp, run_dir)
+    at = _signal([proc], signal.SIGKILL if inp.kind == "kill_rank" else signal.SIGSTOP)
+    record_fault(run_dir, {"kind": inp.kind, "time": at, "rank": inp.rank, "pid": proc.pid})
+    note = f"the rank is stopped, not dead: `kill -CONT {proc.pid}` resumes it, or cancel the job" if inp.kind == "hang" else ""
+    return InjectFaultOutput(kind=inp.kind, injected_at=at, target=f"rank {inp.rank} pid {proc.pid}", pids=[proc.pid], note=note)

@@ -1,6 +1,10 @@
-"""Where trainops keeps its state: `$TRAINOPS_HOME` (default `./.trainops`).
+"""Where trainops keeps its state: `$TRAINOPS_HOME` (default `./.trainops`), and the one check
+that keeps every tool inside it.
 
-Every folder is created on first use, so a fresh checkout needs no set-up step.
+Every folder is created on first use, so a fresh checkout needs no set-up step. `confine` is how
+a tool accepts a path: resolved (symlinks included) inside the workspace or a root the user's
+own config lists under `[governance] roots`, so a poisoned run folder or an over-obedient agent
+cannot point a tool at the rest of the machine.
 """
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ import os
 import re
 from pathlib import Path
 
-_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
 def home() -> Path:
@@ -49,9 +53,65 @@ def agent_db_path() -> Path:
 
 def check_id(kind: str, value: str) -> str:
     """Ids become folder names: refuse anything that could escape the workspace."""
-    if not _SAFE_ID.match(value):
+    if not isinstance(value, str) or not _SAFE_ID.fullmatch(value):
         raise ValueError(
             f"{kind} id {value!r} is not valid: use letters, digits, '_', '.', '-' "
             "(at most 128 characters, not starting with a dot)"
         )
     return value
+
+
+def _configured_roots(key: str) -> list[Path]:
+    """Folders listed under `[governance] KEY` in settings files the user trusts (never a
+    project-local or workspace file the user has not trusted)."""
+    from trainops.settings import SettingsError, table
+
+    values, sources = table("governance", trusted_only=True)
+    roots = values.get(key, [])
+    if not isinstance(roots, list) or not all(isinstance(r, str) and r for r in roots):
+        raise SettingsError(f"{sources.get(key, f'[governance] {key}')} must be a list of folder paths, "
+                            f'e.g. {key} = ["/data/shared"]')
+    return [Path(r).expanduser().resolve() for r in roots]
+
+
+def allowed_roots(*, reading: bool = False) -> list[Path]:
+    """Where tools may act: the workspace and `[governance] roots`; for reading, also the shared
+    read-only `[governance] data_roots`."""
+    roots = [home(), *_configured_roots("roots")]
+    return roots + _configured_roots("data_roots") if reading else roots
+
+
+def confine(path: str | Path, field: str, *, reading: bool = False, must_exist: bool = False) -> Path:
+    """`path` resolved (symlinks followed, relative to the current folder) when it lies inside an
+    allowed root; otherwise a ValueError naming the field, the resolved target and the fix."""
+    try:
+        resolved = Path(path).expanduser().resolve(strict=must_exist)
+    except FileNotFoundError:
+        raise ValueError(f"{field}={str(path)!r} does not exist; pass an existing path") from None
+    except (OSError, RuntimeError) as exc:
+        raise ValueError(f"{field}={str(path)!r} cannot be resolved ({exc}); pass a plain path") from None
+    roots = allowed_roots(reading=reading)
+    if any(resolved.is_relative_to(root) for root in roots):
+        return resolved
+    from trainops.settings import user_config_path
+
+    raise ValueError(
+        f"{field}={str(path)!r} resolves to {resolved}, outside the workspace {home()} and the configured roots "
+        f"({', '.join(str(r) for r in roots[1:]) or 'none'}); fix: use a path inside the workspace, or list its "
+        f"folder under [governance] {'data_roots' if reading else 'roots'} in {user_config_path()}"
+    )
+
+
+def run_folder(run: str, field: str = "run") -> Path:
+    """A run id under `runs/`, or a run folder path, resolved and confined (see `confine`)."""
+    if _SAFE_ID.fullmatch(run):
+        if (runs_dir() / run).is_dir():
+            return confine(runs_dir() / run, field)
+        if not Path(run).is_dir():
+            recent = sorted(p.name for p in runs_dir().iterdir() if p.is_dir())[-5:]
+            raise ValueError(f"{field}: run {run!r} not found in {runs_dir()}; recent runs: {', '.join(recent) or 'none'}")
+    folder = confine(run, field)
+    if not folder.is_dir():
+        raise ValueError(f"{field}={run!r} is neither a run id in {runs_dir()} nor a run folder; "
+                         "pass a run id or the folder a submit returned")
+    return folder

@@ -30,16 +30,27 @@ for step in range(1, 100000):
 """
 
 
+LAUNCHER = r"""
+import os, subprocess, sys
+run_dir, script, nan_step, step_s = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+procs = [subprocess.Popen([sys.executable, "-c", script, run_dir, str(r), s, nan_step], env={**os.environ, "RANK": str(r)})
+         for r, s in enumerate(step_s)]
+for p in procs:
+    p.wait()
+"""
+
+
 @pytest.fixture
 def ranks(workspace):
-    """Start stand-in ranks in run 'drill': ranks(step_s=[...], nan_step=...)."""
-    procs = []
+    """Start stand-in ranks of run 'drill' as one local job (inject_fault signals only a job's own
+    processes, found by the RANK variable as torchrun sets it): ranks(step_s=[...], nan_step=...)."""
+    jobs = []
     run_dir = workspace / "runs" / "drill"
     run_dir.mkdir(parents=True)
 
     def start(step_s=(0.02, 0.02), nan_step=-1):
-        for rank, s in enumerate(step_s):
-            procs.append(subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(run_dir), str(rank), str(s), str(nan_step)]))
+        command = [sys.executable, "-c", LAUNCHER, str(run_dir), RANK_SCRIPT, str(nan_step), *map(str, step_s)]
+        jobs.append(call("submit_job", {"spec": {"name": "drill", "command": command, "run_dir": str(run_dir)}}).handle.job_id)
         deadline = time.monotonic() + 20
         while len(list((run_dir / "heartbeat").glob("rank*.json"))) < len(step_s):
             assert time.monotonic() < deadline, "stand-in ranks did not start"
@@ -47,9 +58,8 @@ def ranks(workspace):
         return run_dir
 
     yield start
-    for p in procs:
-        p.kill()
-        p.wait()
+    for job_id in jobs:
+        call("cancel_job", {"job_id": job_id, "force": True})
 
 
 def test_a_killed_rank_is_detected_as_process_exit_with_its_latency(ranks):

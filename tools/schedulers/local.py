@@ -40,34 +40,31 @@ def _nodes_file() -> Path:
     return home() / "local_nodes.json"
 
 
-def _proc_start_ticks(pid: int) -> int | None:
-    """The kernel's start time of `pid`, to tell our process from a later one reusing the pid."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return int(fields[19]) if fields[0] != "Z" else None
+def pid_alive(pid: int, create_time: float | None = None) -> bool:
+    """True while `pid` runs (a zombie, or a pid now used by a process created at another time
+    than `create_time`, counts as gone)."""
+    import psutil
 
-
-def pid_alive(pid: int, start_ticks: int | None = None) -> bool:
-    """True while `pid` runs (a zombie or a recycled pid counts as gone)."""
     try:
         waited, _ = os.waitpid(pid, os.WNOHANG)
         if waited == pid:
             return False
     except ChildProcessError:
         pass
-    ticks = _proc_start_ticks(pid)
-    if ticks is None:
+    try:
+        proc = psutil.Process(pid)
+        return proc.status() != psutil.STATUS_ZOMBIE and (create_time is None or proc.create_time() == create_time)
+    except psutil.NoSuchProcess:
         return False
-    return start_ticks is None or ticks == start_ticks
 
 
-def _process_tree(record: dict) -> list:
-    """The job's runner and every process below it; empty once the runner is gone."""
-    from trainops.trainer.launch import process_tree
+def _create_time(pid: int) -> float | None:
+    import psutil
 
-    return process_tree(record["pid"]) if pid_alive(record["pid"], record.get("start_ticks")) else []
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:
+        return None
 
 
 class LocalScheduler(PollingWait):
@@ -122,7 +119,7 @@ class LocalScheduler(PollingWait):
             raise SchedulerError(KIND, f"cannot start {command[0]!r} in {spec.workdir or os.getcwd()}: {exc}; check the command and workdir") from None
         finally:
             log.close()
-        record.update(pid=proc.pid, pgid=proc.pid, start_ticks=_proc_start_ticks(proc.pid), started_at=time.time(),
+        record.update(pid=proc.pid, pgid=proc.pid, create_time=_create_time(proc.pid), started_at=time.time(),
                       command=command, exit_file=str(exit_file), cancelled=False)
         record["attempts"] = record.get("attempts", 0) + 1
         self._save(record)
@@ -151,7 +148,7 @@ class LocalScheduler(PollingWait):
         exit_file = Path(record["exit_file"])
         if exit_file.exists():
             exit_info = json.loads(exit_file.read_text())
-        alive = exit_info is None and pid_alive(record["pid"], record.get("start_ticks"))
+        alive = exit_info is None and pid_alive(record["pid"], record.get("create_time"))
         if record.get("cancelled"):
             state, code = "cancelled", exit_info["exit_code"] if exit_info else None
         elif exit_info is not None:
@@ -186,10 +183,12 @@ class LocalScheduler(PollingWait):
 
     def _kill_group(self, record: dict, grace_s: float = CANCEL_GRACE_S) -> None:
         """SIGTERM, up to `grace_s` for a clean exit, then SIGKILL of the job's whole process tree
-        (trainops.trainer.launch.stop_processes says why the tree); grace 0 goes straight to SIGKILL."""
+        (trainops.trainer.launch.stop_processes says why the tree); grace 0 goes straight to SIGKILL.
+        The tree comes from the recorded runner pid and create time, so a recycled pid is never hit."""
+        from trainops.tools.schedulers.processes import local_tree
         from trainops.trainer.launch import stop_processes
 
-        stop_processes(_process_tree(record), record["pgid"], grace_s)
+        stop_processes(local_tree(record), record["pgid"], grace_s)
 
     def requeue(self, job_id: str) -> JobHandle:
         """Stop the job if it still runs and start it again with the same spec and id; a trainer

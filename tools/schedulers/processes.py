@@ -1,0 +1,115 @@
+"""Which processes belong to a job trainops launched, and which of them is rank R.
+
+Tools that signal processes (`inject_fault`, `cancel_job`) act only on these: a local job's
+process tree below the runner pid trainops recorded at launch, checked against the create time
+recorded with it (a recycled pid is someone else's process), or a Slurm job's processes as the
+kernel shows them (descendants of a root-owned `slurmstepd` carrying the job's SLURM_JOB_ID).
+Never a pid read from a heartbeat, a log or any other file the job itself can write. A rank is
+found by the RANK variable torchrun gives each worker.
+"""
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import psutil
+
+from trainops.tools.schedulers.base import SchedulerError, SchedulerKind
+
+_GONE = (psutil.NoSuchProcess, psutil.ZombieProcess)
+
+
+def local_tree(record: dict) -> list[psutil.Process]:
+    """The local job's runner and every process below it; empty once the runner is gone or its
+    pid now belongs to a process started at another time."""
+    try:
+        root = psutil.Process(record["pid"])
+        if root.create_time() != record.get("create_time") or root.status() == psutil.STATUS_ZOMBIE:
+            return []
+        return [root, *root.children(recursive=True)]
+    except _GONE:
+        return []
+
+
+def _slurm_tree(job_id: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("SLURM_JOB_ID") != job_id:
+                continue
+            if any(parent.name() == "slurmstepd" and parent.uids().real == 0 for parent in proc.parents()):
+                found.append(proc)
+        except (*_GONE, psutil.AccessDenied):
+            continue
+    return found
+
+
+def _records(scheduler: SchedulerKind) -> list[tuple[str, dict]]:
+    """(job id, record) of every job trainops submitted to `scheduler` in this workspace."""
+    from trainops.workspace import jobs_dir
+
+    found = []
+    for path in sorted(jobs_dir().glob("*.json")):
+        is_slurm = path.stem.startswith("slurm-")
+        if is_slurm != (scheduler == "slurm"):
+            continue
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        found.append((path.stem.removeprefix("slurm-"), record))
+    return found
+
+
+def job_of_run(run_dir: Path, scheduler: SchedulerKind) -> str:
+    """The newest job trainops launched on `scheduler` for this run folder."""
+    if scheduler == "kubernetes":
+        raise SchedulerError(scheduler, "processes in pods cannot be signalled from here; inject the fault with "
+                                        "kubectl (delete or exec into the pod)")
+    target = run_dir.resolve()
+    matches = []
+    for job_id, record in _records(scheduler):
+        run = (record.get("spec") or {}).get("run_dir")
+        if run and Path(run).resolve() == target:
+            submitted = record.get("submitted_at") or record.get("handle", {}).get("submitted_at", 0)
+            matches.append((submitted, job_id))
+    if not matches:
+        raise SchedulerError(scheduler, f"no job trainops launched on {scheduler} runs in {run_dir}; only processes of "
+                                        "a job submitted with submit_job can be signalled")
+    return max(matches)[1]
+
+
+def job_processes(job_id: str, scheduler: SchedulerKind) -> list[psutil.Process]:
+    """Every live process of a job trainops launched on `scheduler` (empty when none runs)."""
+    records = dict(_records(scheduler))
+    if job_id not in records:
+        raise SchedulerError(scheduler, f"job {job_id!r} was not launched by trainops in this workspace; "
+                                        "only its own jobs' processes can be signalled")
+    return local_tree(records[job_id]) if scheduler == "local" else _slurm_tree(job_id)
+
+
+def _env(proc: psutil.Process) -> dict[str, str]:
+    try:
+        return proc.environ()
+    except (*_GONE, psutil.AccessDenied):
+        return {}
+
+
+def rank_processes(procs: list[psutil.Process], node: str | None = None) -> dict[int, psutil.Process]:
+    """rank -> the topmost process of `procs` that torchrun started as that rank (its children
+    inherit RANK too); with `node`, only ranks on that node (SLURMD_NODENAME, or this host)."""
+    host = socket.gethostname()
+    pids = {proc.pid: _env(proc) for proc in procs}
+    ranks: dict[int, psutil.Process] = {}
+    for proc in procs:
+        env = pids[proc.pid]
+        if not env.get("RANK", "").isdigit() or (node is not None and env.get("SLURMD_NODENAME", host) != node):
+            continue
+        try:
+            parent = proc.ppid()
+        except _GONE:
+            continue
+        if pids.get(parent, {}).get("RANK") != env["RANK"]:
+            ranks.setdefault(int(env["RANK"]), proc)
+    return dict(sorted(ranks.items()))
