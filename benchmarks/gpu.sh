@@ -6,15 +6,20 @@
 # often offline: carry trainops and pydantic as wheels there). Nothing is downloaded while
 # measuring. Results: benchmarks/gpu-results/ (or $OUT). Arguments go to gpu_mfu.py.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
 PY=${PYTHON:-python3}
 if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
   "$PY" -m venv .venv-gpu
   .venv-gpu/bin/pip install --quiet "${TORCH_SPEC:-torch==2.13.0}"
-  PY=.venv-gpu/bin/python
-fi
-if ! "$PY" -c "import trainops.trainer.train, trainops.benchmarks.harness" 2>/dev/null; then
-  "$PY" -m pip install --quiet -e .
+  PY=$ROOT/.venv-gpu/bin/python
 fi
 export TRAINOPS_HOME=${TRAINOPS_HOME:-$(mktemp -d)}
-"$PY" benchmarks/gpu_mfu.py --out "${OUT:-benchmarks/gpu-results}" "$@"
+mkdir -p "$TRAINOPS_HOME"
+# Run from TRAINOPS_HOME: in the checkout, its trainops/ folder would shadow an installed wheel's
+# trainops package (python puts the working directory first on the path of `-c` and `-m`).
+cd "$TRAINOPS_HOME"
+if ! "$PY" -c "import trainops.trainer.train, trainops.benchmarks.harness" 2>/dev/null; then
+  (cd "$ROOT" && "$PY" -m pip install --quiet -e .)
+fi
+"$PY" "$ROOT/benchmarks/gpu_mfu.py" --out "${OUT:-$ROOT/benchmarks/gpu-results}" "$@"
