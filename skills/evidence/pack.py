@@ -64,7 +64,7 @@ def assemble(pack_id: str, environment: EnvironmentDeclaration | None, baseline:
              rollback: str = "", references: list[str] | None = None,
              checkpoint_plan: CheckpointPlan | None = None) -> EvidencePack:
     verdict, blockers = decide(baseline, ablations, drills)
-    awaiting = ["approve or reject the pack (trainops approve / trainops reject)"]
+    awaiting = ["approve or reject the pack with a signed decision (trainops approve / trainops reject)"]
     awaiting += [f"decide whether to adopt {r.knob}={r.value} at target scale" for r in ablations
                  if r.scale_kind == "target" and r.verdict == "gain"]
     awaiting += [f"confirm isolation of {d.fault}: {d.isolation_granularity}-level" for d in drills
@@ -106,13 +106,15 @@ def governance_errors(pack: EvidencePack, markdown: str) -> list[str]:
 
 
 def write(pack: EvidencePack, packs_root: Path | None = None) -> Path:
-    """Validate, then write evidence.json, report.md, report.html and plots. Raises PackRefused."""
+    """Validate, then write evidence.json, report.md, report.html and plots. Raises PackRefused.
+    The plots are drawn in memory first, so their captions are checked with the report text."""
     from trainops.skills.evidence import plots
     from trainops.workspace import check_id, packs_dir
 
     check_id("pack", pack.pack_id)
     pack = EvidencePack.model_validate(pack.model_dump())
-    markdown = to_markdown(pack)
+    figures = plots.all_plots(pack)
+    markdown = to_markdown(pack, figures)
     errors = governance_errors(pack, markdown)
     if errors:
         raise PackRefused(f"pack {pack.pack_id} refused by governance: " + "; ".join(errors))
@@ -120,11 +122,12 @@ def write(pack: EvidencePack, packs_root: Path | None = None) -> Path:
     if folder.exists():
         raise PackRefused(f"pack {pack.pack_id} already exists at {folder}; packs are immutable, build a new one")
     staging = folder.with_name(f".{pack.pack_id}.partial")
-    staging.mkdir(parents=True)
-    plot_paths = plots.all_plots(pack, staging / "plots")
+    (staging / "plots").mkdir(parents=True)
+    for figure in figures:
+        (staging / "plots" / f"{figure.name}.png").write_bytes(figure.png)
     (staging / "evidence.json").write_text(pack.model_dump_json(indent=2) + "\n", encoding="utf-8")
     (staging / "report.md").write_text(markdown, encoding="utf-8")
-    (staging / "report.html").write_text(to_html(pack, plot_paths), encoding="utf-8")
+    (staging / "report.html").write_text(to_html(pack, figures), encoding="utf-8")
     staging.rename(folder)
     return folder
 

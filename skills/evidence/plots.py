@@ -1,10 +1,22 @@
-"""PNG plots for the HTML report (matplotlib, Agg backend, imported only when a pack is built)."""
+"""PNG plots for the reports (matplotlib, Agg backend, imported only when a pack is built).
+
+Each plot comes back as a `view.Figure`: the PNG bytes, the report section it belongs to, and a
+caption that tells the reader what to look at. Plots must not hide data: series that overlap
+are drawn with distinct markers and said to be identical, every axis names its unit, the noise
+band is drawn as a band, and every drill phase carries its duration."""
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 from trainops.skills.evidence.model import EvidencePack
+from trainops.skills.evidence.view import Figure
+
+MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+LINESTYLES = ("-", "--", ":", "-.")
+PHASE_COLOURS = {"detection": "#d97706", "isolation": "#7c3aed", "recovery": "#2563eb"}
+VERDICT_COLOURS = {"gain": "#1a7f37", "regression": "#cf222e", "within-noise": "#8c959f"}
 
 
 def _pyplot():
@@ -13,15 +25,17 @@ def _pyplot():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    plt.rcParams.update({"font.size": 10, "axes.spines.top": False, "axes.spines.right": False})
     return plt
 
 
-def _save(plt, fig, path: Path) -> Path:
-    """Write the figure as a small PNG and free it (pyplot keeps every open figure alive)."""
+def _png(plt, fig) -> bytes:
+    """The figure as PNG bytes, then freed (pyplot keeps every open figure alive)."""
+    buffer = io.BytesIO()
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
+    fig.savefig(buffer, format="png", dpi=100)
     plt.close(fig)
-    return path
+    return buffer.getvalue()
 
 
 def read_metrics(run_dir: str | Path, rank: int = 0) -> list[dict]:
@@ -32,60 +46,113 @@ def read_metrics(run_dir: str | Path, rank: int = 0) -> list[dict]:
     return [r for r in records if r.get("rank", 0) == rank]
 
 
-def curves(pack: EvidencePack, out_dir: Path) -> Path | None:
-    """Loss and MFU per step for every baseline repeat."""
+def _identical(series: list[list[float]]) -> bool:
+    return len(series) > 1 and all(s == series[0] for s in series[1:])
+
+
+def _plot_repeats(ax, runs: list[tuple[str, list[int], list[float]]]) -> None:
+    """One line per repeat, each with its own marker and dash, so an overlapped line still shows."""
+    for index, (name, steps, values) in enumerate(runs):
+        ax.plot(steps, values, label=name, marker=MARKERS[index % len(MARKERS)], markersize=8 - 1.5 * (index % 3),
+                linestyle=LINESTYLES[index % len(LINESTYLES)], linewidth=1.4, fillstyle="none" if index else "full",
+                alpha=0.9)
+
+
+def curves(pack: EvidencePack) -> Figure | None:
+    """Loss and MFU per step for every baseline repeat, warm-up steps shaded."""
     if not pack.baseline:
         return None
     plt = _pyplot()
-    fig, (ax_loss, ax_mfu) = plt.subplots(1, 2, figsize=(10, 3.5))
-    for run_dir in pack.baseline.run_dirs:
-        records = read_metrics(run_dir)
-        steps = [r["step"] for r in records]
-        ax_loss.plot(steps, [r["loss"] for r in records], label=Path(run_dir).name)
-        ax_mfu.plot(steps, [r["mfu_pct"] for r in records], label=Path(run_dir).name)
-    ax_loss.set(title="loss", xlabel="step")
-    ax_mfu.set(title=f"MFU % ({pack.baseline.peak_source})", xlabel="step")
-    ax_loss.legend(fontsize=7)
-    return _save(plt, fig, out_dir / "loss_mfu.png")
+    base = pack.baseline
+    runs = [(Path(d).name, read_metrics(d)) for d in base.run_dirs]
+    loss = [(name, [r["step"] for r in recs], [r["loss"] for r in recs]) for name, recs in runs]
+    mfu = [(name, [r["step"] for r in recs], [r["mfu_pct"] for r in recs]) for name, recs in runs]
+    fig, (ax_loss, ax_mfu) = plt.subplots(1, 2, figsize=(11, 3.8))
+    _plot_repeats(ax_loss, loss)
+    _plot_repeats(ax_mfu, mfu)
+    for ax in (ax_loss, ax_mfu):
+        if base.warmup_steps_excluded:
+            ax.axvspan(0.5, base.warmup_steps_excluded + 0.5, color="#d0d7de", alpha=0.5, label="warm-up (excluded)")
+        ax.set_xlabel("training step (count)")
+        ax.grid(alpha=0.3)
+    same_loss, same_mfu = _identical([v for _, _, v in loss]), _identical([v for _, _, v in mfu])
+    ax_loss.set(title="loss per step" + (" (identical in every repeat)" if same_loss else ""),
+                ylabel="training loss (cross-entropy, nats)")
+    ax_mfu.set(title="MFU per step" + (" (identical in every repeat)" if same_mfu else ""),
+               ylabel=f"MFU (% of peak: {base.peak_source})")
+    ax_loss.legend(fontsize=8, title="repeat (run folder)", title_fontsize=8)
+    caption = ("Look for: MFU settling after the shaded warm-up steps, and how far the repeats sit apart, "
+               "which is the noise band every ablation is judged against.")
+    identical = [name for name, same in (("loss", same_loss), ("MFU", same_mfu)) if same]
+    if identical:
+        caption += (f" The {' and '.join(identical)} curves of all {len(loss)} repeats are identical, so their lines "
+                    "overlap; each repeat keeps its own marker.")
+    return Figure("s2", "loss_mfu", caption, _png(plt, fig))
 
 
-def ablation_bars(pack: EvidencePack, out_dir: Path) -> Path | None:
-    """MFU change per arm, with the noise band drawn as an error bar."""
+def ablation_bars(pack: EvidencePack) -> Figure | None:
+    """MFU change per arm, each bar over the grey band of run-to-run noise at its scale."""
     if not pack.ablations:
         return None
+    from matplotlib.patches import Patch, Rectangle
+
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(8, 3.5))
-    labels = [f"{r.knob}={r.value}\n{r.scale_kind}" for r in pack.ablations]
-    colors = {"gain": "tab:green", "regression": "tab:red", "within-noise": "tab:gray"}
-    ax.bar(labels, [r.mfu_change_pct for r in pack.ablations],
-           yerr=[r.noise_band_pct for r in pack.ablations], capsize=4,
-           color=[colors[r.verdict] for r in pack.ablations])
+    rows = pack.ablations
+    fig, ax = plt.subplots(figsize=(11, 3.8))
+    positions = range(len(rows))
+    for x, row in zip(positions, rows):
+        ax.add_patch(Rectangle((x - 0.42, -row.noise_band_pct), 0.84, 2 * row.noise_band_pct, color="#8c959f",
+                               alpha=0.25, linewidth=0, zorder=1))
+    ax.bar(positions, [r.mfu_change_pct for r in rows], width=0.5, zorder=2,
+           color=[VERDICT_COLOURS[r.verdict] for r in rows])
+    for x, row in zip(positions, rows):
+        ax.annotate(f"{row.mfu_change_pct:+.1f}%", (x, row.mfu_change_pct), textcoords="offset points",
+                    xytext=(0, 4 if row.mfu_change_pct >= 0 else -12), ha="center", fontsize=9)
+    reach = max(max(abs(r.mfu_change_pct), r.noise_band_pct) for r in rows) or 1.0
+    ax.set_ylim(-reach * 1.3, reach * 1.3)
     ax.axhline(0, color="black", linewidth=0.8)
-    ax.set(title="MFU change vs baseline (error bar = noise band)", ylabel="%")
-    ax.tick_params(axis="x", labelsize=7)
-    return _save(plt, fig, out_dir / "ablation.png")
+    ax.set_xticks(list(positions), [f"{r.knob}={r.value}\n{r.scale_kind} scale" for r in rows], fontsize=8)
+    ax.set(title="MFU change of each arm against its baseline", ylabel="MFU change vs baseline median (%)")
+    ax.legend(handles=[Patch(color="#8c959f", alpha=0.25, label="baseline noise band (run-to-run spread)"),
+                       *[Patch(color=colour, label=verdict) for verdict, colour in VERDICT_COLOURS.items()]],
+              fontsize=8, loc="upper right")
+    ax.grid(axis="y", alpha=0.3)
+    caption = ("Look for: bars that leave the grey band. Only those are real changes; a bar inside the band "
+               "is run-to-run noise whatever its sign.")
+    return Figure("s3", "ablation", caption, _png(plt, fig))
 
 
-def drill_timeline(pack: EvidencePack, out_dir: Path) -> Path | None:
-    """Injection -> detection -> isolation -> recovery, one row per drill, seconds from injection."""
+def drill_timeline(pack: EvidencePack) -> Figure | None:
+    """Injection -> detection -> isolation -> recovery, one row per drill, each phase labelled."""
     if not pack.fault_tolerance or not pack.fault_tolerance.drills:
         return None
     plt = _pyplot()
     drills = pack.fault_tolerance.drills
-    fig, ax = plt.subplots(figsize=(8, 1 + 0.6 * len(drills)))
+    fig, ax = plt.subplots(figsize=(11, 1.6 + 0.9 * len(drills)))
+    span = max(d.recovered_time - d.injected_time for d in drills) or 1.0
     for row, d in enumerate(drills):
-        detect = d.detected_time - d.injected_time
-        isolate = d.isolated_time - d.injected_time
-        recover = d.recovered_time - d.injected_time
-        ax.barh(row, detect, color="tab:orange", label="detection" if row == 0 else None)
-        ax.barh(row, isolate - detect, left=detect, color="tab:purple", label="isolation" if row == 0 else None)
-        ax.barh(row, recover - isolate, left=isolate, color="tab:blue", label="recovery" if row == 0 else None)
+        marks = [0.0, d.detected_time - d.injected_time, d.isolated_time - d.injected_time,
+                 d.recovered_time - d.injected_time]
+        summary = []
+        for (phase, colour), start, end in zip(PHASE_COLOURS.items(), marks, marks[1:]):
+            ax.barh(row, end - start, left=start, height=0.5, color=colour, label=phase if row == 0 else None)
+            summary.append(f"{phase} {end - start:.2f} s")
+            if end - start > 0.12 * span:
+                ax.text((start + end) / 2, row, f"{end - start:.2f} s", ha="center", va="center", color="white",
+                        fontsize=9, fontweight="bold")
+        ax.text(0, row + 0.32, " · ".join(summary), va="top", fontsize=9, color="#1f2328")
     ax.set_yticks(range(len(drills)), [d.fault for d in drills])
-    ax.set(title="drill timeline (s after injection)", xlabel="s")
-    ax.legend(fontsize=7, loc="lower right")
-    return _save(plt, fig, out_dir / "drill_timeline.png")
+    ax.set_ylim(-0.5, len(drills) - 0.2)
+    ax.invert_yaxis()
+    ax.set_xlim(0, span * 1.02)
+    ax.set(title="drill timeline from fault injection", xlabel="time since injection (s)")
+    ax.legend(fontsize=8, loc="lower left", bbox_to_anchor=(1.0, 0.0), title="phase", title_fontsize=8)
+    ax.grid(axis="x", alpha=0.3)
+    caption = ("Look for: which phase dominates each drill. Detection is how fast the fault was noticed, isolation "
+               "how fast the faulty unit was excluded, recovery from isolation to the first completed step after the restart "
+               "(the table's recovery time counts from detection).")
+    return Figure("s5", "drill_timeline", caption, _png(plt, fig))
 
 
-def all_plots(pack: EvidencePack, out_dir: Path) -> list[Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    return [p for p in (curves(pack, out_dir), ablation_bars(pack, out_dir), drill_timeline(pack, out_dir)) if p]
+def all_plots(pack: EvidencePack) -> list[Figure]:
+    return [f for f in (curves(pack), ablation_bars(pack), drill_timeline(pack)) if f]

@@ -1,0 +1,201 @@
+"""The report's content, decided once: sections, tables and figures built from an `EvidencePack`.
+Both templates (report.md.j2 and report.html.j2) render this view, so the Markdown and the HTML
+report can never say different things; they differ only in layout."""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+from trainops.skills.evidence.model import AblationRow, EvidencePack, MetricSpread
+
+CellKind = Literal["text", "number", "code", "command", "path", "gain", "regression", "within-noise", "bad"]
+Align = Literal["left", "right"]
+
+APPROVE_COMMAND = "trainops approve {pack_id} --by \"$USER\" --note \"approved as reported\""
+REJECT_COMMAND = "trainops reject {pack_id} --by \"$USER\" --note \"why it is rejected\""
+"""What the reviewer types; tests/skills/test_report_view.py parses both with the real CLI, so a
+renamed option fails a test instead of shipping a report with a command that no longer works."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One table cell: its text and what it is, so a template can align, colour or wrap it."""
+
+    text: str
+    kind: CellKind = "text"
+
+    @property
+    def align(self) -> Align:
+        return "right" if self.kind in ("number", "gain", "regression", "within-noise") else "left"
+
+
+@dataclass(frozen=True)
+class Table:
+    headers: list[str]
+    rows: list[list[Cell]]
+    caption: str = ""
+
+    @property
+    def aligns(self) -> list[Align]:
+        """A column is right-aligned when its first row holds a number."""
+        return [cell.align for cell in self.rows[0]] if self.rows else ["left"] * len(self.headers)
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A plot placed in its section; the caption says what the reader should look at."""
+
+    section: str
+    name: str
+    caption: str
+    png: bytes = field(repr=False)
+
+
+@dataclass
+class Section:
+    key: str
+    title: str
+    paragraphs: list[str] = field(default_factory=list)
+    """Markdown prose; run-derived identifiers go inside code spans (see `code`)."""
+    tables: list[Table] = field(default_factory=list)
+    bullets: list[str] = field(default_factory=list)
+    figures: list[Figure] = field(default_factory=list)
+
+
+@dataclass
+class ReportView:
+    pack_id: str
+    created: str
+    verdict: str
+    blockers: list[str]
+    awaiting: list[str]
+    commands: dict[str, str]
+    sections: list[Section]
+
+    @property
+    def verdict_line(self) -> str:
+        return f"Verdict: {self.verdict.upper()} — blockers: {'; '.join(self.blockers) if self.blockers else 'none'}"
+
+
+def code(value: object) -> str:
+    """A Markdown code span that survives any backticks inside the value (CommonMark's rule)."""
+    text = " ".join(str(value).split())
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def number(value: float | None, digits: int = 2, unit: str = "") -> Cell:
+    if value is None:
+        return Cell("not measured")
+    return Cell(f"{value:,.{digits}f}{unit}", "number")
+
+
+def _spread_row(name: str, unit: str, metric: MetricSpread, digits: int) -> list[Cell]:
+    return [Cell(name), number(metric.median, digits, unit), number(metric.low, digits, unit),
+            number(metric.high, digits, unit), number(metric.spread_pct, 1, "%")]
+
+
+def change_cell(row: AblationRow) -> Cell:
+    """The MFU change with its noise band beside it and a mark a reader sees without reading."""
+    mark = {"gain": "▲", "regression": "▼", "within-noise": "≈"}[row.verdict]
+    return Cell(f"{mark} {row.mfu_change_pct:+.1f}% ± {row.noise_band_pct:.1f}%", row.verdict)
+
+
+def _environment(pack: EvidencePack) -> Section | None:
+    env = pack.environment
+    if env is None:
+        return None
+    rows = [["framework", f"{env.framework} {env.framework_version}"], ["torch", env.torch_version],
+            ["hardware", env.hardware], ["devices in the pool", str(env.device_count)],
+            ["collective backend", env.backend], ["scheduler", env.scheduler],
+            ["checkpoint write", "not measured" if env.checkpoint_write_gib_per_s is None
+             else f"{env.checkpoint_write_gib_per_s:.3f} GiB/s"], ["hot spares", str(env.hot_spares)]]
+    return Section("s1", "S1 Environment", tables=[Table(["declared", "value"], [[Cell(k), Cell(v)] for k, v in rows])])
+
+
+def _baseline(pack: EvidencePack) -> Section | None:
+    base = pack.baseline
+    if base is None:
+        return None
+    comm = "not measured" if base.comm_share_pct is None else f"{base.comm_share_pct:.1f}% ({base.comm_share_method})"
+    intro = (f"{code(base.model)}, layout {code(base.parallel_layout)}, {base.precision}, {base.repeats} repeats, "
+             f"the first {base.warmup_steps_excluded} steps of each excluded; peak FLOP/s from {base.peak_source}.")
+    table = Table(["metric", "median", "low", "high", "spread (noise band)"], [
+        _spread_row("step time", " s", base.step_time_s, 4),
+        _spread_row("throughput", " tokens/s", base.tokens_per_s, 0),
+        _spread_row("MFU", "%", base.mfu_pct, 3),
+    ])
+    return Section("s2", "S2 Baseline", paragraphs=[intro, f"Data-wait share: {base.data_wait_share_pct:.1f}%. "
+                                                           f"Communication share: {comm}."],
+                   tables=[table], bullets=[f"repeat {i}: {code(run)}" for i, run in enumerate(base.run_dirs, 1)])
+
+
+def _ablations(pack: EvidencePack) -> Section | None:
+    if not pack.ablations:
+        return None
+    rows = []
+    for r in pack.ablations:
+        verdict = r.verdict + (", vanished at target scale" if r.vanished_at_scale else "")
+        rows.append([Cell(r.knob, "code"), Cell(f"{r.value} (baseline {r.baseline_value})", "code"), Cell(r.category),
+                     Cell(f"{r.scale} [{r.scale_kind}]"), change_cell(r),
+                     number(r.weak_scaling_efficiency_pct, 0, "%") if r.scale_kind == "target" else Cell("—"),
+                     Cell(verdict, "bad" if r.vanished_at_scale else r.verdict), Cell(r.source_run, "path")])
+    table = Table(["knob", "value", "category", "scale", "MFU change ± noise band", "weak-scaling efficiency",
+                   "verdict", "source run"], rows)
+    return Section("s3", "S3/S4 Ablations, one variable per arm", tables=[table], paragraphs=[
+        "A change counts only beyond the run-to-run noise band measured at the same scale: "
+        "▲ gain, ▼ regression, ≈ within noise."])
+
+
+def _drills(pack: EvidencePack) -> Section | None:
+    ft = pack.fault_tolerance
+    if not ft:
+        return None
+    rows = [[Cell(d.fault, "code"), number(d.detection_latency_s, 3, " s"), Cell(d.isolation_granularity),
+             number(d.recovery_time_s, 1, " s"), number(d.steps_lost, 0), Cell(d.checkpoint_used, "path"),
+             Cell("yes") if d.async_checkpoint_intact else Cell("NO: failed verification", "bad"), Cell(d.cause),
+             Cell(d.detector)] for d in ft.drills]
+    table = Table(["fault", "detection latency", "isolation", "recovery time", "steps lost", "checkpoint used",
+                   "checkpoint intact", "cause", "detector"], rows)
+    dist = ", ".join(f"{cause} {count}" for cause, count in sorted(ft.cause_distribution.items()))
+    section = Section("s5", "S5 Fault drills", tables=[table], paragraphs=[f"Cause distribution: {dist}."],
+                      bullets=[f"{d.fault} drill record: {code(d.drill_record)}" for d in ft.drills])
+    plan = pack.checkpoint_plan
+    if plan:
+        section.paragraphs.append(
+            f"**Checkpoint plan.** Measured: stall {plan.save_stall_s:.3f} s and durable write {plan.write_s:.3f} s per "
+            f"checkpoint, restart {plan.restart_s:.1f} s; MTBF {plan.mtbf_h:g} h ({plan.mtbf_basis}). Young interval "
+            f"{plan.young_interval_min:.1f} min, Daly interval {plan.daly_interval_min:.1f} min, expected waste "
+            f"{plan.expected_waste_pct:.2f}%. Recommendation: {plan.recommendation}.")
+    return section
+
+
+def _evidence(pack: EvidencePack) -> Section | None:
+    if not pack.evidence and not pack.references and not pack.rollback:
+        return None
+    rows = [[Cell(e.tool, "code"), Cell(e.version), Cell(e.command, "command"), Cell(e.log_path, "path"), Cell(e.value),
+             number(e.window_end - e.window_start, 1, " s")] for e in pack.evidence]
+    section = Section("s6", "S6 Evidence", tables=[Table(["tool", "version", "command", "log", "value", "window"], rows)]
+                      if rows else [])
+    if pack.rollback:
+        section.paragraphs.append(f"**Rollback.** {pack.rollback}")
+    section.bullets = [f"Reference: {ref}" for ref in pack.references]
+    return section
+
+
+def build(pack: EvidencePack, figures: list[Figure] = ()) -> ReportView:
+    """The whole report as data; figures go to the section they belong to."""
+    sections = [s for s in (_environment(pack), _baseline(pack), _ablations(pack), _drills(pack), _evidence(pack)) if s]
+    by_key = {s.key: s for s in sections}
+    for figure in figures:
+        if figure.section in by_key:
+            by_key[figure.section].figures.append(figure)
+    commands = {"approve": APPROVE_COMMAND.format(pack_id=pack.pack_id),
+                "reject": REJECT_COMMAND.format(pack_id=pack.pack_id)}
+    created = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(pack.created_time))
+    return ReportView(pack_id=pack.pack_id, created=created, verdict=pack.verdict, blockers=list(pack.blockers),
+                      awaiting=list(pack.awaiting_human) or ["approve or reject this pack"], commands=commands,
+                      sections=sections)
