@@ -38,6 +38,9 @@ class ModelConfig(_Section):
     norm_eps: float | None = Field(None, gt=0, description="RMSNorm epsilon")
     rope_theta: float | None = Field(None, gt=0, description="RoPE base frequency")
     tie_embeddings: bool | None = Field(None, description="share the input embedding and output weights")
+    init_from: str | None = Field(None, description="Hugging Face Llama folder (config.json + safetensors) "
+                                  "whose weights start the run; its config.json gives the shape, so the "
+                                  "preset is ignored and a dim set here must agree with it")
 
     @field_validator("preset")
     @classmethod
@@ -169,9 +172,18 @@ class JobConfig(_Section):
     faults: FaultsConfig = Field(default_factory=FaultsConfig, description="fault injection (drills)")
 
     def model_args(self) -> ModelArgs:
-        """The preset with explicit dims applied; RoPE tables cover the training seq_len."""
-        dims = {k: v for k, v in self.model.model_dump(exclude={"preset"}).items() if v is not None}
-        args = replace(PRESETS[self.model.preset], **dims)
+        """The preset (or the `init_from` checkpoint's shape) with explicit dims applied; RoPE
+        tables cover the training seq_len."""
+        dims = {k: v for k, v in self.model.model_dump(exclude={"preset", "init_from"}).items() if v is not None}
+        if self.model.init_from is not None:
+            args = _checkpoint_args(self.model.init_from)
+            differing = {k: v for k, v in dims.items() if getattr(args, k) != v}
+            if differing:
+                raise ValueError(f"model.init_from={self.model.init_from!r} has "
+                                 f"{ {k: getattr(args, k) for k in differing} }, but the config sets {differing}: "
+                                 "remove these model fields (the checkpoint's config.json gives the shape)")
+        else:
+            args = replace(PRESETS[self.model.preset], **dims)
         return replace(args, max_seq_len=max(args.max_seq_len, self.training.seq_len))
 
     @model_validator(mode="after")
@@ -195,6 +207,15 @@ class JobConfig(_Section):
             lines += [f"{key} = {_toml_value(value)}" for key, value in values.items() if value is not None]
             lines.append("")
         return "\n".join(lines)
+
+
+def _checkpoint_args(folder: str) -> ModelArgs:
+    from trainops.trainer.hf import HFFormatError, read_hf_config
+
+    try:
+        return read_hf_config(folder)
+    except HFFormatError as error:
+        raise ValueError(f"model.init_from={folder!r}: {error}") from None
 
 
 def _toml_value(value: Any) -> str:

@@ -6,11 +6,24 @@ its slice of `layers`; `forward` then passes hidden states straight through.
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+@dataclass(frozen=True)
+class Llama3RopeScaling:
+    """Llama 3.1/3.2 RoPE frequency scaling (HF `rope_type: "llama3"`): wavelengths longer than
+    the original context / low_freq_factor are slowed by `factor`, shorter than original /
+    high_freq_factor kept, and those between interpolated smoothly."""
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
 
 
 @dataclass
@@ -23,6 +36,7 @@ class ModelArgs:
     ffn_hidden_dim: int = 512
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    rope_scaling: Llama3RopeScaling | None = None
     max_seq_len: int = 256
     tie_embeddings: bool = False
 
@@ -45,6 +59,9 @@ PRESETS: dict[str, ModelArgs] = {
     # the published Llama 3 / 3.2 shapes, for planning (memory, FLOPs, layouts)
     "llama3-1b": ModelArgs(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, vocab_size=128256,
                            ffn_hidden_dim=8192, rope_theta=500000.0, max_seq_len=8192,
+                           rope_scaling=Llama3RopeScaling(factor=32.0, low_freq_factor=1.0,
+                                                          high_freq_factor=4.0,
+                                                          original_max_position_embeddings=8192),
                            tie_embeddings=True),
     "llama3-8b": ModelArgs(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab_size=128256,
                            ffn_hidden_dim=14336, rope_theta=500000.0, max_seq_len=8192),
@@ -59,11 +76,26 @@ def preset(name: str, **overrides) -> ModelArgs:
     return replace(PRESETS[name], **overrides)
 
 
-def rope_frequencies(head_dim: int, seq_len: int, theta: float) -> torch.Tensor:
+def rope_frequencies(head_dim: int, seq_len: int, theta: float,
+                     scaling: Llama3RopeScaling | None = None) -> torch.Tensor:
     """Complex rotations e^(i*pos*theta^(-2k/d)), shape (seq_len, head_dim // 2)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    if scaling is not None:
+        inv_freq = _llama3_scaled(inv_freq, scaling)
     angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
     return torch.polar(torch.ones_like(angles), angles)
+
+
+def _llama3_scaled(inv_freq: torch.Tensor, scaling: Llama3RopeScaling) -> torch.Tensor:
+    """The same arithmetic, in the same order, as Meta's reference and transformers' llama3 RoPE."""
+    original = scaling.original_max_position_embeddings
+    low_freq_wavelen, high_freq_wavelen = original / scaling.low_freq_factor, original / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / scaling.factor, inv_freq)
+    smooth = (original / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
 
 
 def apply_rope(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
@@ -82,9 +114,6 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
         return normed.type_as(x) * self.weight
-
-    def reset_parameters(self) -> None:
-        nn.init.ones_(self.weight)
 
 
 class Attention(nn.Module):
@@ -112,11 +141,6 @@ class Attention(nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
-    def init_weights(self, std: float, out_std: float) -> None:
-        for linear in (self.wq, self.wk, self.wv):
-            nn.init.trunc_normal_(linear.weight, mean=0.0, std=std)
-        nn.init.trunc_normal_(self.wo.weight, mean=0.0, std=out_std)
-
 
 class FeedForward(nn.Module):
     """SwiGLU: w2(silu(w1 x) * w3 x)."""
@@ -130,11 +154,6 @@ class FeedForward(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
-    def init_weights(self, std: float, out_std: float) -> None:
-        nn.init.trunc_normal_(self.w1.weight, mean=0.0, std=std)
-        nn.init.trunc_normal_(self.w3.weight, mean=0.0, std=out_std)
-        nn.init.trunc_normal_(self.w2.weight, mean=0.0, std=out_std)
-
 
 class TransformerBlock(nn.Module):
     def __init__(self, layer_id: int, args: ModelArgs):
@@ -144,18 +163,10 @@ class TransformerBlock(nn.Module):
         self.feed_forward = FeedForward(args.dim, args.ffn_hidden_dim)
         self.attention_norm = RMSNorm(args.dim, args.norm_eps)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
-        # depth-scaled init of the residual projections keeps deep stacks stable
-        self.out_std = 0.02 / math.sqrt(2 * (layer_id + 1))
 
     def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), freqs_cis)
         return h + self.feed_forward(self.ffn_norm(h))
-
-    def init_weights(self) -> None:
-        self.attention_norm.reset_parameters()
-        self.ffn_norm.reset_parameters()
-        self.attention.init_weights(0.02, self.out_std)
-        self.feed_forward.init_weights(0.02, self.out_std)
 
 
 class Transformer(nn.Module):
@@ -174,30 +185,36 @@ class Transformer(nn.Module):
         if args.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
         # a buffer (not a parameter) so it follows .to(device) but is not trained or sharded
-        self.register_buffer("freqs_cis", rope_frequencies(args.head_dim, args.max_seq_len,
-                                                           args.rope_theta), persistent=False)
+        self.register_buffer("freqs_cis", self._rope_table(), persistent=False)
 
-    def init_weights(self, seed: int | None = None) -> None:
-        """Deterministic initialisation: the same seed gives the same weights on every rank."""
-        generator_state = torch.random.get_rng_state()
-        if seed is not None:
-            torch.manual_seed(seed)
+    def _rope_table(self) -> torch.Tensor:
+        return rope_frequencies(self.args.head_dim, self.args.max_seq_len, self.args.rope_theta,
+                                self.args.rope_scaling)
+
+    def init_rope(self) -> None:
+        """(Re)compute the RoPE table on the buffer's device: after `to_empty` it holds garbage."""
+        device = self.freqs_cis.device
+        self.freqs_cis = self._rope_table().to(device)
+
+    def init_weights(self, seed: int = 0) -> None:
+        """Deterministic initialisation of an unsharded model (see `initial_weight`); the global
+        RNG is left untouched. Sharded and meta-built models use trainops.trainer.parallelize."""
         with torch.no_grad():
-            self.freqs_cis = rope_frequencies(self.args.head_dim, self.args.max_seq_len,
-                                              self.args.rope_theta).to(self.freqs_cis.device)
-            if self.tok_embeddings is not None:
-                nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=1.0 if not
-                                self.args.tie_embeddings else 0.02)
-            for block in self.layers.values():
-                block.init_weights()
-            if self.norm is not None:
-                self.norm.reset_parameters()
-            if self.output is not None and not self.args.tie_embeddings:
-                cutoff = 3 / math.sqrt(self.args.dim)
-                nn.init.trunc_normal_(self.output.weight, mean=0.0, std=self.args.dim ** -0.5,
-                                      a=-cutoff, b=cutoff)
-        if seed is not None:
-            torch.random.set_rng_state(generator_state)
+            self.init_rope()
+            for name, param in self.named_parameters():
+                param.copy_(initial_weight(self.args, name, param.shape, seed))
+
+    def part(self, layer_names: list[str], *, embedding: bool, head: bool) -> "Transformer":
+        """A Transformer sharing (not copying) this one's modules, holding only `layer_names` and,
+        when asked, the embedding and the final norm + output head: a pipeline stage's slice."""
+        part = Transformer.__new__(Transformer)
+        nn.Module.__init__(part)
+        part.args = self.args
+        part.tok_embeddings = self.tok_embeddings if embedding else None
+        part.layers = nn.ModuleDict({name: self.layers[name] for name in layer_names})
+        part.norm, part.output = (self.norm, self.output) if head else (None, None)
+        part.register_buffer("freqs_cis", self.freqs_cis, persistent=False)
+        return part
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
@@ -205,6 +222,29 @@ class Transformer(nn.Module):
             h = block(h, self.freqs_cis)
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h
+
+
+def initial_weight(args: ModelArgs, name: str, shape: torch.Size, seed: int) -> torch.Tensor:
+    """The full initial value of parameter `name` (named as in the unwrapped model), drawn from a
+    generator seeded by (seed, name) alone: a parameter's value does not depend on which others a
+    rank holds, so every split and sharding of the model starts from the same weights."""
+    # the CPU generator (mt19937) keeps 32 bits of a seed, so both go into one 32-bit hash
+    generator = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{name}".encode()))
+    value = torch.empty(shape, dtype=torch.float32)
+    parts = name.split(".")
+    if parts[-2].endswith("norm"):
+        return value.fill_(1.0)
+    if name == "tok_embeddings.weight":
+        return value.normal_(0.0, 0.02 if args.tie_embeddings else 1.0, generator=generator)
+    if name == "output.weight":
+        cutoff = 3 / math.sqrt(args.dim)
+        return nn.init.trunc_normal_(value, 0.0, args.dim ** -0.5, -cutoff, cutoff, generator=generator)
+    if parts[0] == "layers" and parts[-2] in ("wq", "wk", "wv", "w1"):
+        return nn.init.trunc_normal_(value, 0.0, 0.02, generator=generator)
+    if parts[0] == "layers" and parts[-2] in ("wo", "w2", "w3"):
+        # depth-scaled init of the residual projections keeps deep stacks stable
+        return nn.init.trunc_normal_(value, 0.0, 0.02 / math.sqrt(2 * (int(parts[1]) + 1)), generator=generator)
+    raise ValueError(f"no initialisation rule for parameter {name!r}: add one to initial_weight")
 
 
 def count_parameters(args: ModelArgs) -> dict[str, int]:

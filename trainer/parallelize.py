@@ -1,7 +1,8 @@
 """Apply parallelism to a plain `Transformer`, in torchtitan's fixed order:
 tensor parallel -> activation checkpointing -> per-block compile -> DDP or FSDP2.
 
-The model file knows nothing of this; the mesh comes from one validated `Layout`.
+The model file knows nothing of this; the mesh comes from one validated `Layout`. A model
+built on the meta device is given its values here, once sharded (trainops.trainer.weights).
 """
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from trainops.trainer.config import JobConfig
 from trainops.trainer.layout import MESH_DIM_NAMES, Layout
+from trainops.trainer.model import initial_weight
+from trainops.trainer.weights import FullValue, is_meta, materialize
 
 DP_DIMS = ("dp_replicate", "dp_shard")
 
@@ -85,8 +88,25 @@ def _dp_mesh(info: MeshInfo) -> DeviceMesh:
     return info.mesh["dp_replicate" if layout.dp_replicate > 1 else "dp_shard"]
 
 
-def parallelize(model: nn.Module, cfg: JobConfig, info: MeshInfo) -> nn.Module:
-    """Return the model ready to train on this rank (wrapped by DDP when data_parallel=ddp)."""
+def mesh_device(info: MeshInfo) -> torch.device:
+    if info.mesh.device_type == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(info.mesh.device_type)
+
+
+def seeded_init(cfg: JobConfig, args) -> FullValue:
+    """The full initial value of each parameter, from `training.seed` (trainops.trainer.model)."""
+    return partial(initial_weight, args, seed=cfg.training.seed)
+
+
+def parallelize(model: nn.Module, cfg: JobConfig, info: MeshInfo, full_value: FullValue | None = None) -> nn.Module:
+    """Return the model ready to train on this rank (wrapped by DDP when data_parallel=ddp).
+
+    A meta-device model is materialized from `full_value` (default: the seeded init) after
+    FSDP2 has sharded it, so no rank allocates more than its shards; before DDP, which needs
+    real values to broadcast, and before FSDP2 for tied embeddings, whose tie `to_empty` breaks."""
+    pending = is_meta(model)
+    fill = full_value or seeded_init(cfg, model.args)
     if cfg.parallel.tp > 1:
         from trainops.trainer.parallel import apply_tp  # the parallelism module is only needed with TP
 
@@ -94,11 +114,17 @@ def parallelize(model: nn.Module, cfg: JobConfig, info: MeshInfo) -> nn.Module:
     apply_activation_checkpointing(model, cfg.training.activation_checkpointing)
     if cfg.training.compile:
         apply_compile(model)
+    fsdp = info.dp_degree > 1 and cfg.parallel.data_parallel == "fsdp"
+    if pending and (not fsdp or model.args.tie_embeddings):
+        materialize(model, mesh_device(info), fill)
+        pending = False
     if info.dp_degree == 1:
         return model
-    if cfg.parallel.data_parallel == "fsdp":
+    if fsdp:
         # HSDP when both dims are > 1: shard within dp_shard, replicate across dp_replicate
         apply_fsdp(model, _dp_mesh(info), cfg.training.precision, cfg.parallel.reshard_after_forward)
+        if pending:
+            materialize(model, mesh_device(info), fill)
         return model
     from torch.nn.parallel import DistributedDataParallel
 

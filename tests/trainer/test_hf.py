@@ -64,14 +64,30 @@ def test_round_trip_is_bit_exact(tmp_path):
         assert torch.equal(a, b), name
 
 
-def test_config_round_trips():
-    args = PRESETS["llama3-8b"]
+@pytest.mark.parametrize("name", ["llama3-8b", "llama3-1b"])
+def test_config_round_trips(name):
+    args = PRESETS[name]
     assert args_from_hf_config(hf_config(args)) == args
 
 
-def test_rope_scaling_is_rejected_with_the_value():
-    config = hf_config(PRESETS["tiny"]) | {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}
-    with pytest.raises(HFFormatError, match=r"rope_scaling=.*llama3.*not supported"):
+@pytest.mark.parametrize("rope_type", ["linear", "dynamic", "yarn", "longrope"])
+def test_a_rope_type_we_do_not_implement_is_refused_by_name(rope_type):
+    config = hf_config(PRESETS["tiny"]) | {"rope_parameters": {"rope_type": rope_type, "rope_theta": 1e4, "factor": 2.0}}
+    with pytest.raises(HFFormatError, match=rf"rope_type='{rope_type}' is not supported"):
+        args_from_hf_config(config)
+
+
+def test_a_legacy_rope_scaling_of_another_type_is_refused_by_name():
+    config = hf_config(PRESETS["tiny"])
+    del config["rope_parameters"]
+    config["rope_scaling"] = {"type": "linear", "factor": 2.0}
+    with pytest.raises(HFFormatError, match=r"rope_type='linear' is not supported"):
+        args_from_hf_config(config)
+
+
+def test_llama3_scaling_without_its_factors_names_what_is_missing():
+    config = hf_config(PRESETS["tiny"]) | {"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}}
+    with pytest.raises(HFFormatError, match=r"lacks \['low_freq_factor', 'high_freq_factor', 'original_max_position_embeddings'\]"):
         args_from_hf_config(config)
 
 

@@ -2,7 +2,7 @@
 
 The model is split by layer ranges into `pp x virtual_stages` stages (virtual stages loop
 round the ranks; ZBV places them in a V so rank 0 holds the first and the last stage). Each
-stage part is a `Transformer` with the layers it does not own removed and, where not first or
+stage part is a `Transformer` sharing only the layers it owns and, where not first or
 last, no embedding, final norm or output head; layer keys keep their global index, so the
 checkpoint names of a pipelined model equal those of the whole model (resharding across
 layouts needs no renaming). Every part is parallelized (TP, AC, compile, FSDP2) by the caller's
@@ -10,7 +10,6 @@ function before it becomes a `PipelineStage`, which is how PP composes with FSDP
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -28,22 +27,14 @@ SINGLE_STAGE_SCHEDULES = ("GPipe", "1F1B")
 
 
 def split_model(model: nn.Module, layout, pp_rank: int) -> list[tuple[int, nn.Module]]:
-    """(stage index, stage part) for every stage `pp_rank` holds, in schedule order."""
-    n_layers = len(model.layers)
-    per_stage = n_layers // layout.num_stages
+    """(stage index, stage part) for every stage `pp_rank` holds, in schedule order. The parts
+    share `model`'s modules (nothing is copied), so a model built on the meta device is split
+    before any memory is allocated."""
+    per_stage = len(model.layers) // layout.num_stages
     last = layout.num_stages - 1
-    parts = []
-    for stage in layout.stages_of(pp_rank):
-        part = copy.deepcopy(model)
-        keep = {str(i) for i in range(stage * per_stage, (stage + 1) * per_stage)}
-        for name in [name for name in part.layers if name not in keep]:
-            del part.layers[name]
-        if stage != 0:
-            part.tok_embeddings = None
-        if stage != last:
-            part.norm, part.output = None, None
-        parts.append((stage, part))
-    return parts
+    return [(stage, model.part([str(i) for i in range(stage * per_stage, (stage + 1) * per_stage)],
+                               embedding=stage == 0, head=stage == last))
+            for stage in layout.stages_of(pp_rank)]
 
 
 @dataclass
