@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 from trainops.skills import ablation, baseline, drill, environment, planning
 from trainops.skills.baseline import JobRequest, Progress
 from trainops.skills.evidence import pack as evidence_pack
-from trainops.tools.base import CallContext, call
+from trainops.tools.base import CallContext, call, skill_context
 from trainops.tools.frameworks.base import FrameworkName, SopPlan
 
 REFERENCES = (
@@ -77,6 +77,7 @@ def run(settings: SopSettings, ctx: CallContext | None = None, progress: Progres
     """S1..S6 in order; any refusal or failed run stops the SOP with its message."""
     say = progress or (lambda _msg: None)
     started = time.time()
+    ctx = skill_context("training-efficiency-ablation-and-fault-sop", ctx)
     req = settings.request()
     say("S1 environment declaration")
     env, env_row = environment.declare(settings.scheduler, ctx, framework=settings.framework)
@@ -110,6 +111,8 @@ def build_from_runs(run_dirs: list[str], scheduler: str = "local", ctx: CallCont
 
     from trainops.skills.evidence.model import DrillResult
 
+    for run_dir in run_dirs:
+        _check_written_by_trainops(run_dir)
     env, env_row = environment.declare(scheduler, ctx)
     results = []
     for run_dir in run_dirs:
@@ -124,3 +127,19 @@ def build_from_runs(run_dirs: list[str], scheduler: str = "local", ctx: CallCont
     pack = evidence_pack.assemble(f"runs-{time.strftime('%Y%m%d-%H%M%S')}", env, baseline.summarize(req, results), [],
                                   drills, [env_row])
     return evidence_pack.write(pack)
+
+
+def _check_written_by_trainops(run_dir: str) -> None:
+    """Evidence rests on runs trainops launched: a folder without the config.toml it writes (hand-made
+    metrics) is refused, so a pack cannot certify numbers nobody measured."""
+    from trainops.trainer.config import ConfigError, load_config
+
+    config = Path(run_dir) / "config.toml"
+    if not config.is_file():
+        raise ValueError(f"RUNDIR {run_dir!r} has no config.toml: trainops did not launch this run, and metrics "
+                         "without the job that produced them are not evidence; pass a run folder trainops wrote "
+                         "($TRAINOPS_HOME/runs/RUN, from `trainops train` or `trainops baseline`)")
+    try:
+        load_config(config)
+    except ConfigError as exc:
+        raise ValueError(f"RUNDIR {run_dir!r}: its config.toml is not a trainops job config ({exc})") from None

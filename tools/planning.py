@@ -12,23 +12,41 @@ import math
 import random
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from trainops.tools.base import ToolError, tool
 
 # --- checkpoint interval -------------------------------------------------------------------
 
 
+# Planning inputs come from people and models alike: every number is finite and bounded, so a
+# read-only tool can neither overflow nor simulate for hours.
+WEEK_S = 7 * 86400
+MONTH_S = 30 * 86400
+MAX_SIMULATED_FAILURES = 1_000_000
+MAX_RATIO_TO_MTBF = 500  # e^(x/MTBF) overflows a float near 709
+
+
 class CheckpointIntervalInput(BaseModel):
-    save_s: float = Field(gt=0, description="Measured time to write one checkpoint (training stalls this long), seconds.")
-    restart_s: float = Field(ge=0, description="Time from a failure's detection to training again (restart + load), seconds.")
-    mtbf_h: float = Field(gt=0, description="Mean time between failures of the whole job, hours.")
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    save_s: float = Field(gt=0, le=WEEK_S, description="Measured time to write one checkpoint (training stalls this long), seconds.")
+    restart_s: float = Field(ge=0, le=WEEK_S, description="Time from a failure's detection to training again (restart + load), seconds.")
+    mtbf_h: float = Field(gt=0, le=1e6, description="Mean time between failures of the whole job, hours.")
     escalate_at_save_to_mtbf: float = Field(
         0.05,
         gt=0,
         lt=1,
         description="When save_s / MTBF reaches this ratio, recommend two-phase async checkpoints.",
     )
+
+    @model_validator(mode="after")
+    def _not_beyond_the_mtbf(self) -> CheckpointIntervalInput:
+        mtbf_s = self.mtbf_h * 3600
+        if max(self.save_s, self.restart_s) > MAX_RATIO_TO_MTBF * mtbf_s:
+            raise ValueError(f"save_s={self.save_s:g} / restart_s={self.restart_s:g} is more than {MAX_RATIO_TO_MTBF} "
+                             f"times mtbf_h={self.mtbf_h:g} h: no work would ever be kept; check the units (mtbf_h is hours)")
+        return self
 
 
 class CheckpointIntervalOutput(BaseModel):
@@ -109,10 +127,12 @@ HARDWARE_CAUSES = frozenset({"gpu_fault", "gpu_hbm3", "gpu_sdc", "gpu_other", "n
 
 
 class FailureProfile(BaseModel):
+    model_config = ConfigDict(allow_inf_nan=False)
+
     name: str = Field(description="Where the numbers come from.")
-    interruptions: int = Field(gt=0, description="Unexpected interruptions observed.")
-    reference_days: float = Field(gt=0, description="Length of the observation window, days.")
-    reference_gpus: int = Field(gt=0, description="GPUs in the observed job; the rate scales linearly with GPU count.")
+    interruptions: int = Field(gt=0, le=10**7, description="Unexpected interruptions observed.")
+    reference_days: float = Field(gt=0, le=36500, description="Length of the observation window, days.")
+    reference_gpus: int = Field(gt=0, le=10**7, description="GPUs in the observed job; the rate scales linearly with GPU count.")
     cause_counts: dict[str, int] = Field(description="Interruptions by cause; they must add up to `interruptions`.")
 
     @model_validator(mode="after")
@@ -137,26 +157,28 @@ PROFILES: dict[str, FailureProfile] = {
 
 
 class EttrInput(BaseModel):
-    gpus: int = Field(16384, gt=0, description="GPUs in the simulated job.")
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    gpus: int = Field(16384, gt=0, le=10**7, description="GPUs in the simulated job.")
     days: float = Field(54, gt=0, le=3650, description="Simulated wall-clock length, days.")
     profile: Literal["llama3"] | FailureProfile = Field(
         "llama3", description="Named failure profile, or a custom one (interruptions, window, reference GPUs, causes)."
     )
-    detection_latency_s: float = Field(120, ge=0, description="Failure to detection, seconds (assumed, not from the profile).")
+    detection_latency_s: float = Field(120, ge=0, le=MONTH_S, description="Failure to detection, seconds (assumed, not from the profile).")
     detection_latency_s_by_cause: dict[str, float] = Field(
         default_factory=dict,
         description="Per-cause detection latency overrides, seconds (e.g. silent data corruption is found late: {'gpu_sdc': 3600}).",
     )
-    restart_s: float = Field(600, ge=0, description="Detection to training again: restart, rendezvous, checkpoint load, seconds.")
+    restart_s: float = Field(600, ge=0, le=WEEK_S, description="Detection to training again: restart, rendezvous, checkpoint load, seconds.")
     hot_spares: bool = Field(True, description="A healthy spare node replaces a failed one at once; without, hardware causes wait node_replacement_s.")
-    node_replacement_s: float = Field(1800, ge=0, description="Time to provision a replacement node when there is no hot spare, seconds.")
-    checkpoint_save_s: float = Field(60, gt=0, description="Time for a checkpoint to become durable, seconds.")
+    node_replacement_s: float = Field(1800, ge=0, le=MONTH_S, description="Time to provision a replacement node when there is no hot spare, seconds.")
+    checkpoint_save_s: float = Field(60, gt=0, le=WEEK_S, description="Time for a checkpoint to become durable, seconds.")
     checkpoint_mode: Literal["sync", "async"] = Field(
         "async", description="sync: training stalls for the whole save; async: it stalls only for async_stall_s."
     )
     async_stall_s: float = Field(5, ge=0, description="Training stall of an async checkpoint (the snapshot), seconds.")
     checkpoint_interval_min: float | None = Field(
-        None, gt=0, description="Compute time between checkpoints, minutes; default: Daly's optimum for the stall and MTBF."
+        None, gt=0, le=MONTH_S / 60, description="Compute time between checkpoints, minutes; default: Daly's optimum for the stall and MTBF."
     )
     seed: int = Field(0, description="Random seed: the same inputs and seed give the same result.")
 
@@ -168,8 +190,14 @@ class EttrInput(BaseModel):
             raise ValueError(
                 f"detection_latency_s_by_cause has unknown cause(s) {unknown}: use causes of the profile, {sorted(causes)}"
             )
-        if any(v < 0 for v in self.detection_latency_s_by_cause.values()):
-            raise ValueError(f"detection_latency_s_by_cause={self.detection_latency_s_by_cause} has a negative latency: use seconds >= 0")
+        if any(not 0 <= v <= MONTH_S for v in self.detection_latency_s_by_cause.values()):
+            raise ValueError(f"detection_latency_s_by_cause={self.detection_latency_s_by_cause} has a latency outside "
+                             f"0..{MONTH_S} s: use seconds within a month")
+        profile = _resolve_profile(self.profile)
+        failures = profile.interruptions / profile.reference_days / profile.reference_gpus * self.gpus * self.days
+        if failures > MAX_SIMULATED_FAILURES:
+            raise ValueError(f"the simulation would draw about {failures:.3g} failures (gpus={self.gpus}, days={self.days:g}, "
+                             f"profile {profile.name!r}); at most {MAX_SIMULATED_FAILURES:,}: lower gpus or days")
         return self
 
     @field_validator("async_stall_s")

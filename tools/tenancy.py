@@ -63,7 +63,16 @@ def _write_json(path: Path, obj: dict[str, Any]) -> None:
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
-    return json.loads(path.read_text()) if path.exists() else None
+    """A tenant's JSON state file; a corrupt one is a ValueError naming it, never a traceback."""
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path} is not UTF-8 JSON ({exc}); restore it from the audit log or remove it") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} holds {type(data).__name__}, not a JSON object; restore it or remove it")
+    return data
 
 
 class QuotaInput(BaseModel):
@@ -187,7 +196,10 @@ def _follows_matrix(inp: UpgradeInput) -> str | None:
     if is_cross_version(inp.from_version, inp.to_version):
         return (f"to_version={inp.to_version!r} is not reachable from {inp.from_version} in one step of the "
                 "compatibility matrix; upgrade one minor version at a time")
-    pinned = _read_json(tenant_root(inp.tenant) / "framework.json") or {}
+    try:
+        pinned = _read_json(tenant_root(inp.tenant) / "framework.json") or {}
+    except ValueError as exc:
+        return str(exc)
     current = pinned.get(inp.framework)
     if current and current != inp.from_version:
         return f"from_version={inp.from_version!r} but {inp.framework} is pinned at {current}: start from the pin"

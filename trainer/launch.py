@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field
 
 from trainops.trainer.config import JobConfig, load_config
 
-_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
 class RunResult(BaseModel):
@@ -68,7 +68,7 @@ def prepare_run(cfg: JobConfig | str | Path | None = None, preset: str | None = 
         cfg = load_config(cfg, preset, overrides)
     if run_id is None:
         run_id = f"run-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
-    if not _SAFE_ID.match(run_id):
+    if not _SAFE_ID.fullmatch(run_id):
         raise ValueError(f"run id {run_id!r} is not valid: use letters, digits, '_', '.', '-' "
                          "(at most 128 characters, not starting with a dot)")
     run_dir = runs_root() / run_id

@@ -23,7 +23,11 @@ def environment() -> EnvironmentDeclaration:
 
 
 def write_run(run_dir: Path, steps: int = 6, step_time_s: float = 0.1, mfu_pct: float = 2.0) -> Path:
+    """A run folder as the trainer leaves it: its config.toml and per-rank metrics."""
+    from trainops.trainer.config import load_config
+
     run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.toml").write_text(load_config(preset="tiny").to_toml())
     with open(run_dir / "metrics.jsonl", "w", encoding="utf-8") as fh:
         for step in range(1, steps + 1):
             for rank in (0, 1):
