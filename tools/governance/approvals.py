@@ -118,14 +118,14 @@ def verify_pack(pack: str, public_key_pem: str | None = None) -> PackVerificatio
 class ApprovalItem(BaseModel):
     kind: Literal["pack", "call"]
     id: str
-    status: Literal["pending", "approved", "rejected"]
+    status: Literal["pending", "approved", "rejected", "corrupt"]
     detail: str
     by: str | None = None
 
 
 def list_items() -> list[ApprovalItem]:
     """Pending and decided packs and gated calls, pending first."""
-    from trainops.tools.governance import tokens
+    from trainops.tools.governance import queue
     from trainops.workspace import packs_dir
 
     items = []
@@ -138,7 +138,7 @@ def list_items() -> list[ApprovalItem]:
         else:
             items.append(ApprovalItem(kind="pack", id=folder.name, status="pending",
                                       detail=f"{len(file_hashes(folder))} file(s) awaiting a decision"))
-    for call in tokens.pending_calls() + tokens.decided_calls():
+    for call in queue.pending_calls() + queue.decided_calls():
         why = f"; {call.note}" if call.note else ""
         items.append(ApprovalItem(kind="call", id=call.id, status=call.status, by=call.approver,
                                   detail=f"{call.tool} {audit.canonical_json(call.input)} (asked by {call.requested_by}{why})"))

@@ -16,7 +16,7 @@ from typing import Callable, Literal
 from pydantic import BaseModel
 
 from trainops.tools.base import ToolError
-from trainops.tools.governance import audit, tokens
+from trainops.tools.governance import audit, queue, tokens
 
 
 class GateRefused(ToolError):
@@ -112,10 +112,10 @@ def before_call(spec, inp: BaseModel, ctx) -> None:
         return
     rule_id = "R-SEC-1" if spec.risk != "irreversible" and "tenant-governance" in spec.tags else "R-SEC-4"
     if not ctx.approval_token:
-        item = tokens.record_pending(spec.name, inp, ctx.actor)
+        item = queue.record_pending(spec.name, inp, ctx.actor)
         _refuse(spec, inp, ctx, "missing_token", rule_id,
                 f"{spec.name} needs a human approval; queued as pending approval {item.id} — approve with "
-                f"`trainops approve --pending {item.id} --by NAME` and pass the token", pending_id=item.id)
+                f"`trainops approve --pending {item.id}` (signed with your SSH key) and pass the token", pending_id=item.id)
     try:
         payload = tokens.consume(ctx.approval_token, spec.name, inp)
     except tokens.TokenRefused as exc:

@@ -1,29 +1,37 @@
-"""Approval tokens for gated tool calls, and the queue of calls waiting for one (rule R-SEC-4).
+"""Approval tokens for gated tool calls (rules R-SEC-4, R-SEC-6); the queue lives in `queue.py`.
 
-A token is `payload.signature`: the payload (base64url JSON) binds the tool name, the sha256
-of the canonical JSON input, the approver, a nonce and an expiry; the signature is ed25519
-by the workspace approval key. A token opens exactly one call: its nonce is recorded when
-used, so a replay is refused.
+A human approves one *queued* call by signing, with their own SSH key, a payload that binds
+the call (id, tool, input sha256), a nonce shared by every co-signer, an expiry and the audit
+head they saw (an anchor, see anchors.py). A token is the list of those signed approvals. It
+opens exactly one call when every signature verifies against the allowed-signers file, the
+distinct approvers (principals and keys, never the requester) reach what the tool's class
+needs, it has not expired, the call was not rejected after it was minted, and its nonce was
+never spent.
 """
 from __future__ import annotations
 
+import base64
 import fcntl
 import json
-import re
+import math
 import secrets
 import time
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ValidationError
 
-from trainops.tools.governance import audit, signing
+from trainops.tools.governance import anchors, audit, queue, signing
+from trainops.tools.governance.queue import call_id, input_hash
 
-DEFAULT_TTL_S = 15 * 60
+TOKEN_PREFIX = "tok1."
+DEFAULT_TTL_MIN = 15.0
+DEFAULT_MAX_TTL_MIN = 60.0
+# Distinct human approvers a gated call needs, by class (AGENTS.md R-SEC-6).
+APPROVERS_NEEDED = {"mutate": 1, "irreversible": 2, "tenant-governance": 2}
 
-RefusalReason = Literal[
-    "forbidden", "invalid_input", "missing_token", "malformed", "forged", "mismatch", "expired", "replayed"
-]
+RefusalReason = Literal["forbidden", "invalid_input", "missing_token", "malformed", "forged", "mismatch",
+                        "expired", "replayed", "revoked", "too_few_approvers", "requester", "not_queued"]
 
 
 class TokenRefused(Exception):
@@ -32,164 +40,212 @@ class TokenRefused(Exception):
         self.reason = reason
 
 
-def input_hash(inp: BaseModel | dict[str, Any]) -> str:
-    data = inp.model_dump(mode="json") if isinstance(inp, BaseModel) else inp
-    return audit.sha256_hex(audit.canonical_json(data))
+class ApprovalPayload(BaseModel):
+    """What one approver signs."""
+
+    purpose: Literal["approve_call"] = "approve_call"
+    call_id: str
+    tool: str
+    input_sha256: str
+    nonce: str
+    issued_at: float
+    expires_at: float
+    audit_head: anchors.AuditHead
+
+    def signed_bytes(self) -> bytes:
+        return audit.canonical_json(self.model_dump(mode="json")).encode()
 
 
-def call_id(tool: str, inp: BaseModel | dict[str, Any]) -> str:
-    """Stable id of one exact call: the same tool and input always map to the same pending item."""
-    return audit.sha256_hex(f"{tool}:{input_hash(inp)}")[:12]
+class Approval(BaseModel):
+    payload: ApprovalPayload
+    signature: str
 
 
-def _gov_dir(name: str) -> Path:
-    from trainops.workspace import home
-
-    path = home() / "governance" / name
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def issue_token(tool: str, inp: BaseModel | dict[str, Any], approver: str, ttl_s: float = DEFAULT_TTL_S) -> str:
-    """A human approves one exact call: sign (tool, input hash) for `ttl_s` seconds, single use."""
-    if not approver.strip():
-        raise ValueError("approver is empty: pass the approving person's name (--by NAME)")
-    if ttl_s <= 0:
-        raise ValueError(f"ttl_s is {ttl_s}: give a positive lifetime in seconds (default {DEFAULT_TTL_S})")
-    inp = _validated(tool, inp)
-    now = time.time()
-    payload = {
-        "tool": tool,
-        "input_sha256": input_hash(inp),
-        "approver": approver,
-        "issued_at": now,
-        "expires_at": now + ttl_s,
-        "nonce": secrets.token_hex(16),
-    }
-    body = signing.b64(audit.canonical_json(payload).encode())
-    token = f"{body}.{signing.sign(body.encode())}"
-    audit.append("approval", subject="call", tool=tool, input_sha256=payload["input_sha256"],
-                 approver=approver, decision="token_issued", expires_at=payload["expires_at"],
-                 call_id=call_id(tool, inp))
-    return token
-
-
-def _validated(tool: str, inp: BaseModel | dict[str, Any]) -> BaseModel:
-    """Approve the input as the tool will see it (defaults filled in), so the hashes match."""
-    if isinstance(inp, BaseModel):
-        return inp
-    from pydantic import ValidationError
-
+def approval_class(tool: str) -> str:
+    """The class that sets how many approvers a tool needs; an unknown tool gets the strictest."""
     from trainops.tools.base import ToolError, get
 
     try:
-        return get(tool).Input.model_validate(inp)
-    except ToolError as exc:
-        raise ValueError(str(exc)) from None
-    except ValidationError as exc:
-        fields = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'input'}: {e['msg']}" for e in exc.errors())
-        raise ValueError(f"input is not a valid {tool} input: {fields}") from None
+        spec = get(tool)
+    except ToolError:
+        return "irreversible"
+    if "tenant-governance" in spec.tags:
+        return "tenant-governance"
+    return "irreversible" if spec.risk == "irreversible" else "mutate"
+
+
+def approvers_needed(tool: str) -> int:
+    return APPROVERS_NEEDED[approval_class(tool)]
+
+
+def max_ttl_min() -> float:
+    """`[governance] max_token_ttl_min` from the user's trusted config (default 60)."""
+    from trainops.settings import table
+
+    value = table("governance", trusted_only=True)[0].get("max_token_ttl_min", DEFAULT_MAX_TTL_MIN)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"[governance] max_token_ttl_min is {value!r}: give a positive, finite number of minutes")
+    return float(value)
+
+
+def check_ttl_min(ttl_min: float) -> float:
+    """A token lifetime that ends: finite, positive, at most the configured maximum."""
+    limit = max_ttl_min()
+    if isinstance(ttl_min, bool) or not isinstance(ttl_min, (int, float)) or not math.isfinite(ttl_min) or ttl_min <= 0:
+        raise ValueError(f"ttl_min is {ttl_min!r}: give a positive, finite number of minutes (--ttl-min, "
+                         f"default {DEFAULT_TTL_MIN:g}, at most {limit:g})")
+    if ttl_min > limit:
+        raise ValueError(f"ttl_min is {ttl_min:g}: at most {limit:g} minutes ([governance] max_token_ttl_min)")
+    return float(ttl_min)
+
+
+def approve(pending_id: str, key: Path | None = None, ttl_min: float = DEFAULT_TTL_MIN,
+            cosign: str | None = None) -> str:
+    """Sign one queued call with the approver's key (None: ssh-agent); `cosign` adds this
+    signature to another approver's token. Returns the token; the approval is anchored in the audit log."""
+    ttl_s = check_ttl_min(ttl_min) * 60
+    item = queue.get_pending(pending_id)
+    earlier = _approvals(cosign) if cosign else []
+    if earlier and any(a.payload.call_id != item.id for a in earlier):
+        raise ValueError(f"--cosign token is for call {earlier[0].payload.call_id}, not {item.id}: co-sign the same call")
+    now = time.time()
+    payload = ApprovalPayload(call_id=item.id, tool=item.tool, input_sha256=input_hash(queue.validated(item.tool, item.input)),
+                              nonce=earlier[0].payload.nonce if earlier else secrets.token_hex(16), issued_at=now,
+                              expires_at=now + ttl_s, audit_head=anchors.head())
+    signature = signing.sign(payload.signed_bytes(), key)
+    signer = signing.verify(payload.signed_bytes(), signature)
+    _refuse_requester(item, [signer])
+    if any(_same_person(signer, s) for s in _signers(earlier)):
+        raise ValueError(f"{signer.principal} already signed this token: a second approver must co-sign")
+    anchors.record(payload.signed_bytes(), signature, signer, subject="call", decision="token_issued",
+                   tool=item.tool, call_id=item.id, expires_at=payload.expires_at)
+    return encode([*earlier, Approval(payload=payload, signature=signature)])
+
+
+def encode(approvals: list[Approval]) -> str:
+    body = audit.canonical_json([a.model_dump(mode="json") for a in approvals]).encode()
+    return TOKEN_PREFIX + base64.urlsafe_b64encode(body).decode().rstrip("=")
+
+
+def _approvals(token: str) -> list[Approval]:
+    """The approvals in a well-formed token (signatures not checked)."""
+    how = "mint one with `trainops approve --pending ID`"
+    if not isinstance(token, str) or not token.startswith(TOKEN_PREFIX):
+        raise TokenRefused("malformed", f"approval token is not a trainops token (no {TOKEN_PREFIX!r} prefix): {how}")
+    body = token[len(TOKEN_PREFIX):].strip()
+    try:
+        raw = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+        approvals = [Approval.model_validate(a) for a in raw]
+    except (ValueError, TypeError, ValidationError) as exc:
+        raise TokenRefused("malformed", f"approval token cannot be read ({type(exc).__name__}): {how}") from None
+    if not approvals:
+        raise TokenRefused("malformed", f"approval token carries no approval: {how}")
+    return approvals
 
 
 def decode(token: str) -> dict[str, Any]:
-    """The payload of a well-formed token (signature not checked)."""
-    try:
-        body, _sig = token.split(".")
-        payload = json.loads(signing.unb64(body))
-    except (ValueError, json.JSONDecodeError) as exc:
-        raise TokenRefused("malformed", f"approval token is not a trainops token ({exc}); mint one with "
-                                        "`trainops approve --call TOOL --input JSON --by NAME`") from None
-    if not isinstance(payload, dict) or not {"tool", "input_sha256", "expires_at", "nonce"} <= payload.keys():
-        raise TokenRefused("malformed", "approval token payload lacks tool/input_sha256/expires_at/nonce")
-    return payload
+    """The first approval's payload (signatures not checked): what the token is for."""
+    return _approvals(token)[0].payload.model_dump(mode="json")
+
+
+def _signers(approvals: list[Approval], now: float | None = None) -> list[signing.Signer]:
+    signers = []
+    for approval in approvals:
+        try:
+            signers.append(signing.verify(approval.payload.signed_bytes(), approval.signature, at=now))
+        except signing.SigningError as exc:
+            raise TokenRefused("forged", f"approval token signature refused: {exc}") from None
+    return signers
+
+
+def _same_person(a: signing.Signer, b: signing.Signer) -> bool:
+    return a.principal == b.principal or a.fingerprint == b.fingerprint
+
+
+def _refuse_requester(item: queue.PendingCall, signers: list[signing.Signer]) -> None:
+    requesters = {who.strip().lower() for who in (item.requested_by, item.requester_user or "") if who.strip()}
+    for signer in signers:
+        if requesters & {signer.principal.lower(), signer.principal.split("@")[0].lower()}:
+            raise TokenRefused("requester", f"{signer.principal} requested call {item.id}: the requester never "
+                                            "approves their own call; ask another approver")
 
 
 def consume(token: str, tool: str, inp: BaseModel | dict[str, Any], now: float | None = None) -> dict[str, Any]:
-    """Check the token against this exact call and burn it; raise TokenRefused naming why not."""
-    payload = decode(token)
-    body, sig = token.split(".")
-    if not signing.verify(body.encode(), sig):
-        raise TokenRefused("forged", "approval token signature does not verify against this workspace's "
-                                     "approval key: the token was altered or signed by another key")
-    if payload["tool"] != tool:
-        raise TokenRefused("mismatch", f"approval token is for tool {payload['tool']!r}, not {tool!r}: "
-                                       "approve this exact call")
-    if payload["input_sha256"] != input_hash(inp):
+    """Check the token against this exact queued call and burn it; raise TokenRefused naming why not.
+    Returns the first payload with `approver` (the principals, comma-separated) and `approvers`."""
+    approvals = _approvals(token)
+    first = approvals[0].payload
+    if any((a.payload.call_id, a.payload.tool, a.payload.input_sha256, a.payload.nonce)
+           != (first.call_id, first.tool, first.input_sha256, first.nonce) for a in approvals):
+        raise TokenRefused("malformed", "approval token mixes approvals of different calls or nonces")
+    if first.tool != tool:
+        raise TokenRefused("mismatch", f"approval token is for tool {first.tool!r}, not {tool!r}: approve this exact call")
+    if first.input_sha256 != input_hash(inp) or first.call_id != call_id(tool, inp):
         raise TokenRefused("mismatch", f"approval token was issued for a different input of {tool} "
                                        "(input hash differs): approve this exact input")
     now = time.time() if now is None else now
-    if now > payload["expires_at"]:
-        ago_s = now - payload["expires_at"]
-        raise TokenRefused("expired", f"approval token expired {ago_s:.0f} s ago: ask the approver for a new one")
-    used = _gov_dir("tokens") / "used_nonces.txt"
+    _check_times(approvals, now)
+    signers = _signers(approvals, now)
+    _check_not_revoked(first.call_id, approvals)
+    item = _queued(first)
+    _refuse_requester(item, signers)
+    distinct: list[signing.Signer] = []
+    for signer in signers:
+        if not any(_same_person(signer, seen) for seen in distinct):
+            distinct.append(signer)
+    needed = approvers_needed(tool)
+    if len(distinct) < needed:
+        raise TokenRefused("too_few_approvers", f"{tool} ({approval_class(tool)}) needs {needed} distinct approvers; "
+                                                f"this token has {len(distinct)} ({', '.join(s.principal for s in distinct)}): "
+                                                f"another approver co-signs with `trainops approve --pending "
+                                                f"{first.call_id} --cosign TOKEN`")
+    _spend(first.nonce)
+    principals = [s.principal for s in distinct]
+    queue.resolve(first.call_id, ", ".join(principals))
+    return {**first.model_dump(mode="json"), "approver": ", ".join(principals), "approvers": principals}
+
+
+def _queued(payload: ApprovalPayload) -> queue.PendingCall:
+    try:
+        return queue.get_pending(payload.call_id)
+    except ValueError as exc:
+        if payload.nonce in _spent_nonces():
+            raise TokenRefused("replayed", "approval token was already used: a token opens one call only") from None
+        raise TokenRefused("not_queued", f"tokens open only queued calls: {exc}") from None
+
+
+def _check_times(approvals: list[Approval], now: float) -> None:
+    limit_s = max_ttl_min() * 60
+    for approval in approvals:
+        issued, expires = approval.payload.issued_at, approval.payload.expires_at
+        if not (math.isfinite(issued) and math.isfinite(expires)) or not 0 < expires - issued <= limit_s + 1:
+            raise TokenRefused("malformed", f"approval token lifetime {expires - issued!r} s is not within "
+                                            f"(0, {limit_s:g}] s ([governance] max_token_ttl_min)")
+        if now > expires:
+            raise TokenRefused("expired", f"approval token expired {now - expires:.0f} s ago: ask the approver for a new one")
+
+
+def _check_not_revoked(item_id: str, approvals: list[Approval]) -> None:
+    rejected_at = queue.rejected_at(item_id)
+    if rejected_at is not None and any(a.payload.issued_at <= rejected_at for a in approvals):
+        raise TokenRefused("revoked", f"call {item_id} was rejected after this token was minted: the token is "
+                                      "revoked; queue the call again and ask for a new approval")
+
+
+def _used_path() -> Path:
+    return queue.gov_dir("tokens") / "used_nonces.txt"
+
+
+def _spent_nonces() -> set[str]:
+    used = _used_path()
+    return set(used.read_text().split()) if used.exists() else set()
+
+
+def _spend(nonce: str) -> None:
+    used = _used_path()
     with open(used.with_suffix(".lock"), "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        seen = used.read_text().split() if used.exists() else []
-        if payload["nonce"] in seen:
+        if nonce in _spent_nonces():
             raise TokenRefused("replayed", "approval token was already used: a token opens one call only")
         with open(used, "a", encoding="utf-8") as fh:
-            fh.write(payload["nonce"] + "\n")
-    _resolve_pending(call_id(tool, inp), payload.get("approver", ""))
-    return payload
-
-
-class PendingCall(BaseModel):
-    """A gated call that arrived without a token and waits for a human."""
-
-    id: str
-    tool: str
-    input: dict[str, Any]
-    requested_by: str
-    time: float
-    status: Literal["pending", "approved", "rejected"] = "pending"
-    approver: str | None = Field(None, description="Who decided: approved once a token for it was used, or rejected.")
-    note: str = ""
-
-
-def record_pending(tool: str, inp: BaseModel, requested_by: str) -> PendingCall:
-    item = PendingCall(id=call_id(tool, inp), tool=tool, input=inp.model_dump(mode="json"),
-                       requested_by=requested_by, time=time.time())
-    path = _gov_dir("pending") / f"{item.id}.json"
-    if path.exists():
-        return PendingCall.model_validate_json(path.read_text())
-    path.write_text(item.model_dump_json(indent=2))
-    return item
-
-
-def _resolve_pending(item_id: str, approver: str) -> None:
-    path = _gov_dir("pending") / f"{item_id}.json"
-    if path.exists():
-        item = PendingCall.model_validate_json(path.read_text())
-        item.status, item.approver = "approved", approver
-        (_gov_dir("decided") / path.name).write_text(item.model_dump_json(indent=2))
-        path.unlink()
-
-
-def reject_pending(item_id: str, by: str, note: str) -> PendingCall:
-    """A human says no to a queued call; it leaves the queue with the reason."""
-    if not by.strip() or not note.strip():
-        raise ValueError("by and note are required to reject a call: --by NAME --note TEXT (why it is refused)")
-    item = get_pending(item_id)
-    item.status, item.approver, item.note = "rejected", by, note
-    (_gov_dir("decided") / f"{item.id}.json").write_text(item.model_dump_json(indent=2))
-    (_gov_dir("pending") / f"{item.id}.json").unlink()
-    audit.append("approval", subject="call", tool=item.tool, call_id=item.id, approver=by, decision="rejected", note=note)
-    return item
-
-
-def pending_calls() -> list[PendingCall]:
-    return [PendingCall.model_validate_json(p.read_text()) for p in sorted(_gov_dir("pending").glob("*.json"))]
-
-
-def decided_calls() -> list[PendingCall]:
-    return [PendingCall.model_validate_json(p.read_text()) for p in sorted(_gov_dir("decided").glob("*.json"))]
-
-
-def get_pending(item_id: str) -> PendingCall:
-    if not re.fullmatch(r"[0-9a-f]{12}", item_id):
-        raise ValueError(f"pending id {item_id!r} is not valid: use the 12-hex-digit id from `trainops approvals`")
-    path = _gov_dir("pending") / f"{item_id}.json"
-    if not path.exists():
-        known = ", ".join(p.id for p in pending_calls()) or "none"
-        raise ValueError(f"pending approval {item_id!r} not found; pending ids: {known} (see `trainops approvals`)")
-    return PendingCall.model_validate_json(path.read_text())
+            fh.write(nonce + "\n")

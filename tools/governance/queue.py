@@ -1,0 +1,194 @@
+"""The queue of gated calls waiting for a human, and their decisions (rule R-SEC-4).
+
+A call that reaches the gate without a token is queued under an id derived from its content
+(tool and input hash), so a pending file edited afterwards no longer matches its id and is
+refused, not approved under its old id. Rejecting (signed by an approver) or withdrawing
+(by the actor that asked) takes the call off the queue and revokes every token minted for it
+before that moment.
+"""
+from __future__ import annotations
+
+import getpass
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, ValidationError
+
+from trainops.tools.governance import anchors, audit, signing
+
+ID_PATTERN = re.compile(r"[0-9a-f]{12}")
+
+
+class PendingCall(BaseModel):
+    """A gated call that arrived without a token and waits for a human."""
+
+    id: str
+    tool: str
+    input: dict[str, Any]
+    requested_by: str
+    requester_user: str | None = Field(None, description="The OS user of an operator who queued the call: "
+                                                         "never one of its approvers.")
+    time: float
+    status: Literal["pending", "approved", "rejected", "corrupt"] = "pending"
+    approver: str | None = Field(None, description="Who decided: the approving principals once a token for it "
+                                                   "was used, the rejecting principal, or the withdrawing actor.")
+    note: str = ""
+
+
+class RejectPayload(BaseModel):
+    """What an approver signs to reject a queued call."""
+
+    purpose: Literal["reject_call"] = "reject_call"
+    call_id: str
+    tool: str
+    input_sha256: str
+    note: str
+    issued_at: float
+    audit_head: anchors.AuditHead
+
+    def signed_bytes(self) -> bytes:
+        return audit.canonical_json(self.model_dump(mode="json")).encode()
+
+
+def input_hash(inp: BaseModel | dict[str, Any]) -> str:
+    data = inp.model_dump(mode="json") if isinstance(inp, BaseModel) else inp
+    return audit.sha256_hex(audit.canonical_json(data))
+
+
+def call_id(tool: str, inp: BaseModel | dict[str, Any]) -> str:
+    """Stable id of one exact call: the same tool and input always map to the same pending item."""
+    return audit.sha256_hex(f"{tool}:{input_hash(inp)}")[:12]
+
+
+def gov_dir(name: str) -> Path:
+    from trainops.workspace import home
+
+    path = home() / "governance" / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def validated(tool: str, inp: BaseModel | dict[str, Any]) -> BaseModel:
+    """The input as the tool will see it (defaults filled in), so approval and call hash alike."""
+    if isinstance(inp, BaseModel):
+        return inp
+    from trainops.tools.base import ToolError, get
+
+    try:
+        return get(tool).Input.model_validate(inp)
+    except ToolError as exc:
+        raise ValueError(str(exc)) from None
+    except ValidationError as exc:
+        fields = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'input'}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"input is not a valid {tool} input: {fields}") from None
+
+
+def _write(path: Path, item: PendingCall) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(item.model_dump_json(indent=2))
+    tmp.replace(path)
+
+
+def record_pending(tool: str, inp: BaseModel, requested_by: str) -> PendingCall:
+    """Queue a call (idempotent); a queued file that no longer matches its content is rewritten from the real call."""
+    item = PendingCall(id=call_id(tool, inp), tool=tool, input=inp.model_dump(mode="json"),
+                       requested_by=requested_by, time=time.time(),
+                       requester_user=getpass.getuser() if requested_by == "operator" else None)
+    path = gov_dir("pending") / f"{item.id}.json"
+    try:
+        return get_pending(item.id)
+    except ValueError:
+        _write(path, item)
+    return item
+
+
+def _load(path: Path) -> PendingCall:
+    try:
+        return PendingCall.model_validate_json(path.read_bytes())
+    except (ValidationError, ValueError, OSError) as exc:
+        return PendingCall(id=path.stem, tool="", input={}, requested_by="", time=0.0, status="corrupt",
+                           note=f"{path} cannot be read as a queued call ({type(exc).__name__})")
+
+
+def get_pending(item_id: str) -> PendingCall:
+    """A queued call whose content still derives its id; anything else is a ValueError naming why."""
+    if not isinstance(item_id, str) or not ID_PATTERN.fullmatch(item_id):
+        raise ValueError(f"pending id {item_id!r} is not valid: use the 12-hex-digit id from `trainops approvals`")
+    path = gov_dir("pending") / f"{item_id}.json"
+    if not path.is_file():
+        known = ", ".join(p.id for p in pending_calls()) or "none"
+        raise ValueError(f"pending approval {item_id!r} not found; pending ids: {known} (see `trainops approvals`)")
+    item = _load(path)
+    if item.status == "corrupt":
+        raise ValueError(f"{item.note}: nothing to approve; run the call again to queue it afresh")
+    derived = call_id(item.tool, validated(item.tool, item.input)) if item.tool else "none"
+    if item.id != item_id or derived != item_id or item.status != "pending":
+        raise ValueError(f"pending file {path} was edited after the call was queued (its content derives id "
+                         f"{derived}, not {item_id}): it is refused; run the real call again to queue it")
+    return item
+
+
+def resolve(item_id: str, approvers: str) -> None:
+    """A token for the call was spent: the call leaves the queue as approved by `approvers`."""
+    path = gov_dir("pending") / f"{item_id}.json"
+    if path.exists():
+        item = _load(path)
+        item.status, item.approver = "approved", approvers
+        _write(gov_dir("decided") / path.name, item)
+        path.unlink(missing_ok=True)
+
+
+def reject_pending(item_id: str, note: str, key: Path | None = None) -> PendingCall:
+    """An approver says no (signed with their key; None: ssh-agent): the call leaves the queue with
+    the reason, and every token minted for it so far is revoked. The rejection is an audit anchor."""
+    if not note.strip():
+        raise ValueError("note is empty: a rejection says why (--note TEXT)")
+    item = get_pending(item_id)
+    payload = RejectPayload(call_id=item.id, tool=item.tool, input_sha256=input_hash(validated(item.tool, item.input)),
+                            note=note, issued_at=time.time(), audit_head=anchors.head())
+    signature = signing.sign(payload.signed_bytes(), key)
+    signer = signing.verify(payload.signed_bytes(), signature)
+    anchors.record(payload.signed_bytes(), signature, signer, subject="call", decision="rejected",
+                   tool=item.tool, call_id=item.id, note=note)
+    return _close(item, signer.principal, note)
+
+
+def withdraw(item_id: str, actor: str, note: str) -> PendingCall:
+    """The side that asked takes a queued call back (no signature: saying no is always safe);
+    tokens minted for it so far are revoked, as on a rejection."""
+    if not actor.strip() or not note.strip():
+        raise ValueError("actor and note are required to withdraw a call (who takes it back, and why)")
+    item = get_pending(item_id)
+    audit.append("approval", subject="call", tool=item.tool, call_id=item.id, actor=actor, decision="withdrawn", note=note)
+    return _close(item, f"{actor} (withdrawn)", note)
+
+
+def _close(item: PendingCall, by: str, note: str) -> PendingCall:
+    (gov_dir("revoked") / item.id).write_text(repr(time.time()))
+    item.status, item.approver, item.note = "rejected", by, note
+    _write(gov_dir("decided") / f"{item.id}.json", item)
+    (gov_dir("pending") / f"{item.id}.json").unlink(missing_ok=True)
+    return item
+
+
+def rejected_at(item_id: str) -> float | None:
+    """When the call was last rejected or withdrawn: tokens minted up to then are revoked."""
+    path = gov_dir("revoked") / item_id
+    if not path.exists():
+        return None
+    try:
+        return float(path.read_text())
+    except ValueError:
+        return float("inf")  # an unreadable revocation revokes everything: fail closed
+
+
+def pending_calls() -> list[PendingCall]:
+    return [_load(p) for p in sorted(gov_dir("pending").glob("*.json"))]
+
+
+def decided_calls() -> list[PendingCall]:
+    return [_load(p) for p in sorted(gov_dir("decided").glob("*.json"))]
+
