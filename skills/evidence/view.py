@@ -13,10 +13,12 @@ from trainops.skills.evidence.model import AblationRow, EvidencePack, MetricSpre
 CellKind = Literal["text", "number", "code", "command", "path", "gain", "regression", "within-noise", "bad"]
 Align = Literal["left", "right"]
 
-APPROVE_COMMAND = "trainops approve {pack_id} --by \"$USER\" --note \"approved as reported\""
-REJECT_COMMAND = "trainops reject {pack_id} --by \"$USER\" --note \"why it is rejected\""
-"""What the reviewer types; tests/skills/test_report_view.py parses both with the real CLI, so a
-renamed option fails a test instead of shipping a report with a command that no longer works."""
+DECISION_COMMANDS = {
+    "approve": 'trainops approve {pack_id} --by "$USER" --note "approved as reported"',
+    "reject": 'trainops reject {pack_id} --by "$USER" --note "why it is rejected"',
+}
+"""What the reviewer types. tests/skills/test_evidence_pack.py parses both with the real CLI, so a
+renamed option fails a test instead of shipping a report whose command no longer works."""
 
 
 @dataclass(frozen=True)
@@ -193,8 +195,7 @@ def build(pack: EvidencePack, figures: list[Figure] = ()) -> ReportView:
     for figure in figures:
         if figure.section in by_key:
             by_key[figure.section].figures.append(figure)
-    commands = {"approve": APPROVE_COMMAND.format(pack_id=pack.pack_id),
-                "reject": REJECT_COMMAND.format(pack_id=pack.pack_id)}
+    commands = {decision: command.format(pack_id=pack.pack_id) for decision, command in DECISION_COMMANDS.items()}
     created = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(pack.created_time))
     return ReportView(pack_id=pack.pack_id, created=created, verdict=pack.verdict, blockers=list(pack.blockers),
                       awaiting=list(pack.awaiting_human) or ["approve or reject this pack"], commands=commands,

@@ -167,8 +167,10 @@ def register(app: typer.Typer) -> None:
         emit({"pack_dir": str(folder)}, as_json, lambda o: console().print(f"pack written: {o['pack_dir']}"))
 
     @evidence.command("show")
-    def evidence_show(pack: str = typer.Argument(..., help="Pack id or folder."), as_json: bool = JSON):
-        """Print a pack's report (or its JSON)."""
+    def evidence_show(pack: str = typer.Argument(..., help="Pack id or folder."), as_json: bool = JSON,
+                      open_report: bool = typer.Option(False, "--open", help="Open report.html in your web browser.")):
+        """Print a pack's report (or its JSON); --open shows report.html in the browser."""
+        import webbrowser
         from pathlib import Path
 
         from trainops.skills.evidence.pack import load
@@ -177,6 +179,9 @@ def register(app: typer.Typer) -> None:
         folder = Path(pack) if Path(pack).is_dir() else packs_dir() / pack
         if not (folder / "evidence.json").exists():
             fail(f"PACK: no pack {pack!r} (looked in {folder}); list them with ls $TRAINOPS_HOME/packs", as_json=as_json)
+        if open_report and not webbrowser.open((folder / "report.html").resolve().as_uri()):
+            fail(f"--open: no web browser found to open {folder / 'report.html'}; set BROWSER or open the file yourself",
+                 as_json=as_json)
         emit(load(folder), as_json, lambda _p: console().print((folder / "report.md").read_text(), markup=False))
 
     @app.command()
