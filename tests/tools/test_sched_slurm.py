@@ -19,9 +19,10 @@ def _spec(**kw) -> JobSpec:
 
 def test_the_script_asks_for_the_spec_resources_and_excludes_nodes():
     script = batch_script(_spec(), "/logs/job.log")
-    for line in ("#SBATCH --job-name=drill", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --cpus-per-task=4",
-                 "#SBATCH --time=30", "#SBATCH --partition=gpu", "#SBATCH --exclude=n07,n09", "#SBATCH --output=/logs/job.log",
-                 "#SBATCH --requeue", "export OMP_NUM_THREADS=1"):
+    for line in ('#SBATCH --job-name="drill"', '#SBATCH --nodes="2"', "#SBATCH --ntasks-per-node=1",
+                 '#SBATCH --cpus-per-task="4"', '#SBATCH --time="30"', '#SBATCH --partition="gpu"',
+                 '#SBATCH --exclude="n07,n09"', '#SBATCH --output="/logs/job.log"', "#SBATCH --requeue",
+                 "export OMP_NUM_THREADS=1"):
         assert line in script.splitlines()
 
 

@@ -89,21 +89,36 @@ def run_json(args: list[str]) -> dict:
     return data
 
 
+def sbatch_value(field: str, value: object) -> str:
+    """One `#SBATCH` value, validated and double-quoted. sbatch reads these lines itself and
+    strips double quotes (it knows no escapes), while bash would run a line smuggled in after a
+    newline: control characters and double quotes are refused, naming the field."""
+    text = str(value)
+    bad = next((c for c in text if ord(c) < 32 or ord(c) == 127 or c == '"'), None)
+    if bad is not None or not text:
+        what = f"contains {bad!r}" if bad is not None else "is empty"
+        raise SchedulerError(KIND, f"{field}={text!r} {what}: an #SBATCH value must be one line of printable "
+                                   "text without double quotes; fix the value")
+    return f'"{text}"'
+
+
 def batch_script(spec: JobSpec, log_path: str) -> str:
     """The sbatch script for a JobSpec: #SBATCH lines, env, then the command (torchrun under
     srun, one launcher per node, c10d rendezvous on the first node)."""
-    lines = ["#!/bin/bash", f"#SBATCH --job-name={spec.name}", f"#SBATCH --nodes={spec.nodes}",
-             "#SBATCH --ntasks-per-node=1", f"#SBATCH --cpus-per-task={spec.procs_per_node}",
-             f"#SBATCH --output={log_path}", "#SBATCH --open-mode=append", "#SBATCH --requeue"]
+    options = [("job-name", "name", spec.name), ("nodes", "nodes", spec.nodes),
+               ("cpus-per-task", "procs_per_node", spec.procs_per_node), ("output", "log_path", log_path)]
     if spec.time_limit_min:
-        lines.append(f"#SBATCH --time={spec.time_limit_min}")
+        options.append(("time", "time_limit_min", spec.time_limit_min))
     if spec.partition:
-        lines.append(f"#SBATCH --partition={spec.partition}")
+        options.append(("partition", "partition", spec.partition))
     if spec.exclude_nodes:
-        lines.append(f"#SBATCH --exclude={','.join(spec.exclude_nodes)}")
+        for node in spec.exclude_nodes:
+            sbatch_value("exclude_nodes", node)
+        options.append(("exclude", "exclude_nodes", ",".join(spec.exclude_nodes)))
     if spec.workdir:
-        lines.append(f"#SBATCH --chdir={spec.workdir}")
-    lines.append("set -euo pipefail")
+        options.append(("chdir", "workdir", spec.workdir))
+    lines = ["#!/bin/bash", *(f"#SBATCH --{flag}={sbatch_value(field, value)}" for flag, field, value in options),
+             "#SBATCH --ntasks-per-node=1", "#SBATCH --open-mode=append", "#SBATCH --requeue", "set -euo pipefail"]
     for key, value in sorted(spec.env.items()):
         lines.append(f"export {key}={shlex.quote(value)}")
     if spec.launcher == "torchrun":
