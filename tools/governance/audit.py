@@ -238,7 +238,12 @@ def verify(path: Path | None = None) -> AuditReport:
             reason=f"log ends at entry {last_seq} but the head file records entry {head_seq} "
                    f"({head_hash[:12]}): lines were removed from or replaced at the end",
         )
-    return AuditReport(ok=True, path=str(log), entries=n, reason="chain intact")
+    from trainops.tools.governance import anchors
+
+    broken_anchor = anchors.problems([json.loads(raw) for raw in lines])
+    if broken_anchor:
+        return AuditReport(ok=False, path=str(log), entries=n, first_bad_line=broken_anchor[0], reason=broken_anchor[1])
+    return AuditReport(ok=True, path=str(log), entries=n, reason="chain intact; every signed anchor holds")
 
 
 def _check_line(raw: str, prev: str, expected_seq: int) -> str:
