@@ -24,7 +24,7 @@ from trainops.trainer.layout import validate_layout
 from trainops.trainer.metrics import (MetricsLogger, device_peak_tflops, flops_per_token, note_exit, param_checksum,
                              peak_memory_gib)
 from trainops.trainer.model import Transformer
-from trainops.trainer.parallelize import build_mesh, parallelize, replica_group
+from trainops.trainer.parallelize import build_mesh, parallelize, replica_group, seeded_init
 
 
 class NonFiniteLoss(RuntimeError):
@@ -139,6 +139,19 @@ def _pipeline_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
 
 
+def initial_values(cfg: JobConfig, model_args):
+    """Where the weights come from: the `[model] init_from` Hugging Face checkpoint (each rank
+    reads only the tensors of its own parameters), else the seeded init."""
+    if cfg.model.init_from is None:
+        return seeded_init(cfg, model_args)
+    from trainops.trainer.hf import HFCheckpoint
+
+    checkpoint = HFCheckpoint(cfg.model.init_from)
+    if dist.get_rank() == 0:
+        print(f"initialising from the Hugging Face checkpoint {cfg.model.init_from}", flush=True)
+    return checkpoint.tensor
+
+
 def train(cfg: JobConfig, run_dir: Path, rank: int, world_size: int, device: torch.device) -> None:
     layout = validate_layout(cfg, world_size)
     training = cfg.training
@@ -148,17 +161,18 @@ def train(cfg: JobConfig, run_dir: Path, rank: int, world_size: int, device: tor
     mesh_info = build_mesh(layout, device.type)
 
     model_args = cfg.model_args()
-    model = Transformer(model_args)
-    model.init_weights(seed=training.seed)  # same weights on every rank before sharding
+    with torch.device("meta"):  # no memory until each rank's part is split and sharded
+        model = Transformer(model_args)
+    full_value = initial_values(cfg, model_args)
     pipe = None
     if layout.pp > 1:  # the schedule runs forward+backward over this rank's stages
         from trainops.trainer.parallel import build_pipeline, merged_view
 
-        pipe = build_pipeline(model.to(device), layout, mesh_info.mesh["pp"],
-                              lambda part: parallelize(part, cfg, mesh_info), _pipeline_loss, device)
+        pipe = build_pipeline(model, layout, mesh_info.mesh["pp"],
+                              lambda part: parallelize(part, cfg, mesh_info, full_value), _pipeline_loss, device)
         model = merged_view(pipe.model_parts)
     else:
-        model = parallelize(model.to(device), cfg, mesh_info)
+        model = parallelize(model, cfg, mesh_info, full_value)
     optimizer = torch.optim.AdamW(model.parameters(), lr=training.lr, betas=(0.9, 0.95),
                                   weight_decay=training.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_lambda(

@@ -5,7 +5,9 @@ CPU pays the process start-up once).
     torchrun --nproc_per_node N parallel_worker.py OUT.json CASE[:save=DIR@STEP|load=DIR] ...
 
 Same seed, same data, same optimizer in every case: the losses must match the one-process
-reference (`reference_losses`) up to floating-point reduction order.
+reference (`reference_losses`) up to floating-point reduction order. The reference builds its
+model with real tensors; every layout builds it on the meta device and materializes each
+rank's shard after splitting and sharding, so the parity also checks that materialization.
 """
 from __future__ import annotations
 
@@ -104,7 +106,10 @@ def run_case(case: str, save: tuple[str, int] | None, load: str | None) -> list[
     mesh_coords: list[dict[str, int]] = [{} for _ in range(dist.get_world_size())]
     dist.all_gather_object(mesh_coords, {name: info.mesh.get_local_rank(name) for name in info.mesh.mesh_dim_names})
     MESH_COORDS[case] = mesh_coords
-    model = new_model(cfg)
+    from trainops.trainer.model import Transformer
+
+    with torch.device("meta"):  # as the trainer does: values arrive once split and sharded
+        model = Transformer(cfg.model_args())
     if layout.pp > 1:
         pipe = build_pipeline(model, layout, info.mesh["pp"], lambda part: parallelize(part, cfg, info),
                               loss_fn, torch.device("cpu"))
