@@ -17,6 +17,15 @@ from pydantic import BaseModel, Field, model_validator
 from trainops.tools.base import ToolError, tool
 
 
+def _confined(path: str, field: str, tool_name: str) -> Path:
+    from trainops.workspace import confine
+
+    try:
+        return confine(path, field)
+    except ValueError as exc:
+        raise ToolError(tool_name, str(exc)) from None
+
+
 def _run_checkpoint_folder(run: str, tool_name: str) -> Path:
     from trainops.workspace import check_id, runs_dir
 
@@ -33,7 +42,7 @@ def _run_checkpoint_folder(run: str, tool_name: str) -> Path:
 
 class ListCheckpointsInput(BaseModel):
     run: str | None = Field(None, description="Run id under $TRAINOPS_HOME/runs (its checkpoints/ folder).")
-    folder: str | None = Field(None, description="A checkpoint folder, when not a run's.")
+    folder: str | None = Field(None, description="A checkpoint folder inside the workspace (or a [governance] root), when not a run's.")
 
     @model_validator(mode="after")
     def _one_place(self) -> ListCheckpointsInput:
@@ -62,16 +71,16 @@ def list_checkpoints(inp: ListCheckpointsInput) -> ListCheckpointsOutput:
     the newest committed step a resume would load."""
     from trainops.trainer.checkpoint import list_checkpoints as trainer_list
 
-    folder = _run_checkpoint_folder(inp.run, "list_checkpoints") if inp.run else Path(inp.folder).expanduser()
+    folder = _run_checkpoint_folder(inp.run, "list_checkpoints") if inp.run else _confined(inp.folder, "folder", "list_checkpoints")
     entries = [CheckpointEntry(**info.model_dump()) for info in trainer_list(folder)]
     committed = [e.step for e in entries if e.committed]
     return ListCheckpointsOutput(folder=str(folder), checkpoints=entries, newest_committed_step=max(committed, default=None))
 
 
 class VerifyCheckpointInput(BaseModel):
-    path: str | None = Field(None, description="Checkpoint folder (step-NNNNNNNN) to verify.")
+    path: str | None = Field(None, description="Checkpoint folder (step-NNNNNNNN) to verify, inside the workspace or a [governance] root.")
     run: str | None = Field(None, description="Run id; verifies its checkpoint at `step`, or the newest one.")
-    step: int | None = Field(None, ge=0, description="Step of the run's checkpoint to verify (default: newest).")
+    step: int | None = Field(None, ge=0, le=10**12, description="Step of the run's checkpoint to verify (default: newest).")
 
     @model_validator(mode="after")
     def _one_target(self) -> VerifyCheckpointInput:
@@ -101,7 +110,7 @@ def verify_checkpoint(inp: VerifyCheckpointInput) -> VerifyCheckpointOutput:
     from trainops.trainer.checkpoint import verify_checkpoint as trainer_verify
 
     if inp.path is not None:
-        target = Path(inp.path).expanduser()
+        target = _confined(inp.path, "path", "verify_checkpoint")
     else:
         folder = _run_checkpoint_folder(inp.run, "verify_checkpoint")
         if inp.step is not None:
@@ -115,9 +124,9 @@ def verify_checkpoint(inp: VerifyCheckpointInput) -> VerifyCheckpointOutput:
 
 
 class MeasureIoInput(BaseModel):
-    size_mib: int = Field(64, ge=1, le=16384, description="Size of the state to save and load, MiB (fp32 tensors).")
+    size_mib: int = Field(64, ge=1, le=4096, description="Size of the state to save and load, MiB (fp32 tensors, held in memory twice).")
     tensors: int = Field(8, ge=1, le=1024, description="Number of tensors the state is split into.")
-    folder: str | None = Field(None, description="Where to write (where checkpoints go); default a temp folder in $TRAINOPS_HOME.")
+    folder: str | None = Field(None, description="An existing folder where checkpoints go, inside the workspace or a [governance] root; default $TRAINOPS_HOME. The test checkpoint goes to a temporary folder inside it, removed afterwards.")
 
 
 class MeasureIoOutput(BaseModel):
@@ -140,15 +149,14 @@ def measure_checkpoint_io(inp: MeasureIoInput) -> MeasureIoOutput:
 
     from trainops.workspace import home
 
-    parent = Path(inp.folder).expanduser() if inp.folder else home() / "tmp"
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        target = Path(tempfile.mkdtemp(prefix="ckpt-io-", dir=parent))
-    except OSError as exc:
-        raise ToolError("measure_checkpoint_io", f"cannot create a folder in {parent}: {exc}; pass a writable folder") from None
+    parent = _confined(inp.folder, "folder", "measure_checkpoint_io") if inp.folder else home()
     numel = inp.size_mib * (1 << 20) // 4 // inp.tensors
     state = {f"t{i}": torch.randn(numel) for i in range(inp.tensors)}
     size_mib = sum(t.numel() * 4 for t in state.values()) / (1 << 20)
+    try:
+        target = Path(tempfile.mkdtemp(prefix=".ckpt-io-", dir=parent))
+    except OSError as exc:
+        raise ToolError("measure_checkpoint_io", f"cannot create a folder in {parent}: {exc}; pass an existing writable folder") from None
     with warnings.catch_warnings():  # one process without a process group is the intent here
         warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
         try:

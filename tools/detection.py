@@ -16,10 +16,9 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from trainops.tools.base import ToolError, tool
-from trainops.tools.monitoring.base import MonitorError
 from trainops.tools.schedulers.base import TERMINAL_STATES, SchedulerError, SchedulerKind
 
 Mechanism = Literal["process_exit", "heartbeat_stale", "loss_anomaly", "checksum_mismatch", "step_time_outlier"]
@@ -27,15 +26,17 @@ Isolation = Literal["rank", "node", "replica_group", "job"]
 
 
 class DetectFaultsInput(BaseModel):
-    run: str = Field(description="Run id or run folder to watch.")
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    run: str = Field(description="Run id or run folder (inside the workspace) to watch.")
     job_id: str | None = Field(None, description="The run's job, to watch its state too.")
     scheduler: SchedulerKind = "local"
     poll_interval_s: float = Field(0.1, ge=0.05, le=60, description="Seconds between polls (down to 0.05).")
-    timeout_s: float = Field(60.0, gt=0, description="Stop watching after this many seconds with nothing found.")
-    heartbeat_stale_s: float = Field(5.0, gt=0, description="A heartbeat older than this (while others are fresher) is a hang.")
-    zscore_threshold: float = Field(6.0, gt=0, description="A grad-norm this many standard deviations above its recent history is an anomaly.")
-    straggler_ratio: float = Field(1.5, gt=1, description="Straggler threshold: the ratio between the slow rank's and its peers' median step (or compute) time.")
-    window_steps: int = Field(8, ge=3, description="Steps of history for the z-score and straggler checks.")
+    timeout_s: float = Field(60.0, gt=0, le=86400, description="Stop watching after this many seconds with nothing found (at most a day).")
+    heartbeat_stale_s: float = Field(5.0, gt=0, le=86400, description="A heartbeat older than this (while others are fresher) is a hang.")
+    zscore_threshold: float = Field(6.0, gt=0, le=1e6, description="A grad-norm this many standard deviations above its recent history is an anomaly.")
+    straggler_ratio: float = Field(1.5, gt=1, le=1e6, description="Straggler threshold: the ratio between the slow rank's and its peers' median step (or compute) time.")
+    window_steps: int = Field(8, ge=3, le=100_000, description="Steps of history for the z-score and straggler checks.")
     injected_at: float | None = Field(None, description="Injection wall time; None reads the newest entry of RUN/faults.jsonl.")
 
 
@@ -207,11 +208,11 @@ def detect_faults(inp: DetectFaultsInput) -> Detection:
     turns NaN or jumps, replica checksums disagree, a rank straggles) or the timeout passes.
     Reports the mechanism, the rank and node, the detection latency from the injection, and
     the isolation to apply (rank, node, replica group or job)."""
-    from trainops.tools.monitoring.embedded import resolve_run
+    from trainops.workspace import run_folder
 
     try:
-        run_dir = resolve_run(inp.run)
-    except MonitorError as exc:
+        run_dir = run_folder(inp.run)
+    except ValueError as exc:
         raise ToolError("detect_faults", str(exc)) from None
     sched = None
     if inp.job_id:

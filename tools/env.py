@@ -12,6 +12,7 @@ import re
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -106,8 +107,8 @@ class EnvironmentDeclaration(BaseModel):
 
 class EnvInput(BaseModel):
     scheduler: SchedulerKind = Field("local", description="Which scheduler to query for version, partitions and idle nodes.")
-    ckpt_dir: str | None = Field(None, description="Where checkpoints go; default $TRAINOPS_HOME/runs.")
-    ckpt_test_mib: int = Field(64, ge=1, le=65536, description="Size of the checkpoint write test, MiB.")
+    ckpt_dir: str | None = Field(None, description="An existing folder where checkpoints go, inside the workspace or a [governance] root; default $TRAINOPS_HOME/runs.")
+    ckpt_test_mib: int = Field(64, ge=1, le=4096, description="Size of the checkpoint write test, MiB (written to a temporary folder, then removed).")
     framework: str | None = Field(None, description="Declare a framework other than the embedded trainer: an adapter's name (trainops, deepspeed, torchtitan, megatron) reports its installed version; any other name needs framework_version.")
     framework_version: str | None = Field(None, description="Version of `framework`.")
     measure_gemm: bool = Field(True, description="Measure the CPU GEMM peak (a fraction of a second); false reports 0 and says so.")
@@ -272,25 +273,44 @@ def _filesystem(path: Path) -> str:
 
 
 def measure_checkpoint_write(folder: Path, size_mib: int) -> CheckpointStorage:
-    """Write `size_mib` MiB where checkpoints go and fsync it: what a synchronous save costs per MiB."""
+    """Write `size_mib` MiB where checkpoints go and fsync it: what a synchronous save costs per MiB.
+    The file lives in a temporary folder inside `folder` that is removed afterwards, so the
+    declaration (a read tool) leaves nothing behind."""
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        target = folder / f".trainops-write-test-{os.getpid()}"
+        scratch = Path(tempfile.mkdtemp(prefix=".trainops-write-test-", dir=folder))
+    except OSError as exc:
+        raise ToolError("declare_environment", f"cannot write the checkpoint test file in {folder}: {exc}; pass a writable ckpt_dir") from None
+    try:
         chunk = os.urandom(1 << 20)
         started = time.perf_counter()
-        with open(target, "wb") as fh:
+        with open(scratch / "test.bin", "wb") as fh:
             for _ in range(size_mib):
                 fh.write(chunk)
             fh.flush()
             os.fsync(fh.fileno())
         write_s = time.perf_counter() - started
-        target.unlink()
     except OSError as exc:
         raise ToolError("declare_environment", f"cannot write the checkpoint test file in {folder}: {exc}; pass a writable ckpt_dir") from None
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return CheckpointStorage(
-        path=str(folder), filesystem=_filesystem(folder.resolve()), test_size_mib=size_mib,
+        path=str(folder), filesystem=_filesystem(folder), test_size_mib=size_mib,
         write_s=write_s, write_bandwidth_mib_s=size_mib / write_s,
     )
+
+
+def _checkpoint_folder(ckpt_dir: str | None) -> Path:
+    from trainops.workspace import confine, runs_dir
+
+    if ckpt_dir is None:
+        return runs_dir()
+    try:
+        folder = confine(ckpt_dir, "ckpt_dir", must_exist=True)
+    except ValueError as exc:
+        raise ToolError("declare_environment", str(exc)) from None
+    if not folder.is_dir():
+        raise ToolError("declare_environment", f"ckpt_dir={ckpt_dir!r} is not a folder; pass the folder checkpoints are written to")
+    return folder
 
 
 def _compute_peak(acc: Accelerators, inp: EnvInput, notes: list[str]) -> ComputePeak:
@@ -364,12 +384,10 @@ def declare_environment(inp: EnvInput) -> EnvironmentDeclaration:
     hardware generation, interconnect, torch/CUDA/NCCL/gloo versions, framework and version,
     scheduler version, partitions and hot-spare pool, measured checkpoint write bandwidth and
     measured compute peak. Required before any MFU or scaling conclusion."""
-    from trainops.workspace import runs_dir
-
+    folder = _checkpoint_folder(inp.ckpt_dir)
     notes: list[str] = []
     host = socket.gethostname()
     acc, generation, interconnect = _accelerators(notes)
-    folder = Path(inp.ckpt_dir).expanduser() if inp.ckpt_dir else runs_dir()
     return EnvironmentDeclaration(
         declared_at=datetime.now(timezone.utc),
         host=host,

@@ -1,11 +1,17 @@
 """Job and metrics tools: submit, watch, stop and requeue training jobs on any scheduler, and
-read their metrics. The same tools serve the CLI, the skills and the agent."""
+read their metrics. The same tools serve the CLI, the skills and the agent.
+
+Before a job launches or relaunches, its folders and data file are confined to the workspace
+(and, for a tenant's job, to the tenant's root): tools/tenancy.py check_job_paths."""
 from __future__ import annotations
 
+import secrets
 import statistics
+import time
+from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trainops.tools.base import ToolError, tool
 from trainops.tools.monitoring.base import MonitorError, MonitorKind, Sample, Series
@@ -29,18 +35,29 @@ def _run(tool_name: str, fn, *args):
         raise ToolError(tool_name, str(exc)) from None
 
 
+def _confined_run(tool_name: str, run: str) -> Path:
+    """A run id or run folder inside the workspace (trainops.workspace.run_folder)."""
+    from trainops.workspace import run_folder
+
+    try:
+        return run_folder(run)
+    except ValueError as exc:
+        raise ToolError(tool_name, str(exc)) from None
+
+
 class TrainingRequest(BaseModel):
     """A trainer run to prepare and launch with torchrun: `python -m trainops.trainer.train --run-dir RUN`."""
 
     config: str | None = Field(None, description="Path to a job config TOML; None uses the preset alone.")
     preset: str | None = Field(None, description="Model preset (tiny, small, llama3-1b, ...).")
     overrides: list[str] = Field(default_factory=list, description="section.key=value overrides, e.g. training.steps=20.")
-    nproc: int = Field(1, ge=1, description="Processes per node.")
-    nodes: int = Field(1, ge=1, description="Number of nodes.")
+    nproc: int = Field(1, ge=1, le=1024, description="Processes per node.")
+    nodes: int = Field(1, ge=1, le=65536, description="Number of nodes.")
 
 
 class SubmitJobInput(BaseModel):
     scheduler: SchedulerKind = "local"
+    tenant: str | None = Field(None, description="Tenant the job runs for: a training run's folder goes under the tenant's root, and every folder and data file of the job must lie there (or, for data, in a shared data root) (R-SEC-3).")
     spec: JobSpec | None = Field(None, description="A framework-agnostic job to run as is.")
     training: TrainingRequest | None = Field(None, description="Or: a trainer run; trainops prepares the run folder and the command.")
     name: str = Field("train", description="Job name for a training request.")
@@ -58,27 +75,48 @@ class SubmitJobOutput(BaseModel):
     spec: JobSpec
 
 
-def training_spec(req: TrainingRequest, name: str, exclude_nodes: list[str]) -> JobSpec:
-    """Prepare the run folder through the trainer's launcher and build the torchrun job."""
-    from trainops.trainer.launch import prepare_run
+def _new_run_dir(tenant: str | None) -> Path:
+    from trainops.tools.tenancy import tenant_path
+    from trainops.workspace import runs_dir
 
-    run_dir = prepare_run(req.config, req.preset, req.overrides)
-    return JobSpec(name=name, command=["-m", "trainops.trainer.train", "--run-dir", str(run_dir)], launcher="torchrun",
+    run_id = f"run-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+    return (tenant_path(tenant, "runs") if tenant else runs_dir()) / run_id
+
+
+def training_spec(req: TrainingRequest, name: str, exclude_nodes: list[str], tenant: str | None = None) -> JobSpec:
+    """Check the trainer run's folders, then prepare its run folder (config.toml, logs/) and
+    build the torchrun job; a tenant's run folder lies in the tenant's root."""
+    from trainops.tools.tenancy import check_job_paths
+    from trainops.trainer.config import load_config
+
+    config = load_config(req.config, req.preset, req.overrides)
+    run_dir = _new_run_dir(tenant)
+    spec = JobSpec(name=name, command=["-m", "trainops.trainer.train", "--run-dir", str(run_dir)], launcher="torchrun",
                    nodes=req.nodes, procs_per_node=req.nproc, run_dir=str(run_dir), exclude_nodes=exclude_nodes,
-                   env={"OMP_NUM_THREADS": "1"})
+                   env={"OMP_NUM_THREADS": "1"}, tenant=tenant)
+    check_job_paths(spec, config)
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "config.toml").write_text(config.to_toml())
+    return spec
 
 
 @tool("submit_job", risk="mutate", tags=("jobs",))
 def submit_job(inp: SubmitJobInput) -> SubmitJobOutput:
     """Submit a job to a scheduler (local, slurm or kubernetes) and return its handle (job id,
-    run folder, log path). Give either a JobSpec or a training request (config/preset/overrides/nproc)."""
-    if inp.training is not None:
-        try:
-            spec = training_spec(inp.training, inp.name, inp.exclude_nodes)
-        except (ValueError, OSError) as exc:
-            raise ToolError("submit_job", f"cannot prepare the training run: {exc}") from None
-    else:
-        spec = inp.spec
+    run folder, log path). Give either a JobSpec or a training request (config/preset/overrides/nproc).
+    Every folder and data file of the job must lie in the workspace, and for a tenant's job in its root."""
+    from trainops.tools.tenancy import check_job_paths
+
+    try:
+        if inp.training is not None:
+            spec = training_spec(inp.training, inp.name, inp.exclude_nodes, inp.tenant)
+        else:
+            spec = inp.spec if inp.tenant is None else inp.spec.model_copy(update={"tenant": inp.tenant})
+            if inp.spec.tenant not in (None, inp.tenant):
+                raise ValueError(f"tenant={inp.tenant!r} but spec.tenant={inp.spec.tenant!r}: give the tenant once")
+            check_job_paths(spec)
+    except (ValueError, OSError) as exc:
+        raise ToolError("submit_job", f"cannot prepare the job: {exc}") from None
     return SubmitJobOutput(handle=_run("submit_job", _scheduler("submit_job", inp.scheduler).submit, spec), spec=spec)
 
 
@@ -94,7 +132,9 @@ def job_status(inp: JobRef) -> JobStatus:
 
 
 class WaitJobInput(JobRef):
-    timeout_s: float = Field(600.0, gt=0, description="Give up waiting after this many seconds (the job keeps running).")
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    timeout_s: float = Field(600.0, gt=0, le=86400, description="Give up waiting after this many seconds, at most a day (the job keeps running).")
 
 
 @tool("wait_job", risk="read", tags=("jobs",))
@@ -104,8 +144,8 @@ def wait_job(inp: WaitJobInput) -> JobStatus:
 
 
 class JobLogsInput(JobRef):
-    tail: int = Field(100, ge=0, description="Last N lines (0 = all).")
-    rank: int | None = Field(None, ge=0, description="A rank's own log from the run folder; None = the job's combined log.")
+    tail: int = Field(100, ge=0, le=100_000, description="Last N lines (0 = all).")
+    rank: int | None = Field(None, ge=0, le=1_048_575, description="A rank's own log from the run folder; None = the job's combined log.")
 
 
 class JobLogsOutput(BaseModel):
@@ -135,7 +175,17 @@ def cancel_job(inp: CancelJobInput) -> JobStatus:
 
 @tool("requeue_job", risk="mutate", tags=("jobs",))
 def requeue_job(inp: JobRef) -> JobHandle:
-    """Requeue a job with the same spec; a trainer run resumes from its newest checkpoint."""
+    """Requeue a job with the same spec; a trainer run resumes from its newest checkpoint. Its
+    folders are checked again first: the job itself can have rewritten its run's config."""
+    from trainops.tools.schedulers.processes import launched_spec
+    from trainops.tools.tenancy import check_job_paths
+
+    spec = _run("requeue_job", launched_spec, inp.job_id, inp.scheduler)
+    if spec is not None:
+        try:
+            check_job_paths(spec)
+        except ValueError as exc:
+            raise ToolError("requeue_job", f"refusing to relaunch job {inp.job_id}: {exc}") from None
     return _run("requeue_job", _scheduler("requeue_job", inp.scheduler).requeue, inp.job_id)
 
 
@@ -185,11 +235,13 @@ def resume_node(inp: ResumeNodeInput) -> NodeInfo:
 
 
 class QueryMetricsInput(BaseModel):
+    model_config = ConfigDict(allow_inf_nan=False)
+
     run: str = Field(description="Run id (folder under $TRAINOPS_HOME/runs) or run folder path; the `run` label in Prometheus.")
     metric: str = Field(description="Record name: loss, grad_norm, step_time_s, tokens_per_s, mfu_pct, peak_mem_gib, data_wait_s, heartbeat_age_s, ...")
     rank: int | None = Field(None, ge=0, description="One rank, or None for all.")
     mode: Literal["instant", "series"] = "instant"
-    window_s: float = Field(300.0, gt=0, description="Series window in seconds.")
+    window_s: float = Field(300.0, gt=0, le=30 * 86400, description="Series window in seconds (at most 30 days).")
     monitor: MonitorKind = "embedded"
     url: str | None = Field(None, description="Prometheus URL (default $TRAINOPS_PROMETHEUS_URL or http://127.0.0.1:9090).")
 
@@ -204,6 +256,8 @@ def query_metrics(inp: QueryMetricsInput) -> QueryMetricsOutput:
     """A metric of a run, per rank: the latest value or a series over a window."""
     from trainops.tools.monitoring import get_monitor
 
+    if inp.monitor == "embedded":
+        _confined_run("query_metrics", inp.run)
     mon = _run("query_metrics", get_monitor, inp.monitor, inp.url)
     if inp.mode == "instant":
         return QueryMetricsOutput(instant=_run("query_metrics", mon.instant, inp.metric, inp.run, inp.rank))
@@ -212,7 +266,7 @@ def query_metrics(inp: QueryMetricsInput) -> QueryMetricsOutput:
 
 class SummarizeRunInput(BaseModel):
     run: str = Field(description="Run id or run folder path.")
-    skip_steps: int = Field(2, ge=0, description="Warm-up steps left out (compile, allocator, first collectives).")
+    skip_steps: int = Field(2, ge=0, le=1_000_000, description="Warm-up steps left out (compile, allocator, first collectives).")
 
 
 class RunSummary(BaseModel):
@@ -270,9 +324,9 @@ def summarize_records(run: str, records: list[dict], skip_steps: int) -> RunSumm
 def summarize_run(inp: SummarizeRunInput) -> RunSummary:
     """Median step time, per-rank step-time spread, tokens/s, MFU (warm-up steps excluded),
     data-wait share and final loss of a run, from its metrics.jsonl."""
-    from trainops.tools.monitoring.embedded import read_records, resolve_run
+    from trainops.tools.monitoring.embedded import read_records
 
-    run_dir = _run("summarize_run", resolve_run, inp.run)
+    run_dir = _confined_run("summarize_run", inp.run)
     records, _ = read_records(run_dir)
     if not records:
         raise ToolError("summarize_run", f"{run_dir / 'metrics.jsonl'} has no records yet; wait for the run to take a step")

@@ -2,9 +2,11 @@
 checkpoints.
 
 State lives under `$TRAINOPS_HOME/tenants/TENANT/` (quota.json, framework.json, data/,
-checkpoints/) and `$TRAINOPS_HOME/scheduler/policies/`. The gate refuses the forbidden forms
-(a global scheduler policy change, a forced cross-version framework upgrade) before any
-token is looked at.
+checkpoints/, runs/) and `$TRAINOPS_HOME/scheduler/policies/`. The gate refuses the forbidden
+forms (a global scheduler policy change, a forced cross-version framework upgrade) before any
+token is looked at. `check_job_paths` is where a job's folders are confined before it launches
+(or relaunches): the trainer takes its checkpoint folder and data file from its config, so the
+tool layer checks them first.
 """
 from __future__ import annotations
 
@@ -12,15 +14,19 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
 from trainops.tools.base import tool
 from trainops.tools.governance.claims import SchedulerChange
 from trainops.tools.governance.gate import register_check
+from trainops.tools.schedulers.base import JobSpec
 
-TenantKind = Literal["data", "checkpoints"]
+if TYPE_CHECKING:
+    from trainops.trainer.config import JobConfig
+
+TenantKind = Literal["data", "checkpoints", "runs"]
 
 
 def _tenants_root() -> Path:
@@ -36,9 +42,9 @@ def tenant_root(tenant: str) -> Path:
 
 
 def tenant_path(tenant: str, kind: TenantKind) -> Path:
-    """The one folder where `tenant`'s training data or checkpoints may live (R-SEC-3)."""
-    if kind not in ("data", "checkpoints"):
-        raise ValueError(f"kind={kind!r} is not valid: use 'data' or 'checkpoints'")
+    """The folder where `tenant`'s training data, checkpoints or run folders live (R-SEC-3)."""
+    if kind not in ("data", "checkpoints", "runs"):
+        raise ValueError(f"kind={kind!r} is not valid: use 'data', 'checkpoints' or 'runs'")
     path = tenant_root(tenant) / kind
     path.mkdir(parents=True, exist_ok=True)
     return path
@@ -53,6 +59,40 @@ def check_tenant_path(tenant: str, path: str | Path) -> Path:
         raise ValueError(f"R-SEC-3: path={str(path)!r} is outside tenant {tenant!r}'s root {root}; "
                          f"fix: keep data and checkpoints under tenant_path({tenant!r}, 'data'|'checkpoints')")
     return resolved
+
+
+def check_job_paths(spec: JobSpec, config: JobConfig | None = None) -> None:
+    """Refuse a job whose folders or files lie outside where it may act: the workspace and the
+    `[governance] roots` for everyone (shared `data_roots` for reading data); for a tenant's job,
+    its workdir, run folder and checkpoint folder inside the tenant's root and its data inside
+    that root or a shared data root (R-SEC-3). `config` is the trainer config the run will use
+    (default: the run folder's config.toml, which the job itself can rewrite before a requeue)."""
+    from trainops.workspace import confine, shared_data_roots
+
+    workdir = confine(spec.workdir, "spec.workdir", must_exist=True) if spec.workdir else Path.cwd()
+    written = {"spec.workdir": spec.workdir and workdir}
+    if spec.run_dir:
+        run_dir = written["spec.run_dir"] = confine(spec.run_dir, "spec.run_dir")
+        if config is None and (run_dir / "config.toml").is_file():
+            from trainops.trainer.config import load_config
+
+            config = load_config(run_dir / "config.toml")
+        if config is not None:
+            written["checkpoint.folder"] = confine(run_dir / config.checkpoint.folder, "checkpoint.folder")
+    data = config.data.path if config is not None and config.data.kind == "text" else None
+    data_file = confine(workdir / Path(data).expanduser(), "data.path", reading=True) if data else None
+    if spec.tenant is None:
+        return
+    root = tenant_root(spec.tenant).resolve()
+    for field, path in written.items():
+        if path and not path.is_relative_to(root):
+            raise ValueError(f"R-SEC-3: {field}={str(path)!r} is outside tenant {spec.tenant!r}'s root {root}; fix: "
+                             f"keep the job's folders under {root} (submit_job puts a tenant's runs in {root / 'runs'})")
+    shared = shared_data_roots()
+    if data_file and not any(data_file.is_relative_to(r) for r in [root, *shared]):
+        raise ValueError(f"R-SEC-3: data.path={data!r} resolves to {data_file}, outside tenant {spec.tenant!r}'s data "
+                         f"{root / 'data'} and the shared data roots ({', '.join(map(str, shared)) or 'none'}); fix: put "
+                         "the file in the tenant's data folder or list a shared read-only folder under [governance] data_roots")
 
 
 def _write_json(path: Path, obj: dict[str, Any]) -> None:

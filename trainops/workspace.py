@@ -74,11 +74,16 @@ def _configured_roots(key: str) -> list[Path]:
     return [Path(r).expanduser().resolve() for r in roots]
 
 
+def shared_data_roots() -> list[Path]:
+    """Read-only data every job may read (`[governance] data_roots`), whatever its tenant."""
+    return _configured_roots("data_roots")
+
+
 def allowed_roots(*, reading: bool = False) -> list[Path]:
     """Where tools may act: the workspace and `[governance] roots`; for reading, also the shared
-    read-only `[governance] data_roots`."""
+    data roots."""
     roots = [home(), *_configured_roots("roots")]
-    return roots + _configured_roots("data_roots") if reading else roots
+    return roots + shared_data_roots() if reading else roots
 
 
 def confine(path: str | Path, field: str, *, reading: bool = False, must_exist: bool = False) -> Path:

@@ -11,7 +11,9 @@ import time
 import psutil
 import pytest
 
-from trainops.tools.base import ToolError, call
+from trainops.tools.base import CallContext, ToolError, call
+
+OPERATOR = CallContext(actor="operator")  # mutate tools called by an operator need no approval token
 
 # a job that starts rank 0 (RANK=0, as torchrun would) and then poisons its heartbeat with a victim's pid
 POISONING_JOB = r"""
@@ -50,7 +52,7 @@ def _poisoning_job(workspace, victim) -> tuple[str, object]:
     run_dir = workspace / "runs" / "poisoned"
     run_dir.mkdir(parents=True)
     job = call("submit_job", {"spec": {"name": "poisoned", "command": [sys.executable, "-c", POISONING_JOB, str(run_dir), str(victim.pid)],
-                                        "run_dir": str(run_dir)}}).handle
+                                        "run_dir": str(run_dir)}}, OPERATOR).handle
     _wait(lambda: (run_dir / "ready").exists(), "the job's rank to start")
     return job.job_id, run_dir
 
@@ -61,7 +63,7 @@ def test_a_heartbeat_naming_an_unrelated_process_is_not_signalled_when_no_job_ru
     (run_dir / "heartbeat" / "rank0.json").write_text(json.dumps({"step": 1, "time": time.time(), "pid": victim.pid}))
     for kind in ("kill_rank", "hang", "kill_node"):
         with pytest.raises(ToolError, match="no job trainops launched on local runs in"):
-            call("inject_fault", {"kind": kind, "run": "orphan", "rank": 0})
+            call("inject_fault", {"kind": kind, "run": "orphan", "rank": 0}, OPERATOR)
     time.sleep(0.1)
     assert _alive(victim) and psutil.Process(victim.pid).status() != psutil.STATUS_STOPPED
 
@@ -70,46 +72,46 @@ def test_kill_rank_hits_the_jobs_own_rank_not_the_pid_its_heartbeat_names(worksp
     job_id, run_dir = _poisoning_job(workspace, victim)
     rank_pid = int((run_dir / "ready").read_text())
     try:
-        out = call("inject_fault", {"kind": "kill_rank", "run": "poisoned", "rank": 0})
+        out = call("inject_fault", {"kind": "kill_rank", "run": "poisoned", "rank": 0}, OPERATOR)
         assert out.pids == [rank_pid]
         _wait(lambda: not psutil.pid_exists(rank_pid) or psutil.Process(rank_pid).status() == psutil.STATUS_ZOMBIE, "the rank to die")
         assert _alive(victim)
     finally:
-        call("cancel_job", {"job_id": job_id, "force": True})
+        call("cancel_job", {"job_id": job_id, "force": True}, OPERATOR)
 
 
 def test_kill_node_signals_only_the_jobs_ranks(workspace, victim):
     job_id, run_dir = _poisoning_job(workspace, victim)
     try:
-        out = call("inject_fault", {"kind": "kill_node", "run": str(run_dir)})
+        out = call("inject_fault", {"kind": "kill_node", "run": str(run_dir)}, OPERATOR)
         assert out.pids == [int((run_dir / "ready").read_text())] and victim.pid not in out.pids
         time.sleep(0.1)
         assert _alive(victim)
     finally:
-        call("cancel_job", {"job_id": job_id, "force": True})
+        call("cancel_job", {"job_id": job_id, "force": True}, OPERATOR)
 
 
 def test_a_rank_that_does_not_run_is_refused_not_looked_up_in_the_heartbeat(workspace, victim):
     job_id, _ = _poisoning_job(workspace, victim)
     try:
         with pytest.raises(ToolError, match=r"rank 3 is not a running process of the job .* \(ranks: 0\)"):
-            call("inject_fault", {"kind": "hang", "run": "poisoned", "rank": 3})
+            call("inject_fault", {"kind": "hang", "run": "poisoned", "rank": 3}, OPERATOR)
         assert psutil.Process(victim.pid).status() != psutil.STATUS_STOPPED
     finally:
-        call("cancel_job", {"job_id": job_id, "force": True})
+        call("cancel_job", {"job_id": job_id, "force": True}, OPERATOR)
 
 
 def test_cancel_refuses_a_recycled_pid(workspace, victim):
     """The job record names the victim's pid, as if the runner had exited and the pid been reused:
     its create time differs from the one recorded at launch, so nothing is signalled."""
-    job = call("submit_job", {"spec": {"name": "short", "command": [sys.executable, "-c", "import time; time.sleep(60)"]}}).handle
+    job = call("submit_job", {"spec": {"name": "short", "command": [sys.executable, "-c", "import time; time.sleep(60)"]}}, OPERATOR).handle
     record_path = workspace / "jobs" / f"{job.job_id}.json"
     record = json.loads(record_path.read_text())
     runner = psutil.Process(record["pid"])
     try:
         record.update(pid=victim.pid, pgid=victim.pid)
         record_path.write_text(json.dumps(record))
-        status = call("cancel_job", {"job_id": job.job_id, "force": True})
+        status = call("cancel_job", {"job_id": job.job_id, "force": True}, OPERATOR)
         assert status.state == "failed" and "without recording an exit code" in status.reason
         time.sleep(0.1)
         assert _alive(victim)
@@ -123,5 +125,5 @@ def test_inject_fault_refuses_a_run_folder_outside_the_workspace(tmp_path, victi
     (run_dir / "heartbeat").mkdir(parents=True)
     (run_dir / "heartbeat" / "rank0.json").write_text(json.dumps({"step": 1, "time": time.time(), "pid": victim.pid}))
     with pytest.raises(ToolError, match=r"run='.*elsewhere' resolves to .* outside the workspace"):
-        call("inject_fault", {"kind": "kill_rank", "run": str(run_dir), "rank": 0})
+        call("inject_fault", {"kind": "kill_rank", "run": str(run_dir), "rank": 0}, OPERATOR)
     assert _alive(victim)

@@ -84,4 +84,4 @@ def test_measure_checkpoint_io_times_a_dcp_save_and_load_and_cleans_up(workspace
     out = call("measure_checkpoint_io", {"size_mib": 4, "tensors": 2})
     assert out.size_mib == pytest.approx(4.0)
     assert out.save_s > 0 and out.load_s > 0 and out.save_mib_s > 0
-    assert list((workspace / "tmp").iterdir()) == []
+    assert out.folder == str(workspace) and not list(workspace.glob(".ckpt-io-*"))

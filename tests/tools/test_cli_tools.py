@@ -127,8 +127,9 @@ def test_plan_layout_with_a_bad_override_names_it():
     assert result.exit_code == 2 and "parallel.tp" in json.loads(result.stdout)["error"]
 
 
-def test_env_json_is_a_full_declaration(tmp_path):
-    result = invoke("env", "--json", "--ckpt-test-mib", "2", "--ckpt-dir", str(tmp_path))
+def test_env_json_is_a_full_declaration(workspace):
+    workspace.mkdir(parents=True, exist_ok=True)
+    result = invoke("env", "--json", "--ckpt-test-mib", "2", "--ckpt-dir", str(workspace))
     assert result.exit_code == 0
     out = json.loads(result.stdout)
     assert out["checkpoint_storage"]["write_bandwidth_mib_s"] > 0
@@ -136,8 +137,9 @@ def test_env_json_is_a_full_declaration(tmp_path):
             "compute_peak", "declared_at"} <= set(out)
 
 
-def test_env_renders_a_table_for_people(tmp_path):
-    result = invoke("env", "--ckpt-test-mib", "2", "--ckpt-dir", str(tmp_path))
+def test_env_renders_a_table_for_people(workspace):
+    workspace.mkdir(parents=True, exist_ok=True)
+    result = invoke("env", "--ckpt-test-mib", "2", "--ckpt-dir", str(workspace))
     assert result.exit_code == 0 and "checkpoint write" in result.stdout and "MiB/s" in result.stdout
 
 

@@ -63,18 +63,26 @@ def test_compute_peak_is_measured_or_from_the_vendor_table(declaration):
     assert peak.source.startswith("measured-gemm" if declaration.accelerators.kind == "cpu" else "vendor-table")
 
 
-def test_write_test_goes_to_the_given_checkpoint_dir_and_leaves_nothing(tmp_path):
-    folder = tmp_path / "ckpts"
+def test_write_test_goes_to_the_given_checkpoint_dir_and_leaves_nothing(workspace):
+    folder = workspace / "ckpts"
+    folder.mkdir(parents=True)
     out = call("declare_environment", SMALL | {"ckpt_dir": str(folder), "measure_gemm": False})
     assert out.checkpoint_storage.path == str(folder)
     assert list(folder.iterdir()) == []
 
 
-def test_an_unwritable_checkpoint_dir_is_a_clear_error(tmp_path):
-    blocker = tmp_path / "a-file"
+def test_a_missing_checkpoint_dir_is_a_clear_error_and_is_not_created(workspace):
+    with pytest.raises(ToolError, match=r"ckpt_dir='.*absent' does not exist"):
+        call("declare_environment", SMALL | {"ckpt_dir": str(workspace / "absent"), "measure_gemm": False})
+    assert not (workspace / "absent").exists()
+
+
+def test_a_checkpoint_dir_that_is_a_file_is_a_clear_error(workspace):
+    blocker = workspace / "a-file"
+    blocker.parent.mkdir(parents=True)
     blocker.write_text("")
-    with pytest.raises(ToolError, match="cannot write the checkpoint test file"):
-        call("declare_environment", SMALL | {"ckpt_dir": str(blocker / "sub"), "measure_gemm": False})
+    with pytest.raises(ToolError, match="ckpt_dir=.* is not a folder"):
+        call("declare_environment", SMALL | {"ckpt_dir": str(blocker), "measure_gemm": False})
 
 
 def test_a_declared_framework_needs_its_version():

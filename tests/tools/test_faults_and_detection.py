@@ -11,7 +11,9 @@ import time
 
 import pytest
 
-from trainops.tools.base import ToolError, call
+from trainops.tools.base import CallContext, ToolError, call
+
+OPERATOR = CallContext(actor="operator")  # mutate tools called by an operator need no approval token
 
 RANK_SCRIPT = r"""
 import json, math, os, sys, time
@@ -50,7 +52,7 @@ def ranks(workspace):
 
     def start(step_s=(0.02, 0.02), nan_step=-1):
         command = [sys.executable, "-c", LAUNCHER, str(run_dir), RANK_SCRIPT, str(nan_step), *map(str, step_s)]
-        jobs.append(call("submit_job", {"spec": {"name": "drill", "command": command, "run_dir": str(run_dir)}}).handle.job_id)
+        jobs.append(call("submit_job", {"spec": {"name": "drill", "command": command, "run_dir": str(run_dir)}}, OPERATOR).handle.job_id)
         deadline = time.monotonic() + 20
         while len(list((run_dir / "heartbeat").glob("rank*.json"))) < len(step_s):
             assert time.monotonic() < deadline, "stand-in ranks did not start"
@@ -59,12 +61,12 @@ def ranks(workspace):
 
     yield start
     for job_id in jobs:
-        call("cancel_job", {"job_id": job_id, "force": True})
+        call("cancel_job", {"job_id": job_id, "force": True}, OPERATOR)
 
 
 def test_a_killed_rank_is_detected_as_process_exit_with_its_latency(ranks):
     run_dir = ranks()
-    injected = call("inject_fault", {"kind": "kill_rank", "run": "drill", "rank": 1})
+    injected = call("inject_fault", {"kind": "kill_rank", "run": "drill", "rank": 1}, OPERATOR)
     found = call("detect_faults", {"run": "drill", "poll_interval_s": 0.05, "timeout_s": 10})
     assert (found.detected, found.mechanism, found.rank, found.isolation) == (True, "process_exit", 1, "node")
     assert found.injected_at == pytest.approx(injected.injected_at)
@@ -76,7 +78,7 @@ def test_killing_a_node_kills_every_rank_it_hosts(ranks):
     from trainops.tools.schedulers.local import pid_alive
 
     ranks(step_s=(0.02, 0.02, 0.02))
-    out = call("inject_fault", {"kind": "kill_node", "run": "drill"})
+    out = call("inject_fault", {"kind": "kill_node", "run": "drill"}, OPERATOR)
     assert len(out.pids) == 3 and out.target.endswith("ranks [0, 1, 2]")
     deadline = time.monotonic() + 5
     while any(pid_alive(pid) for pid in out.pids):
@@ -86,7 +88,7 @@ def test_killing_a_node_kills_every_rank_it_hosts(ranks):
 
 def test_a_hung_rank_is_detected_by_its_stale_heartbeat(ranks):
     ranks()
-    injected = call("inject_fault", {"kind": "hang", "run": "drill", "rank": 0})
+    injected = call("inject_fault", {"kind": "hang", "run": "drill", "rank": 0}, OPERATOR)
     try:
         found = call("detect_faults", {"run": "drill", "poll_interval_s": 0.05, "heartbeat_stale_s": 0.5, "timeout_s": 10})
     finally:
@@ -139,11 +141,11 @@ def test_a_healthy_run_reports_nothing_within_the_timeout(ranks):
 
 
 def test_launch_time_faults_return_the_trainer_overrides():
-    out = call("inject_fault", {"kind": "straggler", "rank": 1, "slow_ms": 300})
+    out = call("inject_fault", {"kind": "straggler", "rank": 1, "slow_ms": 300}, OPERATOR)
     assert out.overrides == ["faults.slow_rank=1", "faults.slow_ms=300"] and out.injected_at is None
     from trainops.trainer.config import load_config
 
-    cfg = load_config(None, "tiny", call("inject_fault", {"kind": "bitflip", "rank": 1, "step": 4}).overrides)
+    cfg = load_config(None, "tiny", call("inject_fault", {"kind": "bitflip", "rank": 1, "step": 4}, OPERATOR).overrides)
     assert (cfg.faults.bitflip_step, cfg.faults.bitflip_rank) == (4, 1)
 
 
@@ -153,7 +155,7 @@ def test_corrupting_the_newest_checkpoint_changes_its_largest_file(workspace):
     (ckpt / "step-00000004").mkdir(parents=True)
     (ckpt / "step-00000004" / "__0_0.distcp").write_bytes(bytes(1000))
     (ckpt / "step-00000002" / "__0_0.distcp").write_bytes(bytes(1000))
-    out = call("inject_fault", {"kind": "corrupt_checkpoint", "run": "ck"})
+    out = call("inject_fault", {"kind": "corrupt_checkpoint", "run": "ck"}, OPERATOR)
     assert out.target.endswith("step-00000004/__0_0.distcp")
     assert (ckpt / "step-00000004" / "__0_0.distcp").read_bytes() != bytes(1000)
     assert (ckpt / "step-00000002" / "__0_0.distcp").read_bytes() == bytes(1000)
@@ -161,4 +163,4 @@ def test_corrupting_the_newest_checkpoint_changes_its_largest_file(workspace):
 
 def test_killing_a_rank_of_an_unknown_run_names_the_run():
     with pytest.raises(ToolError, match="run 'ghost' not found"):
-        call("inject_fault", {"kind": "kill_rank", "run": "ghost"})
+        call("inject_fault", {"kind": "kill_rank", "run": "ghost"}, OPERATOR)

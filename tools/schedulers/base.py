@@ -42,6 +42,14 @@ class JobSpec(BaseModel):
     run_dir: str | None = Field(None, description="The training run folder, if the job is a trainer run (per-rank logs, heartbeats, metrics).")
     image: str | None = Field(None, description="Container image with the trainer installed (kubernetes only).")
     rdzv_port: int = Field(29500, description="TCP port of the torchrun c10d rendezvous on the first node.")
+    tenant: str | None = Field(None, description="Tenant the job runs for: its folders must lie in that tenant's root (R-SEC-3).")
+
+    @field_validator("tenant")
+    @classmethod
+    def _tenant_ok(cls, v: str | None) -> str | None:
+        from trainops.workspace import check_id
+
+        return v if v is None else check_id("tenant", v)
 
     @field_validator("name")
     @classmethod

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 
-from trainops.tools.schedulers.base import SchedulerError, SchedulerKind
+from trainops.tools.schedulers.base import JobSpec, SchedulerError, SchedulerKind
 
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess)
 
@@ -87,6 +87,13 @@ def job_processes(job_id: str, scheduler: SchedulerKind) -> list[psutil.Process]
         raise SchedulerError(scheduler, f"job {job_id!r} was not launched by trainops in this workspace; "
                                         "only its own jobs' processes can be signalled")
     return local_tree(records[job_id]) if scheduler == "local" else _slurm_tree(job_id)
+
+
+def launched_spec(job_id: str, scheduler: SchedulerKind) -> JobSpec | None:
+    """The spec trainops recorded when it launched the job (None for a scheduler that keeps no
+    record here, such as Kubernetes)."""
+    record = dict(_records(scheduler)).get(job_id) if scheduler != "kubernetes" else None
+    return JobSpec.model_validate(record["spec"]) if record else None
 
 
 def _env(proc: psutil.Process) -> dict[str, str]:
