@@ -1,14 +1,17 @@
-"""Typed tools the agent adds to the registry, because they sit above the tools layer:
-`run_sop` runs the SOP skill (skills may call tools, tools may not call skills) and
-`list_pending_approvals` reads the agent's own thread store next to governance's queue."""
+"""The agent's own tools, which sit above the tools layer: `run_sop` runs the SOP skill (skills
+may call tools, tools may not call skills) and `list_pending_approvals` reads the agent's own
+thread store next to governance's queue. `AGENT_TOOLS` lists them; `agent_registry()` is the one
+registry the CLI and the agent both use: every trainops tool plus these."""
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 
 from pydantic import BaseModel, Field, field_validator
 
 from trainops.skills.sop import SopResult, SopSettings
-from trainops.tools.base import CallContext, tool
+from trainops.tools.base import current_context, tool
+from trainops.tools.registry import Registry, build_registry
 
 
 class PendingInput(BaseModel):
@@ -59,4 +62,13 @@ def run_sop(inp: RunSopInput) -> SopResult:
     2 minutes on 2 CPU cores). Returns the pack folder, verdict and blockers; a human then approves the pack."""
     from trainops.skills.sop import run
 
-    return run(inp, CallContext(actor="agent"))
+    return run(inp, current_context().for_skill("sop"))
+
+
+AGENT_TOOLS = (run_sop, list_pending_approvals)
+
+
+@cache
+def agent_registry() -> Registry:
+    """Every trainops tool and the agent's own: what `trainops tool` and the agent graph serve."""
+    return build_registry(extra=AGENT_TOOLS)

@@ -4,10 +4,11 @@
                                     |               +-> human_approval -+
                                     +-> report_check -> END
 
-`governance` checks every proposed call before anything runs: unknown tools and invalid
-inputs are refused, read-only calls go to `tools`, and every call that changes the world
-waits in `human_approval`, which `interrupt()`s for approve / edit / reject. Approval of a
-token-gated tool mints the governance token for that exact input; the call then runs. `report_check` passes
+`governance` asks the gate (`trainops.tools.governance.gate_api`) about every proposed call
+before anything runs: unknown tools, invalid inputs and what the gate refuses outright come back
+to the model; calls the gate lets the agent make go to `tools`; every call the gate says needs a
+human waits in `human_approval`, which `interrupt()`s for approve / edit / reject. An approval
+mints the gate's token for that exact input; the call then runs. `report_check` passes
 the final answer through the governance text rules before anyone sees it. Tool results go
 back to the model wrapped as data, never as instructions.
 """
@@ -24,8 +25,8 @@ from langgraph.graph.message import add_messages
 from langgraph.types import interrupt
 from pydantic import ValidationError
 
-from trainops.agents import agent_tools  # noqa: F401  (registers run_sop, list_pending_approvals)
 from trainops.agents import transcript
+from trainops.agents.agent_tools import agent_registry
 from trainops.agents.prompt import Skill, choose_skill, load_skills, system_prompt
 from trainops.agents.providers import AgentSettings, explain_provider_failure
 
@@ -44,11 +45,6 @@ def wrap_as_data(tool: str, payload: Any) -> str:
     return f'<tool-output tool="{tool}" trust="data">\n{body}\n</tool-output>'
 
 
-def needs_human(spec) -> bool:
-    """The agent never changes the world on its own: any non-read tool waits for a person."""
-    return spec.risk != "read" or spec.approval_required
-
-
 def _thread(config: RunnableConfig) -> str | None:
     return config.get("configurable", {}).get("thread_id")
 
@@ -58,16 +54,19 @@ def _result(call: dict, status: str, data: Any) -> ToolMessage:
                        status=status, artifact=data)
 
 
-def _run(call: dict, thread: str | None, token: str | None = None) -> ToolMessage:
-    from trainops.tools.base import CallContext, ToolError, call as call_tool
+def _run(specs, call: dict, thread: str | None, token: str | None = None) -> ToolMessage:
+    from trainops.tools.base import CallContext, ToolError
+    from trainops.tools.governance.gate_api import Refused
 
     ctx = CallContext(actor="agent", approval_token=token, thread_id=thread)
     started = time.perf_counter()
     try:
-        out = call_tool(call["name"], call["args"], ctx)
+        out = specs.call(call["name"], call["args"], ctx)
+    except Refused as exc:
+        message = _result(call, "error", {"error": str(exc), "kind": "gate_refused", "reason": exc.reason,
+                                              "pending_id": exc.pending_id})
     except ToolError as exc:
-        kind = "gate_refused" if type(exc).__name__ == "GateRefused" else "tool_error"
-        message = _result(call, "error", {"error": str(exc), "kind": kind})
+        message = _result(call, "error", {"error": str(exc), "kind": "tool_error"})
     except Exception as exc:  # a backend failure is reported to the model, not raised at the user
         message = _result(call, "error", {"error": f"{type(exc).__name__}: {exc}", "kind": "tool_error"})
     else:
@@ -78,17 +77,18 @@ def _run(call: dict, thread: str | None, token: str | None = None) -> ToolMessag
     return message
 
 
-def _is_gate_refusal(message: ToolMessage) -> bool:
-    return isinstance(message.artifact, dict) and message.artifact.get("kind") == "gate_refused"
+def _waits_for_a_human(message: ToolMessage) -> bool:
+    """The gate refused a call only for want of a human's token: ask the human."""
+    data = message.artifact
+    return isinstance(data, dict) and data.get("kind") == "gate_refused" and data.get("reason") == "missing_token"
 
 
 def build_graph(llm, checkpointer=None, settings: AgentSettings | None = None, skills: list[Skill] | None = None):
     """Compile the agent around any LangChain chat model that supports `bind_tools`."""
-    from trainops.tools.base import registry
     from trainops.tools.langchain import as_langchain_tools
 
-    specs = registry()
-    bound = llm.bind_tools(as_langchain_tools())  # schemas and risk labels only: calls run in the nodes below
+    specs = agent_registry()
+    bound = llm.bind_tools(as_langchain_tools(registry=specs))  # schemas and risk labels only: calls run below
     skills = load_skills() if skills is None else skills
 
     def select_skill(state: AgentState, config: RunnableConfig) -> dict:
@@ -110,10 +110,11 @@ def build_graph(llm, checkpointer=None, settings: AgentSettings | None = None, s
         return {"messages": [reply]}
 
     def governance(state: AgentState, config: RunnableConfig) -> dict:
-        from trainops.tools.base import CallContext, ToolError
-        from trainops.tools.governance import gate, tokens
+        from trainops.tools.base import CallContext
+        from trainops.tools.governance import gate_api
 
         thread = _thread(config)
+        ctx = CallContext(actor="agent", thread_id=thread)
         refused, ready, gated = [], [], []
 
         def refuse(call: dict, reason: str) -> None:
@@ -127,15 +128,15 @@ def build_graph(llm, checkpointer=None, settings: AgentSettings | None = None, s
                 continue
             try:
                 inp = spec.Input.model_validate(call["args"])
-                gate.check_input(spec, inp, CallContext(actor="agent", thread_id=thread))
+                rule_id = gate_api.check(spec, inp, ctx)
             except ValidationError as exc:
                 refuse(call, f"invalid input for {spec.name}: {exc.errors()[0]['loc']} {exc.errors()[0]['msg']}")
                 continue
-            except ToolError as exc:
+            except gate_api.Refused as exc:
                 refuse(call, str(exc))
                 continue
-            if needs_human(spec):
-                pending_id = tokens.record_pending(spec.name, inp, f"agent thread {thread}").id if gate.needs_approval(spec) else None
+            if rule_id:
+                pending_id = gate_api.pend(spec, inp, ctx)
                 gated.append({**call, "pending_id": pending_id})
                 transcript.record(thread, "gate", tool=spec.name, args=call["args"], decision="approval_required",
                                   risk=spec.risk, pending_id=pending_id)
@@ -148,17 +149,19 @@ def build_graph(llm, checkpointer=None, settings: AgentSettings | None = None, s
         thread = _thread(config)
         results, gated = [], list(state.get("gated", []))
         for call in state.get("ready", []):
-            message = _run(call, thread)
-            if _is_gate_refusal(message):
-                gated.append(call)
+            message = _run(specs, call, thread)
+            if _waits_for_a_human(message):
+                gated.append({**call, "pending_id": message.artifact["pending_id"]})
             else:
                 results.append(message)
         return {"messages": results, "ready": [], "gated": gated}
 
     def human_approval(state: AgentState, config: RunnableConfig) -> dict:
-        from trainops.tools.governance import audit, gate, tokens
+        from trainops.tools.base import CallContext
+        from trainops.tools.governance import gate_api
 
         thread = _thread(config)
+        ctx = CallContext(actor="agent", thread_id=thread)
         call, rest = state["gated"][0], state["gated"][1:]
         spec = specs[call["name"]]
         answer = interrupt({"tool": call["name"], "args": call["args"], "risk": spec.risk, "call_id": call["id"],
@@ -166,19 +169,16 @@ def build_graph(llm, checkpointer=None, settings: AgentSettings | None = None, s
         decision = answer if isinstance(answer, dict) else {"decision": str(answer)}
         verdict = str(decision.get("decision", "reject")).lower()
         approver = str(decision.get("approver") or "unknown")
+        key = decision.get("key")  # the approver's own signing key; None: their ssh-agent
         if verdict == "edit":
             call = {**call, "args": decision.get("args") or call["args"]}
         recorded = {"approve": "approved", "edit": "edited"}.get(verdict, "rejected")
-        audit.append("approval", subject="agent_call", tool=spec.name, approver=approver, decision=recorded,
-                     thread_id=thread, comment=decision.get("comment"))
+        gate_api.record(spec, recorded, approver, ctx, decision.get("comment"))
         transcript.record(thread, "gate", tool=call["name"], decision=recorded, approver=approver, args=call["args"],
                           comment=decision.get("comment"))
         note = decision.get("comment") or ("replaced by an edited call" if recorded == "edited" else "no reason given")
         if recorded != "approved" and call.get("pending_id"):
-            try:
-                tokens.reject_pending(call["pending_id"], approver, note)
-            except ValueError:
-                pass  # already decided outside the thread (trainops approve/reject --pending)
+            gate_api.reject(call["pending_id"], ctx, note, key)
         if recorded == "rejected":
             return {"messages": [_result(call, "error", {"error": f"rejected by {approver}: {note}", "kind": "rejected"})],
                     "gated": rest}
@@ -187,8 +187,12 @@ def build_graph(llm, checkpointer=None, settings: AgentSettings | None = None, s
         except ValidationError as exc:
             return {"messages": [_result(call, "error", {"error": f"edited input is invalid: {exc.errors()[0]['msg']}",
                                                          "kind": "refused"})], "gated": rest}
-        token = tokens.issue_token(spec.name, inp, approver) if gate.needs_approval(spec) else None
-        return {"messages": [_run(call, thread, token=token)], "gated": rest}
+        try:
+            token = gate_api.approve(spec, inp, ctx, key)
+        except ValueError as exc:  # no approver's key signed (SigningError), or the call cannot be queued
+            return {"messages": [_result(call, "error", {"error": f"approval not signed: {exc}", "kind": "refused"})],
+                    "gated": rest}
+        return {"messages": [_run(specs, call, thread, token=token)], "gated": rest}
 
     def report_check(state: AgentState, config: RunnableConfig) -> dict:
         from trainops.tools.governance.text import check_text

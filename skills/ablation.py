@@ -6,7 +6,7 @@ from trainops.skills.baseline import JobRequest, Progress, RunResult, command_li
 from trainops.skills.evidence.model import AblationRow, EvidenceRow
 from trainops.skills.knobs import Knob, overrides_for, parse_arm, plan_order
 from trainops.skills.stats import compare, spread
-from trainops.tools.base import CallContext
+from trainops.tools.base import CallContext, skill_context
 
 
 def check_single_variable(baseline_run: str, arm_run: str, name: str) -> None:
@@ -82,6 +82,7 @@ def judge_scale(knob: Knob, rows: list[AblationRow], arms: dict[int, list[RunRes
 def run_plan(req: JobRequest, specs: list[str], baselines: dict[int, list[RunResult]], repeats: int,
              ctx: CallContext | None = None, progress: Progress | None = None) -> tuple[list[AblationRow], list[EvidenceRow]]:
     """Every arm, highest expected gain first (communication overlap, kernels, data pipeline, batch)."""
+    ctx = skill_context("ablation", ctx)
     parsed = {parse_arm([s], req.framework)[0].name: s for s in specs}
     ordered = plan_order([parse_arm([s], req.framework)[0] for s in specs])
     rows, evidence = [], []

@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 
 from trainops.skills.evidence.model import BaselineSummary, EvidenceRow
 from trainops.skills.stats import spread
-from trainops.tools.base import CallContext, ToolError, call
+from trainops.tools.base import CallContext, ToolError, call, skill_context
 
 Progress = Callable[[str], None]
 
@@ -186,6 +186,7 @@ def profile_run(req: JobRequest, ctx: CallContext | None = None) -> RunResult | 
 def measure(req: JobRequest, repeats: int = 3, ctx: CallContext | None = None,
             progress: Progress | None = None) -> tuple[BaselineSummary, list[RunResult], list[EvidenceRow]]:
     """Run the baseline `repeats` times, then one short profiled run, and summarise them."""
+    ctx = skill_context("baseline", ctx)
     results = repeat(req, "baseline", repeats, ctx, progress)
     if progress:
         progress("baseline profiled run (communication share)")

@@ -1,9 +1,10 @@
 """S5: fault drills. Launch a checkpointing job, inject a fault, detect it, isolate it, restart
-from the newest good checkpoint, and time every phase; the restored checkpoint is verified."""
+from the newest good checkpoint, and time every phase; the restored checkpoint is verified.
+Every step that changes the world (launch, injection, cancel, drain, quarantine, requeue) is a
+tool call, so it passes the gate as `skill:fault-drill` for whoever ran the drill."""
 from __future__ import annotations
 
 import json
-import shutil
 import time
 import tomllib
 from pathlib import Path
@@ -12,7 +13,7 @@ from pydantic import BaseModel, Field
 
 from trainops.skills.baseline import JobRequest, Progress, command_line, submit
 from trainops.skills.evidence.model import DrillResult, EvidenceRow
-from trainops.tools.base import CallContext, ToolError, call
+from trainops.tools.base import CallContext, ToolError, call, skill_context
 
 # drill kind -> (inject_fault kind, cause class); runtime kinds are injected into the live job,
 # launch-time kinds (LAUNCH_TIME) start the job with the overrides inject_fault returns
@@ -105,17 +106,9 @@ def _fired(run_dir: str, kind: str) -> dict | None:
 
 
 def quarantine_after(run_dir: str, step: int, ctx: CallContext | None = None) -> list[int]:
-    """Move committed checkpoints taken at or after `step` to RUN/quarantine/: after a silent data
-    corruption they may hold the corrupted weights, so the restart must load an older one."""
-    listing = call("list_checkpoints", {"run": Path(run_dir).name}, ctx)  # a run id under $TRAINOPS_HOME/runs
-    moved = []
-    for entry in listing.checkpoints:
-        if entry.step >= step:
-            target = Path(run_dir) / "quarantine" / Path(entry.path).name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(entry.path, target)
-            moved.append(entry.step)
-    return moved
+    """Quarantine committed checkpoints taken at or after `step`: after a silent data corruption
+    they may hold the corrupted weights, so the restart must load an older one."""
+    return call("quarantine_checkpoints", {"run": run_dir, "from_step": step}, ctx).quarantined_steps
 
 
 def _first_step_after(run_dir: str, since: float) -> float | None:
@@ -151,6 +144,7 @@ def drill(req: JobRequest, fault: str, inject_step: int = 5, ctx: CallContext | 
     if fault not in DRILLS:
         raise DrillRefused(f"fault: unknown fault {fault!r}; use one of {', '.join(DRILLS)}")
     require_checkpoints(req)
+    ctx = skill_context("fault-drill", ctx)
     kind, cause = DRILLS[fault]
     say = progress or (lambda _msg: None)
     sched = req.scheduler

@@ -1,19 +1,31 @@
 """The tool contract: one declaration serves Python, the CLI and the agent.
 
 A tool is a typed function: a pydantic `Input`, a pydantic `Output`, a risk class and a
-description written for a language model. Every call goes through `call()`, which passes the
-governance gate before and after `run` — there is no other way to run a tool.
+description written for a language model. `@tool` only declares it; `trainops.tools.registry`
+lists every tool in one place. Every call goes through `run_call()`, which passes the governance
+gate before and after `run` — there is no other way to run a tool.
+
+Every call carries its actor. A caller that does not say who it is counts as the agent (least
+privilege); the CLI runs its commands inside `operator_session()`; a skill acts for whoever ran
+it (`ctx.for_skill(name)`), never with more authority. A call made while another tool runs (the
+`run_sop` tool running the SOP skill) is held to the stricter of its own actor and the outer one,
+and inherits the outer call's human approval, which the gate alone grants.
 """
 from __future__ import annotations
 
 import inspect
+import re
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, get_type_hints
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterator, Literal, get_type_hints
 
 from pydantic import BaseModel, ValidationError
 
 Risk = Literal["read", "mutate", "irreversible"]
+Principal = Literal["operator", "agent"]
+ACTOR_PATTERN = re.compile(r"operator|agent|skill:[a-z0-9][a-z0-9-]{0,63}")
 
 
 class ToolError(Exception):
@@ -37,30 +49,115 @@ class ToolSpec:
     tags: tuple[str, ...] = ()
 
 
-@dataclass
+@dataclass(frozen=True)
 class CallContext:
-    """Who is calling and with what authority; filled by the CLI, a skill or the agent."""
+    """Who is calling and with what authority; filled by the CLI, a skill or the agent.
 
-    actor: str = "cli"
+    `actor` is `operator` (a human at the CLI), `agent`, or `skill:NAME`; a skill also names
+    `on_behalf_of`, the principal that ran it, whose authority it has."""
+
+    actor: str = "agent"
+    on_behalf_of: Principal | None = None
     approval_token: str | None = None
     thread_id: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.actor, str) or not ACTOR_PATTERN.fullmatch(self.actor):
+            raise ValueError(f"CallContext.actor={self.actor!r} is not valid: use 'operator' (a human at the CLI), "
+                             "'agent', or 'skill:NAME' with on_behalf_of='operator'|'agent'")
+        is_skill = self.actor.startswith("skill:")
+        if is_skill and self.on_behalf_of not in ("operator", "agent"):
+            raise ValueError(f"CallContext.on_behalf_of={self.on_behalf_of!r}: a skill acts for someone; "
+                             "pass on_behalf_of='operator' or 'agent' (or use ctx.for_skill(name))")
+        if not is_skill and self.on_behalf_of is not None:
+            raise ValueError(f"CallContext.on_behalf_of={self.on_behalf_of!r} is only for skill actors; "
+                             f"{self.actor} acts for itself")
 
-_REGISTRY: dict[str, ToolSpec] = {}
+    @property
+    def principal(self) -> Principal:
+        """Whose authority the call carries: a skill has none of its own."""
+        return self.on_behalf_of if self.on_behalf_of else self.actor  # type: ignore[return-value]
+
+    @property
+    def label(self) -> str:
+        """The actor as the audit log and the pending queue name it."""
+        return f"{self.actor} for {self.on_behalf_of}" if self.on_behalf_of else self.actor
+
+    def for_skill(self, name: str) -> CallContext:
+        """The context a skill's steps run under: the skill acts for this caller's principal."""
+        return CallContext(actor=f"skill:{name}", on_behalf_of=self.principal, thread_id=self.thread_id)
+
+
+@dataclass(frozen=True)
+class ActiveCall:
+    """A tool call in progress (or the CLI's operator session): what nested calls inherit."""
+
+    ctx: CallContext
+    approved_call: str | None = None  # the call id of a human-approved call this one runs inside
+
+
+_ACTIVE: ContextVar[ActiveCall | None] = ContextVar("trainops_active_call", default=None)
+
+
+def active_call() -> ActiveCall | None:
+    return _ACTIVE.get()
+
+
+def current_context() -> CallContext:
+    """The context a tool's own code should pass on (e.g. `run_sop` to the SOP skill)."""
+    active = _ACTIVE.get()
+    return replace(active.ctx, approval_token=None) if active else CallContext()
+
+
+@contextmanager
+def operator_session() -> Iterator[None]:
+    """Calls without an explicit context are the operator's: the CLI wraps each command in this."""
+    reset = _ACTIVE.set(ActiveCall(CallContext(actor="operator")))
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(reset)
+
+
+@contextmanager
+def running(ctx: CallContext, approved_call: str | None) -> Iterator[None]:
+    """Mark a call as in progress while its tool runs; used by `run_call` only."""
+    reset = _ACTIVE.set(ActiveCall(replace(ctx, approval_token=None), approved_call))
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(reset)
+
+
+def effective_context(ctx: CallContext | None) -> CallContext:
+    """The caller's context held to the stricter of itself and the call it runs inside."""
+    active = _ACTIVE.get()
+    if ctx is None:
+        return active.ctx if active else CallContext()
+    if active and active.ctx.principal == "agent" and ctx.principal == "operator":
+        if ctx.actor.startswith("skill:"):
+            return replace(ctx, on_behalf_of="agent")
+        return replace(ctx, actor="agent")
+    return ctx
+
+
+def skill_context(skill: str, ctx: CallContext | None = None) -> CallContext:
+    """The context a skill's steps run under: `skill:NAME` for the caller (or, with no caller
+    named, for whoever the current session or call belongs to: the agent by default)."""
+    return effective_context(ctx).for_skill(skill)
 
 
 def tool(name: str, *, risk: Risk, approval_required: bool = False, tags: tuple[str, ...] = ()):
-    """Register `fn(inp: Input) -> Output` as a tool; its docstring is the model-facing description."""
+    """Declare `fn(inp: Input) -> Output` a tool (its docstring is the model-facing description);
+    `fn.tool_spec` carries the declaration for `trainops.tools.registry`. Nothing is registered."""
 
-    def register(fn: Callable[[Any], BaseModel]) -> Callable[[Any], BaseModel]:
+    def declare(fn: Callable[[Any], BaseModel]) -> Callable[[Any], BaseModel]:
         hints = get_type_hints(fn)
         params = list(inspect.signature(fn).parameters)
         if len(params) != 1 or "return" not in hints:
             raise TypeError(f"tool {name}: signature must be fn(inp: Input) -> Output")
-        if name in _REGISTRY and _REGISTRY[name].fn is not fn:
-            raise ValueError(f"tool {name} is registered twice")
-        _REGISTRY[name] = ToolSpec(
+        fn.tool_spec = ToolSpec(  # type: ignore[attr-defined]
             name=name,
             description=inspect.cleandoc(fn.__doc__ or "").strip(),
             Input=hints[params[0]],
@@ -72,38 +169,36 @@ def tool(name: str, *, risk: Risk, approval_required: bool = False, tags: tuple[
         )
         return fn
 
-    return register
-
-
-def registry() -> dict[str, ToolSpec]:
-    """All tools, loading the catalogue on first use (tool modules import heavy libraries lazily)."""
-    import trainops.tools.catalog  # noqa: F401  (registers every tool)
-
-    return dict(sorted(_REGISTRY.items()))
+    return declare
 
 
 def get(name: str) -> ToolSpec:
-    tools = registry()
-    if name not in tools:
-        raise ToolError(name, f"unknown tool; known tools: {', '.join(tools)}")
-    return tools[name]
+    """A tool by name, from the registry in use (`trainops.tools.registry.current_registry`)."""
+    from trainops.tools.registry import current_registry
+
+    return current_registry().get(name)
 
 
 def call(name: str, inp: BaseModel | dict[str, Any] | None = None, ctx: CallContext | None = None) -> BaseModel:
+    """Call a tool by name through the gate (see `run_call`)."""
+    return run_call(get(name), inp, ctx)
+
+
+def run_call(spec: ToolSpec, inp: BaseModel | dict[str, Any] | None = None, ctx: CallContext | None = None) -> BaseModel:
     """Validate the input, pass the gate, run, record. The only way a tool runs."""
     from trainops.tools.governance import gate
 
-    spec = get(name)
-    ctx = ctx or CallContext()
+    ctx = effective_context(ctx)
     if not isinstance(inp, spec.Input):
         try:
             inp = spec.Input.model_validate(inp or {})
         except ValidationError as exc:
-            raise ToolError(name, f"invalid input: {explain(exc)}") from None
-    gate.before_call(spec, inp, ctx)
+            raise ToolError(spec.name, f"invalid input: {explain(exc)}") from None
+    approved_call = gate.before_call(spec, inp, ctx)
     started = time.time()
     try:
-        out = spec.fn(inp)
+        with running(ctx, approved_call):
+            out = spec.fn(inp)
     except Exception as exc:
         gate.after_call(spec, inp, ctx, started=started, output=None, error=exc)
         raise

@@ -1,17 +1,21 @@
 """The registry as LangChain structured tools, for the ops agent.
 
 Each structured tool takes the tool's own pydantic `Input` as its args schema and runs through
-`trainops.tools.base.call`, so the agent passes the same gate (validation, approval, audit) as the CLI.
-A `ToolError` comes back to the model as the tool's answer, so it can correct its input.
+`trainops.tools.base.run_call`, so the agent passes the same gate (validation, approval, audit) as
+the CLI. These tools serve a model, so every call is the agent's: whatever framework runs them, a
+call of risk `mutate` or higher needs a human's token (from `ctx_factory`). A `ToolError` comes back
+to the model as the tool's answer, so it can correct its input.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from trainops.tools.base import CallContext, ToolError, call, explain, registry
+from trainops.tools.base import CallContext, ToolError, explain, run_call
 
 if TYPE_CHECKING:
-    from langchain_core.tools import StructuredTool, ToolException
+    from langchain_core.tools import StructuredTool
+
+    from trainops.tools.registry import Registry
 
 
 def _agent_context() -> CallContext:
@@ -21,30 +25,39 @@ def _agent_context() -> CallContext:
 def as_langchain_tools(
     names: Iterable[str] | None = None,
     ctx_factory: Callable[[], CallContext] = _agent_context,
+    registry: Registry | None = None,
 ) -> list[StructuredTool]:
-    """StructuredTools for `names` (default: every registered tool); `ctx_factory` supplies the
-    caller's identity and approval token at call time."""
+    """StructuredTools for `names` (default: every tool in `registry`, itself by default every
+    trainops tool); `ctx_factory` supplies the agent's thread and approval token at call time."""
     from langchain_core.tools import StructuredTool, ToolException
 
-    specs = registry()
+    from trainops.tools.registry import tool_registry
+
+    specs = registry if registry is not None else tool_registry()
     wanted = list(specs) if names is None else list(names)
-    unknown = [n for n in wanted if n not in specs]
-    if unknown:
-        raise ToolError(unknown[0], f"unknown tool; known tools: {', '.join(specs)}")
+    for name in wanted:
+        specs.get(name)  # an unknown name is a ToolError listing the known ones
+
+    from trainops.tools.governance.gate import needs_approval
 
     def make(name: str) -> StructuredTool:
         spec = specs[name]
+        waits = ", needs human approval" if needs_approval(spec, _agent_context()) else ""
 
         def run(**kwargs: Any) -> dict[str, Any]:
+            ctx = ctx_factory()
             try:
-                return call(name, kwargs, ctx_factory()).model_dump(mode="json")
+                if ctx.principal != "agent":
+                    raise ToolError(name, f"ctx_factory returned actor {ctx.label!r}: LangChain tools serve a model, "
+                                          "so their context is the agent's; return CallContext(actor='agent', ...)")
+                return run_call(spec, kwargs, ctx).model_dump(mode="json")
             except ToolError as exc:
                 raise ToolException(str(exc)) from exc
 
         return StructuredTool.from_function(
             func=run,
             name=name,
-            description=f"[risk: {spec.risk}{', needs human approval' if spec.approval_required else ''}] {spec.description}",
+            description=f"[risk: {spec.risk}{waits}] {spec.description}",
             args_schema=spec.Input,
             handle_tool_error=True,
             handle_validation_error=lambda exc: f"{name}: invalid input: {explain(exc)}",

@@ -15,6 +15,24 @@ app = typer.Typer(
     add_completion=False,
 )
 
+def _agent_registry():
+    from trainops.agents.agent_tools import agent_registry
+
+    return agent_registry()
+
+
+@app.callback()
+def _as_operator(ctx: typer.Context) -> None:
+    """A command line is a human at a terminal: tool calls a command makes without naming an actor
+    are the operator's (the agent's calls inside `chat`/`ask` still name the agent); and every
+    command serves the one registry the agent uses, built when first needed."""
+    from trainops.tools.base import operator_session
+    from trainops.tools.registry import serving
+
+    ctx.with_resource(operator_session())
+    ctx.with_resource(serving(_agent_registry))
+
+
 for area in (train, tools, sop, governance, agent, bench):
     area.register(app)
 app.add_typer(sandbox.app, name="sandbox")

@@ -1,5 +1,5 @@
-"""The tool contract: one registry, typed schemas, validation naming the field, every call gated
-and recorded, and the same tools as LangChain structured tools."""
+"""The tool contract: one explicit registry, typed schemas, validation naming the field, every call
+gated and recorded, and the same tools as LangChain structured tools."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,13 @@ import json
 import pytest
 from pydantic import BaseModel
 
-from trainops.tools.base import CallContext, ToolError, call, registry
+from trainops.tools.base import CallContext, ToolError, call, tool
+from trainops.tools.registry import build_registry, tool_registry
+
+
+def registry():
+    return tool_registry()
+
 
 MINE = {
     "declare_environment", "plan_checkpoint_interval", "plan_effective_training_time", "plan_layout",
@@ -57,10 +63,10 @@ def test_an_unknown_tool_lists_the_known_ones():
 
 
 def test_the_gate_records_each_call_with_the_caller(workspace):
-    call("plan_checkpoint_interval", DALY_24H, CallContext(actor="tester"))
-    call("plan_checkpoint_interval", DALY_24H, CallContext(actor="tester"))
+    call("plan_checkpoint_interval", DALY_24H, CallContext(actor="operator").for_skill("checkpoint-plan"))
+    call("plan_checkpoint_interval", DALY_24H, CallContext(actor="operator").for_skill("checkpoint-plan"))
     calls = [e for e in audit_entries(workspace) if e.get("kind") == "tool_call" and e.get("tool") == "plan_checkpoint_interval"]
-    assert len(calls) == 2 and all(e["ok"] and e["actor"] == "tester" for e in calls)
+    assert len(calls) == 2 and all(e["ok"] and e["actor"] == "skill:checkpoint-plan for operator" for e in calls)
 
 
 def test_the_gate_records_a_failed_call_as_not_ok(workspace):
@@ -98,9 +104,9 @@ def test_a_structured_tool_call_passes_the_gate_as_the_agent(workspace):
 def test_the_context_factory_supplies_the_caller(workspace):
     from trainops.tools.langchain import as_langchain_tools
 
-    (plan,) = as_langchain_tools(["plan_checkpoint_interval"], ctx_factory=lambda: CallContext(actor="ops-agent", thread_id="t1"))
+    (plan,) = as_langchain_tools(["plan_checkpoint_interval"], ctx_factory=lambda: CallContext(actor="agent", thread_id="t1"))
     plan.invoke(DALY_24H)
-    assert audit_entries(workspace)[-1]["actor"] == "ops-agent"
+    assert (audit_entries(workspace)[-1]["actor"], audit_entries(workspace)[-1]["thread_id"]) == ("agent", "t1")
 
 
 def test_invalid_agent_input_comes_back_as_a_message_naming_the_field():
@@ -124,3 +130,70 @@ def test_asking_for_an_unknown_tool_is_an_error():
 
     with pytest.raises(ToolError, match="unknown tool"):
         as_langchain_tools(["nope"])
+
+
+def test_structured_tools_that_change_the_world_say_they_need_a_human():
+    from trainops.tools.langchain import as_langchain_tools
+
+    labels = {t.name: t.description.split("]")[0] for t in as_langchain_tools()}
+    assert labels["cancel_job"] == "[risk: mutate, needs human approval"
+    assert labels["plan_layout"] == "[risk: read"
+
+
+# --- the explicit registry ---------------------------------------------------------------------------
+
+
+def test_the_registry_is_the_same_whatever_was_imported_before():
+    before = set(tool_registry())
+    import trainops.agents.agent_tools  # noqa: F401  (once, this import registered two tools as a side effect)
+    import trainops.agents.graph  # noqa: F401
+
+    assert set(build_registry()) == set(tool_registry()) == before
+    assert not {"run_sop", "list_pending_approvals"} & before
+
+
+def test_the_agent_registry_is_every_tool_plus_the_agents_own():
+    from trainops.agents.agent_tools import agent_registry
+
+    assert set(agent_registry()) == set(tool_registry()) | {"run_sop", "list_pending_approvals"}
+
+
+def test_a_fresh_process_lists_the_same_tools_as_the_agent_registry():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from trainops.agents.agent_tools import agent_registry
+
+    done = subprocess.run([str(Path(sys.executable).parent / "trainops"), "tool", "list", "--json"],
+                          capture_output=True, text=True, timeout=60)
+    assert [r["name"] for r in json.loads(done.stdout)] == list(agent_registry())
+
+
+def test_declaring_a_tool_registers_nothing():
+    @tool("declared_only", risk="read")
+    def declared_only(inp: PlainInput) -> PlainInput:
+        """A tool declared in a test and listed nowhere."""
+        return inp
+
+    assert declared_only.tool_spec.name == "declared_only" and "declared_only" not in tool_registry()
+    assert build_registry(extra=[declared_only]).call("declared_only", {"x": 1}).x == 1
+
+
+def test_two_tools_with_one_name_are_refused_when_the_registry_is_built():
+    @tool("plan_layout", risk="read")
+    def impostor(inp: PlainInput) -> PlainInput:
+        """A second tool claiming an existing name."""
+        return inp
+
+    with pytest.raises(ValueError, match="tool plan_layout is declared twice"):
+        build_registry(extra=[impostor])
+
+
+def test_a_function_that_is_not_a_declared_tool_is_refused_by_the_registry():
+    with pytest.raises(TypeError, match="is not a tool: declare it with @tool"):
+        build_registry(extra=[len])
+
+
+class PlainInput(BaseModel):
+    x: int = 0

@@ -62,7 +62,7 @@ def checks_for(tool: str) -> list[Check]:
 
 def _refuse(spec, inp, ctx, reason: str, rule_id: str, message: str, pending_id: str | None = None):
     try:
-        audit.append("gate", tool=spec.name, risk=spec.risk, actor=ctx.actor, decision="refused", reason=reason,
+        audit.append("gate", tool=spec.name, risk=spec.risk, actor=ctx.label, decision="refused", reason=reason,
                      rule_id=rule_id, message=message, input_sha256=tokens.input_hash(inp), pending_id=pending_id)
     except audit.AuditUnavailable as exc:
         message = f"{message}; the refusal itself was not audited: {exc}"
@@ -84,8 +84,48 @@ def _tenant_path_problem(inp: BaseModel) -> str | None:
     return None
 
 
-def needs_approval(spec) -> bool:
-    return spec.approval_required or spec.risk == "irreversible"
+def operator_needs_approval() -> bool:
+    """`[governance] operator_needs_approval = true` in a settings file the user trusts: on hosts
+    where agents have shells, a CLI call may be an agent's, so the operator's calls wait too."""
+    from trainops.settings import SettingsError, table
+
+    values, sources = table("governance", trusted_only=True)
+    value = values.get("operator_needs_approval", False)
+    if not isinstance(value, bool):
+        raise SettingsError(f"operator_needs_approval in {sources.get('operator_needs_approval')} is {value!r}: "
+                            "write true or false")
+    return value
+
+
+def approval_rule(spec, ctx) -> str | None:
+    """The AGENTS.md rule under which this call needs a human-signed token, or None. The one place
+    that decides what waits for a human, for every path a tool is called through: approval-gated
+    and irreversible tools always; any tool of risk `mutate` or higher when the agent (or a skill
+    run for it) calls it, or an operator on a host that says operators need approval too."""
+    if spec.approval_required or spec.risk == "irreversible":
+        return "R-SEC-1" if spec.risk != "irreversible" and "tenant-governance" in spec.tags else "R-SEC-4"
+    if spec.risk == "read":
+        return None
+    if ctx.principal == "agent" or operator_needs_approval():
+        return "R-SEC-4"
+    return None
+
+
+def needs_approval(spec, ctx) -> bool:
+    """Whether this call, by this caller, waits for a human-signed token (ignoring a grant inherited
+    from an approved outer call: see `before_call`)."""
+    return approval_rule(spec, ctx) is not None
+
+
+def _inherited_approval(spec) -> str | None:
+    """The call id of the human-approved call this one runs inside, when that approval covers it:
+    the steps of an approved `run_sop`, never another approval-gated or irreversible tool."""
+    from trainops.tools.base import active_call
+
+    active = active_call()
+    if active is None or active.approved_call is None or spec.approval_required or spec.risk == "irreversible":
+        return None
+    return active.approved_call
 
 
 def check_input(spec, inp: BaseModel, ctx) -> None:
@@ -105,24 +145,34 @@ def check_input(spec, inp: BaseModel, ctx) -> None:
         _refuse(spec, inp, ctx, "invalid_input", "R-SEC-3", problem)
 
 
-def before_call(spec, inp: BaseModel, ctx) -> None:
+def before_call(spec, inp: BaseModel, ctx) -> str | None:
+    """Input checks, then the token step when `approval_rule` says a human must decide. Returns
+    the call id of the human approval this call runs under (its own token's, or an approved outer
+    call's), which calls nested inside it inherit; None when no human approved it."""
     check_input(spec, inp, ctx)
-    if not needs_approval(spec):
+    rule_id = approval_rule(spec, ctx)
+    if rule_id is None:
         _write_intent(spec, inp, ctx)
-        return
-    rule_id = "R-SEC-1" if spec.risk != "irreversible" and "tenant-governance" in spec.tags else "R-SEC-4"
+        return _inherited_approval(spec)
+    if not ctx.approval_token and (inherited := _inherited_approval(spec)):
+        audit.append("gate", tool=spec.name, risk=spec.risk, actor=ctx.label, decision="allowed", rule_id=rule_id,
+                     under_approved_call=inherited, input_sha256=tokens.input_hash(inp))
+        _write_intent(spec, inp, ctx)
+        return inherited
     if not ctx.approval_token:
-        item = queue.record_pending(spec.name, inp, ctx.actor)
+        item = queue.record_pending(spec.name, inp, ctx.label)
         _refuse(spec, inp, ctx, "missing_token", rule_id,
-                f"{spec.name} needs a human approval; queued as pending approval {item.id} — approve with "
-                f"`trainops approve --pending {item.id}` (signed with your SSH key) and pass the token", pending_id=item.id)
+                f"{spec.name} called by {ctx.label} needs a human approval; queued as pending approval {item.id} — "
+                f"approve with `trainops approve --pending {item.id}` (signed with your SSH key) and pass the token",
+                pending_id=item.id)
     try:
         payload = tokens.consume(ctx.approval_token, spec.name, inp)
     except tokens.TokenRefused as exc:
         _refuse(spec, inp, ctx, exc.reason, rule_id, str(exc))
-    audit.append("gate", tool=spec.name, risk=spec.risk, actor=ctx.actor, decision="allowed", rule_id=rule_id,
+    audit.append("gate", tool=spec.name, risk=spec.risk, actor=ctx.label, decision="allowed", rule_id=rule_id,
                  approver=payload.get("approver"), input_sha256=tokens.input_hash(inp))
     _write_intent(spec, inp, ctx)
+    return tokens.call_id(spec.name, inp)
 
 
 # The intent ids of the calls now running in this context, innermost last: a tool that calls
@@ -136,7 +186,7 @@ def _write_intent(spec, inp: BaseModel, ctx) -> None:
     intent_id = None
     if spec.risk != "read":
         try:
-            intent_id = audit.intent(spec.name, spec.risk, ctx.actor, tokens.input_hash(inp),
+            intent_id = audit.intent(spec.name, spec.risk, ctx.label, tokens.input_hash(inp),
                                      thread_id=ctx.thread_id, input=inp.model_dump(mode="json"))
         except audit.AuditUnavailable as exc:
             raise GateRefused(spec.name, "audit_unavailable", f"the call was not run: {exc}", "R-SEC-5") from None
@@ -147,7 +197,7 @@ def after_call(spec, inp: BaseModel, ctx, *, started: float, output: BaseModel |
     open_intents = _OPEN_INTENTS.get()
     intent_id = open_intents[-1] if open_intents else None
     _OPEN_INTENTS.set(open_intents[:-1])
-    fields = dict(tool=spec.name, risk=spec.risk, actor=ctx.actor, thread_id=ctx.thread_id,
+    fields = dict(tool=spec.name, risk=spec.risk, actor=ctx.label, thread_id=ctx.thread_id,
                   input_sha256=tokens.input_hash(inp), elapsed_s=round(time.time() - started, 6),
                   ok=error is None, error=None if error is None else str(error))
     try:

@@ -1,7 +1,8 @@
 """`trainops tool list|schema|call`, `trainops env`, `trainops plan checkpoint|ettr|layout`.
 
-Wiring only: every command goes through `trainops.tools.base.call`, so the governance gate sees the CLI
-exactly as it sees the agent. Heavy modules (pydantic models, torch) load inside commands.
+Wiring only: every command calls a tool of the one registry the agent also uses
+(`trainops.agents.agent_tools.agent_registry`) through the governance gate, as the operator.
+Heavy modules (pydantic models, torch) load inside commands.
 """
 from __future__ import annotations
 
@@ -16,20 +17,14 @@ JsonOpt = typer.Option(False, "--json", help="Print JSON for machines.")
 
 
 def run_tool(name: str, payload: dict[str, Any], as_json: bool, approval_token: str | None = None) -> Any:
-    """Call a tool as the CLI; a ToolError becomes one clear line and exit code 2."""
-    from trainops.tools.base import CallContext, ToolError, call
+    """Call a tool as the operator; a ToolError becomes one clear line and exit code 2."""
+    from trainops.agents.agent_tools import agent_registry
+    from trainops.tools.base import CallContext, ToolError
 
     try:
-        return call(name, payload, CallContext(actor="cli", approval_token=approval_token))
+        return agent_registry().call(name, payload, CallContext(actor="operator", approval_token=approval_token))
     except ToolError as exc:
         fail(str(exc), as_json=as_json)
-
-
-def register_agent_tools() -> None:
-    """`run_sop` and `list_pending_approvals` sit above the tools layer (they call a skill and
-    read the agent's threads), so they register when `trainops.agents.agent_tools` is imported; the
-    `tool` commands import it so they list, describe and call every tool the agent has."""
-    import trainops.agents.agent_tools  # noqa: F401
 
 
 def _cell(value: Any) -> str:
@@ -64,13 +59,12 @@ def register(app: typer.Typer) -> None:
     @tool_app.command("list")
     def tool_list(as_json: bool = JsonOpt) -> None:
         """Every tool with its risk class, whether it needs approval, and what it does."""
-        from trainops.tools.base import registry
+        from trainops.agents.agent_tools import agent_registry
 
-        register_agent_tools()
         rows = [
             {"name": s.name, "risk": s.risk, "approval_required": s.approval_required,
              "description": s.description.split(".")[0].replace("\n", " ") + "."}
-            for s in registry().values()
+            for s in agent_registry().values()
         ]
 
         def render(items: list[dict[str, Any]]) -> None:
@@ -90,11 +84,11 @@ def register(app: typer.Typer) -> None:
     def tool_schema(name: str = typer.Argument(..., help="Tool name (see `trainops tool list`)."),
                     as_json: bool = JsonOpt) -> None:
         """JSON schema of a tool's input and output."""
-        from trainops.tools.base import ToolError, get
+        from trainops.agents.agent_tools import agent_registry
+        from trainops.tools.base import ToolError
 
-        register_agent_tools()
         try:
-            spec = get(name)
+            spec = agent_registry().get(name)
         except ToolError as exc:
             fail(str(exc), as_json=as_json)
         emit({"name": spec.name, "risk": spec.risk, "approval_required": spec.approval_required,
@@ -115,7 +109,6 @@ def register(app: typer.Typer) -> None:
             fail(f"--input is not valid JSON ({exc.msg} at column {exc.colno}): pass a JSON object, e.g. '{{\"mtbf_h\": 24}}'", as_json=as_json)
         if not isinstance(payload, dict):
             fail(f"--input must be a JSON object, got {type(payload).__name__}: wrap the fields in {{...}}", as_json=as_json)
-        register_agent_tools()
         out = run_tool(name, payload, as_json, approval_token)
         emit(out, as_json, render_fields(name))
 

@@ -1,0 +1,123 @@
+"""The tool registry, built explicitly: every tool of `trainops.tools` is listed here, once.
+
+Adding a tool is one line in `_tool_functions`. Layers above add their own tools the same way:
+`build_registry(extra=...)` takes more declared functions (the agent passes `run_sop` and
+`list_pending_approvals`), so the CLI and the agent build the same registry whatever ran
+before, and nothing registers itself on import. A registry's `call` serves it for the call's
+duration (`current_registry`), so governance looks a tool up in the registry that called it; the
+CLI serves the full registry for each command, so `trainops approve` knows the agent's tools.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from functools import cache
+from typing import Any, Callable, Iterable, Iterator
+
+from pydantic import BaseModel
+
+from trainops.tools.base import CallContext, ToolError, ToolSpec, run_call
+
+
+def _tool_functions() -> tuple[Callable, ...]:
+    """Every tool trainops.tools declares. Modules load here, on first use, not at import."""
+    from trainops.tools import checkpoints, detection, env, faults, jobs, planning, quarantine, tenancy
+    from trainops.tools.frameworks import checks
+
+    return (
+        env.declare_environment,
+        planning.plan_checkpoint_interval,
+        planning.plan_effective_training_time,
+        planning.plan_layout,
+        jobs.submit_job,
+        jobs.job_status,
+        jobs.wait_job,
+        jobs.job_logs,
+        jobs.cancel_job,
+        jobs.requeue_job,
+        jobs.list_jobs,
+        jobs.list_nodes,
+        jobs.drain_node,
+        jobs.resume_node,
+        jobs.query_metrics,
+        jobs.summarize_run,
+        faults.inject_fault,
+        detection.detect_faults,
+        checkpoints.list_checkpoints,
+        checkpoints.verify_checkpoint,
+        checkpoints.measure_checkpoint_io,
+        quarantine.quarantine_checkpoints,
+        tenancy.set_tenant_quota,
+        tenancy.change_scheduler_policy,
+        tenancy.upgrade_framework,
+        checks.framework_knobs,
+        checks.check_framework_job,
+    )
+
+
+def spec_of(fn: Callable) -> ToolSpec:
+    spec = getattr(fn, "tool_spec", None)
+    if not isinstance(spec, ToolSpec):
+        raise TypeError(f"{getattr(fn, '__qualname__', fn)!r} is not a tool: declare it with @tool(name, risk=...)")
+    return spec
+
+
+class Registry(Mapping[str, ToolSpec]):
+    """Tools by name, sorted; `call` runs one through the gate."""
+
+    def __init__(self, specs: Iterable[ToolSpec]):
+        by_name: dict[str, ToolSpec] = {}
+        for spec in specs:
+            if spec.name in by_name and by_name[spec.name] is not spec:
+                raise ValueError(f"tool {spec.name} is declared twice: give one of them another name")
+            by_name[spec.name] = spec
+        self._specs = dict(sorted(by_name.items()))
+
+    def __getitem__(self, name: str) -> ToolSpec:
+        return self._specs[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._specs)
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    def get(self, name: str) -> ToolSpec:  # type: ignore[override]  (an unknown name is an error, not None)
+        if name not in self._specs:
+            raise ToolError(name, f"unknown tool; known tools: {', '.join(self._specs)}")
+        return self._specs[name]
+
+    def call(self, name: str, inp: BaseModel | dict[str, Any] | None = None, ctx: CallContext | None = None) -> BaseModel:
+        with serving(lambda: self):
+            return run_call(self.get(name), inp, ctx)
+
+
+def build_registry(extra: Iterable[Callable] = ()) -> Registry:
+    """The registry of every trainops tool, plus `extra` declared tools from a layer above."""
+    return Registry(spec_of(fn) for fn in (*_tool_functions(), *extra))
+
+
+@cache
+def tool_registry() -> Registry:
+    """The tools of `trainops.tools` alone: what skills and `trainops.tools.base.call` use."""
+    return build_registry()
+
+
+_SERVING: ContextVar[Callable[[], Registry] | None] = ContextVar("trainops_serving_registry", default=None)
+
+
+@contextmanager
+def serving(source: Callable[[], Registry]) -> Iterator[None]:
+    """Make `source()` (built only when first needed) the registry tools are looked up in."""
+    reset = _SERVING.set(cache(source))
+    try:
+        yield
+    finally:
+        _SERVING.reset(reset)
+
+
+def current_registry() -> Registry:
+    """The registry being served (by a registry's `call`, or the CLI), else `tool_registry()`."""
+    source = _SERVING.get()
+    return source() if source is not None else tool_registry()
