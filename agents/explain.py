@@ -160,7 +160,7 @@ def render_answer(intent: str, request: str, results: list[ToolMessage], assumed
         return "\n".join([
             f"Verdict: {result.get('verdict')}" + (f"; blockers: {'; '.join(blockers)}" if blockers else ""),
             f"Evidence pack: {result.get('pack_dir')} (SOP took {result.get('elapsed_s', 0):.0f} s).",
-            f"A human decides it: trainops approve {pack} --by NAME, or trainops reject {pack} --by NAME --note WHY.",
+            f"A human decides it: trainops approve {pack} (signed with their SSH key), or trainops reject {pack} --note WHY.",
         ])
     if intent == "approvals":
         items = find(next(iter(by_tool.values()), None), "items") or []

@@ -33,8 +33,9 @@ def _as_operator(ctx: typer.Context) -> None:
     ctx.with_resource(serving(_agent_registry))
 
 
-for area in (train, tools, sop, governance, agent, bench):
+for area in (train, tools, sop, agent, bench):
     area.register(app)
+app.add_typer(governance.app)
 app.add_typer(sandbox.app, name="sandbox")
 
 

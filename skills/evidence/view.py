@@ -14,8 +14,8 @@ CellKind = Literal["text", "number", "code", "command", "path", "gain", "regress
 Align = Literal["left", "right"]
 
 DECISION_COMMANDS = {
-    "approve": 'trainops approve {pack_id} --by "$USER" --note "approved as reported"',
-    "reject": 'trainops reject {pack_id} --by "$USER" --note "why it is rejected"',
+    "approve": 'trainops approve {pack_id} --note "approved as reported"',
+    "reject": 'trainops reject {pack_id} --note "why it is rejected"',
 }
 """What the reviewer types. tests/skills/test_evidence_pack.py parses both with the real CLI, so a
 renamed option fails a test instead of shipping a report whose command no longer works."""

@@ -61,5 +61,5 @@ def test_the_sop_answer_leads_with_the_verdict_and_names_the_pack_to_decide():
     message = ToolMessage(content="", tool_call_id="c1", name="run_sop", status="success", artifact=result)
     text = render_answer("sop", "run the SOP", [message])
     assert text.splitlines()[0] == "Verdict: partial; blockers: drill hang: recovery not measured"
-    assert "trainops approve sop-1 --by NAME" in text and "trainops reject sop-1 --by NAME --note WHY" in text
+    assert "trainops approve sop-1 (signed with their SSH key)" in text and "trainops reject sop-1 --note WHY" in text
     assert check_text(text) == []

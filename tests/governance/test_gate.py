@@ -9,7 +9,7 @@ import pytest
 from pydantic import BaseModel
 
 from trainops.tools.base import CallContext, ToolError, ToolSpec, call
-from trainops.tools.governance import audit, signing, tokens
+from trainops.tools.governance import audit, queue, tokens
 from trainops.tools.governance.gate import GateRefused, before_call
 from trainops.tools.tenancy import check_tenant_path, tenant_path
 
@@ -21,7 +21,7 @@ UPGRADE = {"tenant": "acme", "framework": "torch", "from_version": "2.12.0", "to
 
 
 def _call(tool, inp, token=None):
-    return call(tool, inp, CallContext(actor="test", approval_token=token))
+    return call(tool, inp, CallContext(actor="agent", approval_token=token))
 
 
 def _refusal(tool, inp, token=None) -> GateRefused:
@@ -30,24 +30,40 @@ def _refusal(tool, inp, token=None) -> GateRefused:
     return info.value
 
 
+def _token(tool, inp, *signers) -> str:
+    """Queue the call (it arrives without a token), then each approver signs it with their own key."""
+    pending = _refusal(tool, inp).pending_id
+    token = None
+    for approver in signers:
+        token = tokens.approve(pending, approver.key, cosign=token)
+    return token
+
+
 @pytest.mark.rule("R-SEC-1", case="violation")
 def test_quota_change_without_approval_is_refused_and_queued_as_pending():
     refused = _refusal("set_tenant_quota", QUOTA)
     assert (refused.reason, refused.rule_id) == ("missing_token", "R-SEC-1")
     assert f"trainops approve --pending {refused.pending_id}" in str(refused)
-    [pending] = tokens.pending_calls()
-    assert (pending.id, pending.tool, pending.input["gpus"], pending.requested_by) == (refused.pending_id, "set_tenant_quota", 16, "test")
+    [pending] = queue.pending_calls()
+    assert (pending.id, pending.tool, pending.input["gpus"], pending.requested_by) == (refused.pending_id, "set_tenant_quota", 16, "agent")
 
 
 @pytest.mark.rule("R-SEC-1", case="compliant")
 @pytest.mark.rule("R-SEC-4", case="compliant")
-def test_quota_change_with_a_token_for_that_exact_call_is_applied(workspace):
-    _refusal("set_tenant_quota", QUOTA)
-    token = tokens.issue_token("set_tenant_quota", QUOTA, approver="alice")
+@pytest.mark.rule("R-SEC-6", case="compliant")
+def test_quota_change_with_two_approvers_signing_that_exact_call_is_applied(workspace, approvers):
+    token = _token("set_tenant_quota", QUOTA, approvers.alice, approvers.bob)
     out = _call("set_tenant_quota", QUOTA, token)
     assert out.current["gpus"] == 16
     assert json.loads((workspace / "tenants" / "acme" / "quota.json").read_text())["priority"] == "high"
-    assert tokens.pending_calls() == [] and tokens.decided_calls()[0].approver == "alice"
+    assert queue.pending_calls() == [] and queue.decided_calls()[0].approver == "alice, bob"
+
+
+@pytest.mark.rule("R-SEC-6", case="violation")
+def test_quota_change_signed_by_one_approver_is_refused(approvers):
+    refused = _refusal("set_tenant_quota", QUOTA, _token("set_tenant_quota", QUOTA, approvers.alice))
+    assert (refused.reason, refused.rule_id) == ("too_few_approvers", "R-SEC-1")
+    assert "needs 2 distinct approvers; this token has 1 (alice)" in str(refused)
 
 
 @pytest.mark.rule("R-SEC-4", case="violation")
@@ -56,44 +72,34 @@ def test_irreversible_call_without_token_is_refused():
     assert (refused.reason, refused.rule_id) == ("missing_token", "R-SEC-4")
 
 
-def test_replayed_token_is_refused():
-    token = tokens.issue_token("set_tenant_quota", QUOTA, approver="alice")
+def test_replayed_token_is_refused(approvers):
+    token = _token("set_tenant_quota", QUOTA, approvers.alice, approvers.bob)
     _call("set_tenant_quota", QUOTA, token)
     assert _refusal("set_tenant_quota", QUOTA, token).reason == "replayed"
 
 
-def test_token_for_a_different_input_is_refused():
-    token = tokens.issue_token("set_tenant_quota", QUOTA, approver="alice")
+def test_token_for_a_different_input_is_refused(approvers):
+    token = _token("set_tenant_quota", QUOTA, approvers.alice, approvers.bob)
     assert _refusal("set_tenant_quota", {**QUOTA, "gpus": 512}, token).reason == "mismatch"
 
 
-def test_token_for_a_different_tool_is_refused():
-    token = tokens.issue_token("set_tenant_quota", QUOTA, approver="alice")
+def test_token_for_a_different_tool_is_refused(approvers):
+    token = _token("set_tenant_quota", QUOTA, approvers.alice, approvers.bob)
     refused = _refusal("upgrade_framework", UPGRADE, token)
     assert refused.reason == "mismatch" and "'set_tenant_quota', not 'upgrade_framework'" in str(refused)
 
 
-def test_expired_token_is_refused():
-    token = tokens.issue_token("set_tenant_quota", QUOTA, approver="alice", ttl_s=0.01)
-    time.sleep(0.05)
-    assert _refusal("set_tenant_quota", QUOTA, token).reason == "expired"
+def test_expired_token_is_refused(approvers):
+    token = _token("set_tenant_quota", QUOTA, approvers.alice, approvers.bob)
+    with pytest.raises(tokens.TokenRefused, match="expired"):
+        tokens.consume(token, "set_tenant_quota", QUOTA, now=time.time() + 15 * 60 + 1)
 
 
-def test_token_signed_by_another_key_is_refused():
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    signing.public_key_pem()  # the workspace key exists; the forger holds a different one
-    body, _ = tokens.issue_token("set_tenant_quota", QUOTA, approver="alice").split(".")
-    forged = f"{body}.{signing.b64(Ed25519PrivateKey.generate().sign(body.encode()))}"
-    assert _refusal("set_tenant_quota", QUOTA, forged).reason == "forged"
-
-
-def test_token_with_an_edited_payload_is_refused():
-    body, sig = tokens.issue_token("set_tenant_quota", QUOTA, approver="alice").split(".")
-    payload = json.loads(signing.unb64(body))
-    payload["expires_at"] += 86400
-    edited = f"{signing.b64(audit.canonical_json(payload).encode())}.{sig}"
-    assert _refusal("set_tenant_quota", QUOTA, edited).reason == "forged"
+def test_token_with_an_edited_payload_is_refused(approvers):
+    first, second = tokens.parse(_token("set_tenant_quota", QUOTA, approvers.alice, approvers.bob))
+    longer = [tokens.Approval(payload=a.payload.model_copy(update={"expires_at": a.payload.expires_at + 60}),
+                              signature=a.signature) for a in (first, second)]
+    assert _refusal("set_tenant_quota", QUOTA, tokens.encode(longer)).reason == "forged"
 
 
 def test_garbage_token_is_refused_as_malformed():
@@ -101,17 +107,16 @@ def test_garbage_token_is_refused_as_malformed():
 
 
 @pytest.mark.rule("R-SEC-2", case="violation")
-def test_global_scheduler_policy_change_is_refused_even_with_a_token():
+def test_global_scheduler_policy_change_is_refused_outright_and_never_queued_for_approval():
     change = {**POLICY, "scope": "global", "target": ""}
-    token = tokens.issue_token("change_scheduler_policy", change, approver="alice")
-    refused = _refusal("change_scheduler_policy", change, token)
+    refused = _refusal("change_scheduler_policy", change)
     assert (refused.reason, refused.rule_id) == ("forbidden", "R-SEC-2")
-    assert tokens.pending_calls() == []
+    assert queue.pending_calls() == []
 
 
 def test_forced_cross_version_upgrade_is_refused_as_forbidden():
     forced = {**UPGRADE, "to_version": "3.1.0", "force": True}
-    refused = _refusal("upgrade_framework", forced, tokens.issue_token("upgrade_framework", forced, approver="alice"))
+    refused = _refusal("upgrade_framework", forced)
     assert (refused.reason, refused.rule_id) == ("forbidden", "R-SEC-2")
 
 
@@ -121,10 +126,10 @@ def test_unforced_upgrade_skipping_minor_versions_is_refused():
 
 
 @pytest.mark.rule("R-SEC-2", case="compliant")
-def test_partition_policy_change_and_one_step_upgrade_are_allowed_with_tokens():
-    out = _call("change_scheduler_policy", POLICY, tokens.issue_token("change_scheduler_policy", POLICY, approver="alice"))
+def test_partition_policy_change_and_one_step_upgrade_are_allowed_with_two_approvers(approvers):
+    out = _call("change_scheduler_policy", POLICY, _token("change_scheduler_policy", POLICY, approvers.alice, approvers.bob))
     assert out.rollback_command.startswith("trainops tool call")
-    up = _call("upgrade_framework", UPGRADE, tokens.issue_token("upgrade_framework", UPGRADE, approver="alice"))
+    up = _call("upgrade_framework", UPGRADE, _token("upgrade_framework", UPGRADE, approvers.bob, approvers.alice))
     assert up.pinned_version == "2.13.0"
 
 
@@ -166,38 +171,37 @@ def test_invalid_tool_input_is_refused_naming_the_field():
 
 
 @pytest.mark.rule("R-TOOL-1", case="compliant")
-def test_valid_call_passes_the_gate_and_is_audited():
-    _call("set_tenant_quota", QUOTA, tokens.issue_token("set_tenant_quota", QUOTA, approver="alice"))
+def test_valid_call_passes_the_gate_and_is_audited(approvers):
+    _call("set_tenant_quota", QUOTA, _token("set_tenant_quota", QUOTA, approvers.alice, approvers.bob))
     kinds = [(e["kind"], e.get("decision")) for e in audit.read()]
-    assert kinds == [("approval", "token_issued"), ("gate", "allowed"), ("intent", None), ("tool_call", None)]
+    assert kinds[-4:] == [("anchor", "token_issued"), ("gate", "allowed"), ("intent", None), ("tool_call", None)]
     assert audit.read()[-1]["input"]["gpus"] == 16
 
 
-def test_tokens_expire_after_15_minutes_by_default():
-    payload = tokens.decode(tokens.issue_token("set_tenant_quota", QUOTA, approver="alice"))
-    assert payload["expires_at"] - payload["issued_at"] == pytest.approx(15 * 60)
-    assert payload["input_sha256"] == tokens.input_hash(QUOTA)
-
-
-def test_token_minted_from_the_cli_for_a_call_opens_that_call():
+def test_a_pending_call_approved_from_the_cli_by_two_approvers_opens_that_call(approvers):
     from typer.testing import CliRunner
 
     from trainops.cli import app
 
-    minted = CliRunner().invoke(app, ["approve", "--call", "set_tenant_quota", "--input", json.dumps(QUOTA),
-                                      "--by", "alice", "--json"])
-    assert minted.exit_code == 0, minted.output
-    assert _call("set_tenant_quota", QUOTA, json.loads(minted.output)["token"]).current["gpus"] == 16
+    pending = _refusal("set_tenant_quota", QUOTA).pending_id
+    first = CliRunner().invoke(app, ["approve", "--pending", pending, "--key", str(approvers.alice.key), "--json"])
+    assert first.exit_code == 0, first.output
+    assert json.loads(first.output)["signatures"] == 1 and json.loads(first.output)["approvers_needed"] == 2
+    second = CliRunner().invoke(app, ["approve", "--pending", pending, "--key", str(approvers.bob.key),
+                                      "--cosign", json.loads(first.output)["token"], "--json"])
+    assert second.exit_code == 0, second.output
+    assert _call("set_tenant_quota", QUOTA, json.loads(second.output)["token"]).current["gpus"] == 16
 
 
-def test_cli_refuses_to_mint_a_token_for_an_input_the_tool_would_reject():
+def test_cli_has_no_way_to_mint_a_token_for_a_call_nobody_queued(approvers):
     from typer.testing import CliRunner
 
     from trainops.cli import app
 
-    result = CliRunner().invoke(app, ["approve", "--call", "set_tenant_quota", "--input", '{"tenant": "acme"}',
-                                      "--by", "alice"])
-    assert result.exit_code == 2 and "gpus: Field required" in result.output
+    result = CliRunner().invoke(app, ["approve", "--call", "set_tenant_quota", "--input", json.dumps(QUOTA),
+                                      "--key", str(approvers.alice.key)])
+    assert result.exit_code == 2 and "No such option: --call" in result.output
+    assert not any(e["kind"] == "anchor" for e in audit.read())
 
 
 def test_check_input_lets_the_agent_refuse_a_forbidden_call_before_asking_a_human():
@@ -207,16 +211,4 @@ def test_check_input_lets_the_agent_refuse_a_forbidden_call_before_asking_a_huma
     spec = get("change_scheduler_policy")
     with pytest.raises(GateRefused, match="forbidden"):
         check_input(spec, spec.Input.model_validate({**POLICY, "scope": "global", "target": ""}), CallContext())
-    assert tokens.pending_calls() == []
-
-
-def test_cli_refuses_to_mint_a_token_for_a_forbidden_call():
-    from typer.testing import CliRunner
-
-    from trainops.cli import app
-
-    forbidden = {**POLICY, "scope": "global", "target": ""}
-    result = CliRunner().invoke(app, ["approve", "--call", "change_scheduler_policy", "--input", json.dumps(forbidden),
-                                      "--by", "alice"])
-    assert result.exit_code == 2 and "no token minted" in result.output and "forbidden" in result.output
-    assert not any(e.get("decision") == "token_issued" for e in audit.read())
+    assert queue.pending_calls() == []

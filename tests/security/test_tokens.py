@@ -44,7 +44,7 @@ def test_a_token_signed_with_a_key_not_in_allowed_signers_is_refused(approvers, 
     with pytest.raises(ValueError, match="not an approver"):
         tokens.approve(pending, eve)
     honest = tokens.approve(pending, approvers.alice.key)
-    [approval] = tokens._approvals(honest)
+    [approval] = tokens.parse(honest)
     forged_sig = subprocess.run(["ssh-keygen", "-Y", "sign", "-n", "trainops-approval", "-f", str(eve)],
                                 input=approval.payload.signed_bytes(), capture_output=True, check=True).stdout.decode()
     forged = tokens.encode([approval, tokens.Approval(payload=approval.payload, signature=forged_sig)])
@@ -56,7 +56,7 @@ def test_one_approver_cannot_satisfy_a_two_approver_class_by_signing_twice(appro
     token = tokens.approve(pending, approvers.alice.key)
     with pytest.raises(ValueError, match="alice already signed"):
         tokens.approve(pending, approvers.alice.key, cosign=token)
-    [approval] = tokens._approvals(token)
+    [approval] = tokens.parse(token)
     again = approval.payload.model_copy(update={"issued_at": approval.payload.issued_at + 1})
     twice = tokens.encode([approval, tokens.Approval(
         payload=again, signature=signing.sign(again.signed_bytes(), approvers.alice.key))])
@@ -70,7 +70,7 @@ def test_one_key_listed_under_two_principals_counts_once(approvers):
         fh.write(f"alice-again {alice_pub}\n")
     pending = _queued("set_tenant_quota", QUOTA)
     first = tokens.approve(pending, approvers.alice.key)
-    [approval] = tokens._approvals(first)
+    [approval] = tokens.parse(first)
     as_other_principal = tokens.encode([approval, approval])
     assert _refusal("set_tenant_quota", QUOTA, as_other_principal).reason == "too_few_approvers"
 

@@ -69,11 +69,16 @@ RULES: dict[str, Rule] = {r.id: r for r in [
          enforcement="trainops.tools.governance.gate:check_input", where="action gate"),
     Rule(id="R-SEC-3", title="Training data and checkpoints are isolated per tenant",
          enforcement="trainops.tools.tenancy:check_tenant_path", where="action gate"),
-    Rule(id="R-SEC-4", title="Irreversible and gated calls need a signed, single-use, expiring token bound to the call",
+    Rule(id="R-SEC-4", title="Irreversible and gated calls need a token signed by a human approver's SSH key, "
+                             "single-use, expiring, bound to the queued call, revoked by a rejection",
          enforcement="trainops.tools.governance.tokens:consume", where="action gate"),
-    Rule(id="R-SEC-5", title="Every tool call, gate decision and approval is in the hash-chained audit log",
+    Rule(id="R-SEC-5", title="Every tool call, gate decision and approval is in the hash-chained audit log, "
+                             "anchored by the approvers' signatures",
          enforcement="trainops.tools.governance.audit:verify", where="audit log"),
-    Rule(id="R-APR-1", title="Evidence packs are approved or rejected by a signed human decision; approved packs are immutable",
+    Rule(id="R-SEC-6", title="Gated calls need distinct human approvers by class (mutate 1, irreversible 2, "
+                             "quota/priority/policy 2), never the requester",
+         enforcement="trainops.tools.governance.tokens:consume", where="action gate"),
+    Rule(id="R-APR-1", title="Evidence packs are approved or rejected by a human approver's SSH signature; approved packs are immutable",
          enforcement="trainops.tools.governance.approvals:verify_pack", where="approval"),
     Rule(id="R-OUT-1", title="A report's first line is a verdict (pass/fail/partial) and its blockers",
          enforcement="trainops.tools.governance.text:validate_report_text", where="report text"),

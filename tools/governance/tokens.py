@@ -105,7 +105,7 @@ def approve(pending_id: str, key: Path | None = None, ttl_min: float = DEFAULT_T
     signature to another approver's token. Returns the token; the approval is anchored in the audit log."""
     ttl_s = check_ttl_min(ttl_min) * 60
     item = queue.get_pending(pending_id)
-    earlier = _approvals(cosign) if cosign else []
+    earlier = parse(cosign) if cosign else []
     if earlier and any(a.payload.call_id != item.id for a in earlier):
         raise ValueError(f"--cosign token is for call {earlier[0].payload.call_id}, not {item.id}: co-sign the same call")
     now = time.time()
@@ -127,7 +127,7 @@ def encode(approvals: list[Approval]) -> str:
     return TOKEN_PREFIX + base64.urlsafe_b64encode(body).decode().rstrip("=")
 
 
-def _approvals(token: str) -> list[Approval]:
+def parse(token: str) -> list[Approval]:
     """The approvals in a well-formed token (signatures not checked)."""
     how = "mint one with `trainops approve --pending ID`"
     if not isinstance(token, str) or not token.startswith(TOKEN_PREFIX):
@@ -145,7 +145,7 @@ def _approvals(token: str) -> list[Approval]:
 
 def decode(token: str) -> dict[str, Any]:
     """The first approval's payload (signatures not checked): what the token is for."""
-    return _approvals(token)[0].payload.model_dump(mode="json")
+    return parse(token)[0].payload.model_dump(mode="json")
 
 
 def _signers(approvals: list[Approval], now: float | None = None) -> list[signing.Signer]:
@@ -173,7 +173,7 @@ def _refuse_requester(item: queue.PendingCall, signers: list[signing.Signer]) ->
 def consume(token: str, tool: str, inp: BaseModel | dict[str, Any], now: float | None = None) -> dict[str, Any]:
     """Check the token against this exact queued call and burn it; raise TokenRefused naming why not.
     Returns the first payload with `approver` (the principals, comma-separated) and `approvers`."""
-    approvals = _approvals(token)
+    approvals = parse(token)
     first = approvals[0].payload
     if any((a.payload.call_id, a.payload.tool, a.payload.input_sha256, a.payload.nonce)
            != (first.call_id, first.tool, first.input_sha256, first.nonce) for a in approvals):
