@@ -109,6 +109,7 @@ def write(pack: EvidencePack, packs_root: Path | None = None) -> Path:
     """Validate, then write evidence.json, report.md, report.html and plots. Raises PackRefused.
     The plots are drawn in memory first, so their captions are checked with the report text."""
     from trainops.skills.evidence import plots
+    from trainops.tools.governance.pack_checks import record_written
     from trainops.workspace import check_id, packs_dir
 
     check_id("pack", pack.pack_id)
@@ -128,6 +129,7 @@ def write(pack: EvidencePack, packs_root: Path | None = None) -> Path:
     (staging / "evidence.json").write_text(pack.model_dump_json(indent=2) + "\n", encoding="utf-8")
     (staging / "report.md").write_text(markdown, encoding="utf-8")
     (staging / "report.html").write_text(to_html(pack, figures), encoding="utf-8")
+    record_written(staging, pack.pack_id)  # audited first: approval checks the pack against this record
     staging.rename(folder)
     return folder
 

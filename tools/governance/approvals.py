@@ -1,89 +1,201 @@
-"""Human decisions on evidence packs (rule R-APR-1).
+"""Human decisions on evidence packs (rule R-APR-1), signed with the approver's own SSH key.
 
-A decision signs the pack's content hash (every file in the pack folder except
-`approval.json`) with the workspace ed25519 key. Once decided, the pack is frozen: any later
-change to a file makes `verify_pack` fail, and a second decision is refused. Anyone with the
-public key can check an approval.
+A decision signs the pack's whole content (pack_checks.content_entries: every file, folder and
+link) and is final. Decisions on a pack form a chain in `$TRAINOPS_HOME/decisions/PACK/`:
+`0001.json`, `0002.json`, ... each carrying the sha256 of the one before, each written once
+(never overwritten) and each recorded in the audit log as an anchor the approver signed. A later
+decision is only a revocation (approved, then rejected); a rejected pack stays rejected. Deleting
+or editing a decision file breaks the chain against its signature, its successor or the audit
+log, and then nothing more is decided on that pack.
 """
 from __future__ import annotations
 
-import hashlib
+import os
 import time
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
-from trainops.tools.governance import audit, signing
+from trainops.tools.governance import anchors, audit, signing
+from trainops.tools.governance.pack_checks import (
+    approval_problems,
+    changed_entries,
+    content_entries,
+    content_hash,
+)
 
-APPROVAL_FILE = "approval.json"
+Verdict = Literal["approved", "rejected"]
+SUBJECT = "pack"
+
+
+class PackRefused(ValueError):
+    """A pack decision was refused: names the rule, the file and what to do."""
 
 
 def pack_dir(pack: str) -> Path:
-    """A pack id under `$TRAINOPS_HOME/packs/`, or a path to a pack folder."""
+    """A pack folder inside `$TRAINOPS_HOME/packs/`: a pack id (matched in full) or a path that
+    resolves, symlinks included, to a folder directly inside it."""
     from trainops.workspace import check_id, packs_dir
 
-    as_path = Path(pack)
-    if as_path.is_dir() and (as_path.is_absolute() or "/" in pack):
-        return as_path.resolve()
-    path = packs_dir() / check_id("pack", pack)
-    if not path.is_dir():
-        known = ", ".join(sorted(p.name for p in packs_dir().iterdir() if p.is_dir())) or "none yet"
-        raise ValueError(f"pack {pack!r} not found under {packs_dir()}; known packs: {known} "
-                         "(build one with `trainops evidence build RUN`)")
-    return path
+    root = packs_dir().resolve()
+    if "/" in pack:
+        resolved = Path(pack).expanduser().resolve()
+        if resolved.parent != root:
+            raise PackRefused(f"pack {pack!r} resolves to {resolved}, not a folder inside the workspace's packs "
+                              f"{root}: only packs trainops wrote there can be decided")
+    else:
+        resolved = (root / check_id("pack", pack)).resolve()
+        if resolved.parent != root:
+            raise PackRefused(f"pack {pack!r} is a link to {resolved}, outside the workspace's packs {root}")
+    if not resolved.is_dir():
+        known = ", ".join(sorted(p.name for p in root.iterdir() if p.is_dir())) or "none yet"
+        raise PackRefused(f"pack {pack!r} not found under {root}; known packs: {known} "
+                          "(build one with `trainops evidence build RUN`)")
+    return resolved
 
 
-def file_hashes(folder: Path) -> dict[str, str]:
-    out = {}
-    for path in sorted(folder.rglob("*")):
-        if path.is_file() and path.name != APPROVAL_FILE:
-            out[path.relative_to(folder).as_posix()] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return out
+class DecisionPayload(BaseModel):
+    """What the approver signs: the decision, the pack's content, the chain link and the audit head."""
 
-
-def content_hash(hashes: dict[str, str]) -> str:
-    return audit.sha256_hex(audit.canonical_json(hashes))
-
-
-class Decision(BaseModel):
-    """`approval.json`: the signed human decision on one pack."""
-
+    purpose: Literal["decide_pack"] = "decide_pack"
     pack: str
-    decision: Literal["approved", "rejected"]
-    by: str = Field(description="The person who decided.")
+    seq: int = Field(description="1 for the first decision on the pack, then 2, ...")
+    decision: Verdict
     note: str = ""
-    time: float
-    content_hash: str = Field(description="sha256 over the canonical JSON of {relative path: file sha256}.")
-    files: dict[str, str]
-    public_key_pem: str = Field(description="The key the signature verifies under (also in keys/).")
-    signature: str = ""
+    content_hash: str = Field(description="sha256 over the canonical JSON of the pack's content entries.")
+    files: dict[str, str] = Field(description="relative path -> sha256:HEX | dir | symlink:TARGET")
+    previous_sha256: str = Field(description="sha256 of the previous decision file's bytes (zeros for the first).")
+    issued_at: float
+    audit_head: anchors.AuditHead
 
     def signed_bytes(self) -> bytes:
-        return audit.canonical_json(self.model_dump(exclude={"signature"})).encode()
+        signed = self.model_dump(mode="json", include=set(DecisionPayload.model_fields))
+        return audit.canonical_json(signed).encode()
 
 
-def decide(pack: str, decision: Literal["approved", "rejected"], by: str, note: str = "") -> Decision:
+class Decision(DecisionPayload):
+    """One decision file: the signed payload, its signature and the signer it verified as."""
+
+    signature: str
+    principal: str = Field(description="The allowed-signers principal who decided.")
+    fingerprint: str
+    allowed_signers_sha256: str
+
+
+def decisions_dir(pack_id: str) -> Path:
+    from trainops.workspace import home
+
+    return home() / "decisions" / pack_id
+
+
+def _recorded_decisions(pack_id: str) -> list[dict]:
+    return [e for e in audit.read() if e.get("kind") == anchors.ANCHOR_KIND and e.get("subject") == SUBJECT
+            and e.get("pack") == pack_id]
+
+
+def load_chain(pack_id: str, check_signatures: bool = True) -> list[tuple[Decision, str]]:
+    """The pack's decisions with each file's sha256, oldest first, after checking every file parses,
+    links to the one before, matches the audit log's record of it and (unless only listing)
+    carries a valid signature by its recorded signer. Raises PackRefused naming the first break."""
+    folder = decisions_dir(pack_id)
+    files = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    recorded = _recorded_decisions(pack_id)
+    chain: list[tuple[Decision, str]] = []
+    previous = audit.GENESIS_HASH
+    for seq, path in enumerate(files, start=1):
+        where = f"decision {path.name} of pack {pack_id!r}"
+        raw = path.read_bytes()
+        try:
+            record = Decision.model_validate_json(raw)
+        except (ValidationError, ValueError):
+            raise PackRefused(f"{where} is corrupt (not a decision record): restore it from a backup; "
+                              "no further decision is taken on this pack") from None
+        if path.name != f"{seq:04d}.json" or record.seq != seq or record.pack != pack_id:
+            raise PackRefused(f"{where} is out of place (seq {record.seq}, pack {record.pack!r}): decisions were "
+                              "renamed, moved or deleted")
+        if record.previous_sha256 != previous:
+            raise PackRefused(f"{where} does not link to the decision before it: one was edited or removed")
+        if check_signatures:
+            _check_signature(where, record)
+        previous = audit.sha256_hex(raw)
+        if seq > len(recorded) or recorded[seq - 1].get("decision_sha256") != previous:
+            raise PackRefused(f"{where} is not the decision the audit log records: it was not made through trainops")
+        chain.append((record, previous))
+    if len(recorded) > len(chain):
+        lost = recorded[len(chain)]
+        raise PackRefused(f"pack {pack_id!r}: the audit log records decision {len(chain) + 1} ({lost.get('decision')} by "
+                          f"{lost.get('principal')}, audit entry {lost.get('seq')}) but its file is gone from "
+                          f"{folder}: restore it; a deleted decision never lets a pack be decided again")
+    return chain
+
+
+def _check_signature(where: str, record: Decision) -> None:
+    try:
+        signer = signing.verify(record.signed_bytes(), record.signature, at=record.issued_at)
+    except signing.SigningError as exc:
+        raise PackRefused(f"{where}: {exc}") from None
+    if (signer.principal, signer.fingerprint) != (record.principal, record.fingerprint):
+        raise PackRefused(f"{where} names {record.principal} but is signed by {signer.principal} ({signer.fingerprint})")
+
+
+def _check_final(pack_id: str, chain: list[tuple[Decision, str]], decision: Verdict) -> None:
+    if not chain:
+        return
+    last = chain[-1][0]
+    if last.decision == "rejected":
+        raise PackRefused(f"pack {pack_id} was rejected by {last.principal} (decision {last.seq}: "
+                          f"{last.note}); a rejection is final: build a new pack")
+    if decision == "approved":
+        raise PackRefused(f"pack {pack_id} was already approved by {last.principal} (decision {last.seq}); "
+                          "a decision is final: revoke it with `trainops reject`, or build a new pack")
+
+
+def decide(pack: str, decision: Verdict, note: str = "", key: Path | None = None) -> Decision:
+    """Sign and record a decision. Approving first runs the evidence validators and refuses a pack
+    that breaks a rule; a rejection needs a note; an earlier decision is never overwritten."""
     folder = pack_dir(pack)
-    if not by.strip():
-        raise ValueError("by is empty: name the person deciding (--by NAME)")
+    pack_id = folder.name
     if decision == "rejected" and not note.strip():
-        raise ValueError("note is empty: a rejection must say why (--note TEXT) so the pack can be fixed")
-    existing = folder / APPROVAL_FILE
-    if existing.exists():
-        prior = Decision.model_validate_json(existing.read_text())
-        raise ValueError(f"pack {folder.name} was already {prior.decision} by {prior.by}; a decided pack is "
-                         "immutable: build a new pack to decide again")
-    hashes = file_hashes(folder)
-    if not hashes:
-        raise ValueError(f"pack {folder.name} has no files to approve: build it first")
-    record = Decision(pack=folder.name, decision=decision, by=by, note=note, time=time.time(),
-                      content_hash=content_hash(hashes), files=hashes, public_key_pem=signing.public_key_pem())
-    record.signature = signing.sign(record.signed_bytes())
-    existing.write_text(record.model_dump_json(indent=2))
-    audit.append("approval", subject="pack", pack=folder.name, decision=decision, approver=by,
-                 content_hash=record.content_hash, note=note)
+        raise PackRefused("note is empty: a rejection must say why (--note TEXT) so the pack can be fixed")
+    chain = load_chain(pack_id)
+    _check_final(pack_id, chain, decision)
+    entries = content_entries(folder)
+    if decision == "approved":
+        problems = approval_problems(folder, pack_id, entries)
+        if problems:
+            raise PackRefused(f"pack {pack_id} cannot be approved: " + "; ".join(problems))
+    payload = DecisionPayload(pack=pack_id, seq=len(chain) + 1, decision=decision, note=note,
+                              content_hash=content_hash(entries), files=entries,
+                              previous_sha256=chain[-1][1] if chain else audit.GENESIS_HASH,
+                              issued_at=time.time(), audit_head=anchors.head())
+    signature = signing.sign(payload.signed_bytes(), key)
+    signer = signing.verify(payload.signed_bytes(), signature, at=payload.issued_at)
+    record = Decision(**payload.model_dump(), signature=signature, principal=signer.principal,
+                      fingerprint=signer.fingerprint, allowed_signers_sha256=signer.allowed_signers_sha256)
+    path = _write_once(decisions_dir(pack_id) / f"{payload.seq:04d}.json", record.model_dump_json(indent=2).encode())
+    try:
+        anchors.record(payload.signed_bytes(), signature, signer, subject=SUBJECT, pack=pack_id,
+                       decision=decision, decision_seq=payload.seq, decision_sha256=audit.sha256_hex(path.read_bytes()),
+                       content_hash=payload.content_hash, note=note)
+    except audit.AuditUnavailable:
+        path.unlink()
+        raise
     return record
+
+
+def _write_once(path: Path, data: bytes) -> Path:
+    """Create the file or fail: two deciders racing for one sequence number cannot both win."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        raise PackRefused(f"{path} was written by another decision meanwhile: run the command again") from None
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return path
 
 
 class PackVerification(BaseModel):
@@ -91,28 +203,28 @@ class PackVerification(BaseModel):
     ok: bool
     decision: str | None = None
     by: str | None = None
+    decisions: int = Field(0, description="Length of the decision chain.")
     reason: str
-    changed: list[str] = Field(default_factory=list, description="Files added, removed or edited since the decision.")
+    changed: list[str] = Field(default_factory=list, description="Entries added, removed or edited since the decision.")
 
 
-def verify_pack(pack: str, public_key_pem: str | None = None) -> PackVerification:
-    """Check the signature (under the given key, else the workspace key) and that no file changed."""
+def verify_pack(pack: str) -> PackVerification:
+    """Check the decision chain (signatures by listed approvers, links, audit record) and that no
+    entry of the pack changed since the latest decision."""
     folder = pack_dir(pack)
-    path = folder / APPROVAL_FILE
-    if not path.exists():
-        return PackVerification(pack=folder.name, ok=False, reason="no decision yet (no approval.json)")
-    record = Decision.model_validate_json(path.read_text())
-    key = public_key_pem if public_key_pem is not None else signing.public_key_pem()
-    base = dict(pack=folder.name, decision=record.decision, by=record.by)
-    if not signing.verify(record.signed_bytes(), record.signature, key):
-        return PackVerification(**base, ok=False, reason="signature does not verify under the public key: "
-                                                         "approval.json was altered or signed by another key")
-    now = file_hashes(folder)
-    changed = sorted(k for k in now.keys() | record.files.keys() if now.get(k) != record.files.get(k))
-    if changed or content_hash(now) != record.content_hash:
+    try:
+        chain = load_chain(folder.name)
+    except PackRefused as exc:
+        return PackVerification(pack=folder.name, ok=False, reason=str(exc))
+    if not chain:
+        return PackVerification(pack=folder.name, ok=False, reason="no decision yet")
+    last = chain[-1][0]
+    base = dict(pack=folder.name, decision=last.decision, by=last.principal, decisions=len(chain))
+    changed = changed_entries(last.files, content_entries(folder))
+    if changed:
         return PackVerification(**base, ok=False, changed=changed,
-                                reason=f"{len(changed)} file(s) changed since the decision")
-    return PackVerification(**base, ok=True, reason="signature valid and content unchanged")
+                                reason=f"{len(changed)} entr{'y' if len(changed) == 1 else 'ies'} changed since the decision")
+    return PackVerification(**base, ok=True, reason=f"signed by {last.principal} ({last.fingerprint}); content unchanged")
 
 
 class ApprovalItem(BaseModel):
@@ -123,21 +235,26 @@ class ApprovalItem(BaseModel):
     by: str | None = None
 
 
+def _pack_item(folder: Path) -> ApprovalItem:
+    """The listing reads the chain without calling ssh-keygen; `verify_pack` checks signatures."""
+    try:
+        chain = load_chain(folder.name, check_signatures=False)
+    except PackRefused as exc:
+        return ApprovalItem(kind="pack", id=folder.name, status="corrupt", detail=str(exc))
+    if not chain:
+        return ApprovalItem(kind="pack", id=folder.name, status="pending",
+                            detail=f"{len(content_entries(folder))} entries awaiting a decision")
+    last = chain[-1][0]
+    return ApprovalItem(kind="pack", id=folder.name, status=last.decision, by=last.principal,
+                        detail=last.note or f"content {last.content_hash[:12]}")
+
+
 def list_items() -> list[ApprovalItem]:
     """Pending and decided packs and gated calls, pending first."""
     from trainops.tools.governance import queue
     from trainops.workspace import packs_dir
 
-    items = []
-    for folder in sorted(p for p in packs_dir().iterdir() if p.is_dir()):
-        path = folder / APPROVAL_FILE
-        if path.exists():
-            record = Decision.model_validate_json(path.read_text())
-            items.append(ApprovalItem(kind="pack", id=folder.name, status=record.decision, by=record.by,
-                                      detail=record.note or f"content {record.content_hash[:12]}"))
-        else:
-            items.append(ApprovalItem(kind="pack", id=folder.name, status="pending",
-                                      detail=f"{len(file_hashes(folder))} file(s) awaiting a decision"))
+    items = [_pack_item(folder) for folder in sorted(p for p in packs_dir().iterdir() if p.is_dir())]
     for call in queue.pending_calls() + queue.decided_calls():
         why = f"; {call.note}" if call.note else ""
         items.append(ApprovalItem(kind="call", id=call.id, status=call.status, by=call.approver,

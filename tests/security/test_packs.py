@@ -1,0 +1,187 @@
+"""Pack decisions hold against the agent: approving re-runs the evidence validators, the decision
+covers every entry of the pack, it is signed by a listed human's SSH key, it is final, and the
+chain of decisions cannot be cut or edited to let a rejected pack through."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from typer.testing import CliRunner
+
+from trainops.cli import app
+from trainops.skills.evidence import pack as evidence_pack
+from trainops.skills.evidence.model import (
+    AblationRow,
+    BaselineSummary,
+    EnvironmentDeclaration,
+    EvidenceRow,
+    MetricSpread,
+)
+from trainops.tools.governance import approvals, audit
+from trainops.tools.governance.approvals import PackRefused, decide, verify_pack
+
+runner = CliRunner()
+SPREAD = MetricSpread(median=2.0, low=1.95, high=2.05, spread_pct=5.0)
+
+
+def _run(workspace, name: str, overrides: list[str] = ()) -> str:
+    """A run folder as the trainer leaves it: config.toml and per-rank metrics."""
+    from trainops.trainer.config import load_config
+
+    folder = workspace / "runs" / name
+    folder.mkdir(parents=True)
+    (folder / "config.toml").write_text(load_config(preset="tiny", overrides=list(overrides)).to_toml())
+    with open(folder / "metrics.jsonl", "w") as fh:
+        for step in (1, 2, 3):
+            for rank in (0, 1):
+                fh.write(json.dumps({"step": step, "rank": rank, "loss": 5.0 - step, "step_time_s": 0.1,
+                                     "tokens_per_s": 1000.0, "mfu_pct": 2.0, "time": 1000.0 + step}) + "\n")
+    return str(folder)
+
+
+def _pack(workspace, pack_id: str = "pack-1", arm_overrides: tuple[str, ...] | None = None) -> str:
+    """A pack written by trainops (evidence_pack.write): a baseline, and an ablation arm whose run
+    changed `arm_overrides` against the baseline's config."""
+    base = _run(workspace, f"{pack_id}-base")
+    ablations = []
+    if arm_overrides is not None:
+        arm = _run(workspace, f"{pack_id}-arm", arm_overrides)
+        ablations.append(AblationRow(knob="micro_batch", value="8", baseline_value="4", category="batch",
+                                     scale="2 procs", scale_kind="target", mfu_change_pct=12.0, noise_band_pct=5.0,
+                                     beyond_noise=True, verdict="gain", source_run=arm))
+    env = EnvironmentDeclaration(framework="trainops-trainer", framework_version="0.1.0", torch_version="2.13.0",
+                                 hardware="cpu:x86_64", device_count=2, backend="gloo", scheduler="local")
+    baseline = BaselineSummary(model="tiny", parallel_layout="dp_shard=2", precision="fp32", repeats=3,
+                               warmup_steps_excluded=1, step_time_s=SPREAD, tokens_per_s=SPREAD, mfu_pct=SPREAD,
+                               peak_source="measured GEMM", data_wait_share_pct=1.0, run_dirs=[base])
+    row = EvidenceRow(tool="summarize_run", version="0.1.0", command="trainops baseline", log_path=f"{base}/metrics.jsonl",
+                      value="MFU 2.000%", window_start=1000.0, window_end=1003.0)
+    pack = evidence_pack.assemble(pack_id, env, baseline, ablations, [], [row])
+    return evidence_pack.write(pack).name
+
+
+def test_a_pack_trainops_wrote_is_approved_signed_by_the_approvers_key_and_verifies(workspace, approvers):
+    pack = _pack(workspace, arm_overrides=("training.micro_batch=8",))
+    result = runner.invoke(app, ["approve", pack, "--key", str(approvers.alice.key), "--note", "ship", "--json"])
+    assert result.exit_code == 0, result.output
+    verified = verify_pack(pack)
+    assert (verified.ok, verified.decision, verified.by, verified.decisions) == (True, "approved", "alice", 1)
+    assert audit.verify().ok
+
+
+def test_a_two_variable_ablation_is_refused_naming_the_rule(workspace, approvers):
+    pack = _pack(workspace, arm_overrides=("training.micro_batch=8", "training.lr=0.01"))
+    with pytest.raises(PackRefused, match=r"R-ABL-1.*2 settings"):
+        decide(pack, "approved", key=approvers.alice.key)
+    assert not approvals.decisions_dir(pack).exists()
+
+
+def test_a_pack_without_evidence_json_is_refused(workspace, approvers):
+    pack = _pack(workspace)
+    (workspace / "packs" / pack / "evidence.json").unlink()
+    with pytest.raises(PackRefused, match=r"no evidence\.json") as refused:
+        decide(pack, "approved", key=approvers.alice.key)
+    assert "edited after trainops wrote it" in str(refused.value)
+
+
+def test_a_pack_edited_after_it_was_written_is_refused_naming_the_file(workspace, approvers):
+    pack = _pack(workspace)
+    report = workspace / "packs" / pack / "report.md"
+    report.write_text(report.read_text().replace("Verdict: PARTIAL", "Verdict: PASS"))
+    with pytest.raises(PackRefused, match=r"R-APR-1: .*edited after trainops wrote it.*report\.md changed"):
+        decide(pack, "approved", key=approvers.alice.key)
+
+
+def test_a_pack_trainops_never_wrote_is_refused(workspace, approvers):
+    folder = workspace / "packs" / "hand-made"
+    folder.mkdir(parents=True)
+    (folder / "evidence.json").write_text('{"verdict": "pass"}')
+    with pytest.raises(PackRefused, match=r"no record of trainops writing pack 'hand-made'"):
+        decide("hand-made", "approved", key=approvers.alice.key)
+
+
+@pytest.mark.parametrize("entry", ["symlink", "nested approval.json", "empty folder"])
+def test_every_entry_is_covered_by_the_decision(workspace, approvers, entry):
+    pack = _pack(workspace)
+    decide(pack, "approved", key=approvers.alice.key)
+    folder = workspace / "packs" / pack
+    if entry == "symlink":
+        os.symlink("/etc/passwd", folder / "plots" / "extra.png")
+    elif entry == "nested approval.json":
+        (folder / "plots" / "approval.json").write_text("{}")
+    else:
+        (folder / "notes").mkdir()
+    verified = verify_pack(pack)
+    assert not verified.ok and verified.changed == {"symlink": ["plots/extra.png"],
+                                                    "nested approval.json": ["plots/approval.json"],
+                                                    "empty folder": ["notes/"]}[entry]
+
+
+def test_a_symlink_in_a_pack_is_refused_at_approval(workspace, approvers):
+    pack = _pack(workspace)
+    folder = workspace / "packs" / pack
+    os.symlink("/etc/passwd", folder / "plots" / "mfu.png.link")
+    with pytest.raises(PackRefused, match=r"R-APR-1: plots/mfu\.png\.link is a symlink entry"):
+        decide(pack, "approved", key=approvers.alice.key)
+
+
+def test_a_rejected_pack_stays_rejected_when_its_decision_file_is_deleted(workspace, approvers):
+    pack = _pack(workspace)
+    decide(pack, "rejected", note="recovery not measured", key=approvers.bob.key)
+    with pytest.raises(PackRefused, match="a rejection is final"):
+        decide(pack, "approved", key=approvers.alice.key)
+    (approvals.decisions_dir(pack) / "0001.json").unlink()
+    with pytest.raises(PackRefused, match=r"audit log records decision 1 \(rejected by bob.*file is gone"):
+        decide(pack, "approved", key=approvers.alice.key)
+    assert not verify_pack(pack).ok
+
+
+def test_revoking_an_approval_is_a_second_decision_linked_to_the_first(workspace, approvers):
+    pack = _pack(workspace)
+    decide(pack, "approved", key=approvers.alice.key)
+    with pytest.raises(PackRefused, match="already approved by alice"):
+        decide(pack, "approved", key=approvers.bob.key)
+    decide(pack, "rejected", note="the baseline was on a noisy host", key=approvers.bob.key)
+    first, second = sorted(approvals.decisions_dir(pack).iterdir())
+    assert json.loads(second.read_text())["previous_sha256"] == audit.sha256_hex(first.read_bytes())
+    verified = verify_pack(pack)
+    assert (verified.ok, verified.decision, verified.by, verified.decisions) == (True, "rejected", "bob", 2)
+
+
+def test_an_edited_decision_breaks_the_chain(workspace, approvers):
+    pack = _pack(workspace)
+    decide(pack, "rejected", note="numbers look wrong", key=approvers.bob.key)
+    path = approvals.decisions_dir(pack) / "0001.json"
+    record = json.loads(path.read_text())
+    record["decision"] = "approved"
+    path.write_text(json.dumps(record))
+    assert "does not verify" in verify_pack(pack).reason
+    items = {i.id: i for i in approvals.list_items()}
+    assert items[pack].status == "corrupt"
+
+
+def test_a_decision_signed_by_a_key_not_in_allowed_signers_is_refused(workspace, approvers, tmp_path):
+    from tests.conftest import make_ssh_key
+
+    pack = _pack(workspace)
+    with pytest.raises(ValueError, match="not an approver"):
+        decide(pack, "approved", key=make_ssh_key(tmp_path / "eve", "eve"))
+    assert not approvals.decisions_dir(pack).exists()
+
+
+def test_a_pack_outside_the_workspace_is_refused(workspace, approvers, tmp_path):
+    pack = _pack(workspace)
+    outside = tmp_path / "elsewhere"
+    (workspace / "packs" / pack).rename(outside)
+    (workspace / "packs" / "linked").symlink_to(outside)
+    for name in (str(outside), "linked"):
+        with pytest.raises(PackRefused, match="outside the workspace|not a folder inside the workspace"):
+            decide(name, "approved", key=approvers.alice.key)
+
+
+@pytest.mark.parametrize("name", ["pack-1\n", "pack-1/../pack-1", "../packs/pack-1"])
+def test_a_pack_id_is_matched_in_full(workspace, approvers, name):
+    _pack(workspace)
+    with pytest.raises(ValueError):
+        decide(name, "approved", key=approvers.alice.key)
