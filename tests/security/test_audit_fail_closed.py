@@ -10,16 +10,21 @@ import pytest
 from typer.testing import CliRunner
 
 from trainops.cli import app
-from trainops.tools.base import call
+from trainops.tools.base import CallContext, call
 from trainops.tools.governance import audit
 from trainops.tools.governance.gate import GateRefused
 
 runner = CliRunner()
 DRAIN = {"scheduler": "local", "node": socket.gethostname(), "reason": "drill"}
+OPERATOR = CallContext(actor="operator")  # a human at the CLI: the gate lets a mutating call on without a token
+
+
+def _drain() -> None:
+    call("drain_node", DRAIN, OPERATOR)
 
 
 def _drained() -> bool:
-    [node] = call("list_nodes", {"scheduler": "local"}).nodes
+    [node] = call("list_nodes", {"scheduler": "local"}, OPERATOR).nodes
     return node.state == "drained"
 
 
@@ -31,7 +36,7 @@ def _tear(workspace) -> None:
 
 
 def test_a_mutating_call_writes_its_intent_before_acting_and_its_outcome_after(workspace):
-    call("drain_node", DRAIN)
+    _drain()
     intent, outcome = [e for e in audit.read() if e.get("tool") == "drain_node"]
     assert (intent["kind"], outcome["kind"]) == ("intent", "tool_call")
     assert intent["seq"] < outcome["seq"] and outcome["intent"] == intent["hash"]
@@ -42,7 +47,7 @@ def test_a_mutating_call_writes_its_intent_before_acting_and_its_outcome_after(w
 def test_a_torn_last_line_refuses_a_mutating_call_before_it_acts(workspace):
     _tear(workspace)
     with pytest.raises(GateRefused, match=r"audit_unavailable.*line 2 is torn.*trainops audit repair") as refused:
-        call("drain_node", DRAIN)
+        _drain()
     assert refused.value.rule_id == "R-SEC-5"
     with pytest.raises(Exception, match="torn"):
         _drained()  # a read is refused too: its audit entry cannot be written either
@@ -53,7 +58,7 @@ def test_a_torn_last_line_refuses_a_mutating_call_before_it_acts(workspace):
 def test_an_unwritable_log_refuses_a_mutating_call(workspace):
     (workspace / "audit.jsonl").mkdir(parents=True)  # root ignores file modes; a folder in its place cannot be opened
     with pytest.raises(GateRefused, match=r"audit log .* cannot be written"):
-        call("drain_node", DRAIN)
+        _drain()
 
 
 def test_verify_names_the_torn_line_and_appending_after_it_is_refused(workspace):
@@ -76,7 +81,7 @@ def test_repair_keeps_the_torn_bytes_in_a_side_file_and_audits_itself(workspace)
     assert side.read_bytes().startswith(b'{"seq": 2, "kind": "tool_call", "tool": "half-writ')
     assert entry["torn_sha256"] == audit.sha256_hex(side.read_bytes())
     assert audit.verify().ok
-    call("drain_node", DRAIN)
+    _drain()
     assert _drained()
 
 
