@@ -39,10 +39,6 @@ def jobs_dir() -> Path:
     return _sub("jobs")
 
 
-def keys_dir() -> Path:
-    return _sub("keys")
-
-
 def audit_log_path() -> Path:
     return home() / "audit.jsonl"
 
