@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 
 import pytest
@@ -16,41 +15,32 @@ from trainops.tools.schedulers import sandbox
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
 
-@pytest.fixture
-def cluster(require_service):
-    require_service(os.geteuid() == 0 and all(shutil.which(t) for t in ("ip", "slurmd", "slurmctld", "munged")),
-                    "the sandbox needs root, iproute2 and Debian's slurm-wlm + munge")
-    state = sandbox.up(sandbox.SandboxSpec(nodes=3))
-    yield state
-    sandbox.down()
-
-
 def _srun(state, *args: str) -> list[str]:
     done = subprocess.run(["srun", *args], capture_output=True, text=True, timeout=60, env=sandbox.slurm_env(state))
     assert done.returncode == 0, done.stderr
     return sorted(done.stdout.split())
 
 
-def test_up_brings_three_idle_nodes_that_run_a_two_node_job_on_their_own_addresses(cluster):
-    assert sandbox.node_states(cluster) == {"n1": "idle", "n2": "idle", "n3": "idle"}
-    assert _srun(cluster, "-N2", "hostname") == ["n1", "n2"]
-    addresses = _srun(cluster, "-N3", "sh", "-c", "ip -4 -o addr show tos0 | awk '{print $4}'")
-    assert addresses == ["10.251.7.11/24", "10.251.7.12/24", "10.251.7.13/24"]
+def test_up_brings_three_idle_nodes_that_run_a_two_node_job_on_their_own_addresses(sandbox_cluster):
+    assert sandbox.node_states(sandbox_cluster) == {"n1": "idle", "n2": "idle", "n3": "idle"}
+    assert _srun(sandbox_cluster, "-N2", "hostname") == ["n1", "n2"]
+    addresses = _srun(sandbox_cluster, "-N3", "sh", "-c", "ip -4 -o addr show tos0 | awk '{print $4}'")
+    assert addresses == ["10.251.8.11/24", "10.251.8.12/24", "10.251.8.13/24"]
 
 
-def test_up_again_is_idempotent_and_down_removes_only_what_the_sandbox_made(cluster):
-    assert sandbox.up(sandbox.SandboxSpec(nodes=3)) == cluster
+def test_up_again_is_idempotent_and_down_removes_only_what_the_sandbox_made(sandbox_cluster):
+    assert sandbox.up(sandbox_cluster.spec) == sandbox_cluster
     subprocess.run(["ip", "netns", "add", "decoy-ns"], check=True)
     subprocess.run(["ip", "link", "add", "decoyh1", "type", "bridge"], check=True)
     try:
-        removed = sandbox.down()
-        assert "netns tos-n1" in removed and "link tosbr0" in removed
+        removed = sandbox.down("tost")
+        assert "netns tost-n1" in removed and "link tostbr0" in removed
         netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-        assert "decoy-ns" in netns and "tos-" not in netns
-        assert "decoyh1" in links and "tosbr0" not in links and "tosh" not in links
-        assert not any(cluster.folder in " ".join(p.info["cmdline"] or []) for p in _slurm_processes())
-        assert sandbox.down() == []
+        assert "decoy-ns" in netns and "tost-" not in netns
+        assert "decoyh1" in links and "tostbr0" not in links and "tosth" not in links
+        assert not any(sandbox_cluster.folder in " ".join(p.info["cmdline"] or []) for p in _slurm_processes())
+        assert sandbox.down("tost") == []
     finally:
         subprocess.run(["ip", "netns", "del", "decoy-ns"])
         subprocess.run(["ip", "link", "del", "decoyh1"])
@@ -63,32 +53,23 @@ def _slurm_processes():
             if p.info["name"] in ("slurmd", "slurmctld", "slurmstepd") and p.info["status"] != psutil.STATUS_ZOMBIE]
 
 
-def test_node_faults_crash_one_node_shape_its_link_and_bring_it_back(cluster):
-    killed = sandbox.crash_node(2)
-    assert killed and all(not os.path.exists(f"/proc/{pid}") or _zombie(pid) for pid in killed)
-    assert sandbox.namespace_pids("tos-n1") and sandbox.namespace_pids("tos-n3")
-    sandbox.slow_link(3, 1.0)
-    shown = subprocess.run(["tc", "qdisc", "show", "dev", "tosh3"], capture_output=True, text=True).stdout
+def test_node_faults_crash_one_node_shape_its_link_and_bring_it_back(sandbox_cluster):
+    killed = sandbox.crash_node(2, prefix="tost")
+    assert killed and not sandbox._alive(killed)
+    assert sandbox.namespace_pids("tost-n1") and sandbox.namespace_pids("tost-n3")
+    sandbox.slow_link(3, 1.0, prefix="tost")
+    shown = subprocess.run(["tc", "qdisc", "show", "dev", "tosth3"], capture_output=True, text=True).stdout
     assert "tbf" in shown and "1Mbit" in shown
-    sandbox.slow_link(3, None)
-    assert "tbf" not in subprocess.run(["tc", "qdisc", "show", "dev", "tosh3"], capture_output=True, text=True).stdout
-    sandbox.restart_node(2)
-    sandbox._wait(30, "n2 idle again", lambda: sandbox.node_states(cluster).get("n2") == "idle")
+    sandbox.slow_link(3, None, prefix="tost")
+    assert "tbf" not in subprocess.run(["tc", "qdisc", "show", "dev", "tosth3"], capture_output=True, text=True).stdout
+    sandbox.restart_node(2, prefix="tost")
+    sandbox._wait(30, "n2 idle again", lambda: sandbox.node_states(sandbox_cluster).get("n2") == "idle")
 
 
-def _zombie(pid: int) -> bool:
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def test_bad_settings_are_named_and_the_cli_reports_status(require_service):
+def test_bad_settings_are_named_and_the_cli_reports_status():
     runner = CliRunner()
     bad = runner.invoke(app, ["sandbox", "up", "--nodes", "0", "--json"])
     assert bad.exit_code == 2 and "nodes" in json.loads(bad.stdout)["error"]
     public = runner.invoke(app, ["sandbox", "up", "--net", "8.8.8", "--json"])
     assert public.exit_code == 2 and "not a private range" in json.loads(public.stdout)["error"]
-    assert json.loads(runner.invoke(app, ["sandbox", "status", "--json"]).stdout) == {"up": False}
+    assert json.loads(runner.invoke(app, ["sandbox", "status", "--prefix", "nosuch", "--json"]).stdout) == {"up": False}

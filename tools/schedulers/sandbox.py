@@ -7,8 +7,10 @@ host); node nK = namespace with a veth `tos0` at NET.(10+K), peer on the bridge,
 mount namespace (hostname nK, an /etc/hosts listing the nodes) and `slurmd -N nK`. No default
 route anywhere, so traffic stays inside the bridge's /24.
 
-Everything `up` creates is recorded in `$TRAINOPS_HOME/sandbox/state.json` (namespaces, links,
-the munged it started), and `down` removes exactly that, by name and pid, and nothing else.
+Everything `up` creates is recorded in `/run/trainops/sandbox-PREFIX/state.json` (namespaces,
+links, the munged it started), and `down` removes exactly that, by name and pid, and nothing
+else. The record is per host, not per workspace, like the namespaces it describes: `up` from any
+workspace finds a running sandbox, and a reboot clears both.
 Requires root and Linux (iproute2, util-linux, Debian's slurm-wlm and munge).
 """
 from __future__ import annotations
@@ -92,18 +94,19 @@ class SandboxState(BaseModel):
         return Path(self.folder) / "slurm.conf"
 
 
-def sandbox_dir() -> Path:
-    from trainops.workspace import home
-
-    return home() / "sandbox"
+DEFAULT_PREFIX = "tos"
 
 
-def _state_path() -> Path:
-    return sandbox_dir() / "state.json"
+def sandbox_dir(prefix: str = DEFAULT_PREFIX) -> Path:
+    return Path(os.environ.get("TRAINOPS_SANDBOX_ROOT", "/run/trainops")) / f"sandbox-{prefix}"
 
 
-def load_state() -> SandboxState | None:
-    path = _state_path()
+def _state_path(prefix: str) -> Path:
+    return sandbox_dir(prefix) / "state.json"
+
+
+def load_state(prefix: str = DEFAULT_PREFIX) -> SandboxState | None:
+    path = _state_path(prefix)
     if not path.is_file():
         return None
     try:
@@ -114,7 +117,7 @@ def load_state() -> SandboxState | None:
 
 
 def _save(state: SandboxState) -> None:
-    path = _state_path()
+    path = _state_path(state.spec.prefix)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(state.model_dump_json(indent=2))
     tmp.replace(path)
@@ -255,16 +258,16 @@ def node_states(state: SandboxState) -> dict[str, str]:
 def up(spec: SandboxSpec) -> SandboxState:
     """Bring up (or find already up) a sandbox of `spec.nodes` nodes, all idle. Idempotent."""
     _require_host()
-    current = load_state()
+    current = load_state(spec.prefix)
     if current is not None:
         if current.spec == spec and _all_idle(current):
             return current
-        down()
+        down(spec.prefix)
     if _net_in_use(spec):
         raise SandboxError(f"{spec.net}.0/24 is already used by an interface on this host; choose another "
                            "--net (three octets of a private /24)")
     started = time.monotonic()
-    folder = sandbox_dir()
+    folder = sandbox_dir(spec.prefix)
     shutil.rmtree(folder / "state", ignore_errors=True)
     shutil.rmtree(folder / "log", ignore_errors=True)
     (folder / "state" / "ctld").mkdir(parents=True)
@@ -292,7 +295,7 @@ def up(spec: SandboxSpec) -> SandboxState:
         _wait(60, f"all {spec.nodes} nodes idle (see {folder}/log)", lambda: _all_idle(state))
     except Exception:
         _save(state)
-        down()
+        down(spec.prefix)
         raise
     state.bring_up_s = round(time.monotonic() - started, 3)
     _save(state)
@@ -317,9 +320,9 @@ def _signal(pids: list[int], sig: int) -> None:
             pass
 
 
-def down() -> list[str]:
+def down(prefix: str = DEFAULT_PREFIX) -> list[str]:
     """Remove every namespace, link and process the sandbox recorded, and nothing else. Returns what it removed."""
-    state = load_state()
+    state = load_state(prefix)
     if state is None:
         return []
     removed = []
@@ -342,7 +345,7 @@ def down() -> list[str]:
                 removed.append(f"munged {state.munged_pid}")
         except (OSError, ValueError):
             pass
-    _state_path().unlink(missing_ok=True)
+    _state_path(prefix).unlink(missing_ok=True)
     return removed
 
 
@@ -356,8 +359,8 @@ def _other_slurm_daemons(state: SandboxState) -> bool:
     return False
 
 
-def status() -> dict:
-    state = load_state()
+def status(prefix: str = DEFAULT_PREFIX) -> dict:
+    state = load_state(prefix)
     if state is None:
         return {"up": False}
     return {"up": True, "nodes": node_states(state), "slurm_conf": str(state.conf),
@@ -365,10 +368,10 @@ def status() -> dict:
             "addresses": {f"n{k}": state.spec.address(k) for k in range(1, state.spec.nodes + 1)}}
 
 
-def _require_state() -> SandboxState:
-    state = load_state()
+def _require_state(prefix: str) -> SandboxState:
+    state = load_state(prefix)
     if state is None:
-        raise SandboxError("no sandbox is up; run `trainops sandbox up --nodes N` first")
+        raise SandboxError(f"no sandbox {prefix!r} is up; run `trainops sandbox up --nodes N` first")
     return state
 
 
@@ -377,36 +380,51 @@ def _check_node(state: SandboxState, node: int) -> None:
         raise SandboxError(f"node {node} is not in the sandbox: use 1..{state.spec.nodes}")
 
 
-def crash_node(node: int, power_loss: bool = False) -> list[int]:
+def crash_node(node: int, power_loss: bool = False, prefix: str = DEFAULT_PREFIX) -> list[int]:
     """SIGKILL slurmd and every process on node nK; with power_loss its link goes down first, so its
     peers see silence instead of connection resets. Returns the pids killed."""
-    state = _require_state()
+    state = _require_state(prefix)
     _check_node(state, node)
     if power_loss:
         _sh(["ip", "link", "set", state.spec.host_link(node), "down"])
     pids = namespace_pids(state.spec.ns(node))
     _signal(pids, signal.SIGKILL)
+    _wait(5, f"node n{node}'s processes to die", lambda: not _alive(pids))
     return pids
 
 
-def set_link(node: int, up_: bool) -> None:
+def _alive(pids: list[int]) -> list[int]:
+    """Those of `pids` still running (a zombie waiting for its parent counts as gone)."""
+    import psutil
+
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def set_link(node: int, up_: bool, prefix: str = DEFAULT_PREFIX) -> None:
     """Partition node nK (host-side link down; slurmd and its tasks keep running), or heal it."""
-    state = _require_state()
+    state = _require_state(prefix)
     _check_node(state, node)
     _sh(["ip", "link", "set", state.spec.host_link(node), "up" if up_ else "down"])
 
 
-def restart_node(node: int) -> None:
+def restart_node(node: int, prefix: str = DEFAULT_PREFIX) -> None:
     """Link up and slurmd started again; ReturnToService=2 makes a DOWN node usable once it registers."""
-    state = _require_state()
+    state = _require_state(prefix)
     _check_node(state, node)
-    set_link(node, True)
+    set_link(node, True, prefix)
     start_slurmd(state, node)
 
 
-def slow_link(node: int, rate_mbit: float | None) -> None:
+def slow_link(node: int, rate_mbit: float | None, prefix: str = DEFAULT_PREFIX) -> None:
     """Rate-limit both directions of node nK's link with tbf (netem is not in every kernel); None clears it."""
-    state = _require_state()
+    state = _require_state(prefix)
     _check_node(state, node)
     host, inside = state.spec.host_link(node), state.spec.ns(node)
     if rate_mbit is None:
@@ -420,9 +438,9 @@ def slow_link(node: int, rate_mbit: float | None) -> None:
     _sh(_in_ns(inside, ["tc", "qdisc", "replace", "dev", NODE_IF, *qdisc]))
 
 
-def node_exec(node: int, argv: list[str], timeout_s: float = 60) -> subprocess.CompletedProcess:
+def node_exec(node: int, argv: list[str], timeout_s: float = 60, prefix: str = DEFAULT_PREFIX) -> subprocess.CompletedProcess:
     """Run argv on node nK as its jobs see it (its network, hostname and /etc/hosts)."""
-    state = _require_state()
+    state = _require_state(prefix)
     _check_node(state, node)
     pid_file = Path(state.folder) / "state" / f"slurmd-n{node}.pid"
     try:

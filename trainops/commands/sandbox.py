@@ -9,6 +9,7 @@ from trainops.output import console, emit, fail
 app = typer.Typer(help="A real Slurm cluster of network-namespace nodes on this host (root, Linux).",
                   no_args_is_help=True)
 JsonOpt = typer.Option(False, "--json", help="Print the result as JSON.")
+PrefixOpt = typer.Option("tos", "--prefix", help="Names of its namespaces and links start with this (1-6 letters/digits).")
 
 
 @app.command("up")
@@ -16,6 +17,7 @@ def up(
     nodes: int = typer.Option(3, "--nodes", help="Number of nodes n1..nN (1-64)."),
     net: str = typer.Option("10.251.7", "--net", help="First three octets of a private /24 nothing here uses."),
     cpus_per_node: int = typer.Option(2, "--cpus-per-node", help="CPUs each node declares to Slurm."),
+    prefix: str = PrefixOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Bring the cluster up (idempotent) and wait until every node is idle."""
@@ -25,13 +27,13 @@ def up(
     from trainops.tools.schedulers import sandbox
 
     try:
-        spec = sandbox.SandboxSpec(nodes=nodes, net=net, cpus_per_node=cpus_per_node)
+        spec = sandbox.SandboxSpec(nodes=nodes, net=net, cpus_per_node=cpus_per_node, prefix=prefix)
         state = sandbox.up(spec)
     except ValidationError as exc:
         fail(f"invalid sandbox settings: {explain(exc)}", as_json=as_json)
     except sandbox.SandboxError as exc:
         fail(str(exc), as_json=as_json)
-    payload = {**sandbox.status(), "export": f"export SLURM_CONF={state.conf}"}
+    payload = {**sandbox.status(prefix), "export": f"export SLURM_CONF={state.conf} GLOO_SOCKET_IFNAME={sandbox.NODE_IF}"}
     emit(payload, as_json, _render_up)
 
 
@@ -44,16 +46,17 @@ def _render_up(payload: dict) -> None:
         out.print(f"  {name}  {address}  {escape(payload['nodes'].get(name, '?'))}")
     out.print("Point Slurm's CLI and trainops at it:")
     out.print(f"  {escape(payload['export'])}")
-    out.print("  trainops tool call submit_job ... with scheduler 'slurm' (or any command taking --scheduler slurm)")
+    out.print("then submit with scheduler 'slurm', e.g. trainops tool call submit_job --input "
+              "'{\"scheduler\": \"slurm\", \"training\": {\"preset\": \"tiny\", \"nodes\": 2}}'")
 
 
 @app.command("down")
-def down(as_json: bool = JsonOpt) -> None:
+def down(prefix: str = PrefixOpt, as_json: bool = JsonOpt) -> None:
     """Remove every namespace, link and process the sandbox made, and nothing else."""
     from trainops.tools.schedulers import sandbox
 
     try:
-        removed = sandbox.down()
+        removed = sandbox.down(prefix)
     except sandbox.SandboxError as exc:
         fail(str(exc), as_json=as_json)
     emit({"removed": removed}, as_json,
@@ -62,12 +65,12 @@ def down(as_json: bool = JsonOpt) -> None:
 
 
 @app.command("status")
-def status(as_json: bool = JsonOpt) -> None:
+def status(prefix: str = PrefixOpt, as_json: bool = JsonOpt) -> None:
     """Nodes and their Slurm state, the slurm.conf to use, the namespaces."""
     from trainops.tools.schedulers import sandbox
 
     try:
-        payload = sandbox.status()
+        payload = sandbox.status(prefix)
     except sandbox.SandboxError as exc:
         fail(str(exc), as_json=as_json)
     emit(payload, as_json, _render_status)
