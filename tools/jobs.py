@@ -111,9 +111,9 @@ def submit_job(inp: SubmitJobInput) -> SubmitJobOutput:
         if inp.training is not None:
             spec = training_spec(inp.training, inp.name, inp.exclude_nodes, inp.tenant)
         else:
-            spec = inp.spec if inp.tenant is None else inp.spec.model_copy(update={"tenant": inp.tenant})
-            if inp.spec.tenant not in (None, inp.tenant):
+            if None not in (inp.tenant, inp.spec.tenant) and inp.tenant != inp.spec.tenant:
                 raise ValueError(f"tenant={inp.tenant!r} but spec.tenant={inp.spec.tenant!r}: give the tenant once")
+            spec = inp.spec if inp.tenant is None else inp.spec.model_copy(update={"tenant": inp.tenant})
             check_job_paths(spec)
     except (ValueError, OSError) as exc:
         raise ToolError("submit_job", f"cannot prepare the job: {exc}") from None
