@@ -9,6 +9,7 @@ head on the way out and back; and tied embeddings are stored once (HF omits `lm_
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 
@@ -261,6 +262,8 @@ def checkpoint_to_hf(checkpoint: str | Path, args: ModelArgs, folder: str | Path
 
     model = Transformer(args)
     state = {"app": {"model": model.state_dict()}}
-    dcp.load(state, checkpoint_id=str(checkpoint), no_dist=True)
+    with warnings.catch_warnings():  # one process on purpose: DCP warns that no process group exists
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=str(checkpoint), no_dist=True)
     model.load_state_dict(state["app"]["model"])
     return export_hf(model, folder, max_shard_bytes=max_shard_bytes)

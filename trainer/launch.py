@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from trainops.trainer.config import JobConfig, load_config
+from trainops.trainer.config import ConfigError, JobConfig, load_config
 
 _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
@@ -37,6 +37,8 @@ class RunResult(BaseModel):
     peak_source: str | None = Field(None, description="where the MFU's peak came from")
     failure: str | None = Field(None, description="why it failed: the first rank's error line, "
                                 "or the exit code's meaning when no rank left one")
+    resumed_from: str | None = Field(None, description="the checkpoint this launch continued from, as the "
+                                     "trainer logged loading it (None: it started fresh)")
 
 
 def failure_reason(run_dir: str | Path, exit_code: int) -> str | None:
@@ -127,6 +129,86 @@ def summarize(run_dir: str | Path, exit_code: int) -> RunResult:
     return result
 
 
+# What a resumed run must keep: the checkpoint holds this model and this data position.
+# Layout changes (parallel.*, the process count) are allowed: DCP reshards on load.
+RESUME_FIXED = ("model.", "data.", "training.seed", "training.seq_len", "training.global_batch",
+                "checkpoint.enable", "checkpoint.folder")
+
+
+class ResumePlan(BaseModel):
+    run_dir: str = Field(description="the run folder being continued")
+    checkpoint: str = Field(description="its newest verified checkpoint, which the relaunch loads")
+    step: int = Field(description="the step that checkpoint was saved after")
+    saved_world_size: int = Field(description="ranks that saved it (DCP reshards to another count)")
+    nproc: int = Field(description="ranks the relaunch uses")
+    changed: dict[str, Any] = Field(default_factory=dict, description="config values the overrides changed")
+
+
+def resolve_run(run: str | Path) -> Path:
+    """A run id under `$TRAINOPS_HOME/runs`, or a run folder path; it must hold config.toml."""
+    by_id = runs_root() / str(run)
+    run_dir = by_id if _SAFE_ID.match(str(run)) and by_id.is_dir() else Path(run).expanduser().resolve()
+    if not (run_dir / "config.toml").is_file():
+        raise ValueError(f"run {str(run)!r} not found: no {run_dir}/config.toml; give a run id from "
+                         f"{runs_root()} or a run folder")
+    return run_dir
+
+
+def newest_verified_checkpoint(run_dir: Path, cfg: JobConfig):
+    """(path, step, world size) of the newest checkpoint whose files match COMMIT.json, as the
+    trainer chooses on relaunch; None when there is none."""
+    from trainops.trainer.checkpoint import COMMIT_FILE, list_checkpoints, verify_checkpoint
+
+    for info in reversed(list_checkpoints(run_dir / cfg.checkpoint.folder)):
+        if info.committed and verify_checkpoint(info.path).complete:
+            commit = json.loads((Path(info.path) / COMMIT_FILE).read_text())
+            return Path(info.path), info.step, int(commit["world_size"])
+    return None
+
+
+def prepare_resume(run: str | Path, overrides: list[str], nproc: int | None, *, write: bool = True) -> ResumePlan:
+    """Check that `run` can continue with `overrides` on `nproc` ranks (default: as many as saved
+    its checkpoint) and, when `write`, record the changed config. Overrides that would change the
+    model, the data or its position are refused by name."""
+    from trainops.trainer.layout import validate_layout
+
+    run_dir = resolve_run(run)
+    for override in overrides:
+        key = override.partition("=")[0].strip()
+        if key.startswith(RESUME_FIXED):
+            raise ConfigError(f"--set {override} would change {key} of run {run_dir.name}, which its checkpoints "
+                              f"were trained with; a resume keeps {', '.join(RESUME_FIXED)}: drop it, or start a "
+                              "new run (export this one with `trainops export` and pass --init-from)")
+    before = load_config(run_dir / "config.toml")
+    cfg = load_config(run_dir / "config.toml", None, overrides)
+    if not cfg.checkpoint.enable:
+        raise ConfigError(f"run {run_dir.name} has checkpoint.enable=false: it saved nothing to resume from; "
+                          "start a new run with --set checkpoint.enable=true")
+    newest = newest_verified_checkpoint(run_dir, cfg)
+    if newest is None:
+        raise ConfigError(f"run {run_dir.name} has no verified checkpoint in {run_dir / cfg.checkpoint.folder}: "
+                          "nothing to resume from; start a new run")
+    path, step, saved_world_size = newest
+    nproc = nproc or saved_world_size
+    validate_layout(cfg, nproc)
+    old, new = before.model_dump(), cfg.model_dump()
+    changed = {f"{section}.{key}": value for section, values in new.items() for key, value in values.items()
+               if old[section][key] != value}
+    if write and changed:
+        (run_dir / "config.toml").write_text(cfg.to_toml())
+    return ResumePlan(run_dir=str(run_dir), checkpoint=str(path), step=step, saved_world_size=saved_world_size,
+                      nproc=nproc, changed=changed)
+
+
+def loaded_checkpoint(run_dir: str | Path, since: float) -> str | None:
+    """The checkpoint the trainer logged loading at or after `since` (unix s), from checkpoints.jsonl."""
+    journal = Path(run_dir) / "checkpoints.jsonl"
+    if not journal.exists():
+        return None
+    loads = [json.loads(line) for line in journal.read_text().splitlines() if '"event": "load"' in line]
+    return next((event["path"] for event in reversed(loads) if event["time"] >= since), None)
+
+
 def _pump(stream, log_path: Path, show) -> None:
     """Copy torchrun's output to logs/launcher.log and, when showing progress, to the screen."""
     with open(log_path, "a") as log:
@@ -155,7 +237,7 @@ def launch_run(run_dir: str | Path, nproc: int, *, show_progress: bool = True,
     env["TRAINOPS_HOME"] = str(run_dir.parent.parent)
     process = subprocess.Popen(build_torchrun_command(run_dir, nproc), stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
-    progress = _progress() if show_progress else None
+    progress = progress_bar() if show_progress else None
     show = None
     if progress is not None:
         show = lambda line: progress.console.print(line, highlight=False, markup=False, soft_wrap=True)  # noqa: E731
@@ -243,7 +325,8 @@ def _wait_gone(procs: list, timeout_s: float) -> None:
         time.sleep(0.01)
 
 
-def _progress():
+def progress_bar():
+    """The transient training progress bar (steps done of steps) both launch paths show."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

@@ -1,12 +1,22 @@
-"""`trainops train`: run (or, with --dry-run, plan) a training job on this machine."""
+"""`trainops train` (run, resume or, with --dry-run, plan a training job) and `trainops export`
+(a run's checkpoint as a Hugging Face folder).
+
+A launch goes through the `submit_job` tool on the local scheduler, as the operator, so it
+passes the governance gate and lands in the audit log like any other job; the command then
+follows the job: the trainer's per-step lines, a progress bar, the run's summary and exit code.
+"""
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 from typing import Any, List, Optional
 
 import typer
 
 from trainops.output import console, emit, fail
+
+app = typer.Typer()
 
 
 def _render_result(result: Any) -> None:
@@ -18,6 +28,8 @@ def _render_result(result: Any) -> None:
     loss = f"{result.final_loss:.4f}" if result.final_loss is not None else "n/a"
     out.print(f"[bold {colour}]{result.status}[/]  steps {result.steps_completed}  final loss {loss}  "
               f"mean MFU {mfu}  exit code {result.exit_code}")
+    if result.resumed_from:
+        out.print(f"continued from checkpoint {escape(result.resumed_from)}", highlight=False)
     if result.failure:
         out.print(f"[red]{escape(result.failure)}[/]", highlight=False)
     out.print(f"run folder: {result.run_dir}", highlight=False)
@@ -43,37 +55,169 @@ def _render_plan(plan: Any) -> None:
                     "(estimates, formulas in --json)")
 
 
-def register(app: typer.Typer) -> None:
-    @app.command("train")
-    def train(
-        config: Optional[Path] = typer.Argument(None, help="Job config TOML (see trainer/config.py)."),
-        preset: Optional[str] = typer.Option(None, "--preset", help="Model preset: tiny, small, llama3-1b, llama3-8b, llama3-70b."),
-        nproc: int = typer.Option(1, "--nproc", help="Processes (ranks) on this machine."),
-        overrides: List[str] = typer.Option([], "--set", help="Override: section.key=value (repeatable)."),
-        run_id: Optional[str] = typer.Option(None, "--run-id", help="Run folder name under $TRAINOPS_HOME/runs."),
-        dry_run: bool = typer.Option(False, "--dry-run", help="Validate the layout and plan memory per rank; launch nothing."),
-        as_json: bool = typer.Option(False, "--json", help="Print a JSON summary for machines."),
-    ) -> None:
-        """Train with torchrun here (gloo on CPU, NCCL on GPU): per-step MFU lines, the run folder, non-zero exit on failure."""
-        if nproc < 1:
-            fail(f"--nproc {nproc} is not valid: use 1 or more processes", as_json=as_json)
-        from trainops.trainer.config import ConfigError, load_config
-        from trainops.trainer.layout import LayoutError, plan_dry_run, validate_layout
+def _new_lines(path: Path, offset: int) -> tuple[list[str], int]:
+    """Complete lines appended to `path` since byte `offset`, and the new offset."""
+    if not path.exists():
+        return [], offset
+    with path.open("rb") as handle:
+        handle.seek(offset)
+        data = handle.read()
+    complete = data[: data.rfind(b"\n") + 1]
+    return complete.decode(errors="replace").splitlines(), offset + len(complete)
 
-        try:
+
+def launch_through_gate(run_dir: Path, nproc: int, show_progress: bool) -> Any:
+    """Submit the prepared run to the local scheduler through `submit_job` as the operator, follow
+    it to the end (its log lines and a progress bar when `show_progress`), and summarise it.
+    Ctrl-C cancels the job through `cancel_job`."""
+    from trainops.tools.base import CallContext, call
+    from trainops.trainer.config import load_config
+    from trainops.trainer.launch import loaded_checkpoint, progress_bar, read_metrics, summarize
+
+    ctx = CallContext(actor="operator")
+    started = time.time()
+    spec = {"name": "train", "command": ["-m", "trainops.trainer.train", "--run-dir", str(run_dir)],
+            "launcher": "torchrun", "procs_per_node": nproc, "run_dir": str(run_dir), "env": {"OMP_NUM_THREADS": "1"}}
+    handle = call("submit_job", {"scheduler": "local", "spec": spec}, ctx).handle
+    finished: list[Any] = []
+
+    def wait() -> None:
+        while True:
+            status = call("wait_job", {"job_id": handle.job_id, "timeout_s": 86400}, ctx)
+            if status.state not in ("pending", "running"):
+                finished.append(status)
+                return
+
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    progress = progress_bar() if show_progress else None
+    log, offset = Path(handle.log_path), 0
+    try:
+        if progress is not None:
+            progress.start()
+            task = progress.add_task("training", total=load_config(run_dir / "config.toml").training.steps)
+        while waiter.is_alive():
+            waiter.join(0.2)
+            if progress is not None:
+                lines, offset = _new_lines(log, offset)
+                for line in lines:
+                    progress.console.print(line, highlight=False, markup=False, soft_wrap=True)
+                steps = [r["step"] for r in read_metrics(run_dir) if r["rank"] == 0]
+                progress.update(task, completed=max(steps, default=0))
+    except KeyboardInterrupt:
+        call("cancel_job", {"job_id": handle.job_id}, ctx)
+        raise
+    finally:
+        if progress is not None:
+            progress.stop()
+    if not finished:  # the waiter raised: the tool's error is already in the audit log
+        raise RuntimeError(f"lost track of job {handle.job_id}; see {handle.log_path}")
+    status = finished[0]
+    # no exit code: the job's runner itself was killed (power loss, kill -9)
+    result = summarize(run_dir, status.exit_code if status.exit_code is not None else -9)
+    return result.model_copy(update={"resumed_from": loaded_checkpoint(run_dir, started)})
+
+
+@app.command("train")
+def train(
+    config: Optional[Path] = typer.Argument(None, help="Job config TOML (see trainer/config.py)."),
+    preset: Optional[str] = typer.Option(None, "--preset", help="Model preset: tiny, small, llama3-1b, llama3-8b, llama3-70b."),
+    nproc: Optional[int] = typer.Option(None, "--nproc", help="Processes (ranks) on this machine [default: 1; "
+                                        "with --resume, as many as saved the checkpoint]."),
+    overrides: List[str] = typer.Option([], "--set", help="Override: section.key=value (repeatable)."),
+    run_id: Optional[str] = typer.Option(None, "--run-id", help="Run folder name under $TRAINOPS_HOME/runs."),
+    init_from: Optional[Path] = typer.Option(None, "--init-from", help="Start from a Hugging Face Llama folder "
+                                             "(config.json + safetensors); its config gives the model shape."),
+    resume: Optional[str] = typer.Option(None, "--resume", help="Continue this run (id or folder) from its newest "
+                                         "verified checkpoint, with its own config."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Validate the layout and plan memory per rank; launch nothing."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON summary for machines."),
+) -> None:
+    """Train with torchrun here (gloo on CPU, NCCL on GPU), launched through the governance gate:
+    per-step MFU lines, the run folder, non-zero exit on failure."""
+    if nproc is not None and nproc < 1:
+        fail(f"--nproc {nproc} is not valid: use 1 or more processes", as_json=as_json)
+    if resume and (config or preset or run_id or init_from):
+        fail("--resume RUN continues that run with its own config: drop CONFIG, --preset, --run-id and --init-from "
+             "(change settings with --set)", as_json=as_json)
+    if init_from and preset:
+        fail("--init-from takes the model shape from the checkpoint's config.json: drop --preset", as_json=as_json)
+    from trainops.trainer.config import ConfigError, load_config
+    from trainops.trainer.launch import prepare_resume, prepare_run
+    from trainops.trainer.layout import LayoutError, plan_dry_run, validate_layout
+
+    try:
+        if resume:
+            plan = prepare_resume(resume, overrides, nproc, write=not dry_run)
+            run_dir, nproc = Path(plan.run_dir), plan.nproc
+            if dry_run:
+                emit(plan_dry_run(load_config(run_dir / "config.toml", None, overrides), nproc), as_json, _render_plan)
+                return
+            if not as_json:
+                console().print(f"resuming {run_dir.name} from {plan.checkpoint} (step {plan.step}, verified; saved by "
+                                f"{plan.saved_world_size} ranks, continuing on {nproc})"
+                                + (f"; changed {plan.changed}" if plan.changed else ""), highlight=False)
+        else:
+            if init_from:
+                overrides = [*overrides, f"model.init_from={init_from.expanduser().resolve()}"]
             cfg = load_config(config, preset, overrides)
+            nproc = nproc or 1
             if dry_run:
                 emit(plan_dry_run(cfg, nproc), as_json, _render_plan)
                 return
             validate_layout(cfg, nproc)
-        except (ConfigError, LayoutError) as error:
-            fail(str(error), as_json=as_json)
-        from trainops.trainer.launch import run_local
+            run_dir = prepare_run(cfg, run_id=run_id)
+    except (ConfigError, LayoutError, ValueError) as error:  # ValueError: a bad or taken run id, a missing run
+        fail(str(error), as_json=as_json)
+    from trainops.tools.base import ToolError
 
-        try:
-            result = run_local(cfg, nproc, run_id=run_id, show_progress=not as_json)
-        except ValueError as error:  # a bad or taken run id
-            fail(str(error), as_json=as_json)
-        emit(result, as_json, _render_result)
-        if result.status != "ok":
-            raise typer.Exit(1)
+    try:
+        result = launch_through_gate(run_dir, nproc, show_progress=not as_json)
+    except ToolError as error:  # refused by the gate, or the scheduler could not start it
+        fail(str(error), as_json=as_json)
+    emit(result, as_json, _render_result)
+    if result.status != "ok":
+        raise typer.Exit(1)
+
+
+@app.command("export")
+def export(
+    run: str = typer.Argument(..., help="Run id (under $TRAINOPS_HOME/runs) or run folder."),
+    to: Path = typer.Option(..., "--to", help="Folder to write the Hugging Face checkpoint into."),
+    step: Optional[int] = typer.Option(None, "--step", help="Checkpoint step [default: the newest verified one]."),
+    max_shard_bytes: int = typer.Option(5 * 10**9, "--max-shard-bytes", help="Largest safetensors file; more "
+                                        "weights than this go into numbered shards with an index."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON summary for machines."),
+) -> None:
+    """Write a run's checkpoint (any layout) as a Hugging Face Llama folder: config.json + safetensors."""
+    from trainops.trainer.checkpoint import step_dir_name, verify_checkpoint
+    from trainops.trainer.config import ConfigError, load_config
+    from trainops.trainer.hf import HFFormatError, checkpoint_to_hf
+    from trainops.trainer.launch import newest_verified_checkpoint, resolve_run
+
+    try:
+        run_dir = resolve_run(run)
+        cfg = load_config(run_dir / "config.toml")
+        if step is None:
+            newest = newest_verified_checkpoint(run_dir, cfg)
+            if newest is None:
+                raise ValueError(f"run {run_dir.name} has no verified checkpoint in {run_dir / cfg.checkpoint.folder}")
+            checkpoint = newest[0]
+        else:
+            checkpoint = run_dir / cfg.checkpoint.folder / step_dir_name(step)
+            verdict = verify_checkpoint(checkpoint)
+            if not verdict.complete:
+                raise ValueError(f"{verdict.message}; choose another --step (list them with `trainops tool call "
+                                 "list_checkpoints`)")
+        folder = checkpoint_to_hf(checkpoint, cfg.model_args(), to, max_shard_bytes=max_shard_bytes)
+    except (ConfigError, HFFormatError, ValueError) as error:
+        fail(str(error), as_json=as_json)
+    files = sorted(p.name for p in folder.iterdir())
+    emit({"run_dir": str(run_dir), "checkpoint": str(checkpoint), "folder": str(folder), "files": files}, as_json,
+         lambda out: console().print(f"exported {out['checkpoint']} to {out['folder']}: {', '.join(out['files'])}",
+                                     highlight=False))
+
+
+def register(root: typer.Typer) -> None:
+    """Add this module's commands to the root app (the CLI's wiring)."""
+    root.add_typer(app)
