@@ -141,6 +141,22 @@ def test_requeue_checks_the_config_the_job_may_have_rewritten(workspace, outside
         call("requeue_job", {"job_id": job.job_id}, OPERATOR)
 
 
+def test_job_logs_do_not_follow_a_log_the_job_replaced_with_a_link(workspace, outside):
+    (outside / "secret.txt").write_text("api-key=hunter2\n")
+    run_dir = workspace / "runs" / "leaky"
+    run_dir.mkdir(parents=True)
+    job = call("submit_job", {"spec": {"name": "leaky", "command": ["true"], "run_dir": str(run_dir)}}, OPERATOR).handle
+    call("wait_job", {"job_id": job.job_id, "timeout_s": 30})
+    (run_dir / "logs").mkdir()
+    (run_dir / "logs" / "rank0.log").symlink_to(outside / "secret.txt")
+    with pytest.raises(ToolError, match="rank 0 log=.* resolves to .*secret.txt, outside the workspace"):
+        call("job_logs", {"job_id": job.job_id, "rank": 0})
+    os.replace(job.log_path, str(job.log_path) + ".old")
+    os.symlink(outside / "secret.txt", job.log_path)
+    with pytest.raises(ToolError, match="job log=.* outside the workspace"):
+        call("job_logs", {"job_id": job.job_id})
+
+
 @pytest.mark.parametrize("tool, inp, field", [
     ("wait_job", {"job_id": "j1", "timeout_s": float("inf")}, "timeout_s"),
     ("wait_job", {"job_id": "j1", "timeout_s": 10**9}, "timeout_s"),

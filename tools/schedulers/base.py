@@ -196,7 +196,8 @@ def tail_text(text: str, lines: int) -> str:
 
 
 def rank_log(run_dir: str | None, rank: int, backend: str, job_id: str) -> str:
-    """A rank's own log from the run folder (the trainer writes logs/rank{R}.log)."""
+    """A rank's own log from the run folder (the trainer writes logs/rank{R}.log). The job can
+    replace that file with a link, so it is read only where it resolves inside the workspace."""
     from pathlib import Path
 
     if not run_dir:
@@ -204,4 +205,14 @@ def rank_log(run_dir: str | None, rank: int, backend: str, job_id: str) -> str:
     path = Path(run_dir) / "logs" / f"rank{rank}.log"
     if not path.exists():
         raise SchedulerError(backend, f"no log for rank {rank} of job {job_id} at {path}; check the rank number (0..world_size-1) or that the job has started")
-    return path.read_text(errors="replace")
+    return read_confined(path, f"rank {rank} log", backend)
+
+
+def read_confined(path, field: str, backend: str) -> str:
+    """The text of a file a job could have replaced with a link, when it resolves inside the workspace."""
+    from trainops.workspace import confine
+
+    try:
+        return confine(path, field).read_text(errors="replace")
+    except ValueError as exc:
+        raise SchedulerError(backend, str(exc)) from None

@@ -21,6 +21,7 @@ from trainops.tools.schedulers.base import (
     PollingWait,
     SchedulerError,
     rank_log,
+    read_confined,
     tail_text,
 )
 
@@ -171,7 +172,7 @@ class LocalScheduler(PollingWait):
         if rank is not None:
             return tail_text(rank_log(record["spec"].get("run_dir"), rank, KIND, job_id), tail)
         path = Path(record["log_path"])
-        return tail_text(path.read_text(errors="replace") if path.exists() else "", tail)
+        return tail_text(read_confined(path, "job log", KIND) if path.exists() else "", tail)
 
     def cancel(self, job_id: str, force: bool = False) -> JobStatus:
         record = self._load(job_id)
