@@ -115,7 +115,7 @@ def ablation_bars(pack: EvidencePack) -> Figure | None:
     ax.set(title="MFU change of each arm against its baseline", ylabel="MFU change vs baseline median (%)")
     ax.legend(handles=[Patch(color="#8c959f", alpha=0.25, label="baseline noise band (run-to-run spread)"),
                        *[Patch(color=colour, label=verdict) for verdict, colour in VERDICT_COLOURS.items()]],
-              fontsize=8, loc="upper right")
+              fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(axis="y", alpha=0.3)
     caption = ("Look for: bars that leave the grey band. Only those are real changes; a bar inside the band "
                "is run-to-run noise whatever its sign.")

@@ -15,10 +15,13 @@ Align = Literal["left", "right"]
 
 DECISION_COMMANDS = {
     "approve": 'trainops approve {pack_id} --note "approved as reported"',
-    "reject": 'trainops reject {pack_id} --note "why it is rejected"',
+    "reject": 'trainops reject {pack_id} --note "your reason"',
 }
 """What the reviewer types. tests/skills/test_evidence_pack.py parses both with the real CLI, so a
 renamed option fails a test instead of shipping a report whose command no longer works."""
+
+SIGNING_NOTE = ("Both sign the decision with your SSH approver key: the first ssh-agent key listed in the "
+                "allowed-signers file, or the one you pass with --key.")
 
 
 @dataclass(frozen=True)
@@ -37,12 +40,18 @@ class Cell:
 class Table:
     headers: list[str]
     rows: list[list[Cell]]
-    caption: str = ""
+    beneath: tuple[int, ...] = ()
+    """Columns of long commands and paths that the HTML shows on a full-width line under their
+    row, so they wrap at the page's width instead of squeezing every other column."""
 
     @property
     def aligns(self) -> list[Align]:
-        """A column is right-aligned when its first row holds a number."""
-        return [cell.align for cell in self.rows[0]] if self.rows else ["left"] * len(self.headers)
+        """A column is right-aligned when it holds numbers."""
+        return ["right" if any(row[i].align == "right" for row in self.rows) else "left" for i in range(len(self.headers))]
+
+    @property
+    def inline(self) -> list[int]:
+        return [i for i in range(len(self.headers)) if i not in self.beneath]
 
 
 @dataclass(frozen=True)
@@ -75,6 +84,7 @@ class ReportView:
     awaiting: list[str]
     commands: dict[str, str]
     sections: list[Section]
+    signing_note: str = SIGNING_NOTE
 
     @property
     def verdict_line(self) -> str:
@@ -143,10 +153,10 @@ def _ablations(pack: EvidencePack) -> Section | None:
         verdict = r.verdict + (", vanished at target scale" if r.vanished_at_scale else "")
         rows.append([Cell(r.knob, "code"), Cell(f"{r.value} (baseline {r.baseline_value})", "code"), Cell(r.category),
                      Cell(f"{r.scale} [{r.scale_kind}]"), change_cell(r),
-                     number(r.weak_scaling_efficiency_pct, 0, "%") if r.scale_kind == "target" else Cell("—"),
+                     number(r.weak_scaling_efficiency_pct, 0, "%") if r.scale_kind == "target" else Cell("—", "number"),
                      Cell(verdict, "bad" if r.vanished_at_scale else r.verdict), Cell(r.source_run, "path")])
     table = Table(["knob", "value", "category", "scale", "MFU change ± noise band", "weak-scaling efficiency",
-                   "verdict", "source run"], rows)
+                   "verdict", "source run"], rows, beneath=(7,))
     return Section("s3", "S3/S4 Ablations, one variable per arm", tables=[table], paragraphs=[
         "A change counts only beyond the run-to-run noise band measured at the same scale: "
         "▲ gain, ▼ regression, ≈ within noise."])
@@ -159,12 +169,11 @@ def _drills(pack: EvidencePack) -> Section | None:
     rows = [[Cell(d.fault, "code"), number(d.detection_latency_s, 3, " s"), Cell(d.isolation_granularity),
              number(d.recovery_time_s, 1, " s"), number(d.steps_lost, 0), Cell(d.checkpoint_used, "path"),
              Cell("yes") if d.async_checkpoint_intact else Cell("NO: failed verification", "bad"), Cell(d.cause),
-             Cell(d.detector)] for d in ft.drills]
+             Cell(d.detector), Cell(d.drill_record, "path")] for d in ft.drills]
     table = Table(["fault", "detection latency", "isolation", "recovery time", "steps lost", "checkpoint used",
-                   "checkpoint intact", "cause", "detector"], rows)
+                   "checkpoint intact", "cause", "detector", "drill record"], rows, beneath=(5, 9))
     dist = ", ".join(f"{cause} {count}" for cause, count in sorted(ft.cause_distribution.items()))
-    section = Section("s5", "S5 Fault drills", tables=[table], paragraphs=[f"Cause distribution: {dist}."],
-                      bullets=[f"{d.fault} drill record: {code(d.drill_record)}" for d in ft.drills])
+    section = Section("s5", "S5 Fault drills", tables=[table], paragraphs=[f"Cause distribution: {dist}."])
     plan = pack.checkpoint_plan
     if plan:
         section.paragraphs.append(
@@ -180,8 +189,8 @@ def _evidence(pack: EvidencePack) -> Section | None:
         return None
     rows = [[Cell(e.tool, "code"), Cell(e.version), Cell(e.command, "command"), Cell(e.log_path, "path"), Cell(e.value),
              number(e.window_end - e.window_start, 1, " s")] for e in pack.evidence]
-    section = Section("s6", "S6 Evidence", tables=[Table(["tool", "version", "command", "log", "value", "window"], rows)]
-                      if rows else [])
+    section = Section("s6", "S6 Evidence", tables=[Table(["tool", "version", "command", "log", "value", "window"], rows,
+                                                         beneath=(2, 3))] if rows else [])
     if pack.rollback:
         section.paragraphs.append(f"**Rollback.** {pack.rollback}")
     section.bullets = [f"Reference: {ref}" for ref in pack.references]

@@ -27,6 +27,7 @@ PAGE_FACTS = """(() => {
   const section = el => el.closest('section') ? el.closest('section').id : 'top';
   return {
     scrollWidth: root.scrollWidth,
+    clientWidth: root.clientWidth,
     widest: [...document.querySelectorAll('body *')]
       .filter(el => el.getBoundingClientRect().right > root.clientWidth + 0.5)
       .map(el => el.tagName.toLowerCase() + '.' + el.className).slice(0, 10),
@@ -161,7 +162,9 @@ def rendered(sop_pack, tmp_path_factory) -> dict:
 
 
 def test_the_report_never_scrolls_sideways_at_1280_px(rendered):
-    assert rendered["scrollWidth"] <= WIDTH_PX, f"wider than the window: {rendered['widest']}"
+    assert rendered["clientWidth"] <= WIDTH_PX
+    assert rendered["scrollWidth"] <= rendered["clientWidth"], f"wider than the window: {rendered['widest']}"
+    assert rendered["widest"] == []
 
 
 def test_the_verdict_banner_reads_the_packs_verdict_with_its_blockers(rendered):
