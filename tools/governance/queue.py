@@ -71,16 +71,22 @@ def gov_dir(name: str) -> Path:
     return path
 
 
+def tool_spec(tool: str):
+    """The tool's spec in the registry being served (the agent's own tools included), or None."""
+    from trainops.tools.registry import current_registry
+
+    return current_registry().get(tool)
+
+
 def validated(tool: str, inp: BaseModel | dict[str, Any]) -> BaseModel:
     """The input as the tool will see it (defaults filled in), so approval and call hash alike."""
     if isinstance(inp, BaseModel):
         return inp
-    from trainops.tools.base import ToolError, get
-
+    spec = tool_spec(tool)
+    if spec is None:
+        raise ValueError(f"no tool named {tool!r}: see `trainops tool list`")
     try:
-        return get(tool).Input.model_validate(inp)
-    except ToolError as exc:
-        raise ValueError(str(exc)) from None
+        return spec.Input.model_validate(inp)
     except ValidationError as exc:
         fields = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'input'}: {e['msg']}" for e in exc.errors())
         raise ValueError(f"input is not a valid {tool} input: {fields}") from None

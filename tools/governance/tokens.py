@@ -63,11 +63,8 @@ class Approval(BaseModel):
 
 def approval_class(tool: str) -> str:
     """The class that sets how many approvers a tool needs; an unknown tool gets the strictest."""
-    from trainops.tools.base import ToolError, get
-
-    try:
-        spec = get(tool)
-    except ToolError:
+    spec = queue.tool_spec(tool)
+    if spec is None:
         return "irreversible"
     if "tenant-governance" in spec.tags:
         return "tenant-governance"
