@@ -2,15 +2,17 @@
 
 Settings come, strongest first, from the command line, environment variables
 (`TRAINOPS_PROVIDER`, `TRAINOPS_MODEL`, `TRAINOPS_BASE_URL`, `TRAINOPS_API_KEY_ENV`), the
-`[agent]` table of `trainops.toml` (current folder, then `$TRAINOPS_HOME`), and the default:
-the offline SOP policy, which needs no network and no key. Every setting remembers where it
-came from, so an error can name the exact knob to turn.
+`[agent]` table of the settings files (trainops.settings: project-local `./trainops.toml`, the
+workspace's, the user's own config), and the default: the offline SOP policy, which needs no
+network and no key. Every setting remembers where it came from, so an error can name the exact
+knob to turn. `base_url` (where prompts and the key go) and `api_key_env` (which secret is sent)
+are taken only from the user's own config, the environment or the command line: a cloned
+repository's trainops.toml must not send `$AWS_SECRET_ACCESS_KEY` to its own server, so such a
+file is refused unless the user trusts its folder.
 """
 from __future__ import annotations
 
 import os
-import tomllib
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
@@ -43,26 +45,30 @@ class AgentSettings(BaseModel):
         return self.api_key_env or _DEFAULT_KEY_ENV.get(self.provider, "")
 
 
-def config_files() -> list[Path]:
-    from trainops.workspace import home
+SECURITY_KEYS = ("base_url", "api_key_env")
 
-    return [Path.cwd() / "trainops.toml", home() / "trainops.toml"]
+
+def _refuse_untrusted(sources: dict[str, str], untrusted: dict[str, str]) -> None:
+    """A security key whose effective value comes from a file the user has not trusted is refused."""
+    from trainops.settings import user_config_path
+
+    for key in SECURITY_KEYS:
+        if key in untrusted and sources.get(key) == untrusted[key]:
+            raise ProviderError(
+                f"{untrusted[key]} is not trusted: a project-local or workspace trainops.toml cannot choose where the "
+                f"agent connects or which secret it sends; set {key} in your own config ({user_config_path()}) or "
+                f"{_ENV[key]}, or, if you trust that folder, list it under [trust] folders in {user_config_path()}")
 
 
 def load_settings(provider: str | None = None, model: str | None = None, base_url: str | None = None) -> AgentSettings:
-    """Merge flag > environment > trainops.toml > default, remembering each value's source."""
-    values: dict[str, object] = {}
-    sources: dict[str, str] = {}
-    for path in reversed(config_files()):
-        if not path.is_file():
-            continue
-        try:
-            table = tomllib.loads(path.read_text(encoding="utf-8")).get("agent", {})
-        except tomllib.TOMLDecodeError as exc:
-            raise ProviderError(f"{path} is not valid TOML ({exc}); fix the file or remove it") from None
-        for key, value in table.items():
-            values[key] = value
-            sources[key] = f"[agent] {key} in {path}"
+    """Merge flag > environment > settings files > default, remembering each value's source."""
+    from trainops.settings import SettingsError, table, untrusted_keys
+
+    try:
+        values, sources = table("agent")
+        untrusted = untrusted_keys("agent")
+    except SettingsError as exc:
+        raise ProviderError(str(exc)) from None
     for key, var in _ENV.items():
         if os.environ.get(var):
             values[key] = os.environ[var]
@@ -71,6 +77,7 @@ def load_settings(provider: str | None = None, model: str | None = None, base_ur
         if value:
             values[key] = value
             sources[key] = f"--{key.replace('_', '-')}"
+    _refuse_untrusted(sources, untrusted)
     chosen = values.get("provider", "offline")
     if chosen not in ("offline", "openai", "anthropic"):
         raise ProviderError(
@@ -100,7 +107,7 @@ def make_chat_model(settings: AgentSettings):
         hint = " (local servers such as vLLM, SGLang or llama.cpp accept any value, e.g. EMPTY)" if settings.provider == "openai" else ""
         raise ProviderError(
             f"provider {settings.provider} needs an API key: environment variable {settings.key_env} is not set{hint}; "
-            "set it, or name another variable with [agent] api_key_env in trainops.toml / TRAINOPS_API_KEY_ENV"
+            "set it, or name another variable with [agent] api_key_env in your config / TRAINOPS_API_KEY_ENV"
         )
     model = settings.model or _DEFAULT_MODEL[settings.provider]
     if settings.provider == "openai":
@@ -120,7 +127,7 @@ def explain_provider_failure(settings: AgentSettings, exc: Exception) -> Provide
         where = settings.base_url or "the provider's default URL"
         return ProviderError(
             f"cannot reach the {settings.provider} endpoint at base_url={where} (from {settings.source('base_url')}): "
-            f"{exc}; start the server or fix base_url ([agent] base_url in trainops.toml or TRAINOPS_BASE_URL)"
+            f"{exc}; start the server or fix base_url ([agent] base_url in your config or TRAINOPS_BASE_URL)"
         )
     if names & {"AuthenticationError", "PermissionDeniedError"}:
         return ProviderError(

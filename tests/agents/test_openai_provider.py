@@ -142,8 +142,16 @@ def test_unreachable_endpoint_names_base_url_and_where_it_was_set(monkeypatch):
             list(session.ask("hello"))
 
 
+def _trust(monkeypatch, folder):
+    """The user's own config trusts `folder`: its trainops.toml may set the endpoint and the key variable."""
+    config = folder / "user-config.toml"
+    config.write_text(f'[trust]\nfolders = ["{folder}"]\n')
+    monkeypatch.setenv("TRAINOPS_CONFIG", str(config))
+
+
 def test_settings_come_from_trainops_toml_and_env_overrides_them(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
+    _trust(monkeypatch, tmp_path)
     (tmp_path / "trainops.toml").write_text('[agent]\nprovider = "openai"\nmodel = "qwen"\nbase_url = "http://h:1/v1"\n')
     settings = load_settings()
     assert (settings.provider, settings.model, settings.base_url) == ("openai", "qwen", "http://h:1/v1")
@@ -173,6 +181,7 @@ def test_anthropic_builds_the_langchain_client_with_the_configured_model(monkeyp
 
 def test_api_key_env_names_another_variable_and_the_error_says_so(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
+    _trust(monkeypatch, tmp_path)
     (tmp_path / "trainops.toml").write_text('[agent]\nprovider = "openai"\napi_key_env = "VLLM_KEY"\n')
     monkeypatch.delenv("VLLM_KEY", raising=False)
     with pytest.raises(ProviderError, match="environment variable VLLM_KEY is not set"):

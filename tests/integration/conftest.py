@@ -205,7 +205,9 @@ def prometheus_server():
 
 
 @pytest.fixture
-def prometheus(prometheus_server, require_service):
+def prometheus(prometheus_server, require_service, monkeypatch):
+    """The session's Prometheus, configured for this test (query_metrics talks only to configured servers)."""
     server, why = prometheus_server
     require_service(server is not None, why)
+    monkeypatch.setenv("TRAINOPS_PROMETHEUS_URL", server.url)
     return server

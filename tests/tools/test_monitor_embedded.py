@@ -61,7 +61,8 @@ def test_summary_excludes_warmup_and_reports_spread_mfu_and_data_wait(workspace)
     assert s.final_loss == pytest.approx(10 / 6) and s.peak_source == "measured GEMM"
 
 
-def test_an_unreachable_prometheus_names_the_url():
+def test_an_unreachable_prometheus_names_the_url(monkeypatch):
+    monkeypatch.setenv("TRAINOPS_PROMETHEUS_URL", "http://127.0.0.1:1")
     with pytest.raises(ToolError, match=r"prometheus monitor: .*http://127\.0\.0\.1:1 failed.*check that Prometheus runs there"):
         call("query_metrics", {"run": "r1", "metric": "loss", "monitor": "prometheus", "url": "http://127.0.0.1:1"})
 

@@ -1,14 +1,61 @@
 """Metrics from a Prometheus server that scrapes the trainer's per-rank exporters
-(`trainops_<metric>{run, rank}`), through prometheus-api-client."""
+(`trainops_<metric>{run, rank}`), through prometheus-api-client.
+
+`query_metrics` is a read tool the agent calls freely, so it talks only to servers the user
+configured: `[monitoring] prometheus_urls` in the user's own (trusted) config and
+`$TRAINOPS_PROMETHEUS_URL`, else the local default. A URL from a tool input, a model or a
+project-local file is refused, and a failure never echoes the server's answer (no SSRF probe
+that reads internal pages back)."""
 from __future__ import annotations
 
 import os
-import time
+import re
 
 from trainops.tools.monitoring.base import AGGREGATES, HEARTBEAT_AGE, MonitorError, Sample, Series
 
 KIND = "prometheus"
 DEFAULT_URL = "http://127.0.0.1:9090"
+ENV_URL = "TRAINOPS_PROMETHEUS_URL"
+
+
+def _normal(url: str) -> str:
+    return url.strip().rstrip("/")
+
+
+def configured_urls() -> list[str]:
+    """The Prometheus servers trainops may query, in order of preference."""
+    from trainops.settings import SettingsError, table, user_config_path
+
+    try:
+        values, sources = table("monitoring", trusted_only=True)
+    except SettingsError as exc:
+        raise MonitorError(KIND, str(exc)) from None
+    listed = values.get("prometheus_urls", [])
+    if not isinstance(listed, list) or not all(isinstance(u, str) and u.strip() for u in listed):
+        where = sources.get("prometheus_urls", f"[monitoring] prometheus_urls in {user_config_path()}")
+        raise MonitorError(KIND, f"{where} must be a list of URLs, e.g. prometheus_urls = [\"http://prom:9090\"]")
+    env = os.environ.get(ENV_URL, "").strip()
+    return [_normal(u) for u in ([env] if env else []) + listed] or [DEFAULT_URL]
+
+
+def allowed_url(url: str | None) -> str:
+    """`url` when it is a configured server (None: the first one); otherwise a MonitorError saying how to add it."""
+    from trainops.settings import user_config_path
+
+    urls = configured_urls()
+    if url is None:
+        return urls[0]
+    if _normal(url) not in urls:
+        raise MonitorError(KIND, f"url={url!r} is not a configured Prometheus server (configured: {', '.join(urls)}); "
+                                 f"query_metrics talks only to servers listed under [monitoring] prometheus_urls in "
+                                 f"{user_config_path()} or in ${ENV_URL}: add it there, or omit url")
+    return _normal(url)
+
+
+def _failure(exc: Exception) -> str:
+    """What went wrong, without the server's answer: its body is never echoed back."""
+    status = re.search(r"HTTP Status Code (\d+)", str(exc))
+    return f"HTTP {status.group(1)}" if status else type(exc).__name__
 
 
 def _label(value: str) -> str:
@@ -42,7 +89,7 @@ class PrometheusMonitor:
     kind = KIND
 
     def __init__(self, url: str | None = None):
-        self.url = url or os.environ.get("TRAINOPS_PROMETHEUS_URL", DEFAULT_URL)
+        self.url = allowed_url(url)
 
     def _client(self):
         from prometheus_api_client import PrometheusConnect
@@ -56,7 +103,8 @@ class PrometheusMonitor:
         try:
             return self._client().custom_query(query=expr)
         except Exception as exc:
-            raise MonitorError(KIND, f"query {expr!r} at {self.url} failed ({type(exc).__name__}: {str(exc)[:200]}); check that Prometheus runs there (GET {self.url}/-/ready) or pass the right url") from None
+            raise MonitorError(KIND, f"query {expr!r} at {self.url} failed ({_failure(exc)}); check that Prometheus "
+                                     f"runs there (GET {self.url}/-/ready) or configure the right url") from None
 
     def instant(self, metric: str, run: str, rank: int | None = None) -> list[Sample]:
         out = []
