@@ -112,7 +112,7 @@ def approve(pending_id: str, key: Path | None = None, ttl_min: float = DEFAULT_T
     signature = signing.sign(payload.signed_bytes(), key)
     signer = signing.verify(payload.signed_bytes(), signature)
     _refuse_requester(item, [signer])
-    if any(_same_person(signer, s) for s in _signers(earlier)):
+    if any(_same_person(signer, s) for s in signers(earlier)):
         raise ValueError(f"{signer.principal} already signed this token: a second approver must co-sign")
     anchors.record(payload.signed_bytes(), signature, signer, subject="call", decision="token_issued",
                    tool=item.tool, call_id=item.id, expires_at=payload.expires_at)
@@ -145,7 +145,8 @@ def decode(token: str) -> dict[str, Any]:
     return parse(token)[0].payload.model_dump(mode="json")
 
 
-def _signers(approvals: list[Approval], now: float | None = None) -> list[signing.Signer]:
+def signers(approvals: list[Approval], now: float | None = None) -> list[signing.Signer]:
+    """Who signed each approval, checked against the allowed signers; a bad signature is `forged`."""
     signers = []
     for approval in approvals:
         try:
@@ -182,12 +183,12 @@ def consume(token: str, tool: str, inp: BaseModel | dict[str, Any], now: float |
                                        "(input hash differs): approve this exact input")
     now = time.time() if now is None else now
     _check_times(approvals, now)
-    signers = _signers(approvals, now)
+    signed_by = signers(approvals, now)
     _check_not_revoked(first.call_id, approvals)
     item = _queued(first)
-    _refuse_requester(item, signers)
+    _refuse_requester(item, signed_by)
     distinct: list[signing.Signer] = []
-    for signer in signers:
+    for signer in signed_by:
         if not any(_same_person(signer, seen) for seen in distinct):
             distinct.append(signer)
     needed = approvers_needed(tool)

@@ -94,11 +94,11 @@ def approve_call(pending: str, key: Path | None, ttl_min: float, cosign: str | N
         item = queue.get_pending(pending)
     except _refusals() as exc:
         fail(str(exc), as_json=as_json)
-    payload = tokens.decode(token)
     approvals = tokens.parse(token)
-    return {"call_id": item.id, "tool": item.tool, "input": item.input, "ttl_min": ttl_min,
-            "expires_at": min(a.payload.expires_at for a in approvals), "signatures": len(approvals),
-            "approvers_needed": tokens.approvers_needed(item.tool), "nonce": payload["nonce"], "token": token}
+    principals = [signer.principal for signer in tokens.signers(approvals)]
+    return {"call_id": item.id, "tool": item.tool, "input": item.input, "approver": principals[-1],
+            "approvers": principals, "approvers_needed": tokens.approvers_needed(item.tool), "ttl_min": ttl_min,
+            "expires_at": min(a.payload.expires_at for a in approvals), "signatures": len(approvals), "token": token}
 
 
 def _show_token(out: dict[str, Any]) -> None:
