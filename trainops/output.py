@@ -1,5 +1,7 @@
 """How every command answers: rich for people, `--json` for machines, one clean error line
-and a non-zero exit for bad input (never a traceback)."""
+and a non-zero exit for bad input (never a traceback). Text that comes from a tool, a file, a
+model or a user is printed with rich markup escaped (`rich.markup.escape`): a `[conceal]` in a
+job log must not hide part of an approval prompt, and a `[/]` must not crash the command."""
 from __future__ import annotations
 
 import json
@@ -35,7 +37,9 @@ def fail(message: str, *, as_json: bool = False, code: int = 2) -> NoReturn:
     else:
         from rich.console import Console
 
-        Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+        from rich.markup import escape
+
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

@@ -10,6 +10,7 @@ import os
 from typing import Any, Optional
 
 import typer
+from rich.markup import escape
 
 from trainops.output import console, emit, fail
 
@@ -56,14 +57,14 @@ def _show(event: dict[str, Any]) -> None:
     out = console()
     kind = event["kind"]
     if kind == "tool_call":
-        out.print(f"[cyan]→ {event['tool']}[/] {json.dumps(event['args'], default=str)}", highlight=False)
+        out.print(f"[cyan]→ {escape(event['tool'])}[/] {escape(json.dumps(event['args'], default=str))}", highlight=False)
     elif kind == "tool_result":
         mark = "[green]✓[/]" if event["status"] == "success" else "[red]✗[/]"
         detail = "" if event["status"] == "success" else f" {(event['output'] or {}).get('error', '')}"
-        out.print(f"{mark} {event['tool']}{detail}", highlight=False)
+        out.print(f"{mark} {escape(event['tool'] + detail)}", highlight=False)
     elif kind == "approval":
-        out.print(f"[bold yellow]approval needed[/] {event['tool']} (risk {event['risk']}) "
-                  f"{json.dumps(event['args'], default=str)}", highlight=False)
+        out.print(f"[bold yellow]approval needed[/] {escape(event['tool'])} (risk {escape(str(event['risk']))}) "
+                  f"{escape(json.dumps(event['args'], default=str))}", highlight=False)
     elif kind == "answer":
         out.print(event["text"] or "(no answer)", highlight=False, markup=False)
 
@@ -96,7 +97,7 @@ class _ChatView:
 def _ask_decision(payload: dict[str, Any], approver: str) -> dict[str, Any]:
     from rich.prompt import Prompt
 
-    choice = Prompt.ask(f"{payload['tool']}: approve, edit or reject?", choices=["approve", "edit", "reject"], default="reject")
+    choice = Prompt.ask(f"{escape(payload['tool'])}: approve, edit or reject?", choices=["approve", "edit", "reject"], default="reject")
     if choice == "reject":
         return {"decision": "reject", "approver": approver, "comment": Prompt.ask("reason", default="rejected in chat")}
     if choice == "edit":
@@ -105,7 +106,7 @@ def _ask_decision(payload: dict[str, Any], approver: str) -> dict[str, Any]:
             try:
                 return {"decision": "edit", "approver": approver, "args": json.loads(text)}
             except json.JSONDecodeError as exc:
-                console().print(f"[red]not JSON ({exc}); try again[/]")
+                console().print(f"[red]not JSON ({escape(str(exc))}); try again[/]")
     return {"decision": "approve", "approver": approver}
 
 
@@ -124,7 +125,7 @@ def register(app: typer.Typer) -> None:
         who = approver or _approver()
         with _open(thread, provider, model, base_url, False, stream_tokens=True) as session:
             view = _ChatView()
-            console().print(f"[dim]thread {session.thread_id} · provider {session.settings.provider} · /exit to leave[/]")
+            console().print(f"[dim]thread {escape(session.thread_id)} · provider {session.settings.provider} · /exit to leave[/]")
             while True:
                 try:  # leaving at any prompt keeps an undecided approval pending in the thread
                     for payload in session.pending():
@@ -165,7 +166,7 @@ def register(app: typer.Typer) -> None:
         if as_json:
             emit(result, True)
         elif pending:
-            console().print(f"[yellow]{len(pending)} action(s) wait for approval; decide with `{result['resume']}`[/]")
+            console().print(f"[yellow]{len(pending)} action(s) wait for approval; decide with `{escape(result['resume'])}`[/]")
 
     @app.command()
     def threads(as_json: bool = typer.Option(False, "--json", help="Print the threads as JSON.")) -> None:
@@ -177,7 +178,8 @@ def register(app: typer.Typer) -> None:
 
             table = Table("thread", "updated", "messages", "pending", "first request")
             for item in items:
-                table.add_row(item.thread_id, item.updated[:19], str(item.messages), str(item.pending_approvals), item.first_request)
+                table.add_row(escape(item.thread_id), item.updated[:19], str(item.messages), str(item.pending_approvals),
+                              escape(item.first_request))
             console().print(table if items else "no threads yet: start one with `trainops chat` or `trainops ask`")
 
         emit(list_threads(), as_json, render)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import List, Optional
 
 import typer
+from rich.markup import escape
 
 from trainops.output import console, emit, fail
 
@@ -19,7 +20,7 @@ def _progress(as_json: bool):
     from rich.console import Console
 
     err = Console(stderr=True)
-    return (lambda msg: None) if as_json else (lambda msg: err.print(f"[cyan]»[/] {msg}", highlight=False))
+    return (lambda msg: None) if as_json else (lambda msg: err.print(f"[cyan]»[/] {escape(msg)}", highlight=False))
 
 
 def _request(config: Optional[str], sets: Optional[List[str]], nproc: int, scheduler: str, as_json: bool,
@@ -63,11 +64,11 @@ def _guard(fn, as_json: bool):
 def _table(title: str, headers: list[str], rows: list[list[object]]) -> None:
     from rich.table import Table
 
-    table = Table(title=title)
+    table = Table(title=escape(title))
     for h in headers:
         table.add_column(h)
     for row in rows:
-        table.add_row(*[str(c) for c in row])
+        table.add_row(*[escape(str(c)) for c in row])
     console().print(table)
 
 
@@ -164,7 +165,7 @@ def register(app: typer.Typer) -> None:
             if not (Path(run_dir) / "metrics.jsonl").exists():
                 fail(f"RUNDIR: {run_dir!r} has no metrics.jsonl; pass a finished run folder ($TRAINOPS_HOME/runs/RUN)", as_json=as_json)
         folder = _guard(lambda: build_from_runs(run_dirs, scheduler), as_json)
-        emit({"pack_dir": str(folder)}, as_json, lambda o: console().print(f"pack written: {o['pack_dir']}"))
+        emit({"pack_dir": str(folder)}, as_json, lambda o: console().print(f"pack written: {o['pack_dir']}", markup=False))
 
     @evidence.command("show")
     def evidence_show(pack: str = typer.Argument(..., help="Pack id or folder."), as_json: bool = JSON,
@@ -205,10 +206,10 @@ def register(app: typer.Typer) -> None:
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), disable=as_json,
                       transient=False) as bar:
             task = bar.add_task("SOP", total=None)
-            result = _guard(lambda: run(settings, progress=lambda msg: bar.update(task, description=msg)), as_json)
+            result = _guard(lambda: run(settings, progress=lambda msg: bar.update(task, description=escape(msg))), as_json)
         emit(result, as_json, lambda r: console().print(
-            f"verdict: [bold]{r.verdict}[/] ({'; '.join(r.blockers) or 'no blockers'})\npack: {r.pack_dir} — "
-            f"awaiting approval (trainops approve {r.pack_dir.rsplit('/', 1)[-1]})\nelapsed: {r.elapsed_s:.0f} s"))
+            f"verdict: [bold]{r.verdict}[/] ({escape('; '.join(r.blockers) or 'no blockers')})\npack: {escape(r.pack_dir)} — "
+            f"awaiting approval (trainops approve {escape(r.pack_dir.rsplit('/', 1)[-1])})\nelapsed: {r.elapsed_s:.0f} s"))
 
     @skill.command("list")
     def skill_list(as_json: bool = JSON):
