@@ -60,8 +60,8 @@ def test_skill_list_names_every_skill():
     assert "training-efficiency-ablation-and-fault-sop" in {s["name"] for s in json.loads(result.stdout)}
 
 
-def test_evidence_build_from_runs_writes_a_partial_pack(factories, tmp_path):
-    runs = [str(factories.write_run(tmp_path / f"run-{i}")) for i in (1, 2)]
+def test_evidence_build_from_runs_writes_a_partial_pack(factories, workspace):
+    runs = [str(factories.write_run(workspace / "runs" / f"run-{i}")) for i in (1, 2)]  # tools read only inside the workspace
     result = _run("evidence", "build", *runs, "--json")
     assert result.exit_code == 0, result.stdout
     pack = Path(json.loads(result.stdout)["pack_dir"])
