@@ -169,7 +169,7 @@ def build_graph(llm, checkpointer=None, settings: AgentSettings | None = None, s
         decision = answer if isinstance(answer, dict) else {"decision": str(answer)}
         verdict = str(decision.get("decision", "reject")).lower()
         approver = str(decision.get("approver") or "unknown")
-        key = decision.get("key")  # the approver's own signing key; None: their ssh-agent
+        keys = decision.get("keys") or [decision.get("key")]  # approvers' own keys; None: the ssh-agent's
         if verdict == "edit":
             call = {**call, "args": decision.get("args") or call["args"]}
         recorded = {"approve": "approved", "edit": "edited"}.get(verdict, "rejected")
@@ -178,7 +178,7 @@ def build_graph(llm, checkpointer=None, settings: AgentSettings | None = None, s
                           comment=decision.get("comment"))
         note = decision.get("comment") or ("replaced by an edited call" if recorded == "edited" else "no reason given")
         if recorded != "approved" and call.get("pending_id"):
-            gate_api.reject(call["pending_id"], ctx, note, key)
+            gate_api.reject(call["pending_id"], ctx, note, keys[0])
         if recorded == "rejected":
             return {"messages": [_result(call, "error", {"error": f"rejected by {approver}: {note}", "kind": "rejected"})],
                     "gated": rest}
@@ -188,7 +188,7 @@ def build_graph(llm, checkpointer=None, settings: AgentSettings | None = None, s
             return {"messages": [_result(call, "error", {"error": f"edited input is invalid: {exc.errors()[0]['msg']}",
                                                          "kind": "refused"})], "gated": rest}
         try:
-            token = gate_api.approve(spec, inp, ctx, key)
+            token = gate_api.approve(spec, inp, ctx, keys)
         except ValueError as exc:  # no approver's key signed (SigningError), or the call cannot be queued
             return {"messages": [_result(call, "error", {"error": f"approval not signed: {exc}", "kind": "refused"})],
                     "gated": rest}

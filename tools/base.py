@@ -176,7 +176,7 @@ def get(name: str) -> ToolSpec:
     """A tool by name, from the registry in use (`trainops.tools.registry.current_registry`)."""
     from trainops.tools.registry import current_registry
 
-    return current_registry().get(name)
+    return current_registry().spec(name)
 
 
 def call(name: str, inp: BaseModel | dict[str, Any] | None = None, ctx: CallContext | None = None) -> BaseModel:

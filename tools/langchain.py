@@ -36,7 +36,7 @@ def as_langchain_tools(
     specs = registry if registry is not None else tool_registry()
     wanted = list(specs) if names is None else list(names)
     for name in wanted:
-        specs.get(name)  # an unknown name is a ToolError listing the known ones
+        specs.spec(name)  # an unknown name is a ToolError listing the known ones
 
     from trainops.tools.governance.gate import needs_approval
 

@@ -83,14 +83,15 @@ class Registry(Mapping[str, ToolSpec]):
     def __len__(self) -> int:
         return len(self._specs)
 
-    def get(self, name: str) -> ToolSpec:  # type: ignore[override]  (an unknown name is an error, not None)
+    def spec(self, name: str) -> ToolSpec:
+        """The tool called `name`; an unknown name is a ToolError listing the known ones."""
         if name not in self._specs:
             raise ToolError(name, f"unknown tool; known tools: {', '.join(self._specs)}")
         return self._specs[name]
 
     def call(self, name: str, inp: BaseModel | dict[str, Any] | None = None, ctx: CallContext | None = None) -> BaseModel:
         with serving(lambda: self):
-            return run_call(self.get(name), inp, ctx)
+            return run_call(self.spec(name), inp, ctx)
 
 
 def build_registry(extra: Iterable[Callable] = ()) -> Registry:

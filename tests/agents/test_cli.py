@@ -65,7 +65,8 @@ def test_a_missing_api_key_is_one_line_naming_the_variable(monkeypatch):
 
 
 @pytest.mark.slow
-def test_interrupt_in_one_process_is_approved_in_another():
+def test_interrupt_in_one_process_is_approved_in_another(alice_ssh_agent):
+    """The approver signs with the key in their ssh-agent, as at a terminal."""
     first = trainops("ask", "drill a straggler on run r1", "--thread", "restart", "--json")
     assert first.returncode == 0, first.stderr
     assert json.loads(first.stdout)["pending_approvals"][0]["args"] == {"kind": "straggler", "run": "r1"}
@@ -93,7 +94,7 @@ def test_asking_a_thread_that_waits_for_a_decision_says_how_to_decide():
     assert "decide it first (trainops chat --thread busy)" in json.loads(result.stdout)["error"]
 
 
-def test_chat_streams_from_an_openai_compatible_server_and_asks_for_approval_inline(scripted_openai):
+def test_chat_streams_from_an_openai_compatible_server_and_asks_for_approval_inline(scripted_openai, alice_ssh_agent):
     scripted_openai.script = [scripted_openai.tool_call("inject_fault", {"kind": "straggler", "run": "r1"}),
                               scripted_openai.text("Launch with faults.slow_rank=0.")]
     result = runner.invoke(app, ["chat", "--thread", "c1", "--provider", "openai", "--base-url", scripted_openai.base_url,

@@ -71,10 +71,10 @@ def test_pending_approvals_are_listed_by_the_agent():
     assert "- thread drill: inject_fault waits for a decision; resume with `trainops chat --thread drill`" in text
 
 
-def test_approval_runs_the_call_and_is_audited_with_the_approver():
+def test_approval_runs_the_call_and_is_audited_with_the_approver(alice_key):
     with AgentSession("drill") as session:
         run(session, "drill a straggler on run r1")
-        events = list(session.decide({"decision": "approve", "approver": "alice"}))
+        events = list(session.decide({"decision": "approve", "approver": "alice", "key": alice_key}))
     assert events[0] == {"kind": "tool_result", "tool": "inject_fault", "status": "success", "output": events[0]["output"]}
     assert "faults.slow_rank=0" in answer(events)
     audit = [json.loads(line) for line in open(__import__("trainops.workspace").workspace.audit_log_path())]
@@ -82,10 +82,11 @@ def test_approval_runs_the_call_and_is_audited_with_the_approver():
                and e.get("tool") == "inject_fault" for e in audit)
 
 
-def test_edit_runs_the_edited_input():
+def test_edit_runs_the_edited_input(alice_key):
     with AgentSession("drill") as session:
         run(session, "drill a straggler on run r1")
-        events = list(session.decide({"decision": "edit", "approver": "alice", "args": {"kind": "nan", "step": 3}}))
+        events = list(session.decide({"decision": "edit", "approver": "alice", "args": {"kind": "nan", "step": 3},
+                                      "key": alice_key}))
     assert events[0]["output"]["overrides"] == ["faults.nan_step=3"]
 
 
@@ -148,3 +149,10 @@ def test_drill_a_rank_crash_on_a_live_job_looks_the_job_up_then_asks_to_kill_a_r
     assert [(e["kind"], e.get("tool")) for e in events] == [
         ("tool_call", "job_status"), ("tool_result", "job_status"), ("tool_call", "inject_fault"), ("approval", "inject_fault")]
     assert events[-1]["args"]["kind"] == "kill_rank"
+
+
+def test_an_approval_no_approver_key_signs_does_not_run_the_call():
+    with AgentSession("drill") as session:
+        run(session, "drill a straggler on run r1")
+        events = list(session.decide({"decision": "approve", "approver": "mallory"}))
+    assert events[0]["status"] == "error" and events[0]["output"]["error"].startswith("approval not signed")

@@ -40,7 +40,7 @@ def test_system_prompt_carries_the_skills_and_the_data_rule(scripted_openai, ope
 
 
 def test_parallel_calls_run_the_read_and_pause_the_mutation_before_the_model_sees_both(scripted_openai, openai_settings,
-                                                                                       chatty_job):
+                                                                                       chatty_job, alice_key):
     both = {"role": "assistant", "content": None, "tool_calls": [
         {"id": "c_read", "type": "function", "function": {"name": "job_status", "arguments": f'{{"job_id": "{chatty_job}"}}'}},
         {"id": "c_cancel", "type": "function", "function": {"name": "cancel_job", "arguments": f'{{"job_id": "{chatty_job}"}}'}}]}
@@ -49,7 +49,7 @@ def test_parallel_calls_run_the_read_and_pause_the_mutation_before_the_model_see
         events = list(session.ask("check job then cancel it"))
         assert [(e["kind"], e.get("tool")) for e in events] == [
             ("tool_call", "job_status"), ("tool_call", "cancel_job"), ("tool_result", "job_status"), ("approval", "cancel_job")]
-        list(session.decide({"decision": "approve", "approver": "alice"}))
+        list(session.decide({"decision": "approve", "approver": "alice", "key": alice_key}))
     answered = {m["tool_call_id"] for m in scripted_openai.requests[1]["messages"] if m["role"] == "tool"}
     assert answered == {"c_read", "c_cancel"}
 
@@ -78,8 +78,9 @@ def test_injected_log_line_cannot_trigger_an_ungated_cancel(scripted_openai, ope
     assert call("job_status", {"job_id": chatty_job}).state == "running"
 
 
-def test_a_token_gated_call_waits_in_the_governance_queue_and_approval_mints_the_token(scripted_openai, openai_settings):
-    from trainops.tools.governance import tokens
+def test_a_token_gated_call_waits_in_the_governance_queue_and_approval_mints_the_token(scripted_openai, openai_settings,
+                                                                                        approvers):
+    from trainops.tools.governance import queue as tokens
 
     quota = {"tenant": "team-a", "gpus": 8, "priority": "high", "reason": "launch week"}
     scripted_openai.script = [tool_call("set_tenant_quota", quota), text("Quota set.")]
@@ -87,20 +88,21 @@ def test_a_token_gated_call_waits_in_the_governance_queue_and_approval_mints_the
         events = list(session.ask("give team-a 8 GPUs at high priority for launch week"))
         assert events[-1]["kind"] == "approval"
         assert [p.tool for p in tokens.pending_calls()] == ["set_tenant_quota"]
-        events = list(session.decide({"decision": "approve", "approver": "alice"}))
+        events = list(session.decide({"decision": "approve", "approver": "alice",
+                                      "keys": [str(approvers.alice.key), str(approvers.bob.key)]}))
     assert events[0]["status"] == "success" and events[0]["output"]["current"]["gpus"] == 8
     assert tokens.pending_calls() == []
-    assert [(c.tool, c.approver) for c in tokens.decided_calls()] == [("set_tenant_quota", "alice")]
+    assert [(c.tool, c.approver) for c in tokens.decided_calls()] == [("set_tenant_quota", "alice, bob")]
 
 
-def test_rejecting_a_token_gated_call_rejects_it_in_the_governance_queue(scripted_openai, openai_settings):
-    from trainops.tools.governance import tokens
+def test_rejecting_a_token_gated_call_rejects_it_in_the_governance_queue(scripted_openai, openai_settings, approvers):
+    from trainops.tools.governance import queue as tokens
 
     quota = {"tenant": "team-a", "gpus": 8, "priority": "high", "reason": "launch week"}
     scripted_openai.script = [tool_call("set_tenant_quota", quota), text("Not set.")]
     with AgentSession("quota", openai_settings) as session:
         list(session.ask("give team-a 8 GPUs"))
-        list(session.decide({"decision": "reject", "approver": "bob", "comment": "no budget"}))
+        list(session.decide({"decision": "reject", "approver": "bob", "comment": "no budget", "key": str(approvers.bob.key)}))
     assert tokens.pending_calls() == []
     assert [(c.status, c.approver) for c in tokens.decided_calls()] == [("rejected", "bob")]
 

@@ -48,7 +48,7 @@ def human_token(approvers, tool_name: str, inp: dict, registry=None) -> str:
     """The agent's call queued, then approved with alice's own key, as `trainops approve --pending` does."""
     registry = registry or tool_registry()
     with serving(lambda: registry):
-        item = queue.record_pending(tool_name, registry.get(tool_name).Input.model_validate(inp), "agent")
+        item = queue.record_pending(tool_name, registry.spec(tool_name).Input.model_validate(inp), "agent")
         return tokens.approve(item.id, key=approvers.alice.key)
 
 

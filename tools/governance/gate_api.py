@@ -7,7 +7,7 @@ it never touches tokens or the audit log itself, and it knows a refusal by its c
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel
 
@@ -30,11 +30,16 @@ def pend(spec: ToolSpec, inp: BaseModel, ctx: CallContext) -> str:
     return queue.record_pending(spec.name, inp, ctx.label).id
 
 
-def approve(spec: ToolSpec, inp: BaseModel, ctx: CallContext, key: Path | None = None) -> str:
-    """A human approves this exact call by signing it with their own key (`key`, else their
-    ssh-agent): the single-use token that lets it through the gate. Raises `signing.SigningError`
-    when no approver's key signs."""
-    return tokens.approve(pend(spec, inp, ctx), key=key)
+def approve(spec: ToolSpec, inp: BaseModel, ctx: CallContext, keys: Sequence[Path | None] = (None,)) -> str:
+    """Humans approve this exact call by signing it, each with their own key (None: the ssh-agent's),
+    the second and later co-signing (a tool may need two approvers): the single-use token that lets
+    it through the gate. Raises `signing.SigningError` when a key is not an approver's."""
+    pending_id, token = pend(spec, inp, ctx), None
+    for key in keys:
+        token = tokens.approve(pending_id, key=key, cosign=token)
+    if token is None:
+        raise ValueError("no approver signed: pass at least one key (None for the ssh-agent's)")
+    return token
 
 
 def reject(pending_id: str, ctx: CallContext, note: str, key: Path | None = None) -> None:

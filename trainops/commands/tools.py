@@ -88,7 +88,7 @@ def register(app: typer.Typer) -> None:
         from trainops.tools.base import ToolError
 
         try:
-            spec = agent_registry().get(name)
+            spec = agent_registry().spec(name)
         except ToolError as exc:
             fail(str(exc), as_json=as_json)
         emit({"name": spec.name, "risk": spec.risk, "approval_required": spec.approval_required,
