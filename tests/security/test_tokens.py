@@ -188,3 +188,36 @@ def test_the_workspace_holds_no_private_key_after_a_full_approve_flow(approvers,
     found = subprocess.run(["grep", "-r", "PRIVATE", str(workspace)], capture_output=True, text=True)
     assert found.returncode == 1, found.stdout
     assert not (workspace / "keys").exists() or not any((workspace / "keys").iterdir())
+
+
+def test_deleting_the_queues_files_does_not_let_a_spent_token_run_again(approvers, workspace):
+    import shutil
+
+    pending = _queued("set_tenant_quota", QUOTA)
+    token = tokens.approve(pending, approvers.bob.key, cosign=tokens.approve(pending, approvers.alice.key))
+    _call("set_tenant_quota", QUOTA, token)
+    shutil.rmtree(workspace / "governance")
+    _queued("set_tenant_quota", QUOTA)
+    assert _refusal("set_tenant_quota", QUOTA, token).reason == "replayed"
+
+
+def test_deleting_the_queues_files_does_not_lift_a_rejection(approvers, workspace):
+    import shutil
+
+    pending = _queued("set_tenant_quota", QUOTA)
+    token = tokens.approve(pending, approvers.bob.key, cosign=tokens.approve(pending, approvers.alice.key))
+    queue.reject_pending(pending, "over budget", approvers.bob.key)
+    shutil.rmtree(workspace / "governance")
+    _queued("set_tenant_quota", QUOTA)
+    assert _refusal("set_tenant_quota", QUOTA, token).reason == "revoked"
+
+
+def test_rewriting_who_asked_in_the_pending_file_does_not_let_the_requester_approve(approvers, monkeypatch, workspace):
+    monkeypatch.setenv("LOGNAME", "alice")
+    pending = _queued("set_tenant_quota", QUOTA, actor="operator")
+    path = workspace / "governance" / "pending" / f"{pending}.json"
+    item = json.loads(path.read_text())
+    item.update(requested_by="agent", requester_user=None)
+    path.write_text(json.dumps(item))
+    with pytest.raises(tokens.TokenRefused, match="never approves their own call"):
+        tokens.approve(pending, approvers.alice.key)

@@ -4,7 +4,8 @@ A call that reaches the gate without a token is queued under an id derived from 
 (tool and input hash), so a pending file edited afterwards no longer matches its id and is
 refused, not approved under its old id. Rejecting (signed by an approver) or withdrawing
 (by the actor that asked) takes the call off the queue and revokes every token minted for it
-before that moment.
+before that moment. The files here are a working copy anything in the workspace can edit; who
+asked, who said no and which token was spent are read from the hash-chained audit log.
 """
 from __future__ import annotations
 
@@ -105,10 +106,15 @@ def record_pending(tool: str, inp: BaseModel, requested_by: str) -> PendingCall:
                        requester_user=getpass.getuser() if requested_by == "operator" else None)
     path = gov_dir("pending") / f"{item.id}.json"
     try:
-        return get_pending(item.id)
+        queued = get_pending(item.id)
     except ValueError:
+        queued = None
+    if queued is None or (queued.requested_by, queued.requester_user) != (item.requested_by, item.requester_user):
+        audit.append("queued", call_id=item.id, tool=tool, input_sha256=input_hash(inp),
+                     requested_by=item.requested_by, requester_user=item.requester_user)
+    if queued is None:
         _write(path, item)
-    return item
+    return queued or item
 
 
 def _load(path: Path) -> PendingCall:
@@ -173,22 +179,31 @@ def withdraw(item_id: str, actor: str, note: str) -> PendingCall:
 
 
 def _close(item: PendingCall, by: str, note: str) -> PendingCall:
-    (gov_dir("revoked") / item.id).write_text(repr(time.time()))
     item.status, item.approver, item.note = "rejected", by, note
     _write(gov_dir("decided") / f"{item.id}.json", item)
     (gov_dir("pending") / f"{item.id}.json").unlink(missing_ok=True)
     return item
 
 
-def rejected_at(item_id: str) -> float | None:
+def history(item_id: str) -> list[dict[str, Any]]:
+    """The audit entries about one call: the tamper-evident record of who asked, who said no and
+    which token opened it (the queue's files are only its working copy)."""
+    return [e for e in audit.read() if e.get("call_id") == item_id]
+
+
+def requesters(item: PendingCall, entries: list[dict[str, Any]]) -> set[str]:
+    """Everyone who asked for the call, lower-cased: the queue file's names and the audit log's."""
+    names = {item.requested_by, item.requester_user or ""}
+    for entry in entries:
+        if entry.get("kind") == "queued":
+            names |= {entry.get("requested_by") or "", entry.get("requester_user") or ""}
+    return {name.strip().lower() for name in names if name and name.strip()}
+
+
+def rejected_at(entries: list[dict[str, Any]]) -> float | None:
     """When the call was last rejected or withdrawn: tokens minted up to then are revoked."""
-    path = gov_dir("revoked") / item_id
-    if not path.exists():
-        return None
-    try:
-        return float(path.read_text())
-    except ValueError:
-        return float("inf")  # an unreadable revocation revokes everything: fail closed
+    times = [e["time"] for e in entries if e.get("decision") in ("rejected", "withdrawn")]
+    return max(times) if times else None
 
 
 def pending_calls() -> list[PendingCall]:

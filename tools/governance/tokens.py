@@ -160,10 +160,10 @@ def _same_person(a: signing.Signer, b: signing.Signer) -> bool:
     return a.principal == b.principal or a.fingerprint == b.fingerprint
 
 
-def _refuse_requester(item: queue.PendingCall, signers: list[signing.Signer]) -> None:
-    requesters = {who.strip().lower() for who in (item.requested_by, item.requester_user or "") if who.strip()}
-    for signer in signers:
-        if requesters & {signer.principal.lower(), signer.principal.split("@")[0].lower()}:
+def _refuse_requester(item: queue.PendingCall, signed_by: list[signing.Signer]) -> None:
+    asked = queue.requesters(item, queue.history(item.id))
+    for signer in signed_by:
+        if asked & {signer.principal.lower(), signer.principal.split("@")[0].lower()}:
             raise TokenRefused("requester", f"{signer.principal} requested call {item.id}: the requester never "
                                             "approves their own call; ask another approver")
 
@@ -197,8 +197,8 @@ def consume(token: str, tool: str, inp: BaseModel | dict[str, Any], now: float |
                                                 f"this token has {len(distinct)} ({', '.join(s.principal for s in distinct)}): "
                                                 f"another approver co-signs with `trainops approve --pending "
                                                 f"{first.call_id} --cosign TOKEN`")
-    _spend(first.nonce)
     principals = [s.principal for s in distinct]
+    _spend(first.nonce, first.call_id, principals)
     queue.resolve(first.call_id, ", ".join(principals))
     return {**first.model_dump(mode="json"), "approver": ", ".join(principals), "approvers": principals}
 
@@ -224,26 +224,20 @@ def _check_times(approvals: list[Approval], now: float) -> None:
 
 
 def _check_not_revoked(item_id: str, approvals: list[Approval]) -> None:
-    rejected_at = queue.rejected_at(item_id)
+    rejected_at = queue.rejected_at(queue.history(item_id))
     if rejected_at is not None and any(a.payload.issued_at <= rejected_at for a in approvals):
         raise TokenRefused("revoked", f"call {item_id} was rejected after this token was minted: the token is "
                                       "revoked; queue the call again and ask for a new approval")
 
 
-def _used_path() -> Path:
-    return queue.gov_dir("tokens") / "used_nonces.txt"
-
-
 def _spent_nonces() -> set[str]:
-    used = _used_path()
-    return set(used.read_text().split()) if used.exists() else set()
+    return {e.get("nonce") for e in audit.read() if e.get("kind") == "token_spent"}
 
 
-def _spend(nonce: str) -> None:
-    used = _used_path()
-    with open(used.with_suffix(".lock"), "a+") as lock:
+def _spend(nonce: str, item_id: str, principals: list[str]) -> None:
+    """Burn the nonce in the audit log (tamper-evident, unlike a file beside it), once, under a lock."""
+    with open(queue.gov_dir("tokens") / "spend.lock", "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if nonce in _spent_nonces():
             raise TokenRefused("replayed", "approval token was already used: a token opens one call only")
-        with open(used, "a", encoding="utf-8") as fh:
-            fh.write(nonce + "\n")
+        audit.append("token_spent", call_id=item_id, nonce=nonce, approvers=principals)
