@@ -243,7 +243,7 @@ class QueryMetricsInput(BaseModel):
     mode: Literal["instant", "series"] = "instant"
     window_s: float = Field(300.0, gt=0, le=30 * 86400, description="Series window in seconds (at most 30 days).")
     monitor: MonitorKind = "embedded"
-    url: str | None = Field(None, description="Prometheus URL (default $TRAINOPS_PROMETHEUS_URL or http://127.0.0.1:9090).")
+    url: str | None = Field(None, description="One of the Prometheus URLs the user configured ([monitoring] prometheus_urls, $TRAINOPS_PROMETHEUS_URL); omit for the first. Any other URL is refused.")
 
 
 class QueryMetricsOutput(BaseModel):
