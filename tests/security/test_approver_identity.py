@@ -120,3 +120,31 @@ def test_signing_without_a_key_or_an_agent_says_how_to_sign(approvers):
 def test_signing_with_a_missing_key_file_names_it(approvers, tmp_path):
     with pytest.raises(SigningError, match=f"{tmp_path / 'nope'} is not a file"):
         signing.sign(DATA, tmp_path / "nope")
+
+
+def test_a_passphrase_protected_key_signs_once_the_human_types_the_passphrase(approvers, tmp_path):
+    """ssh-keygen asks on the terminal, so the data to sign must not be fed through stdin."""
+    import pty
+    import sys
+    import time
+
+    key = tmp_path / "carol"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "correct horse", "-f", str(key)], check=True)
+    with open(approvers.allowed_signers, "a") as fh:
+        fh.write(f"carol {' '.join(key.with_suffix('.pub').read_text().split()[:2])}\n")
+    script = (f"from pathlib import Path\nfrom trainops.tools.governance import signing\n"
+              f"print('SIGNER', signing.verify(b'x', signing.sign(b'x', Path({str(key)!r}))).principal)")
+    pid, terminal = pty.fork()
+    if pid == 0:
+        os.execv(sys.executable, [sys.executable, "-c", script])
+    seen, typed, deadline = b"", False, time.time() + 60
+    while time.time() < deadline and b"SIGNER carol" not in seen:
+        try:
+            seen += os.read(terminal, 1024)
+        except OSError:
+            break
+        if b"passphrase" in seen and not typed:
+            os.write(terminal, b"correct horse\n")
+            typed = True
+    os.waitpid(pid, 0)
+    assert typed and b"SIGNER carol" in seen, seen

@@ -91,8 +91,12 @@ def sign(data: bytes, key: Path | None = None) -> str:
         if key_file is None:
             key_file = Path(tmp) / "agent_key.pub"
             key_file.write_text(_agent_key_listed_as_signer() + "\n")
-        result = _ssh_keygen(["-Y", "sign", "-n", NAMESPACE, "-f", str(key_file)], data)
-    signature = result.stdout.decode("utf-8", "replace").strip()
+        # The data goes in a file, so stdin stays the terminal for a key's passphrase prompt.
+        message = Path(tmp) / "approval"
+        message.write_bytes(data)
+        result = _ssh_keygen(["-Y", "sign", "-n", NAMESPACE, "-f", str(key_file), str(message)], None)
+        sig_file = message.with_name("approval.sig")
+        signature = sig_file.read_text(encoding="utf-8", errors="replace").strip() if sig_file.is_file() else ""
     if result.returncode != 0 or not signature.startswith(ARMOR_BEGIN):
         raise SigningError(f"ssh-keygen could not sign with {key_file}: {_stderr(result)}; check the key file, "
                            "its passphrase, or that its private key is loaded in ssh-agent (`ssh-add -l`)")
@@ -150,11 +154,12 @@ def _agent_key_listed_as_signer() -> str:
                        "key there (`PRINCIPAL ssh-ed25519 AAAA...`) or pass --key PATH")
 
 
-def _ssh_keygen(args: list[str], stdin: bytes) -> subprocess.CompletedProcess:
+def _ssh_keygen(args: list[str], stdin: bytes | None) -> subprocess.CompletedProcess:
     return _run(["ssh-keygen", *args], stdin)
 
 
-def _run(argv: list[str], stdin: bytes) -> subprocess.CompletedProcess:
+def _run(argv: list[str], stdin: bytes | None) -> subprocess.CompletedProcess:
+    """Run a tool with `stdin` as its input, or the caller's own stdin (a terminal) when None."""
     if shutil.which(argv[0]) is None:
         raise SigningError(f"{argv[0]} is not installed: approvals need OpenSSH 8.2 or newer "
                            "(e.g. `apt-get install openssh-client`)")
@@ -167,4 +172,4 @@ def _run(argv: list[str], stdin: bytes) -> subprocess.CompletedProcess:
 
 def _stderr(result: subprocess.CompletedProcess) -> str:
     text = " ".join(result.stderr.decode("utf-8", "replace").split())
-    return text.replace("Signing data on standard input", "").strip() or f"exit code {result.returncode}"
+    return text or f"exit code {result.returncode}"
