@@ -92,3 +92,14 @@ def sandbox_cluster(require_service, monkeypatch):
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", sandbox.NODE_IF)
     yield state
     sandbox.down("tost")
+
+
+@pytest.fixture
+def as_operator():
+    """The test is the operator at the CLI: tool calls that name no actor are the operator's, as in
+    `trainops` commands (without it they are the agent's and need a human's token; see
+    tests/security/test_gate_paths.py). Use with `pytestmark = pytest.mark.usefixtures("as_operator")`."""
+    from trainops.tools.base import operator_session
+
+    with operator_session():
+        yield

@@ -12,7 +12,7 @@ import pytest
 
 from trainops.skills.baseline import JobRequest, run_once
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("as_operator")]
 
 STEPS = ["training.steps=6", "training.seq_len=32"]
 

@@ -12,7 +12,7 @@ import pytest
 from trainops.tools.base import call
 from trainops.tools.monitoring.embedded import read_heartbeats
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("as_operator")]
 
 TINY = ["training.seq_len=64", "training.global_batch=4", "training.micro_batch=2"]
 

@@ -11,7 +11,7 @@ import pytest
 
 from trainops.tools.base import CallContext, call
 
-pytestmark = [pytest.mark.services, pytest.mark.slow]
+pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.usefixtures("as_operator")]
 OPERATOR = CallContext(actor="operator")
 
 

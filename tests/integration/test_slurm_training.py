@@ -16,7 +16,7 @@ from trainops.skills.drill import drill
 from trainops.tools.base import ToolError, call
 from trainops.tools.monitoring.embedded import read_heartbeats
 
-pytestmark = [pytest.mark.services, pytest.mark.slow]
+pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.usefixtures("as_operator")]
 
 TINY = ["training.seq_len=64", "training.global_batch=4", "training.micro_batch=2"]
 

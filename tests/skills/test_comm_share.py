@@ -10,6 +10,8 @@ import pytest
 from trainops.skills.baseline import JobRequest, comm_share, profile_run, trace_comm_share
 from trainops.trainer.config import ConfigError, load_config
 
+pytestmark = pytest.mark.usefixtures("as_operator")
+
 
 def _trace(path: Path, events: list[tuple[str, float, float]]) -> Path:
     """A Chrome trace as torch.profiler exports it: complete ('X') events in microseconds."""

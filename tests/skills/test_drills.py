@@ -14,6 +14,8 @@ from trainops.skills.drill import DRILLS, DetectionOnlyResult, drill, quarantine
 from trainops.skills.evidence.model import DrillResult
 from trainops.cli import app
 
+pytestmark = pytest.mark.usefixtures("as_operator")
+
 DRILL_JOB = ["training.steps=12", "training.seq_len=64", "training.global_batch=8", "training.micro_batch=4",
              "checkpoint.enable=true", "checkpoint.interval=2", "checkpoint.mode=async", "checkpoint.keep=50"]
 
