@@ -87,13 +87,15 @@ def test_other_lines_are_not_steps(name):
     assert get_adapter(name).parse_log_line("[rank0]: Loading checkpoint from /ckpt/step-100") is None
 
 
-def test_a_job_log_becomes_metrics_records_that_summarize_run_reads(tmp_path):
+def test_a_job_log_becomes_metrics_records_that_summarize_run_reads(workspace):
     from trainops.tools.base import call
     from trainops.tools.frameworks.base import ingest_log
 
+    run_dir = workspace / "runs" / "titan"  # tools read only inside the workspace
+    run_dir.mkdir(parents=True)
     log = "\n".join(["[titan] loading model", TITAN.replace("step: 10", "step: 1"), TITAN_VALIDATE,
                      TITAN.replace("step: 10", "step: 2").replace("7.8312", "7.5000")])
-    assert ingest_log(get_adapter("torchtitan"), log, tmp_path) == 2
-    summary = call("summarize_run", {"run": str(tmp_path), "skip_steps": 0})
+    assert ingest_log(get_adapter("torchtitan"), log, run_dir) == 2
+    summary = call("summarize_run", {"run": str(run_dir), "skip_steps": 0})
     assert (summary.steps_measured, summary.final_loss, summary.mfu_pct_median) == (2, 7.5, 7.22)
     assert summary.step_time_median_s is None  # torchtitan prints no step time: absent, not zero
