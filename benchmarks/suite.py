@@ -298,5 +298,8 @@ def run(quick: bool = False) -> Suite:
 
 
 if __name__ == "__main__":
-    run(quick="--quick" in sys.argv)
+    from trainops.tools.base import operator_session
+
+    with operator_session():  # a human runs the suite, as with `trainops bench`
+        run(quick="--quick" in sys.argv)
     print(RESULTS)
