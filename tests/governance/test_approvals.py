@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from tests.conftest import make_ssh_key
@@ -139,3 +140,13 @@ def test_markup_in_a_queued_calls_text_is_printed_as_text(approvers):
     listed = runner.invoke(app, ["approvals"], env={"COLUMNS": "400"})
     assert listed.exit_code == 0, listed.output
     assert reason in listed.output
+
+
+def test_governance_commands_are_plain_functions_a_test_can_call(capsys, workspace):
+    from trainops.commands import governance
+
+    governance.rules(as_json=True)
+    assert "R-SEC-6" in {rule["id"] for rule in json.loads(capsys.readouterr().out)}
+    with pytest.raises(typer.Exit) as stopped:
+        governance.audit_verify(as_json=True)
+    assert stopped.value.exit_code == 1 and "no audit log" in json.loads(capsys.readouterr().out)["reason"]

@@ -198,7 +198,7 @@ def consume(token: str, tool: str, inp: BaseModel | dict[str, Any], now: float |
                                                 f"another approver co-signs with `trainops approve --pending "
                                                 f"{first.call_id} --cosign TOKEN`")
     principals = [s.principal for s in distinct]
-    _spend(first.nonce, first.call_id, principals)
+    _spend(first.nonce, first.call_id, principals, distinct[0].allowed_signers_sha256)
     queue.resolve(first.call_id, ", ".join(principals))
     return {**first.model_dump(mode="json"), "approver": ", ".join(principals), "approvers": principals}
 
@@ -234,10 +234,11 @@ def _spent_nonces() -> set[str]:
     return {e.get("nonce") for e in audit.read() if e.get("kind") == "token_spent"}
 
 
-def _spend(nonce: str, item_id: str, principals: list[str]) -> None:
+def _spend(nonce: str, item_id: str, principals: list[str], allowed_signers_sha256: str) -> None:
     """Burn the nonce in the audit log (tamper-evident, unlike a file beside it), once, under a lock."""
     with open(queue.gov_dir("tokens") / "spend.lock", "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if nonce in _spent_nonces():
             raise TokenRefused("replayed", "approval token was already used: a token opens one call only")
-        audit.append("token_spent", call_id=item_id, nonce=nonce, approvers=principals)
+        audit.append("token_spent", call_id=item_id, nonce=nonce, approvers=principals,
+                     allowed_signers_sha256=allowed_signers_sha256)
