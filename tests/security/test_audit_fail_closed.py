@@ -49,15 +49,24 @@ def test_a_torn_last_line_refuses_a_mutating_call_before_it_acts(workspace):
     with pytest.raises(GateRefused, match=r"audit_unavailable.*line 2 is torn.*trainops audit repair") as refused:
         _drain()
     assert refused.value.rule_id == "R-SEC-5"
-    with pytest.raises(Exception, match="torn"):
-        _drained()  # a read is refused too: its audit entry cannot be written either
+    with pytest.raises(GateRefused, match="torn"):
+        _drained()  # a read is refused too: its audit entry could not be written either
     (workspace / "audit.jsonl").write_text("")
     assert not _drained()
 
 
+def test_a_torn_log_refuses_an_agents_call_before_it_is_queued(workspace):
+    from trainops.tools.governance import queue
+
+    _tear(workspace)
+    with pytest.raises(GateRefused, match=r"audit_unavailable.*line 2 is torn"):
+        call("drain_node", DRAIN, CallContext(actor="agent"))
+    assert queue.pending_calls() == []
+
+
 def test_an_unwritable_log_refuses_a_mutating_call(workspace):
     (workspace / "audit.jsonl").mkdir(parents=True)  # root ignores file modes; a folder in its place cannot be opened
-    with pytest.raises(GateRefused, match=r"audit log .* cannot be written"):
+    with pytest.raises(GateRefused, match=r"audit_unavailable.*audit log .* is not a regular file"):
         _drain()
 
 

@@ -139,6 +139,14 @@ def append(kind: str, path: Path | None = None, durable: bool = True, **fields: 
     return entry
 
 
+def check_appendable(path: Path | None = None) -> None:
+    """Raise AuditUnavailable now, before anything acts, when the next entry could not be appended."""
+    log = _log_path(path)
+    if log.exists() and not log.is_file():
+        raise AuditUnavailable(f"audit log {log} is not a regular file; move it aside so the log can be written")
+    _tail_entry(log)
+
+
 def _write_line(log: Path, line: str, durable: bool) -> None:
     with open(log, "a", encoding="utf-8") as fh:
         fh.write(line)

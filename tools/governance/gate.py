@@ -149,6 +149,7 @@ def before_call(spec, inp: BaseModel, ctx) -> str | None:
     """Input checks, then the token step when `approval_rule` says a human must decide. Returns
     the call id of the human approval this call runs under (its own token's, or an approved outer
     call's), which calls nested inside it inherit; None when no human approved it."""
+    _require_audit(spec)
     check_input(spec, inp, ctx)
     rule_id = approval_rule(spec, ctx)
     if rule_id is None:
@@ -173,6 +174,15 @@ def before_call(spec, inp: BaseModel, ctx) -> str | None:
                  approver=payload.get("approver"), input_sha256=tokens.input_hash(inp))
     _write_intent(spec, inp, ctx)
     return tokens.call_id(spec.name, inp)
+
+
+def _require_audit(spec) -> None:
+    """Fail closed before any step that audits (a refusal, the queue, a token): a log that cannot
+    take the next entry refuses the call, whoever makes it."""
+    try:
+        audit.check_appendable()
+    except audit.AuditUnavailable as exc:
+        raise GateRefused(spec.name, "audit_unavailable", f"the call was not run: {exc}", "R-SEC-5") from None
 
 
 # The intent ids of the calls now running in this context, innermost last: a tool that calls
