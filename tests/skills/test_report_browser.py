@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -128,12 +129,12 @@ def _keep_artifacts(*paths: Path) -> None:
 @pytest.fixture(scope="module")
 def sop_pack(tmp_path_factory) -> Path:
     """The product's own path: `trainops sop --quick` on the local scheduler, 2 gloo processes."""
-    from trainops.skills.sop import SopSettings, run
-
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("TRAINOPS_HOME", str(tmp_path_factory.mktemp("browser-home")))
-        env.setenv("OMP_NUM_THREADS", "1")
-        return Path(run(SopSettings(quick=True)).pack_dir)
+    home = tmp_path_factory.mktemp("browser-home")
+    env = {**os.environ, "TRAINOPS_HOME": str(home), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([str(Path(sys.executable).parent / "trainops"), "sop", "--quick", "--json"], env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return Path(json.loads(done.stdout)["pack_dir"])
 
 
 @pytest.fixture(scope="module")
