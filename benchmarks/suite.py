@@ -230,16 +230,28 @@ def bench_sop_overhead(suite: Suite) -> None:
                 "(process start-up, imports, plots and reports included)")
 
 
+def _throwaway_approver(folder: Path) -> Path:
+    """A fresh approver key listed in an allowed-signers file named by $TRAINOPS_ALLOWED_SIGNERS, so
+    the benchmark can approve the agent's run_sop the way a human would: with a signature."""
+    key = folder / "bench-approver"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "bench", "-f", str(key)], check=True)
+    signers = folder / "allowed_signers"
+    signers.write_text(f"bench {' '.join(key.with_suffix('.pub').read_text().split()[:2])}\n")
+    os.environ["TRAINOPS_ALLOWED_SIGNERS"] = str(signers)
+    return key
+
+
 def bench_agent_overhead(suite: Suite) -> None:
     """The ops agent driving the SOP (offline policy): its own time is what the tools did not use."""
     from trainops.agents.session import AgentSession
 
     wall_s = tool_s = 0.0
+    key = _throwaway_approver(Path(tempfile.mkdtemp(prefix="bench-approver-")))
     with AgentSession(thread_id="bench-agent") as session:
         for _ in session.ask("run the SOP quick"):
             pass
         wall_s, tool_s = session.timing.wall_s, session.timing.tool_s
-        for _ in session.decide({"decision": "approve", "approver": "bench"}):
+        for _ in session.decide({"decision": "approve", "approver": "bench", "key": str(key)}):
             pass
         wall_s, tool_s = wall_s + session.timing.wall_s, tool_s + session.timing.tool_s
     share = 100.0 * (wall_s - tool_s) / wall_s
