@@ -69,14 +69,18 @@ def _rope_settings(config: dict) -> tuple[float, Llama3RopeScaling | None]:
     theta = settings.get("rope_theta", config.get("rope_theta", 10000.0))
     rope_type = settings.get("rope_type", settings.get("type", "default"))
     if settings.get("partial_rotary_factor", 1.0) != 1.0:
-        raise HFFormatError(f"config.json partial_rotary_factor={settings['partial_rotary_factor']} is not supported: our RoPE rotates the whole head")
+        raise HFFormatError(f"config.json partial_rotary_factor={settings['partial_rotary_factor']} is not "
+                            "supported: our RoPE rotates the whole head")
     if rope_type == "default":
         return float(theta), None
     if rope_type != "llama3":
-        raise HFFormatError(f"config.json rope_type={rope_type!r} is not supported: only 'default' and 'llama3' RoPE are implemented")
-    missing = [k for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings") if k not in settings]
+        raise HFFormatError(f"config.json rope_type={rope_type!r} is not supported: only 'default' and 'llama3' "
+                            "RoPE are implemented")
+    needed = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    missing = [k for k in needed if k not in settings]
     if missing:
-        raise HFFormatError(f"config.json rope_type='llama3' lacks {missing}: add them to rope_parameters (or rope_scaling)")
+        raise HFFormatError(f"config.json rope_type='llama3' lacks {missing}: add them to rope_parameters "
+                            "(or rope_scaling)")
     return float(theta), Llama3RopeScaling(
         factor=float(settings["factor"]), low_freq_factor=float(settings["low_freq_factor"]),
         high_freq_factor=float(settings["high_freq_factor"]),
@@ -87,14 +91,17 @@ def args_from_hf_config(config: dict) -> ModelArgs:
     """`ModelArgs` from a Llama `config.json` of transformers 4.x or 5.x; rejects what our model
     cannot represent, by name, rather than building a different model silently."""
     if config.get("model_type", "llama") != "llama":
-        raise HFFormatError(f"config.json model_type={config.get('model_type')!r} is not 'llama': only Llama-architecture checkpoints are supported")
+        raise HFFormatError(f"config.json model_type={config.get('model_type')!r} is not 'llama': only "
+                            "Llama-architecture checkpoints are supported")
     if config.get("attention_bias") or config.get("mlp_bias"):
         raise HFFormatError("config.json attention_bias/mlp_bias=true is not supported: our linears have no bias")
     if config.get("hidden_act", "silu") != "silu":
-        raise HFFormatError(f"config.json hidden_act={config['hidden_act']!r} is not supported: our feed-forward is SwiGLU (silu)")
+        raise HFFormatError(f"config.json hidden_act={config['hidden_act']!r} is not supported: our feed-forward "
+                            "is SwiGLU (silu)")
     dim, heads = config["hidden_size"], config["num_attention_heads"]
     if (config.get("head_dim") or dim // heads) != dim // heads:
-        raise HFFormatError(f"config.json head_dim={config['head_dim']} differs from hidden_size/num_attention_heads = {dim // heads}: not supported")
+        raise HFFormatError(f"config.json head_dim={config['head_dim']} differs from "
+                            f"hidden_size/num_attention_heads = {dim // heads}: not supported")
     theta, scaling = _rope_settings(config)
     return ModelArgs(
         dim=dim, n_layers=config["num_hidden_layers"], n_heads=heads,

@@ -39,7 +39,7 @@ def local_slice(full: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     shape, offset = compute_local_shape_and_global_offset(full.shape, param.device_mesh, param.placements)
-    return full[tuple(slice(start, start + size) for start, size in zip(offset, shape))]
+    return full[tuple(slice(start, start + size) for start, size in zip(offset, shape, strict=True))]
 
 
 def materialize(model: nn.Module, device: torch.device, full_value: FullValue) -> None:

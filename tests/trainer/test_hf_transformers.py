@@ -72,7 +72,8 @@ def _to_4x(folder) -> None:
 
 
 def _shape_id(shape: dict) -> str:
-    return f"gqa{shape['heads'] // shape['kv']}-{'tied' if shape['tie'] else 'untied'}-theta{shape['theta']:g}-eps{shape['eps']:g}"
+    tie = "tied" if shape["tie"] else "untied"
+    return f"gqa{shape['heads'] // shape['kv']}-{tie}-theta{shape['theta']:g}-eps{shape['eps']:g}"
 
 
 @pytest.mark.parametrize("generation", ["5.x", "4.x"])
@@ -182,7 +183,7 @@ def test_export_writes_shards_of_the_asked_size_with_an_index_transformers_loads
             keys = list(handle.keys())
         assert shard.stat().st_size <= 1_000_000 + 10_000 or len(keys) == 1
     back = import_hf(folder)
-    assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), back.state_dict().values()))
+    assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), back.state_dict().values(), strict=True))
     theirs = LlamaForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
     with torch.no_grad():
         tokens = _tokens()[:, :64]

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from functools import partial
 
 import torch
 
@@ -21,13 +22,17 @@ GIB = 2**30
 
 
 def _measure(code: str) -> dict:
-    """Run `code` in a fresh interpreter; it prints one JSON line. Adds its peak RSS and wall time."""
+    """Run `code` in a fresh interpreter; it prints one JSON line. Adds its peak RSS, wall time and
+    CPU time (user + system, imports included; what the limits check, since the wall time of a
+    test on a shared 2-core machine mostly measures the neighbours)."""
     wrapped = "\n".join([
         "import json, resource, time",
         "started = time.perf_counter()",
         textwrap.dedent(code).strip(),
+        'usage = resource.getrusage(resource.RUSAGE_SELF)',
         'result["seconds"] = time.perf_counter() - started',
-        'result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024',
+        'result["cpu_seconds"] = usage.ru_utime + usage.ru_stime',
+        'result["peak_rss_bytes"] = usage.ru_maxrss * 1024',
         "print(json.dumps(result))",
     ])
     done = subprocess.run([sys.executable, "-c", wrapped], capture_output=True, text=True, timeout=120)
@@ -45,7 +50,7 @@ def test_llama3_70b_dry_run_takes_seconds_and_little_memory():
         result = {"ranks": len(plan.ranks)}
     """)
     assert measured["ranks"] == 512
-    assert measured["seconds"] < 10
+    assert measured["cpu_seconds"] < 10, measured
     assert measured["peak_rss_bytes"] < 1 * GIB, measured
 
 
@@ -65,7 +70,7 @@ def test_llama3_70b_pipeline_split_on_meta_takes_seconds_and_little_memory():
         result = {"params": params}
     """)
     assert sum(measured["params"]) == sum(p.numel() for p in _meta("llama3-70b").parameters())
-    assert measured["seconds"] < 10
+    assert measured["cpu_seconds"] < 10, measured
     assert measured["peak_rss_bytes"] < 1 * GIB, measured
 
 
@@ -99,10 +104,10 @@ def test_materializing_a_meta_model_gives_the_seeded_init_bit_for_bit():
         reference.init_weights(seed=7)
         with torch.device("meta"):
             model = Transformer(reference.args)
-        materialize(model, torch.device("cpu"), lambda name, shape: initial_weight(model.args, name, shape, seed=7))
+        materialize(model, torch.device("cpu"), partial(initial_weight, reference.args, seed=7))
         assert not is_meta(model)
         assert (model.output.weight is model.tok_embeddings.weight) == tie
-        for (name, a), b in zip(reference.state_dict().items(), model.state_dict().values()):
+        for (name, a), b in zip(reference.state_dict().items(), model.state_dict().values(), strict=True):
             assert torch.equal(a, b), name
         assert torch.equal(reference.freqs_cis, model.freqs_cis)
 

@@ -39,7 +39,7 @@ def _render_plan(plan: Any) -> None:
     from rich.table import Table
 
     layout = plan.layout
-    table = Table(title=f"dry run: mesh {dict(zip(plan.mesh_dim_names, plan.mesh_shape))}, "
+    table = Table(title=f"dry run: mesh {dict(zip(plan.mesh_dim_names, plan.mesh_shape, strict=True))}, "
                         f"{plan.n_microbatches} micro-batches per step")
     for name in ("rank", "coords", "layers", "params", "param GiB", "grad GiB", "optimizer GiB",
                  "activation GiB", "total GiB"):
@@ -121,7 +121,8 @@ def launch_through_gate(run_dir: Path, nproc: int, show_progress: bool) -> Any:
 @app.command("train")
 def train(
     config: Optional[Path] = typer.Argument(None, help="Job config TOML (see trainer/config.py)."),
-    preset: Optional[str] = typer.Option(None, "--preset", help="Model preset: tiny, small, llama3-1b, llama3-8b, llama3-70b."),
+    preset: Optional[str] = typer.Option(None, "--preset",
+                                         help="Model preset: tiny, small, llama3-1b, llama3-8b, llama3-70b."),
     nproc: Optional[int] = typer.Option(None, "--nproc", help="Processes (ranks) on this machine [default: 1; "
                                         "with --resume, as many as saved the checkpoint]."),
     overrides: List[str] = typer.Option([], "--set", help="Override: section.key=value (repeatable)."),
@@ -130,7 +131,8 @@ def train(
                                              "(config.json + safetensors); its config gives the model shape."),
     resume: Optional[str] = typer.Option(None, "--resume", help="Continue this run (id or folder) from its newest "
                                          "verified checkpoint, with its own config."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Validate the layout and plan memory per rank; launch nothing."),
+    dry_run: bool = typer.Option(False, "--dry-run",
+                                 help="Validate the layout and plan memory per rank; launch nothing."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary for machines."),
 ) -> None:
     """Train with torchrun here (gloo on CPU, NCCL on GPU), launched through the governance gate:
