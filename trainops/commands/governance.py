@@ -218,4 +218,5 @@ def audit_show(tail: int = typer.Option(20, "--tail", min=1, help="How many rece
     emit(entries, as_json, lambda es: _table(
         "audit log", ["seq", "kind", "tool/subject", "decision/ok", "actor/approver"],
         [[e["seq"], e["kind"], e.get("tool") or e.get("pack") or e.get("subject"),
-          e.get("decision", e.get("ok")), e.get("actor") or e.get("principal") or e.get("approver")] for e in es]))
+          e.get("decision", e.get("ok")),
+          e.get("actor") or e.get("principal") or e.get("approver") or e.get("requested_by")] for e in es]))
