@@ -148,3 +148,9 @@ def test_a_passphrase_protected_key_signs_once_the_human_types_the_passphrase(ap
             typed = True
     os.waitpid(pid, 0)
     assert typed and b"SIGNER carol" in seen, seen
+
+
+def test_a_relative_allowed_signers_path_in_the_config_is_refused(approvers):
+    approvers.config.write_text('[governance]\nallowed_signers = "allowed_signers"\n')
+    with pytest.raises(SigningError, match="absolute path"):
+        signing.verify(DATA, signing.sign(DATA, approvers.alice.key))

@@ -58,8 +58,9 @@ def allowed_signers_path() -> Path:
             f"no allowed-signers file is configured: set `[governance] allowed_signers = \"PATH\"` in "
             f"{user_config_path()} (or ${ENV_ALLOWED_SIGNERS}); each line is `PRINCIPAL ssh-ed25519 AAAA...` "
             "as for git's SSH signing (gpg.ssh.allowedSignersFile)")
-    if not isinstance(configured, str):
-        raise SigningError(f"[governance] allowed_signers is {configured!r}: give the file's path as a string")
+    if not isinstance(configured, str) or not Path(configured).expanduser().is_absolute():
+        raise SigningError(f"[governance] allowed_signers is {configured!r}: give the file's absolute path "
+                           "(or ~/...) as a string")
     return Path(configured).expanduser()
 
 
