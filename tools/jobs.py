@@ -167,9 +167,22 @@ class CancelJobInput(JobRef):
         "as failed: its survivors are blocked in a collective and would only spend the grace period timing out."))
 
 
+def _launched_spec(tool_name: str, ref: JobRef) -> JobSpec | None:
+    """The spec trainops recorded when it launched the job; a job it did not launch (another
+    user's Slurm job, say) is refused before the scheduler is asked to touch it."""
+    from trainops.tools.schedulers.processes import launched_spec
+
+    spec = _run(tool_name, launched_spec, ref.job_id, ref.scheduler)
+    if spec is None and ref.scheduler == "slurm":
+        raise ToolError(tool_name, f"job {ref.job_id!r} was not launched by trainops in this workspace (no record in "
+                                   "its jobs folder); trainops acts only on its own jobs: use scancel/scontrol yourself")
+    return spec
+
+
 @tool("cancel_job", risk="mutate", tags=("jobs",))
 def cancel_job(inp: CancelJobInput) -> JobStatus:
-    """Cancel a job (all its processes); `force` skips the grace period."""
+    """Cancel a job trainops launched (all its processes); `force` skips the grace period."""
+    _launched_spec("cancel_job", inp)
     return _run("cancel_job", _scheduler("cancel_job", inp.scheduler).cancel, inp.job_id, inp.force)
 
 
@@ -177,10 +190,9 @@ def cancel_job(inp: CancelJobInput) -> JobStatus:
 def requeue_job(inp: JobRef) -> JobHandle:
     """Requeue a job with the same spec; a trainer run resumes from its newest checkpoint. Its
     folders are checked again first: the job itself can have rewritten its run's config."""
-    from trainops.tools.schedulers.processes import launched_spec
     from trainops.tools.tenancy import check_job_paths
 
-    spec = _run("requeue_job", launched_spec, inp.job_id, inp.scheduler)
+    spec = _launched_spec("requeue_job", inp)
     if spec is not None:
         try:
             check_job_paths(spec)

@@ -127,3 +127,9 @@ def test_inject_fault_refuses_a_run_folder_outside_the_workspace(tmp_path, victi
     with pytest.raises(ToolError, match=r"run='.*elsewhere' resolves to .* outside the workspace"):
         call("inject_fault", {"kind": "kill_rank", "run": str(run_dir), "rank": 0}, OPERATOR)
     assert _alive(victim)
+
+
+@pytest.mark.parametrize("tool", ["cancel_job", "requeue_job"])
+def test_a_slurm_job_trainops_did_not_launch_is_not_touched(tool):
+    with pytest.raises(ToolError, match=f"{tool}: job '4242' was not launched by trainops in this workspace"):
+        call(tool, {"job_id": "4242", "scheduler": "slurm"}, OPERATOR)
