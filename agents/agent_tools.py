@@ -33,7 +33,7 @@ class PendingOutput(BaseModel):
 @tool("list_pending_approvals", risk="read", tags=("governance", "agent"))
 def list_pending_approvals(inp: PendingInput) -> PendingOutput:
     """List what waits for a human decision: gated tool calls, evidence packs and agent threads paused at an approval."""
-    from trainops.agents.session import list_threads
+    from trainops.agents.threads import list_threads
     from trainops.tools.governance.approvals import list_items
 
     items = [PendingItem(kind=i.kind, id=i.id, status=i.status, detail=i.detail) for i in list_items()

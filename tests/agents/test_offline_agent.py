@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from trainops.agents.session import AgentSession, list_threads
+from trainops.agents.session import AgentSession
+from trainops.agents.threads import list_threads
 from trainops.agents.transcript import read
 
 

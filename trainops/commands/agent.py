@@ -171,7 +171,7 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def threads(as_json: bool = typer.Option(False, "--json", help="Print the threads as JSON.")) -> None:
         """List the ops agent's conversation threads, newest first."""
-        from trainops.agents.session import list_threads
+        from trainops.agents.threads import list_threads
 
         def render(items) -> None:
             from rich.table import Table
