@@ -51,7 +51,8 @@ class BaselineSummary(BaseModel):
     mfu_pct: MetricSpread
     peak_source: str = Field(description="where the peak FLOP/s came from: vendor table or measured GEMM")
     data_wait_share_pct: float = Field(ge=0, le=100, description="share of step time spent waiting for data")
-    comm_share_pct: float | None = Field(default=None, ge=0, le=100, description="share of profiled time in collectives; None when not measurable")
+    comm_share_pct: float | None = Field(
+        default=None, ge=0, le=100, description="share of profiled time in collectives; None when not measurable")
     comm_share_method: str = Field(default="", description="how comm_share_pct was measured")
     run_dirs: list[str] = Field(description="the baseline runs, one per repeat")
 
@@ -69,8 +70,10 @@ class AblationRow(BaseModel):
     noise_band_pct: float = Field(ge=0, description="run-to-run noise band at this scale, percent")
     beyond_noise: bool = Field(description="|mfu_change_pct| exceeds the noise band")
     verdict: Literal["gain", "regression", "within-noise"]
-    vanished_at_scale: bool = Field(default=False, description="a small-scale gain whose MFU change at target scale is at or below zero")
-    weak_scaling_efficiency_pct: float | None = Field(default=None, ge=0, description="target rows: per-process tokens/s of the arm at target over small scale")
+    vanished_at_scale: bool = Field(
+        default=False, description="a small-scale gain whose MFU change at target scale is at or below zero")
+    weak_scaling_efficiency_pct: float | None = Field(
+        default=None, ge=0, description="target rows: per-process tokens/s of the arm at target over small scale")
     source_run: str = Field(description="run folder of the arm's median repeat")
     reference: str = Field(default="", description="published comparison, with source and scale difference")
 
@@ -158,7 +161,8 @@ class EvidencePack(BaseModel):
     evidence: list[EvidenceRow] = Field(default_factory=list)
     awaiting_human: list[str] = Field(default_factory=list, description="decisions left to a person")
     rollback: str = Field(default="", description="how to return to the baseline configuration")
-    references: list[str] = Field(default_factory=list, description="published results to compare with, each with source and scale difference")
+    references: list[str] = Field(
+        default_factory=list, description="published results to compare with, each with source and scale difference")
 
     @model_validator(mode="after")
     def _consistent(self) -> "EvidencePack":

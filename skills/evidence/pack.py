@@ -21,7 +21,6 @@ from trainops.skills.evidence.model import (
 )
 from trainops.skills.evidence.render import to_html, to_markdown
 
-
 MIN_REPEATS = 3
 """Repeats per side before a noise band (and so a gain) is trusted enough to pass."""
 
@@ -69,7 +68,8 @@ def assemble(pack_id: str, environment: EnvironmentDeclaration | None, baseline:
                  if r.scale_kind == "target" and r.verdict == "gain"]
     awaiting += [f"confirm isolation of {d.fault}: {d.isolation_granularity}-level" for d in drills
                  if d.isolation_granularity in ("node", "job")]
-    report = FaultToleranceReport(drills=drills, cause_distribution=dict(Counter(d.cause for d in drills))) if drills else None
+    report = (FaultToleranceReport(drills=drills, cause_distribution=dict(Counter(d.cause for d in drills)))
+              if drills else None)
     return EvidencePack(pack_id=pack_id, created_time=time.time(), verdict=verdict, blockers=blockers,
                         environment=environment, baseline=baseline, ablations=ablations,
                         fault_tolerance=report, evidence=evidence, awaiting_human=awaiting, rollback=rollback,
@@ -81,7 +81,6 @@ def governance_errors(pack: EvidencePack, markdown: str) -> list[str]:
     fault-tolerance conclusion (R-EVD-2), and the report text (R-OUT-1..3). Ablation arms were
     checked for a single variable (R-ABL-1) when they ran."""
     from pydantic import ValidationError
-
     from trainops.tools.governance import claims
     from trainops.tools.governance.text import validate_report_text
 
@@ -110,6 +109,7 @@ def write(pack: EvidencePack, packs_root: Path | None = None) -> Path:
     The plots are drawn in memory first, so their captions are checked with the report text."""
     from trainops.skills.evidence import plots
     from trainops.tools.governance.pack_checks import record_written
+
     from trainops.workspace import check_id, packs_dir
 
     check_id("pack", pack.pack_id)

@@ -100,12 +100,12 @@ def ablation_bars(pack: EvidencePack) -> Figure | None:
     rows = pack.ablations
     fig, ax = plt.subplots(figsize=(11, 3.8))
     positions = range(len(rows))
-    for x, row in zip(positions, rows):
+    for x, row in zip(positions, rows, strict=True):
         ax.add_patch(Rectangle((x - 0.42, -row.noise_band_pct), 0.84, 2 * row.noise_band_pct, color="#8c959f",
                                alpha=0.25, linewidth=0, zorder=1))
     ax.bar(positions, [r.mfu_change_pct for r in rows], width=0.5, zorder=2,
            color=[VERDICT_COLOURS[r.verdict] for r in rows])
-    for x, row in zip(positions, rows):
+    for x, row in zip(positions, rows, strict=True):
         ax.annotate(f"{row.mfu_change_pct:+.1f}%", (x, row.mfu_change_pct), textcoords="offset points",
                     xytext=(0, 4 if row.mfu_change_pct >= 0 else -12), ha="center", fontsize=9)
     reach = max(max(abs(r.mfu_change_pct), r.noise_band_pct) for r in rows) or 1.0
@@ -134,7 +134,7 @@ def drill_timeline(pack: EvidencePack) -> Figure | None:
         marks = [0.0, d.detected_time - d.injected_time, d.isolated_time - d.injected_time,
                  d.recovered_time - d.injected_time]
         summary = []
-        for (phase, colour), start, end in zip(PHASE_COLOURS.items(), marks, marks[1:]):
+        for (phase, colour), start, end in zip(PHASE_COLOURS.items(), marks[:-1], marks[1:], strict=True):
             ax.barh(row, end - start, left=start, height=0.5, color=colour, label=phase if row == 0 else None)
             summary.append(f"{phase} {end - start:.2f} s")
             if end - start > 0.12 * span:
@@ -149,8 +149,8 @@ def drill_timeline(pack: EvidencePack) -> Figure | None:
     ax.legend(fontsize=8, loc="lower left", bbox_to_anchor=(1.0, 0.0), title="phase", title_fontsize=8)
     ax.grid(axis="x", alpha=0.3)
     caption = ("Look for: which phase dominates each drill. Detection is how fast the fault was noticed, isolation "
-               "how fast the faulty unit was excluded, recovery from isolation to the first completed step after the restart "
-               "(the table's recovery time counts from detection).")
+               "how fast the faulty unit was excluded, recovery from isolation to the first completed step after the "
+               "restart (the table's recovery time counts from detection).")
     return Figure("s5", "drill_timeline", caption, _png(plt, fig))
 
 

@@ -10,7 +10,6 @@ from functools import lru_cache
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
-
 from trainops.skills.evidence.model import EvidencePack
 from trainops.skills.evidence.view import Cell, Figure, build, code
 

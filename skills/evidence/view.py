@@ -47,7 +47,8 @@ class Table:
     @property
     def aligns(self) -> list[Align]:
         """A column is right-aligned when it holds numbers."""
-        return ["right" if any(row[i].align == "right" for row in self.rows) else "left" for i in range(len(self.headers))]
+        return ["right" if any(row[i].align == "right" for row in self.rows) else "left"
+                for i in range(len(self.headers))]
 
     @property
     def inline(self) -> list[int]:
@@ -177,10 +178,10 @@ def _drills(pack: EvidencePack) -> Section | None:
     plan = pack.checkpoint_plan
     if plan:
         section.paragraphs.append(
-            f"**Checkpoint plan.** Measured: stall {plan.save_stall_s:.3f} s and durable write {plan.write_s:.3f} s per "
-            f"checkpoint, restart {plan.restart_s:.1f} s; MTBF {plan.mtbf_h:g} h ({plan.mtbf_basis}). Young interval "
-            f"{plan.young_interval_min:.1f} min, Daly interval {plan.daly_interval_min:.1f} min, expected waste "
-            f"{plan.expected_waste_pct:.2f}%. Recommendation: {plan.recommendation}.")
+            f"**Checkpoint plan.** Measured: stall {plan.save_stall_s:.3f} s and durable write {plan.write_s:.3f} s "
+            f"per checkpoint, restart {plan.restart_s:.1f} s; MTBF {plan.mtbf_h:g} h ({plan.mtbf_basis}). "
+            f"Young interval {plan.young_interval_min:.1f} min, Daly interval {plan.daly_interval_min:.1f} min, "
+            f"expected waste {plan.expected_waste_pct:.2f}%. Recommendation: {plan.recommendation}.")
     return section
 
 

@@ -1,4 +1,5 @@
-"""Writing a pack: governance validates it first; an invalid pack leaves nothing on disk. The reports\nrender one view: verdict banner, real tables, plots in their sections, escaped run text."""
+"""Writing a pack: governance validates it first; an invalid pack leaves nothing on disk. The reports
+render one view: verdict banner, real tables, plots in their sections, escaped run text."""
 from __future__ import annotations
 
 import json
@@ -9,11 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from trainops.skills.evidence import plots
 from trainops.skills.evidence.pack import PackRefused, assemble, load, write
 from trainops.skills.evidence.render import to_html, to_markdown
 from trainops.skills.evidence.view import DECISION_COMMANDS
+
 from trainops.workspace import packs_dir
 
 
@@ -23,7 +24,8 @@ def _pack(factories, tmp_path, pack_id="pack-1", **drill_kw):
     record = tmp_path / "drill.json"
     record.write_text("{}")
     drill = drill.model_copy(update={"drill_record": str(record)})
-    return assemble(pack_id, factories.environment(), factories.baseline([str(run)]), [factories.ablation()], [drill], [])
+    return assemble(pack_id, factories.environment(), factories.baseline([str(run)]), [factories.ablation()], [drill],
+                    [])
 
 
 def test_markdown_first_line_is_the_verdict_and_its_blockers(factories, tmp_path):
@@ -106,8 +108,10 @@ def test_each_plot_is_embedded_in_the_section_it_belongs_to(factories, tmp_path)
 def test_text_from_runs_is_escaped_in_the_html(factories, tmp_path):
     pack = _pack(factories, tmp_path)
     pack.ablations[0].source_run = "runs/<img src=x onerror=alert(1)>"
+    pack.rollback = "restore <script>alert(1)</script>"
     html = to_html(pack)
     assert "<img src=x" not in html and "&lt;img src=x onerror=alert(1)&gt;" in html
+    assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
 
 
 def test_identical_baseline_repeats_are_named_as_such_under_the_plot(factories, tmp_path):

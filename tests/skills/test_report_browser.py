@@ -145,7 +145,8 @@ def rendered(sop_pack, tmp_path_factory) -> dict:
     browser = DevTools(binary, out / "profile")
     try:
         browser.page("Page.enable")
-        browser.page("Emulation.setDeviceMetricsOverride", width=WIDTH_PX, height=900, deviceScaleFactor=1, mobile=False)
+        browser.page("Emulation.setDeviceMetricsOverride", width=WIDTH_PX, height=900, deviceScaleFactor=1,
+                     mobile=False)
         browser.page("Page.navigate", url=(sop_pack / "report.html").as_uri())
         browser.wait_for("Page.loadEventFired")
         facts = browser.page("Runtime.evaluate", expression=PAGE_FACTS, returnByValue=True)["result"]["value"]
