@@ -54,10 +54,22 @@ def measure_arm(name: str, overrides: list[str], args) -> dict:
     }
 
 
+def summarize_saves(saves: list[dict], failure: str | None = None) -> dict | None:
+    """Stall figures from a run's `save` journal records, each stall without the wait for the
+    previous background write: that wait only measures an interval too short for the write
+    (reported apart, with the write time, so a reader can size the interval). A run that failed
+    after some saves still yields their figures, with its failure."""
+    if not saves:
+        return None
+    stalls_s = [save["stall_s"] - save["wait_previous_s"] for save in saves]
+    return {"stall_s": statistics.median(stalls_s), "stalls_s": stalls_s,
+            "wait_previous_s": max(save["wait_previous_s"] for save in saves),
+            "write_s": statistics.median(save["write_s"] for save in saves),
+            "size_gib": saves[-1]["size_bytes"] / 2**30, "saves": len(saves), "failure": failure}
+
+
 def checkpoint_stall(mode: str, args) -> dict | None:
-    """The loop's stall per save, without the wait for the previous background write: that wait
-    only measures an interval too short for the write (reported apart, with the write time, so a
-    reader can size the interval). The checkpoints are deleted afterwards: at ~15 GB each for
+    """One run saving in `mode`; its checkpoints are deleted afterwards: at ~15 GB each for
     llama3-1b, three modes would fill a small disk."""
     cfg = load_config(None, args.preset, [*_shape(args), f"training.steps={args.checkpoint_steps}",
                                           "checkpoint.enable=true", f"checkpoint.interval={args.checkpoint_interval}",
@@ -65,23 +77,27 @@ def checkpoint_stall(mode: str, args) -> dict | None:
     result = run_local(cfg, 1, show_progress=False, timeout_s=args.run_timeout_s)
     shutil.rmtree(Path(result.run_dir) / cfg.checkpoint.folder, ignore_errors=True)
     journal = Path(result.run_dir) / "checkpoints.jsonl"
-    if result.status != "ok" or not journal.exists():
-        return None
-    saves = [record for record in map(json.loads, journal.read_text().splitlines()) if record.get("event") == "save"]
-    if not saves:
-        return None
-    stalls_s = [s["stall_s"] - s["wait_previous_s"] for s in saves]
-    return {"stall_s": statistics.median(stalls_s), "stalls_s": stalls_s,
-            "wait_previous_s": max(s["wait_previous_s"] for s in saves),
-            "write_s": statistics.median(s["write_s"] for s in saves),
-            "size_gib": saves[-1]["size_bytes"] / 2**30, "saves": len(saves)}
+    records = map(json.loads, journal.read_text().splitlines()) if journal.exists() else []
+    failure = None if result.status == "ok" else (result.failure or f"exit code {result.exit_code}")
+    return summarize_saves([record for record in records if record.get("event") == "save"], failure)
 
 
-def render(args, rows: list[dict], stalls: dict[str, dict | None]) -> list[str]:
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu (script check, not a figure)"
-    lines = [f"# GPU MFU — {device}, torch {torch.__version__} (CUDA {torch.version.cuda})", "",
-             f"{args.preset} preset, bf16, seq {args.seq_len}, batch {args.batch}, {args.steps} steps, "
-             f"median over steps > {args.warmup}; measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
+def _failure_note(stall: dict) -> str:
+    return f" Then the run failed: {stall['failure']}." if stall["failure"] else ""
+
+
+def this_machine() -> dict[str, str]:
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu (script check, not a figure)"
+    return {"gpu": gpu, "torch": torch.__version__, "cuda": str(torch.version.cuda),
+            "measured_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
+def render(args, rows: list[dict], stalls: dict[str, dict | None], machine: dict[str, str]) -> list[str]:
+    """The results as Markdown; from its third line on, the GPU section of RESULTS.md."""
+    lines = ["# GPU MFU", "",
+             f"{machine['gpu']}, torch {machine['torch']} (CUDA {machine['cuda']}); {args.preset} preset, bf16, "
+             f"seq {args.seq_len}, batch {args.batch}, {args.steps} steps, median over steps > {args.warmup}; "
+             f"measured {machine['measured_utc']}", "",
              "| arm | MFU | tokens/s/GPU | step time | peak memory |", "|---|---|---|---|---|"]
     for row in rows:
         if row["status"] != "ok":
@@ -96,16 +112,18 @@ def render(args, rows: list[dict], stalls: dict[str, dict | None]) -> list[str]:
     sync = stalls.get("sync")
     if sync:
         lines.append(f"Checkpoint ({sync['size_gib']:.1f} GiB, {args.checkpoint_steps} steps, interval "
-                     f"{args.checkpoint_interval}, median of {sync['saves']} saves; a stall leaves out the wait for the "
-                     f"previous background write): sync stall {sync['stall_s']:.3f} s.")
+                     f"{args.checkpoint_interval}, median of {sync['saves']} saves; a stall leaves out the wait "
+                     f"for the previous background write): sync stall {sync['stall_s']:.3f} s." + _failure_note(sync))
     for mode in ("async", "async_pinned"):
         stall = stalls.get(mode)
         if sync and stall:
             lines.append(f"Checkpoint stall {mode}: {stall['stall_s']:.3f} s vs sync {sync['stall_s']:.3f} s "
-                         f"(ratio {stall['stall_s'] / sync['stall_s']:.3f}, target <= 0.10); background write "
-                         f"{stall['write_s']:.1f} s, longest wait for the previous write {stall['wait_previous_s']:.1f} s.")
+                         f"(ratio {stall['stall_s'] / sync['stall_s']:.3f}, target <= 0.10; saves: {stall['saves']}); "
+                         f"background write {stall['write_s']:.1f} s, longest wait for the previous write "
+                         f"{stall['wait_previous_s']:.1f} s." + _failure_note(stall))
         elif mode in stalls:
-            lines.append(f"Checkpoint stall {mode}: not measured (a run failed; read its logs under $TRAINOPS_HOME/runs).")
+            lines.append(f"Checkpoint stall {mode}: not measured (a run failed before its first save; read its "
+                         "logs under $TRAINOPS_HOME/runs).")
         else:
             lines.append(f"Checkpoint stall {mode}: not measured yet.")
     return lines
@@ -114,13 +132,12 @@ def render(args, rows: list[dict], stalls: dict[str, dict | None]) -> list[str]:
 def publish(args, rows: list[dict], stalls: dict[str, dict | None]) -> list[str]:
     """Write the results so far: a short loan that ends mid-run still leaves every finished figure."""
     out = Path(args.out)
-    report = {"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-              "torch": torch.__version__, "cuda": torch.version.cuda, "model": f"{args.preset} preset",
-              "seq_len": args.seq_len, "batch": args.batch, "steps": args.steps, "warmup": args.warmup,
-              "arms": rows, "checkpoint": stalls,
+    machine = this_machine()
+    report = {**machine, "model": f"{args.preset} preset", "seq_len": args.seq_len, "batch": args.batch,
+              "steps": args.steps, "warmup": args.warmup, "arms": rows, "checkpoint": stalls,
               "checkpoint_stall_s": {mode: (stall or {}).get("stall_s") for mode, stall in stalls.items()}}
     (out / "gpu-results.json").write_text(json.dumps(report, indent=2))
-    lines = render(args, rows, stalls)
+    lines = render(args, rows, stalls, machine)
     (out / "gpu-results.md").write_text("\n".join(lines) + "\n")
     if torch.cuda.is_available():  # a real figure: it replaces the GPU section of RESULTS.md
         body = "\n".join(["## GPU (`benchmarks/gpu.sh`)", "", *lines[2:]])
