@@ -181,8 +181,8 @@ def register(app: typer.Typer) -> None:
         if not (folder / "evidence.json").exists():
             fail(f"PACK: no pack {pack!r} (looked in {folder}); list them with ls $TRAINOPS_HOME/packs", as_json=as_json)
         if open_report and not webbrowser.open((folder / "report.html").resolve().as_uri()):
-            fail(f"--open: no web browser found to open {folder / 'report.html'}; set BROWSER or open the file yourself",
-                 as_json=as_json)
+            fail(f"--open: no web browser found to open {folder / 'report.html'}; set BROWSER or open the file "
+                 "yourself", as_json=as_json)
         emit(load(folder), as_json, lambda _p: console().print((folder / "report.md").read_text(), markup=False))
 
     @app.command()
