@@ -276,3 +276,15 @@ def test_a_non_boolean_operator_approval_setting_is_an_error_naming_it(sleeper, 
     user_config(tmp_path, monkeypatch, '[governance]\noperator_needs_approval = "yes"\n')
     with pytest.raises(ValueError, match="operator_needs_approval in .* is 'yes': write true or false"):
         call("cancel_job", {"job_id": sleeper}, OPERATOR)
+
+
+def test_a_queued_call_of_the_agents_own_tool_can_be_approved_at_the_cli(approvers, workspace):
+    """`trainops approve` knows run_sop because every command serves the registry the agent uses."""
+    from trainops.agents.agent_tools import agent_registry
+
+    with pytest.raises(GateRefused) as refused:
+        agent_registry().call("run_sop", {"quick": True})
+    result = runner.invoke(app, ["approve", "--pending", refused.value.pending_id, "--key", str(approvers.alice.key), "--json"])
+    assert result.exit_code == 0, result.output
+    token = json.loads(result.stdout)["token"]
+    assert tokens.decode(token)["tool"] == "run_sop"
