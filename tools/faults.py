@@ -33,7 +33,7 @@ class InjectFaultInput(BaseModel):
     node: str | None = Field(None, description="Target node (kill_node, drain_node); kill_node defaults to this host.")
     step: int = Field(5, ge=0, le=1_000_000_000, description="Step at which a launch-time fault fires.")
     slow_ms: int = Field(200, ge=1, le=600_000, description="Extra milliseconds per step for a straggler.")
-    scheduler: SchedulerKind = "local"
+    scheduler: SchedulerKind = Field("local", description="Scheduler of the node to drain (drain_node); process faults find the run's job on any scheduler.")
 
     @model_validator(mode="after")
     def _targets(self) -> "InjectFaultInput":
@@ -67,7 +67,8 @@ def _job_ranks(inp: InjectFaultInput, run_dir: Path, node: str | None = None) ->
     from trainops.tools.schedulers.processes import job_of_run, job_processes, rank_processes
 
     try:
-        procs = job_processes(job_of_run(run_dir, inp.scheduler), inp.scheduler)
+        scheduler, job_id = job_of_run(run_dir)
+        procs = job_processes(job_id, scheduler)
     except SchedulerError as exc:
         raise ToolError("inject_fault", str(exc)) from None
     return rank_processes(procs, node)

@@ -58,26 +58,27 @@ def _records(scheduler: SchedulerKind) -> list[tuple[str, dict]]:
             record = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        found.append((path.stem.removeprefix("slurm-"), record))
+        job_id = (record.get("handle") or {}).get("job_id") or path.stem.removeprefix("slurm-")
+        found.append((str(job_id), record))
     return found
 
 
-def job_of_run(run_dir: Path, scheduler: SchedulerKind) -> str:
-    """The newest job trainops launched on `scheduler` for this run folder."""
-    if scheduler == "kubernetes":
-        raise SchedulerError(scheduler, "processes in pods cannot be signalled from here; inject the fault with "
-                                        "kubectl (delete or exec into the pod)")
+def job_of_run(run_dir: Path) -> tuple[SchedulerKind, str]:
+    """The scheduler and id of the newest job trainops launched (locally or on Slurm) for this run
+    folder. Kubernetes pods are out of reach: their processes cannot be signalled from here."""
     target = run_dir.resolve()
     matches = []
-    for job_id, record in _records(scheduler):
-        run = (record.get("spec") or {}).get("run_dir")
-        if run and Path(run).resolve() == target:
-            submitted = record.get("submitted_at") or record.get("handle", {}).get("submitted_at", 0)
-            matches.append((submitted, job_id))
+    for scheduler in ("local", "slurm"):
+        for job_id, record in _records(scheduler):
+            run = (record.get("spec") or {}).get("run_dir")
+            if run and Path(run).resolve() == target:
+                submitted = record.get("submitted_at") or record.get("handle", {}).get("submitted_at", 0)
+                matches.append((submitted, scheduler, job_id))
     if not matches:
-        raise SchedulerError(scheduler, f"no job trainops launched on {scheduler} runs in {run_dir}; only processes of "
-                                        "a job submitted with submit_job can be signalled")
-    return max(matches)[1]
+        raise SchedulerError("local", f"no job trainops launched (local or Slurm) runs in {run_dir}; only processes of a "
+                                      "job submitted with submit_job can be signalled (on Kubernetes, use kubectl)")
+    _, scheduler, job_id = max(matches)
+    return scheduler, job_id
 
 
 def job_processes(job_id: str, scheduler: SchedulerKind) -> list[psutil.Process]:
