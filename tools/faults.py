@@ -30,7 +30,7 @@ class InjectFaultInput(BaseModel):
     kind: FaultKind = Field(description="kill_rank (SIGKILL one rank), kill_node (SIGKILL every rank on a node), hang (SIGSTOP one rank), corrupt_checkpoint (damage the newest checkpoint), drain_node (through the scheduler); straggler, nan, bitflip, crash are trainer injection points set at launch: this returns the overrides to launch with.")
     run: str | None = Field(None, description="Run id or run folder inside the workspace (needed for every kind except drain_node).")
     rank: int = Field(0, ge=0, le=1_048_575, description="Target rank (kill_rank, hang, straggler, bitflip, crash).")
-    node: str | None = Field(None, description="Target node (kill_node, drain_node); kill_node defaults to this host.")
+    node: str | None = Field(None, description="Target node (kill_node, drain_node); kill_node defaults to the node of `rank`.")
     step: int = Field(5, ge=0, le=1_000_000_000, description="Step at which a launch-time fault fires.")
     slow_ms: int = Field(200, ge=1, le=600_000, description="Extra milliseconds per step for a straggler.")
     scheduler: SchedulerKind = Field("local", description="Scheduler of the node to drain (drain_node); process faults find the run's job on any scheduler.")
@@ -62,8 +62,8 @@ def _run_dir(run: str) -> Path:
         raise ToolError("inject_fault", str(exc)) from None
 
 
-def _job_ranks(inp: InjectFaultInput, run_dir: Path, node: str | None = None) -> dict[int, psutil.Process]:
-    """rank -> process of the job trainops launched for this run (on `node` when given)."""
+def _job_ranks(inp: InjectFaultInput, run_dir: Path) -> dict[int, psutil.Process]:
+    """rank -> process of the job trainops launched for this run."""
     from trainops.tools.schedulers.processes import job_of_run, job_processes, rank_processes
 
     try:
@@ -71,16 +71,15 @@ def _job_ranks(inp: InjectFaultInput, run_dir: Path, node: str | None = None) ->
         procs = job_processes(job_id, scheduler)
     except SchedulerError as exc:
         raise ToolError("inject_fault", str(exc)) from None
-    return rank_processes(procs, node)
+    return rank_processes(procs)
 
 
-def _rank_process(inp: InjectFaultInput, run_dir: Path) -> psutil.Process:
-    ranks = _job_ranks(inp, run_dir)
-    if inp.rank not in ranks:
+def _pick_rank(ranks: dict[int, psutil.Process], rank: int, run_dir: Path) -> psutil.Process:
+    if rank not in ranks:
         have = ", ".join(str(r) for r in ranks) or "none running"
-        raise ToolError("inject_fault", f"rank {inp.rank} is not a running process of the job for {run_dir} (ranks: {have}); "
+        raise ToolError("inject_fault", f"rank {rank} is not a running process of the job for {run_dir} (ranks: {have}); "
                                         "wait for the job to start or pick a rank that exists")
-    return ranks[inp.rank]
+    return ranks[rank]
 
 
 def record_fault(run_dir: Path, entry: dict) -> None:
@@ -166,15 +165,19 @@ def inject_fault(inp: InjectFaultInput) -> InjectFaultOutput:
         record_fault(run_dir, {"kind": inp.kind, "time": at, "file": target})
         return InjectFaultOutput(kind=inp.kind, injected_at=at, target=target)
     if inp.kind == "kill_node":
-        node = socket.gethostname() if inp.node in (None, "localhost") else inp.node
-        ranks = _job_ranks(inp, run_dir, node)
+        from trainops.tools.schedulers.processes import node_of
+
+        every_rank = _job_ranks(inp, run_dir)
+        node = node_of(_pick_rank(every_rank, inp.rank, run_dir)) if inp.node is None else inp.node
+        node = socket.gethostname() if node == "localhost" else node
+        ranks = {r: proc for r, proc in every_rank.items() if node_of(proc) == node}
         if not ranks:
             raise ToolError("inject_fault", f"no running rank of the job for {run_dir} is on node {node!r}; check the node name")
         pids = [proc.pid for proc in ranks.values()]
         at = _signal(list(ranks.values()), signal.SIGKILL)
         record_fault(run_dir, {"kind": inp.kind, "time": at, "node": node, "ranks": list(ranks), "pids": pids})
         return InjectFaultOutput(kind=inp.kind, injected_at=at, target=f"node {node} ranks {list(ranks)}", pids=pids)
-    proc = _rank_process(inp, run_dir)
+    proc = _pick_rank(_job_ranks(inp, run_dir), inp.rank, run_dir)
     at = _signal([proc], signal.SIGKILL if inp.kind == "kill_rank" else signal.SIGSTOP)
     record_fault(run_dir, {"kind": inp.kind, "time": at, "rank": inp.rank, "pid": proc.pid})
     note = f"the rank is stopped, not dead: `kill -CONT {proc.pid}` resumes it, or cancel the job" if inp.kind == "hang" else ""

@@ -86,6 +86,12 @@ def test_killing_a_node_kills_every_rank_it_hosts(ranks):
         time.sleep(0.05)
 
 
+def test_killing_a_node_the_job_does_not_run_on_is_refused(ranks):
+    ranks()
+    with pytest.raises(ToolError, match="no running rank of the job for .* is on node 'elsewhere'"):
+        call("inject_fault", {"kind": "kill_node", "run": "drill", "node": "elsewhere"}, OPERATOR)
+
+
 def test_a_hung_rank_is_detected_by_its_stale_heartbeat(ranks):
     ranks()
     injected = call("inject_fault", {"kind": "hang", "run": "drill", "rank": 0}, OPERATOR)

@@ -104,20 +104,24 @@ def _env(proc: psutil.Process) -> dict[str, str]:
         return {}
 
 
-def rank_processes(procs: list[psutil.Process], node: str | None = None) -> dict[int, psutil.Process]:
+def node_of(proc: psutil.Process) -> str:
+    """The node a job process runs on: Slurm's SLURMD_NODENAME, else this host."""
+    return _env(proc).get("SLURMD_NODENAME", socket.gethostname())
+
+
+def rank_processes(procs: list[psutil.Process]) -> dict[int, psutil.Process]:
     """rank -> the topmost process of `procs` that torchrun started as that rank (its children
-    inherit RANK too); with `node`, only ranks on that node (SLURMD_NODENAME, or this host)."""
-    host = socket.gethostname()
-    pids = {proc.pid: _env(proc) for proc in procs}
+    inherit RANK too)."""
+    envs = {proc.pid: _env(proc) for proc in procs}
     ranks: dict[int, psutil.Process] = {}
     for proc in procs:
-        env = pids[proc.pid]
-        if not env.get("RANK", "").isdigit() or (node is not None and env.get("SLURMD_NODENAME", host) != node):
+        rank = envs[proc.pid].get("RANK", "")
+        if not rank.isdigit():
             continue
         try:
             parent = proc.ppid()
         except _GONE:
             continue
-        if pids.get(parent, {}).get("RANK") != env["RANK"]:
-            ranks.setdefault(int(env["RANK"]), proc)
+        if envs.get(parent, {}).get("RANK") != rank:
+            ranks.setdefault(int(rank), proc)
     return dict(sorted(ranks.items()))
