@@ -27,11 +27,12 @@ def _cli(*args: str):
 
 
 def _hf_folder(path: Path) -> Path:
-    """A tiny Llama saved by transformers itself (vocab 256 so the byte data fits)."""
+    """A tiny Llama saved by transformers itself (vocab 256 so the byte data fits), with tied
+    embeddings like Llama 3.2 1B/3B (the case whose tie must survive materializing under FSDP2)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         intermediate_size=128, vocab_size=256, max_position_embeddings=64,
+                         intermediate_size=128, vocab_size=256, max_position_embeddings=64, tie_word_embeddings=True,
                          rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(path)
@@ -182,3 +183,21 @@ def test_a_run_killed_with_kill_9_resumes_from_its_newest_checkpoint(workspace):
     assert summary["status"] == "ok" and summary["steps_completed"] == 10
     resumed_steps = [r["step"] for r in _rank0_records(run_dir)][killed_at:]
     assert resumed_steps == list(range(newest + 1, 11))
+
+
+@pytest.mark.slow
+def test_resume_refuses_a_run_a_live_job_still_trains_in(workspace):
+    from trainops.tools.base import CallContext, call
+    from trainops.trainer.launch import prepare_run
+
+    run_dir = prepare_run(None, "tiny", ["checkpoint.enable=true", "training.steps=1000", "faults.hang_step=1"],
+                          run_id="busy")
+    spec = {"name": "train", "command": ["-m", "trainops.trainer.train", "--run-dir", str(run_dir)],
+            "launcher": "torchrun", "procs_per_node": 1, "run_dir": str(run_dir)}
+    ctx = CallContext(actor="operator")
+    job = call("submit_job", {"scheduler": "local", "spec": spec}, ctx).handle
+    try:
+        result = _cli("train", "--resume", "busy", "--json")
+        assert result.exit_code == 2 and f"run busy is still training in job {job.job_id}" in result.output
+    finally:
+        call("cancel_job", {"job_id": job.job_id, "force": True}, ctx)

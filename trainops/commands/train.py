@@ -66,6 +66,17 @@ def _new_lines(path: Path, offset: int) -> tuple[list[str], int]:
     return complete.decode(errors="replace").splitlines(), offset + len(complete)
 
 
+def refuse_if_running(run_dir: Path) -> None:
+    """A resume must not start a second job writing into a run folder a live job still trains in."""
+    from trainops.tools.base import CallContext, call
+
+    jobs = call("list_jobs", {"scheduler": "local"}, CallContext(actor="operator")).jobs
+    live = [job.job_id for job in jobs if job.run_dir == str(run_dir) and job.state in ("pending", "running")]
+    if live:
+        raise ValueError(f"run {run_dir.name} is still training in job {live[0]}: wait for it, or stop it with "
+                         f"`trainops tool call cancel_job --input '{{\"job_id\": \"{live[0]}\"}}'`, then resume")
+
+
 def launch_through_gate(run_dir: Path, nproc: int, show_progress: bool) -> Any:
     """Submit the prepared run to the local scheduler through `submit_job` as the operator, follow
     it to the end (its log lines and a progress bar when `show_progress`), and summarise it.
@@ -144,12 +155,15 @@ def train(
              "(change settings with --set)", as_json=as_json)
     if init_from and preset:
         fail("--init-from takes the model shape from the checkpoint's config.json: drop --preset", as_json=as_json)
+    from trainops.tools.base import ToolError
     from trainops.trainer.config import ConfigError, load_config
-    from trainops.trainer.launch import prepare_resume, prepare_run
+    from trainops.trainer.launch import prepare_resume, prepare_run, resolve_run
     from trainops.trainer.layout import LayoutError, plan_dry_run, validate_layout
 
     try:
         if resume:
+            if not dry_run:
+                refuse_if_running(resolve_run(resume))
             plan = prepare_resume(resume, overrides, nproc, write=not dry_run)
             run_dir, nproc = Path(plan.run_dir), plan.nproc
             if dry_run:
@@ -169,10 +183,8 @@ def train(
                 return
             validate_layout(cfg, nproc)
             run_dir = prepare_run(cfg, run_id=run_id)
-    except (ConfigError, LayoutError, ValueError) as error:  # ValueError: a bad or taken run id, a missing run
+    except (ConfigError, LayoutError, ValueError, ToolError) as error:  # a bad run id, a run still training, ...
         fail(str(error), as_json=as_json)
-    from trainops.tools.base import ToolError
-
     try:
         result = launch_through_gate(run_dir, nproc, show_progress=not as_json)
     except ToolError as error:  # refused by the gate, or the scheduler could not start it
