@@ -37,7 +37,7 @@ def _run_checkpoint_folder(run: str, tool_name: str) -> Path:
     if not run_dir.is_dir():
         known = sorted(p.name for p in runs_dir().iterdir() if p.is_dir())[-5:]
         raise ToolError(tool_name, f"run {run!r} not found in {runs_dir()}; recent runs: {', '.join(known) or 'none'}")
-    return run_dir / "checkpoints"
+    return _confined(str(run_dir / "checkpoints"), "run checkpoints", tool_name)
 
 
 class ListCheckpointsInput(BaseModel):

@@ -150,13 +150,12 @@ class _Watch:
 
     def stale_or_dead(self) -> tuple[str, int, dict, str] | None:
         from trainops.tools.monitoring.embedded import read_heartbeats
-        from trainops.tools.schedulers.local import pid_alive
 
         beats = read_heartbeats(self.run_dir)
         now = time.time()
         host = os.uname().nodename
         dead = [r for r, b in sorted(beats.items())
-                if "pid" in b and b.get("host", host) == host and not pid_alive(int(b["pid"]))]
+                if "pid" in b and b.get("host", host) == host and _proc_state(int(b["pid"])) in (None, "Z", "X")]
         if dead:
             # a rank that exited saying why (a broken collective) is collateral; one that
             # vanished without a word is the root cause
@@ -179,7 +178,8 @@ class _Watch:
 
 
 def _proc_state(pid: int) -> str | None:
-    """The kernel's one-letter state of a local pid (T = stopped), or None."""
+    """The kernel's one-letter state of a local pid (T = stopped, Z = zombie), or None when it is
+    gone. Only read: a heartbeat's pid is the job's claim, never a process to wait on or signal."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):

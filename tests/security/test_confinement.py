@@ -92,6 +92,9 @@ def test_a_run_named_by_a_symlink_in_runs_is_refused(workspace, outside):
                       ("query_metrics", {"run": "sneaky", "metric": "loss"})]:
         with pytest.raises(ToolError, match=r"run='.*sneaky' resolves to .*outside, outside the workspace"):
             call(tool, inp)
+    for tool in ("list_checkpoints", "verify_checkpoint"):
+        with pytest.raises(ToolError, match=r"run checkpoints=.* resolves to .*outside/checkpoints, outside the workspace"):
+            call(tool, {"run": "sneaky"})
 
 
 @pytest.mark.parametrize("tool, inp", [
