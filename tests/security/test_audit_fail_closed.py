@@ -118,3 +118,22 @@ def test_a_head_that_disagrees_with_its_entry_is_detected(workspace):
         audit.append("tool_call", tool=f"t{i}", ok=True)
     (workspace / "audit.jsonl.head").write_text(json.dumps({"seq": 2, "hash": "f" * 64}))
     assert not audit.verify().ok
+
+
+def test_entries_appended_behind_the_head_files_back_are_detected(workspace):
+    for i in range(2):
+        audit.append("tool_call", tool=f"t{i}", ok=True)
+    head = (workspace / "audit.jsonl.head").read_text()
+    for i in range(2):
+        audit.append("tool_call", tool=f"forged{i}", ok=True)
+    (workspace / "audit.jsonl.head").write_text(head)
+    report = audit.verify()
+    assert (report.ok, report.first_bad_line) == (False, 4) and "bypassed trainops" in report.reason
+
+
+def test_a_head_one_entry_behind_after_a_crash_still_verifies(workspace):
+    audit.append("tool_call", tool="t0", ok=True)
+    head = (workspace / "audit.jsonl.head").read_text()
+    audit.append("tool_call", tool="t1", ok=True)
+    (workspace / "audit.jsonl.head").write_text(head)  # the crash came between the line and the head
+    assert audit.verify().ok

@@ -239,7 +239,11 @@ def verify(path: Path | None = None) -> AuditReport:
     except (ValueError, KeyError, TypeError):
         return AuditReport(ok=False, path=str(log), entries=n, reason=f"head file {head_file.name} is not a valid head")
     last_seq = expected_seq - 1
-    # the head may lag one crash behind the log, never run ahead of it or disagree with it
+    # the head may lag one crash behind the log (line written, head not yet), no more
+    if head_seq < last_seq - 1:
+        return AuditReport(ok=False, path=str(log), entries=n, first_bad_line=head_seq + 2,
+                           reason=f"the head file records entry {head_seq} but the log runs to {last_seq}: entries "
+                                  "after it were appended by something that bypassed trainops")
     if head_seq > last_seq or head_seq < 1 or hashes[head_seq - 1] != head_hash:
         return AuditReport(
             ok=False, path=str(log), entries=n, first_bad_line=min(head_seq, n + 1),
