@@ -64,9 +64,9 @@ def _configured_roots(key: str) -> list[Path]:
 
     values, sources = table("governance", trusted_only=True)
     roots = values.get(key, [])
-    if not isinstance(roots, list) or not all(isinstance(r, str) and r for r in roots):
-        raise SettingsError(f"{sources.get(key, f'[governance] {key}')} must be a list of folder paths, "
-                            f'e.g. {key} = ["/data/shared"]')
+    if not isinstance(roots, list) or not all(isinstance(r, str) and Path(r).expanduser().is_absolute() for r in roots):
+        raise SettingsError(f"{sources.get(key, f'[governance] {key}')} must be a list of absolute folder paths, "
+                            f'e.g. {key} = ["/data/shared"] (got {roots!r})')
     return [Path(r).expanduser().resolve() for r in roots]
 
 

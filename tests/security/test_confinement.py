@@ -52,6 +52,15 @@ def test_a_root_listed_in_the_users_config_is_allowed(outside, user_config):
     assert confine(outside / "precious.bin", "path") == outside / "precious.bin"
 
 
+@pytest.mark.parametrize("roots", ['"/data"', '["relative/folder"]', '[""]'])
+def test_configured_roots_must_be_a_list_of_absolute_folders(user_config, roots):
+    from trainops.settings import SettingsError
+
+    user_config.write_text(f"[governance]\nroots = {roots}\n")
+    with pytest.raises(SettingsError, match=r"\[governance\] roots in .*user-config.toml must be a list of absolute folder paths"):
+        confine("anything", "path")
+
+
 def test_a_root_listed_in_a_project_local_file_is_not_trusted(tmp_path, outside, monkeypatch):
     project = tmp_path / "cloned"
     project.mkdir()
