@@ -26,13 +26,13 @@ def _cli(*args: str):
     return runner.invoke(app, list(args), env={"COLUMNS": "400"})
 
 
-def _hf_folder(path: Path) -> Path:
-    """A tiny Llama saved by transformers itself (vocab 256 so the byte data fits), with tied
-    embeddings like Llama 3.2 1B/3B (the case whose tie must survive materializing under FSDP2)."""
+def _hf_folder(path: Path, tied: bool = True) -> Path:
+    """A tiny Llama saved by transformers itself (vocab 256 so the byte data fits), by default with
+    tied embeddings like Llama 3.2 1B/3B (the case whose tie must survive materializing under FSDP2)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         intermediate_size=128, vocab_size=256, max_position_embeddings=64, tie_word_embeddings=True,
+                         intermediate_size=128, vocab_size=256, max_position_embeddings=64, tie_word_embeddings=tied,
                          rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(path)
@@ -94,6 +94,37 @@ def test_export_of_a_missing_step_says_which_and_what_to_do(workspace):
     assert result.exit_code == 2 and "step-00000003 does not exist" in result.output
 
 
+def _first_step_loss(folder: Path, cfg) -> float:
+    """The HF model's mean loss over the first step's micro-batches (all data-parallel ranks')."""
+    from trainops.trainer.data import DataLoader
+    from trainops.trainer.hf import import_hf
+
+    training = cfg.training
+    loader = DataLoader(cfg.data, vocab_size=256, seq_len=training.seq_len, seed=training.seed,
+                        global_batch=training.global_batch, micro_batch=training.micro_batch)
+    model = import_hf(folder)
+    micro_batches = loader.next_step()
+    with torch.no_grad():
+        return sum(torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten()).item()
+                   for x, y in micro_batches) / len(micro_batches)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", [["parallel.pp=2", "parallel.pp_schedule=GPipe"], ["parallel.tp=2"]],
+                         ids=["pp2", "tp2"])
+def test_init_from_loads_each_ranks_part_under_pipeline_and_tensor_parallel(tmp_path, layout):
+    from trainops.trainer.config import load_config
+
+    folder = _hf_folder(tmp_path / "hf", tied=False)  # a tied model cannot be pipelined
+    sets = [arg for override in layout for arg in ("--set", override)]
+    result = _cli("train", "--init-from", str(folder), "--nproc", "2", "--set", "training.steps=1", *SHORT, *sets,
+                  "--json")
+    assert result.exit_code == 0, result.output
+    run_dir = json.loads(result.output)["run_dir"]
+    expected = _first_step_loss(folder, load_config(Path(run_dir) / "config.toml"))
+    assert _rank0_records(run_dir)[0]["loss"] == pytest.approx(expected, abs=1e-4)
+
+
 @pytest.mark.slow
 def test_a_launch_passes_the_gate_and_lands_in_the_audit_log_as_the_operator(workspace):
     result = _cli("train", "--preset", "tiny", "--nproc", "1", "--set", "training.steps=2", *SHORT, "--json")
@@ -111,7 +142,6 @@ def test_init_from_starts_a_two_process_fsdp_run_from_the_hf_weights_and_export_
     from transformers import LlamaForCausalLM
 
     from trainops.trainer.config import load_config
-    from trainops.trainer.data import DataLoader
     from trainops.trainer.hf import import_hf
 
     folder = _hf_folder(tmp_path / "hf")
@@ -122,14 +152,7 @@ def test_init_from_starts_a_two_process_fsdp_run_from_the_hf_weights_and_export_
     summary = json.loads(result.output)
     cfg = load_config(Path(summary["run_dir"]) / "config.toml")
     assert cfg.parallel.data_parallel == "fsdp" and cfg.model.init_from == str(folder)
-    # the first step's loss is the HF model's loss on that step's batch (every micro-batch, both ranks)
-    loader = DataLoader(cfg.data, vocab_size=256, seq_len=32, seed=0, global_batch=8, micro_batch=4,
-                        dp_rank=0, dp_degree=1)
-    hf_model = import_hf(folder)
-    with torch.no_grad():
-        expected = sum(torch.nn.functional.cross_entropy(hf_model(x).flatten(0, 1), y.flatten()).item()
-                       for x, y in loader.next_step()) / 2
-    assert _rank0_records(summary["run_dir"])[0]["loss"] == pytest.approx(expected, abs=1e-4)
+    assert _rank0_records(summary["run_dir"])[0]["loss"] == pytest.approx(_first_step_loss(folder, cfg), abs=1e-4)
 
     exported = tmp_path / "exported"
     result = _cli("export", "from-hf", "--step", "2", "--to", str(exported), "--max-shard-bytes", "200000", "--json")
