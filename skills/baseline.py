@@ -82,11 +82,12 @@ def repeat(req: JobRequest, name: str, repeats: int, ctx: CallContext | None = N
 
 
 def run_config(run_dir: str) -> dict:
-    """The config the run actually used (RUN/config.toml), or {} for a folder without one."""
-    import tomllib
+    """The config the run actually used (RUN/config.toml), or {} for a folder without one; a file
+    that is not UTF-8 TOML is a SettingsError (a ValueError) naming it, never a traceback."""
+    from trainops.settings import read_toml
 
     path = Path(run_dir) / "config.toml"
-    return tomllib.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    return read_toml(path) if path.exists() else {}
 
 
 def layout_of(overrides: list[str], nproc: int, framework: str = "trainops") -> str:

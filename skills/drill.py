@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import time
-import tomllib
 from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from trainops.settings import read_toml
 from trainops.skills.baseline import JobRequest, Progress, command_line, submit
 from trainops.skills.evidence.model import DrillResult, EvidenceRow
 from trainops.tools.base import CallContext, ToolError, call, skill_context
@@ -61,7 +61,7 @@ def require_checkpoints(req: JobRequest) -> None:
     """Refuse a drill on a job that writes no checkpoints: recovery would start from scratch."""
     enabled = False
     if req.config and req.config.endswith(".toml"):
-        enabled = bool(tomllib.loads(Path(req.config).read_text(encoding="utf-8")).get("checkpoint", {}).get("enable"))
+        enabled = bool(read_toml(Path(req.config)).get("checkpoint", {}).get("enable"))
     for item in req.overrides:
         if item.startswith("checkpoint.enable="):
             enabled = item.split("=", 1)[1].strip().lower() == "true"

@@ -64,6 +64,28 @@ def test_a_job_config_that_is_not_utf8_is_a_named_error(tmp_path):
         load_config(bad)
 
 
+@pytest.mark.parametrize("content", [b"[training]\nsteps = \"\xff\"\n", b"[training\nsteps = 1\n"])
+def test_a_poisoned_run_config_is_a_named_error_in_the_ablation_check(tmp_path, content):
+    from trainops.skills.ablation import check_single_variable
+
+    base, arm = tmp_path / "base", tmp_path / "arm"
+    for folder in (base, arm):
+        folder.mkdir()
+        (folder / "config.toml").write_bytes(content)
+    with pytest.raises(ValueError, match=r"base/config\.toml is not (UTF-8|valid TOML)"):
+        check_single_variable(str(base), str(arm), "micro_batch=8")
+
+
+def test_a_drill_config_that_is_not_utf8_is_a_named_error(tmp_path):
+    from trainops.skills.baseline import JobRequest
+    from trainops.skills.drill import require_checkpoints
+
+    config = tmp_path / "job.toml"
+    config.write_bytes(b"[checkpoint]\nenable = \"\xff\"\n")
+    with pytest.raises(ValueError, match=r"job\.toml is not UTF-8"):
+        require_checkpoints(JobRequest(config=str(config), nproc=2))
+
+
 def test_a_corrupt_framework_pin_refuses_the_upgrade_with_the_file_named():
     from trainops.tools.governance.gate import GateRefused
     from trainops.tools.tenancy import tenant_root
