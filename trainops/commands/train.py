@@ -134,8 +134,8 @@ def train(
     config: Optional[Path] = typer.Argument(None, help="Job config TOML (see trainer/config.py)."),
     preset: Optional[str] = typer.Option(None, "--preset",
                                          help="Model preset: tiny, small, llama3-1b, llama3-8b, llama3-70b."),
-    nproc: Optional[int] = typer.Option(None, "--nproc", help="Processes (ranks) on this machine [default: 1; "
-                                        "with --resume, as many as saved the checkpoint]."),
+    nproc: Optional[int] = typer.Option(None, "--nproc", help="Processes (ranks) on this machine (default 1; "
+                                        "with --resume, as many as saved the checkpoint)."),
     overrides: List[str] = typer.Option([], "--set", help="Override: section.key=value (repeatable)."),
     run_id: Optional[str] = typer.Option(None, "--run-id", help="Run folder name under $TRAINOPS_HOME/runs."),
     init_from: Optional[Path] = typer.Option(None, "--init-from", help="Start from a Hugging Face Llama folder "
@@ -198,7 +198,7 @@ def train(
 def export(
     run: str = typer.Argument(..., help="Run id (under $TRAINOPS_HOME/runs) or run folder."),
     to: Path = typer.Option(..., "--to", help="Folder to write the Hugging Face checkpoint into."),
-    step: Optional[int] = typer.Option(None, "--step", help="Checkpoint step [default: the newest verified one]."),
+    step: Optional[int] = typer.Option(None, "--step", help="Checkpoint step (default: the newest verified one)."),
     max_shard_bytes: int = typer.Option(5 * 10**9, "--max-shard-bytes", help="Largest safetensors file; more "
                                         "weights than this go into numbered shards with an index."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary for machines."),
