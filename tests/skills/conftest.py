@@ -1,8 +1,11 @@
 """Small, valid pieces of an evidence pack for tests (numbers shaped like a real CPU run),
-handed to tests as the `factories` fixture."""
+handed to tests as the `factories` fixture; and `quick_sop`, one real `trainops sop --quick`
+shared by the slow tests that read its pack."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -65,3 +68,15 @@ def drill(intact: bool = True) -> DrillResult:
 @pytest.fixture
 def factories():
     return sys.modules[__name__]
+
+
+@pytest.fixture(scope="session")
+def quick_sop(tmp_path_factory) -> dict:
+    """`trainops sop --quick --json` for real (torchrun on the local scheduler, 2 gloo processes), run
+    once per session: the SOP takes minutes on 2 cores, and its pack is read, not changed."""
+    home = tmp_path_factory.mktemp("quick-sop-home")
+    env = {**os.environ, "TRAINOPS_HOME": str(home), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([str(Path(sys.executable).parent / "trainops"), "sop", "--quick", "--json"], env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return json.loads(done.stdout)

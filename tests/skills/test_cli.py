@@ -2,9 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -71,13 +68,9 @@ def test_evidence_build_from_runs_writes_a_partial_pack(factories, workspace):
 
 
 @pytest.mark.slow
-def test_sop_quick_ends_with_a_pack_awaiting_approval(workspace):
+def test_sop_quick_ends_with_a_pack_awaiting_approval(quick_sop):
     """The product's main job, for real: torchrun on the local scheduler, 2 gloo processes."""
-    env = {**os.environ, "TRAINOPS_HOME": str(workspace), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([str(Path(sys.executable).parent / "trainops"), "sop", "--quick", "--json"], env=env,
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = json.loads(proc.stdout)
+    out = quick_sop
     assert out["verdict"] in {"pass", "partial", "fail"}
     pack = Path(out["pack_dir"])
     assert (pack / "report.md").read_text().startswith(f"Verdict: {out['verdict'].upper()}")

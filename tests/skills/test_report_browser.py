@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -127,14 +126,9 @@ def _keep_artifacts(*paths: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def sop_pack(tmp_path_factory) -> Path:
-    """The product's own path: `trainops sop --quick` on the local scheduler, 2 gloo processes."""
-    home = tmp_path_factory.mktemp("browser-home")
-    env = {**os.environ, "TRAINOPS_HOME": str(home), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([str(Path(sys.executable).parent / "trainops"), "sop", "--quick", "--json"], env=env,
-                          capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    return Path(json.loads(done.stdout)["pack_dir"])
+def sop_pack(quick_sop) -> Path:
+    """The pack of the product's own path, `trainops sop --quick` (tests/skills/conftest.py)."""
+    return Path(quick_sop["pack_dir"])
 
 
 @pytest.fixture(scope="module")
