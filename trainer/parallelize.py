@@ -89,6 +89,7 @@ def _dp_mesh(info: MeshInfo) -> DeviceMesh:
 
 
 def mesh_device(info: MeshInfo) -> torch.device:
+    """This rank's device: where a meta-built model's shards are allocated."""
     if info.mesh.device_type == "cuda":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device(info.mesh.device_type)
