@@ -8,7 +8,6 @@ from functools import cache
 from pathlib import Path
 
 from pydantic import BaseModel, Field, field_validator
-
 from trainops.skills.sop import SopResult, SopSettings
 from trainops.tools.base import current_context, tool
 from trainops.tools.registry import Registry, build_registry
@@ -19,7 +18,8 @@ class PendingInput(BaseModel):
 
 
 class PendingItem(BaseModel):
-    kind: str = Field(description="call (a gated tool call), pack (an evidence pack) or thread (an agent thread paused for a decision)")
+    kind: str = Field(description="call (a gated tool call), pack (an evidence pack) or thread (an agent thread "
+                                  "paused for a decision)")
     id: str
     status: str
     detail: str
@@ -32,7 +32,8 @@ class PendingOutput(BaseModel):
 
 @tool("list_pending_approvals", risk="read", tags=("governance", "agent"))
 def list_pending_approvals(inp: PendingInput) -> PendingOutput:
-    """List what waits for a human decision: gated tool calls, evidence packs and agent threads paused at an approval."""
+    """List what waits for a human decision: gated tool calls, evidence packs and agent threads paused
+    at an approval."""
     from trainops.agents.threads import list_threads
     from trainops.tools.governance.approvals import list_items
 

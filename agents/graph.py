@@ -24,7 +24,6 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.types import interrupt
 from pydantic import ValidationError
-
 from trainops.agents import transcript
 from trainops.agents.agent_tools import agent_registry
 from trainops.agents.prompt import Skill, choose_skill, load_skills, system_prompt
@@ -180,8 +179,8 @@ def build_graph(llm, checkpointer=None, settings: AgentSettings | None = None, s
         if recorded != "approved" and call.get("pending_id"):
             gate_api.reject(call["pending_id"], ctx, note, keys[0])
         if recorded == "rejected":
-            return {"messages": [_result(call, "error", {"error": f"rejected by {approver}: {note}", "kind": "rejected"})],
-                    "gated": rest}
+            refusal = {"error": f"rejected by {approver}: {note}", "kind": "rejected"}
+            return {"messages": [_result(call, "error", refusal)], "gated": rest}
         try:
             inp = spec.Input.model_validate(call["args"])
         except ValidationError as exc:

@@ -8,7 +8,6 @@ import sqlite3
 from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.sqlite import SqliteSaver
 from pydantic import BaseModel, Field
-
 from trainops.agents.transcript import transcript_path
 
 
@@ -43,7 +42,7 @@ def list_threads() -> list[ThreadInfo]:
             first = next((str(m.content) for m in messages if isinstance(m, HumanMessage)), "")
             waiting = [item for _task, channel, value in (found.pending_writes or []) if channel == "__interrupt__"
                        for item in (value if isinstance(value, (list, tuple)) else [value])]
-            tools = [str(getattr(item, "value", {}).get("tool")) for item in waiting if isinstance(getattr(item, "value", None), dict)]
+            tools = [str(item.value.get("tool")) for item in waiting if isinstance(getattr(item, "value", None), dict)]
             infos.append(ThreadInfo(thread_id=thread_id, updated=found.checkpoint["ts"], messages=len(messages),
                                     first_request=first[:120], pending_approvals=len(waiting), waiting_tools=tools,
                                     transcript=str(transcript_path(thread_id))))

@@ -184,7 +184,8 @@ def call(name: str, inp: BaseModel | dict[str, Any] | None = None, ctx: CallCont
     return run_call(get(name), inp, ctx)
 
 
-def run_call(spec: ToolSpec, inp: BaseModel | dict[str, Any] | None = None, ctx: CallContext | None = None) -> BaseModel:
+def run_call(spec: ToolSpec, inp: BaseModel | dict[str, Any] | None = None,
+             ctx: CallContext | None = None) -> BaseModel:
     """Validate the input, pass the gate, run, record. The only way a tool runs."""
     from trainops.tools.governance import gate
 

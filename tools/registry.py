@@ -16,7 +16,6 @@ from functools import cache
 from typing import Any, Callable, Iterable, Iterator
 
 from pydantic import BaseModel
-
 from trainops.tools.base import CallContext, ToolError, ToolSpec, run_call
 
 
@@ -89,7 +88,8 @@ class Registry(Mapping[str, ToolSpec]):
             raise ToolError(name, f"unknown tool; known tools: {', '.join(self._specs)}")
         return self._specs[name]
 
-    def call(self, name: str, inp: BaseModel | dict[str, Any] | None = None, ctx: CallContext | None = None) -> BaseModel:
+    def call(self, name: str, inp: BaseModel | dict[str, Any] | None = None,
+             ctx: CallContext | None = None) -> BaseModel:
         with serving(lambda: self):
             return run_call(self.spec(name), inp, ctx)
 

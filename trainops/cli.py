@@ -15,6 +15,7 @@ app = typer.Typer(
     add_completion=False,
 )
 
+
 def _agent_registry():
     from trainops.agents.agent_tools import agent_registry
 

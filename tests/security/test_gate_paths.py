@@ -12,16 +12,17 @@ import time
 
 import pytest
 from pydantic import BaseModel
-from typer.testing import CliRunner
-
-from trainops.cli import app
 from trainops.tools.base import CallContext, call, tool
 from trainops.tools.governance import audit, queue, tokens
 from trainops.tools.governance.gate import GateRefused
 from trainops.tools.registry import build_registry, serving, tool_registry
+from typer.testing import CliRunner
+
+from trainops.cli import app
 
 OPERATOR = CallContext(actor="operator")
-SLEEPER = {"spec": {"name": "sleeper", "launcher": "plain", "command": [sys.executable, "-c", "import time; time.sleep(120)"]}}
+SLEEPER = {"spec": {"name": "sleeper", "launcher": "plain",
+                    "command": [sys.executable, "-c", "import time; time.sleep(120)"]}}
 
 
 def state(job_id: str) -> str:
@@ -284,7 +285,8 @@ def test_a_queued_call_of_the_agents_own_tool_can_be_approved_at_the_cli(approve
 
     with pytest.raises(GateRefused) as refused:
         agent_registry().call("run_sop", {"quick": True})
-    result = runner.invoke(app, ["approve", "--pending", refused.value.pending_id, "--key", str(approvers.alice.key), "--json"])
+    result = runner.invoke(app, ["approve", "--pending", refused.value.pending_id, "--key", str(approvers.alice.key),
+                                 "--json"])
     assert result.exit_code == 0, result.output
     token = json.loads(result.stdout)["token"]
     assert tokens.decode(token)["tool"] == "run_sop"

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
-
 from trainops.agents.agent_tools import agent_registry
 from trainops.tools.base import CallContext, call, tool
 from trainops.tools.registry import build_registry
@@ -58,7 +57,7 @@ def snapshot(*roots: Path) -> dict[str, tuple]:
     """Every file (size, mtime) and folder under `roots`."""
     seen: dict[str, tuple] = {}
     for root in roots:
-        for folder, dirs, files in os.walk(root):
+        for folder, _subfolders, files in os.walk(root):
             seen[folder] = ("dir",)
             for name in files:
                 path = os.path.join(folder, name)
@@ -100,15 +99,17 @@ def scene(workspace, tmp_path, monkeypatch):
     operator = CallContext(actor="operator")
     run_dir = workspace / "runs" / RUN
     run_dir.mkdir(parents=True)
-    (run_dir / "config.toml").write_text('[model]\npreset = "tiny"\n\n[training]\nmicro_batch = 2\nglobal_batch = 4\nseq_len = 64\n')
+    (run_dir / "config.toml").write_text('[model]\npreset = "tiny"\n\n[training]\nmicro_batch = 2\nglobal_batch = 4\n'
+                                         'seq_len = 64\n')
     with open(run_dir / "metrics.jsonl", "w") as fh:
         for step in range(1, 7):
-            fh.write(json.dumps({"step": step, "rank": 0, "loss": 5.0 - 0.1 * step, "grad_norm": 1.0, "step_time_s": 0.1,
+            fh.write(json.dumps({"step": step, "rank": 0, "loss": 5.0 - 0.1 * step, "grad_norm": 1.0,
+                                 "step_time_s": 0.1,
                                  "tokens_per_s": 1000.0, "flops_per_token": 1e6, "tflops": 0.01, "mfu_pct": 3.0,
                                  "peak_mem_gib": 0.1, "time": time.time(), "peak_source": "measured-gemm"}) + "\n")
     committed_checkpoint(run_dir, 4)
-    job_id = call("submit_job", {"spec": {"name": "done", "launcher": "plain", "command": [sys.executable, "-c", "print('ok')"]}},
-                  operator).handle.job_id
+    done = {"name": "done", "launcher": "plain", "command": [sys.executable, "-c", "print('ok')"]}
+    job_id = call("submit_job", {"spec": done}, operator).handle.job_id
     assert call("wait_job", {"job_id": job_id, "timeout_s": 30}, operator).state == "completed"
     cwd, tmp = tmp_path / "cwd", tmp_path / "tmp"
     cwd.mkdir()
@@ -148,4 +149,5 @@ def test_the_check_catches_a_read_tool_that_leaves_files_behind(scene):
 
     before = snapshot(workspace, cwd, tmp)
     build_registry(extra=[leaky_read]).call("leaky_read", {}, CallContext(actor="agent"))
-    assert writes(before, snapshot(workspace, cwd, tmp), workspace) == [str(cwd / "left-behind.txt"), "runs/r1/note.txt"]
+    found = writes(before, snapshot(workspace, cwd, tmp), workspace)
+    assert found == [str(cwd / "left-behind.txt"), "runs/r1/note.txt"]

@@ -6,7 +6,6 @@ import json
 
 import pytest
 from pydantic import BaseModel
-
 from trainops.tools.base import CallContext, ToolError, call, tool
 from trainops.tools.registry import build_registry, tool_registry
 
@@ -65,7 +64,8 @@ def test_an_unknown_tool_lists_the_known_ones():
 def test_the_gate_records_each_call_with_the_caller(workspace):
     call("plan_checkpoint_interval", DALY_24H, CallContext(actor="operator").for_skill("checkpoint-plan"))
     call("plan_checkpoint_interval", DALY_24H, CallContext(actor="operator").for_skill("checkpoint-plan"))
-    calls = [e for e in audit_entries(workspace) if e.get("kind") == "tool_call" and e.get("tool") == "plan_checkpoint_interval"]
+    calls = [e for e in audit_entries(workspace)
+             if e.get("kind") == "tool_call" and e.get("tool") == "plan_checkpoint_interval"]
     assert len(calls) == 2 and all(e["ok"] and e["actor"] == "skill:checkpoint-plan for operator" for e in calls)
 
 
@@ -81,7 +81,6 @@ def test_the_gate_records_a_failed_call_as_not_ok(workspace):
 
 def test_every_tool_becomes_a_structured_tool_with_its_input_as_args_schema():
     from langchain_core.tools import StructuredTool
-
     from trainops.tools.langchain import as_langchain_tools
 
     lc_tools = as_langchain_tools()
@@ -104,7 +103,8 @@ def test_a_structured_tool_call_passes_the_gate_as_the_agent(workspace):
 def test_the_context_factory_supplies_the_caller(workspace):
     from trainops.tools.langchain import as_langchain_tools
 
-    (plan,) = as_langchain_tools(["plan_checkpoint_interval"], ctx_factory=lambda: CallContext(actor="agent", thread_id="t1"))
+    (plan,) = as_langchain_tools(["plan_checkpoint_interval"],
+                                 ctx_factory=lambda: CallContext(actor="agent", thread_id="t1"))
     plan.invoke(DALY_24H)
     assert (audit_entries(workspace)[-1]["actor"], audit_entries(workspace)[-1]["thread_id"]) == ("agent", "t1")
 
