@@ -185,3 +185,13 @@ def test_a_pack_id_is_matched_in_full(workspace, approvers, name):
     _pack(workspace)
     with pytest.raises(ValueError):
         decide(name, "approved", key=approvers.alice.key)
+
+
+def test_a_log_replaced_without_the_packs_decisions_fails_audit_verify(workspace, approvers):
+    pack = _pack(workspace)
+    decide(pack, "rejected", note="numbers look wrong", key=approvers.bob.key)
+    (workspace / "audit.jsonl").unlink()
+    (workspace / "audit.jsonl.head").unlink()
+    audit.append("tool_call", tool="a fresh start", ok=True)
+    report = audit.verify()
+    assert not report.ok and f"{pack}/0001.json are not in the log" in report.reason

@@ -198,6 +198,18 @@ def _write_once(path: Path, data: bytes) -> Path:
     return path
 
 
+def unrecorded_decisions(entries: list[dict]) -> list[str]:
+    """Decision files (PACK/NNNN.json) whose sha256 no audit anchor records: the workspace's own
+    decisions vouch for the log, so a log replaced or rewritten without them fails `audit verify`."""
+    from trainops.workspace import home
+
+    recorded = {e.get("decision_sha256") for e in entries if e.get("kind") == anchors.ANCHOR_KIND
+                and e.get("subject") == SUBJECT}
+    root = home() / "decisions"
+    return [path.relative_to(root).as_posix() for path in sorted(root.glob("*/*.json"))
+            if audit.sha256_hex(path.read_bytes()) not in recorded]
+
+
 class PackVerification(BaseModel):
     pack: str
     ok: bool

@@ -252,9 +252,18 @@ def verify(path: Path | None = None) -> AuditReport:
         )
     from trainops.tools.governance import anchors
 
-    broken_anchor = anchors.problems([json.loads(raw) for raw in lines])
+    entries = [json.loads(raw) for raw in lines]
+    broken_anchor = anchors.problems(entries)
     if broken_anchor:
         return AuditReport(ok=False, path=str(log), entries=n, first_bad_line=broken_anchor[0], reason=broken_anchor[1])
+    if path is None:
+        from trainops.tools.governance.approvals import unrecorded_decisions
+
+        unrecorded = unrecorded_decisions(entries)
+        if unrecorded:
+            return AuditReport(ok=False, path=str(log), entries=n,
+                               reason=f"pack decision(s) {', '.join(unrecorded)} are not in the log: it was rewritten "
+                                      "or replaced after they were made")
     return AuditReport(ok=True, path=str(log), entries=n, reason="chain intact; every signed anchor holds")
 
 
