@@ -83,7 +83,13 @@ def _pick_rank(ranks: dict[int, psutil.Process], rank: int, run_dir: Path) -> ps
 
 
 def record_fault(run_dir: Path, entry: dict) -> None:
-    with open(run_dir / "faults.jsonl", "a", encoding="utf-8") as fh:
+    """Append to RUN/faults.jsonl, never through a link the job put in its place."""
+    try:
+        fd = os.open(run_dir / "faults.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        raise ToolError("inject_fault", f"cannot append to {run_dir / 'faults.jsonl'} ({exc.strerror}); it must be a "
+                                        "plain file in the run folder: remove what is there") from None
+    with os.fdopen(fd, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(entry) + "\n")
 
 

@@ -94,6 +94,15 @@ def test_corrupt_checkpoint_does_not_follow_a_symlinked_checkpoints_folder(works
     assert (outside / step_dir_name(4) / "__0_0.distcp").read_bytes() == bytes(4096)
 
 
+def test_the_fault_record_is_not_written_through_a_link_the_job_planted(workspace, outside):
+    (workspace / "runs" / "ck" / "checkpoints" / step_dir_name(4)).mkdir(parents=True)
+    (workspace / "runs" / "ck" / "checkpoints" / step_dir_name(4) / "__0_0.distcp").write_bytes(bytes(100))
+    (workspace / "runs" / "ck" / "faults.jsonl").symlink_to(outside / "precious.bin")
+    with pytest.raises(ToolError, match="cannot append to .*faults.jsonl .* must be a plain file"):
+        call("inject_fault", {"kind": "corrupt_checkpoint", "run": "ck"}, OPERATOR)
+    assert (outside / "precious.bin").read_bytes() == bytes(4096)
+
+
 def test_a_run_named_by_a_symlink_in_runs_is_refused(workspace, outside):
     (workspace / "runs").mkdir(parents=True)
     (workspace / "runs" / "sneaky").symlink_to(outside)
