@@ -18,7 +18,7 @@ import re
 import time
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator, Literal, get_type_hints
 
 from pydantic import BaseModel, ValidationError
@@ -60,7 +60,6 @@ class CallContext:
     on_behalf_of: Principal | None = None
     approval_token: str | None = None
     thread_id: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.actor, str) or not ACTOR_PATTERN.fullmatch(self.actor):
