@@ -195,3 +195,14 @@ def test_a_log_replaced_without_the_packs_decisions_fails_audit_verify(workspace
     audit.append("tool_call", tool="a fresh start", ok=True)
     report = audit.verify()
     assert not report.ok and f"{pack}/0001.json are not in the log" in report.reason
+
+
+def test_a_torn_audit_log_refuses_a_decision_and_lists_the_pack_as_corrupt(workspace, approvers):
+    pack = _pack(workspace)
+    with open(workspace / "audit.jsonl", "a") as fh:
+        fh.write('{"seq": 99, "kind": "anch')
+    result = runner.invoke(app, ["approve", pack, "--key", str(approvers.alice.key)])
+    assert result.exit_code == 2 and "cannot be checked against the audit log" in result.output
+    assert not approvals.decisions_dir(pack).exists()
+    listed = runner.invoke(app, ["approvals", "--json"])
+    assert listed.exit_code == 0 and json.loads(listed.output)[0]["status"] == "corrupt"

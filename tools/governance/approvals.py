@@ -90,7 +90,11 @@ def decisions_dir(pack_id: str) -> Path:
 
 
 def _recorded_decisions(pack_id: str) -> list[dict]:
-    return [e for e in audit.read() if e.get("kind") == anchors.ANCHOR_KIND and e.get("subject") == SUBJECT
+    try:
+        entries = audit.read()
+    except audit.AuditUnavailable as exc:
+        raise PackRefused(f"decisions on pack {pack_id!r} cannot be checked against the audit log: {exc}") from None
+    return [e for e in entries if e.get("kind") == anchors.ANCHOR_KIND and e.get("subject") == SUBJECT
             and e.get("pack") == pack_id]
 
 
@@ -178,9 +182,9 @@ def decide(pack: str, decision: Verdict, note: str = "", key: Path | None = None
         anchors.record(payload.signed_bytes(), signature, signer, subject=SUBJECT, pack=pack_id,
                        decision=decision, decision_seq=payload.seq, decision_sha256=audit.sha256_hex(path.read_bytes()),
                        content_hash=payload.content_hash, note=note)
-    except audit.AuditUnavailable:
+    except audit.AuditUnavailable as exc:
         path.unlink()
-        raise
+        raise PackRefused(f"nothing was decided: the decision could not be recorded in the audit log ({exc})") from None
     return record
 
 
