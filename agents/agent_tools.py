@@ -8,6 +8,7 @@ from functools import cache
 from pathlib import Path
 
 from pydantic import BaseModel, Field, field_validator
+
 from trainops.skills.sop import SopResult, SopSettings
 from trainops.tools.base import current_context, tool
 from trainops.tools.registry import Registry, build_registry

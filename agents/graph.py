@@ -24,6 +24,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.types import interrupt
 from pydantic import ValidationError
+
 from trainops.agents import transcript
 from trainops.agents.agent_tools import agent_registry
 from trainops.agents.prompt import Skill, choose_skill, load_skills, system_prompt

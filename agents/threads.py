@@ -8,6 +8,7 @@ import sqlite3
 from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.sqlite import SqliteSaver
 from pydantic import BaseModel, Field
+
 from trainops.agents.transcript import transcript_path
 
 

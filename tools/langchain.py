@@ -14,6 +14,7 @@ from trainops.tools.base import CallContext, ToolError, explain, run_call
 
 if TYPE_CHECKING:
     from langchain_core.tools import StructuredTool
+
     from trainops.tools.registry import Registry
 
 
@@ -29,6 +30,7 @@ def as_langchain_tools(
     """StructuredTools for `names` (default: every tool in `registry`, itself by default every
     trainops tool); `ctx_factory` supplies the agent's thread and approval token at call time."""
     from langchain_core.tools import StructuredTool, ToolException
+
     from trainops.tools.registry import tool_registry
 
     specs = registry if registry is not None else tool_registry()

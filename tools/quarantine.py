@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from pydantic import BaseModel, Field
+
 from trainops.tools.base import ToolError, tool
 
 
@@ -30,7 +31,6 @@ def quarantine_checkpoints(inp: QuarantineInput) -> QuarantineOutput:
     """Move a run's committed checkpoints taken at or after `from_step` to RUN/quarantine/ (kept,
     not deleted), so a restart after silent data corruption loads an older, clean one."""
     from trainops.trainer.checkpoint import list_checkpoints
-
     from trainops.workspace import run_folder
 
     try:

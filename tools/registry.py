@@ -16,6 +16,7 @@ from functools import cache
 from typing import Any, Callable, Iterable, Iterator
 
 from pydantic import BaseModel
+
 from trainops.tools.base import CallContext, ToolError, ToolSpec, run_call
 
 

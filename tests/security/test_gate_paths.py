@@ -12,13 +12,13 @@ import time
 
 import pytest
 from pydantic import BaseModel
+from typer.testing import CliRunner
+
+from trainops.cli import app
 from trainops.tools.base import CallContext, call, tool
 from trainops.tools.governance import audit, queue, tokens
 from trainops.tools.governance.gate import GateRefused
 from trainops.tools.registry import build_registry, serving, tool_registry
-from typer.testing import CliRunner
-
-from trainops.cli import app
 
 OPERATOR = CallContext(actor="operator")
 SLEEPER = {"spec": {"name": "sleeper", "launcher": "plain",

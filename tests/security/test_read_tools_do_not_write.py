@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
+
 from trainops.agents.agent_tools import agent_registry
 from trainops.tools.base import CallContext, call, tool
 from trainops.tools.registry import build_registry

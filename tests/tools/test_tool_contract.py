@@ -6,6 +6,7 @@ import json
 
 import pytest
 from pydantic import BaseModel
+
 from trainops.tools.base import CallContext, ToolError, call, tool
 from trainops.tools.registry import build_registry, tool_registry
 
@@ -81,6 +82,7 @@ def test_the_gate_records_a_failed_call_as_not_ok(workspace):
 
 def test_every_tool_becomes_a_structured_tool_with_its_input_as_args_schema():
     from langchain_core.tools import StructuredTool
+
     from trainops.tools.langchain import as_langchain_tools
 
     lc_tools = as_langchain_tools()

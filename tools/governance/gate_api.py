@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel
+
 from trainops.tools.base import CallContext, ToolSpec
 from trainops.tools.governance import audit, gate, queue, signing, tokens
 from trainops.tools.governance.gate import GateRefused as Refused
