@@ -10,7 +10,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field, field_validator
 
 from trainops.skills.sop import SopResult, SopSettings
-from trainops.tools.base import current_context, tool
+from trainops.tools.base import tool
 from trainops.tools.registry import Registry, build_registry
 
 
@@ -64,7 +64,7 @@ def run_sop(inp: RunSopInput) -> SopResult:
     2 minutes on 2 CPU cores). Returns the pack folder, verdict and blockers; a human then approves the pack."""
     from trainops.skills.sop import run
 
-    return run(inp, current_context().for_skill("sop"))
+    return run(inp)  # the skill acts for whoever called this tool (the agent), under that call's approval
 
 
 AGENT_TOOLS = (run_sop, list_pending_approvals)

@@ -103,12 +103,6 @@ def active_call() -> ActiveCall | None:
     return _ACTIVE.get()
 
 
-def current_context() -> CallContext:
-    """The context a tool's own code should pass on (e.g. `run_sop` to the SOP skill)."""
-    active = _ACTIVE.get()
-    return replace(active.ctx, approval_token=None) if active else CallContext()
-
-
 @contextmanager
 def operator_session() -> Iterator[None]:
     """Calls without an explicit context are the operator's: the CLI wraps each command in this."""
