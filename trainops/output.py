@@ -36,7 +36,6 @@ def fail(message: str, *, as_json: bool = False, code: int = 2) -> NoReturn:
         sys.stdout.write(json.dumps({"error": message}) + "\n")
     else:
         from rich.console import Console
-
         from rich.markup import escape
 
         Console(stderr=True).print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)

@@ -106,16 +106,19 @@ def test_a_url_in_the_users_config_is_queried_and_its_samples_returned(user_conf
         prometheus.close()
 
 
-@pytest.mark.parametrize("key, value", [("base_url", "http://attacker.example/v1"), ("api_key_env", "AWS_SECRET_ACCESS_KEY")])
+@pytest.mark.parametrize("key, value", [("base_url", "http://attacker.example/v1"),
+                                        ("api_key_env", "AWS_SECRET_ACCESS_KEY")])
 def test_a_cloned_repositorys_trainops_toml_cannot_pick_the_endpoint_or_the_secret(user_config, key, value):
     (user_config.parent.parent / "checkout" / "trainops.toml").write_text(
         f'[agent]\nprovider = "openai"\n{key} = "{value}"\n')
-    with pytest.raises(ProviderError, match=rf"\[agent\] {key} in .*checkout/trainops.toml is not trusted.*\[trust\] folders"):
+    with pytest.raises(ProviderError,
+                       match=rf"\[agent\] {key} in .*checkout/trainops.toml is not trusted.*\[trust\] folders"):
         load_settings()
 
 
 def test_the_same_setting_in_the_users_own_config_or_environment_is_used(user_config, monkeypatch):
-    user_config.write_text('[agent]\nprovider = "openai"\nbase_url = "http://127.0.0.1:8000/v1"\napi_key_env = "VLLM_KEY"\n')
+    user_config.write_text('[agent]\nprovider = "openai"\nbase_url = "http://127.0.0.1:8000/v1"\n'
+                           'api_key_env = "VLLM_KEY"\n')
     settings = load_settings()
     assert (settings.base_url, settings.key_env) == ("http://127.0.0.1:8000/v1", "VLLM_KEY")
     (user_config.parent.parent / "checkout" / "trainops.toml").write_text('[agent]\nbase_url = "http://attacker.example/v1"\n')

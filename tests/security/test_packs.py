@@ -55,8 +55,8 @@ def _pack(workspace, pack_id: str = "pack-1", arm_overrides: tuple[str, ...] | N
     baseline = BaselineSummary(model="tiny", parallel_layout="dp_shard=2", precision="fp32", repeats=3,
                                warmup_steps_excluded=1, step_time_s=SPREAD, tokens_per_s=SPREAD, mfu_pct=SPREAD,
                                peak_source="measured GEMM", data_wait_share_pct=1.0, run_dirs=[base])
-    row = EvidenceRow(tool="summarize_run", version="0.1.0", command="trainops baseline", log_path=f"{base}/metrics.jsonl",
-                      value="MFU 2.000%", window_start=1000.0, window_end=1003.0)
+    row = EvidenceRow(tool="summarize_run", version="0.1.0", command="trainops baseline",
+                      log_path=f"{base}/metrics.jsonl", value="MFU 2.000%", window_start=1000.0, window_end=1003.0)
     pack = evidence_pack.assemble(pack_id, env, baseline, ablations, [], [row])
     return evidence_pack.write(pack).name
 

@@ -31,7 +31,8 @@ def test_an_id_with_a_newline_is_refused_by_the_workspace_and_the_trainer(value)
     ("plan_checkpoint_interval", "save_s", '{"save_s": NaN, "restart_s": 600, "mtbf_h": 24}'),
     ("plan_effective_training_time", "checkpoint_interval_min", '{"checkpoint_interval_min": Infinity}'),
     ("plan_effective_training_time", "detection_latency_s", '{"detection_latency_s": Infinity}'),
-    ("plan_effective_training_time", "detection_latency_s_by_cause", '{"detection_latency_s_by_cause": {"gpu_sdc": NaN}}'),
+    ("plan_effective_training_time", "detection_latency_s_by_cause",
+     '{"detection_latency_s_by_cause": {"gpu_sdc": NaN}}'),
 ])
 def test_infinite_or_nan_plan_inputs_are_refused_naming_the_field(tool, field, payload):
     with pytest.raises(ToolError, match=rf"invalid input: {field}.*finite"):

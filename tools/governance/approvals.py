@@ -128,8 +128,9 @@ def load_chain(pack_id: str, check_signatures: bool = True) -> list[tuple[Decisi
         chain.append((record, previous))
     if len(recorded) > len(chain):
         lost = recorded[len(chain)]
-        raise PackRefused(f"pack {pack_id!r}: the audit log records decision {len(chain) + 1} ({lost.get('decision')} by "
-                          f"{lost.get('principal')}, audit entry {lost.get('seq')}) but its file is gone from "
+        raise PackRefused(f"pack {pack_id!r}: the audit log records decision {len(chain) + 1} "
+                          f"({lost.get('decision')} by {lost.get('principal')}, audit entry {lost.get('seq')}) "
+                          f"but its file is gone from "
                           f"{folder}: restore it; a deleted decision never lets a pack be decided again")
     return chain
 
@@ -140,7 +141,8 @@ def _check_signature(where: str, record: Decision) -> None:
     except signing.SigningError as exc:
         raise PackRefused(f"{where}: {exc}") from None
     if (signer.principal, signer.fingerprint) != (record.principal, record.fingerprint):
-        raise PackRefused(f"{where} names {record.principal} but is signed by {signer.principal} ({signer.fingerprint})")
+        raise PackRefused(f"{where} names {record.principal} but is signed by {signer.principal} "
+                          f"({signer.fingerprint})")
 
 
 def _check_final(pack_id: str, chain: list[tuple[Decision, str]], decision: Verdict) -> None:
@@ -239,8 +241,10 @@ def verify_pack(pack: str) -> PackVerification:
     changed = changed_entries(last.files, content_entries(folder))
     if changed:
         return PackVerification(**base, ok=False, changed=changed,
-                                reason=f"{len(changed)} entr{'y' if len(changed) == 1 else 'ies'} changed since the decision")
-    return PackVerification(**base, ok=True, reason=f"signed by {last.principal} ({last.fingerprint}); content unchanged")
+                                reason=f"{len(changed)} entr{'y' if len(changed) == 1 else 'ies'} changed since "
+                                       "the decision")
+    return PackVerification(**base, ok=True,
+                            reason=f"signed by {last.principal} ({last.fingerprint}); content unchanged")
 
 
 class ApprovalItem(BaseModel):
@@ -273,6 +277,6 @@ def list_items() -> list[ApprovalItem]:
     items = [_pack_item(folder) for folder in sorted(p for p in packs_dir().iterdir() if p.is_dir())]
     for call in queue.pending_calls() + queue.decided_calls():
         why = f"; {call.note}" if call.note else ""
-        items.append(ApprovalItem(kind="call", id=call.id, status=call.status, by=call.approver,
-                                  detail=f"{call.tool} {audit.canonical_json(call.input)} (asked by {call.requested_by}{why})"))
+        detail = f"{call.tool} {audit.canonical_json(call.input)} (asked by {call.requested_by}{why})"
+        items.append(ApprovalItem(kind="call", id=call.id, status=call.status, by=call.approver, detail=detail))
     return sorted(items, key=lambda i: (i.status != "pending", i.kind, i.id))

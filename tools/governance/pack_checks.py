@@ -65,7 +65,8 @@ def _written_record(pack_id: str) -> dict | None:
 def approval_problems(folder: Path, pack_id: str, entries: dict[str, str]) -> list[str]:
     """Every rule the pack breaks now; empty when it may be approved."""
     problems = [f"R-APR-1: {path} is a {kind.split(':')[0]} entry: a pack holds plain files and folders only; "
-                "remove it or build a new pack" for path, kind in entries.items() if not kind.startswith(("sha256:", "dir"))]
+                "remove it or build a new pack"
+                for path, kind in entries.items() if not kind.startswith(("sha256:", "dir"))]
     written = _written_record(pack_id)
     if written is None:
         problems.append(f"R-APR-1: the audit log has no record of trainops writing pack {pack_id!r}: it was made or "
@@ -109,7 +110,8 @@ def _ablation_problems(pack) -> list[str]:
         configs = [_run_config(run) for run in (baseline_run, row.source_run)]
         if None in configs:
             problems.append(f"R-ABL-1: ablation arm {name} cannot be checked: the config.toml of its baseline run "
-                            f"({baseline_run}) or arm run ({row.source_run}) is missing; keep the run folders with the pack")
+                            f"({baseline_run}) or arm run ({row.source_run}) is missing; keep the run folders "
+                            "with the pack")
             continue
         try:
             AblationArm(name=name, baseline_config=configs[0], arm_config=configs[1])
