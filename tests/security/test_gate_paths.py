@@ -290,3 +290,15 @@ def test_a_queued_call_of_the_agents_own_tool_can_be_approved_at_the_cli(approve
     assert result.exit_code == 0, result.output
     token = json.loads(result.stdout)["token"]
     assert tokens.decode(token)["tool"] == "run_sop"
+
+
+def test_tool_list_says_whose_calls_wait_for_a_human(tmp_path, monkeypatch):
+    def approval_for() -> dict[str, list[str]]:
+        result = runner.invoke(app, ["tool", "list", "--json"])
+        return {row["name"]: row["approval_for"] for row in json.loads(result.stdout)}
+
+    listed = approval_for()
+    assert listed["plan_layout"] == [] and listed["cancel_job"] == ["agent"]
+    assert listed["set_tenant_quota"] == ["agent", "operator"]
+    user_config(tmp_path, monkeypatch, "[governance]\noperator_needs_approval = true\n")
+    assert approval_for()["cancel_job"] == ["agent", "operator"]

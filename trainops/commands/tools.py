@@ -58,11 +58,15 @@ def register(app: typer.Typer) -> None:
 
     @tool_app.command("list")
     def tool_list(as_json: bool = JsonOpt) -> None:
-        """Every tool with its risk class, whether it needs approval, and what it does."""
+        """Every tool with its risk class, who must get a human's approval to call it, and what it does."""
         from trainops.agents.agent_tools import agent_registry
+        from trainops.tools.base import CallContext
+        from trainops.tools.governance.gate import needs_approval
 
+        callers = [CallContext(actor="agent"), CallContext(actor="operator")]
         rows = [
             {"name": s.name, "risk": s.risk, "approval_required": s.approval_required,
+             "approval_for": [c.actor for c in callers if needs_approval(s, c)],
              "description": s.description.split(".")[0].replace("\n", " ") + "."}
             for s in agent_registry().values()
         ]
@@ -72,10 +76,10 @@ def register(app: typer.Typer) -> None:
             from rich.table import Table
 
             table = Table(title=f"{len(items)} tools")
-            for column in ("name", "risk", "approval", "description"):
+            for column in ("name", "risk", "approval for", "description"):
                 table.add_column(column, overflow="fold")
             for r in items:
-                table.add_row(r["name"], r["risk"], "yes" if r["approval_required"] else "no", escape(r["description"]))
+                table.add_row(r["name"], r["risk"], ", ".join(r["approval_for"]) or "no", escape(r["description"]))
             console().print(table)
 
         emit(rows, as_json, render)
