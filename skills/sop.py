@@ -130,11 +130,13 @@ def build_from_runs(run_dirs: list[str], scheduler: str = "local", ctx: CallCont
 
 
 def _check_written_by_trainops(run_dir: str) -> None:
-    """Evidence rests on runs trainops launched: a folder without the config.toml it writes (hand-made
-    metrics) is refused, so a pack cannot certify numbers nobody measured."""
+    """Evidence rests on runs trainops launched: a folder outside the workspace (and the configured
+    roots), or without the config.toml trainops writes (hand-made metrics), is refused, so a pack
+    cannot certify numbers nobody measured."""
     from trainops.trainer.config import ConfigError, load_config
+    from trainops.workspace import confine
 
-    config = Path(run_dir) / "config.toml"
+    config = confine(run_dir, "RUNDIR", reading=True, must_exist=True) / "config.toml"
     if not config.is_file():
         raise ValueError(f"RUNDIR {run_dir!r} has no config.toml: trainops did not launch this run, and metrics "
                          "without the job that produced them are not evidence; pass a run folder trainops wrote "

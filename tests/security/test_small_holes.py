@@ -99,9 +99,20 @@ def test_a_corrupt_framework_pin_refuses_the_upgrade_with_the_file_named():
                                    "to_version": "2.13.0"})
 
 
-def test_evidence_build_refuses_a_run_folder_trainops_did_not_write(tmp_path):
-    forged = tmp_path / "forged-run"
-    forged.mkdir()
+def test_evidence_build_refuses_a_run_folder_outside_the_workspace(tmp_path):
+    from trainops.trainer.config import load_config
+
+    outside = tmp_path / "elsewhere" / "run-1"
+    outside.mkdir(parents=True)
+    (outside / "config.toml").write_text(load_config(preset="tiny").to_toml())
+    (outside / "metrics.jsonl").write_text(json.dumps({"step": 1, "rank": 0, "mfu_pct": 99.0}) + "\n")
+    result = runner.invoke(app, ["evidence", "build", str(outside), "--json"])
+    assert result.exit_code == 2 and "outside the workspace" in json.loads(result.stdout)["error"]
+
+
+def test_evidence_build_refuses_a_run_folder_trainops_did_not_write(workspace):
+    forged = workspace / "runs" / "forged-run"
+    forged.mkdir(parents=True)
     (forged / "metrics.jsonl").write_text(json.dumps({"step": 1, "rank": 0, "mfu_pct": 99.0, "step_time_s": 0.1,
                                                       "tokens_per_s": 1e9, "loss": 1.0}) + "\n")
     result = runner.invoke(app, ["evidence", "build", str(forged), "--json"])
