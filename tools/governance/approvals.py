@@ -274,7 +274,8 @@ def list_items() -> list[ApprovalItem]:
     from trainops.tools.governance import queue
     from trainops.workspace import packs_dir
 
-    items = [_pack_item(folder) for folder in sorted(p for p in packs_dir().iterdir() if p.is_dir())]
+    items = [_pack_item(folder) for folder in sorted(packs_dir().iterdir())
+             if folder.is_dir() and not folder.name.startswith(".")]  # .PACK.partial: a write in progress
     for call in queue.pending_calls() + queue.decided_calls():
         why = f"; {call.note}" if call.note else ""
         detail = f"{call.tool} {audit.canonical_json(call.input)} (asked by {call.requested_by}{why})"
