@@ -81,6 +81,7 @@ def governance_errors(pack: EvidencePack, markdown: str) -> list[str]:
     fault-tolerance conclusion (R-EVD-2), and the report text (R-OUT-1..3). Ablation arms were
     checked for a single variable (R-ABL-1) when they ran."""
     from pydantic import ValidationError
+
     from trainops.tools.governance import claims
     from trainops.tools.governance.text import validate_report_text
 
@@ -109,7 +110,6 @@ def write(pack: EvidencePack, packs_root: Path | None = None) -> Path:
     The plots are drawn in memory first, so their captions are checked with the report text."""
     from trainops.skills.evidence import plots
     from trainops.tools.governance.pack_checks import record_written
-
     from trainops.workspace import check_id, packs_dir
 
     check_id("pack", pack.pack_id)

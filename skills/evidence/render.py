@@ -10,6 +10,7 @@ from functools import lru_cache
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
+
 from trainops.skills.evidence.model import EvidencePack
 from trainops.skills.evidence.view import Cell, Figure, build, code
 
@@ -18,10 +19,6 @@ VERDICT_MEANING = {
     "partial": "part of the SOP is missing or did not beat the noise",
     "fail": "a recovery or a rollout check failed",
 }
-
-
-def verdict_line(pack: EvidencePack) -> str:
-    return build(pack).verdict_line
 
 
 @lru_cache(maxsize=1)

@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from trainops.skills.evidence import plots
 from trainops.skills.evidence.pack import PackRefused, assemble, load, write
 from trainops.skills.evidence.render import to_html, to_markdown
 from trainops.skills.evidence.view import DECISION_COMMANDS
-
 from trainops.workspace import packs_dir
 
 
