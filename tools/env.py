@@ -75,6 +75,8 @@ class Scheduler(BaseModel):
     partitions: list[str] = Field(description="Partitions (Slurm) or node pools; 'local' for the local scheduler.")
     nodes: list[str] = Field(description="Nodes the scheduler reports.")
     hot_spare_nodes: list[str] = Field(description="Idle nodes as the scheduler reports them: the pool that can replace a failed node at once.")
+    cpus_per_node: dict[str, int] = Field(default_factory=dict, description="CPUs each node reports to the scheduler.")
+    transport: str = Field("", description="How trainops talks to the scheduler (Slurm: pyslurm or the CLI, and why).")
 
 
 class CheckpointStorage(BaseModel):
@@ -344,19 +346,22 @@ def _scheduler(kind: SchedulerKind) -> Scheduler:
 
     try:
         if kind == "slurm":
-            from trainops.tools.schedulers.slurm import run_cli
+            from trainops.tools.schedulers.slurm_transport import run_cli, transport_choice
 
             version = run_cli(["sinfo", "-V"]).stdout.strip()
             partitions = sorted(set(run_cli(["sinfo", "-h", "-o", "%R"]).stdout.split()))
+            transport = "{} ({})".format(*transport_choice())
         else:
             import torch
 
             version, partitions = f"trainops local (torchrun, torch {torch.__version__})", ["local"]
+            transport = "local processes"
         nodes = get_scheduler(kind).list_nodes()
     except SchedulerError as exc:
         raise ToolError("declare_environment", str(exc)) from None
     return Scheduler(kind=kind, version=version, partitions=partitions, nodes=[n.name for n in nodes],
-                     hot_spare_nodes=[n.name for n in nodes if n.state == "idle"])
+                     hot_spare_nodes=[n.name for n in nodes if n.state == "idle"],
+                     cpus_per_node={n.name: n.cpus for n in nodes if n.cpus}, transport=transport)
 
 
 def _kubernetes() -> Scheduler:

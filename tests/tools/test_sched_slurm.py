@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from trainops.tools.schedulers import JobSpec, SchedulerError
-from trainops.tools.schedulers.slurm import SlurmScheduler, batch_script, parse_scontrol
+from trainops.tools.schedulers.slurm import SlurmScheduler, batch_script
+from trainops.tools.schedulers.slurm_transport import parse_scontrol
 
 
 def _spec(**kw) -> JobSpec:

@@ -75,8 +75,8 @@ def job_of_run(run_dir: Path) -> tuple[SchedulerKind, str]:
                 submitted = record.get("submitted_at") or record.get("handle", {}).get("submitted_at", 0)
                 matches.append((submitted, scheduler, job_id))
     if not matches:
-        raise SchedulerError("local", f"no job trainops launched (local or Slurm) runs in {run_dir}; only processes of a "
-                                      "job submitted with submit_job can be signalled (on Kubernetes, use kubectl)")
+        raise SchedulerError("local", f"no job trainops launched (local or Slurm) runs in {run_dir}; only processes "
+                                      "of a job submitted with submit_job can be signalled (Kubernetes: use kubectl)")
     _, scheduler, job_id = max(matches)
     return scheduler, job_id
 
