@@ -1,10 +1,13 @@
-"""The action gate. Every tool call passes `before_call` and `after_call` (trainops.tools.base.call).
+"""The action gate. Every tool call passes `before_call` and `after_call` (trainops.tools.base.run_call),
+whichever path it came by: the CLI, a skill, the agent graph, LangChain tools, the Python registry.
 
 Order of checks in `before_call`: forbidden actions (R-SEC-2) are refused outright; then
-per-tool input checks and the tenant-isolation check on path fields (R-SEC-3); then, for
-irreversible and approval-gated tools, a signed single-use token bound to this exact call
-(R-SEC-1, R-SEC-4) — a call without one is queued as a pending approval. Every decision
-and every call lands in the hash-chained audit log (R-SEC-5).
+per-tool input checks and the tenant-isolation check on path fields (R-SEC-3); then, when
+`approval_rule` says a human must decide (irreversible and approval-gated tools always; any
+`mutate` tool the agent calls, or the operator too where `[governance] operator_needs_approval`),
+a signed single-use token bound to this exact call (R-SEC-1, R-SEC-4) — a call without one is
+queued as a pending approval. The steps of a human-approved call (what `run_sop` does) run under
+that approval. Every decision and every call lands in the hash-chained audit log (R-SEC-5).
 """
 from __future__ import annotations
 
