@@ -86,13 +86,14 @@ def check_job_paths(spec: JobSpec, config: JobConfig | None = None) -> None:
     root = tenant_root(spec.tenant).resolve()
     for field, path in written.items():
         if path and not path.is_relative_to(root):
-            raise ValueError(f"R-SEC-3: {field}={str(path)!r} is outside tenant {spec.tenant!r}'s root {root}; fix: "
-                             f"keep the job's folders under {root} (submit_job puts a tenant's runs in {root / 'runs'})")
+            raise ValueError(f"R-SEC-3: {field}={str(path)!r} is outside tenant {spec.tenant!r}'s root {root}; "
+                             f"fix: keep the job's folders under {root} (a tenant's runs go in {root / 'runs'})")
     shared = shared_data_roots()
     if data_file and not any(data_file.is_relative_to(r) for r in [root, *shared]):
-        raise ValueError(f"R-SEC-3: data.path={data!r} resolves to {data_file}, outside tenant {spec.tenant!r}'s data "
-                         f"{root / 'data'} and the shared data roots ({', '.join(map(str, shared)) or 'none'}); fix: put "
-                         "the file in the tenant's data folder or list a shared read-only folder under [governance] data_roots")
+        shared_text = ", ".join(map(str, shared)) or "none"
+        raise ValueError(f"R-SEC-3: data.path={data!r} resolves to {data_file}, outside tenant {spec.tenant!r}'s "
+                         f"data {root / 'data'} and the shared data roots ({shared_text}); fix: put the file in the "
+                         "tenant's data folder or list a shared read-only folder under [governance] data_roots")
 
 
 def _write_json(path: Path, obj: dict[str, Any]) -> None:

@@ -110,7 +110,8 @@ def run_folder(run: str, field: str = "run") -> Path:
             return confine(runs_dir() / run, field)
         if not Path(run).is_dir():
             recent = sorted(p.name for p in runs_dir().iterdir() if p.is_dir())[-5:]
-            raise ValueError(f"{field}: run {run!r} not found in {runs_dir()}; recent runs: {', '.join(recent) or 'none'}")
+            raise ValueError(f"{field}: run {run!r} not found in {runs_dir()}; "
+                             f"recent runs: {', '.join(recent) or 'none'}")
     folder = confine(run, field)
     if not folder.is_dir():
         raise ValueError(f"{field}={run!r} is neither a run id in {runs_dir()} nor a run folder; "

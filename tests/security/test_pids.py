@@ -51,8 +51,9 @@ def _alive(proc: subprocess.Popen) -> bool:
 def _poisoning_job(workspace, victim) -> tuple[str, object]:
     run_dir = workspace / "runs" / "poisoned"
     run_dir.mkdir(parents=True)
-    job = call("submit_job", {"spec": {"name": "poisoned", "command": [sys.executable, "-c", POISONING_JOB, str(run_dir), str(victim.pid)],
-                                        "run_dir": str(run_dir)}}, OPERATOR).handle
+    command = [sys.executable, "-c", POISONING_JOB, str(run_dir), str(victim.pid)]
+    spec = {"name": "poisoned", "command": command, "run_dir": str(run_dir)}
+    job = call("submit_job", {"spec": spec}, OPERATOR).handle
     _wait(lambda: (run_dir / "ready").exists(), "the job's rank to start")
     return job.job_id, run_dir
 
@@ -74,7 +75,8 @@ def test_kill_rank_hits_the_jobs_own_rank_not_the_pid_its_heartbeat_names(worksp
     try:
         out = call("inject_fault", {"kind": "kill_rank", "run": "poisoned", "rank": 0}, OPERATOR)
         assert out.pids == [rank_pid]
-        _wait(lambda: not psutil.pid_exists(rank_pid) or psutil.Process(rank_pid).status() == psutil.STATUS_ZOMBIE, "the rank to die")
+        _wait(lambda: not psutil.pid_exists(rank_pid) or psutil.Process(rank_pid).status() == psutil.STATUS_ZOMBIE,
+              "the rank to die")
         assert _alive(victim)
     finally:
         call("cancel_job", {"job_id": job_id, "force": True}, OPERATOR)
@@ -104,7 +106,8 @@ def test_a_rank_that_does_not_run_is_refused_not_looked_up_in_the_heartbeat(work
 def test_cancel_refuses_a_recycled_pid(workspace, victim):
     """The job record names the victim's pid, as if the runner had exited and the pid been reused:
     its create time differs from the one recorded at launch, so nothing is signalled."""
-    job = call("submit_job", {"spec": {"name": "short", "command": [sys.executable, "-c", "import time; time.sleep(60)"]}}, OPERATOR).handle
+    spec = {"name": "short", "command": [sys.executable, "-c", "import time; time.sleep(60)"]}
+    job = call("submit_job", {"spec": spec}, OPERATOR).handle
     record_path = workspace / "jobs" / f"{job.job_id}.json"
     record = json.loads(record_path.read_text())
     runner = psutil.Process(record["pid"])

@@ -37,7 +37,8 @@ def _a_data() -> Path:
 def test_tenant_b_cannot_point_its_checkpoint_folder_at_tenant_a():
     a_checkpoints = tenant_path("team-a", "checkpoints")
     with pytest.raises(ToolError, match=r"R-SEC-3: checkpoint.folder=.*team-a/checkpoints' is outside tenant 'team-b'"):
-        call("submit_job", _training("team-b", "checkpoint.enable=true", f"checkpoint.folder={a_checkpoints}"), OPERATOR)
+        call("submit_job", _training("team-b", "checkpoint.enable=true", f"checkpoint.folder={a_checkpoints}"),
+             OPERATOR)
     with pytest.raises(ToolError, match=r"R-SEC-3: checkpoint.folder=.* is outside tenant 'team-b'"):
         call("submit_job", _training("team-b", "checkpoint.folder=../../../team-a/checkpoints"), OPERATOR)
 
@@ -51,14 +52,17 @@ def test_a_tenant_job_spec_cannot_use_another_tenants_folders():
     a_run = tenant_path("team-a", "runs") / "r1"
     a_run.mkdir()
     with pytest.raises(ToolError, match=r"R-SEC-3: spec.run_dir=.* is outside tenant 'team-b'"):
-        call("submit_job", {"tenant": "team-b", "spec": {"name": "sneaky", "command": ["true"], "run_dir": str(a_run)}}, OPERATOR)
+        spec = {"name": "sneaky", "command": ["true"], "run_dir": str(a_run)}
+        call("submit_job", {"tenant": "team-b", "spec": spec}, OPERATOR)
     with pytest.raises(ToolError, match=r"R-SEC-3: spec.workdir=.* is outside tenant 'team-b'"):
-        call("submit_job", {"spec": {"name": "sneaky", "command": ["true"], "workdir": str(a_run), "tenant": "team-b"}}, OPERATOR)
+        spec = {"name": "sneaky", "command": ["true"], "workdir": str(a_run), "tenant": "team-b"}
+        call("submit_job", {"spec": spec}, OPERATOR)
 
 
 def test_a_spec_naming_another_tenant_than_the_request_is_refused():
     with pytest.raises(ToolError, match="tenant='team-b' but spec.tenant='team-a': give the tenant once"):
-        call("submit_job", {"tenant": "team-b", "spec": {"name": "x", "command": ["true"], "tenant": "team-a"}}, OPERATOR)
+        spec = {"name": "x", "command": ["true"], "tenant": "team-a"}
+        call("submit_job", {"tenant": "team-b", "spec": spec}, OPERATOR)
 
 
 @pytest.mark.parametrize("tenant", ["team-a\n", "../team-a", "team a"])

@@ -5,7 +5,6 @@ tests/integration."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 
@@ -35,8 +34,8 @@ for step in range(1, 100000):
 LAUNCHER = r"""
 import os, subprocess, sys
 run_dir, script, nan_step, step_s = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
-procs = [subprocess.Popen([sys.executable, "-c", script, run_dir, str(r), s, nan_step], env={**os.environ, "RANK": str(r)})
-         for r, s in enumerate(step_s)]
+procs = [subprocess.Popen([sys.executable, "-c", script, run_dir, str(r), s, nan_step],
+                          env={**os.environ, "RANK": str(r)}) for r, s in enumerate(step_s)]
 for p in procs:
     p.wait()
 """
@@ -52,7 +51,8 @@ def ranks(workspace):
 
     def start(step_s=(0.02, 0.02), nan_step=-1):
         command = [sys.executable, "-c", LAUNCHER, str(run_dir), RANK_SCRIPT, str(nan_step), *map(str, step_s)]
-        jobs.append(call("submit_job", {"spec": {"name": "drill", "command": command, "run_dir": str(run_dir)}}, OPERATOR).handle.job_id)
+        spec = {"name": "drill", "command": command, "run_dir": str(run_dir)}
+        jobs.append(call("submit_job", {"spec": spec}, OPERATOR).handle.job_id)
         deadline = time.monotonic() + 20
         while len(list((run_dir / "heartbeat").glob("rank*.json"))) < len(step_s):
             assert time.monotonic() < deadline, "stand-in ranks did not start"
@@ -96,9 +96,11 @@ def test_a_hung_rank_is_detected_by_its_stale_heartbeat(ranks):
     ranks()
     injected = call("inject_fault", {"kind": "hang", "run": "drill", "rank": 0}, OPERATOR)
     try:
-        found = call("detect_faults", {"run": "drill", "poll_interval_s": 0.05, "heartbeat_stale_s": 0.5, "timeout_s": 10})
+        watch = {"run": "drill", "poll_interval_s": 0.05, "heartbeat_stale_s": 0.5, "timeout_s": 10}
+        found = call("detect_faults", watch)
     finally:
-        import os, signal
+        import os
+        import signal
 
         os.kill(injected.pids[0], signal.SIGCONT)
     assert (found.mechanism, found.rank) == ("heartbeat_stale", 0)
