@@ -20,27 +20,32 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from trainops.tools.base import ToolError, tool
 from trainops.tools.schedulers.base import SchedulerError, SchedulerKind
 
-FaultKind = Literal["kill_rank", "kill_node", "hang", "straggler", "nan", "bitflip", "crash", "corrupt_checkpoint", "drain_node"]
+FaultKind = Literal["kill_rank", "kill_node", "hang", "straggler", "nan", "bitflip", "crash", "corrupt_checkpoint",
+                    "drain_node", "node_crash", "power_loss", "partition", "slow_network", "heal_node"]
 LAUNCH_TIME_KINDS = {"straggler", "nan", "bitflip", "crash"}
+NODE_KINDS = {"node_crash", "power_loss", "partition", "slow_network", "heal_node"}  # trainops sandbox nodes only
 
 
 class InjectFaultInput(BaseModel):
     model_config = ConfigDict(allow_inf_nan=False)
 
-    kind: FaultKind = Field(description="kill_rank (SIGKILL one rank), kill_node (SIGKILL every rank on a node), hang (SIGSTOP one rank), corrupt_checkpoint (damage the newest checkpoint), drain_node (through the scheduler); straggler, nan, bitflip, crash are trainer injection points set at launch: this returns the overrides to launch with.")
+    kind: FaultKind = Field(description="kill_rank (SIGKILL one rank), kill_node (SIGKILL every rank on a node), hang (SIGSTOP one rank), corrupt_checkpoint (damage the newest checkpoint), drain_node (through the scheduler); straggler, nan, bitflip, crash are trainer injection points set at launch: this returns the overrides to launch with. Node faults on a `trainops sandbox` node: node_crash (slurmd and every process on the node SIGKILLed), power_loss (link down, then the same), partition (link down, processes alive), slow_network (tbf rate limit on the node's link), heal_node (link up, no limit, slurmd restarted).")
     run: str | None = Field(None, description="Run id or run folder inside the workspace (needed for every kind except drain_node).")
     rank: int = Field(0, ge=0, le=1_048_575, description="Target rank (kill_rank, hang, straggler, bitflip, crash).")
     node: str | None = Field(None, description="Target node (kill_node, drain_node); kill_node defaults to the node of `rank`.")
     step: int = Field(5, ge=0, le=1_000_000_000, description="Step at which a launch-time fault fires.")
     slow_ms: int = Field(200, ge=1, le=600_000, description="Extra milliseconds per step for a straggler.")
     scheduler: SchedulerKind = Field("local", description="Scheduler of the node to drain (drain_node); process faults find the run's job on any scheduler.")
+    rate_mbit: float = Field(1.0, ge=0.01, le=100_000, description="slow_network: the node link's rate, Mbit/s.")
 
     @model_validator(mode="after")
     def _targets(self) -> "InjectFaultInput":
-        if self.kind not in LAUNCH_TIME_KINDS and self.kind != "drain_node" and not self.run:
+        if self.kind not in LAUNCH_TIME_KINDS | NODE_KINDS and self.kind != "drain_node" and not self.run:
             raise ValueError(f"kind={self.kind} needs run (a run id or run folder) to find the target")
         if self.kind == "drain_node" and not self.node:
             raise ValueError("kind=drain_node needs node (the node name as the scheduler knows it)")
+        if self.kind in NODE_KINDS and not (self.node or "").removeprefix("n").isdigit():
+            raise ValueError(f"kind={self.kind} needs node: a sandbox node name such as n2")
         return self
 
 
@@ -153,6 +158,8 @@ def inject_fault(inp: InjectFaultInput) -> InjectFaultOutput:
         return InjectFaultOutput(kind=inp.kind, injected_at=None, target=f"rank {inp.rank} at step {inp.step}",
                                  overrides=launch_overrides(inp),
                                  note="launch-time fault: start the run with these overrides; the trainer logs the step it fires")
+    if inp.kind in NODE_KINDS:
+        return _node_fault(inp)
     if inp.kind == "drain_node":
         from trainops.tools.schedulers import get_scheduler
 
@@ -188,3 +195,33 @@ def inject_fault(inp: InjectFaultInput) -> InjectFaultOutput:
     record_fault(run_dir, {"kind": inp.kind, "time": at, "rank": inp.rank, "pid": proc.pid})
     note = f"the rank is stopped, not dead: `kill -CONT {proc.pid}` resumes it, or cancel the job" if inp.kind == "hang" else ""
     return InjectFaultOutput(kind=inp.kind, injected_at=at, target=f"rank {inp.rank} pid {proc.pid}", pids=[proc.pid], note=note)
+
+
+def _node_fault(inp: InjectFaultInput) -> InjectFaultOutput:
+    """A real node or network fault, only on a node of the `trainops sandbox` that SLURM_CONF names:
+    trainops acts on namespaces it made itself, never on a host it did not."""
+    from trainops.tools.schedulers import sandbox
+
+    state = sandbox.state_for_slurm_conf(os.environ.get("SLURM_CONF", ""))
+    if state is None:
+        raise ToolError("inject_fault", f"kind={inp.kind} acts on trainops sandbox nodes only, and SLURM_CONF "
+                                        f"({os.environ.get('SLURM_CONF', 'unset')}) is not a sandbox's; start one with "
+                                        "`trainops sandbox up` and export the SLURM_CONF it prints")
+    node, prefix = int(inp.node.removeprefix("n")), state.spec.prefix
+    pids: list[int] = []
+    try:
+        if inp.kind in ("node_crash", "power_loss"):
+            pids = sandbox.crash_node(node, power_loss=inp.kind == "power_loss", prefix=prefix)
+        elif inp.kind == "partition":
+            sandbox.set_link(node, False, prefix=prefix)
+        elif inp.kind == "slow_network":
+            sandbox.slow_link(node, inp.rate_mbit, prefix=prefix)
+        else:
+            sandbox.heal_node(node, prefix=prefix)
+    except sandbox.SandboxError as exc:
+        raise ToolError("inject_fault", str(exc)) from None
+    at = time.time()
+    if inp.run:
+        record_fault(_run_dir(inp.run), {"kind": inp.kind, "time": at, "node": inp.node, "pids": pids,
+                                         **({"rate_mbit": inp.rate_mbit} if inp.kind == "slow_network" else {})})
+    return InjectFaultOutput(kind=inp.kind, injected_at=at, target=f"sandbox node {inp.node}", pids=pids)

@@ -42,3 +42,51 @@ def test_the_trainer_runs_across_two_nodes_and_every_rank_reports_to_the_run_fol
     assert max(r["step"] for r in records) == 6
     final = json.loads((run_dir / "status.json").read_text())
     assert final["status"] == "ok"
+
+
+def _submit_long_run(steps: int = 400) -> tuple[str, Path]:
+    out = call("submit_job", {"scheduler": "slurm", "name": "nodefault", "training": {
+        "preset": "tiny", "nproc": 1, "nodes": 2,
+        "overrides": [f"training.steps={steps}", "data.kind=synthetic", "checkpoint.enable=true",
+                      "checkpoint.interval=5"]}}, OPERATOR)
+    run_dir = Path(out.handle.run_dir)
+    deadline = time.monotonic() + 120
+    while not _steps_done(run_dir) >= 3:
+        assert time.monotonic() < deadline, "the two-node run never reached step 3"
+        time.sleep(0.2)
+    return out.handle.job_id, run_dir
+
+
+def _steps_done(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return max((json.loads(line)["step"] for line in lines if line.strip()), default=0)
+
+
+@pytest.mark.parametrize("kind", ["node_crash", "power_loss"])
+def test_a_crashed_node_is_detected_from_the_job_first_and_slurm_confirms_it(sandbox_cluster, kind):
+    from trainops.tools.schedulers.sandbox import node_states
+
+    job_id, run_dir = _submit_long_run()
+    fault = call("inject_fault", {"kind": kind, "node": "n2", "run": run_dir.name}, OPERATOR)
+    assert fault.pids, "the node's slurmd and job processes were killed"
+    found = call("detect_faults", {"run": run_dir.name, "job_id": job_id, "scheduler": "slurm",
+                                   "heartbeat_stale_s": 2.0, "timeout_s": 60}, OPERATOR)
+    assert found.detected, found
+    assert found.detection_latency_s is not None and found.detection_latency_s < 10
+    deadline = time.monotonic() + 60
+    while not node_states(sandbox_cluster)["n2"].startswith(("down", "idle*", "mixed*", "allocated*")):
+        assert time.monotonic() < deadline, f"Slurm never marked n2 unreachable: {node_states(sandbox_cluster)}"
+        time.sleep(0.5)
+    call("cancel_job", {"scheduler": "slurm", "job_id": job_id, "force": True}, OPERATOR)
+    call("inject_fault", {"kind": "heal_node", "node": "n2"}, OPERATOR)
+
+
+def test_node_faults_act_only_on_a_trainops_sandbox(monkeypatch, tmp_path):
+    from trainops.tools.base import ToolError
+
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))
+    with pytest.raises(ToolError, match="acts on trainops sandbox nodes only"):
+        call("inject_fault", {"kind": "node_crash", "node": "n1"}, OPERATOR)
+    with pytest.raises(ToolError, match="needs node: a sandbox node name"):
+        call("inject_fault", {"kind": "partition", "node": "login-1"}, OPERATOR)

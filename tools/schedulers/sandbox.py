@@ -368,6 +368,29 @@ def status(prefix: str = DEFAULT_PREFIX) -> dict:
             "addresses": {f"n{k}": state.spec.address(k) for k in range(1, state.spec.nodes + 1)}}
 
 
+def state_for_slurm_conf(conf: str) -> SandboxState | None:
+    """The running sandbox whose slurm.conf is `conf`, if any."""
+    root = sandbox_dir().parent
+    for path in sorted(root.glob("sandbox-*/state.json")) if root.is_dir() else []:
+        state = load_state(path.parent.name.removeprefix("sandbox-"))
+        if state is not None and conf and Path(conf).resolve() == state.conf.resolve():
+            return state
+    return None
+
+
+def heal_node(node: int, prefix: str = DEFAULT_PREFIX) -> None:
+    """Undo a node fault: no rate limit, link up, and slurmd started again if it was killed."""
+    state = _require_state(prefix)
+    _check_node(state, node)
+    slow_link(node, None, prefix)
+    set_link(node, True, prefix)
+    pid_file = Path(state.folder) / "state" / f"slurmd-n{node}.pid"
+    try:
+        os.kill(int(pid_file.read_text().strip()), 0)
+    except (OSError, ValueError):
+        start_slurmd(state, node)
+
+
 def _require_state(prefix: str) -> SandboxState:
     state = load_state(prefix)
     if state is None:
@@ -412,14 +435,6 @@ def set_link(node: int, up_: bool, prefix: str = DEFAULT_PREFIX) -> None:
     state = _require_state(prefix)
     _check_node(state, node)
     _sh(["ip", "link", "set", state.spec.host_link(node), "up" if up_ else "down"])
-
-
-def restart_node(node: int, prefix: str = DEFAULT_PREFIX) -> None:
-    """Link up and slurmd started again; ReturnToService=2 makes a DOWN node usable once it registers."""
-    state = _require_state(prefix)
-    _check_node(state, node)
-    set_link(node, True, prefix)
-    start_slurmd(state, node)
 
 
 def slow_link(node: int, rate_mbit: float | None, prefix: str = DEFAULT_PREFIX) -> None:
