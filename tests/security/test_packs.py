@@ -206,3 +206,27 @@ def test_a_torn_audit_log_refuses_a_decision_and_lists_the_pack_as_corrupt(works
     assert not approvals.decisions_dir(pack).exists()
     listed = runner.invoke(app, ["approvals", "--json"])
     assert listed.exit_code == 0 and json.loads(listed.output)[0]["status"] == "corrupt"
+
+
+@pytest.mark.slow
+def test_a_pack_built_from_real_trainer_runs_is_approved_end_to_end(workspace, approvers):
+    """The whole path for real: `trainops train` twice (torchrun, gloo), `evidence build`, a signed
+    approval with the approver's own key, then `approvals verify` and `audit verify`."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    trainops = str(Path(sys.executable).parent / "trainops")
+    env = {**os.environ, "TRAINOPS_HOME": str(workspace), "OMP_NUM_THREADS": "1"}
+
+    def run(*args: str) -> str:
+        done = subprocess.run([trainops, *args], env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout
+
+    runs = [json.loads(run("train", "--preset", "tiny", "--set", "training.steps=4", "--json"))["run_dir"]
+            for _ in range(2)]
+    pack = Path(json.loads(run("evidence", "build", *runs, "--json"))["pack_dir"]).name
+    run("approve", pack, "--key", str(approvers.alice.key), "--note", "end to end")
+    assert json.loads(run("approvals", "verify", pack, "--json"))["by"] == "alice"
+    assert json.loads(run("audit", "verify", "--json"))["ok"] is True
