@@ -6,4 +6,5 @@ from __future__ import annotations
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "rule(rule_id, case): the AGENTS.md rule a test shows refused (violation) or accepted (compliant)")
+    config.addinivalue_line("markers", "rule(rule_id, case): the AGENTS.md rule a test shows refused (violation) "
+                                       "or accepted (compliant)")

@@ -13,7 +13,7 @@ from tests.conftest import make_ssh_key
 from tests.skills import conftest as factories
 from trainops.cli import app
 from trainops.skills.evidence.pack import assemble, write
-from trainops.tools.governance import audit, queue, signing
+from trainops.tools.governance import audit, signing
 from trainops.tools.governance.approvals import decide, decisions_dir, verify_pack
 
 runner = CliRunner()

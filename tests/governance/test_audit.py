@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from trainops.tools.governance import audit
 from trainops.cli import app
+from trainops.tools.governance import audit
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,7 +37,7 @@ def test_untouched_log_verifies_and_links_each_entry_to_the_previous(log):
     assert (report.ok, report.entries, report.first_bad_line) == (True, 5, None)
     entries = audit.read()
     assert entries[0]["prev_hash"] == audit.GENESIS_HASH
-    assert all(b["prev_hash"] == a["hash"] for a, b in zip(entries, entries[1:]))
+    assert all(b["prev_hash"] == a["hash"] for a, b in zip(entries, entries[1:], strict=False))
 
 
 @pytest.mark.rule("R-SEC-5", case="violation")

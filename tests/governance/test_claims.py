@@ -6,8 +6,15 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from trainops.tools.governance.claims import (AblationArm, ExternalComparison, FaultToleranceConclusion, MfuClaim,
-                                     RangeStatement, ScaleResult, SchedulerChange)
+from trainops.tools.governance.claims import (
+    AblationArm,
+    ExternalComparison,
+    FaultToleranceConclusion,
+    MfuClaim,
+    RangeStatement,
+    ScaleResult,
+    SchedulerChange,
+)
 
 
 @pytest.fixture
@@ -68,7 +75,8 @@ def test_ablation_arm_identical_to_baseline_is_refused():
 @pytest.mark.rule("R-ABL-1", case="compliant")
 def test_ablation_arm_changing_one_setting_is_accepted():
     arm = {**BASE, "training": {**BASE["training"], "activation_checkpointing": "selective"}}
-    assert AblationArm(name="ac", baseline_config=BASE, arm_config=arm).changed_key == "training.activation_checkpointing"
+    changed = AblationArm(name="ac", baseline_config=BASE, arm_config=arm).changed_key
+    assert changed == "training.activation_checkpointing"
 
 
 def _scale(**over):

@@ -15,7 +15,8 @@ from trainops.tools.tenancy import check_tenant_path, tenant_path
 
 QUOTA = {"tenant": "acme", "gpus": 16, "priority": "high", "reason": "launch week"}
 POLICY = {"scope": "partition", "target": "gpu-a", "settings": {"preempt": "requeue"},
-          "change": {"impact": "partition gpu-a: tenants acme, globex", "shadow_queue_result": "p95 wait -12% over 7 days",
+          "change": {"impact": "partition gpu-a: tenants acme, globex",
+                     "shadow_queue_result": "p95 wait -12% over 7 days",
                      "shadow_queue_passed": True, "rollback_command": "trainops tool call change_scheduler_policy ..."}}
 UPGRADE = {"tenant": "acme", "framework": "torch", "from_version": "2.12.0", "to_version": "2.13.0"}
 
@@ -45,7 +46,8 @@ def test_quota_change_without_approval_is_refused_and_queued_as_pending():
     assert (refused.reason, refused.rule_id) == ("missing_token", "R-SEC-1")
     assert f"trainops approve --pending {refused.pending_id}" in str(refused)
     [pending] = queue.pending_calls()
-    assert (pending.id, pending.tool, pending.input["gpus"], pending.requested_by) == (refused.pending_id, "set_tenant_quota", 16, "agent")
+    assert (pending.id, pending.tool, pending.input["gpus"], pending.requested_by) == (
+        refused.pending_id, "set_tenant_quota", 16, "agent")
 
 
 @pytest.mark.rule("R-SEC-1", case="compliant")
@@ -127,7 +129,8 @@ def test_unforced_upgrade_skipping_minor_versions_is_refused():
 
 @pytest.mark.rule("R-SEC-2", case="compliant")
 def test_partition_policy_change_and_one_step_upgrade_are_allowed_with_two_approvers(approvers):
-    out = _call("change_scheduler_policy", POLICY, _token("change_scheduler_policy", POLICY, approvers.alice, approvers.bob))
+    policy_token = _token("change_scheduler_policy", POLICY, approvers.alice, approvers.bob)
+    out = _call("change_scheduler_policy", POLICY, policy_token)
     assert out.rollback_command.startswith("trainops tool call")
     up = _call("upgrade_framework", UPGRADE, _token("upgrade_framework", UPGRADE, approvers.bob, approvers.alice))
     assert up.pinned_version == "2.13.0"

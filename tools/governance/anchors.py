@@ -38,7 +38,8 @@ def head(path: Path | None = None) -> AuditHead:
     return AuditHead(seq=entries[-1]["seq"], hash=entries[-1]["hash"])
 
 
-def record(signed: bytes, signature: str, signer: signing.Signer, path: Path | None = None, **fields: Any) -> dict[str, Any]:
+def record(signed: bytes, signature: str, signer: signing.Signer, path: Path | None = None,
+           **fields: Any) -> dict[str, Any]:
     """Append the anchor: the signed payload as text, its signature and who signed it."""
     return audit.append(ANCHOR_KIND, path, signed=signed.decode("utf-8"), signature=signature,
                         principal=signer.principal, fingerprint=signer.fingerprint,

@@ -174,7 +174,8 @@ def withdraw(item_id: str, actor: str, note: str) -> PendingCall:
     if not actor.strip() or not note.strip():
         raise ValueError("actor and note are required to withdraw a call (who takes it back, and why)")
     item = get_pending(item_id)
-    audit.append("approval", subject="call", tool=item.tool, call_id=item.id, actor=actor, decision="withdrawn", note=note)
+    audit.append("approval", subject="call", tool=item.tool, call_id=item.id, actor=actor, decision="withdrawn",
+                 note=note)
     return _close(item, f"{actor} (withdrawn)", note)
 
 

@@ -33,7 +33,8 @@ class Rule(BaseModel):
 
 _C = "trainops.tools.governance.claims"
 RULES: dict[str, Rule] = {r.id: r for r in [
-    Rule(id="R-ENV-1", title="MFU/scaling conclusions name model, hardware generation, layout, precision, framework and version",
+    Rule(id="R-ENV-1", title="MFU/scaling conclusions name model, hardware generation, layout, precision, "
+                             "framework and version",
          enforcement=f"{_C}:MfuClaim._declared", where="claim model"),
     Rule(id="R-ENV-2", title="MFU figures cite the measured run they come from",
          enforcement=f"{_C}:MfuClaim._declared", where="claim model"),
@@ -47,7 +48,8 @@ RULES: dict[str, Rule] = {r.id: r for r in [
          enforcement=f"{_C}:ScaleResult._small_first", where="claim model"),
     Rule(id="R-EVD-1", title="Ranges state their basis; experiential ranges are labelled, not passed off as benchmarks",
          enforcement=f"{_C}:RangeStatement._labelled", where="claim model"),
-    Rule(id="R-EVD-2", title="Fault-tolerance conclusions carry detection latency, isolation granularity, recovery time and a drill record",
+    Rule(id="R-EVD-2", title="Fault-tolerance conclusions carry detection latency, isolation granularity, "
+                             "recovery time and a drill record",
          enforcement=f"{_C}:FaultToleranceConclusion._complete", where="claim model"),
     Rule(id="R-EVD-3", title="Comparisons with public breakdowns name the source and the scale difference",
          enforcement=f"{_C}:ExternalComparison._sourced", where="claim model"),
@@ -78,7 +80,8 @@ RULES: dict[str, Rule] = {r.id: r for r in [
     Rule(id="R-SEC-6", title="Gated calls need distinct human approvers by class (mutate 1, irreversible 2, "
                              "quota/priority/policy 2), never the requester",
          enforcement="trainops.tools.governance.tokens:consume", where="action gate"),
-    Rule(id="R-APR-1", title="Evidence packs are approved or rejected by a human approver's SSH signature; approved packs are immutable",
+    Rule(id="R-APR-1", title="Evidence packs are approved or rejected by a human approver's SSH signature; "
+                             "approved packs are immutable",
          enforcement="trainops.tools.governance.approvals:verify_pack", where="approval"),
     Rule(id="R-OUT-1", title="A report's first line is a verdict (pass/fail/partial) and its blockers",
          enforcement="trainops.tools.governance.text:validate_report_text", where="report text"),

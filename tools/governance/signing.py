@@ -41,11 +41,11 @@ class Signer(BaseModel):
 
     principal: str = Field(description="The allowed-signers principal the key is listed under.")
     fingerprint: str = Field(description="The signing key's SHA256 fingerprint.")
-    allowed_signers_sha256: str = Field(description="sha256 of the allowed-signers file the signature was checked against.")
+    allowed_signers_sha256: str = Field(description="sha256 of the allowed-signers file that vouched for the key.")
 
 
 def allowed_signers_path() -> Path:
-    """The allowed-signers file: `$TRAINOPS_ALLOWED_SIGNERS`, else `[governance] allowed_signers` from trusted config."""
+    """The allowed-signers file: `$TRAINOPS_ALLOWED_SIGNERS`, else trusted config's `[governance] allowed_signers`."""
     explicit = os.environ.get(ENV_ALLOWED_SIGNERS)
     if explicit:
         return Path(explicit).expanduser()

@@ -104,9 +104,11 @@ def approve(pending_id: str, key: Path | None = None, ttl_min: float = DEFAULT_T
     item = queue.get_pending(pending_id)
     earlier = parse(cosign) if cosign else []
     if earlier and any(a.payload.call_id != item.id for a in earlier):
-        raise ValueError(f"--cosign token is for call {earlier[0].payload.call_id}, not {item.id}: co-sign the same call")
+        raise ValueError(f"--cosign token is for call {earlier[0].payload.call_id}, not {item.id}: "
+                         "co-sign the same call")
     now = time.time()
-    payload = ApprovalPayload(call_id=item.id, tool=item.tool, input_sha256=input_hash(queue.validated(item.tool, item.input)),
+    payload = ApprovalPayload(call_id=item.id, tool=item.tool,
+                              input_sha256=input_hash(queue.validated(item.tool, item.input)),
                               nonce=earlier[0].payload.nonce if earlier else secrets.token_hex(16), issued_at=now,
                               expires_at=now + ttl_s, audit_head=anchors.head())
     signature = signing.sign(payload.signed_bytes(), key)
@@ -177,7 +179,8 @@ def consume(token: str, tool: str, inp: BaseModel | dict[str, Any], now: float |
            != (first.call_id, first.tool, first.input_sha256, first.nonce) for a in approvals):
         raise TokenRefused("malformed", "approval token mixes approvals of different calls or nonces")
     if first.tool != tool:
-        raise TokenRefused("mismatch", f"approval token is for tool {first.tool!r}, not {tool!r}: approve this exact call")
+        raise TokenRefused("mismatch", f"approval token is for tool {first.tool!r}, not {tool!r}: "
+                                       "approve this exact call")
     if first.input_sha256 != input_hash(inp) or first.call_id != call_id(tool, inp):
         raise TokenRefused("mismatch", f"approval token was issued for a different input of {tool} "
                                        "(input hash differs): approve this exact input")
@@ -193,10 +196,11 @@ def consume(token: str, tool: str, inp: BaseModel | dict[str, Any], now: float |
             distinct.append(signer)
     needed = approvers_needed(tool)
     if len(distinct) < needed:
+        names = ", ".join(s.principal for s in distinct)
         raise TokenRefused("too_few_approvers", f"{tool} ({approval_class(tool)}) needs {needed} distinct approvers; "
-                                                f"this token has {len(distinct)} ({', '.join(s.principal for s in distinct)}): "
-                                                f"another approver co-signs with `trainops approve --pending "
-                                                f"{first.call_id} --cosign TOKEN`")
+                                                f"this token has {len(distinct)} ({names}): another approver "
+                                                f"co-signs with `trainops approve --pending {first.call_id} "
+                                                "--cosign TOKEN`")
     principals = [s.principal for s in distinct]
     _spend(first.nonce, first.call_id, principals, distinct[0].allowed_signers_sha256)
     queue.resolve(first.call_id, ", ".join(principals))
@@ -220,7 +224,8 @@ def _check_times(approvals: list[Approval], now: float) -> None:
             raise TokenRefused("malformed", f"approval token lifetime {expires - issued!r} s is not within "
                                             f"(0, {limit_s:g}] s ([governance] max_token_ttl_min)")
         if now > expires:
-            raise TokenRefused("expired", f"approval token expired {now - expires:.0f} s ago: ask the approver for a new one")
+            raise TokenRefused("expired", f"approval token expired {now - expires:.0f} s ago: "
+                                          "ask the approver for a new one")
 
 
 def _check_not_revoked(item_id: str, approvals: list[Approval]) -> None:

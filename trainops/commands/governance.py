@@ -24,7 +24,8 @@ app.add_typer(audit_app, name="audit")
 
 JsonOpt = typer.Option(False, "--json", help="Print JSON instead of a table.")
 KeyOpt = typer.Option(None, "--key", help="Your approver key (private, or .pub with the private half in "
-                                          "ssh-agent); default: the first ssh-agent key the allowed-signers file lists.")
+                                          "ssh-agent); default: the first ssh-agent key the allowed-signers "
+                                          "file lists.")
 
 
 def _refusals() -> tuple[type[Exception], ...]:
