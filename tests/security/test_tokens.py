@@ -75,6 +75,21 @@ def test_one_key_listed_under_two_principals_counts_once(approvers):
     assert _refusal("set_tenant_quota", QUOTA, as_other_principal).reason == "too_few_approvers"
 
 
+def test_one_approver_with_two_listed_keys_counts_once(approvers, tmp_path):
+    second_key = make_ssh_key(tmp_path / "alice-laptop", "alice-laptop")
+    with open(approvers.allowed_signers, "a") as fh:
+        fh.write(f"alice {' '.join(second_key.with_suffix('.pub').read_text().split()[:2])}\n")
+    pending = _queued("set_tenant_quota", QUOTA)
+    first = tokens.approve(pending, approvers.alice.key)
+    with pytest.raises(ValueError, match="alice already signed"):
+        tokens.approve(pending, second_key, cosign=first)
+    [approval] = tokens.parse(first)
+    again = approval.payload.model_copy(update={"issued_at": approval.payload.issued_at + 1})
+    both_keys = tokens.encode([approval, tokens.Approval(payload=again,
+                                                         signature=signing.sign(again.signed_bytes(), second_key))])
+    assert _refusal("set_tenant_quota", QUOTA, both_keys).reason == "too_few_approvers"
+
+
 def test_a_mutating_call_needs_one_approver(approvers):
     from trainops.tools.governance.tokens import approvers_needed
 
