@@ -154,3 +154,13 @@ def test_evidence_show_open_hands_report_html_to_the_users_browser(factories, tm
                            "--json"], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert opened.read_text() == (folder / "report.html").as_uri()
+
+
+def test_evidence_show_open_without_a_working_browser_says_so(factories, tmp_path, workspace):
+    _written(factories, tmp_path)
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
+    env.update(TRAINOPS_HOME=str(workspace), BROWSER="false %s", PATH="/bin:/usr/bin")
+    done = subprocess.run([str(Path(sys.executable).parent / "trainops"), "evidence", "show", "pack-1", "--open",
+                           "--json"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert json.loads(done.stdout)["error"].startswith("--open: no web browser found to open")
