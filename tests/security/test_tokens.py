@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import make_ssh_key
 from trainops.tools.base import CallContext, call
-from trainops.tools.governance import queue, signing, tokens
+from trainops.tools.governance import anchors, queue, signing, tokens
 from trainops.tools.governance.gate import GateRefused
 
 QUOTA = {"tenant": "acme", "gpus": 16, "priority": "high", "reason": "launch week"}
@@ -51,15 +51,23 @@ def test_a_token_signed_with_a_key_not_in_allowed_signers_is_refused(approvers, 
     assert _refusal("set_tenant_quota", QUOTA, forged).reason == "forged"
 
 
+def _second_signature_anchored_by_hand(approval, key):
+    """What an approver scripting around `trainops approve` can make: another signature of the same
+    call and nonce, with its anchor appended to the audit log through the Python API."""
+    again = approval.payload.model_copy(update={"issued_at": approval.payload.issued_at + 1})
+    signature = signing.sign(again.signed_bytes(), key)
+    anchors.record(again.signed_bytes(), signature, signing.verify(again.signed_bytes(), signature),
+                   subject="call", decision="token_issued", call_id=again.call_id)
+    return tokens.Approval(payload=again, signature=signature)
+
+
 def test_one_approver_cannot_satisfy_a_two_approver_class_by_signing_twice(approvers):
     pending = _queued("set_tenant_quota", QUOTA)
     token = tokens.approve(pending, approvers.alice.key)
     with pytest.raises(ValueError, match="alice already signed"):
         tokens.approve(pending, approvers.alice.key, cosign=token)
     [approval] = tokens.parse(token)
-    again = approval.payload.model_copy(update={"issued_at": approval.payload.issued_at + 1})
-    twice = tokens.encode([approval, tokens.Approval(
-        payload=again, signature=signing.sign(again.signed_bytes(), approvers.alice.key))])
+    twice = tokens.encode([approval, _second_signature_anchored_by_hand(approval, approvers.alice.key)])
     refused = _refusal("set_tenant_quota", QUOTA, twice)
     assert refused.reason == "too_few_approvers" and "needs 2 distinct approvers" in str(refused)
 
@@ -84,9 +92,7 @@ def test_one_approver_with_two_listed_keys_counts_once(approvers, tmp_path):
     with pytest.raises(ValueError, match="alice already signed"):
         tokens.approve(pending, second_key, cosign=first)
     [approval] = tokens.parse(first)
-    again = approval.payload.model_copy(update={"issued_at": approval.payload.issued_at + 1})
-    both_keys = tokens.encode([approval, tokens.Approval(payload=again,
-                                                         signature=signing.sign(again.signed_bytes(), second_key))])
+    both_keys = tokens.encode([approval, _second_signature_anchored_by_hand(approval, second_key)])
     assert _refusal("set_tenant_quota", QUOTA, both_keys).reason == "too_few_approvers"
 
 
@@ -236,3 +242,14 @@ def test_rewriting_who_asked_in_the_pending_file_does_not_let_the_requester_appr
     path.write_text(json.dumps(item))
     with pytest.raises(tokens.TokenRefused, match="never approves their own call"):
         tokens.approve(pending, approvers.alice.key)
+
+
+def test_an_approval_made_outside_this_workspace_opens_nothing_here(approvers, workspace, monkeypatch, tmp_path):
+    """The same call queued in a staging workspace gets the same id; its token must not run here."""
+    production = _queued("set_tenant_quota", QUOTA)
+    monkeypatch.setenv("TRAINOPS_HOME", str(tmp_path / "staging"))
+    staging = _queued("set_tenant_quota", QUOTA)
+    token = tokens.approve(staging, approvers.bob.key, cosign=tokens.approve(staging, approvers.alice.key))
+    monkeypatch.setenv("TRAINOPS_HOME", str(workspace))
+    refused = _refusal("set_tenant_quota", QUOTA, token)
+    assert production == staging and refused.reason == "not_queued" and "not recorded" in str(refused)

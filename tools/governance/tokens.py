@@ -6,7 +6,7 @@ head they saw (an anchor, see anchors.py). A token is the list of those signed a
 opens exactly one call when every signature verifies against the allowed-signers file, the
 distinct approvers (principals and keys, never the requester) reach what the tool's class
 needs, it has not expired, the call was not rejected after it was minted, and its nonce was
-never spent.
+never spent, and each approval is anchored in this workspace's audit log.
 """
 from __future__ import annotations
 
@@ -187,7 +187,9 @@ def consume(token: str, tool: str, inp: BaseModel | dict[str, Any], now: float |
     now = time.time() if now is None else now
     _check_times(approvals, now)
     signed_by = signers(approvals, now)
-    _check_not_revoked(first.call_id, approvals)
+    history = queue.history(first.call_id)
+    _check_not_revoked(first.call_id, approvals, history)
+    _check_anchored(first.call_id, approvals, history)
     item = _queued(first)
     _refuse_requester(item, signed_by)
     distinct: list[signing.Signer] = []
@@ -228,8 +230,18 @@ def _check_times(approvals: list[Approval], now: float) -> None:
                                           "ask the approver for a new one")
 
 
-def _check_not_revoked(item_id: str, approvals: list[Approval]) -> None:
-    rejected_at = queue.rejected_at(queue.history(item_id))
+def _check_anchored(item_id: str, approvals: list[Approval], history: list[dict[str, Any]]) -> None:
+    """Every approval must be the one this workspace's audit log anchored when it was made: a
+    signature made outside `trainops approve`, or in another workspace, opens nothing here."""
+    anchored = {e.get("signature") for e in history if e.get("kind") == anchors.ANCHOR_KIND}
+    if any(a.signature not in anchored for a in approvals):
+        raise TokenRefused("not_queued", f"an approval in this token is not recorded in this workspace's audit log "
+                                         f"for call {item_id}: approve the queued call here with "
+                                         f"`trainops approve --pending {item_id}`")
+
+
+def _check_not_revoked(item_id: str, approvals: list[Approval], history: list[dict[str, Any]]) -> None:
+    rejected_at = queue.rejected_at(history)
     if rejected_at is not None and any(a.payload.issued_at <= rejected_at for a in approvals):
         raise TokenRefused("revoked", f"call {item_id} was rejected after this token was minted: the token is "
                                       "revoked; queue the call again and ask for a new approval")
