@@ -21,7 +21,8 @@ class JobRequest(BaseModel):
     config: str | None = Field(None, description="job config TOML; None uses the preset")
     preset: str | None = Field("tiny", description="model preset when no config is given")
     overrides: list[str] = Field(default_factory=list, description="section.key=value overrides")
-    nproc: int = Field(2, ge=1, description="processes (ranks)")
+    nproc: int = Field(2, ge=1, description="processes (ranks) per node")
+    nodes: int = Field(1, ge=1, le=64, description="nodes (a multi-node job needs scheduler slurm or kubernetes)")
     scheduler: str = Field("local", description="local, slurm or kubernetes")
     timeout_s: float = Field(600.0, gt=0, description="give up waiting for one run after this long")
     warmup_steps: int = Field(2, ge=0, description="leading steps excluded from every statistic")
@@ -63,7 +64,7 @@ def submit(req: JobRequest, name: str, ctx: CallContext | None = None):
     if req.framework == "trainops":
         return call("submit_job", {"scheduler": req.scheduler, "name": name, "training": {
             "config": req.config, "preset": None if req.config else req.preset, "overrides": req.overrides,
-            "nproc": req.nproc}}, ctx)
+            "nproc": req.nproc, "nodes": req.nodes}}, ctx)
     from trainops.tools.frameworks.base import FrameworkJob, get_adapter
 
     spec = get_adapter(req.framework).build_job(FrameworkJob(name=name, config=req.config, preset=None if req.config else req.preset,
@@ -208,4 +209,8 @@ def command_line(req: JobRequest) -> str:
         target = req.config or f"--set model.preset={req.preset}"
         return f"trainops baseline --framework {req.framework} {target} --repeats 1 --nproc {req.nproc} {sets}".strip()
     target = req.config or f"--preset {req.preset}"
+    if req.nodes > 1:  # `trainops train` runs here; a multi-node run is rerun through the SOP command
+        target = req.config or ""
+        return (f"trainops baseline {target} --scheduler {req.scheduler} --nodes {req.nodes} --nproc {req.nproc} "
+                f"--repeats 1 {sets}").replace("  ", " ").strip()
     return f"trainops train {target} --nproc {req.nproc} {sets}".strip()

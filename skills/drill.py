@@ -25,7 +25,11 @@ DRILLS: dict[str, tuple[str, str]] = {
     "nan": ("nan", "data"),
     "bitflip": ("bitflip", "hardware"),
     "straggler": ("straggler", "hardware"),
+    "node-crash": ("node_crash", "hardware"),
+    "power-loss": ("power_loss", "hardware"),
 }
+NODE_DRILLS = {"node-crash", "power-loss"}
+"""Real node faults: a multi-node job on a `trainops sandbox` cluster loses its last node."""
 # launch-time drill -> (the trainer's faults.jsonl kind when it fires, extra launch overrides)
 LAUNCH_TIME: dict[str, tuple[str, list[str]]] = {
     "nan": ("nan", []),
@@ -144,11 +148,14 @@ def drill(req: JobRequest, fault: str, inject_step: int = 5, ctx: CallContext | 
     if fault not in DRILLS:
         raise DrillRefused(f"fault: unknown fault {fault!r}; use one of {', '.join(DRILLS)}")
     require_checkpoints(req)
+    if fault in NODE_DRILLS and (req.nodes < 2 or req.scheduler != "slurm"):
+        raise DrillRefused(f"fault: {fault} takes a node away from a multi-node job: use --scheduler slurm --nodes 2 "
+                           "(or more) on a `trainops sandbox` cluster")
     ctx = skill_context("fault-drill", ctx)
     kind, cause = DRILLS[fault]
     say = progress or (lambda _msg: None)
     sched = req.scheduler
-    rank = min(1, req.nproc - 1)
+    rank = min(1, req.nproc * req.nodes - 1)
     launch = req
     if fault in LAUNCH_TIME:
         fired_kind, extra = LAUNCH_TIME[fault]
@@ -168,9 +175,13 @@ def drill(req: JobRequest, fault: str, inject_step: int = 5, ctx: CallContext | 
         _wait_for(lambda: _heartbeat_step(run_dir) >= inject_step and any(e.get("event") == "save" for e in _journal(run_dir)),
                   req.timeout_s, f"step {inject_step} and a committed checkpoint in {run_dir}")
         say(f"drill {fault}: injecting {kind}")
-        injected = call("inject_fault", {"kind": kind, "run": run_dir, "rank": rank}, ctx)
+        target = {"rank": rank}
+        if fault in NODE_DRILLS:  # the job's last node: it holds the highest ranks, never the rendezvous host
+            nodes_before = call("job_status", {"job_id": job_id, "scheduler": sched}, ctx).nodes
+            target = {"node": nodes_before[-1]}
+        injected = call("inject_fault", {"kind": kind, "run": run_dir, **target}, ctx)
         injected_at = injected.injected_at
-        last_step = max(_heartbeat_step(run_dir, r) for r in range(req.nproc))
+        last_step = max(_heartbeat_step(run_dir, r) for r in range(req.nproc * req.nodes))
         if kind == "corrupt_checkpoint":
             call("inject_fault", {"kind": "kill_rank", "run": run_dir, "rank": rank}, ctx)
     detection = call("detect_faults", {"run": run_dir, "job_id": job_id, "scheduler": sched, "poll_interval_s": 0.05,
@@ -198,7 +209,12 @@ def drill(req: JobRequest, fault: str, inject_step: int = 5, ctx: CallContext | 
         detector += f"; quarantined checkpoint(s) {quarantined} taken after the corruption"
     if fell_back:
         detector += f"; the restart's checksum check skipped corrupt step(s) {fell_back}"
+    if fault in NODE_DRILLS:
+        after = call("job_status", {"job_id": requeued.job_id, "scheduler": sched}, ctx).nodes
+        detector += f"; node {target['node']} lost (ran on {', '.join(nodes_before)}), restarted on {', '.join(after)}"
     status = call("wait_job", {"job_id": requeued.job_id, "scheduler": sched, "timeout_s": req.timeout_s}, ctx)
+    if fault in NODE_DRILLS:  # repair before the node goes back: link up, slurmd started again
+        call("inject_fault", {"kind": "heal_node", "node": target["node"]}, ctx)
     if drained:
         call("resume_node", {"node": drained, "scheduler": sched}, ctx)
     if status.state != "completed":

@@ -154,12 +154,23 @@ class _Watch:
         beats = read_heartbeats(self.run_dir)
         now = time.time()
         host = os.uname().nodename
+        local = {r for r, b in beats.items() if b.get("host", host) == host}
         dead = [r for r, b in sorted(beats.items())
-                if "pid" in b and b.get("host", host) == host and _proc_state(int(b["pid"])) in (None, "Z", "X")]
+                if (r in local and "pid" in b and _proc_state(int(b["pid"])) in (None, "Z", "X"))
+                or (r not in local and "exit" in b)]
         if dead:
             # a rank that exited saying why (a broken collective) is collateral; one that
             # vanished without a word is the root cause
             silent = [r for r in dead if "exit" not in beats[r]]
+            # a rank on another node cannot be looked up here: when only collateral exits are seen,
+            # the remote rank that said nothing is the one whose node went away
+            quiet = sorted((r for r in beats if r not in local and "exit" not in beats[r]),
+                           key=lambda r: float(beats[r].get("time", 0)))
+            if not silent and quiet:
+                r = quiet[0]
+                b = beats[r]
+                return "process_exit", r, b, (f"rank {r} on {b.get('host')} went silent (last heartbeat at step "
+                                              f"{b.get('step')}) while rank(s) {dead} exited from the broken collective")
             r = (silent or dead)[0]
             b = beats[r]
             how = "vanished without an exit note" if "exit" not in b else f"exited: {b['exit'].get('error')}"

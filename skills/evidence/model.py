@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field, model_validator
 Verdict = Literal["pass", "fail", "partial"]
 Isolation = Literal["rank", "node", "replica_group", "switch", "rack", "job"]
 Cause = Literal["hardware", "network", "software", "data"]
-FaultKind = Literal["crash", "node-loss", "hang", "checkpoint-corruption", "nan", "bitflip"]
+FaultKind = Literal["crash", "node-loss", "hang", "checkpoint-corruption", "nan", "bitflip", "node-crash", "power-loss"]
 
 SCHEMA_PATH = Path(__file__).with_name("evidence.schema.json")
 

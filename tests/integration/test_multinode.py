@@ -90,3 +90,25 @@ def test_node_faults_act_only_on_a_trainops_sandbox(monkeypatch, tmp_path):
         call("inject_fault", {"kind": "node_crash", "node": "n1"}, OPERATOR)
     with pytest.raises(ToolError, match="needs node: a sandbox node name"):
         call("inject_fault", {"kind": "partition", "node": "login-1"}, OPERATOR)
+
+
+def test_a_node_crash_drill_detects_drains_and_recovers_on_the_hot_spare(sandbox_cluster):
+    from trainops.skills.baseline import JobRequest
+    from trainops.skills.drill import drill
+
+    req = JobRequest(preset="tiny", nproc=1, nodes=2, scheduler="slurm", timeout_s=240,
+                     overrides=["training.steps=60", "data.kind=synthetic", "checkpoint.enable=true",
+                                "checkpoint.interval=3"])
+    result, row = drill(req, "node-crash", inject_step=4, ctx=OPERATOR)
+    assert result.isolation_granularity == "node"
+    assert "node n2 lost (ran on n1, n2), restarted on n1, n3" in result.detector
+    assert "drained n2" in result.detector
+    assert result.detection_latency_s < 10 and result.recovery_time_s > 0
+    assert result.async_checkpoint_intact
+    assert "--scheduler slurm --nodes 2" in row.command
+    from trainops.tools.schedulers.sandbox import node_states
+
+    deadline = time.monotonic() + 60
+    while node_states(sandbox_cluster)["n2"] != "idle":  # healed and resumed by the drill
+        assert time.monotonic() < deadline, node_states(sandbox_cluster)
+        time.sleep(0.5)

@@ -259,6 +259,13 @@ class SlurmScheduler(PollingWait):
         return self._node(node)
 
     def resume(self, node: str) -> NodeInfo:
-        self._node(node)
-        self.transport.update_node(node, "RESUME", "")
+        """Back to the pool. A node Slurm already returned (ReturnToService) is left as it is:
+        Slurm refuses RESUME for a node that is neither drained nor down."""
+        info = self._node(node)
+        if info.state not in ("drained", "draining", "down"):
+            return info
+        try:
+            self.transport.update_node(node, "RESUME", "")
+        except SchedulerError as exc:
+            raise SchedulerError(KIND, f"resume {node} (state {info.state}): {exc}") from None
         return self._node(node)

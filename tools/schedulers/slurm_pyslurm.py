@@ -111,8 +111,8 @@ class PyslurmTransport:
     def update_node(self, node: str, state: str, reason: str) -> None:
         slurm = self._slurm()
         states = {"DRAIN": slurm.NODE_STATE_DRAIN, "RESUME": slurm.NODE_RESUME}
-        code = slurm.node().update({"node_names": node, "node_state": states[state],
-                                    **({"reason": reason} if reason else {})})
+        code = _checked(f"set node {node} State={state}", lambda: slurm.node().update(
+            {"node_names": node, "node_state": states[state], **({"reason": reason} if reason else {})}))
         if code:
             raise SchedulerError(KIND, f"pyslurm node update {node} State={state} failed with Slurm error {code}")
 

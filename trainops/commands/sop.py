@@ -11,6 +11,7 @@ from trainops.output import console, emit, fail
 
 JSON = typer.Option(False, "--json", help="Print JSON for machines.")
 SCHED = typer.Option("local", "--scheduler", help="local, slurm or kubernetes.")
+NODES = typer.Option(1, "--nodes", min=1, max=64, help="Nodes, each running --nproc ranks (more than one needs --scheduler slurm).")
 MONITOR = typer.Option("embedded", "--monitor", help="embedded (metrics files) or prometheus.")
 SETS = typer.Option(None, "--set", help="section.key=value override (repeatable).")
 FRAMEWORK = typer.Option("trainops", "--framework", help="Whose job: trainops (embedded trainer), deepspeed, torchtitan or megatron.")
@@ -24,7 +25,7 @@ def _progress(as_json: bool):
 
 
 def _request(config: Optional[str], sets: Optional[List[str]], nproc: int, scheduler: str, as_json: bool,
-             monitor: str = "embedded", framework: str = "trainops"):
+             monitor: str = "embedded", framework: str = "trainops", nodes: int = 1):
     from pathlib import Path
 
     from trainops.skills.baseline import JobRequest
@@ -40,9 +41,12 @@ def _request(config: Optional[str], sets: Optional[List[str]], nproc: int, sched
         adapter = get_adapter(framework)
     except FrameworkRefused as exc:
         fail(f"--{exc}", as_json=as_json)
+    if nodes > 1 and scheduler == "local":
+        fail(f"--nodes {nodes}: the local scheduler has one node; use --scheduler slurm (`trainops sandbox up` "
+             "makes a Slurm cluster of namespace nodes on this host) or --nodes 1", as_json=as_json)
     version = f"{adapter.display_name} {adapter.version()}" if framework != "trainops" else "undeclared"
     return JobRequest(config=config, preset=None if config else "tiny", overrides=list(sets or []), nproc=nproc,
-                      scheduler=scheduler, framework=framework, framework_version=version)
+                      nodes=nodes, scheduler=scheduler, framework=framework, framework_version=version)
 
 
 def _guard(fn, as_json: bool):
@@ -82,11 +86,11 @@ def register(app: typer.Typer) -> None:
     def baseline(config: Optional[str] = typer.Argument(None, help="Job config TOML (default: tiny preset)."),
                  repeats: int = typer.Option(3, min=1, help="Independent runs."), nproc: int = typer.Option(2, min=1),
                  sets: Optional[List[str]] = SETS, scheduler: str = SCHED, monitor: str = MONITOR, as_json: bool = JSON,
-                 framework: str = FRAMEWORK):
+                 framework: str = FRAMEWORK, nodes: int = NODES):
         """S2: repeats of the unchanged config; median and spread of step time, tokens/s, MFU."""
         from trainops.skills import baseline as skill_baseline
 
-        req = _request(config, sets, nproc, scheduler, as_json, monitor, framework)
+        req = _request(config, sets, nproc, scheduler, as_json, monitor, framework, nodes)
         summary, _, _ = _guard(lambda: skill_baseline.measure(req, repeats, progress=_progress(as_json)), as_json)
         emit(summary, as_json, lambda s: _table(
             f"baseline: {s.model}, {s.parallel_layout}, {s.precision}, {s.repeats} repeats", ["metric", "median", "spread"],
@@ -132,13 +136,14 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def drill(config: Optional[str] = typer.Argument(None, help="Job config TOML with [checkpoint] enable = true."),
               fault: List[str] = typer.Option(["crash"], "--fault", help="crash | node-loss | hang | checkpoint-corruption | nan (loss anomaly) | "
-                                                         "bitflip (silent data corruption, DDP replicas) | straggler (detection only: recovery needs a spare node)."),
+                                                         "bitflip (silent data corruption, DDP replicas) | straggler (detection only: recovery needs a spare node) | "
+                                                         "node-crash | power-loss (a real node of a `trainops sandbox` cluster: --scheduler slurm --nodes 2)."),
               nproc: int = typer.Option(2, min=1), sets: Optional[List[str]] = SETS, scheduler: str = SCHED,
-              monitor: str = MONITOR, as_json: bool = JSON, framework: str = FRAMEWORK):
+              monitor: str = MONITOR, as_json: bool = JSON, framework: str = FRAMEWORK, nodes: int = NODES):
         """S5: inject, detect, isolate, restart from the newest good checkpoint; time each phase."""
         from trainops.skills import drill as skill_drill
 
-        req = _request(config, sets, nproc, scheduler, as_json, monitor, framework)
+        req = _request(config, sets, nproc, scheduler, as_json, monitor, framework, nodes)
         for kind in fault:
             if kind not in skill_drill.DRILLS:
                 fail(f"--fault: unknown fault {kind!r}; use one of {', '.join(skill_drill.DRILLS)}", as_json=as_json)
