@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from trainops.agents import transcript
 from trainops.agents.agent_tools import agent_registry
-from trainops.agents.prompt import Skill, choose_skill, load_skills, system_prompt
+from trainops.agents.prompt import PromptSkill, choose_skill, load_skills, system_prompt
 from trainops.agents.providers import AgentSettings, explain_provider_failure
 
 
@@ -83,7 +83,7 @@ def _waits_for_a_human(message: ToolMessage) -> bool:
     return isinstance(data, dict) and data.get("kind") == "gate_refused" and data.get("reason") == "missing_token"
 
 
-def build_graph(llm, checkpointer=None, settings: AgentSettings | None = None, skills: list[Skill] | None = None):
+def build_graph(llm, checkpointer=None, settings: AgentSettings | None = None, skills: list[PromptSkill] | None = None):
     """Compile the agent around any LangChain chat model that supports `bind_tools`."""
     from trainops.tools.langchain import as_langchain_tools
 

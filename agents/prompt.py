@@ -19,7 +19,7 @@ DATA_RULE = (
 
 
 @dataclass(frozen=True)
-class Skill:
+class PromptSkill:
     name: str
     description: str
     body: str
@@ -32,11 +32,11 @@ def _body(path: Path) -> str:
     return parts[2].strip()
 
 
-def load_skills() -> list[Skill]:
+def load_skills() -> list[PromptSkill]:
     """Every skill the skills registry knows (skills/<name>/SKILL.md), with its body for later."""
     from trainops.skills.registry import all_skills
 
-    return [Skill(s.name, " ".join(s.description.split()), _body(s.path), s.path) for s in all_skills().values()]
+    return [PromptSkill(s.name, " ".join(s.description.split()), _body(s.path), s.path) for s in all_skills().values()]
 
 
 _STOPWORDS = {"the", "and", "for", "with", "what", "why", "how", "this", "that", "from", "run", "job", "use", "when", "are", "its"}
@@ -46,7 +46,7 @@ def _words(text: str) -> set[str]:
     return set(re.findall(r"[a-z0-9]{3,}", text.lower())) - _STOPWORDS
 
 
-def choose_skill(request: str, skills: list[Skill]) -> Skill | None:
+def choose_skill(request: str, skills: list[PromptSkill]) -> PromptSkill | None:
     """The skill whose name (counted double) and description share the most words with the request."""
     words = _words(request)
     best, best_score = None, 0
@@ -65,7 +65,7 @@ def agents_contract(path: Path | None = None) -> str:
     return (path or agents_md_path()).read_text(encoding="utf-8").strip()
 
 
-def system_prompt(skills: list[Skill], chosen: str | None, contract_path: Path | None = None) -> str:
+def system_prompt(skills: list[PromptSkill], chosen: str | None, contract_path: Path | None = None) -> str:
     parts = ["You are the trainops ops agent. You follow the SOP and answer with evidence from tools."]
     parts.append("# Contract (AGENTS.md)\n" + agents_contract(contract_path))
     if skills:

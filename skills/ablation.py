@@ -2,7 +2,7 @@
 the run-to-run noise band of its own scale."""
 from __future__ import annotations
 
-from trainops.skills.baseline import JobRequest, Progress, RunResult, command_line, repeat, run_config
+from trainops.skills.baseline import JobRequest, Progress, RepeatResult, command_line, repeat, run_config
 from trainops.skills.evidence.model import AblationRow, EvidenceRow
 from trainops.skills.knobs import Knob, overrides_for, parse_arm, plan_order
 from trainops.skills.stats import compare, spread
@@ -22,7 +22,7 @@ def _setting(run_dir: str, dotted: str) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def _row(knob: Knob, value: str, base: list[RunResult], arm: list[RunResult], nproc: int, kind: str) -> AblationRow:
+def _row(knob: Knob, value: str, base: list[RepeatResult], arm: list[RepeatResult], nproc: int, kind: str) -> AblationRow:
     base_mfu = spread([r.summary["mfu_pct_median"] for r in base])
     arm_mfu = spread([r.summary["mfu_pct_median"] for r in arm])
     change, band, verdict = compare(base_mfu, arm_mfu)
@@ -33,7 +33,7 @@ def _row(knob: Knob, value: str, base: list[RunResult], arm: list[RunResult], np
                        source_run=median_run.run_dir)
 
 
-def run_arm(req: JobRequest, spec: str, baselines: dict[int, list[RunResult]], repeats: int,
+def run_arm(req: JobRequest, spec: str, baselines: dict[int, list[RepeatResult]], repeats: int,
             ctx: CallContext | None = None, progress: Progress | None = None) -> tuple[list[AblationRow], list[EvidenceRow]]:
     """One knob at every scale in `baselines` (ascending process count: small, then target).
     A small-scale gain that is not a gain at target scale is flagged as vanished."""
@@ -61,11 +61,11 @@ def run_arm(req: JobRequest, spec: str, baselines: dict[int, list[RunResult]], r
     return rows, evidence
 
 
-def _median(results: list[RunResult], key: str) -> float:
+def _median(results: list[RepeatResult], key: str) -> float:
     return spread([r.summary[key] for r in results]).median
 
 
-def judge_scale(knob: Knob, rows: list[AblationRow], arms: dict[int, list[RunResult]]) -> AblationRow:
+def judge_scale(knob: Knob, rows: list[AblationRow], arms: dict[int, list[RepeatResult]]) -> AblationRow:
     """Small against target scale through governance's ScaleResult (R-ABL-2/3, R-EVD-4): compared by
     weak-scaling efficiency; a small-scale gain whose target gain is at or below zero vanished."""
     from trainops.tools.governance.claims import ScaleResult
@@ -79,7 +79,7 @@ def judge_scale(knob: Knob, rows: list[AblationRow], arms: dict[int, list[RunRes
     return rows[1].model_copy(update={"vanished_at_scale": vanished, "weak_scaling_efficiency_pct": efficiency})
 
 
-def run_plan(req: JobRequest, specs: list[str], baselines: dict[int, list[RunResult]], repeats: int,
+def run_plan(req: JobRequest, specs: list[str], baselines: dict[int, list[RepeatResult]], repeats: int,
              ctx: CallContext | None = None, progress: Progress | None = None) -> tuple[list[AblationRow], list[EvidenceRow]]:
     """Every arm, highest expected gain first (communication overlap, kernels, data pipeline, batch)."""
     ctx = skill_context("ablation", ctx)

@@ -33,7 +33,7 @@ class JobRequest(BaseModel):
         return self.model_copy(update={"overrides": [*self.overrides, *extra], "nproc": nproc or self.nproc})
 
 
-class RunResult(BaseModel):
+class RepeatResult(BaseModel):
     job_id: str
     run_dir: str
     summary: dict
@@ -41,7 +41,7 @@ class RunResult(BaseModel):
     ended: float
 
 
-def run_once(req: JobRequest, name: str, ctx: CallContext | None = None) -> RunResult:
+def run_once(req: JobRequest, name: str, ctx: CallContext | None = None) -> RepeatResult:
     """Submit one trainer run, wait for it, summarise it; a failed run is an error, not a data point."""
     started = time.time()
     sub = submit(req, name, ctx)
@@ -56,7 +56,7 @@ def run_once(req: JobRequest, name: str, ctx: CallContext | None = None) -> RunR
         log = call("job_logs", {"job_id": job_id, "scheduler": req.scheduler, "tail": 0}, ctx)
         ingest_log(get_adapter(req.framework), log.text, run_dir, ParseContext(world_size=req.nproc))
     summary = call("summarize_run", {"run": run_dir, "skip_steps": req.warmup_steps}, ctx)
-    return RunResult(job_id=job_id, run_dir=run_dir, summary=summary.model_dump(), started=started, ended=time.time())
+    return RepeatResult(job_id=job_id, run_dir=run_dir, summary=summary.model_dump(), started=started, ended=time.time())
 
 
 def submit(req: JobRequest, name: str, ctx: CallContext | None = None):
@@ -73,7 +73,7 @@ def submit(req: JobRequest, name: str, ctx: CallContext | None = None):
 
 
 def repeat(req: JobRequest, name: str, repeats: int, ctx: CallContext | None = None,
-           progress: Progress | None = None) -> list[RunResult]:
+           progress: Progress | None = None) -> list[RepeatResult]:
     results = []
     for i in range(repeats):
         if progress:
@@ -103,7 +103,7 @@ def _setting(overrides: list[str], key: str, default: str) -> str:
     return values[-1] if values else default
 
 
-def summarize(req: JobRequest, results: list[RunResult], profiled: RunResult | None = None) -> BaselineSummary:
+def summarize(req: JobRequest, results: list[RepeatResult], profiled: RepeatResult | None = None) -> BaselineSummary:
     """Medians and spreads over repeats, warm-up excluded (summarize_run dropped it per run); the
     communication share from the profiled run when there is one, else from any repeat's trace."""
     def values(key: str) -> list[float]:
@@ -159,7 +159,7 @@ def trace_comm_share(trace: Path) -> tuple[float, float] | None:
     return _union_s([(lo, hi) for lo, hi in comm if hi > lo]), sum(hi - lo for lo, hi in steps)
 
 
-def comm_share(results: list[RunResult]) -> tuple[float | None, str]:
+def comm_share(results: list[RepeatResult]) -> tuple[float | None, str]:
     """Share of profiled step time spent in collectives, from the torch.profiler traces a run
     left behind (`RUN/profile/rank{R}.json`, written for `[metrics] profile_steps`), summed over
     its ranks. None when no run was profiled."""
@@ -174,7 +174,7 @@ def comm_share(results: list[RunResult]) -> tuple[float | None, str]:
     return None, "not measured: no run left a torch.profiler trace (RUN/profile/*.json)"
 
 
-def profile_run(req: JobRequest, ctx: CallContext | None = None) -> RunResult | None:
+def profile_run(req: JobRequest, ctx: CallContext | None = None) -> RepeatResult | None:
     """One extra short run that profiles PROFILE_STEPS steps right after the warm-up; None for
     other frameworks' jobs, which do not take the trainer's `[metrics] profile_steps`."""
     if req.framework != "trainops":
@@ -186,7 +186,7 @@ def profile_run(req: JobRequest, ctx: CallContext | None = None) -> RunResult | 
 
 
 def measure(req: JobRequest, repeats: int = 3, ctx: CallContext | None = None,
-            progress: Progress | None = None) -> tuple[BaselineSummary, list[RunResult], list[EvidenceRow]]:
+            progress: Progress | None = None) -> tuple[BaselineSummary, list[RepeatResult], list[EvidenceRow]]:
     """Run the baseline `repeats` times, then one short profiled run, and summarise them."""
     ctx = skill_context("baseline", ctx)
     results = repeat(req, "baseline", repeats, ctx, progress)

@@ -1,12 +1,12 @@
 """S1: the environment declaration every MFU or scaling conclusion must carry."""
 from __future__ import annotations
 
-from trainops.skills.evidence.model import EnvironmentDeclaration, EvidenceRow
+from trainops.skills.evidence.model import PackEnvironment, EvidenceRow
 from trainops.tools.base import CallContext, call
 
 
 def declare(scheduler: str = "local", ctx: CallContext | None = None,
-            framework: str = "trainops") -> tuple[EnvironmentDeclaration, EvidenceRow]:
+            framework: str = "trainops") -> tuple[PackEnvironment, EvidenceRow]:
     """Declare through the `declare_environment` tool and keep the pack's short form of it;
     `framework` other than trainops declares that adapter's framework and its installed version."""
     import time
@@ -16,7 +16,7 @@ def declare(scheduler: str = "local", ctx: CallContext | None = None,
     started = time.time()
     env = call("declare_environment", {"scheduler": scheduler, "ckpt_test_mib": 16,
                                        **({"framework": framework} if framework != "trainops" else {})}, ctx)
-    decl = EnvironmentDeclaration(
+    decl = PackEnvironment(
         framework=env.framework.name, framework_version=env.framework.version, torch_version=env.software.torch,
         hardware=f"{env.accelerators.model} ({env.hardware_generation})",
         device_count=env.accelerators.count, backend=env.software.distributed_backend,

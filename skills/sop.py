@@ -118,7 +118,7 @@ def build_from_runs(run_dirs: list[str], scheduler: str = "local", ctx: CallCont
     for run_dir in run_dirs:
         summary = call("summarize_run", {"run": run_dir}, ctx)
         stamp = Path(run_dir).stat().st_mtime
-        results.append(baseline.RunResult(job_id="", run_dir=str(Path(run_dir).resolve()), summary=summary.model_dump(),
+        results.append(baseline.RepeatResult(job_id="", run_dir=str(Path(run_dir).resolve()), summary=summary.model_dump(),
                                           started=stamp, ended=stamp))
     config = Path(run_dirs[0]) / "config.toml"
     req = JobRequest(config=str(config) if config.exists() else None, nproc=max(r.summary["ranks"] for r in results))

@@ -69,7 +69,7 @@ class Framework(BaseModel):
     version: str = Field(description="Its version; a claim without it is refused.")
 
 
-class Scheduler(BaseModel):
+class SchedulerDeclaration(BaseModel):
     kind: SchedulerKind
     version: str = Field(description="Scheduler version as it reports itself.")
     partitions: list[str] = Field(description="Partitions (Slurm) or node pools; 'local' for the local scheduler.")
@@ -101,7 +101,7 @@ class EnvironmentDeclaration(BaseModel):
     interconnect: str = Field(description="NVLink / InfiniBand when visible, else loopback/shared-memory (single host).")
     software: Software
     framework: Framework
-    scheduler: Scheduler
+    scheduler: SchedulerDeclaration
     checkpoint_storage: CheckpointStorage
     compute_peak: ComputePeak
     notes: list[str] = Field(default_factory=list, description="What could not be read, and what was declared rather than measured.")
@@ -337,7 +337,7 @@ def _compute_peak(acc: Accelerators, inp: EnvInput, notes: list[str]) -> Compute
     )
 
 
-def _scheduler(kind: SchedulerKind) -> Scheduler:
+def _scheduler(kind: SchedulerKind) -> SchedulerDeclaration:
     """Version and partitions per backend; nodes and the idle pool through the scheduler protocol
     (trainops.tools.schedulers), the same view the job tools have."""
     if kind == "kubernetes":
@@ -359,12 +359,12 @@ def _scheduler(kind: SchedulerKind) -> Scheduler:
         nodes = get_scheduler(kind).list_nodes()
     except SchedulerError as exc:
         raise ToolError("declare_environment", str(exc)) from None
-    return Scheduler(kind=kind, version=version, partitions=partitions, nodes=[n.name for n in nodes],
+    return SchedulerDeclaration(kind=kind, version=version, partitions=partitions, nodes=[n.name for n in nodes],
                      hot_spare_nodes=[n.name for n in nodes if n.state == "idle"],
                      cpus_per_node={n.name: n.cpus for n in nodes if n.cpus}, transport=transport)
 
 
-def _kubernetes() -> Scheduler:
+def _kubernetes() -> SchedulerDeclaration:
     try:
         from kubernetes import client, config
 
@@ -379,7 +379,7 @@ def _kubernetes() -> Scheduler:
     ready = [n.metadata.name for n in node_list if not n.spec.unschedulable and any(
         c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])]
     pools = sorted({(n.metadata.labels or {}).get("cloud.google.com/gke-nodepool", "default") for n in node_list})
-    return Scheduler(kind="kubernetes", version=version, partitions=pools, nodes=names,
+    return SchedulerDeclaration(kind="kubernetes", version=version, partitions=pools, nodes=names,
                      hot_spare_nodes=[n for n in ready if n not in busy])
 
 

@@ -17,7 +17,7 @@ FaultKind = Literal["crash", "node-loss", "hang", "checkpoint-corruption", "nan"
 SCHEMA_PATH = Path(__file__).with_name("evidence.schema.json")
 
 
-class EnvironmentDeclaration(BaseModel):
+class PackEnvironment(BaseModel):
     """What every MFU or scaling conclusion must name (S1)."""
 
     framework: str = Field(description="training framework, e.g. 'trainops-trainer'")
@@ -153,7 +153,7 @@ class EvidencePack(BaseModel):
     created_time: float
     verdict: Verdict
     blockers: list[str] = Field(default_factory=list, description="what stops a 'pass'; empty only for pass")
-    environment: EnvironmentDeclaration | None = Field(description="S1; required for any MFU or scaling conclusion")
+    environment: PackEnvironment | None = Field(description="S1; required for any MFU or scaling conclusion")
     baseline: BaselineSummary | None = None
     ablations: list[AblationRow] = Field(default_factory=list)
     fault_tolerance: FaultToleranceReport | None = None

@@ -14,7 +14,7 @@ from trainops.skills.evidence.model import (
     BaselineSummary,
     CheckpointPlan,
     DrillResult,
-    EnvironmentDeclaration,
+    PackEnvironment,
     EvidencePack,
     EvidenceRow,
     FaultToleranceReport,
@@ -58,7 +58,7 @@ def decide(baseline: BaselineSummary | None, ablations: list[AblationRow],
     return ("partial", gaps) if gaps else ("pass", [])
 
 
-def assemble(pack_id: str, environment: EnvironmentDeclaration | None, baseline: BaselineSummary | None,
+def assemble(pack_id: str, environment: PackEnvironment | None, baseline: BaselineSummary | None,
              ablations: list[AblationRow], drills: list[DrillResult], evidence: list[EvidenceRow],
              rollback: str = "", references: list[str] | None = None,
              checkpoint_plan: CheckpointPlan | None = None) -> EvidencePack:

@@ -14,7 +14,7 @@ from trainops.skills.evidence import pack as evidence_pack
 from trainops.skills.evidence.model import (
     AblationRow,
     BaselineSummary,
-    EnvironmentDeclaration,
+    PackEnvironment,
     EvidenceRow,
     MetricSpread,
 )
@@ -50,7 +50,7 @@ def _pack(workspace, pack_id: str = "pack-1", arm_overrides: tuple[str, ...] | N
         ablations.append(AblationRow(knob="micro_batch", value="8", baseline_value="4", category="batch",
                                      scale="2 procs", scale_kind="target", mfu_change_pct=12.0, noise_band_pct=5.0,
                                      beyond_noise=True, verdict="gain", source_run=arm))
-    env = EnvironmentDeclaration(framework="trainops-trainer", framework_version="0.1.0", torch_version="2.13.0",
+    env = PackEnvironment(framework="trainops-trainer", framework_version="0.1.0", torch_version="2.13.0",
                                  hardware="cpu:x86_64", device_count=2, backend="gloo", scheduler="local")
     baseline = BaselineSummary(model="tiny", parallel_layout="dp_shard=2", precision="fp32", repeats=3,
                                warmup_steps_excluded=1, step_time_s=SPREAD, tokens_per_s=SPREAD, mfu_pct=SPREAD,

@@ -15,13 +15,13 @@ from trainops.skills.evidence.model import (
     AblationRow,
     BaselineSummary,
     DrillResult,
-    EnvironmentDeclaration,
+    PackEnvironment,
     MetricSpread,
 )
 
 
-def environment() -> EnvironmentDeclaration:
-    return EnvironmentDeclaration(framework="trainops-trainer", framework_version="0.1.0", torch_version="2.13.0",
+def environment() -> PackEnvironment:
+    return PackEnvironment(framework="trainops-trainer", framework_version="0.1.0", torch_version="2.13.0",
                                   hardware="cpu:x86_64", device_count=2, backend="gloo", scheduler="local")
 
 

@@ -60,9 +60,9 @@ def test_plan_orders_communication_overlap_before_kernels_data_and_batch():
 
 
 def _runs(mfu: float, tokens_per_s: float) -> list:
-    from trainops.skills.baseline import RunResult
+    from trainops.skills.baseline import RepeatResult
 
-    return [RunResult(job_id="j", run_dir="r", summary={"mfu_pct_median": mfu, "tokens_per_s_median": tokens_per_s},
+    return [RepeatResult(job_id="j", run_dir="r", summary={"mfu_pct_median": mfu, "tokens_per_s_median": tokens_per_s},
                       started=0, ended=1)]
 
 

@@ -23,7 +23,7 @@ from trainops.tools.frameworks.base import (
     StepRecord,
     mfu,
 )
-from trainops.tools.frameworks.flags import SettingsAdapter, new_run_dir
+from trainops.tools.frameworks.adapter_base import SettingsAdapter, new_run_dir
 from trainops.tools.frameworks.trainops_adapter import TrainopsAdapter
 from trainops.tools.schedulers.base import JobSpec
 

@@ -17,7 +17,7 @@ from trainops.tools.frameworks.base import (
     StepRecord,
     mfu,
 )
-from trainops.tools.frameworks.flags import SettingsAdapter, new_run_dir, number, write_command
+from trainops.tools.frameworks.adapter_base import SettingsAdapter, new_run_dir, number, write_command
 from trainops.tools.schedulers.base import JobSpec
 
 DEFAULTS: dict[str, dict[str, object]] = {
