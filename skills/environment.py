@@ -1,7 +1,7 @@
 """S1: the environment declaration every MFU or scaling conclusion must carry."""
 from __future__ import annotations
 
-from trainops.skills.evidence.model import PackEnvironment, EvidenceRow
+from trainops.skills.evidence.model import EvidenceRow, PackEnvironment
 from trainops.tools.base import CallContext, call
 
 

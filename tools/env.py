@@ -318,6 +318,7 @@ def _checkpoint_folder(ckpt_dir: str | None) -> Path:
 def _compute_peak(acc: Accelerators, inp: EnvInput, notes: list[str]) -> ComputePeak:
     """The trainer's own MFU denominator, so the declaration and the metrics agree."""
     import torch
+
     from trainops.trainer.metrics import GPU_PEAK_TFLOPS_BF16, device_peak_tflops
 
     if acc.kind == "gpu":

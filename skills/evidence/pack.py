@@ -14,10 +14,10 @@ from trainops.skills.evidence.model import (
     BaselineSummary,
     CheckpointPlan,
     DrillResult,
-    PackEnvironment,
     EvidencePack,
     EvidenceRow,
     FaultToleranceReport,
+    PackEnvironment,
 )
 from trainops.skills.evidence.render import to_html, to_markdown
 

@@ -12,9 +12,10 @@ from typer.testing import CliRunner
 from tests.conftest import make_ssh_key
 from tests.skills import conftest as factories
 from trainops.cli import app
+from trainops.skills.evidence.checks import decide
 from trainops.skills.evidence.pack import assemble, write
 from trainops.tools.governance import audit, signing
-from trainops.tools.governance.approvals import decide, decisions_dir, verify_pack
+from trainops.tools.governance.approvals import decisions_dir, verify_pack
 
 runner = CliRunner()
 QUOTA = {"tenant": "acme", "gpus": 4, "priority": "low", "reason": "trial"}

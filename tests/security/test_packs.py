@@ -11,15 +11,16 @@ from typer.testing import CliRunner
 
 from trainops.cli import app
 from trainops.skills.evidence import pack as evidence_pack
+from trainops.skills.evidence.checks import decide
 from trainops.skills.evidence.model import (
     AblationRow,
     BaselineSummary,
-    PackEnvironment,
     EvidenceRow,
     MetricSpread,
+    PackEnvironment,
 )
 from trainops.tools.governance import approvals, audit
-from trainops.tools.governance.approvals import PackRefused, decide, verify_pack
+from trainops.tools.governance.approvals import PackRefused, verify_pack
 
 runner = CliRunner()
 SPREAD = MetricSpread(median=2.0, low=1.95, high=2.05, spread_pct=5.0)

@@ -15,8 +15,8 @@ from trainops.skills.evidence.model import (
     AblationRow,
     BaselineSummary,
     DrillResult,
-    PackEnvironment,
     MetricSpread,
+    PackEnvironment,
 )
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Callable, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -157,9 +157,11 @@ def _check_final(pack_id: str, chain: list[tuple[Decision, str]], decision: Verd
                           "a decision is final: revoke it with `trainops reject`, or build a new pack")
 
 
-def decide(pack: str, decision: Verdict, note: str = "", key: Path | None = None) -> Decision:
-    """Sign and record a decision. Approving first runs the evidence validators and refuses a pack
-    that breaks a rule; a rejection needs a note; an earlier decision is never overwritten."""
+def decide(pack: str, decision: Verdict, note: str = "", key: Path | None = None, *,
+           evidence_problems: Callable[[Path], list[str]]) -> Decision:
+    """Sign and record a decision. Approving first runs the pack checks and the evidence validators
+    (`evidence_problems`, from trainops.skills.evidence.checks) and refuses a pack that breaks a rule;
+    a rejection needs a note; an earlier decision is never overwritten."""
     folder = pack_dir(pack)
     pack_id = folder.name
     if decision == "rejected" and not note.strip():
@@ -168,7 +170,7 @@ def decide(pack: str, decision: Verdict, note: str = "", key: Path | None = None
     _check_final(pack_id, chain, decision)
     entries = content_entries(folder)
     if decision == "approved":
-        problems = approval_problems(folder, pack_id, entries)
+        problems = approval_problems(folder, pack_id, entries, evidence_problems)
         if problems:
             raise PackRefused(f"pack {pack_id} cannot be approved: " + "; ".join(problems))
     payload = DecisionPayload(pack=pack_id, seq=len(chain) + 1, decision=decision, note=note,

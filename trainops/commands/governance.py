@@ -140,7 +140,7 @@ def reject(
 
 
 def decide_pack(pack: str, decision: str, note: str, key: Path | None, as_json: bool) -> None:
-    from trainops.tools.governance.approvals import decide
+    from trainops.skills.evidence.checks import decide
 
     try:
         record = decide(pack, decision, note=note, key=key)

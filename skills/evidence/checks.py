@@ -1,0 +1,70 @@
+"""The evidence validators a pack must pass before a human may approve it (R-APR-1), and the
+decision commands that run them: the pack model, the claims governance checks (R-ENV-1/2,
+R-EVD-2, report text) and one variable per ablation arm against the configs the runs actually
+used (R-ABL-1). Governance (trainops.tools.governance.approvals) takes these as a parameter, so
+the check runs on every approval without the tools layer importing the skills above it."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from trainops.tools.governance import approvals
+from trainops.tools.governance.pack_checks import EVIDENCE_FILE, REPORT_FILE
+
+
+def decide(pack: str, decision: approvals.Verdict, note: str = "", key: Path | None = None) -> approvals.Decision:
+    """Sign and record a decision on a pack, with these validators run first on an approval."""
+    return approvals.decide(pack, decision, note=note, key=key, evidence_problems=evidence_problems)
+
+
+def evidence_problems(folder: Path) -> list[str]:
+    """The evidence validators (trainops.skills.evidence model + governance claims) on the files now."""
+    from pydantic import ValidationError
+
+    from trainops.skills.evidence.model import EvidencePack
+    from trainops.skills.evidence.pack import governance_errors
+
+    try:
+        pack = EvidencePack.model_validate_json((folder / EVIDENCE_FILE).read_bytes())
+    except (ValidationError, ValueError) as exc:
+        return [f"R-APR-1: {EVIDENCE_FILE} is not a valid evidence pack ({str(exc).splitlines()[0]}); build a new pack"]
+    report = folder / REPORT_FILE
+    markdown = report.read_text(encoding="utf-8", errors="replace") if report.is_file() else ""
+    return governance_errors(pack, markdown) + _ablation_problems(pack)
+
+
+def _ablation_problems(pack) -> list[str]:
+    """R-ABL-1 on the configs the runs used: each arm against the baseline, exactly one setting apart."""
+    from pydantic import ValidationError
+
+    from trainops.tools.governance.claims import AblationArm
+
+    problems = []
+    baseline_run = pack.baseline.run_dirs[0] if pack.baseline and pack.baseline.run_dirs else None
+    for row in pack.ablations:
+        name = f"{row.knob}={row.value}"
+        configs = [_run_config(run) for run in (baseline_run, row.source_run)]
+        if None in configs:
+            problems.append(f"R-ABL-1: ablation arm {name} cannot be checked: the config.toml of its baseline run "
+                            f"({baseline_run}) or arm run ({row.source_run}) is missing; keep the run folders "
+                            "with the pack")
+            continue
+        try:
+            AblationArm(name=name, baseline_config=configs[0], arm_config=configs[1])
+        except ValidationError as exc:
+            problems += [f"ablation arm {name}: {e['msg']}" for e in exc.errors()]
+    return problems
+
+
+def _run_config(run: str | None) -> dict | None:
+    import tomllib
+
+    from trainops.tools.governance.claims import resolve_run
+
+    folder = resolve_run(run) if run else None
+    config = folder / "config.toml" if folder else None
+    if config is None or not config.is_file():
+        return None
+    try:
+        return tomllib.loads(config.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None
