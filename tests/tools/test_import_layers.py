@@ -95,3 +95,27 @@ def test_the_agents_registry_and_its_tools_do_not_import_each_other():
 
 def test_the_cycle_finder_finds_a_loop():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+ORDER = [("trainops.workspace", 0), ("trainops.settings", 0), ("trainops.trainer", 1), ("trainops.tools", 2),
+         ("trainops.skills", 3), ("trainops.agents", 4), ("trainops", 5)]
+
+
+def layer(module: str) -> int:
+    """Bottom (0): the workspace and settings; then the trainer, tools, skills, agents; the CLI on top."""
+    return next(rank for prefix, rank in ORDER if module == prefix or module.startswith(prefix + "."))
+
+
+def test_every_import_points_down_the_layers_even_inside_functions():
+    known = modules()
+    upward = sorted(f"{name} -> {target}" for name, path in known.items()
+                    for target in imported(path, set(known), module_level_only=False)
+                    if layer(target) > layer(name))
+    assert upward == []
+
+
+def test_the_bottom_modules_import_nothing_of_trainops_above_them():
+    known = modules()
+    for bottom in ("trainops.workspace", "trainops.settings"):
+        assert {t for t in imported(known[bottom], set(known), module_level_only=False)} <= {
+            "trainops.workspace", "trainops.settings"}
