@@ -249,10 +249,10 @@ class Checkpointer:
             self._pg = dist.new_group(backend="gloo")
         self._stager = None
         if cfg.mode == "async_pinned":
-            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+            from torch.distributed.checkpoint.staging import StagingOptions
 
             on_gpu = torch.cuda.is_available()
-            self._stager = DefaultStager(StagingOptions(
+            self._stager = _kept_stager(StagingOptions(
                 use_pinned_memory=on_gpu, use_shared_memory=False,
                 use_async_staging=on_gpu, use_non_blocking_copy=on_gpu,
             ))
@@ -401,4 +401,21 @@ class Checkpointer:
         finally:
             self._committer.shutdown(wait=True)
             if self._stager is not None:
-                self._stager.close()
+                self._stager.release()
+
+
+def _kept_stager(options):
+    """A DefaultStager that lives as long as the checkpointer: its pinned buffers are reused by every
+    save. torch 2.11's async_save closes a stager it was handed once the upload is done (seen on an
+    H200: the second pinned save failed in staging), so `close()` is a no-op here and the
+    checkpointer ends it with `release()`."""
+    from torch.distributed.checkpoint.staging import DefaultStager
+
+    class KeptStager(DefaultStager):
+        def close(self) -> None:
+            """Ignored: async_save must not end a stager the checkpointer reuses."""
+
+        def release(self) -> None:
+            DefaultStager.close(self)
+
+    return KeptStager(options)
