@@ -44,8 +44,9 @@ def plain_step_time(nproc: int, steps: int) -> float:
         out = Path(tmp) / "plain.json"
         script = ["-m", "trainops.benchmarks.plain_loop", "--steps", str(steps), "--global-batch", "8",
                   "--seq-len", "128", "--out", str(out)]
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
-        done = subprocess.run([*launcher, *script], env=_env(), capture_output=True, text=True)
+        from trainops.trainer.launch import torchrun_argv
+
+        done = subprocess.run(torchrun_argv(sys.executable, nproc, script), env=_env(), capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"plain loop on {nproc} process(es) failed: {done.stderr[-1500:]}")
         return _steady(json.loads(out.read_text())["step_time_s"])

@@ -88,10 +88,11 @@ def training_spec(req: TrainingRequest, name: str, exclude_nodes: list[str], ten
     build the torchrun job; a tenant's run folder lies in the tenant's root."""
     from trainops.tools.tenancy import check_job_paths
     from trainops.trainer.config import load_config
+    from trainops.trainer.launch import trainer_program
 
     config = load_config(req.config, req.preset, req.overrides)
     run_dir = _new_run_dir(tenant)
-    spec = JobSpec(name=name, command=["-m", "trainops.trainer.train", "--run-dir", str(run_dir)], launcher="torchrun",
+    spec = JobSpec(name=name, command=trainer_program(run_dir), launcher="torchrun",
                    nodes=req.nodes, procs_per_node=req.nproc, run_dir=str(run_dir), exclude_nodes=exclude_nodes,
                    env={"OMP_NUM_THREADS": "1"}, tenant=tenant)
     check_job_paths(spec, config)

@@ -81,19 +81,31 @@ def prepare_run(cfg: JobConfig | str | Path | None = None, preset: str | None = 
     return run_dir
 
 
+def torchrun_argv(python: str, nproc_per_node: int, program: list[str], *, nnodes: int | str = 1,
+                  rdzv_endpoint: str | None = None, rdzv_id: str | None = None) -> list[str]:
+    """The one torchrun command line trainops launches, whichever scheduler runs it: standalone on one
+    node, c10d rendezvous at `rdzv_endpoint` (host:port of the first node) across nodes. `nnodes`
+    may be a shell variable such as "$SLURM_NNODES" for a batch script to expand."""
+    argv = [python, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--nproc-per-node", str(nproc_per_node)]
+    if rdzv_endpoint is None:
+        if str(nnodes) != "1":
+            raise ValueError(f"nnodes={nnodes} needs rdzv_endpoint (host:port of the first node)")
+        argv.append("--standalone")
+    else:
+        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv_endpoint, "--rdzv-id", rdzv_id or "trainops"]
+    return argv + list(program)
+
+
+def trainer_program(run_dir: str | Path) -> list[str]:
+    """What torchrun runs for the embedded trainer."""
+    return ["-m", "trainops.trainer.train", "--run-dir", str(run_dir)]
+
+
 def build_torchrun_command(run_dir: str | Path, nproc: int, *, nnodes: int = 1,
                            rdzv_endpoint: str | None = None, rdzv_id: str | None = None) -> list[str]:
-    """`python -m torch.distributed.run ... -m trainops.trainer.train --run-dir RUN` (standalone on one
-    node; c10d rendezvous at `rdzv_endpoint` across nodes)."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
-    if nnodes == 1 and rdzv_endpoint is None:
-        command.append("--standalone")
-    else:
-        if rdzv_endpoint is None:
-            raise ValueError(f"nnodes={nnodes} needs rdzv_endpoint (host:port of node 0)")
-        command += ["--nnodes", str(nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv_endpoint,
-                    "--rdzv-id", rdzv_id or Path(run_dir).name]
-    return command + ["-m", "trainops.trainer.train", "--run-dir", str(run_dir)]
+    """torchrun of the embedded trainer on a prepared run folder, from this Python."""
+    return torchrun_argv(sys.executable, nproc, trainer_program(run_dir), nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
+                         rdzv_id=rdzv_id or Path(run_dir).name)
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

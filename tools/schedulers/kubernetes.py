@@ -18,6 +18,7 @@ from trainops.tools.schedulers.base import (
     PollingWait,
     SchedulerError,
 )
+from trainops.trainer.launch import torchrun_argv
 
 KIND = "kubernetes"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "trainops"}
@@ -43,10 +44,9 @@ def job_manifest(spec: JobSpec) -> dict[str, Any]:
         raise SchedulerError(KIND, "JobSpec.image is empty: Kubernetes needs a container image with the trainer installed (e.g. image='registry/trainops:0.1')")
     namespace = spec.partition or "default"
     if spec.launcher == "torchrun":
-        command = ["python", "-m", "torch.distributed.run", "--nnodes", str(spec.nodes),
-                   "--nproc-per-node", str(spec.procs_per_node), "--rdzv-backend", "c10d",
-                   "--rdzv-endpoint", f"{spec.name}-0.{spec.name}.{namespace}.svc:{spec.rdzv_port}",
-                   "--rdzv-id", spec.name, *spec.command]
+        command = torchrun_argv("python", spec.procs_per_node, spec.command, nnodes=spec.nodes,
+                                rdzv_endpoint=f"{spec.name}-0.{spec.name}.{namespace}.svc:{spec.rdzv_port}",
+                                rdzv_id=spec.name)
     else:
         command = list(spec.command)
     env = [{"name": k, "value": v} for k, v in sorted(spec.env.items())]

@@ -24,6 +24,7 @@ from trainops.tools.schedulers.base import (
     read_confined,
     tail_text,
 )
+from trainops.trainer.launch import torchrun_argv
 
 KIND = "local"
 CANCEL_GRACE_S = 5.0
@@ -100,8 +101,7 @@ class LocalScheduler(PollingWait):
         if spec.nodes != 1:
             raise SchedulerError(KIND, f"nodes={spec.nodes}: the local scheduler has one node ({socket.gethostname()}); use nodes=1 or scheduler='slurm'")
         if spec.launcher == "torchrun":
-            command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-                       "--nproc-per-node", str(spec.procs_per_node), *spec.command]
+            command = torchrun_argv(sys.executable, spec.procs_per_node, spec.command)
         else:
             command = list(spec.command)
         exit_file = _jobs() / f"{record['job_id']}.exit"

@@ -35,6 +35,7 @@ from trainops.tools.schedulers.slurm_transport import (
     start_now,
     transport_choice,
 )
+from trainops.trainer.launch import torchrun_argv
 
 _STATES = {
     "PENDING": "pending", "CONFIGURING": "pending", "REQUEUED": "pending", "REQUEUE_HOLD": "pending",
@@ -106,9 +107,7 @@ def batch_script(spec: JobSpec, log_path: str) -> str:
     if spec.launcher == "torchrun":
         lines += [
             'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-            f"srun --kill-on-bad-exit=1 {shlex.quote(sys.executable)} -m torch.distributed.run --nnodes \"$SLURM_NNODES\" "
-            f"--nproc-per-node {spec.procs_per_node} --rdzv-backend c10d --rdzv-endpoint \"$head_node:{spec.rdzv_port}\" "
-            f"--rdzv-id \"$SLURM_JOB_ID\" {shlex.join(spec.command)} && rc=0 || rc=$?",
+            f"srun --kill-on-bad-exit=1 {_shell_torchrun(spec)} && rc=0 || rc=$?",
         ]
         if spec.run_dir:
             lines.append(f"{shlex.quote(sys.executable)} -m trainops.tools.schedulers.run_status {shlex.quote(spec.run_dir)} \"$rc\"")
@@ -116,6 +115,17 @@ def batch_script(spec: JobSpec, log_path: str) -> str:
     else:
         lines.append(shlex.join(spec.command))
     return "\n".join(lines) + "\n"
+
+
+def _shell_torchrun(spec: JobSpec) -> str:
+    """The shared torchrun command line as a batch-script line: every argument quoted, except the
+    shell variables Slurm fills in on the node (node count, first node, job id)."""
+    argv = torchrun_argv(sys.executable, spec.procs_per_node, spec.command, nnodes="$SLURM_NNODES",
+                         rdzv_endpoint=f"$head_node:{spec.rdzv_port}", rdzv_id="$SLURM_JOB_ID")
+    line = shlex.join(argv)
+    for variable in ("$SLURM_NNODES", f"$head_node:{spec.rdzv_port}", "$SLURM_JOB_ID"):
+        line = line.replace(shlex.quote(variable), f'"{variable}"')
+    return line
 
 
 class SlurmScheduler(PollingWait):
