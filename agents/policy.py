@@ -18,6 +18,7 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from trainops.agents.explain import find, render_answer
+from trainops.workspace import RunFiles
 
 _UNIT_S = {"s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1, "min": 60, "mins": 60, "minute": 60,
            "minutes": 60, "m": 60, "h": 3600, "hr": 3600, "hrs": 3600, "hour": 3600, "hours": 3600}
@@ -200,7 +201,7 @@ def _run_layout_params(params: dict[str, Any]) -> dict[str, Any]:
     from trainops.workspace import runs_dir
 
     ranks, run = params["outputs"].get("ranks"), params.get("run")
-    config = runs_dir() / str(run) / "config.toml" if run else None
+    config = RunFiles(runs_dir() / str(run)).config if run else None
     if not isinstance(ranks, int) or config is None or not config.is_file():
         return {}
     return {"nproc": ranks, "config": str(config)}

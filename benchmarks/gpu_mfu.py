@@ -22,6 +22,7 @@ import torch
 from trainops.benchmarks.harness import GPU_BEGIN, GPU_END, write_section
 from trainops.trainer.config import load_config
 from trainops.trainer.launch import read_metrics, run_local
+from trainops.workspace import RunFiles
 
 ARMS = {
     "bf16 eager": [],
@@ -76,7 +77,7 @@ def checkpoint_stall(mode: str, args) -> dict | None:
                                           f"checkpoint.mode={mode}"])
     result = run_local(cfg, 1, show_progress=False, timeout_s=args.run_timeout_s)
     shutil.rmtree(Path(result.run_dir) / cfg.checkpoint.folder, ignore_errors=True)
-    journal = Path(result.run_dir) / "checkpoints.jsonl"
+    journal = RunFiles(result.run_dir).checkpoint_journal
     records = map(json.loads, journal.read_text().splitlines()) if journal.exists() else []
     failure = None if result.status == "ok" else (result.failure or f"exit code {result.exit_code}")
     return summarize_saves([record for record in records if record.get("event") == "save"], failure)

@@ -12,7 +12,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from trainops.benchmarks.harness import RESULTS_PATH as RESULTS, Figure, Suite, interleaved, publish, ratios
+from trainops.benchmarks.harness import RESULTS_PATH as RESULTS
+from trainops.benchmarks.harness import Figure, Suite, interleaved, publish, ratios
+from trainops.workspace import RunFiles
 
 WARMUP_STEPS = 5
 TRAIN_SHAPE = ["training.global_batch=8", "training.seq_len=128", "data.kind=synthetic"]
@@ -72,7 +74,7 @@ def _checkpoint_stall(mode: str, steps: int) -> float:
     result = run_local(cfg, 1, show_progress=False)
     if result.status != "ok":
         raise RuntimeError(f"benchmark checkpoint run failed: read {result.run_dir}/logs")
-    journal = [json.loads(line) for line in (Path(result.run_dir) / "checkpoints.jsonl").read_text().splitlines()]
+    journal = [json.loads(line) for line in (RunFiles(result.run_dir).checkpoint_journal).read_text().splitlines()]
     return statistics.median(e["stall_s"] for e in journal if e.get("event") == "save")
 
 
@@ -98,7 +100,7 @@ def _detect(kind: str, heartbeat_stale_s: float) -> float:
         "preset": "tiny", "nproc": 2, "overrides": [*TRAIN_SHAPE, "training.steps=100000", "training.micro_batch=4"]}})
     run_dir, job_id = sub.handle.run_dir, sub.handle.job_id
     try:
-        _wait(lambda: all((Path(run_dir) / "heartbeat" / f"rank{r}.json").exists() for r in (0, 1)), 120)
+        _wait(lambda: all((RunFiles(run_dir).heartbeat(r)).exists() for r in (0, 1)), 120)
         time.sleep(1.0)
         injected = call("inject_fault", {"kind": kind, "run": run_dir, "rank": 1})
         found = call("detect_faults", {"run": run_dir, "job_id": job_id, "injected_at": injected.injected_at,
@@ -136,7 +138,7 @@ def _cold_start_s() -> float:
     sub = call("submit_job", {"name": "bench-cold", "training": {
         "preset": "tiny", "nproc": 2, "overrides": [*TRAIN_SHAPE, "training.steps=3", "training.micro_batch=4",
                                                     "checkpoint.enable=true"]}})
-    metrics = Path(sub.handle.run_dir) / "metrics.jsonl"
+    metrics = RunFiles(sub.handle.run_dir).metrics
     _wait(lambda: metrics.exists() and metrics.read_text().strip() != "", 120)
     first = json.loads(metrics.read_text().splitlines()[0])["time"]
     call("wait_job", {"job_id": sub.handle.job_id, "timeout_s": 120})

@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 from trainops.skills.evidence.model import BaselineSummary, EvidenceRow
 from trainops.skills.stats import spread
 from trainops.tools.base import CallContext, ToolError, call, skill_context
+from trainops.workspace import RunFiles
 
 Progress = Callable[[str], None]
 
@@ -50,7 +51,7 @@ def run_once(req: JobRequest, name: str, ctx: CallContext | None = None) -> Repe
     if status.state != "completed":
         raise ToolError("submit_job", f"run {name} ({run_dir}) ended {status.state} (exit code {status.exit_code}, "
                         f"{status.reason or 'no reason given'}); read {run_dir}/logs/rank0.log")
-    if not (Path(run_dir) / "metrics.jsonl").exists():  # torchtitan, Megatron-LM: their step lines are the metrics
+    if not (RunFiles(run_dir).metrics).exists():  # torchtitan, Megatron-LM: their step lines are the metrics
         from trainops.tools.frameworks.base import ParseContext, get_adapter, ingest_log
 
         log = call("job_logs", {"job_id": job_id, "scheduler": req.scheduler, "tail": 0}, ctx)
@@ -87,7 +88,7 @@ def run_config(run_dir: str) -> dict:
     that is not UTF-8 TOML is a SettingsError (a ValueError) naming it, never a traceback."""
     from trainops.settings import read_toml
 
-    path = Path(run_dir) / "config.toml"
+    path = RunFiles(run_dir).config
     return read_toml(path) if path.exists() else {}
 
 

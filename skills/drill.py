@@ -14,6 +14,7 @@ from trainops.settings import read_toml
 from trainops.skills.baseline import JobRequest, Progress, command_line, submit
 from trainops.skills.evidence.model import DrillResult, EvidenceRow
 from trainops.tools.base import CallContext, ToolError, call, skill_context
+from trainops.workspace import RunFiles
 
 # drill kind -> (inject_fault kind, cause class); runtime kinds are injected into the live job,
 # launch-time kinds (LAUNCH_TIME) start the job with the overrides inject_fault returns
@@ -75,7 +76,7 @@ def require_checkpoints(req: JobRequest) -> None:
 
 
 def _heartbeat_step(run_dir: str, rank: int = 0) -> int:
-    path = Path(run_dir) / "heartbeat" / f"rank{rank}.json"
+    path = RunFiles(run_dir).heartbeat(rank)
     try:
         return int(json.loads(path.read_text()).get("step", -1))
     except (OSError, ValueError):
@@ -83,7 +84,7 @@ def _heartbeat_step(run_dir: str, rank: int = 0) -> int:
 
 
 def _journal(run_dir: str) -> list[dict]:
-    path = Path(run_dir) / "checkpoints.jsonl"
+    path = RunFiles(run_dir).checkpoint_journal
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
@@ -98,7 +99,7 @@ def _wait_for(predicate, timeout_s: float, what: str) -> float:
 
 def _fired(run_dir: str, kind: str) -> dict | None:
     """The trainer's record of a launch-time fault firing (it carries a step; tool records do not)."""
-    path = Path(run_dir) / "faults.jsonl"
+    path = RunFiles(run_dir).faults
     for line in path.read_text().splitlines() if path.exists() else []:
         try:
             entry = json.loads(line)
@@ -116,7 +117,7 @@ def quarantine_after(run_dir: str, step: int, ctx: CallContext | None = None) ->
 
 
 def _first_step_after(run_dir: str, since: float) -> float | None:
-    path = Path(run_dir) / "metrics.jsonl"
+    path = RunFiles(run_dir).metrics
     for line in path.read_text().splitlines() if path.exists() else []:
         rec = json.loads(line)
         if rec.get("rank", 0) == 0 and rec.get("time", 0) > since:

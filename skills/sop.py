@@ -12,6 +12,7 @@ from trainops.skills.baseline import JobRequest, Progress
 from trainops.skills.evidence import pack as evidence_pack
 from trainops.tools.base import CallContext, call, skill_context
 from trainops.tools.frameworks.base import FrameworkName, SopPlan
+from trainops.workspace import RunFiles
 
 REFERENCES = (
     "MegaScale (arXiv 2402.15627) reports MFU 55.2% against 41.2% for Megatron-LM on 12,288 GPUs, "
@@ -120,7 +121,7 @@ def build_from_runs(run_dirs: list[str], scheduler: str = "local", ctx: CallCont
         stamp = Path(run_dir).stat().st_mtime
         results.append(baseline.RepeatResult(job_id="", run_dir=str(Path(run_dir).resolve()), summary=summary.model_dump(),
                                           started=stamp, ended=stamp))
-    config = Path(run_dirs[0]) / "config.toml"
+    config = RunFiles(run_dirs[0]).config
     req = JobRequest(config=str(config) if config.exists() else None, nproc=max(r.summary["ranks"] for r in results))
     drills = [DrillResult.model_validate(json.loads((Path(r) / "drill.json").read_text()))
               for r in run_dirs if (Path(r) / "drill.json").exists()]
@@ -136,7 +137,7 @@ def _check_written_by_trainops(run_dir: str) -> None:
     from trainops.trainer.config import ConfigError, load_config
     from trainops.workspace import confine
 
-    config = confine(run_dir, "RUNDIR", reading=True, must_exist=True) / "config.toml"
+    config = RunFiles(confine(run_dir, "RUNDIR", reading=True, must_exist=True)).config
     if not config.is_file():
         raise ValueError(f"RUNDIR {run_dir!r} has no config.toml: trainops did not launch this run, and metrics "
                          "without the job that produced them are not evidence; pass a run folder trainops wrote "

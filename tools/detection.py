@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trainops.tools.base import ToolError, tool
 from trainops.tools.schedulers.base import TERMINAL_STATES, SchedulerError, SchedulerKind
+from trainops.workspace import RunFiles
 
 Mechanism = Literal["process_exit", "heartbeat_stale", "loss_anomaly", "checksum_mismatch", "step_time_outlier"]
 Isolation = Literal["rank", "node", "replica_group", "job"]
@@ -65,7 +66,7 @@ _ISOLATION: dict[str, tuple[Isolation, str]] = {
 
 
 def _latest_injection(run_dir: Path) -> float | None:
-    path = run_dir / "faults.jsonl"
+    path = RunFiles(run_dir).faults
     if not path.exists():
         return None
     lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
@@ -200,7 +201,7 @@ def _proc_state(pid: int) -> str | None:
 def _finished_ok(run_dir: Path) -> bool:
     """The launcher writes status.json at the end; a clean finish is not a fault."""
     try:
-        return json.loads((run_dir / "status.json").read_text()).get("status") == "ok"
+        return json.loads((RunFiles(run_dir).status).read_text()).get("status") == "ok"
     except (OSError, ValueError):
         return False
 

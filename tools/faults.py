@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trainops.tools.base import ToolError, tool
 from trainops.tools.schedulers.base import SchedulerError, SchedulerKind
+from trainops.workspace import RunFiles
 
 FaultKind = Literal["kill_rank", "kill_node", "hang", "straggler", "nan", "bitflip", "crash", "corrupt_checkpoint",
                     "drain_node", "node_crash", "power_loss", "partition", "slow_network", "heal_node"]
@@ -90,7 +91,7 @@ def _pick_rank(ranks: dict[int, psutil.Process], rank: int, run_dir: Path) -> ps
 def record_fault(run_dir: Path, entry: dict) -> None:
     """Append to RUN/faults.jsonl, never through a link the job put in its place."""
     try:
-        fd = os.open(run_dir / "faults.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        fd = os.open(RunFiles(run_dir).faults, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as exc:
         raise ToolError("inject_fault", f"cannot append to {run_dir / 'faults.jsonl'} ({exc.strerror}); it must be a "
                                         "plain file in the run folder: remove what is there") from None

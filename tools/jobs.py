@@ -5,9 +5,7 @@ Before a job launches or relaunches, its folders and data file are confined to t
 (and, for a tenant's job, to the tenant's root): tools/tenancy.py check_job_paths."""
 from __future__ import annotations
 
-import secrets
 import statistics
-import time
 from pathlib import Path
 from typing import Literal
 
@@ -16,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from trainops.tools.base import ToolError, tool
 from trainops.tools.monitoring.base import MonitorError, MonitorKind, Sample, Series
 from trainops.tools.schedulers.base import JobHandle, JobSpec, JobStatus, NodeInfo, SchedulerError, SchedulerKind
+from trainops.workspace import RunFiles
 
 
 def _scheduler(tool_name: str, kind: str):
@@ -77,10 +76,9 @@ class SubmitJobOutput(BaseModel):
 
 def _new_run_dir(tenant: str | None) -> Path:
     from trainops.tools.tenancy import tenant_path
-    from trainops.workspace import runs_dir
+    from trainops.workspace import new_run_id, runs_dir
 
-    run_id = f"run-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
-    return (tenant_path(tenant, "runs") if tenant else runs_dir()) / run_id
+    return (tenant_path(tenant, "runs") if tenant else runs_dir()) / new_run_id()
 
 
 def training_spec(req: TrainingRequest, name: str, exclude_nodes: list[str], tenant: str | None = None) -> JobSpec:
@@ -97,7 +95,7 @@ def training_spec(req: TrainingRequest, name: str, exclude_nodes: list[str], ten
                    env={"OMP_NUM_THREADS": "1"}, tenant=tenant)
     check_job_paths(spec, config)
     (run_dir / "logs").mkdir(parents=True)
-    (run_dir / "config.toml").write_text(config.to_toml())
+    (RunFiles(run_dir).config).write_text(config.to_toml())
     return spec
 
 

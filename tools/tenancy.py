@@ -22,6 +22,7 @@ from trainops.tools.base import tool
 from trainops.tools.governance.claims import SchedulerChange
 from trainops.tools.governance.gate import register_check
 from trainops.tools.schedulers.base import JobSpec
+from trainops.workspace import RunFiles
 
 if TYPE_CHECKING:
     from trainops.trainer.config import JobConfig
@@ -73,10 +74,10 @@ def check_job_paths(spec: JobSpec, config: JobConfig | None = None) -> None:
     written = {"spec.workdir": spec.workdir and workdir}
     if spec.run_dir:
         run_dir = written["spec.run_dir"] = confine(spec.run_dir, "spec.run_dir")
-        if config is None and (run_dir / "config.toml").is_file():
+        if config is None and (RunFiles(run_dir).config).is_file():
             from trainops.trainer.config import load_config
 
-            config = load_config(run_dir / "config.toml")
+            config = load_config(RunFiles(run_dir).config)
         if config is not None:
             written["checkpoint.folder"] = confine(run_dir / config.checkpoint.folder, "checkpoint.folder")
     data = config.data.path if config is not None and config.data.kind == "text" else None

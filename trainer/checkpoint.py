@@ -27,6 +27,8 @@ from pydantic import BaseModel, Field
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
+from trainops.workspace import RunFiles
+
 log = logging.getLogger("trainops.trainer.checkpoint")
 
 COMMIT_FILE = "COMMIT.json"
@@ -239,7 +241,7 @@ class Checkpointer:
         self.cfg, self.rank = cfg, rank
         self.run_dir = Path(run_dir)
         self.folder = self.run_dir / cfg.folder
-        self.journal = self.run_dir / "checkpoints.jsonl"
+        self.journal = RunFiles(self.run_dir).checkpoint_journal
         self.distributed = dist.is_available() and dist.is_initialized()
         self.world_size = dist.get_world_size() if self.distributed else 1
         # Background writes run collectives; a group of their own keeps them from interleaving

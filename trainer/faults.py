@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol
 import torch
 
 from trainops.trainer.checkpoint import list_checkpoints
+from trainops.workspace import RunFiles
 
 CRASH_EXIT_CODE = 42
 """Exit code of an injected `crash_mode = "exit"` crash: distinct, so a drill can tell it apart."""
@@ -44,7 +45,7 @@ class FaultSettings(Protocol):
 def record_fault(run_dir: str | Path, kind: str, step: int | None, rank: int, **detail: Any) -> dict:
     """Append one injection record to RUN/faults.jsonl, flushed to disk, and return it."""
     record = {"kind": kind, "step": step, "rank": rank, "time": time.time(), **detail}
-    path = Path(run_dir) / "faults.jsonl"
+    path = RunFiles(run_dir).faults
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as fh:
         fh.write(json.dumps(record) + "\n")
@@ -56,7 +57,7 @@ def record_fault(run_dir: str | Path, kind: str, step: int | None, rank: int, **
 def fired_faults(run_dir: str | Path, rank: int) -> set[str]:
     """One-shot kinds the trainer's injector already fired on `rank` in this run folder (its own
     records carry a step; a drill tool's runtime injections, which have none, do not count)."""
-    path = Path(run_dir) / "faults.jsonl"
+    path = RunFiles(run_dir).faults
     if not path.exists():
         return set()
     fired = set()

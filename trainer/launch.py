@@ -9,8 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
-import secrets
 import signal
 import subprocess
 import sys
@@ -22,8 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from trainops.trainer.config import ConfigError, JobConfig, load_config
-
-_SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+from trainops.workspace import RunFiles, check_id, is_valid_id, new_run_id, runs_dir
 
 
 class RunResult(BaseModel):
@@ -54,30 +51,17 @@ def failure_reason(run_dir: str | Path, exit_code: int) -> str | None:
     return f"a rank exited with an error (torchrun exit code {exit_code}); see {run_dir}/logs/"
 
 
-def runs_root() -> Path:
-    """`$TRAINOPS_HOME/runs` (the same place trainops.workspace uses; the trainer imports nothing
-    from the other packages)."""
-    path = Path(os.environ.get("TRAINOPS_HOME", ".trainops")).expanduser().resolve() / "runs"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 def prepare_run(cfg: JobConfig | str | Path | None = None, preset: str | None = None,
                 overrides: list[str] | None = None, *, run_id: str | None = None) -> Path:
     """Create `runs/RUN/` with config.toml. `cfg` is a JobConfig, or a TOML path (or None) that
     is loaded with `preset` and `overrides`."""
     if not isinstance(cfg, JobConfig):
         cfg = load_config(cfg, preset, overrides)
-    if run_id is None:
-        run_id = f"run-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
-    if not _SAFE_ID.fullmatch(run_id):
-        raise ValueError(f"run id {run_id!r} is not valid: use letters, digits, '_', '.', '-' "
-                         "(at most 128 characters, not starting with a dot)")
-    run_dir = runs_root() / run_id
-    if (run_dir / "config.toml").exists():
+    run_dir = runs_dir() / check_id("run", run_id or new_run_id())
+    if RunFiles(run_dir).config.exists():
         raise ValueError(f"run id {run_id!r} already exists at {run_dir}: choose another --run-id")
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.toml").write_text(cfg.to_toml())
+    RunFiles(run_dir).logs_dir.mkdir(parents=True, exist_ok=True)
+    RunFiles(run_dir).config.write_text(cfg.to_toml())
     return run_dir
 
 
@@ -109,7 +93,7 @@ def build_torchrun_command(run_dir: str | Path, nproc: int, *, nnodes: int = 1,
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    path = Path(run_dir) / "metrics.jsonl"
+    path = RunFiles(run_dir).metrics
     if not path.exists():
         return []
     records = []
@@ -137,7 +121,7 @@ def summarize(run_dir: str | Path, exit_code: int) -> RunResult:
     )
     partial = Path(run_dir) / "status.json.partial"
     partial.write_text(result.model_dump_json(indent=1))
-    partial.replace(Path(run_dir) / "status.json")  # readers never see half a file
+    partial.replace(RunFiles(run_dir).status)  # readers never see half a file
     return result
 
 
@@ -158,11 +142,11 @@ class ResumePlan(BaseModel):
 
 def resolve_run(run: str | Path) -> Path:
     """A run id under `$TRAINOPS_HOME/runs`, or a run folder path; it must hold config.toml."""
-    by_id = runs_root() / str(run)
-    run_dir = by_id if _SAFE_ID.match(str(run)) and by_id.is_dir() else Path(run).expanduser().resolve()
-    if not (run_dir / "config.toml").is_file():
+    by_id = runs_dir() / str(run)
+    run_dir = by_id if is_valid_id(str(run)) and by_id.is_dir() else Path(run).expanduser().resolve()
+    if not (RunFiles(run_dir).config).is_file():
         raise ValueError(f"run {str(run)!r} not found: no {run_dir}/config.toml; give a run id from "
-                         f"{runs_root()} or a run folder")
+                         f"{runs_dir()} or a run folder")
     return run_dir
 
 
@@ -191,8 +175,8 @@ def prepare_resume(run: str | Path, overrides: list[str], nproc: int | None, *, 
             raise ConfigError(f"--set {override} would change {key} of run {run_dir.name}, which its checkpoints "
                               f"were trained with; a resume keeps {', '.join(RESUME_FIXED)}: drop it, or start a "
                               "new run (export this one with `trainops export` and pass --init-from)")
-    before = load_config(run_dir / "config.toml")
-    cfg = load_config(run_dir / "config.toml", None, overrides)
+    before = load_config(RunFiles(run_dir).config)
+    cfg = load_config(RunFiles(run_dir).config, None, overrides)
     if not cfg.checkpoint.enable:
         raise ConfigError(f"run {run_dir.name} has checkpoint.enable=false: it saved nothing to resume from; "
                           "start a new run with --set checkpoint.enable=true")
@@ -207,14 +191,14 @@ def prepare_resume(run: str | Path, overrides: list[str], nproc: int | None, *, 
     changed = {f"{section}.{key}": value for section, values in new.items() for key, value in values.items()
                if old[section][key] != value}
     if write and changed:
-        (run_dir / "config.toml").write_text(cfg.to_toml())
+        (RunFiles(run_dir).config).write_text(cfg.to_toml())
     return ResumePlan(run_dir=str(run_dir), checkpoint=str(path), step=step, saved_world_size=saved_world_size,
                       nproc=nproc, changed=changed)
 
 
 def loaded_checkpoint(run_dir: str | Path, since: float) -> str | None:
     """The checkpoint the trainer logged loading at or after `since` (unix s), from checkpoints.jsonl."""
-    journal = Path(run_dir) / "checkpoints.jsonl"
+    journal = RunFiles(run_dir).checkpoint_journal
     if not journal.exists():
         return None
     loads = [json.loads(line) for line in journal.read_text().splitlines() if '"event": "load"' in line]
@@ -243,7 +227,7 @@ def launch_run(run_dir: str | Path, nproc: int, *, show_progress: bool = True,
     """Run torchrun on a prepared run folder; launching it again resumes from its newest good
     checkpoint (when `[checkpoint] enable`), which is how a requeue continues a run."""
     run_dir = Path(run_dir)
-    total_steps = load_config(run_dir / "config.toml").training.steps
+    total_steps = load_config(RunFiles(run_dir).config).training.steps
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env["TRAINOPS_HOME"] = str(run_dir.parent.parent)

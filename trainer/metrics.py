@@ -16,6 +16,7 @@ import torch
 
 from trainops.trainer.config import MetricsConfig
 from trainops.trainer.model import ModelArgs, count_parameters
+from trainops.workspace import RunFiles
 
 # Dense bf16 tensor-core peaks in TFLOP/s (vendor data sheets, no sparsity). Matched by
 # substring of torch.cuda.get_device_name(); the first match wins, so specific names go first.
@@ -123,7 +124,7 @@ class MetricsLogger:
         self.cfg, self.run_dir, self.rank = cfg, Path(run_dir), rank
         self.run_id, self.total_steps = run_id, total_steps
         self.peak_tflops, self.peak_source = peak_tflops, peak_source
-        self.heartbeat_path = self.run_dir / "heartbeat" / f"rank{rank}.json"
+        self.heartbeat_path = RunFiles(self.run_dir).heartbeat(rank)
         self.heartbeat_path.parent.mkdir(parents=True, exist_ok=True)
         self.gauges: dict[str, Any] = {}
         if cfg.prometheus_port_base:
@@ -175,7 +176,7 @@ class MetricsLogger:
         }
         if self.cfg.jsonl:
             line = (json.dumps(record) + "\n").encode()
-            fd = os.open(self.run_dir / "metrics.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            fd = os.open(RunFiles(self.run_dir).metrics, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             try:
                 os.write(fd, line)  # one O_APPEND write per line: ranks never interleave
             finally:
@@ -192,7 +193,7 @@ def note_exit(run_dir: str | Path, rank: int, error: str) -> None:
     """Add how this rank ended to its heartbeat. A rank that exits saying why (often a peer's
     failure seen as a broken collective) is collateral; one that vanished without a word was
     killed: detection names the latter as the root cause."""
-    path = Path(run_dir) / "heartbeat" / f"rank{rank}.json"
+    path = RunFiles(run_dir).heartbeat(rank)
     try:
         beat = json.loads(path.read_text())
     except (OSError, ValueError):

@@ -21,10 +21,17 @@ from trainops.trainer.config import JobConfig, load_config
 from trainops.trainer.data import DataLoader
 from trainops.trainer.faults import FaultInjector
 from trainops.trainer.layout import validate_layout
-from trainops.trainer.metrics import (MetricsLogger, device_peak_tflops, flops_per_token, note_exit, param_checksum,
-                             peak_memory_gib)
+from trainops.trainer.metrics import (
+    MetricsLogger,
+    device_peak_tflops,
+    flops_per_token,
+    note_exit,
+    param_checksum,
+    peak_memory_gib,
+)
 from trainops.trainer.model import Transformer
 from trainops.trainer.parallelize import build_mesh, parallelize, replica_group, seeded_init
+from trainops.workspace import RunFiles
 
 
 class NonFiniteLoss(RuntimeError):
@@ -248,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--run-dir", required=True, help="run folder holding config.toml")
     run_dir = Path(parser.parse_args(argv).run_dir)
-    cfg = load_config(run_dir / "config.toml")
+    cfg = load_config(RunFiles(run_dir).config)
     rank, world_size, device = init_distributed()
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     log_file = open(run_dir / "logs" / f"rank{rank}.log", "a", buffering=1)

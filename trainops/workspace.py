@@ -10,9 +10,62 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
+import time
 from pathlib import Path
 
 _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
+class RunFiles:
+    """Every name in a run folder, in one place: the trainer writes them, the tools, skills and
+    benchmarks read them, and none of them spells a file name of its own."""
+
+    def __init__(self, run_dir: str | Path):
+        self.root = Path(run_dir)
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.toml"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def status(self) -> Path:
+        return self.root / "status.json"
+
+    @property
+    def checkpoint_journal(self) -> Path:
+        return self.root / "checkpoints.jsonl"
+
+    @property
+    def faults(self) -> Path:
+        return self.root / "faults.jsonl"
+
+    @property
+    def heartbeat_dir(self) -> Path:
+        return self.root / "heartbeat"
+
+    def heartbeat(self, rank: int) -> Path:
+        return self.heartbeat_dir / f"rank{rank}.json"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.root / "logs"
+
+    def rank_log(self, rank: int) -> Path:
+        return self.logs_dir / f"rank{rank}.log"
+
+
+def new_run_id() -> str:
+    """run-YYYYmmdd-HHMMSS-xxxxxx: sortable by start time, unique without a lock."""
+    return f"run-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+
+
+def is_valid_id(value: object) -> bool:
+    return isinstance(value, str) and _SAFE_ID.fullmatch(value) is not None
 
 
 def home() -> Path:
@@ -49,7 +102,7 @@ def agent_db_path() -> Path:
 
 def check_id(kind: str, value: str) -> str:
     """Ids become folder names: refuse anything that could escape the workspace."""
-    if not isinstance(value, str) or not _SAFE_ID.fullmatch(value):
+    if not is_valid_id(value):
         raise ValueError(
             f"{kind} id {value!r} is not valid: use letters, digits, '_', '.', '-' "
             "(at most 128 characters, not starting with a dot)"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from trainops.tools.governance import approvals
 from trainops.tools.governance.pack_checks import EVIDENCE_FILE, REPORT_FILE
+from trainops.workspace import RunFiles
 
 
 def decide(pack: str, decision: approvals.Verdict, note: str = "", key: Path | None = None) -> approvals.Decision:
@@ -61,7 +62,7 @@ def _run_config(run: str | None) -> dict | None:
     from trainops.tools.governance.claims import resolve_run
 
     folder = resolve_run(run) if run else None
-    config = folder / "config.toml" if folder else None
+    config = RunFiles(folder).config if folder else None
     if config is None or not config.is_file():
         return None
     try:

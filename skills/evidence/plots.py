@@ -12,6 +12,7 @@ from pathlib import Path
 
 from trainops.skills.evidence.model import EvidencePack
 from trainops.skills.evidence.view import Figure
+from trainops.workspace import RunFiles
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 LINESTYLES = ("-", "--", ":", "-.")
@@ -39,7 +40,7 @@ def _png(plt, fig) -> bytes:
 
 
 def read_metrics(run_dir: str | Path, rank: int = 0) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
+    path = RunFiles(run_dir).metrics
     if not path.exists():
         return []
     records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]

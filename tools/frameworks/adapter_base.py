@@ -3,8 +3,6 @@ settings from defaults plus `section.key=value` overrides, and the run folder th
 from __future__ import annotations
 
 import json
-import secrets
-import time
 from pathlib import Path
 
 from trainops.tools.frameworks.base import (
@@ -16,6 +14,7 @@ from trainops.tools.frameworks.base import (
     parse_value,
     split_override,
 )
+from trainops.workspace import RunFiles, new_run_id, runs_dir
 
 
 def merged(framework: str, defaults: dict[str, dict[str, object]], overrides: list[str],
@@ -71,16 +70,14 @@ class SettingsAdapter(AdapterBase):
 
 def new_run_dir(framework: str, settings: dict[str, dict[str, object]]) -> Path:
     """`$TRAINOPS_HOME/runs/RUN/` with config.toml (flat sections, one key per knob)."""
-    from trainops.trainer.launch import runs_root
-
-    run_dir = runs_root() / f"run-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
-    (run_dir / "logs").mkdir(parents=True)
+    run_dir = runs_dir() / new_run_id()
+    RunFiles(run_dir).logs_dir.mkdir(parents=True)
     lines = [f'framework = "{framework}"', ""]
     for section, values in settings.items():
         lines.append(f"[{section}]")
         lines += [f"{json.dumps(k) if '.' in k else k} = {json.dumps(v)}" for k, v in values.items()]
         lines.append("")
-    (run_dir / "config.toml").write_text("\n".join(lines), encoding="utf-8")
+    (RunFiles(run_dir).config).write_text("\n".join(lines), encoding="utf-8")
     return run_dir
 
 

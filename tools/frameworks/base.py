@@ -12,6 +12,7 @@ from typing import Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, Field
 
 from trainops.tools.schedulers.base import JobSpec
+from trainops.workspace import RunFiles
 
 FrameworkName = Literal["trainops", "deepspeed", "torchtitan", "megatron"]
 KnobCategory = Literal["communication-overlap", "kernels", "data-pipeline", "batch", "memory", "parallelism"]
@@ -164,7 +165,7 @@ def ingest_log(adapter: FrameworkAdapter, text: str, run_dir: str | Path, ctx: P
     records = [adapter.parse_log_line(line, ctx) for line in text.splitlines()]
     lines = [json.dumps({"rank": rank, "time": time.time(), **r.model_dump(exclude_none=True)}) + "\n"
              for r in records if r is not None]
-    with open(Path(run_dir) / "metrics.jsonl", "a", encoding="utf-8") as fh:
+    with open(RunFiles(run_dir).metrics, "a", encoding="utf-8") as fh:
         fh.writelines(lines)
     return len(lines)
 

@@ -21,6 +21,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from trainops.workspace import RunFiles
+
 
 def _append(path: Path, record: dict) -> None:
     with open(path, "a", encoding="utf-8") as fh:
@@ -62,7 +64,7 @@ def save(engine, run_dir: Path, step: int, keep: int, world_size: int) -> None:
         for old in committed[: max(0, len(committed) - keep)]:
             shutil.rmtree(old.path, ignore_errors=True)
         write_s = time.perf_counter() - started
-        _append(run_dir / "checkpoints.jsonl", {
+        _append(RunFiles(run_dir).checkpoint_journal, {
             "event": "save", "step": step, "mode": "sync", "world_size": world_size, "stall_s": write_s,
             "write_s": write_s, "size_bytes": sum(f["size_bytes"] for f in files.values()),
             "path": str(root / name), "time": commit["time"], "framework": "deepspeed"})
@@ -80,7 +82,7 @@ def resume(engine, run_dir: Path) -> int:
             if verdict.complete:
                 chosen[0] = info.path
                 break
-            _append(run_dir / "checkpoints.jsonl", {"event": "fallback", "step": info.step, "path": info.path,
+            _append(RunFiles(run_dir).checkpoint_journal, {"event": "fallback", "step": info.step, "path": info.path,
                                                       "reason": verdict.message, "time": time.time()})
     dist.broadcast_object_list(chosen, src=0)
     if not chosen[0]:
@@ -89,7 +91,7 @@ def resume(engine, run_dir: Path) -> int:
     _, client_state = engine.load_checkpoint(str(path.parent), tag=path.name)
     step = int(client_state["step"])
     if dist.get_rank() == 0:
-        _append(run_dir / "checkpoints.jsonl", {"event": "load", "step": step, "path": str(path), "time": time.time()})
+        _append(RunFiles(run_dir).checkpoint_journal, {"event": "load", "step": step, "path": str(path), "time": time.time()})
     return step
 
 
@@ -97,7 +99,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", required=True)
     run_dir = Path(parser.parse_args(argv).run_dir)
-    settings = tomllib.loads((run_dir / "config.toml").read_text(encoding="utf-8"))
+    settings = tomllib.loads((RunFiles(run_dir).config).read_text(encoding="utf-8"))
     ds_config = json.loads((run_dir / "ds_config.json").read_text(encoding="utf-8"))
     training, ckpt = settings["training"], settings["checkpoint"]
 
@@ -105,7 +107,13 @@ def main(argv: list[str]) -> int:
 
     from trainops.trainer.config import MetricsConfig
     from trainops.trainer.data import SyntheticTokens
-    from trainops.trainer.metrics import MetricsLogger, device_peak_tflops, flops_per_token, format_line, peak_memory_gib
+    from trainops.trainer.metrics import (
+        MetricsLogger,
+        device_peak_tflops,
+        flops_per_token,
+        format_line,
+        peak_memory_gib,
+    )
     from trainops.trainer.model import Transformer, preset
 
     deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")

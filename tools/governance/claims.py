@@ -5,13 +5,13 @@ checks the rendered report.
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
 from trainops.tools.governance.text import Violation, check_text, validate_report_text
+from trainops.workspace import RunFiles
 
 _PLACEHOLDER_VALUES = {"", "?", "??", "???", "-", "n/a", "na", "none", "null", "unknown", "tbd", "todo", "xxx", "tba"}
 
@@ -62,7 +62,7 @@ def resolve_run(run: str) -> Path | None:
     from trainops.workspace import runs_dir
 
     for candidate in (Path(run), runs_dir() / run):
-        if (candidate / "metrics.jsonl").is_file():
+        if (RunFiles(candidate).metrics).is_file():
             return candidate.resolve()
     return None
 

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from trainops.tools.monitoring.base import AGGREGATES, HEARTBEAT_AGE, MonitorError, Sample, Series
+from trainops.workspace import RunFiles
 
 KIND = "embedded"
 
@@ -27,7 +28,7 @@ def resolve_run(run: str) -> Path:
 def read_records(run_dir: Path, start_offset: int = 0) -> tuple[list[dict], int]:
     """Complete JSON lines of metrics.jsonl from `start_offset`; returns them and the new offset
     (a half-written last line is left for the next read)."""
-    path = run_dir / "metrics.jsonl"
+    path = RunFiles(run_dir).metrics
     if not path.exists():
         return [], start_offset
     with open(path, "rb") as fh:
@@ -46,7 +47,7 @@ def read_records(run_dir: Path, start_offset: int = 0) -> tuple[list[dict], int]
 
 def read_heartbeats(run_dir: Path) -> dict[int, dict]:
     beats: dict[int, dict] = {}
-    for path in (run_dir / "heartbeat").glob("rank*.json"):
+    for path in RunFiles(run_dir).heartbeat_dir.glob("rank*.json"):
         try:
             beats[int(path.stem[4:])] = json.loads(path.read_text())
         except (ValueError, json.JSONDecodeError, OSError):

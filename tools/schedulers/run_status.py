@@ -6,11 +6,12 @@ trainer's own launcher does this only for `trainops train`).
 from __future__ import annotations
 
 import sys
-from pathlib import Path
+
+from trainops.workspace import RunFiles
 
 
 def write_run_status(run_dir: str, exit_code: int) -> None:
-    if not (Path(run_dir) / "config.toml").exists():
+    if not (RunFiles(run_dir).config).exists():
         return
     from trainops.trainer.launch import summarize
 

@@ -8,6 +8,7 @@ import typer
 from rich.markup import escape
 
 from trainops.output import console, emit, fail
+from trainops.workspace import RunFiles
 
 JSON = typer.Option(False, "--json", help="Print JSON for machines.")
 SCHED = typer.Option("local", "--scheduler", help="local, slurm or kubernetes.")
@@ -162,12 +163,11 @@ def register(app: typer.Typer) -> None:
     def evidence_build(run_dirs: List[str] = typer.Argument(..., help="Run folders (baseline repeats; drills are picked up)."),
                        scheduler: str = SCHED, as_json: bool = JSON):
         """Build, validate and write a pack from finished runs."""
-        from pathlib import Path
 
         from trainops.skills.sop import build_from_runs
 
         for run_dir in run_dirs:
-            if not (Path(run_dir) / "metrics.jsonl").exists():
+            if not (RunFiles(run_dir).metrics).exists():
                 fail(f"RUNDIR: {run_dir!r} has no metrics.jsonl; pass a finished run folder ($TRAINOPS_HOME/runs/RUN)", as_json=as_json)
         folder = _guard(lambda: build_from_runs(run_dirs, scheduler), as_json)
         emit({"pack_dir": str(folder)}, as_json, lambda o: console().print(f"pack written: {o['pack_dir']}", markup=False))

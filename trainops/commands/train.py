@@ -15,6 +15,7 @@ from typing import Any, List, Optional
 import typer
 
 from trainops.output import console, emit, fail
+from trainops.workspace import RunFiles
 
 app = typer.Typer()
 
@@ -106,7 +107,7 @@ def launch_through_gate(run_dir: Path, nproc: int, show_progress: bool) -> Any:
     try:
         if progress is not None:
             progress.start()
-            task = progress.add_task("training", total=load_config(run_dir / "config.toml").training.steps)
+            task = progress.add_task("training", total=load_config(RunFiles(run_dir).config).training.steps)
         while waiter.is_alive():
             waiter.join(0.2)
             if progress is not None:
@@ -167,7 +168,7 @@ def train(
             plan = prepare_resume(resume, overrides, nproc, write=not dry_run)
             run_dir, nproc = Path(plan.run_dir), plan.nproc
             if dry_run:
-                emit(plan_dry_run(load_config(run_dir / "config.toml", None, overrides), nproc), as_json, _render_plan)
+                emit(plan_dry_run(load_config(RunFiles(run_dir).config, None, overrides), nproc), as_json, _render_plan)
                 return
             if not as_json:
                 console().print(f"resuming {run_dir.name} from {plan.checkpoint} (step {plan.step}, verified; saved by "
@@ -211,7 +212,7 @@ def export(
 
     try:
         run_dir = resolve_run(run)
-        cfg = load_config(run_dir / "config.toml")
+        cfg = load_config(RunFiles(run_dir).config)
         if step is None:
             newest = newest_verified_checkpoint(run_dir, cfg)
             if newest is None:
