@@ -7,10 +7,9 @@ import socket
 
 import pytest
 
+from tests.agents.conftest import ScriptedOpenAI
 from trainops.agents.providers import ProviderError, load_settings, make_chat_model
 from trainops.agents.session import AgentSession
-
-from tests.agents.conftest import ScriptedOpenAI
 
 tool_call, text = ScriptedOpenAI.tool_call, ScriptedOpenAI.text
 

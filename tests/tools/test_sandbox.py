@@ -3,7 +3,6 @@ Each test brings a fresh cluster up and down (about a second each way)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 
 import pytest

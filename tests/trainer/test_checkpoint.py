@@ -18,7 +18,12 @@ import torch
 import torch.nn.functional as F
 
 from trainops.trainer.checkpoint import (
-    COMMIT_FILE, AppState, Checkpointer, list_checkpoints, step_dir_name, verify_checkpoint,
+    COMMIT_FILE,
+    AppState,
+    Checkpointer,
+    list_checkpoints,
+    step_dir_name,
+    verify_checkpoint,
 )
 from trainops.trainer.config import CheckpointConfig, load_config
 from trainops.trainer.data import DataLoader

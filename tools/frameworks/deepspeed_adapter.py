@@ -14,6 +14,7 @@ import re
 import sys
 from pathlib import Path
 
+from trainops.tools.frameworks.adapter_base import SettingsAdapter, new_run_dir
 from trainops.tools.frameworks.base import (
     FrameworkJob,
     FrameworkKnob,
@@ -23,7 +24,6 @@ from trainops.tools.frameworks.base import (
     StepRecord,
     mfu,
 )
-from trainops.tools.frameworks.adapter_base import SettingsAdapter, new_run_dir
 from trainops.tools.frameworks.trainops_adapter import TrainopsAdapter
 from trainops.tools.schedulers.base import JobSpec
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from trainops.tools.frameworks.adapter_base import SettingsAdapter, new_run_dir, number, write_command
 from trainops.tools.frameworks.base import (
     FrameworkJob,
     FrameworkKnob,
@@ -17,7 +18,6 @@ from trainops.tools.frameworks.base import (
     StepRecord,
     mfu,
 )
-from trainops.tools.frameworks.adapter_base import SettingsAdapter, new_run_dir, number, write_command
 from trainops.tools.schedulers.base import JobSpec
 
 DEFAULTS: dict[str, dict[str, object]] = {

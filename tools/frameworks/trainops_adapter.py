@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from trainops.tools.frameworks.adapter_base import AdapterBase
 from trainops.tools.frameworks.base import (
     FrameworkJob,
     FrameworkKnob,
@@ -13,7 +14,6 @@ from trainops.tools.frameworks.base import (
     StepRecord,
     mfu,
 )
-from trainops.tools.frameworks.adapter_base import AdapterBase
 from trainops.tools.schedulers.base import JobSpec
 
 # trainer/metrics.py format_line: "step     5/12  loss 5.1234  grad_norm 1.234  step_time 85ms  tok/s 1,505 ..."
