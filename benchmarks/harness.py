@@ -11,7 +11,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-RESULTS_PATH = Path(__file__).with_name("RESULTS.md")
+
+def _results_path() -> Path:
+    """benchmarks/RESULTS.md in a source checkout (the published figures live in the repository);
+    from an installed wheel, $TRAINOPS_HOME/bench/RESULTS.md, never a file inside site-packages.
+    `TRAINOPS_BENCH_RESULTS` names another file."""
+    if os.environ.get("TRAINOPS_BENCH_RESULTS"):
+        return Path(os.environ["TRAINOPS_BENCH_RESULTS"]).expanduser()
+    here = Path(__file__).resolve()
+    if (here.parents[1] / "pyproject.toml").is_file():
+        return here.with_name("RESULTS.md")
+    from trainops.workspace import home
+
+    folder = home() / "bench"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / "RESULTS.md"
+
+
+RESULTS_PATH = _results_path()
 SUITE_BEGIN = "<!-- suite:begin -->"
 SUITE_END = "<!-- suite:end -->"
 GPU_BEGIN = "<!-- gpu:begin -->"  # benchmarks/gpu_mfu.py owns this section

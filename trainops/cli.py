@@ -1,6 +1,6 @@
-"""The `trainops` command line: wiring only. Each area registers its commands from
-`trainops/commands/`; those modules import torch, LangGraph and LangChain inside the
-commands that need them, so `trainops --help` starts fast."""
+"""The `trainops` command line: wiring only. Each area is a module-level Typer app in
+`trainops/commands/` whose commands can be imported and tested alone; those modules import torch,
+LangGraph and LangChain inside the commands that need them, so `trainops --help` starts fast."""
 from __future__ import annotations
 
 import typer
@@ -34,9 +34,8 @@ def _as_operator(ctx: typer.Context) -> None:
     ctx.with_resource(serving(_agent_registry))
 
 
-for area in (train, tools, sop, agent, bench):
-    area.register(app)
-app.add_typer(governance.app)
+for area in (train, tools, sop, governance, agent, bench):  # each a module-level Typer app, merged at the top
+    app.add_typer(area.app)
 app.add_typer(sandbox.app, name="sandbox")
 
 

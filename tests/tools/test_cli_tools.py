@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from trainops.cli import app
@@ -191,3 +192,19 @@ def test_tool_call_passes_the_approval_token_to_the_gate():
     result = invoke("tool", "call", "set_tenant_quota", "--input", QUOTA, "--approval-token", "not-a-token", "--json")
     error = json.loads(result.stdout)["error"]
     assert result.exit_code == 2 and "refused" in error and "missing_token" not in error
+
+
+def test_each_command_group_is_a_module_level_app_that_runs_alone():
+    """Issue 15: a command group can be imported and invoked without the root CLI's wiring."""
+    import importlib
+
+    for area in ("train", "tools", "sop", "governance", "agent", "bench", "sandbox"):
+        module = importlib.import_module(f"trainops.commands.{area}")
+        assert isinstance(module.app, typer.Typer), area
+        assert not hasattr(module, "register"), f"trainops.commands.{area} still wires itself through register()"
+    from trainops.commands.tools import app as tools_app
+
+    result = CliRunner().invoke(tools_app, ["plan", "checkpoint", "--save-s", "60", "--restart-s", "300",
+                                            "--mtbf-h", "10", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["daly_interval_min"] > 0

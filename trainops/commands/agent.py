@@ -110,76 +110,80 @@ def _ask_decision(payload: dict[str, Any], approver: str) -> dict[str, Any]:
     return {"decision": "approve", "approver": approver}
 
 
-def register(app: typer.Typer) -> None:
-    @app.command()
-    def chat(
-        thread: Optional[str] = ThreadOpt,
-        provider: Optional[str] = ProviderOpt,
-        model: Optional[str] = ModelOpt,
-        base_url: Optional[str] = BaseUrlOpt,
-        approver: Optional[str] = typer.Option(None, "--approver", help="Name recorded on approvals (default $TRAINOPS_APPROVER or your login)."),
-    ) -> None:
-        """Talk to the ops agent; the thread persists, gated actions ask you inline. /exit leaves."""
-        from rich.prompt import Prompt
+app = typer.Typer()
 
-        who = approver or _approver()
-        with _open(thread, provider, model, base_url, False, stream_tokens=True) as session:
-            view = _ChatView()
-            console().print(f"[dim]thread {escape(session.thread_id)} · provider {session.settings.provider} · /exit to leave[/]")
-            while True:
-                try:  # leaving at any prompt keeps an undecided approval pending in the thread
-                    for payload in session.pending():
-                        _show({"kind": "approval", **payload})
-                        _drain(session.decide(_ask_decision(payload, who)), view, False)
-                    text = Prompt.ask("[bold]you[/]").strip()
-                except (EOFError, KeyboardInterrupt):
-                    break
-                if text in ("/exit", "/quit"):
-                    break
-                if text:
-                    _drain(session.ask(text), view, False)
 
-    @app.command()
-    def ask(
-        question: str = typer.Argument(..., help="What you want, in words."),
-        as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
-        thread: Optional[str] = ThreadOpt,
-        provider: Optional[str] = ProviderOpt,
-        model: Optional[str] = ModelOpt,
-        base_url: Optional[str] = BaseUrlOpt,
-    ) -> None:
-        """One question, no prompts: a gated action becomes a pending approval instead of running."""
-        if not question.strip():
-            fail("question is empty: say what you need, e.g. trainops ask \"show pending approvals\"", as_json=as_json)
-        with _open(thread, provider, model, base_url, as_json) as session:
-            events = _drain(session.ask(question), (lambda e: None) if as_json else _show, as_json)
-            pending = session.pending()
-            result = {
-                "thread_id": session.thread_id,
-                "provider": session.settings.provider,
-                "answer": next((e["text"] for e in events if e["kind"] == "answer"), None),
-                "tool_calls": [{"tool": e["tool"], "status": e["status"]} for e in events if e["kind"] == "tool_result"],
-                "pending_approvals": pending,
-                "resume": f"trainops chat --thread {session.thread_id}" if pending else None,
-                "timing": session.timing,
-            }
-        if as_json:
-            emit(result, True)
-        elif pending:
-            console().print(f"[yellow]{len(pending)} action(s) wait for approval; decide with `{escape(result['resume'])}`[/]")
+@app.command()
+def chat(
+    thread: Optional[str] = ThreadOpt,
+    provider: Optional[str] = ProviderOpt,
+    model: Optional[str] = ModelOpt,
+    base_url: Optional[str] = BaseUrlOpt,
+    approver: Optional[str] = typer.Option(None, "--approver", help="Name recorded on approvals (default $TRAINOPS_APPROVER or your login)."),
+) -> None:
+    """Talk to the ops agent; the thread persists, gated actions ask you inline. /exit leaves."""
+    from rich.prompt import Prompt
 
-    @app.command()
-    def threads(as_json: bool = typer.Option(False, "--json", help="Print the threads as JSON.")) -> None:
-        """List the ops agent's conversation threads, newest first."""
-        from trainops.agents.threads import list_threads
+    who = approver or _approver()
+    with _open(thread, provider, model, base_url, False, stream_tokens=True) as session:
+        view = _ChatView()
+        console().print(f"[dim]thread {escape(session.thread_id)} · provider {session.settings.provider} · /exit to leave[/]")
+        while True:
+            try:  # leaving at any prompt keeps an undecided approval pending in the thread
+                for payload in session.pending():
+                    _show({"kind": "approval", **payload})
+                    _drain(session.decide(_ask_decision(payload, who)), view, False)
+                text = Prompt.ask("[bold]you[/]").strip()
+            except (EOFError, KeyboardInterrupt):
+                break
+            if text in ("/exit", "/quit"):
+                break
+            if text:
+                _drain(session.ask(text), view, False)
 
-        def render(items) -> None:
-            from rich.table import Table
 
-            table = Table("thread", "updated", "messages", "pending", "first request")
-            for item in items:
-                table.add_row(escape(item.thread_id), item.updated[:19], str(item.messages), str(item.pending_approvals),
-                              escape(item.first_request))
-            console().print(table if items else "no threads yet: start one with `trainops chat` or `trainops ask`")
+@app.command()
+def ask(
+    question: str = typer.Argument(..., help="What you want, in words."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    thread: Optional[str] = ThreadOpt,
+    provider: Optional[str] = ProviderOpt,
+    model: Optional[str] = ModelOpt,
+    base_url: Optional[str] = BaseUrlOpt,
+) -> None:
+    """One question, no prompts: a gated action becomes a pending approval instead of running."""
+    if not question.strip():
+        fail("question is empty: say what you need, e.g. trainops ask \"show pending approvals\"", as_json=as_json)
+    with _open(thread, provider, model, base_url, as_json) as session:
+        events = _drain(session.ask(question), (lambda e: None) if as_json else _show, as_json)
+        pending = session.pending()
+        result = {
+            "thread_id": session.thread_id,
+            "provider": session.settings.provider,
+            "answer": next((e["text"] for e in events if e["kind"] == "answer"), None),
+            "tool_calls": [{"tool": e["tool"], "status": e["status"]} for e in events if e["kind"] == "tool_result"],
+            "pending_approvals": pending,
+            "resume": f"trainops chat --thread {session.thread_id}" if pending else None,
+            "timing": session.timing,
+        }
+    if as_json:
+        emit(result, True)
+    elif pending:
+        console().print(f"[yellow]{len(pending)} action(s) wait for approval; decide with `{escape(result['resume'])}`[/]")
 
-        emit(list_threads(), as_json, render)
+
+@app.command()
+def threads(as_json: bool = typer.Option(False, "--json", help="Print the threads as JSON.")) -> None:
+    """List the ops agent's conversation threads, newest first."""
+    from trainops.agents.threads import list_threads
+
+    def render(items) -> None:
+        from rich.table import Table
+
+        table = Table("thread", "updated", "messages", "pending", "first request")
+        for item in items:
+            table.add_row(escape(item.thread_id), item.updated[:19], str(item.messages), str(item.pending_approvals),
+                          escape(item.first_request))
+        console().print(table if items else "no threads yet: start one with `trainops chat` or `trainops ask`")
+
+    emit(list_threads(), as_json, render)

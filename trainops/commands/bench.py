@@ -5,38 +5,34 @@ import typer
 
 from trainops.output import console, emit, fail
 
+app = typer.Typer()
 
-def register(app: typer.Typer) -> None:
-    @app.command("bench")
-    def bench(
-        quick: bool = typer.Option(False, "--quick", help="fewer repeats: a smoke run, not figures to publish"),
-        as_json: bool = typer.Option(False, "--json", help="print the figures as JSON"),
-    ) -> None:
-        """Run the performance suite and rewrite benchmarks/RESULTS.md (side-by-side ratios)."""
-        try:
-            from trainops.benchmarks import suite
-        except ModuleNotFoundError as error:
-            if error.name != "benchmarks":
-                raise
-            fail("the benchmarks package is not importable: run from a source checkout "
-                 "(pip install -e .) to use `trainops bench`", as_json=as_json)
-        from trainops.tools.base import ToolError
 
-        try:
-            result = suite.run(quick=quick)
-        except (RuntimeError, ToolError) as error:
-            fail(f"benchmark failed: {error}", as_json=as_json)
-        figures = [{"name": f.name, "median": f.median, "unit": f.unit, "samples": f.samples, "target": f.target,
-                    "met": f.passed, "note": f.note} for f in result.figures]
-        emit({"results": str(suite.RESULTS_PATH), "figures": figures}, as_json, _render)
+@app.command("bench")
+def bench(
+    quick: bool = typer.Option(False, "--quick", help="fewer repeats: a smoke run, not figures to publish"),
+    as_json: bool = typer.Option(False, "--json", help="print the figures as JSON"),
+) -> None:
+    """Run the performance suite and rewrite benchmarks/RESULTS.md (side-by-side ratios)."""
+    from trainops.benchmarks import suite
+    from trainops.tools.base import ToolError
 
-    def _render(payload: dict) -> None:
-        from rich.table import Table
+    try:
+        result = suite.run(quick=quick)
+    except (RuntimeError, ToolError) as error:
+        fail(f"benchmark failed: {error}", as_json=as_json)
+    figures = [{"name": f.name, "median": f.median, "unit": f.unit, "samples": f.samples, "target": f.target,
+                "met": f.passed, "note": f.note} for f in result.figures]
+    emit({"results": str(suite.RESULTS_PATH), "figures": figures}, as_json, _render)
 
-        table = Table(title=f"benchmarks -> {payload['results']}")
-        for column in ("figure", "median", "target", "met"):
-            table.add_column(column)
-        for fig in payload["figures"]:
-            met = {True: "[green]yes[/]", False: "[red]no[/]", None: "n/a"}[fig["met"]]
-            table.add_row(fig["name"], f"{fig['median']:.4g} {fig['unit']}", fig["target"], met)
-        console().print(table)
+
+def _render(payload: dict) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"benchmarks -> {payload['results']}")
+    for column in ("figure", "median", "target", "met"):
+        table.add_column(column)
+    for fig in payload["figures"]:
+        met = {True: "[green]yes[/]", False: "[red]no[/]", None: "n/a"}[fig["met"]]
+        table.add_row(fig["name"], f"{fig['median']:.4g} {fig['unit']}", fig["target"], met)
+    console().print(table)

@@ -77,171 +77,185 @@ def _table(title: str, headers: list[str], rows: list[list[object]]) -> None:
     console().print(table)
 
 
-def register(app: typer.Typer) -> None:
-    evidence = typer.Typer(help="Evidence packs: build from runs, show.", no_args_is_help=True)
-    skill = typer.Typer(help="Skills: list, show, run a SKILL.md step by step.", no_args_is_help=True)
-    app.add_typer(evidence, name="evidence")
-    app.add_typer(skill, name="skill")
+app = typer.Typer()
 
-    @app.command()
-    def baseline(config: Optional[str] = typer.Argument(None, help="Job config TOML (default: tiny preset)."),
-                 repeats: int = typer.Option(3, min=1, help="Independent runs."), nproc: int = typer.Option(2, min=1),
-                 sets: Optional[List[str]] = SETS, scheduler: str = SCHED, monitor: str = MONITOR, as_json: bool = JSON,
-                 framework: str = FRAMEWORK, nodes: int = NODES):
-        """S2: repeats of the unchanged config; median and spread of step time, tokens/s, MFU."""
-        from trainops.skills import baseline as skill_baseline
 
-        req = _request(config, sets, nproc, scheduler, as_json, monitor, framework, nodes)
-        summary, _, _ = _guard(lambda: skill_baseline.measure(req, repeats, progress=_progress(as_json)), as_json)
-        emit(summary, as_json, lambda s: _table(
-            f"baseline: {s.model}, {s.parallel_layout}, {s.precision}, {s.repeats} repeats", ["metric", "median", "spread"],
-            [[n, f"{m.median:.4f}", f"{m.spread_pct:.1f}%"] for n, m in
-             (("step_time_s", s.step_time_s), ("tokens_per_s", s.tokens_per_s), ("mfu_pct", s.mfu_pct))]))
+evidence = typer.Typer(help="Evidence packs: build from runs, show.", no_args_is_help=True)
 
-    @app.command()
-    def ablate(config: Optional[str] = typer.Argument(None, help="Job config TOML (default: tiny preset)."),
-               knob: Optional[List[str]] = typer.Option(None, "--knob", help="NAME=VALUE; one variable per arm (repeat for more arms)."),
-               list_knobs: bool = typer.Option(False, "--list", help="Show the knob catalogue."),
-               repeats: int = typer.Option(3, min=1), nproc: int = typer.Option(2, min=1),
-               sets: Optional[List[str]] = SETS, scheduler: str = SCHED, monitor: str = MONITOR, as_json: bool = JSON,
-               framework: str = FRAMEWORK):
-        """S3/S4: single-variable arms against the baseline, small scale then target scale."""
-        from trainops.skills import ablation as skill_ablation
-        from trainops.skills import baseline as skill_baseline
-        from trainops.skills.knobs import catalogue, parse_arm, plan_order
-        from trainops.tools.frameworks.base import get_adapter
 
-        req = _request(config, sets, nproc, scheduler, as_json, monitor, framework)
-        if list_knobs:
-            knobs = plan_order(list(catalogue(framework).values()))
-            return emit(knobs, as_json, lambda ks: _table("ablation knobs (plan order)", ["knob", "category", "values", "expected effect"],
-                                                          [[k.name, k.category, "|".join(k.values), k.expected_effect] for k in ks]))
-        if not knob:
-            fail("--knob: no arm given; pass --knob NAME=VALUE (see trainops ablate --list)", as_json=as_json)
-        for spec in knob:
-            arm, value = _guard(lambda: parse_arm(spec.split(","), framework), as_json)
-            if framework != "trainops":  # the framework's own flag prerequisites, before anything launches
-                _guard(lambda: get_adapter(framework).validate({arm.name: value}, overrides=req.overrides, world_size=nproc), as_json)
-        say = _progress(as_json)
+skill = typer.Typer(help="Skills: list, show, run a SKILL.md step by step.", no_args_is_help=True)
+app.add_typer(evidence, name="evidence")
+app.add_typer(skill, name="skill")
 
-        def go():
-            scales = sorted({1, nproc})
-            baselines = {n: skill_baseline.repeat(req.with_overrides([], nproc=n), f"baseline-{n}p", repeats, progress=say) for n in scales}
-            return skill_ablation.run_plan(req, knob, baselines, repeats, progress=say)[0]
 
-        rows = _guard(go, as_json)
-        emit(rows, as_json, lambda rs: _table("ablation", ["knob", "value", "scale", "MFU change", "noise band", "verdict"],
-                                              [[r.knob, r.value, r.scale, f"{r.mfu_change_pct:.1f}%", f"±{r.noise_band_pct:.1f}%",
-                                                r.verdict + (" (vanished at scale)" if r.vanished_at_scale else "")] for r in rs]))
+@app.command()
+def baseline(config: Optional[str] = typer.Argument(None, help="Job config TOML (default: tiny preset)."),
+             repeats: int = typer.Option(3, min=1, help="Independent runs."), nproc: int = typer.Option(2, min=1),
+             sets: Optional[List[str]] = SETS, scheduler: str = SCHED, monitor: str = MONITOR, as_json: bool = JSON,
+             framework: str = FRAMEWORK, nodes: int = NODES):
+    """S2: repeats of the unchanged config; median and spread of step time, tokens/s, MFU."""
+    from trainops.skills import baseline as skill_baseline
 
-    @app.command()
-    def drill(config: Optional[str] = typer.Argument(None, help="Job config TOML with [checkpoint] enable = true."),
-              fault: List[str] = typer.Option(["crash"], "--fault", help="crash | node-loss | hang | checkpoint-corruption | nan (loss anomaly) | "
-                                                         "bitflip (silent data corruption, DDP replicas) | straggler (detection only: recovery needs a spare node) | "
-                                                         "node-crash | power-loss (a real node of a `trainops sandbox` cluster: --scheduler slurm --nodes 2)."),
-              nproc: int = typer.Option(2, min=1), sets: Optional[List[str]] = SETS, scheduler: str = SCHED,
-              monitor: str = MONITOR, as_json: bool = JSON, framework: str = FRAMEWORK, nodes: int = NODES):
-        """S5: inject, detect, isolate, restart from the newest good checkpoint; time each phase."""
-        from trainops.skills import drill as skill_drill
+    req = _request(config, sets, nproc, scheduler, as_json, monitor, framework, nodes)
+    summary, _, _ = _guard(lambda: skill_baseline.measure(req, repeats, progress=_progress(as_json)), as_json)
+    emit(summary, as_json, lambda s: _table(
+        f"baseline: {s.model}, {s.parallel_layout}, {s.precision}, {s.repeats} repeats", ["metric", "median", "spread"],
+        [[n, f"{m.median:.4f}", f"{m.spread_pct:.1f}%"] for n, m in
+         (("step_time_s", s.step_time_s), ("tokens_per_s", s.tokens_per_s), ("mfu_pct", s.mfu_pct))]))
 
-        req = _request(config, sets, nproc, scheduler, as_json, monitor, framework, nodes)
-        for kind in fault:
-            if kind not in skill_drill.DRILLS:
-                fail(f"--fault: unknown fault {kind!r}; use one of {', '.join(skill_drill.DRILLS)}", as_json=as_json)
-        _guard(lambda: skill_drill.require_checkpoints(req), as_json)
-        results = _guard(lambda: skill_drill.run_drills(req, fault, progress=_progress(as_json))[0], as_json)
-        emit(results, as_json, lambda rs: _table("drills", ["fault", "detection", "isolation", "recovery", "steps lost", "checkpoint"],
-                                                 [_drill_row(d) for d in rs]))
 
-    def _drill_row(d) -> list:
-        if not hasattr(d, "recovery_time_s"):  # a detection-only drill says why recovery was not measured
-            return [d.fault, f"{d.detection_latency_s:.2f} s", d.isolation_granularity, d.recovery, "-", "-"]
-        return [d.fault, f"{d.detection_latency_s:.2f} s", d.isolation_granularity, f"{d.recovery_time_s:.1f} s",
-                d.steps_lost, d.checkpoint_used]
+@app.command()
+def ablate(config: Optional[str] = typer.Argument(None, help="Job config TOML (default: tiny preset)."),
+           knob: Optional[List[str]] = typer.Option(None, "--knob", help="NAME=VALUE; one variable per arm (repeat for more arms)."),
+           list_knobs: bool = typer.Option(False, "--list", help="Show the knob catalogue."),
+           repeats: int = typer.Option(3, min=1), nproc: int = typer.Option(2, min=1),
+           sets: Optional[List[str]] = SETS, scheduler: str = SCHED, monitor: str = MONITOR, as_json: bool = JSON,
+           framework: str = FRAMEWORK):
+    """S3/S4: single-variable arms against the baseline, small scale then target scale."""
+    from trainops.skills import ablation as skill_ablation
+    from trainops.skills import baseline as skill_baseline
+    from trainops.skills.knobs import catalogue, parse_arm, plan_order
+    from trainops.tools.frameworks.base import get_adapter
 
-    @evidence.command("build")
-    def evidence_build(run_dirs: List[str] = typer.Argument(..., help="Run folders (baseline repeats; drills are picked up)."),
-                       scheduler: str = SCHED, as_json: bool = JSON):
-        """Build, validate and write a pack from finished runs."""
+    req = _request(config, sets, nproc, scheduler, as_json, monitor, framework)
+    if list_knobs:
+        knobs = plan_order(list(catalogue(framework).values()))
+        return emit(knobs, as_json, lambda ks: _table("ablation knobs (plan order)", ["knob", "category", "values", "expected effect"],
+                                                      [[k.name, k.category, "|".join(k.values), k.expected_effect] for k in ks]))
+    if not knob:
+        fail("--knob: no arm given; pass --knob NAME=VALUE (see trainops ablate --list)", as_json=as_json)
+    for spec in knob:
+        arm, value = _guard(lambda: parse_arm(spec.split(","), framework), as_json)
+        if framework != "trainops":  # the framework's own flag prerequisites, before anything launches
+            _guard(lambda: get_adapter(framework).validate({arm.name: value}, overrides=req.overrides, world_size=nproc), as_json)
+    say = _progress(as_json)
 
-        from trainops.skills.sop import build_from_runs
+    def go():
+        scales = sorted({1, nproc})
+        baselines = {n: skill_baseline.repeat(req.with_overrides([], nproc=n), f"baseline-{n}p", repeats, progress=say) for n in scales}
+        return skill_ablation.run_plan(req, knob, baselines, repeats, progress=say)[0]
 
-        for run_dir in run_dirs:
-            if not (RunFiles(run_dir).metrics).exists():
-                fail(f"RUNDIR: {run_dir!r} has no metrics.jsonl; pass a finished run folder ($TRAINOPS_HOME/runs/RUN)", as_json=as_json)
-        folder = _guard(lambda: build_from_runs(run_dirs, scheduler), as_json)
-        emit({"pack_dir": str(folder)}, as_json, lambda o: console().print(f"pack written: {o['pack_dir']}", markup=False))
+    rows = _guard(go, as_json)
+    emit(rows, as_json, lambda rs: _table("ablation", ["knob", "value", "scale", "MFU change", "noise band", "verdict"],
+                                          [[r.knob, r.value, r.scale, f"{r.mfu_change_pct:.1f}%", f"±{r.noise_band_pct:.1f}%",
+                                            r.verdict + (" (vanished at scale)" if r.vanished_at_scale else "")] for r in rs]))
 
-    @evidence.command("show")
-    def evidence_show(pack: str = typer.Argument(..., help="Pack id or folder."), as_json: bool = JSON,
-                      open_report: bool = typer.Option(False, "--open", help="Open report.html in your web browser.")):
-        """Print a pack's report (or its JSON); --open shows report.html in the browser."""
-        import webbrowser
-        from pathlib import Path
 
-        from trainops.skills.evidence.pack import load
-        from trainops.workspace import packs_dir
+@app.command()
+def drill(config: Optional[str] = typer.Argument(None, help="Job config TOML with [checkpoint] enable = true."),
+          fault: List[str] = typer.Option(["crash"], "--fault", help="crash | node-loss | hang | checkpoint-corruption | nan (loss anomaly) | "
+                                                     "bitflip (silent data corruption, DDP replicas) | straggler (detection only: recovery needs a spare node) | "
+                                                     "node-crash | power-loss (a real node of a `trainops sandbox` cluster: --scheduler slurm --nodes 2)."),
+          nproc: int = typer.Option(2, min=1), sets: Optional[List[str]] = SETS, scheduler: str = SCHED,
+          monitor: str = MONITOR, as_json: bool = JSON, framework: str = FRAMEWORK, nodes: int = NODES):
+    """S5: inject, detect, isolate, restart from the newest good checkpoint; time each phase."""
+    from trainops.skills import drill as skill_drill
 
-        folder = Path(pack) if Path(pack).is_dir() else packs_dir() / pack
-        if not (folder / "evidence.json").exists():
-            fail(f"PACK: no pack {pack!r} (looked in {folder}); list them with ls $TRAINOPS_HOME/packs", as_json=as_json)
-        if open_report and not webbrowser.open((folder / "report.html").resolve().as_uri()):
-            fail(f"--open: no web browser found to open {folder / 'report.html'}; set BROWSER or open the file "
-                 "yourself", as_json=as_json)
-        emit(load(folder), as_json, lambda _p: console().print((folder / "report.md").read_text(), markup=False))
+    req = _request(config, sets, nproc, scheduler, as_json, monitor, framework, nodes)
+    for kind in fault:
+        if kind not in skill_drill.DRILLS:
+            fail(f"--fault: unknown fault {kind!r}; use one of {', '.join(skill_drill.DRILLS)}", as_json=as_json)
+    _guard(lambda: skill_drill.require_checkpoints(req), as_json)
+    results = _guard(lambda: skill_drill.run_drills(req, fault, progress=_progress(as_json))[0], as_json)
+    emit(results, as_json, lambda rs: _table("drills", ["fault", "detection", "isolation", "recovery", "steps lost", "checkpoint"],
+                                             [_drill_row(d) for d in rs]))
 
-    @app.command()
-    def sop(config: Optional[str] = typer.Argument(None, help="Job config TOML (default: embedded tiny job)."),
-            quick: bool = typer.Option(False, "--quick", help="Fewer repeats, one arm, one drill (~2 minutes)."),
-            knob: Optional[List[str]] = typer.Option(None, "--knob", help="Arms NAME=VALUE (default plan otherwise)."),
-            fault: Optional[List[str]] = typer.Option(None, "--fault", help="Drill kinds (default: the framework's; trainops: crash, full run crash, hang, bitflip)."),
-            mtbf_h: float = typer.Option(24.0, "--mtbf-h", min=0.001, help="Job MTBF for the checkpoint plan, hours (declared)."),
-            scheduler: str = SCHED, monitor: str = MONITOR, as_json: bool = JSON, framework: str = FRAMEWORK):
-        """S1..S6 end to end; ends with an evidence pack waiting for approval."""
-        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-        from trainops.skills.knobs import parse_arm
-        from trainops.skills.sop import SopSettings, run
+def _drill_row(d) -> list:
+    if not hasattr(d, "recovery_time_s"):  # a detection-only drill says why recovery was not measured
+        return [d.fault, f"{d.detection_latency_s:.2f} s", d.isolation_granularity, d.recovery, "-", "-"]
+    return [d.fault, f"{d.detection_latency_s:.2f} s", d.isolation_granularity, f"{d.recovery_time_s:.1f} s",
+            d.steps_lost, d.checkpoint_used]
 
-        _request(config, None, 2, scheduler, as_json, monitor, framework)
-        for spec in knob or []:
-            _guard(lambda: parse_arm([spec], framework), as_json)
-        settings = SopSettings(config=config, quick=quick, scheduler=scheduler, knobs=knob or [], faults=fault or [],
-                               mtbf_h=mtbf_h, framework=framework)
-        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), disable=as_json,
-                      transient=False) as bar:
-            task = bar.add_task("SOP", total=None)
-            result = _guard(lambda: run(settings, progress=lambda msg: bar.update(task, description=escape(msg))), as_json)
-        emit(result, as_json, lambda r: console().print(
-            f"verdict: [bold]{r.verdict}[/] ({escape('; '.join(r.blockers) or 'no blockers')})\npack: {escape(r.pack_dir)} — "
-            f"awaiting approval (trainops approve {escape(r.pack_dir.rsplit('/', 1)[-1])})\nelapsed: {r.elapsed_s:.0f} s"))
 
-    @skill.command("list")
-    def skill_list(as_json: bool = JSON):
-        """Every skill and its step count."""
-        from trainops.skills.registry import all_skills
+@evidence.command("build")
+def evidence_build(run_dirs: List[str] = typer.Argument(..., help="Run folders (baseline repeats; drills are picked up)."),
+                   scheduler: str = SCHED, as_json: bool = JSON):
+    """Build, validate and write a pack from finished runs."""
 
-        skills = all_skills()
-        data = [{"name": s.name, "steps": len(s.steps), "description": s.description} for s in skills.values()]
-        emit(data, as_json, lambda d: _table("skills", ["name", "steps", "description"],
-                                             [[x["name"], x["steps"], x["description"][:90]] for x in d]))
+    from trainops.skills.sop import build_from_runs
 
-    @skill.command("show")
-    def skill_show(name: str, as_json: bool = JSON):
-        """A skill's SKILL.md, or its steps and their implementations with --json."""
-        from trainops.skills.registry import get
+    for run_dir in run_dirs:
+        if not (RunFiles(run_dir).metrics).exists():
+            fail(f"RUNDIR: {run_dir!r} has no metrics.jsonl; pass a finished run folder ($TRAINOPS_HOME/runs/RUN)", as_json=as_json)
+    folder = _guard(lambda: build_from_runs(run_dirs, scheduler), as_json)
+    emit({"pack_dir": str(folder)}, as_json, lambda o: console().print(f"pack written: {o['pack_dir']}", markup=False))
 
-        found = _guard(lambda: get(name), as_json)
-        emit({"name": found.name, "path": str(found.path), "steps": [s.__dict__ for s in found.steps]}, as_json,
-             lambda _d: console().print(found.path.read_text(), markup=False))
 
-    @skill.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-    def skill_run(ctx: typer.Context, name: str, as_json: bool = JSON):
-        """Run a skill through its CLI shortcut: baseline, ablation, fault-drill, evidence-pack, or the main SOP."""
-        shortcuts = {"baseline": ["baseline"], "ablation": ["ablate"], "fault-drill": ["drill"],
-                     "evidence-pack": ["evidence", "build"], "training-efficiency-ablation-and-fault-sop": ["sop"],
-                     "environment-declaration": ["env"], "checkpoint-plan": ["plan", "checkpoint"]}
-        if name not in shortcuts:
-            fail(f"NAME: unknown skill {name!r}; use one of {', '.join(shortcuts)} (trainops skill list)", as_json=as_json)
-        args = [*shortcuts[name], *ctx.args, *(["--json"] if as_json else [])]
-        typer.main.get_command(app).main(args=args, prog_name="trainops", standalone_mode=True)
+@evidence.command("show")
+def evidence_show(pack: str = typer.Argument(..., help="Pack id or folder."), as_json: bool = JSON,
+                  open_report: bool = typer.Option(False, "--open", help="Open report.html in your web browser.")):
+    """Print a pack's report (or its JSON); --open shows report.html in the browser."""
+    import webbrowser
+    from pathlib import Path
+
+    from trainops.skills.evidence.pack import load
+    from trainops.workspace import packs_dir
+
+    folder = Path(pack) if Path(pack).is_dir() else packs_dir() / pack
+    if not (folder / "evidence.json").exists():
+        fail(f"PACK: no pack {pack!r} (looked in {folder}); list them with ls $TRAINOPS_HOME/packs", as_json=as_json)
+    if open_report and not webbrowser.open((folder / "report.html").resolve().as_uri()):
+        fail(f"--open: no web browser found to open {folder / 'report.html'}; set BROWSER or open the file "
+             "yourself", as_json=as_json)
+    emit(load(folder), as_json, lambda _p: console().print((folder / "report.md").read_text(), markup=False))
+
+
+@app.command()
+def sop(config: Optional[str] = typer.Argument(None, help="Job config TOML (default: embedded tiny job)."),
+        quick: bool = typer.Option(False, "--quick", help="Fewer repeats, one arm, one drill (~2 minutes)."),
+        knob: Optional[List[str]] = typer.Option(None, "--knob", help="Arms NAME=VALUE (default plan otherwise)."),
+        fault: Optional[List[str]] = typer.Option(None, "--fault", help="Drill kinds (default: the framework's; trainops: crash, full run crash, hang, bitflip)."),
+        mtbf_h: float = typer.Option(24.0, "--mtbf-h", min=0.001, help="Job MTBF for the checkpoint plan, hours (declared)."),
+        scheduler: str = SCHED, monitor: str = MONITOR, as_json: bool = JSON, framework: str = FRAMEWORK):
+    """S1..S6 end to end; ends with an evidence pack waiting for approval."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from trainops.skills.knobs import parse_arm
+    from trainops.skills.sop import SopSettings, run
+
+    _request(config, None, 2, scheduler, as_json, monitor, framework)
+    for spec in knob or []:
+        _guard(lambda: parse_arm([spec], framework), as_json)
+    settings = SopSettings(config=config, quick=quick, scheduler=scheduler, knobs=knob or [], faults=fault or [],
+                           mtbf_h=mtbf_h, framework=framework)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), disable=as_json,
+                  transient=False) as bar:
+        task = bar.add_task("SOP", total=None)
+        result = _guard(lambda: run(settings, progress=lambda msg: bar.update(task, description=escape(msg))), as_json)
+    emit(result, as_json, lambda r: console().print(
+        f"verdict: [bold]{r.verdict}[/] ({escape('; '.join(r.blockers) or 'no blockers')})\npack: {escape(r.pack_dir)} — "
+        f"awaiting approval (trainops approve {escape(r.pack_dir.rsplit('/', 1)[-1])})\nelapsed: {r.elapsed_s:.0f} s"))
+
+
+@skill.command("list")
+def skill_list(as_json: bool = JSON):
+    """Every skill and its step count."""
+    from trainops.skills.registry import all_skills
+
+    skills = all_skills()
+    data = [{"name": s.name, "steps": len(s.steps), "description": s.description} for s in skills.values()]
+    emit(data, as_json, lambda d: _table("skills", ["name", "steps", "description"],
+                                         [[x["name"], x["steps"], x["description"][:90]] for x in d]))
+
+
+@skill.command("show")
+def skill_show(name: str, as_json: bool = JSON):
+    """A skill's SKILL.md, or its steps and their implementations with --json."""
+    from trainops.skills.registry import get
+
+    found = _guard(lambda: get(name), as_json)
+    emit({"name": found.name, "path": str(found.path), "steps": [s.__dict__ for s in found.steps]}, as_json,
+         lambda _d: console().print(found.path.read_text(), markup=False))
+
+
+@skill.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def skill_run(ctx: typer.Context, name: str, as_json: bool = JSON):
+    """Run a skill through its CLI shortcut: baseline, ablation, fault-drill, evidence-pack, or the main SOP."""
+    shortcuts = {"baseline": ["baseline"], "ablation": ["ablate"], "fault-drill": ["drill"],
+                 "evidence-pack": ["evidence", "build"], "training-efficiency-ablation-and-fault-sop": ["sop"],
+                 "environment-declaration": ["env"], "checkpoint-plan": ["plan", "checkpoint"]}
+    if name not in shortcuts:
+        fail(f"NAME: unknown skill {name!r}; use one of {', '.join(shortcuts)} (trainops skill list)", as_json=as_json)
+    args = [*shortcuts[name], *ctx.args, *(["--json"] if as_json else [])]
+    typer.main.get_command(app).main(args=args, prog_name="trainops", standalone_mode=True)

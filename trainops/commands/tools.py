@@ -50,150 +50,161 @@ def render_fields(title: str):
     return render
 
 
-def register(app: typer.Typer) -> None:
-    tool_app = typer.Typer(help="The typed tools: list them, show their schemas, call one.", no_args_is_help=True)
-    plan_app = typer.Typer(help="Planning: checkpoint interval, effective training time, parallel layout.", no_args_is_help=True)
-    app.add_typer(tool_app, name="tool")
-    app.add_typer(plan_app, name="plan")
+app = typer.Typer()
 
-    @tool_app.command("list")
-    def tool_list(as_json: bool = JsonOpt) -> None:
-        """Every tool with its risk class, who must get a human's approval to call it, and what it does."""
-        from trainops.agents.agent_tools import agent_registry
-        from trainops.tools.base import CallContext
-        from trainops.tools.governance.gate import needs_approval
 
-        callers = [CallContext(actor="agent"), CallContext(actor="operator")]
-        rows = [
-            {"name": s.name, "risk": s.risk, "approval_required": s.approval_required,
-             "approval_for": [c.actor for c in callers if needs_approval(s, c)],
-             "description": s.description.split(".")[0].replace("\n", " ") + "."}
-            for s in agent_registry().values()
-        ]
+tool_app = typer.Typer(help="The typed tools: list them, show their schemas, call one.", no_args_is_help=True)
 
-        def render(items: list[dict[str, Any]]) -> None:
-            from rich.markup import escape
-            from rich.table import Table
 
-            table = Table(title=f"{len(items)} tools")
-            for column in ("name", "risk", "approval for", "description"):
-                table.add_column(column, overflow="fold")
-            for r in items:
-                table.add_row(r["name"], r["risk"], ", ".join(r["approval_for"]) or "no", escape(r["description"]))
-            console().print(table)
+plan_app = typer.Typer(help="Planning: checkpoint interval, effective training time, parallel layout.", no_args_is_help=True)
+app.add_typer(tool_app, name="tool")
+app.add_typer(plan_app, name="plan")
 
-        emit(rows, as_json, render)
 
-    @tool_app.command("schema")
-    def tool_schema(name: str = typer.Argument(..., help="Tool name (see `trainops tool list`)."),
-                    as_json: bool = JsonOpt) -> None:
-        """JSON schema of a tool's input and output."""
-        from trainops.agents.agent_tools import agent_registry
-        from trainops.tools.base import ToolError
+@tool_app.command("list")
+def tool_list(as_json: bool = JsonOpt) -> None:
+    """Every tool with its risk class, who must get a human's approval to call it, and what it does."""
+    from trainops.agents.agent_tools import agent_registry
+    from trainops.tools.base import CallContext
+    from trainops.tools.governance.gate import needs_approval
 
+    callers = [CallContext(actor="agent"), CallContext(actor="operator")]
+    rows = [
+        {"name": s.name, "risk": s.risk, "approval_required": s.approval_required,
+         "approval_for": [c.actor for c in callers if needs_approval(s, c)],
+         "description": s.description.split(".")[0].replace("\n", " ") + "."}
+        for s in agent_registry().values()
+    ]
+
+    def render(items: list[dict[str, Any]]) -> None:
+        from rich.markup import escape
+        from rich.table import Table
+
+        table = Table(title=f"{len(items)} tools")
+        for column in ("name", "risk", "approval for", "description"):
+            table.add_column(column, overflow="fold")
+        for r in items:
+            table.add_row(r["name"], r["risk"], ", ".join(r["approval_for"]) or "no", escape(r["description"]))
+        console().print(table)
+
+    emit(rows, as_json, render)
+
+
+@tool_app.command("schema")
+def tool_schema(name: str = typer.Argument(..., help="Tool name (see `trainops tool list`)."),
+                as_json: bool = JsonOpt) -> None:
+    """JSON schema of a tool's input and output."""
+    from trainops.agents.agent_tools import agent_registry
+    from trainops.tools.base import ToolError
+
+    try:
+        spec = agent_registry().spec(name)
+    except ToolError as exc:
+        fail(str(exc), as_json=as_json)
+    emit({"name": spec.name, "risk": spec.risk, "approval_required": spec.approval_required,
+          "description": spec.description, "input": spec.Input.model_json_schema(),
+          "output": spec.Output.model_json_schema()}, True)
+
+
+@tool_app.command("call")
+def tool_call(
+    name: str = typer.Argument(..., help="Tool name (see `trainops tool list`)."),
+    input_json: str = typer.Option("{}", "--input", help='Input as a JSON object, e.g. \'{"mtbf_h": 24}\'.'),
+    approval_token: Optional[str] = typer.Option(None, "--approval-token", help="Signed approval for gated tools."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Call one tool through the governance gate."""
+    try:
+        payload = json.loads(input_json)
+    except json.JSONDecodeError as exc:
+        fail(f"--input is not valid JSON ({exc.msg} at column {exc.colno}): pass a JSON object, e.g. '{{\"mtbf_h\": 24}}'", as_json=as_json)
+    if not isinstance(payload, dict):
+        fail(f"--input must be a JSON object, got {type(payload).__name__}: wrap the fields in {{...}}", as_json=as_json)
+    out = run_tool(name, payload, as_json, approval_token)
+    emit(out, as_json, render_fields(name))
+
+
+@app.command("env")
+def env(
+    ckpt_dir: Optional[str] = typer.Option(None, "--ckpt-dir", help="Where checkpoints go (default $TRAINOPS_HOME/runs)."),
+    ckpt_test_mib: int = typer.Option(64, "--ckpt-test-mib", help="Size of the checkpoint write test, MiB."),
+    scheduler: str = typer.Option("local", "--scheduler", help="local | slurm | kubernetes."),
+    framework: Optional[str] = typer.Option(None, "--framework", help="Declare another framework: deepspeed, torchtitan, megatron report their installed version; any other name needs --framework-version."),
+    framework_version: Optional[str] = typer.Option(None, "--framework-version", help="Version of --framework."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Declare the environment (SOP S1): hardware, versions, scheduler, measured bandwidth and peak."""
+    out = run_tool("declare_environment", {
+        "ckpt_dir": ckpt_dir, "ckpt_test_mib": ckpt_test_mib, "scheduler": scheduler,
+        "framework": framework, "framework_version": framework_version}, as_json)
+    emit(out, as_json, _render_env)
+
+
+@plan_app.command("checkpoint")
+def plan_checkpoint(
+    save_s: float = typer.Option(..., "--save-s", help="Measured checkpoint write time, seconds."),
+    restart_s: float = typer.Option(..., "--restart-s", help="Restart time after a failure, seconds."),
+    mtbf_h: float = typer.Option(..., "--mtbf-h", help="Job mean time between failures, hours."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Checkpoint interval by Young and Daly, expected waste, and a recommendation."""
+    out = run_tool("plan_checkpoint_interval", {"save_s": save_s, "restart_s": restart_s, "mtbf_h": mtbf_h}, as_json)
+    emit(out, as_json, render_fields("checkpoint interval"))
+
+
+@plan_app.command("ettr")
+def plan_ettr(
+    gpus: int = typer.Option(16384, "--gpus", help="GPUs in the job."),
+    days: float = typer.Option(54, "--days", help="Simulated length, days."),
+    profile: str = typer.Option("llama3", "--profile", help="Failure profile: llama3, or a JSON FailureProfile."),
+    detection_latency_s: float = typer.Option(120, "--detection-latency-s", help="Failure to detection, seconds."),
+    detection_by_cause: list[str] = typer.Option([], "--detect", help="Per-cause detection latency CAUSE=SECONDS (repeatable), e.g. gpu_sdc=3600."),
+    restart_s: float = typer.Option(600, "--restart-s", help="Detection to training again, seconds."),
+    hot_spares: bool = typer.Option(True, "--hot-spares/--no-hot-spares", help="Spare nodes replace failed ones at once."),
+    node_replacement_s: float = typer.Option(1800, "--node-replacement-s", help="Provisioning time without spares, seconds."),
+    checkpoint_save_s: float = typer.Option(60, "--checkpoint-save-s", help="Time for a checkpoint to be durable, seconds."),
+    checkpoint_mode: str = typer.Option("async", "--checkpoint-mode", help="sync | async."),
+    async_stall_s: float = typer.Option(5, "--async-stall-s", help="Training stall of an async checkpoint, seconds."),
+    interval_min: Optional[float] = typer.Option(None, "--interval-min", help="Checkpoint interval, minutes (default: Daly)."),
+    seed: int = typer.Option(0, "--seed", help="Random seed."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Effective training time ratio under a failure profile (seeded simulation)."""
+    if profile.lstrip().startswith("{"):
         try:
-            spec = agent_registry().spec(name)
-        except ToolError as exc:
-            fail(str(exc), as_json=as_json)
-        emit({"name": spec.name, "risk": spec.risk, "approval_required": spec.approval_required,
-              "description": spec.description, "input": spec.Input.model_json_schema(),
-              "output": spec.Output.model_json_schema()}, True)
-
-    @tool_app.command("call")
-    def tool_call(
-        name: str = typer.Argument(..., help="Tool name (see `trainops tool list`)."),
-        input_json: str = typer.Option("{}", "--input", help='Input as a JSON object, e.g. \'{"mtbf_h": 24}\'.'),
-        approval_token: Optional[str] = typer.Option(None, "--approval-token", help="Signed approval for gated tools."),
-        as_json: bool = JsonOpt,
-    ) -> None:
-        """Call one tool through the governance gate."""
-        try:
-            payload = json.loads(input_json)
+            profile_value: Any = json.loads(profile)
         except json.JSONDecodeError as exc:
-            fail(f"--input is not valid JSON ({exc.msg} at column {exc.colno}): pass a JSON object, e.g. '{{\"mtbf_h\": 24}}'", as_json=as_json)
-        if not isinstance(payload, dict):
-            fail(f"--input must be a JSON object, got {type(payload).__name__}: wrap the fields in {{...}}", as_json=as_json)
-        out = run_tool(name, payload, as_json, approval_token)
-        emit(out, as_json, render_fields(name))
+            fail(f"--profile is not valid JSON ({exc.msg}): pass llama3 or a FailureProfile object", as_json=as_json)
+    else:
+        profile_value = profile
+    by_cause: dict[str, str] = {}
+    for item in detection_by_cause:
+        cause, sep, seconds = item.partition("=")
+        if not sep or not cause:
+            fail(f"--detect {item!r} is not CAUSE=SECONDS: write it like gpu_sdc=3600", as_json=as_json)
+        by_cause[cause] = seconds
+    out = run_tool("plan_effective_training_time", {
+        "gpus": gpus, "days": days, "profile": profile_value, "detection_latency_s": detection_latency_s,
+        "detection_latency_s_by_cause": by_cause,
+        "restart_s": restart_s, "hot_spares": hot_spares, "node_replacement_s": node_replacement_s,
+        "checkpoint_save_s": checkpoint_save_s, "checkpoint_mode": checkpoint_mode, "async_stall_s": async_stall_s,
+        "checkpoint_interval_min": interval_min, "seed": seed}, as_json)
+    emit(out, as_json, _render_ettr)
 
-    @app.command("env")
-    def env(
-        ckpt_dir: Optional[str] = typer.Option(None, "--ckpt-dir", help="Where checkpoints go (default $TRAINOPS_HOME/runs)."),
-        ckpt_test_mib: int = typer.Option(64, "--ckpt-test-mib", help="Size of the checkpoint write test, MiB."),
-        scheduler: str = typer.Option("local", "--scheduler", help="local | slurm | kubernetes."),
-        framework: Optional[str] = typer.Option(None, "--framework", help="Declare another framework: deepspeed, torchtitan, megatron report their installed version; any other name needs --framework-version."),
-        framework_version: Optional[str] = typer.Option(None, "--framework-version", help="Version of --framework."),
-        as_json: bool = JsonOpt,
-    ) -> None:
-        """Declare the environment (SOP S1): hardware, versions, scheduler, measured bandwidth and peak."""
-        out = run_tool("declare_environment", {
-            "ckpt_dir": ckpt_dir, "ckpt_test_mib": ckpt_test_mib, "scheduler": scheduler,
-            "framework": framework, "framework_version": framework_version}, as_json)
-        emit(out, as_json, _render_env)
 
-    @plan_app.command("checkpoint")
-    def plan_checkpoint(
-        save_s: float = typer.Option(..., "--save-s", help="Measured checkpoint write time, seconds."),
-        restart_s: float = typer.Option(..., "--restart-s", help="Restart time after a failure, seconds."),
-        mtbf_h: float = typer.Option(..., "--mtbf-h", help="Job mean time between failures, hours."),
-        as_json: bool = JsonOpt,
-    ) -> None:
-        """Checkpoint interval by Young and Daly, expected waste, and a recommendation."""
-        out = run_tool("plan_checkpoint_interval", {"save_s": save_s, "restart_s": restart_s, "mtbf_h": mtbf_h}, as_json)
-        emit(out, as_json, render_fields("checkpoint interval"))
-
-    @plan_app.command("ettr")
-    def plan_ettr(
-        gpus: int = typer.Option(16384, "--gpus", help="GPUs in the job."),
-        days: float = typer.Option(54, "--days", help="Simulated length, days."),
-        profile: str = typer.Option("llama3", "--profile", help="Failure profile: llama3, or a JSON FailureProfile."),
-        detection_latency_s: float = typer.Option(120, "--detection-latency-s", help="Failure to detection, seconds."),
-        detection_by_cause: list[str] = typer.Option([], "--detect", help="Per-cause detection latency CAUSE=SECONDS (repeatable), e.g. gpu_sdc=3600."),
-        restart_s: float = typer.Option(600, "--restart-s", help="Detection to training again, seconds."),
-        hot_spares: bool = typer.Option(True, "--hot-spares/--no-hot-spares", help="Spare nodes replace failed ones at once."),
-        node_replacement_s: float = typer.Option(1800, "--node-replacement-s", help="Provisioning time without spares, seconds."),
-        checkpoint_save_s: float = typer.Option(60, "--checkpoint-save-s", help="Time for a checkpoint to be durable, seconds."),
-        checkpoint_mode: str = typer.Option("async", "--checkpoint-mode", help="sync | async."),
-        async_stall_s: float = typer.Option(5, "--async-stall-s", help="Training stall of an async checkpoint, seconds."),
-        interval_min: Optional[float] = typer.Option(None, "--interval-min", help="Checkpoint interval, minutes (default: Daly)."),
-        seed: int = typer.Option(0, "--seed", help="Random seed."),
-        as_json: bool = JsonOpt,
-    ) -> None:
-        """Effective training time ratio under a failure profile (seeded simulation)."""
-        if profile.lstrip().startswith("{"):
-            try:
-                profile_value: Any = json.loads(profile)
-            except json.JSONDecodeError as exc:
-                fail(f"--profile is not valid JSON ({exc.msg}): pass llama3 or a FailureProfile object", as_json=as_json)
-        else:
-            profile_value = profile
-        by_cause: dict[str, str] = {}
-        for item in detection_by_cause:
-            cause, sep, seconds = item.partition("=")
-            if not sep or not cause:
-                fail(f"--detect {item!r} is not CAUSE=SECONDS: write it like gpu_sdc=3600", as_json=as_json)
-            by_cause[cause] = seconds
-        out = run_tool("plan_effective_training_time", {
-            "gpus": gpus, "days": days, "profile": profile_value, "detection_latency_s": detection_latency_s,
-            "detection_latency_s_by_cause": by_cause,
-            "restart_s": restart_s, "hot_spares": hot_spares, "node_replacement_s": node_replacement_s,
-            "checkpoint_save_s": checkpoint_save_s, "checkpoint_mode": checkpoint_mode, "async_stall_s": async_stall_s,
-            "checkpoint_interval_min": interval_min, "seed": seed}, as_json)
-        emit(out, as_json, _render_ettr)
-
-    @plan_app.command("layout")
-    def plan_layout(
-        config: Optional[str] = typer.Argument(None, help="Job config TOML (omit to use --preset)."),
-        nproc: int = typer.Option(..., "--nproc", help="World size to plan for."),
-        preset: Optional[str] = typer.Option(None, "--preset", help="Model preset."),
-        overrides: list[str] = typer.Option([], "--set", help="section.key=value override (repeatable)."),
-        as_json: bool = JsonOpt,
-    ) -> None:
-        """Validate a parallel layout for a world size without starting processes."""
-        out = run_tool("plan_layout", {"config": config, "preset": preset, "overrides": overrides, "nproc": nproc}, as_json)
-        if not out.valid:
-            fail(f"layout invalid for nproc={nproc}: {out.error}", as_json=as_json, code=1)
-        emit(out, as_json, _render_layout)
+@plan_app.command("layout")
+def plan_layout(
+    config: Optional[str] = typer.Argument(None, help="Job config TOML (omit to use --preset)."),
+    nproc: int = typer.Option(..., "--nproc", help="World size to plan for."),
+    preset: Optional[str] = typer.Option(None, "--preset", help="Model preset."),
+    overrides: list[str] = typer.Option([], "--set", help="section.key=value override (repeatable)."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Validate a parallel layout for a world size without starting processes."""
+    out = run_tool("plan_layout", {"config": config, "preset": preset, "overrides": overrides, "nproc": nproc}, as_json)
+    if not out.valid:
+        fail(f"layout invalid for nproc={nproc}: {out.error}", as_json=as_json, code=1)
+    emit(out, as_json, _render_layout)
 
 
 def _render_env(decl: Any) -> None:

@@ -231,8 +231,3 @@ def export(
     emit({"run_dir": str(run_dir), "checkpoint": str(checkpoint), "folder": str(folder), "files": files}, as_json,
          lambda out: console().print(f"exported {out['checkpoint']} to {out['folder']}: {', '.join(out['files'])}",
                                      highlight=False))
-
-
-def register(root: typer.Typer) -> None:
-    """Add this module's commands to the root app (the CLI's wiring)."""
-    root.add_typer(app)
