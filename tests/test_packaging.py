@@ -62,13 +62,15 @@ def _run(command: list[str], cwd: Path, env: dict[str, str], timeout: int = 600)
 @pytest.mark.slow
 def test_the_wheel_installed_outside_the_repository_runs_the_cli_the_agent_and_a_training_run(tmp_path):
     wheels = tmp_path / "wheels"
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(REPO)], REPO, dict(os.environ))
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(REPO)], REPO,
+         dict(os.environ))
     (wheel,) = wheels.glob("trainops-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     top_level = {name.split("/")[0] for name in names if not name.startswith("trainops-")}
     assert top_level == {"trainops"}, f"the wheel installs more than one import name: {top_level}"
     for shipped in ("trainops/AGENTS.md", "trainops/skills/training-efficiency-ablation-and-fault-sop/SKILL.md",
-                    "trainops/skills/evidence/evidence.schema.json", "trainops/trainer/text/public_domain_excerpts.txt"):
+                    "trainops/skills/evidence/evidence.schema.json",
+                    "trainops/trainer/text/public_domain_excerpts.txt"):
         assert shipped in names, f"{shipped} is not in the wheel"
 
     venv = tmp_path / "venv"

@@ -15,6 +15,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field, model_validator
 
 from trainops.tools.base import ToolError, tool
+from trainops.trainer.checkpoint_files import CheckpointInfo, CheckpointVerification
 
 
 def _confined(path: str, field: str, tool_name: str) -> Path:
@@ -51,17 +52,9 @@ class ListCheckpointsInput(BaseModel):
         return self
 
 
-class CheckpointEntry(BaseModel):
-    step: int = Field(description="Training step the checkpoint was taken after.")
-    path: str = Field(description="Folder of the checkpoint.")
-    committed: bool = Field(description="The write finished and COMMIT.json was written.")
-    size_bytes: int = Field(description="Total size of its files.")
-    time: float = Field(description="Commit time (unix s); folder mtime when not committed.")
-
-
 class ListCheckpointsOutput(BaseModel):
     folder: str
-    checkpoints: list[CheckpointEntry] = Field(description="Oldest step first.")
+    checkpoints: list[CheckpointInfo] = Field(description="Oldest step first.")
     newest_committed_step: int | None = Field(description="The step a resume would load, if any.")
 
 
@@ -69,10 +62,10 @@ class ListCheckpointsOutput(BaseModel):
 def list_checkpoints(inp: ListCheckpointsInput) -> ListCheckpointsOutput:
     """List the checkpoints of a run (or a folder): step, committed or partial, size, time, and
     the newest committed step a resume would load."""
-    from trainops.trainer.checkpoint import list_checkpoints as trainer_list
+    from trainops.trainer.checkpoint_files import list_checkpoints as trainer_list
 
     folder = _run_checkpoint_folder(inp.run, "list_checkpoints") if inp.run else _confined(inp.folder, "folder", "list_checkpoints")
-    entries = [CheckpointEntry(**info.model_dump()) for info in trainer_list(folder)]
+    entries = trainer_list(folder)
     committed = [e.step for e in entries if e.committed]
     return ListCheckpointsOutput(folder=str(folder), checkpoints=entries, newest_committed_step=max(committed, default=None))
 
@@ -91,23 +84,13 @@ class VerifyCheckpointInput(BaseModel):
         return self
 
 
-class VerifyCheckpointOutput(BaseModel):
-    path: str = Field(description="Folder that was verified.")
-    step: int | None = Field(None, description="Step recorded in COMMIT.json, if readable.")
-    committed: bool = Field(description="COMMIT.json is present and readable.")
-    complete: bool = Field(description="Committed, and every listed file present with its size and sha256.")
-    missing_files: list[str] = Field(default_factory=list)
-    checksum_mismatches: list[str] = Field(default_factory=list)
-    message: str = Field(description="One line: what was checked and what failed.")
-
-
 @tool("verify_checkpoint", risk="read", tags=("checkpoint",))
-def verify_checkpoint(inp: VerifyCheckpointInput) -> VerifyCheckpointOutput:
+def verify_checkpoint(inp: VerifyCheckpointInput) -> CheckpointVerification:
     """Verify a checkpoint is complete: committed, every file present, sizes and sha256 checksums
     matching its COMMIT.json. Reports missing and corrupted files by name."""
-    from trainops.trainer.checkpoint import list_checkpoints as trainer_list
-    from trainops.trainer.checkpoint import step_dir_name
-    from trainops.trainer.checkpoint import verify_checkpoint as trainer_verify
+    from trainops.trainer.checkpoint_files import list_checkpoints as trainer_list
+    from trainops.trainer.checkpoint_files import step_dir_name
+    from trainops.trainer.checkpoint_files import verify_checkpoint as trainer_verify
 
     if inp.path is not None:
         target = _confined(inp.path, "path", "verify_checkpoint")
@@ -120,7 +103,7 @@ def verify_checkpoint(inp: VerifyCheckpointInput) -> VerifyCheckpointOutput:
             if not found:
                 raise ToolError("verify_checkpoint", f"run {inp.run!r} has no checkpoints in {folder}")
             target = Path(found[-1].path)
-    return VerifyCheckpointOutput(**trainer_verify(target).model_dump())
+    return trainer_verify(target)
 
 
 class MeasureIoInput(BaseModel):

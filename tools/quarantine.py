@@ -30,7 +30,7 @@ class QuarantineOutput(BaseModel):
 def quarantine_checkpoints(inp: QuarantineInput) -> QuarantineOutput:
     """Move a run's committed checkpoints taken at or after `from_step` to RUN/quarantine/ (kept,
     not deleted), so a restart after silent data corruption loads an older, clean one."""
-    from trainops.trainer.checkpoint import list_checkpoints
+    from trainops.trainer.checkpoint_files import list_checkpoints
     from trainops.workspace import run_folder
 
     try:

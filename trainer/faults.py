@@ -15,7 +15,7 @@ from typing import Any, Literal, Protocol
 
 import torch
 
-from trainops.trainer.checkpoint import list_checkpoints
+from trainops.trainer.checkpoint_files import list_checkpoints
 from trainops.workspace import RunFiles
 
 CRASH_EXIT_CODE = 42

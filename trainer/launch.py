@@ -153,7 +153,7 @@ def resolve_run(run: str | Path) -> Path:
 def newest_verified_checkpoint(run_dir: Path, cfg: JobConfig):
     """(path, step, world size) of the newest checkpoint whose files match COMMIT.json, as the
     trainer chooses on relaunch; None when there is none."""
-    from trainops.trainer.checkpoint import COMMIT_FILE, list_checkpoints, verify_checkpoint
+    from trainops.trainer.checkpoint_files import COMMIT_FILE, list_checkpoints, verify_checkpoint
 
     for info in reversed(list_checkpoints(run_dir / cfg.checkpoint.folder)):
         if info.committed and verify_checkpoint(info.path).complete:

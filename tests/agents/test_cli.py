@@ -97,7 +97,8 @@ def test_asking_a_thread_that_waits_for_a_decision_says_how_to_decide():
 def test_chat_streams_from_an_openai_compatible_server_and_asks_for_approval_inline(scripted_openai, alice_ssh_agent):
     scripted_openai.script = [scripted_openai.tool_call("inject_fault", {"kind": "straggler", "run": "r1"}),
                               scripted_openai.text("Launch with faults.slow_rank=0.")]
-    result = runner.invoke(app, ["chat", "--thread", "c1", "--provider", "openai", "--base-url", scripted_openai.base_url,
+    result = runner.invoke(app,
+                           ["chat", "--thread", "c1", "--provider", "openai", "--base-url", scripted_openai.base_url,
                                  "--approver", "dana"], input="slow down rank 0\napprove\n/exit\n")
     assert result.exit_code == 0, result.output
     assert "approval needed inject_fault (risk mutate)" in result.output

@@ -23,7 +23,8 @@ def test_checkpoint_interval_question_calls_the_planner_and_states_its_assumptio
     with AgentSession("ckpt") as session:
         events = run(session, "plan the checkpoint interval for a 5-minute save and an MTBF of 3 hours")
     assert [e for e in events if e["kind"] == "tool_call"] == [
-        {"kind": "tool_call", "tool": "plan_checkpoint_interval", "args": {"save_s": 300.0, "restart_s": 0.0, "mtbf_h": 3.0}}]
+        {"kind": "tool_call", "tool": "plan_checkpoint_interval",
+         "args": {"save_s": 300.0, "restart_s": 0.0, "mtbf_h": 3.0}}]
     text = answer(events)
     assert "Checkpoint every 39.2 min" in text  # Daly for C=300 s, M=3 h
     assert "Assumed restart time 0 s" in text
@@ -33,7 +34,8 @@ def test_mfu_question_reads_the_run_and_names_the_data_wait(make_run):
     make_run("slow-data", mfu_pct=3.0, data_wait_s=0.04, step_time_s=0.2)
     with AgentSession("mfu") as session:
         events = run(session, "what is the MFU of run slow-data and why is it low?")
-    assert [e["tool"] for e in events if e["kind"] == "tool_call"] == ["summarize_run", "plan_layout", "declare_environment"]
+    assert [e["tool"] for e in events if e["kind"] == "tool_call"] == ["summarize_run", "plan_layout",
+                                                                       "declare_environment"]
     text = answer(events)
     assert "MFU of run slow-data: 3.00%" in text
     assert "layout dp_replicate x dp_shard x cp x tp x pp = 1x2x1x1x1, micro_batch 2, seq_len 64" in text
@@ -76,7 +78,8 @@ def test_approval_runs_the_call_and_is_audited_with_the_approver(alice_key):
     with AgentSession("drill") as session:
         run(session, "drill a straggler on run r1")
         events = list(session.decide({"decision": "approve", "approver": "alice", "key": alice_key}))
-    assert events[0] == {"kind": "tool_result", "tool": "inject_fault", "status": "success", "output": events[0]["output"]}
+    assert events[0] == {"kind": "tool_result", "tool": "inject_fault", "status": "success",
+                         "output": events[0]["output"]}
     assert "faults.slow_rank=0" in answer(events)
     audit = [json.loads(line) for line in open(__import__("trainops.workspace").workspace.audit_log_path())]
     assert any(e.get("kind") == "approval" and e.get("decision") == "approved" and e.get("approver") == "alice"
@@ -148,7 +151,8 @@ def test_drill_a_rank_crash_on_a_live_job_looks_the_job_up_then_asks_to_kill_a_r
     with AgentSession("crash") as session:
         events = run(session, f"drill a rank crash on job {chatty_job}")
     assert [(e["kind"], e.get("tool")) for e in events] == [
-        ("tool_call", "job_status"), ("tool_result", "job_status"), ("tool_call", "inject_fault"), ("approval", "inject_fault")]
+        ("tool_call", "job_status"), ("tool_result", "job_status"), ("tool_call", "inject_fault"),
+        ("approval", "inject_fault")]
     assert events[-1]["args"]["kind"] == "kill_rank"
 
 

@@ -41,13 +41,16 @@ def test_system_prompt_carries_the_skills_and_the_data_rule(scripted_openai, ope
 def test_parallel_calls_run_the_read_and_pause_the_mutation_before_the_model_sees_both(scripted_openai, openai_settings,
                                                                                        chatty_job, alice_key):
     both = {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c_read", "type": "function", "function": {"name": "job_status", "arguments": f'{{"job_id": "{chatty_job}"}}'}},
-        {"id": "c_cancel", "type": "function", "function": {"name": "cancel_job", "arguments": f'{{"job_id": "{chatty_job}"}}'}}]}
+        {"id": "c_read", "type": "function",
+         "function": {"name": "job_status", "arguments": f'{{"job_id": "{chatty_job}"}}'}},
+        {"id": "c_cancel", "type": "function",
+         "function": {"name": "cancel_job", "arguments": f'{{"job_id": "{chatty_job}"}}'}}]}
     scripted_openai.script = [both, text("Cancelled.")]
     with AgentSession("par", openai_settings) as session:
         events = list(session.ask("check job then cancel it"))
         assert [(e["kind"], e.get("tool")) for e in events] == [
-            ("tool_call", "job_status"), ("tool_call", "cancel_job"), ("tool_result", "job_status"), ("approval", "cancel_job")]
+            ("tool_call", "job_status"), ("tool_call", "cancel_job"), ("tool_result", "job_status"),
+            ("approval", "cancel_job")]
         list(session.decide({"decision": "approve", "approver": "alice", "key": alice_key}))
     answered = {m["tool_call_id"] for m in scripted_openai.requests[1]["messages"] if m["role"] == "tool"}
     assert answered == {"c_read", "c_cancel"}
@@ -101,7 +104,8 @@ def test_rejecting_a_token_gated_call_rejects_it_in_the_governance_queue(scripte
     scripted_openai.script = [tool_call("set_tenant_quota", quota), text("Not set.")]
     with AgentSession("quota", openai_settings) as session:
         list(session.ask("give team-a 8 GPUs"))
-        list(session.decide({"decision": "reject", "approver": "bob", "comment": "no budget", "key": str(approvers.bob.key)}))
+        list(session.decide({"decision": "reject", "approver": "bob", "comment": "no budget",
+                             "key": str(approvers.bob.key)}))
     assert tokens.pending_calls() == []
     assert [(c.status, c.approver) for c in tokens.decided_calls()] == [("rejected", "bob")]
 
@@ -138,7 +142,8 @@ def test_unreachable_endpoint_names_base_url_and_where_it_was_set(monkeypatch):
         port = probe.getsockname()[1]
     monkeypatch.setenv("TRAINOPS_BASE_URL", f"http://127.0.0.1:{port}/v1")
     with AgentSession("down", load_settings(provider="openai")) as session:
-        with pytest.raises(ProviderError, match=rf"cannot reach the openai endpoint at base_url=http://127.0.0.1:{port}/v1 "
+        with pytest.raises(ProviderError,
+                           match=rf"cannot reach the openai endpoint at base_url=http://127.0.0.1:{port}/v1 "
                                                 r"\(from environment variable TRAINOPS_BASE_URL\)"):
             list(session.ask("hello"))
 
@@ -153,7 +158,8 @@ def _trust(monkeypatch, folder):
 def test_settings_come_from_trainops_toml_and_env_overrides_them(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     _trust(monkeypatch, tmp_path)
-    (tmp_path / "trainops.toml").write_text('[agent]\nprovider = "openai"\nmodel = "qwen"\nbase_url = "http://h:1/v1"\n')
+    (tmp_path / "trainops.toml").write_text('[agent]\nprovider = "openai"\nmodel = "qwen"\nbase_url = '
+                                            '"http://h:1/v1"\n')
     settings = load_settings()
     assert (settings.provider, settings.model, settings.base_url) == ("openai", "qwen", "http://h:1/v1")
     assert settings.source("model").startswith("[agent] model in ")
@@ -164,13 +170,16 @@ def test_settings_come_from_trainops_toml_and_env_overrides_them(monkeypatch, tm
 
 def test_an_unknown_provider_is_refused_with_the_choices(monkeypatch):
     monkeypatch.setenv("TRAINOPS_PROVIDER", "gemini")
-    with pytest.raises(ProviderError, match="'gemini' \\(from environment variable TRAINOPS_PROVIDER\\) is not known; use offline, openai or anthropic"):
+    with pytest.raises(ProviderError,
+                       match="'gemini' \\(from environment variable TRAINOPS_PROVIDER\\) is not known; use offline, "
+                             "openai or anthropic"):
         load_settings()
 
 
 def test_anthropic_missing_key_names_its_variable(monkeypatch):
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
-    with pytest.raises(ProviderError, match="provider anthropic needs an API key: environment variable ANTHROPIC_API_KEY is not set"):
+    with pytest.raises(ProviderError,
+                       match="provider anthropic needs an API key: environment variable ANTHROPIC_API_KEY is not set"):
         make_chat_model(load_settings(provider="anthropic"))
 
 
@@ -203,12 +212,15 @@ def test_streaming_chat_yields_draft_tokens_then_the_checked_answer(scripted_ope
 def test_a_bad_setting_value_names_the_setting_and_its_file(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "trainops.toml").write_text('[agent]\ntimeout_s = -1\n')
-    with pytest.raises(ProviderError, match=r"agent setting timeout_s=-1 \(from \[agent\] timeout_s in .*trainops.toml\) is not valid"):
+    with pytest.raises(ProviderError,
+                       match=r"agent setting timeout_s=-1 \(from \[agent\] timeout_s in .*trainops.toml\) is not "
+                             r"valid"):
         load_settings()
 
 
 def test_a_server_error_is_one_line_naming_the_endpoint(scripted_openai, openai_settings):
     scripted_openai.script = []  # the stub answers 500 when its script is empty
     with AgentSession("err", openai_settings) as session:
-        with pytest.raises(ProviderError, match=rf"the openai endpoint at base_url={scripted_openai.base_url} answered with an error"):
+        with pytest.raises(ProviderError,
+                           match=rf"the openai endpoint at base_url={scripted_openai.base_url} answered with an error"):
             list(session.ask("hello"))

@@ -12,7 +12,8 @@ from trainops.tools.frameworks.base import FrameworkJob, FrameworkRefused, get_a
 
 
 def test_unknown_framework_is_refused_listing_the_known_ones():
-    with pytest.raises(FrameworkRefused, match=r"unknown framework 'jax'; use one of trainops, deepspeed, torchtitan, megatron"):
+    with pytest.raises(FrameworkRefused,
+                       match=r"unknown framework 'jax'; use one of trainops, deepspeed, torchtitan, megatron"):
         get_adapter("jax")
 
 
@@ -39,18 +40,27 @@ def test_versions_are_the_installed_ones_or_say_not_installed():
 # --- refusals before launch -------------------------------------------------------------------
 
 @pytest.mark.parametrize(("framework", "knobs", "overrides", "message"), [
-    ("deepspeed", {"offload_param": "cpu"}, [], r"offload_param.device='cpu' needs ZeRO stage 3 \(got zero_optimization.stage=1\)"),
-    ("deepspeed", {"offload_optimizer": "cpu"}, ["deepspeed.zero_optimization.stage=0"], r"needs ZeRO stage >= 1 \(got zero_optimization.stage=0\)"),
+    ("deepspeed", {"offload_param": "cpu"}, [],
+     r"offload_param.device='cpu' needs ZeRO stage 3 \(got zero_optimization.stage=1\)"),
+    ("deepspeed", {"offload_optimizer": "cpu"}, ["deepspeed.zero_optimization.stage=0"],
+     r"needs ZeRO stage >= 1 \(got zero_optimization.stage=0\)"),
     ("deepspeed", {"overlap_comm": "true"}, ["deepspeed.zero_optimization.stage=0"], r"overlap_comm=true .* stage 0"),
     ("deepspeed", {"micro_batch": "8"}, [], r"refused by DeepSpeedConfig \(per data-parallel rank of 2\)"),
-    ("deepspeed", {}, ["training.global_batch=9"], r"training.global_batch=9 is not divisible by the data-parallel world size \(2\)"),
-    ("megatron", {"tp_comm_overlap": "true"}, ["megatron.tensor_model_parallel_size=2"], r"--tp-comm-overlap: .*only when sequence parallelism is enabled"),
-    ("megatron", {"overlap_param_gather": "true"}, ["megatron.overlap_grad_reduce=true"], r"--overlap-param-gather only supported with distributed optimizer"),
-    ("megatron", {"overlap_param_gather": "true"}, ["megatron.use_distributed_optimizer=true"], r"with --overlap-grad-reduce"),
-    ("megatron", {"tensor_model_parallel_size": "4"}, [], r"world_size \(2\) is not divisible by tensor_model_parallel_size \(4\)"),
+    ("deepspeed", {}, ["training.global_batch=9"],
+     r"training.global_batch=9 is not divisible by the data-parallel world size \(2\)"),
+    ("megatron", {"tp_comm_overlap": "true"}, ["megatron.tensor_model_parallel_size=2"],
+     r"--tp-comm-overlap: .*only when sequence parallelism is enabled"),
+    ("megatron", {"overlap_param_gather": "true"}, ["megatron.overlap_grad_reduce=true"],
+     r"--overlap-param-gather only supported with distributed optimizer"),
+    ("megatron", {"overlap_param_gather": "true"}, ["megatron.use_distributed_optimizer=true"],
+     r"with --overlap-grad-reduce"),
+    ("megatron", {"tensor_model_parallel_size": "4"}, [],
+     r"world_size \(2\) is not divisible by tensor_model_parallel_size \(4\)"),
     ("torchtitan", {"tp": "4"}, [], r"WORLD_SIZE \(2\) is not divisible"),
-    ("torchtitan", {"dp_shard": "4"}, [], r"dp_replicate\(1\) \* dp_shard\(4\) \* cp\(1\) \* tp\(1\) \* pp\(1\) != WORLD_SIZE\(2\)"),
-    ("torchtitan", {"async_tp": "true"}, ["torchtitan.parallelism.tensor_parallel_degree=2"], r"async TP requires torch.compile"),
+    ("torchtitan", {"dp_shard": "4"}, [],
+     r"dp_replicate\(1\) \* dp_shard\(4\) \* cp\(1\) \* tp\(1\) \* pp\(1\) != WORLD_SIZE\(2\)"),
+    ("torchtitan", {"async_tp": "true"}, ["torchtitan.parallelism.tensor_parallel_degree=2"],
+     r"async TP requires torch.compile"),
     ("torchtitan", {"async_tp": "true"}, ["torchtitan.compile.enable=true"], r"needs tensor parallelism"),
     ("torchtitan", {"pp_schedule": "GPipe"}, [], r"no effect with pipeline_parallel_degree=1"),
 ])
@@ -61,16 +71,20 @@ def test_a_flag_combination_the_framework_forbids_is_refused_naming_the_flag(fra
 
 def test_megatron_core_refuses_sequence_parallel_without_tensor_parallel():
     pytest.importorskip("megatron.core", reason="megatron-core is in the test extra")
-    with pytest.raises(FrameworkRefused, match="megatron-core TransformerConfig .*sequence parallelism without tensor parallelism"):
+    with pytest.raises(FrameworkRefused,
+                       match="megatron-core TransformerConfig .*sequence parallelism without tensor parallelism"):
         get_adapter("megatron").validate({"sequence_parallel": "true"}, world_size=2)
 
 
 @pytest.mark.parametrize(("framework", "knobs", "overrides"), [
     ("deepspeed", {"zero_stage": "2"}, []),
     ("deepspeed", {"offload_param": "cpu"}, ["deepspeed.zero_optimization.stage=3"]),
-    ("megatron", {"tp_comm_overlap": "true"}, ["megatron.tensor_model_parallel_size=2", "megatron.sequence_parallel=true"]),
-    ("megatron", {"overlap_param_gather": "true"}, ["megatron.use_distributed_optimizer=true", "megatron.overlap_grad_reduce=true"]),
-    ("torchtitan", {"async_tp": "true"}, ["torchtitan.parallelism.tensor_parallel_degree=2", "torchtitan.compile.enable=true"]),
+    ("megatron", {"tp_comm_overlap": "true"},
+     ["megatron.tensor_model_parallel_size=2", "megatron.sequence_parallel=true"]),
+    ("megatron", {"overlap_param_gather": "true"},
+     ["megatron.use_distributed_optimizer=true", "megatron.overlap_grad_reduce=true"]),
+    ("torchtitan", {"async_tp": "true"},
+     ["torchtitan.parallelism.tensor_parallel_degree=2", "torchtitan.compile.enable=true"]),
 ])
 def test_the_same_flags_with_their_prerequisites_are_accepted(framework, knobs, overrides):
     get_adapter(framework).validate(knobs, overrides=overrides, world_size=2)
@@ -97,7 +111,8 @@ def test_an_unknown_override_key_is_refused_naming_the_keys_that_exist():
 def test_deepspeed_job_writes_a_config_deepspeed_itself_accepts(workspace):
     from deepspeed.runtime.config import DeepSpeedConfig
 
-    spec = get_adapter("deepspeed").build_job(FrameworkJob(name="ds", nproc=2, overrides=["deepspeed.zero_optimization.stage=2"]))
+    spec = get_adapter("deepspeed").build_job(FrameworkJob(name="ds", nproc=2,
+                                                           overrides=["deepspeed.zero_optimization.stage=2"]))
     assert spec.launcher == "torchrun" and spec.procs_per_node == 2
     assert spec.command[:2] == ["-m", "trainops.tools.frameworks.deepspeed_train"]
     ds = json.loads((workspace / "runs" / spec.run_dir.rsplit("/", 1)[-1] / "ds_config.json").read_text())
@@ -122,7 +137,8 @@ def test_megatron_job_runs_pretrain_gpt_with_the_knob_flags(tmp_path):
     command = spec.command
     assert command[0] == str(script)
     assert command[command.index("--tensor-model-parallel-size") + 1] == "2"
-    assert "--sequence-parallel" in command and "--tp-comm-overlap" in command and "--overlap-grad-reduce" not in command
+    assert ("--sequence-parallel" in command and "--tp-comm-overlap" in command
+            and "--overlap-grad-reduce" not in command)
     assert command[command.index("--load") + 1] == get_adapter("megatron").checkpoint_dir(spec.run_dir)
 
 
@@ -163,7 +179,8 @@ def test_the_agent_can_check_a_megatron_job_before_launch():
                                        "overrides": ["megatron.tensor_model_parallel_size=2"], "world_size": 8})
     assert not out.accepted and out.refusal.startswith("--tp-comm-overlap: ")
     out = call("check_framework_job", {"framework": "megatron", "knobs": {"tp_comm_overlap": "true"}, "world_size": 8,
-                                       "overrides": ["megatron.tensor_model_parallel_size=2", "megatron.sequence_parallel=true"]})
+                                       "overrides": ["megatron.tensor_model_parallel_size=2",
+                                                     "megatron.sequence_parallel=true"]})
     assert out.accepted and out.layout == "world=8 megatron tp=2 pp=1 cp=1 dp=4 sequence_parallel"
 
 

@@ -10,28 +10,34 @@ TITAN = ("[titan] 2025-05-01 10:00:00,000 - root - INFO - \x1b[31mstep: 10  \x1b
          "\x1b[38;2;180;60;0mgrad_norm:  1.2345  \x1b[36mmemory: 42.30GiB(44.52%)  \x1b[34mtps: 1,234  "
          "\x1b[36mtflops: 71.45  \x1b[35mmfu: 7.22%\x1b[39m")
 TITAN_OLD = "step: 10  loss:  7.8312  memory: 12.34GiB(15.60%)  wps: 1,234  mfu: 12.34%"
-TITAN_VALIDATE = "\x1b[33mvalidate step: 10  \x1b[32mloss:  7.9000  \x1b[36mmemory: 42.30GiB(44.52%)  \x1b[34mtps: 1,100\x1b[39m"
+TITAN_VALIDATE = ("\x1b[33mvalidate step: 10  \x1b[32mloss:  7.9000  \x1b[36mmemory: 42.30GiB(44.52%)  \x1b[34mtps: "
+                  "1,100\x1b[39m")
 # Megatron-LM training_log: with --log-throughput, without it, and Megatron-DeepSpeed's variant
-MEGATRON = (" [2026-05-29 03:52:45] iteration      300/     300 | consumed samples:       307200 | consumed tokens: 1.258B | "
-            "elapsed time per iteration (ms): 131064.1 | eta: 0:00:00 | tokens/sec/gpu: 8000.5 | throughput per GPU "
-            "(TFLOP/s/GPU): 412.3 | learning rate: 1.100000E-05 | global batch size:  1024 | lm loss: 1.504590E+00 | "
-            "loss scale: 1.0 | grad norm: 0.623 | number of skipped iterations:   0 | number of nan iterations:   0 |")
-MEGATRON_BARE = (" [2025-10-06 03:27:07] iteration       10/      10 | consumed samples:         5120 | elapsed time per "
-                 "iteration (ms): 4647.8 | learning rate: 1.500000E-06 | global batch size:   512 | lm loss: 9.763827E+00 | "
-                 "loss scale: 1.0 | grad norm: 33.055 | number of skipped iterations:   0 | number of nan iterations:   0 |")
-MEGATRON_DS = (" iteration        5/      10 | consumed samples:         7680 | consumed tokens:     15728640 | elapsed time "
-               "per iteration (ms): 344656.1 | learning rate: 2.270E-05 | global batch size:  1536 | lm loss: 1.100078E+01 | "
-               "loss scale: 4294967296.0 | grad norm: 0.000 | actual seqlen:  2048 | number of skipped iterations:   0 | "
-               "number of nan iterations:   0 | samples per second: 4.457 | tokens per gpu per second (tgs): 142.612 | TFLOPs: 153.38 |")
+MEGATRON = (" [2026-05-29 03:52:45] iteration      300/     300 | consumed samples:       307200 | consumed tokens: "
+            "1.258B | elapsed time per iteration (ms): 131064.1 | eta: 0:00:00 | tokens/sec/gpu: 8000.5 | throughput "
+            "per GPU (TFLOP/s/GPU): 412.3 | learning rate: 1.100000E-05 | global batch size:  1024 | lm loss: "
+            "1.504590E+00 | loss scale: 1.0 | grad norm: 0.623 | number of skipped iterations:   0 | number of nan "
+            "iterations:   0 |")
+MEGATRON_BARE = (" [2025-10-06 03:27:07] iteration       10/      10 | consumed samples:         5120 | elapsed time "
+                 "per iteration (ms): 4647.8 | learning rate: 1.500000E-06 | global batch size:   512 | lm loss: "
+                 "9.763827E+00 | loss scale: 1.0 | grad norm: 33.055 | number of skipped iterations:   0 | number of "
+                 "nan iterations:   0 |")
+MEGATRON_DS = (" iteration        5/      10 | consumed samples:         7680 | consumed tokens:     15728640 | "
+               "elapsed time per iteration (ms): 344656.1 | learning rate: 2.270E-05 | global batch size:  1536 | lm "
+               "loss: 1.100078E+01 | loss scale: 4294967296.0 | grad norm: 0.000 | actual seqlen:  2048 | number of "
+               "skipped iterations:   0 | number of nan iterations:   0 | samples per second: 4.457 | tokens per gpu "
+               "per second (tgs): 142.612 | TFLOPs: 153.38 |")
 TRAINOPS = ("step     4/6  loss 5.9963  grad_norm 0.553  step_time 166ms  tok/s 1,547  tflops 0.008  mfu 8.02% "
             "(measured-gemm)  mem 0.42GiB  data_wait 0.3ms")
-DS_TIMER = "epoch=0/micro_step=40/global_step=10, RunningAvgSamplesPerSec=35.2, CurrSamplesPerSec=36.1, MemAllocated=1.2GB, MaxMemAllocated=1.5GB"
+DS_TIMER = ("epoch=0/micro_step=40/global_step=10, RunningAvgSamplesPerSec=35.2, CurrSamplesPerSec=36.1, "
+            "MemAllocated=1.2GB, MaxMemAllocated=1.5GB")
 H100 = ParseContext(flops_per_token=6e9, peak_tflops=989.0, seq_len=4096, world_size=64)
 
 
 def test_torchtitan_line_keeps_its_own_mfu():
     record = get_adapter("torchtitan").parse_log_line(TITAN)
-    assert (record.step, record.loss, record.tokens_per_s, record.tflops, record.mfu_pct) == (10, 7.8312, 1234.0, 71.45, 7.22)
+    assert (record.step, record.loss, record.tokens_per_s, record.tflops, record.mfu_pct) == (10, 7.8312, 1234.0, 71.45,
+                                                                                              7.22)
     assert record.mfu_source == "framework"
 
 
@@ -46,7 +52,8 @@ def test_torchtitan_validation_line_is_not_a_training_step():
 
 def test_megatron_tflops_become_mfu_against_trainops_peak():
     record = get_adapter("megatron").parse_log_line(MEGATRON, H100)
-    assert (record.step, record.loss, record.step_time_s, record.tokens_per_s, record.tflops) == (300, 1.50459, 131.0641, 8000.5, 412.3)
+    assert (record.step, record.loss, record.step_time_s, record.tokens_per_s, record.tflops) == (300, 1.50459,
+                                                                                                  131.0641, 8000.5, 412.3)
     assert record.mfu_pct == pytest.approx(100 * 412.3 / 989.0)
     assert record.mfu_source == "trainops-from-tflops"
 
@@ -72,7 +79,8 @@ def test_megatron_deepspeed_variant_parses_tflops_and_tgs():
 def test_trainops_and_deepspeed_script_share_the_step_line():
     for name in ("trainops", "deepspeed"):
         record = get_adapter(name).parse_log_line(TRAINOPS)
-        assert (record.step, record.loss, record.step_time_s, record.tokens_per_s, record.mfu_pct) == (4, 5.9963, 0.166, 1547.0, 8.02)
+        assert (record.step, record.loss, record.step_time_s, record.tokens_per_s, record.mfu_pct) == (4, 5.9963, 0.166,
+                                                                                                       1547.0, 8.02)
 
 
 def test_deepspeed_throughput_timer_line_gets_trainops_mfu():

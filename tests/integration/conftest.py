@@ -125,7 +125,8 @@ class SlurmCluster:
 
 @pytest.fixture(scope="session")
 def slurm_cluster():
-    missing = [b for b in ("munged", "slurmctld", "slurmd", "sbatch") if not (shutil.which(b) or Path(f"/usr/sbin/{b}").exists())]
+    missing = [b for b in ("munged", "slurmctld", "slurmd", "sbatch")
+               if not (shutil.which(b) or Path(f"/usr/sbin/{b}").exists())]
     if missing:
         yield None, f"Slurm/munge binaries not installed ({', '.join(missing)}); run tests/services/install.sh"
         return
@@ -162,7 +163,8 @@ class PrometheusServer:
         config = state_dir / "prometheus.yml"
         config.write_text(json.dumps({
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "scrape_configs": [{"job_name": "trainops", "file_sd_configs": [{"files": [str(self.targets)], "refresh_interval": "1s"}]}],
+            "scrape_configs": [{"job_name": "trainops",
+                                "file_sd_configs": [{"files": [str(self.targets)], "refresh_interval": "1s"}]}],
         }))
         self.log = open(state_dir / "prometheus.log", "wb")
         self.proc = subprocess.Popen(
@@ -182,7 +184,8 @@ class PrometheusServer:
     def scrape_run(self, run_dir: Path, ranks: int, timeout_s: float = 120) -> None:
         """Wait for the run's exporters to register, then add them as targets."""
         path = Path(run_dir) / "exporters.json"
-        _wait(lambda: path.exists() and len(json.loads(path.read_text() or "{}")) >= ranks, timeout_s, f"{ranks} exporters in {path}")
+        _wait(lambda: path.exists() and len(json.loads(path.read_text() or "{}")) >= ranks, timeout_s,
+              f"{ranks} exporters in {path}")
         addresses = sorted(json.loads(path.read_text()).values())
         self.targets.write_text(json.dumps([{"targets": addresses}]))
 

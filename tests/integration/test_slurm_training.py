@@ -29,7 +29,8 @@ def _free_port() -> int:
 
 def _submit_training(steps: int, *extra: str):
     out = call("submit_job", {"scheduler": "slurm", "name": "tiny",
-                              "training": {"preset": "tiny", "nproc": 2, "overrides": [f"training.steps={steps}", *TINY, *extra]}})
+                              "training": {"preset": "tiny", "nproc": 2,
+                                           "overrides": [f"training.steps={steps}", *TINY, *extra]}})
     return out.handle.job_id, Path(out.handle.run_dir)
 
 
@@ -53,7 +54,8 @@ def test_a_two_process_trainer_job_completes_and_prometheus_scrapes_its_metrics(
 
     _wait_for(scraped, 120, "the run's aggregates in Prometheus")
     assert live["mfu_pct_avg"][0].value > 0 and live["tokens_per_s_sum"][0].value > 0
-    assert sorted(s.rank for s in live["heartbeat_age_s"]) == [0, 1] and all(s.value < 30 for s in live["heartbeat_age_s"])
+    assert sorted(s.rank for s in live["heartbeat_age_s"]) == [0, 1] and all(s.value < 30
+                                                                             for s in live["heartbeat_age_s"])
     status = call("wait_job", {"job_id": job_id, "scheduler": "slurm", "timeout_s": 300})
     assert (status.state, status.exit_code) == ("completed", 0), call("job_logs", {"job_id": job_id, "scheduler": "slurm"}).text
     assert json.loads((run_dir / "status.json").read_text())["steps_completed"] == 600
@@ -141,7 +143,9 @@ def test_an_unknown_job_id_names_slurm_and_the_id(slurm):
 def test_a_dead_controller_is_a_clear_error_naming_its_address(slurm):
     slurm.stop_controller()
     try:
-        with pytest.raises(ToolError, match=r"slurm scheduler: (`sinfo --json` failed|pyslurm could not list nodes): .*is slurmctld running at .*check with `scontrol ping`"):
+        with pytest.raises(ToolError,
+                           match=r"slurm scheduler: (`sinfo --json` failed|pyslurm could not list nodes): .*is "
+                                 r"slurmctld running at .*check with `scontrol ping`"):
             call("list_nodes", {"scheduler": "slurm"})
     finally:
         slurm.start_controller()

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from trainops.tools.base import CallContext, ToolError, call
-from trainops.trainer.checkpoint import step_dir_name
+from trainops.trainer.checkpoint_files import step_dir_name
 from trainops.workspace import check_id, confine
 
 OPERATOR = CallContext(actor="operator")  # mutate tools called by an operator need no approval token

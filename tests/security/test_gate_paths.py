@@ -122,7 +122,7 @@ def test_a_human_token_lets_the_agent_cancel_that_job_once(sleeper, approvers):
 
 
 def committed_checkpoint(workspace, run: str, step: int):
-    from trainops.trainer.checkpoint import COMMIT_FILE, step_dir_name
+    from trainops.trainer.checkpoint_files import COMMIT_FILE, step_dir_name
 
     folder = workspace / "runs" / run / "checkpoints" / step_dir_name(step)
     folder.mkdir(parents=True)

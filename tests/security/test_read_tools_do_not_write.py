@@ -86,7 +86,7 @@ def writes(before: dict, after: dict, workspace: Path) -> list[str]:
 
 
 def committed_checkpoint(run_dir: Path, step: int) -> None:
-    from trainops.trainer.checkpoint import COMMIT_FILE, step_dir_name
+    from trainops.trainer.checkpoint_files import COMMIT_FILE, step_dir_name
 
     folder = run_dir / "checkpoints" / step_dir_name(step)
     folder.mkdir(parents=True)

@@ -37,14 +37,16 @@ def write_run(run_dir: Path, steps: int = 6, step_time_s: float = 0.1, mfu_pct: 
                 fh.write(json.dumps({"step": step, "rank": rank, "loss": 5.0 - 0.1 * step, "grad_norm": 1.0,
                                      "step_time_s": step_time_s * (3 if step == 1 else 1), "tokens_per_s": 1000.0,
                                      "flops_per_token": 1e6, "tflops": 0.01, "mfu_pct": mfu_pct, "peak_mem_gib": 0.1,
-                                     "time": 1000.0 + step, "data_wait_s": 0.01, "peak_source": "measured GEMM"}) + "\n")
+                                     "time": 1000.0 + step, "data_wait_s": 0.01, "peak_source": "measured GEMM"})
+                         + "\n")
     return run_dir
 
 
 def baseline(run_dirs: list[str]) -> BaselineSummary:
     m = MetricSpread(median=2.0, low=1.95, high=2.05, spread_pct=5.0)
     return BaselineSummary(model="tiny", parallel_layout="dp_shard=2", precision="fp32", repeats=max(3, len(run_dirs)),
-                           warmup_steps_excluded=2, step_time_s=MetricSpread(median=0.1, low=0.09, high=0.11, spread_pct=20.0),
+                           warmup_steps_excluded=2, step_time_s=MetricSpread(median=0.1, low=0.09, high=0.11,
+                                                                             spread_pct=20.0),
                            tokens_per_s=MetricSpread(median=1000, low=950, high=1050, spread_pct=10.0), mfu_pct=m,
                            peak_source="measured GEMM", data_wait_share_pct=10.0, run_dirs=run_dirs)
 

@@ -15,7 +15,8 @@ pytestmark = pytest.mark.usefixtures("as_operator")
 
 def _trace(path: Path, events: list[tuple[str, float, float]]) -> Path:
     """A Chrome trace as torch.profiler exports it: complete ('X') events in microseconds."""
-    path.write_text(json.dumps({"traceEvents": [{"ph": "X", "name": name, "ts": ts, "dur": dur, "cat": "user_annotation"}
+    path.write_text(json.dumps({"traceEvents": [{"ph": "X", "name": name, "ts": ts, "dur": dur,
+                                                 "cat": "user_annotation"}
                                                 for name, ts, dur in events]}))
     return path
 

@@ -36,7 +36,8 @@ def test_complete_sop_with_a_gain_passes(factories):
 
 
 def test_no_arm_beyond_noise_gives_partial(factories):
-    verdict, blockers = decide(factories.baseline(["r"]), [factories.ablation(1.0, 5.0, "within-noise")], [factories.drill()])
+    verdict, blockers = decide(factories.baseline(["r"]), [factories.ablation(1.0, 5.0, "within-noise")],
+                               [factories.drill()])
     assert verdict == "partial" and blockers == ["no ablation arm beat the run-to-run noise band"]
 
 

@@ -8,7 +8,8 @@ from skills_ref import validate
 
 from trainops.skills.registry import MAIN_SKILL, all_skills, parse_steps, skill_dirs
 
-EXPECTED = {MAIN_SKILL, "environment-declaration", "baseline", "ablation", "fault-drill", "checkpoint-plan", "evidence-pack"}
+EXPECTED = {MAIN_SKILL, "environment-declaration", "baseline", "ablation", "fault-drill", "checkpoint-plan",
+            "evidence-pack"}
 
 
 def test_all_expected_skills_exist():

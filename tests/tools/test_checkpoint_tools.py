@@ -18,7 +18,8 @@ def write_run(run: str, steps: list[int]):
     """A run folder whose checkpoints/ holds real committed checkpoints at `steps`."""
     model = torch.nn.Linear(8, 8)
     app = AppState(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
-    checkpointer = Checkpointer(CheckpointConfig(enable=True, interval=1, mode="sync", keep=10), runs_dir() / run, rank=0)
+    checkpointer = Checkpointer(CheckpointConfig(enable=True, interval=1, mode="sync", keep=10), runs_dir() / run,
+                                rank=0)
     for step in steps:
         checkpointer.save(step, app)
     checkpointer.close()

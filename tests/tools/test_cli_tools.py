@@ -56,7 +56,8 @@ def test_tool_schema_of_an_unknown_tool_fails_with_exit_2():
 
 
 def test_tool_call_runs_the_tool_and_prints_json():
-    result = invoke("tool", "call", "plan_checkpoint_interval", "--input", '{"save_s":300,"restart_s":600,"mtbf_h":6}', "--json")
+    result = invoke("tool", "call", "plan_checkpoint_interval", "--input", '{"save_s":300,"restart_s":600,"mtbf_h":6}',
+                    "--json")
     assert result.exit_code == 0
     assert json.loads(result.stdout)["daly_interval_min"] == pytest.approx(57, abs=1)
 
@@ -74,7 +75,8 @@ def test_tool_call_with_a_json_list_says_an_object_is_needed():
 
 
 def test_tool_call_with_an_invalid_field_names_it_and_exits_2():
-    result = invoke("tool", "call", "plan_checkpoint_interval", "--input", '{"save_s":-5,"restart_s":600,"mtbf_h":6}', "--json")
+    result = invoke("tool", "call", "plan_checkpoint_interval", "--input", '{"save_s":-5,"restart_s":600,"mtbf_h":6}',
+                    "--json")
     assert result.exit_code == 2
     error = json.loads(result.stdout)["error"]
     assert "save_s" in error and "-5" in error and "Traceback" not in result.output
@@ -100,7 +102,8 @@ def test_plan_ettr_defaults_to_the_llama3_profile_and_is_reproducible():
 
 
 def test_plan_ettr_accepts_a_custom_profile_as_json():
-    profile = {"name": "lab", "interruptions": 10, "reference_days": 10, "reference_gpus": 64, "cause_counts": {"gpu": 10}}
+    profile = {"name": "lab", "interruptions": 10, "reference_days": 10, "reference_gpus": 64,
+               "cause_counts": {"gpu": 10}}
     result = invoke("plan", "ettr", "--gpus", "64", "--days", "30", "--profile", json.dumps(profile), "--json")
     assert result.exit_code == 0 and json.loads(result.stdout)["profile"] == "lab"
 
@@ -175,7 +178,8 @@ def test_loading_the_cli_does_not_import_torch_or_langchain():
     import subprocess
     import sys
 
-    code = "import sys, trainops.commands.tools; print(sorted(m for m in ('torch', 'langchain_core', 'trainops.tools.env') if m in sys.modules))"
+    code = ("import sys, trainops.commands.tools; print(sorted(m for m in ('torch', 'langchain_core', "
+            "'trainops.tools.env') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

@@ -91,7 +91,8 @@ def test_a_declared_framework_needs_its_version():
 
 
 def test_a_declared_framework_is_reported_as_declared():
-    out = call("declare_environment", SMALL | {"framework": "Megatron-LM", "framework_version": "0.12.0", "measure_gemm": False})
+    out = call("declare_environment",
+               SMALL | {"framework": "Megatron-LM", "framework_version": "0.12.0", "measure_gemm": False})
     assert (out.framework.name, out.framework.version) == ("Megatron-LM", "0.12.0")
 
 

@@ -28,7 +28,8 @@ def _integration_helpers():
 
 @pytest.fixture(scope="module")
 def slurm_conf():
-    missing = [b for b in ("munged", "slurmctld", "slurmd", "sinfo") if not (shutil.which(b) or Path(f"/usr/sbin/{b}").exists())]
+    missing = [b for b in ("munged", "slurmctld", "slurmd", "sinfo")
+               if not (shutil.which(b) or Path(f"/usr/sbin/{b}").exists())]
     if missing:
         yield None, f"Slurm/munge binaries not installed ({', '.join(missing)}); run tests/services/install.sh"
         return

@@ -18,18 +18,21 @@ def _write_run(workspace, name="r1", steps=6, ranks=2):
         for rank in range(ranks):
             step_time = 5.0 if step == 1 else 0.1 + 0.02 * rank
             lines.append({"step": step, "rank": rank, "loss": 10.0 / step, "grad_norm": 1.0, "step_time_s": step_time,
-                          "tokens_per_s": 1000.0, "mfu_pct": 40.0 + rank, "data_wait_s": 0.01, "time": now - steps + step,
+                          "tokens_per_s": 1000.0, "mfu_pct": 40.0 + rank, "data_wait_s": 0.01,
+                          "time": now - steps + step,
                           "peak_source": "measured GEMM"})
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     for rank in range(ranks):
-        (run_dir / "heartbeat" / f"rank{rank}.json").write_text(json.dumps({"step": steps, "time": now - 3 * rank, "pid": 1}))
+        (run_dir / "heartbeat" / f"rank{rank}.json").write_text(json.dumps({"step": steps, "time": now - 3 * rank,
+                                                                            "pid": 1}))
     return run_dir
 
 
 def test_instant_returns_the_latest_value_per_rank(workspace):
     _write_run(workspace)
     out = call("query_metrics", {"run": "r1", "metric": "loss"})
-    assert [(s.rank, s.step, s.value) for s in out.instant] == [(0, 6, pytest.approx(10 / 6)), (1, 6, pytest.approx(10 / 6))]
+    assert [(s.rank, s.step, s.value) for s in out.instant] == [(0, 6, pytest.approx(10 / 6)),
+                                                                (1, 6, pytest.approx(10 / 6))]
 
 
 def test_series_of_one_rank_holds_every_step_in_the_window(workspace):
@@ -63,7 +66,8 @@ def test_summary_excludes_warmup_and_reports_spread_mfu_and_data_wait(workspace)
 
 def test_an_unreachable_prometheus_names_the_url(monkeypatch):
     monkeypatch.setenv("TRAINOPS_PROMETHEUS_URL", "http://127.0.0.1:1")
-    with pytest.raises(ToolError, match=r"prometheus monitor: .*http://127\.0\.0\.1:1 failed.*check that Prometheus runs there"):
+    with pytest.raises(ToolError,
+                       match=r"prometheus monitor: .*http://127\.0\.0\.1:1 failed.*check that Prometheus runs there"):
         call("query_metrics", {"run": "r1", "metric": "loss", "monitor": "prometheus", "url": "http://127.0.0.1:1"})
 
 

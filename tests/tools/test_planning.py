@@ -118,7 +118,8 @@ def test_the_simulator_agrees_with_dalys_closed_form_for_sync_checkpoints():
     """Daly's expected waste, with detection + restart as the restart cost, over a simulated year."""
     from trainops.tools.planning import daly_waste_fraction
 
-    inp = {"checkpoint_mode": "sync", "days": 365, "detection_latency_s": 120, "restart_s": 600, "checkpoint_save_s": 60}
+    inp = {"checkpoint_mode": "sync", "days": 365, "detection_latency_s": 120, "restart_s": 600,
+           "checkpoint_save_s": 60}
     out = call("plan_effective_training_time", inp)
     closed_form = 1 - daly_waste_fraction(out.checkpoint_interval_min * 60, 60, 720, out.job_mtbf_h * 3600)
     assert out.ettr == pytest.approx(closed_form, abs=0.01)

@@ -14,7 +14,8 @@ K8S_VERSION = "1.30.0"
 
 
 def _spec(**kw) -> JobSpec:
-    base = dict(name="llama-drill", command=["-m", "trainops.trainer.train", "--run-dir", "/runs/r1"], launcher="torchrun",
+    base = dict(name="llama-drill", command=["-m", "trainops.trainer.train", "--run-dir", "/runs/r1"],
+                launcher="torchrun",
                 nodes=2, procs_per_node=4, image="registry.example/trainops:0.1", env={"OMP_NUM_THREADS": "1"},
                 exclude_nodes=["gpu-07"], time_limit_min=30, partition="training")
     return JobSpec(**{**base, **kw})
@@ -69,7 +70,8 @@ def test_a_plain_job_runs_on_a_live_cluster():
     from trainops.tools.schedulers import get_scheduler
 
     sched = get_scheduler("kubernetes")
-    handle = sched.submit(JobSpec(name="trainops-live-check", command=["python", "-c", "print('ok')"], image="python:3.11-slim"))
+    handle = sched.submit(JobSpec(name="trainops-live-check", command=["python", "-c", "print('ok')"],
+                                  image="python:3.11-slim"))
     try:
         assert sched.wait(handle.job_id, timeout_s=300).state == "completed"
         assert "ok" in sched.logs(handle.job_id)
@@ -137,7 +139,8 @@ current-context: x
     finally:
         api.httpd.shutdown()
         api.httpd.server_close()
-    deletes = {urlsplit(path).path: parse_qs(urlsplit(path).query) for method, path in api.requests if method == "DELETE"}
+    deletes = {urlsplit(path).path: parse_qs(urlsplit(path).query) for method,
+               path in api.requests if method == "DELETE"}
     job = deletes["/apis/batch/v1/namespaces/training/jobs/llama-drill"]
     assert job["propagationPolicy"] == ["Background" if force else "Foreground"]
     pods = deletes.get("/api/v1/namespaces/training/pods")

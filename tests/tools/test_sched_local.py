@@ -88,12 +88,14 @@ def test_cancel_leaves_no_torchrun_worker_behind(tmp_path, force):
         time.sleep(0.1)
     workers = [int((tmp_path / f"pid{rank}").read_text()) for rank in (0, 1)]
     assert sched.cancel(handle.job_id, force=force).state == "cancelled"
-    assert [pid for pid in workers if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE] == []
+    assert ([pid for pid in workers if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+            == [])
 
 
 def test_requeue_runs_the_same_spec_again_under_the_same_id(tmp_path):
     marker = tmp_path / "count"
-    code = f"import pathlib; p = pathlib.Path({str(marker)!r}); p.write_text(p.read_text() + 'x' if p.exists() else 'x')"
+    code = (f"import pathlib; p = pathlib.Path({str(marker)!r}); p.write_text(p.read_text() + 'x' if p.exists() else "
+            "'x')")
     sched = get_scheduler("local")
     handle = sched.submit(_spec(code))
     sched.wait(handle.job_id, timeout_s=30)

@@ -43,7 +43,8 @@ def test_a_plain_command_runs_once_without_srun():
 
 
 def test_scontrol_output_parses_into_fields():
-    fields = parse_scontrol("JobId=7 JobName=drill\n   JobState=FAILED Reason=NonZeroExitCode Dependency=(null)\n   ExitCode=1:0 NodeList=vm")
+    fields = parse_scontrol("JobId=7 JobName=drill\n   JobState=FAILED Reason=NonZeroExitCode Dependency=(null)\n   "
+                            "ExitCode=1:0 NodeList=vm")
     assert (fields["JobState"], fields["ExitCode"], fields["NodeList"]) == ("FAILED", "1:0", "vm")
 
 

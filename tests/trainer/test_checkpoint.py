@@ -17,14 +17,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainops.trainer.checkpoint import (
-    COMMIT_FILE,
-    AppState,
-    Checkpointer,
-    list_checkpoints,
-    step_dir_name,
-    verify_checkpoint,
-)
+from trainops.trainer.checkpoint import AppState, Checkpointer
+from trainops.trainer.checkpoint_files import COMMIT_FILE, list_checkpoints, step_dir_name, verify_checkpoint
 from trainops.trainer.config import CheckpointConfig, load_config
 from trainops.trainer.data import DataLoader
 from trainops.trainer.faults import corrupt_checkpoint

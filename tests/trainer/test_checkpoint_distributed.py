@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from trainops.trainer.checkpoint import list_checkpoints, step_dir_name
+from trainops.trainer.checkpoint_files import list_checkpoints, step_dir_name
 from trainops.trainer.config import load_config
 from trainops.trainer.launch import RunResult, launch_run, read_metrics, run_local
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainops.trainer.checkpoint import AppState, Checkpointer, list_checkpoints, step_dir_name
+from trainops.trainer.checkpoint import AppState, Checkpointer
+from trainops.trainer.checkpoint_files import list_checkpoints, step_dir_name
 from trainops.trainer.config import CheckpointConfig
 
 REPO = Path(__file__).resolve().parents[2]

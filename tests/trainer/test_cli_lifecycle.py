@@ -178,7 +178,7 @@ def _wait_for(condition, timeout_s: float, what: str) -> None:
 def test_a_run_killed_with_kill_9_resumes_from_its_newest_checkpoint(workspace):
     import psutil
 
-    from trainops.trainer.checkpoint import list_checkpoints
+    from trainops.trainer.checkpoint_files import list_checkpoints
 
     run_dir = workspace / "runs" / "victim"
     args = ["train", "--preset", "tiny", "--nproc", "2", "--run-id", "victim", "--set", "training.steps=10",

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainops.trainer.checkpoint import AppState, Checkpointer, step_dir_name, verify_checkpoint
+from trainops.trainer.checkpoint import AppState, Checkpointer
+from trainops.trainer.checkpoint_files import step_dir_name, verify_checkpoint
 from trainops.trainer.config import CheckpointConfig, FaultsConfig
 from trainops.trainer.faults import CRASH_EXIT_CODE, FaultInjector, exponent_msb, flip_bit
 

@@ -21,7 +21,8 @@ ATOL = 1e-4
 def _hf_model(args):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(**{k: v for k, v in hf_config(args).items() if k not in ("architectures", "model_type", "torch_dtype")},
+    config = LlamaConfig(**{k: v for k,
+                            v in hf_config(args).items() if k not in ("architectures", "model_type", "torch_dtype")},
                          attn_implementation="eager")
     torch.manual_seed(0)
     return LlamaForCausalLM(config).eval()
@@ -72,7 +73,8 @@ def test_config_round_trips(name):
 
 @pytest.mark.parametrize("rope_type", ["linear", "dynamic", "yarn", "longrope"])
 def test_a_rope_type_we_do_not_implement_is_refused_by_name(rope_type):
-    config = hf_config(PRESETS["tiny"]) | {"rope_parameters": {"rope_type": rope_type, "rope_theta": 1e4, "factor": 2.0}}
+    config = hf_config(PRESETS["tiny"]) | {"rope_parameters": {"rope_type": rope_type, "rope_theta": 1e4,
+                                                               "factor": 2.0}}
     with pytest.raises(HFFormatError, match=rf"rope_type='{rope_type}' is not supported"):
         args_from_hf_config(config)
 
@@ -87,7 +89,8 @@ def test_a_legacy_rope_scaling_of_another_type_is_refused_by_name():
 
 def test_llama3_scaling_without_its_factors_names_what_is_missing():
     config = hf_config(PRESETS["tiny"]) | {"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}}
-    with pytest.raises(HFFormatError, match=r"lacks \['low_freq_factor', 'high_freq_factor', 'original_max_position_embeddings'\]"):
+    with pytest.raises(HFFormatError,
+                       match=r"lacks \['low_freq_factor', 'high_freq_factor', 'original_max_position_embeddings'\]"):
         args_from_hf_config(config)
 
 

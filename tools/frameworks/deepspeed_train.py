@@ -91,7 +91,8 @@ def resume(engine, run_dir: Path) -> int:
     _, client_state = engine.load_checkpoint(str(path.parent), tag=path.name)
     step = int(client_state["step"])
     if dist.get_rank() == 0:
-        _append(RunFiles(run_dir).checkpoint_journal, {"event": "load", "step": step, "path": str(path), "time": time.time()})
+        _append(RunFiles(run_dir).checkpoint_journal,
+                {"event": "load", "step": step, "path": str(path), "time": time.time()})
     return step
 
 

@@ -125,9 +125,10 @@ def ablate(config: Optional[str] = typer.Argument(None, help="Job config TOML (d
     if not knob:
         fail("--knob: no arm given; pass --knob NAME=VALUE (see trainops ablate --list)", as_json=as_json)
     for spec in knob:
-        arm, value = _guard(lambda: parse_arm(spec.split(","), framework), as_json)
+        arm, value = _guard(lambda spec=spec: parse_arm(spec.split(","), framework), as_json)
         if framework != "trainops":  # the framework's own flag prerequisites, before anything launches
-            _guard(lambda: get_adapter(framework).validate({arm.name: value}, overrides=req.overrides, world_size=nproc), as_json)
+            _guard(lambda arm=arm, value=value: get_adapter(framework).validate(
+                {arm.name: value}, overrides=req.overrides, world_size=nproc), as_json)
     say = _progress(as_json)
 
     def go():
@@ -216,7 +217,7 @@ def sop(config: Optional[str] = typer.Argument(None, help="Job config TOML (defa
 
     _request(config, None, 2, scheduler, as_json, monitor, framework)
     for spec in knob or []:
-        _guard(lambda: parse_arm([spec], framework), as_json)
+        _guard(lambda spec=spec: parse_arm([spec], framework), as_json)
     settings = SopSettings(config=config, quick=quick, scheduler=scheduler, knobs=knob or [], faults=fault or [],
                            mtbf_h=mtbf_h, framework=framework)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), disable=as_json,

@@ -205,7 +205,7 @@ def export(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary for machines."),
 ) -> None:
     """Write a run's checkpoint (any layout) as a Hugging Face Llama folder: config.json + safetensors."""
-    from trainops.trainer.checkpoint import step_dir_name, verify_checkpoint
+    from trainops.trainer.checkpoint_files import step_dir_name, verify_checkpoint
     from trainops.trainer.config import ConfigError, load_config
     from trainops.trainer.hf import HFFormatError, checkpoint_to_hf
     from trainops.trainer.launch import newest_verified_checkpoint, resolve_run
