@@ -33,12 +33,20 @@ class DetectFaultsInput(BaseModel):
     job_id: str | None = Field(None, description="The run's job, to watch its state too.")
     scheduler: SchedulerKind = "local"
     poll_interval_s: float = Field(0.1, ge=0.05, le=60, description="Seconds between polls (down to 0.05).")
-    timeout_s: float = Field(60.0, gt=0, le=86400, description="Stop watching after this many seconds with nothing found (at most a day).")
-    heartbeat_stale_s: float = Field(5.0, gt=0, le=86400, description="A heartbeat older than this (while others are fresher) is a hang.")
-    zscore_threshold: float = Field(6.0, gt=0, le=1e6, description="A grad-norm this many standard deviations above its recent history is an anomaly.")
-    straggler_ratio: float = Field(1.5, gt=1, le=1e6, description="Straggler threshold: the ratio between the slow rank's and its peers' median step (or compute) time.")
+    timeout_s: float = Field(60.0, gt=0, le=86400,
+                             description="Stop watching after this many seconds with nothing found (at most a day).")
+    heartbeat_stale_s: float = Field(5.0, gt=0, le=86400,
+                                     description="A heartbeat older than this (while others are fresher) is a hang.")
+    zscore_threshold: float = Field(6.0, gt=0, le=1e6,
+                                    description="A grad-norm this many standard deviations above its recent history is "
+                                                "an anomaly.")
+    straggler_ratio: float = Field(1.5, gt=1, le=1e6,
+                                   description="Straggler threshold: the ratio between the slow rank's and its peers' "
+                                               "median step (or compute) time.")
     window_steps: int = Field(8, ge=3, le=100_000, description="Steps of history for the z-score and straggler checks.")
-    injected_at: float | None = Field(None, description="Injection wall time; None reads the newest entry of RUN/faults.jsonl.")
+    injected_at: float | None = Field(None,
+                                      description="Injection wall time; None reads the newest entry of "
+                                                  "RUN/faults.jsonl.")
 
 
 class Detection(BaseModel):
@@ -59,8 +67,11 @@ class Detection(BaseModel):
 _ISOLATION: dict[str, tuple[Isolation, str]] = {
     "process_exit": ("node", "exclude the rank's node (drain it) and requeue the job from its newest checkpoint"),
     "heartbeat_stale": ("node", "cancel the job, drain the hung rank's node, requeue from the newest checkpoint"),
-    "loss_anomaly": ("job", "roll the whole job back to the last checkpoint before the anomaly and skip or re-check the batch"),
-    "checksum_mismatch": ("replica_group", "stop the job, take the diverging replica group's nodes out for a hardware check, restart from a verified checkpoint"),
+    "loss_anomaly": ("job", "roll the whole job back to the last checkpoint before the anomaly and skip or re-check "
+                            "the batch"),
+    "checksum_mismatch": ("replica_group",
+                          "stop the job, take the diverging replica group's nodes out for a hardware check, restart "
+                          "from a verified checkpoint"),
     "step_time_outlier": ("node", "drain the straggler's node and requeue on a hot spare"),
 }
 
@@ -96,17 +107,20 @@ class _Watch:
         for rec in records:
             for field in ("loss", "grad_norm"):
                 v = rec.get(field)
-                if v is None or (isinstance(v, float) and not math.isfinite(v)) or v in ("nan", "inf", "NaN", "Infinity"):
+                if v is None or (isinstance(v, float) and not math.isfinite(v)) or v in ("nan", "inf", "NaN",
+                                                                                         "Infinity"):
                     if field in rec:
                         return rec, f"{field}={v} at step {rec.get('step')} on rank {rec.get('rank')}"
             hist = [float(h["grad_norm"]) for h in self.by_rank.get(int(rec.get("rank", 0)), [])
-                    if h is not rec and isinstance(h.get("grad_norm"), (int, float)) and int(h["step"]) < int(rec["step"])][-self.inp.window_steps:]
+                    if h is not rec and isinstance(h.get("grad_norm"), (int, float))
+                    and int(h["step"]) < int(rec["step"])][-self.inp.window_steps:]
             g = rec.get("grad_norm")
             if len(hist) >= 3 and isinstance(g, (int, float)):
                 sd = statistics.pstdev(hist) or 1e-12
                 z = (float(g) - statistics.fmean(hist)) / sd
                 if z > self.inp.zscore_threshold and float(g) > 2 * max(hist):
-                    return rec, f"grad_norm {g:.4g} is {z:.1f} sd above the last {len(hist)} steps (mean {statistics.fmean(hist):.4g})"
+                    return (rec, f"grad_norm {g:.4g} is {z:.1f} sd above the last {len(hist)} steps (mean "
+                                 f"{statistics.fmean(hist):.4g})")
         return None
 
     def checksum_mismatch(self) -> tuple[dict, str] | None:
@@ -120,7 +134,8 @@ class _Watch:
                 if len(set(values)) > 1:
                     majority = max(set(values), key=values.count)
                     odd = next(m for m in members if m["param_checksum"] != majority)
-                    return odd, f"step {step}: rank {odd.get('rank')} checksum {odd['param_checksum']} differs from {majority} in replica group {group}"
+                    return (odd, f"step {step}: rank {odd.get('rank')} checksum {odd['param_checksum']} differs from "
+                                 f"{majority} in replica group {group}")
         return None
 
     def straggler(self) -> tuple[dict, str] | None:
@@ -140,13 +155,16 @@ class _Watch:
             suspect = max(medians, key=medians.get)
             others = statistics.median(m for r, m in medians.items() if r != suspect)
             if others > 0 and medians[suspect] > self.inp.straggler_ratio * others:
-                return recent[suspect][-1], f"rank {suspect} median compute_time_s {medians[suspect]:.4f}s vs {others:.4f}s on the other ranks"
+                return (recent[suspect][-1],
+                        f"rank {suspect} median compute_time_s {medians[suspect]:.4f}s vs {others:.4f}s on the other "
+                        "ranks")
             return None
         suspect = min(medians, key=medians.get)
         others = statistics.median(m for r, m in medians.items() if r != suspect)
         if medians[suspect] > 0 and others > self.inp.straggler_ratio * medians[suspect]:
-            return recent[suspect][-1], (f"rank {suspect} median step_time_s {medians[suspect]:.4f}s vs {others:.4f}s on its peers: "
-                                         "the peers wait for it in the collective, so it is late outside its own step")
+            return recent[suspect][-1], (f"rank {suspect} median step_time_s {medians[suspect]:.4f}s vs {others:.4f}s "
+                                         "on its peers: the peers wait for it in the collective, so it is late outside "
+                                         "its own step")
         return None
 
     def stale_or_dead(self) -> tuple[str, int, dict, str] | None:
@@ -171,21 +189,26 @@ class _Watch:
                 r = quiet[0]
                 b = beats[r]
                 return "process_exit", r, b, (f"rank {r} on {b.get('host')} went silent (last heartbeat at step "
-                                              f"{b.get('step')}) while rank(s) {dead} exited from the broken collective")
+                                              f"{b.get('step')}) while rank(s) {dead} exited from the broken "
+                                              "collective")
             r = (silent or dead)[0]
             b = beats[r]
             how = "vanished without an exit note" if "exit" not in b else f"exited: {b['exit'].get('error')}"
-            return "process_exit", r, b, f"rank {r} pid {b['pid']} is gone ({how}; last heartbeat at step {b.get('step')})"
+            return ("process_exit", r, b,
+                    f"rank {r} pid {b['pid']} is gone ({how}; last heartbeat at step {b.get('step')})")
         if beats:
             ages = {r: now - float(b["time"]) for r, b in beats.items()}
             oldest = max(ages, key=ages.get)
             if ages[oldest] > self.inp.heartbeat_stale_s:
                 # peers of a hung rank block in its collective and go stale too; a stopped
                 # process on this host names the culprit, else the lowest step, then the oldest
-                stopped = [r for r, b in beats.items() if b.get("host", host) == host and _proc_state(int(b.get("pid", 0))) == "T"]
+                stopped = [r for r, b in beats.items() if b.get("host", host) == host
+                           and _proc_state(int(b.get("pid", 0))) == "T"]
                 culprit = stopped[0] if stopped else min(beats, key=lambda r: (beats[r].get("step", 0), -ages[r]))
                 how = " (its process is stopped)" if stopped else ""
-                return "heartbeat_stale", culprit, beats[culprit], f"rank {culprit}{how} heartbeat is {ages[culprit]:.2f}s old (step {beats[culprit].get('step')}); limit {self.inp.heartbeat_stale_s}s"
+                return ("heartbeat_stale", culprit, beats[culprit],
+                        f"rank {culprit}{how} heartbeat is {ages[culprit]:.2f}s old (step "
+                        f"{beats[culprit].get('step')}); limit {self.inp.heartbeat_stale_s}s")
         return None
 
 
@@ -245,7 +268,8 @@ def detect_faults(inp: DetectFaultsInput) -> Detection:
             except SchedulerError as exc:
                 raise ToolError("detect_faults", str(exc)) from None
         if (st is not None and st.state == "completed") or _finished_ok(run_dir):
-            return Detection(detected=False, evidence=f"run {inp.run} finished cleanly with no fault seen", polls=polls, injected_at=injected_at)
+            return Detection(detected=False, evidence=f"run {inp.run} finished cleanly with no fault seen", polls=polls,
+                             injected_at=injected_at)
         records = watch.ingest()
         # a corrupted replica explains the loss anomaly it causes: the earlier step wins, the checksum on a tie
         findings = [(rec, why, "checksum_mismatch") for rec, why in filter(None, [watch.checksum_mismatch()])]
@@ -253,18 +277,23 @@ def detect_faults(inp: DetectFaultsInput) -> Detection:
         if findings:
             rec, why, mechanism = min(findings, key=lambda f: int(f[0].get("step", 0)))
             node = rec.get("host", host) if mechanism == "checksum_mismatch" else None
-            return _finish(mechanism, rec.get("rank"), node, rec.get("step"), why, injected_at or rec.get("time"), polls)
+            return _finish(mechanism, rec.get("rank"), node, rec.get("step"), why, injected_at or rec.get("time"),
+                           polls)
         dead = watch.stale_or_dead()
         if dead:
             mechanism, rank, beat, why = dead
             return _finish(mechanism, rank, beat.get("host", host), beat.get("step"), why, injected_at, polls)
         if st is not None and st.state in TERMINAL_STATES:
             node = st.nodes[0] if st.nodes else None
-            return _finish("process_exit", None, node, None, f"job {inp.job_id} is {st.state} (exit code {st.exit_code}; {st.reason})", injected_at, polls)
+            return _finish("process_exit", None, node, None,
+                           f"job {inp.job_id} is {st.state} (exit code {st.exit_code}; {st.reason})", injected_at,
+                           polls)
         found = watch.straggler()
         if found:
             rec, why = found
-            return _finish("step_time_outlier", rec.get("rank"), rec.get("host", host), rec.get("step"), why, injected_at, polls)
+            return _finish("step_time_outlier", rec.get("rank"), rec.get("host", host), rec.get("step"), why,
+                           injected_at, polls)
         if time.monotonic() >= deadline:
-            return Detection(detected=False, evidence=f"nothing abnormal in {inp.timeout_s}s of watching {run_dir}", polls=polls, injected_at=injected_at)
+            return Detection(detected=False, evidence=f"nothing abnormal in {inp.timeout_s}s of watching {run_dir}",
+                             polls=polls, injected_at=injected_at)
         time.sleep(inp.poll_interval_s)

@@ -74,7 +74,8 @@ class SchedulerDeclaration(BaseModel):
     version: str = Field(description="Scheduler version as it reports itself.")
     partitions: list[str] = Field(description="Partitions (Slurm) or node pools; 'local' for the local scheduler.")
     nodes: list[str] = Field(description="Nodes the scheduler reports.")
-    hot_spare_nodes: list[str] = Field(description="Idle nodes as the scheduler reports them: the pool that can replace a failed node at once.")
+    hot_spare_nodes: list[str] = Field(description="Idle nodes as the scheduler reports them: the pool that can "
+                                                   "replace a failed node at once.")
     cpus_per_node: dict[str, int] = Field(default_factory=dict, description="CPUs each node reports to the scheduler.")
     transport: str = Field("", description="How trainops talks to the scheduler (Slurm: pyslurm or the CLI, and why).")
 
@@ -97,23 +98,36 @@ class EnvironmentDeclaration(BaseModel):
     declared_at: datetime = Field(description="When this declaration was made (UTC).")
     host: str
     accelerators: Accelerators
-    hardware_generation: str = Field(description="e.g. Hopper (H100, sm_90), or the CPU architecture and widest vector ISA.")
-    interconnect: str = Field(description="NVLink / InfiniBand when visible, else loopback/shared-memory (single host).")
+    hardware_generation: str = Field(description="e.g. Hopper (H100, sm_90), or the CPU architecture and widest vector "
+                                                 "ISA.")
+    interconnect: str = Field(description="NVLink / InfiniBand when visible, else loopback/shared-memory (single "
+                                          "host).")
     software: Software
     framework: Framework
     scheduler: SchedulerDeclaration
     checkpoint_storage: CheckpointStorage
     compute_peak: ComputePeak
-    notes: list[str] = Field(default_factory=list, description="What could not be read, and what was declared rather than measured.")
+    notes: list[str] = Field(default_factory=list,
+                             description="What could not be read, and what was declared rather than measured.")
 
 
 class EnvInput(BaseModel):
-    scheduler: SchedulerKind = Field("local", description="Which scheduler to query for version, partitions and idle nodes.")
-    ckpt_dir: str | None = Field(None, description="An existing folder where checkpoints go, inside the workspace or a [governance] root; default $TRAINOPS_HOME/runs.")
-    ckpt_test_mib: int = Field(64, ge=1, le=4096, description="Size of the checkpoint write test, MiB (written to a temporary folder, then removed).")
-    framework: str | None = Field(None, description="Declare a framework other than the embedded trainer: an adapter's name (trainops, deepspeed, torchtitan, megatron) reports its installed version; any other name needs framework_version.")
+    scheduler: SchedulerKind = Field("local",
+                                     description="Which scheduler to query for version, partitions and idle nodes.")
+    ckpt_dir: str | None = Field(None,
+                                 description="An existing folder where checkpoints go, inside the workspace or a "
+                                             "[governance] root; default $TRAINOPS_HOME/runs.")
+    ckpt_test_mib: int = Field(64, ge=1, le=4096,
+                               description="Size of the checkpoint write test, MiB (written to a temporary folder, "
+                                           "then removed).")
+    framework: str | None = Field(None,
+                                  description="Declare a framework other than the embedded trainer: an adapter's name "
+                                              "(trainops, deepspeed, torchtitan, megatron) reports its installed "
+                                              "version; any other name needs framework_version.")
     framework_version: str | None = Field(None, description="Version of `framework`.")
-    measure_gemm: bool = Field(True, description="Measure the CPU GEMM peak (a fraction of a second); false reports 0 and says so.")
+    measure_gemm: bool = Field(True,
+                               description="Measure the CPU GEMM peak (a fraction of a second); false reports 0 and "
+                                           "says so.")
 
     @model_validator(mode="after")
     def _framework_needs_version(self) -> EnvInput:
@@ -121,7 +135,8 @@ class EnvInput(BaseModel):
 
         if self.framework and not self.framework_version and self.framework not in known_frameworks():
             raise ValueError(
-                f"framework={self.framework!r} has no framework_version: declare the version, e.g. framework_version='0.12.0'"
+                f"framework={self.framework!r} has no framework_version: declare the version, e.g. "
+                "framework_version='0.12.0'"
             )
         return self
 
@@ -197,7 +212,8 @@ def cpu_facts(cpuinfo_text: str) -> dict[str, object]:
             cores.add((physical, value))
         elif key == "flags" and not flags:
             flags = set(value.split())
-    isa = next((name for name, flag in (("AMX", "amx_tile"), ("AVX-512", "avx512f"), ("AVX2", "avx2")) if flag in flags), "scalar/SSE")
+    isa = next((name for name, flag in (("AMX", "amx_tile"), ("AVX-512", "avx512f"), ("AVX2", "avx2"))
+                if flag in flags), "scalar/SSE")
     return {"model": model, "sockets": len(sockets) or None, "cores": len(cores) or None, "isa": isa}
 
 
@@ -210,7 +226,8 @@ def _accelerators(notes: list[str]) -> tuple[Accelerators, str, str]:
             notes.append("nvidia-smi topo -m gave no GPU matrix: scale-up domain unknown")
         first = gpus[0]
         infiniband = _infiniband_devices()
-        links = [f"NVLink ({domain.link}, {domain.gpus} GPUs per domain)"] if domain and domain.link != "PCIe" else ["PCIe"]
+        links = ([f"NVLink ({domain.link}, {domain.gpus} GPUs per domain)"] if domain and domain.link != "PCIe"
+                 else ["PCIe"])
         links += [f"InfiniBand ({', '.join(infiniband)})"] if infiniband else []
         acc = Accelerators(
             kind="gpu", model=first["name"], count=len(gpus), memory_gib=first["memory_gib"],
@@ -262,7 +279,8 @@ def _framework(inp: EnvInput) -> Framework:
     try:
         return Framework(name=EMBEDDED_FRAMEWORK, version=version("trainops"))
     except PackageNotFoundError:
-        raise ToolError("declare_environment", "the trainops package is not installed: run `make test` (pip install -e .)") from None
+        raise ToolError("declare_environment",
+                        "the trainops package is not installed: run `make test` (pip install -e .)") from None
 
 
 def _filesystem(path: Path) -> str:
@@ -281,7 +299,8 @@ def measure_checkpoint_write(folder: Path, size_mib: int) -> CheckpointStorage:
     try:
         scratch = Path(tempfile.mkdtemp(prefix=".trainops-write-test-", dir=folder))
     except OSError as exc:
-        raise ToolError("declare_environment", f"cannot write the checkpoint test file in {folder}: {exc}; pass a writable ckpt_dir") from None
+        raise ToolError("declare_environment",
+                        f"cannot write the checkpoint test file in {folder}: {exc}; pass a writable ckpt_dir") from None
     try:
         chunk = os.urandom(1 << 20)
         started = time.perf_counter()
@@ -292,7 +311,8 @@ def measure_checkpoint_write(folder: Path, size_mib: int) -> CheckpointStorage:
             os.fsync(fh.fileno())
         write_s = time.perf_counter() - started
     except OSError as exc:
-        raise ToolError("declare_environment", f"cannot write the checkpoint test file in {folder}: {exc}; pass a writable ckpt_dir") from None
+        raise ToolError("declare_environment",
+                        f"cannot write the checkpoint test file in {folder}: {exc}; pass a writable ckpt_dir") from None
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return CheckpointStorage(
@@ -311,7 +331,8 @@ def _checkpoint_folder(ckpt_dir: str | None) -> Path:
     except ValueError as exc:
         raise ToolError("declare_environment", str(exc)) from None
     if not folder.is_dir():
-        raise ToolError("declare_environment", f"ckpt_dir={ckpt_dir!r} is not a folder; pass the folder checkpoints are written to")
+        raise ToolError("declare_environment",
+                        f"ckpt_dir={ckpt_dir!r} is not a folder; pass the folder checkpoints are written to")
     return folder
 
 
@@ -324,7 +345,8 @@ def _compute_peak(acc: Accelerators, inp: EnvInput, notes: list[str]) -> Compute
     if acc.kind == "gpu":
         key = next((k for k in GPU_PEAK_TFLOPS_BF16 if k in acc.model), None)
         if key is not None:
-            return ComputePeak(peak_tflops=GPU_PEAK_TFLOPS_BF16[key], dtype="bf16", source=f"vendor-table:{key} (trainops.trainer.metrics)")
+            return ComputePeak(peak_tflops=GPU_PEAK_TFLOPS_BF16[key], dtype="bf16",
+                               source=f"vendor-table:{key} (trainops.trainer.metrics)")
         notes.append(f"no vendor peak for {acc.model} in trainops.trainer.metrics.GPU_PEAK_TFLOPS_BF16")
         return ComputePeak(peak_tflops=0.0, dtype="bf16", source="unknown GPU: no vendor peak")
     if not inp.measure_gemm:
@@ -333,7 +355,8 @@ def _compute_peak(acc: Accelerators, inp: EnvInput, notes: list[str]) -> Compute
     peak_tflops, label = device_peak_tflops(torch.device("cpu"), "fp32")
     return ComputePeak(
         peak_tflops=peak_tflops, dtype="fp32",
-        source=f"{label} (trainops.trainer.metrics.device_peak_tflops: best of 8 512x512 fp32 GEMMs, {torch.get_num_threads()} threads, "
+        source=f"{label} (trainops.trainer.metrics.device_peak_tflops: best of 8 512x512 fp32 GEMMs, "
+               f"{torch.get_num_threads()} threads, "
         "cached per CPU in $TRAINOPS_HOME/cache; the same denominator the trainer's MFU uses)",
     )
 
@@ -372,10 +395,13 @@ def _kubernetes() -> SchedulerDeclaration:
         config.load_kube_config()
         version = client.VersionApi().get_code().git_version
         node_list = client.CoreV1Api().list_node().items
-        busy = {p.spec.node_name for p in client.CoreV1Api().list_pod_for_all_namespaces(field_selector="status.phase=Running").items
+        busy = {p.spec.node_name
+                for p in client.CoreV1Api().list_pod_for_all_namespaces(field_selector="status.phase=Running").items
                 if p.metadata.namespace != "kube-system"}
     except Exception as exc:  # config, connection and API errors all mean: no usable cluster
-        raise ToolError("declare_environment", f"kubernetes: no reachable cluster ({exc.__class__.__name__}: {exc}); set KUBECONFIG or use scheduler=local") from None
+        raise ToolError("declare_environment",
+                        f"kubernetes: no reachable cluster ({exc.__class__.__name__}: {exc}); set KUBECONFIG or use "
+                        "scheduler=local") from None
     names = [n.metadata.name for n in node_list]
     ready = [n.metadata.name for n in node_list if not n.spec.unschedulable and any(
         c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])]

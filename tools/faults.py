@@ -30,13 +30,26 @@ NODE_KINDS = {"node_crash", "power_loss", "partition", "slow_network", "heal_nod
 class InjectFaultInput(BaseModel):
     model_config = ConfigDict(allow_inf_nan=False)
 
-    kind: FaultKind = Field(description="kill_rank (SIGKILL one rank), kill_node (SIGKILL every rank on a node), hang (SIGSTOP one rank), corrupt_checkpoint (damage the newest checkpoint), drain_node (through the scheduler); straggler, nan, bitflip, crash are trainer injection points set at launch: this returns the overrides to launch with. Node faults on a `trainops sandbox` node: node_crash (slurmd and every process on the node SIGKILLed), power_loss (link down, then the same), partition (link down, processes alive), slow_network (tbf rate limit on the node's link), heal_node (link up, no limit, slurmd restarted).")
-    run: str | None = Field(None, description="Run id or run folder inside the workspace (needed for every kind except drain_node).")
+    kind: FaultKind = Field(description="kill_rank (SIGKILL one rank), kill_node (SIGKILL every rank on a node), hang "
+                                        "(SIGSTOP one rank), corrupt_checkpoint (damage the newest checkpoint), "
+                                        "drain_node (through the scheduler); straggler, nan, bitflip, crash are "
+                                        "trainer injection points set at launch: this returns the overrides to launch "
+                                        "with. Node faults on a `trainops sandbox` node: node_crash (slurmd and every "
+                                        "process on the node SIGKILLed), power_loss (link down, then the same), "
+                                        "partition (link down, processes alive), slow_network (tbf rate limit on the "
+                                        "node's link), heal_node (link up, no limit, slurmd restarted).")
+    run: str | None = Field(None,
+                            description="Run id or run folder inside the workspace (needed for every kind except "
+                                        "drain_node).")
     rank: int = Field(0, ge=0, le=1_048_575, description="Target rank (kill_rank, hang, straggler, bitflip, crash).")
-    node: str | None = Field(None, description="Target node (kill_node, drain_node); kill_node defaults to the node of `rank`.")
+    node: str | None = Field(None,
+                             description="Target node (kill_node, drain_node); kill_node defaults to the node of "
+                                         "`rank`.")
     step: int = Field(5, ge=0, le=1_000_000_000, description="Step at which a launch-time fault fires.")
     slow_ms: int = Field(200, ge=1, le=600_000, description="Extra milliseconds per step for a straggler.")
-    scheduler: SchedulerKind = Field("local", description="Scheduler of the node to drain (drain_node); process faults find the run's job on any scheduler.")
+    scheduler: SchedulerKind = Field("local",
+                                     description="Scheduler of the node to drain (drain_node); process faults find the "
+                                                 "run's job on any scheduler.")
     rate_mbit: float = Field(1.0, ge=0.01, le=100_000, description="slow_network: the node link's rate, Mbit/s.")
 
     @model_validator(mode="after")
@@ -52,10 +65,12 @@ class InjectFaultInput(BaseModel):
 
 class InjectFaultOutput(BaseModel):
     kind: FaultKind
-    injected_at: float | None = Field(description="Exact wall time of the injection (Unix seconds); None for launch-time faults, which fire at their step.")
+    injected_at: float | None = Field(description="Exact wall time of the injection (Unix seconds); None for "
+                                                  "launch-time faults, which fire at their step.")
     target: str = Field(description="What was hit: 'rank 1 pid 1234', a node, a checkpoint file.")
     pids: list[int] = Field(default_factory=list)
-    overrides: list[str] = Field(default_factory=list, description="For launch-time faults: the faults.* overrides to launch the run with.")
+    overrides: list[str] = Field(default_factory=list,
+                                 description="For launch-time faults: the faults.* overrides to launch the run with.")
     note: str = ""
 
 
@@ -83,7 +98,8 @@ def _job_ranks(inp: InjectFaultInput, run_dir: Path) -> dict[int, psutil.Process
 def _pick_rank(ranks: dict[int, psutil.Process], rank: int, run_dir: Path) -> psutil.Process:
     if rank not in ranks:
         have = ", ".join(str(r) for r in ranks) or "none running"
-        raise ToolError("inject_fault", f"rank {rank} is not a running process of the job for {run_dir} (ranks: {have}); "
+        raise ToolError("inject_fault",
+                        f"rank {rank} is not a running process of the job for {run_dir} (ranks: {have}); "
                                         "wait for the job to start or pick a rank that exists")
     return ranks[rank]
 
@@ -119,8 +135,10 @@ def _corrupt_newest_checkpoint(run_dir: Path) -> tuple[float, str]:
         folder = confine(run_dir / "checkpoints", "checkpoint folder")
         ckpts = sorted(confine(p, "checkpoint") for p in folder.glob("step-*"))
         if not ckpts:
-            raise ToolError("inject_fault", f"no checkpoint under {folder}; run with checkpoint.enable=true and wait for a save")
-        files = sorted((confine(p, "checkpoint file") for p in ckpts[-1].rglob("*") if p.is_file() and p.stat().st_size > 0),
+            raise ToolError("inject_fault",
+                            f"no checkpoint under {folder}; run with checkpoint.enable=true and wait for a save")
+        files = sorted((confine(p, "checkpoint file") for p in ckpts[-1].rglob("*") if p.is_file()
+                        and p.stat().st_size > 0),
                        key=lambda p: p.stat().st_size)
     except ValueError as exc:
         raise ToolError("inject_fault", str(exc)) from None
@@ -158,7 +176,8 @@ def inject_fault(inp: InjectFaultInput) -> InjectFaultOutput:
     if inp.kind in LAUNCH_TIME_KINDS:
         return InjectFaultOutput(kind=inp.kind, injected_at=None, target=f"rank {inp.rank} at step {inp.step}",
                                  overrides=launch_overrides(inp),
-                                 note="launch-time fault: start the run with these overrides; the trainer logs the step it fires")
+                                 note="launch-time fault: start the run with these overrides; the trainer logs the "
+                                      "step it fires")
     if inp.kind in NODE_KINDS:
         return _node_fault(inp)
     if inp.kind == "drain_node":
@@ -186,7 +205,8 @@ def inject_fault(inp: InjectFaultInput) -> InjectFaultOutput:
         node = socket.gethostname() if node == "localhost" else node
         ranks = {r: proc for r, proc in every_rank.items() if node_of(proc) == node}
         if not ranks:
-            raise ToolError("inject_fault", f"no running rank of the job for {run_dir} is on node {node!r}; check the node name")
+            raise ToolError("inject_fault",
+                            f"no running rank of the job for {run_dir} is on node {node!r}; check the node name")
         pids = [proc.pid for proc in ranks.values()]
         at = _signal(list(ranks.values()), signal.SIGKILL)
         record_fault(run_dir, {"kind": inp.kind, "time": at, "node": node, "ranks": list(ranks), "pids": pids})
@@ -194,8 +214,10 @@ def inject_fault(inp: InjectFaultInput) -> InjectFaultOutput:
     proc = _pick_rank(_job_ranks(inp, run_dir), inp.rank, run_dir)
     at = _signal([proc], signal.SIGKILL if inp.kind == "kill_rank" else signal.SIGSTOP)
     record_fault(run_dir, {"kind": inp.kind, "time": at, "rank": inp.rank, "pid": proc.pid})
-    note = f"the rank is stopped, not dead: `kill -CONT {proc.pid}` resumes it, or cancel the job" if inp.kind == "hang" else ""
-    return InjectFaultOutput(kind=inp.kind, injected_at=at, target=f"rank {inp.rank} pid {proc.pid}", pids=[proc.pid], note=note)
+    note = (f"the rank is stopped, not dead: `kill -CONT {proc.pid}` resumes it, or cancel the job"
+            if inp.kind == "hang" else "")
+    return InjectFaultOutput(kind=inp.kind, injected_at=at, target=f"rank {inp.rank} pid {proc.pid}", pids=[proc.pid],
+                             note=note)
 
 
 def _node_fault(inp: InjectFaultInput) -> InjectFaultOutput:

@@ -30,8 +30,10 @@ MAX_RATIO_TO_MTBF = 500  # e^(x/MTBF) overflows a float near 709
 class CheckpointIntervalInput(BaseModel):
     model_config = ConfigDict(allow_inf_nan=False)
 
-    save_s: float = Field(gt=0, le=WEEK_S, description="Measured time to write one checkpoint (training stalls this long), seconds.")
-    restart_s: float = Field(ge=0, le=WEEK_S, description="Time from a failure's detection to training again (restart + load), seconds.")
+    save_s: float = Field(gt=0, le=WEEK_S,
+                          description="Measured time to write one checkpoint (training stalls this long), seconds.")
+    restart_s: float = Field(ge=0, le=WEEK_S,
+                             description="Time from a failure's detection to training again (restart + load), seconds.")
     mtbf_h: float = Field(gt=0, le=1e6, description="Mean time between failures of the whole job, hours.")
     escalate_at_save_to_mtbf: float = Field(
         0.05,
@@ -45,7 +47,8 @@ class CheckpointIntervalInput(BaseModel):
         mtbf_s = self.mtbf_h * 3600
         if max(self.save_s, self.restart_s) > MAX_RATIO_TO_MTBF * mtbf_s:
             raise ValueError(f"save_s={self.save_s:g} / restart_s={self.restart_s:g} is more than {MAX_RATIO_TO_MTBF} "
-                             f"times mtbf_h={self.mtbf_h:g} h: no work would ever be kept; check the units (mtbf_h is hours)")
+                             f"times mtbf_h={self.mtbf_h:g} h: no work would ever be kept; check the units (mtbf_h is "
+                             "hours)")
         return self
 
 
@@ -53,10 +56,12 @@ class CheckpointIntervalOutput(BaseModel):
     young_interval_min: float = Field(description="Young's first-order optimum sqrt(2*C*M), minutes.")
     daly_interval_min: float = Field(description="Daly's higher-order optimum, minutes (equals MTBF when C >= 2M).")
     expected_waste_fraction: float = Field(
-        description="Daly's expected fraction of wall time not spent on new work at the Daly interval (checkpoint, rework, restart)."
+        description="Daly's expected fraction of wall time not spent on new work at the Daly interval (checkpoint, "
+                    "rework, restart)."
     )
     save_to_mtbf_ratio: float = Field(description="Checkpoint write time over MTBF.")
-    escalation: Literal["none", "two_phase_async"] = Field(description="Whether the write cost calls for async checkpoints.")
+    escalation: Literal["none", "two_phase_async"] = Field(description="Whether the write cost calls for async "
+                                                                       "checkpoints.")
     recommendation: str = Field(description="One sentence a person can act on.")
 
 
@@ -132,7 +137,8 @@ class FailureProfile(BaseModel):
     name: str = Field(description="Where the numbers come from.")
     interruptions: int = Field(gt=0, le=10**7, description="Unexpected interruptions observed.")
     reference_days: float = Field(gt=0, le=36500, description="Length of the observation window, days.")
-    reference_gpus: int = Field(gt=0, le=10**7, description="GPUs in the observed job; the rate scales linearly with GPU count.")
+    reference_gpus: int = Field(gt=0, le=10**7,
+                                description="GPUs in the observed job; the rate scales linearly with GPU count.")
     cause_counts: dict[str, int] = Field(description="Interruptions by cause; they must add up to `interruptions`.")
 
     @model_validator(mode="after")
@@ -164,21 +170,30 @@ class EttrInput(BaseModel):
     profile: Literal["llama3"] | FailureProfile = Field(
         "llama3", description="Named failure profile, or a custom one (interruptions, window, reference GPUs, causes)."
     )
-    detection_latency_s: float = Field(120, ge=0, le=MONTH_S, description="Failure to detection, seconds (assumed, not from the profile).")
+    detection_latency_s: float = Field(120, ge=0, le=MONTH_S,
+                                       description="Failure to detection, seconds (assumed, not from the profile).")
     detection_latency_s_by_cause: dict[str, float] = Field(
         default_factory=dict,
-        description="Per-cause detection latency overrides, seconds (e.g. silent data corruption is found late: {'gpu_sdc': 3600}).",
+        description="Per-cause detection latency overrides, seconds (e.g. silent data corruption is found late: "
+                    "{'gpu_sdc': 3600}).",
     )
-    restart_s: float = Field(600, ge=0, le=WEEK_S, description="Detection to training again: restart, rendezvous, checkpoint load, seconds.")
-    hot_spares: bool = Field(True, description="A healthy spare node replaces a failed one at once; without, hardware causes wait node_replacement_s.")
-    node_replacement_s: float = Field(1800, ge=0, le=MONTH_S, description="Time to provision a replacement node when there is no hot spare, seconds.")
-    checkpoint_save_s: float = Field(60, gt=0, le=WEEK_S, description="Time for a checkpoint to become durable, seconds.")
+    restart_s: float = Field(600, ge=0, le=WEEK_S,
+                             description="Detection to training again: restart, rendezvous, checkpoint load, seconds.")
+    hot_spares: bool = Field(True,
+                             description="A healthy spare node replaces a failed one at once; without, hardware causes "
+                                         "wait node_replacement_s.")
+    node_replacement_s: float = Field(1800, ge=0, le=MONTH_S,
+                                      description="Time to provision a replacement node when there is no hot spare, "
+                                                  "seconds.")
+    checkpoint_save_s: float = Field(60, gt=0, le=WEEK_S,
+                                     description="Time for a checkpoint to become durable, seconds.")
     checkpoint_mode: Literal["sync", "async"] = Field(
         "async", description="sync: training stalls for the whole save; async: it stalls only for async_stall_s."
     )
     async_stall_s: float = Field(5, ge=0, description="Training stall of an async checkpoint (the snapshot), seconds.")
     checkpoint_interval_min: float | None = Field(
-        None, gt=0, le=MONTH_S / 60, description="Compute time between checkpoints, minutes; default: Daly's optimum for the stall and MTBF."
+        None, gt=0, le=MONTH_S / 60,
+        description="Compute time between checkpoints, minutes; default: Daly's optimum for the stall and MTBF."
     )
     seed: int = Field(0, description="Random seed: the same inputs and seed give the same result.")
 
@@ -188,7 +203,8 @@ class EttrInput(BaseModel):
         unknown = sorted(set(self.detection_latency_s_by_cause) - set(causes))
         if unknown:
             raise ValueError(
-                f"detection_latency_s_by_cause has unknown cause(s) {unknown}: use causes of the profile, {sorted(causes)}"
+                f"detection_latency_s_by_cause has unknown cause(s) {unknown}: use causes of the profile, "
+                f"{sorted(causes)}"
             )
         if any(not 0 <= v <= MONTH_S for v in self.detection_latency_s_by_cause.values()):
             raise ValueError(f"detection_latency_s_by_cause={self.detection_latency_s_by_cause} has a latency outside "
@@ -196,8 +212,9 @@ class EttrInput(BaseModel):
         profile = _resolve_profile(self.profile)
         failures = profile.interruptions / profile.reference_days / profile.reference_gpus * self.gpus * self.days
         if failures > MAX_SIMULATED_FAILURES:
-            raise ValueError(f"the simulation would draw about {failures:.3g} failures (gpus={self.gpus}, days={self.days:g}, "
-                             f"profile {profile.name!r}); at most {MAX_SIMULATED_FAILURES:,}: lower gpus or days")
+            raise ValueError(f"the simulation would draw about {failures:.3g} failures (gpus={self.gpus}, "
+                             f"days={self.days:g}, profile {profile.name!r}); at most {MAX_SIMULATED_FAILURES:,}: "
+                             "lower gpus or days")
         return self
 
     @field_validator("async_stall_s")
@@ -205,7 +222,8 @@ class EttrInput(BaseModel):
     def _stall_not_longer_than_save(cls, value: float, info) -> float:
         save = info.data.get("checkpoint_save_s")
         if save is not None and value > save:
-            raise ValueError(f"async_stall_s={value} exceeds checkpoint_save_s={save}: the snapshot is part of the save")
+            raise ValueError(f"async_stall_s={value} exceeds checkpoint_save_s={save}: the snapshot is part of the "
+                             "save")
         return value
 
 
@@ -221,7 +239,8 @@ class EttrOutput(BaseModel):
     lost_h_by_cause: dict[str, float] = Field(
         description="Hours lost: checkpoint_stall, and per failure cause detection + restart + replacement + rework."
     )
-    lost_h_by_phase: dict[str, float] = Field(description="Hours lost by phase: checkpoint_stall, rework, detection, restart, replacement.")
+    lost_h_by_phase: dict[str, float] = Field(description="Hours lost by phase: checkpoint_stall, rework, detection, "
+                                                          "restart, replacement.")
 
 
 def _resolve_profile(profile: str | FailureProfile) -> FailureProfile:
@@ -240,7 +259,7 @@ def simulate_ettr(inp: EttrInput) -> EttrOutput:
         else max(daly_interval_s(max(stall_s, 1e-3), mtbf_s), 1.0)
     )
     period_s = interval_s + stall_s
-    causes, weights = zip(*sorted(profile.cause_counts.items()))
+    causes, weights = zip(*sorted(profile.cause_counts.items()), strict=True)
     rng = random.Random(inp.seed)
     end_s = inp.days * 86400
     phase = dict.fromkeys(("checkpoint_stall", "rework", "detection", "restart", "replacement"), 0.0)
@@ -311,7 +330,8 @@ class LayoutInput(BaseModel):
 class LayoutOutput(BaseModel):
     valid: bool = Field(description="Whether the layout fits the world size and the model.")
     error: str | None = Field(None, description="Why the layout is invalid, with the numbers.")
-    plan: dict[str, Any] = Field(default_factory=dict, description="The trainer's dry-run plan (mesh, degrees, memory, ...).")
+    plan: dict[str, Any] = Field(default_factory=dict,
+                                 description="The trainer's dry-run plan (mesh, degrees, memory, ...).")
 
 
 def _plain(obj: Any) -> dict[str, Any]:

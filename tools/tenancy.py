@@ -74,7 +74,13 @@ def check_job_paths(spec: JobSpec, config: JobConfig | None = None) -> None:
     written = {"spec.workdir": spec.workdir and workdir}
     if spec.run_dir:
         run_dir = written["spec.run_dir"] = confine(spec.run_dir, "spec.run_dir")
-        if config is None and (RunFiles(run_dir).config).is_file():
+        framework = _framework_of(run_dir) if config is None else "trainops"
+        if framework not in (None, "trainops"):  # another framework's run: its adapter knows where checkpoints go
+            from trainops.tools.frameworks.base import get_adapter
+
+            written["checkpoint.folder"] = confine(get_adapter(framework).checkpoint_dir(str(run_dir)),
+                                                   "checkpoint.folder")
+        elif config is None and RunFiles(run_dir).config.is_file():
             from trainops.trainer.config import load_config
 
             config = load_config(RunFiles(run_dir).config)
@@ -95,6 +101,21 @@ def check_job_paths(spec: JobSpec, config: JobConfig | None = None) -> None:
         raise ValueError(f"R-SEC-3: data.path={data!r} resolves to {data_file}, outside tenant {spec.tenant!r}'s "
                          f"data {root / 'data'} and the shared data roots ({shared_text}); fix: put the file in the "
                          "tenant's data folder or list a shared read-only folder under [governance] data_roots")
+
+
+def _framework_of(run_dir: Path) -> str | None:
+    """The framework a run folder's config.toml names (`framework = "deepspeed"` at the top, as the
+    adapters write it), "trainops" for the trainer's own config, None without a readable config."""
+    from trainops.settings import SettingsError, read_toml
+
+    path = RunFiles(run_dir).config
+    if not path.is_file():
+        return None
+    try:
+        framework = read_toml(path).get("framework", "trainops")
+    except SettingsError:
+        return "trainops"  # let the trainer's loader name what is wrong with it
+    return framework if isinstance(framework, str) else "trainops"
 
 
 def _write_json(path: Path, obj: dict[str, Any]) -> None:
@@ -142,7 +163,8 @@ def set_tenant_quota(inp: QuotaInput) -> QuotaOutput:
 
 
 class PolicyInput(BaseModel):
-    scope: Literal["global", "partition", "tenant"] = Field(description="What the policy applies to; 'global' is forbidden.")
+    scope: Literal["global", "partition", "tenant"] = Field(description="What the policy applies to; 'global' is "
+                                                                        "forbidden.")
     target: str = Field("", description="Partition or tenant name (empty for global).")
     settings: dict[str, str | int | float | bool] = Field(description="Policy settings, e.g. {'preempt': 'requeue'}.")
     change: SchedulerChange = Field(description="Impact, shadow-queue result and rollback command (R-SCH-1).")
@@ -151,7 +173,8 @@ class PolicyInput(BaseModel):
     @classmethod
     def _target_is_id(cls, value: str) -> str:
         if value and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", value):
-            raise ValueError(f"target={value!r} is not a valid partition/tenant name: use letters, digits, '_', '.', '-'")
+            raise ValueError(f"target={value!r} is not a valid partition/tenant name: use letters, digits, '_', '.', "
+                             "'-'")
         return value
 
 
@@ -203,7 +226,8 @@ class UpgradeInput(BaseModel):
     framework: str = Field(description="Framework name, e.g. 'torch', 'megatron-core', 'deepspeed'.")
     from_version: str = Field(description="Version pinned now.")
     to_version: str = Field(description="Version to pin.")
-    force: bool = Field(False, description="Skip the compatibility matrix; a forced cross-version upgrade is forbidden.")
+    force: bool = Field(False,
+                        description="Skip the compatibility matrix; a forced cross-version upgrade is forbidden.")
 
     @field_validator("from_version", "to_version")
     @classmethod

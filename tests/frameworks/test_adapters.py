@@ -34,7 +34,8 @@ def test_the_embedded_trainer_adapter_offers_the_sop_catalogue():
 def test_versions_are_the_installed_ones_or_say_not_installed():
     assert get_adapter("deepspeed").version() == version("deepspeed")
     assert get_adapter("trainops").version() == version("trainops")
-    assert get_adapter("torchtitan").version() == "not installed"  # its wheel pulls datasets/pyarrow/wandb: not installed here
+    # its wheel pulls datasets/pyarrow/wandb: not installed here
+    assert get_adapter("torchtitan").version() == "not installed"
 
 
 # --- refusals before launch -------------------------------------------------------------------
@@ -118,7 +119,8 @@ def test_deepspeed_job_writes_a_config_deepspeed_itself_accepts(workspace):
     ds = json.loads((workspace / "runs" / spec.run_dir.rsplit("/", 1)[-1] / "ds_config.json").read_text())
     assert ds["zero_optimization"]["stage"] == 2 and ds["train_batch_size"] == 8
 
-    per_rank = {**ds, "train_batch_size": ds["train_batch_size"] // 2}  # DeepSpeedConfig sees one rank without a process group
+    # DeepSpeedConfig sees one rank without a process group
+    per_rank = {**ds, "train_batch_size": ds["train_batch_size"] // 2}
     assert DeepSpeedConfig(per_rank).gradient_accumulation_steps == 2
 
 

@@ -25,7 +25,9 @@ def _request(*extra: str) -> JobRequest:
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory):
     """One baseline run shared by the module (each DeepSpeed launch costs ~30 s here)."""
-    with pytest.MonkeyPatch.context() as patch:
+    from trainops.tools.base import operator_session
+
+    with pytest.MonkeyPatch.context() as patch, operator_session():  # module fixtures run before as_operator
         patch.setenv("TRAINOPS_HOME", str(tmp_path_factory.mktemp("ds-home")))
         yield run_once(_request(), "ds-baseline")
 
@@ -63,8 +65,10 @@ def test_baseline_log_lines_parse_back_to_its_metrics(baseline):
 def zero2_arm(baseline):
     """The single-knob arm ZeRO stage 1 -> 2 against the shared baseline."""
     from trainops.skills.ablation import run_arm
+    from trainops.tools.base import operator_session
 
-    return run_arm(_request(), "zero_stage=2", {2: [baseline]}, repeats=1)
+    with operator_session():
+        return run_arm(_request(), "zero_stage=2", {2: [baseline]}, repeats=1)
 
 
 def test_zero_stage_ablation_changes_one_setting_and_runs_stage_2(zero2_arm):
@@ -86,7 +90,8 @@ def test_zero_stage_changes_where_state_lives_not_the_loss(baseline, zero2_arm):
 def test_crash_drill_recovers_from_the_deepspeed_checkpoint():
     from trainops.skills.drill import drill
 
-    req = _request("checkpoint.enable=true", "checkpoint.interval=2", "checkpoint.keep=20").with_overrides(["training.steps=40"])
+    req = _request("checkpoint.enable=true", "checkpoint.interval=2", "checkpoint.keep=20").with_overrides(
+        ["training.steps=40"])
     result, _ = drill(req, "crash", inject_step=4)
     assert result.detector == "process_exit" and result.detection_latency_s < 10
     assert result.checkpoint_used.rsplit("/", 1)[-1].startswith("step-")

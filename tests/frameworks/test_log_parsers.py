@@ -52,8 +52,8 @@ def test_torchtitan_validation_line_is_not_a_training_step():
 
 def test_megatron_tflops_become_mfu_against_trainops_peak():
     record = get_adapter("megatron").parse_log_line(MEGATRON, H100)
-    assert (record.step, record.loss, record.step_time_s, record.tokens_per_s, record.tflops) == (300, 1.50459,
-                                                                                                  131.0641, 8000.5, 412.3)
+    assert (record.step, record.loss, record.step_time_s, record.tokens_per_s, record.tflops) == (
+        300, 1.50459, 131.0641, 8000.5, 412.3)
     assert record.mfu_pct == pytest.approx(100 * 412.3 / 989.0)
     assert record.mfu_source == "trainops-from-tflops"
 

@@ -21,7 +21,8 @@ os.makedirs(f"{run_dir}/heartbeat", exist_ok=True)
 for step in range(1, 100000):
     time.sleep(step_s)
     loss = float("nan") if step == nan_step else 5.0 / step
-    rec = {"step": step, "rank": rank, "loss": loss, "grad_norm": 1.0, "step_time_s": step_s, "compute_time_s": step_s, "time": time.time()}
+    rec = {"step": step, "rank": rank, "loss": loss, "grad_norm": 1.0, "step_time_s": step_s, "compute_time_s": step_s,
+           "time": time.time()}
     with open(f"{run_dir}/metrics.jsonl", "a") as fh:
         fh.write(json.dumps(rec) + "\n")
     tmp = f"{run_dir}/heartbeat/rank{rank}.tmp"

@@ -75,7 +75,8 @@ def test_the_promql_for_heartbeat_age_and_the_run_aggregates():
     from trainops.tools.monitoring.prometheus import promql
 
     assert promql("heartbeat_age_s", "r1", 0) == 'time() - timestamp(trainops_step{run="r1",rank="0"})'
-    assert promql("step_time_spread_s", "r1") == 'max(trainops_step_time_s{run="r1"}) - min(trainops_step_time_s{run="r1"})'
+    assert promql("step_time_spread_s", "r1") == ('max(trainops_step_time_s{run="r1"}) - '
+                                                  'min(trainops_step_time_s{run="r1"})')
     assert promql("mfu_pct_avg", "r1") == 'avg(trainops_mfu_pct{run="r1"})'
 
 

@@ -40,7 +40,8 @@ def test_torchrun_rendezvous_points_at_pod_zero_through_the_headless_service():
 
 def test_excluded_nodes_become_a_node_affinity_and_the_limit_a_deadline():
     job = job_manifest(_spec())
-    term = job["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+    affinity = job["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+    term = affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
     assert term["matchExpressions"][0] == {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["gpu-07"]}
     assert job["spec"]["activeDeadlineSeconds"] == 1800
 

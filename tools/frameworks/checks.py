@@ -29,14 +29,17 @@ def framework_knobs(inp: FrameworkRef) -> FrameworkKnobs:
 
 
 class CheckFrameworkJobInput(FrameworkRef):
-    knobs: dict[str, str] = Field(default_factory=dict, description="Knob values to check, e.g. {'tp_comm_overlap': 'true'}.")
-    overrides: list[str] = Field(default_factory=list, description="The job's section.key=value overrides (the adapter's keys).")
+    knobs: dict[str, str] = Field(default_factory=dict,
+                                  description="Knob values to check, e.g. {'tp_comm_overlap': 'true'}.")
+    overrides: list[str] = Field(default_factory=list,
+                                 description="The job's section.key=value overrides (the adapter's keys).")
     world_size: int = Field(2, ge=1, description="Processes the job will run on.")
 
 
 class CheckFrameworkJobOutput(BaseModel):
     accepted: bool
-    refusal: str = Field("", description="Why the framework would refuse it, naming the flag and the fix; empty when accepted.")
+    refusal: str = Field("", description="Why the framework would refuse it, naming the flag and the fix; empty when "
+                                         "accepted.")
     layout: str = Field("", description="The parallel layout an MFU claim about this job must name.")
 
 

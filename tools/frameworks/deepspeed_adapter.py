@@ -55,7 +55,8 @@ KNOBS: list[FrameworkKnob] = [
     _knob("overlap_comm", "communication-overlap", "zero_optimization.overlap_comm", ("true", "false"),
           "overlaps ZeRO's gradient reduce with backward (needs ZeRO stage >= 1); more memory for buckets", 2),
     _knob("reduce_bucket_size", "communication-overlap", "zero_optimization.reduce_bucket_size",
-          ("50000000", "200000000", "500000000"), "bigger buckets: fewer, larger reduce calls; smaller: earlier overlap", 2),
+          ("50000000", "200000000", "500000000"),
+          "bigger buckets: fewer, larger reduce calls; smaller: earlier overlap", 2),
     _knob("allgather_bucket_size", "communication-overlap", "zero_optimization.allgather_bucket_size",
           ("50000000", "200000000", "500000000"), "bigger buckets: fewer all-gathers of updated partitions", 2),
     _knob("contiguous_gradients", "memory", "zero_optimization.contiguous_gradients", ("true", "false"),
@@ -64,11 +65,13 @@ KNOBS: list[FrameworkKnob] = [
           "bf16 halves bytes moved and uses tensor cores on GPUs; on CPUs often slower without AMX"),
     FrameworkKnob(name="micro_batch", category="batch", flag="train_micro_batch_size_per_gpu",
                   override="training.micro_batch", values=("1", "2", "4", "8"),
-                  expected_effect="larger micro-batches raise arithmetic intensity and cut accumulation steps; cost activation memory"),
+                  expected_effect="larger micro-batches raise arithmetic intensity and cut accumulation steps; cost "
+                                  "activation memory"),
     _knob("zero_stage", "memory", "zero_optimization.stage", ("0", "1", "2", "3"),
           "1 shards optimizer state, 2 also gradients (reduce-scatter), 3 also parameters (all-gather per layer)"),
     _knob("offload_optimizer", "memory", "zero_optimization.offload_optimizer.device", ("none", "cpu"),
-          "ZeRO-Offload: optimizer state and step on the CPU (needs ZeRO stage >= 1); frees GPU memory, costs PCIe time"),
+          "ZeRO-Offload: optimizer state and step on the CPU (needs ZeRO stage >= 1); frees GPU memory, costs PCIe "
+          "time"),
     _knob("offload_param", "memory", "zero_optimization.offload_param.device", ("none", "cpu"),
           "ZeRO-Infinity parameter offload (needs ZeRO stage 3)"),
 ]
@@ -76,7 +79,8 @@ KNOBS: list[FrameworkKnob] = [
 # DeepSpeed's own per-step lines (engine.print at steps_per_print, ThroughputTimer):
 #   "[Rank 0] step=10, skipped=0, lr=[0.001], mom=[(0.9, 0.999)]"
 #   "epoch=0/micro_step=10/global_step=10, RunningAvgSamplesPerSec=35.2, CurrSamplesPerSec=36.1, MemAllocated=..."
-_THROUGHPUT = re.compile(r"global_step=(?P<step>\d+), RunningAvgSamplesPerSec=[\d.]+, CurrSamplesPerSec=(?P<sps>[\d.]+)")
+_THROUGHPUT = re.compile(r"global_step=(?P<step>\d+), RunningAvgSamplesPerSec=[\d.]+, "
+                         r"CurrSamplesPerSec=(?P<sps>[\d.]+)")
 
 
 def ds_config(settings: dict[str, dict[str, object]]) -> dict:
@@ -98,14 +102,17 @@ def check_rules(config: dict) -> None:
     zero = config.get("zero_optimization", {})
     stage = int(zero.get("stage", 0))
     if zero.get("offload_optimizer", {}).get("device", "none") != "none" and stage < 1:
-        raise FrameworkRefused(f"zero_optimization.offload_optimizer.device={zero['offload_optimizer']['device']!r} needs "
-                               f"ZeRO stage >= 1 (got zero_optimization.stage={stage}); set --knob zero_stage=1 or higher")
+        raise FrameworkRefused(f"zero_optimization.offload_optimizer.device={zero['offload_optimizer']['device']!r} "
+                               f"needs ZeRO stage >= 1 (got zero_optimization.stage={stage}); set --knob zero_stage=1 "
+                               "or higher")
     if zero.get("offload_param", {}).get("device", "none") != "none" and stage != 3:
         raise FrameworkRefused(f"zero_optimization.offload_param.device={zero['offload_param']['device']!r} needs "
-                               f"ZeRO stage 3 (got zero_optimization.stage={stage}); set zero_stage=3 or offload_param=none")
+                               f"ZeRO stage 3 (got zero_optimization.stage={stage}); set zero_stage=3 or "
+                               "offload_param=none")
     if zero.get("overlap_comm") and stage < 1:
         raise FrameworkRefused("zero_optimization.overlap_comm=true overlaps ZeRO's gradient reduction, which stage 0 "
-                               "does not do (got zero_optimization.stage=0); set zero_stage=1 or higher, or overlap_comm=false")
+                               "does not do (got zero_optimization.stage=0); set zero_stage=1 or higher, or "
+                               "overlap_comm=false")
 
 
 def validate_config(config: dict, world_size: int) -> None:
@@ -122,8 +129,8 @@ def validate_config(config: dict, world_size: int) -> None:
         try:
             DeepSpeedConfig(json.loads(json.dumps({**config, "train_batch_size": batch // world_size})))
         except (AssertionError, ValueError, TypeError) as exc:
-            raise FrameworkRefused(f"deepspeed config refused by DeepSpeedConfig (per data-parallel rank of {world_size}): "
-                                   f"{' '.join(str(exc).split())[:400]}") from None
+            raise FrameworkRefused("deepspeed config refused by DeepSpeedConfig (per data-parallel rank of "
+                                   f"{world_size}): {' '.join(str(exc).split())[:400]}") from None
 
 
 class DeepSpeedAdapter(SettingsAdapter):
@@ -141,8 +148,8 @@ class DeepSpeedAdapter(SettingsAdapter):
         """Defaults with the overrides applied; any DeepSpeed JSON key may be set under deepspeed."""
         settings = super().settings(overrides)
         if settings["checkpoint"]["mode"] != "sync":
-            raise FrameworkRefused(f"checkpoint.mode={settings['checkpoint']['mode']!r}: DeepSpeed's save_checkpoint is "
-                                   "synchronous in this adapter; use checkpoint.mode=sync")
+            raise FrameworkRefused(f"checkpoint.mode={settings['checkpoint']['mode']!r}: DeepSpeed's save_checkpoint "
+                                   "is synchronous in this adapter; use checkpoint.mode=sync")
         return settings
 
     def validate(self, knob_values: dict[str, str], overrides: list[str] | None = None, world_size: int = 2) -> None:
@@ -162,7 +169,8 @@ class DeepSpeedAdapter(SettingsAdapter):
 
     def build_job(self, job: FrameworkJob) -> JobSpec:
         run_dir = self.prepare_run(job)
-        return JobSpec(name=job.name, command=["-m", "trainops.tools.frameworks.deepspeed_train", "--run-dir", str(run_dir)],
+        return JobSpec(name=job.name,
+                       command=["-m", "trainops.tools.frameworks.deepspeed_train", "--run-dir", str(run_dir)],
                        launcher="torchrun", nodes=job.nodes, procs_per_node=job.nproc, run_dir=str(run_dir),
                        env={"OMP_NUM_THREADS": "1"})
 
@@ -183,9 +191,11 @@ class DeepSpeedAdapter(SettingsAdapter):
     def describe_layout(self, overrides: list[str], world_size: int) -> str:
         """What an MFU claim must name: ZeRO stage and offload over pure data parallelism."""
         zero = self.settings(overrides)["deepspeed"]
-        offload = [f"offload_{what}={zero[f'zero_optimization.offload_{what}.device']}" for what in ("optimizer", "param")
+        offload = [f"offload_{what}={zero[f'zero_optimization.offload_{what}.device']}"
+                   for what in ("optimizer", "param")
                    if zero[f"zero_optimization.offload_{what}.device"] != "none"]
-        return " ".join([f"world={world_size} deepspeed data-parallel ZeRO-{zero['zero_optimization.stage']}", *offload])
+        return " ".join([f"world={world_size} deepspeed data-parallel ZeRO-{zero['zero_optimization.stage']}",
+                         *offload])
 
     def resume_args(self, run_dir: str) -> list[str]:
         """None: the script loads the newest verified `checkpoints/step-N/` with `engine.load_checkpoint`."""

@@ -38,17 +38,22 @@ def _knob(name, category, values, effect, min_procs=1) -> FrameworkKnob:
 
 KNOBS: list[FrameworkKnob] = [
     _knob("tp_comm_overlap", "communication-overlap", ("true", "false"),
-          "overlaps TP all-gather/reduce-scatter with the GEMMs (needs --sequence-parallel and tp > 1); MegaScale's largest single gain", 2),
+          "overlaps TP all-gather/reduce-scatter with the GEMMs (needs --sequence-parallel and tp > 1); MegaScale's "
+          "largest single gain", 2),
     _knob("overlap_grad_reduce", "communication-overlap", ("true", "false"),
           "overlaps the data-parallel gradient reduce with backward", 2),
     _knob("overlap_param_gather", "communication-overlap", ("true", "false"),
-          "overlaps the distributed optimizer's parameter all-gather with forward (needs --use-distributed-optimizer and --overlap-grad-reduce)", 2),
+          "overlaps the distributed optimizer's parameter all-gather with forward (needs --use-distributed-optimizer "
+          "and --overlap-grad-reduce)", 2),
     _knob("bf16", "kernels", ("true", "false"), "bf16 GEMMs on tensor cores; halves bytes moved"),
     _knob("micro_batch_size", "batch", ("1", "2", "4", "8"),
-          "larger micro-batches raise arithmetic intensity and shrink the pipeline bubble share; cost activation memory"),
-    _knob("use_distributed_optimizer", "memory", ("true", "false"), "shards optimizer state across data-parallel ranks (ZeRO-1)"),
+          "larger micro-batches raise arithmetic intensity and shrink the pipeline bubble share; cost activation "
+          "memory"),
+    _knob("use_distributed_optimizer", "memory", ("true", "false"),
+          "shards optimizer state across data-parallel ranks (ZeRO-1)"),
     _knob("recompute_granularity", "memory", ("none", "selective", "full"),
-          "selective recomputes attention's core only (cheap); full recomputes whole layers (needs --recompute-method)"),
+          "selective recomputes attention's core only (cheap); full recomputes whole layers (needs "
+          "--recompute-method)"),
     _knob("tensor_model_parallel_size", "parallelism", ("1", "2", "4", "8"),
           "splits each GEMM over N GPUs; two collectives per layer; keep it inside one NVLink domain", 2),
     _knob("pipeline_model_parallel_size", "parallelism", ("1", "2", "4", "8"),
@@ -59,8 +64,9 @@ KNOBS: list[FrameworkKnob] = [
 
 _ITERATION = re.compile(r"iteration\s+(?P<step>\d+)/\s*\d+")
 # Megatron-LM's training_log line, and Megatron-DeepSpeed's variant ("TFLOPs: ", "tgs"):
-#   " [2025-10-06 03:27:07] iteration       10/      10 | consumed samples: 5120 | elapsed time per iteration (ms): 4647.8 |
-#    throughput per GPU (TFLOP/s/GPU): 412.3 | learning rate: 1.5E-06 | global batch size:   512 | lm loss: 9.763827E+00 | ..."
+#   " [2025-10-06 03:27:07] iteration       10/      10 | consumed samples: 5120 |
+#    elapsed time per iteration (ms): 4647.8 | throughput per GPU (TFLOP/s/GPU): 412.3 | learning rate: 1.5E-06 |
+#    global batch size:   512 | lm loss: 9.763827E+00 | ..."
 _FIELDS = {
     "ms": re.compile(r"elapsed time per iteration \(ms\):\s*([\d.,]+)"),
     "tflops": re.compile(r"throughput per GPU \(TFLOP/s/GPU\):\s*([\d.,]+)|TFLOPs:\s*([\d.,]+)"),
@@ -72,17 +78,20 @@ _FIELDS = {
 
 def check_rules(world_size: int, flags: dict[str, object], model_layers: int) -> None:
     """validate_args' rules between flags, with its wording, before any process starts."""
-    tp, pp, cp = (int(flags[k]) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"))
+    tp, pp, cp = (int(flags[k]) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                                          "context_parallel_size"))
     if world_size % (tp * pp * cp):
-        raise FrameworkRefused(f"--tensor-model-parallel-size: world_size ({world_size}) is not divisible by tensor_model_parallel_size "
-                               f"({tp}) times pipeline_model_parallel_size ({pp}) times context_parallel_size ({cp}); "
-                               "pick degrees whose product divides the number of processes")
+        raise FrameworkRefused(f"--tensor-model-parallel-size: world_size ({world_size}) is not divisible by "
+                               f"tensor_model_parallel_size ({tp}) times pipeline_model_parallel_size ({pp}) times "
+                               f"context_parallel_size ({cp}); pick degrees whose product divides the number of "
+                               "processes")
     if pp > 1 and model_layers % pp:
-        raise FrameworkRefused(f"--pipeline-model-parallel-size={pp}: number of layers ({model_layers}) should be divisible by the "
-                               "pipeline-model-parallel size; choose a divisor of the layer count")
+        raise FrameworkRefused(f"--pipeline-model-parallel-size={pp}: number of layers ({model_layers}) should be "
+                               "divisible by the pipeline-model-parallel size; choose a divisor of the layer count")
     if flags["tp_comm_overlap"] and not flags["sequence_parallel"]:
-        raise FrameworkRefused("--tp-comm-overlap: tensor parallel communication/GEMM overlap can happen only when sequence "
-                               "parallelism is enabled; add --sequence-parallel (megatron.sequence_parallel=true) or drop the overlap")
+        raise FrameworkRefused("--tp-comm-overlap: tensor parallel communication/GEMM overlap can happen only when "
+                               "sequence parallelism is enabled; add --sequence-parallel "
+                               "(megatron.sequence_parallel=true) or drop the overlap")
     if flags["tp_comm_overlap"] and tp == 1:
         raise FrameworkRefused("--tp-comm-overlap needs tensor parallelism (got --tensor-model-parallel-size=1); "
                                "set tensor_model_parallel_size >= 2 or drop the overlap")
@@ -90,8 +99,8 @@ def check_rules(world_size: int, flags: dict[str, object], model_layers: int) ->
         raise FrameworkRefused("--overlap-param-gather only supported with distributed optimizer; add "
                                "--use-distributed-optimizer (megatron.use_distributed_optimizer=true)")
     if flags["overlap_param_gather"] and not flags["overlap_grad_reduce"]:
-        raise FrameworkRefused("--overlap-param-gather: must use --overlap-param-gather with --overlap-grad-reduce; add "
-                               "megatron.overlap_grad_reduce=true")
+        raise FrameworkRefused("--overlap-param-gather: must use --overlap-param-gather with --overlap-grad-reduce; "
+                               "add megatron.overlap_grad_reduce=true")
 
 
 def core_config_check(flags: dict[str, object], preset: str) -> None:
@@ -115,12 +124,14 @@ def core_config_check(flags: dict[str, object], preset: str) -> None:
             num_query_groups=args.kv_heads, ffn_hidden_size=args.ffn_hidden_dim,
             tensor_model_parallel_size=int(flags["tensor_model_parallel_size"]),
             pipeline_model_parallel_size=int(flags["pipeline_model_parallel_size"]),
-            context_parallel_size=int(flags["context_parallel_size"]), sequence_parallel=bool(flags["sequence_parallel"]),
+            context_parallel_size=int(flags["context_parallel_size"]),
+            sequence_parallel=bool(flags["sequence_parallel"]),
             recompute_granularity=None if granularity == "none" else granularity,
             recompute_method=flags.get("recompute_method"), recompute_num_layers=flags.get("recompute_num_layers"),
             bf16=bool(flags["bf16"]))
     except (ValueError, AssertionError, TypeError) as exc:
-        raise FrameworkRefused(f"megatron-core TransformerConfig refused the flags: {' '.join(str(exc).split())}") from None
+        raise FrameworkRefused("megatron-core TransformerConfig refused the flags: "
+                               f"{' '.join(str(exc).split())}") from None
 
 
 def command_flags(settings: dict[str, dict[str, object]], run_dir: str) -> list[str]:
@@ -195,9 +206,11 @@ class MegatronAdapter(SettingsAdapter):
 
     def describe_layout(self, overrides: list[str], world_size: int) -> str:
         flags = self.settings(overrides)["megatron"]
-        tp, pp, cp = (int(flags[k]) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"))
+        tp, pp, cp = (int(flags[k]) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                                              "context_parallel_size"))
         extras = [name for name in ("sequence_parallel", "use_distributed_optimizer") if flags[name]]
-        return " ".join([f"world={world_size} megatron tp={tp} pp={pp} cp={cp} dp={world_size // (tp * pp * cp)}", *extras])
+        return " ".join([f"world={world_size} megatron tp={tp} pp={pp} cp={cp} dp={world_size // (tp * pp * cp)}",
+                         *extras])
 
     def resume_args(self, run_dir: str) -> list[str]:
         """Megatron resumes from `latest_checkpointed_iteration.txt` in --load."""

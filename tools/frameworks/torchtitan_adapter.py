@@ -40,7 +40,8 @@ def _knob(name, category, key, values, effect, min_procs=1) -> FrameworkKnob:
 KNOBS: list[FrameworkKnob] = [
     _knob("async_tp", "communication-overlap", "parallelism.enable_async_tensor_parallel", ("true", "false"),
           "micro-pipelines TP all-gather/reduce-scatter with the matmuls (needs tp > 1 and compile.enable)", 2),
-    _knob("compile", "kernels", "compile.enable", ("true", "false"), "torch.compile per block: fused kernels, compile time up front"),
+    _knob("compile", "kernels", "compile.enable", ("true", "false"),
+          "torch.compile per block: fused kernels, compile time up front"),
     _knob("mixed_precision_param", "kernels", "training.mixed_precision_param", ("bfloat16", "float32"),
           "FSDP2 parameter dtype for compute: bf16 halves all-gather bytes and uses tensor cores"),
     _knob("local_batch_size", "batch", "training.local_batch_size", ("1", "2", "4", "8", "16"),
@@ -58,8 +59,8 @@ KNOBS: list[FrameworkKnob] = [
 ]
 
 # torchtitan's MetricsProcessor.log line (colour codes stripped first):
-#   "[titan] 2025-05-01 10:00:00,000 - root - INFO - step: 10  loss:  7.8312  grad_norm:  1.2345  memory: 42.30GiB(44.52%)
-#    tps: 1,234  tflops: 71.45  mfu: 7.22%"   (older releases print "wps:" and no tflops)
+#   "[titan] 2025-05-01 10:00:00,000 - root - INFO - step: 10  loss:  7.8312  grad_norm:  1.2345
+#    memory: 42.30GiB(44.52%)  tps: 1,234  tflops: 71.45  mfu: 7.22%"   (older releases print "wps:" and no tflops)
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _STEP = re.compile(r"(?<!validate )step:\s*(\d+)\s")
 _FIELDS = {
@@ -74,17 +75,19 @@ def check_rules(world_size: int, knobs: dict[str, object]) -> None:
     """ParallelDims: the degrees' product is the world size (-1 infers dp_shard); and flag prerequisites."""
     get = lambda key: knobs[f"parallelism.{key}"]  # noqa: E731
     rep, shard, cp, tp, pp = (int(get(k)) for k in ("data_parallel_replicate_degree", "data_parallel_shard_degree",
-                                                    "context_parallel_degree", "tensor_parallel_degree", "pipeline_parallel_degree"))
+                                                    "context_parallel_degree", "tensor_parallel_degree",
+                                                    "pipeline_parallel_degree"))
     others = rep * cp * tp * pp
     if shard == -1:
         if world_size % others:
-            raise FrameworkRefused(f"parallelism: WORLD_SIZE ({world_size}) is not divisible by dp_replicate({rep}) * cp({cp}) * "
-                                   f"tp({tp}) * pp({pp}) = {others}, so data_parallel_shard_degree=-1 cannot be inferred; "
-                                   "pick degrees whose product divides the number of processes")
+            raise FrameworkRefused(f"parallelism: WORLD_SIZE ({world_size}) is not divisible by dp_replicate({rep}) * "
+                                   f"cp({cp}) * tp({tp}) * pp({pp}) = {others}, so data_parallel_shard_degree=-1 "
+                                   "cannot be inferred; pick degrees whose product divides the number of processes")
         shard = world_size // others
     if rep * shard * cp * tp * pp != world_size:
-        raise FrameworkRefused(f"parallelism: invalid parallel dims: dp_replicate({rep}) * dp_shard({shard}) * cp({cp}) * tp({tp}) "
-                               f"* pp({pp}) != WORLD_SIZE({world_size}); set data_parallel_shard_degree=-1 or change a degree")
+        raise FrameworkRefused(f"parallelism: invalid parallel dims: dp_replicate({rep}) * dp_shard({shard}) * "
+                               f"cp({cp}) * tp({tp}) * pp({pp}) != WORLD_SIZE({world_size}); set "
+                               "data_parallel_shard_degree=-1 or change a degree")
     if knobs["parallelism.enable_async_tensor_parallel"] and tp == 1:
         raise FrameworkRefused("parallelism.enable_async_tensor_parallel=true needs tensor parallelism (got "
                                "tensor_parallel_degree=1); set tp >= 2 or drop async TP")
@@ -92,7 +95,8 @@ def check_rules(world_size: int, knobs: dict[str, object]) -> None:
         raise FrameworkRefused("parallelism.enable_async_tensor_parallel=true: async TP requires torch.compile (got "
                                "compile.enable=false); set torchtitan.compile.enable=true")
     if pp == 1 and knobs["parallelism.pipeline_parallel_schedule"] != "1F1B":
-        raise FrameworkRefused(f"parallelism.pipeline_parallel_schedule={knobs['parallelism.pipeline_parallel_schedule']!r} has no "
+        raise FrameworkRefused("parallelism.pipeline_parallel_schedule="
+                               f"{knobs['parallelism.pipeline_parallel_schedule']!r} has no "
                                "effect with pipeline_parallel_degree=1; set pp >= 2 first")
 
 
@@ -103,7 +107,8 @@ class TorchtitanAdapter(SettingsAdapter):
     knob_list = KNOBS
     defaults = DEFAULTS
     sop_plan = SopPlan(steps_key="torchtitan.training.steps", arms=("compile=true", "activation_checkpoint=none"),
-                       drill=("torchtitan.checkpoint.enable=true", "torchtitan.checkpoint.interval=2"), faults=("crash", "hang"))
+                       drill=("torchtitan.checkpoint.enable=true", "torchtitan.checkpoint.interval=2"),
+                       faults=("crash", "hang"))
 
     def validate(self, knob_values: dict[str, str], overrides: list[str] | None = None, world_size: int = 2) -> None:
         check_rules(world_size, self.settings(self.knob_overrides(knob_values, overrides))["torchtitan"])

@@ -34,17 +34,21 @@ KNOBS: list[FrameworkKnob] = [
           "overlaps TP collectives with the GEMMs (async TP); needs tp > 1", 2),
     _knob("data_parallel", "communication-overlap", "parallel.data_parallel", ("fsdp", "ddp"),
           "ddp replicates weights and overlaps bucketed all-reduce with backward"),
-    _knob("compile", "kernels", "training.compile", ("true", "false"), "torch.compile fuses elementwise kernels per block"),
-    _knob("precision", "kernels", "training.precision", ("fp32", "bf16"), "bf16 halves bytes moved; tensor cores on GPUs"),
+    _knob("compile", "kernels", "training.compile", ("true", "false"),
+          "torch.compile fuses elementwise kernels per block"),
+    _knob("precision", "kernels", "training.precision", ("fp32", "bf16"),
+          "bf16 halves bytes moved; tensor cores on GPUs"),
     _knob("data_kind", "data-pipeline", "data.kind", ("text", "synthetic"),
           "synthetic tokens skip reading and tokenising: bounds what a faster data pipeline can give"),
     _knob("micro_batch", "batch", "training.micro_batch", ("1", "2", "4", "8"),
           "larger micro-batches raise arithmetic intensity; cost activation memory"),
     _knob("activation_checkpointing", "memory", "training.activation_checkpointing", ("none", "selective", "full"),
           "recomputes activations in backward: saves memory, costs compute"),
-    _knob("pp_schedule", "parallelism", "parallel.pp_schedule", ("GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble"),
+    _knob("pp_schedule", "parallelism", "parallel.pp_schedule",
+          ("GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble"),
           "1F1B and zero-bubble schedules shrink the pipeline bubble against GPipe (needs pp > 1)", 2),
-    _knob("tp", "parallelism", "parallel.tp", ("1", "2"), "tensor parallel degree: splits each GEMM, adds collectives", 2),
+    _knob("tp", "parallelism", "parallel.tp", ("1", "2"), "tensor parallel degree: splits each GEMM, adds collectives",
+          2),
     _knob("sequence_parallel", "parallelism", "parallel.sequence_parallel", ("true", "false"),
           "with tp > 1, shards norms along the sequence", 2),
 ]
@@ -57,7 +61,8 @@ class TrainopsAdapter(AdapterBase):
     knob_list = KNOBS
     sop_plan = SopPlan(job=("training.seq_len=64", "training.global_batch=8", "training.micro_batch=4"),
                        arms=("data_parallel=ddp", "data_kind=synthetic"),
-                       drill=("checkpoint.enable=true", "checkpoint.interval=2", "checkpoint.mode=async", "checkpoint.keep=50"),
+                       drill=("checkpoint.enable=true", "checkpoint.interval=2", "checkpoint.mode=async",
+                              "checkpoint.keep=50"),
                        faults=("crash", "hang", "bitflip"))
 
     def validate(self, knob_values: dict[str, str], overrides: list[str] | None = None, world_size: int = 2) -> None:
@@ -92,7 +97,8 @@ class TrainopsAdapter(AdapterBase):
     def describe_layout(self, overrides: list[str], world_size: int) -> str:
         """Every parallel.* override and the world size (the SOP's own wording)."""
         parallel = [o.removeprefix("parallel.") for o in overrides if o.startswith("parallel.")]
-        return " ".join([f"world={world_size}", *parallel]) if parallel else f"world={world_size} fsdp dp_shard={world_size}"
+        return (" ".join([f"world={world_size}", *parallel]) if parallel
+                else f"world={world_size} fsdp dp_shard={world_size}")
 
     def resume_args(self, run_dir: str) -> list[str]:
         """None: launching the same run folder again resumes from its newest verified checkpoint."""

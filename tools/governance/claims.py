@@ -42,7 +42,8 @@ class MfuClaim(BaseModel):
     framework: str | None = Field(None, description="Training framework, e.g. 'trainops-trainer (torch FSDP2)'.")
     framework_version: str | None = Field(None, description="Framework version, e.g. 'torch 2.13.0'.")
     mfu_pct: float = Field(ge=0, le=100, description="Model FLOPs utilisation in percent.")
-    source_run: str | None = Field(None, description="Run id under $TRAINOPS_HOME/runs or a run folder with metrics.jsonl.")
+    source_run: str | None = Field(None,
+                                   description="Run id under $TRAINOPS_HOME/runs or a run folder with metrics.jsonl.")
 
     @model_validator(mode="after")
     def _declared(self) -> "MfuClaim":
@@ -115,7 +116,9 @@ class ScaleResult(BaseModel):
     target_world_size: int = Field(ge=1, description="Processes/GPUs at target scale.")
     target_gain_pct: float | None = Field(None, description="MFU gain at target scale; None before it has run.")
     comparison_metric: Literal["weak_scaling_efficiency", "absolute_throughput"] = "weak_scaling_efficiency"
-    weak_scaling_efficiency_pct: float | None = Field(None, ge=0, description="Per-device throughput at target over small scale, in percent.")
+    weak_scaling_efficiency_pct: float | None = Field(None, ge=0,
+                                                      description="Per-device throughput at target over small scale, "
+                                                                  "in percent.")
     min_gain_pct: float = Field(0.0, description="A target gain at or below this means the gain vanished.")
     rollout: Literal["continue", "stop"] = Field(description="Continue to (or at) target scale, or stop and roll back.")
 
@@ -124,7 +127,8 @@ class ScaleResult(BaseModel):
         if self.small_world_size is None or self.small_gain_pct is None:
             raise ValueError(rule_message("R-ABL-2", "small_gain_pct", self.small_gain_pct,
                                           "is missing: a target-scale result needs its small-scale reproduction",
-                                          "run the arm at small scale first and record small_world_size and small_gain_pct"))
+                                          "run the arm at small scale first and record small_world_size and "
+                                          "small_gain_pct"))
         if self.small_world_size >= self.target_world_size:
             raise ValueError(rule_message("R-ABL-2", "small_world_size", self.small_world_size,
                                           f"is not below target_world_size={self.target_world_size}",
@@ -195,7 +199,8 @@ class RangeStatement(BaseModel):
     def _labelled(self) -> "RangeStatement":
         if self.basis is None:
             raise ValueError(rule_message("R-EVD-1", "basis", None, "is missing",
-                                          "say whether the range is 'measured', 'official_benchmark' or 'experiential'"))
+                                          "say whether the range is 'measured', 'official_benchmark' or "
+                                          "'experiential'"))
         if self.basis != "experiential" and is_placeholder(self.source):
             raise ValueError(rule_message("R-EVD-1", "source", self.source, f"is missing for a {self.basis} range",
                                           "cite the run or benchmark, or label the range basis='experiential'"))

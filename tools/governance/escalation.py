@@ -31,9 +31,11 @@ ACTION_FOR = {
 class EscalationSignals(BaseModel):
     """What monitoring and the SOP steps observed."""
 
-    ettr_history_pct: list[float] = Field(default_factory=list, description="Effective training time ratio per window, oldest first.")
+    ettr_history_pct: list[float] = Field(default_factory=list,
+                                          description="Effective training time ratio per window, oldest first.")
     scale_results: list[ScaleResult] = Field(default_factory=list)
-    sdc_suspected: bool = Field(False, description="Loss/grad-norm spikes, NaNs or checksum mismatches without a code change.")
+    sdc_suspected: bool = Field(False,
+                                description="Loss/grad-norm spikes, NaNs or checksum mismatches without a code change.")
     checkpoint_save_s: float | None = Field(None, ge=0, description="Measured blocking save time of one checkpoint.")
     mtbf_s: float | None = Field(None, gt=0, description="Mean time between failures of the job's footprint.")
 
@@ -46,7 +48,7 @@ def checkpoint_overhead(save_s: float, mtbf_s: float) -> float:
 def required_escalations(signals: EscalationSignals) -> list[str]:
     fired = []
     recent = signals.ettr_history_pct[-ETTR_FALLING_READINGS:]
-    if len(recent) == ETTR_FALLING_READINGS and all(b < a for a, b in zip(recent, recent[1:])):
+    if len(recent) == ETTR_FALLING_READINGS and all(b < a for a, b in zip(recent, recent[1:], strict=False)):
         fired.append("R-ESC-1")
     if any(r.target_gain_pct is not None and r.target_gain_pct <= r.min_gain_pct < (r.small_gain_pct or 0)
            for r in signals.scale_results):

@@ -83,7 +83,8 @@ def validate_report_text(md: str) -> list[Violation]:
     first_index = next((i for i, line in enumerate(lines) if line.strip()), None)
     found: list[Violation] = []
     if first_index is None:
-        found.append(Violation(rule_id="R-OUT-1", line=1, excerpt="", message="report is empty: start with 'Verdict: ...'"))
+        found.append(Violation(rule_id="R-OUT-1", line=1, excerpt="",
+                               message="report is empty: start with 'Verdict: ...'"))
     else:
         first = lines[first_index].strip().lstrip("#").strip().strip("*").strip()
         match = _VERDICT.match(first)

@@ -21,7 +21,8 @@ def resolve_run(run: str) -> Path:
     if not path.is_dir():
         path = runs_dir() / run
     if not path.is_dir():
-        raise MonitorError(KIND, f"run {run!r} not found (looked for a folder at {run!r} and {path}); pass a run id from {runs_dir()} or a run folder path")
+        raise MonitorError(KIND, f"run {run!r} not found (looked for a folder at {run!r} and {path}); pass a run id "
+                                 f"from {runs_dir()} or a run folder path")
     return path
 
 
@@ -86,11 +87,13 @@ class EmbeddedMonitor:
             return [Series(metric=metric, run=run, samples=self._aggregate(metric, run))]
         run_dir = resolve_run(run)
         if metric == HEARTBEAT_AGE:
-            return [Series(metric=metric, run=run, rank=s.rank, samples=[s]) for s in self._heartbeat_samples(run_dir, rank)]
+            return [Series(metric=metric, run=run, rank=s.rank, samples=[s]) for s in self._heartbeat_samples(run_dir,
+                                                                                                              rank)]
         records, _ = read_records(run_dir)
         if records and not any(metric in r for r in records):
             known = sorted({k for r in records for k in r if _value(r, k) is not None})
-            raise MonitorError(KIND, f"metric {metric!r} is not in {run_dir / 'metrics.jsonl'}; known metrics: {', '.join(known)}, {HEARTBEAT_AGE}")
+            raise MonitorError(KIND, f"metric {metric!r} is not in {run_dir / 'metrics.jsonl'}; known metrics: "
+                                     f"{', '.join(known)}, {HEARTBEAT_AGE}")
         since = time.time() - window_s
         by_rank: dict[int, list[Sample]] = {}
         for rec in records:
@@ -101,7 +104,8 @@ class EmbeddedMonitor:
             t = float(rec.get("time", 0.0))
             if (rank is not None and r != rank) or t < since:
                 continue
-            by_rank.setdefault(r, []).append(Sample(rank=r, time=t, value=math.nan if value is None else value, step=rec.get("step")))
+            by_rank.setdefault(r, []).append(Sample(rank=r, time=t, value=math.nan if value is None else value,
+                                                    step=rec.get("step")))
         return [Series(metric=metric, run=run, rank=r, samples=s) for r, s in sorted(by_rank.items())]
 
     def instant(self, metric: str, run: str, rank: int | None = None) -> list[Sample]:

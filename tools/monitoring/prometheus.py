@@ -122,6 +122,7 @@ class PrometheusMonitor:
         out = []
         for item in self.query(f"{expr}[{seconds}s]"):
             r = item["metric"].get("rank")
-            samples = [Sample(rank=None if r is None else int(r), time=float(t), value=float(v)) for t, v in item["values"]]
+            samples = [Sample(rank=None if r is None else int(r), time=float(t), value=float(v)) for t,
+                       v in item["values"]]
             out.append(Series(metric=metric, run=run, rank=None if r is None else int(r), samples=samples))
         return sorted(out, key=lambda s: (s.rank is None, s.rank))

@@ -29,20 +29,31 @@ class SchedulerError(Exception):
 class JobSpec(BaseModel):
     """What to run and where, independent of the scheduler that runs it."""
 
-    name: str = Field(description="Job name: lower-case letters, digits and '-' (it becomes a Slurm job name and a Kubernetes object name).")
-    command: list[str] = Field(description="The program and its arguments. With launcher='torchrun' this is what torchrun runs (a script or '-m module' and its arguments).")
-    launcher: Literal["plain", "torchrun"] = Field("plain", description="'plain' runs the command once; 'torchrun' starts procs_per_node processes on each node with rendezvous set up by the backend.")
+    name: str = Field(description="Job name: lower-case letters, digits and '-' (it becomes a Slurm job name and a "
+                                  "Kubernetes object name).")
+    command: list[str] = Field(description="The program and its arguments. With launcher='torchrun' this is what "
+                                           "torchrun runs (a script or '-m module' and its arguments).")
+    launcher: Literal["plain", "torchrun"] = Field("plain",
+                                                   description="'plain' runs the command once; 'torchrun' starts "
+                                                               "procs_per_node processes on each node with rendezvous "
+                                                               "set up by the backend.")
     nodes: int = Field(1, description="Number of nodes.")
     procs_per_node: int = Field(1, description="Processes (ranks) per node.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables for the job.")
     time_limit_min: int | None = Field(None, description="Wall-clock limit in minutes; None means the backend default.")
-    partition: str | None = Field(None, description="Slurm partition (or Kubernetes namespace); None means the default.")
-    exclude_nodes: list[str] = Field(default_factory=list, description="Nodes the job must not run on (isolation after a fault).")
+    partition: str | None = Field(None,
+                                  description="Slurm partition (or Kubernetes namespace); None means the default.")
+    exclude_nodes: list[str] = Field(default_factory=list,
+                                     description="Nodes the job must not run on (isolation after a fault).")
     workdir: str | None = Field(None, description="Working directory for the job; None means the current directory.")
-    run_dir: str | None = Field(None, description="The training run folder, if the job is a trainer run (per-rank logs, heartbeats, metrics).")
+    run_dir: str | None = Field(None,
+                                description="The training run folder, if the job is a trainer run (per-rank logs, "
+                                            "heartbeats, metrics).")
     image: str | None = Field(None, description="Container image with the trainer installed (kubernetes only).")
     rdzv_port: int = Field(29500, description="TCP port of the torchrun c10d rendezvous on the first node.")
-    tenant: str | None = Field(None, description="Tenant the job runs for: its folders must lie in that tenant's root (R-SEC-3).")
+    tenant: str | None = Field(None,
+                               description="Tenant the job runs for: its folders must lie in that tenant's root "
+                                           "(R-SEC-3).")
 
     @field_validator("tenant")
     @classmethod
@@ -55,14 +66,16 @@ class JobSpec(BaseModel):
     @classmethod
     def _name_ok(cls, v: str) -> str:
         if not _NAME.match(v):
-            raise ValueError(f"name {v!r} is not valid: use 1-63 lower-case letters, digits or '-', starting and ending with a letter or digit (e.g. 'llama-baseline')")
+            raise ValueError(f"name {v!r} is not valid: use 1-63 lower-case letters, digits or '-', starting and "
+                             "ending with a letter or digit (e.g. 'llama-baseline')")
         return v
 
     @field_validator("command")
     @classmethod
     def _command_ok(cls, v: list[str]) -> list[str]:
         if not v or not v[0].strip():
-            raise ValueError(f"command {v!r} is empty: give the program and its arguments as a list, e.g. ['python', 'train.py']")
+            raise ValueError(f"command {v!r} is empty: give the program and its arguments as a list, e.g. ['python', "
+                             "'train.py']")
         return v
 
     @field_validator("nodes", "procs_per_node")
@@ -76,7 +89,8 @@ class JobSpec(BaseModel):
     @classmethod
     def _limit_ok(cls, v: int | None) -> int | None:
         if v is not None and v < 1:
-            raise ValueError(f"time_limit_min must be at least 1 minute (got {v}); leave it empty for the backend default")
+            raise ValueError(f"time_limit_min must be at least 1 minute (got {v}); leave it empty for the backend "
+                             "default")
         return v
 
     @field_validator("env")
@@ -84,7 +98,8 @@ class JobSpec(BaseModel):
     def _env_ok(cls, v: dict[str, str]) -> dict[str, str]:
         for key in v:
             if not _ENV_KEY.match(key):
-                raise ValueError(f"env key {key!r} is not a valid variable name: use letters, digits and '_', not starting with a digit")
+                raise ValueError(f"env key {key!r} is not a valid variable name: use letters, digits and '_', not "
+                                 "starting with a digit")
         return v
 
     @field_validator("rdzv_port")
@@ -97,7 +112,8 @@ class JobSpec(BaseModel):
     @model_validator(mode="after")
     def _plain_single(self) -> "JobSpec":
         if self.launcher == "plain" and self.procs_per_node > 1:
-            raise ValueError(f"procs_per_node={self.procs_per_node} needs launcher='torchrun' (a plain command runs once); set launcher='torchrun' or procs_per_node=1")
+            raise ValueError(f"procs_per_node={self.procs_per_node} needs launcher='torchrun' (a plain command runs "
+                             "once); set launcher='torchrun' or procs_per_node=1")
         return self
 
     @property
@@ -201,10 +217,14 @@ def rank_log(run_dir: str | None, rank: int, backend: str, job_id: str) -> str:
     from pathlib import Path
 
     if not run_dir:
-        raise SchedulerError(backend, f"job {job_id} has no run_dir, so it has no per-rank logs; ask for the job log (rank=None)")
+        raise SchedulerError(backend,
+                             f"job {job_id} has no run_dir, so it has no per-rank logs; ask for the job log "
+                             "(rank=None)")
     path = Path(run_dir) / "logs" / f"rank{rank}.log"
     if not path.exists():
-        raise SchedulerError(backend, f"no log for rank {rank} of job {job_id} at {path}; check the rank number (0..world_size-1) or that the job has started")
+        raise SchedulerError(backend,
+                             f"no log for rank {rank} of job {job_id} at {path}; check the rank number "
+                             "(0..world_size-1) or that the job has started")
     return read_confined(path, f"rank {rank} log", backend)
 
 

@@ -41,7 +41,9 @@ def service_manifest(spec: JobSpec) -> dict[str, Any]:
 def job_manifest(spec: JobSpec) -> dict[str, Any]:
     """Indexed Job: `nodes` pods, each running torchrun with `procs_per_node` ranks."""
     if not spec.image:
-        raise SchedulerError(KIND, "JobSpec.image is empty: Kubernetes needs a container image with the trainer installed (e.g. image='registry/trainops:0.1')")
+        raise SchedulerError(KIND,
+                             "JobSpec.image is empty: Kubernetes needs a container image with the trainer installed "
+                             "(e.g. image='registry/trainops:0.1')")
     namespace = spec.partition or "default"
     if spec.launcher == "torchrun":
         command = torchrun_argv("python", spec.procs_per_node, spec.command, nnodes=spec.nodes,
@@ -50,7 +52,9 @@ def job_manifest(spec: JobSpec) -> dict[str, Any]:
     else:
         command = list(spec.command)
     env = [{"name": k, "value": v} for k, v in sorted(spec.env.items())]
-    env.append({"name": "NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}})
+    env.append({"name": "NODE_RANK",
+                "valueFrom": {"fieldRef": {
+                    "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}})
     container: dict[str, Any] = {
         "name": "trainer", "image": spec.image, "command": command, "env": env,
         "ports": [{"containerPort": spec.rdzv_port, "name": "rdzv"}],
@@ -60,8 +64,10 @@ def job_manifest(spec: JobSpec) -> dict[str, Any]:
         container["workingDir"] = spec.workdir
     pod_spec: dict[str, Any] = {"restartPolicy": "Never", "subdomain": spec.name, "containers": [container]}
     if spec.exclude_nodes:
-        pod_spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-            {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": list(spec.exclude_nodes)}]}]}}}
+        pod_spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn",
+                                       "values": list(spec.exclude_nodes)}]}]}}}
     job_spec: dict[str, Any] = {
         "completionMode": "Indexed", "completions": spec.nodes, "parallelism": spec.nodes, "backoffLimit": 0,
         "template": {"metadata": {"labels": _labels(spec)}, "spec": pod_spec},
@@ -97,7 +103,9 @@ class KubernetesScheduler(PollingWait):
                 try:
                     config.load_incluster_config()
                 except Exception:
-                    raise SchedulerError(KIND, f"no cluster configured ({kube_exc}); set KUBECONFIG to a kubeconfig for a reachable cluster") from None
+                    raise SchedulerError(KIND,
+                                         f"no cluster configured ({kube_exc}); set KUBECONFIG to a kubeconfig for a "
+                                         "reachable cluster") from None
             self._api = (client.BatchV1Api(), client.CoreV1Api())
         return self._api
 
@@ -108,20 +116,27 @@ class KubernetesScheduler(PollingWait):
             return fn(*args, **kw)
         except ApiException as exc:
             if exc.status == 404:
-                raise SchedulerError(KIND, f"{what}: not found on the API server; check the job id / node name") from None
-            raise SchedulerError(KIND, f"{what} failed: HTTP {exc.status} {exc.reason}; check permissions and the API server in KUBECONFIG") from None
+                raise SchedulerError(KIND,
+                                     f"{what}: not found on the API server; check the job id / node name") from None
+            raise SchedulerError(KIND,
+                                 f"{what} failed: HTTP {exc.status} {exc.reason}; check permissions and the API server "
+                                 "in KUBECONFIG") from None
         except Exception as exc:
             host = self._clients()[0].api_client.configuration.host
-            raise SchedulerError(KIND, f"{what} failed talking to {host}: {type(exc).__name__}: {str(exc)[:200]}; check that the API server is reachable") from None
+            raise SchedulerError(KIND,
+                                 f"{what} failed talking to {host}: {type(exc).__name__}: {str(exc)[:200]}; check that "
+                                 "the API server is reachable") from None
 
     def submit(self, spec: JobSpec) -> JobHandle:
         batch, core = self._clients()
         job = job_manifest(spec)
         namespace = job["metadata"]["namespace"]
         if spec.launcher == "torchrun":
-            self._call(f"create Service {namespace}/{spec.name}", core.create_namespaced_service, namespace, service_manifest(spec))
+            self._call(f"create Service {namespace}/{spec.name}", core.create_namespaced_service, namespace,
+                       service_manifest(spec))
         self._call(f"create Job {namespace}/{spec.name}", batch.create_namespaced_job, namespace, job)
-        return JobHandle(job_id=f"{namespace}/{spec.name}", backend=KIND, name=spec.name, submitted_at=time.time(), run_dir=spec.run_dir)
+        return JobHandle(job_id=f"{namespace}/{spec.name}", backend=KIND, name=spec.name, submitted_at=time.time(),
+                         run_dir=spec.run_dir)
 
     def status(self, job_id: str) -> JobStatus:
         namespace, name = _split(job_id)
@@ -143,7 +158,8 @@ class KubernetesScheduler(PollingWait):
 
     def _pods(self, namespace: str, name: str):
         _, core = self._clients()
-        return self._call(f"list pods of {namespace}/{name}", core.list_namespaced_pod, namespace, label_selector=f"trainops/job={name}").items
+        return self._call(f"list pods of {namespace}/{name}", core.list_namespaced_pod, namespace,
+                          label_selector=f"trainops/job={name}").items
 
     def logs(self, job_id: str, tail: int = 100, rank: int | None = None) -> str:
         """The job's pods' logs; `rank` picks the pod of that node index."""
@@ -154,7 +170,8 @@ class KubernetesScheduler(PollingWait):
             index = (pod.metadata.annotations or {}).get("batch.kubernetes.io/job-completion-index")
             if rank is not None and index != str(rank):
                 continue
-            text = self._call(f"read log of pod {pod.metadata.name}", core.read_namespaced_pod_log, pod.metadata.name, namespace,
+            text = self._call(f"read log of pod {pod.metadata.name}", core.read_namespaced_pod_log, pod.metadata.name,
+                              namespace,
                               tail_lines=tail or None)
             parts.append(f"== {pod.metadata.name} ==\n{text}")
         return "\n".join(parts)
@@ -177,11 +194,14 @@ class KubernetesScheduler(PollingWait):
         return before.model_copy(update={"state": "cancelled" if before.state not in TERMINAL_STATES else before.state})
 
     def requeue(self, job_id: str) -> JobHandle:
-        raise SchedulerError(KIND, f"requeue of {job_id}: a Kubernetes Job cannot be restarted in place; cancel it and submit the same JobSpec again (the trainer resumes from its checkpoint)")
+        raise SchedulerError(KIND,
+                             f"requeue of {job_id}: a Kubernetes Job cannot be restarted in place; cancel it and "
+                             "submit the same JobSpec again (the trainer resumes from its checkpoint)")
 
     def list_jobs(self) -> list[JobStatus]:
         batch, _ = self._clients()
-        jobs = self._call("list Jobs", batch.list_job_for_all_namespaces, label_selector="app.kubernetes.io/managed-by=trainops").items
+        jobs = self._call("list Jobs", batch.list_job_for_all_namespaces,
+                          label_selector="app.kubernetes.io/managed-by=trainops").items
         return [self.status(f"{j.metadata.namespace}/{j.metadata.name}") for j in jobs]
 
     def list_nodes(self) -> list[NodeInfo]:
@@ -191,13 +211,15 @@ class KubernetesScheduler(PollingWait):
             ready = any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))
             state = "drained" if node.spec.unschedulable else ("idle" if ready else "down")
             cpus = node.status.capacity.get("cpu") if node.status.capacity else None
-            out.append(NodeInfo(name=node.metadata.name, state=state, cpus=int(cpus) if cpus and cpus.isdigit() else None,
+            out.append(NodeInfo(name=node.metadata.name, state=state,
+                                cpus=int(cpus) if cpus and cpus.isdigit() else None,
                                 reason=(node.metadata.annotations or {}).get("trainops/drain-reason", "")))
         return out
 
     def _set_schedulable(self, node: str, unschedulable: bool, reason: str) -> NodeInfo:
         _, core = self._clients()
-        body = {"spec": {"unschedulable": unschedulable}, "metadata": {"annotations": {"trainops/drain-reason": reason if unschedulable else None}}}
+        body = {"spec": {"unschedulable": unschedulable},
+                "metadata": {"annotations": {"trainops/drain-reason": reason if unschedulable else None}}}
         self._call(f"patch node {node}", core.patch_node, node, body)
         return next(n for n in self.list_nodes() if n.name == node)
 

@@ -99,7 +99,9 @@ class LocalScheduler(PollingWait):
     def _launch(self, record: dict) -> dict:
         spec = JobSpec.model_validate(record["spec"])
         if spec.nodes != 1:
-            raise SchedulerError(KIND, f"nodes={spec.nodes}: the local scheduler has one node ({socket.gethostname()}); use nodes=1 or scheduler='slurm'")
+            raise SchedulerError(KIND,
+                                 f"nodes={spec.nodes}: the local scheduler has one node ({socket.gethostname()}); use "
+                                 "nodes=1 or scheduler='slurm'")
         if spec.launcher == "torchrun":
             command = torchrun_argv(sys.executable, spec.procs_per_node, spec.command)
         else:
@@ -117,7 +119,9 @@ class LocalScheduler(PollingWait):
                 stdin=subprocess.DEVNULL, start_new_session=True,
             )
         except OSError as exc:
-            raise SchedulerError(KIND, f"cannot start {command[0]!r} in {spec.workdir or os.getcwd()}: {exc}; check the command and workdir") from None
+            raise SchedulerError(KIND,
+                                 f"cannot start {command[0]!r} in {spec.workdir or os.getcwd()}: {exc}; check the "
+                                 "command and workdir") from None
         finally:
             log.close()
         record.update(pid=proc.pid, pgid=proc.pid, create_time=_create_time(proc.pid), started_at=time.time(),
@@ -135,9 +139,13 @@ class LocalScheduler(PollingWait):
         host = socket.gethostname()
         drained = self._drained()
         if host in drained:
-            raise SchedulerError(KIND, f"node {host} is drained ({drained[host]}); resume it with resume_node before submitting")
+            raise SchedulerError(KIND,
+                                 f"node {host} is drained ({drained[host]}); resume it with resume_node before "
+                                 "submitting")
         if host in spec.exclude_nodes:
-            raise SchedulerError(KIND, f"exclude_nodes contains {host}, the only local node; remove it or use scheduler='slurm'")
+            raise SchedulerError(KIND,
+                                 f"exclude_nodes contains {host}, the only local node; remove it or use "
+                                 "scheduler='slurm'")
         job_id = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         record = {"job_id": job_id, "spec": spec.model_dump(), "submitted_at": time.time(),
                   "log_path": str(_jobs() / f"{job_id}.log"), "node": host}
@@ -159,7 +167,8 @@ class LocalScheduler(PollingWait):
             state, code = "running", None
         else:
             state, code = "failed", None
-        reason = "" if state != "failed" or code is not None else "the job's runner died without recording an exit code (killed)"
+        reason = ("" if state != "failed" or code is not None
+                  else "the job's runner died without recording an exit code (killed)")
         if code is not None and code < 0:
             reason = f"killed by signal {signal.Signals(-code).name}"
         return JobStatus(job_id=job_id, backend=KIND, name=record["spec"]["name"], state=state, exit_code=code,

@@ -43,7 +43,8 @@ class SandboxSpec(BaseModel):
     memory_mib: int = Field(4000, ge=256, description="RealMemory each node declares")
     ctld_port: int = Field(17817, ge=1024, le=65535)
     slurmd_port: int = Field(17818, ge=1024, le=65535)
-    slurmd_timeout_s: int = Field(10, ge=3, le=300, description="SlurmdTimeout: how soon Slurm calls a silent node down")
+    slurmd_timeout_s: int = Field(10, ge=3, le=300,
+                                  description="SlurmdTimeout: how soon Slurm calls a silent node down")
 
     @field_validator("prefix")
     @classmethod
@@ -453,7 +454,8 @@ def slow_link(node: int, rate_mbit: float | None, prefix: str = DEFAULT_PREFIX) 
     _sh(_in_ns(inside, ["tc", "qdisc", "replace", "dev", NODE_IF, *qdisc]))
 
 
-def node_exec(node: int, argv: list[str], timeout_s: float = 60, prefix: str = DEFAULT_PREFIX) -> subprocess.CompletedProcess:
+def node_exec(node: int, argv: list[str], timeout_s: float = 60,
+              prefix: str = DEFAULT_PREFIX) -> subprocess.CompletedProcess:
     """Run argv on node nK as its jobs see it (its network, hostname and /etc/hosts)."""
     state = _require_state(prefix)
     _check_node(state, node)

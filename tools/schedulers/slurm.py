@@ -110,7 +110,8 @@ def batch_script(spec: JobSpec, log_path: str) -> str:
             f"srun --kill-on-bad-exit=1 {_shell_torchrun(spec)} && rc=0 || rc=$?",
         ]
         if spec.run_dir:
-            lines.append(f"{shlex.quote(sys.executable)} -m trainops.tools.schedulers.run_status {shlex.quote(spec.run_dir)} \"$rc\"")
+            lines.append(f"{shlex.quote(sys.executable)} -m trainops.tools.schedulers.run_status "
+                         f"{shlex.quote(spec.run_dir)} \"$rc\"")
         lines.append('exit "$rc"')
     else:
         lines.append(shlex.join(spec.command))

@@ -80,7 +80,8 @@ class PyslurmTransport:
         return [h.decode() if isinstance(h, bytes) else h for h in hosts.get_list()]
 
     def steps(self, job_id: str) -> list[str]:
-        steps = _checked(f"steps of job {job_id}", lambda: self._slurm().jobstep(int(job_id)).get()).get(int(job_id), {})
+        steps = _checked(f"steps of job {job_id}", lambda: self._slurm().jobstep(int(job_id)).get()).get(int(job_id),
+                                                                                                         {})
         return [f"{job_id}.{step}" for step in steps if int(step) < _FIRST_SPECIAL_STEP]
 
     def kill_steps_and_batch(self, job_id: str) -> None:
