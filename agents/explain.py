@@ -68,12 +68,14 @@ def explain_mfu(summary: Any, env: Any, plan: Any = None) -> list[str]:
     model = model or (f"~{params / 1e6:.1f}M parameters" if params else None)
     precision = find(summary, "precision")
     peak_source = find(summary, "peak_source") or find(find(env, "compute_peak"), "source")
-    head = f"MFU of run {find(summary, 'run')}: {mfu:.2f}% (median over measured steps)" if isinstance(mfu, (int, float)) \
-        else "The run summary has no MFU figure"
+    head = f"MFU of run {find(summary, 'run')}: {mfu:.2f}% (median over measured steps)" \
+        if isinstance(mfu, (int, float)) else "The run summary has no MFU figure"
     context = ", ".join(f"{k} {v}" for k, v in (("model", model), ("hardware", hardware), ("framework", framework),
-                                                    ("layout", layout), ("precision", precision)) if v not in (None, ""))
+                                                    ("layout", layout), ("precision", precision))
+                        if v not in (None, ""))
     lines.append(head + (f" ({context})." if context else "."))
-    missing = [k for k, v in (("model", model), ("hardware", hardware), ("parallel layout", layout), ("precision", precision)) if v in (None, "")]
+    missing = [k for k, v in (("model", model), ("hardware", hardware), ("parallel layout", layout),
+                              ("precision", precision)) if v in (None, "")]
     if missing:
         lines.append("Not in the evidence, so no MFU conclusion is drawn on them: " + ", ".join(missing) + ".")
     reasons: list[str] = []
@@ -89,13 +91,15 @@ def explain_mfu(summary: Any, env: Any, plan: Any = None) -> list[str]:
         reasons.append(f"straggler: the slowest rank's step is {spread:.1f}% longer than the median rank's")
     comm = find(summary, "comm_share_pct", "comm_pct", "communication_pct")
     if isinstance(comm, (int, float)) and comm >= 10:
-        reasons.append(f"communication: {comm:.1f}% of step time is exposed communication (overlap is the largest single lever)")
+        reasons.append(f"communication: {comm:.1f}% of step time is exposed communication (overlap is the largest "
+                       "single lever)")
     if isinstance(precision, str) and precision.lower() in ("fp32", "float32"):
         reasons.append("precision: fp32 runs against a lower peak than bf16 mixed precision")
     if isinstance(peak_source, str) and ("cpu" in peak_source.lower() or "measured" in peak_source.lower()):
         reasons.append(f"peak: MFU is measured against {peak_source}; small GEMMs on a CPU reach only a fraction of it")
     if (isinstance(params, (int, float)) and params < 1e8) or (isinstance(model, str) and model in ("tiny", "small")):
-        reasons.append("model size: a small model spends much of each step in per-op overhead (Python, launches, optimizer), not in matmuls")
+        reasons.append("model size: a small model spends much of each step in per-op overhead (Python, launches, "
+                       "optimizer), not in matmuls")
     ac = find(summary, "activation_checkpointing")
     if isinstance(ac, str) and ac.lower() == "full":
         reasons.append("activation checkpointing full: recomputed forward work is not counted as model FLOPs")
@@ -103,14 +107,15 @@ def explain_mfu(summary: Any, env: Any, plan: Any = None) -> list[str]:
         lines.append("Why it is low, largest lever first:")
         lines.extend(f"- {r}" for r in reasons)
     else:
-        lines.append("The summary carries no data_wait_s, comm share, precision or peak_source figure that explains it; "
-                     "to decompose it I need per-step data_wait_s and communication time (run with metrics on).")
+        lines.append("The summary carries no data_wait_s, comm share, precision or peak_source figure that explains "
+                     "it; to decompose it I need per-step data_wait_s and communication time (run with metrics on).")
     return lines
 
 
 def _fault_lines(data: Any) -> list[str]:
     figures = [(label, find(data, *names)) for label, names in (
-        ("detection latency", ("detection_latency_s",)), ("isolation granularity", ("isolation_granularity", "isolation")),
+        ("detection latency", ("detection_latency_s",)),
+        ("isolation granularity", ("isolation_granularity", "isolation")),
         ("recovery time", ("recovery_time_s", "recovery_s")))]
     lines = [f"- {label}: {value}" for label, value in figures if value is not None]
     absent = [label for label, value in figures if value is None]
@@ -149,7 +154,8 @@ def render_answer(intent: str, request: str, results: list[ToolMessage], assumed
         lines = [head]
         if find(plan, "recommendation"):
             lines.append(str(find(plan, "recommendation")))
-        lines.extend(f"Assumed {k} time {v:g} s (not stated; say e.g. 'a 2-minute restart' to include it in the waste estimate)."
+        lines.extend(f"Assumed {k} time {v:g} s (not stated; say e.g. 'a 2-minute restart' to include it in the waste "
+                     "estimate)."
                      for k, v in (assumed or {}).items() if k == "restart")
         lines.append("Evidence: " + _compact(plan))
         return "\n".join(lines)
@@ -160,7 +166,8 @@ def render_answer(intent: str, request: str, results: list[ToolMessage], assumed
         return "\n".join([
             f"Verdict: {result.get('verdict')}" + (f"; blockers: {'; '.join(blockers)}" if blockers else ""),
             f"Evidence pack: {result.get('pack_dir')} (SOP took {result.get('elapsed_s', 0):.0f} s).",
-            f"A human decides it: trainops approve {pack} (signed with their SSH key), or trainops reject {pack} --note WHY.",
+            f"A human decides it: trainops approve {pack} (signed with their SSH key), or trainops reject {pack} "
+            "--note WHY.",
         ])
     if intent == "approvals":
         items = find(next(iter(by_tool.values()), None), "items") or []

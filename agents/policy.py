@@ -24,7 +24,8 @@ _UNIT_S = {"s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1, "min": 60, "m
            "minutes": 60, "m": 60, "h": 3600, "hr": 3600, "hrs": 3600, "hour": 3600, "hours": 3600}
 _DURATION_WORDS = {"save": ("save", "write", "checkpoint"), "mtbf": ("mtbf", "failure", "between"),
                    "restart": ("restart", "recover", "recovery")}
-_DURATION_STEMS = {"save": ("save", "checkpoint_save", "save_time", "write", "checkpoint_write", "ckpt_save", "checkpoint_cost"),
+_DURATION_STEMS = {"save": ("save", "checkpoint_save", "save_time", "write", "checkpoint_write", "ckpt_save",
+                            "checkpoint_cost"),
                    "mtbf": ("mtbf", "mean_time_between_failures"),
                    "restart": ("restart", "recovery", "restart_time", "recover", "recovery_time")}
 _ALIASES = {"run": ("run", "run_id", "run_name", "run_dir"), "job": ("job", "job_id", "jobid"),
@@ -139,7 +140,8 @@ def _value_for(field: str, prop: dict, params: dict[str, Any]) -> Any:
             return value
     for key, stems in _DURATION_STEMS.items():
         for stem in stems:
-            for suffix, scale in (("_s", 1), ("_seconds", 1), ("_min", 60), ("_minutes", 60), ("_h", 3600), ("_hours", 3600)):
+            for suffix, scale in (("_s", 1), ("_seconds", 1), ("_min", 60), ("_minutes", 60), ("_h", 3600),
+                                  ("_hours", 3600)):
                 if field == stem + suffix and key in params:
                     return round(params[key] / scale, 6)
     return params.get("outputs", {}).get(field)
@@ -212,9 +214,10 @@ def decide(messages: list[BaseMessage], tool_schemas: list[dict]) -> AIMessage:
     intent_name = classify(request)
     if intent_name is None:
         return AIMessage(content=(
-            "I could not tell what you need. I can: explain a run's MFU ('what is the MFU of run R and why is it low'), "
-            "run the SOP on a config ('run the SOP on config C'), drill a fault ('drill a rank crash on job J'), plan the "
-            "checkpoint interval ('... for a 5-minute save and an MTBF of 3 hours'), show logs or jobs, and show pending approvals."
+            "I could not tell what you need. I can: explain a run's MFU ('what is the MFU of run R and why is it "
+            "low'), run the SOP on a config ('run the SOP on config C'), drill a fault ('drill a rank crash on job "
+            "J'), plan the checkpoint interval ('... for a 5-minute save and an MTBF of 3 hours'), show logs or jobs, "
+            "and show pending approvals."
         ))
     if any(r.status == "error" for r in results):
         return AIMessage(content=render_answer(intent_name, request, results))
@@ -240,7 +243,8 @@ def decide(messages: list[BaseMessage], tool_schemas: list[dict]) -> AIMessage:
         if missing:
             if optional:
                 continue
-            return AIMessage(content=f"To run {name} I need " + "; ".join(dict.fromkeys(_need(f) for f in missing)) + ".")
+            return AIMessage(content=f"To run {name} I need " + "; ".join(dict.fromkeys(_need(f) for f in missing))
+                             + ".")
         return AIMessage(content="", tool_calls=[{"name": name, "args": args, "id": f"call_{len(messages)}"}])
     return AIMessage(content=render_answer(intent_name, request, results, assumed))
 

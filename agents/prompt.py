@@ -39,7 +39,8 @@ def load_skills() -> list[PromptSkill]:
     return [PromptSkill(s.name, " ".join(s.description.split()), _body(s.path), s.path) for s in all_skills().values()]
 
 
-_STOPWORDS = {"the", "and", "for", "with", "what", "why", "how", "this", "that", "from", "run", "job", "use", "when", "are", "its"}
+_STOPWORDS = {"the", "and", "for", "with", "what", "why", "how", "this", "that", "from", "run", "job", "use", "when",
+              "are", "its"}
 
 
 def _words(text: str) -> set[str]:

@@ -30,7 +30,9 @@ class ProviderError(Exception):
 
 
 class AgentSettings(BaseModel):
-    provider: Provider = Field("offline", description="offline (deterministic SOP policy), openai (any OpenAI-compatible server) or anthropic")
+    provider: Provider = Field("offline",
+                               description="offline (deterministic SOP policy), openai (any OpenAI-compatible server) "
+                                           "or anthropic")
     model: str = Field("", description="model name sent to the provider; empty means the provider's default")
     base_url: str | None = Field(None, description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 for vLLM")
     api_key_env: str | None = Field(None, description="environment variable that holds the API key")
@@ -86,7 +88,8 @@ def load_settings(provider: str | None = None, model: str | None = None, base_ur
         )
     unknown = set(values) - (set(AgentSettings.model_fields) - {"sources"})
     if unknown:
-        raise ProviderError(f"unknown [agent] setting(s) {sorted(unknown)}; known: provider, model, base_url, api_key_env, timeout_s")
+        raise ProviderError(f"unknown [agent] setting(s) {sorted(unknown)}; known: provider, model, base_url, "
+                            "api_key_env, timeout_s")
     try:
         return AgentSettings(**values, sources=sources)
     except ValidationError as exc:
@@ -104,7 +107,8 @@ def make_chat_model(settings: AgentSettings):
         return OfflinePolicy()
     key = os.environ.get(settings.key_env, "")
     if not key:
-        hint = " (local servers such as vLLM, SGLang or llama.cpp accept any value, e.g. EMPTY)" if settings.provider == "openai" else ""
+        hint = (" (local servers such as vLLM, SGLang or llama.cpp accept any value, e.g. EMPTY)"
+                if settings.provider == "openai" else "")
         raise ProviderError(
             f"provider {settings.provider} needs an API key: environment variable {settings.key_env} is not set{hint}; "
             "set it, or name another variable with [agent] api_key_env in your config / TRAINOPS_API_KEY_ENV"
@@ -113,7 +117,8 @@ def make_chat_model(settings: AgentSettings):
     if settings.provider == "openai":
         from langchain_openai import ChatOpenAI
 
-        return ChatOpenAI(model=model, api_key=key, base_url=settings.base_url, timeout=settings.timeout_s, max_retries=0)
+        return ChatOpenAI(model=model, api_key=key, base_url=settings.base_url, timeout=settings.timeout_s,
+                          max_retries=0)
     from langchain_anthropic import ChatAnthropic
 
     extra = {"base_url": settings.base_url} if settings.base_url else {}
@@ -135,11 +140,13 @@ def explain_provider_failure(settings: AgentSettings, exc: Exception) -> Provide
         )
     if "NotFoundError" in names:
         return ProviderError(
-            f"the {settings.provider} endpoint answered 404 for model={settings.model or _DEFAULT_MODEL[settings.provider]!r} "
-            f"(from {settings.source('model')}) at base_url={settings.base_url or 'default'}: {exc}; the model name or "
-            "the base_url path (usually ending in /v1) is wrong: fix [agent] model / base_url or TRAINOPS_MODEL / TRAINOPS_BASE_URL"
+            f"the {settings.provider} endpoint answered 404 for "
+            f"model={settings.model or _DEFAULT_MODEL[settings.provider]!r} (from {settings.source('model')}) at "
+            f"base_url={settings.base_url or 'default'}: {exc}; the model name or the base_url path (usually ending in "
+            "/v1) is wrong: fix [agent] model / base_url or TRAINOPS_MODEL / TRAINOPS_BASE_URL"
         )
     if names & {"APIError", "APIStatusError"}:
         return ProviderError(f"the {settings.provider} endpoint at base_url={settings.base_url or 'default'} answered "
-                             f"with an error: {exc}; check the server's log and the model name ({settings.source('model')})")
+                             f"with an error: {exc}; check the server's log and the model name "
+                             f"({settings.source('model')})")
     return None

@@ -76,7 +76,8 @@ def test_interrupt_in_one_process_is_approved_in_another(alice_ssh_agent):
     assert "faults.slow_rank=0" in second.stdout
     home = Path(os.environ["TRAINOPS_HOME"])
     decisions = [json.loads(line) for line in (home / "transcripts" / "restart.jsonl").read_text().splitlines()]
-    assert {"decision": "approved", "approver": "carol"}.items() <= next(d for d in decisions if d.get("decision") == "approved").items()
+    approved = next(d for d in decisions if d.get("decision") == "approved")
+    assert {"decision": "approved", "approver": "carol"}.items() <= approved.items()
 
 
 def test_an_unreachable_endpoint_is_one_line_naming_base_url(monkeypatch):
