@@ -22,7 +22,8 @@ def _setting(run_dir: str, dotted: str) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def _row(knob: Knob, value: str, base: list[RepeatResult], arm: list[RepeatResult], nproc: int, kind: str) -> AblationRow:
+def _row(knob: Knob, value: str, base: list[RepeatResult], arm: list[RepeatResult], nproc: int,
+         kind: str) -> AblationRow:
     base_mfu = spread([r.summary["mfu_pct_median"] for r in base])
     arm_mfu = spread([r.summary["mfu_pct_median"] for r in arm])
     change, band, verdict = compare(base_mfu, arm_mfu)
@@ -34,7 +35,8 @@ def _row(knob: Knob, value: str, base: list[RepeatResult], arm: list[RepeatResul
 
 
 def run_arm(req: JobRequest, spec: str, baselines: dict[int, list[RepeatResult]], repeats: int,
-            ctx: CallContext | None = None, progress: Progress | None = None) -> tuple[list[AblationRow], list[EvidenceRow]]:
+            ctx: CallContext | None = None, progress: Progress | None = None) -> tuple[list[AblationRow],
+                                                                                       list[EvidenceRow]]:
     """One knob at every scale in `baselines` (ascending process count: small, then target).
     A small-scale gain that is not a gain at target scale is flagged as vanished."""
     knob, value = parse_arm([spec], req.framework)
@@ -71,7 +73,8 @@ def judge_scale(knob: Knob, rows: list[AblationRow], arms: dict[int, list[Repeat
     from trainops.tools.governance.claims import ScaleResult
 
     (small_n, small), (target_n, target) = sorted(arms.items())
-    efficiency = 100.0 * (_median(target, "tokens_per_s_median") / target_n) / (_median(small, "tokens_per_s_median") / small_n)
+    efficiency = 100.0 * (_median(target, "tokens_per_s_median") / target_n) / (_median(small, "tokens_per_s_median")
+                                                                                / small_n)
     vanished = rows[0].verdict == "gain" and rows[1].mfu_change_pct <= 0
     ScaleResult(knob=knob.overrides[0], small_world_size=small_n, small_gain_pct=rows[0].mfu_change_pct,
                 target_world_size=target_n, target_gain_pct=rows[1].mfu_change_pct,
@@ -80,7 +83,8 @@ def judge_scale(knob: Knob, rows: list[AblationRow], arms: dict[int, list[Repeat
 
 
 def run_plan(req: JobRequest, specs: list[str], baselines: dict[int, list[RepeatResult]], repeats: int,
-             ctx: CallContext | None = None, progress: Progress | None = None) -> tuple[list[AblationRow], list[EvidenceRow]]:
+             ctx: CallContext | None = None, progress: Progress | None = None) -> tuple[list[AblationRow],
+                                                                                        list[EvidenceRow]]:
     """Every arm, highest expected gain first (communication overlap, kernels, data pipeline, batch)."""
     ctx = skill_context("ablation", ctx)
     parsed = {parse_arm([s], req.framework)[0].name: s for s in specs}

@@ -137,10 +137,13 @@ def _wait_for_restart(run_dir: str, since: float, job_id: str, req: JobRequest, 
             next_status = time.time() + 1.0
             status = call("job_status", {"job_id": job_id, "scheduler": req.scheduler}, ctx)
             if status.finished and (first := _first_step_after(run_dir, since)) is None:
-                raise ToolError("requeue_job", f"the restarted job {job_id} ended {status.state} ({status.reason or 'no reason given'}) "
+                raise ToolError("requeue_job",
+                                f"the restarted job {job_id} ended {status.state} "
+                                f"({status.reason or 'no reason given'}) "
                                                f"before its first step; read {run_dir}/logs and the scheduler's log")
         time.sleep(0.05)
-    raise ToolError("drill", f"timed out after {req.timeout_s:.0f} s waiting for the first step after restart in {run_dir}")
+    raise ToolError("drill", f"timed out after {req.timeout_s:.0f} s waiting for the first step after restart in "
+                             f"{run_dir}")
 
 
 def drill(req: JobRequest, fault: str, inject_step: int = 5, ctx: CallContext | None = None,
@@ -173,7 +176,8 @@ def drill(req: JobRequest, fault: str, inject_step: int = 5, ctx: CallContext | 
         fired = _fired(run_dir, fired_kind)
         injected_at, last_step = float(fired["time"]), int(fired["step"])
     else:
-        _wait_for(lambda: _heartbeat_step(run_dir) >= inject_step and any(e.get("event") == "save" for e in _journal(run_dir)),
+        _wait_for(lambda: _heartbeat_step(run_dir) >= inject_step
+                  and any(e.get("event") == "save" for e in _journal(run_dir)),
                   req.timeout_s, f"step {inject_step} and a committed checkpoint in {run_dir}")
         say(f"drill {fault}: injecting {kind}")
         target = {"rank": rank}
@@ -188,14 +192,16 @@ def drill(req: JobRequest, fault: str, inject_step: int = 5, ctx: CallContext | 
     detection = call("detect_faults", {"run": run_dir, "job_id": job_id, "scheduler": sched, "poll_interval_s": 0.05,
                                        "injected_at": injected_at, "timeout_s": 60}, ctx)
     if not detection.detected:
-        raise ToolError("detect_faults", f"drill {fault}: nothing detected within 60 s in {run_dir}; check the detectors")
+        raise ToolError("detect_faults",
+                        f"drill {fault}: nothing detected within 60 s in {run_dir}; check the detectors")
     say(f"drill {fault}: detected by {detection.mechanism} after {detection.detection_latency_s:.2f} s; isolating")
     # forced: the survivors of a detected failure are stuck in a collective, a grace period only waits on them
     call("cancel_job", {"job_id": job_id, "scheduler": sched, "force": True}, ctx)
     if fault in DETECTION_ONLY:
         return _detection_only(req, fault, run_dir, last_step, detection, started)
     drained = isolate_node(detection, sched, ctx)
-    quarantined = quarantine_after(run_dir, int(detection.step), ctx) if detection.mechanism == "checksum_mismatch" else []
+    quarantined = (quarantine_after(run_dir, int(detection.step), ctx) if detection.mechanism == "checksum_mismatch"
+                   else [])
     isolated = time.time()
     requeued = call("requeue_job", {"job_id": job_id, "scheduler": sched}, ctx)
     recovered = _wait_for_restart(run_dir, isolated, requeued.job_id, req, ctx)
@@ -229,7 +235,8 @@ def drill(req: JobRequest, fault: str, inject_step: int = 5, ctx: CallContext | 
         checkpoint_used=str(used["path"]), async_checkpoint_intact=intact,
         cause=cause, detector=detector, drill_record=str(record))
     record.write_text(result.model_dump_json(indent=2) + "\n", encoding="utf-8")
-    evidence = EvidenceRow(tool="inject_fault+detect_faults+requeue_job", version=req.framework_version, command=command_line(launch),
+    evidence = EvidenceRow(tool="inject_fault+detect_faults+requeue_job", version=req.framework_version,
+                           command=command_line(launch),
                            log_path=str(record), value=f"{fault}: detect {result.detection_latency_s:.2f} s, "
                            f"recover {result.recovery_time_s:.1f} s, {result.steps_lost} steps lost",
                            window_start=started, window_end=time.time())
@@ -275,7 +282,8 @@ def verify_restored(run_dir: str, used: dict, ctx: CallContext | None = None, ex
     if used.get("verified"):  # checked at the moment of loading; keep-N may have pruned it since
         complete = True
     else:
-        complete = Path(str(used["path"])).exists() and call("verify_checkpoint", {"path": str(used["path"])}, ctx).complete
+        complete = (Path(str(used["path"])).exists()
+                    and call("verify_checkpoint", {"path": str(used["path"])}, ctx).complete)
     fallbacks = {e.get("step") for e in _journal(run_dir) if e.get("event") == "fallback"} | set(excluded)
     newer = [e for e in _journal(run_dir) if e.get("event") == "save" and e.get("step", 0) > int(used["step"])
              and e.get("time", 0) < float(used.get("time", 0)) and e.get("step") not in fallbacks]

@@ -23,7 +23,9 @@ def declare(scheduler: str = "local", ctx: CallContext | None = None,
         scheduler=f"{env.scheduler.kind} {env.scheduler.version}",
         checkpoint_write_gib_per_s=env.checkpoint_storage.write_bandwidth_mib_s / 1024,
         hot_spares=len(env.scheduler.hot_spare_nodes))
-    row = EvidenceRow(tool="declare_environment", version=env.framework.version, command="trainops env --json" + (f" --framework {framework}" if framework != "trainops" else ""),
-                      log_path=str(audit_log_path()), value=f"{decl.hardware}; peak {env.compute_peak.peak_tflops:.3f} TFLOP/s "
+    row = EvidenceRow(tool="declare_environment", version=env.framework.version,
+                      command="trainops env --json" + (f" --framework {framework}" if framework != "trainops" else ""),
+                      log_path=str(audit_log_path()),
+                      value=f"{decl.hardware}; peak {env.compute_peak.peak_tflops:.3f} TFLOP/s "
                       f"({env.compute_peak.source})", window_start=started, window_end=time.time())
     return decl, row

@@ -20,34 +20,43 @@ class Knob(BaseModel):
 CATALOGUE: dict[str, Knob] = {k.name: k for k in (
     Knob(name="reshard_after_forward", category="communication-overlap", overrides=("parallel.reshard_after_forward",),
          values=("true", "false"),
-         expected_effect="false keeps gathered FSDP parameters for backward (ZeRO-2): one all-gather fewer per layer, more memory"),
+         expected_effect="false keeps gathered FSDP parameters for backward (ZeRO-2): one all-gather fewer per layer, "
+                         "more memory"),
     Knob(name="comm_overlap", category="communication-overlap", overrides=("parallel.comm_overlap",),
          values=("true", "false"),
-         expected_effect="overlaps TP collectives with the GEMMs (async TP); MegaScale's largest single gain (needs tp > 1)",
+         expected_effect="overlaps TP collectives with the GEMMs (async TP); MegaScale's largest single gain (needs tp "
+                         "> 1)",
          min_procs=2),
     Knob(name="data_parallel", category="communication-overlap", overrides=("parallel.data_parallel",),
          values=("fsdp", "ddp"),
-         expected_effect="ddp replicates weights and overlaps bucketed all-reduce with backward; faster for small models, more memory"),
+         expected_effect="ddp replicates weights and overlaps bucketed all-reduce with backward; faster for small "
+                         "models, more memory"),
     Knob(name="compile", category="kernels", overrides=("training.compile",), values=("true", "false"),
-         expected_effect="torch.compile fuses elementwise kernels per block; gains on GPUs, compile time dominates short CPU runs"),
+         expected_effect="torch.compile fuses elementwise kernels per block; gains on GPUs, compile time dominates "
+                         "short CPU runs"),
     Knob(name="precision", category="kernels", overrides=("training.precision",), values=("fp32", "bf16"),
          expected_effect="bf16 halves bytes moved and uses tensor cores on GPUs; on CPUs often slower without AMX"),
     Knob(name="data_kind", category="data-pipeline", overrides=("data.kind",), values=("text", "synthetic"),
-         expected_effect="synthetic tokens skip reading and tokenising: the gain bounds what a faster data pipeline can give"),
+         expected_effect="synthetic tokens skip reading and tokenising: the gain bounds what a faster data pipeline "
+                         "can give"),
     Knob(name="micro_batch", category="batch", overrides=("training.micro_batch",), values=("1", "2", "4", "8"),
-         expected_effect="larger micro-batches raise arithmetic intensity and cut accumulation steps; costs activation memory"),
+         expected_effect="larger micro-batches raise arithmetic intensity and cut accumulation steps; costs activation "
+                         "memory"),
     Knob(name="activation_checkpointing", category="memory", overrides=("training.activation_checkpointing",),
          values=("none", "selective", "full"),
          expected_effect="recomputes activations in backward: saves memory, costs ~1/3 more compute for full"),
     Knob(name="pp_schedule", category="parallelism", overrides=("parallel.pp_schedule",),
          values=("GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble"),
-         expected_effect="1F1B and zero-bubble schedules shrink the pipeline bubble against GPipe (needs pp > 1)", min_procs=2),
+         expected_effect="1F1B and zero-bubble schedules shrink the pipeline bubble against GPipe (needs pp > 1)",
+         min_procs=2),
     Knob(name="tp", category="parallelism", overrides=("parallel.tp",), values=("1", "2"),
-         expected_effect="tensor parallel degree N: splits each GEMM, adds two collectives per block; keep it inside one scale-up domain",
+         expected_effect="tensor parallel degree N: splits each GEMM, adds two collectives per block; keep it inside "
+                         "one scale-up domain",
          min_procs=2),
     Knob(name="sequence_parallel", category="parallelism", overrides=("parallel.sequence_parallel",),
          values=("true", "false"),
-         expected_effect="with tp > 1, shards norms along the sequence: less activation memory, reduce-scatter/all-gather instead of all-reduce",
+         expected_effect="with tp > 1, shards norms along the sequence: less activation memory, "
+                         "reduce-scatter/all-gather instead of all-reduce",
          min_procs=2),
 )}
 

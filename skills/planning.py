@@ -16,7 +16,8 @@ def plan_checkpoint(save_s: float, restart_s: float, mtbf_h: float, ctx: CallCon
     return call("plan_checkpoint_interval", {"save_s": save_s, "restart_s": restart_s, "mtbf_h": mtbf_h}, ctx)
 
 
-def plan_from_drill(drill: DrillResult, mtbf_h: float, mtbf_basis: str, ctx: CallContext | None = None) -> CheckpointPlan:
+def plan_from_drill(drill: DrillResult, mtbf_h: float, mtbf_basis: str,
+                    ctx: CallContext | None = None) -> CheckpointPlan:
     """The interval for this job: save cost from the drill run's checkpoint journal, restart cost
     from the drill's measured recovery, MTBF as declared."""
     saves = [json.loads(line) for line in (RunFiles(drill.run_dir).checkpoint_journal).read_text().splitlines()

@@ -24,11 +24,13 @@ class Step:
     def resolve(self) -> Callable:
         """Import the step's implementation; raises LookupError naming the step when it is missing."""
         if not self.impl:
-            raise LookupError(f"step {self.number} ({self.text[:40]!r}) names no implementation; add (impl: `module.fn`)")
+            raise LookupError(f"step {self.number} ({self.text[:40]!r}) names no implementation; add (impl: "
+                              "`module.fn`)")
         module, _, attr = self.impl.rpartition(".")
         fn = getattr(importlib.import_module(module), attr, None)
         if not callable(fn):
-            raise LookupError(f"step {self.number}: {self.impl} is not a callable; fix the SKILL.md or add the function")
+            raise LookupError(f"step {self.number}: {self.impl} is not a callable; fix the SKILL.md or add the "
+                              "function")
         return fn
 
 

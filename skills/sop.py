@@ -26,13 +26,18 @@ class SopSettings(BaseModel):
     """How much of the SOP to run; `quick` trades repeats and arms for time. Arms, drills and the
     small job default to the framework adapter's `sop_plan` (trainops.tools.frameworks)."""
 
-    config: str | None = Field(None, description="job config (TOML; for megatron the pretrain_gpt.py path); None uses the embedded defaults")
+    config: str | None = Field(None,
+                               description="job config (TOML; for megatron the pretrain_gpt.py path); None uses the "
+                                           "embedded defaults")
     quick: bool = Field(False, description="fewer repeats, one arm, one drill (~2 minutes on 2 CPU cores)")
     scheduler: str = Field("local", description="local, slurm or kubernetes")
-    knobs: list[str] = Field(default_factory=list, description="arms NAME=VALUE; empty uses the framework's default plan")
+    knobs: list[str] = Field(default_factory=list,
+                             description="arms NAME=VALUE; empty uses the framework's default plan")
     faults: list[str] = Field(default_factory=list, description="drill kinds; empty uses the framework's default set")
     mtbf_h: float = Field(24.0, gt=0, description="job MTBF for the checkpoint plan, hours (declared, not measured)")
-    framework: FrameworkName = Field("trainops", description="whose job: trainops (embedded trainer), deepspeed, torchtitan or megatron")
+    framework: FrameworkName = Field("trainops",
+                                     description="whose job: trainops (embedded trainer), deepspeed, torchtitan or "
+                                                 "megatron")
 
     def _plan(self) -> SopPlan:
         from trainops.tools.frameworks.base import get_adapter
@@ -82,7 +87,8 @@ def run(settings: SopSettings, ctx: CallContext | None = None, progress: Progres
     req = settings.request()
     say("S1 environment declaration")
     env, env_row = environment.declare(settings.scheduler, ctx, framework=settings.framework)
-    req = req.model_copy(update={"framework_version": f"{env.framework} {env.framework_version}, torch {env.torch_version}"})
+    req = req.model_copy(update={"framework_version": f"{env.framework} {env.framework_version}, torch "
+                                                      f"{env.torch_version}"})
     say("S2 baseline")
     summary, base_runs, evidence = baseline.measure(req, settings.repeats(), ctx, say)
     baselines = {req.nproc: base_runs}
@@ -94,7 +100,8 @@ def run(settings: SopSettings, ctx: CallContext | None = None, progress: Progres
     drill_req = req.with_overrides(settings.drill_overrides())
     results, drill_evidence = drill.run_drills(drill_req, settings.drills(), ctx, say)
     drills = [d for d in results if not isinstance(d, drill.DetectionOnlyResult)]  # the pack's drills recovered
-    ckpt_plan = planning.plan_from_drill(drills[0], settings.mtbf_h, "declared by the operator (--mtbf-h), not measured",
+    ckpt_plan = planning.plan_from_drill(drills[0], settings.mtbf_h,
+                                         "declared by the operator (--mtbf-h), not measured",
                                          ctx) if drills else None
     say("S6 evidence pack")
     pack = evidence_pack.assemble(
@@ -103,7 +110,8 @@ def run(settings: SopSettings, ctx: CallContext | None = None, progress: Progres
         rollback=f"keep the baseline configuration ({baseline.command_line(req)}); adopt no arm until a human approves",
         references=reference_notes(req.nproc), checkpoint_plan=ckpt_plan)
     folder = evidence_pack.write(pack)
-    return SopResult(pack_dir=str(folder), verdict=pack.verdict, blockers=pack.blockers, elapsed_s=time.time() - started)
+    return SopResult(pack_dir=str(folder), verdict=pack.verdict, blockers=pack.blockers,
+                     elapsed_s=time.time() - started)
 
 
 def build_from_runs(run_dirs: list[str], scheduler: str = "local", ctx: CallContext | None = None) -> Path:
@@ -119,7 +127,8 @@ def build_from_runs(run_dirs: list[str], scheduler: str = "local", ctx: CallCont
     for run_dir in run_dirs:
         summary = call("summarize_run", {"run": run_dir}, ctx)
         stamp = Path(run_dir).stat().st_mtime
-        results.append(baseline.RepeatResult(job_id="", run_dir=str(Path(run_dir).resolve()), summary=summary.model_dump(),
+        results.append(baseline.RepeatResult(job_id="", run_dir=str(Path(run_dir).resolve()),
+                                             summary=summary.model_dump(),
                                           started=stamp, ended=stamp))
     config = RunFiles(run_dirs[0]).config
     req = JobRequest(config=str(config) if config.exists() else None, nproc=max(r.summary["ranks"] for r in results))

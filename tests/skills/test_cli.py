@@ -58,8 +58,8 @@ def test_skill_list_names_every_skill():
 
 
 def test_evidence_build_from_runs_writes_a_partial_pack(factories, workspace):
-    runs = [str(factories.write_run(workspace / "runs" / f"run-{i}")) for i in (1,
-                                                                                2)]  # tools read only inside the workspace
+    # tools read only inside the workspace
+    runs = [str(factories.write_run(workspace / "runs" / f"run-{i}")) for i in (1, 2)]
     result = _run("evidence", "build", *runs, "--json")
     assert result.exit_code == 0, result.stdout
     pack = Path(json.loads(result.stdout)["pack_dir"])

@@ -80,7 +80,8 @@ def test_positive_target_change_within_noise_is_unconfirmed_not_vanished(factori
     from trainops.skills.evidence.pack import decide
 
     small = factories.ablation(change=12.0, band=5.0, verdict="gain")
-    target = factories.ablation(change=4.0, band=30.0, verdict="within-noise").model_copy(update={"scale_kind": "target"})
+    target = factories.ablation(change=4.0, band=30.0, verdict="within-noise").model_copy(
+        update={"scale_kind": "target"})
     row = judge_scale(CATALOGUE["data_kind"], [small, target], {1: _runs(2.0, 1000.0), 2: _runs(2.1, 2000.0)})
     assert not row.vanished_at_scale
     verdict, blockers = decide(factories.baseline(["r"]), [small, row], [factories.drill()])
@@ -91,6 +92,7 @@ def test_an_arm_that_was_no_gain_small_and_loses_at_target_is_stopped_not_vanish
     from trainops.skills.ablation import judge_scale
 
     small = factories.ablation(change=2.0, band=30.0, verdict="within-noise")
-    target = factories.ablation(change=-20.0, band=30.0, verdict="within-noise").model_copy(update={"scale_kind": "target"})
+    target = factories.ablation(change=-20.0, band=30.0, verdict="within-noise").model_copy(
+        update={"scale_kind": "target"})
     row = judge_scale(CATALOGUE["data_kind"], [small, target], {1: _runs(2.0, 1000.0), 2: _runs(1.6, 1600.0)})
     assert not row.vanished_at_scale
