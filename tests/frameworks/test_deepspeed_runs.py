@@ -80,9 +80,10 @@ def test_zero_stage_ablation_changes_one_setting_and_runs_stage_2(zero2_arm):
     assert evidence[0].command.startswith("trainops baseline --framework deepspeed")
 
 
-def test_zero_stage_changes_where_state_lives_not_the_loss(baseline, zero2_arm):
+def test_zero_stage_changes_where_state_lives_not_the_loss(baseline, zero2_arm, monkeypatch):
     from trainops.tools.base import call
 
+    monkeypatch.setenv("TRAINOPS_HOME", str(Path(baseline.run_dir).parents[1]))  # the module's shared workspace
     arm = call("summarize_run", {"run": zero2_arm[0][0].source_run})
     assert arm.final_loss == pytest.approx(baseline.summary["final_loss"], abs=1e-4)
 
