@@ -277,7 +277,8 @@ def load_config(path: str | Path | None = None, preset: str | None = None,
         try:
             data = tomllib.loads(file.read_bytes().decode("utf-8"))
         except UnicodeDecodeError as err:
-            raise ConfigError(f"config file {str(file)!r} is not UTF-8 text (byte {err.start}); save it as UTF-8") from None
+            raise ConfigError(f"config file {str(file)!r} is not UTF-8 text (byte {err.start}); save it as "
+                              "UTF-8") from None
         except tomllib.TOMLDecodeError as err:
             raise ConfigError(f"config file {str(file)!r} is not valid TOML: {err}") from None
         for section, values in data.items():

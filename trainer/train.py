@@ -239,7 +239,8 @@ def train(cfg: JobConfig, run_dir: Path, rank: int, world_size: int, device: tor
             loss_value = step_loss.item()
         step_time_s = time.perf_counter() - started
         profiler.after(step)
-        extra = {"param_checksum": param_checksum(model), "replica_group": group} if cfg.metrics.param_checksum else None
+        extra = ({"param_checksum": param_checksum(model), "replica_group": group} if cfg.metrics.param_checksum
+                 else None)
         logger.record(step=step, loss=loss_value, grad_norm=grad_norm.item(), step_time_s=step_time_s,
                       tokens=tokens_per_device, flops_per_token=flops, peak_mem_gib=peak_memory_gib(device),
                       data_wait_s=loader.pop_data_wait_s(), extra=extra)

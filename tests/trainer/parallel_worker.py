@@ -83,7 +83,7 @@ def reference_run(steps: int) -> tuple[torch.nn.Module, list[float]]:
     model = new_model(cfg)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
     losses = []
-    for _, (tokens, labels) in zip(range(steps), batches(cfg)):
+    for _, (tokens, labels) in zip(range(steps), batches(cfg), strict=False):
         loss = loss_fn(model(tokens), labels)
         loss.backward()
         optimizer.step()

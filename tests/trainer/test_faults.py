@@ -61,7 +61,7 @@ def test_bitflip_changes_one_parameter_element_on_the_configured_rank_and_step(t
     assert injector.after_step(2, model) is None and other_rank.after_step(3, model) is None
     record = injector.after_step(3, model)
 
-    changed = sum(torch.count_nonzero(p != b).item() for p, b in zip(model.parameters(), before))
+    changed = sum(torch.count_nonzero(p != b).item() for p, b in zip(model.parameters(), before, strict=True))
     assert changed == 1
     assert record["parameter"] == "0.weight" and record["bit"] == 30
     assert abs(record["new_value"]) > 1e30 or record["new_value"] != record["new_value"]

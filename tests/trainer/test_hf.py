@@ -61,7 +61,7 @@ def test_imported_hf_weights_give_our_model_the_same_logits(tmp_path):
 def test_round_trip_is_bit_exact(tmp_path):
     ours = _ours(PRESETS["tiny"], seed=3)
     back = import_hf(export_hf(ours, tmp_path / "hf"))
-    for (name, a), (_, b) in zip(ours.state_dict().items(), back.state_dict().items()):
+    for (name, a), (_, b) in zip(ours.state_dict().items(), back.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
 
 

@@ -36,7 +36,7 @@ def test_same_seed_gives_the_same_weights_and_another_seed_does_not():
     a, b = _tiny(), _tiny()
     c = Transformer(preset("tiny"))
     c.init_weights(seed=1)
-    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
     assert not torch.equal(a.layers["0"].attention.wq.weight, c.layers["0"].attention.wq.weight)
 
 

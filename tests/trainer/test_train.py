@@ -26,7 +26,7 @@ def _run(nproc: int, *overrides: str, run_id: str) -> tuple[RunResult, list[floa
 def test_learning_rate_warms_up_linearly_then_decays_to_the_floor():
     rates = [lr_lambda(step, warmup_steps=2, total_steps=10, min_lr_ratio=0.1) for step in range(12)]
     assert rates[0] < rates[1] < rates[2] == 1.0
-    assert all(a >= b for a, b in zip(rates[2:], rates[3:]))
+    assert all(a >= b for a, b in zip(rates[2:], rates[3:], strict=False))
     assert rates[10] == pytest.approx(0.1) and rates[11] == pytest.approx(0.1)
 
 
@@ -60,7 +60,7 @@ def test_one_process_ddp_and_fsdp2_follow_the_same_loss_trajectory():
     _, fsdp = _run(2, *steps, "parallel.data_parallel=fsdp", run_id="fsdp")
     assert len(single) == len(ddp) == len(fsdp) == 5
     for other in (ddp, fsdp):
-        assert max(abs(a - b) for a, b in zip(single, other)) <= 1e-4, (single, other)
+        assert max(abs(a - b) for a, b in zip(single, other, strict=True)) <= 1e-4, (single, other)
 
 
 @pytest.mark.slow

@@ -61,7 +61,8 @@ class Pipeline:
         else:
             self.schedule.step(target=target, losses=losses)
         device = labels.device
-        loss = torch.stack([l.detach().float() for l in losses]).mean() if losses else torch.zeros((), device=device)
+        loss = (torch.stack([stage_loss.detach().float() for stage_loss in losses]).mean() if losses
+                else torch.zeros((), device=device))
         dist.all_reduce(loss, group=self.pp_group)  # only the rank holding the last stage adds a non-zero
         return loss
 

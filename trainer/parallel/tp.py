@@ -71,7 +71,8 @@ def replicate_norms(model: nn.Module, tp_mesh) -> None:
     def to_local(_module, output, _mesh):
         return output.to_local() if isinstance(output, DTensor) else output
 
-    norms = [block.attention_norm for block in model.layers.values()] + [block.ffn_norm for block in model.layers.values()]
+    norms = [block.attention_norm for block in model.layers.values()] + [block.ffn_norm
+                                                                         for block in model.layers.values()]
     if getattr(model, "norm", None) is not None:
         norms.append(model.norm)
     for norm in norms:
