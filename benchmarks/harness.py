@@ -85,7 +85,7 @@ def interleaved(a: Callable[[], float], b: Callable[[], float], repeats: int) ->
 
 def ratios(numerators: list[float], denominators: list[float]) -> list[float]:
     """Pairwise ratios of side-by-side samples (pair i was measured back to back)."""
-    return [n / d for n, d in zip(numerators, denominators) if d > 0]
+    return [n / d for n, d in zip(numerators, denominators, strict=True) if d > 0]
 
 
 def machine() -> dict[str, str]:
@@ -126,7 +126,8 @@ def render(suite: Suite) -> str:
         lo, hi = fig.spread
         met = {True: "yes", False: "no", None: "n/a"}[fig.passed]
         lines.append(
-            f"| {fig.name} | {_fmt(fig.median)} {fig.unit} | {_fmt(lo)} ~ {_fmt(hi)} | {len(fig.samples)} | {fig.target} | {met} |"
+            f"| {fig.name} | {_fmt(fig.median)} {fig.unit} | {_fmt(lo)} ~ {_fmt(hi)} | {len(fig.samples)} | "
+            f"{fig.target} | {met} |"
         )
     notes = [f for f in suite.figures if f.note]
     if notes:

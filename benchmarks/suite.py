@@ -56,7 +56,8 @@ def plain_step_time(nproc: int, steps: int) -> float:
 
 def bench_trainer_overhead(suite: Suite, repeats: int, steps: int) -> None:
     for nproc, label in ((1, "one process"), (2, "2-process FSDP2")):
-        trainer, plain = interleaved(lambda: trainer_step_time(nproc, steps), lambda: plain_step_time(nproc, steps),
+        trainer, plain = interleaved(lambda nproc=nproc: trainer_step_time(nproc, steps),
+                                     lambda nproc=nproc: plain_step_time(nproc, steps),
                                      repeats)
         fig = suite.add(Figure(f"trainer / plain PyTorch loop step time, {label}", ratios(trainer, plain), "x",
                                target="<= 1.03"))
@@ -81,7 +82,7 @@ def _checkpoint_stall(mode: str, steps: int) -> float:
 def bench_async_checkpoint(suite: Suite, repeats: int) -> None:
     """Both async modes against a sync save of the same state, each pair back to back."""
     for mode, label in (("async_pinned", "two-phase async (pinned staging)"), ("async", "async (fresh copy)")):
-        asyncs, syncs = interleaved(lambda: _checkpoint_stall(mode, 6), lambda: _checkpoint_stall("sync", 6),
+        asyncs, syncs = interleaved(lambda mode=mode: _checkpoint_stall(mode, 6), lambda: _checkpoint_stall("sync", 6),
                                     repeats)
         fig = suite.add(Figure(f"{label} checkpoint stall / sync save stall", ratios(asyncs, syncs), "x",
                                target="<= 0.10"))
@@ -274,7 +275,8 @@ def bench_planner(suite: Suite) -> None:
     for mtbf_h, expected_min in DALY_VECTORS:
         out = call("plan_checkpoint_interval", {"save_s": 300, "restart_s": 600, "mtbf_h": mtbf_h})
         errors.append(abs(out.daly_interval_min - expected_min))
-    fig = suite.add(Figure("Daly worked examples: planned vs published interval, absolute error", errors, "min", target="<= 1 min"))
+    fig = suite.add(Figure("Daly worked examples: planned vs published interval, absolute error", errors, "min",
+                           target="<= 1 min"))
     fig.passed = max(errors) <= 1.0
 
 
@@ -291,7 +293,8 @@ def run(quick: bool = False) -> Suite:
         ("CLI start-up", lambda s: bench_cli_startup(s, 5 if quick else 10)),
         ("checkpoint planner", bench_planner),
         # 5 pairs: 2 processes time-slicing 2 shared cores spread 3 pairs over 0.91 ~ 1.13x
-        ("trainer vs plain loop", lambda s: bench_trainer_overhead(s, repeats if quick else 5, steps=20 if quick else 40)),
+        ("trainer vs plain loop",
+         lambda s: bench_trainer_overhead(s, repeats if quick else 5, steps=20 if quick else 40)),
         ("async checkpoint stall", lambda s: bench_async_checkpoint(s, repeats)),
         ("fault detection", lambda s: bench_detection(s, repeats)),
         ("recovery vs cold start", lambda s: bench_recovery(s, repeats)),

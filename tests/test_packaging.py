@@ -55,7 +55,8 @@ def test_no_module_imports_a_bare_root_folder_name():
 
 def _run(command: list[str], cwd: Path, env: dict[str, str], timeout: int = 600) -> subprocess.CompletedProcess:
     done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, (f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout[-2000:]}\n"
+                                  f"{done.stderr[-3000:]}")
     return done
 
 

@@ -101,7 +101,8 @@ class SlurmCluster:
 
     def start_controller(self) -> None:
         subprocess.run(["/usr/sbin/slurmctld", "-f", str(self.conf)], env=self.env, check=True, capture_output=True)
-        _wait(lambda: subprocess.run(["scontrol", "ping"], env=self.env, capture_output=True, text=True).stdout.count("UP") > 0,
+        _wait(lambda: subprocess.run(["scontrol", "ping"], env=self.env, capture_output=True,
+                                     text=True).stdout.count("UP") > 0,
               20, "slurmctld to answer `scontrol ping`")
 
     def start(self) -> None:
@@ -114,7 +115,8 @@ class SlurmCluster:
 
     def stop_controller(self) -> None:
         _stop_pidfile(self.state_dir / "slurmctld.pid")
-        _wait(lambda: subprocess.run(["scontrol", "ping"], env=self.env, capture_output=True, text=True).stdout.count("UP") == 0,
+        _wait(lambda: subprocess.run(["scontrol", "ping"], env=self.env, capture_output=True,
+                                     text=True).stdout.count("UP") == 0,
               20, "slurmctld to stop")
 
     def stop(self) -> None:

@@ -49,7 +49,8 @@ def test_a_two_process_trainer_job_completes_and_prometheus_scrapes_its_metrics(
 
     def scraped() -> bool:
         for metric in ("mfu_pct_avg", "tokens_per_s_sum", "step_time_spread_s", "heartbeat_age_s"):
-            live[metric] = call("query_metrics", {"run": run_dir.name, "metric": metric, "monitor": "prometheus", "url": prometheus.url}).instant
+            live[metric] = call("query_metrics", {"run": run_dir.name, "metric": metric, "monitor": "prometheus",
+                                                  "url": prometheus.url}).instant
         return all(live.values()) and len(live["heartbeat_age_s"]) == 2  # both targets scraped
 
     _wait_for(scraped, 120, "the run's aggregates in Prometheus")
@@ -57,7 +58,8 @@ def test_a_two_process_trainer_job_completes_and_prometheus_scrapes_its_metrics(
     assert sorted(s.rank for s in live["heartbeat_age_s"]) == [0, 1] and all(s.value < 30
                                                                              for s in live["heartbeat_age_s"])
     status = call("wait_job", {"job_id": job_id, "scheduler": "slurm", "timeout_s": 300})
-    assert (status.state, status.exit_code) == ("completed", 0), call("job_logs", {"job_id": job_id, "scheduler": "slurm"}).text
+    assert (status.state, status.exit_code) == ("completed", 0), call("job_logs", {"job_id": job_id,
+                                                                                  "scheduler": "slurm"}).text
     assert json.loads((run_dir / "status.json").read_text())["steps_completed"] == 600
     series = call("query_metrics", {"run": run_dir.name, "metric": "loss", "mode": "series", "window_s": 600,
                                     "monitor": "prometheus", "url": prometheus.url}).series
@@ -87,7 +89,8 @@ def test_cancel_gives_the_batch_a_grace_period_unless_forced(slurm, tmp_path, fo
     code = (f"import pathlib, signal, sys, time; d = pathlib.Path({str(tmp_path)!r}); "
             "signal.signal(signal.SIGTERM, lambda *_: (d.joinpath('terminated').write_text('x'), sys.exit(0))); "
             "d.joinpath('ready').write_text('x'); time.sleep(120)")
-    job_id = call("submit_job", {"scheduler": "slurm", "spec": {"name": "graceful", "command": [sys.executable, "-c", code]}}).handle.job_id
+    job_id = call("submit_job", {"scheduler": "slurm",
+                                 "spec": {"name": "graceful", "command": [sys.executable, "-c", code]}}).handle.job_id
     _wait_for(lambda: (tmp_path / "ready").exists(), 60, "the job to start")
     status = call("cancel_job", {"job_id": job_id, "scheduler": "slurm", "force": force})
     # forced, the batch may die of the SIGKILL before slurmctld files the cancel: Slurm records FAILED
