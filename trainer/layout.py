@@ -8,10 +8,12 @@ memory estimates whose formulas are stated in the plan itself.
 from __future__ import annotations
 
 import math
-
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
+
+from trainops.trainer.config import JobConfig, ParallelConfig, TrainingConfig
+from trainops.trainer.model import ModelArgs
 
 Schedule = Literal["GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"]
 SCHEDULES: tuple[str, ...] = ("GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
@@ -69,21 +71,6 @@ class Layout(BaseModel):
         return [pp_rank + v * self.pp for v in range(self.virtual_stages)]
 
 
-def _section(cfg: Any, name: str) -> Any:
-    section = getattr(cfg, name, None)
-    if section is None:
-        raise LayoutError(f"config has no [{name}] section: add one (see trainer/config.py)")
-    return section
-
-
-def model_dims(cfg: Any) -> Any:
-    """The `ModelArgs` the config describes (preset plus dims)."""
-    if hasattr(cfg, "model_args"):
-        args = cfg.model_args
-        return args() if callable(args) else args
-    return cfg.model
-
-
 def detect_gpus_per_node() -> int | None:
     """Accelerators in this node's domain, or None on a CPU host (all ranks share one host)."""
     import torch
@@ -97,26 +84,38 @@ def detect_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def validate_layout(cfg: Any, world_size: int, gpus_per_node: int | None = None, backend: str | None = None,
+def validate_layout(cfg: JobConfig, world_size: int, gpus_per_node: int | None = None, backend: str | None = None,
                     plan_only: bool = False) -> Layout:
     """Check `cfg` for `world_size` ranks; return the resolved layout or raise `LayoutError`.
+    One check per concern, each naming the numbers and the fix (Megatron's validate_args style).
     `plan_only` accepts what can be planned but not yet trained here (context parallel on NCCL)."""
-    par, train = _section(cfg, "parallel"), _section(cfg, "training")
-    args = model_dims(cfg)
-    dp_replicate, dp_shard, cp, tp, pp = (int(getattr(par, k)) for k in ("dp_replicate", "dp_shard", "cp", "tp", "pp"))
-    virtual_stages = int(getattr(par, "virtual_stages", 1) or 1)
-    schedule = str(getattr(par, "pp_schedule", "1F1B"))
-    sequence_parallel = bool(getattr(par, "sequence_parallel", False))
-    comm_overlap = bool(getattr(par, "comm_overlap", False))
+    par, train, args = cfg.parallel, cfg.training, cfg.model_args()
+    dp_shard = _check_degrees(par, world_size)
+    _check_heads_and_vocab(args, par.tp)
+    _check_tied_embeddings(args, par)
+    _check_tp_domain(par.tp, detect_gpus_per_node() if gpus_per_node is None else gpus_per_node)
+    _check_pipeline(args, par)
+    accumulation = _check_batch(par, train, dp=par.dp_replicate * dp_shard)
+    _check_sequence_parallel(par, train, backend)
+    _check_context_parallel(par, train, backend, plan_only)
+    return Layout(
+        world_size=world_size, dp_replicate=par.dp_replicate, dp_shard=dp_shard, cp=par.cp, tp=par.tp, pp=par.pp,
+        virtual_stages=par.virtual_stages, pp_schedule=par.pp_schedule, sequence_parallel=par.sequence_parallel,
+        micro_batch=train.micro_batch, global_batch=train.global_batch, grad_accumulation=accumulation,
+        seq_len=train.seq_len,
+    )
 
+
+def _check_degrees(par: ParallelConfig, world_size: int) -> int:
+    """The degrees multiply to the world size; returns dp_shard (-1 is inferred)."""
+    dp_replicate, dp_shard, cp, tp, pp = par.dp_replicate, par.dp_shard, par.cp, par.tp, par.pp
     if world_size < 1:
         raise LayoutError(f"world size {world_size} must be >= 1: pass --nproc N with N >= 1")
-    for name, value in (("dp_replicate", dp_replicate), ("cp", cp), ("tp", tp), ("pp", pp), ("virtual_stages", virtual_stages)):
-        if value < 1:
-            raise LayoutError(f"parallel.{name}={value} must be >= 1: set parallel.{name}=1 to disable it")
+    for name in ("dp_replicate", "cp", "tp", "pp", "virtual_stages"):
+        if getattr(par, name) < 1:
+            raise LayoutError(f"parallel.{name}={getattr(par, name)} must be >= 1: set parallel.{name}=1 to disable it")
     if dp_shard == 0 or dp_shard < -1:
         raise LayoutError(f"parallel.dp_shard={dp_shard} must be >= 1, or -1 to infer it from the world size")
-
     fixed = dp_replicate * cp * tp * pp
     if dp_shard == -1:
         if world_size % fixed:
@@ -132,27 +131,36 @@ def validate_layout(cfg: Any, world_size: int, gpus_per_node: int | None = None,
             f"{dp_replicate * dp_shard * cp * tp * pp} does not equal world size {world_size}: "
             "make the product equal the number of processes, or set parallel.dp_shard=-1 to infer it"
         )
+    return dp_shard
 
-    n_heads, n_kv_heads, n_layers = args.n_heads, args.n_kv_heads or args.n_heads, args.n_layers
+
+def _check_heads_and_vocab(args: ModelArgs, tp: int) -> None:
+    """Tensor parallel splits whole heads, whole kv heads and the vocabulary."""
+    n_heads, n_kv_heads = args.n_heads, args.n_kv_heads or args.n_heads
     if n_heads % tp:
-        raise LayoutError(f"attention heads {n_heads} are not divisible by tp={tp}: pick tp from the divisors of {n_heads}")
+        raise LayoutError(f"attention heads {n_heads} are not divisible by tp={tp}: "
+                          f"pick tp from the divisors of {n_heads}")
     if n_kv_heads % tp:
         raise LayoutError(
             f"kv heads {n_kv_heads} are not divisible by tp={tp}: pick tp from the divisors of {n_kv_heads} "
             "(grouped-query attention splits whole kv heads across tp ranks)"
         )
-    if tp > 1 and getattr(args, "vocab_size", 0) % tp:
-        raise LayoutError(f"vocab size {args.vocab_size} is not divisible by tp={tp}: pad the vocabulary to a multiple of {tp}")
+    if tp > 1 and args.vocab_size % tp:
+        raise LayoutError(f"vocab size {args.vocab_size} is not divisible by tp={tp}: "
+                          f"pad the vocabulary to a multiple of {tp}")
 
-    if getattr(args, "tie_embeddings", False) and (tp > 1 or pp > 1):
+
+def _check_tied_embeddings(args: ModelArgs, par: ParallelConfig) -> None:
+    if args.tie_embeddings and (par.tp > 1 or par.pp > 1):
         raise LayoutError(
-            f"model.tie_embeddings=true cannot run with tp={tp}, pp={pp}: the shared weight is split by rows in the "
-            "embedding and by columns in the output head (tp), or lives on two stages (pp); "
+            f"model.tie_embeddings=true cannot run with tp={par.tp}, pp={par.pp}: the shared weight is split by rows "
+            "in the embedding and by columns in the output head (tp), or lives on two stages (pp); "
             "set model.tie_embeddings=false, or tp=1 and pp=1"
         )
 
-    if gpus_per_node is None:
-        gpus_per_node = detect_gpus_per_node()
+
+def _check_tp_domain(tp: int, gpus_per_node: int | None) -> None:
+    """Tensor parallel all-reduces every layer: it stays inside one node's accelerator domain."""
     if gpus_per_node is not None and tp > 1 and (tp > gpus_per_node or gpus_per_node % tp):
         raise LayoutError(
             f"tp={tp} does not fit one node's accelerator domain of {gpus_per_node}: tensor parallel "
@@ -160,6 +168,10 @@ def validate_layout(cfg: Any, world_size: int, gpus_per_node: int | None = None,
             f"dividing {gpus_per_node}, and scale across nodes with pp or dp"
         )
 
+
+def _check_pipeline(args: ModelArgs, par: ParallelConfig) -> None:
+    """The schedule fits the stage count, and the layers divide into the stages."""
+    pp, virtual_stages, schedule = par.pp, par.virtual_stages, par.pp_schedule
     if pp > 1:
         if schedule not in SCHEDULES:
             raise LayoutError(f"parallel.pp_schedule={schedule!r} is unknown: use one of {', '.join(SCHEDULES)}")
@@ -169,79 +181,98 @@ def validate_layout(cfg: Any, world_size: int, gpus_per_node: int | None = None,
                 "set virtual_stages=1, or use Interleaved1F1B / InterleavedZeroBubble for virtual stages"
             )
         if schedule in ("Interleaved1F1B", "InterleavedZeroBubble") and virtual_stages < 2:
-            raise LayoutError(f"parallel.pp_schedule={schedule} interleaves stages and needs virtual_stages >= 2 (got {virtual_stages}): set parallel.virtual_stages=2")
+            raise LayoutError(f"parallel.pp_schedule={schedule} interleaves stages and needs virtual_stages >= 2 "
+                              f"(got {virtual_stages}): set parallel.virtual_stages=2")
         if schedule == "ZBVZeroBubble" and virtual_stages != 2:
-            raise LayoutError(f"parallel.pp_schedule=ZBVZeroBubble places exactly 2 stages per rank in a V (got virtual_stages={virtual_stages}): set parallel.virtual_stages=2")
+            raise LayoutError("parallel.pp_schedule=ZBVZeroBubble places exactly 2 stages per rank in a V "
+                              f"(got virtual_stages={virtual_stages}): set parallel.virtual_stages=2")
     elif virtual_stages > 1:
-        raise LayoutError(f"parallel.virtual_stages={virtual_stages} needs pp > 1 (pp=1): set parallel.pp >= 2 or virtual_stages=1")
+        raise LayoutError(f"parallel.virtual_stages={virtual_stages} needs pp > 1 (pp=1): "
+                          "set parallel.pp >= 2 or virtual_stages=1")
     num_stages = pp * virtual_stages
-    if n_layers % num_stages:
+    if args.n_layers % num_stages:
         raise LayoutError(
-            f"layers {n_layers} are not divisible by pp*virtual_stages = {pp}*{virtual_stages} = {num_stages}: "
-            f"pick pp*virtual_stages from the divisors of {n_layers}"
+            f"layers {args.n_layers} are not divisible by pp*virtual_stages = {pp}*{virtual_stages} = {num_stages}: "
+            f"pick pp*virtual_stages from the divisors of {args.n_layers}"
         )
 
-    micro_batch, global_batch = int(train.micro_batch), int(train.global_batch)
-    seq_len = int(train.seq_len)
-    dp = dp_replicate * dp_shard
+
+def _check_batch(par: ParallelConfig, train: TrainingConfig, dp: int) -> int:
+    """global batch = dp x micro batch x accumulation, with enough micro-batches for the schedule;
+    returns the accumulation (micro-batches per step)."""
+    micro_batch, global_batch, pp, schedule = train.micro_batch, train.global_batch, par.pp, par.pp_schedule
     if micro_batch < 1 or global_batch % (dp * micro_batch):
         raise LayoutError(
             f"training.global_batch={global_batch} is not divisible by dp*micro_batch = {dp}*{micro_batch} = "
             f"{dp * micro_batch}: global batch = dp x micro_batch x accumulation; use a multiple of {dp * micro_batch}"
         )
     accumulation = global_batch // (dp * micro_batch)
-    if pp > 1 and dp > 1 and getattr(par, "data_parallel", "fsdp") == "ddp":
+    if pp > 1 and dp > 1 and par.data_parallel == "ddp":
         raise LayoutError(
             f"parallel.data_parallel=ddp cannot run with pp={pp} and dp={dp}: DDP's reducer breaks on pipeline "
             "stages that run several micro-batches per step; set parallel.data_parallel=fsdp (FSDP2 composes with PP)"
         )
-    if pp > 1:
-        if schedule == "1F1B" and accumulation < pp:
+    if pp > 1 and schedule == "1F1B" and accumulation < pp:
+        raise LayoutError(
+            f"1F1B needs micro-batches >= stages, got {accumulation} micro-batches for pp={pp}: micro-batches = "
+            f"global_batch/(dp*micro_batch) = {global_batch}/({dp}*{micro_batch}); raise training.global_batch to "
+            f">= {pp * dp * micro_batch} or lower micro_batch"
+        )
+    if pp > 1 and schedule in MULTI_STAGE_SCHEDULES:
+        rounds = max(1, accumulation // pp)
+        if accumulation % rounds:
             raise LayoutError(
-                f"1F1B needs micro-batches >= stages, got {accumulation} micro-batches for pp={pp}: micro-batches = "
-                f"global_batch/(dp*micro_batch) = {global_batch}/({dp}*{micro_batch}); raise training.global_batch to "
-                f">= {pp * dp * micro_batch} or lower micro_batch"
+                f"{schedule} needs micro-batches ({accumulation}) to be at most pp={pp} or a multiple of the "
+                f"rounds ({rounds}): use global_batch = k*pp*dp*micro_batch, "
+                f"e.g. {pp * dp * micro_batch * max(1, rounds)}"
             )
-        if schedule in MULTI_STAGE_SCHEDULES:
-            rounds = max(1, accumulation // pp)
-            if accumulation % rounds:
-                raise LayoutError(
-                    f"{schedule} needs micro-batches ({accumulation}) to be at most pp={pp} or a multiple of the "
-                    f"rounds ({rounds}): use global_batch = k*pp*dp*micro_batch, e.g. {pp * dp * micro_batch * max(1, rounds)}"
-                )
+    return accumulation
 
-    if sequence_parallel and tp == 1:
-        raise LayoutError("parallel.sequence_parallel=true needs tp > 1 (tp=1): set parallel.tp >= 2 or sequence_parallel=false")
-    if sequence_parallel and seq_len % tp:
-        raise LayoutError(f"training.seq_len={seq_len} is not divisible by tp={tp} under sequence parallel: use a multiple of {tp}")
-    if comm_overlap and not sequence_parallel:
-        raise LayoutError("parallel.comm_overlap=true needs sequence_parallel=true (it overlaps the SP all-gather/reduce-scatter with the GEMMs): enable sequence parallel or turn overlap off")
-    if comm_overlap and not bool(getattr(train, "compile", False)):
-        raise LayoutError("parallel.comm_overlap=true needs training.compile=true: the overlap (async TP) is an inductor pass over the compiled blocks; set training.compile=true or comm_overlap=false")
-    if comm_overlap and (backend or detect_backend()) != "nccl":
-        raise LayoutError(f"parallel.comm_overlap=true needs NCCL on CUDA (symmetric-memory collectives); this run uses {backend or detect_backend()}: set parallel.comm_overlap=false")
 
-    if cp > 1:
-        backend = backend or detect_backend()
-        if backend != "nccl":
-            raise LayoutError(
-                f"context parallel (cp={cp}) needs NCCL on CUDA (ring attention over the SDPA flash/efficient kernels); "
-                f"this run uses the {backend} backend on CPU, which PyTorch's context parallel does not support: set parallel.cp=1"
-            )
-        if seq_len % (2 * cp):
-            raise LayoutError(f"training.seq_len={seq_len} is not divisible by 2*cp = {2 * cp} (load-balanced context parallel): use a multiple of {2 * cp}")
-        if not plan_only:
-            raise LayoutError(
-                f"context parallel (cp={cp}) is planned but not yet run by trainops.trainer.train (its sequence sharding and "
-                "cp-wide gradient reduction need a multi-GPU host to prove): set parallel.cp=1 to train; "
-                "--dry-run plans it"
-            )
+def _check_sequence_parallel(par: ParallelConfig, train: TrainingConfig, backend: str | None) -> None:
+    """Sequence parallel and its comm overlap (async TP) need tp, compile and NCCL."""
+    tp, seq_len = par.tp, train.seq_len
+    if par.sequence_parallel and tp == 1:
+        raise LayoutError("parallel.sequence_parallel=true needs tp > 1 (tp=1): "
+                          "set parallel.tp >= 2 or sequence_parallel=false")
+    if par.sequence_parallel and seq_len % tp:
+        raise LayoutError(f"training.seq_len={seq_len} is not divisible by tp={tp} under sequence parallel: "
+                          f"use a multiple of {tp}")
+    if not par.comm_overlap:
+        return
+    if not par.sequence_parallel:
+        raise LayoutError("parallel.comm_overlap=true needs sequence_parallel=true (it overlaps the SP "
+                          "all-gather/reduce-scatter with the GEMMs): enable sequence parallel or turn overlap off")
+    if not train.compile:
+        raise LayoutError("parallel.comm_overlap=true needs training.compile=true: the overlap (async TP) is an "
+                          "inductor pass over the compiled blocks; set training.compile=true or comm_overlap=false")
+    if (backend or detect_backend()) != "nccl":
+        raise LayoutError("parallel.comm_overlap=true needs NCCL on CUDA (symmetric-memory collectives); this run "
+                          f"uses {backend or detect_backend()}: set parallel.comm_overlap=false")
 
-    return Layout(
-        world_size=world_size, dp_replicate=dp_replicate, dp_shard=dp_shard, cp=cp, tp=tp, pp=pp,
-        virtual_stages=virtual_stages, pp_schedule=schedule, sequence_parallel=sequence_parallel,
-        micro_batch=micro_batch, global_batch=global_batch, grad_accumulation=accumulation, seq_len=seq_len,
-    )
+
+def _check_context_parallel(par: ParallelConfig, train: TrainingConfig, backend: str | None,
+                            plan_only: bool) -> None:
+    cp, seq_len = par.cp, train.seq_len
+    if cp == 1:
+        return
+    backend = backend or detect_backend()
+    if backend != "nccl":
+        raise LayoutError(
+            f"context parallel (cp={cp}) needs NCCL on CUDA (ring attention over the SDPA flash/efficient kernels); "
+            f"this run uses the {backend} backend on CPU, which PyTorch's context parallel does not support: "
+            "set parallel.cp=1"
+        )
+    if seq_len % (2 * cp):
+        raise LayoutError(f"training.seq_len={seq_len} is not divisible by 2*cp = {2 * cp} "
+                          f"(load-balanced context parallel): use a multiple of {2 * cp}")
+    if not plan_only:
+        raise LayoutError(
+            f"context parallel (cp={cp}) is planned but not yet run by trainops.trainer.train (its sequence sharding "
+            "and cp-wide gradient reduction need a multi-GPU host to prove): set parallel.cp=1 to train; "
+            "--dry-run plans it"
+        )
+
 
 class RankPlan(BaseModel):
     """What one rank holds and roughly how much memory it needs (bytes)."""
@@ -314,18 +345,17 @@ def _activation_bytes(args: Any, layout: Layout, n_layers: int, in_flight: int, 
     return int(stored * in_flight + recompute)
 
 
-def plan_dry_run(cfg: Any, nproc: int, gpus_per_node: int | None = None, backend: str | None = None) -> DryRunPlan:
+def plan_dry_run(cfg: JobConfig, nproc: int, gpus_per_node: int | None = None, backend: str | None = None) -> DryRunPlan:
     """Validate `cfg` for `nproc` ranks and describe every rank: coordinates, stages, layers, memory."""
     from trainops.trainer.model import count_parameters
 
     layout = validate_layout(cfg, nproc, gpus_per_node=gpus_per_node, backend=backend, plan_only=True)
-    args = model_dims(cfg)
+    args = cfg.model_args()
     counts = count_parameters(args)
     per_layer_sharded = (counts["per_layer"] - 2 * args.dim) / layout.tp + 2 * args.dim
     layers_per_stage = args.n_layers // layout.num_stages
     train = cfg.training
-    precision = str(getattr(train, "precision", "fp32"))
-    ac_mode = str(getattr(train, "activation_checkpointing", "none"))
+    precision, ac_mode = train.precision, train.activation_checkpointing
     last_stage = layout.num_stages - 1
     ranks = []
     for rank in range(nproc):
