@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -35,7 +36,8 @@ def test_every_package_folder_is_listed_under_the_trainops_namespace():
 def test_runtime_imports_are_all_declared_dependencies():
     """skills_ref is read at run time (skill list, the agent's prompt): a plain install needs it."""
     deps = " ".join(_pyproject()["project"]["dependencies"])
-    for needed in ("skills-ref", "pydantic", "typer", "rich", "langgraph", "torch", "cryptography"):
+    for needed in ("skills-ref", "pydantic", "typer", "rich", "langgraph", "torch", "cryptography", "jinja2",
+                   "markdown-it-py"):
         assert needed in deps
 
 
@@ -62,8 +64,11 @@ def _run(command: list[str], cwd: Path, env: dict[str, str], timeout: int = 600)
 
 @pytest.mark.slow
 def test_the_wheel_installed_outside_the_repository_runs_the_cli_the_agent_and_a_training_run(tmp_path):
-    wheels = tmp_path / "wheels"
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(REPO)], REPO,
+    wheels, source = tmp_path / "wheels", tmp_path / "source"
+    # built from a copy, so setuptools' build/ and egg-info folders never land in the checkout
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".venv", ".git", ".trainops", "build", "*.egg-info",
+                                                                "__pycache__", ".*_cache", "tests"))
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(source)], source,
          dict(os.environ))
     (wheel,) = wheels.glob("trainops-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
