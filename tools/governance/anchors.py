@@ -23,6 +23,15 @@ from trainops.tools.governance import audit, signing
 ANCHOR_KIND = "anchor"
 
 
+class SignedPayload(BaseModel):
+    """What an approver signs: the canonical JSON of the payload's own fields. A record that
+    extends a payload with its signature and signer still signs (and verifies) the same bytes."""
+
+    def signed_bytes(self) -> bytes:
+        payload = next(c for c in type(self).__mro__ if SignedPayload in c.__bases__)
+        return audit.canonical_json(self.model_dump(mode="json", include=set(payload.model_fields))).encode()
+
+
 class AuditHead(BaseModel):
     """The last entry of the audit log when an approver signed: 0 and the genesis hash for an empty log."""
 

@@ -55,7 +55,7 @@ def pack_dir(pack: str) -> Path:
     return resolved
 
 
-class DecisionPayload(BaseModel):
+class DecisionPayload(anchors.SignedPayload):
     """What the approver signs: the decision, the pack's content, the chain link and the audit head."""
 
     purpose: Literal["decide_pack"] = "decide_pack"
@@ -69,9 +69,6 @@ class DecisionPayload(BaseModel):
     issued_at: float
     audit_head: anchors.AuditHead
 
-    def signed_bytes(self) -> bytes:
-        signed = self.model_dump(mode="json", include=set(DecisionPayload.model_fields))
-        return audit.canonical_json(signed).encode()
 
 
 class Decision(DecisionPayload):

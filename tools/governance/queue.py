@@ -39,7 +39,7 @@ class PendingCall(BaseModel):
     note: str = ""
 
 
-class RejectPayload(BaseModel):
+class RejectPayload(anchors.SignedPayload):
     """What an approver signs to reject a queued call."""
 
     purpose: Literal["reject_call"] = "reject_call"
@@ -50,8 +50,6 @@ class RejectPayload(BaseModel):
     issued_at: float
     audit_head: anchors.AuditHead
 
-    def signed_bytes(self) -> bytes:
-        return audit.canonical_json(self.model_dump(mode="json")).encode()
 
 
 def input_hash(inp: BaseModel | dict[str, Any]) -> str:

@@ -40,7 +40,7 @@ class TokenRefused(Exception):
         self.reason = reason
 
 
-class ApprovalPayload(BaseModel):
+class ApprovalPayload(anchors.SignedPayload):
     """What one approver signs."""
 
     purpose: Literal["approve_call"] = "approve_call"
@@ -52,8 +52,6 @@ class ApprovalPayload(BaseModel):
     expires_at: float
     audit_head: anchors.AuditHead
 
-    def signed_bytes(self) -> bytes:
-        return audit.canonical_json(self.model_dump(mode="json")).encode()
 
 
 class Approval(BaseModel):
