@@ -27,8 +27,11 @@ class JobRequest(BaseModel):
     scheduler: str = Field("local", description="local, slurm or kubernetes")
     timeout_s: float = Field(600.0, gt=0, description="give up waiting for one run after this long")
     warmup_steps: int = Field(2, ge=0, description="leading steps excluded from every statistic")
-    framework_version: str = Field("undeclared", description="framework and torch versions stamped on evidence rows (from S1)")
-    framework: str = Field("trainops", description="whose job this is: trainops, deepspeed, torchtitan or megatron (trainops.tools.frameworks)")
+    framework_version: str = Field("undeclared",
+                                   description="framework and torch versions stamped on evidence rows (from S1)")
+    framework: str = Field("trainops",
+                           description="whose job this is: trainops, deepspeed, torchtitan or megatron "
+                                       "(trainops.tools.frameworks)")
 
     def with_overrides(self, extra: list[str], nproc: int | None = None) -> "JobRequest":
         return self.model_copy(update={"overrides": [*self.overrides, *extra], "nproc": nproc or self.nproc})
@@ -57,7 +60,8 @@ def run_once(req: JobRequest, name: str, ctx: CallContext | None = None) -> Repe
         log = call("job_logs", {"job_id": job_id, "scheduler": req.scheduler, "tail": 0}, ctx)
         ingest_log(get_adapter(req.framework), log.text, run_dir, ParseContext(world_size=req.nproc))
     summary = call("summarize_run", {"run": run_dir, "skip_steps": req.warmup_steps}, ctx)
-    return RepeatResult(job_id=job_id, run_dir=run_dir, summary=summary.model_dump(), started=started, ended=time.time())
+    return RepeatResult(job_id=job_id, run_dir=run_dir, summary=summary.model_dump(), started=started,
+                        ended=time.time())
 
 
 def submit(req: JobRequest, name: str, ctx: CallContext | None = None):
@@ -68,7 +72,8 @@ def submit(req: JobRequest, name: str, ctx: CallContext | None = None):
             "nproc": req.nproc, "nodes": req.nodes}}, ctx)
     from trainops.tools.frameworks.base import FrameworkJob, get_adapter
 
-    spec = get_adapter(req.framework).build_job(FrameworkJob(name=name, config=req.config, preset=None if req.config else req.preset,
+    spec = get_adapter(req.framework).build_job(FrameworkJob(name=name, config=req.config,
+                                                             preset=None if req.config else req.preset,
                                                              overrides=req.overrides, nproc=req.nproc))
     return call("submit_job", {"scheduler": req.scheduler, "spec": spec}, ctx)
 
@@ -171,7 +176,8 @@ def comm_share(results: list[RepeatResult]) -> tuple[float | None, str]:
         if step_us > 0:
             share = 100.0 * sum(comm for comm, _step in readings) / step_us
             return share, (f"torch.profiler traces of {Path(result.run_dir).name} ({len(readings)} rank(s)): gloo/NCCL "
-                           "collective time inside the profiled steps over their step time (collectives may overlap compute)")
+                           "collective time inside the profiled steps over their step time (collectives may overlap "
+                           "compute)")
     return None, "not measured: no run left a torch.profiler trace (RUN/profile/*.json)"
 
 
@@ -197,7 +203,8 @@ def measure(req: JobRequest, repeats: int = 3, ctx: CallContext | None = None,
     summary = summarize(req, results, profiled)
     evidence = [EvidenceRow(tool="submit_job+summarize_run", version=req.framework_version, command=command_line(req),
                             log_path=f"{r.run_dir}/metrics.jsonl",
-                            value=f"MFU {r.summary['mfu_pct_median']:.3f}%, step {r.summary['step_time_median_s']:.4f} s",
+                            value=f"MFU {r.summary['mfu_pct_median']:.3f}%, "
+                                  f"step {r.summary['step_time_median_s']:.4f} s",
                             window_start=r.started, window_end=r.ended) for r in results]
     return summary, results, evidence
 

@@ -43,7 +43,9 @@ def _run_checkpoint_folder(run: str, tool_name: str) -> Path:
 
 class ListCheckpointsInput(BaseModel):
     run: str | None = Field(None, description="Run id under $TRAINOPS_HOME/runs (its checkpoints/ folder).")
-    folder: str | None = Field(None, description="A checkpoint folder inside the workspace (or a [governance] root), when not a run's.")
+    folder: str | None = Field(None,
+                               description="A checkpoint folder inside the workspace (or a [governance] root), when "
+                                           "not a run's.")
 
     @model_validator(mode="after")
     def _one_place(self) -> ListCheckpointsInput:
@@ -64,16 +66,21 @@ def list_checkpoints(inp: ListCheckpointsInput) -> ListCheckpointsOutput:
     the newest committed step a resume would load."""
     from trainops.trainer.checkpoint_files import list_checkpoints as trainer_list
 
-    folder = _run_checkpoint_folder(inp.run, "list_checkpoints") if inp.run else _confined(inp.folder, "folder", "list_checkpoints")
+    folder = (_run_checkpoint_folder(inp.run, "list_checkpoints") if inp.run
+              else _confined(inp.folder, "folder", "list_checkpoints"))
     entries = trainer_list(folder)
     committed = [e.step for e in entries if e.committed]
-    return ListCheckpointsOutput(folder=str(folder), checkpoints=entries, newest_committed_step=max(committed, default=None))
+    return ListCheckpointsOutput(folder=str(folder), checkpoints=entries,
+                                 newest_committed_step=max(committed, default=None))
 
 
 class VerifyCheckpointInput(BaseModel):
-    path: str | None = Field(None, description="Checkpoint folder (step-NNNNNNNN) to verify, inside the workspace or a [governance] root.")
+    path: str | None = Field(None,
+                             description="Checkpoint folder (step-NNNNNNNN) to verify, inside the workspace or a "
+                                         "[governance] root.")
     run: str | None = Field(None, description="Run id; verifies its checkpoint at `step`, or the newest one.")
-    step: int | None = Field(None, ge=0, le=10**12, description="Step of the run's checkpoint to verify (default: newest).")
+    step: int | None = Field(None, ge=0, le=10**12,
+                             description="Step of the run's checkpoint to verify (default: newest).")
 
     @model_validator(mode="after")
     def _one_target(self) -> VerifyCheckpointInput:
@@ -107,9 +114,13 @@ def verify_checkpoint(inp: VerifyCheckpointInput) -> CheckpointVerification:
 
 
 class MeasureIoInput(BaseModel):
-    size_mib: int = Field(64, ge=1, le=4096, description="Size of the state to save and load, MiB (fp32 tensors, held in memory twice).")
+    size_mib: int = Field(64, ge=1, le=4096,
+                          description="Size of the state to save and load, MiB (fp32 tensors, held in memory twice).")
     tensors: int = Field(8, ge=1, le=1024, description="Number of tensors the state is split into.")
-    folder: str | None = Field(None, description="An existing folder where checkpoints go, inside the workspace or a [governance] root; default $TRAINOPS_HOME. The test checkpoint goes to a temporary folder inside it, removed afterwards.")
+    folder: str | None = Field(None,
+                               description="An existing folder where checkpoints go, inside the workspace or a "
+                                           "[governance] root; default $TRAINOPS_HOME. The test checkpoint goes to a "
+                                           "temporary folder inside it, removed afterwards.")
 
 
 class MeasureIoOutput(BaseModel):
@@ -139,7 +150,8 @@ def measure_checkpoint_io(inp: MeasureIoInput) -> MeasureIoOutput:
     try:
         target = Path(tempfile.mkdtemp(prefix=".ckpt-io-", dir=parent))
     except OSError as exc:
-        raise ToolError("measure_checkpoint_io", f"cannot create a folder in {parent}: {exc}; pass an existing writable folder") from None
+        raise ToolError("measure_checkpoint_io",
+                        f"cannot create a folder in {parent}: {exc}; pass an existing writable folder") from None
     with warnings.catch_warnings():  # one process without a process group is the intent here
         warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
         try:
@@ -153,7 +165,8 @@ def measure_checkpoint_io(inp: MeasureIoInput) -> MeasureIoOutput:
         finally:
             shutil.rmtree(target, ignore_errors=True)
     if not all(torch.equal(state[k], loaded[k]) for k in state):
-        raise ToolError("measure_checkpoint_io", f"the state loaded from {target} differs from the one saved: the storage corrupts data")
+        raise ToolError("measure_checkpoint_io",
+                        f"the state loaded from {target} differs from the one saved: the storage corrupts data")
     return MeasureIoOutput(
         size_mib=size_mib, save_s=save_s, load_s=load_s, save_mib_s=size_mib / save_s, load_mib_s=size_mib / load_s,
         folder=str(parent), method=f"torch.distributed.checkpoint save/load, one process, {inp.tensors} fp32 tensors",

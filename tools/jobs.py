@@ -49,16 +49,22 @@ class TrainingRequest(BaseModel):
 
     config: str | None = Field(None, description="Path to a job config TOML; None uses the preset alone.")
     preset: str | None = Field(None, description="Model preset (tiny, small, llama3-1b, ...).")
-    overrides: list[str] = Field(default_factory=list, description="section.key=value overrides, e.g. training.steps=20.")
+    overrides: list[str] = Field(default_factory=list,
+                                 description="section.key=value overrides, e.g. training.steps=20.")
     nproc: int = Field(1, ge=1, le=1024, description="Processes per node.")
     nodes: int = Field(1, ge=1, le=65536, description="Number of nodes.")
 
 
 class SubmitJobInput(BaseModel):
     scheduler: SchedulerKind = "local"
-    tenant: str | None = Field(None, description="Tenant the job runs for: a training run's folder goes under the tenant's root, and every folder and data file of the job must lie there (or, for data, in a shared data root) (R-SEC-3).")
+    tenant: str | None = Field(None,
+                               description="Tenant the job runs for: a training run's folder goes under the tenant's "
+                                           "root, and every folder and data file of the job must lie there (or, for "
+                                           "data, in a shared data root) (R-SEC-3).")
     spec: JobSpec | None = Field(None, description="A framework-agnostic job to run as is.")
-    training: TrainingRequest | None = Field(None, description="Or: a trainer run; trainops prepares the run folder and the command.")
+    training: TrainingRequest | None = Field(None,
+                                             description="Or: a trainer run; trainops prepares the run folder and the "
+                                                         "command.")
     name: str = Field("train", description="Job name for a training request.")
     exclude_nodes: list[str] = Field(default_factory=list, description="Nodes a training request must avoid.")
 
@@ -133,7 +139,9 @@ def job_status(inp: JobRef) -> JobStatus:
 class WaitJobInput(JobRef):
     model_config = ConfigDict(allow_inf_nan=False)
 
-    timeout_s: float = Field(600.0, gt=0, le=86400, description="Give up waiting after this many seconds, at most a day (the job keeps running).")
+    timeout_s: float = Field(600.0, gt=0, le=86400,
+                             description="Give up waiting after this many seconds, at most a day (the job keeps "
+                                         "running).")
 
 
 @tool("wait_job", risk="read", tags=("jobs",))
@@ -144,7 +152,8 @@ def wait_job(inp: WaitJobInput) -> JobStatus:
 
 class JobLogsInput(JobRef):
     tail: int = Field(100, ge=0, le=100_000, description="Last N lines (0 = all).")
-    rank: int | None = Field(None, ge=0, le=1_048_575, description="A rank's own log from the run folder; None = the job's combined log.")
+    rank: int | None = Field(None, ge=0, le=1_048_575,
+                             description="A rank's own log from the run folder; None = the job's combined log.")
 
 
 class JobLogsOutput(BaseModel):
@@ -174,7 +183,8 @@ def _launched_spec(tool_name: str, ref: JobRef) -> JobSpec | None:
     spec = _run(tool_name, launched_spec, ref.job_id, ref.scheduler)
     if spec is None and ref.scheduler == "slurm":
         raise ToolError(tool_name, f"job {ref.job_id!r} was not launched by trainops in this workspace (no record in "
-                                   "its jobs folder); trainops acts only on its own jobs: use scancel/scontrol yourself")
+                                   "its jobs folder); trainops acts only on its own jobs: "
+                                   "use scancel/scontrol yourself")
     return spec
 
 
@@ -248,13 +258,17 @@ def resume_node(inp: ResumeNodeInput) -> NodeInfo:
 class QueryMetricsInput(BaseModel):
     model_config = ConfigDict(allow_inf_nan=False)
 
-    run: str = Field(description="Run id (folder under $TRAINOPS_HOME/runs) or run folder path; the `run` label in Prometheus.")
-    metric: str = Field(description="Record name: loss, grad_norm, step_time_s, tokens_per_s, mfu_pct, peak_mem_gib, data_wait_s, heartbeat_age_s, ...")
+    run: str = Field(description="Run id (folder under $TRAINOPS_HOME/runs) or run folder path; the `run` label in "
+                                 "Prometheus.")
+    metric: str = Field(description="Record name: loss, grad_norm, step_time_s, tokens_per_s, mfu_pct, peak_mem_gib, "
+                                    "data_wait_s, heartbeat_age_s, ...")
     rank: int | None = Field(None, ge=0, description="One rank, or None for all.")
     mode: Literal["instant", "series"] = "instant"
     window_s: float = Field(300.0, gt=0, le=30 * 86400, description="Series window in seconds (at most 30 days).")
     monitor: MonitorKind = "embedded"
-    url: str | None = Field(None, description="One of the Prometheus URLs the user configured ([monitoring] prometheus_urls, $TRAINOPS_PROMETHEUS_URL); omit for the first. Any other URL is refused.")
+    url: str | None = Field(None,
+                            description="One of the Prometheus URLs the user configured ([monitoring] prometheus_urls, "
+                                        "$TRAINOPS_PROMETHEUS_URL); omit for the first. Any other URL is refused.")
 
 
 class QueryMetricsOutput(BaseModel):
@@ -277,7 +291,8 @@ def query_metrics(inp: QueryMetricsInput) -> QueryMetricsOutput:
 
 class SummarizeRunInput(BaseModel):
     run: str = Field(description="Run id or run folder path.")
-    skip_steps: int = Field(2, ge=0, le=1_000_000, description="Warm-up steps left out (compile, allocator, first collectives).")
+    skip_steps: int = Field(2, ge=0, le=1_000_000,
+                            description="Warm-up steps left out (compile, allocator, first collectives).")
 
 
 class RunSummary(BaseModel):
@@ -285,12 +300,15 @@ class RunSummary(BaseModel):
     ranks: int
     steps_measured: int = Field(description="Steps after the warm-up that every statistic uses.")
     step_time_median_s: float | None
-    step_time_rank_spread_pct: float | None = Field(description="Median over steps of (slowest - fastest rank) / median rank step time.")
+    step_time_rank_spread_pct: float | None = Field(description="Median over steps of (slowest - fastest rank) / "
+                                                                "median rank step time.")
     tokens_per_s_median: float | None = Field(description="Median over steps of the sum over ranks.")
     mfu_pct_median: float | None = Field(description="Median over steps of the mean over ranks.")
     data_wait_share_pct: float | None = Field(description="Share of step time spent waiting for data.")
     final_loss: float | None
-    peak_source: str | None = Field(None, description="Where the MFU peak came from (vendor table or measured GEMM), as the trainer labelled it.")
+    peak_source: str | None = Field(None,
+                                    description="Where the MFU peak came from (vendor table or measured GEMM), as the "
+                                                "trainer labelled it.")
 
 
 def _median(values: list[float]) -> float | None:
@@ -340,5 +358,6 @@ def summarize_run(inp: SummarizeRunInput) -> RunSummary:
     run_dir = _confined_run("summarize_run", inp.run)
     records, _ = read_records(run_dir)
     if not records:
-        raise ToolError("summarize_run", f"{run_dir / 'metrics.jsonl'} has no records yet; wait for the run to take a step")
+        raise ToolError("summarize_run",
+                        f"{run_dir / 'metrics.jsonl'} has no records yet; wait for the run to take a step")
     return summarize_records(inp.run, records, inp.skip_steps)

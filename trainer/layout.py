@@ -40,7 +40,8 @@ class Layout(BaseModel):
     sequence_parallel: bool
     micro_batch: int
     global_batch: int
-    grad_accumulation: int = Field(description="micro-batches per step per data-parallel rank; the pipeline's n_microbatches when pp > 1")
+    grad_accumulation: int = Field(description="micro-batches per step per data-parallel rank; the pipeline's "
+                                               "n_microbatches when pp > 1")
     seq_len: int
 
     @property
@@ -59,7 +60,7 @@ class Layout(BaseModel):
         """Mesh coordinates of `rank` (row-major over `MESH_DIM_NAMES`, as `init_device_mesh` lays them out)."""
         out: dict[str, int] = {}
         rest = rank
-        for name, size in reversed(list(zip(MESH_DIM_NAMES, self.mesh_shape))):
+        for name, size in reversed(list(zip(MESH_DIM_NAMES, self.mesh_shape, strict=True))):
             out[name] = rest % size
             rest //= size
         return {name: out[name] for name in MESH_DIM_NAMES}
@@ -340,12 +341,14 @@ def _activation_bytes(args: Any, layout: Layout, n_layers: int, in_flight: int, 
         return sbh * (10 * k / 34 + (24 * k / 34) / tp)
 
     checkpointed = {"none": 0, "selective": (n_layers + 1) // 2, "full": n_layers}[ac_mode]
-    stored = checkpointed * sbh * 2 / (tp if layout.sequence_parallel else 1) + (n_layers - checkpointed) * per_layer(34)
+    stored = (checkpointed * sbh * 2 / (tp if layout.sequence_parallel else 1)
+              + (n_layers - checkpointed) * per_layer(34))
     recompute = per_layer(34) if checkpointed else 0.0  # one block's activations, rebuilt in backward
     return int(stored * in_flight + recompute)
 
 
-def plan_dry_run(cfg: JobConfig, nproc: int, gpus_per_node: int | None = None, backend: str | None = None) -> DryRunPlan:
+def plan_dry_run(cfg: JobConfig, nproc: int, gpus_per_node: int | None = None,
+                 backend: str | None = None) -> DryRunPlan:
     """Validate `cfg` for `nproc` ranks and describe every rank: coordinates, stages, layers, memory."""
     from trainops.trainer.model import count_parameters
 
@@ -367,7 +370,8 @@ def plan_dry_run(cfg: JobConfig, nproc: int, gpus_per_node: int | None = None, b
         if has_embedding:
             params += counts["embedding"] / layout.tp
         if has_output:
-            params += args.dim + (0 if args.tie_embeddings and has_embedding else args.vocab_size * args.dim / layout.tp)
+            params += args.dim + (0 if args.tie_embeddings and has_embedding
+                                  else args.vocab_size * args.dim / layout.tp)
         params = math.ceil(params / layout.dp_shard)
         act = _activation_bytes(args, layout, len(layers), _in_flight(layout, coords["pp"]), precision, ac_mode)
         ranks.append(RankPlan(

@@ -17,7 +17,8 @@ def test_dp_shard_minus_one_infers_the_remaining_degree():
 
 
 def test_world_size_not_divisible_by_fixed_degrees_names_the_product():
-    with pytest.raises(LayoutError, match=r"world size 6 is not divisible by dp_replicate\*cp\*tp\*pp = 1\*1\*2\*2 = 4"):
+    with pytest.raises(LayoutError,
+                       match=r"world size 6 is not divisible by dp_replicate\*cp\*tp\*pp = 1\*1\*2\*2 = 4"):
         validate_layout(cfg("parallel.tp=2", "parallel.pp=2"), 6, gpus_per_node=8)
 
 
@@ -34,7 +35,8 @@ def test_heads_must_divide_by_tp():
 
 def test_query_heads_must_divide_by_tp():
     with pytest.raises(LayoutError, match=r"attention heads 8 are not divisible by tp=3"):
-        validate_layout(cfg("model.n_heads=8", "model.n_kv_heads=8", "model.dim=96", "parallel.tp=3"), 3, gpus_per_node=3)
+        validate_layout(cfg("model.n_heads=8", "model.n_kv_heads=8", "model.dim=96", "parallel.tp=3"), 3,
+                        gpus_per_node=3)
 
 
 def test_layers_must_divide_by_pp_times_virtual_stages():
@@ -49,7 +51,8 @@ def test_one_f_one_b_needs_at_least_as_many_microbatches_as_stages():
 
 
 def test_interleaved_schedules_need_virtual_stages():
-    with pytest.raises(LayoutError, match=r"Interleaved1F1B interleaves stages and needs virtual_stages >= 2 \(got 1\)"):
+    with pytest.raises(LayoutError,
+                       match=r"Interleaved1F1B interleaves stages and needs virtual_stages >= 2 \(got 1\)"):
         validate_layout(cfg("parallel.pp=2", "parallel.pp_schedule=Interleaved1F1B"), 2)
 
 
@@ -66,13 +69,16 @@ def test_single_stage_schedules_reject_virtual_stages():
 
 def test_interleaved_microbatches_must_fill_whole_rounds():
     # 3 micro-batches... pp=2 -> rounds 1 -> fine; 5 micro-batches, pp=2 -> rounds 2, 5 % 2 != 0
-    with pytest.raises(LayoutError, match=r"Interleaved1F1B needs micro-batches \(5\) to be at most pp=2 or a multiple of the rounds \(2\)"):
+    with pytest.raises(LayoutError,
+                       match=r"Interleaved1F1B needs micro-batches \(5\) to be at most pp=2 or a multiple of the "
+                             r"rounds \(2\)"):
         validate_layout(cfg("parallel.pp=2", "parallel.virtual_stages=2", "parallel.pp_schedule=Interleaved1F1B",
                             "training.global_batch=5", "training.micro_batch=1"), 2)
 
 
 def test_pipeline_with_ddp_data_parallel_is_rejected():
-    with pytest.raises(LayoutError, match=r"data_parallel=ddp cannot run with pp=2 and dp=2.*set parallel.data_parallel=fsdp"):
+    with pytest.raises(LayoutError,
+                       match=r"data_parallel=ddp cannot run with pp=2 and dp=2.*set parallel.data_parallel=fsdp"):
         validate_layout(cfg("parallel.pp=2", "parallel.data_parallel=ddp", "training.micro_batch=2"), 4)
 
 
@@ -103,7 +109,8 @@ def test_sequence_parallel_needs_tp():
 
 def test_comm_overlap_needs_sequence_parallel():
     with pytest.raises(LayoutError, match=r"comm_overlap=true needs sequence_parallel=true"):
-        validate_layout(cfg("parallel.tp=2", "parallel.comm_overlap=true", "training.global_batch=4"), 2, gpus_per_node=2)
+        validate_layout(cfg("parallel.tp=2", "parallel.comm_overlap=true", "training.global_batch=4"), 2,
+                        gpus_per_node=2)
 
 
 def test_comm_overlap_needs_compile():
@@ -119,14 +126,16 @@ def test_comm_overlap_on_gloo_is_a_clear_error():
 
 
 def test_context_parallel_on_gloo_is_a_clear_error():
-    with pytest.raises(LayoutError, match=r"context parallel \(cp=2\) needs NCCL on CUDA.*gloo backend on CPU.*set parallel.cp=1"):
+    with pytest.raises(LayoutError,
+                       match=r"context parallel \(cp=2\) needs NCCL on CUDA.*gloo backend on CPU.*set parallel.cp=1"):
         validate_layout(cfg("parallel.cp=2", "training.global_batch=4"), 2, backend="gloo")
 
 
 def test_context_parallel_on_nccl_is_planned_but_not_trained_yet():
     config = cfg("parallel.cp=2", "training.global_batch=4")
     assert plan_dry_run(config, 2, gpus_per_node=8, backend="nccl").layout.cp == 2
-    with pytest.raises(LayoutError, match=r"context parallel \(cp=2\) is planned but not yet run by trainops.trainer.train"):
+    with pytest.raises(LayoutError,
+                       match=r"context parallel \(cp=2\) is planned but not yet run by trainops.trainer.train"):
         validate_layout(config, 2, gpus_per_node=8, backend="nccl")
 
 
@@ -140,7 +149,8 @@ def test_dry_run_places_stages_and_layers_per_rank():
 
 def test_dry_run_zbv_places_stages_in_a_v():
     plan = plan_dry_run(cfg("model.n_layers=8", "parallel.pp=2", "parallel.virtual_stages=2",
-                            "parallel.pp_schedule=ZBVZeroBubble", "training.global_batch=8", "training.micro_batch=2"), 2)
+                            "parallel.pp_schedule=ZBVZeroBubble", "training.global_batch=8", "training.micro_batch=2"),
+                        2)
     assert [r.stages for r in plan.ranks] == [[0, 3], [1, 2]]
     assert plan.ranks[0].holds_embedding and plan.ranks[0].holds_output
 
@@ -168,7 +178,8 @@ def test_dry_run_activation_estimate_follows_the_stated_formula():
 
 def test_dry_run_activation_estimate_falls_with_checkpointing_bf16_and_sequence_parallel():
     def act(*overrides, nproc=2):
-        return plan_dry_run(cfg("parallel.tp=2", "training.global_batch=4", *overrides), nproc, gpus_per_node=2).ranks[0].activation_bytes
+        return plan_dry_run(cfg("parallel.tp=2", "training.global_batch=4", *overrides), nproc,
+                            gpus_per_node=2).ranks[0].activation_bytes
 
     assert act() > act("training.activation_checkpointing=selective") > act("training.activation_checkpointing=full")
     assert act("training.precision=bf16") == act() // 2

@@ -28,7 +28,8 @@ class FrameworkKnob(BaseModel):
 
     name: str = Field(description="What the user types in --knob NAME=VALUE.")
     category: KnobCategory = Field(description="Orders the ablation plan (communication overlap first).")
-    flag: str = Field(description="The framework's own flag or config key the knob sets, e.g. '--tp-comm-overlap' or 'zero_optimization.stage'.")
+    flag: str = Field(description="The framework's own flag or config key the knob sets, e.g. '--tp-comm-overlap' or "
+                                  "'zero_optimization.stage'.")
     override: str = Field(description="The key the knob sets in the adapter's overrides (section.key=value).")
     values: tuple[str, ...] = Field(description="Accepted values.")
     expected_effect: str = Field(description="What we expect and why.")
@@ -41,8 +42,11 @@ class SopPlan(BaseModel):
     steps under its own section), so each adapter carries its own."""
 
     steps_key: str = Field("training.steps", description="The override that sets the number of steps.")
-    job: tuple[str, ...] = Field((), description="Overrides for a small SOP job when no config is given (steps added by the SOP).")
-    arms: tuple[str, ...] = Field(description="Default ablation arms NAME=VALUE, highest expected gain first; --quick runs the first.")
+    job: tuple[str, ...] = Field((),
+                                 description="Overrides for a small SOP job when no config is given "
+                                             "(steps added by the SOP).")
+    arms: tuple[str, ...] = Field(description="Default ablation arms NAME=VALUE, highest expected gain first; "
+                                              "--quick runs the first.")
     drill: tuple[str, ...] = Field(description="Overrides that make the job checkpoint often enough to drill.")
     faults: tuple[str, ...] = Field(description="Default drills; --quick runs the first.")
 
@@ -57,13 +61,16 @@ class StepRecord(BaseModel):
     tflops: float | None = Field(None, description="Achieved TFLOP/s per device.")
     mfu_pct: float | None = None
     mfu_source: MfuSource = Field("none", description="framework: the framework printed MFU; trainops-from-tflops: its "
-                                  "TFLOP/s over trainops' peak; trainops-flops-convention: tokens/s x trainops' FLOPs/token over the peak.")
+                                  "TFLOP/s over trainops' peak; trainops-flops-convention: tokens/s x trainops' "
+                                  "FLOPs/token over the peak.")
 
 
 class ParseContext(BaseModel):
     """What trainops knows about a run that the framework's log line may not say."""
 
-    flops_per_token: float | None = Field(None, description="trainops' FLOPs/token (trainops.trainer.metrics.flops_per_token convention).")
+    flops_per_token: float | None = Field(None,
+                                          description="trainops' FLOPs/token (trainops.trainer.metrics.flops_per_token "
+                                                      "convention).")
     peak_tflops: float | None = Field(None, description="Per-device peak TFLOP/s (MFU denominator).")
     seq_len: int | None = None
     world_size: int = Field(1, ge=1, description="Devices the global batch is spread over.")
@@ -74,7 +81,8 @@ class FrameworkJob(BaseModel):
     adapter documents its sections (knob overrides use the same keys)."""
 
     name: str = Field("train", description="Job name (lower-case letters, digits, '-').")
-    config: str | None = Field(None, description="The framework's own config file, if any (TOML for trainops/torchtitan).")
+    config: str | None = Field(None,
+                               description="The framework's own config file, if any (TOML for trainops/torchtitan).")
     preset: str | None = Field("tiny", description="trainops model preset when no config is given.")
     overrides: list[str] = Field(default_factory=list, description="section.key=value overrides.")
     nproc: int = Field(1, ge=1, description="Processes (ranks) per node.")
@@ -91,7 +99,8 @@ class FrameworkAdapter(Protocol):
 
     def version(self) -> str: ...
     def knobs(self) -> list[FrameworkKnob]: ...
-    def validate(self, knob_values: dict[str, str], overrides: list[str] | None = None, world_size: int = 2) -> None: ...
+    def validate(self, knob_values: dict[str, str], overrides: list[str] | None = None,
+                 world_size: int = 2) -> None: ...
     def build_job(self, job: FrameworkJob) -> JobSpec: ...
     def parse_log_line(self, line: str, ctx: ParseContext | None = None) -> StepRecord | None: ...
     def checkpoint_dir(self, run_dir: str) -> str: ...
@@ -154,7 +163,8 @@ def mfu(record: StepRecord, ctx: ParseContext | None) -> StepRecord:
         tflops, source = record.tokens_per_s * ctx.flops_per_token / 1e12, "trainops-flops-convention"
     if tflops is None:
         return record
-    return record.model_copy(update={"tflops": tflops, "mfu_pct": 100.0 * tflops / ctx.peak_tflops, "mfu_source": source})
+    return record.model_copy(update={"tflops": tflops, "mfu_pct": 100.0 * tflops / ctx.peak_tflops,
+                                     "mfu_source": source})
 
 
 def ingest_log(adapter: FrameworkAdapter, text: str, run_dir: str | Path, ctx: ParseContext | None = None,

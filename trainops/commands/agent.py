@@ -15,7 +15,9 @@ from rich.markup import escape
 from trainops.output import console, emit, fail
 
 ThreadOpt = typer.Option(None, "--thread", help="Thread id to resume or create (letters, digits, _ . -).")
-ProviderOpt = typer.Option(None, "--provider", help="offline (default), openai or anthropic; overrides TRAINOPS_PROVIDER and trainops.toml.")
+ProviderOpt = typer.Option(None, "--provider",
+                           help="offline (default), openai or anthropic; "
+                                "overrides TRAINOPS_PROVIDER and trainops.toml.")
 ModelOpt = typer.Option(None, "--model", help="Model name for the provider.")
 BaseUrlOpt = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1.")
 
@@ -57,7 +59,8 @@ def _show(event: dict[str, Any]) -> None:
     out = console()
     kind = event["kind"]
     if kind == "tool_call":
-        out.print(f"[cyan]→ {escape(event['tool'])}[/] {escape(json.dumps(event['args'], default=str))}", highlight=False)
+        out.print(f"[cyan]→ {escape(event['tool'])}[/] {escape(json.dumps(event['args'], default=str))}",
+                  highlight=False)
     elif kind == "tool_result":
         mark = "[green]✓[/]" if event["status"] == "success" else "[red]✗[/]"
         detail = "" if event["status"] == "success" else f" {(event['output'] or {}).get('error', '')}"
@@ -97,7 +100,8 @@ class _ChatView:
 def _ask_decision(payload: dict[str, Any], approver: str) -> dict[str, Any]:
     from rich.prompt import Prompt
 
-    choice = Prompt.ask(f"{escape(payload['tool'])}: approve, edit or reject?", choices=["approve", "edit", "reject"], default="reject")
+    choice = Prompt.ask(f"{escape(payload['tool'])}: approve, edit or reject?", choices=["approve", "edit", "reject"],
+                        default="reject")
     if choice == "reject":
         return {"decision": "reject", "approver": approver, "comment": Prompt.ask("reason", default="rejected in chat")}
     if choice == "edit":
@@ -119,7 +123,9 @@ def chat(
     provider: Optional[str] = ProviderOpt,
     model: Optional[str] = ModelOpt,
     base_url: Optional[str] = BaseUrlOpt,
-    approver: Optional[str] = typer.Option(None, "--approver", help="Name recorded on approvals (default $TRAINOPS_APPROVER or your login)."),
+    approver: Optional[str] = typer.Option(None, "--approver",
+                                           help="Name recorded on approvals "
+                                                "(default $TRAINOPS_APPROVER or your login)."),
 ) -> None:
     """Talk to the ops agent; the thread persists, gated actions ask you inline. /exit leaves."""
     from rich.prompt import Prompt
@@ -127,7 +133,8 @@ def chat(
     who = approver or _approver()
     with _open(thread, provider, model, base_url, False, stream_tokens=True) as session:
         view = _ChatView()
-        console().print(f"[dim]thread {escape(session.thread_id)} · provider {session.settings.provider} · /exit to leave[/]")
+        console().print(f"[dim]thread {escape(session.thread_id)} · provider {session.settings.provider} · /exit to "
+                        f"leave[/]")
         while True:
             try:  # leaving at any prompt keeps an undecided approval pending in the thread
                 for payload in session.pending():
@@ -169,7 +176,8 @@ def ask(
     if as_json:
         emit(result, True)
     elif pending:
-        console().print(f"[yellow]{len(pending)} action(s) wait for approval; decide with `{escape(result['resume'])}`[/]")
+        console().print(f"[yellow]{len(pending)} action(s) wait for approval; decide with "
+                        f"`{escape(result['resume'])}`[/]")
 
 
 @app.command()

@@ -9,7 +9,8 @@ from trainops.output import console, emit, fail
 app = typer.Typer(help="A real Slurm cluster of network-namespace nodes on this host (root, Linux).",
                   no_args_is_help=True)
 JsonOpt = typer.Option(False, "--json", help="Print the result as JSON.")
-PrefixOpt = typer.Option("tos", "--prefix", help="Names of its namespaces and links start with this (1-6 letters/digits).")
+PrefixOpt = typer.Option("tos", "--prefix",
+                         help="Names of its namespaces and links start with this (1-6 letters/digits).")
 
 
 @app.command("up")
@@ -33,7 +34,8 @@ def up(
         fail(f"invalid sandbox settings: {explain(exc)}", as_json=as_json)
     except sandbox.SandboxError as exc:
         fail(str(exc), as_json=as_json)
-    payload = {**sandbox.status(prefix), "export": f"export SLURM_CONF={state.conf} GLOO_SOCKET_IFNAME={sandbox.NODE_IF}"}
+    payload = {**sandbox.status(prefix),
+               "export": f"export SLURM_CONF={state.conf} GLOO_SOCKET_IFNAME={sandbox.NODE_IF}"}
     emit(payload, as_json, _render_up)
 
 

@@ -12,10 +12,12 @@ from trainops.workspace import RunFiles
 
 JSON = typer.Option(False, "--json", help="Print JSON for machines.")
 SCHED = typer.Option("local", "--scheduler", help="local, slurm or kubernetes.")
-NODES = typer.Option(1, "--nodes", min=1, max=64, help="Nodes, each running --nproc ranks (more than one needs --scheduler slurm).")
+NODES = typer.Option(1, "--nodes", min=1, max=64,
+                     help="Nodes, each running --nproc ranks (more than one needs --scheduler slurm).")
 MONITOR = typer.Option("embedded", "--monitor", help="embedded (metrics files) or prometheus.")
 SETS = typer.Option(None, "--set", help="section.key=value override (repeatable).")
-FRAMEWORK = typer.Option("trainops", "--framework", help="Whose job: trainops (embedded trainer), deepspeed, torchtitan or megatron.")
+FRAMEWORK = typer.Option("trainops", "--framework",
+                         help="Whose job: trainops (embedded trainer), deepspeed, torchtitan or megatron.")
 
 
 def _progress(as_json: bool):
@@ -37,7 +39,8 @@ def _request(config: Optional[str], sets: Optional[List[str]], nproc: int, sched
              "metrics.jsonl); use --monitor embedded, and `trainops tool call query_metrics` for Prometheus series",
              as_json=as_json)
     if config and not Path(config).is_file():
-        fail(f"CONFIG: file {config!r} does not exist; pass a job config TOML or omit it for the tiny preset", as_json=as_json)
+        fail(f"CONFIG: file {config!r} does not exist; pass a job config TOML or omit it for the tiny preset",
+             as_json=as_json)
     try:
         adapter = get_adapter(framework)
     except FrameworkRefused as exc:
@@ -62,7 +65,8 @@ def _guard(fn, as_json: bool):
 
     try:
         return fn()
-    except (KnobError, DrillRefused, PackRefused, FrameworkRefused, ToolError, LookupError, ValueError, ValidationError) as exc:
+    except (KnobError, DrillRefused, PackRefused, FrameworkRefused, ToolError, LookupError, ValueError,
+            ValidationError) as exc:
         fail(str(exc).splitlines()[0], as_json=as_json)
 
 
@@ -106,7 +110,8 @@ def baseline(config: Optional[str] = typer.Argument(None, help="Job config TOML 
 
 @app.command()
 def ablate(config: Optional[str] = typer.Argument(None, help="Job config TOML (default: tiny preset)."),
-           knob: Optional[List[str]] = typer.Option(None, "--knob", help="NAME=VALUE; one variable per arm (repeat for more arms)."),
+           knob: Optional[List[str]] = typer.Option(None, "--knob",
+                                                    help="NAME=VALUE; one variable per arm (repeat for more arms)."),
            list_knobs: bool = typer.Option(False, "--list", help="Show the knob catalogue."),
            repeats: int = typer.Option(3, min=1), nproc: int = typer.Option(2, min=1),
            sets: Optional[List[str]] = SETS, scheduler: str = SCHED, monitor: str = MONITOR, as_json: bool = JSON,
@@ -120,8 +125,10 @@ def ablate(config: Optional[str] = typer.Argument(None, help="Job config TOML (d
     req = _request(config, sets, nproc, scheduler, as_json, monitor, framework)
     if list_knobs:
         knobs = plan_order(list(catalogue(framework).values()))
-        return emit(knobs, as_json, lambda ks: _table("ablation knobs (plan order)", ["knob", "category", "values", "expected effect"],
-                                                      [[k.name, k.category, "|".join(k.values), k.expected_effect] for k in ks]))
+        return emit(knobs, as_json, lambda ks: _table("ablation knobs (plan order)",
+                                                      ["knob", "category", "values", "expected effect"],
+                                                      [[k.name, k.category, "|".join(k.values), k.expected_effect]
+                                                       for k in ks]))
     if not knob:
         fail("--knob: no arm given; pass --knob NAME=VALUE (see trainops ablate --list)", as_json=as_json)
     for spec in knob:
@@ -133,20 +140,26 @@ def ablate(config: Optional[str] = typer.Argument(None, help="Job config TOML (d
 
     def go():
         scales = sorted({1, nproc})
-        baselines = {n: skill_baseline.repeat(req.with_overrides([], nproc=n), f"baseline-{n}p", repeats, progress=say) for n in scales}
+        baselines = {n: skill_baseline.repeat(req.with_overrides([], nproc=n), f"baseline-{n}p", repeats,
+                                              progress=say) for n in scales}
         return skill_ablation.run_plan(req, knob, baselines, repeats, progress=say)[0]
 
     rows = _guard(go, as_json)
     emit(rows, as_json, lambda rs: _table("ablation", ["knob", "value", "scale", "MFU change", "noise band", "verdict"],
-                                          [[r.knob, r.value, r.scale, f"{r.mfu_change_pct:.1f}%", f"±{r.noise_band_pct:.1f}%",
-                                            r.verdict + (" (vanished at scale)" if r.vanished_at_scale else "")] for r in rs]))
+                                          [[r.knob, r.value, r.scale, f"{r.mfu_change_pct:.1f}%",
+                                            f"±{r.noise_band_pct:.1f}%",
+                                            r.verdict + (" (vanished at scale)" if r.vanished_at_scale else "")]
+                                           for r in rs]))
 
 
 @app.command()
 def drill(config: Optional[str] = typer.Argument(None, help="Job config TOML with [checkpoint] enable = true."),
-          fault: List[str] = typer.Option(["crash"], "--fault", help="crash | node-loss | hang | checkpoint-corruption | nan (loss anomaly) | "
-                                                     "bitflip (silent data corruption, DDP replicas) | straggler (detection only: recovery needs a spare node) | "
-                                                     "node-crash | power-loss (a real node of a `trainops sandbox` cluster: --scheduler slurm --nodes 2)."),
+          fault: List[str] = typer.Option(["crash"], "--fault",
+                                          help="crash | node-loss | hang | checkpoint-corruption | "
+                                               "nan (loss anomaly) | bitflip (silent data corruption, DDP replicas) | "
+                                               "straggler (detection only: recovery needs a spare node) | "
+                                               "node-crash | power-loss (a real node of a `trainops sandbox` cluster: "
+                                               "--scheduler slurm --nodes 2)."),
           nproc: int = typer.Option(2, min=1), sets: Optional[List[str]] = SETS, scheduler: str = SCHED,
           monitor: str = MONITOR, as_json: bool = JSON, framework: str = FRAMEWORK, nodes: int = NODES):
     """S5: inject, detect, isolate, restart from the newest good checkpoint; time each phase."""
@@ -158,7 +171,8 @@ def drill(config: Optional[str] = typer.Argument(None, help="Job config TOML wit
             fail(f"--fault: unknown fault {kind!r}; use one of {', '.join(skill_drill.DRILLS)}", as_json=as_json)
     _guard(lambda: skill_drill.require_checkpoints(req), as_json)
     results = _guard(lambda: skill_drill.run_drills(req, fault, progress=_progress(as_json))[0], as_json)
-    emit(results, as_json, lambda rs: _table("drills", ["fault", "detection", "isolation", "recovery", "steps lost", "checkpoint"],
+    emit(results, as_json, lambda rs: _table("drills", ["fault", "detection", "isolation", "recovery",
+                                                        "steps lost", "checkpoint"],
                                              [_drill_row(d) for d in rs]))
 
 
@@ -170,7 +184,8 @@ def _drill_row(d) -> list:
 
 
 @evidence.command("build")
-def evidence_build(run_dirs: List[str] = typer.Argument(..., help="Run folders (baseline repeats; drills are picked up)."),
+def evidence_build(run_dirs: List[str] = typer.Argument(...,
+                                                        help="Run folders (baseline repeats; drills are picked up)."),
                    scheduler: str = SCHED, as_json: bool = JSON):
     """Build, validate and write a pack from finished runs."""
 
@@ -178,7 +193,8 @@ def evidence_build(run_dirs: List[str] = typer.Argument(..., help="Run folders (
 
     for run_dir in run_dirs:
         if not (RunFiles(run_dir).metrics).exists():
-            fail(f"RUNDIR: {run_dir!r} has no metrics.jsonl; pass a finished run folder ($TRAINOPS_HOME/runs/RUN)", as_json=as_json)
+            fail(f"RUNDIR: {run_dir!r} has no metrics.jsonl; pass a finished run folder ($TRAINOPS_HOME/runs/RUN)",
+                 as_json=as_json)
     folder = _guard(lambda: build_from_runs(run_dirs, scheduler), as_json)
     emit({"pack_dir": str(folder)}, as_json, lambda o: console().print(f"pack written: {o['pack_dir']}", markup=False))
 
@@ -206,8 +222,11 @@ def evidence_show(pack: str = typer.Argument(..., help="Pack id or folder."), as
 def sop(config: Optional[str] = typer.Argument(None, help="Job config TOML (default: embedded tiny job)."),
         quick: bool = typer.Option(False, "--quick", help="Fewer repeats, one arm, one drill (~2 minutes)."),
         knob: Optional[List[str]] = typer.Option(None, "--knob", help="Arms NAME=VALUE (default plan otherwise)."),
-        fault: Optional[List[str]] = typer.Option(None, "--fault", help="Drill kinds (default: the framework's; trainops: crash, full run crash, hang, bitflip)."),
-        mtbf_h: float = typer.Option(24.0, "--mtbf-h", min=0.001, help="Job MTBF for the checkpoint plan, hours (declared)."),
+        fault: Optional[List[str]] = typer.Option(None, "--fault",
+                                                  help="Drill kinds (default: the framework's; trainops: crash, full "
+                                                       "run crash, hang, bitflip)."),
+        mtbf_h: float = typer.Option(24.0, "--mtbf-h", min=0.001,
+                                     help="Job MTBF for the checkpoint plan, hours (declared)."),
         scheduler: str = SCHED, monitor: str = MONITOR, as_json: bool = JSON, framework: str = FRAMEWORK):
     """S1..S6 end to end; ends with an evidence pack waiting for approval."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -225,7 +244,8 @@ def sop(config: Optional[str] = typer.Argument(None, help="Job config TOML (defa
         task = bar.add_task("SOP", total=None)
         result = _guard(lambda: run(settings, progress=lambda msg: bar.update(task, description=escape(msg))), as_json)
     emit(result, as_json, lambda r: console().print(
-        f"verdict: [bold]{r.verdict}[/] ({escape('; '.join(r.blockers) or 'no blockers')})\npack: {escape(r.pack_dir)} — "
+        f"verdict: [bold]{r.verdict}[/] ({escape('; '.join(r.blockers) or 'no blockers')})\n"
+        f"pack: {escape(r.pack_dir)} — "
         f"awaiting approval (trainops approve {escape(r.pack_dir.rsplit('/', 1)[-1])})\nelapsed: {r.elapsed_s:.0f} s"))
 
 

@@ -56,7 +56,8 @@ app = typer.Typer()
 tool_app = typer.Typer(help="The typed tools: list them, show their schemas, call one.", no_args_is_help=True)
 
 
-plan_app = typer.Typer(help="Planning: checkpoint interval, effective training time, parallel layout.", no_args_is_help=True)
+plan_app = typer.Typer(help="Planning: checkpoint interval, effective training time, parallel layout.",
+                       no_args_is_help=True)
 app.add_typer(tool_app, name="tool")
 app.add_typer(plan_app, name="plan")
 
@@ -117,19 +118,24 @@ def tool_call(
     try:
         payload = json.loads(input_json)
     except json.JSONDecodeError as exc:
-        fail(f"--input is not valid JSON ({exc.msg} at column {exc.colno}): pass a JSON object, e.g. '{{\"mtbf_h\": 24}}'", as_json=as_json)
+        fail(f"--input is not valid JSON ({exc.msg} at column {exc.colno}): "
+             "pass a JSON object, e.g. '{\"mtbf_h\": 24}'", as_json=as_json)
     if not isinstance(payload, dict):
-        fail(f"--input must be a JSON object, got {type(payload).__name__}: wrap the fields in {{...}}", as_json=as_json)
+        fail(f"--input must be a JSON object, got {type(payload).__name__}: wrap the fields in {{...}}",
+             as_json=as_json)
     out = run_tool(name, payload, as_json, approval_token)
     emit(out, as_json, render_fields(name))
 
 
 @app.command("env")
 def env(
-    ckpt_dir: Optional[str] = typer.Option(None, "--ckpt-dir", help="Where checkpoints go (default $TRAINOPS_HOME/runs)."),
+    ckpt_dir: Optional[str] = typer.Option(None, "--ckpt-dir",
+                                           help="Where checkpoints go (default $TRAINOPS_HOME/runs)."),
     ckpt_test_mib: int = typer.Option(64, "--ckpt-test-mib", help="Size of the checkpoint write test, MiB."),
     scheduler: str = typer.Option("local", "--scheduler", help="local | slurm | kubernetes."),
-    framework: Optional[str] = typer.Option(None, "--framework", help="Declare another framework: deepspeed, torchtitan, megatron report their installed version; any other name needs --framework-version."),
+    framework: Optional[str] = typer.Option(None, "--framework",
+                                            help="Declare another framework: deepspeed, torchtitan, megatron report "
+                                                 "their installed version; any other name needs --framework-version."),
     framework_version: Optional[str] = typer.Option(None, "--framework-version", help="Version of --framework."),
     as_json: bool = JsonOpt,
 ) -> None:
@@ -158,14 +164,20 @@ def plan_ettr(
     days: float = typer.Option(54, "--days", help="Simulated length, days."),
     profile: str = typer.Option("llama3", "--profile", help="Failure profile: llama3, or a JSON FailureProfile."),
     detection_latency_s: float = typer.Option(120, "--detection-latency-s", help="Failure to detection, seconds."),
-    detection_by_cause: list[str] = typer.Option([], "--detect", help="Per-cause detection latency CAUSE=SECONDS (repeatable), e.g. gpu_sdc=3600."),
+    detection_by_cause: list[str] = typer.Option([], "--detect",
+                                                 help="Per-cause detection latency CAUSE=SECONDS (repeatable), e.g. "
+                                                      "gpu_sdc=3600."),
     restart_s: float = typer.Option(600, "--restart-s", help="Detection to training again, seconds."),
-    hot_spares: bool = typer.Option(True, "--hot-spares/--no-hot-spares", help="Spare nodes replace failed ones at once."),
-    node_replacement_s: float = typer.Option(1800, "--node-replacement-s", help="Provisioning time without spares, seconds."),
-    checkpoint_save_s: float = typer.Option(60, "--checkpoint-save-s", help="Time for a checkpoint to be durable, seconds."),
+    hot_spares: bool = typer.Option(True, "--hot-spares/--no-hot-spares",
+                                    help="Spare nodes replace failed ones at once."),
+    node_replacement_s: float = typer.Option(1800, "--node-replacement-s",
+                                             help="Provisioning time without spares, seconds."),
+    checkpoint_save_s: float = typer.Option(60, "--checkpoint-save-s",
+                                            help="Time for a checkpoint to be durable, seconds."),
     checkpoint_mode: str = typer.Option("async", "--checkpoint-mode", help="sync | async."),
     async_stall_s: float = typer.Option(5, "--async-stall-s", help="Training stall of an async checkpoint, seconds."),
-    interval_min: Optional[float] = typer.Option(None, "--interval-min", help="Checkpoint interval, minutes (default: Daly)."),
+    interval_min: Optional[float] = typer.Option(None, "--interval-min",
+                                                 help="Checkpoint interval, minutes (default: Daly)."),
     seed: int = typer.Option(0, "--seed", help="Random seed."),
     as_json: bool = JsonOpt,
 ) -> None:
@@ -220,15 +232,21 @@ def _render_env(decl: Any) -> None:
         accel += f" ({a.cpu_sockets} socket(s), {a.cpu_physical_cores} cores, {a.cpu_logical} logical)"
     rows = [
         ("host", decl.host), ("accelerators", accel), ("hardware generation", decl.hardware_generation),
-        ("scale-up domain", f"{a.scale_up_domain.gpus} GPUs over {a.scale_up_domain.link}" if a.scale_up_domain else "n/a"),
+        ("scale-up domain",
+         f"{a.scale_up_domain.gpus} GPUs over {a.scale_up_domain.link}" if a.scale_up_domain else "n/a"),
         ("interconnect", decl.interconnect),
-        ("software", f"python {s.python}, torch {s.torch}, CUDA {s.cuda or '-'}, NCCL {s.nccl or '-'}, gloo {'yes' if s.gloo else 'no'}"),
+        ("software",
+         f"python {s.python}, torch {s.torch}, CUDA {s.cuda or '-'}, NCCL {s.nccl or '-'}, gloo "
+         f"{'yes' if s.gloo else 'no'}"),
         ("framework", f"{decl.framework.name} {decl.framework.version}"),
-        ("scheduler", f"{decl.scheduler.kind} ({decl.scheduler.version}); partitions {', '.join(decl.scheduler.partitions)}"),
+        ("scheduler",
+         f"{decl.scheduler.kind} ({decl.scheduler.version}); partitions {', '.join(decl.scheduler.partitions)}"),
         ("hot spares", ", ".join(decl.scheduler.hot_spare_nodes) or "none"),
-        ("checkpoint write", f"{decl.checkpoint_storage.write_bandwidth_mib_s:.0f} MiB/s ({decl.checkpoint_storage.test_size_mib} MiB "
-                             f"to {decl.checkpoint_storage.path}, {decl.checkpoint_storage.filesystem}, fsync'd)"),
-        ("compute peak", f"{decl.compute_peak.peak_tflops:.3f} TFLOP/s {decl.compute_peak.dtype} ({decl.compute_peak.source})"),
+        ("checkpoint write",
+         f"{decl.checkpoint_storage.write_bandwidth_mib_s:.0f} MiB/s ({decl.checkpoint_storage.test_size_mib} MiB "
+         f"to {decl.checkpoint_storage.path}, {decl.checkpoint_storage.filesystem}, fsync'd)"),
+        ("compute peak",
+         f"{decl.compute_peak.peak_tflops:.3f} TFLOP/s {decl.compute_peak.dtype} ({decl.compute_peak.source})"),
     ] + [("note", n) for n in decl.notes]
     for key, value in rows:
         table.add_row(key, escape(value))
@@ -241,7 +259,8 @@ def _render_ettr(out: Any) -> None:
 
     c = console()
     c.print(f"[bold]ETTR {out.ettr:.1%}[/] — {out.failures} failures in {out.wall_h:.0f} h "
-            f"(job MTBF {out.job_mtbf_h:.2f} h, checkpoint every {out.checkpoint_interval_min:.1f} min); profile: {escape(out.profile)}")
+            f"(job MTBF {out.job_mtbf_h:.2f} h, checkpoint every {out.checkpoint_interval_min:.1f} min); profile: "
+            f"{escape(out.profile)}")
     table = Table(title="hours lost")
     table.add_column("cause / phase")
     table.add_column("failures", justify="right")
@@ -260,7 +279,8 @@ def _render_layout(out: Any) -> None:
     c = console()
     layout = plan.get("layout", {})
     c.print(f"[bold green]valid[/] mesh {plan.get('mesh_dim_names')} = {plan.get('mesh_shape')}; "
-            f"microbatches {plan.get('n_microbatches')}; max memory {plan.get('max_total_bytes', 0) / 2**30:.2f} GiB/rank")
+            f"microbatches {plan.get('n_microbatches')}; max memory {plan.get('max_total_bytes', 0) / 2**30:.2f} "
+            f"GiB/rank")
     table = Table(title="ranks")
     for column in ("rank", "coords", "stages", "layers", "params", "GiB"):
         table.add_column(column)
