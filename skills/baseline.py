@@ -11,19 +11,17 @@ from pydantic import BaseModel, Field
 from trainops.skills.evidence.model import BaselineSummary, EvidenceRow
 from trainops.skills.stats import spread
 from trainops.tools.base import CallContext, ToolError, call, skill_context
+from trainops.tools.schedulers.base import TrainingJob
 from trainops.workspace import RunFiles
 
 Progress = Callable[[str], None]
 
 
-class JobRequest(BaseModel):
-    """A trainer run as the SOP launches it: config, overrides, processes, where."""
+class JobRequest(TrainingJob):
+    """A training job as the SOP launches it: the request, where it runs, and how it is measured."""
 
-    config: str | None = Field(None, description="job config TOML; None uses the preset")
     preset: str | None = Field("tiny", description="model preset when no config is given")
-    overrides: list[str] = Field(default_factory=list, description="section.key=value overrides")
-    nproc: int = Field(2, ge=1, description="processes (ranks) per node")
-    nodes: int = Field(1, ge=1, le=64, description="nodes (a multi-node job needs scheduler slurm or kubernetes)")
+    nproc: int = Field(2, ge=1, le=1024, description="processes (ranks) per node")
     scheduler: str = Field("local", description="local, slurm or kubernetes")
     timeout_s: float = Field(600.0, gt=0, description="give up waiting for one run after this long")
     warmup_steps: int = Field(2, ge=0, description="leading steps excluded from every statistic")
@@ -66,15 +64,13 @@ def run_once(req: JobRequest, name: str, ctx: CallContext | None = None) -> Repe
 
 def submit(req: JobRequest, name: str, ctx: CallContext | None = None):
     """submit_job for the request: a trainer run, or the framework adapter's JobSpec (validated before launch)."""
+    job = req.model_dump(include=set(TrainingJob.model_fields))
+    job["preset"] = None if req.config else req.preset
     if req.framework == "trainops":
-        return call("submit_job", {"scheduler": req.scheduler, "name": name, "training": {
-            "config": req.config, "preset": None if req.config else req.preset, "overrides": req.overrides,
-            "nproc": req.nproc, "nodes": req.nodes}}, ctx)
+        return call("submit_job", {"scheduler": req.scheduler, "name": name, "training": job}, ctx)
     from trainops.tools.frameworks.base import FrameworkJob, get_adapter
 
-    spec = get_adapter(req.framework).build_job(FrameworkJob(name=name, config=req.config,
-                                                             preset=None if req.config else req.preset,
-                                                             overrides=req.overrides, nproc=req.nproc))
+    spec = get_adapter(req.framework).build_job(FrameworkJob(name=name, **job))
     return call("submit_job", {"scheduler": req.scheduler, "spec": spec}, ctx)
 
 

@@ -13,7 +13,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trainops.tools.base import ToolError, tool
 from trainops.tools.monitoring.base import MonitorError, MonitorKind, Sample, Series
-from trainops.tools.schedulers.base import JobHandle, JobSpec, JobStatus, NodeInfo, SchedulerError, SchedulerKind
+from trainops.tools.schedulers.base import (
+    JobHandle,
+    JobSpec,
+    JobStatus,
+    NodeInfo,
+    SchedulerError,
+    SchedulerKind,
+    TrainingJob,
+)
 from trainops.workspace import RunFiles
 
 
@@ -44,17 +52,6 @@ def _confined_run(tool_name: str, run: str) -> Path:
         raise ToolError(tool_name, str(exc)) from None
 
 
-class TrainingRequest(BaseModel):
-    """A trainer run to prepare and launch with torchrun: `python -m trainops.trainer.train --run-dir RUN`."""
-
-    config: str | None = Field(None, description="Path to a job config TOML; None uses the preset alone.")
-    preset: str | None = Field(None, description="Model preset (tiny, small, llama3-1b, ...).")
-    overrides: list[str] = Field(default_factory=list,
-                                 description="section.key=value overrides, e.g. training.steps=20.")
-    nproc: int = Field(1, ge=1, le=1024, description="Processes per node.")
-    nodes: int = Field(1, ge=1, le=65536, description="Number of nodes.")
-
-
 class SubmitJobInput(BaseModel):
     scheduler: SchedulerKind = "local"
     tenant: str | None = Field(None,
@@ -62,7 +59,7 @@ class SubmitJobInput(BaseModel):
                                            "root, and every folder and data file of the job must lie there (or, for "
                                            "data, in a shared data root) (R-SEC-3).")
     spec: JobSpec | None = Field(None, description="A framework-agnostic job to run as is.")
-    training: TrainingRequest | None = Field(None,
+    training: TrainingJob | None = Field(None,
                                              description="Or: a trainer run; trainops prepares the run folder and the "
                                                          "command.")
     name: str = Field("train", description="Job name for a training request.")
@@ -87,7 +84,7 @@ def _new_run_dir(tenant: str | None) -> Path:
     return (tenant_path(tenant, "runs") if tenant else runs_dir()) / new_run_id()
 
 
-def training_spec(req: TrainingRequest, name: str, exclude_nodes: list[str], tenant: str | None = None) -> JobSpec:
+def training_spec(req: TrainingJob, name: str, exclude_nodes: list[str], tenant: str | None = None) -> JobSpec:
     """Check the trainer run's folders, then prepare its run folder (config.toml, logs/) and
     build the torchrun job; a tenant's run folder lies in the tenant's root."""
     from trainops.tools.tenancy import check_job_paths

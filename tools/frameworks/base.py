@@ -11,7 +11,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
 
-from trainops.tools.schedulers.base import JobSpec
+from trainops.tools.schedulers.base import JobSpec, TrainingJob
 from trainops.workspace import RunFiles
 
 FrameworkName = Literal["trainops", "deepspeed", "torchtitan", "megatron"]
@@ -76,17 +76,12 @@ class ParseContext(BaseModel):
     world_size: int = Field(1, ge=1, description="Devices the global batch is spread over.")
 
 
-class FrameworkJob(BaseModel):
+class FrameworkJob(TrainingJob):
     """A job in the adapter's vocabulary: the overrides are `section.key=value` pairs; the
     adapter documents its sections (knob overrides use the same keys)."""
 
     name: str = Field("train", description="Job name (lower-case letters, digits, '-').")
-    config: str | None = Field(None,
-                               description="The framework's own config file, if any (TOML for trainops/torchtitan).")
     preset: str | None = Field("tiny", description="trainops model preset when no config is given.")
-    overrides: list[str] = Field(default_factory=list, description="section.key=value overrides.")
-    nproc: int = Field(1, ge=1, description="Processes (ranks) per node.")
-    nodes: int = Field(1, ge=1)
 
 
 @runtime_checkable

@@ -76,9 +76,10 @@ class TrainopsAdapter(AdapterBase):
             raise FrameworkRefused(str(exc).splitlines()[0]) from None
 
     def build_job(self, job: FrameworkJob) -> JobSpec:
-        from trainops.tools.jobs import TrainingRequest, training_spec
+        from trainops.tools.jobs import training_spec
+        from trainops.tools.schedulers.base import TrainingJob
 
-        req = TrainingRequest(config=job.config, preset=None if job.config else job.preset, overrides=job.overrides,
+        req = TrainingJob(config=job.config, preset=None if job.config else job.preset, overrides=job.overrides,
                               nproc=job.nproc, nodes=job.nodes)
         try:
             return training_spec(req, job.name, [])

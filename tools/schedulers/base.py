@@ -26,6 +26,20 @@ class SchedulerError(Exception):
         self.backend = backend
 
 
+class TrainingJob(BaseModel):
+    """What to train: the one request model from the CLI and the skills through the tools to the
+    framework adapters, which turn it into the JobSpec a scheduler runs. The skills' JobRequest and
+    the adapters' FrameworkJob extend it with what only they need."""
+
+    config: str | None = Field(None, description="Path to a job config (TOML for trainops/torchtitan, the "
+                                                 "framework's own file otherwise); None uses the preset alone.")
+    preset: str | None = Field(None, description="Model preset (tiny, small, llama3-1b, ...) when no config is given.")
+    overrides: list[str] = Field(default_factory=list,
+                                 description="section.key=value overrides, e.g. training.steps=20.")
+    nproc: int = Field(1, ge=1, le=1024, description="Processes (ranks) per node.")
+    nodes: int = Field(1, ge=1, le=65536, description="Number of nodes.")
+
+
 class JobSpec(BaseModel):
     """What to run and where, independent of the scheduler that runs it."""
 
