@@ -30,8 +30,11 @@ rank.wait()
 
 @pytest.fixture
 def victim():
-    """A process trainops did not launch: it must survive every test here."""
+    """A process trainops did not launch: it must survive every test here. Started a few clock ticks
+    before any job, since a process's start time is known to 10 ms (a pid reused within the same
+    tick is beyond what the recorded start time can tell apart)."""
     proc = subprocess.Popen(["sleep", "120"])
+    time.sleep(0.05)
     yield proc
     proc.kill()
     proc.wait()
