@@ -113,8 +113,9 @@ def _fmt(value: float) -> str:
     return f"{value:.4g}"
 
 
-def render(suite: Suite) -> str:
-    lines = [SUITE_BEGIN, "## Suite (`make bench`)", ""]
+def render(suite: Suite, title: str = "## Suite (`make bench`)", begin: str = SUITE_BEGIN,
+           end: str = SUITE_END) -> str:
+    lines = [begin, title, ""]
     info = machine()
     lines.append(
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(suite.started))} on "
@@ -133,7 +134,7 @@ def render(suite: Suite) -> str:
     if notes:
         lines += ["", "What limits each figure that misses its target, and other notes:", ""]
         lines += [f"- **{f.name}**: {f.note}" for f in notes]
-    lines.append(SUITE_END)
+    lines.append(end)
     return "\n".join(lines)
 
 

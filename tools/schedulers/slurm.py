@@ -45,6 +45,7 @@ _STATES = {
     "FAILED": "failed", "TIMEOUT": "failed", "NODE_FAIL": "failed", "OUT_OF_MEMORY": "failed",
     "BOOT_FAIL": "failed", "DEADLINE": "failed", "SPECIAL_EXIT": "failed",
 }
+COMPLETING_GRACE_S = 2.0  # a forcibly killed job's steps report back well within this from a live node
 _NODE_STATES = {"idle": "idle", "allocated": "allocated", "mixed": "mixed", "down": "down",
                 "drained": "drained", "draining": "draining", "drain": "drained"}
 
@@ -201,22 +202,51 @@ class SlurmScheduler(PollingWait):
         """`scancel`: SIGTERM, KillWait, SIGKILL. `force` first SIGKILLs every step and the batch
         shell, because a plain `scancel --signal=KILL` still takes the KillWait path (measured:
         7.4 s with KillWait=5, against 0.08 s for the steps killed one by one). A job that dies of
-        that SIGKILL before slurmctld files the cancel is recorded FAILED, not CANCELLED."""
+        that SIGKILL before slurmctld files the cancel is recorded FAILED, not CANCELLED. A forced
+        cancel returns once nothing of the job runs: every step was SIGKILLed, so a job still
+        COMPLETING after COMPLETING_GRACE_S is waiting for a node that no longer answers (Slurm
+        waits for SlurmdTimeout, ~20 s, to declare it down), not for a process of the job."""
         self.status(job_id)
-        if force:
-            self.transport.kill_steps_and_batch(job_id)
-            try:  # after a forced kill the job may be over already
-                self.transport.cancel(job_id)
-            except SchedulerError:
-                pass
-        else:
+        if not force:
             self.transport.cancel(job_id)
-        return self.wait(job_id, 30, poll_s=0.1 if force else 0.3)
+            return self.wait(job_id, 30, poll_s=0.3)
+        self.transport.kill_steps_and_batch(job_id)
+        try:  # after a forced kill the job may be over already
+            self.transport.cancel(job_id)
+        except SchedulerError:
+            pass
+        deadline, completing_since = time.monotonic() + 30, None
+        while time.monotonic() < deadline:
+            job = self.transport.job(job_id)
+            if job is None or _STATES.get(job.state) in TERMINAL_STATES:
+                break
+            if job.state == "COMPLETING":
+                completing_since = completing_since or time.monotonic()
+                if time.monotonic() - completing_since > COMPLETING_GRACE_S or self._held_by_a_dead_node(job):
+                    break
+            time.sleep(0.1)
+        return self.status(job_id)
+
+    def _held_by_a_dead_node(self, job: SlurmJob) -> bool:
+        """COMPLETING with a node Slurm already knows does not answer (its `*`)."""
+        nodes = set(self.transport.hostnames(job.nodelist))
+        return any(n.name in nodes and ("NOT_RESPONDING" in n.flags or n.state == "down")
+                   for n in self.transport.nodes())
 
     def requeue(self, job_id: str) -> JobHandle:
-        """Same job id, back to pending; a trainer resumes from its checkpoint."""
+        """Back to pending under the same job id; a trainer resumes from its checkpoint. A job still
+        COMPLETING (held by a dead node) cannot be requeued until Slurm declares the node down, so its
+        recorded spec is submitted again as a new job (drained nodes are left out by Slurm), with
+        the same run folder: recovery does not wait out SlurmdTimeout."""
         record = self._record(job_id)
         self.status(job_id)
+        job = self.transport.job(job_id)
+        if record is not None and job is not None and job.state == "COMPLETING":
+            handle = self.submit(JobSpec.model_validate(record["spec"]))
+            replaced = self._record(handle.job_id)
+            replaced["replaces"] = job_id
+            self._record_path(handle.job_id).write_text(json.dumps(replaced))
+            return handle
         self.transport.requeue(job_id)
         self._start_now(job_id)
         if record is not None:
