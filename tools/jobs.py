@@ -84,13 +84,31 @@ def _new_run_dir(tenant: str | None) -> Path:
     return (tenant_path(tenant, "runs") if tenant else runs_dir()) / new_run_id()
 
 
+def _init_from(req: TrainingJob) -> str | None:
+    """The Hugging Face folder a run starts from (`model.init_from`, an override or in the config TOML)."""
+    from trainops.settings import read_toml
+
+    for item in reversed(req.overrides):
+        key, _, value = item.partition("=")
+        if key.strip() == "model.init_from":
+            return value.strip().strip("'\"") or None
+    if req.config:
+        model = read_toml(Path(req.config)).get("model", {})
+        return model.get("init_from") if isinstance(model, dict) else None
+    return None
+
+
 def training_spec(req: TrainingJob, name: str, exclude_nodes: list[str], tenant: str | None = None) -> JobSpec:
     """Check the trainer run's folders, then prepare its run folder (config.toml, logs/) and
     build the torchrun job; a tenant's run folder lies in the tenant's root."""
     from trainops.tools.tenancy import check_job_paths
     from trainops.trainer.config import load_config
     from trainops.trainer.launch import trainer_program
+    from trainops.workspace import confine
 
+    init_from = _init_from(req)
+    if init_from:  # before the config loads: loading it reads the folder's config.json
+        confine(init_from, "model.init_from", reading=True, must_exist=True)
     config = load_config(req.config, req.preset, req.overrides)
     run_dir = _new_run_dir(tenant)
     spec = JobSpec(name=name, command=trainer_program(run_dir), launcher="torchrun",

@@ -146,6 +146,7 @@ def test_submit_job_refuses_a_job_folder_outside_the_workspace(spec_field, outsi
     ("checkpoint.folder={outside}", "checkpoint.folder"),
     ("checkpoint.folder=../../../outside", "checkpoint.folder"),
     ("data.path={outside}/precious.bin", "data.path"),
+    ("model.init_from={outside}", "model.init_from"),
 ])
 def test_a_training_run_cannot_write_checkpoints_or_read_data_outside_the_workspace(workspace, override, field,
                                                                                     outside):

@@ -72,14 +72,16 @@ def test_resume_takes_the_runs_own_config_not_a_preset():
     assert result.exit_code == 2 and "drop CONFIG, --preset" in result.output
 
 
-def test_init_from_a_folder_without_config_json_names_the_field(tmp_path):
-    result = _cli("train", "--init-from", str(tmp_path), "--json")
+def test_init_from_a_folder_without_config_json_names_the_field(workspace):
+    empty = workspace / "not-a-checkpoint"
+    empty.mkdir(parents=True)
+    result = _cli("train", "--init-from", str(empty), "--json")
     assert result.exit_code == 2
     assert "model.init_from=" in result.output and "has no config.json" in result.output
 
 
-def test_init_from_dry_run_plans_the_checkpoints_shape(tmp_path):
-    folder = _hf_folder(tmp_path / "hf")
+def test_init_from_dry_run_plans_the_checkpoints_shape(workspace):
+    folder = _hf_folder(workspace / "hf")
     result = _cli("train", "--init-from", str(folder), "--nproc", "2", "--dry-run", "--json")
     assert result.exit_code == 0, result.output
     ranks = json.loads(result.output)["ranks"]
@@ -112,10 +114,10 @@ def _first_step_loss(folder: Path, cfg) -> float:
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", [["parallel.pp=2", "parallel.pp_schedule=GPipe"], ["parallel.tp=2"]],
                          ids=["pp2", "tp2"])
-def test_init_from_loads_each_ranks_part_under_pipeline_and_tensor_parallel(tmp_path, layout):
+def test_init_from_loads_each_ranks_part_under_pipeline_and_tensor_parallel(workspace, layout):
     from trainops.trainer.config import load_config
 
-    folder = _hf_folder(tmp_path / "hf", tied=False)  # a tied model cannot be pipelined
+    folder = _hf_folder(workspace / "hf", tied=False)  # a tied model cannot be pipelined
     sets = [arg for override in layout for arg in ("--set", override)]
     result = _cli("train", "--init-from", str(folder), "--nproc", "2", "--set", "training.steps=1", *SHORT, *sets,
                   "--json")
@@ -144,7 +146,7 @@ def test_init_from_starts_a_two_process_fsdp_run_from_the_hf_weights_and_export_
     from trainops.trainer.config import load_config
     from trainops.trainer.hf import import_hf
 
-    folder = _hf_folder(tmp_path / "hf")
+    folder = _hf_folder(workspace / "hf")  # weights are read from the workspace or a [governance] data root
     result = _cli("train", "--init-from", str(folder), "--nproc", "2", "--run-id", "from-hf",
                   "--set", "training.steps=2", "--set", "checkpoint.enable=true", "--set", "checkpoint.interval=1",
                   *SHORT, "--json")
