@@ -47,6 +47,14 @@ def _wait(predicate, what: str, timeout_s: float = 20.0) -> None:
         time.sleep(0.02)
 
 
+def _gone(pid: int) -> bool:
+    """Exited (a zombie waiting for its parent counts); the pid may vanish between two looks."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def _alive(proc: subprocess.Popen) -> bool:
     return proc.poll() is None
 
@@ -78,8 +86,7 @@ def test_kill_rank_hits_the_jobs_own_rank_not_the_pid_its_heartbeat_names(worksp
     try:
         out = call("inject_fault", {"kind": "kill_rank", "run": "poisoned", "rank": 0}, OPERATOR)
         assert out.pids == [rank_pid]
-        _wait(lambda: not psutil.pid_exists(rank_pid) or psutil.Process(rank_pid).status() == psutil.STATUS_ZOMBIE,
-              "the rank to die")
+        _wait(lambda: _gone(rank_pid), "the rank to die")
         assert _alive(victim)
     finally:
         call("cancel_job", {"job_id": job_id, "force": True}, OPERATOR)
