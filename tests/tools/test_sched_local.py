@@ -74,7 +74,6 @@ def test_cancel_gives_a_grace_period_unless_forced(tmp_path, force):
 def test_cancel_leaves_no_torchrun_worker_behind(tmp_path, force):
     """torchrun starts each worker in a session of its own: killing the job's process group alone
     would orphan them, and orphaned ranks train on."""
-    import psutil
 
     script = tmp_path / "worker.py"
     script.write_text("import os, pathlib, sys, time\n"
@@ -93,6 +92,8 @@ def test_cancel_leaves_no_torchrun_worker_behind(tmp_path, force):
 
 def _running(pid: int) -> bool:
     """Not exited (a zombie counts as exited); the pid may vanish between two looks."""
+    import psutil
+
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
