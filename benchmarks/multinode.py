@@ -50,7 +50,7 @@ def node_crash_drill():
     from trainops.skills.baseline import JobRequest
     from trainops.skills.drill import drill
 
-    sandbox._wait(60, "every node idle", lambda: set(sandbox.node_states(sandbox.load_state(SPEC.prefix)).values())
+    sandbox.wait_until(60, "every node idle", lambda: set(sandbox.node_states(sandbox.load_state(SPEC.prefix)).values())
                   == {"idle"})
     req = JobRequest(preset="tiny", nproc=1, nodes=2, scheduler="slurm", timeout_s=240, overrides=JOB)
     result, _ = drill(req, "node-crash", inject_step=4)

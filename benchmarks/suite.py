@@ -75,7 +75,7 @@ def _checkpoint_stall(mode: str, steps: int) -> float:
     result = run_local(cfg, 1, show_progress=False)
     if result.status != "ok":
         raise RuntimeError(f"benchmark checkpoint run failed: read {result.run_dir}/logs")
-    journal = [json.loads(line) for line in (RunFiles(result.run_dir).checkpoint_journal).read_text().splitlines()]
+    journal = [json.loads(line) for line in RunFiles(result.run_dir).checkpoint_journal.read_text().splitlines()]
     return statistics.median(e["stall_s"] for e in journal if e.get("event") == "save")
 
 

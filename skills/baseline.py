@@ -52,7 +52,7 @@ def run_once(req: JobRequest, name: str, ctx: CallContext | None = None) -> Repe
     if status.state != "completed":
         raise ToolError("submit_job", f"run {name} ({run_dir}) ended {status.state} (exit code {status.exit_code}, "
                         f"{status.reason or 'no reason given'}); read {run_dir}/logs/rank0.log")
-    if not (RunFiles(run_dir).metrics).exists():  # torchtitan, Megatron-LM: their step lines are the metrics
+    if not RunFiles(run_dir).metrics.exists():  # torchtitan, Megatron-LM: their step lines are the metrics
         from trainops.tools.frameworks.base import ParseContext, get_adapter, ingest_log
 
         log = call("job_logs", {"job_id": job_id, "scheduler": req.scheduler, "tail": 0}, ctx)
@@ -214,7 +214,7 @@ def command_line(req: JobRequest) -> str:
         return f"trainops baseline --framework {req.framework} {target} --repeats 1 --nproc {req.nproc} {sets}".strip()
     target = req.config or f"--preset {req.preset}"
     if req.nodes > 1:  # `trainops train` runs here; a multi-node run is rerun through the SOP command
-        target = req.config or ""
-        return (f"trainops baseline {target} --scheduler {req.scheduler} --nodes {req.nodes} --nproc {req.nproc} "
-                f"--repeats 1 {sets}").replace("  ", " ").strip()
+        parts = ["trainops baseline", req.config, f"--scheduler {req.scheduler} --nodes {req.nodes}",
+                 f"--nproc {req.nproc} --repeats 1", sets]
+        return " ".join(part for part in parts if part)
     return f"trainops train {target} --nproc {req.nproc} {sets}".strip()

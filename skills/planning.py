@@ -20,7 +20,7 @@ def plan_from_drill(drill: DrillResult, mtbf_h: float, mtbf_basis: str,
                     ctx: CallContext | None = None) -> CheckpointPlan:
     """The interval for this job: save cost from the drill run's checkpoint journal, restart cost
     from the drill's measured recovery, MTBF as declared."""
-    saves = [json.loads(line) for line in (RunFiles(drill.run_dir).checkpoint_journal).read_text().splitlines()
+    saves = [json.loads(line) for line in RunFiles(drill.run_dir).checkpoint_journal.read_text().splitlines()
              if line.strip() and json.loads(line).get("event") == "save"]
     stall = statistics.median(s.get("stall_s", s["write_s"]) for s in saves)
     write_s = statistics.median(s["write_s"] for s in saves)

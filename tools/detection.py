@@ -224,7 +224,7 @@ def _proc_state(pid: int) -> str | None:
 def _finished_ok(run_dir: Path) -> bool:
     """The launcher writes status.json at the end; a clean finish is not a fault."""
     try:
-        return json.loads((RunFiles(run_dir).status).read_text()).get("status") == "ok"
+        return json.loads(RunFiles(run_dir).status.read_text()).get("status") == "ok"
     except (OSError, ValueError):
         return False
 

@@ -115,8 +115,8 @@ def training_spec(req: TrainingJob, name: str, exclude_nodes: list[str], tenant:
                    nodes=req.nodes, procs_per_node=req.nproc, run_dir=str(run_dir), exclude_nodes=exclude_nodes,
                    env={"OMP_NUM_THREADS": "1"}, tenant=tenant)
     check_job_paths(spec, config)
-    (run_dir / "logs").mkdir(parents=True)
-    (RunFiles(run_dir).config).write_text(config.to_toml())
+    RunFiles(run_dir).logs_dir.mkdir(parents=True)
+    RunFiles(run_dir).config.write_text(config.to_toml())
     return spec
 
 

@@ -144,7 +144,7 @@ def resolve_run(run: str | Path) -> Path:
     """A run id under `$TRAINOPS_HOME/runs`, or a run folder path; it must hold config.toml."""
     by_id = runs_dir() / str(run)
     run_dir = by_id if is_valid_id(str(run)) and by_id.is_dir() else Path(run).expanduser().resolve()
-    if not (RunFiles(run_dir).config).is_file():
+    if not RunFiles(run_dir).config.is_file():
         raise ValueError(f"run {str(run)!r} not found: no {run_dir}/config.toml; give a run id from "
                          f"{runs_dir()} or a run folder")
     return run_dir
@@ -191,7 +191,7 @@ def prepare_resume(run: str | Path, overrides: list[str], nproc: int | None, *, 
     changed = {f"{section}.{key}": value for section, values in new.items() for key, value in values.items()
                if old[section][key] != value}
     if write and changed:
-        (RunFiles(run_dir).config).write_text(cfg.to_toml())
+        RunFiles(run_dir).config.write_text(cfg.to_toml())
     return ResumePlan(run_dir=str(run_dir), checkpoint=str(path), step=step, saved_world_size=saved_world_size,
                       nproc=nproc, changed=changed)
 
@@ -237,7 +237,7 @@ def launch_run(run_dir: str | Path, nproc: int, *, show_progress: bool = True,
     show = None
     if progress is not None:
         show = lambda line: progress.console.print(line, highlight=False, markup=False, soft_wrap=True)  # noqa: E731
-    pump = threading.Thread(target=_pump, args=(process.stdout, run_dir / "logs" / "launcher.log", show),
+    pump = threading.Thread(target=_pump, args=(process.stdout, RunFiles(run_dir).logs_dir / "launcher.log", show),
                             daemon=True)
     pump.start()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s

@@ -258,8 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(parser.parse_args(argv).run_dir)
     cfg = load_config(RunFiles(run_dir).config)
     rank, world_size, device = init_distributed()
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    log_file = open(run_dir / "logs" / f"rank{rank}.log", "a", buffering=1)
+    RunFiles(run_dir).logs_dir.mkdir(parents=True, exist_ok=True)
+    log_file = open(RunFiles(run_dir).rank_log(rank), "a", buffering=1)
     sys.stdout, sys.stderr = _Tee(sys.stdout, log_file), _Tee(sys.stderr, log_file)
     try:
         train(cfg, run_dir, rank, world_size, device)

@@ -62,7 +62,7 @@ def test_node_faults_crash_one_node_shape_its_link_and_bring_it_back(sandbox_clu
     sandbox.slow_link(3, None, prefix="tost")
     assert "tbf" not in subprocess.run(["tc", "qdisc", "show", "dev", "tosth3"], capture_output=True, text=True).stdout
     sandbox.heal_node(2, prefix="tost")
-    sandbox._wait(30, "n2 idle again", lambda: sandbox.node_states(sandbox_cluster).get("n2") == "idle")
+    sandbox.wait_until(30, "n2 idle again", lambda: sandbox.node_states(sandbox_cluster).get("n2") == "idle")
 
 
 def test_bad_settings_are_named_and_the_cli_reports_status():

@@ -77,7 +77,7 @@ def new_run_dir(framework: str, settings: dict[str, dict[str, object]]) -> Path:
         lines.append(f"[{section}]")
         lines += [f"{json.dumps(k) if '.' in k else k} = {json.dumps(v)}" for k, v in values.items()]
         lines.append("")
-    (RunFiles(run_dir).config).write_text("\n".join(lines), encoding="utf-8")
+    RunFiles(run_dir).config.write_text("\n".join(lines), encoding="utf-8")
     return run_dir
 
 

@@ -100,7 +100,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", required=True)
     run_dir = Path(parser.parse_args(argv).run_dir)
-    settings = tomllib.loads((RunFiles(run_dir).config).read_text(encoding="utf-8"))
+    settings = tomllib.loads(RunFiles(run_dir).config.read_text(encoding="utf-8"))
     ds_config = json.loads((run_dir / "ds_config.json").read_text(encoding="utf-8"))
     training, ckpt = settings["training"], settings["checkpoint"]
 
@@ -119,7 +119,7 @@ def main(argv: list[str]) -> int:
 
     deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
-    log = open(run_dir / "logs" / f"rank{rank}.log", "a", buffering=1)
+    log = open(RunFiles(run_dir).rank_log(rank), "a", buffering=1)
     args = preset(settings["model"]["preset"], max_seq_len=max(training["seq_len"], 16))
     model = Transformer(args)
     model.init_weights(seed=training["seed"])

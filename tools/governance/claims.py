@@ -63,7 +63,7 @@ def resolve_run(run: str) -> Path | None:
     from trainops.workspace import runs_dir
 
     for candidate in (Path(run), runs_dir() / run):
-        if (RunFiles(candidate).metrics).is_file():
+        if RunFiles(candidate).metrics.is_file():
             return candidate.resolve()
     return None
 

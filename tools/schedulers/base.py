@@ -9,6 +9,8 @@ from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from trainops.workspace import RunFiles
+
 SchedulerKind = Literal["local", "slurm", "kubernetes"]
 JobState = Literal["pending", "running", "completed", "failed", "cancelled", "unknown"]
 NodeState = Literal["idle", "allocated", "mixed", "drained", "draining", "down", "unknown"]
@@ -228,13 +230,12 @@ def tail_text(text: str, lines: int) -> str:
 def rank_log(run_dir: str | None, rank: int, backend: str, job_id: str) -> str:
     """A rank's own log from the run folder (the trainer writes logs/rank{R}.log). The job can
     replace that file with a link, so it is read only where it resolves inside the workspace."""
-    from pathlib import Path
 
     if not run_dir:
         raise SchedulerError(backend,
                              f"job {job_id} has no run_dir, so it has no per-rank logs; ask for the job log "
                              "(rank=None)")
-    path = Path(run_dir) / "logs" / f"rank{rank}.log"
+    path = RunFiles(run_dir).rank_log(rank)
     if not path.exists():
         raise SchedulerError(backend,
                              f"no log for rank {rank} of job {job_id} at {path}; check the rank number "

@@ -11,7 +11,7 @@ from trainops.workspace import RunFiles
 
 
 def write_run_status(run_dir: str, exit_code: int) -> None:
-    if not (RunFiles(run_dir).config).exists():
+    if not RunFiles(run_dir).config.exists():
         return
     from trainops.trainer.launch import summarize
 

@@ -174,11 +174,12 @@ def _start_munge() -> int | None:
     Path("/run/munge").mkdir(parents=True, exist_ok=True)
     shutil.chown("/run/munge", "munge", "munge")
     _sh([MUNGED, "--force"])
-    _wait(10, "munged to answer", _munge_ok)
+    wait_until(10, "munged to answer", _munge_ok)
     return int(Path("/run/munge/munged.pid").read_text().strip())
 
 
-def _wait(timeout_s: float, what: str, ready) -> None:
+def wait_until(timeout_s: float, what: str, ready) -> None:
+    """Poll `ready` every 0.1 s; a SandboxError naming `what` after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while not ready():
         if time.monotonic() > deadline:
@@ -289,11 +290,11 @@ def up(spec: SandboxSpec) -> SandboxState:
         state.conf.write_text(_conf_text(spec, folder))
         (folder / "hosts").write_text(_hosts_text(spec))
         _sh(_in_ns(spec.ctl_ns, [SLURMCTLD, "-f", str(state.conf)]))
-        _wait(30, "slurmctld to answer `scontrol ping`", lambda: "UP" in subprocess.run(
+        wait_until(30, "slurmctld to answer `scontrol ping`", lambda: "UP" in subprocess.run(
             ["scontrol", "ping"], capture_output=True, text=True, timeout=15, env=slurm_env(state)).stdout)
         for k in range(1, spec.nodes + 1):
             start_slurmd(state, k)
-        _wait(60, f"all {spec.nodes} nodes idle (see {folder}/log)", lambda: _all_idle(state))
+        wait_until(60, f"all {spec.nodes} nodes idle (see {folder}/log)", lambda: _all_idle(state))
     except Exception:
         _save(state)
         down(spec.prefix)
@@ -413,7 +414,7 @@ def crash_node(node: int, power_loss: bool = False, prefix: str = DEFAULT_PREFIX
         _sh(["ip", "link", "set", state.spec.host_link(node), "down"])
     pids = namespace_pids(state.spec.ns(node))
     _signal(pids, signal.SIGKILL)
-    _wait(5, f"node n{node}'s processes to die", lambda: not _alive(pids))
+    wait_until(5, f"node n{node}'s processes to die", lambda: not _alive(pids))
     return pids
 
 

@@ -200,7 +200,17 @@ def start_now(job_id: str) -> None:
 
 
 def slurm_release() -> str | None:
-    """The running Slurm's release as `major.minor` (e.g. 22.05), from `sinfo --version`."""
+    """The running Slurm's release as `major.minor` (e.g. 22.05), from `sinfo --version`; asked once
+    per process (every SlurmScheduler chooses its transport)."""
+    if "release" not in _RELEASE:
+        _RELEASE["release"] = _sinfo_release()
+    return _RELEASE["release"]
+
+
+_RELEASE: dict[str, str | None] = {}
+
+
+def _sinfo_release() -> str | None:
     try:
         out = subprocess.run(["sinfo", "--version"], capture_output=True, text=True, timeout=15)
     except (OSError, subprocess.TimeoutExpired):

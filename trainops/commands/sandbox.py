@@ -40,14 +40,12 @@ def up(
 
 
 def _render_up(payload: dict) -> None:
-    from rich.markup import escape
-
     out = console()
     out.print(f"sandbox up: {len(payload['nodes'])} nodes idle in {payload['bring_up_s']} s")
     for name, address in payload["addresses"].items():
-        out.print(f"  {name}  {address}  {escape(payload['nodes'].get(name, '?'))}")
+        out.print(f"  {name}  {address}  {payload['nodes'].get(name, '?')}", markup=False)
     out.print("Point Slurm's CLI and trainops at it:")
-    out.print(f"  {escape(payload['export'])}")
+    out.print(f"  {payload['export']}", markup=False)
     out.print("then submit with scheduler 'slurm', e.g. trainops tool call submit_job --input "
               "'{\"scheduler\": \"slurm\", \"training\": {\"preset\": \"tiny\", \"nodes\": 2}}'")
 
@@ -79,12 +77,10 @@ def status(prefix: str = PrefixOpt, as_json: bool = JsonOpt) -> None:
 
 
 def _render_status(payload: dict) -> None:
-    from rich.markup import escape
-
     out = console()
     if not payload["up"]:
         out.print("no sandbox is up; `trainops sandbox up --nodes N` starts one")
         return
-    out.print(f"SLURM_CONF={escape(payload['slurm_conf'])}")
+    out.print(f"SLURM_CONF={payload['slurm_conf']}", markup=False)
     for name, state in payload["nodes"].items():
-        out.print(f"  {name}  {payload['addresses'].get(name, '?')}  {escape(state)}")
+        out.print(f"  {name}  {payload['addresses'].get(name, '?')}  {state}", markup=False)

@@ -192,7 +192,7 @@ def evidence_build(run_dirs: List[str] = typer.Argument(...,
     from trainops.skills.sop import build_from_runs
 
     for run_dir in run_dirs:
-        if not (RunFiles(run_dir).metrics).exists():
+        if not RunFiles(run_dir).metrics.exists():
             fail(f"RUNDIR: {run_dir!r} has no metrics.jsonl; pass a finished run folder ($TRAINOPS_HOME/runs/RUN)",
                  as_json=as_json)
     folder = _guard(lambda: build_from_runs(run_dirs, scheduler), as_json)

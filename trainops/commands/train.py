@@ -173,7 +173,7 @@ def train(
             if not as_json:
                 console().print(f"resuming {run_dir.name} from {plan.checkpoint} (step {plan.step}, verified; saved by "
                                 f"{plan.saved_world_size} ranks, continuing on {nproc})"
-                                + (f"; changed {plan.changed}" if plan.changed else ""), highlight=False)
+                                + (f"; changed {plan.changed}" if plan.changed else ""), highlight=False, markup=False)
         else:
             if init_from:
                 overrides = [*overrides, f"model.init_from={init_from.expanduser().resolve()}"]
@@ -230,4 +230,4 @@ def export(
     files = sorted(p.name for p in folder.iterdir())
     emit({"run_dir": str(run_dir), "checkpoint": str(checkpoint), "folder": str(folder), "files": files}, as_json,
          lambda out: console().print(f"exported {out['checkpoint']} to {out['folder']}: {', '.join(out['files'])}",
-                                     highlight=False))
+                                     highlight=False, markup=False))
