@@ -125,6 +125,7 @@ class MetricsLogger:
         self.run_id, self.total_steps = run_id, total_steps
         self.peak_tflops, self.peak_source = peak_tflops, peak_source
         self.heartbeat_path = RunFiles(self.run_dir).heartbeat(rank)
+        self.metrics_path = RunFiles(self.run_dir).metrics
         self.heartbeat_path.parent.mkdir(parents=True, exist_ok=True)
         self.gauges: dict[str, Any] = {}
         if cfg.prometheus_port_base:
@@ -176,7 +177,7 @@ class MetricsLogger:
         }
         if self.cfg.jsonl:
             line = (json.dumps(record) + "\n").encode()
-            fd = os.open(RunFiles(self.run_dir).metrics, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            fd = os.open(self.metrics_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             try:
                 os.write(fd, line)  # one O_APPEND write per line: ranks never interleave
             finally:
