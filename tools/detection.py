@@ -22,6 +22,9 @@ from trainops.tools.base import ToolError, tool
 from trainops.tools.schedulers.base import TERMINAL_STATES, SchedulerError, SchedulerKind
 from trainops.workspace import RunFiles
 
+# Ranks append their records of one step microseconds to milliseconds apart; a loss anomaly is held
+# this long (at most) for the peers' records of its step, whose checksums may name a corrupted replica.
+PEER_RECORD_WAIT_S = 1.0
 Mechanism = Literal["process_exit", "heartbeat_stale", "loss_anomaly", "checksum_mismatch", "step_time_outlier"]
 Isolation = Literal["rank", "node", "replica_group", "job"]
 
@@ -122,6 +125,9 @@ class _Watch:
                     return (rec, f"grad_norm {g:.4g} is {z:.1f} sd above the last {len(hist)} steps (mean "
                                  f"{statistics.fmean(hist):.4g})")
         return None
+
+    def every_rank_reached(self, step: int) -> bool:
+        return all(int(recs[-1].get("step", 0)) >= step for recs in self.by_rank.values())
 
     def checksum_mismatch(self) -> tuple[dict, str] | None:
         for step in sorted(self.checksums):
@@ -256,6 +262,7 @@ def detect_faults(inp: DetectFaultsInput) -> Detection:
         sched = get_scheduler(inp.scheduler)
     watch = _Watch(inp, run_dir)
     host = os.uname().nodename
+    held, held_since = None, 0.0  # a loss anomaly waiting for every rank's record of its step
     deadline = time.monotonic() + inp.timeout_s
     polls = 0
     while True:
@@ -271,11 +278,19 @@ def detect_faults(inp: DetectFaultsInput) -> Detection:
             return Detection(detected=False, evidence=f"run {inp.run} finished cleanly with no fault seen", polls=polls,
                              injected_at=injected_at)
         records = watch.ingest()
+        if held is None:
+            anomaly = watch.loss_anomaly(records)
+            held, held_since = ((*anomaly, "loss_anomaly"), time.monotonic()) if anomaly else (None, 0.0)
         # a corrupted replica explains the loss anomaly it causes: the earlier step wins, the checksum on a tie
         findings = [(rec, why, "checksum_mismatch") for rec, why in filter(None, [watch.checksum_mismatch()])]
-        findings += [(rec, why, "loss_anomaly") for rec, why in filter(None, [watch.loss_anomaly(records)])]
+        findings += [held] if held else []
         if findings:
             rec, why, mechanism = min(findings, key=lambda f: int(f[0].get("step", 0)))
+            step = int(rec.get("step", 0))
+            if (mechanism == "loss_anomaly" and not watch.every_rank_reached(step)
+                    and time.monotonic() - held_since < min(PEER_RECORD_WAIT_S, inp.heartbeat_stale_s)):
+                time.sleep(inp.poll_interval_s)  # a peer's checksum of this step may yet explain the anomaly
+                continue
             node = rec.get("host", host) if mechanism == "checksum_mismatch" else None
             return _finish(mechanism, rec.get("rank"), node, rec.get("step"), why, injected_at or rec.get("time"),
                            polls)
