@@ -1,6 +1,6 @@
 """The reference the trainer is measured against: a plain, hand-written PyTorch loop of the
-same math (model, batch, precision, AdamW, clipping, FSDP2 when run on 2 ranks), with none of
-the trainer's machinery. Run directly for one process or under torchrun for FSDP2.
+same math (model, batch, precision, multi-tensor AdamW, clipping, FSDP2 when run on 2 ranks), with
+none of the trainer's machinery. Run directly for one process or under torchrun for FSDP2.
 
     python benchmarks/plain_loop.py --preset tiny --steps 30 --global-batch 8 --seq-len 128 --out T.json
 """
@@ -36,13 +36,11 @@ def main() -> None:
     model_args = preset(args.preset)
     model = Transformer(model_args)
     model.init_weights(seed=0)
-    if distributed:
+    if distributed:  # sharded as the trainer shards on the CPU: the whole model as one FSDP2 unit
         from torch.distributed.fsdp import fully_shard
 
-        for block in model.layers.values():
-            fully_shard(block)
         fully_shard(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1, foreach=True)
     batch = args.global_batch // world
     generator = torch.Generator().manual_seed(rank)
     step_times = []

@@ -66,6 +66,11 @@ class ParallelConfig(_Section):
     reshard_after_forward: bool = Field(
         True, description="FSDP2: free gathered parameters after forward (ZeRO-3-like); false keeps "
         "them until backward (ZeRO-2-like)")
+    fsdp_unit_params: int = Field(
+        -1, ge=-1, description="FSDP2: shard consecutive blocks as one unit (one all-gather and one "
+        "reduce-scatter per unit) until it holds this many parameters; 0 = one unit per block; -1 (auto) "
+        "= one per block on GPUs, the whole model as one unit on the CPU (gloo shares the compute cores, so "
+        "more collectives only add latency)")
 
     @field_validator("dp_shard")
     @classmethod

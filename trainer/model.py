@@ -135,10 +135,8 @@ class Attention(nn.Module):
         v = self.wv(x).view(batch, seq, -1, self.head_dim)
         q, k = apply_rope(q, freqs_cis), apply_rope(k, freqs_cis)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        repeats = q.shape[1] // k.shape[1]
-        if repeats > 1:
-            k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        # the kernel shares each key/value head among its query heads, with no repeated copy
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
