@@ -4,6 +4,7 @@ Every step that changes the world (launch, injection, cancel, drain, quarantine,
 tool call, so it passes the gate as `skill:fault-drill` for whoever ran the drill."""
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ from pydantic import BaseModel, Field
 
 from trainops.settings import read_toml
 from trainops.skills.baseline import JobRequest, Progress, command_line, submit
+from trainops.skills.drill_nodes import SLURM_CONFIRM_WAIT_S, NodeTimeline, health_check, replacement
 from trainops.skills.evidence.model import DrillResult, EvidenceRow
 from trainops.tools.base import CallContext, ToolError, call, skill_context
 from trainops.workspace import RunFiles
@@ -28,9 +30,12 @@ DRILLS: dict[str, tuple[str, str]] = {
     "straggler": ("straggler", "hardware"),
     "node-crash": ("node_crash", "hardware"),
     "power-loss": ("power_loss", "hardware"),
+    "partition": ("partition", "network"),
+    "slow-network": ("slow_network", "network"),
 }
-NODE_DRILLS = {"node-crash", "power-loss"}
-"""Real node faults: a multi-node job on a `trainops sandbox` cluster loses its last node."""
+NODE_DRILLS = {"node-crash", "power-loss", "partition", "slow-network"}
+"""Real node and network faults: a multi-node job on a `trainops sandbox` cluster loses (or is slowed
+by) its last node, which is drained and replaced by a hot spare, then repaired, checked and resumed."""
 # launch-time drill -> (the trainer's faults.jsonl kind when it fires, extra launch overrides)
 LAUNCH_TIME: dict[str, tuple[str, list[str]]] = {
     "nan": ("nan", []),
@@ -156,6 +161,13 @@ def drill(req: JobRequest, fault: str, inject_step: int = 5, ctx: CallContext | 
         raise DrillRefused(f"fault: {fault} takes a node away from a multi-node job: use --scheduler slurm --nodes 2 "
                            "(or more) on a `trainops sandbox` cluster")
     ctx = skill_context("fault-drill", ctx)
+    timeline = NodeTimeline() if fault in NODE_DRILLS else None
+    with timeline or contextlib.nullcontext():
+        return _run_drill(req, fault, inject_step, ctx, progress, timeline)
+
+
+def _run_drill(req: JobRequest, fault: str, inject_step: int, ctx: CallContext, progress: Progress | None,
+               timeline: NodeTimeline | None) -> tuple[DrillResult | DetectionOnlyResult, EvidenceRow]:
     kind, cause = DRILLS[fault]
     say = progress or (lambda _msg: None)
     sched = req.scheduler
@@ -186,6 +198,8 @@ def drill(req: JobRequest, fault: str, inject_step: int = 5, ctx: CallContext | 
             target = {"node": nodes_before[-1]}
         injected = call("inject_fault", {"kind": kind, "run": run_dir, **target}, ctx)
         injected_at = injected.injected_at
+        if timeline:
+            timeline.add(target["node"], f"injected {kind}", injected_at)
         last_step = max(_heartbeat_step(run_dir, r) for r in range(req.nproc * req.nodes))
         if kind == "corrupt_checkpoint":
             call("inject_fault", {"kind": "kill_rank", "run": run_dir, "rank": rank}, ctx)
@@ -195,11 +209,16 @@ def drill(req: JobRequest, fault: str, inject_step: int = 5, ctx: CallContext | 
         raise ToolError("detect_faults",
                         f"drill {fault}: nothing detected within 60 s in {run_dir}; check the detectors")
     say(f"drill {fault}: detected by {detection.mechanism} after {detection.detection_latency_s:.2f} s; isolating")
+    if timeline:
+        timeline.add(detection.node or "job", f"detected: {detection.mechanism} ({detection.evidence})",
+                     detection.detected_at)
     # forced: the survivors of a detected failure are stuck in a collective, a grace period only waits on them
     call("cancel_job", {"job_id": job_id, "scheduler": sched, "force": True}, ctx)
     if fault in DETECTION_ONLY:
         return _detection_only(req, fault, run_dir, last_step, detection, started)
     drained = isolate_node(detection, sched, ctx)
+    if timeline and drained:
+        timeline.add(drained, "drained (gated drain_node)")
     quarantined = (quarantine_after(run_dir, int(detection.step), ctx) if detection.mechanism == "checksum_mismatch"
                    else [])
     isolated = time.time()
@@ -216,14 +235,23 @@ def drill(req: JobRequest, fault: str, inject_step: int = 5, ctx: CallContext | 
         detector += f"; quarantined checkpoint(s) {quarantined} taken after the corruption"
     if fell_back:
         detector += f"; the restart's checksum check skipped corrupt step(s) {fell_back}"
-    if fault in NODE_DRILLS:
+    if timeline:
         after = call("job_status", {"job_id": requeued.job_id, "scheduler": sched}, ctx).nodes
-        detector += f"; node {target['node']} lost (ran on {', '.join(nodes_before)}), restarted on {', '.join(after)}"
+        for node in after:
+            timeline.add(node, f"first step of the restarted job {requeued.job_id}", recovered)
+        replaced = replacement(target["node"], nodes_before, after)
+        detector += (f"; node {target['node']} lost (ran on {', '.join(nodes_before)}), restarted on "
+                     f"{', '.join(after)}: {replaced}")
     status = call("wait_job", {"job_id": requeued.job_id, "scheduler": sched, "timeout_s": req.timeout_s}, ctx)
-    if fault in NODE_DRILLS:  # repair before the node goes back: link up, slurmd started again
+    if timeline:  # Slurm's view confirms, then the repair and a health check before the node goes back
+        detector += "; " + _slurm_confirmation(timeline, target["node"], injected_at, fault != "slow-network")
         call("inject_fault", {"kind": "heal_node", "node": target["node"]}, ctx)
+        timeline.add(target["node"], "healed (link up, no rate limit, slurmd running)")
+        timeline.add(target["node"], f"health check: {health_check(target['node'])}")
     if drained:
         call("resume_node", {"node": drained, "scheduler": sched}, ctx)
+        if timeline:
+            timeline.add(drained, "resumed (gated resume_node): back in the pool")
     if status.state != "completed":
         raise ToolError("requeue_job", f"drill {fault}: the restarted job ended {status.state}; read {run_dir}/logs")
     record = Path(run_dir) / "drill.json"
@@ -234,13 +262,26 @@ def drill(req: JobRequest, fault: str, inject_step: int = 5, ctx: CallContext | 
         recovery_time_s=recovered - detection.detected_at, steps_lost=max(0, last_step - int(used["step"])),
         checkpoint_used=str(used["path"]), async_checkpoint_intact=intact,
         cause=cause, detector=detector, drill_record=str(record))
-    record.write_text(result.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    extra = {"replaced": replaced, "node_timeline": timeline.rows(injected_at)} if timeline else {}
+    record.write_text(json.dumps({**result.model_dump(), **extra}, indent=2) + "\n", encoding="utf-8")
     evidence = EvidenceRow(tool="inject_fault+detect_faults+requeue_job", version=req.framework_version,
                            command=command_line(launch),
                            log_path=str(record), value=f"{fault}: detect {result.detection_latency_s:.2f} s, "
-                           f"recover {result.recovery_time_s:.1f} s, {result.steps_lost} steps lost",
+                           f"recover {result.recovery_time_s:.1f} s, {result.steps_lost} steps lost"
+                           + (f"; {replaced}; per-node timeline in {record}" if timeline else ""),
                            window_start=started, window_end=time.time())
     return result, evidence
+
+
+def _slurm_confirmation(timeline: NodeTimeline, node: str, injected_at: float, expect_flag: bool) -> str:
+    """Slurm's own verdict on the lost node, as confirmation: a crashed or partitioned node is waited
+    for (SlurmdTimeout), a slow link is not, since it still answers Slurm's pings."""
+    flagged = (timeline.wait_for_slurm(node, injected_at) if expect_flag
+               else timeline.slurm_flagged(node, injected_at))
+    if flagged is None:
+        return (f"Slurm never flagged {node} (a slow link still answers its pings)" if not expect_flag
+                else f"Slurm did not flag {node} within {SLURM_CONFIRM_WAIT_S:.0f} s of the fault")
+    return f"Slurm confirmed {node} not responding {flagged - injected_at:.1f} s after the fault"
 
 
 def _detection_only(req: JobRequest, fault: str, run_dir: str, step: int, detection,

@@ -5,7 +5,10 @@ Mechanisms: process exit (job state or a rank's pid), heartbeat staleness (hang)
 grad-norm anomaly (NaN/inf or a z-score jump), cross-replica parameter checksum mismatch
 (silent data corruption; needs a `param_checksum` field in the metrics records, compared
 among ranks of the same `replica_group` field when present), per-rank step-time outlier
-(straggler; `compute_time_s` when the trainer writes it, else the `step_time_s` spread)."""
+(straggler; `compute_time_s` when the trainer writes it, else the `step_time_s` spread). On a
+multi-node job, network probes of the ranks' nodes (tools/reachability.py) name the node a stall
+waits on: one that does not answer (a partition, with the stale heartbeat) or one that answers far
+later than the others (a slow link, once the job's steps run late)."""
 from __future__ import annotations
 
 import json
@@ -25,7 +28,9 @@ from trainops.workspace import RunFiles
 # Ranks append their records of one step microseconds to milliseconds apart; a loss anomaly is held
 # this long (at most) for the peers' records of its step, whose checksums may name a corrupted replica.
 PEER_RECORD_WAIT_S = 1.0
-Mechanism = Literal["process_exit", "heartbeat_stale", "loss_anomaly", "checksum_mismatch", "step_time_outlier"]
+Mechanism = Literal["process_exit", "heartbeat_stale", "loss_anomaly", "checksum_mismatch", "step_time_outlier",
+                    "slow_link"]
+PROBE_EVERY_S = 1.0
 Isolation = Literal["rank", "node", "replica_group", "job"]
 
 
@@ -76,6 +81,8 @@ _ISOLATION: dict[str, tuple[Isolation, str]] = {
                           "stop the job, take the diverging replica group's nodes out for a hardware check, restart "
                           "from a verified checkpoint"),
     "step_time_outlier": ("node", "drain the straggler's node and requeue on a hot spare"),
+    "slow_link": ("node", "drain the node behind the slow link and requeue on a hot spare; check its NIC, cable and "
+                          "switch port before it returns"),
 }
 
 
@@ -94,6 +101,8 @@ class _Watch:
         self.by_rank: dict[int, list[dict]] = {}
         self.checksums: dict[int, dict[int, dict]] = {}
         self.last_step_time: dict[int, float] = {}
+        self.rtts: dict[str, float | None] = {}
+        self.probed_at = float("-inf")
 
     def ingest(self) -> list[dict]:
         from trainops.tools.monitoring.embedded import read_records
@@ -173,6 +182,40 @@ class _Watch:
                                          "its own step")
         return None
 
+    def probe(self, hosts: set[str]) -> dict[str, float | None]:
+        """Connect round trips to the ranks' nodes, at most one round per PROBE_EVERY_S; only for
+        a job on more than one node (one host has no network between its ranks)."""
+        from trainops.tools.reachability import probe_nodes
+
+        if len(hosts) > 1 and time.monotonic() - self.probed_at > PROBE_EVERY_S:
+            self.rtts, self.probed_at = probe_nodes(sorted(hosts)), time.monotonic()
+        return self.rtts if len(hosts) > 1 else {}
+
+    def slow_node(self) -> tuple[int, dict, str] | None:
+        """Every rank's steps run late against the run's own usual step time (a slow link slows
+        the whole collective, so no rank stands out), and one node answers a probe far later
+        than the others: that node's link. Returns (a rank on it, its heartbeat, why)."""
+        from trainops.tools.monitoring.embedded import read_heartbeats
+        from trainops.tools.reachability import slow_outlier
+
+        usual = [float(x["step_time_s"]) for recs in self.by_rank.values() for x in recs[:self.inp.window_steps]
+                 if "step_time_s" in x]
+        latest = [recs[-1] for recs in self.by_rank.values()]
+        if len(usual) < 3 or len(self.by_rank) < 2:
+            return None
+        late_s = max(time.time() - max(float(x.get("time", 0)) for x in latest),
+                     statistics.median(float(x.get("step_time_s", 0)) for x in latest))
+        if late_s < self.inp.straggler_ratio * statistics.median(usual):
+            return None
+        beats = read_heartbeats(self.run_dir)
+        found = slow_outlier(self.probe({str(b["host"]) for b in beats.values() if b.get("host")}))
+        if found is None:
+            return None
+        node, why = found
+        rank = min(r for r, b in beats.items() if b.get("host") == node)
+        return rank, beats[rank], (f"steps run {late_s:.2f}s against a usual {statistics.median(usual):.3f}s on every "
+                                   f"rank; {why}")
+
     def stale_or_dead(self) -> tuple[str, int, dict, str] | None:
         from trainops.tools.monitoring.embedded import read_heartbeats
 
@@ -212,6 +255,11 @@ class _Watch:
                            and _proc_state(int(b.get("pid", 0))) == "T"]
                 culprit = stopped[0] if stopped else min(beats, key=lambda r: (beats[r].get("step", 0), -ages[r]))
                 how = " (its process is stopped)" if stopped else ""
+                silent = [] if stopped else sorted(n for n, rtt in self.probe(
+                    {str(b["host"]) for b in beats.values() if b.get("host")}).items() if rtt is None)
+                if silent:  # every rank waits in the collective: the node that does not answer is the cause
+                    culprit = min(r for r, b in beats.items() if b.get("host") == silent[0])
+                    how = f" (its node {silent[0]} does not answer on the network)"
                 return ("heartbeat_stale", culprit, beats[culprit],
                         f"rank {culprit}{how} heartbeat is {ages[culprit]:.2f}s old (step "
                         f"{beats[culprit].get('step')}); limit {self.inp.heartbeat_stale_s}s")
@@ -308,6 +356,10 @@ def detect_faults(inp: DetectFaultsInput) -> Detection:
             rec, why = found
             return _finish("step_time_outlier", rec.get("rank"), rec.get("host", host), rec.get("step"), why,
                            injected_at, polls)
+        slow = watch.slow_node()
+        if slow:
+            rank, beat, why = slow
+            return _finish("slow_link", rank, beat.get("host"), beat.get("step"), why, injected_at, polls)
         if time.monotonic() >= deadline:
             return Detection(detected=False, evidence=f"nothing abnormal in {inp.timeout_s}s of watching {run_dir}",
                              polls=polls, injected_at=injected_at)

@@ -12,7 +12,8 @@ from pydantic import BaseModel, Field, model_validator
 Verdict = Literal["pass", "fail", "partial"]
 Isolation = Literal["rank", "node", "replica_group", "switch", "rack", "job"]
 Cause = Literal["hardware", "network", "software", "data"]
-FaultKind = Literal["crash", "node-loss", "hang", "checkpoint-corruption", "nan", "bitflip", "node-crash", "power-loss"]
+FaultKind = Literal["crash", "node-loss", "hang", "checkpoint-corruption", "nan", "bitflip", "node-crash", "power-loss",
+                    "partition", "slow-network"]
 
 SCHEMA_PATH = Path(__file__).with_name("evidence.schema.json")
 
