@@ -21,9 +21,6 @@ from typing import Any, Literal, Protocol
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.checkpoint.stateful import Stateful
 
 from trainops.trainer.checkpoint_files import (
     COMMIT_FILE,
@@ -54,8 +51,11 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-class AppState(Stateful):
+class AppState:
     """Everything an exact resume needs: model, optimizer, scheduler, loader position, RNG, step.
+    DCP takes it as a `Stateful` (a runtime-checkable protocol: these two methods are the whole of
+    it), so this module imports torch.distributed.checkpoint, 0.6 s of every trainer start, only
+    when a checkpoint is saved or loaded.
 
     Model and optimizer go through `get_state_dict`/`set_state_dict`, which speak DDP, FSDP2
     (DTensor shards, resharded on load) and plain modules alike. RNG state differs per rank, so
@@ -76,6 +76,8 @@ class AppState(Stateful):
         return self.saved_world_size is None or self.rank < self.saved_world_size
 
     def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         state: dict[str, Any] = {"model": model_sd, "optimizer": optim_sd, "step": self.step}
         if self._has_rank_state():
@@ -87,6 +89,8 @@ class AppState(Stateful):
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
         set_state_dict(
             self.model, self.optimizer,
             model_state_dict=state_dict["model"], optim_state_dict=state_dict["optimizer"],
@@ -175,6 +179,8 @@ class Checkpointer:
         self._barrier()
         app.step = step
         state = {"app": app}
+        import torch.distributed.checkpoint as dcp
+
         if self.cfg.mode == "sync":
             dcp.save(state, checkpoint_id=tmp, no_dist=not self.distributed)
             self._commit(step, tmp, final, started, None, wait_previous_s)
@@ -271,6 +277,8 @@ class Checkpointer:
             return None
         commit = json.loads((Path(chosen[0]) / COMMIT_FILE).read_text())
         app.saved_world_size = int(commit["world_size"])
+        import torch.distributed.checkpoint as dcp
+
         try:
             dcp.load({"app": app}, checkpoint_id=chosen[0], no_dist=not self.distributed)
         finally:
