@@ -64,7 +64,7 @@ class NodeTimeline:
         state as the fault struck, then everything after."""
         ordered = sorted(self.events, key=lambda e: e["time"])
         before = {e["node"]: e for e in ordered if e["time"] < since and e["event"].startswith("slurm:")}
-        kept = [*before.values(), *(e for e in ordered if e["time"] >= since)]
+        kept = [*sorted(before.values(), key=lambda e: e["time"]), *(e for e in ordered if e["time"] >= since)]
         return [{"t_s": round(e["time"] - since, 3), "node": e["node"], "event": e["event"]} for e in kept]
 
 

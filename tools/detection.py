@@ -351,15 +351,15 @@ def detect_faults(inp: DetectFaultsInput) -> Detection:
             return _finish("process_exit", None, node, None,
                            f"job {inp.job_id} is {st.state} (exit code {st.exit_code}; {st.reason})", injected_at,
                            polls)
+        slow = watch.slow_node()  # before the straggler check: a slow link skews the ranks' step times too
+        if slow:
+            rank, beat, why = slow
+            return _finish("slow_link", rank, beat.get("host"), beat.get("step"), why, injected_at, polls)
         found = watch.straggler()
         if found:
             rec, why = found
             return _finish("step_time_outlier", rec.get("rank"), rec.get("host", host), rec.get("step"), why,
                            injected_at, polls)
-        slow = watch.slow_node()
-        if slow:
-            rank, beat, why = slow
-            return _finish("slow_link", rank, beat.get("host"), beat.get("step"), why, injected_at, polls)
         if time.monotonic() >= deadline:
             return Detection(detected=False, evidence=f"nothing abnormal in {inp.timeout_s}s of watching {run_dir}",
                              polls=polls, injected_at=injected_at)
