@@ -69,29 +69,50 @@ def trainer_step_time(steps: int, extra: list[str]) -> float:
 
 def deepspeed_step_time(zero: int, steps: int) -> float:
     """Median steady-state step time of DeepSpeed ZeRO-`zero` on the same shape (rank 0)."""
+    return _torchrun_step_time(["-m", "trainops.benchmarks.peer_deepspeed", "--zero", str(zero), "--steps",
+                                str(steps)], f"DeepSpeed ZeRO-{zero}")
+
+
+def _torchrun_step_time(program: list[str], what: str) -> float:
+    """Run `program --out FILE` on NPROC processes, one thread each; its steady-state step time."""
     from trainops.trainer.launch import torchrun_argv
 
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "deepspeed.json"
-        script = ["-m", "trainops.benchmarks.peer_deepspeed", "--zero", str(zero), "--steps", str(steps),
-                  "--out", str(out)]
-        done = subprocess.run(torchrun_argv(sys.executable, NPROC, script), capture_output=True, text=True,
-                              env=dict(os.environ, OMP_NUM_THREADS="1"))
+        out = Path(tmp) / "steps.json"
+        done = subprocess.run(torchrun_argv(sys.executable, NPROC, [*program, "--out", str(out)]),
+                              capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
         if done.returncode != 0:
-            raise RuntimeError(f"DeepSpeed ZeRO-{zero} run failed: {done.stderr[-1500:]}")
+            raise RuntimeError(f"{what} run failed: {done.stderr[-1500:]}")
         return _steady(json.loads(out.read_text())["step_time_s"])
 
 
+def floor_step_time(steps: int) -> float:
+    """The same model and batch on the same processes with no communication at all (each rank
+    trains a replica of its own): no data-parallel step of this model can be faster."""
+    return _torchrun_step_time(["-m", "trainops.benchmarks.plain_loop", "--preset", "tiny",
+                                *(f"--set={key}={value}" for key, value in SHAPE.items()), "--seq-len", str(SEQ_LEN),
+                                "--micro-batch", str(MICRO_BATCH), "--no-sync", "--steps", str(steps)],
+                               "the no-communication floor")
+
+
 def bench_peer(suite: Suite, repeats: int, steps: int) -> None:
-    """Per repeat: ZeRO-2, the two FSDP2 arms, ZeRO-1, DDP, one after the other."""
+    """Per repeat: ZeRO-2, the compute floor, the two FSDP2 arms, ZeRO-1, DDP, one after the other."""
     peers: dict[int, list[float]] = {1: [], 2: []}
     trainer: dict[str, list[float]] = {name: [] for name, _, _ in ARMS}
+    floor: list[float] = []
     for _ in range(repeats):
         for zero in (2, 1):
             peers[zero].append(deepspeed_step_time(zero, steps))
+            if zero == 2:
+                floor.append(floor_step_time(steps))
             for name, extra, stage in ARMS:
                 if stage == zero:
                     trainer[name].append(trainer_step_time(steps, extra))
+    fig = suite.add(Figure("compute floor (the trainer's model, no communication) / DeepSpeed ZeRO-2 step time",
+                           ratios(floor, peers[2]), "x"))
+    fig.note = (f"{statistics.median(floor) * 1000:.0f} ms: the two processes share the two cores, so this is "
+                "the fastest any data-parallel step of this model can be here; a ratio below it would need "
+                "faster kernels than transformers' model uses (the same torch SDPA and GEMMs)")
     for name, _, zero in ARMS:
         fig = suite.add(Figure(name, ratios(trainer[name], peers[zero]), "x",
                                target=f"<= {TARGETS[zero]:.2f}" if zero in TARGETS else ""))

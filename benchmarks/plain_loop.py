@@ -24,6 +24,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--global-batch", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--micro-batch", type=int, default=None,
+                        help="sequences per rank and step (default: global batch / world size)")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=INT",
+                        help="override a model field of the preset, e.g. --set dim=256")
+    parser.add_argument("--no-sync", action="store_true",
+                        help="every rank trains its own replica with no communication: the compute floor "
+                             "of a multi-process step, not training")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
@@ -33,15 +40,15 @@ def main() -> None:
     world = dist.get_world_size() if distributed else 1
     rank = dist.get_rank() if distributed else 0
     torch.manual_seed(0)
-    model_args = preset(args.preset)
+    model_args = preset(args.preset, **{k: int(v) for k, v in (item.split("=", 1) for item in args.set)})
     model = Transformer(model_args)
     model.init_weights(seed=0)
-    if distributed:  # sharded as the trainer shards on the CPU: the whole model as one FSDP2 unit
+    if distributed and not args.no_sync:  # sharded as the trainer shards on the CPU: the whole model, one unit
         from torch.distributed.fsdp import fully_shard
 
         fully_shard(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1, foreach=True)
-    batch = args.global_batch // world
+    batch = args.micro_batch or args.global_batch // world
     generator = torch.Generator().manual_seed(rank)
     step_times = []
     for _ in range(args.steps):
@@ -53,7 +60,7 @@ def main() -> None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        if distributed:
+        if distributed and not args.no_sync:
             dist.all_reduce(loss.detach(), op=dist.ReduceOp.AVG)
         loss.item()
         step_times.append(time.perf_counter() - started)
