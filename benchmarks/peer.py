@@ -38,6 +38,10 @@ ARMS = [
      ["parallel.data_parallel=fsdp", "parallel.reshard_after_forward=false"], 2),
     ("trainer DDP / DeepSpeed ZeRO-1 step time", ["parallel.data_parallel=ddp"], 1),
 ]
+DUTIES_OFF = ["metrics.param_checksum=false", "metrics.heartbeat=false", "metrics.jsonl=false",
+              "training.deterministic=false"]
+"""The trainer's per-step duties, all on by default: replica checksum, heartbeat, metrics record,
+deterministic algorithms. Turned off together in one arm to report what they cost."""
 TARGETS = {2: 0.90}  # issue 17: the trainer's step <= 0.90x DeepSpeed ZeRO-2's
 
 
@@ -100,14 +104,21 @@ def bench_peer(suite: Suite, repeats: int, steps: int) -> None:
     peers: dict[int, list[float]] = {1: [], 2: []}
     trainer: dict[str, list[float]] = {name: [] for name, _, _ in ARMS}
     floor: list[float] = []
+    bare: list[float] = []
     for _ in range(repeats):
         for zero in (2, 1):
             peers[zero].append(deepspeed_step_time(zero, steps))
             if zero == 2:
                 floor.append(floor_step_time(steps))
+                bare.append(trainer_step_time(steps, ["parallel.data_parallel=fsdp", *DUTIES_OFF]))
             for name, extra, stage in ARMS:
                 if stage == zero:
                     trainer[name].append(trainer_step_time(steps, extra))
+    duties = trainer[ARMS[0][0]]
+    cost = suite.add(Figure("trainer FSDP2 step with its per-step duties / without them", ratios(duties, bare), "x"))
+    cost.note = ("duties: replica checksum, heartbeat, metrics.jsonl record, deterministic algorithms, all on by "
+                 f"default; step {statistics.median(duties) * 1000:.0f} ms with, {statistics.median(bare) * 1000:.0f} "
+                 "ms without")
     fig = suite.add(Figure("compute floor (the trainer's model, no communication) / DeepSpeed ZeRO-2 step time",
                            ratios(floor, peers[2]), "x"))
     fig.note = (f"{statistics.median(floor) * 1000:.0f} ms: the two processes share the two cores, so this is "
