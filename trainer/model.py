@@ -135,8 +135,12 @@ class Attention(nn.Module):
         v = self.wv(x).view(batch, seq, -1, self.head_dim)
         q, k = apply_rope(q, freqs_cis), apply_rope(k, freqs_cis)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        # the kernel shares each key/value head among its query heads, with no repeated copy
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
+        repeats = q.shape[1] // k.shape[1]
+        share_kv = repeats > 1 and q.device.type == "cpu"
+        if repeats > 1 and not share_kv:
+            # on CUDA only the flash and math kernels take grouped K/V: copies keep every kernel eligible
+            k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=share_kv)
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
