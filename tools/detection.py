@@ -30,7 +30,7 @@ from trainops.workspace import RunFiles
 PEER_RECORD_WAIT_S = 1.0
 Mechanism = Literal["process_exit", "heartbeat_stale", "loss_anomaly", "checksum_mismatch", "step_time_outlier",
                     "slow_link"]
-PROBE_EVERY_S = 1.0
+PROBE_EVERY_S = 0.25
 Isolation = Literal["rank", "node", "replica_group", "job"]
 
 
@@ -103,6 +103,7 @@ class _Watch:
         self.last_step_time: dict[int, float] = {}
         self.rtts: dict[str, float | None] = {}
         self.probed_at = float("-inf")
+        self.slowest_rtts: dict[str, float] = {}  # per node, the longest answer since the steps ran late
 
     def ingest(self) -> list[dict]:
         from trainops.tools.monitoring.embedded import read_records
@@ -206,9 +207,14 @@ class _Watch:
         late_s = max(time.time() - max(float(x.get("time", 0)) for x in latest),
                      statistics.median(float(x.get("step_time_s", 0)) for x in latest))
         if late_s < self.inp.straggler_ratio * statistics.median(usual):
+            self.slowest_rtts = {}
             return None
         beats = read_heartbeats(self.run_dir)
-        found = slow_outlier(self.probe({str(b["host"]) for b in beats.values() if b.get("host")}))
+        # a slow link's queue drains whenever TCP backs off, so one round can miss it: keep each node's worst
+        for node, rtt in self.probe({str(b["host"]) for b in beats.values() if b.get("host")}).items():
+            if rtt is not None:
+                self.slowest_rtts[node] = max(rtt, self.slowest_rtts.get(node, 0.0))
+        found = slow_outlier(self.slowest_rtts)
         if found is None:
             return None
         node, why = found
