@@ -21,6 +21,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, model_validator
 
 from trainops.tools.base import ToolError, tool
+from trainops.tools.interconnect import InterconnectMeasurement, declare_interconnect
 
 SchedulerKind = Literal["local", "slurm", "kubernetes"]
 SINGLE_HOST_INTERCONNECT = "loopback/shared-memory (single host)"
@@ -107,6 +108,8 @@ class EnvironmentDeclaration(BaseModel):
     scheduler: SchedulerDeclaration
     checkpoint_storage: CheckpointStorage
     compute_peak: ComputePeak
+    inter_node_all_reduce: InterconnectMeasurement | None = Field(
+        None, description="Measured across two of the scheduler's nodes when asked (measure_interconnect).")
     notes: list[str] = Field(default_factory=list,
                              description="What could not be read, and what was declared rather than measured.")
 
@@ -125,6 +128,10 @@ class EnvInput(BaseModel):
                                               "(trainops, deepspeed, torchtitan, megatron) reports its installed "
                                               "version; any other name needs framework_version.")
     framework_version: str | None = Field(None, description="Version of `framework`.")
+    measure_interconnect: bool = Field(False,
+                                       description="Measure inter-node all-reduce latency and bandwidth: submits a "
+                                                   "2-node gloo job through the scheduler (Slurm; ~10 s, its files "
+                                                   "are removed).")
     measure_gemm: bool = Field(True,
                                description="Measure the CPU GEMM peak (a fraction of a second); false reports 0 and "
                                            "says so.")
@@ -138,6 +145,13 @@ class EnvInput(BaseModel):
                 f"framework={self.framework!r} has no framework_version: declare the version, e.g. "
                 "framework_version='0.12.0'"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _interconnect_needs_nodes(self) -> EnvInput:
+        if self.measure_interconnect and self.scheduler != "slurm":
+            raise ValueError(f"measure_interconnect=true needs scheduler='slurm' (got {self.scheduler!r}): the "
+                             "measurement is a 2-node job; `trainops sandbox up` makes a Slurm cluster on this host")
         return self
 
 
@@ -420,6 +434,12 @@ def declare_environment(inp: EnvInput) -> EnvironmentDeclaration:
     notes: list[str] = []
     host = socket.gethostname()
     acc, generation, interconnect = _accelerators(notes)
+    scheduler = _scheduler(inp.scheduler)
+    measured = declare_interconnect(inp.scheduler, len(scheduler.nodes)) if inp.measure_interconnect else None
+    if measured:
+        interconnect = (f"between nodes {', '.join(measured.nodes)}: all-reduce {measured.latency_us:.0f} us, "
+                        f"{measured.bandwidth_gbit_s:.2f} Gbit/s (measured, {measured.backend}); within a node: "
+                        f"{interconnect}")
     return EnvironmentDeclaration(
         declared_at=datetime.now(timezone.utc),
         host=host,
@@ -428,8 +448,9 @@ def declare_environment(inp: EnvInput) -> EnvironmentDeclaration:
         interconnect=interconnect,
         software=_software(),
         framework=_framework(inp),
-        scheduler=_scheduler(inp.scheduler),
+        scheduler=scheduler,
         checkpoint_storage=measure_checkpoint_write(folder, inp.ckpt_test_mib),
         compute_peak=_compute_peak(acc, inp, notes),
+        inter_node_all_reduce=measured,
         notes=notes,
     )
