@@ -25,6 +25,9 @@ WEEK_S = 7 * 86400
 MONTH_S = 30 * 86400
 MAX_SIMULATED_FAILURES = 1_000_000
 MAX_RATIO_TO_MTBF = 500  # e^(x/MTBF) overflows a float near 709
+RestartFrom = Literal["given", "newest_node_drill"]
+RESTART_FROM_DOC = ("Where the restart time comes from: 'given' (restart_s), or 'newest_node_drill' (measured in the "
+                    "newest multi-node drill record of the workspace: detection + isolation + requeue + load).")
 
 
 class CheckpointIntervalInput(BaseModel):
@@ -32,8 +35,10 @@ class CheckpointIntervalInput(BaseModel):
 
     save_s: float = Field(gt=0, le=WEEK_S,
                           description="Measured time to write one checkpoint (training stalls this long), seconds.")
-    restart_s: float = Field(ge=0, le=WEEK_S,
-                             description="Time from a failure's detection to training again (restart + load), seconds.")
+    restart_s: float | None = Field(None, ge=0, le=WEEK_S,
+                                    description="Time from a failure to training again (detection, restart, load), "
+                                                "seconds; omit with restart_from='newest_node_drill'.")
+    restart_from: RestartFrom = Field("given", description=RESTART_FROM_DOC)
     mtbf_h: float = Field(gt=0, le=1e6, description="Mean time between failures of the whole job, hours.")
     escalate_at_save_to_mtbf: float = Field(
         0.05,
@@ -44,8 +49,11 @@ class CheckpointIntervalInput(BaseModel):
 
     @model_validator(mode="after")
     def _not_beyond_the_mtbf(self) -> CheckpointIntervalInput:
+        if (self.restart_s is None) == (self.restart_from == "given"):
+            raise ValueError("restart_s: give it (seconds from a failure to training again) or set "
+                             "restart_from='newest_node_drill' to take the measured one, not both or neither")
         mtbf_s = self.mtbf_h * 3600
-        if max(self.save_s, self.restart_s) > MAX_RATIO_TO_MTBF * mtbf_s:
+        if max(self.save_s, self.restart_s or 0) > MAX_RATIO_TO_MTBF * mtbf_s:
             raise ValueError(f"save_s={self.save_s:g} / restart_s={self.restart_s:g} is more than {MAX_RATIO_TO_MTBF} "
                              f"times mtbf_h={self.mtbf_h:g} h: no work would ever be kept; check the units (mtbf_h is "
                              "hours)")
@@ -63,6 +71,8 @@ class CheckpointIntervalOutput(BaseModel):
     escalation: Literal["none", "two_phase_async"] = Field(description="Whether the write cost calls for async "
                                                                        "checkpoints.")
     recommendation: str = Field(description="One sentence a person can act on.")
+    restart_s: float = Field(description="The restart time used, seconds.")
+    restart_source: str = Field(description="Where restart_s came from.")
 
 
 def young_interval_s(save_s: float, mtbf_s: float) -> float:
@@ -88,6 +98,13 @@ def plan_checkpoint_interval(inp: CheckpointIntervalInput) -> CheckpointInterval
     """Optimal checkpoint interval from the measured checkpoint write time, the restart time and
     the job's MTBF, by Young's and Daly's formulas, with the expected fraction of time wasted and
     a recommendation (two-phase async checkpoints when the write time nears the MTBF)."""
+    source = "given by the caller"
+    if inp.restart_from == "newest_node_drill":
+        from trainops.tools.drill_records import newest_node_drill_restart
+
+        measured = newest_node_drill_restart("plan_checkpoint_interval")
+        inp = inp.model_copy(update={"restart_s": measured.total_s})
+        source = measured.source
     mtbf_s = inp.mtbf_h * 3600
     young = young_interval_s(inp.save_s, mtbf_s)
     daly = daly_interval_s(inp.save_s, mtbf_s)
@@ -110,6 +127,8 @@ def plan_checkpoint_interval(inp: CheckpointIntervalInput) -> CheckpointInterval
         save_to_mtbf_ratio=ratio,
         escalation=escalation,
         recommendation=advice,
+        restart_s=inp.restart_s,
+        restart_source=source,
     )
 
 
@@ -179,6 +198,8 @@ class EttrInput(BaseModel):
     )
     restart_s: float = Field(600, ge=0, le=WEEK_S,
                              description="Detection to training again: restart, rendezvous, checkpoint load, seconds.")
+    restart_from: RestartFrom = Field("given", description=RESTART_FROM_DOC + " With the drill, detection_latency_s "
+                                                                              "and restart_s are both its figures.")
     hot_spares: bool = Field(True,
                              description="A healthy spare node replaces a failed one at once; without, hardware causes "
                                          "wait node_replacement_s.")
@@ -241,6 +262,8 @@ class EttrOutput(BaseModel):
     )
     lost_h_by_phase: dict[str, float] = Field(description="Hours lost by phase: checkpoint_stall, rework, detection, "
                                                           "restart, replacement.")
+    restart_source: str = Field("given by the caller",
+                                description="Where detection_latency_s and restart_s came from.")
 
 
 def _resolve_profile(profile: str | FailureProfile) -> FailureProfile:
@@ -313,8 +336,16 @@ def plan_effective_training_time(inp: EttrInput) -> EttrOutput:
     """Estimate the effective training time ratio (ETTR) of a job of `gpus` GPUs over `days`
     days under a failure profile (default: Llama 3's 419 interruptions in 54 days on 16,384
     GPUs, scaled linearly by GPU count), given detection latency, restart time, hot spares and
-    the checkpoint policy. Deterministic for a seed; reports hours lost by cause and phase."""
-    return simulate_ettr(inp)
+    the checkpoint policy. Deterministic for a seed; reports hours lost by cause and phase.
+    With restart_from='newest_node_drill' the detection and restart times are the newest
+    multi-node drill's measured ones, and the output says which drill."""
+    if inp.restart_from == "given":
+        return simulate_ettr(inp)
+    from trainops.tools.drill_records import newest_node_drill_restart
+
+    measured = newest_node_drill_restart("plan_effective_training_time")
+    inp = inp.model_copy(update={"detection_latency_s": measured.detection_s, "restart_s": measured.recovery_s})
+    return simulate_ettr(inp).model_copy(update={"restart_source": measured.source})
 
 
 # --- parallel layout -----------------------------------------------------------------------

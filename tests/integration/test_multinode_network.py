@@ -60,6 +60,12 @@ def test_a_partitioned_node_is_caught_by_its_stale_heartbeat_drained_and_replace
     assert "does not answer on the network" in events[steps[1]]
     assert "n2 replaced by n3" in row.value
     _back_in_pool(sandbox_cluster, "n2")
+    from trainops.tools.base import call
+
+    plan = call("plan_checkpoint_interval", {"save_s": 1.0, "mtbf_h": 2.0, "restart_from": "newest_node_drill"},
+                OPERATOR)
+    assert plan.restart_s == pytest.approx(result.detection_latency_s + result.recovery_time_s)
+    assert plan.restart_source.startswith("measured: partition drill")
 
 
 def test_a_node_behind_a_slow_link_is_named_from_probes_drained_and_replaced_by_the_spare(sandbox_cluster):
