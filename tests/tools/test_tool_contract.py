@@ -53,8 +53,8 @@ def test_bad_input_raises_a_tool_error_naming_the_tool_field_and_value():
 
 
 def test_a_missing_field_says_to_add_it():
-    with pytest.raises(ToolError, match="restart_s: required field missing"):
-        call("plan_checkpoint_interval", {"save_s": 300, "mtbf_h": 24})
+    with pytest.raises(ToolError, match="save_s: required field missing"):
+        call("plan_checkpoint_interval", {"restart_s": 60, "mtbf_h": 24})
 
 
 def test_an_unknown_tool_lists_the_known_ones():
