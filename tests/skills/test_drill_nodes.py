@@ -54,3 +54,13 @@ def test_the_timeline_keeps_each_nodes_state_at_the_fault_and_everything_after(m
 def test_the_replacement_names_the_spare_or_says_there_was_none():
     assert replacement("n2", ["n1", "n2"], ["n1", "n3"]) == "n2 replaced by n3"
     assert replacement("n2", ["n1", "n2"], ["n1", "n2"]).startswith("n2 was not replaced")
+
+
+@pytest.mark.parametrize("fault", ["partition", "slow-network"])
+def test_a_network_drill_refuses_a_job_that_has_one_node(fault):
+    from trainops.skills.baseline import JobRequest
+    from trainops.skills.drill import DrillRefused, drill
+
+    req = JobRequest(preset="tiny", nproc=2, overrides=["checkpoint.enable=true"])
+    with pytest.raises(DrillRefused, match="--scheduler slurm --nodes 2"):
+        drill(req, fault)
