@@ -68,7 +68,15 @@ def trainer_step_time(steps: int, extra: list[str]) -> float:
     result = run_local(cfg, NPROC, show_progress=False)
     if result.status != "ok":
         raise RuntimeError(f"peer benchmark trainer run failed: read {result.run_dir}/logs")
-    return _steady([r["step_time_s"] for r in read_metrics(result.run_dir) if r["rank"] == 0])
+    return _steady(iteration_times(read_metrics(result.run_dir)))
+
+
+def iteration_times(records: list[dict]) -> list[float]:
+    """Wall time between rank 0's consecutive step records: the whole iteration, the per-step
+    duties the trainer's own `step_time_s` leaves out (checksum, record, heartbeat) included, as a
+    peer's or a plain loop's timer includes everything in its loop. The first step has none."""
+    times = sorted(r["time"] for r in records if r["rank"] == 0)
+    return [later - earlier for earlier, later in zip(times, times[1:], strict=False)]
 
 
 def deepspeed_step_time(zero: int, steps: int) -> float:

@@ -32,6 +32,9 @@ def main() -> None:
     parser.add_argument("--zero", type=int, choices=(1, 2), default=2)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--profile-steps", default=None, metavar="FIRST,COUNT",
+                        help="run these steps under torch.profiler (benchmarks/step_profile.py)")
+    parser.add_argument("--trace", default=None, help="where rank 0 writes the Chrome trace")
     args = parser.parse_args()
 
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -49,8 +52,8 @@ def main() -> None:
               "zero_allow_untested_optimizer": True, "steps_per_print": 10 ** 9, "wall_clock_breakdown": False}
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     generator = torch.Generator().manual_seed(rank)
-    step_times = []
-    for _ in range(args.steps):
+
+    def one_step() -> float:
         started = time.perf_counter()
         tokens = torch.randint(0, SHAPE["vocab_size"], (MICRO_BATCH, SEQ_LEN + 1), generator=generator)
         logits = engine(input_ids=tokens[:, :-1]).logits
@@ -59,7 +62,20 @@ def main() -> None:
         engine.step()
         torch.distributed.all_reduce(loss.detach(), op=torch.distributed.ReduceOp.AVG)
         loss.item()
-        step_times.append(time.perf_counter() - started)
+        return time.perf_counter() - started
+
+    first, count = (int(x) for x in args.profile_steps.split(",")) if args.profile_steps else (0, 0)
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+    step_times = []
+    for step in range(1, args.steps + 1):
+        if step == first:
+            profiler.start()
+        with torch.profiler.record_function(f"train_step#{step}"):  # the ranges step_profile.py splits on
+            step_times.append(one_step())
+        if step == first + count - 1 and count:
+            profiler.stop()
+            if rank == 0 and args.trace:
+                profiler.export_chrome_trace(args.trace)
     if rank == 0:
         with open(args.out, "w") as fh:
             json.dump({"step_time_s": step_times, "deepspeed": deepspeed.__version__}, fh)

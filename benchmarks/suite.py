@@ -15,7 +15,7 @@ from typing import Callable
 
 from trainops.benchmarks.harness import RESULTS_PATH as RESULTS
 from trainops.benchmarks.harness import Figure, Suite, interleaved, publish, ratios
-from trainops.benchmarks.peer import bench_peer
+from trainops.benchmarks.peer import bench_peer, iteration_times
 from trainops.workspace import RunFiles
 
 WARMUP_STEPS = 5
@@ -40,7 +40,7 @@ def trainer_step_time(nproc: int, steps: int, extra: list[str] = ()) -> float:
     result = run_local(load_config(None, "tiny", overrides), nproc, show_progress=False)
     if result.status != "ok":
         raise RuntimeError(f"benchmark trainer run failed: read {result.run_dir}/logs")
-    return _steady([r["step_time_s"] for r in read_metrics(result.run_dir) if r["rank"] == 0])
+    return _steady(iteration_times(read_metrics(result.run_dir)))
 
 
 def plain_step_time(nproc: int, steps: int) -> float:

@@ -242,8 +242,9 @@ def train(cfg: JobConfig, run_dir: Path, rank: int, world_size: int, device: tor
                         loss = faults.after_loss(step, loss)
                     (loss / len(micro_batches)).backward()
                 step_loss += loss.detach() / len(micro_batches)
-            grad_norm = clip_grad_norm(model.parameters(), training.max_grad_norm,
-                                       pipe.pp_group if pipe is not None else None)
+            with torch.profiler.record_function("trainops::clip_grad_norm"):
+                grad_norm = clip_grad_norm(model.parameters(), training.max_grad_norm,
+                                           pipe.pp_group if pipe is not None else None)
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
@@ -253,11 +254,12 @@ def train(cfg: JobConfig, run_dir: Path, rank: int, world_size: int, device: tor
             loss_value = step_loss.item()
         step_time_s = time.perf_counter() - started
         profiler.after(step)
-        extra = ({"param_checksum": param_checksum(model), "replica_group": group} if cfg.metrics.param_checksum
-                 else None)
-        logger.record(step=step, loss=loss_value, grad_norm=grad_norm.item(), step_time_s=step_time_s,
-                      tokens=tokens_per_device, flops_per_token=flops, peak_mem_gib=peak_memory_gib(device),
-                      data_wait_s=loader.pop_data_wait_s(), extra=extra)
+        with torch.profiler.record_function("trainops::step_record"):  # checksum, metrics, heartbeat
+            extra = ({"param_checksum": param_checksum(model), "replica_group": group}
+                     if cfg.metrics.param_checksum else None)
+            logger.record(step=step, loss=loss_value, grad_norm=grad_norm.item(), step_time_s=step_time_s,
+                          tokens=tokens_per_device, flops_per_token=flops, peak_mem_gib=peak_memory_gib(device),
+                          data_wait_s=loader.pop_data_wait_s(), extra=extra)
         if not math.isfinite(loss_value):
             raise NonFiniteLoss(f"loss is {loss_value} at step {step}: stopping before the weights "
                                 "are corrupted further; resume from the last good checkpoint")
