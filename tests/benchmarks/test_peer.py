@@ -37,3 +37,29 @@ def test_the_sop_breakdown_accounts_for_every_second(tmp_path):
     parts = sop_time_breakdown(tmp_path, 98.0, 110.0)
     assert parts == {"environment declaration": 1.5, "job start-up": 3.0, "training steps": 2.0, "job end": 1.0,
                      "CLI, tools, plots, pack": 4.5}
+
+
+def test_the_step_profile_puts_each_operator_under_its_outermost_known_ancestor(tmp_path):
+    from trainops.benchmarks.step_profile import breakdown
+
+    def op(name, ts, dur, tid=1):
+        return {"ph": "X", "name": name, "ts": ts, "dur": dur, "tid": tid}
+
+    events = [op("train_step#1", 0, 800), op("train_step#2", 1000, 800),
+              op("aten::mm", 10, 500),  # compute
+              op("FSDP::all_gather", 600, 100), op("aten::copy_", 610, 40),  # communication, its copy too
+              op("Optimizer.step#AdamW.step", 710, 80), op("aten::mul", 720, 30),
+              op("trainops::step_record", 850, 50),
+              op("aten::mm", 0, 999, tid=2)]  # another thread: not the step's
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"traceEvents": events}))
+    assert breakdown(trace) == {"compute": 0.5, "communication": 0.1, "optimizer": 0.08, "clipping and duties": 0.05,
+                                "Python between operators": 0.27}
+
+
+def test_iteration_times_are_the_gaps_between_rank_zeros_records():
+    from trainops.benchmarks.peer import iteration_times
+
+    records = [{"rank": 0, "time": 10.0}, {"rank": 1, "time": 10.2}, {"rank": 0, "time": 10.5},
+               {"rank": 0, "time": 11.25}]
+    assert iteration_times(records) == [0.5, 0.75]
