@@ -158,8 +158,8 @@ def drill(config: Optional[str] = typer.Argument(None, help="Job config TOML wit
                                           help="crash | node-loss | hang | checkpoint-corruption | "
                                                "nan (loss anomaly) | bitflip (silent data corruption, DDP replicas) | "
                                                "straggler (detection only: recovery needs a spare node) | "
-                                               "node-crash | power-loss (a real node of a `trainops sandbox` cluster: "
-                                               "--scheduler slurm --nodes 2)."),
+                                               "node-crash | power-loss | partition | slow-network (a real node or "
+                                               "link of a `trainops sandbox` cluster: --scheduler slurm --nodes 2)."),
           nproc: int = typer.Option(2, min=1), sets: Optional[List[str]] = SETS, scheduler: str = SCHED,
           monitor: str = MONITOR, as_json: bool = JSON, framework: str = FRAMEWORK, nodes: int = NODES):
     """S5: inject, detect, isolate, restart from the newest good checkpoint; time each phase."""
