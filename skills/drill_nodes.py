@@ -54,7 +54,8 @@ class NodeTimeline:
                      and e["event"].startswith("slurm:") and any(w in e["event"] for w in CONFIRMED_BY_SLURM)), None)
 
     def wait_for_slurm(self, node: str, since: float, timeout_s: float = SLURM_CONFIRM_WAIT_S) -> float | None:
-        deadline = time.time() + timeout_s
+        """Wait until Slurm flags `node`, at most until `timeout_s` after `since` (the fault)."""
+        deadline = since + timeout_s
         while (flagged := self.slurm_flagged(node, since)) is None and time.time() < deadline:
             time.sleep(SLURM_POLL_S / 2)
         return flagged
