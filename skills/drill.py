@@ -163,7 +163,13 @@ def drill(req: JobRequest, fault: str, inject_step: int = 5, ctx: CallContext | 
     ctx = skill_context("fault-drill", ctx)
     timeline = NodeTimeline() if fault in NODE_DRILLS else None
     with timeline or contextlib.nullcontext():
-        return _run_drill(req, fault, inject_step, ctx, progress, timeline)
+        try:
+            return _run_drill(req, fault, inject_step, ctx, progress, timeline)
+        except Exception:
+            if timeline and (lost := timeline.injected_node()):  # undo our own fault; a drained node stays drained
+                with contextlib.suppress(ToolError):
+                    call("inject_fault", {"kind": "heal_node", "node": lost}, ctx)
+            raise
 
 
 def _run_drill(req: JobRequest, fault: str, inject_step: int, ctx: CallContext, progress: Progress | None,

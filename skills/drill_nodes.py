@@ -48,6 +48,10 @@ class NodeTimeline:
         while not self._stop.wait(SLURM_POLL_S):
             self._poll()
 
+    def injected_node(self) -> str | None:
+        """The node the drill injected its fault into, once it has."""
+        return next((e["node"] for e in self.events if e["event"].startswith("injected")), None)
+
     def slurm_flagged(self, node: str, since: float) -> float | None:
         """When Slurm first called `node` not responding or down after `since`, if it has."""
         return next((e["time"] for e in self.events if e["node"] == node and e["time"] >= since

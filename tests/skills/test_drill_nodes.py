@@ -48,6 +48,7 @@ def test_the_timeline_keeps_each_nodes_state_at_the_fault_and_everything_after(m
         (-10.0, "n1", "slurm: mixed"), (-5.0, "n2", "slurm: mixed"), (0.0, "n2", "injected partition"),
         (10.0, "n2", "slurm: mixed+not_responding")]
     assert timeline.slurm_flagged("n2", since=100.0) == 110.0
+    assert timeline.injected_node() == "n2"
     assert timeline.slurm_flagged("n1", since=100.0) is None
 
 
