@@ -153,17 +153,22 @@ def bench_peer(suite: Suite, repeats: int, steps: int) -> None:
             figure.note += f"; runs that died and were run again: {', '.join(CRASHED_RUNS)}"
 
 
+def run_and_publish(repeats: int, steps: int) -> tuple[Suite, Path]:
+    """Measure and rewrite this benchmark's own section of RESULTS.md (`trainops bench` runs it too)."""
+    suite = Suite()
+    bench_peer(suite, repeats, steps)
+    title = "## Against DeepSpeed at equal math (`python -m trainops.benchmarks.peer`)"
+    return suite, write_section(render(suite, title, BEGIN, END), BEGIN, END)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=30)
     args = parser.parse_args(argv)
-    suite = Suite()
     with tempfile.TemporaryDirectory() as home:
         os.environ["TRAINOPS_HOME"] = home
-        bench_peer(suite, args.repeats, args.steps)
-    title = "## Against DeepSpeed at equal math (`python -m trainops.benchmarks.peer`)"
-    path = write_section(render(suite, title, BEGIN, END), BEGIN, END)
+        suite, path = run_and_publish(args.repeats, args.steps)
     for fig in suite.figures:
         print(f"{fig.name}: median {fig.median:.3f}x (spread {fig.spread[0]:.3f} ~ {fig.spread[1]:.3f}) {fig.note}")
     print(f"wrote {path}")
