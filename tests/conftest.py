@@ -79,15 +79,15 @@ def approvers(tmp_path, monkeypatch) -> Approvers:
 
 @pytest.fixture
 def sandbox_cluster(require_service, monkeypatch):
-    """A 3-node `trainops sandbox` Slurm cluster (root; Linux) on a prefix and /24 of its own, so a
-    developer's own sandbox is left alone; SLURM_CONF and GLOO_SOCKET_IFNAME point at it."""
+    """A 3-node `trainops sandbox` Slurm cluster (root; Linux) with its Prometheus, on a prefix, /24 and
+    ports of its own, so a developer's own sandbox is left alone; SLURM_CONF and GLOO_SOCKET_IFNAME point at it."""
     import shutil
 
     from trainops.tools.schedulers import sandbox
 
     require_service(os.geteuid() == 0 and all(shutil.which(t) for t in ("ip", "slurmd", "slurmctld", "munged")),
                     "the sandbox needs root, iproute2 and Debian's slurm-wlm + munge")
-    state = sandbox.up(sandbox.SandboxSpec(nodes=3, prefix="tost", net="10.251.8"))
+    state = sandbox.up(sandbox.SandboxSpec(nodes=3, prefix="tost", net="10.251.8", prometheus_port=17890))
     monkeypatch.setenv("SLURM_CONF", str(state.conf))
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", sandbox.NODE_IF)
     yield state

@@ -284,11 +284,25 @@ class QueryMetricsInput(BaseModel):
     url: str | None = Field(None,
                             description="One of the Prometheus URLs the user configured ([monitoring] prometheus_urls, "
                                         "$TRAINOPS_PROMETHEUS_URL); omit for the first. Any other URL is refused.")
+    per_node: Literal["max", "min", "sum", "avg"] | None = Field(
+        None, description="instant mode: also fold the ranks' latest values per node this way (max step time "
+                          "finds a slow node; sum tokens/s a node's throughput).")
 
 
 class QueryMetricsOutput(BaseModel):
     instant: list[Sample] = Field(default_factory=list)
     series: list[Series] = Field(default_factory=list)
+    nodes: dict[str, float] = Field(default_factory=dict, description="With per_node: node -> folded value.")
+
+
+def fold_per_node(samples: list[Sample], how: str) -> dict[str, float]:
+    """Node -> the ranks' values on it folded by `how`; samples whose node is unknown are left out."""
+    by_node: dict[str, list[float]] = {}
+    for sample in samples:
+        if sample.node is not None and sample.rank is not None:
+            by_node.setdefault(sample.node, []).append(sample.value)
+    fold = {"max": max, "min": min, "sum": sum, "avg": statistics.fmean}[how]
+    return {node: fold(values) for node, values in sorted(by_node.items())}
 
 
 @tool("query_metrics", risk="read", tags=("metrics",))
@@ -300,7 +314,8 @@ def query_metrics(inp: QueryMetricsInput) -> QueryMetricsOutput:
         _confined_run("query_metrics", inp.run)
     mon = _run("query_metrics", get_monitor, inp.monitor, inp.url)
     if inp.mode == "instant":
-        return QueryMetricsOutput(instant=_run("query_metrics", mon.instant, inp.metric, inp.run, inp.rank))
+        samples = _run("query_metrics", mon.instant, inp.metric, inp.run, inp.rank)
+        return QueryMetricsOutput(instant=samples, nodes=fold_per_node(samples, inp.per_node) if inp.per_node else {})
     return QueryMetricsOutput(series=_run("query_metrics", mon.series, inp.metric, inp.run, inp.rank, inp.window_s))
 
 

@@ -44,11 +44,11 @@ def test_the_trainer_runs_across_two_nodes_and_every_rank_reports_to_the_run_fol
     assert final["status"] == "ok"
 
 
-def _submit_long_run(steps: int = 400) -> tuple[str, Path]:
+def _submit_long_run(steps: int = 400, extra: tuple[str, ...] | list[str] = ()) -> tuple[str, Path]:
     out = call("submit_job", {"scheduler": "slurm", "name": "nodefault", "training": {
         "preset": "tiny", "nproc": 1, "nodes": 2,
         "overrides": [f"training.steps={steps}", "data.kind=synthetic", "checkpoint.enable=true",
-                      "checkpoint.interval=5"]}}, OPERATOR)
+                      "checkpoint.interval=5", *extra]}}, OPERATOR)
     run_dir = Path(out.handle.run_dir)
     deadline = time.monotonic() + 120
     while not _steps_done(run_dir) >= 3:
@@ -112,3 +112,22 @@ def test_a_node_crash_drill_detects_drains_and_recovers_on_the_hot_spare(sandbox
     while node_states(sandbox_cluster)["n2"] != "idle":  # healed and resumed by the drill
         assert time.monotonic() < deadline, node_states(sandbox_cluster)
         time.sleep(0.5)
+
+
+def test_the_sandboxs_prometheus_scrapes_every_node_and_query_metrics_folds_per_node(sandbox_cluster, monkeypatch):
+    from trainops.tools.schedulers.sandbox_metrics import EXPORTER_PORT_BASE, prometheus_url
+
+    monkeypatch.setenv("TRAINOPS_PROMETHEUS_URL", prometheus_url(sandbox_cluster.spec))
+    job_id, run_dir = _submit_long_run(steps=400, extra=[f"metrics.prometheus_port_base={EXPORTER_PORT_BASE}"])
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # scraped every second once both exporters are up
+            out = call("query_metrics", {"run": run_dir.name, "metric": "step_time_s", "monitor": "prometheus",
+                                         "per_node": "max"}, OPERATOR)
+            if set(out.nodes) == {"n1", "n2"} or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert set(out.nodes) == {"n1", "n2"}, out
+        assert {(s.rank, s.node) for s in out.instant} == {(0, "n1"), (1, "n2")}
+    finally:
+        call("cancel_job", {"scheduler": "slurm", "job_id": job_id, "force": True}, OPERATOR)

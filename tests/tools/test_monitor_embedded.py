@@ -86,3 +86,15 @@ def test_run_level_aggregates_average_mfu_and_sum_tokens_over_ranks(workspace):
              for m in ("mfu_pct_avg", "tokens_per_s_sum", "step_time_spread_s")}
     assert value == {"mfu_pct_avg": pytest.approx(40.5), "tokens_per_s_sum": pytest.approx(2000.0),
                      "step_time_spread_s": pytest.approx(0.02)}
+
+
+def test_per_node_folds_each_nodes_ranks_by_the_heartbeats_host(workspace):
+    run_dir = _write_run(workspace, ranks=4)
+    for rank in range(4):  # ranks 0-1 on n1, 2-3 on n2, as a 2-node job's heartbeats say
+        beat = run_dir / "heartbeat" / f"rank{rank}.json"
+        beat.write_text(json.dumps({**json.loads(beat.read_text()), "host": "n1" if rank < 2 else "n2"}))
+    out = call("query_metrics", {"run": "r1", "metric": "step_time_s", "per_node": "max"})
+    assert [s.node for s in out.instant] == ["n1", "n1", "n2", "n2"]
+    assert out.nodes == {"n1": pytest.approx(0.12), "n2": pytest.approx(0.16)}
+    summed = call("query_metrics", {"run": "r1", "metric": "tokens_per_s", "per_node": "sum"})
+    assert summed.nodes == {"n1": 2000.0, "n2": 2000.0}

@@ -33,6 +33,8 @@ class Sample(BaseModel):
     time: float = Field(description="Unix seconds of the sample.")
     value: float
     step: int | None = None
+    node: str | None = Field(None, description="The node the rank ran on, where the backend knows it (the "
+                                               "heartbeat's host; Prometheus' `node` target label).")
 
 
 class Series(BaseModel):

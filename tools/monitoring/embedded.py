@@ -113,4 +113,6 @@ class EmbeddedMonitor:
             return self._heartbeat_samples(resolve_run(run), rank)
         if metric in AGGREGATES:
             return self._aggregate(metric, run)
-        return [s.samples[-1] for s in self.series(metric, run, rank, window_s=math.inf) if s.samples]
+        hosts = {r: beat.get("host") for r, beat in read_heartbeats(resolve_run(run)).items()}
+        return [s.samples[-1].model_copy(update={"node": hosts.get(s.rank)})
+                for s in self.series(metric, run, rank, window_s=math.inf) if s.samples]

@@ -111,7 +111,8 @@ class PrometheusMonitor:
         for item in self.query(promql(metric, run, rank)):
             ts, value = item["value"]
             r = item["metric"].get("rank")
-            out.append(Sample(rank=None if r is None else int(r), time=float(ts), value=float(value)))
+            out.append(Sample(rank=None if r is None else int(r), time=float(ts), value=float(value),
+                              node=item["metric"].get("node")))
         return sorted(out, key=lambda s: (s.rank is None, s.rank))
 
     def series(self, metric: str, run: str, rank: int | None = None, window_s: float = 300.0) -> list[Series]:

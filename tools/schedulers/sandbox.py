@@ -27,6 +27,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, field_validator
 
+from trainops.tools.schedulers.sandbox_metrics import prometheus_url, start_prometheus, stop_prometheus
+
 NODE_IF = "tos0"
 SLURMCTLD, SLURMD, MUNGED = "/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged"
 
@@ -45,6 +47,9 @@ class SandboxSpec(BaseModel):
     slurmd_port: int = Field(17818, ge=1024, le=65535)
     slurmd_timeout_s: int = Field(10, ge=3, le=300,
                                   description="SlurmdTimeout: how soon Slurm calls a silent node down")
+    prometheus_port: int = Field(0, ge=0, le=65535,
+                                 description="start a Prometheus on 127.0.0.1:PORT scraping every node's trainer "
+                                             "exporters (jobs set metrics.prometheus_port_base=17900); 0: none")
 
     @field_validator("prefix")
     @classmethod
@@ -88,6 +93,7 @@ class SandboxState(BaseModel):
     namespaces: list[str] = []
     links: list[str] = []
     munged_pid: int | None = Field(None, description="the munged this sandbox started (None: it reused one)")
+    prometheus_pid: int | None = Field(None, description="the Prometheus this sandbox started, if asked for")
     bring_up_s: float | None = None
 
     @property
@@ -295,6 +301,8 @@ def up(spec: SandboxSpec) -> SandboxState:
         for k in range(1, spec.nodes + 1):
             start_slurmd(state, k)
         wait_until(60, f"all {spec.nodes} nodes idle (see {folder}/log)", lambda: _all_idle(state))
+        if spec.prometheus_port:
+            state.prometheus_pid = start_prometheus(state, wait_until)
     except Exception:
         _save(state)
         down(spec.prefix)
@@ -340,6 +348,8 @@ def down(prefix: str = DEFAULT_PREFIX) -> list[str]:
     for link in state.links:  # veths went with their namespace; the bridge remains
         if subprocess.run(["ip", "link", "del", link], capture_output=True, timeout=15).returncode == 0:
             removed.append(f"link {link}")
+    if state.prometheus_pid and stop_prometheus(state):
+        removed.append(f"prometheus {state.prometheus_pid}")
     if state.munged_pid and not _other_slurm_daemons(state):
         try:
             if "munged" in Path(f"/proc/{state.munged_pid}/cmdline").read_text():
@@ -367,7 +377,8 @@ def status(prefix: str = DEFAULT_PREFIX) -> dict:
         return {"up": False}
     return {"up": True, "nodes": node_states(state), "slurm_conf": str(state.conf),
             "namespaces": state.namespaces, "bring_up_s": state.bring_up_s,
-            "addresses": {f"n{k}": state.spec.address(k) for k in range(1, state.spec.nodes + 1)}}
+            "addresses": {f"n{k}": state.spec.address(k) for k in range(1, state.spec.nodes + 1)},
+            "prometheus": prometheus_url(state.spec) if state.prometheus_pid else None}
 
 
 def state_for_slurm_conf(conf: str) -> SandboxState | None:

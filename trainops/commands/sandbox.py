@@ -18,6 +18,9 @@ def up(
     nodes: int = typer.Option(3, "--nodes", help="Number of nodes n1..nN (1-64)."),
     net: str = typer.Option("10.251.7", "--net", help="First three octets of a private /24 nothing here uses."),
     cpus_per_node: int = typer.Option(2, "--cpus-per-node", help="CPUs each node declares to Slurm."),
+    prometheus_port: int = typer.Option(0, "--prometheus-port",
+                                        help="Also start a Prometheus on 127.0.0.1:PORT scraping every node's trainer "
+                                             "exporters (0: none)."),
     prefix: str = PrefixOpt,
     as_json: bool = JsonOpt,
 ) -> None:
@@ -28,14 +31,17 @@ def up(
     from trainops.tools.schedulers import sandbox
 
     try:
-        spec = sandbox.SandboxSpec(nodes=nodes, net=net, cpus_per_node=cpus_per_node, prefix=prefix)
+        spec = sandbox.SandboxSpec(nodes=nodes, net=net, cpus_per_node=cpus_per_node, prefix=prefix,
+                                   prometheus_port=prometheus_port)
         state = sandbox.up(spec)
     except ValidationError as exc:
         fail(f"invalid sandbox settings: {explain(exc)}", as_json=as_json)
     except sandbox.SandboxError as exc:
         fail(str(exc), as_json=as_json)
-    payload = {**sandbox.status(prefix),
-               "export": f"export SLURM_CONF={state.conf} GLOO_SOCKET_IFNAME={sandbox.NODE_IF}"}
+    export = f"export SLURM_CONF={state.conf} GLOO_SOCKET_IFNAME={sandbox.NODE_IF}"
+    if state.prometheus_pid:
+        export += f" TRAINOPS_PROMETHEUS_URL={sandbox.prometheus_url(spec)}"
+    payload = {**sandbox.status(prefix), "export": export}
     emit(payload, as_json, _render_up)
 
 
@@ -48,6 +54,11 @@ def _render_up(payload: dict) -> None:
     out.print(f"  {payload['export']}", markup=False)
     out.print("then submit with scheduler 'slurm', e.g. trainops tool call submit_job --input "
               "'{\"scheduler\": \"slurm\", \"training\": {\"preset\": \"tiny\", \"nodes\": 2}}'")
+    if payload.get("prometheus"):
+        from trainops.tools.schedulers.sandbox_metrics import EXPORTER_PORT_BASE
+
+        out.print(f"Prometheus at {payload['prometheus']} scrapes every node: add \"metrics.prometheus_port_base="
+                  f"{EXPORTER_PORT_BASE}\" to the job's overrides and query with monitor 'prometheus'", markup=False)
 
 
 @app.command("down")
