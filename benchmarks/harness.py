@@ -2,10 +2,14 @@
 measurements made side by side in the same run, and the machine they were made on."""
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +90,57 @@ def interleaved(a: Callable[[], float], b: Callable[[], float], repeats: int) ->
 def ratios(numerators: list[float], denominators: list[float]) -> list[float]:
     """Pairwise ratios of side-by-side samples (pair i was measured back to back)."""
     return [n / d for n, d in zip(numerators, denominators, strict=True) if d > 0]
+
+
+WARMUP_STEPS = 5  # left out of every step-time median: allocator, first collectives, caches
+CRASHED_RUNS: list[str] = []  # runs that died and were run again, for the notes
+
+
+def single_thread_env() -> dict[str, str]:
+    """The environment every measured process gets: one intra-op thread per process."""
+    return dict(os.environ, OMP_NUM_THREADS="1")
+
+
+def steady(step_times: list[float]) -> float:
+    return statistics.median(step_times[WARMUP_STEPS:])
+
+
+def iteration_times(records: list[dict]) -> list[float]:
+    """Wall time between rank 0's consecutive step records: the whole iteration, the per-step
+    duties the trainer's own `step_time_s` leaves out (checksum, record, heartbeat) included, as a
+    peer's or a plain loop's timer includes everything in its loop. The first step has none."""
+    times = sorted(r["time"] for r in records if r["rank"] == 0)
+    return [later - earlier for earlier, later in zip(times, times[1:], strict=False)]
+
+
+def trainer_step_time(overrides: list[str], nproc: int) -> float:
+    """Median steady-state iteration time of the embedded trainer (tiny preset + `overrides`, rank 0)."""
+    from trainops.trainer.config import load_config
+    from trainops.trainer.launch import read_metrics, run_local
+
+    result = run_local(load_config(None, "tiny", overrides), nproc, show_progress=False)
+    if result.status != "ok":
+        raise RuntimeError(f"benchmark trainer run failed: read {result.run_dir}/logs")
+    return steady(iteration_times(read_metrics(result.run_dir)))
+
+
+def torchrun_step_time(program: list[str], nproc: int, what: str, rerun_on_crash: bool = False) -> float:
+    """Run `program --out FILE` under torchrun on `nproc` processes, one thread each; the steady-state
+    step time it writes. With `rerun_on_crash`, a run that dies is run once more and named in
+    CRASHED_RUNS (DeepSpeed ZeRO-1 aborted in 1 of ~20 runs here)."""
+    from trainops.trainer.launch import torchrun_argv
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "steps.json"
+        attempts = 2 if rerun_on_crash else 1
+        for attempt in range(1, attempts + 1):
+            done = subprocess.run(torchrun_argv(sys.executable, nproc, [*program, "--out", str(out)]),
+                                  capture_output=True, text=True, env=single_thread_env())
+            if done.returncode == 0:
+                return steady(json.loads(out.read_text())["step_time_s"])
+            if attempt < attempts:
+                CRASHED_RUNS.append(f"{what} (exit {done.returncode})")
+    raise RuntimeError(f"{what} run failed: {done.stderr[-1500:]}")
 
 
 def machine() -> dict[str, str]:

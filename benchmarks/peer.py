@@ -12,20 +12,17 @@ deterministic algorithms), all left on as users run them."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from trainops.benchmarks.harness import Figure, Suite, ratios, render, write_section
+from trainops.benchmarks.harness import CRASHED_RUNS, Figure, Suite, ratios, render, torchrun_step_time, write_section
+from trainops.benchmarks.harness import trainer_step_time as harness_trainer_step_time
 from trainops.benchmarks.peer_deepspeed import CLIP, LR, MICRO_BATCH, SEQ_LEN, SHAPE, WEIGHT_DECAY
 
 BEGIN, END = "<!-- peer:begin -->", "<!-- peer:end -->"
 NPROC = 2
-WARMUP_STEPS = 5
 TRAINER_SHAPE = [*(f"model.{key}={value}" for key, value in SHAPE.items()), "model.tie_embeddings=false",
                  f"training.seq_len={SEQ_LEN}", f"training.micro_batch={MICRO_BATCH}",
                  f"training.global_batch={MICRO_BATCH * NPROC}", f"training.lr={LR}",
@@ -55,63 +52,24 @@ def hf_llama_parameters() -> int:
         return sum(p.numel() for p in hf_llama().parameters())
 
 
-def _steady(step_times: list[float]) -> float:
-    return statistics.median(step_times[WARMUP_STEPS:])
-
-
 def trainer_step_time(steps: int, extra: list[str]) -> float:
-    """Median steady-state step time of `trainops train` on the peer shape (rank 0)."""
-    from trainops.trainer.config import load_config
-    from trainops.trainer.launch import read_metrics, run_local
-
-    cfg = load_config(None, "tiny", [*TRAINER_SHAPE, f"training.steps={steps}", *extra])
-    result = run_local(cfg, NPROC, show_progress=False)
-    if result.status != "ok":
-        raise RuntimeError(f"peer benchmark trainer run failed: read {result.run_dir}/logs")
-    return _steady(iteration_times(read_metrics(result.run_dir)))
-
-
-def iteration_times(records: list[dict]) -> list[float]:
-    """Wall time between rank 0's consecutive step records: the whole iteration, the per-step
-    duties the trainer's own `step_time_s` leaves out (checksum, record, heartbeat) included, as a
-    peer's or a plain loop's timer includes everything in its loop. The first step has none."""
-    times = sorted(r["time"] for r in records if r["rank"] == 0)
-    return [later - earlier for earlier, later in zip(times, times[1:], strict=False)]
+    """Median steady-state iteration time of `trainops train` on the peer shape (rank 0)."""
+    return harness_trainer_step_time([*TRAINER_SHAPE, f"training.steps={steps}", *extra], NPROC)
 
 
 def deepspeed_step_time(zero: int, steps: int) -> float:
     """Median steady-state step time of DeepSpeed ZeRO-`zero` on the same shape (rank 0)."""
-    return _torchrun_step_time(["-m", "trainops.benchmarks.peer_deepspeed", "--zero", str(zero), "--steps",
-                                str(steps)], f"DeepSpeed ZeRO-{zero}")
-
-
-CRASHED_RUNS: list[str] = []  # peer runs that died and were run again, for the notes
-
-
-def _torchrun_step_time(program: list[str], what: str) -> float:
-    """Run `program --out FILE` on NPROC processes, one thread each; its steady-state step time. A
-    run that dies is run once more (DeepSpeed ZeRO-1 aborted in 1 of ~20 runs here) and noted."""
-    from trainops.trainer.launch import torchrun_argv
-
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "steps.json"
-        for attempt in (1, 2):
-            done = subprocess.run(torchrun_argv(sys.executable, NPROC, [*program, "--out", str(out)]),
-                                  capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
-            if done.returncode == 0:
-                return _steady(json.loads(out.read_text())["step_time_s"])
-            if attempt == 2:
-                raise RuntimeError(f"{what} run failed twice: {done.stderr[-1500:]}")
-            CRASHED_RUNS.append(f"{what} (exit {done.returncode})")
+    return torchrun_step_time(["-m", "trainops.benchmarks.peer_deepspeed", "--zero", str(zero), "--steps", str(steps)],
+                              NPROC, f"DeepSpeed ZeRO-{zero}", rerun_on_crash=True)
 
 
 def floor_step_time(steps: int) -> float:
     """The same model and batch on the same processes with no communication at all (each rank
     trains a replica of its own): no data-parallel step of this model can be faster."""
-    return _torchrun_step_time(["-m", "trainops.benchmarks.plain_loop", "--preset", "tiny",
-                                *(f"--set={key}={value}" for key, value in SHAPE.items()), "--seq-len", str(SEQ_LEN),
-                                "--micro-batch", str(MICRO_BATCH), "--no-sync", "--steps", str(steps)],
-                               "the no-communication floor")
+    return torchrun_step_time(["-m", "trainops.benchmarks.plain_loop", "--preset", "tiny",
+                               *(f"--set={key}={value}" for key, value in SHAPE.items()), "--seq-len", str(SEQ_LEN),
+                               "--micro-batch", str(MICRO_BATCH), "--no-sync", "--steps", str(steps)],
+                              NPROC, "the no-communication floor", rerun_on_crash=True)
 
 
 def bench_peer(suite: Suite, repeats: int, steps: int) -> None:

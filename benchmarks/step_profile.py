@@ -66,17 +66,17 @@ def profile_trainer(steps: list[int]) -> Path:
 
 
 def profile_deepspeed(steps: list[int], folder: Path) -> Path:
-    import os
     import subprocess
     import sys
 
+    from trainops.benchmarks.harness import single_thread_env
     from trainops.trainer.launch import torchrun_argv
 
     trace = folder / "deepspeed-rank0.json"
     program = ["-m", "trainops.benchmarks.peer_deepspeed", "--zero", "2", "--steps", str(steps[-1] + 1),
                "--profile-steps", f"{steps[0]},{len(steps)}", "--trace", str(trace), "--out", str(folder / "ds.json")]
     done = subprocess.run(torchrun_argv(sys.executable, 2, program), capture_output=True, text=True,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+                          env=single_thread_env())
     if done.returncode != 0:
         raise RuntimeError(f"profiled DeepSpeed run failed: {done.stderr[-1500:]}")
     return trace

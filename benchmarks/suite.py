@@ -14,46 +14,31 @@ from pathlib import Path
 from typing import Callable
 
 from trainops.benchmarks.harness import RESULTS_PATH as RESULTS
-from trainops.benchmarks.harness import Figure, Suite, interleaved, publish, ratios
-from trainops.benchmarks.peer import iteration_times, run_and_publish
+from trainops.benchmarks.harness import (
+    Figure,
+    Suite,
+    interleaved,
+    publish,
+    ratios,
+    single_thread_env,
+    torchrun_step_time,
+)
+from trainops.benchmarks.harness import trainer_step_time as harness_trainer_step_time
+from trainops.benchmarks.peer import run_and_publish
 from trainops.workspace import RunFiles
 
-WARMUP_STEPS = 5
 TRAIN_SHAPE = ["training.global_batch=8", "training.seq_len=128", "data.kind=synthetic"]
 
 
-def _env() -> dict[str, str]:
-    return dict(os.environ, OMP_NUM_THREADS="1")
-
-
-def _steady(step_times: list[float]) -> float:
-    return statistics.median(step_times[WARMUP_STEPS:])
-
-
-def trainer_step_time(nproc: int, steps: int, extra: list[str] = ()) -> float:
-    """Median steady-state step time of the embedded trainer (rank 0, warm-up excluded)."""
-    from trainops.trainer.config import load_config
-    from trainops.trainer.launch import read_metrics, run_local
-
-    overrides = [*TRAIN_SHAPE, f"training.steps={steps}", f"training.micro_batch={8 // nproc}",
-                 "parallel.data_parallel=fsdp", *extra]
-    result = run_local(load_config(None, "tiny", overrides), nproc, show_progress=False)
-    if result.status != "ok":
-        raise RuntimeError(f"benchmark trainer run failed: read {result.run_dir}/logs")
-    return _steady(iteration_times(read_metrics(result.run_dir)))
+def trainer_step_time(nproc: int, steps: int) -> float:
+    """Median steady-state iteration time of the embedded trainer (rank 0, warm-up excluded)."""
+    return harness_trainer_step_time([*TRAIN_SHAPE, f"training.steps={steps}", f"training.micro_batch={8 // nproc}",
+                                      "parallel.data_parallel=fsdp"], nproc)
 
 
 def plain_step_time(nproc: int, steps: int) -> float:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "plain.json"
-        script = ["-m", "trainops.benchmarks.plain_loop", "--steps", str(steps), "--global-batch", "8",
-                  "--seq-len", "128", "--out", str(out)]
-        from trainops.trainer.launch import torchrun_argv
-
-        done = subprocess.run(torchrun_argv(sys.executable, nproc, script), env=_env(), capture_output=True, text=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"plain loop on {nproc} process(es) failed: {done.stderr[-1500:]}")
-        return _steady(json.loads(out.read_text())["step_time_s"])
+    return torchrun_step_time(["-m", "trainops.benchmarks.plain_loop", "--steps", str(steps), "--global-batch", "8",
+                               "--seq-len", "128"], nproc, f"plain loop on {nproc} process(es)")
 
 
 def bench_trainer_overhead(suite: Suite, repeats: int, steps: int) -> None:
@@ -177,7 +162,7 @@ def bench_recovery(suite: Suite, repeats: int) -> None:
 def _cli_wall_s(args: list[str]) -> float:
     exe = Path(sys.executable).with_name("trainops")
     started = time.perf_counter()
-    subprocess.run([str(exe), *args], check=True, capture_output=True, env=_env())
+    subprocess.run([str(exe), *args], check=True, capture_output=True, env=single_thread_env())
     return time.perf_counter() - started
 
 
@@ -223,7 +208,7 @@ def _sop_quick(home: Path) -> tuple[float, float]:
     exe = Path(sys.executable).with_name("trainops")
     started = time.time()
     done = subprocess.run([str(exe), "sop", "--quick", "--json"], capture_output=True, text=True,
-                          env={**_env(), "TRAINOPS_HOME": str(home)})
+                          env={**single_thread_env(), "TRAINOPS_HOME": str(home)})
     ended = time.time()
     if done.returncode != 0:
         raise RuntimeError(f"trainops sop --quick failed: {done.stderr[-2000:]}")

@@ -211,14 +211,14 @@ class _Watch:
             return None
         beats = read_heartbeats(self.run_dir)
         # a slow link's queue drains whenever TCP backs off, so one round can miss it: keep each node's worst
-        for node, rtt in self.probe({str(b["host"]) for b in beats.values() if b.get("host")}).items():
+        for node, rtt in self.probe(_hosts(beats)).items():
             if rtt is not None:
                 self.slowest_rtts[node] = max(rtt, self.slowest_rtts.get(node, 0.0))
         found = slow_outlier(self.slowest_rtts)
         if found is None:
             return None
         node, why = found
-        rank = min(r for r, b in beats.items() if b.get("host") == node)
+        rank = _first_rank_on(beats, node)
         return rank, beats[rank], (f"steps run {late_s:.2f}s against a usual {statistics.median(usual):.3f}s on every "
                                    f"rank; {why}")
 
@@ -261,15 +261,23 @@ class _Watch:
                            and _proc_state(int(b.get("pid", 0))) == "T"]
                 culprit = stopped[0] if stopped else min(beats, key=lambda r: (beats[r].get("step", 0), -ages[r]))
                 how = " (its process is stopped)" if stopped else ""
-                silent = [] if stopped else sorted(n for n, rtt in self.probe(
-                    {str(b["host"]) for b in beats.values() if b.get("host")}).items() if rtt is None)
+                silent = [] if stopped else sorted(n for n, rtt in self.probe(_hosts(beats)).items() if rtt is None)
                 if silent:  # every rank waits in the collective: the node that does not answer is the cause
-                    culprit = min(r for r, b in beats.items() if b.get("host") == silent[0])
+                    culprit = _first_rank_on(beats, silent[0])
                     how = f" (its node {silent[0]} does not answer on the network)"
                 return ("heartbeat_stale", culprit, beats[culprit],
                         f"rank {culprit}{how} heartbeat is {ages[culprit]:.2f}s old (step "
                         f"{beats[culprit].get('step')}); limit {self.inp.heartbeat_stale_s}s")
         return None
+
+
+def _hosts(beats: dict[int, dict]) -> set[str]:
+    """The nodes the ranks' heartbeats name."""
+    return {str(b["host"]) for b in beats.values() if b.get("host")}
+
+
+def _first_rank_on(beats: dict[int, dict], node: str) -> int:
+    return min(r for r, b in beats.items() if b.get("host") == node)
 
 
 def _proc_state(pid: int) -> str | None:

@@ -86,10 +86,10 @@ def check_job_paths(spec: JobSpec, config: JobConfig | None = None) -> None:
             config = load_config(RunFiles(run_dir).config)
         if config is not None:
             written["checkpoint.folder"] = confine(run_dir / config.checkpoint.folder, "checkpoint.folder")
-    data = config.data.path if config is not None and config.data.kind == "text" else None
-    data_file = confine(workdir / Path(data).expanduser(), "data.path", reading=True) if data else None
-    init_from = config.model.init_from if config is not None else None
-    weights = confine(workdir / Path(init_from).expanduser(), "model.init_from", reading=True) if init_from else None
+    named = {"data.path": config.data.path if config is not None and config.data.kind == "text" else None,
+             "model.init_from": config.model.init_from if config is not None else None}
+    read = {field: (value, confine(workdir / Path(value).expanduser(), field, reading=True))
+            for field, value in named.items() if value}
     if spec.tenant is None:
         return
     root = tenant_root(spec.tenant).resolve()
@@ -98,15 +98,12 @@ def check_job_paths(spec: JobSpec, config: JobConfig | None = None) -> None:
             raise ValueError(f"R-SEC-3: {field}={str(path)!r} is outside tenant {spec.tenant!r}'s root {root}; "
                              f"fix: keep the job's folders under {root} (a tenant's runs go in {root / 'runs'})")
     shared = shared_data_roots()
-    if weights and not any(weights.is_relative_to(r) for r in [root, *shared]):
-        raise ValueError(f"R-SEC-3: model.init_from={init_from!r} resolves to {weights}, outside tenant "
-                         f"{spec.tenant!r}'s root {root} and the shared data roots; fix: put the checkpoint in the "
-                         "tenant's data folder or a shared read-only folder under [governance] data_roots")
-    if data_file and not any(data_file.is_relative_to(r) for r in [root, *shared]):
-        shared_text = ", ".join(map(str, shared)) or "none"
-        raise ValueError(f"R-SEC-3: data.path={data!r} resolves to {data_file}, outside tenant {spec.tenant!r}'s "
-                         f"data {root / 'data'} and the shared data roots ({shared_text}); fix: put the file in the "
-                         "tenant's data folder or list a shared read-only folder under [governance] data_roots")
+    for field, (value, path) in read.items():
+        if not any(path.is_relative_to(r) for r in [root, *shared]):
+            shared_text = ", ".join(map(str, shared)) or "none"
+            raise ValueError(f"R-SEC-3: {field}={value!r} resolves to {path}, outside tenant {spec.tenant!r}'s "
+                             f"data {root / 'data'} and the shared data roots ({shared_text}); fix: put it in the "
+                             "tenant's data folder or list a shared read-only folder under [governance] data_roots")
 
 
 def _framework_of(run_dir: Path) -> str | None:

@@ -58,7 +58,7 @@ def test_the_step_profile_puts_each_operator_under_its_outermost_known_ancestor(
 
 
 def test_iteration_times_are_the_gaps_between_rank_zeros_records():
-    from trainops.benchmarks.peer import iteration_times
+    from trainops.benchmarks.harness import iteration_times
 
     records = [{"rank": 0, "time": 10.0}, {"rank": 1, "time": 10.2}, {"rank": 0, "time": 10.5},
                {"rank": 0, "time": 11.25}]

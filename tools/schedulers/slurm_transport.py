@@ -8,6 +8,7 @@ otherwise; `TRAINOPS_SLURM_TRANSPORT=cli|pyslurm` forces one.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -199,18 +200,10 @@ def start_now(job_id: str) -> None:
     run_cli(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
 
 
+@functools.cache
 def slurm_release() -> str | None:
     """The running Slurm's release as `major.minor` (e.g. 22.05), from `sinfo --version`; asked once
     per process (every SlurmScheduler chooses its transport)."""
-    if "release" not in _RELEASE:
-        _RELEASE["release"] = _sinfo_release()
-    return _RELEASE["release"]
-
-
-_RELEASE: dict[str, str | None] = {}
-
-
-def _sinfo_release() -> str | None:
     try:
         out = subprocess.run(["sinfo", "--version"], capture_output=True, text=True, timeout=15)
     except (OSError, subprocess.TimeoutExpired):
