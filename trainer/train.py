@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import signal
 import socket
 import sys
 import time
@@ -268,6 +269,19 @@ def train(cfg: JobConfig, run_dir: Path, rank: int, world_size: int, device: tor
     faults.on_train_end(checkpointer.folder)
 
 
+def note_termination(run_dir: Path, rank: int) -> None:
+    """On SIGTERM, note the exit in this rank's heartbeat before dying of the signal. torchrun
+    terminates the survivors as soon as one rank dies; without a note, a survivor that was
+    computing (not yet blocked in the broken collective) would look as killed as the rank that
+    was, and detection could name the wrong one."""
+    def on_sigterm(signum: int, frame) -> None:
+        note_exit(run_dir, rank, "SIGTERM: stopped by its launcher or scheduler")
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--run-dir", required=True, help="run folder holding config.toml")
@@ -277,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     RunFiles(run_dir).logs_dir.mkdir(parents=True, exist_ok=True)
     log_file = open(RunFiles(run_dir).rank_log(rank), "a", buffering=1)
     sys.stdout, sys.stderr = _Tee(sys.stdout, log_file), _Tee(sys.stderr, log_file)
+    note_termination(run_dir, rank)
     try:
         train(cfg, run_dir, rank, world_size, device)
     except Exception as error:  # the rank log and the exit code carry the failure

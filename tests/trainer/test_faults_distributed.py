@@ -92,3 +92,32 @@ def test_a_nan_run_relaunched_resumes_from_its_checkpoint_and_completes(tmp_path
     assert [r["step"] for r in rank0] == [1, 2, 3, 4, 3, 4, 5, 6]  # restarted after step 2's checkpoint
     assert all(math.isfinite(r["loss"]) for r in rank0 if r["step"] > 4)
     assert [(f["kind"], f["step"]) for f in faults_jsonl(resumed.run_dir)] == [("nan", 4), ("nan", 4)]  # once per rank
+
+
+def test_a_rank_its_launcher_terminates_says_so_and_the_killed_rank_is_named(workspace):
+    """torchrun SIGTERMs the survivors as soon as a rank dies. A survivor caught computing died
+    without a word, as silent as the killed rank, and detection could name it instead (a CI
+    failure: rank 0 named for a SIGKILLed rank 1). The terminated rank now notes its exit."""
+    from trainops.tools.base import call
+
+    cfg = load_config(None, "tiny", BASE + ["training.steps=5000"])
+    run_dir = prepare_run(cfg, run_id="terminated")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    job = subprocess.Popen(build_torchrun_command(run_dir, 2), env=env, start_new_session=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    beats = run_dir / "heartbeat"
+    try:
+        deadline = time.time() + 240
+        while len(list(beats.glob("rank*.json"))) < 2 and time.time() < deadline and job.poll() is None:
+            time.sleep(0.1)
+        pids = [json.loads((beats / f"rank{r}.json").read_text())["pid"] for r in (0, 1)]
+        os.kill(pids[1], 9)
+        os.kill(pids[0], 15)
+        job.wait(timeout=120)
+        assert "exit" in json.loads((beats / "rank0.json").read_text())
+        assert "exit" not in json.loads((beats / "rank1.json").read_text())
+        found = call("detect_faults", {"run": str(run_dir), "poll_interval_s": 0.05, "timeout_s": 10})
+        assert (found.mechanism, found.rank) == ("process_exit", 1)
+    finally:
+        stop_processes(process_tree(job.pid), job.pid, grace_s=0)
+        job.wait()
