@@ -71,6 +71,10 @@ class ParallelConfig(_Section):
         "reduce-scatter per unit) until it holds this many parameters; 0 = one unit per block; -1 (auto) "
         "= one per block on GPUs, the whole model as one unit on the CPU (gloo shares the compute cores, so "
         "more collectives only add latency)")
+    cpu_collectives: Literal["auto", "gloo", "shared_memory"] = Field(
+        "auto", description="CPU runs: move data-parallel gradients and parameters between ranks through "
+        "shared memory (one gloo barrier per collective) or through gloo's TCP; auto = shared memory when "
+        "every data-parallel rank is on one host and /dev/shm holds the buffers, else gloo")
 
     @field_validator("dp_shard")
     @classmethod

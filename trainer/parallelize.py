@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -18,6 +19,9 @@ from trainops.trainer.config import JobConfig
 from trainops.trainer.layout import MESH_DIM_NAMES, Layout
 from trainops.trainer.model import initial_weight
 from trainops.trainer.weights import FullValue, is_meta, materialize
+
+if TYPE_CHECKING:
+    from trainops.trainer.shared_memory_comm import SharedBuffers
 
 DP_DIMS = ("dp_replicate", "dp_shard")
 
@@ -67,25 +71,32 @@ def apply_compile(model: nn.Module) -> None:
 
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: str, reshard_after_forward: bool,
-               unit_params: int = 0) -> None:
+               unit_params: int = 0, buffers: SharedBuffers | None = None) -> None:
     """FSDP2: consecutive blocks sharded together as one unit (one all-gather, one reduce-scatter)
     until a unit holds `unit_params` parameters, then the root (embeddings, norm, output and any
-    blocks left over). 0 gives torchtitan's one unit per block."""
+    blocks left over). 0 gives torchtitan's one unit per block. With `buffers`, every unit's
+    collectives go through shared memory (trainops.trainer.shared_memory_comm)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from trainops.trainer.shared_memory_comm import SharedMemoryAllGather, SharedMemoryReduceScatter
+
+    def shard(module: nn.Module, reshard_after_forward: bool | None) -> None:
+        fully_shard(module, mesh=dp_mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
+        if buffers is not None:
+            module.set_custom_reduce_scatter(SharedMemoryReduceScatter(buffers))
+            module.set_custom_all_gather(SharedMemoryAllGather(buffers))
 
     mp_policy = MixedPrecisionPolicy(
         param_dtype=torch.bfloat16 if precision == "bf16" else torch.float32,
         reduce_dtype=torch.float32,
     )
-    shard = partial(fully_shard, mesh=dp_mesh, mp_policy=mp_policy)
     units = fsdp_units(list(model.layers.values()), unit_params)
     for index, unit in enumerate(units):
         # the last unit's parameters are needed again at once by backward: keep them gathered
-        shard(unit if len(unit) > 1 else unit[0],
-              reshard_after_forward=reshard_after_forward and index < len(units) - 1)
+        shard(unit if len(unit) > 1 else unit[0], reshard_after_forward and index < len(units) - 1)
     # None is torch's own rule for the root: backward needs its parameters (the output head) first, so
     # freeing them after forward would only gather them again at once (18 ms of a 350 ms CPU step)
-    shard(model, reshard_after_forward=None if reshard_after_forward else False)
+    shard(model, None if reshard_after_forward else False)
 
 
 def fsdp_units(blocks: list[nn.Module], unit_params: int) -> list[list[nn.Module]]:
@@ -154,8 +165,11 @@ def parallelize(model: nn.Module, cfg: JobConfig, info: MeshInfo, full_value: Fu
         return model
     if fsdp:
         # HSDP when both dims are > 1: shard within dp_shard, replicate across dp_replicate
-        apply_fsdp(model, _dp_mesh(info), cfg.training.precision, cfg.parallel.reshard_after_forward,
-                   fsdp_unit_params(cfg, info.mesh.device_type))
+        dp_mesh = _dp_mesh(info)
+        shard_group = dp_mesh.get_group(dp_mesh.ndim - 1)  # HSDP: the shard dim carries FSDP's collectives
+        apply_fsdp(model, dp_mesh, cfg.training.precision, cfg.parallel.reshard_after_forward,
+                   fsdp_unit_params(cfg, info.mesh.device_type),
+                   collective_buffers(cfg, shard_group, info.mesh.device_type))
         if pending:
             materialize(model, mesh_device(info), fill)
         return model
@@ -164,4 +178,25 @@ def parallelize(model: nn.Module, cfg: JobConfig, info: MeshInfo, full_value: Fu
     dp_mesh = info.mesh[DP_DIMS]._flatten("dp") if info.layout.dp_replicate > 1 and \
         info.layout.dp_shard > 1 else _dp_mesh(info)
     device_ids = [torch.cuda.current_device()] if info.mesh.device_type == "cuda" else None
-    return DistributedDataParallel(model, process_group=dp_mesh.get_group(), device_ids=device_ids)
+    # broadcast_buffers off: the model's one buffer, the RoPE table, is computed alike on every rank
+    wrapped = DistributedDataParallel(model, process_group=dp_mesh.get_group(), device_ids=device_ids,
+                                      broadcast_buffers=False)
+    buffers = collective_buffers(cfg, dp_mesh.get_group(), info.mesh.device_type)
+    if buffers is not None:
+        from trainops.trainer.shared_memory_comm import ddp_allreduce_hook
+
+        wrapped.register_comm_hook(buffers, ddp_allreduce_hook)
+    return wrapped
+
+
+def collective_buffers(cfg: JobConfig, group, device_type: str) -> SharedBuffers | None:
+    """Shared-memory buffers for the data-parallel `group` when `parallel.cpu_collectives` and the
+    run allow them (collective over the group); rank 0 says which way the collectives go."""
+    from trainops.trainer.shared_memory_comm import shared_buffers_for
+
+    buffers = shared_buffers_for(group, cfg.parallel.cpu_collectives, device_type)
+    if group.rank() == 0:
+        way = "shared memory" if buffers is not None else "the process group's backend"
+        print(f"data-parallel collectives over {group.size()} ranks: {way} (parallel.cpu_collectives="
+              f"{cfg.parallel.cpu_collectives})", flush=True)
+    return buffers
