@@ -7,8 +7,11 @@ RESULTS.md; `trainops bench` includes it.
 What differs between the arms, besides the framework: the model code (trainops' Llama with complex
 RoPE vs transformers' rotate-half RoPE; both use torch's SDPA flash kernel and GQA without copies
 in trainops, repeated K/V in transformers), the sharding (FSDP2 DTensors vs DeepSpeed's flat fp32
-partitions), and the trainer's per-step duties (metrics record, heartbeat, replica checksum,
-deterministic algorithms), all left on as users run them."""
+partitions), the transport (the trainer moves a CPU run's gradients and parameters between the
+ranks of one host through shared memory, `parallel.cpu_collectives=auto`; DeepSpeed through gloo's
+TCP, as the trainer does in the arm with gloo's collectives), and the trainer's per-step duties
+(metrics record, heartbeat, replica checksum, deterministic algorithms), all left on as users run
+them. Both frameworks are also compared compiled (`training.compile`, DeepSpeed's `engine.compile()`)."""
 from __future__ import annotations
 
 import argparse
@@ -28,18 +31,22 @@ TRAINER_SHAPE = [*(f"model.{key}={value}" for key, value in SHAPE.items()), "mod
                  f"training.global_batch={MICRO_BATCH * NPROC}", f"training.lr={LR}",
                  f"training.weight_decay={WEIGHT_DECAY}", f"training.max_grad_norm={CLIP}", "training.precision=fp32",
                  "data.kind=synthetic"]
-# (figure, trainer overrides, DeepSpeed ZeRO stage it is compared with)
+# (figure, trainer overrides, the DeepSpeed run it is compared with: ZeRO stage, compiled)
 ARMS = [
-    ("trainer FSDP2 / DeepSpeed ZeRO-2 step time", ["parallel.data_parallel=fsdp"], 2),
+    ("trainer FSDP2 / DeepSpeed ZeRO-2 step time", ["parallel.data_parallel=fsdp"], (2, False)),
     ("trainer FSDP2 without reshard-after-forward / DeepSpeed ZeRO-2 step time",
-     ["parallel.data_parallel=fsdp", "parallel.reshard_after_forward=false"], 2),
-    ("trainer DDP / DeepSpeed ZeRO-1 step time", ["parallel.data_parallel=ddp"], 1),
+     ["parallel.data_parallel=fsdp", "parallel.reshard_after_forward=false"], (2, False)),
+    ("trainer FSDP2 with gloo's collectives / DeepSpeed ZeRO-2 step time",
+     ["parallel.data_parallel=fsdp", "parallel.cpu_collectives=gloo"], (2, False)),
+    ("trainer DDP / DeepSpeed ZeRO-1 step time", ["parallel.data_parallel=ddp"], (1, False)),
+    ("trainer FSDP2 compiled / DeepSpeed ZeRO-2 compiled step time",
+     ["parallel.data_parallel=fsdp", "training.compile=true"], (2, True)),
 ]
 DUTIES_OFF = ["metrics.param_checksum=false", "metrics.heartbeat=false", "training.deterministic=false"]
 """The trainer's per-step duties, all on by default: replica checksum, heartbeat, deterministic
 algorithms, turned off together in one arm to report what they cost (the metrics record stays:
 the benchmark reads its step times from it)."""
-TARGETS = {2: 0.90}  # issue 17: the trainer's step <= 0.90x DeepSpeed ZeRO-2's
+TARGETS = {ARMS[0][0]: 0.90}  # issue 17: the trainer's step <= 0.90x DeepSpeed ZeRO-2's, as each runs by default
 
 
 def hf_llama_parameters() -> int:
@@ -57,10 +64,10 @@ def trainer_step_time(steps: int, extra: list[str]) -> float:
     return harness_trainer_step_time([*TRAINER_SHAPE, f"training.steps={steps}", *extra], NPROC)
 
 
-def deepspeed_step_time(zero: int, steps: int) -> float:
+def deepspeed_step_time(zero: int, steps: int, compiled: bool = False) -> float:
     """Median steady-state step time of DeepSpeed ZeRO-`zero` on the same shape (rank 0)."""
-    return torchrun_step_time(["-m", "trainops.benchmarks.peer_deepspeed", "--zero", str(zero), "--steps", str(steps)],
-                              NPROC, f"DeepSpeed ZeRO-{zero}", rerun_on_crash=True)
+    program = ["-m", "trainops.benchmarks.peer_deepspeed", "--zero", str(zero), "--steps", str(steps)]
+    return torchrun_step_time(program + ["--compile"] * compiled, NPROC, f"DeepSpeed ZeRO-{zero}", rerun_on_crash=True)
 
 
 def floor_step_time(steps: int) -> float:
@@ -73,36 +80,39 @@ def floor_step_time(steps: int) -> float:
 
 
 def bench_peer(suite: Suite, repeats: int, steps: int) -> None:
-    """Per repeat: ZeRO-2, the compute floor, the two FSDP2 arms, ZeRO-1, DDP, one after the other."""
+    """Per repeat, one after the other: each DeepSpeed run, then the trainer arms set against it
+    (after ZeRO-2: the compute floor and the trainer without its duties too)."""
     first_figure = len(suite.figures)
-    peers: dict[int, list[float]] = {1: [], 2: []}
+    peers: dict[tuple[int, bool], list[float]] = {peer: [] for _, _, peer in ARMS}
     trainer: dict[str, list[float]] = {name: [] for name, _, _ in ARMS}
     floor: list[float] = []
     bare: list[float] = []
     for _ in range(repeats):
-        for zero in (2, 1):
-            peers[zero].append(deepspeed_step_time(zero, steps))
-            if zero == 2:
+        for peer in peers:
+            peers[peer].append(deepspeed_step_time(peer[0], steps, compiled=peer[1]))
+            if peer == (2, False):
                 floor.append(floor_step_time(steps))
                 bare.append(trainer_step_time(steps, ["parallel.data_parallel=fsdp", *DUTIES_OFF]))
-            for name, extra, stage in ARMS:
-                if stage == zero:
+            for name, extra, against in ARMS:
+                if against == peer:
                     trainer[name].append(trainer_step_time(steps, extra))
-    for name, _, zero in ARMS:
-        fig = suite.add(Figure(name, ratios(trainer[name], peers[zero]), "x",
-                               target=f"<= {TARGETS[zero]:.2f}" if zero in TARGETS else ""))
-        fig.passed = fig.median <= TARGETS[zero] if zero in TARGETS else None
-        fig.note = (f"step time trainer {statistics.median(trainer[name]) * 1000:.0f} ms vs DeepSpeed ZeRO-{zero} "
-                    f"{statistics.median(peers[zero]) * 1000:.0f} ms (dim {SHAPE['dim']}, {SHAPE['n_layers']} layers, "
-                    f"{SHAPE['n_heads']}/{SHAPE['n_kv_heads']} heads, FFN {SHAPE['ffn_hidden_dim']}, seq {SEQ_LEN}, "
-                    f"micro-batch {MICRO_BATCH}, fp32, {NPROC} gloo processes, 1 thread each)")
+    for name, _, (zero, compiled) in ARMS:
+        peer = peers[(zero, compiled)]
+        fig = suite.add(Figure(name, ratios(trainer[name], peer), "x",
+                               target=f"<= {TARGETS[name]:.2f}" if name in TARGETS else ""))
+        fig.passed = fig.median <= TARGETS[name] if name in TARGETS else None
+        fig.note = (f"step time trainer {statistics.median(trainer[name]) * 1000:.0f} ms vs DeepSpeed ZeRO-{zero}"
+                    f"{' compiled' if compiled else ''} {statistics.median(peer) * 1000:.0f} ms (dim {SHAPE['dim']}, "
+                    f"{SHAPE['n_layers']} layers, {SHAPE['n_heads']}/{SHAPE['n_kv_heads']} heads, FFN "
+                    f"{SHAPE['ffn_hidden_dim']}, seq {SEQ_LEN}, micro-batch {MICRO_BATCH}, fp32, {NPROC} processes "
+                    "on gloo process groups, 1 thread each)")
     duties = trainer[ARMS[0][0]]
     cost = suite.add(Figure("trainer FSDP2 step with its per-step duties / without them", ratios(duties, bare), "x"))
     cost.note = ("duties: replica checksum, heartbeat, deterministic algorithms, all on by "
                  f"default; step {statistics.median(duties) * 1000:.0f} ms with, {statistics.median(bare) * 1000:.0f} "
                  "ms without")
     fig = suite.add(Figure("compute floor (the trainer's model, no communication) / DeepSpeed ZeRO-2 step time",
-                           ratios(floor, peers[2]), "x"))
+                           ratios(floor, peers[(2, False)]), "x"))
     fig.note = (f"{statistics.median(floor) * 1000:.0f} ms: the two processes share the two cores, so this is "
                 "the fastest any data-parallel step of this model can be here; a ratio below it would need "
                 "faster kernels than transformers' model uses (the same torch SDPA and GEMMs)")

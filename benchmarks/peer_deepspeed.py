@@ -32,6 +32,7 @@ def main() -> None:
     parser.add_argument("--zero", type=int, choices=(1, 2), default=2)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model (DeepSpeed's engine.compile)")
     parser.add_argument("--profile-steps", default=None, metavar="FIRST,COUNT",
                         help="run these steps under torch.profiler (benchmarks/step_profile.py)")
     parser.add_argument("--trace", default=None, help="where rank 0 writes the Chrome trace")
@@ -51,6 +52,8 @@ def main() -> None:
               "gradient_clipping": CLIP, "zero_optimization": {"stage": args.zero},
               "zero_allow_untested_optimizer": True, "steps_per_print": 10 ** 9, "wall_clock_breakdown": False}
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    if args.compile:
+        engine.compile()
     generator = torch.Generator().manual_seed(rank)
 
     def one_step() -> float:

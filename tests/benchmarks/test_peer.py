@@ -19,8 +19,9 @@ def test_the_trainer_arm_trains_a_model_of_the_peers_size_and_batch():
 
 
 @pytest.mark.slow
-def test_the_deepspeed_arm_trains_and_reports_its_step_time(workspace):
-    assert 0 < deepspeed_step_time(2, steps=7) < 30
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_the_deepspeed_arm_trains_and_reports_its_step_time(workspace, compiled):
+    assert 0 < deepspeed_step_time(2, steps=7, compiled=compiled) < 30
 
 
 def test_the_sop_breakdown_accounts_for_every_second(tmp_path):
