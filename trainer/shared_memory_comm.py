@@ -8,8 +8,10 @@ parameters through one shared buffer per rank; gloo only orders the ranks, one b
 collective. Every rank sums the copies in rank order, so results do not depend on timing.
 
 The buffers live in /dev/shm, each created by its rank with O_EXCL and mode 0600 under a name
-drawn at random by the group's first rank, and unlinked as soon as every rank has mapped them:
-nothing is left behind, even when the job is killed.
+drawn at random by the group's first rank, and unlinked as soon as every rank has mapped them
+(milliseconds later): a killed job leaves nothing behind. Equal host names only pre-select the
+group; mapping every peer's buffer is the proof that the ranks share memory (containers with one
+name on two machines, or private /dev/shm mounts, fail it and keep gloo).
 """
 
 import os
