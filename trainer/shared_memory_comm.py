@@ -131,14 +131,19 @@ def _sum_in_rank_order(copies: list[torch.Tensor], out: torch.Tensor) -> torch.T
     return out
 
 
-class SharedMemoryReduceScatter(ReduceScatter):
-    """FSDP2's gradient reduce-scatter, through `buffers` (sum or average; other ops go to gloo)."""
+class _ThroughBuffers:
+    """What FSDP2's custom collectives share: the buffers, and plain memory for FSDP's own tensors
+    (its reduce-scatter output becomes the sharded gradients, so it must not live in a buffer)."""
 
     def __init__(self, buffers: SharedBuffers):
         self.buffers = buffers
 
     def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty(*size, dtype=dtype, device=device)
+
+
+class SharedMemoryReduceScatter(_ThroughBuffers, ReduceScatter):
+    """FSDP2's gradient reduce-scatter, through `buffers` (sum or average; other ops go to gloo)."""
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
                  op=dist.ReduceOp.SUM, async_op: bool = False):
@@ -153,14 +158,8 @@ class SharedMemoryReduceScatter(ReduceScatter):
         return None
 
 
-class SharedMemoryAllGather(AllGather):
+class SharedMemoryAllGather(_ThroughBuffers, AllGather):
     """FSDP2's parameter all-gather, through `buffers`."""
-
-    def __init__(self, buffers: SharedBuffers):
-        self.buffers = buffers
-
-    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
                  async_op: bool = False):
