@@ -31,6 +31,11 @@ CATALOGUE: dict[str, Knob] = {k.name: k for k in (
          values=("fsdp", "ddp"),
          expected_effect="ddp replicates weights and overlaps bucketed all-reduce with backward; faster for small "
                          "models, more memory"),
+    Knob(name="cpu_collectives", category="communication-overlap", overrides=("parallel.cpu_collectives",),
+         values=("auto", "gloo", "shared_memory"),
+         expected_effect="on one CPU host, shared memory instead of gloo's TCP for the data-parallel collectives: "
+                         "a 12 MB reduce-scatter 14 -> 3 ms, ~4% of a step at the issue-17 shape",
+         min_procs=2),
     Knob(name="compile", category="kernels", overrides=("training.compile",), values=("true", "false"),
          expected_effect="torch.compile fuses elementwise kernels per block; gains on GPUs, compile time dominates "
                          "short CPU runs"),

@@ -34,6 +34,8 @@ KNOBS: list[FrameworkKnob] = [
           "overlaps TP collectives with the GEMMs (async TP); needs tp > 1", 2),
     _knob("data_parallel", "communication-overlap", "parallel.data_parallel", ("fsdp", "ddp"),
           "ddp replicates weights and overlaps bucketed all-reduce with backward"),
+    _knob("cpu_collectives", "communication-overlap", "parallel.cpu_collectives", ("auto", "gloo", "shared_memory"),
+          "on one CPU host, shared memory instead of gloo's TCP for the data-parallel collectives", 2),
     _knob("compile", "kernels", "training.compile", ("true", "false"),
           "torch.compile fuses elementwise kernels per block"),
     _knob("precision", "kernels", "training.precision", ("fp32", "bf16"),
