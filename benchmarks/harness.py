@@ -113,15 +113,22 @@ def iteration_times(records: list[dict]) -> list[float]:
     return [later - earlier for earlier, later in zip(times, times[1:], strict=False)]
 
 
-def trainer_step_time(overrides: list[str], nproc: int) -> float:
-    """Median steady-state iteration time of the embedded trainer (tiny preset + `overrides`, rank 0)."""
+def run_trainer(overrides: list[str], nproc: int) -> Path:
+    """Train the tiny preset + `overrides` on `nproc` local ranks; the run folder (a failed run raises)."""
     from trainops.trainer.config import load_config
-    from trainops.trainer.launch import read_metrics, run_local
+    from trainops.trainer.launch import run_local
 
     result = run_local(load_config(None, "tiny", overrides), nproc, show_progress=False)
     if result.status != "ok":
         raise RuntimeError(f"benchmark trainer run failed: read {result.run_dir}/logs")
-    return steady(iteration_times(read_metrics(result.run_dir)))
+    return Path(result.run_dir)
+
+
+def trainer_step_time(overrides: list[str], nproc: int) -> float:
+    """Median steady-state iteration time of the embedded trainer (tiny preset + `overrides`, rank 0)."""
+    from trainops.trainer.launch import read_metrics
+
+    return steady(iteration_times(read_metrics(run_trainer(overrides, nproc))))
 
 
 def torchrun_step_time(program: list[str], nproc: int, what: str, rerun_on_crash: bool = False) -> float:

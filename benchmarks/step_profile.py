@@ -53,32 +53,20 @@ def breakdown(trace: Path, step_marker: str = "train_step#") -> dict[str, float]
 
 
 def profile_trainer(steps: list[int]) -> Path:
+    from trainops.benchmarks.harness import run_trainer
     from trainops.benchmarks.peer import TRAINER_SHAPE
-    from trainops.trainer.config import load_config
-    from trainops.trainer.launch import run_local
 
-    cfg = load_config(None, "tiny", [*TRAINER_SHAPE, f"training.steps={steps[-1] + 1}",
-                                     f"metrics.profile_steps={steps[0]},{len(steps)}"])
-    result = run_local(cfg, 2, show_progress=False)
-    if result.status != "ok":
-        raise RuntimeError(f"profiled trainer run failed: read {result.run_dir}/logs")
-    return Path(result.run_dir) / "profile" / "rank0.json"
+    run_dir = run_trainer([*TRAINER_SHAPE, f"training.steps={steps[-1] + 1}",
+                           f"metrics.profile_steps={steps[0]},{len(steps)}"], 2)
+    return run_dir / "profile" / "rank0.json"
 
 
 def profile_deepspeed(steps: list[int], folder: Path) -> Path:
-    import subprocess
-    import sys
-
-    from trainops.benchmarks.harness import single_thread_env
-    from trainops.trainer.launch import torchrun_argv
+    from trainops.benchmarks.harness import torchrun_step_time
 
     trace = folder / "deepspeed-rank0.json"
-    program = ["-m", "trainops.benchmarks.peer_deepspeed", "--zero", "2", "--steps", str(steps[-1] + 1),
-               "--profile-steps", f"{steps[0]},{len(steps)}", "--trace", str(trace), "--out", str(folder / "ds.json")]
-    done = subprocess.run(torchrun_argv(sys.executable, 2, program), capture_output=True, text=True,
-                          env=single_thread_env())
-    if done.returncode != 0:
-        raise RuntimeError(f"profiled DeepSpeed run failed: {done.stderr[-1500:]}")
+    torchrun_step_time(["-m", "trainops.benchmarks.peer_deepspeed", "--zero", "2", "--steps", str(steps[-1] + 1),
+                        "--profile-steps", f"{steps[0]},{len(steps)}", "--trace", str(trace)], 2, "profiled DeepSpeed")
     return trace
 
 

@@ -179,9 +179,9 @@ def parallelize(model: nn.Module, cfg: JobConfig, info: MeshInfo, full_value: Fu
         info.layout.dp_shard > 1 else _dp_mesh(info)
     device_ids = [torch.cuda.current_device()] if info.mesh.device_type == "cuda" else None
     # broadcast_buffers off: the model's one buffer, the RoPE table, is computed alike on every rank
-    wrapped = DistributedDataParallel(model, process_group=dp_mesh.get_group(), device_ids=device_ids,
-                                      broadcast_buffers=False)
-    buffers = collective_buffers(cfg, dp_mesh.get_group(), info.mesh.device_type)
+    group = dp_mesh.get_group()
+    wrapped = DistributedDataParallel(model, process_group=group, device_ids=device_ids, broadcast_buffers=False)
+    buffers = collective_buffers(cfg, group, info.mesh.device_type)
     if buffers is not None:
         from trainops.trainer.shared_memory_comm import ddp_allreduce_hook
 

@@ -86,14 +86,13 @@ class SharedBuffers:
         half = -(-max(nbytes, self.half_bytes * 2) // _PAGE) * _PAGE
         self.generation += 1
         mine = self._path(self.rank)
-        problem = _try(lambda: _reserve(mine, 2 * half))
-        self._agree(problem, f"reserving {2 * half / 2**20:.0f} MiB in {self.shm_dir}")
+        buffers: list[torch.Tensor] = []
         try:
-            buffers: list[torch.Tensor] = []
-            problem = _try(lambda: buffers.extend(
+            self._agree(_try(lambda: _reserve(mine, 2 * half)), f"reserving {2 * half / 2**20:.0f} MiB in "
+                        f"{self.shm_dir}")
+            self._agree(_try(lambda: buffers.extend(
                 torch.from_file(str(self._path(rank)), shared=True, size=2 * half, dtype=torch.uint8)
-                for rank in range(self.world)))
-            self._agree(problem, "mapping the peers' buffers")
+                for rank in range(self.world))), "mapping the peers' buffers")
         finally:
             mine.unlink(missing_ok=True)
         self.buffers, self.half_bytes = buffers, half
@@ -103,7 +102,6 @@ class SharedBuffers:
         failed = torch.tensor([0 if problem is None else 1], dtype=torch.int32)
         dist.all_reduce(failed, group=self.group)
         if failed.item():
-            self._path(self.rank).unlink(missing_ok=True)
             raise SharedMemoryUnavailable(f"{what} failed on {failed.item()} of {self.world} ranks"
                                           + (f" (here: {problem})" if problem else ""))
 
