@@ -138,7 +138,9 @@ class FaultInjector:
             sys.stderr.flush()
             if cfg.crash_mode == "sigkill":
                 os.kill(os.getpid(), signal.SIGKILL)
-            sys.exit(CRASH_EXIT_CODE)
+            # at once, as a crash does: an orderly exit tears gloo down first (~1 s), time in which
+            # the peers see the closed connections, fail, and have torchrun SIGTERM this rank
+            os._exit(CRASH_EXIT_CODE)
         if (cfg.hang_step is not None and step >= cfg.hang_step and cfg.hang_rank == self.rank
                 and self._due("hang")):
             self._fire("hang", step)
