@@ -210,9 +210,9 @@ def param_checksum(model: torch.nn.Module) -> float:
     """Sum of this rank's parameter values in float64. Replicas that hold the same shard must
     agree bit for bit after every step; a flipped bit on one of them shows as a mismatch."""
     total = torch.zeros((), dtype=torch.float64)
-    for param in model.parameters():
-        local = param.to_local() if hasattr(param, "to_local") else param
-        total += local.detach().double().sum().cpu()
+    with torch.no_grad():
+        for param in model.parameters():
+            total += getattr(param, "_local_tensor", param).double().sum().cpu()  # a DTensor's own shard
     return total.item()
 
 

@@ -80,11 +80,11 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: str, reshard_af
 
     from trainops.trainer.shared_memory_comm import SharedMemoryAllGather, SharedMemoryReduceScatter
 
-    def shard(module: nn.Module, reshard_after_forward: bool | None) -> None:
+    def shard(module: nn.Module, reshard_after_forward: bool | None, only_unit: bool = False) -> None:
         fully_shard(module, mesh=dp_mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
         if buffers is not None:
             module.set_custom_reduce_scatter(SharedMemoryReduceScatter(buffers))
-            module.set_custom_all_gather(SharedMemoryAllGather(buffers))
+            module.set_custom_all_gather(SharedMemoryAllGather(buffers, in_place=only_unit))
 
     mp_policy = MixedPrecisionPolicy(
         param_dtype=torch.bfloat16 if precision == "bf16" else torch.float32,
@@ -96,7 +96,7 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: str, reshard_af
         shard(unit if len(unit) > 1 else unit[0], reshard_after_forward and index < len(units) - 1)
     # None is torch's own rule for the root: backward needs its parameters (the output head) first, so
     # freeing them after forward would only gather them again at once (18 ms of a 350 ms CPU step)
-    shard(model, None if reshard_after_forward else False)
+    shard(model, None if reshard_after_forward else False, only_unit=not units)
 
 
 def fsdp_units(blocks: list[nn.Module], unit_params: int) -> list[list[nn.Module]]:

@@ -23,8 +23,8 @@ from trainops.trainer.shared_memory_comm import (  # noqa: E402
 def outcome(action) -> str:
     try:
         return repr(action())
-    except ValueError as error:
-        return f"ValueError: {error}"
+    except (ValueError, RuntimeError) as error:
+        return f"{type(error).__name__}: {error}"
 
 
 def main(out: str) -> None:
@@ -32,8 +32,15 @@ def main(out: str) -> None:
     group = dist.group.WORLD
     rank, world = dist.get_rank(), dist.get_world_size()
     buffers = shared_buffers_for(group, "auto", "cpu")
-    seen: dict = {"buffers": buffers is not None, "exact": [], "close": []}
+    seen: dict = {"buffers": buffers is not None, "exact": [], "close": [], "made_in_shm": [], "gathered_in_shm": []}
     reduce_scatter, all_gather = SharedMemoryReduceScatter(buffers), SharedMemoryAllGather(buffers)
+    gather_in_place = SharedMemoryAllGather(buffers, in_place=True)
+    # an input the first buffers (one page a half) cannot hold, an output they could: neither goes there
+    too_big = reduce_scatter.allocate((world * 600,), dtype=torch.float32, device=torch.device("cpu"))
+    output = reduce_scatter.allocate((600,), dtype=torch.float32, device=torch.device("cpu"))
+    seen["first_made_in_shm"] = [buffers.holds(too_big), buffers.holds(output)]
+    reduce_scatter(output, too_big.fill_(1.0), group)
+    seen["exact"].append(bool(torch.equal(output, torch.full((600,), float(world)))))
     # growing sizes (each a new buffer generation), then smaller ones (reusing the halves)
     for numel in (world * 3, world * 1000, world * 700_001, world * 5, world * 1_200_000):
         full = torch.randn(numel, generator=torch.Generator().manual_seed(rank * 7919 + numel))
@@ -43,6 +50,15 @@ def main(out: str) -> None:
             dist.reduce_scatter_tensor(theirs, full.clone(), op=op, group=group)
             seen["exact" if world == 2 else "close"].append(
                 float((mine - theirs).abs().max()) if world > 2 else bool(torch.equal(mine, theirs)))
+        # FSDP's way: it allocates the input, fills it with the gradients, then allocates the output
+        made_input = reduce_scatter.allocate((numel,), dtype=full.dtype, device=full.device)
+        made_input.copy_(full)
+        made_output = reduce_scatter.allocate((numel // world,), dtype=full.dtype, device=full.device)
+        seen["made_in_shm"].append([buffers.holds(made_input), buffers.holds(made_output)])
+        reduce_scatter(made_output, made_input, group, dist.ReduceOp.AVG)
+        dist.reduce_scatter_tensor(theirs, full.clone(), op=dist.ReduceOp.AVG, group=group)
+        seen["exact" if world == 2 else "close"].append(
+            float((made_output - theirs).abs().max()) if world > 2 else bool(torch.equal(made_output, theirs)))
         gathered, expected = torch.empty(numel), torch.empty(numel)
         shard = full[:numel // world].clone()
         all_gather(gathered, shard, group)
@@ -52,6 +68,18 @@ def main(out: str) -> None:
         in_place[rank * (numel // world):(rank + 1) * (numel // world)] = shard
         all_gather(in_place, in_place[rank * (numel // world):(rank + 1) * (numel // world)], group)
         seen["exact"].append(bool(torch.equal(in_place, expected)))
+        # one FSDP unit's way: the output made in the buffer, FSDP's shard written into it, read after wait()
+        made = gather_in_place.allocate((numel,), dtype=full.dtype, device=full.device)
+        made[rank * (numel // world):(rank + 1) * (numel // world)] = shard
+        work = gather_in_place(made, made[rank * (numel // world):(rank + 1) * (numel // world)], group)
+        seen["gathered_in_shm"].append(buffers.holds(made))
+        if work is not None:
+            work.wait()
+        seen["exact"].append(bool(torch.equal(made, expected)))
+    # a collective before FSDP has copied an in-buffer gather out would let a peer overwrite it: refused
+    made = gather_in_place.allocate((world * 4,), dtype=torch.float32, device=torch.device("cpu"))
+    gather_in_place(made, made[rank * 4:(rank + 1) * 4], group)
+    seen["unread_gather"] = outcome(lambda: buffers.exchange(torch.zeros(4)))
     seen["bad_dir_auto"] = outcome(lambda: shared_buffers_for(group, "auto", "cpu", Path("/nonexistent-shm")))
     seen["bad_dir_strict"] = outcome(lambda: shared_buffers_for(group, "shared_memory", "cpu",
                                                                 Path("/nonexistent-shm")))

@@ -37,6 +37,19 @@ def test_reduce_scatter_and_all_gather_match_gloo(seen):
     assert all(error < 1e-5 for error in seen["close"])  # 3 ranks: rank order against gloo's ring order
 
 
+def test_the_reduce_scatter_input_is_made_in_shared_memory_and_its_output_is_not(seen):
+    """FSDP fills the input with the gradients, so they are published where they are written; the
+    output becomes the sharded gradients, which must outlive the buffer's next reuse."""
+    assert seen["made_in_shm"] == [[True, False]] * 5
+    assert seen["first_made_in_shm"] == [False, False]  # the input did not fit: the output stays out too
+
+
+def test_one_units_all_gather_is_gathered_in_shared_memory_and_guarded_until_copied_out(seen):
+    # each size's plain collectives before it have grown the buffer to hold it
+    assert seen["gathered_in_shm"] == [True] * 5
+    assert seen["unread_gather"].startswith("RuntimeError: a shared-memory all-gather's output was not copied out")
+
+
 def test_no_buffer_is_left_in_dev_shm(seen):
     assert seen["left"] == set()
 
