@@ -244,7 +244,7 @@ def _check_sequence_parallel(par: ParallelConfig, train: TrainingConfig, backend
     if not par.sequence_parallel:
         raise LayoutError("parallel.comm_overlap=true needs sequence_parallel=true (it overlaps the SP "
                           "all-gather/reduce-scatter with the GEMMs): enable sequence parallel or turn overlap off")
-    if not train.compile:
+    if train.compile is not True:
         raise LayoutError("parallel.comm_overlap=true needs training.compile=true: the overlap (async TP) is an "
                           "inductor pass over the compiled blocks; set training.compile=true or comm_overlap=false")
     if (backend or detect_backend()) != "nccl":

@@ -6,16 +6,19 @@ built on the meta device is given its values here, once sharded (trainops.traine
 """
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from trainops.trainer.config import JobConfig
+from trainops.trainer.config import AUTO_COMPILE_MIN_STEPS, JobConfig
 from trainops.trainer.layout import MESH_DIM_NAMES, Layout
 from trainops.trainer.model import initial_weight
 from trainops.trainer.weights import FullValue, is_meta, materialize
@@ -68,6 +71,32 @@ def apply_compile(model: nn.Module) -> None:
     FSDP hooks between blocks stay outside the graphs."""
     for name, block in list(model.layers.items()):
         model.layers[name] = torch.compile(block, fullgraph=True)
+
+
+def compile_blocks(cfg: JobConfig, device_type: str) -> bool:
+    """`training.compile` resolved for this run; rank 0 says what was decided and why."""
+    setting, steps = cfg.training.compile, cfg.training.steps
+    if setting != "auto":
+        decided, why = setting, f"training.compile={str(setting).lower()}"
+    elif steps < AUTO_COMPILE_MIN_STEPS:
+        decided, why = False, f"auto: a {steps}-step run is shorter than the {AUTO_COMPILE_MIN_STEPS} that pay back " \
+                              "the compile time"
+    elif not compiler_at_hand(device_type):
+        decided, why = False, "auto: no compiler for inductor's kernels (CPU: $CXX, g++, c++ or clang++; GPU: triton)"
+    else:
+        decided, why = True, f"auto: a {steps}-step run pays back the compile time"
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(f"transformer blocks {'compiled' if decided else 'eager'} ({why})", flush=True)
+    return decided
+
+
+def compiler_at_hand(device_type: str) -> bool:
+    """Whether inductor can build kernels here: a C++ compiler on the CPU, triton on a GPU."""
+    if device_type == "cpu":
+        return any(shutil.which(name) for name in (os.environ.get("CXX", ""), "g++", "c++", "clang++") if name)
+    from torch.utils._triton import has_triton
+
+    return has_triton()
 
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: str, reshard_after_forward: bool,
@@ -155,7 +184,7 @@ def parallelize(model: nn.Module, cfg: JobConfig, info: MeshInfo, full_value: Fu
 
         apply_tp(model, info.mesh["tp"], cfg)
     apply_activation_checkpointing(model, cfg.training.activation_checkpointing)
-    if cfg.training.compile:
+    if compile_blocks(cfg, info.mesh.device_type):
         apply_compile(model)
     fsdp = info.dp_degree > 1 and cfg.parallel.data_parallel == "fsdp"
     if pending and (not fsdp or model.args.tie_embeddings):

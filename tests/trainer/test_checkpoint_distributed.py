@@ -80,3 +80,18 @@ def test_a_corrupt_newest_checkpoint_falls_back_and_still_matches_the_straight_r
     log = (Path(resumed.run_dir) / "logs" / "rank0.log").read_text()
     assert f"checkpoint {step_dir_name(4)} is corrupt: checksum mismatch" in log
     assert losses(resumed) == straight
+
+
+def test_a_compiled_runs_checkpoint_resumes_in_an_eager_run(straight):
+    """torch.compile wraps each block (`_orig_mod.` in its names); the checkpoint must not depend on
+    it, as `training.compile=auto` compiles long runs and a resume or an export may run eager."""
+    first = run("training.steps=4", "checkpoint.enable=true", "checkpoint.interval=4", "training.compile=true",
+                run_id="compiled")
+    assert first.status == "ok" and first.steps_completed == 4
+    assert "transformer blocks compiled (training.compile=true)" in (
+        Path(first.run_dir) / "logs" / "rank0.log").read_text()
+    resumed = relaunch(first, "training.steps=8", "training.compile=false")
+    assert resumed.status == "ok" and resumed.steps_completed == 8
+    assert [e["step"] for e in journal(resumed) if e["event"] == "load"] == [4]
+    # inductor's fused kernels round differently from eager: close to the straight run, not bit for bit
+    assert losses(resumed) == pytest.approx(straight, rel=1e-4)

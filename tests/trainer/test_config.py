@@ -13,6 +13,14 @@ def test_overrides_are_coerced_by_the_field_type():
     assert cfg.faults.crash_step is None
 
 
+def test_compile_is_true_false_or_auto_and_defaults_to_auto():
+    assert load_config(None, "tiny", []).training.compile == "auto"
+    assert [load_config(None, "tiny", [f"training.compile={value}"]).training.compile
+            for value in ("AUTO", "False", "true")] == ["auto", False, True]
+    with pytest.raises(ConfigError, match=r"training.compile = 'maybe' is not valid: expected true, false or auto"):
+        load_config(None, "tiny", ["training.compile=maybe"])
+
+
 def test_to_toml_reads_back_to_an_equal_config(tmp_path):
     cfg = load_config(None, "small", ["parallel.data_parallel=ddp", "model.n_layers=2",
                                       "data.path=/tmp/a \"quoted\" file.txt"])

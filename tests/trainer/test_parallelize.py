@@ -5,8 +5,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from trainops.trainer.config import AUTO_COMPILE_MIN_STEPS, load_config
 from trainops.trainer.model import Transformer, preset
-from trainops.trainer.parallelize import apply_activation_checkpointing
+from trainops.trainer.parallelize import apply_activation_checkpointing, compile_blocks
 
 
 def _grads(mode: str) -> dict[str, torch.Tensor]:
@@ -38,3 +39,18 @@ def test_selective_checkpointing_wraps_every_other_block_and_full_wraps_all():
     assert wrapped("none") == [False] * 4
     assert wrapped("selective") == [True, False, True, False]
     assert wrapped("full") == [True] * 4
+
+
+@pytest.mark.parametrize("setting, steps, compiler, compiled, said", [
+    ("auto", AUTO_COMPILE_MIN_STEPS - 1, True, False, "shorter than the 1000 that pay back the compile time"),
+    ("auto", AUTO_COMPILE_MIN_STEPS, True, True, "a 1000-step run pays back the compile time"),
+    ("auto", AUTO_COMPILE_MIN_STEPS, False, False, "no compiler for inductor's kernels"),
+    ("true", 10, False, True, "training.compile=true"),
+    ("false", 5000, True, False, "training.compile=false"),
+])
+def test_compile_auto_compiles_long_runs_where_a_compiler_is_at_hand(monkeypatch, capsys, setting, steps, compiler,
+                                                                     compiled, said):
+    monkeypatch.setattr("shutil.which", lambda name: f"/usr/bin/{name}" if compiler else None)
+    cfg = load_config(None, "tiny", [f"training.compile={setting}", f"training.steps={steps}"])
+    assert compile_blocks(cfg, "cpu") is compiled
+    assert said in capsys.readouterr().out
