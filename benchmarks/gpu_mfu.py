@@ -25,7 +25,7 @@ from trainops.trainer.launch import read_metrics, run_local
 from trainops.workspace import RunFiles
 
 ARMS = {
-    "bf16 eager": [],
+    "bf16 eager": ["training.compile=false"],
     "bf16 compile": ["training.compile=true"],
     "bf16 compile + selective AC": ["training.compile=true", "training.activation_checkpointing=selective"],
 }
