@@ -6,8 +6,8 @@ peer's copy out of shared memory takes 3 ms each. FSDP2's custom-collective hook
 (`set_custom_reduce_scatter` / `set_custom_all_gather`) and DDP's comm hook route the gradients and
 parameters through one shared buffer; gloo only orders the ranks, one barrier per collective.
 Every rank sums the copies in rank order, so results do not depend on timing. FSDP writes its
-gradients (and, with one FSDP unit, its parameter shards and gathers them) in the buffer itself,
-which saves copies, and the buffer's pages, unlike a fresh allocation's, are already mapped.
+gradients (and, with one FSDP unit, its parameter shards, and gathers them) in the buffer itself,
+which saves the copies into and out of it.
 
 The buffer lives in /dev/shm, created by the group's first rank with O_EXCL and mode 0600 under a
 name drawn at random, and unlinked as soon as every rank has mapped it (milliseconds later, or
