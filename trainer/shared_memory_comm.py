@@ -11,12 +11,14 @@ which saves the copies into and out of it.
 
 The buffer lives in /dev/shm, created by the group's first rank with O_EXCL and mode 0600 under a
 name drawn at random, and unlinked as soon as every rank has mapped it (milliseconds later, or
-by the trainer's SIGTERM handler: `unlink_unmapped`). Equal host names only pre-select the group;
-mapping the buffer is the proof that the ranks share memory (containers with one name on two
-machines, or private /dev/shm mounts, fail it and keep gloo).
+by the trainer's SIGTERM handler: `unlink_unmapped`). Equal host names only pre-select the group:
+the other ranks open the file without ever creating one, and every rank must read back the random
+nonce each wrote into it. Containers with one name on two machines, or private /dev/shm mounts,
+fail that and keep gloo (or are refused by name under parallel.cpu_collectives=shared_memory).
 """
 
 import math
+import mmap
 import os
 import secrets
 import socket
@@ -114,13 +116,24 @@ class SharedBuffers:
                 _UNMAPPED.add(path)
             self._agree(_try(lambda: _reserve(path, size)) if self.rank == 0 else None,
                         f"reserving {size / 2**20:.0f} MiB in {self.shm_dir}")
-            self._agree(_try(lambda: mapped.append(torch.from_file(str(path), shared=True, size=size,
-                                                                   dtype=torch.uint8))), "mapping the buffer")
+            self._agree(_try(lambda: mapped.append(_map(path, size))), "mapping the buffer")
         finally:
             if self.rank == 0:
                 path.unlink(missing_ok=True)
                 _UNMAPPED.discard(path)
+        self._agree(self._unshared(mapped[0]), "seeing the other ranks' writes in the buffer (one host name on "
+                    "several machines, or a private /dev/shm each?)")
         self.buffer, self.region_bytes = mapped[0], region
+
+    def _unshared(self, buffer: torch.Tensor) -> str | None:
+        """What shows that this rank does not share `buffer` with the others, if anything: each
+        writes a random nonce into it, and each must read every rank's nonce back."""
+        nonce = secrets.token_bytes(8)
+        buffer[self.rank * 8:(self.rank + 1) * 8] = torch.frombuffer(bytearray(nonce), dtype=torch.uint8)
+        nonces: list[bytes | None] = [None] * self.world
+        dist.all_gather_object(nonces, nonce, group=self.group)  # every rank has written its nonce by now
+        unseen = [rank for rank, sent in enumerate(nonces) if bytes(buffer[rank * 8:(rank + 1) * 8].tolist()) != sent]
+        return f"ranks {unseen}'s writes are not in this rank's buffer" if unseen else None
 
     def _agree(self, problem: str | None, what: str) -> None:
         """All ranks learn whether any failed, so all raise together instead of one waiting forever."""
@@ -136,6 +149,20 @@ def unlink_unmapped() -> None:
     handler's cleanup: the normal path unlinks them a few milliseconds later)."""
     for path in list(_UNMAPPED):
         path.unlink(missing_ok=True)
+
+
+def _map(path: Path, nbytes: int) -> torch.Tensor:
+    """The buffer file the group's first rank made, mapped; never made here (a missing file means
+    this rank does not see that rank's /dev/shm), and refused unless it is this user's and whole."""
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+    try:
+        found = os.fstat(fd)
+        if found.st_uid != os.getuid() or found.st_size != nbytes:
+            raise OSError(f"{path} is not the buffer made for this job (owner uid {found.st_uid}, "
+                          f"{found.st_size} bytes)")
+        return torch.frombuffer(mmap.mmap(fd, nbytes), dtype=torch.uint8)
+    finally:
+        os.close(fd)
 
 
 def _reserve(path: Path, nbytes: int) -> None:

@@ -4,8 +4,10 @@ tests/trainer/test_shared_memory_comm.py; rank 0 writes what it saw as JSON).
     torchrun --nproc_per_node N shared_memory_worker.py OUT.json
 """
 import json
+import shutil
 import socket
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -14,6 +16,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from trainops.trainer.shared_memory_comm import (  # noqa: E402
+    SHM_DIR,
+    SharedBuffers,
     SharedMemoryAllGather,
     SharedMemoryReduceScatter,
     shared_buffers_for,
@@ -83,6 +87,21 @@ def main(out: str) -> None:
     seen["bad_dir_auto"] = outcome(lambda: shared_buffers_for(group, "auto", "cpu", Path("/nonexistent-shm")))
     seen["bad_dir_strict"] = outcome(lambda: shared_buffers_for(group, "shared_memory", "cpu",
                                                                 Path("/nonexistent-shm")))
+    # one host name, a /dev/shm of its own per rank (containers on two machines): rank 0's file is
+    # missing from the others' view, and a file of the same name there is not rank 0's
+    own_shm = SHM_DIR if rank == 0 else Path(tempfile.mkdtemp(prefix="own-shm-"))
+    seen["private_shm_auto"] = outcome(lambda: shared_buffers_for(group, "auto", "cpu", own_shm))
+    seen["private_shm_strict"] = outcome(lambda: shared_buffers_for(group, "shared_memory", "cpu", own_shm))
+    made_nothing: list[bool | None] = [None] * world
+    dist.all_gather_object(made_nothing, rank == 0 or not any(own_shm.iterdir()))
+    seen["private_shm_made_nothing"] = all(made_nothing)
+    decoy = SharedBuffers(group, strict=True, shm_dir=own_shm)
+    if rank:
+        with open(own_shm / f"trainops-{decoy.token}-1", "wb") as file:
+            file.truncate(2 * world * 4096)  # the first buffer's size: two halves of one page per rank
+    seen["decoy_strict"] = outcome(lambda: decoy.exchange(torch.zeros(1)))
+    if rank:
+        shutil.rmtree(own_shm)
     real_hostname = socket.gethostname
     socket.gethostname = lambda: f"node{rank}"  # every rank on a host of its own
     seen["hosts_auto"] = outcome(lambda: shared_buffers_for(group, "auto", "cpu"))

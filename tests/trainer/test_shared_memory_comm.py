@@ -66,6 +66,17 @@ def test_ranks_on_different_hosts_keep_gloo(seen):
     assert "node0" in seen["hosts_strict"] and "node1" in seen["hosts_strict"]
 
 
+def test_ranks_that_do_not_see_one_dev_shm_keep_gloo_and_make_no_file(seen):
+    """torch.from_file would make a missing file and each rank would read its own zeros: the
+    buffer is opened without O_CREAT, and a same-named file that is not the maker's fails the
+    nonce check."""
+    assert seen["private_shm_auto"] == "None"
+    assert "mapping the buffer failed on" in seen["private_shm_strict"]
+    assert seen["private_shm_made_nothing"]
+    assert "seeing the other ranks' writes in the buffer" in seen["decoy_strict"]
+    assert "set parallel.cpu_collectives=auto" in seen["decoy_strict"]
+
+
 def test_an_accelerator_run_refuses_cpu_shared_memory(seen):
     assert "is for CPU runs" in seen["gpu_strict"]
 
