@@ -36,6 +36,29 @@ def test_trainer_reaches_the_one_process_loss(one_process, layout):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("nproc, layout", [
+    (2, ("parallel.data_parallel=fsdp",)),
+    (2, ("parallel.data_parallel=ddp",)),
+    (4, ("parallel.data_parallel=fsdp", "parallel.dp_replicate=2", "parallel.dp_shard=2")),
+], ids=["fsdp2", "ddp2", "hsdp2x2"])
+def test_data_parallel_reaches_the_one_process_loss_and_grad_norm(workspace, nproc, layout):
+    """The grad norm from FSDP2's local shards (summed over the shard dim only, under HSDP), the
+    fused AdamW and the shared-memory collectives keep the one-process math. The norm is compared
+    itself: AdamW all but undoes a wrong clipping scale, so the loss alone would not show one."""
+    from trainops.trainer.launch import read_metrics
+
+    def curve(nproc: int, *overrides: str) -> list[float]:
+        result = run_local(load_config(None, "tiny", BASE + list(overrides)), nproc, show_progress=False,
+                           timeout_s=300)
+        assert result.status == "ok", result.run_dir
+        return [value for r in read_metrics(result.run_dir) if r["rank"] == 0 for value in (r["loss"], r["grad_norm"])]
+
+    reference = curve(1)  # loss, grad norm, loss, grad norm, ...
+    assert len(reference) == 6 and all(norm > 0.5 for norm in reference[1::2])  # every step clips
+    assert curve(nproc, *layout) == pytest.approx(reference, rel=1e-4)
+
+
+@pytest.mark.slow
 def test_fsdp_units_change_the_collectives_not_the_math(workspace):
     """One FSDP2 unit per block (GPU default) and the whole model as one unit (CPU default) reduce
     the same gradients: every step's loss and grad norm agree to the last bit."""
