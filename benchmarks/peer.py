@@ -7,11 +7,14 @@ RESULTS.md; `trainops bench` includes it.
 What differs between the arms, besides the framework: the model code (trainops' Llama with complex
 RoPE vs transformers' rotate-half RoPE; both use torch's SDPA flash kernel and GQA without copies
 in trainops, repeated K/V in transformers), the sharding (FSDP2 DTensors vs DeepSpeed's flat fp32
-partitions), the transport (the trainer moves a CPU run's gradients and parameters between the
+partitions), the AdamW kernel (torch's fused one per parameter shard vs torch's default over
+DeepSpeed's one flat partition), the transport (the trainer moves a CPU run's gradients and parameters between the
 ranks of one host through shared memory, `parallel.cpu_collectives=auto`; DeepSpeed through gloo's
 TCP, as the trainer does in the arm with gloo's collectives), and the trainer's per-step duties
 (metrics record, heartbeat, replica checksum, deterministic algorithms), all left on as users run
-them. Both frameworks are also compared compiled (`training.compile`, DeepSpeed's `engine.compile()`)."""
+them. The target arm runs the trainer's blocks compiled, as `training.compile=auto` trains any run of
+1000 steps or more; the eager arms are what shorter runs get. Both frameworks are also compared
+compiled (`training.compile`, DeepSpeed's `engine.compile()`)."""
 from __future__ import annotations
 
 import argparse
