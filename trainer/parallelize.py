@@ -6,8 +6,6 @@ built on the meta device is given its values here, once sharded (trainops.traine
 """
 from __future__ import annotations
 
-import os
-import shutil
 import sys
 from dataclasses import dataclass
 from functools import partial
@@ -81,8 +79,8 @@ def compile_blocks(cfg: JobConfig, device_type: str) -> bool:
     elif steps < AUTO_COMPILE_MIN_STEPS:
         decided, why = False, f"auto: a {steps}-step run is shorter than the {AUTO_COMPILE_MIN_STEPS} that pay back " \
                               "the compile time"
-    elif not compiler_at_hand(device_type):
-        decided, why = False, "auto: no compiler for inductor's kernels (CPU: $CXX, g++, c++ or clang++; GPU: triton)"
+    elif problem := compile_problem(device_type):
+        decided, why = False, f"auto: inductor cannot build kernels here ({problem})"
     else:
         decided, why = True, f"auto: a {steps}-step run pays back the compile time"
     if not dist.is_initialized() or dist.get_rank() == 0:
@@ -90,13 +88,18 @@ def compile_blocks(cfg: JobConfig, device_type: str) -> bool:
     return decided
 
 
-def compiler_at_hand(device_type: str) -> bool:
-    """Whether inductor can build kernels here: a C++ compiler on the CPU, triton on a GPU."""
-    if device_type == "cpu":
-        return any(shutil.which(name) for name in (os.environ.get("CXX", ""), "g++", "c++", "clang++") if name)
-    from torch.utils._triton import has_triton
+def compile_problem(device_type: str) -> str | None:
+    """Why torch.compile cannot build kernels on this device, or None: it compiles a small function
+    whose constant is drawn at random, so no cached kernel stands in for a working compiler (a
+    C++ compiler and Python's headers on the CPU, triton on a GPU). Seconds, on long runs only."""
+    import random
 
-    return has_triton()
+    scale = random.random()
+    try:
+        torch.compile(lambda x: x * scale + 1.0, fullgraph=True)(torch.ones(8, device=device_type))
+    except Exception as error:  # inductor fails in many ways, and an eager run needs none of it
+        return f"{type(error).__name__}: {str(error).strip().splitlines()[0][:200] if str(error).strip() else ''}"
+    return None
 
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: str, reshard_after_forward: bool,
