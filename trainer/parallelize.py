@@ -98,7 +98,8 @@ def compile_problem(device_type: str) -> str | None:
     try:
         torch.compile(lambda x: x * scale + 1.0, fullgraph=True)(torch.ones(8, device=device_type))
     except Exception as error:  # inductor fails in many ways, and an eager run needs none of it
-        return f"{type(error).__name__}: {str(error).strip().splitlines()[0][:200] if str(error).strip() else ''}"
+        first_line = (str(error).strip().splitlines() or [""])[0]
+        return f"{type(error).__name__}: {first_line[:200]}"
     return None
 
 
@@ -187,7 +188,7 @@ def parallelize(model: nn.Module, cfg: JobConfig, info: MeshInfo, full_value: Fu
 
         apply_tp(model, info.mesh["tp"], cfg)
     apply_activation_checkpointing(model, cfg.training.activation_checkpointing)
-    if compile_blocks(cfg, info.mesh.device_type):
+    if cfg.training.compile is True:  # resolved once per rank by train() (compile_blocks); auto stays eager
         apply_compile(model)
     fsdp = info.dp_degree > 1 and cfg.parallel.data_parallel == "fsdp"
     if pending and (not fsdp or model.args.tie_embeddings):

@@ -31,7 +31,7 @@ from trainops.trainer.metrics import (
     peak_memory_gib,
 )
 from trainops.trainer.model import Transformer
-from trainops.trainer.parallelize import build_mesh, parallelize, replica_group, seeded_init
+from trainops.trainer.parallelize import build_mesh, compile_blocks, parallelize, replica_group, seeded_init
 from trainops.workspace import RunFiles
 
 
@@ -203,6 +203,7 @@ def train(cfg: JobConfig, run_dir: Path, rank: int, world_size: int, device: tor
         # uninitialised memory, not part of determinism: 12 ms a step in FSDP2's gather buffers on the CPU
         torch.utils.deterministic.fill_uninitialized_memory = False
     mesh_info = build_mesh(layout, device.type)
+    training.compile = compile_blocks(cfg, device.type)  # once, not per pipeline stage: auto's probe and log line
 
     model_args = cfg.model_args()
     with torch.device("meta"):  # no memory until each rank's part is split and sharded
