@@ -54,7 +54,8 @@ def _result(call: dict, status: str, data: Any) -> ToolMessage:
                        status=status, artifact=data)
 
 
-def _run(specs, call: dict, thread: str | None, token: str | None = None) -> ToolMessage:
+def _call_tool(specs, call: dict, thread: str | None, token: str | None = None) -> ToolMessage:
+    """Run one call the gate let through and turn any outcome, failures included, into a ToolMessage."""
     from trainops.tools.base import CallContext, ToolError
     from trainops.tools.governance.gate_api import Refused
 
@@ -83,33 +84,45 @@ def _waits_for_a_human(message: ToolMessage) -> bool:
     return isinstance(data, dict) and data.get("kind") == "gate_refused" and data.get("reason") == "missing_token"
 
 
-def build_graph(llm, checkpointer=None, settings: AgentSettings | None = None, skills: list[PromptSkill] | None = None):
-    """Compile the agent around any LangChain chat model that supports `bind_tools`."""
-    from trainops.tools.langchain import as_langchain_tools
+def after_model(state: AgentState) -> str:
+    """Tool calls go to the gate; a final answer goes to the report rules."""
+    last = state["messages"][-1]
+    return "governance" if isinstance(last, AIMessage) and last.tool_calls else "report_check"
 
-    specs = agent_registry()
-    bound = llm.bind_tools(as_langchain_tools(registry=specs))  # schemas and risk labels only: calls run below
-    skills = load_skills() if skills is None else skills
 
-    def select_skill(state: AgentState, config: RunnableConfig) -> dict:
+def after_calls(state: AgentState) -> str:
+    """Run what is allowed first, then ask a human about each gated call, one at a time, then reply."""
+    if state.get("ready"):
+        return "tools"
+    return "human_approval" if state.get("gated") else "model"
+
+
+class AgentNodes:
+    """The graph's nodes, sharing one registry, one tool-bound model, the settings and the skills."""
+
+    def __init__(self, specs, bound_llm, settings: AgentSettings | None, skills: list[PromptSkill]):
+        self.specs, self.bound_llm, self.settings, self.skills = specs, bound_llm, settings, skills
+
+    def select_skill(self, state: AgentState, config: RunnableConfig) -> dict:
         request = next((str(m.content) for m in reversed(state["messages"]) if isinstance(m, HumanMessage)), "")
-        chosen = choose_skill(request, skills)
+        chosen = choose_skill(request, self.skills)
         transcript.record(_thread(config), "user", content=request, skill=chosen.name if chosen else None)
         return {"skill": chosen.name if chosen else None, "ready": [], "gated": [], "report_violations": []}
 
-    def model(state: AgentState, config: RunnableConfig) -> dict:
-        prompt = SystemMessage(content=system_prompt(skills, state.get("skill")))
+    def model(self, state: AgentState, config: RunnableConfig) -> dict:
+        prompt = SystemMessage(content=system_prompt(self.skills, state.get("skill")))
         try:
-            reply = bound.invoke([prompt, *state["messages"]], config)
+            reply = self.bound_llm.invoke([prompt, *state["messages"]], config)
         except Exception as exc:
-            better = explain_provider_failure(settings, exc) if settings else None
+            better = explain_provider_failure(self.settings, exc) if self.settings else None
             if better:
                 raise better from None
             raise
         transcript.record(_thread(config), "assistant", content=reply.text, tool_calls=reply.tool_calls)
         return {"messages": [reply]}
 
-    def governance(state: AgentState, config: RunnableConfig) -> dict:
+    def governance(self, state: AgentState, config: RunnableConfig) -> dict:
+        """Sort the model's calls into refused (back to the model), ready (run now) and gated (ask a human)."""
         from trainops.tools.base import CallContext
         from trainops.tools.governance import gate_api
 
@@ -122,9 +135,9 @@ def build_graph(llm, checkpointer=None, settings: AgentSettings | None = None, s
             transcript.record(thread, "gate", tool=call["name"], args=call["args"], decision="refused", reason=reason)
 
         for call in state["messages"][-1].tool_calls:
-            spec = specs.get(call["name"])
+            spec = self.specs.get(call["name"])
             if spec is None:
-                refuse(call, f"{call['name']} is not a registered tool; registered: {', '.join(specs)}")
+                refuse(call, f"{call['name']} is not a registered tool; registered: {', '.join(self.specs)}")
                 continue
             try:
                 inp = spec.Input.model_validate(call["args"])
@@ -145,25 +158,26 @@ def build_graph(llm, checkpointer=None, settings: AgentSettings | None = None, s
                 transcript.record(thread, "gate", tool=spec.name, args=call["args"], decision="allowed", risk=spec.risk)
         return {"messages": refused, "ready": ready, "gated": gated}
 
-    def tools(state: AgentState, config: RunnableConfig) -> dict:
+    def tools(self, state: AgentState, config: RunnableConfig) -> dict:
         thread = _thread(config)
         results, gated = [], list(state.get("gated", []))
         for call in state.get("ready", []):
-            message = _run(specs, call, thread)
+            message = _call_tool(self.specs, call, thread)
             if _waits_for_a_human(message):
                 gated.append({**call, "pending_id": message.artifact["pending_id"]})
             else:
                 results.append(message)
         return {"messages": results, "ready": [], "gated": gated}
 
-    def human_approval(state: AgentState, config: RunnableConfig) -> dict:
+    def human_approval(self, state: AgentState, config: RunnableConfig) -> dict:
+        """Interrupt for the first gated call; record the verdict; run it with the gate's token if approved."""
         from trainops.tools.base import CallContext
         from trainops.tools.governance import gate_api
 
         thread = _thread(config)
         ctx = CallContext(actor="agent", thread_id=thread)
         call, rest = state["gated"][0], state["gated"][1:]
-        spec = specs[call["name"]]
+        spec = self.specs[call["name"]]
         answer = interrupt({"tool": call["name"], "args": call["args"], "risk": spec.risk, "call_id": call["id"],
                             "pending_id": call.get("pending_id"), "description": spec.description.split("\n")[0]})
         decision = answer if isinstance(answer, dict) else {"decision": str(answer)}
@@ -192,9 +206,9 @@ def build_graph(llm, checkpointer=None, settings: AgentSettings | None = None, s
         except ValueError as exc:  # no approver's key signed (SigningError), or the call cannot be queued
             return {"messages": [_result(call, "error", {"error": f"approval not signed: {exc}", "kind": "refused"})],
                     "gated": rest}
-        return {"messages": [_run(specs, call, thread, token=token)], "gated": rest}
+        return {"messages": [_call_tool(self.specs, call, thread, token=token)], "gated": rest}
 
-    def report_check(state: AgentState, config: RunnableConfig) -> dict:
+    def report_check(self, state: AgentState, config: RunnableConfig) -> dict:
         from trainops.tools.governance.text import check_text
 
         final = state["messages"][-1]
@@ -206,19 +220,18 @@ def build_graph(llm, checkpointer=None, settings: AgentSettings | None = None, s
                     + "\n".join(f"- {v}" for v in violations))
         return {"messages": [AIMessage(content=withheld, id=final.id)], "report_violations": violations}
 
-    def after_model(state: AgentState) -> str:
-        last = state["messages"][-1]
-        return "governance" if isinstance(last, AIMessage) and last.tool_calls else "report_check"
 
-    def after_calls(state: AgentState) -> str:
-        if state.get("ready"):
-            return "tools"
-        return "human_approval" if state.get("gated") else "model"
+def build_graph(llm, checkpointer=None, settings: AgentSettings | None = None, skills: list[PromptSkill] | None = None):
+    """Compile the agent around any LangChain chat model that supports `bind_tools`."""
+    from trainops.tools.langchain import as_langchain_tools
+
+    specs = agent_registry()
+    bound = llm.bind_tools(as_langchain_tools(registry=specs))  # schemas and risk labels only: calls run below
+    nodes = AgentNodes(specs, bound, settings, load_skills() if skills is None else skills)
 
     graph = StateGraph(AgentState)
-    for name, node in (("select_skill", select_skill), ("model", model), ("governance", governance),
-                       ("tools", tools), ("human_approval", human_approval), ("report_check", report_check)):
-        graph.add_node(name, node)
+    for name in ("select_skill", "model", "governance", "tools", "human_approval", "report_check"):
+        graph.add_node(name, getattr(nodes, name))
     graph.add_edge(START, "select_skill")
     graph.add_edge("select_skill", "model")
     graph.add_conditional_edges("model", after_model, ["governance", "report_check"])
