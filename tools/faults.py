@@ -17,9 +17,9 @@ from typing import Literal
 import psutil
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from trainops.run_folder import RunFiles
 from trainops.tools.base import ToolError, tool
 from trainops.tools.schedulers.base import SchedulerError, SchedulerKind
-from trainops.workspace import RunFiles
 
 FaultKind = Literal["kill_rank", "kill_node", "hang", "straggler", "nan", "bitflip", "crash", "corrupt_checkpoint",
                     "drain_node", "node_crash", "power_loss", "partition", "slow_network", "heal_node"]
@@ -223,7 +223,7 @@ def inject_fault(inp: InjectFaultInput) -> InjectFaultOutput:
 def _node_fault(inp: InjectFaultInput) -> InjectFaultOutput:
     """A real node or network fault, only on a node of the `trainops sandbox` that SLURM_CONF names:
     trainops acts on namespaces it made itself, never on a host it did not."""
-    from trainops.tools.schedulers import sandbox
+    from trainops.tools.schedulers import sandbox, sandbox_faults
 
     state = sandbox.state_for_slurm_conf(os.environ.get("SLURM_CONF", ""))
     if state is None:
@@ -234,13 +234,13 @@ def _node_fault(inp: InjectFaultInput) -> InjectFaultOutput:
     pids: list[int] = []
     try:
         if inp.kind in ("node_crash", "power_loss"):
-            pids = sandbox.crash_node(node, power_loss=inp.kind == "power_loss", prefix=prefix)
+            pids = sandbox_faults.crash_node(node, power_loss=inp.kind == "power_loss", prefix=prefix)
         elif inp.kind == "partition":
-            sandbox.set_link(node, False, prefix=prefix)
+            sandbox_faults.set_link(node, False, prefix=prefix)
         elif inp.kind == "slow_network":
-            sandbox.slow_link(node, inp.rate_mbit, prefix=prefix)
+            sandbox_faults.slow_link(node, inp.rate_mbit, prefix=prefix)
         else:
-            sandbox.heal_node(node, prefix=prefix)
+            sandbox_faults.heal_node(node, prefix=prefix)
     except sandbox.SandboxError as exc:
         raise ToolError("inject_fault", str(exc)) from None
     at = time.time()

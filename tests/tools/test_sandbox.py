@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from trainops.cli import app
-from trainops.tools.schedulers import sandbox
+from trainops.tools.schedulers import sandbox, sandbox_faults
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -53,15 +53,15 @@ def _slurm_processes():
 
 
 def test_node_faults_crash_one_node_shape_its_link_and_bring_it_back(sandbox_cluster):
-    killed = sandbox.crash_node(2, prefix="tost")
-    assert killed and not sandbox._alive(killed)
+    killed = sandbox_faults.crash_node(2, prefix="tost")
+    assert killed and not sandbox_faults._alive(killed)
     assert sandbox.namespace_pids("tost-n1") and sandbox.namespace_pids("tost-n3")
-    sandbox.slow_link(3, 1.0, prefix="tost")
+    sandbox_faults.slow_link(3, 1.0, prefix="tost")
     shown = subprocess.run(["tc", "qdisc", "show", "dev", "tosth3"], capture_output=True, text=True).stdout
     assert "tbf" in shown and "1Mbit" in shown
-    sandbox.slow_link(3, None, prefix="tost")
+    sandbox_faults.slow_link(3, None, prefix="tost")
     assert "tbf" not in subprocess.run(["tc", "qdisc", "show", "dev", "tosth3"], capture_output=True, text=True).stdout
-    sandbox.heal_node(2, prefix="tost")
+    sandbox_faults.heal_node(2, prefix="tost")
     sandbox.wait_until(30, "n2 idle again", lambda: sandbox.node_states(sandbox_cluster).get("n2") == "idle")
 
 

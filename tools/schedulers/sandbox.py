@@ -10,7 +10,8 @@ route anywhere, so traffic stays inside the bridge's /24.
 Everything `up` creates is recorded in `/run/trainops/sandbox-PREFIX/state.json` (namespaces,
 links, the munged it started), and `down` removes exactly that, by name and pid, and nothing
 else. The record is per host, not per workspace, like the namespaces it describes: `up` from any
-workspace finds a running sandbox, and a reboot clears both.
+workspace finds a running sandbox, and a reboot clears both. The node faults the drills inject
+(crash, power loss, partition, slow link) and their healing are in `sandbox_faults`.
 Requires root and Linux (iproute2, util-linux, Debian's slurm-wlm and munge).
 """
 from __future__ import annotations
@@ -130,14 +131,16 @@ def _save(state: SandboxState) -> None:
     tmp.replace(path)
 
 
-def _sh(args: list[str], check: bool = True, **kw) -> subprocess.CompletedProcess:
+def run_or_raise(args: list[str], check: bool = True, **kw) -> subprocess.CompletedProcess:
+    """Run a host command; with `check`, a SandboxError quoting the command and its stderr if it fails."""
     done = subprocess.run(args, capture_output=True, text=True, timeout=60, **kw)
     if check and done.returncode != 0:
         raise SandboxError(f"`{' '.join(args)}` failed ({done.returncode}): {done.stderr.strip()[:300]}")
     return done
 
 
-def _in_ns(ns: str, args: list[str]) -> list[str]:
+def in_namespace(ns: str, args: list[str]) -> list[str]:
+    """argv run inside network namespace `ns`."""
     # nsenter, not `ip netns exec`: that remounts /sys, hides the cgroup tree, and slurmd dies.
     return ["nsenter", f"--net=/run/netns/{ns}", *args]
 
@@ -179,7 +182,7 @@ def _start_munge() -> int | None:
         key.chmod(0o400)
     Path("/run/munge").mkdir(parents=True, exist_ok=True)
     shutil.chown("/run/munge", "munge", "munge")
-    _sh([MUNGED, "--force"])
+    run_or_raise([MUNGED, "--force"])
     wait_until(10, "munged to answer", _munge_ok)
     return int(Path("/run/munge/munged.pid").read_text().strip())
 
@@ -225,19 +228,19 @@ def _hosts_text(spec: SandboxSpec) -> str:
 
 
 def _net_in_use(spec: SandboxSpec) -> bool:
-    shown = _sh(["ip", "-4", "-o", "addr", "show"]).stdout
+    shown = run_or_raise(["ip", "-4", "-o", "addr", "show"]).stdout
     return f" {spec.net}." in shown
 
 
 def _add_namespace(state: SandboxState, ns: str, link: str, address: str) -> None:
-    _sh(["ip", "netns", "add", ns])
+    run_or_raise(["ip", "netns", "add", ns])
     state.namespaces.append(ns)
-    _sh(["ip", "link", "add", link, "type", "veth", "peer", "name", NODE_IF, "netns", ns])
+    run_or_raise(["ip", "link", "add", link, "type", "veth", "peer", "name", NODE_IF, "netns", ns])
     state.links.append(link)
-    _sh(["ip", "link", "set", link, "master", state.spec.bridge, "up"])
-    _sh(["ip", "-n", ns, "link", "set", "lo", "up"])
-    _sh(["ip", "-n", ns, "addr", "add", f"{address}/24", "dev", NODE_IF])
-    _sh(["ip", "-n", ns, "link", "set", NODE_IF, "up"])
+    run_or_raise(["ip", "link", "set", link, "master", state.spec.bridge, "up"])
+    run_or_raise(["ip", "-n", ns, "link", "set", "lo", "up"])
+    run_or_raise(["ip", "-n", ns, "addr", "add", f"{address}/24", "dev", NODE_IF])
+    run_or_raise(["ip", "-n", ns, "link", "set", NODE_IF, "up"])
 
 
 def start_slurmd(state: SandboxState, node: int) -> None:
@@ -245,8 +248,9 @@ def start_slurmd(state: SandboxState, node: int) -> None:
     folder = Path(state.folder)
     (folder / "state" / f"d-n{node}").mkdir(parents=True, exist_ok=True)  # slurmd does not create it
     script = 'hostname "$1" && mount --bind "$2" /etc/hosts && exec "$3" -N "$1" -f "$4"'
-    _sh(_in_ns(state.spec.ns(node), ["unshare", "--uts", "--mount", "--propagation", "private", "sh", "-c", script,
-                                     "sh", f"n{node}", str(folder / "hosts"), SLURMD, str(state.conf)]))
+    argv = ["unshare", "--uts", "--mount", "--propagation", "private", "sh", "-c", script,
+            "sh", f"n{node}", str(folder / "hosts"), SLURMD, str(state.conf)]
+    run_or_raise(in_namespace(state.spec.ns(node), argv))
 
 
 def node_states(state: SandboxState) -> dict[str, str]:
@@ -284,18 +288,18 @@ def up(spec: SandboxSpec) -> SandboxState:
     _save(state)
     try:
         state.munged_pid = _start_munge()
-        _sh(["ip", "link", "add", spec.bridge, "type", "bridge"])
+        run_or_raise(["ip", "link", "add", spec.bridge, "type", "bridge"])
         state.links.append(spec.bridge)
         _save(state)
-        _sh(["ip", "addr", "add", f"{spec.net}.1/24", "dev", spec.bridge])
-        _sh(["ip", "link", "set", spec.bridge, "up"])
+        run_or_raise(["ip", "addr", "add", f"{spec.net}.1/24", "dev", spec.bridge])
+        run_or_raise(["ip", "link", "set", spec.bridge, "up"])
         _add_namespace(state, spec.ctl_ns, spec.host_link("c"), f"{spec.net}.2")
         for k in range(1, spec.nodes + 1):
             _add_namespace(state, spec.ns(k), spec.host_link(k), spec.address(k))
             _save(state)
         state.conf.write_text(_conf_text(spec, folder))
         (folder / "hosts").write_text(_hosts_text(spec))
-        _sh(_in_ns(spec.ctl_ns, [SLURMCTLD, "-f", str(state.conf)]))
+        run_or_raise(in_namespace(spec.ctl_ns, [SLURMCTLD, "-f", str(state.conf)]))
         wait_until(30, "slurmctld to answer `scontrol ping`", lambda: "UP" in subprocess.run(
             ["scontrol", "ping"], capture_output=True, text=True, timeout=15, env=slurm_env(state)).stdout)
         for k in range(1, spec.nodes + 1):
@@ -322,7 +326,8 @@ def namespace_pids(ns: str) -> list[int]:
     return [int(p) for p in done.stdout.split()] if done.returncode == 0 else []
 
 
-def _signal(pids: list[int], sig: int) -> None:
+def signal_pids(pids: list[int], sig: int) -> None:
+    """Send `sig` to each of `pids` still running."""
     for pid in pids:
         try:
             os.kill(pid, sig)
@@ -338,7 +343,7 @@ def down(prefix: str = DEFAULT_PREFIX) -> list[str]:
     removed = []
     for sig, grace in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 0.5)):
         for ns in state.namespaces:
-            _signal(namespace_pids(ns), sig)
+            signal_pids(namespace_pids(ns), sig)
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and any(namespace_pids(ns) for ns in state.namespaces):
             time.sleep(0.1)
@@ -389,102 +394,3 @@ def state_for_slurm_conf(conf: str) -> SandboxState | None:
         if state is not None and conf and Path(conf).resolve() == state.conf.resolve():
             return state
     return None
-
-
-def heal_node(node: int, prefix: str = DEFAULT_PREFIX) -> None:
-    """Undo a node fault: no rate limit, link up, and slurmd started again if it was killed. After a
-    partition slurmd is restarted too, so it registers at once: Slurm pings a node it has set DOWN
-    only now and then (measured: back 32 s after the link came up, against 1-2 s re-registering)."""
-    state = _require_state(prefix)
-    _check_node(state, node)
-    slow_link(node, None, prefix)
-    partitioned = "state DOWN" in _sh(["ip", "link", "show", state.spec.host_link(node)]).stdout
-    set_link(node, True, prefix)
-    pid_file = Path(state.folder) / "state" / f"slurmd-n{node}.pid"
-    try:
-        pid = int(pid_file.read_text().strip())
-        if "slurmd" not in Path(f"/proc/{pid}/cmdline").read_text():  # a reused pid is not ours to signal
-            raise ProcessLookupError(pid)
-        os.kill(pid, signal.SIGTERM if partitioned else 0)
-        if partitioned:
-            wait_until(10, f"node n{node}'s slurmd to stop", lambda: not _alive([pid]))
-            start_slurmd(state, node)
-    except (OSError, ValueError):
-        start_slurmd(state, node)
-
-
-def _require_state(prefix: str) -> SandboxState:
-    state = load_state(prefix)
-    if state is None:
-        raise SandboxError(f"no sandbox {prefix!r} is up; run `trainops sandbox up --nodes N` first")
-    return state
-
-
-def _check_node(state: SandboxState, node: int) -> None:
-    if not 1 <= node <= state.spec.nodes:
-        raise SandboxError(f"node {node} is not in the sandbox: use 1..{state.spec.nodes}")
-
-
-def crash_node(node: int, power_loss: bool = False, prefix: str = DEFAULT_PREFIX) -> list[int]:
-    """SIGKILL slurmd and every process on node nK; with power_loss its link goes down first, so its
-    peers see silence instead of connection resets. Returns the pids killed."""
-    state = _require_state(prefix)
-    _check_node(state, node)
-    if power_loss:
-        _sh(["ip", "link", "set", state.spec.host_link(node), "down"])
-    pids = namespace_pids(state.spec.ns(node))
-    _signal(pids, signal.SIGKILL)
-    wait_until(5, f"node n{node}'s processes to die", lambda: not _alive(pids))
-    return pids
-
-
-def _alive(pids: list[int]) -> list[int]:
-    """Those of `pids` still running (a zombie waiting for its parent counts as gone)."""
-    import psutil
-
-    alive = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                alive.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return alive
-
-
-def set_link(node: int, up_: bool, prefix: str = DEFAULT_PREFIX) -> None:
-    """Partition node nK (host-side link down; slurmd and its tasks keep running), or heal it."""
-    state = _require_state(prefix)
-    _check_node(state, node)
-    _sh(["ip", "link", "set", state.spec.host_link(node), "up" if up_ else "down"])
-
-
-def slow_link(node: int, rate_mbit: float | None, prefix: str = DEFAULT_PREFIX) -> None:
-    """Rate-limit both directions of node nK's link with tbf (netem is not in every kernel); None clears it."""
-    state = _require_state(prefix)
-    _check_node(state, node)
-    host, inside = state.spec.host_link(node), state.spec.ns(node)
-    if rate_mbit is None:
-        subprocess.run(["tc", "qdisc", "del", "dev", host, "root"], capture_output=True, timeout=15)
-        subprocess.run(_in_ns(inside, ["tc", "qdisc", "del", "dev", NODE_IF, "root"]), capture_output=True, timeout=15)
-        return
-    if not 0.01 <= rate_mbit <= 100_000:
-        raise SandboxError(f"rate_mbit={rate_mbit} is out of range: use 0.01..100000")
-    qdisc = ["root", "tbf", "rate", f"{rate_mbit}mbit", "burst", "32kbit", "latency", "400ms"]
-    _sh(["tc", "qdisc", "replace", "dev", host, *qdisc])
-    _sh(_in_ns(inside, ["tc", "qdisc", "replace", "dev", NODE_IF, *qdisc]))
-
-
-def node_exec(node: int, argv: list[str], timeout_s: float = 60,
-              prefix: str = DEFAULT_PREFIX) -> subprocess.CompletedProcess:
-    """Run argv on node nK as its jobs see it (its network, hostname and /etc/hosts)."""
-    state = _require_state(prefix)
-    _check_node(state, node)
-    pid_file = Path(state.folder) / "state" / f"slurmd-n{node}.pid"
-    try:
-        pid = int(pid_file.read_text().strip())
-        os.kill(pid, 0)
-        prefix = ["nsenter", "-t", str(pid), "--net", "--uts", "--mount"]
-    except (OSError, ValueError):
-        prefix = _in_ns(state.spec.ns(node), [])
-    return subprocess.run([*prefix, *argv], capture_output=True, text=True, timeout=timeout_s)
