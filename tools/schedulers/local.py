@@ -193,10 +193,9 @@ class LocalScheduler(PollingWait):
 
     def _kill_group(self, record: dict, grace_s: float = CANCEL_GRACE_S) -> None:
         """SIGTERM, up to `grace_s` for a clean exit, then SIGKILL of the job's whole process tree
-        (trainops.trainer.launch.stop_processes says why the tree); grace 0 goes straight to SIGKILL.
-        The tree comes from the recorded runner pid and create time, so a recycled pid is never hit."""
-        from trainops.tools.schedulers.processes import local_tree
-        from trainops.trainer.launch import stop_processes
+        (processes.stop_processes says why the tree); grace 0 goes straight to SIGKILL. The tree
+        comes from the recorded runner pid and create time, so a recycled pid is never hit."""
+        from trainops.tools.schedulers.processes import local_tree, stop_processes
 
         stop_processes(local_tree(record), record["pgid"], grace_s)
 

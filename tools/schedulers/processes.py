@@ -5,12 +5,16 @@ process tree below the runner pid trainops recorded at launch, checked against t
 recorded with it (a recycled pid is someone else's process), or a Slurm job's processes as the
 kernel shows them (descendants of a root-owned `slurmstepd` carrying the job's SLURM_JOB_ID).
 Never a pid read from a heartbeat, a log or any other file the job itself can write. A rank is
-found by the RANK variable torchrun gives each worker.
+found by the RANK variable torchrun gives each worker; `stop_processes` stops such a tree.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import socket
+import time
 from pathlib import Path
 
 import psutil
@@ -30,6 +34,42 @@ def local_tree(record: dict) -> list[psutil.Process]:
         return [root, *root.children(recursive=True)]
     except _GONE:
         return []
+
+
+def stop_processes(tree: list[psutil.Process], pgid: int, grace_s: float) -> None:
+    """SIGTERM the process group (torchrun passes it on to its ranks for a clean exit), up to
+    `grace_s`, then SIGKILL every process of `tree`, taken before the first signal: torchrun
+    starts each rank in a session of its own, so signalling the group alone orphans the ranks
+    (seen: orphaned ranks trained on after a drill, and SIGSTOPped ones were leaked). Grace 0
+    goes straight to SIGKILL."""
+    if not tree:
+        return
+    if grace_s > 0:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+        _wait_gone(tree, grace_s)
+    alive = [proc for proc in tree if _running(proc)]
+    for proc in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    _wait_gone(alive, 2.0)  # so a restart never overlaps the old processes
+
+
+def _running(proc: psutil.Process) -> bool:
+    """Alive and not a zombie: orphaned ranks' zombies wait on whoever adopts them (here a PID 1
+    that reaps slowly), and psutil.wait_procs would wait its whole timeout for them."""
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _wait_gone(procs: list[psutil.Process], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(_running(proc) for proc in procs):
+        time.sleep(0.01)
 
 
 def _slurm_tree(job_id: str) -> list[psutil.Process]:
