@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 
 from trainops.benchmarks.harness import GPU_BEGIN, GPU_END, write_section
+from trainops.run_folder import RunFiles
 from trainops.trainer.config import load_config
 from trainops.trainer.launch import read_metrics, run_local
-from trainops.workspace import RunFiles
 
 ARMS = {
     "bf16 eager": ["training.compile=false"],

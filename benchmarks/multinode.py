@@ -30,8 +30,8 @@ def cold_start() -> float:
     """Seconds from submit_job to the first step of a 2-node job (the job is then cancelled)."""
     import json
 
+    from trainops.run_folder import RunFiles
     from trainops.tools.base import call
-    from trainops.workspace import RunFiles
 
     started = time.time()
     out = call("submit_job", {"scheduler": "slurm", "name": "cold", "training": {
@@ -79,8 +79,8 @@ def slow_node_named() -> tuple[bool, float]:
     and how long after the rate limit? (Detection only: the drill's recovery is timed elsewhere.)"""
     import json
 
+    from trainops.run_folder import RunFiles
     from trainops.tools.base import call
-    from trainops.workspace import RunFiles
 
     _all_idle()
     out = call("submit_job", {"scheduler": "slurm", "name": "slow", "training": {

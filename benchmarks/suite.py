@@ -25,7 +25,7 @@ from trainops.benchmarks.harness import (
 )
 from trainops.benchmarks.harness import trainer_step_time as harness_trainer_step_time
 from trainops.benchmarks.peer import run_and_publish
-from trainops.workspace import RunFiles
+from trainops.run_folder import RunFiles
 
 TRAIN_SHAPE = ["training.global_batch=8", "training.seq_len=128", "data.kind=synthetic"]
 

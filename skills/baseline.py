@@ -8,11 +8,11 @@ from typing import Callable
 
 from pydantic import BaseModel, Field
 
+from trainops.run_folder import RunFiles
 from trainops.skills.evidence.model import BaselineSummary, EvidenceRow
 from trainops.skills.stats import spread
 from trainops.tools.base import CallContext, ToolError, call, skill_context
 from trainops.tools.schedulers.base import TrainingJob
-from trainops.workspace import RunFiles
 
 Progress = Callable[[str], None]
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from trainops.run_folder import RunFiles
 from trainops.skills import ablation, baseline, drill, environment, planning
 from trainops.skills.baseline import JobRequest, Progress
 from trainops.skills.evidence import pack as evidence_pack
 from trainops.tools.base import CallContext, call, skill_context
 from trainops.tools.frameworks.base import FrameworkName, SopPlan
-from trainops.workspace import RunFiles
 
 REFERENCES = (
     "MegaScale (arXiv 2402.15627) reports MFU 55.2% against 41.2% for Megatron-LM on 12,288 GPUs, "

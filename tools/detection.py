@@ -21,9 +21,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from trainops.run_folder import RunFiles
 from trainops.tools.base import ToolError, tool
 from trainops.tools.schedulers.base import TERMINAL_STATES, SchedulerError, SchedulerKind
-from trainops.workspace import RunFiles
 
 # Ranks append their records of one step microseconds to milliseconds apart; a loss anomaly is held
 # this long (at most) for the peers' records of its step, whose checksums may name a corrupted replica.

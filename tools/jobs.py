@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from trainops.run_folder import RunFiles
 from trainops.tools.base import ToolError, tool
 from trainops.tools.monitoring.base import MonitorError, MonitorKind, Sample, Series
 from trainops.tools.schedulers.base import (
@@ -22,7 +23,6 @@ from trainops.tools.schedulers.base import (
     SchedulerKind,
     TrainingJob,
 )
-from trainops.workspace import RunFiles
 
 
 def _scheduler(tool_name: str, kind: str):

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
+from trainops.run_folder import RunFiles
 from trainops.tools.base import tool
 from trainops.tools.governance.claims import SchedulerChange
 from trainops.tools.governance.gate import register_check
 from trainops.tools.schedulers.base import JobSpec
-from trainops.workspace import RunFiles
 
 if TYPE_CHECKING:
     from trainops.trainer.config import JobConfig

@@ -22,6 +22,7 @@ from typing import Any, Literal, Protocol
 import torch
 import torch.distributed as dist
 
+from trainops.run_folder import RunFiles
 from trainops.trainer.checkpoint_files import (
     COMMIT_FILE,
     data_files,
@@ -30,7 +31,6 @@ from trainops.trainer.checkpoint_files import (
     step_dir_name,
     verify_checkpoint,
 )
-from trainops.workspace import RunFiles
 
 log = logging.getLogger("trainops.trainer.checkpoint")
 

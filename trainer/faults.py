@@ -15,8 +15,8 @@ from typing import Any, Literal, Protocol
 
 import torch
 
+from trainops.run_folder import RunFiles
 from trainops.trainer.checkpoint_files import list_checkpoints
-from trainops.workspace import RunFiles
 
 CRASH_EXIT_CODE = 42
 """Exit code of an injected `crash_mode = "exit"` crash: distinct, so a drill can tell it apart."""

@@ -15,27 +15,13 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, Field
 
+from trainops.run_folder import RunFiles, RunResult
 from trainops.trainer.config import ConfigError, JobConfig, load_config
-from trainops.workspace import RunFiles, check_id, is_valid_id, new_run_id, runs_dir
-
-
-class RunResult(BaseModel):
-    run_dir: str = Field(description="the run folder")
-    status: Literal["ok", "failed"] = Field(description="ok only when every rank exited 0")
-    exit_code: int = Field(description="torchrun's exit code (negative: killed by that signal)")
-    final_loss: float | None = Field(None, description="rank 0's loss at the last completed step")
-    mfu_pct: float | None = Field(None, description="mean MFU over completed steps after the first "
-                                  "(step 1 includes warm-up), all ranks")
-    steps_completed: int = Field(0, description="last step rank 0 completed")
-    peak_source: str | None = Field(None, description="where the MFU's peak came from")
-    failure: str | None = Field(None, description="why it failed: the first rank's error line, "
-                                "or the exit code's meaning when no rank left one")
-    resumed_from: str | None = Field(None, description="the checkpoint this launch continued from, as the "
-                                     "trainer logged loading it (None: it started fresh)")
+from trainops.workspace import check_id, is_valid_id, new_run_id, runs_dir
 
 
 def failure_reason(run_dir: str | Path, exit_code: int) -> str | None:

@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
+from trainops.run_folder import RunFiles
 from trainops.trainer.config import MetricsConfig
 from trainops.trainer.model import ModelArgs, count_parameters
-from trainops.workspace import RunFiles
 
 # Dense bf16 tensor-core peaks in TFLOP/s (vendor data sheets, no sparsity). Matched by
 # substring of torch.cuda.get_device_name(); the first match wins, so specific names go first.

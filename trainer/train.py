@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from trainops.run_folder import RunFiles
 from trainops.trainer.checkpoint import AppState, Checkpointer
 from trainops.trainer.config import JobConfig, load_config
 from trainops.trainer.data import DataLoader
@@ -32,7 +33,6 @@ from trainops.trainer.metrics import (
 )
 from trainops.trainer.model import Transformer
 from trainops.trainer.parallelize import build_mesh, compile_blocks, parallelize, replica_group, seeded_init
-from trainops.workspace import RunFiles
 
 
 class NonFiniteLoss(RuntimeError):

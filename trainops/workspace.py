@@ -4,7 +4,8 @@ that keeps every tool inside it.
 Every folder is created on first use, so a fresh checkout needs no set-up step. `confine` is how
 a tool accepts a path: resolved (symlinks included) inside the workspace or a root the user's
 own config lists under `[governance] roots`, so a poisoned run folder or an over-obedient agent
-cannot point a tool at the rest of the machine.
+cannot point a tool at the rest of the machine. `run_folder` is the one way a run id becomes a
+folder; what lies in a run folder, and how to read it, is trainops/run_folder.py.
 """
 from __future__ import annotations
 
@@ -15,48 +16,6 @@ import time
 from pathlib import Path
 
 _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
-
-
-class RunFiles:
-    """Every name in a run folder, in one place: the trainer writes them, the tools, skills and
-    benchmarks read them, and none of them spells a file name of its own."""
-
-    def __init__(self, run_dir: str | Path):
-        self.root = Path(run_dir)
-
-    @property
-    def config(self) -> Path:
-        return self.root / "config.toml"
-
-    @property
-    def metrics(self) -> Path:
-        return self.root / "metrics.jsonl"
-
-    @property
-    def status(self) -> Path:
-        return self.root / "status.json"
-
-    @property
-    def checkpoint_journal(self) -> Path:
-        return self.root / "checkpoints.jsonl"
-
-    @property
-    def faults(self) -> Path:
-        return self.root / "faults.jsonl"
-
-    @property
-    def heartbeat_dir(self) -> Path:
-        return self.root / "heartbeat"
-
-    def heartbeat(self, rank: int) -> Path:
-        return self.heartbeat_dir / f"rank{rank}.json"
-
-    @property
-    def logs_dir(self) -> Path:
-        return self.root / "logs"
-
-    def rank_log(self, rank: int) -> Path:
-        return self.logs_dir / f"rank{rank}.log"
 
 
 def new_run_id() -> str:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from trainops.run_folder import RunFiles
 from trainops.tools.governance import approvals
 from trainops.tools.governance.pack_checks import EVIDENCE_FILE, REPORT_FILE
-from trainops.workspace import RunFiles
 
 
 def decide(pack: str, decision: approvals.Verdict, note: str = "", key: Path | None = None) -> approvals.Decision:

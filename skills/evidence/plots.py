@@ -10,9 +10,9 @@ import io
 import json
 from pathlib import Path
 
+from trainops.run_folder import RunFiles
 from trainops.skills.evidence.model import EvidencePack
 from trainops.skills.evidence.view import Figure
-from trainops.workspace import RunFiles
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 LINESTYLES = ("-", "--", ":", "-.")

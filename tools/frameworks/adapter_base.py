@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from trainops.run_folder import RunFiles
 from trainops.tools.frameworks.base import (
     FrameworkKnob,
     FrameworkRefused,
@@ -14,7 +15,7 @@ from trainops.tools.frameworks.base import (
     parse_value,
     split_override,
 )
-from trainops.workspace import RunFiles, new_run_id, runs_dir
+from trainops.workspace import new_run_id, runs_dir
 
 
 def merged(framework: str, defaults: dict[str, dict[str, object]], overrides: list[str],

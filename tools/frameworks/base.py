@@ -11,8 +11,8 @@ from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
 
+from trainops.run_folder import RunFiles
 from trainops.tools.schedulers.base import JobSpec, TrainingJob
-from trainops.workspace import RunFiles
 
 FrameworkName = Literal["trainops", "deepspeed", "torchtitan", "megatron"]
 KnobCategory = Literal["communication-overlap", "kernels", "data-pipeline", "batch", "memory", "parallelism"]

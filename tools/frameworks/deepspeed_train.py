@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from trainops.workspace import RunFiles
+from trainops.run_folder import RunFiles
 
 
 def _append(path: Path, record: dict) -> None:

@@ -10,8 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from trainops.run_folder import RunFiles
 from trainops.tools.governance.text import Violation, check_text, validate_report_text
-from trainops.workspace import RunFiles
 
 _PLACEHOLDER_VALUES = {"", "?", "??", "???", "-", "n/a", "na", "none", "null", "unknown", "tbd", "todo", "xxx", "tba"}
 

@@ -7,8 +7,8 @@ import math
 import time
 from pathlib import Path
 
+from trainops.run_folder import RunFiles
 from trainops.tools.monitoring.base import AGGREGATES, HEARTBEAT_AGE, MonitorError, Sample, Series
-from trainops.workspace import RunFiles
 
 KIND = "embedded"
 

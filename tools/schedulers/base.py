@@ -9,7 +9,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from trainops.workspace import RunFiles
+from trainops.run_folder import RunFiles
 
 SchedulerKind = Literal["local", "slurm", "kubernetes"]
 JobState = Literal["pending", "running", "completed", "failed", "cancelled", "unknown"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from trainops.workspace import RunFiles
+from trainops.run_folder import RunFiles
 
 
 def write_run_status(run_dir: str, exit_code: int) -> None:

@@ -8,7 +8,7 @@ import typer
 from rich.markup import escape
 
 from trainops.output import console, emit, fail
-from trainops.workspace import RunFiles
+from trainops.run_folder import RunFiles
 
 JSON = typer.Option(False, "--json", help="Print JSON for machines.")
 SCHED = typer.Option("local", "--scheduler", help="local, slurm or kubernetes.")

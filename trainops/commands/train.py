@@ -15,7 +15,7 @@ from typing import Any, List, Optional
 import typer
 
 from trainops.output import console, emit, fail
-from trainops.workspace import RunFiles
+from trainops.run_folder import RunFiles
 
 app = typer.Typer()
 

@@ -1,0 +1,279 @@
+"""The run folder, `$TRAINOPS_HOME/runs/RUN/`: the name of every file in it and a typed reader for
+each file the trainer writes. The trainer (and the framework adapters) write these files; tools,
+skills and benchmarks read them here and nowhere else.
+
+A run folder is written by processes that can be killed at any moment, and may be poisoned by the
+job itself, so every reader is tolerant: a missing file reads as empty, a torn or garbled line (or
+one that does not fit its model) is skipped, and none of them raises on what it finds. Turning a
+run id into a folder is `trainops.workspace.run_folder`, which confines it first.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+T = TypeVar("T")
+
+
+class RunFiles:
+    """Every name in a run folder, in one place: the trainer writes them, the tools, skills and
+    benchmarks read them, and none of them spells a file name of its own."""
+
+    def __init__(self, run_dir: str | Path):
+        self.root = Path(run_dir)
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.toml"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def status(self) -> Path:
+        return self.root / "status.json"
+
+    @property
+    def checkpoint_journal(self) -> Path:
+        return self.root / "checkpoints.jsonl"
+
+    @property
+    def faults(self) -> Path:
+        return self.root / "faults.jsonl"
+
+    @property
+    def heartbeat_dir(self) -> Path:
+        return self.root / "heartbeat"
+
+    def heartbeat(self, rank: int) -> Path:
+        return self.heartbeat_dir / f"rank{rank}.json"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.root / "logs"
+
+    def rank_log(self, rank: int) -> Path:
+        return self.logs_dir / f"rank{rank}.log"
+
+
+def _complete_lines(path: Path, offset: int = 0) -> tuple[list[bytes], int]:
+    """The newline-terminated lines of `path` from byte `offset`, and the offset after the last one
+    (a line still being written is left for the next read); a missing file has none."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read()
+    except OSError:
+        return [], offset
+    end = data.rfind(b"\n") + 1
+    return data[:end].splitlines(), offset + end
+
+
+def _parsed(lines: list[bytes], parse: Callable[[bytes], T]) -> list[T]:
+    """Each line parsed; a blank, torn or garbled line, or one that does not fit the model, is left out."""
+    out = []
+    for line in lines:
+        if line.strip():
+            try:
+                out.append(parse(line))
+            except (ValidationError, ValueError):
+                continue
+    return out
+
+
+# --- metrics.jsonl ---------------------------------------------------------------------------
+
+class MetricsRecord(BaseModel):
+    """One step of one rank, one line of `metrics.jsonl` (DESIGN.md's metrics record; the same names
+    in Prometheus with a `trainops_` prefix). The trainer writes every field; a framework adapter
+    writes what the framework's log printed, so all but the step are optional. Extra fields (a
+    writer's own) are kept, for lookups by a metric name."""
+
+    model_config = ConfigDict(extra="allow")
+
+    step: int
+    rank: int = 0
+    time: float = Field(0.0, description="Unix seconds when the step's record was written.")
+    loss: float | None = None
+    grad_norm: float | None = None
+    step_time_s: float | None = None
+    tokens_per_s: float | None = Field(None, description="This device's tokens per second.")
+    flops_per_token: float | None = None
+    tflops: float | None = Field(None, description="Achieved TFLOP/s of this device.")
+    mfu_pct: float | None = None
+    peak_mem_gib: float | None = None
+    data_wait_s: float | None = None
+    peak_source: str | None = Field(None, description="Where the MFU's peak came from (vendor table, measured GEMM).")
+    mfu_source: str | None = Field(None, description="A framework adapter's: who computed the MFU.")
+    param_checksum: float | str | None = Field(None, description="Sum of this rank's parameters: replicas agree.")
+    replica_group: str | None = Field(None, description="Ranks with the same group hold the same parameters.")
+    compute_time_s: float | None = Field(None, description="The step's compute alone, where a writer times it.")
+    host: str | None = Field(None, description="The rank's node, where a writer records it.")
+
+    def written(self) -> dict[str, Any]:
+        """The fields this line carries (declared or extra) by name, as written: for a lookup by a
+        metric name the caller chose. A field the writer left out is absent, not None."""
+        return {name: getattr(self, name) for name in self.model_fields_set}
+
+
+def metrics_since(run_dir: str | Path, offset: int = 0) -> tuple[list[MetricsRecord], int]:
+    """The records appended to `metrics.jsonl` after byte `offset`, and the offset to read from next:
+    a watcher reads each line once."""
+    lines, offset = _complete_lines(RunFiles(run_dir).metrics, offset)
+    return _parsed(lines, MetricsRecord.model_validate_json), offset
+
+
+def read_metrics(run_dir: str | Path) -> list[MetricsRecord]:
+    """Every record of `metrics.jsonl`, in the order written (all ranks; a resumed run repeats steps)."""
+    return metrics_since(run_dir)[0]
+
+
+# --- heartbeat/rank{R}.json --------------------------------------------------------------------
+
+class RankExit(BaseModel):
+    """How a rank ended, noted by the rank itself on its way out (a killed rank notes nothing)."""
+
+    time: float
+    error: str = ""
+
+
+class Heartbeat(BaseModel):
+    """A rank's latest sign of life, rewritten whole at every step."""
+
+    step: int
+    time: float = Field(0.0, description="Unix seconds of the beat; 0 when the rank noted its exit before its "
+                                         "first beat.")
+    pid: int | None = Field(None, description="The rank's process id: a claim of the job's, only ever read.")
+    host: str | None = None
+    exit: RankExit | None = None
+
+
+def read_heartbeat(run_dir: str | Path, rank: int) -> Heartbeat | None:
+    """Rank `rank`'s heartbeat; None when it has none yet (or it is unreadable)."""
+    try:
+        return Heartbeat.model_validate_json(RunFiles(run_dir).heartbeat(rank).read_bytes())
+    except (OSError, ValidationError):
+        return None
+
+
+def read_heartbeats(run_dir: str | Path) -> dict[int, Heartbeat]:
+    """rank -> heartbeat, for every rank that has a readable one."""
+    beats: dict[int, Heartbeat] = {}
+    for path in RunFiles(run_dir).heartbeat_dir.glob("rank*.json"):
+        rank = path.stem.removeprefix("rank")
+        if rank.isdigit() and (beat := read_heartbeat(run_dir, int(rank))) is not None:
+            beats[int(rank)] = beat
+    return dict(sorted(beats.items()))
+
+
+# --- checkpoints.jsonl ------------------------------------------------------------------------
+
+class SaveEntry(BaseModel):
+    """A checkpoint committed (COMMIT.json written, the folder renamed), journalled by rank 0."""
+
+    event: Literal["save"]
+    step: int
+    path: str
+    time: float = Field(description="Unix seconds of the commit.")
+    stall_s: float = Field(description="How long training waited for the save.")
+    write_s: float = Field(description="From the save's start to its commit.")
+    wait_previous_s: float = Field(0.0, description="Part of the stall spent waiting for the previous background "
+                                                    "write to finish.")
+    size_bytes: int = 0
+    mode: str | None = None
+    world_size: int | None = None
+    pruned_steps: list[int] = Field(default_factory=list)
+
+
+class FallbackEntry(BaseModel):
+    """A committed checkpoint that failed verification when a run started, so it loaded an older one."""
+
+    event: Literal["fallback"]
+    step: int
+    path: str
+    time: float
+    reason: str = ""
+
+
+class LoadEntry(BaseModel):
+    """The checkpoint a run started from."""
+
+    event: Literal["load"]
+    step: int
+    path: str
+    time: float
+    verified: bool = Field(False, description="Checked against its COMMIT.json as it was loaded.")
+
+
+JournalEntry = Annotated[SaveEntry | FallbackEntry | LoadEntry, Field(discriminator="event")]
+_JOURNAL_ENTRY: TypeAdapter[JournalEntry] = TypeAdapter(JournalEntry)
+
+
+@dataclass(frozen=True)
+class CheckpointJournal:
+    """`checkpoints.jsonl` by event, each list in the order written."""
+
+    saves: list[SaveEntry]
+    fallbacks: list[FallbackEntry]
+    loads: list[LoadEntry]
+
+
+def read_journal(run_dir: str | Path) -> CheckpointJournal:
+    """The run's checkpoint journal; an event of a kind not known here is left out."""
+    entries = _parsed(_complete_lines(RunFiles(run_dir).checkpoint_journal)[0], _JOURNAL_ENTRY.validate_json)
+    return CheckpointJournal(saves=[e for e in entries if isinstance(e, SaveEntry)],
+                             fallbacks=[e for e in entries if isinstance(e, FallbackEntry)],
+                             loads=[e for e in entries if isinstance(e, LoadEntry)])
+
+
+# --- faults.jsonl -----------------------------------------------------------------------------
+
+class FaultRecord(BaseModel):
+    """A fault injected into the run, written the moment before it acts: by the trainer's injector
+    (it fires at a step) or by a drill tool at run time (no step). Extra fields are the injection's
+    detail (the crash mode, the flipped parameter, the damaged file, the signalled pids)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    kind: str
+    time: float = Field(description="Unix seconds of the injection.")
+    step: int | None = Field(None, description="The step the trainer's injector fired at; None for a drill tool's.")
+    rank: int | None = None
+    node: str | None = None
+
+
+def read_faults(run_dir: str | Path) -> list[FaultRecord]:
+    """Every fault recorded in the run, oldest first."""
+    return _parsed(_complete_lines(RunFiles(run_dir).faults)[0], FaultRecord.model_validate_json)
+
+
+# --- status.json ------------------------------------------------------------------------------
+
+class RunResult(BaseModel):
+    """How a launch of the run ended: `status.json`, written whole when the launcher's torchrun exits."""
+
+    run_dir: str = Field(description="the run folder")
+    status: Literal["ok", "failed"] = Field(description="ok only when every rank exited 0")
+    exit_code: int = Field(description="torchrun's exit code (negative: killed by that signal)")
+    final_loss: float | None = Field(None, description="rank 0's loss at the last completed step")
+    mfu_pct: float | None = Field(None, description="mean MFU over completed steps after the first "
+                                  "(step 1 includes warm-up), all ranks")
+    steps_completed: int = Field(0, description="last step rank 0 completed")
+    peak_source: str | None = Field(None, description="where the MFU's peak came from")
+    failure: str | None = Field(None, description="why it failed: the first rank's error line, "
+                                "or the exit code's meaning when no rank left one")
+    resumed_from: str | None = Field(None, description="the checkpoint this launch continued from, as the "
+                                     "trainer logged loading it (None: it started fresh)")
+
+
+def read_status(run_dir: str | Path) -> RunResult | None:
+    """The last launch's outcome; None while the run has not ended (or the file is unreadable)."""
+    try:
+        return RunResult.model_validate_json(RunFiles(run_dir).status.read_bytes())
+    except (OSError, ValidationError):
+        return None
