@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainops.tools.base import ToolError, call
-from trainops.tools.env import cpu_facts, gpu_generation, parse_gpu_query, parse_topology
+from trainops.tools.base import ToolError
+from trainops.tools.calls import call
+from trainops.tools.env_probes import cpu_facts, gpu_generation, parse_gpu_query, parse_topology
 
 SMALL = {"ckpt_test_mib": 4}
 
