@@ -11,7 +11,6 @@ waits on: one that does not answer (a partition, with the stale heartbeat) or on
 later than the others (a slow link, once the job's steps run late)."""
 from __future__ import annotations
 
-import json
 import math
 import os
 import statistics
@@ -21,7 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from trainops.run_folder import RunFiles
+from trainops.run_folder import Heartbeat, MetricsRecord, metrics_since, read_faults, read_heartbeats, read_status
 from trainops.tools.base import ToolError, tool
 from trainops.tools.schedulers.base import TERMINAL_STATES, SchedulerError, SchedulerKind
 
@@ -87,86 +86,92 @@ _ISOLATION: dict[str, tuple[Isolation, str]] = {
 
 
 def _latest_injection(run_dir: Path) -> float | None:
-    path = RunFiles(run_dir).faults
-    if not path.exists():
-        return None
-    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
-    return float(json.loads(lines[-1])["time"]) if lines else None
+    faults = read_faults(run_dir)
+    return faults[-1].time if faults else None
 
 
 class _Watch:
+    """What one `detect_faults` call has seen of a run so far, and the checks that read it.
+
+    Why a class: the run folder is read incrementally (metrics records from a byte offset, each
+    rank's history kept), and some checks need memory across polls (the last network probe, each
+    node's slowest answer since the steps ran late), so every poll costs only what was appended.
+
+    How it decides: each check returns the record or heartbeat it blames and why, or None.
+    `detect_faults` asks them in a fixed order each poll, and the first that finds something wins:
+    a loss anomaly or a checksum mismatch (the earlier step; a checksum explains the anomaly it
+    causes), then a dead rank or a stale heartbeat (`stale_or_dead`: a silent rank over one that
+    exited from the broken collective; the node that does not answer a probe over its waiting
+    peers), then the job's own terminal state, then a slow link (`slow_node`, before the straggler
+    check because a slow link skews every rank's step time), then a straggler."""
+
     def __init__(self, inp: DetectFaultsInput, run_dir: Path):
         self.inp, self.run_dir = inp, run_dir
         self.offset = 0
-        self.by_rank: dict[int, list[dict]] = {}
-        self.checksums: dict[int, dict[int, dict]] = {}
+        self.by_rank: dict[int, list[MetricsRecord]] = {}
+        self.checksums: dict[int, dict[int, MetricsRecord]] = {}
         self.last_step_time: dict[int, float] = {}
         self.rtts: dict[str, float | None] = {}
         self.probed_at = float("-inf")
         self.slowest_rtts: dict[str, float] = {}  # per node, the longest answer since the steps ran late
 
-    def ingest(self) -> list[dict]:
-        from trainops.tools.monitoring.embedded import read_records
-
-        records, self.offset = read_records(self.run_dir, self.offset)
+    def ingest(self) -> list[MetricsRecord]:
+        records, self.offset = metrics_since(self.run_dir, self.offset)
         for rec in records:
-            r = int(rec.get("rank", 0))
-            self.by_rank.setdefault(r, []).append(rec)
-            if "param_checksum" in rec:
-                self.checksums.setdefault(int(rec["step"]), {})[r] = rec
+            self.by_rank.setdefault(rec.rank, []).append(rec)
+            if rec.param_checksum is not None:
+                self.checksums.setdefault(rec.step, {})[rec.rank] = rec
         return records
 
-    def loss_anomaly(self, records: list[dict]) -> tuple[dict, str] | None:
+    def loss_anomaly(self, records: list[MetricsRecord]) -> tuple[MetricsRecord, str] | None:
         for rec in records:
             for field in ("loss", "grad_norm"):
-                v = rec.get(field)
-                if v is None or (isinstance(v, float) and not math.isfinite(v)) or v in ("nan", "inf", "NaN",
-                                                                                         "Infinity"):
-                    if field in rec:
-                        return rec, f"{field}={v} at step {rec.get('step')} on rank {rec.get('rank')}"
-            hist = [float(h["grad_norm"]) for h in self.by_rank.get(int(rec.get("rank", 0)), [])
-                    if h is not rec and isinstance(h.get("grad_norm"), (int, float))
-                    and int(h["step"]) < int(rec["step"])][-self.inp.window_steps:]
-            g = rec.get("grad_norm")
-            if len(hist) >= 3 and isinstance(g, (int, float)):
+                v = getattr(rec, field)
+                if field in rec.model_fields_set and (v is None or not math.isfinite(v)):
+                    return rec, f"{field}={v} at step {rec.step} on rank {rec.rank}"
+            hist = [h.grad_norm for h in self.by_rank.get(rec.rank, [])
+                    if h is not rec and h.grad_norm is not None and h.step < rec.step][-self.inp.window_steps:]
+            g = rec.grad_norm
+            if len(hist) >= 3 and g is not None:
                 sd = statistics.pstdev(hist) or 1e-12
-                z = (float(g) - statistics.fmean(hist)) / sd
-                if z > self.inp.zscore_threshold and float(g) > 2 * max(hist):
+                z = (g - statistics.fmean(hist)) / sd
+                if z > self.inp.zscore_threshold and g > 2 * max(hist):
                     return (rec, f"grad_norm {g:.4g} is {z:.1f} sd above the last {len(hist)} steps (mean "
                                  f"{statistics.fmean(hist):.4g})")
         return None
 
     def every_rank_reached(self, step: int) -> bool:
-        return all(int(recs[-1].get("step", 0)) >= step for recs in self.by_rank.values())
+        return all(recs[-1].step >= step for recs in self.by_rank.values())
 
-    def checksum_mismatch(self) -> tuple[dict, str] | None:
+    def checksum_mismatch(self) -> tuple[MetricsRecord, str] | None:
         for step in sorted(self.checksums):
             recs = self.checksums[step]
-            groups: dict[str, list[dict]] = {}
+            groups: dict[str, list[MetricsRecord]] = {}
             for rec in recs.values():
-                groups.setdefault(str(rec.get("replica_group", "all")), []).append(rec)
+                groups.setdefault("all" if rec.replica_group is None else rec.replica_group, []).append(rec)
             for group, members in groups.items():
-                values = [m["param_checksum"] for m in members]
+                values = [m.param_checksum for m in members]
                 if len(set(values)) > 1:
                     majority = max(set(values), key=values.count)
-                    odd = next(m for m in members if m["param_checksum"] != majority)
-                    return (odd, f"step {step}: rank {odd.get('rank')} checksum {odd['param_checksum']} differs from "
+                    odd = next(m for m in members if m.param_checksum != majority)
+                    return (odd, f"step {step}: rank {odd.rank} checksum {odd.param_checksum} differs from "
                                  f"{majority} in replica group {group}")
         return None
 
-    def straggler(self) -> tuple[dict, str] | None:
+    def straggler(self) -> tuple[MetricsRecord, str] | None:
         """With per-rank `compute_time_s`, the slowest compute is the straggler. With only
         `step_time_s` of synchronous ranks, the peers' timers absorb the wait for a rank that is
         late outside its own timer, so a wide spread points at the rank with the *shortest*
         timed step (a slowdown inside every timer shows no spread at all)."""
         if len(self.by_rank) < 2:
             return None
-        recent = {r: recs[-self.inp.window_steps:] for r, recs in self.by_rank.items()}
+        recent = {r: [x for x in recs if x.step_time_s is not None][-self.inp.window_steps:]
+                  for r, recs in self.by_rank.items()}
         if any(len(v) < 3 for v in recent.values()):
             return None
-        use_compute = all("compute_time_s" in x for v in recent.values() for x in v)
+        use_compute = all(x.compute_time_s is not None for v in recent.values() for x in v)
         field = "compute_time_s" if use_compute else "step_time_s"
-        medians = {r: statistics.median(float(x[field]) for x in v) for r, v in recent.items()}
+        medians = {r: statistics.median(getattr(x, field) for x in v) for r, v in recent.items()}
         if use_compute:
             suspect = max(medians, key=medians.get)
             others = statistics.median(m for r, m in medians.items() if r != suspect)
@@ -192,20 +197,19 @@ class _Watch:
             self.rtts, self.probed_at = probe_nodes(sorted(hosts)), time.monotonic()
         return self.rtts if len(hosts) > 1 else {}
 
-    def slow_node(self) -> tuple[int, dict, str] | None:
+    def slow_node(self) -> tuple[int, Heartbeat, str] | None:
         """Every rank's steps run late against the run's own usual step time (a slow link slows
         the whole collective, so no rank stands out), and one node answers a probe far later
         than the others: that node's link. Returns (a rank on it, its heartbeat, why)."""
-        from trainops.tools.monitoring.embedded import read_heartbeats
         from trainops.tools.reachability import slow_outlier
 
-        usual = [float(x["step_time_s"]) for recs in self.by_rank.values() for x in recs[:self.inp.window_steps]
-                 if "step_time_s" in x]
+        usual = [x.step_time_s for recs in self.by_rank.values() for x in recs[:self.inp.window_steps]
+                 if x.step_time_s is not None]
         latest = [recs[-1] for recs in self.by_rank.values()]
         if len(usual) < 3 or len(self.by_rank) < 2:
             return None
-        late_s = max(time.time() - max(float(x.get("time", 0)) for x in latest),
-                     statistics.median(float(x.get("step_time_s", 0)) for x in latest))
+        late_s = max(time.time() - max(x.time for x in latest),
+                     statistics.median(x.step_time_s or 0.0 for x in latest))
         if late_s < self.inp.straggler_ratio * statistics.median(usual):
             self.slowest_rtts = {}
             return None
@@ -222,44 +226,39 @@ class _Watch:
         return rank, beats[rank], (f"steps run {late_s:.2f}s against a usual {statistics.median(usual):.3f}s on every "
                                    f"rank; {why}")
 
-    def stale_or_dead(self) -> tuple[str, int, dict, str] | None:
-        from trainops.tools.monitoring.embedded import read_heartbeats
-
+    def stale_or_dead(self) -> tuple[str, int, Heartbeat, str] | None:
         beats = read_heartbeats(self.run_dir)
         now = time.time()
         host = os.uname().nodename
-        local = {r for r, b in beats.items() if b.get("host", host) == host}
-        dead = [r for r, b in sorted(beats.items())
-                if (r in local and "pid" in b and _proc_state(int(b["pid"])) in (None, "Z", "X"))
-                or (r not in local and "exit" in b)]
+        local = {r for r, b in beats.items() if (b.host or host) == host}
+        dead = [r for r, b in beats.items()
+                if (r in local and b.pid is not None and _proc_state(b.pid) in (None, "Z", "X"))
+                or (r not in local and b.exit is not None)]
         if dead:
             # a rank that exited saying why (a broken collective) is collateral; one that
             # vanished without a word is the root cause
-            silent = [r for r in dead if "exit" not in beats[r]]
+            silent = [r for r in dead if beats[r].exit is None]
             # a rank on another node cannot be looked up here: when only collateral exits are seen,
             # the remote rank that said nothing is the one whose node went away
-            quiet = sorted((r for r in beats if r not in local and "exit" not in beats[r]),
-                           key=lambda r: float(beats[r].get("time", 0)))
+            quiet = sorted((r for r in beats if r not in local and beats[r].exit is None), key=lambda r: beats[r].time)
             if not silent and quiet:
                 r = quiet[0]
                 b = beats[r]
-                return "process_exit", r, b, (f"rank {r} on {b.get('host')} went silent (last heartbeat at step "
-                                              f"{b.get('step')}) while rank(s) {dead} exited from the broken "
+                return "process_exit", r, b, (f"rank {r} on {b.host} went silent (last heartbeat at step "
+                                              f"{b.step}) while rank(s) {dead} exited from the broken "
                                               "collective")
             r = (silent or dead)[0]
             b = beats[r]
-            how = "vanished without an exit note" if "exit" not in b else f"exited: {b['exit'].get('error')}"
-            return ("process_exit", r, b,
-                    f"rank {r} pid {b['pid']} is gone ({how}; last heartbeat at step {b.get('step')})")
+            how = "vanished without an exit note" if b.exit is None else f"exited: {b.exit.error}"
+            return ("process_exit", r, b, f"rank {r} pid {b.pid} is gone ({how}; last heartbeat at step {b.step})")
         if beats:
-            ages = {r: now - float(b["time"]) for r, b in beats.items()}
+            ages = {r: now - b.time for r, b in beats.items()}
             oldest = max(ages, key=ages.get)
             if ages[oldest] > self.inp.heartbeat_stale_s:
                 # peers of a hung rank block in its collective and go stale too; a stopped
                 # process on this host names the culprit, else the lowest step, then the oldest
-                stopped = [r for r, b in beats.items() if b.get("host", host) == host
-                           and _proc_state(int(b.get("pid", 0))) == "T"]
-                culprit = stopped[0] if stopped else min(beats, key=lambda r: (beats[r].get("step", 0), -ages[r]))
+                stopped = [r for r, b in beats.items() if (b.host or host) == host and _proc_state(b.pid or 0) == "T"]
+                culprit = stopped[0] if stopped else min(beats, key=lambda r: (beats[r].step, -ages[r]))
                 how = " (its process is stopped)" if stopped else ""
                 silent = [] if stopped else sorted(n for n, rtt in self.probe(_hosts(beats)).items() if rtt is None)
                 if silent:  # every rank waits in the collective: the node that does not answer is the cause
@@ -267,17 +266,17 @@ class _Watch:
                     how = f" (its node {silent[0]} does not answer on the network)"
                 return ("heartbeat_stale", culprit, beats[culprit],
                         f"rank {culprit}{how} heartbeat is {ages[culprit]:.2f}s old (step "
-                        f"{beats[culprit].get('step')}); limit {self.inp.heartbeat_stale_s}s")
+                        f"{beats[culprit].step}); limit {self.inp.heartbeat_stale_s}s")
         return None
 
 
-def _hosts(beats: dict[int, dict]) -> set[str]:
+def _hosts(beats: dict[int, Heartbeat]) -> set[str]:
     """The nodes the ranks' heartbeats name."""
-    return {str(b["host"]) for b in beats.values() if b.get("host")}
+    return {b.host for b in beats.values() if b.host}
 
 
-def _first_rank_on(beats: dict[int, dict], node: str) -> int:
-    return min(r for r, b in beats.items() if b.get("host") == node)
+def _first_rank_on(beats: dict[int, Heartbeat], node: str) -> int:
+    return min(r for r, b in beats.items() if b.host == node)
 
 
 def _proc_state(pid: int) -> str | None:
@@ -291,10 +290,8 @@ def _proc_state(pid: int) -> str | None:
 
 def _finished_ok(run_dir: Path) -> bool:
     """The launcher writes status.json at the end; a clean finish is not a fault."""
-    try:
-        return json.loads(RunFiles(run_dir).status.read_text()).get("status") == "ok"
-    except (OSError, ValueError):
-        return False
+    status = read_status(run_dir)
+    return status is not None and status.status == "ok"
 
 
 def _finish(mechanism: str, rank, node, step, evidence, injected_at, polls) -> Detection:
@@ -347,19 +344,18 @@ def detect_faults(inp: DetectFaultsInput) -> Detection:
         findings = [(rec, why, "checksum_mismatch") for rec, why in filter(None, [watch.checksum_mismatch()])]
         findings += [held] if held else []
         if findings:
-            rec, why, mechanism = min(findings, key=lambda f: int(f[0].get("step", 0)))
-            step = int(rec.get("step", 0))
+            rec, why, mechanism = min(findings, key=lambda f: f[0].step)
+            step = rec.step
             if (mechanism == "loss_anomaly" and not watch.every_rank_reached(step)
                     and time.monotonic() - held_since < min(PEER_RECORD_WAIT_S, inp.heartbeat_stale_s)):
                 time.sleep(inp.poll_interval_s)  # a peer's checksum of this step may yet explain the anomaly
                 continue
-            node = rec.get("host", host) if mechanism == "checksum_mismatch" else None
-            return _finish(mechanism, rec.get("rank"), node, rec.get("step"), why, injected_at or rec.get("time"),
-                           polls)
+            node = (rec.host or host) if mechanism == "checksum_mismatch" else None
+            return _finish(mechanism, rec.rank, node, rec.step, why, injected_at or rec.time, polls)
         dead = watch.stale_or_dead()
         if dead:
             mechanism, rank, beat, why = dead
-            return _finish(mechanism, rank, beat.get("host", host), beat.get("step"), why, injected_at, polls)
+            return _finish(mechanism, rank, beat.host or host, beat.step, why, injected_at, polls)
         if st is not None and st.state in TERMINAL_STATES:
             node = st.nodes[0] if st.nodes else None
             return _finish("process_exit", None, node, None,
@@ -368,12 +364,11 @@ def detect_faults(inp: DetectFaultsInput) -> Detection:
         slow = watch.slow_node()  # before the straggler check: a slow link skews the ranks' step times too
         if slow:
             rank, beat, why = slow
-            return _finish("slow_link", rank, beat.get("host"), beat.get("step"), why, injected_at, polls)
+            return _finish("slow_link", rank, beat.host, beat.step, why, injected_at, polls)
         found = watch.straggler()
         if found:
             rec, why = found
-            return _finish("step_time_outlier", rec.get("rank"), rec.get("host", host), rec.get("step"), why,
-                           injected_at, polls)
+            return _finish("step_time_outlier", rec.rank, rec.host or host, rec.step, why, injected_at, polls)
         if time.monotonic() >= deadline:
             return Detection(detected=False, evidence=f"nothing abnormal in {inp.timeout_s}s of watching {run_dir}",
                              polls=polls, injected_at=injected_at)
