@@ -56,13 +56,14 @@ def _result(call: dict, status: str, data: Any) -> ToolMessage:
 
 def _call_tool(specs, call: dict, thread: str | None, token: str | None = None) -> ToolMessage:
     """Run one call the gate let through and turn any outcome, failures included, into a ToolMessage."""
+    from trainops.tools import calls
     from trainops.tools.base import CallContext, ToolError
     from trainops.tools.governance.gate_api import Refused
 
     ctx = CallContext(actor="agent", approval_token=token, thread_id=thread)
     started = time.perf_counter()
     try:
-        out = specs.call(call["name"], call["args"], ctx)
+        out = calls.call(call["name"], call["args"], ctx, registry=specs)
     except Refused as exc:
         message = _result(call, "error", {"error": str(exc), "kind": "gate_refused", "reason": exc.reason,
                                               "pending_id": exc.pending_id})

@@ -31,7 +31,7 @@ def cold_start() -> float:
     import json
 
     from trainops.run_folder import RunFiles
-    from trainops.tools.base import call
+    from trainops.tools.calls import call
 
     started = time.time()
     out = call("submit_job", {"scheduler": "slurm", "name": "cold", "training": {
@@ -80,7 +80,7 @@ def slow_node_named() -> tuple[bool, float]:
     import json
 
     from trainops.run_folder import RunFiles
-    from trainops.tools.base import call
+    from trainops.tools.calls import call
 
     _all_idle()
     out = call("submit_job", {"scheduler": "slurm", "name": "slow", "training": {

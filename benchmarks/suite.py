@@ -84,7 +84,7 @@ def bench_async_checkpoint(suite: Suite, repeats: int) -> None:
 
 
 def _detect(kind: str, heartbeat_stale_s: float) -> float:
-    from trainops.tools.base import call
+    from trainops.tools.calls import call
 
     sub = call("submit_job", {"name": f"bench-{kind.replace('_', '-')}", "training": {
         "preset": "tiny", "nproc": 2, "overrides": [*TRAIN_SHAPE, "training.steps=100000", "training.micro_batch=4"]}})
@@ -122,7 +122,7 @@ def bench_detection(suite: Suite, repeats: int) -> None:
 
 def _cold_start_s() -> float:
     """Submit -> first completed step of a fresh job: what a restart is compared against."""
-    from trainops.tools.base import call
+    from trainops.tools.calls import call
 
     started = time.time()
     sub = call("submit_job", {"name": "bench-cold", "training": {
@@ -303,7 +303,7 @@ DALY_VECTORS = ((24.0, 117.0), (6.0, 57.0), (0.25, 9.1))  # MTBF h -> Daly's opt
 
 
 def bench_planner(suite: Suite) -> None:
-    from trainops.tools.base import call
+    from trainops.tools.calls import call
 
     errors = []
     for mtbf_h, expected_min in DALY_VECTORS:

@@ -11,7 +11,8 @@ from pydantic import BaseModel, Field
 from trainops.run_folder import RunFiles
 from trainops.skills.evidence.model import BaselineSummary, EvidenceRow
 from trainops.skills.stats import spread
-from trainops.tools.base import CallContext, ToolError, call, skill_context
+from trainops.tools.base import CallContext, ToolError, skill_context
+from trainops.tools.calls import call
 from trainops.tools.schedulers.base import TrainingJob
 
 Progress = Callable[[str], None]

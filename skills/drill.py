@@ -16,7 +16,8 @@ from trainops.settings import read_toml
 from trainops.skills.baseline import JobRequest, Progress, command_line, submit
 from trainops.skills.drill_nodes import SLURM_CONFIRM_WAIT_S, NodeTimeline, health_check, replacement
 from trainops.skills.evidence.model import DrillResult, EvidenceRow
-from trainops.tools.base import CallContext, ToolError, call, skill_context
+from trainops.tools.base import CallContext, ToolError, skill_context
+from trainops.tools.calls import call
 
 # drill kind -> (inject_fault kind, cause class); runtime kinds are injected into the live job,
 # launch-time kinds (LAUNCH_TIME) start the job with the overrides inject_fault returns

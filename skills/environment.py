@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from trainops.skills.evidence.model import EvidenceRow, PackEnvironment
-from trainops.tools.base import CallContext, call
+from trainops.tools.base import CallContext
+from trainops.tools.calls import call
 
 
 def declare(scheduler: str = "local", ctx: CallContext | None = None,

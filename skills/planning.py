@@ -8,7 +8,8 @@ from pydantic import BaseModel
 
 from trainops.run_folder import RunFiles
 from trainops.skills.evidence.model import CheckpointPlan, DrillResult
-from trainops.tools.base import CallContext, call
+from trainops.tools.base import CallContext
+from trainops.tools.calls import call
 
 
 def plan_checkpoint(save_s: float, restart_s: float, mtbf_h: float, ctx: CallContext | None = None) -> BaseModel:

@@ -11,7 +11,8 @@ from trainops.run_folder import RunFiles
 from trainops.skills import ablation, baseline, drill, environment, planning
 from trainops.skills.baseline import JobRequest, Progress
 from trainops.skills.evidence import pack as evidence_pack
-from trainops.tools.base import CallContext, call, skill_context
+from trainops.tools.base import CallContext, skill_context
+from trainops.tools.calls import call
 from trainops.tools.frameworks.base import FrameworkName, SopPlan
 
 REFERENCES = (

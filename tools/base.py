@@ -1,9 +1,9 @@
-"""The tool contract: one declaration serves Python, the CLI and the agent.
+"""Declaring a tool: one declaration serves Python, the CLI and the agent.
 
 A tool is a typed function: a pydantic `Input`, a pydantic `Output`, a risk class and a
 description written for a language model. `@tool` only declares it; `trainops.tools.registry`
-lists every tool in one place. Every call goes through `run_call()`, which passes the governance
-gate before and after `run` — there is no other way to run a tool.
+lists every tool in one place, and `trainops.tools.calls.run_call` is the one way one runs (through
+the governance gate). This module is the contract they share, so it imports nothing of trainops.
 
 Every call carries its actor. A caller that does not say who it is counts as the agent (least
 privilege); the CLI runs its commands inside `operator_session()`; a skill acts for whoever ran
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import inspect
 import re
-import time
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
@@ -115,7 +114,7 @@ def operator_session() -> Iterator[None]:
 
 @contextmanager
 def running(ctx: CallContext, approved_call: str | None) -> Iterator[None]:
-    """Mark a call as in progress while its tool runs; used by `run_call` only."""
+    """Mark a call as in progress while its tool runs; used by `trainops.tools.calls.run_call` only."""
     reset = _ACTIVE.set(ActiveCall(replace(ctx, approval_token=None), approved_call))
     try:
         yield
@@ -163,41 +162,6 @@ def tool(name: str, *, risk: Risk, approval_required: bool = False, tags: tuple[
         return fn
 
     return declare
-
-
-def get(name: str) -> ToolSpec:
-    """A tool by name, from the registry in use (`trainops.tools.registry.current_registry`)."""
-    from trainops.tools.registry import current_registry
-
-    return current_registry().spec(name)
-
-
-def call(name: str, inp: BaseModel | dict[str, Any] | None = None, ctx: CallContext | None = None) -> BaseModel:
-    """Call a tool by name through the gate (see `run_call`)."""
-    return run_call(get(name), inp, ctx)
-
-
-def run_call(spec: ToolSpec, inp: BaseModel | dict[str, Any] | None = None,
-             ctx: CallContext | None = None) -> BaseModel:
-    """Validate the input, pass the gate, run, record. The only way a tool runs."""
-    from trainops.tools.governance import gate
-
-    ctx = effective_context(ctx)
-    if not isinstance(inp, spec.Input):
-        try:
-            inp = spec.Input.model_validate(inp or {})
-        except ValidationError as exc:
-            raise ToolError(spec.name, f"invalid input: {explain(exc)}") from None
-    approved_call = gate.before_call(spec, inp, ctx)
-    started = time.time()
-    try:
-        with running(ctx, approved_call):
-            out = spec.fn(inp)
-    except Exception as exc:
-        gate.after_call(spec, inp, ctx, started=started, output=None, error=exc)
-        raise
-    gate.after_call(spec, inp, ctx, started=started, output=out, error=None)
-    return out
 
 
 def explain(exc: ValidationError) -> str:

@@ -1,7 +1,7 @@
 """The registry as LangChain structured tools, for the ops agent.
 
 Each structured tool takes the tool's own pydantic `Input` as its args schema and runs through
-`trainops.tools.base.run_call`, so the agent passes the same gate (validation, approval, audit) as
+`trainops.tools.calls.run_call`, so the agent passes the same gate (validation, approval, audit) as
 the CLI. These tools serve a model, so every call is the agent's: whatever framework runs them, a
 call of risk `mutate` or higher needs a human's token (from `ctx_factory`). A `ToolError` comes back
 to the model as the tool's answer, so it can correct its input.
@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from trainops.tools.base import CallContext, ToolError, explain, run_call
+from trainops.tools.base import CallContext, ToolError, explain
+from trainops.tools.calls import run_call
 
 if TYPE_CHECKING:
     from langchain_core.tools import StructuredTool

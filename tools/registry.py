@@ -3,9 +3,10 @@
 Adding a tool is one line in `_tool_functions`. Layers above add their own tools the same way:
 `build_registry(extra=...)` takes more declared functions (the agent passes `run_sop` and
 `list_pending_approvals`), so the CLI and the agent build the same registry whatever ran
-before, and nothing registers itself on import. A registry's `call` serves it for the call's
-duration (`current_registry`), so governance looks a tool up in the registry that called it; the
-CLI serves the full registry for each command, so `trainops approve` knows the agent's tools.
+before, and nothing registers itself on import. `trainops.tools.calls.call(..., registry=R)` serves R
+for the call's duration (`current_registry`), so governance looks a tool up in the registry that
+called it; the CLI serves the full registry for each command, so `trainops approve` knows the
+agent's tools. Calling a tool is not this module's concern (`trainops.tools.calls`).
 """
 from __future__ import annotations
 
@@ -13,11 +14,9 @@ from collections.abc import Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from functools import cache
-from typing import Any, Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
-from pydantic import BaseModel
-
-from trainops.tools.base import CallContext, ToolError, ToolSpec, run_call
+from trainops.tools.base import ToolError, ToolSpec
 
 
 def _tool_functions() -> tuple[Callable, ...]:
@@ -64,7 +63,7 @@ def spec_of(fn: Callable) -> ToolSpec:
 
 
 class Registry(Mapping[str, ToolSpec]):
-    """Tools by name, sorted; `call` runs one through the gate."""
+    """Tools by name, sorted."""
 
     def __init__(self, specs: Iterable[ToolSpec]):
         by_name: dict[str, ToolSpec] = {}
@@ -89,11 +88,6 @@ class Registry(Mapping[str, ToolSpec]):
             raise ToolError(name, f"unknown tool; known tools: {', '.join(self._specs)}")
         return self._specs[name]
 
-    def call(self, name: str, inp: BaseModel | dict[str, Any] | None = None,
-             ctx: CallContext | None = None) -> BaseModel:
-        with serving(lambda: self):
-            return run_call(self.spec(name), inp, ctx)
-
 
 def build_registry(extra: Iterable[Callable] = ()) -> Registry:
     """The registry of every trainops tool, plus `extra` declared tools from a layer above."""
@@ -102,7 +96,7 @@ def build_registry(extra: Iterable[Callable] = ()) -> Registry:
 
 @cache
 def tool_registry() -> Registry:
-    """The tools of `trainops.tools` alone: what skills and `trainops.tools.base.call` use."""
+    """The tools of `trainops.tools` alone: what skills and `trainops.tools.calls.call` use."""
     return build_registry()
 
 

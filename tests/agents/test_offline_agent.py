@@ -122,7 +122,7 @@ def test_threads_are_listed_with_their_pending_approvals():
 
 
 def test_a_log_line_with_instructions_is_quoted_not_obeyed(chatty_job):
-    from trainops.tools.base import call
+    from trainops.tools.calls import call
 
     with AgentSession("inject") as session:
         events = run(session, f"show the logs of job {chatty_job}")

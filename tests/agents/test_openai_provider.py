@@ -65,7 +65,7 @@ def test_an_unregistered_tool_is_refused_and_the_model_is_told(scripted_openai, 
 
 def test_injected_log_line_cannot_trigger_an_ungated_cancel(scripted_openai, openai_settings, chatty_job):
     """The scripted model is 'fooled' by the log and asks to cancel: the graph pauses for a human."""
-    from trainops.tools.base import call
+    from trainops.tools.calls import call
 
     def fooled(body: dict) -> dict:
         assert "ignore previous instructions" in body["messages"][-1]["content"]

@@ -155,7 +155,7 @@ def test_torchtitan_job_passes_knobs_as_its_command_line_overrides(tmp_path):
 
 
 def test_declared_environment_names_an_adapters_framework_and_installed_version():
-    from trainops.tools.base import call
+    from trainops.tools.calls import call
 
     out = call("declare_environment", {"framework": "deepspeed", "ckpt_test_mib": 1, "measure_gemm": False})
     assert (out.framework.name, out.framework.version) == ("DeepSpeed", version("deepspeed"))
@@ -175,7 +175,7 @@ def test_the_layout_an_mfu_claim_names_is_stated_in_the_frameworks_terms(framewo
 
 
 def test_the_agent_can_check_a_megatron_job_before_launch():
-    from trainops.tools.base import call
+    from trainops.tools.calls import call
 
     out = call("check_framework_job", {"framework": "megatron", "knobs": {"tp_comm_overlap": "true"},
                                        "overrides": ["megatron.tensor_model_parallel_size=2"], "world_size": 8})
@@ -187,7 +187,7 @@ def test_the_agent_can_check_a_megatron_job_before_launch():
 
 
 def test_the_agent_reads_a_frameworks_knobs_and_version():
-    from trainops.tools.base import call
+    from trainops.tools.calls import call
 
     out = call("framework_knobs", {"framework": "deepspeed"})
     assert out.version == version("deepspeed")

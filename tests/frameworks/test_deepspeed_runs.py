@@ -81,7 +81,7 @@ def test_zero_stage_ablation_changes_one_setting_and_runs_stage_2(zero2_arm):
 
 
 def test_zero_stage_changes_where_state_lives_not_the_loss(baseline, zero2_arm, monkeypatch):
-    from trainops.tools.base import call
+    from trainops.tools.calls import call
 
     monkeypatch.setenv("TRAINOPS_HOME", str(Path(baseline.run_dir).parents[1]))  # the module's shared workspace
     arm = call("summarize_run", {"run": zero2_arm[0][0].source_run})
@@ -107,7 +107,7 @@ def test_crash_drill_recovers_from_the_deepspeed_checkpoint():
 
 def test_checkpoint_corruption_drill_falls_back_past_the_corrupt_checkpoint_and_rewrites_it():
     from trainops.skills.drill import drill
-    from trainops.tools.base import call
+    from trainops.tools.calls import call
 
     # saves 5 steps apart, so no newer save lands between the corruption and the kill
     req = _request("checkpoint.enable=true", "checkpoint.interval=5", "checkpoint.keep=50").with_overrides(

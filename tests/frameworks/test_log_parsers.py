@@ -96,7 +96,7 @@ def test_other_lines_are_not_steps(name):
 
 
 def test_a_job_log_becomes_metrics_records_that_summarize_run_reads(workspace):
-    from trainops.tools.base import call
+    from trainops.tools.calls import call
     from trainops.tools.frameworks.base import ingest_log
 
     run_dir = workspace / "runs" / "titan"  # tools read only inside the workspace

@@ -1,5 +1,5 @@
 """The action gate: approval tokens bound to one exact call, forbidden actions, tenant isolation,
-input validation. Calls go through the real `trainops.tools.base.call` and the real tenancy tools."""
+input validation. Calls go through the real `trainops.tools.calls.call` and the real tenancy tools."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,8 @@ import time
 import pytest
 from pydantic import BaseModel
 
-from trainops.tools.base import CallContext, ToolError, ToolSpec, call
+from trainops.tools.base import CallContext, ToolError, ToolSpec
+from trainops.tools.calls import call
 from trainops.tools.governance import audit, queue, tokens
 from trainops.tools.governance.gate import GateRefused, before_call
 from trainops.tools.tenancy import check_tenant_path, tenant_path
@@ -209,7 +210,7 @@ def test_cli_has_no_way_to_mint_a_token_for_a_call_nobody_queued(approvers):
 
 
 def test_check_input_lets_the_agent_refuse_a_forbidden_call_before_asking_a_human():
-    from trainops.tools.base import get
+    from trainops.tools.calls import get
     from trainops.tools.governance.gate import check_input
 
     spec = get("change_scheduler_policy")

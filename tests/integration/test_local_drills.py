@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trainops.tools.base import call
+from trainops.tools.calls import call
 from trainops.tools.monitoring.embedded import read_heartbeats
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("as_operator")]

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from trainops.tools.base import CallContext, call
+from trainops.tools.base import CallContext
+from trainops.tools.calls import call
 
 pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.usefixtures("as_operator")]
 OPERATOR = CallContext(actor="operator")

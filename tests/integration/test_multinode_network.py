@@ -60,7 +60,7 @@ def test_a_partitioned_node_is_caught_by_its_stale_heartbeat_drained_and_replace
     assert "does not answer on the network" in events[steps[1]]
     assert "n2 replaced by n3" in row.value
     _back_in_pool(sandbox_cluster, "n2")
-    from trainops.tools.base import call
+    from trainops.tools.calls import call
 
     plan = call("plan_checkpoint_interval", {"save_s": 1.0, "mtbf_h": 2.0, "restart_from": "newest_node_drill"},
                 OPERATOR)

@@ -10,7 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from trainops.cli import app
-from trainops.tools.base import CallContext, call
+from trainops.tools.base import CallContext
+from trainops.tools.calls import call
 from trainops.tools.governance import audit
 from trainops.tools.governance.gate import GateRefused
 

@@ -8,7 +8,8 @@ import os
 
 import pytest
 
-from trainops.tools.base import CallContext, ToolError, call
+from trainops.tools.base import CallContext, ToolError
+from trainops.tools.calls import call
 from trainops.trainer.checkpoint_files import step_dir_name
 from trainops.workspace import check_id, confine
 

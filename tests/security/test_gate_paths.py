@@ -15,7 +15,8 @@ from pydantic import BaseModel
 from typer.testing import CliRunner
 
 from trainops.cli import app
-from trainops.tools.base import CallContext, call, tool
+from trainops.tools.base import CallContext, tool
+from trainops.tools.calls import call
 from trainops.tools.governance import audit, queue, tokens
 from trainops.tools.governance.gate import GateRefused
 from trainops.tools.registry import build_registry, serving, tool_registry
@@ -105,7 +106,7 @@ def test_the_agents_own_mutating_tool_is_refused_before_it_runs_anything(workspa
     from trainops.agents.agent_tools import agent_registry
 
     with pytest.raises(GateRefused, match="needs a human approval"):
-        agent_registry().call("run_sop", {"quick": True})
+        call("run_sop", {"quick": True}, registry=agent_registry())
     assert not any((workspace / "runs").glob("*"))
 
 
@@ -189,20 +190,20 @@ def probe_registry(risk: str, claimed: CallContext | None):
 
 def test_a_call_inside_an_agents_call_cannot_claim_to_be_the_operator(sleeper):
     with pytest.raises(GateRefused, match="cancel_job called by agent needs a human approval"):
-        probe_registry("read", OPERATOR).call("probe_cancel", {"job_id": sleeper}, CallContext(actor="agent"))
+        call("probe_cancel", {"job_id": sleeper}, CallContext(actor="agent"), registry=probe_registry("read", OPERATOR))
     assert state(sleeper) == "running"
 
 
 def test_a_skill_inside_an_agents_call_acts_for_the_agent_whoever_it_claims(sleeper):
     with pytest.raises(GateRefused, match="skill:fault-drill for agent"):
-        probe_registry("read", OPERATOR.for_skill("fault-drill")).call("probe_cancel", {"job_id": sleeper})
+        call("probe_cancel", {"job_id": sleeper}, registry=probe_registry("read", OPERATOR.for_skill("fault-drill")))
     assert state(sleeper) == "running"
 
 
 def test_a_human_approved_call_covers_its_own_mutating_steps(sleeper, approvers):
     registry = probe_registry("mutate", None)
     token = human_token(approvers, "probe_cancel", {"job_id": sleeper}, registry)
-    out = registry.call("probe_cancel", {"job_id": sleeper}, CallContext(actor="agent", approval_token=token))
+    out = call("probe_cancel", {"job_id": sleeper}, CallContext(actor="agent", approval_token=token), registry=registry)
     assert out.state == "cancelled"
     assert gate_entries("cancel_job")[-1]["under_approved_call"] == tokens.call_id("probe_cancel", {"job_id": sleeper})
 
@@ -217,7 +218,7 @@ def test_an_approval_does_not_cover_an_approval_gated_step_inside_it(approvers):
     registry = build_registry(extra=[probe_quota])
     token = human_token(approvers, "probe_quota", {"job_id": "x"}, registry)
     with pytest.raises(GateRefused, match="set_tenant_quota"):
-        registry.call("probe_quota", {"job_id": "x"}, CallContext(actor="agent", approval_token=token))
+        call("probe_quota", {"job_id": "x"}, CallContext(actor="agent", approval_token=token), registry=registry)
 
 
 # --- who may be named as the actor ------------------------------------------------------------------
@@ -284,7 +285,7 @@ def test_a_queued_call_of_the_agents_own_tool_can_be_approved_at_the_cli(approve
     from trainops.agents.agent_tools import agent_registry
 
     with pytest.raises(GateRefused) as refused:
-        agent_registry().call("run_sop", {"quick": True})
+        call("run_sop", {"quick": True}, registry=agent_registry())
     result = runner.invoke(app, ["approve", "--pending", refused.value.pending_id, "--key", str(approvers.alice.key),
                                  "--json"])
     assert result.exit_code == 0, result.output

@@ -10,7 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from trainops.agents.providers import ProviderError, load_settings
-from trainops.tools.base import ToolError, call
+from trainops.tools.base import ToolError
+from trainops.tools.calls import call
 
 SECRET = "ssh-rsa AAAA-internal-secret-page"
 QUERY = {"run": "r1", "metric": "loss", "monitor": "prometheus"}

@@ -11,7 +11,8 @@ import time
 import psutil
 import pytest
 
-from trainops.tools.base import CallContext, ToolError, call
+from trainops.tools.base import CallContext, ToolError
+from trainops.tools.calls import call
 
 OPERATOR = CallContext(actor="operator")  # mutate tools called by an operator need no approval token
 

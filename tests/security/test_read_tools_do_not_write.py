@@ -18,7 +18,8 @@ import pytest
 from pydantic import BaseModel
 
 from trainops.agents.agent_tools import agent_registry
-from trainops.tools.base import CallContext, call, tool
+from trainops.tools.base import CallContext, tool
+from trainops.tools.calls import call
 from trainops.tools.registry import build_registry
 
 RUN = "r1"
@@ -130,7 +131,7 @@ def test_every_read_tool_has_an_input_here():
 def test_a_read_tool_writes_nothing_outside_a_temporary_folder_it_removes(name, scene):
     workspace, cwd, tmp, job_id = scene
     before = snapshot(workspace, cwd, tmp)
-    agent_registry().call(name, read_inputs(job_id)[name], CallContext(actor="agent"))
+    call(name, read_inputs(job_id)[name], CallContext(actor="agent"), registry=agent_registry())
     assert writes(before, snapshot(workspace, cwd, tmp), workspace) == []
 
 
@@ -149,6 +150,6 @@ def test_the_check_catches_a_read_tool_that_leaves_files_behind(scene):
         return inp
 
     before = snapshot(workspace, cwd, tmp)
-    build_registry(extra=[leaky_read]).call("leaky_read", {}, CallContext(actor="agent"))
+    call("leaky_read", {}, CallContext(actor="agent"), registry=build_registry(extra=[leaky_read]))
     found = writes(before, snapshot(workspace, cwd, tmp), workspace)
     assert found == [str(cwd / "left-behind.txt"), "runs/r1/note.txt"]

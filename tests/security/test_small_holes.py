@@ -9,7 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from trainops.cli import app
-from trainops.tools.base import ToolError, call
+from trainops.tools.base import ToolError
+from trainops.tools.calls import call
 
 runner = CliRunner()
 DALY = {"save_s": 60, "restart_s": 600, "mtbf_h": 24}

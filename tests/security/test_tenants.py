@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from trainops.tools.base import CallContext, ToolError, call
+from trainops.tools.base import CallContext, ToolError
+from trainops.tools.calls import call
 from trainops.tools.tenancy import tenant_path, tenant_root
 
 OPERATOR = CallContext(actor="operator")  # mutate tools called by an operator need no approval token

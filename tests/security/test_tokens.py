@@ -9,7 +9,8 @@ import threading
 import pytest
 
 from tests.conftest import make_ssh_key
-from trainops.tools.base import CallContext, call
+from trainops.tools.base import CallContext
+from trainops.tools.calls import call
 from trainops.tools.governance import anchors, queue, signing, tokens
 from trainops.tools.governance.gate import GateRefused
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainops.tools.base import ToolError, call
+from trainops.tools.base import ToolError
+from trainops.tools.calls import call
 from trainops.trainer.checkpoint import AppState, Checkpointer, step_dir_name
 from trainops.trainer.config import CheckpointConfig
 from trainops.trainer.faults import corrupt_checkpoint

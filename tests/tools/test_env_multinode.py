@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainops.tools.base import ToolError, call
+from trainops.tools.base import ToolError
+from trainops.tools.calls import call
 
 
 @pytest.mark.services

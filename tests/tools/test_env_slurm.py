@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from trainops.tools.base import call
+from trainops.tools.calls import call
 
 pytestmark = pytest.mark.services
 

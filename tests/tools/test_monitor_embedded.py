@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from trainops.tools.base import ToolError, call
+from trainops.tools.base import ToolError
+from trainops.tools.calls import call
 
 
 def _write_run(workspace, name="r1", steps=6, ranks=2):

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainops.tools.base import ToolError, call
+from trainops.tools.base import ToolError
+from trainops.tools.calls import call
 from trainops.tools.planning import LLAMA3_CAUSE_COUNTS, PROFILES
 
 

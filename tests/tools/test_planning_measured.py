@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from trainops.tools.base import ToolError, call
+from trainops.tools.base import ToolError
+from trainops.tools.calls import call
 
 
 def _drill_record(workspace, run: str, injected_time: float, detection_s: float, recovery_s: float,

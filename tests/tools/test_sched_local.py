@@ -138,7 +138,8 @@ def test_a_malformed_spec_names_the_field_and_the_fix():
 
 
 def test_submit_job_with_a_malformed_spec_names_the_field_through_the_tool():
-    from trainops.tools.base import ToolError, call
+    from trainops.tools.base import ToolError
+    from trainops.tools.calls import call
 
     with pytest.raises(ToolError, match=r"submit_job: invalid input: .*spec\.procs_per_node.*must be at least 1"):
         call("submit_job", {"spec": {"name": "ok", "command": ["true"], "procs_per_node": 0}})

@@ -7,7 +7,8 @@ import json
 import pytest
 from pydantic import BaseModel
 
-from trainops.tools.base import CallContext, ToolError, call, tool
+from trainops.tools.base import CallContext, ToolError, tool
+from trainops.tools.calls import call
 from trainops.tools.registry import build_registry, tool_registry
 
 
@@ -179,7 +180,7 @@ def test_declaring_a_tool_registers_nothing():
         return inp
 
     assert declared_only.tool_spec.name == "declared_only" and "declared_only" not in tool_registry()
-    assert build_registry(extra=[declared_only]).call("declared_only", {"x": 1}).x == 1
+    assert call("declared_only", {"x": 1}, registry=build_registry(extra=[declared_only])).x == 1
 
 
 def test_two_tools_with_one_name_are_refused_when_the_registry_is_built():

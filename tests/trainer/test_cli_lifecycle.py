@@ -212,7 +212,8 @@ def test_a_run_killed_with_kill_9_resumes_from_its_newest_checkpoint(workspace):
 
 @pytest.mark.slow
 def test_resume_refuses_a_run_a_live_job_still_trains_in(workspace):
-    from trainops.tools.base import CallContext, call
+    from trainops.tools.base import CallContext
+    from trainops.tools.calls import call
     from trainops.trainer.launch import prepare_run
 
     run_dir = prepare_run(None, "tiny", ["checkpoint.enable=true", "training.steps=1000", "faults.hang_step=1"],

@@ -98,7 +98,7 @@ def test_a_rank_its_launcher_terminates_says_so_and_the_killed_rank_is_named(wor
     """torchrun SIGTERMs the survivors as soon as a rank dies. A survivor caught computing died
     without a word, as silent as the killed rank, and detection could name it instead (a CI
     failure: rank 0 named for a SIGKILLed rank 1). The terminated rank now notes its exit."""
-    from trainops.tools.base import call
+    from trainops.tools.calls import call
 
     cfg = load_config(None, "tiny", BASE + ["training.steps=5000"])
     run_dir = prepare_run(cfg, run_id="terminated")

@@ -1,4 +1,4 @@
-"""The action gate. Every tool call passes `before_call` and `after_call` (trainops.tools.base.run_call),
+"""The action gate. Every tool call passes `before_call` and `after_call` (trainops.tools.calls.run_call),
 whichever path it came by: the CLI, a skill, the agent graph, LangChain tools, the Python registry.
 
 Order of checks in `before_call`: forbidden actions (R-SEC-2) are refused outright; then

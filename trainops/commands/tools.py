@@ -20,9 +20,11 @@ def run_tool(name: str, payload: dict[str, Any], as_json: bool, approval_token: 
     """Call a tool as the operator; a ToolError becomes one clear line and exit code 2."""
     from trainops.agents.agent_tools import agent_registry
     from trainops.tools.base import CallContext, ToolError
+    from trainops.tools.calls import call
 
     try:
-        return agent_registry().call(name, payload, CallContext(actor="operator", approval_token=approval_token))
+        return call(name, payload, CallContext(actor="operator", approval_token=approval_token),
+                    registry=agent_registry())
     except ToolError as exc:
         fail(str(exc), as_json=as_json)
 

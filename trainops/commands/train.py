@@ -69,7 +69,8 @@ def _new_lines(path: Path, offset: int) -> tuple[list[str], int]:
 
 def refuse_if_running(run_dir: Path) -> None:
     """A resume must not start a second job writing into a run folder a live job still trains in."""
-    from trainops.tools.base import CallContext, call
+    from trainops.tools.base import CallContext
+    from trainops.tools.calls import call
 
     jobs = call("list_jobs", {"scheduler": "local"}, CallContext(actor="operator")).jobs
     live = [job.job_id for job in jobs if job.run_dir == str(run_dir) and job.state in ("pending", "running")]
@@ -82,7 +83,8 @@ def launch_through_gate(run_dir: Path, nproc: int, show_progress: bool) -> Any:
     """Submit the prepared run to the local scheduler through `submit_job` as the operator, follow
     it to the end (its log lines and a progress bar when `show_progress`), and summarise it.
     Ctrl-C cancels the job through `cancel_job`."""
-    from trainops.tools.base import CallContext, call
+    from trainops.tools.base import CallContext
+    from trainops.tools.calls import call
     from trainops.trainer.config import load_config
     from trainops.trainer.launch import loaded_checkpoint, progress_bar, read_metrics, summarize
 

@@ -1,0 +1,54 @@
+"""Calling a tool: the one way a declared tool runs, through the governance gate.
+
+`run_call` validates the input, passes `gate.before_call`, runs the tool and records the outcome
+with `gate.after_call`; `call` does the same by name, looking the tool up in the registry being
+served (`trainops.tools.registry.current_registry`) or, given `registry=`, serving that one for
+the call's duration. Declaring a tool (`trainops.tools.base`) needs none of this, so this module
+sits above both the registry and the gate.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from trainops.tools.base import CallContext, ToolError, ToolSpec, effective_context, explain, running
+from trainops.tools.governance import gate
+from trainops.tools.registry import Registry, current_registry, serving
+
+
+def get(name: str) -> ToolSpec:
+    """A tool by name, from the registry in use (`trainops.tools.registry.current_registry`)."""
+    return current_registry().spec(name)
+
+
+def call(name: str, inp: BaseModel | dict[str, Any] | None = None, ctx: CallContext | None = None, *,
+         registry: Registry | None = None) -> BaseModel:
+    """Call a tool by name through the gate (see `run_call`). With `registry`, the tool comes from
+    that registry, which is served while the call runs, so governance and nested calls see it too."""
+    if registry is None:
+        return run_call(get(name), inp, ctx)
+    with serving(lambda: registry):
+        return run_call(registry.spec(name), inp, ctx)
+
+
+def run_call(spec: ToolSpec, inp: BaseModel | dict[str, Any] | None = None,
+             ctx: CallContext | None = None) -> BaseModel:
+    """Validate the input, pass the gate, run, record. The only way a tool runs."""
+    ctx = effective_context(ctx)
+    if not isinstance(inp, spec.Input):
+        try:
+            inp = spec.Input.model_validate(inp or {})
+        except ValidationError as exc:
+            raise ToolError(spec.name, f"invalid input: {explain(exc)}") from None
+    approved_call = gate.before_call(spec, inp, ctx)
+    started = time.time()
+    try:
+        with running(ctx, approved_call):
+            out = spec.fn(inp)
+    except Exception as exc:
+        gate.after_call(spec, inp, ctx, started=started, output=None, error=exc)
+        raise
+    gate.after_call(spec, inp, ctx, started=started, output=out, error=None)
+    return out
