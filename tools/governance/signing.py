@@ -141,7 +141,7 @@ def _agent_key_listed_as_signer() -> str:
     if not os.environ.get("SSH_AUTH_SOCK"):
         raise SigningError("no --key given and no ssh-agent running (SSH_AUTH_SOCK unset): pass --key PATH "
                            "to your approver key, or `ssh-add` it to your agent")
-    listed = _run(["ssh-add", "-L"], b"")
+    listed = _run_openssh(["ssh-add", "-L"], b"")
     agent_keys = [line.strip() for line in listed.stdout.decode("utf-8", "replace").splitlines()
                   if line.strip().count(" ") >= 1 and not line.startswith("The agent has no")]
     if listed.returncode != 0 or not agent_keys:
@@ -156,11 +156,12 @@ def _agent_key_listed_as_signer() -> str:
 
 
 def _ssh_keygen(args: list[str], stdin: bytes | None) -> subprocess.CompletedProcess:
-    return _run(["ssh-keygen", *args], stdin)
+    return _run_openssh(["ssh-keygen", *args], stdin)
 
 
-def _run(argv: list[str], stdin: bytes | None) -> subprocess.CompletedProcess:
-    """Run a tool with `stdin` as its input, or the caller's own stdin (a terminal) when None."""
+def _run_openssh(argv: list[str], stdin: bytes | None) -> subprocess.CompletedProcess:
+    """Run an OpenSSH tool (ssh-keygen, ssh-add) with `stdin` as its input, or the caller's own stdin (a
+    terminal) when None; a SigningError when it is missing or waits too long."""
     if shutil.which(argv[0]) is None:
         raise SigningError(f"{argv[0]} is not installed: approvals need OpenSSH 8.2 or newer "
                            "(e.g. `apt-get install openssh-client`)")
