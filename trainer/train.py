@@ -193,6 +193,47 @@ def initial_values(cfg: JobConfig, model_args):
     return checkpoint.tensor
 
 
+def build_model(cfg: JobConfig, model_args, layout, mesh_info, device: torch.device):
+    """This rank's part of the model, made on the meta device and then split (pipeline stages),
+    parallelised and filled with its initial values. Returns (model, pipeline schedule or None);
+    with a pipeline, the model is a merged view of this rank's stages."""
+    with torch.device("meta"):  # no memory until each rank's part is split and sharded
+        model = Transformer(model_args)
+    full_value = initial_values(cfg, model_args)
+    if layout.pp == 1:
+        return parallelize(model, cfg, mesh_info, full_value), None
+    from trainops.trainer.parallel import build_pipeline, merged_view
+
+    # the schedule runs forward+backward over this rank's stages
+    pipe = build_pipeline(model, layout, mesh_info.mesh["pp"],
+                          lambda part: parallelize(part, cfg, mesh_info, full_value), _pipeline_loss, device)
+    return merged_view(pipe.model_parts), pipe
+
+
+def forward_backward(model, pipe, micro_batches, step: int, autocast, faults: FaultInjector,
+                     device: torch.device) -> torch.Tensor:
+    """One step's forward and backward over its micro-batches, gradients accumulated: the pipeline
+    schedule over all of them at once, or one pass each with the gradient sync on the last only.
+    Returns the step's loss, the mean over the micro-batches (an injected fault applied)."""
+    if pipe is not None:
+        with autocast:
+            step_loss = pipe.step(torch.cat([m[0] for m in micro_batches]).to(device),
+                                  torch.cat([m[1] for m in micro_batches]).to(device))
+        return faults.after_loss(step, step_loss)
+    step_loss = torch.zeros((), device=device)
+    for index, (inputs, labels) in enumerate(micro_batches):
+        inputs, labels = inputs.to(device), labels.to(device)
+        with _grad_sync(model, index == len(micro_batches) - 1):
+            with autocast:
+                logits = model(inputs)
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+            if index == 0:
+                loss = faults.after_loss(step, loss)
+            (loss / len(micro_batches)).backward()
+        step_loss += loss.detach() / len(micro_batches)
+    return step_loss
+
+
 def train(cfg: JobConfig, run_dir: Path, rank: int, world_size: int, device: torch.device) -> None:
     layout = validate_layout(cfg, world_size)
     training = cfg.training
@@ -206,18 +247,7 @@ def train(cfg: JobConfig, run_dir: Path, rank: int, world_size: int, device: tor
     training.compile = compile_blocks(cfg, device.type)  # once, not per pipeline stage: auto's probe and log line
 
     model_args = cfg.model_args()
-    with torch.device("meta"):  # no memory until each rank's part is split and sharded
-        model = Transformer(model_args)
-    full_value = initial_values(cfg, model_args)
-    pipe = None
-    if layout.pp > 1:  # the schedule runs forward+backward over this rank's stages
-        from trainops.trainer.parallel import build_pipeline, merged_view
-
-        pipe = build_pipeline(model, layout, mesh_info.mesh["pp"],
-                              lambda part: parallelize(part, cfg, mesh_info, full_value), _pipeline_loss, device)
-        model = merged_view(pipe.model_parts)
-    else:
-        model = parallelize(model, cfg, mesh_info, full_value)
+    model, pipe = build_model(cfg, model_args, layout, mesh_info, device)
     optimizer = build_optimizer(model.parameters(), training)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_lambda(
         step, training.warmup_steps, training.steps, training.min_lr_ratio))
@@ -247,24 +277,7 @@ def train(cfg: JobConfig, run_dir: Path, rank: int, world_size: int, device: tor
         faults.on_step_start(step)
         started = time.perf_counter()
         with profiler.step(step):  # a no-op outside [metrics] profile_steps
-            micro_batches = loader.next_step()
-            step_loss = torch.zeros((), device=device)
-            if pipe is not None:
-                with autocast:
-                    step_loss = pipe.step(torch.cat([m[0] for m in micro_batches]).to(device),
-                                          torch.cat([m[1] for m in micro_batches]).to(device))
-                step_loss = faults.after_loss(step, step_loss)
-                micro_batches = []
-            for index, (inputs, labels) in enumerate(micro_batches):
-                inputs, labels = inputs.to(device), labels.to(device)
-                with _grad_sync(model, index == len(micro_batches) - 1):
-                    with autocast:
-                        logits = model(inputs)
-                    loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
-                    if index == 0:
-                        loss = faults.after_loss(step, loss)
-                    (loss / len(micro_batches)).backward()
-                step_loss += loss.detach() / len(micro_batches)
+            step_loss = forward_backward(model, pipe, loader.next_step(), step, autocast, faults, device)
             with torch.profiler.record_function("trainops::clip_grad_norm"):
                 grad_norm = clip_grad_norm(model.parameters(), training.max_grad_norm,
                                            pipe.pp_group if pipe is not None else None)
