@@ -21,8 +21,9 @@ import torch
 
 from trainops.benchmarks.harness import GPU_BEGIN, GPU_END, write_section
 from trainops.run_folder import RunFiles
+from trainops.tools.follow import run_local
 from trainops.trainer.config import load_config
-from trainops.trainer.launch import read_metrics, run_local
+from trainops.trainer.launch import read_metrics
 
 ARMS = {
     "bf16 eager": ["training.compile=false"],
@@ -41,7 +42,7 @@ def _shape(args) -> list[str]:
 def measure_arm(name: str, overrides: list[str], args) -> dict:
     cfg = load_config(None, args.preset, [*_shape(args), *overrides])
     started = time.time()
-    result = run_local(cfg, 1, show_progress=False, timeout_s=args.run_timeout_s)
+    result = run_local(cfg, 1, timeout_s=args.run_timeout_s)
     if result.status != "ok":
         return {"arm": name, "status": "failed", "run_dir": result.run_dir, "failure": result.failure}
     steady = [r for r in read_metrics(result.run_dir) if r["rank"] == 0 and r["step"] > args.warmup]
@@ -75,7 +76,7 @@ def checkpoint_stall(mode: str, args) -> dict | None:
     cfg = load_config(None, args.preset, [*_shape(args), f"training.steps={args.checkpoint_steps}",
                                           "checkpoint.enable=true", f"checkpoint.interval={args.checkpoint_interval}",
                                           f"checkpoint.mode={mode}"])
-    result = run_local(cfg, 1, show_progress=False, timeout_s=args.run_timeout_s)
+    result = run_local(cfg, 1, timeout_s=args.run_timeout_s)
     shutil.rmtree(Path(result.run_dir) / cfg.checkpoint.folder, ignore_errors=True)
     journal = RunFiles(result.run_dir).checkpoint_journal
     records = map(json.loads, journal.read_text().splitlines()) if journal.exists() else []
@@ -177,4 +178,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from trainops.tools.base import operator_session
+
+    with operator_session():  # a human runs the benchmark, as with `trainops bench`
+        main()

@@ -115,10 +115,10 @@ def iteration_times(records: list[dict]) -> list[float]:
 
 def run_trainer(overrides: list[str], nproc: int) -> Path:
     """Train the tiny preset + `overrides` on `nproc` local ranks; the run folder (a failed run raises)."""
+    from trainops.tools.follow import run_local
     from trainops.trainer.config import load_config
-    from trainops.trainer.launch import run_local
 
-    result = run_local(load_config(None, "tiny", overrides), nproc, show_progress=False)
+    result = run_local(load_config(None, "tiny", overrides), nproc)
     if result.status != "ok":
         raise RuntimeError(f"benchmark trainer run failed: read {result.run_dir}/logs")
     return Path(result.run_dir)

@@ -1,7 +1,7 @@
 """Step time of each parallel layout, on the CPU with gloo (functional figures: they show every
 layout runs through the real trainer and what it costs here, not what it gains on GPUs).
 
-Each layout is one `trainops.trainer.launch.run_local` run; the figure is the median `step_time_s` of
+Each layout is one `trainops.tools.follow.run_local` run; the figure is the median `step_time_s` of
 rank 0 over the steps after the first (the first pays for start-up and shape inference). All
 layouts of a preset share seed, data and global batch, so their final losses must agree too;
 the table shows them. Results go to benchmarks/RESULTS.md under their own heading.
@@ -43,11 +43,12 @@ BASE = ["data.kind=synthetic", "training.seq_len=64", "training.global_batch=8",
 
 
 def measure(preset: str, nproc: int, overrides: list[str], steps: int) -> dict:
+    from trainops.tools.follow import run_local
     from trainops.trainer.config import load_config
-    from trainops.trainer.launch import read_metrics, run_local
+    from trainops.trainer.launch import read_metrics
 
     cfg = load_config(None, preset, BASE + [f"training.steps={steps}"] + overrides)
-    result = run_local(cfg, nproc, show_progress=False, timeout_s=900)
+    result = run_local(cfg, nproc, timeout_s=900)
     times = [r["step_time_s"] for r in read_metrics(result.run_dir) if r["rank"] == 0 and r["step"] > 1]
     return {"status": result.status, "final_loss": result.final_loss,
             "step_time_s": statistics.median(times) if times else None,
@@ -113,4 +114,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from trainops.tools.base import operator_session
+
+    with operator_session():  # a human runs the benchmark, as with `trainops bench`
+        main()

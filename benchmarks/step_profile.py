@@ -92,4 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from trainops.tools.base import operator_session
+
+    with operator_session():  # a human runs the benchmark, as with `trainops bench`
+        raise SystemExit(main())

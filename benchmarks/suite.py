@@ -56,12 +56,12 @@ def bench_trainer_overhead(suite: Suite, repeats: int, steps: int) -> None:
 
 
 def _checkpoint_stall(mode: str, steps: int) -> float:
+    from trainops.tools.follow import run_local
     from trainops.trainer.config import load_config
-    from trainops.trainer.launch import run_local
 
     cfg = load_config(None, "small", [*TRAIN_SHAPE, f"training.steps={steps}", "training.micro_batch=8",
                                       "checkpoint.enable=true", "checkpoint.interval=2", f"checkpoint.mode={mode}"])
-    result = run_local(cfg, 1, show_progress=False)
+    result = run_local(cfg, 1)
     if result.status != "ok":
         raise RuntimeError(f"benchmark checkpoint run failed: read {result.run_dir}/logs")
     journal = [json.loads(line) for line in RunFiles(result.run_dir).checkpoint_journal.read_text().splitlines()]

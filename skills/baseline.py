@@ -13,6 +13,7 @@ from trainops.skills.evidence.model import BaselineSummary, EvidenceRow
 from trainops.skills.stats import spread
 from trainops.tools.base import CallContext, ToolError, skill_context
 from trainops.tools.calls import call
+from trainops.tools.follow import follow
 from trainops.tools.schedulers.base import TrainingJob
 
 Progress = Callable[[str], None]
@@ -45,11 +46,12 @@ class RepeatResult(BaseModel):
 
 
 def run_once(req: JobRequest, name: str, ctx: CallContext | None = None) -> RepeatResult:
-    """Submit one trainer run, wait for it, summarise it; a failed run is an error, not a data point."""
+    """Submit one run, follow it to its end (trainops.tools.follow), summarise it; a failed run is
+    an error, not a data point."""
     started = time.time()
     sub = submit(req, name, ctx)
     job_id, run_dir = sub.handle.job_id, sub.handle.run_dir
-    status = call("wait_job", {"job_id": job_id, "scheduler": req.scheduler, "timeout_s": req.timeout_s}, ctx)
+    status = follow(sub.handle, ctx, timeout_s=req.timeout_s)  # past its timeout the run is cancelled
     if status.state != "completed":
         raise ToolError("submit_job", f"run {name} ({run_dir}) ended {status.state} (exit code {status.exit_code}, "
                         f"{status.reason or 'no reason given'}); read {run_dir}/logs/rank0.log")

@@ -98,12 +98,22 @@ def _init_from(req: TrainingJob) -> str | None:
     return None
 
 
+def trainer_job(run_dir: str | Path, nproc: int, *, name: str = "train", nodes: int = 1,
+                exclude_nodes: list[str] | None = None, tenant: str | None = None) -> JobSpec:
+    """The job that trains a prepared run folder: torchrun of the trainer's own program
+    (trainops.trainer.launch.trainer_program), the one command line every trainer launch uses."""
+    from trainops.trainer.launch import trainer_program
+
+    return JobSpec(name=name, command=trainer_program(run_dir), launcher="torchrun", nodes=nodes,
+                   procs_per_node=nproc, run_dir=str(run_dir), exclude_nodes=list(exclude_nodes or []),
+                   env={"OMP_NUM_THREADS": "1"}, tenant=tenant)
+
+
 def training_spec(req: TrainingJob, name: str, exclude_nodes: list[str], tenant: str | None = None) -> JobSpec:
     """Check the trainer run's folders, then prepare its run folder (config.toml, logs/) and
     build the torchrun job; a tenant's run folder lies in the tenant's root."""
     from trainops.tools.tenancy import check_job_paths
     from trainops.trainer.config import load_config
-    from trainops.trainer.launch import trainer_program
     from trainops.workspace import confine
 
     init_from = _init_from(req)
@@ -111,9 +121,7 @@ def training_spec(req: TrainingJob, name: str, exclude_nodes: list[str], tenant:
         confine(init_from, "model.init_from", reading=True, must_exist=True)
     config = load_config(req.config, req.preset, req.overrides)
     run_dir = _new_run_dir(tenant)
-    spec = JobSpec(name=name, command=trainer_program(run_dir), launcher="torchrun",
-                   nodes=req.nodes, procs_per_node=req.nproc, run_dir=str(run_dir), exclude_nodes=exclude_nodes,
-                   env={"OMP_NUM_THREADS": "1"}, tenant=tenant)
+    spec = trainer_job(run_dir, req.nproc, name=name, nodes=req.nodes, exclude_nodes=exclude_nodes, tenant=tenant)
     check_job_paths(spec, config)
     RunFiles(run_dir).logs_dir.mkdir(parents=True)
     RunFiles(run_dir).config.write_text(config.to_toml())

@@ -1,19 +1,14 @@
-"""Launch the trainer on this machine with torchrun and summarise the run.
+"""The trainer's side of a launch: the run folder, the command line, the run's summary.
 
 `prepare_run` makes the run folder (`$TRAINOPS_HOME/runs/RUN/` with config.toml) for any
-scheduler; `run_local` starts `torchrun --standalone`, shows progress fed from
-metrics.jsonl, and writes status.json. Works without a TTY (CI, agents, Slurm steps).
+scheduler; `trainer_program` and `torchrun_argv` are the one command line every scheduler runs;
+`summarize` writes status.json when a run ends. Launching and following a run is the tools'
+(trainops.tools.follow, through the `submit_job` tool), and so is stopping its processes.
 """
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
-import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -190,127 +185,3 @@ def loaded_checkpoint(run_dir: str | Path, since: float) -> str | None:
     loads = [json.loads(line) for line in journal.read_text().splitlines() if '"event": "load"' in line]
     return next((event["path"] for event in reversed(loads) if event["time"] >= since), None)
 
-
-def _pump(stream, log_path: Path, show) -> None:
-    """Copy torchrun's output to logs/launcher.log and, when showing progress, to the screen."""
-    with open(log_path, "a") as log:
-        for line in stream:
-            log.write(line)
-            log.flush()
-            if show is not None:
-                show(line.rstrip("\n"))
-
-
-def run_local(cfg: JobConfig, nproc: int, run_id: str | None = None, show_progress: bool = True,
-              timeout_s: float | None = None) -> RunResult:
-    """Train `cfg` on this machine with `nproc` ranks; returns when every rank has exited."""
-    return launch_run(prepare_run(cfg, run_id=run_id), nproc, show_progress=show_progress,
-                      timeout_s=timeout_s)
-
-
-def launch_run(run_dir: str | Path, nproc: int, *, show_progress: bool = True,
-               timeout_s: float | None = None) -> RunResult:
-    """Run torchrun on a prepared run folder; launching it again resumes from its newest good
-    checkpoint (when `[checkpoint] enable`), which is how a requeue continues a run."""
-    run_dir = Path(run_dir)
-    total_steps = load_config(RunFiles(run_dir).config).training.steps
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env["TRAINOPS_HOME"] = str(run_dir.parent.parent)
-    process = subprocess.Popen(build_torchrun_command(run_dir, nproc), stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
-    progress = progress_bar() if show_progress else None
-    show = None
-    if progress is not None:
-        show = lambda line: progress.console.print(line, highlight=False, markup=False, soft_wrap=True)  # noqa: E731
-    pump = threading.Thread(target=_pump, args=(process.stdout, RunFiles(run_dir).logs_dir / "launcher.log", show),
-                            daemon=True)
-    pump.start()
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    try:
-        if progress is not None:
-            progress.start()
-            task = progress.add_task("training", total=total_steps)
-        while process.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                _stop(process)
-                break
-            if progress is not None:
-                steps = [r["step"] for r in read_metrics(run_dir) if r["rank"] == 0]
-                progress.update(task, completed=max(steps, default=0))
-            time.sleep(0.2)
-    except KeyboardInterrupt:
-        _stop(process)
-        raise
-    finally:
-        process.wait()
-        pump.join(timeout=5)
-        if progress is not None:
-            progress.stop()
-    return summarize(run_dir, process.returncode)
-
-
-def _stop(process: subprocess.Popen) -> None:
-    """Stop torchrun and the ranks it started, with 10 s for a clean exit."""
-    stop_processes(process_tree(process.pid), process.pid, grace_s=10.0)
-
-
-def process_tree(pid: int) -> list:
-    """`pid` and every process below it, as psutil.Process objects (they know their own start
-    time, so a recycled pid is never signalled)."""
-    import psutil
-
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-
-
-def stop_processes(tree: list, pgid: int, grace_s: float) -> None:
-    """SIGTERM the process group (torchrun passes it on to its ranks for a clean exit), up to
-    `grace_s`, then SIGKILL every process of `tree`, taken before the first signal: torchrun
-    starts each rank in a session of its own, so signalling the group alone orphans the ranks
-    (seen: orphaned ranks trained on after a drill, and SIGSTOPped ones were leaked). Grace 0
-    goes straight to SIGKILL."""
-    import psutil
-
-    if not tree:
-        return
-    if grace_s > 0:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGTERM)
-        _wait_gone(tree, grace_s)
-    alive = [proc for proc in tree if _running(proc)]
-    for proc in alive:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc.kill()
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
-    _wait_gone(alive, 2.0)  # so a restart never overlaps the old processes
-
-
-def _running(proc) -> bool:
-    """Alive and not a zombie: orphaned ranks' zombies wait on whoever adopts them (here a PID 1
-    that reaps slowly), and psutil.wait_procs would wait its whole timeout for them."""
-    import psutil
-
-    try:
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _wait_gone(procs: list, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and any(_running(proc) for proc in procs):
-        time.sleep(0.01)
-
-
-def progress_bar():
-    """The transient training progress bar (steps done of steps) both launch paths show."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), console=Console(), transient=True)

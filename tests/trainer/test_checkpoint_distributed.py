@@ -13,26 +13,29 @@ from pathlib import Path
 
 import pytest
 
+from trainops.tools.base import CallContext
+from trainops.tools.follow import launch_run, run_local
 from trainops.trainer.checkpoint_files import list_checkpoints, step_dir_name
 from trainops.trainer.config import load_config
-from trainops.trainer.launch import RunResult, launch_run, read_metrics, run_local
+from trainops.trainer.launch import RunResult, read_metrics
 
 pytestmark = pytest.mark.slow
 
 BASE = ["model.n_layers=2", "training.seq_len=32", "training.global_batch=8", "training.micro_batch=4",
         "training.min_lr_ratio=1", "training.steps=8"]
+OPERATOR = CallContext(actor="operator")  # the test launches as an operator at a terminal would
 
 
 def run(*overrides: str, run_id: str) -> RunResult:
     cfg = load_config(None, "tiny", BASE + list(overrides))
-    return run_local(cfg, 2, run_id=run_id, show_progress=False, timeout_s=300)
+    return run_local(cfg, 2, run_id=run_id, ctx=OPERATOR, timeout_s=300)
 
 
 def relaunch(result: RunResult, *overrides: str) -> RunResult:
     run_dir = Path(result.run_dir)
     cfg = load_config(run_dir / "config.toml", None, list(overrides))
     (run_dir / "config.toml").write_text(cfg.to_toml())
-    return launch_run(run_dir, 2, show_progress=False, timeout_s=300)
+    return launch_run(run_dir, 2, ctx=OPERATOR, timeout_s=300)
 
 
 def losses(result: RunResult) -> dict[tuple[int, int], float]:
@@ -50,7 +53,7 @@ def straight(tmp_path_factory) -> dict[tuple[int, int], float]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TRAINOPS_HOME", str(tmp_path_factory.mktemp("straight-home")))
         result = run(run_id="straight")
-    assert result.status == "ok", Path(result.run_dir, "logs", "launcher.log").read_text()[-3000:]
+    assert result.status == "ok", result.failure
     return losses(result)
 
 

@@ -214,14 +214,13 @@ def test_a_run_killed_with_kill_9_resumes_from_its_newest_checkpoint(workspace):
 def test_resume_refuses_a_run_a_live_job_still_trains_in(workspace):
     from trainops.tools.base import CallContext
     from trainops.tools.calls import call
+    from trainops.tools.jobs import trainer_job
     from trainops.trainer.launch import prepare_run
 
     run_dir = prepare_run(None, "tiny", ["checkpoint.enable=true", "training.steps=1000", "faults.hang_step=1"],
                           run_id="busy")
-    spec = {"name": "train", "command": ["-m", "trainops.trainer.train", "--run-dir", str(run_dir)],
-            "launcher": "torchrun", "procs_per_node": 1, "run_dir": str(run_dir)}
     ctx = CallContext(actor="operator")
-    job = call("submit_job", {"scheduler": "local", "spec": spec}, ctx).handle
+    job = call("submit_job", {"scheduler": "local", "spec": trainer_job(run_dir, 1)}, ctx).handle
     try:
         result = _cli("train", "--resume", "busy", "--json")
         assert result.exit_code == 2 and f"run busy is still training in job {job.job_id}" in result.output

@@ -11,23 +11,32 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
+from trainops.tools.base import CallContext
+from trainops.tools.calls import call
+from trainops.tools.follow import launch_run, run_local
+from trainops.tools.schedulers.processes import job_of_run, stop_processes
 from trainops.trainer.config import load_config
 from trainops.trainer.faults import CRASH_EXIT_CODE
-from trainops.trainer.launch import (
-    build_torchrun_command,
-    launch_run,
-    prepare_run,
-    process_tree,
-    read_metrics,
-    run_local,
-    stop_processes,
-)
+from trainops.trainer.launch import build_torchrun_command, prepare_run, read_metrics
 
 pytestmark = pytest.mark.slow
 
 BASE = ["model.n_layers=2", "training.seq_len=32", "training.global_batch=8", "training.micro_batch=4"]
+OPERATOR = CallContext(actor="operator")  # the test launches as an operator at a terminal would
+
+
+def kill_tree(job: subprocess.Popen) -> None:
+    """SIGKILL torchrun and every rank below it, as the local scheduler stops a job."""
+    try:
+        root = psutil.Process(job.pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:  # torchrun already ended and was reaped
+        tree = []
+    stop_processes(tree, job.pid, grace_s=0)
+    job.wait()
 
 
 def faults_jsonl(run_dir: str | Path) -> list[dict]:
@@ -37,19 +46,20 @@ def faults_jsonl(run_dir: str | Path) -> list[dict]:
 
 def test_a_crashed_rank_ends_the_job_with_its_exit_code(tmp_path):
     cfg = load_config(None, "tiny", BASE + ["training.steps=6", "faults.crash_step=3", "faults.crash_rank=1"])
-    result = run_local(cfg, 2, run_id="crash", show_progress=False, timeout_s=300)
+    result = run_local(cfg, 2, run_id="crash", ctx=OPERATOR, timeout_s=300)
     assert result.status == "failed" and result.steps_completed == 2
-    launcher_log = (Path(result.run_dir) / "logs" / "launcher.log").read_text()
+    scheduler, job_id = job_of_run(Path(result.run_dir))
+    launcher_log = call("job_logs", {"job_id": job_id, "scheduler": scheduler, "tail": 0}, OPERATOR).text
     assert re.search(rf"exitcode\s*:\s*{CRASH_EXIT_CODE}\b", launcher_log)
     assert [(f["kind"], f["step"], f["rank"]) for f in faults_jsonl(result.run_dir)] == [("crash", 3, 1)]
 
 
 def test_a_bitflip_sends_the_loss_off_the_clean_trajectory(tmp_path):
     clean = run_local(load_config(None, "tiny", BASE + ["training.steps=4"]), 2, run_id="clean",
-                      show_progress=False, timeout_s=300)
+                      ctx=OPERATOR, timeout_s=300)
     flipped = run_local(load_config(None, "tiny", BASE + ["training.steps=4", "faults.bitflip_step=2",
                                                           "faults.bitflip_rank=1"]),
-                        2, run_id="flipped", show_progress=False, timeout_s=300)
+                        2, run_id="flipped", ctx=OPERATOR, timeout_s=300)
     loss = {name: {r["step"]: r["loss"] for r in read_metrics(res.run_dir) if r["rank"] == 0}
             for name, res in (("clean", clean), ("flipped", flipped))}
     assert [loss["flipped"][s] == loss["clean"][s] for s in (1, 2)] == [True, True]
@@ -75,8 +85,7 @@ def test_a_hung_rank_is_seen_as_a_heartbeat_that_stops_while_the_processes_live(
         assert heartbeat["step"] == 2 and time.time() - heartbeat["time"] >= 3.0
         assert heartbeat["time"] <= record["time"]
     finally:
-        stop_processes(process_tree(job.pid), job.pid, grace_s=0)
-        job.wait()
+        kill_tree(job)
 
 
 def test_a_nan_run_relaunched_resumes_from_its_checkpoint_and_completes(tmp_path):
@@ -84,9 +93,9 @@ def test_a_nan_run_relaunched_resumes_from_its_checkpoint_and_completes(tmp_path
     fire again, or every requeue of a run would fail the same way."""
     cfg = load_config(None, "tiny", BASE + ["training.steps=6", "faults.nan_step=4", "checkpoint.enable=true",
                                             "checkpoint.interval=2", "checkpoint.mode=sync"])
-    failed = run_local(cfg, 2, run_id="nan-once", show_progress=False, timeout_s=300)
+    failed = run_local(cfg, 2, run_id="nan-once", ctx=OPERATOR, timeout_s=300)
     assert failed.status == "failed" and failed.steps_completed == 4  # step 4 is logged with its NaN
-    resumed = launch_run(failed.run_dir, 2, show_progress=False, timeout_s=300)
+    resumed = launch_run(failed.run_dir, 2, ctx=OPERATOR, timeout_s=300)
     assert resumed.status == "ok" and resumed.steps_completed == 6
     rank0 = [r for r in read_metrics(resumed.run_dir) if r["rank"] == 0]
     assert [r["step"] for r in rank0] == [1, 2, 3, 4, 3, 4, 5, 6]  # restarted after step 2's checkpoint
@@ -98,8 +107,6 @@ def test_a_rank_its_launcher_terminates_says_so_and_the_killed_rank_is_named(wor
     """torchrun SIGTERMs the survivors as soon as a rank dies. A survivor caught computing died
     without a word, as silent as the killed rank, and detection could name it instead (a CI
     failure: rank 0 named for a SIGKILLed rank 1). The terminated rank now notes its exit."""
-    from trainops.tools.calls import call
-
     cfg = load_config(None, "tiny", BASE + ["training.steps=5000"])
     run_dir = prepare_run(cfg, run_id="terminated")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -119,5 +126,4 @@ def test_a_rank_its_launcher_terminates_says_so_and_the_killed_rank_is_named(wor
         found = call("detect_faults", {"run": str(run_dir), "poll_interval_s": 0.05, "timeout_s": 10})
         assert (found.mechanism, found.rank) == ("process_exit", 1)
     finally:
-        stop_processes(process_tree(job.pid), job.pid, grace_s=0)
-        job.wait()
+        kill_tree(job)

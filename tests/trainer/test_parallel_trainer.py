@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import pytest
 
+from trainops.tools.base import CallContext
+from trainops.tools.follow import run_local
 from trainops.trainer.config import load_config
-from trainops.trainer.launch import run_local
 
 BASE = ["data.kind=synthetic", "training.steps=3", "training.seq_len=32", "training.global_batch=8",
         "training.micro_batch=2", "training.max_grad_norm=0.5"]
+OPERATOR = CallContext(actor="operator")  # the test launches as an operator at a terminal would
 
 
 def final_loss(nproc: int, *overrides: str) -> float:
-    result = run_local(load_config(None, "tiny", BASE + list(overrides)), nproc, show_progress=False, timeout_s=300)
+    result = run_local(load_config(None, "tiny", BASE + list(overrides)), nproc, ctx=OPERATOR, timeout_s=300)
     assert result.status == "ok", result.run_dir
     return result.final_loss
 
@@ -48,7 +50,7 @@ def test_data_parallel_reaches_the_one_process_loss_and_grad_norm(workspace, npr
     from trainops.trainer.launch import read_metrics
 
     def curve(nproc: int, *overrides: str) -> list[float]:
-        result = run_local(load_config(None, "tiny", BASE + list(overrides)), nproc, show_progress=False,
+        result = run_local(load_config(None, "tiny", BASE + list(overrides)), nproc, ctx=OPERATOR,
                            timeout_s=300)
         assert result.status == "ok", result.run_dir
         return [value for r in read_metrics(result.run_dir) if r["rank"] == 0 for value in (r["loss"], r["grad_norm"])]
@@ -66,7 +68,7 @@ def test_fsdp_units_change_the_collectives_not_the_math(workspace):
 
     def curve(unit_params: str) -> list[tuple[float, float]]:
         cfg = load_config(None, "tiny", [*BASE, "training.steps=4", f"parallel.fsdp_unit_params={unit_params}"])
-        result = run_local(cfg, 2, show_progress=False, timeout_s=300)
+        result = run_local(cfg, 2, ctx=OPERATOR, timeout_s=300)
         assert result.status == "ok", result.run_dir
         return [(r["loss"], r["grad_norm"]) for r in read_metrics(result.run_dir) if r["rank"] == 0]
 

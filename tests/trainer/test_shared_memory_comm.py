@@ -9,10 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from trainops.tools.base import CallContext
+from trainops.tools.follow import run_local
 from trainops.trainer.config import load_config
-from trainops.trainer.launch import read_metrics, run_local, torchrun_argv
+from trainops.trainer.launch import read_metrics, torchrun_argv
 
 pytestmark = pytest.mark.slow
+OPERATOR = CallContext(actor="operator")  # the test launches as an operator at a terminal would
 WORKER = Path(__file__).with_name("shared_memory_worker.py")
 SHM = Path("/dev/shm")
 
@@ -88,7 +91,7 @@ def test_training_through_shared_memory_matches_gloo(data_parallel):
     losses = {}
     for way in ("gloo", "shared_memory"):
         result = run_local(load_config(None, "tiny", [*base, f"parallel.cpu_collectives={way}"]), 2,
-                           run_id=f"{data_parallel}-{way}".replace("_", "-"), show_progress=False, timeout_s=300)
+                           run_id=f"{data_parallel}-{way}".replace("_", "-"), ctx=OPERATOR, timeout_s=300)
         assert result.status == "ok"
         losses[way] = [r["loss"] for r in read_metrics(result.run_dir) if r["rank"] == 0]
         rank0_log = (Path(result.run_dir) / "logs" / "rank0.log").read_text()

@@ -8,16 +8,19 @@ from pathlib import Path
 
 import pytest
 
+from trainops.tools.base import CallContext
+from trainops.tools.follow import launch_run, run_local
 from trainops.trainer.config import load_config
-from trainops.trainer.launch import RunResult, build_torchrun_command, launch_run, read_metrics, run_local
+from trainops.trainer.launch import RunResult, build_torchrun_command, read_metrics
 from trainops.trainer.train import lr_lambda
 
 TINY = ["training.seq_len=32", "training.global_batch=8", "training.micro_batch=4"]
+OPERATOR = CallContext(actor="operator")  # the test launches as an operator at a terminal would
 
 
 def _run(nproc: int, *overrides: str, run_id: str) -> tuple[RunResult, list[float]]:
     cfg = load_config(None, "tiny", TINY + list(overrides))
-    result = run_local(cfg, nproc, run_id=run_id, show_progress=False, timeout_s=240)
+    result = run_local(cfg, nproc, run_id=run_id, ctx=OPERATOR, timeout_s=240)
     losses = [r["loss"] for r in sorted(read_metrics(result.run_dir), key=lambda r: r["step"])
               if r["rank"] == 0]
     return result, losses
@@ -96,7 +99,7 @@ def test_relaunching_a_crashed_run_resumes_from_its_checkpoint_to_the_straight_r
     run_dir = Path(crashed.run_dir)
     cfg = load_config(run_dir / "config.toml", None, ["faults.crash_step=none"])
     (run_dir / "config.toml").write_text(cfg.to_toml())
-    resumed = launch_run(run_dir, 2, show_progress=False, timeout_s=240)
+    resumed = launch_run(run_dir, 2, ctx=OPERATOR, timeout_s=240)
     assert resumed.status == "ok" and resumed.steps_completed == 6
     assert resumed.final_loss == straight.final_loss
 
@@ -104,7 +107,7 @@ def test_relaunching_a_crashed_run_resumes_from_its_checkpoint_to_the_straight_r
 @pytest.mark.slow
 def test_a_run_past_its_timeout_is_stopped_with_every_rank():
     cfg = load_config(None, "tiny", TINY + ["training.steps=50", "faults.hang_step=2", "faults.hang_rank=1"])
-    result = run_local(cfg, 2, run_id="hung", show_progress=False, timeout_s=20)
+    result = run_local(cfg, 2, run_id="hung", ctx=OPERATOR, timeout_s=20)
     assert result.status == "failed" and result.exit_code != 0
     pids = [json.loads(beat.read_text())["pid"] for beat in (Path(result.run_dir) / "heartbeat").glob("*.json")]
     assert len(pids) == 2

@@ -3,12 +3,11 @@
 
 A launch goes through the `submit_job` tool on the local scheduler, as the operator, so it
 passes the governance gate and lands in the audit log like any other job; the command then
-follows the job: the trainer's per-step lines, a progress bar, the run's summary and exit code.
+follows the job (trainops.tools.follow, as the skills and benchmarks do): the trainer's per-step
+lines, a progress bar, the run's summary and exit code.
 """
 from __future__ import annotations
 
-import threading
-import time
 from pathlib import Path
 from typing import Any, List, Optional
 
@@ -56,17 +55,6 @@ def _render_plan(plan: Any) -> None:
                     "(estimates, formulas in --json)")
 
 
-def _new_lines(path: Path, offset: int) -> tuple[list[str], int]:
-    """Complete lines appended to `path` since byte `offset`, and the new offset."""
-    if not path.exists():
-        return [], offset
-    with path.open("rb") as handle:
-        handle.seek(offset)
-        data = handle.read()
-    complete = data[: data.rfind(b"\n") + 1]
-    return complete.decode(errors="replace").splitlines(), offset + len(complete)
-
-
 def refuse_if_running(run_dir: Path) -> None:
     """A resume must not start a second job writing into a run folder a live job still trains in."""
     from trainops.tools.base import CallContext
@@ -77,59 +65,6 @@ def refuse_if_running(run_dir: Path) -> None:
     if live:
         raise ValueError(f"run {run_dir.name} is still training in job {live[0]}: wait for it, or stop it with "
                          f"`trainops tool call cancel_job --input '{{\"job_id\": \"{live[0]}\"}}'`, then resume")
-
-
-def launch_through_gate(run_dir: Path, nproc: int, show_progress: bool) -> Any:
-    """Submit the prepared run to the local scheduler through `submit_job` as the operator, follow
-    it to the end (its log lines and a progress bar when `show_progress`), and summarise it.
-    Ctrl-C cancels the job through `cancel_job`."""
-    from trainops.tools.base import CallContext
-    from trainops.tools.calls import call
-    from trainops.trainer.config import load_config
-    from trainops.trainer.launch import loaded_checkpoint, progress_bar, read_metrics, summarize
-
-    ctx = CallContext(actor="operator")
-    started = time.time()
-    spec = {"name": "train", "command": ["-m", "trainops.trainer.train", "--run-dir", str(run_dir)],
-            "launcher": "torchrun", "procs_per_node": nproc, "run_dir": str(run_dir), "env": {"OMP_NUM_THREADS": "1"}}
-    handle = call("submit_job", {"scheduler": "local", "spec": spec}, ctx).handle
-    finished: list[Any] = []
-
-    def wait() -> None:
-        while True:
-            status = call("wait_job", {"job_id": handle.job_id, "timeout_s": 86400}, ctx)
-            if status.state not in ("pending", "running"):
-                finished.append(status)
-                return
-
-    waiter = threading.Thread(target=wait, daemon=True)
-    waiter.start()
-    progress = progress_bar() if show_progress else None
-    log, offset = Path(handle.log_path), 0
-    try:
-        if progress is not None:
-            progress.start()
-            task = progress.add_task("training", total=load_config(RunFiles(run_dir).config).training.steps)
-        while waiter.is_alive():
-            waiter.join(0.2)
-            if progress is not None:
-                lines, offset = _new_lines(log, offset)
-                for line in lines:
-                    progress.console.print(line, highlight=False, markup=False, soft_wrap=True)
-                steps = [r["step"] for r in read_metrics(run_dir) if r["rank"] == 0]
-                progress.update(task, completed=max(steps, default=0))
-    except KeyboardInterrupt:
-        call("cancel_job", {"job_id": handle.job_id}, ctx)
-        raise
-    finally:
-        if progress is not None:
-            progress.stop()
-    if not finished:  # the waiter raised: the tool's error is already in the audit log
-        raise RuntimeError(f"lost track of job {handle.job_id}; see {handle.log_path}")
-    status = finished[0]
-    # no exit code: the job's runner itself was killed (power loss, kill -9)
-    result = summarize(run_dir, status.exit_code if status.exit_code is not None else -9)
-    return result.model_copy(update={"resumed_from": loaded_checkpoint(run_dir, started)})
 
 
 @app.command("train")
@@ -188,8 +123,11 @@ def train(
             run_dir = prepare_run(cfg, run_id=run_id)
     except (ConfigError, LayoutError, ValueError, ToolError) as error:  # a bad run id, a run still training, ...
         fail(str(error), as_json=as_json)
+    from trainops.tools.base import CallContext
+    from trainops.tools.follow import launch_run
+
     try:
-        result = launch_through_gate(run_dir, nproc, show_progress=not as_json)
+        result = launch_run(run_dir, nproc, ctx=CallContext(actor="operator"), show_progress=not as_json)
     except ToolError as error:  # refused by the gate, or the scheduler could not start it
         fail(str(error), as_json=as_json)
     emit(result, as_json, _render_result)
