@@ -28,21 +28,18 @@ def bring_up(repeats: int) -> list[float]:
 
 def cold_start() -> float:
     """Seconds from submit_job to the first step of a 2-node job (the job is then cancelled)."""
-    import json
-
-    from trainops.run_folder import RunFiles
+    from trainops.run_folder import read_metrics
     from trainops.tools.calls import call
 
     started = time.time()
     out = call("submit_job", {"scheduler": "slurm", "name": "cold", "training": {
         "preset": "tiny", "nproc": 1, "nodes": 2, "overrides": JOB}})
-    metrics = RunFiles(out.handle.run_dir).metrics
     deadline = time.monotonic() + 180
-    while not (metrics.exists() and metrics.read_text().strip()):
+    while not (records := read_metrics(out.handle.run_dir)):
         if time.monotonic() > deadline:
             raise RuntimeError(f"cold start: no step in {out.handle.run_dir} after 180 s")
         time.sleep(0.05)
-    first = min(json.loads(line)["time"] for line in metrics.read_text().splitlines() if line.strip())
+    first = min(record.time for record in records)
     call("cancel_job", {"scheduler": "slurm", "job_id": out.handle.job_id, "force": True})
     return first - started
 
@@ -77,18 +74,15 @@ def slurm_flagged_s(result) -> str:
 def slow_node_named() -> tuple[bool, float]:
     """One run: a 2-node job's last node gets a 1 Mbit/s link; is that the node detect_faults names,
     and how long after the rate limit? (Detection only: the drill's recovery is timed elsewhere.)"""
-    import json
-
-    from trainops.run_folder import RunFiles
+    from trainops.run_folder import read_heartbeat
     from trainops.tools.calls import call
 
     _all_idle()
     out = call("submit_job", {"scheduler": "slurm", "name": "slow", "training": {
         "preset": "tiny", "nproc": 1, "nodes": 2, "overrides": ["training.steps=2000", "data.kind=synthetic"]}})
     job_id, run_dir = out.handle.job_id, out.handle.run_dir
-    beat = RunFiles(run_dir).heartbeat(1)
-    sandbox.wait_until(180, "step 3 on both nodes", lambda: beat.exists() and json.loads(beat.read_text() or "{}")
-                       .get("step", 0) >= 3)
+    sandbox.wait_until(180, "step 3 on both nodes", lambda: (beat := read_heartbeat(run_dir, 1)) is not None
+                       and beat.step >= 3)
     slow = call("job_status", {"scheduler": "slurm", "job_id": job_id}).nodes[-1]
     try:
         injected = call("inject_fault", {"kind": "slow_network", "node": slow, "run": run_dir})

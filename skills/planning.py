@@ -1,12 +1,11 @@
 """Planning steps (checkpoint interval, effective training time, layout) through the tools."""
 from __future__ import annotations
 
-import json
 import statistics
 
 from pydantic import BaseModel
 
-from trainops.run_folder import RunFiles
+from trainops.run_folder import read_journal
 from trainops.skills.evidence.model import CheckpointPlan, DrillResult
 from trainops.tools.base import CallContext
 from trainops.tools.calls import call
@@ -21,10 +20,9 @@ def plan_from_drill(drill: DrillResult, mtbf_h: float, mtbf_basis: str,
                     ctx: CallContext | None = None) -> CheckpointPlan:
     """The interval for this job: save cost from the drill run's checkpoint journal, restart cost
     from the drill's measured recovery, MTBF as declared."""
-    saves = [json.loads(line) for line in RunFiles(drill.run_dir).checkpoint_journal.read_text().splitlines()
-             if line.strip() and json.loads(line).get("event") == "save"]
-    stall = statistics.median(s.get("stall_s", s["write_s"]) for s in saves)
-    write_s = statistics.median(s["write_s"] for s in saves)
+    saves = read_journal(drill.run_dir).saves
+    stall = statistics.median(s.stall_s for s in saves)
+    write_s = statistics.median(s.write_s for s in saves)
     out = plan_checkpoint(max(stall, 1e-3), drill.recovery_time_s, mtbf_h, ctx)
     return CheckpointPlan(save_stall_s=stall, write_s=write_s, restart_s=drill.recovery_time_s, mtbf_h=mtbf_h,
                           mtbf_basis=mtbf_basis, young_interval_min=out.young_interval_min,

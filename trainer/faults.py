@@ -15,7 +15,7 @@ from typing import Any, Literal, Protocol
 
 import torch
 
-from trainops.run_folder import RunFiles
+from trainops.run_folder import RunFiles, read_faults
 from trainops.trainer.checkpoint_files import list_checkpoints
 
 CRASH_EXIT_CODE = 42
@@ -57,18 +57,8 @@ def record_fault(run_dir: str | Path, kind: str, step: int | None, rank: int, **
 def fired_faults(run_dir: str | Path, rank: int) -> set[str]:
     """One-shot kinds the trainer's injector already fired on `rank` in this run folder (its own
     records carry a step; a drill tool's runtime injections, which have none, do not count)."""
-    path = RunFiles(run_dir).faults
-    if not path.exists():
-        return set()
-    fired = set()
-    for line in path.read_text().splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:  # a line cut short by a kill mid-write
-            continue
-        if entry.get("kind") in ONE_SHOT_KINDS and "step" in entry and entry.get("rank") == rank:
-            fired.add(entry["kind"])
-    return fired
+    return {fault.kind for fault in read_faults(run_dir)
+            if fault.kind in ONE_SHOT_KINDS and fault.step is not None and fault.rank == rank}
 
 
 def _int_view(values: torch.Tensor) -> torch.Tensor:

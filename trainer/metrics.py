@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from trainops.run_folder import RunFiles
+from trainops.run_folder import Heartbeat, RankExit, RunFiles, read_heartbeat
 from trainops.trainer.config import MetricsConfig
 from trainops.trainer.model import ModelArgs, count_parameters
 
@@ -157,8 +157,8 @@ class MetricsLogger:
         if not self.cfg.heartbeat:
             return
         partial = self.heartbeat_path.with_suffix(".tmp")
-        partial.write_text(json.dumps({"step": step, "time": time.time(), "pid": os.getpid(),
-                                       "host": socket.gethostname()}))
+        partial.write_text(Heartbeat(step=step, time=time.time(), pid=os.getpid(),
+                                     host=socket.gethostname()).model_dump_json(exclude_none=True))
         partial.replace(self.heartbeat_path)
 
     def record(self, *, step: int, loss: float, grad_norm: float, step_time_s: float, tokens: int,
@@ -194,15 +194,12 @@ def note_exit(run_dir: str | Path, rank: int, error: str) -> None:
     """Add how this rank ended to its heartbeat. A rank that exits saying why (often a peer's
     failure seen as a broken collective) is collateral; one that vanished without a word was
     killed: detection names the latter as the root cause."""
+    beat = read_heartbeat(run_dir, rank) or Heartbeat(step=0, pid=os.getpid(), host=socket.gethostname())
+    beat.exit = RankExit(time=time.time(), error=error[:300])
     path = RunFiles(run_dir).heartbeat(rank)
-    try:
-        beat = json.loads(path.read_text())
-    except (OSError, ValueError):
-        beat = {"step": 0, "pid": os.getpid(), "host": socket.gethostname()}
-    beat["exit"] = {"time": time.time(), "error": error[:300]}
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".exit.tmp")
-    partial.write_text(json.dumps(beat))
+    partial.write_text(beat.model_dump_json(exclude_none=True))
     partial.replace(path)
 
 

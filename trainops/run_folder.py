@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 T = TypeVar("T")
 
@@ -178,10 +178,11 @@ class SaveEntry(BaseModel):
 
     event: Literal["save"]
     step: int
-    path: str
-    time: float = Field(description="Unix seconds of the commit.")
-    stall_s: float = Field(description="How long training waited for the save.")
+    path: str = ""
+    time: float = Field(0.0, description="Unix seconds of the commit.")
     write_s: float = Field(description="From the save's start to its commit.")
+    stall_s: float = Field(description="How long training waited for the save; where a journal does not say, "
+                                       "the whole write (a sync save) stalled it.")
     wait_previous_s: float = Field(0.0, description="Part of the stall spent waiting for the previous background "
                                                     "write to finish.")
     size_bytes: int = 0
@@ -189,14 +190,21 @@ class SaveEntry(BaseModel):
     world_size: int | None = None
     pruned_steps: list[int] = Field(default_factory=list)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _sync_stall(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "stall_s" not in data and "write_s" in data:
+            return {**data, "stall_s": data["write_s"]}
+        return data
+
 
 class FallbackEntry(BaseModel):
     """A committed checkpoint that failed verification when a run started, so it loaded an older one."""
 
     event: Literal["fallback"]
     step: int
-    path: str
-    time: float
+    path: str = ""
+    time: float = 0.0
     reason: str = ""
 
 
@@ -206,7 +214,7 @@ class LoadEntry(BaseModel):
     event: Literal["load"]
     step: int
     path: str
-    time: float
+    time: float = 0.0
     verified: bool = Field(False, description="Checked against its COMMIT.json as it was loaded.")
 
 

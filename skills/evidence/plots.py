@@ -7,10 +7,9 @@ band is drawn as a band, and every drill phase carries its duration."""
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 
-from trainops.run_folder import RunFiles
+from trainops.run_folder import read_metrics
 from trainops.skills.evidence.model import EvidencePack
 from trainops.skills.evidence.view import Figure
 
@@ -39,14 +38,6 @@ def _png(plt, fig) -> bytes:
     return buffer.getvalue()
 
 
-def read_metrics(run_dir: str | Path, rank: int = 0) -> list[dict]:
-    path = RunFiles(run_dir).metrics
-    if not path.exists():
-        return []
-    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return [r for r in records if r.get("rank", 0) == rank]
-
-
 def _identical(series: list[list[float]]) -> bool:
     return len(series) > 1 and all(s == series[0] for s in series[1:])
 
@@ -65,9 +56,9 @@ def curves(pack: EvidencePack) -> Figure | None:
         return None
     plt = _pyplot()
     base = pack.baseline
-    runs = [(Path(d).name, read_metrics(d)) for d in base.run_dirs]
-    loss = [(name, [r["step"] for r in recs], [r["loss"] for r in recs]) for name, recs in runs]
-    mfu = [(name, [r["step"] for r in recs], [r["mfu_pct"] for r in recs]) for name, recs in runs]
+    runs = [(Path(d).name, [r for r in read_metrics(d) if r.rank == 0]) for d in base.run_dirs]
+    loss = [(name, [r.step for r in recs], [r.loss for r in recs]) for name, recs in runs]
+    mfu = [(name, [r.step for r in recs], [r.mfu_pct for r in recs]) for name, recs in runs]
     fig, (ax_loss, ax_mfu) = plt.subplots(1, 2, figsize=(11, 3.8))
     _plot_repeats(ax_loss, loss)
     _plot_repeats(ax_mfu, mfu)

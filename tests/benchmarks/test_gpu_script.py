@@ -36,10 +36,12 @@ def test_the_script_measures_an_arm_and_the_checkpoint_stalls(tmp_path, workspac
     assert results.read_text() == before  # a CPU check never publishes a GPU figure
 
 
-def _save(stall_s: float, wait_previous_s: float, write_s: float) -> dict:
-    """One `save` record as trainops.trainer.checkpoint journals it."""
-    return {"event": "save", "stall_s": stall_s, "wait_previous_s": wait_previous_s, "write_s": write_s,
-            "size_bytes": 15 * 2**30}
+def _save(stall_s: float, wait_previous_s: float, write_s: float):
+    """One `save` entry as trainops.trainer.checkpoint journals it."""
+    from trainops.run_folder import SaveEntry
+
+    return SaveEntry(event="save", step=2, path="checkpoints/step-00000002", time=0.0, stall_s=stall_s,
+                     wait_previous_s=wait_previous_s, write_s=write_s, size_bytes=15 * 2**30)
 
 
 def test_a_checkpoint_stall_leaves_out_the_wait_for_the_previous_background_write():

@@ -29,7 +29,8 @@ def test_the_sop_breakdown_accounts_for_every_second(tmp_path):
 
     run_dir = tmp_path / "runs" / "r1"
     run_dir.mkdir(parents=True)
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"time": t}) + "\n" for t in (103.0, 104.0, 105.0)))
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": step, "time": t}) + "\n"
+                                                   for step, t in enumerate((103.0, 104.0, 105.0), 1)))
     (tmp_path / "jobs").mkdir()
     (tmp_path / "jobs" / "j1.json").write_text(json.dumps({"submitted_at": 100.0, "spec": {"run_dir": str(run_dir)}}))
     (tmp_path / "jobs" / "j1.exit").write_text(json.dumps({"ended_at": 106.0}))
@@ -60,7 +61,8 @@ def test_the_step_profile_puts_each_operator_under_its_outermost_known_ancestor(
 
 def test_iteration_times_are_the_gaps_between_rank_zeros_records():
     from trainops.benchmarks.harness import iteration_times
+    from trainops.run_folder import MetricsRecord
 
-    records = [{"rank": 0, "time": 10.0}, {"rank": 1, "time": 10.2}, {"rank": 0, "time": 10.5},
-               {"rank": 0, "time": 11.25}]
+    records = [MetricsRecord(step=1, rank=0, time=10.0), MetricsRecord(step=1, rank=1, time=10.2),
+               MetricsRecord(step=2, rank=0, time=10.5), MetricsRecord(step=3, rank=0, time=11.25)]
     assert iteration_times(records) == [0.5, 0.75]

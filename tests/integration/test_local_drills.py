@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from trainops.run_folder import read_heartbeats
 from trainops.tools.calls import call
-from trainops.tools.monitoring.embedded import read_heartbeats
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("as_operator")]
 
@@ -27,7 +27,7 @@ def _wait_for_ranks(run_dir: Path, ranks: int = 2, timeout_s: float = 180) -> di
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         beats = read_heartbeats(run_dir)
-        if len(beats) == ranks and all(b["step"] >= 1 for b in beats.values()):
+        if len(beats) == ranks and all(b.step >= 1 for b in beats.values()):
             return beats
         time.sleep(0.2)
     raise AssertionError(f"{ranks} ranks did not take a step in {timeout_s}s")

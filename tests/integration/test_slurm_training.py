@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from trainops.run_folder import read_heartbeats
 from trainops.skills.baseline import JobRequest
 from trainops.skills.drill import drill
 from trainops.tools.base import ToolError
 from trainops.tools.calls import call
-from trainops.tools.monitoring.embedded import read_heartbeats
 
 pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.usefixtures("as_operator")]
 

@@ -59,13 +59,15 @@ class MfuClaim(BaseModel):
 
 
 def resolve_run(run: str) -> Path | None:
-    """The run folder for a run id or path, if it holds measured metrics."""
-    from trainops.workspace import runs_dir
+    """The run folder of a run id or path (confined to the workspace: trainops.workspace.run_folder),
+    if it holds measured metrics; None otherwise."""
+    from trainops.workspace import run_folder
 
-    for candidate in (Path(run), runs_dir() / run):
-        if RunFiles(candidate).metrics.is_file():
-            return candidate.resolve()
-    return None
+    try:
+        folder = run_folder(run, "source_run")
+    except ValueError:
+        return None
+    return folder if RunFiles(folder).metrics.is_file() else None
 
 
 def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -6,6 +6,7 @@ Metric names are the trainer's record names (`loss`, `step_time_s`, `mfu_pct`, .
 the `trainops_` prefix, the backend does that."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
@@ -46,13 +47,17 @@ class Series(BaseModel):
 
 @runtime_checkable
 class Monitor(Protocol):
+    """`run` is the run as the backend knows it: the run folder, resolved and confined by the caller
+    (trainops.workspace.run_folder), for a backend that reads it (embedded); the run id, the `run`
+    label of the exporters' series, for one that asks a server (Prometheus)."""
+
     kind: str
 
-    def instant(self, metric: str, run: str, rank: int | None = None) -> list[Sample]:
+    def instant(self, metric: str, run: Path | str, rank: int | None = None) -> list[Sample]:
         """The latest value per rank (or of one rank)."""
         ...
 
-    def series(self, metric: str, run: str, rank: int | None = None, window_s: float = 300.0) -> list[Series]:
+    def series(self, metric: str, run: Path | str, rank: int | None = None, window_s: float = 300.0) -> list[Series]:
         """Values over the last `window_s` seconds, one series per rank."""
         ...
 
