@@ -50,8 +50,8 @@ def _all_idle() -> None:
 
 
 def node_drill(fault: str = "node-crash"):
-    from trainops.skills.baseline import JobRequest
     from trainops.skills.drill import drill
+    from trainops.skills.request import JobRequest
 
     _all_idle()
     req = JobRequest(preset="tiny", nproc=1, nodes=2, scheduler="slurm", timeout_s=240, overrides=JOB)

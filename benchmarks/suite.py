@@ -139,8 +139,8 @@ RECOVERY_PHASES: list[tuple[float, float]] = []  # (isolation s, restart s) per 
 
 
 def _recovery_s() -> float:
-    from trainops.skills.baseline import JobRequest
     from trainops.skills.drill import drill
+    from trainops.skills.request import JobRequest
 
     req = JobRequest(preset="tiny", nproc=2, overrides=[*TRAIN_SHAPE, "training.steps=40", "training.micro_batch=4",
                                                         "checkpoint.enable=true", "checkpoint.interval=5"])

@@ -2,9 +2,10 @@
 the run-to-run noise band of its own scale."""
 from __future__ import annotations
 
-from trainops.skills.baseline import JobRequest, Progress, RepeatResult, command_line, repeat, run_config
+from trainops.skills.baseline import Progress, RepeatResult, command_line, repeat, run_config
 from trainops.skills.evidence.model import AblationRow, EvidenceRow
 from trainops.skills.knobs import Knob, overrides_for, parse_arm, plan_order
+from trainops.skills.request import JobRequest
 from trainops.skills.stats import compare, spread
 from trainops.tools.base import CallContext, skill_context
 
@@ -24,10 +25,10 @@ def _setting(run_dir: str, dotted: str) -> str:
 
 def _row(knob: Knob, value: str, base: list[RepeatResult], arm: list[RepeatResult], nproc: int,
          kind: str) -> AblationRow:
-    base_mfu = spread([r.summary["mfu_pct_median"] for r in base])
-    arm_mfu = spread([r.summary["mfu_pct_median"] for r in arm])
+    base_mfu = spread([r.summary.mfu_pct_median for r in base])
+    arm_mfu = spread([r.summary.mfu_pct_median for r in arm])
     change, band, verdict = compare(base_mfu, arm_mfu)
-    median_run = sorted(arm, key=lambda r: r.summary["mfu_pct_median"])[len(arm) // 2]
+    median_run = sorted(arm, key=lambda r: r.summary.mfu_pct_median)[len(arm) // 2]
     return AblationRow(knob=knob.name, value=value, baseline_value=_setting(base[0].run_dir, knob.overrides[0]),
                        category=knob.category, scale=f"{nproc} procs", scale_kind=kind, mfu_change_pct=change,
                        noise_band_pct=band, beyond_noise=verdict != "within-noise", verdict=verdict,
@@ -56,15 +57,15 @@ def run_arm(req: JobRequest, spec: str, baselines: dict[int, list[RepeatResult]]
         rows.append(_row(knob, value, baselines[nproc], arm, nproc, kind))
         evidence += [EvidenceRow(tool="submit_job+summarize_run", version=req.framework_version,
                                  command=command_line(arm_req), log_path=f"{r.run_dir}/metrics.jsonl",
-                                 value=f"MFU {r.summary['mfu_pct_median']:.3f}%", window_start=r.started,
+                                 value=f"MFU {r.summary.mfu_pct_median:.3f}%", window_start=r.started,
                                  window_end=r.ended) for r in arm]
     if len(rows) == 2:
         rows[-1] = judge_scale(knob, rows, arms)
     return rows, evidence
 
 
-def _median(results: list[RepeatResult], key: str) -> float:
-    return spread([r.summary[key] for r in results]).median
+def _tokens_per_s(results: list[RepeatResult]) -> float:
+    return spread([r.summary.tokens_per_s_median for r in results]).median
 
 
 def judge_scale(knob: Knob, rows: list[AblationRow], arms: dict[int, list[RepeatResult]]) -> AblationRow:
@@ -73,8 +74,7 @@ def judge_scale(knob: Knob, rows: list[AblationRow], arms: dict[int, list[Repeat
     from trainops.tools.governance.claims import ScaleResult
 
     (small_n, small), (target_n, target) = sorted(arms.items())
-    efficiency = 100.0 * (_median(target, "tokens_per_s_median") / target_n) / (_median(small, "tokens_per_s_median")
-                                                                                / small_n)
+    efficiency = 100.0 * (_tokens_per_s(target) / target_n) / (_tokens_per_s(small) / small_n)
     vanished = rows[0].verdict == "gain" and rows[1].mfu_change_pct <= 0
     ScaleResult(knob=knob.overrides[0], small_world_size=small_n, small_gain_pct=rows[0].mfu_change_pct,
                 target_world_size=target_n, target_gain_pct=rows[1].mfu_change_pct,

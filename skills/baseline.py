@@ -6,41 +6,27 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from trainops.run_folder import RunFiles
 from trainops.skills.evidence.model import BaselineSummary, EvidenceRow
+from trainops.skills.request import JobRequest
 from trainops.skills.stats import spread
 from trainops.tools.base import CallContext, ToolError, skill_context
 from trainops.tools.calls import call
 from trainops.tools.follow import follow
+from trainops.tools.jobs import RunSummary
 from trainops.tools.schedulers.base import TrainingJob
 
 Progress = Callable[[str], None]
 
 
-class JobRequest(TrainingJob):
-    """A training job as the SOP launches it: the request, where it runs, and how it is measured."""
-
-    preset: str | None = Field("tiny", description="model preset when no config is given")
-    nproc: int = Field(2, ge=1, le=1024, description="processes (ranks) per node")
-    scheduler: str = Field("local", description="local, slurm or kubernetes")
-    timeout_s: float = Field(600.0, gt=0, description="give up waiting for one run after this long")
-    warmup_steps: int = Field(2, ge=0, description="leading steps excluded from every statistic")
-    framework_version: str = Field("undeclared",
-                                   description="framework and torch versions stamped on evidence rows (from S1)")
-    framework: str = Field("trainops",
-                           description="whose job this is: trainops, deepspeed, torchtitan or megatron "
-                                       "(trainops.tools.frameworks)")
-
-    def with_overrides(self, extra: list[str], nproc: int | None = None) -> "JobRequest":
-        return self.model_copy(update={"overrides": [*self.overrides, *extra], "nproc": nproc or self.nproc})
-
-
 class RepeatResult(BaseModel):
+    """One measured run: its job, its folder and summarize_run's statistics, typed until rendered."""
+
     job_id: str
     run_dir: str
-    summary: dict
+    summary: RunSummary
     started: float
     ended: float
 
@@ -61,8 +47,7 @@ def run_once(req: JobRequest, name: str, ctx: CallContext | None = None) -> Repe
         log = call("job_logs", {"job_id": job_id, "scheduler": req.scheduler, "tail": 0}, ctx)
         ingest_log(get_adapter(req.framework), log.text, run_dir, ParseContext(world_size=req.nproc))
     summary = call("summarize_run", {"run": run_dir, "skip_steps": req.warmup_steps}, ctx)
-    return RepeatResult(job_id=job_id, run_dir=run_dir, summary=summary.model_dump(), started=started,
-                        ended=time.time())
+    return RepeatResult(job_id=job_id, run_dir=run_dir, summary=summary, started=started, ended=time.time())
 
 
 def submit(req: JobRequest, name: str, ctx: CallContext | None = None):
@@ -111,22 +96,24 @@ def _setting(overrides: list[str], key: str, default: str) -> str:
 def summarize(req: JobRequest, results: list[RepeatResult], profiled: RepeatResult | None = None) -> BaselineSummary:
     """Medians and spreads over repeats, warm-up excluded (summarize_run dropped it per run); the
     communication share from the profiled run when there is one, else from any repeat's trace."""
-    def values(key: str) -> list[float]:
-        found = [r.summary[key] for r in results if r.summary.get(key) is not None]
+    def measured(metric: str, readings: list[float | None]) -> list[float]:
+        found = [value for value in readings if value is not None]
         if not found:
-            raise ToolError("summarize_run", f"no repeat reported {key}; check the runs' metrics.jsonl")
+            raise ToolError("summarize_run", f"no repeat reported {metric}; check the runs' metrics.jsonl")
         return found
 
-    waits = [r.summary["data_wait_share_pct"] for r in results if r.summary.get("data_wait_share_pct") is not None]
+    summaries = [r.summary for r in results]
+    waits = [s.data_wait_share_pct for s in summaries if s.data_wait_share_pct is not None]
     share, method = comm_share([profiled] if profiled else results)
     return BaselineSummary(
         model=_setting(req.overrides, "model.preset", req.preset or Path(req.config or "config").stem),
         parallel_layout=layout_of(req.overrides, req.nproc, req.framework),
         precision=_setting(req.overrides, "training.precision", "fp32"),
         repeats=len(results), warmup_steps_excluded=req.warmup_steps,
-        step_time_s=spread(values("step_time_median_s")), tokens_per_s=spread(values("tokens_per_s_median")),
-        mfu_pct=spread(values("mfu_pct_median")),
-        peak_source=next((r.summary["peak_source"] for r in results if r.summary.get("peak_source")), "unlabelled"),
+        step_time_s=spread(measured("step_time_median_s", [s.step_time_median_s for s in summaries])),
+        tokens_per_s=spread(measured("tokens_per_s_median", [s.tokens_per_s_median for s in summaries])),
+        mfu_pct=spread(measured("mfu_pct_median", [s.mfu_pct_median for s in summaries])),
+        peak_source=next((s.peak_source for s in summaries if s.peak_source), "unlabelled"),
         data_wait_share_pct=sum(waits) / len(waits) if waits else 0.0,
         comm_share_pct=share, comm_share_method=method, run_dirs=[r.run_dir for r in results])
 
@@ -202,8 +189,8 @@ def measure(req: JobRequest, repeats: int = 3, ctx: CallContext | None = None,
     summary = summarize(req, results, profiled)
     evidence = [EvidenceRow(tool="submit_job+summarize_run", version=req.framework_version, command=command_line(req),
                             log_path=f"{r.run_dir}/metrics.jsonl",
-                            value=f"MFU {r.summary['mfu_pct_median']:.3f}%, "
-                                  f"step {r.summary['step_time_median_s']:.4f} s",
+                            value=f"MFU {r.summary.mfu_pct_median:.3f}%, "
+                                  f"step {r.summary.step_time_median_s:.4f} s",
                             window_start=r.started, window_end=r.ended) for r in results]
     return summary, results, evidence
 

@@ -13,9 +13,10 @@ from pydantic import BaseModel, Field
 
 from trainops.run_folder import RunFiles
 from trainops.settings import read_toml
-from trainops.skills.baseline import JobRequest, Progress, command_line, submit
+from trainops.skills.baseline import Progress, command_line, submit
 from trainops.skills.drill_nodes import SLURM_CONFIRM_WAIT_S, NodeTimeline, health_check, replacement
 from trainops.skills.evidence.model import DrillResult, EvidenceRow
+from trainops.skills.request import JobRequest
 from trainops.tools.base import CallContext, ToolError, skill_context
 from trainops.tools.calls import call
 

@@ -9,8 +9,9 @@ from pydantic import BaseModel, Field
 
 from trainops.run_folder import RunFiles
 from trainops.skills import ablation, baseline, drill, environment, planning
-from trainops.skills.baseline import JobRequest, Progress
+from trainops.skills.baseline import Progress
 from trainops.skills.evidence import pack as evidence_pack
+from trainops.skills.request import JobRequest
 from trainops.tools.base import CallContext, skill_context
 from trainops.tools.calls import call
 from trainops.tools.frameworks.base import FrameworkName, SopPlan
@@ -128,11 +129,10 @@ def build_from_runs(run_dirs: list[str], scheduler: str = "local", ctx: CallCont
     for run_dir in run_dirs:
         summary = call("summarize_run", {"run": run_dir}, ctx)
         stamp = Path(run_dir).stat().st_mtime
-        results.append(baseline.RepeatResult(job_id="", run_dir=str(Path(run_dir).resolve()),
-                                             summary=summary.model_dump(),
-                                          started=stamp, ended=stamp))
+        results.append(baseline.RepeatResult(job_id="", run_dir=str(Path(run_dir).resolve()), summary=summary,
+                                             started=stamp, ended=stamp))
     config = RunFiles(run_dirs[0]).config
-    req = JobRequest(config=str(config) if config.exists() else None, nproc=max(r.summary["ranks"] for r in results))
+    req = JobRequest(config=str(config) if config.exists() else None, nproc=max(r.summary.ranks for r in results))
     drills = [DrillResult.model_validate(json.loads((Path(r) / "drill.json").read_text()))
               for r in run_dirs if (Path(r) / "drill.json").exists()]
     pack = evidence_pack.assemble(f"runs-{time.strftime('%Y%m%d-%H%M%S')}", env, baseline.summarize(req, results), [],

@@ -64,7 +64,8 @@ def test_the_evidence_command_for_a_framework_job_is_one_the_cli_accepts(workspa
     import shlex
 
     from trainops.skills import baseline as skill_baseline
-    from trainops.skills.baseline import JobRequest, command_line
+    from trainops.skills.baseline import command_line
+    from trainops.skills.request import JobRequest
 
     seen = []
 

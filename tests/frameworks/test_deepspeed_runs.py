@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from trainops.skills.baseline import JobRequest, run_once
+from trainops.skills.baseline import run_once
+from trainops.skills.request import JobRequest
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("as_operator")]
 
@@ -85,7 +86,7 @@ def test_zero_stage_changes_where_state_lives_not_the_loss(baseline, zero2_arm, 
 
     monkeypatch.setenv("TRAINOPS_HOME", str(Path(baseline.run_dir).parents[1]))  # the module's shared workspace
     arm = call("summarize_run", {"run": zero2_arm[0][0].source_run})
-    assert arm.final_loss == pytest.approx(baseline.summary["final_loss"], abs=1e-4)
+    assert arm.final_loss == pytest.approx(baseline.summary.final_loss, abs=1e-4)
 
 
 def test_crash_drill_recovers_from_the_deepspeed_checkpoint():

@@ -94,8 +94,8 @@ def test_node_faults_act_only_on_a_trainops_sandbox(monkeypatch, tmp_path):
 
 
 def test_a_node_crash_drill_detects_drains_and_recovers_on_the_hot_spare(sandbox_cluster):
-    from trainops.skills.baseline import JobRequest
     from trainops.skills.drill import drill
+    from trainops.skills.request import JobRequest
 
     req = JobRequest(preset="tiny", nproc=1, nodes=2, scheduler="slurm", timeout_s=240,
                      overrides=["training.steps=60", "data.kind=synthetic", "checkpoint.enable=true",

@@ -18,8 +18,8 @@ HEARTBEAT_STALE_S = 5.0  # detect_faults' default, which the drill uses
 
 
 def _drill(fault: str):
-    from trainops.skills.baseline import JobRequest
     from trainops.skills.drill import drill
+    from trainops.skills.request import JobRequest
 
     req = JobRequest(preset="tiny", nproc=1, nodes=2, scheduler="slurm", timeout_s=240,
                      overrides=["training.steps=60", "data.kind=synthetic", "checkpoint.enable=true",

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from trainops.run_folder import read_heartbeats
-from trainops.skills.baseline import JobRequest
 from trainops.skills.drill import drill
+from trainops.skills.request import JobRequest
 from trainops.tools.base import ToolError
 from trainops.tools.calls import call
 

@@ -79,8 +79,8 @@ def test_a_poisoned_run_config_is_a_named_error_in_the_ablation_check(tmp_path, 
 
 
 def test_a_drill_config_that_is_not_utf8_is_a_named_error(tmp_path):
-    from trainops.skills.baseline import JobRequest
     from trainops.skills.drill import require_checkpoints
+    from trainops.skills.request import JobRequest
 
     config = tmp_path / "job.toml"
     config.write_bytes(b"[checkpoint]\nenable = \"\xff\"\n")

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from trainops.skills.baseline import JobRequest, comm_share, profile_run, trace_comm_share
+from trainops.skills.baseline import comm_share, profile_run, trace_comm_share
+from trainops.skills.request import JobRequest
 from trainops.trainer.config import ConfigError, load_config
 
 pytestmark = pytest.mark.usefixtures("as_operator")

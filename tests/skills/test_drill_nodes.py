@@ -59,8 +59,8 @@ def test_the_replacement_names_the_spare_or_says_there_was_none():
 
 @pytest.mark.parametrize("fault", ["partition", "slow-network"])
 def test_a_network_drill_refuses_a_job_that_has_one_node(fault):
-    from trainops.skills.baseline import JobRequest
     from trainops.skills.drill import DrillRefused, drill
+    from trainops.skills.request import JobRequest
 
     req = JobRequest(preset="tiny", nproc=2, overrides=["checkpoint.enable=true"])
     with pytest.raises(DrillRefused, match="--scheduler slurm --nodes 2"):

@@ -10,9 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from trainops.cli import app
-from trainops.skills.baseline import JobRequest
 from trainops.skills.drill import DRILLS, DetectionOnlyResult, drill, quarantine_after, verify_restored
 from trainops.skills.evidence.model import DrillResult
+from trainops.skills.request import JobRequest
 
 pytestmark = pytest.mark.usefixtures("as_operator")
 

@@ -61,9 +61,12 @@ def test_plan_orders_communication_overlap_before_kernels_data_and_batch():
 
 def _runs(mfu: float, tokens_per_s: float) -> list:
     from trainops.skills.baseline import RepeatResult
+    from trainops.tools.jobs import RunSummary
 
-    return [RepeatResult(job_id="j", run_dir="r", summary={"mfu_pct_median": mfu, "tokens_per_s_median": tokens_per_s},
-                      started=0, ended=1)]
+    summary = RunSummary(run="r", ranks=2, steps_measured=4, step_time_median_s=0.1, step_time_rank_spread_pct=None,
+                         tokens_per_s_median=tokens_per_s, mfu_pct_median=mfu, data_wait_share_pct=None,
+                         final_loss=None)
+    return [RepeatResult(job_id="j", run_dir="r", summary=summary, started=0, ended=1)]
 
 
 def test_small_scale_gain_that_turns_negative_at_target_scale_vanished(factories):

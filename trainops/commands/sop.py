@@ -31,7 +31,7 @@ def _request(config: Optional[str], sets: Optional[List[str]], nproc: int, sched
              monitor: str = "embedded", framework: str = "trainops", nodes: int = 1):
     from pathlib import Path
 
-    from trainops.skills.baseline import JobRequest
+    from trainops.skills.request import JobRequest
     from trainops.tools.frameworks.base import FrameworkRefused, get_adapter
 
     if monitor != "embedded":

@@ -1,0 +1,27 @@
+"""The job every SOP step launches, as one typed request from the command line through the skills
+to the `submit_job` tool: `JobRequest` extends the tools' TrainingJob (what to train) with where it
+runs and how the SOP measures it. It lives beside the steps, not in one of them, so the CLI, the
+steps and the agent's skills import it from one place."""
+from __future__ import annotations
+
+from pydantic import Field
+
+from trainops.tools.schedulers.base import TrainingJob
+
+
+class JobRequest(TrainingJob):
+    """A training job as the SOP launches it: the request, where it runs, and how it is measured."""
+
+    preset: str | None = Field("tiny", description="model preset when no config is given")
+    nproc: int = Field(2, ge=1, le=1024, description="processes (ranks) per node")
+    scheduler: str = Field("local", description="local, slurm or kubernetes")
+    timeout_s: float = Field(600.0, gt=0, description="give up waiting for one run after this long (it is cancelled)")
+    warmup_steps: int = Field(2, ge=0, description="leading steps excluded from every statistic")
+    framework_version: str = Field("undeclared",
+                                   description="framework and torch versions stamped on evidence rows (from S1)")
+    framework: str = Field("trainops",
+                           description="whose job this is: trainops, deepspeed, torchtitan or megatron "
+                                       "(trainops.tools.frameworks)")
+
+    def with_overrides(self, extra: list[str], nproc: int | None = None) -> "JobRequest":
+        return self.model_copy(update={"overrides": [*self.overrides, *extra], "nproc": nproc or self.nproc})
