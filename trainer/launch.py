@@ -14,9 +14,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from trainops.run_folder import RunFiles, RunResult
+from trainops.run_folder import RunFiles, RunResult, read_journal, read_metrics
 from trainops.trainer.config import ConfigError, JobConfig, load_config
-from trainops.workspace import check_id, is_valid_id, new_run_id, runs_dir
+from trainops.workspace import check_id, new_run_id, run_folder, runs_dir
 
 
 def failure_reason(run_dir: str | Path, exit_code: int) -> str | None:
@@ -73,31 +73,19 @@ def build_torchrun_command(run_dir: str | Path, nproc: int, *, nnodes: int = 1,
                          rdzv_id=rdzv_id or Path(run_dir).name)
 
 
-def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    path = RunFiles(run_dir).metrics
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except ValueError:  # a line being written right now
-            continue
-    return records
-
-
 def summarize(run_dir: str | Path, exit_code: int) -> RunResult:
     """The run's outcome from its metrics; also written to status.json."""
     records = read_metrics(run_dir)
-    rank0 = [r for r in records if r["rank"] == 0]
-    last = max(reversed(rank0), key=lambda r: r["step"]) if rank0 else None  # newest on a tie (resumed)
-    steady = [r["mfu_pct"] for r in records if r["step"] > 1] or [r["mfu_pct"] for r in records]
+    rank0 = [r for r in records if r.rank == 0]
+    last = max(reversed(rank0), key=lambda r: r.step) if rank0 else None  # newest on a tie (resumed)
+    mfus = [(r.step, r.mfu_pct) for r in records if r.mfu_pct is not None]
+    steady = [mfu for step, mfu in mfus if step > 1] or [mfu for _, mfu in mfus]
     result = RunResult(
         run_dir=str(run_dir), status="ok" if exit_code == 0 else "failed", exit_code=exit_code,
-        final_loss=last["loss"] if last else None,
+        final_loss=last.loss if last else None,
         mfu_pct=sum(steady) / len(steady) if steady else None,
-        steps_completed=last["step"] if last else 0,
-        peak_source=last.get("peak_source") if last else None,
+        steps_completed=last.step if last else 0,
+        peak_source=last.peak_source if last else None,
         failure=failure_reason(run_dir, exit_code),
     )
     partial = Path(run_dir) / "status.json.partial"
@@ -121,13 +109,13 @@ class ResumePlan(BaseModel):
     changed: dict[str, Any] = Field(default_factory=dict, description="config values the overrides changed")
 
 
-def resolve_run(run: str | Path) -> Path:
-    """A run id under `$TRAINOPS_HOME/runs`, or a run folder path; it must hold config.toml."""
-    by_id = runs_dir() / str(run)
-    run_dir = by_id if is_valid_id(str(run)) and by_id.is_dir() else Path(run).expanduser().resolve()
+def resolve_run(run: str | Path, field: str = "run") -> Path:
+    """A trainer run's folder: a run id under `$TRAINOPS_HOME/runs` or a run folder path, confined
+    to the workspace (trainops.workspace.run_folder), that holds config.toml."""
+    run_dir = run_folder(str(run), field)
     if not RunFiles(run_dir).config.is_file():
-        raise ValueError(f"run {str(run)!r} not found: no {run_dir}/config.toml; give a run id from "
-                         f"{runs_dir()} or a run folder")
+        raise ValueError(f"{field}: run {str(run)!r} has no config.toml in {run_dir}, so it is not a trainer run; "
+                         f"give a run id from {runs_dir()} or the folder `trainops train` printed")
     return run_dir
 
 
@@ -179,9 +167,5 @@ def prepare_resume(run: str | Path, overrides: list[str], nproc: int | None, *, 
 
 def loaded_checkpoint(run_dir: str | Path, since: float) -> str | None:
     """The checkpoint the trainer logged loading at or after `since` (unix s), from checkpoints.jsonl."""
-    journal = RunFiles(run_dir).checkpoint_journal
-    if not journal.exists():
-        return None
-    loads = [json.loads(line) for line in journal.read_text().splitlines() if '"event": "load"' in line]
-    return next((event["path"] for event in reversed(loads) if event["time"] >= since), None)
+    return next((load.path for load in reversed(read_journal(run_dir).loads) if load.time >= since), None)
 

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from trainops.run_folder import read_metrics
 from trainops.tools.base import CallContext
 from trainops.tools.follow import launch_run, run_local
 from trainops.trainer.checkpoint_files import list_checkpoints, step_dir_name
 from trainops.trainer.config import load_config
-from trainops.trainer.launch import RunResult, read_metrics
+from trainops.trainer.launch import RunResult
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +41,7 @@ def relaunch(result: RunResult, *overrides: str) -> RunResult:
 
 def losses(result: RunResult) -> dict[tuple[int, int], float]:
     """(step, rank) -> loss; a relaunch's records replace the first run's for the same step."""
-    return {(r["step"], r["rank"]): r["loss"] for r in read_metrics(result.run_dir)}
+    return {(r.step, r.rank): r.loss for r in read_metrics(result.run_dir)}
 
 
 def journal(result: RunResult) -> list[dict]:

@@ -39,10 +39,10 @@ def _hf_folder(path: Path, tied: bool = True) -> Path:
     return path
 
 
-def _rank0_records(run_dir: str | Path) -> list[dict]:
-    from trainops.trainer.launch import read_metrics  # skips a line cut off by a kill
+def _rank0_records(run_dir: str | Path) -> list:
+    from trainops.run_folder import read_metrics  # skips a line cut off by a kill
 
-    return [r for r in read_metrics(run_dir) if r["rank"] == 0]
+    return [r for r in read_metrics(run_dir) if r.rank == 0]
 
 
 def test_resume_refuses_an_override_that_would_change_the_model_by_name(workspace):
@@ -124,7 +124,7 @@ def test_init_from_loads_each_ranks_part_under_pipeline_and_tensor_parallel(work
     assert result.exit_code == 0, result.output
     run_dir = json.loads(result.output)["run_dir"]
     expected = _first_step_loss(folder, load_config(Path(run_dir) / "config.toml"))
-    assert _rank0_records(run_dir)[0]["loss"] == pytest.approx(expected, abs=1e-4)
+    assert _rank0_records(run_dir)[0].loss == pytest.approx(expected, abs=1e-4)
 
 
 @pytest.mark.slow
@@ -154,7 +154,7 @@ def test_init_from_starts_a_two_process_fsdp_run_from_the_hf_weights_and_export_
     summary = json.loads(result.output)
     cfg = load_config(Path(summary["run_dir"]) / "config.toml")
     assert cfg.parallel.data_parallel == "fsdp" and cfg.model.init_from == str(folder)
-    assert _rank0_records(summary["run_dir"])[0]["loss"] == pytest.approx(_first_step_loss(folder, cfg), abs=1e-4)
+    assert _rank0_records(summary["run_dir"])[0].loss == pytest.approx(_first_step_loss(folder, cfg), abs=1e-4)
 
     exported = tmp_path / "exported"
     result = _cli("export", "from-hf", "--step", "2", "--to", str(exported), "--max-shard-bytes", "200000", "--json")
@@ -206,7 +206,7 @@ def test_a_run_killed_with_kill_9_resumes_from_its_newest_checkpoint(workspace):
     summary = json.loads(result.output)
     assert summary["resumed_from"].endswith(f"step-{newest:08d}")
     assert summary["status"] == "ok" and summary["steps_completed"] == 10
-    resumed_steps = [r["step"] for r in _rank0_records(run_dir)][killed_at:]
+    resumed_steps = [r.step for r in _rank0_records(run_dir)][killed_at:]
     assert resumed_steps == list(range(newest + 1, 11))
 
 

@@ -14,13 +14,14 @@ from pathlib import Path
 import psutil
 import pytest
 
+from trainops.run_folder import read_metrics
 from trainops.tools.base import CallContext
 from trainops.tools.calls import call
 from trainops.tools.follow import launch_run, run_local
 from trainops.tools.schedulers.processes import job_of_run, stop_processes
 from trainops.trainer.config import load_config
 from trainops.trainer.faults import CRASH_EXIT_CODE
-from trainops.trainer.launch import build_torchrun_command, prepare_run, read_metrics
+from trainops.trainer.launch import build_torchrun_command, prepare_run
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +61,7 @@ def test_a_bitflip_sends_the_loss_off_the_clean_trajectory(tmp_path):
     flipped = run_local(load_config(None, "tiny", BASE + ["training.steps=4", "faults.bitflip_step=2",
                                                           "faults.bitflip_rank=1"]),
                         2, run_id="flipped", ctx=OPERATOR, timeout_s=300)
-    loss = {name: {r["step"]: r["loss"] for r in read_metrics(res.run_dir) if r["rank"] == 0}
+    loss = {name: {r.step: r.loss for r in read_metrics(res.run_dir) if r.rank == 0}
             for name, res in (("clean", clean), ("flipped", flipped))}
     assert [loss["flipped"][s] == loss["clean"][s] for s in (1, 2)] == [True, True]
     assert loss["flipped"][3] != loss["clean"][3]
@@ -97,9 +98,9 @@ def test_a_nan_run_relaunched_resumes_from_its_checkpoint_and_completes(tmp_path
     assert failed.status == "failed" and failed.steps_completed == 4  # step 4 is logged with its NaN
     resumed = launch_run(failed.run_dir, 2, ctx=OPERATOR, timeout_s=300)
     assert resumed.status == "ok" and resumed.steps_completed == 6
-    rank0 = [r for r in read_metrics(resumed.run_dir) if r["rank"] == 0]
-    assert [r["step"] for r in rank0] == [1, 2, 3, 4, 3, 4, 5, 6]  # restarted after step 2's checkpoint
-    assert all(math.isfinite(r["loss"]) for r in rank0 if r["step"] > 4)
+    rank0 = [r for r in read_metrics(resumed.run_dir) if r.rank == 0]
+    assert [r.step for r in rank0] == [1, 2, 3, 4, 3, 4, 5, 6]  # restarted after step 2's checkpoint
+    assert all(math.isfinite(r.loss) for r in rank0 if r.step > 4)
     assert [(f["kind"], f["step"]) for f in faults_jsonl(resumed.run_dir)] == [("nan", 4), ("nan", 4)]  # once per rank
 
 

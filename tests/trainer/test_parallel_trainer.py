@@ -47,13 +47,13 @@ def test_data_parallel_reaches_the_one_process_loss_and_grad_norm(workspace, npr
     """The grad norm from FSDP2's local shards (summed over the shard dim only, under HSDP), the
     fused AdamW and the shared-memory collectives keep the one-process math. The norm is compared
     itself: AdamW all but undoes a wrong clipping scale, so the loss alone would not show one."""
-    from trainops.trainer.launch import read_metrics
+    from trainops.run_folder import read_metrics
 
     def curve(nproc: int, *overrides: str) -> list[float]:
         result = run_local(load_config(None, "tiny", BASE + list(overrides)), nproc, ctx=OPERATOR,
                            timeout_s=300)
         assert result.status == "ok", result.run_dir
-        return [value for r in read_metrics(result.run_dir) if r["rank"] == 0 for value in (r["loss"], r["grad_norm"])]
+        return [value for r in read_metrics(result.run_dir) if r.rank == 0 for value in (r.loss, r.grad_norm)]
 
     reference = curve(1)  # loss, grad norm, loss, grad norm, ...
     assert len(reference) == 6 and all(norm > 0.5 for norm in reference[1::2])  # every step clips
@@ -64,13 +64,13 @@ def test_data_parallel_reaches_the_one_process_loss_and_grad_norm(workspace, npr
 def test_fsdp_units_change_the_collectives_not_the_math(workspace):
     """One FSDP2 unit per block (GPU default) and the whole model as one unit (CPU default) reduce
     the same gradients: every step's loss and grad norm agree to the last bit."""
-    from trainops.trainer.launch import read_metrics
+    from trainops.run_folder import read_metrics
 
     def curve(unit_params: str) -> list[tuple[float, float]]:
         cfg = load_config(None, "tiny", [*BASE, "training.steps=4", f"parallel.fsdp_unit_params={unit_params}"])
         result = run_local(cfg, 2, ctx=OPERATOR, timeout_s=300)
         assert result.status == "ok", result.run_dir
-        return [(r["loss"], r["grad_norm"]) for r in read_metrics(result.run_dir) if r["rank"] == 0]
+        return [(r.loss, r.grad_norm) for r in read_metrics(result.run_dir) if r.rank == 0]
 
     per_block, whole_model = curve("0"), curve("-1")
     assert len(per_block) == 4 and per_block == whole_model

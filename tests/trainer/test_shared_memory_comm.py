@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from trainops.run_folder import read_metrics
 from trainops.tools.base import CallContext
 from trainops.tools.follow import run_local
 from trainops.trainer.config import load_config
-from trainops.trainer.launch import read_metrics, torchrun_argv
+from trainops.trainer.launch import torchrun_argv
 
 pytestmark = pytest.mark.slow
 OPERATOR = CallContext(actor="operator")  # the test launches as an operator at a terminal would
@@ -93,7 +94,7 @@ def test_training_through_shared_memory_matches_gloo(data_parallel):
         result = run_local(load_config(None, "tiny", [*base, f"parallel.cpu_collectives={way}"]), 2,
                            run_id=f"{data_parallel}-{way}".replace("_", "-"), ctx=OPERATOR, timeout_s=300)
         assert result.status == "ok"
-        losses[way] = [r["loss"] for r in read_metrics(result.run_dir) if r["rank"] == 0]
+        losses[way] = [r.loss for r in read_metrics(result.run_dir) if r.rank == 0]
         rank0_log = (Path(result.run_dir) / "logs" / "rank0.log").read_text()
         way_said = "shared memory" if way == "shared_memory" else "the process group's backend"
         assert f"data-parallel collectives over 2 ranks: {way_said}" in rank0_log

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from trainops.run_folder import read_metrics
 from trainops.tools.base import CallContext
 from trainops.tools.follow import launch_run, run_local
 from trainops.trainer.config import load_config
-from trainops.trainer.launch import RunResult, build_torchrun_command, read_metrics
+from trainops.trainer.launch import RunResult, build_torchrun_command
 from trainops.trainer.train import lr_lambda
 
 TINY = ["training.seq_len=32", "training.global_batch=8", "training.micro_batch=4"]
@@ -21,8 +22,7 @@ OPERATOR = CallContext(actor="operator")  # the test launches as an operator at 
 def _run(nproc: int, *overrides: str, run_id: str) -> tuple[RunResult, list[float]]:
     cfg = load_config(None, "tiny", TINY + list(overrides))
     result = run_local(cfg, nproc, run_id=run_id, ctx=OPERATOR, timeout_s=240)
-    losses = [r["loss"] for r in sorted(read_metrics(result.run_dir), key=lambda r: r["step"])
-              if r["rank"] == 0]
+    losses = [r.loss for r in sorted(read_metrics(result.run_dir), key=lambda r: r.step) if r.rank == 0]
     return result, losses
 
 
