@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from trainops.run_folder import RunFiles
+from trainops.run_folder import FaultRecord, LoadEntry, read_faults, read_heartbeat, read_journal, read_metrics
 from trainops.settings import read_toml
 from trainops.skills.baseline import Progress, command_line, submit
 from trainops.skills.drill_nodes import SLURM_CONFIRM_WAIT_S, NodeTimeline, health_check, replacement
@@ -83,16 +83,9 @@ def require_checkpoints(req: JobRequest) -> None:
 
 
 def _heartbeat_step(run_dir: str, rank: int = 0) -> int:
-    path = RunFiles(run_dir).heartbeat(rank)
-    try:
-        return int(json.loads(path.read_text()).get("step", -1))
-    except (OSError, ValueError):
-        return -1
-
-
-def _journal(run_dir: str) -> list[dict]:
-    path = RunFiles(run_dir).checkpoint_journal
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    """The last step `rank` beat at; -1 before its first."""
+    beat = read_heartbeat(run_dir, rank)
+    return beat.step if beat else -1
 
 
 def _wait_for(predicate, timeout_s: float, what: str) -> float:
@@ -104,17 +97,9 @@ def _wait_for(predicate, timeout_s: float, what: str) -> float:
     raise ToolError("drill", f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
-def _fired(run_dir: str, kind: str) -> dict | None:
+def _fired(run_dir: str, kind: str) -> FaultRecord | None:
     """The trainer's record of a launch-time fault firing (it carries a step; tool records do not)."""
-    path = RunFiles(run_dir).faults
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if entry.get("kind") == kind and "step" in entry:
-            return entry
-    return None
+    return next((fault for fault in read_faults(run_dir) if fault.kind == kind and fault.step is not None), None)
 
 
 def quarantine_after(run_dir: str, step: int, ctx: CallContext | None = None) -> list[int]:
@@ -124,12 +109,7 @@ def quarantine_after(run_dir: str, step: int, ctx: CallContext | None = None) ->
 
 
 def _first_step_after(run_dir: str, since: float) -> float | None:
-    path = RunFiles(run_dir).metrics
-    for line in path.read_text().splitlines() if path.exists() else []:
-        rec = json.loads(line)
-        if rec.get("rank", 0) == 0 and rec.get("time", 0) > since:
-            return float(rec["time"])
-    return None
+    return next((record.time for record in read_metrics(run_dir) if record.rank == 0 and record.time > since), None)
 
 
 def _wait_for_restart(run_dir: str, since: float, job_id: str, req: JobRequest, ctx: CallContext | None) -> float:
@@ -194,10 +174,10 @@ def _run_drill(req: JobRequest, fault: str, inject_step: int, ctx: CallContext, 
         _wait_for(lambda: _fired(run_dir, fired_kind) is not None, req.timeout_s,
                   f"the trainer to fire {fired_kind} (faults.jsonl) in {run_dir}")
         fired = _fired(run_dir, fired_kind)
-        injected_at, last_step = float(fired["time"]), int(fired["step"])
+        injected_at, last_step = fired.time, fired.step
     else:
         _wait_for(lambda: _heartbeat_step(run_dir) >= inject_step
-                  and any(e.get("event") == "save" for e in _journal(run_dir)),
+                  and bool(read_journal(run_dir).saves),
                   req.timeout_s, f"step {inject_step} and a committed checkpoint in {run_dir}")
         say(f"drill {fault}: injecting {kind}")
         target = {"rank": rank}
@@ -232,10 +212,10 @@ def _run_drill(req: JobRequest, fault: str, inject_step: int, ctx: CallContext, 
     isolated = time.time()
     requeued = call("requeue_job", {"job_id": job_id, "scheduler": sched}, ctx)
     recovered = _wait_for_restart(run_dir, isolated, requeued.job_id, req, ctx)
-    loads = [e for e in _journal(run_dir) if e.get("event") == "load" and e.get("time", 0) > isolated]
-    used = loads[0] if loads else {"step": 0, "path": "none (restarted from step 0)"}
+    journal = read_journal(run_dir)
+    used = next((load for load in journal.loads if load.time > isolated), None)
     intact = verify_restored(run_dir, used, ctx, excluded=set(quarantined))
-    fell_back = [e["step"] for e in _journal(run_dir) if e.get("event") == "fallback" and e.get("time", 0) > isolated]
+    fell_back = [e.step for e in journal.fallbacks if e.time > isolated]
     detector = f"{detection.mechanism}: {detection.evidence}" if fault in LAUNCH_TIME else detection.mechanism
     if drained:
         detector += f"; drained {drained}, restarted on a spare"
@@ -267,8 +247,8 @@ def _run_drill(req: JobRequest, fault: str, inject_step: int, ctx: CallContext, 
         fault=fault, run_dir=run_dir, injected_at_step=last_step, injected_time=injected_at,
         detected_time=detection.detected_at, isolated_time=isolated, recovered_time=recovered,
         detection_latency_s=detection.detection_latency_s, isolation_granularity=detection.isolation,
-        recovery_time_s=recovered - detection.detected_at, steps_lost=max(0, last_step - int(used["step"])),
-        checkpoint_used=str(used["path"]), async_checkpoint_intact=intact,
+        recovery_time_s=recovered - detection.detected_at, steps_lost=max(0, last_step - (used.step if used else 0)),
+        checkpoint_used=used.path if used else "none (restarted from step 0)", async_checkpoint_intact=intact,
         cause=cause, detector=detector, drill_record=str(record))
     extra = {"replaced": replaced, "node_timeline": timeline.rows(injected_at)} if timeline else {}
     record.write_text(json.dumps({**result.model_dump(), **extra}, indent=2) + "\n", encoding="utf-8")
@@ -322,20 +302,20 @@ def isolate_node(detection, scheduler: str, ctx: CallContext | None = None) -> s
     return detection.node
 
 
-def verify_restored(run_dir: str, used: dict, ctx: CallContext | None = None, excluded: set[int] = frozenset()) -> bool:
-    """The restart loaded a committed checkpoint that verified (by the trainer as it loaded, else
-    here), and no newer committed save was skipped over unless it failed verification or was
-    quarantined (`excluded`): the async writer lost nothing it had committed."""
-    if "path" not in used:
+def verify_restored(run_dir: str, used: LoadEntry | None, ctx: CallContext | None = None,
+                    excluded: set[int] = frozenset()) -> bool:
+    """The restart loaded a committed checkpoint (`used`; None: it started from step 0) that
+    verified (by the trainer as it loaded, else here), and no newer committed save was skipped over
+    unless it failed verification or was quarantined (`excluded`): the async writer lost nothing it
+    had committed."""
+    if used is None:
         return False
-    if used.get("verified"):  # checked at the moment of loading; keep-N may have pruned it since
-        complete = True
-    else:
-        complete = (Path(str(used["path"])).exists()
-                    and call("verify_checkpoint", {"path": str(used["path"])}, ctx).complete)
-    fallbacks = {e.get("step") for e in _journal(run_dir) if e.get("event") == "fallback"} | set(excluded)
-    newer = [e for e in _journal(run_dir) if e.get("event") == "save" and e.get("step", 0) > int(used["step"])
-             and e.get("time", 0) < float(used.get("time", 0)) and e.get("step") not in fallbacks]
+    # verified: checked at the moment of loading; keep-N may have pruned it since
+    complete = used.verified or (Path(used.path).exists()
+                                 and call("verify_checkpoint", {"path": used.path}, ctx).complete)
+    journal = read_journal(run_dir)
+    skipped = {e.step for e in journal.fallbacks} | set(excluded)
+    newer = [e for e in journal.saves if e.step > used.step and e.time < used.time and e.step not in skipped]
     return complete and not newer
 
 

@@ -180,7 +180,7 @@ class SaveEntry(BaseModel):
     step: int
     path: str = ""
     time: float = Field(0.0, description="Unix seconds of the commit.")
-    write_s: float = Field(description="From the save's start to its commit.")
+    write_s: float = Field(0.0, description="From the save's start to its commit.")
     stall_s: float = Field(description="How long training waited for the save; where a journal does not say, "
                                        "the whole write (a sync save) stalled it.")
     wait_previous_s: float = Field(0.0, description="Part of the stall spent waiting for the previous background "
@@ -193,8 +193,8 @@ class SaveEntry(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _sync_stall(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "stall_s" not in data and "write_s" in data:
-            return {**data, "stall_s": data["write_s"]}
+        if isinstance(data, dict) and "stall_s" not in data:
+            return {**data, "stall_s": data.get("write_s", 0.0)}
         return data
 
 

@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from trainops.cli import app
+from trainops.run_folder import LoadEntry
 from trainops.skills.drill import DRILLS, DetectionOnlyResult, drill, quarantine_after, verify_restored
 from trainops.skills.evidence.model import DrillResult
 from trainops.skills.request import JobRequest
@@ -64,6 +65,6 @@ def test_a_restore_counts_as_intact_when_keep_n_pruned_the_checkpoint_the_traine
     save = {"event": "save", "step": 4, "time": 1.0}
     (run_dir / "checkpoints.jsonl").write_text(json.dumps(save) + "\n")
     gone = str(run_dir / "checkpoints" / "step-00000004")
-    assert verify_restored(str(run_dir), {"event": "load", "step": 4, "path": gone, "verified": True, "time": 2.0})
-    assert not verify_restored(str(run_dir), {"event": "load", "step": 4, "path": gone, "time": 2.0})
-    assert not verify_restored(str(run_dir), {"event": "load", "step": 2, "path": gone, "verified": True, "time": 2.0})
+    assert verify_restored(str(run_dir), LoadEntry(event="load", step=4, path=gone, verified=True, time=2.0))
+    assert not verify_restored(str(run_dir), LoadEntry(event="load", step=4, path=gone, time=2.0))
+    assert not verify_restored(str(run_dir), LoadEntry(event="load", step=2, path=gone, verified=True, time=2.0))
