@@ -1,6 +1,7 @@
 """Skills as data: every `skills/<name>/SKILL.md` and the Python callable behind each of its
 steps. A step names its implementation as `(impl: `module.function`)`, so the text a person
-or an agent reads and the code that runs cannot drift apart unnoticed."""
+or an agent reads and the code that runs cannot drift apart unnoticed; the front matter's
+`metadata.cli` names the skill's command (`trainops skill run NAME` runs it)."""
 from __future__ import annotations
 
 import importlib
@@ -13,6 +14,7 @@ SKILLS_ROOT = Path(__file__).parent
 MAIN_SKILL = "training-efficiency-ablation-and-fault-sop"
 _STEP = re.compile(r"^(\d+)\.\s+(.*?)\s*\(impl:\s*`([\w.]+)`\)\s*$")
 _NUMBERED = re.compile(r"^(\d+)\.\s+")
+_COMMAND_WORD = re.compile(r"^[a-z][a-z0-9-]*$")
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,22 @@ class Skill:
     description: str
     path: Path
     steps: tuple[Step, ...]
+    cli: str | None = None  # the usage line in the front matter's metadata.cli, e.g. "trainops env"
+
+    def command(self) -> tuple[str, ...]:
+        """The `trainops` command path the skill runs as, from its usage line: the lower-case words
+        after `trainops`, up to the first argument or option ("trainops plan checkpoint --save-s S"
+        -> ("plan", "checkpoint")). LookupError when the SKILL.md declares none."""
+        words = (self.cli or "").split()
+        if words[:1] != ["trainops"] or len(words) < 2 or not _COMMAND_WORD.match(words[1]):
+            raise LookupError(f"skill {self.name!r} declares no command line: {self.path} needs metadata.cli, a "
+                              f"usage line such as \"trainops env\" (got {self.cli!r})")
+        path = []
+        for word in words[1:]:
+            if not _COMMAND_WORD.match(word):
+                break
+            path.append(word)
+        return tuple(path)
 
 
 def skill_dirs() -> list[Path]:
@@ -65,7 +83,8 @@ def load(path: Path) -> Skill:
 
     props = read_properties(path)
     return Skill(name=props.name, description=props.description, path=path / "SKILL.md",
-                 steps=parse_steps((path / "SKILL.md").read_text(encoding="utf-8")))
+                 steps=parse_steps((path / "SKILL.md").read_text(encoding="utf-8")),
+                 cli=(props.metadata or {}).get("cli"))
 
 
 def all_skills() -> dict[str, Skill]:

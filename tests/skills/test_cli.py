@@ -94,3 +94,32 @@ def test_sop_refuses_a_missing_config_file():
 def test_skill_run_forwards_to_the_skill_command():
     result = _run("skill", "run", "ablation", "--list", "--json")
     assert result.exit_code == 0 and json.loads(result.stdout)[0]["category"] == "communication-overlap"
+
+
+SKILL_COMMANDS = {"ablation": "ablate", "baseline": "baseline", "checkpoint-plan": "plan checkpoint",
+                  "environment-declaration": "env", "evidence-pack": "evidence build", "fault-drill": "drill",
+                  "training-efficiency-ablation-and-fault-sop": "sop"}
+
+
+def test_skill_run_reaches_the_command_every_listed_skill_declares():
+    """Each SKILL.md names its command (metadata.cli) and `skill run NAME` finds it in the whole
+    `trainops` app, not only among the SOP commands (env and plan live elsewhere)."""
+    listed = json.loads(_run("skill", "list", "--json").stdout)
+    assert {s["name"] for s in listed} == set(SKILL_COMMANDS)
+    for skill in listed:
+        command = SKILL_COMMANDS[skill["name"]]
+        assert skill["cli"].startswith(f"trainops {command}"), skill
+        result = runner.invoke(app, ["skill", "run", skill["name"], "--help"], env={"COLUMNS": "200"})
+        assert result.exit_code == 0, (skill["name"], result.output)
+        assert f"Usage: trainops {command} [OPTIONS]" in result.output, (skill["name"], result.output)
+
+
+def test_skill_run_passes_its_arguments_to_a_command_outside_the_sop_commands():
+    result = _run("skill", "run", "checkpoint-plan", "--save-s", "30", "--restart-s", "60", "--mtbf-h", "24", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["restart_s"] == 60
+
+
+def test_skill_run_of_an_unknown_skill_names_the_known_ones():
+    result = _run("skill", "run", "warp-drive", "--json")
+    assert result.exit_code == 2 and "skill 'warp-drive' not found; known skills: ablation" in result.stdout

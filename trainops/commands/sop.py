@@ -255,9 +255,10 @@ def skill_list(as_json: bool = JSON):
     from trainops.skills.registry import all_skills
 
     skills = all_skills()
-    data = [{"name": s.name, "steps": len(s.steps), "description": s.description} for s in skills.values()]
-    emit(data, as_json, lambda d: _table("skills", ["name", "steps", "description"],
-                                         [[x["name"], x["steps"], x["description"][:90]] for x in d]))
+    data = [{"name": s.name, "steps": len(s.steps), "cli": s.cli, "description": s.description}
+            for s in skills.values()]
+    emit(data, as_json, lambda d: _table("skills", ["name", "steps", "command", "description"],
+                                         [[x["name"], x["steps"], x["cli"], x["description"][:90]] for x in d]))
 
 
 @skill.command("show")
@@ -270,13 +271,22 @@ def skill_show(name: str, as_json: bool = JSON):
          lambda _d: console().print(found.path.read_text(), markup=False))
 
 
-@skill.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def skill_run(ctx: typer.Context, name: str, as_json: bool = JSON):
-    """Run a skill through its CLI shortcut: baseline, ablation, fault-drill, evidence-pack, or the main SOP."""
-    shortcuts = {"baseline": ["baseline"], "ablation": ["ablate"], "fault-drill": ["drill"],
-                 "evidence-pack": ["evidence", "build"], "training-efficiency-ablation-and-fault-sop": ["sop"],
-                 "environment-declaration": ["env"], "checkpoint-plan": ["plan", "checkpoint"]}
-    if name not in shortcuts:
-        fail(f"NAME: unknown skill {name!r}; use one of {', '.join(shortcuts)} (trainops skill list)", as_json=as_json)
-    args = [*shortcuts[name], *ctx.args, *(["--json"] if as_json else [])]
-    typer.main.get_command(app).main(args=args, prog_name="trainops", standalone_mode=True)
+@skill.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                                        "allow_interspersed_args": False})
+def skill_run(ctx: typer.Context, name: str = typer.Argument(..., help="Skill name (trainops skill list)."),
+              as_json: bool = JSON):
+    """Run a skill as the command its SKILL.md declares (metadata.cli); everything after NAME goes to
+    that command, e.g. `trainops skill run ablation --list` is `trainops ablate --list`."""
+    from trainops.skills.registry import get
+
+    as_json = as_json or "--json" in ctx.args
+    found = _guard(lambda: get(name), as_json)
+    path = _guard(found.command, as_json)
+    command = ctx.find_root().command  # the whole `trainops` app, not this sub-app
+    for word in path:
+        command = command.get_command(ctx, word) if hasattr(command, "get_command") else None  # a group
+        if command is None:
+            fail(f"skill {name!r} declares `{found.cli}` in {found.path}, but trainops has no command "
+                 f"`trainops {' '.join(path)}`; fix its metadata.cli", as_json=as_json)
+    args = [*path, *ctx.args, *(["--json"] if as_json and "--json" not in ctx.args else [])]
+    ctx.find_root().command.main(args=args, prog_name="trainops", standalone_mode=True)
