@@ -4,7 +4,6 @@ Every step that changes the world (launch, injection, cancel, drain, quarantine,
 tool call, so it passes the gate as `skill:fault-drill` for whoever ran the drill."""
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from pathlib import Path
@@ -14,7 +13,7 @@ from pydantic import BaseModel, Field
 from trainops.run_folder import FaultRecord, LoadEntry, read_faults, read_heartbeat, read_journal, read_metrics
 from trainops.settings import read_toml
 from trainops.skills.baseline import Progress, command_line, submit
-from trainops.skills.drill_nodes import SLURM_CONFIRM_WAIT_S, NodeTimeline, health_check, replacement
+from trainops.skills.drill_nodes import NodeTarget, RankTarget
 from trainops.skills.evidence.model import DrillResult, EvidenceRow
 from trainops.skills.request import JobRequest
 from trainops.tools.base import CallContext, ToolError, skill_context
@@ -143,133 +142,160 @@ def drill(req: JobRequest, fault: str, inject_step: int = 5, ctx: CallContext | 
         raise DrillRefused(f"fault: {fault} takes a node away from a multi-node job: use --scheduler slurm --nodes 2 "
                            "(or more) on a `trainops sandbox` cluster")
     ctx = skill_context("fault-drill", ctx)
-    timeline = NodeTimeline() if fault in NODE_DRILLS else None
-    with timeline or contextlib.nullcontext():
+    with NodeTarget(fault) if fault in NODE_DRILLS else RankTarget() as target:
         try:
-            return _run_drill(req, fault, inject_step, ctx, progress, timeline)
+            return _Drill(req, fault, inject_step, ctx, progress, target).run()
         except Exception:
-            if timeline and (lost := timeline.injected_node()):  # undo our own fault; a drained node stays drained
-                with contextlib.suppress(ToolError):
-                    call("inject_fault", {"kind": "heal_node", "node": lost}, ctx)
+            target.undo(ctx)
             raise
 
 
-def _run_drill(req: JobRequest, fault: str, inject_step: int, ctx: CallContext, progress: Progress | None,
-               timeline: NodeTimeline | None) -> tuple[DrillResult | DetectionOnlyResult, EvidenceRow]:
-    kind, cause = DRILLS[fault]
-    say = progress or (lambda _msg: None)
-    sched = req.scheduler
-    rank = min(1, req.nproc * req.nodes - 1)
-    launch = req
-    if fault in LAUNCH_TIME:
-        fired_kind, extra = LAUNCH_TIME[fault]
-        planned = call("inject_fault", {"kind": kind, "rank": rank, "step": inject_step}, ctx)
-        launch = req.with_overrides([*extra, *planned.overrides])
-    say(f"drill {fault}: launching")
-    sub = submit(launch, f"drill-{fault}", ctx)
-    job_id, run_dir = sub.handle.job_id, sub.handle.run_dir
-    started = time.time()
-    if fault in LAUNCH_TIME:
-        say(f"drill {fault}: waiting for the trainer to fire {kind}")
-        _wait_for(lambda: _fired(run_dir, fired_kind) is not None, req.timeout_s,
-                  f"the trainer to fire {fired_kind} (faults.jsonl) in {run_dir}")
-        fired = _fired(run_dir, fired_kind)
-        injected_at, last_step = fired.time, fired.step
-    else:
-        _wait_for(lambda: _heartbeat_step(run_dir) >= inject_step
-                  and bool(read_journal(run_dir).saves),
-                  req.timeout_s, f"step {inject_step} and a committed checkpoint in {run_dir}")
-        say(f"drill {fault}: injecting {kind}")
-        target = {"rank": rank}
-        if fault in NODE_DRILLS:  # the job's last node: it holds the highest ranks, never the rendezvous host
-            nodes_before = call("job_status", {"job_id": job_id, "scheduler": sched}, ctx).nodes
-            target = {"node": nodes_before[-1]}
-        injected = call("inject_fault", {"kind": kind, "run": run_dir, **target}, ctx)
-        injected_at = injected.injected_at
-        if timeline:
-            timeline.add(target["node"], f"injected {kind}", injected_at)
-        last_step = max(_heartbeat_step(run_dir, r) for r in range(req.nproc * req.nodes))
-        if kind == "corrupt_checkpoint":
-            call("inject_fault", {"kind": "kill_rank", "run": run_dir, "rank": rank}, ctx)
-    detection = call("detect_faults", {"run": run_dir, "job_id": job_id, "scheduler": sched, "poll_interval_s": 0.05,
-                                       "injected_at": injected_at, "timeout_s": 60}, ctx)
-    if not detection.detected:
-        raise ToolError("detect_faults",
-                        f"drill {fault}: nothing detected within 60 s in {run_dir}; check the detectors")
-    say(f"drill {fault}: detected by {detection.mechanism} after {detection.detection_latency_s:.2f} s; isolating")
-    if timeline:
-        timeline.add(detection.node or "job", f"detected: {detection.mechanism} ({detection.evidence})",
-                     detection.detected_at)
-    # forced: the survivors of a detected failure are stuck in a collective, a grace period only waits on them
-    call("cancel_job", {"job_id": job_id, "scheduler": sched, "force": True}, ctx)
-    if fault in DETECTION_ONLY:
-        return _detection_only(req, fault, run_dir, last_step, detection, started)
-    drained = isolate_node(detection, sched, ctx)
-    if timeline and drained:
-        timeline.add(drained, "drained (gated drain_node)")
-    quarantined = (quarantine_after(run_dir, int(detection.step), ctx) if detection.mechanism == "checksum_mismatch"
-                   else [])
-    isolated = time.time()
-    requeued = call("requeue_job", {"job_id": job_id, "scheduler": sched}, ctx)
-    recovered = _wait_for_restart(run_dir, isolated, requeued.job_id, req, ctx)
-    journal = read_journal(run_dir)
-    used = next((load for load in journal.loads if load.time > isolated), None)
-    intact = verify_restored(run_dir, used, ctx, excluded=set(quarantined))
-    fell_back = [e.step for e in journal.fallbacks if e.time > isolated]
-    detector = f"{detection.mechanism}: {detection.evidence}" if fault in LAUNCH_TIME else detection.mechanism
-    if drained:
-        detector += f"; drained {drained}, restarted on a spare"
-    if quarantined:
-        detector += f"; quarantined checkpoint(s) {quarantined} taken after the corruption"
-    if fell_back:
-        detector += f"; the restart's checksum check skipped corrupt step(s) {fell_back}"
-    if timeline:
-        after = call("job_status", {"job_id": requeued.job_id, "scheduler": sched}, ctx).nodes
-        for node in after:
-            timeline.add(node, f"first step of the restarted job {requeued.job_id}", recovered)
-        replaced = replacement(target["node"], nodes_before, after)
-        detector += (f"; node {target['node']} lost (ran on {', '.join(nodes_before)}), restarted on "
-                     f"{', '.join(after)}: {replaced}")
-    status = call("wait_job", {"job_id": requeued.job_id, "scheduler": sched, "timeout_s": req.timeout_s}, ctx)
-    if timeline:  # Slurm's view confirms, then the repair and a health check before the node goes back
-        detector += "; " + _slurm_confirmation(timeline, target["node"], injected_at, fault != "slow-network")
-        call("inject_fault", {"kind": "heal_node", "node": target["node"]}, ctx)
-        timeline.add(target["node"], "healed (link up, no rate limit, slurmd running)")
-        timeline.add(target["node"], f"health check: {health_check(target['node'])}")
-    if drained:
-        call("resume_node", {"node": drained, "scheduler": sched}, ctx)
-        if timeline:
-            timeline.add(drained, "resumed (gated resume_node): back in the pool")
-    if status.state != "completed":
-        raise ToolError("requeue_job", f"drill {fault}: the restarted job ended {status.state}; read {run_dir}/logs")
-    record = Path(run_dir) / "drill.json"
-    result = DrillResult(
-        fault=fault, run_dir=run_dir, injected_at_step=last_step, injected_time=injected_at,
-        detected_time=detection.detected_at, isolated_time=isolated, recovered_time=recovered,
-        detection_latency_s=detection.detection_latency_s, isolation_granularity=detection.isolation,
-        recovery_time_s=recovered - detection.detected_at, steps_lost=max(0, last_step - (used.step if used else 0)),
-        checkpoint_used=used.path if used else "none (restarted from step 0)", async_checkpoint_intact=intact,
-        cause=cause, detector=detector, drill_record=str(record))
-    extra = {"replaced": replaced, "node_timeline": timeline.rows(injected_at)} if timeline else {}
-    record.write_text(json.dumps({**result.model_dump(), **extra}, indent=2) + "\n", encoding="utf-8")
-    evidence = EvidenceRow(tool="inject_fault+detect_faults+requeue_job", version=req.framework_version,
-                           command=command_line(launch),
-                           log_path=str(record), value=f"{fault}: detect {result.detection_latency_s:.2f} s, "
-                           f"recover {result.recovery_time_s:.1f} s, {result.steps_lost} steps lost"
-                           + (f"; {replaced}; per-node timeline in {record}" if timeline else ""),
-                           window_start=started, window_end=time.time())
-    return result, evidence
+class _Restart(BaseModel):
+    """What isolating the fault and restarting the job found."""
+
+    job_id: str = Field(description="the requeued job")
+    drained: str | None
+    quarantined: list[int]
+    isolated_at: float
+    first_step_at: float
+    loaded: LoadEntry | None = Field(description="the checkpoint the restart loaded; None: it started from step 0")
+    intact: bool
+    fell_back: list[int] = Field(description="corrupt checkpoints the restart's checksum check skipped")
 
 
-def _slurm_confirmation(timeline: NodeTimeline, node: str, injected_at: float, expect_flag: bool) -> str:
-    """Slurm's own verdict on the lost node, as confirmation: a crashed or partitioned node is waited
-    for (SlurmdTimeout), a slow link is not, since it still answers Slurm's pings."""
-    flagged = (timeline.wait_for_slurm(node, injected_at) if expect_flag
-               else timeline.slurm_flagged(node, injected_at))
-    if flagged is None:
-        return (f"Slurm never flagged {node} (a slow link still answers its pings)" if not expect_flag
-                else f"Slurm did not flag {node} within {SLURM_CONFIRM_WAIT_S:.0f} s of the fault")
-    return f"Slurm confirmed {node} not responding {flagged - injected_at:.1f} s after the fault"
+class _Drill:
+    """One drill in flight. Its phases run in order (launch, inject, detect, restart, finish), each a
+    method; what a node drill adds (a lost node, its timeline and repair) is the target's."""
+
+    def __init__(self, req: JobRequest, fault: str, inject_step: int, ctx: CallContext, progress: Progress | None,
+                 target: RankTarget) -> None:
+        self.req, self.fault, self.inject_step, self.ctx, self.target = req, fault, inject_step, ctx, target
+        self.say = progress or (lambda _msg: None)
+        self.kind, self.cause = DRILLS[fault]
+        self.rank = min(1, req.nproc * req.nodes - 1)  # not rank 0, where there is another
+        self.launch, self.job_id, self.run_dir, self.started = req, "", "", 0.0
+
+    def run(self) -> tuple[DrillResult | DetectionOnlyResult, EvidenceRow]:
+        sched = self.req.scheduler
+        self.start()
+        injected_at, last_step = self.await_fired() if self.fault in LAUNCH_TIME else self.inject()
+        detection = self.detect(injected_at)
+        # forced: the survivors of a detected failure are stuck in a collective, a grace period only waits on them
+        call("cancel_job", {"job_id": self.job_id, "scheduler": sched, "force": True}, self.ctx)
+        if self.fault in DETECTION_ONLY:
+            return _detection_only(self.req, self.fault, self.run_dir, last_step, detection, self.started)
+        restart = self.restart(detection)
+        detector = self.detector(detection, restart)
+        detector += self.target.restarted(restart.job_id, restart.first_step_at, sched, self.ctx)
+        status = call("wait_job", {"job_id": restart.job_id, "scheduler": sched, "timeout_s": self.req.timeout_s},
+                      self.ctx)
+        detector += self.target.repair(injected_at, self.ctx)
+        if restart.drained:
+            call("resume_node", {"node": restart.drained, "scheduler": sched}, self.ctx)
+            self.target.note(restart.drained, "resumed (gated resume_node): back in the pool")
+        if status.state != "completed":
+            raise ToolError("requeue_job", f"drill {self.fault}: the restarted job ended {status.state}; read "
+                                           f"{self.run_dir}/logs")
+        return self.finish(injected_at, last_step, detection, restart, detector)
+
+    def start(self) -> None:
+        """Launch the job; a launch-time fault goes in with its overrides, to fire at `inject_step`."""
+        if self.fault in LAUNCH_TIME:
+            planned = call("inject_fault", {"kind": self.kind, "rank": self.rank, "step": self.inject_step}, self.ctx)
+            self.launch = self.req.with_overrides([*LAUNCH_TIME[self.fault][1], *planned.overrides])
+        self.say(f"drill {self.fault}: launching")
+        handle = submit(self.launch, f"drill-{self.fault}", self.ctx).handle
+        self.job_id, self.run_dir, self.started = handle.job_id, handle.run_dir, time.time()
+
+    def await_fired(self) -> tuple[float, int]:
+        """(when, at which step) the trainer fired the launch-time fault, from its own record."""
+        fired_kind = LAUNCH_TIME[self.fault][0]
+        self.say(f"drill {self.fault}: waiting for the trainer to fire {self.kind}")
+        _wait_for(lambda: _fired(self.run_dir, fired_kind) is not None, self.req.timeout_s,
+                  f"the trainer to fire {fired_kind} (faults.jsonl) in {self.run_dir}")
+        fired = _fired(self.run_dir, fired_kind)
+        return fired.time, fired.step
+
+    def inject(self) -> tuple[float, int]:
+        """Inject a runtime fault once the job is past `inject_step` with a committed checkpoint:
+        (when, the last step any rank reached)."""
+        run_dir = self.run_dir
+        _wait_for(lambda: _heartbeat_step(run_dir) >= self.inject_step and bool(read_journal(run_dir).saves),
+                  self.req.timeout_s, f"step {self.inject_step} and a committed checkpoint in {run_dir}")
+        self.say(f"drill {self.fault}: injecting {self.kind}")
+        where = self.target.choose(self.job_id, self.rank, self.req.scheduler, self.ctx)
+        injected_at = call("inject_fault", {"kind": self.kind, "run": run_dir, **where}, self.ctx).injected_at
+        self.target.injected(self.kind, injected_at)
+        last_step = max(_heartbeat_step(run_dir, r) for r in range(self.req.nproc * self.req.nodes))
+        if self.kind == "corrupt_checkpoint":  # the damage shows when the job restarts
+            call("inject_fault", {"kind": "kill_rank", "run": run_dir, "rank": self.rank}, self.ctx)
+        return injected_at, last_step
+
+    def detect(self, injected_at: float):
+        detection = call("detect_faults", {"run": self.run_dir, "job_id": self.job_id, "scheduler": self.req.scheduler,
+                                           "poll_interval_s": 0.05, "injected_at": injected_at, "timeout_s": 60},
+                         self.ctx)
+        if not detection.detected:
+            raise ToolError("detect_faults",
+                            f"drill {self.fault}: nothing detected within 60 s in {self.run_dir}; check the detectors")
+        self.say(f"drill {self.fault}: detected by {detection.mechanism} after {detection.detection_latency_s:.2f} s; "
+                 "isolating")
+        self.target.note(detection.node or "job", f"detected: {detection.mechanism} ({detection.evidence})",
+                         detection.detected_at)
+        return detection
+
+    def restart(self, detection) -> _Restart:
+        """Isolate what the detector blames (drain its node where a spare exists; quarantine the
+        checkpoints a silent corruption may have reached), requeue, and wait for the first step."""
+        sched, run_dir = self.req.scheduler, self.run_dir
+        drained = isolate_node(detection, sched, self.ctx)
+        if drained:
+            self.target.note(drained, "drained (gated drain_node)")
+        quarantined = (quarantine_after(run_dir, int(detection.step), self.ctx)
+                       if detection.mechanism == "checksum_mismatch" else [])
+        isolated = time.time()
+        requeued = call("requeue_job", {"job_id": self.job_id, "scheduler": sched}, self.ctx).job_id
+        first_step_at = _wait_for_restart(run_dir, isolated, requeued, self.req, self.ctx)
+        journal = read_journal(run_dir)
+        loaded = next((load for load in journal.loads if load.time > isolated), None)
+        return _Restart(job_id=requeued, drained=drained, quarantined=quarantined, isolated_at=isolated,
+                        first_step_at=first_step_at, loaded=loaded,
+                        intact=verify_restored(run_dir, loaded, self.ctx, excluded=set(quarantined)),
+                        fell_back=[e.step for e in journal.fallbacks if e.time > isolated])
+
+    def detector(self, detection, restart: _Restart) -> str:
+        """What caught the fault and what the drill did about it, in one line."""
+        line = f"{detection.mechanism}: {detection.evidence}" if self.fault in LAUNCH_TIME else detection.mechanism
+        if restart.drained:
+            line += f"; drained {restart.drained}, restarted on a spare"
+        if restart.quarantined:
+            line += f"; quarantined checkpoint(s) {restart.quarantined} taken after the corruption"
+        if restart.fell_back:
+            line += f"; the restart's checksum check skipped corrupt step(s) {restart.fell_back}"
+        return line
+
+    def finish(self, injected_at: float, last_step: int, detection, restart: _Restart,
+               detector: str) -> tuple[DrillResult, EvidenceRow]:
+        """The drill's result, written to RUN/drill.json, and its evidence row."""
+        record = Path(self.run_dir) / "drill.json"
+        loaded = restart.loaded
+        result = DrillResult(
+            fault=self.fault, run_dir=self.run_dir, injected_at_step=last_step, injected_time=injected_at,
+            detected_time=detection.detected_at, isolated_time=restart.isolated_at,
+            recovered_time=restart.first_step_at, detection_latency_s=detection.detection_latency_s,
+            isolation_granularity=detection.isolation, recovery_time_s=restart.first_step_at - detection.detected_at,
+            steps_lost=max(0, last_step - (loaded.step if loaded else 0)),
+            checkpoint_used=loaded.path if loaded else "none (restarted from step 0)",
+            async_checkpoint_intact=restart.intact, cause=self.cause, detector=detector, drill_record=str(record))
+        record.write_text(json.dumps({**result.model_dump(), **self.target.record(injected_at)}, indent=2) + "\n",
+                          encoding="utf-8")
+        evidence = EvidenceRow(tool="inject_fault+detect_faults+requeue_job", version=self.req.framework_version,
+                               command=command_line(self.launch), log_path=str(record),
+                               value=f"{self.fault}: detect {result.detection_latency_s:.2f} s, recover "
+                               f"{result.recovery_time_s:.1f} s, {result.steps_lost} steps lost"
+                               + self.target.evidence(str(record)),
+                               window_start=self.started, window_end=time.time())
+        return result, evidence
 
 
 def _detection_only(req: JobRequest, fault: str, run_dir: str, step: int, detection,

@@ -1,12 +1,16 @@
 """What a node drill adds to a drill (S5): a per-node timeline, Slurm's own view of the lost node as
 confirmation of what the job's signals showed first, the health check a repaired node passes
-before it goes back to the pool, and which node replaced which."""
+before it goes back to the pool, and which node replaced which. A drill asks its target (RankTarget
+for a fault that hits a rank, NodeTarget for one that takes a node away) at each phase, so the
+drill itself reads the same for both."""
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
-from trainops.tools.base import ToolError
+from trainops.tools.base import CallContext, ToolError
+from trainops.tools.calls import call
 from trainops.tools.reachability import SLOW_RTT_FLOOR_S, probe_nodes, slurm_node_states
 
 SLURM_POLL_S = 0.5
@@ -95,3 +99,111 @@ def replacement(lost: str, before: list[str], after: list[str]) -> str:
     if lost in after or not spares:
         return f"{lost} was not replaced (the restart ran on {', '.join(after)})"
     return f"{lost} replaced by {', '.join(spares)}"
+
+
+class RankTarget:
+    """A drill whose fault hits one rank: no node is lost, so there is nothing to track or repair."""
+
+    def __enter__(self) -> RankTarget:
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        pass
+
+    def choose(self, job_id: str, rank: int, scheduler: str, ctx: CallContext) -> dict:
+        """The inject_fault target."""
+        return {"rank": rank}
+
+    def injected(self, kind: str, at: float) -> None:
+        """The fault went in at `at`."""
+
+    def note(self, node: str, event: str, at: float | None = None) -> None:
+        """A step of the drill that concerns a node."""
+
+    def restarted(self, job_id: str, first_step_at: float, scheduler: str, ctx: CallContext) -> str:
+        """Where the restarted job runs, for the detector line."""
+        return ""
+
+    def repair(self, injected_at: float, ctx: CallContext) -> str:
+        """Undo the fault once the restarted job is done, and say what confirmed it."""
+        return ""
+
+    def undo(self, ctx: CallContext) -> None:
+        """After a failed drill: undo our own fault."""
+
+    def record(self, injected_at: float) -> dict:
+        """What the drill record adds."""
+        return {}
+
+    def evidence(self, record_path: str) -> str:
+        """What the evidence row's value adds."""
+        return ""
+
+
+class NodeTarget(RankTarget):
+    """A node drill: the fault takes the job's last node (it holds the highest ranks, never the
+    rendezvous host); every step goes on a per-node timeline beside Slurm's view, and the node is
+    healed and checked once the restarted job is done."""
+
+    def __init__(self, fault: str) -> None:
+        self.timeline = NodeTimeline()
+        self.expect_slurm_flag = fault != "slow-network"  # a slow link still answers Slurm's pings
+        self.node, self.before, self.replaced = "", [], ""
+
+    def __enter__(self) -> NodeTarget:
+        self.timeline.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.timeline.__exit__(*exc)
+
+    def choose(self, job_id: str, rank: int, scheduler: str, ctx: CallContext) -> dict:
+        self.before = call("job_status", {"job_id": job_id, "scheduler": scheduler}, ctx).nodes
+        self.node = self.before[-1]
+        return {"node": self.node}
+
+    def injected(self, kind: str, at: float) -> None:
+        self.timeline.add(self.node, f"injected {kind}", at)
+
+    def note(self, node: str, event: str, at: float | None = None) -> None:
+        self.timeline.add(node, event, at)
+
+    def restarted(self, job_id: str, first_step_at: float, scheduler: str, ctx: CallContext) -> str:
+        after = call("job_status", {"job_id": job_id, "scheduler": scheduler}, ctx).nodes
+        for node in after:
+            self.timeline.add(node, f"first step of the restarted job {job_id}", first_step_at)
+        self.replaced = replacement(self.node, self.before, after)
+        return (f"; node {self.node} lost (ran on {', '.join(self.before)}), restarted on {', '.join(after)}: "
+                f"{self.replaced}")
+
+    def repair(self, injected_at: float, ctx: CallContext) -> str:
+        """Slurm's view confirms, then the repair and a health check before the node goes back."""
+        confirmation = self._slurm_confirmation(injected_at)
+        call("inject_fault", {"kind": "heal_node", "node": self.node}, ctx)
+        self.timeline.add(self.node, "healed (link up, no rate limit, slurmd running)")
+        self.timeline.add(self.node, f"health check: {health_check(self.node)}")
+        return "; " + confirmation
+
+    def _slurm_confirmation(self, injected_at: float) -> str:
+        """Slurm's own verdict on the lost node: a crashed or partitioned node is waited for
+        (SlurmdTimeout), a slow link is not, since it still answers Slurm's pings."""
+        node = self.node
+        flagged = (self.timeline.wait_for_slurm(node, injected_at) if self.expect_slurm_flag
+                   else self.timeline.slurm_flagged(node, injected_at))
+        if flagged is None and self.expect_slurm_flag:
+            return f"Slurm did not flag {node} within {SLURM_CONFIRM_WAIT_S:.0f} s of the fault"
+        if flagged is None:
+            return f"Slurm never flagged {node} (a slow link still answers its pings)"
+        return f"Slurm confirmed {node} not responding {flagged - injected_at:.1f} s after the fault"
+
+    def undo(self, ctx: CallContext) -> None:
+        """Heal the node we injected into, if we did; a node we drained stays drained."""
+        if lost := self.timeline.injected_node():
+            with contextlib.suppress(ToolError):
+                call("inject_fault", {"kind": "heal_node", "node": lost}, ctx)
+
+    def record(self, injected_at: float) -> dict:
+        return {"replaced": self.replaced, "node_timeline": self.timeline.rows(injected_at)}
+
+    def evidence(self, record_path: str) -> str:
+        return f"; {self.replaced}; per-node timeline in {record_path}"
