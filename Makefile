@@ -7,11 +7,16 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test test-quick bench clean
 
+# -qq: pip still prints errors, but not the notes of a successful build (setuptools says
+# "Editable installation" on every `pip install -e`) nor warnings about this machine's indexes.
+PIP := $(BIN)/pip --quiet --quiet --disable-pip-version-check
+
 $(STAMP): pyproject.toml
+	@echo "installing trainops, torch and the test tools into $(VENV) (minutes the first time)"
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet -e ".[test]"
+	$(PIP) install --upgrade pip
+	$(PIP) install "$(TORCH_SPEC)"
+	$(PIP) install -e ".[test]"
 	touch $(STAMP)
 
 demo: $(STAMP)
