@@ -200,13 +200,16 @@ def _learned(results: list[ToolMessage]) -> dict[str, Any]:
 def _run_layout_params(params: dict[str, Any]) -> dict[str, Any]:
     """Once the summary names the run's world size, its saved config.toml lets plan_layout
     report the layout and model size an MFU claim must name."""
-    from trainops.workspace import runs_dir
+    from trainops.workspace import run_folder
 
     ranks, run = params["outputs"].get("ranks"), params.get("run")
-    config = RunFiles(runs_dir() / str(run)).config if run else None
-    if not isinstance(ranks, int) or config is None or not config.is_file():
+    if not isinstance(ranks, int) or not run:
         return {}
-    return {"nproc": ranks, "config": str(config)}
+    try:
+        config = RunFiles(run_folder(str(run))).config
+    except ValueError:  # not a run in the workspace: no layout to report
+        return {}
+    return {"nproc": ranks, "config": str(config)} if config.is_file() else {}
 
 
 def decide(messages: list[BaseMessage], tool_schemas: list[dict]) -> AIMessage:
