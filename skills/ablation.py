@@ -48,7 +48,7 @@ def run_arm(req: JobRequest, spec: str, baselines: dict[int, list[RepeatResult]]
             continue
         arm_req = req.with_overrides(overrides_for(knob, value), nproc=nproc)
         if req.framework != "trainops":  # the framework's own flag prerequisites, before launch
-            from trainops.tools.frameworks.base import get_adapter
+            from trainops.tools.frameworks import get_adapter
 
             get_adapter(req.framework).validate({knob.name: value}, overrides=req.overrides, world_size=nproc)
         arm = arms[nproc] = repeat(arm_req, f"arm-{knob.name.replace('_', '-')}-{nproc}p", repeats, ctx, progress)

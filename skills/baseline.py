@@ -42,7 +42,8 @@ def run_once(req: JobRequest, name: str, ctx: CallContext | None = None) -> Repe
         raise ToolError("submit_job", f"run {name} ({run_dir}) ended {status.state} (exit code {status.exit_code}, "
                         f"{status.reason or 'no reason given'}); read {run_dir}/logs/rank0.log")
     if not RunFiles(run_dir).metrics.exists():  # torchtitan, Megatron-LM: their step lines are the metrics
-        from trainops.tools.frameworks.base import ParseContext, get_adapter, ingest_log
+        from trainops.tools.frameworks import get_adapter
+        from trainops.tools.frameworks.base import ParseContext, ingest_log
 
         log = call("job_logs", {"job_id": job_id, "scheduler": req.scheduler, "tail": 0}, ctx)
         ingest_log(get_adapter(req.framework), log.text, run_dir, ParseContext(world_size=req.nproc))
@@ -56,7 +57,8 @@ def submit(req: JobRequest, name: str, ctx: CallContext | None = None):
     job["preset"] = None if req.config else req.preset
     if req.framework == "trainops":
         return call("submit_job", {"scheduler": req.scheduler, "name": name, "training": job}, ctx)
-    from trainops.tools.frameworks.base import FrameworkJob, get_adapter
+    from trainops.tools.frameworks import get_adapter
+    from trainops.tools.frameworks.base import FrameworkJob
 
     spec = get_adapter(req.framework).build_job(FrameworkJob(name=name, **job))
     return call("submit_job", {"scheduler": req.scheduler, "spec": spec}, ctx)
@@ -83,7 +85,7 @@ def run_config(run_dir: str) -> dict:
 
 def layout_of(overrides: list[str], nproc: int, framework: str = "trainops") -> str:
     """The parallel layout as the claim states it, in the framework's terms (trainops.tools.frameworks)."""
-    from trainops.tools.frameworks.base import get_adapter
+    from trainops.tools.frameworks import get_adapter
 
     return get_adapter(framework).describe_layout(overrides, nproc)
 

@@ -74,7 +74,7 @@ def catalogue(framework: str = "trainops") -> dict[str, Knob]:
     """The knobs of a framework: this catalogue for the embedded trainer, the adapter's flags otherwise."""
     if framework == "trainops":
         return CATALOGUE
-    from trainops.tools.frameworks.base import get_adapter
+    from trainops.tools.frameworks import get_adapter
 
     return {k.name: Knob(name=k.name, category=k.category, overrides=(k.override,), values=k.values,
                          expected_effect=f"{k.flag}: {k.expected_effect}", min_procs=k.min_procs)

@@ -42,7 +42,7 @@ class SopSettings(BaseModel):
                                                  "megatron")
 
     def _plan(self) -> SopPlan:
-        from trainops.tools.frameworks.base import get_adapter
+        from trainops.tools.frameworks import get_adapter
 
         return get_adapter(self.framework).sop_plan
 

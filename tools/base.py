@@ -24,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 
 Risk = Literal["read", "mutate", "irreversible"]
 Principal = Literal["operator", "agent"]
+CheckKind = Literal["forbidden", "invalid_input"]
 ACTOR_PATTERN = re.compile(r"operator|agent|skill:[a-z0-9][a-z0-9-]{0,63}")
 
 
@@ -37,6 +38,21 @@ class ToolError(Exception):
 
 
 @dataclass(frozen=True)
+class InputCheck:
+    """A rule the gate applies to a tool's input before the call: `fn(inp)` returns a refusal
+    message, or None to let the call on. A `forbidden` check refuses outright, before any token
+    step (R-SEC-2); an `invalid_input` one after the forbidden ones."""
+
+    rule_id: str
+    fn: Callable[[Any], str | None]
+    kind: CheckKind = "invalid_input"
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("forbidden", "invalid_input"):
+            raise ValueError(f"InputCheck.kind={self.kind!r} is not valid: use 'forbidden' or 'invalid_input'")
+
+
+@dataclass(frozen=True)
 class ToolSpec:
     name: str
     description: str
@@ -46,6 +62,7 @@ class ToolSpec:
     fn: Callable[[BaseModel], BaseModel]
     approval_required: bool = False
     tags: tuple[str, ...] = ()
+    checks: tuple[InputCheck, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -140,9 +157,11 @@ def skill_context(skill: str, ctx: CallContext | None = None) -> CallContext:
     return effective_context(ctx).for_skill(skill)
 
 
-def tool(name: str, *, risk: Risk, approval_required: bool = False, tags: tuple[str, ...] = ()):
-    """Declare `fn(inp: Input) -> Output` a tool (its docstring is the model-facing description);
-    `fn.tool_spec` carries the declaration for `trainops.tools.registry`. Nothing is registered."""
+def tool(name: str, *, risk: Risk, approval_required: bool = False, tags: tuple[str, ...] = (),
+         checks: tuple[InputCheck, ...] = ()):
+    """Declare `fn(inp: Input) -> Output` a tool (its docstring is the model-facing description),
+    with the input `checks` the gate applies to it; `fn.tool_spec` carries the declaration for
+    `trainops.tools.registry`. Nothing is registered."""
 
     def declare(fn: Callable[[Any], BaseModel]) -> Callable[[Any], BaseModel]:
         hints = get_type_hints(fn)
@@ -158,6 +177,7 @@ def tool(name: str, *, risk: Risk, approval_required: bool = False, tags: tuple[
             fn=fn,
             approval_required=approval_required or risk == "irreversible",
             tags=tags,
+            checks=checks,
         )
         return fn
 

@@ -2,19 +2,18 @@
 
 SOP step S1. Everything here is either read from the machine (nvidia-smi, /proc/cpuinfo,
 torch, the scheduler) or measured on it (checkpoint write bandwidth, CPU GEMM peak); each field
-says which. This module declares the models and the tool; the probes that fill them are in
-`env_probes`. Governance rules refuse an MFU conclusion that has no declaration behind it.
+says which. This module declares the models, and imports nothing that fills them: the probes
+and the `declare_environment` tool that runs them are in `env_probes`, above it. Governance rules
+refuse an MFU conclusion that has no declaration behind it.
 """
 from __future__ import annotations
 
-import socket
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from trainops.tools.base import tool
-from trainops.tools.interconnect import InterconnectMeasurement, declare_interconnect
+from trainops.tools.interconnect import InterconnectMeasurement
 
 SchedulerKind = Literal["local", "slurm", "kubernetes"]
 SINGLE_HOST_INTERCONNECT = "loopback/shared-memory (single host)"
@@ -136,37 +135,3 @@ class EnvInput(BaseModel):
             raise ValueError(f"measure_interconnect=true needs scheduler='slurm' (got {self.scheduler!r}): the "
                              "measurement is a 2-node job; `trainops sandbox up` makes a Slurm cluster on this host")
         return self
-
-
-@tool("declare_environment", risk="read", tags=("environment", "S1"))
-def declare_environment(inp: EnvInput) -> EnvironmentDeclaration:
-    """Declare the training environment (SOP step S1): accelerators and their scale-up domain,
-    hardware generation, interconnect, torch/CUDA/NCCL/gloo versions, framework and version,
-    scheduler version, partitions and hot-spare pool, measured checkpoint write bandwidth and
-    measured compute peak. Required before any MFU or scaling conclusion."""
-    from trainops.tools import env_probes as probe  # here, not at the top: the probes import this module's models
-
-    folder = probe.checkpoint_folder(inp.ckpt_dir)
-    notes: list[str] = []
-    host = socket.gethostname()
-    acc, generation, interconnect = probe.read_accelerators(notes)
-    scheduler = probe.read_scheduler(inp.scheduler)
-    measured = declare_interconnect(inp.scheduler, len(scheduler.nodes)) if inp.measure_interconnect else None
-    if measured:
-        interconnect = (f"between nodes {', '.join(measured.nodes)}: all-reduce {measured.latency_us:.0f} us, "
-                        f"{measured.bandwidth_gbit_s:.2f} Gbit/s (measured, {measured.backend}); within a node: "
-                        f"{interconnect}")
-    return EnvironmentDeclaration(
-        declared_at=datetime.now(timezone.utc),
-        host=host,
-        accelerators=acc,
-        hardware_generation=generation,
-        interconnect=interconnect,
-        software=probe.read_software(),
-        framework=probe.declared_framework(inp),
-        scheduler=scheduler,
-        checkpoint_storage=probe.measure_checkpoint_write(folder, inp.ckpt_test_mib),
-        compute_peak=probe.compute_peak(acc, inp, notes),
-        inter_node_all_reduce=measured,
-        notes=notes,
-    )

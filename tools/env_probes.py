@@ -1,6 +1,7 @@
-"""The probes behind `declare_environment`: each reads one fact from this machine (nvidia-smi,
-/proc/cpuinfo, /proc/mounts, torch, the scheduler) or measures it (checkpoint write bandwidth,
-the CPU GEMM peak), and returns the model of tools/env.py that declares it.
+"""The probes behind `declare_environment`, and the tool itself: each probe reads one fact from
+this machine (nvidia-smi, /proc/cpuinfo, /proc/mounts, torch, the scheduler) or measures it
+(checkpoint write bandwidth, the CPU GEMM peak), and returns the model of tools/env.py that
+declares it; `declare_environment` runs them in turn. The models know nothing of the probes.
 
 The parsers (`parse_gpu_query`, `parse_topology`, `cpu_facts`) take the command's text, so the
 tests feed them other machines' output.
@@ -11,12 +12,14 @@ import os
 import platform
 import re
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
-from trainops.tools.base import ToolError
+from trainops.tools.base import ToolError, tool
 from trainops.tools.env import (
     EMBEDDED_FRAMEWORK,
     SINGLE_HOST_INTERCONNECT,
@@ -24,12 +27,14 @@ from trainops.tools.env import (
     CheckpointStorage,
     ComputePeak,
     EnvInput,
+    EnvironmentDeclaration,
     Framework,
     ScaleUpDomain,
     SchedulerDeclaration,
     SchedulerKind,
     Software,
 )
+from trainops.tools.interconnect import declare_interconnect
 
 # GPU product names -> architecture generation (the MFU denominator depends on it).
 _GPU_GENERATIONS = (
@@ -169,7 +174,7 @@ def read_software() -> Software:
 
 def declared_framework(inp: EnvInput) -> Framework:
     if inp.framework and not inp.framework_version:  # an adapter's framework: its installed version
-        from trainops.tools.frameworks.base import get_adapter
+        from trainops.tools.frameworks import get_adapter
 
         adapter = get_adapter(inp.framework)
         return Framework(name=adapter.display_name, version=adapter.version())
@@ -267,7 +272,8 @@ def read_scheduler(kind: SchedulerKind) -> SchedulerDeclaration:
     (trainops.tools.schedulers), the same view the job tools have."""
     if kind == "kubernetes":
         return _read_kubernetes()
-    from trainops.tools.schedulers.base import SchedulerError, get_scheduler
+    from trainops.tools.schedulers import get_scheduler
+    from trainops.tools.schedulers.base import SchedulerError
 
     try:
         if kind == "slurm":
@@ -309,3 +315,35 @@ def _read_kubernetes() -> SchedulerDeclaration:
     pools = sorted({(n.metadata.labels or {}).get("cloud.google.com/gke-nodepool", "default") for n in node_list})
     return SchedulerDeclaration(kind="kubernetes", version=version, partitions=pools, nodes=names,
                      hot_spare_nodes=[n for n in ready if n not in busy])
+
+
+@tool("declare_environment", risk="read", tags=("environment", "S1"))
+def declare_environment(inp: EnvInput) -> EnvironmentDeclaration:
+    """Declare the training environment (SOP step S1): accelerators and their scale-up domain,
+    hardware generation, interconnect, torch/CUDA/NCCL/gloo versions, framework and version,
+    scheduler version, partitions and hot-spare pool, measured checkpoint write bandwidth and
+    measured compute peak. Required before any MFU or scaling conclusion."""
+    folder = checkpoint_folder(inp.ckpt_dir)
+    notes: list[str] = []
+    host = socket.gethostname()
+    acc, generation, interconnect = read_accelerators(notes)
+    scheduler = read_scheduler(inp.scheduler)
+    measured = declare_interconnect(inp.scheduler, len(scheduler.nodes)) if inp.measure_interconnect else None
+    if measured:
+        interconnect = (f"between nodes {', '.join(measured.nodes)}: all-reduce {measured.latency_us:.0f} us, "
+                        f"{measured.bandwidth_gbit_s:.2f} Gbit/s (measured, {measured.backend}); within a node: "
+                        f"{interconnect}")
+    return EnvironmentDeclaration(
+        declared_at=datetime.now(timezone.utc),
+        host=host,
+        accelerators=acc,
+        hardware_generation=generation,
+        interconnect=interconnect,
+        software=read_software(),
+        framework=declared_framework(inp),
+        scheduler=scheduler,
+        checkpoint_storage=measure_checkpoint_write(folder, inp.ckpt_test_mib),
+        compute_peak=compute_peak(acc, inp, notes),
+        inter_node_all_reduce=measured,
+        notes=notes,
+    )

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 from trainops.run_folder import RunFiles, RunResult, metrics_since
 from trainops.tools.base import CallContext
 from trainops.tools.calls import call
-from trainops.tools.jobs import trainer_job
 from trainops.tools.schedulers.base import JobHandle, JobStatus
+from trainops.tools.trainer_job import trainer_job
 
 if TYPE_CHECKING:
     from trainops.trainer.config import JobConfig

@@ -68,7 +68,8 @@ def _worker(result_path: str) -> None:
 def measure_all_reduce(scheduler_kind: str, nodes: int = 2, timeout_s: float = 120.0) -> InterconnectMeasurement:
     """Submit the measurement job on `nodes` nodes, wait for it, and read its figures. Raises
     ValueError naming what went wrong (the caller turns it into its own tool error)."""
-    from trainops.tools.schedulers.base import JobSpec, get_scheduler
+    from trainops.tools.schedulers import get_scheduler
+    from trainops.tools.schedulers.base import JobSpec
     from trainops.workspace import home
 
     scheduler = get_scheduler(scheduler_kind)

@@ -2,7 +2,9 @@
 read their metrics. The same tools serve the CLI, the skills and the agent.
 
 Before a job launches or relaunches, its folders and data file are confined to the workspace
-(and, for a tenant's job, to the tenant's root): tools/tenancy.py check_job_paths."""
+(and, for a tenant's job, to the tenant's root): tools/tenancy.py check_job_paths. A trainer run's
+folder and command are prepared by tools/trainer_job.py, which the trainer's framework adapter
+uses too."""
 from __future__ import annotations
 
 import statistics
@@ -11,7 +13,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from trainops.run_folder import RunFiles
 from trainops.tools.base import ToolError, tool
 from trainops.tools.monitoring.base import MonitorError, MonitorKind, Sample, Series
 from trainops.tools.schedulers.base import (
@@ -77,63 +78,14 @@ class SubmitJobOutput(BaseModel):
     spec: JobSpec
 
 
-def _new_run_dir(tenant: str | None) -> Path:
-    from trainops.tools.tenancy import tenant_path
-    from trainops.workspace import new_run_id, runs_dir
-
-    return (tenant_path(tenant, "runs") if tenant else runs_dir()) / new_run_id()
-
-
-def _init_from(req: TrainingJob) -> str | None:
-    """The Hugging Face folder a run starts from (`model.init_from`, an override or in the config TOML)."""
-    from trainops.settings import read_toml
-
-    for item in reversed(req.overrides):
-        key, _, value = item.partition("=")
-        if key.strip() == "model.init_from":
-            return value.strip().strip("'\"") or None
-    if req.config:
-        model = read_toml(Path(req.config)).get("model", {})
-        return model.get("init_from") if isinstance(model, dict) else None
-    return None
-
-
-def trainer_job(run_dir: str | Path, nproc: int, *, name: str = "train", nodes: int = 1,
-                exclude_nodes: list[str] | None = None, tenant: str | None = None) -> JobSpec:
-    """The job that trains a prepared run folder: torchrun of the trainer's own program
-    (trainops.trainer.launch.trainer_program), the one command line every trainer launch uses."""
-    from trainops.trainer.launch import trainer_program
-
-    return JobSpec(name=name, command=trainer_program(run_dir), launcher="torchrun", nodes=nodes,
-                   procs_per_node=nproc, run_dir=str(run_dir), exclude_nodes=list(exclude_nodes or []),
-                   env={"OMP_NUM_THREADS": "1"}, tenant=tenant)
-
-
-def training_spec(req: TrainingJob, name: str, exclude_nodes: list[str], tenant: str | None = None) -> JobSpec:
-    """Check the trainer run's folders, then prepare its run folder (config.toml, logs/) and
-    build the torchrun job; a tenant's run folder lies in the tenant's root."""
-    from trainops.tools.tenancy import check_job_paths
-    from trainops.trainer.config import load_config
-    from trainops.workspace import confine
-
-    init_from = _init_from(req)
-    if init_from:  # before the config loads: loading it reads the folder's config.json
-        confine(init_from, "model.init_from", reading=True, must_exist=True)
-    config = load_config(req.config, req.preset, req.overrides)
-    run_dir = _new_run_dir(tenant)
-    spec = trainer_job(run_dir, req.nproc, name=name, nodes=req.nodes, exclude_nodes=exclude_nodes, tenant=tenant)
-    check_job_paths(spec, config)
-    RunFiles(run_dir).logs_dir.mkdir(parents=True)
-    RunFiles(run_dir).config.write_text(config.to_toml())
-    return spec
-
-
 @tool("submit_job", risk="mutate", tags=("jobs",))
 def submit_job(inp: SubmitJobInput) -> SubmitJobOutput:
     """Submit a job to a scheduler (local, slurm or kubernetes) and return its handle (job id,
     run folder, log path). Give either a JobSpec or a training request (config/preset/overrides/nproc).
     Every folder and data file of the job must lie in the workspace, and for a tenant's job in its root."""
+    from trainops.tools.frameworks import get_adapter
     from trainops.tools.tenancy import check_job_paths
+    from trainops.tools.trainer_job import training_spec
 
     try:
         if inp.training is not None:
@@ -142,7 +94,7 @@ def submit_job(inp: SubmitJobInput) -> SubmitJobOutput:
             if None not in (inp.tenant, inp.spec.tenant) and inp.tenant != inp.spec.tenant:
                 raise ValueError(f"tenant={inp.tenant!r} but spec.tenant={inp.spec.tenant!r}: give the tenant once")
             spec = inp.spec if inp.tenant is None else inp.spec.model_copy(update={"tenant": inp.tenant})
-            check_job_paths(spec)
+            check_job_paths(spec, adapter_of=get_adapter)
     except (ValueError, OSError) as exc:
         raise ToolError("submit_job", f"cannot prepare the job: {exc}") from None
     return SubmitJobOutput(handle=_run("submit_job", _scheduler("submit_job", inp.scheduler).submit, spec), spec=spec)
@@ -222,12 +174,13 @@ def cancel_job(inp: CancelJobInput) -> JobStatus:
 def requeue_job(inp: JobRef) -> JobHandle:
     """Requeue a job with the same spec; a trainer run resumes from its newest checkpoint. Its
     folders are checked again first: the job itself can have rewritten its run's config."""
+    from trainops.tools.frameworks import get_adapter
     from trainops.tools.tenancy import check_job_paths
 
     spec = _launched_spec("requeue_job", inp)
     if spec is not None:
         try:
-            check_job_paths(spec)
+            check_job_paths(spec, adapter_of=get_adapter)
         except ValueError as exc:
             raise ToolError("requeue_job", f"refusing to relaunch job {inp.job_id}: {exc}") from None
     return _run("requeue_job", _scheduler("requeue_job", inp.scheduler).requeue, inp.job_id)

@@ -21,11 +21,11 @@ from trainops.tools.base import ToolError, ToolSpec
 
 def _tool_functions() -> tuple[Callable, ...]:
     """Every tool trainops.tools declares. Modules load here, on first use, not at import."""
-    from trainops.tools import checkpoints, detection, env, faults, jobs, planning, quarantine, tenancy
+    from trainops.tools import checkpoints, detection, env_probes, faults, jobs, planning, quarantine, tenancy
     from trainops.tools.frameworks import checks
 
     return (
-        env.declare_environment,
+        env_probes.declare_environment,
         planning.plan_checkpoint_interval,
         planning.plan_effective_training_time,
         planning.plan_layout,

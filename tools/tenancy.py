@@ -14,17 +14,17 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
 from trainops.run_folder import RunFiles
-from trainops.tools.base import tool
+from trainops.tools.base import InputCheck, tool
 from trainops.tools.governance.claims import SchedulerChange
-from trainops.tools.governance.gate import register_check
 from trainops.tools.schedulers.base import JobSpec
 
 if TYPE_CHECKING:
+    from trainops.tools.frameworks.base import FrameworkAdapter
     from trainops.trainer.config import JobConfig
 
 TenantKind = Literal["data", "checkpoints", "runs"]
@@ -62,12 +62,16 @@ def check_tenant_path(tenant: str, path: str | Path) -> Path:
     return resolved
 
 
-def check_job_paths(spec: JobSpec, config: JobConfig | None = None) -> None:
+def check_job_paths(spec: JobSpec, config: JobConfig | None = None,
+                    adapter_of: Callable[[str], FrameworkAdapter] | None = None) -> None:
     """Refuse a job whose folders or files lie outside where it may act: the workspace and the
     `[governance] roots` for everyone (shared `data_roots` for reading data); for a tenant's job,
     its workdir, run folder and checkpoint folder inside the tenant's root and its data inside
     that root or a shared data root (R-SEC-3). `config` is the trainer config the run will use
-    (default: the run folder's config.toml, which the job itself can rewrite before a requeue)."""
+    (default: the run folder's config.toml, which the job itself can rewrite before a requeue).
+    A run folder another framework made keeps its checkpoints where its adapter says:
+    `adapter_of` is the adapter lookup (`trainops.tools.frameworks.get_adapter`), passed in by
+    the job tools, as the trainer's own adapter builds its jobs through this check."""
     from trainops.workspace import confine, shared_data_roots
 
     workdir = confine(spec.workdir, "spec.workdir", must_exist=True) if spec.workdir else Path.cwd()
@@ -76,9 +80,10 @@ def check_job_paths(spec: JobSpec, config: JobConfig | None = None) -> None:
         run_dir = written["spec.run_dir"] = confine(spec.run_dir, "spec.run_dir")
         framework = _framework_of(run_dir) if config is None else "trainops"
         if framework not in (None, "trainops"):  # another framework's run: its adapter knows where checkpoints go
-            from trainops.tools.frameworks.base import get_adapter
-
-            written["checkpoint.folder"] = confine(get_adapter(framework).checkpoint_dir(str(run_dir)),
+            if adapter_of is None:
+                raise ValueError(f"spec.run_dir={str(run_dir)!r} is a {framework} run: check it with "
+                                 "adapter_of=trainops.tools.frameworks.get_adapter, which knows its checkpoint folder")
+            written["checkpoint.folder"] = confine(adapter_of(framework).checkpoint_dir(str(run_dir)),
                                                    "checkpoint.folder")
         elif config is None and RunFiles(run_dir).config.is_file():
             from trainops.trainer.config import load_config
@@ -187,7 +192,6 @@ class PolicyOutput(BaseModel):
     rollback_command: str
 
 
-@register_check("change_scheduler_policy", "R-SEC-2", kind="forbidden")
 def _no_global_policy(inp: PolicyInput) -> str | None:
     if inp.scope == "global":
         return ("scope='global' is on the forbidden list: a global scheduler policy change is outside this agent's "
@@ -195,12 +199,12 @@ def _no_global_policy(inp: PolicyInput) -> str | None:
     return None
 
 
-@register_check("change_scheduler_policy", "R-SCH-1")
 def _needs_target(inp: PolicyInput) -> str | None:
     return None if inp.target else f"target is empty for scope={inp.scope!r}: name the partition or tenant"
 
 
-@tool("change_scheduler_policy", risk="mutate", approval_required=True, tags=("tenant-governance",))
+@tool("change_scheduler_policy", risk="mutate", approval_required=True, tags=("tenant-governance",),
+      checks=(InputCheck("R-SEC-2", _no_global_policy, kind="forbidden"), InputCheck("R-SCH-1", _needs_target)))
 def change_scheduler_policy(inp: PolicyInput) -> PolicyOutput:
     """Change a partition's or tenant's scheduler policy. Carries its impact, a passed
     shadow-queue result and a rollback command (R-SCH-1); global changes are forbidden
@@ -252,7 +256,6 @@ def is_cross_version(from_version: str, to_version: str) -> bool:
     return fa != ta or abs(ti - fi) > 1
 
 
-@register_check("upgrade_framework", "R-SEC-2", kind="forbidden")
 def _no_forced_cross_version(inp: UpgradeInput) -> str | None:
     if inp.force and is_cross_version(inp.from_version, inp.to_version):
         return (f"force=True from {inp.from_version} to {inp.to_version} is a forced cross-version upgrade, on "
@@ -260,7 +263,6 @@ def _no_forced_cross_version(inp: UpgradeInput) -> str | None:
     return None
 
 
-@register_check("upgrade_framework", "R-SEC-2")
 def _follows_matrix(inp: UpgradeInput) -> str | None:
     if is_cross_version(inp.from_version, inp.to_version):
         return (f"to_version={inp.to_version!r} is not reachable from {inp.from_version} in one step of the "
@@ -275,7 +277,9 @@ def _follows_matrix(inp: UpgradeInput) -> str | None:
     return None
 
 
-@tool("upgrade_framework", risk="irreversible", tags=("tenant-governance",))
+@tool("upgrade_framework", risk="irreversible", tags=("tenant-governance",),
+      checks=(InputCheck("R-SEC-2", _no_forced_cross_version, kind="forbidden"),
+              InputCheck("R-SEC-2", _follows_matrix)))
 def upgrade_framework(inp: UpgradeInput) -> UpgradeOutput:
     """Pin a newer framework version for a tenant's jobs, one compatibility-matrix step at a
     time. Irreversible for running jobs (checkpoints written by the new version may not load

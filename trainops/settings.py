@@ -39,6 +39,13 @@ def user_config_path() -> Path:
     return base / "trainops" / "config.toml"
 
 
+def workspace_path() -> Path:
+    """`$TRAINOPS_HOME` (default `./.trainops`), resolved: where the workspace and its settings file
+    lie. Declared here, the bottom, so reading settings needs no workspace; `trainops.workspace.home`
+    creates the folder."""
+    return Path(os.environ.get("TRAINOPS_HOME", ".trainops")).expanduser().resolve()
+
+
 def read_toml(path: Path) -> dict:
     """A TOML file as a dict; any unreadable file is a SettingsError naming it, never a traceback."""
     try:
@@ -60,13 +67,11 @@ def trusted_folders(user_tables: dict) -> list[Path]:
 
 def settings_files() -> list[SettingsFile]:
     """Every settings file that exists, strongest first: project-local, workspace, user."""
-    from trainops.workspace import home
-
     user_path = user_config_path()
     user_tables = read_toml(user_path) if user_path.is_file() else {}
     trusted = trusted_folders(user_tables)
     found = []
-    for path in (Path.cwd() / "trainops.toml", home() / "trainops.toml"):
+    for path in (Path.cwd() / "trainops.toml", workspace_path() / "trainops.toml"):
         if path.is_file() and path.resolve() != user_path.resolve():
             found.append(SettingsFile(path, path.parent.resolve() in trusted, read_toml(path)))
     if user_path.is_file():

@@ -9,7 +9,6 @@ folder; what lies in a run folder, and how to read it, is trainops/run_folder.py
 """
 from __future__ import annotations
 
-import os
 import re
 import secrets
 import time
@@ -28,7 +27,9 @@ def is_valid_id(value: object) -> bool:
 
 
 def home() -> Path:
-    path = Path(os.environ.get("TRAINOPS_HOME", ".trainops")).expanduser().resolve()
+    from trainops.settings import workspace_path
+
+    path = workspace_path()
     path.mkdir(parents=True, exist_ok=True)
     return path
 

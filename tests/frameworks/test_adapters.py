@@ -8,7 +8,8 @@ from importlib.metadata import version
 import pytest
 
 from trainops.skills.knobs import CATALOGUE, CATEGORY_ORDER
-from trainops.tools.frameworks.base import FrameworkJob, FrameworkRefused, get_adapter, known_frameworks
+from trainops.tools.frameworks import get_adapter
+from trainops.tools.frameworks.base import FrameworkJob, FrameworkRefused, known_frameworks
 
 
 def test_unknown_framework_is_refused_listing_the_known_ones():

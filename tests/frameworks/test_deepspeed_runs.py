@@ -50,7 +50,7 @@ def test_baseline_summary_names_the_deepspeed_layout(baseline):
 
 
 def test_baseline_log_lines_parse_back_to_its_metrics(baseline):
-    from trainops.tools.frameworks.base import get_adapter
+    from trainops.tools.frameworks import get_adapter
 
     result = baseline
     run = Path(result.run_dir)

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainops.tools.frameworks.base import ParseContext, get_adapter
+from trainops.tools.frameworks import get_adapter
+from trainops.tools.frameworks.base import ParseContext
 
 # torchtitan MetricsProcessor.log (colour codes included, as it writes them to a terminal)
 TITAN = ("[titan] 2025-05-01 10:00:00,000 - root - INFO - \x1b[31mstep: 10  \x1b[32mloss:  7.8312  "

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from trainops.cli import app
-from trainops.tools.governance import audit
+from trainops.tools.governance import audit, verification
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,7 +33,7 @@ def _write(log: Path, lines: list[str]) -> None:
 
 @pytest.mark.rule("R-SEC-5", case="compliant")
 def test_untouched_log_verifies_and_links_each_entry_to_the_previous(log):
-    report = audit.verify()
+    report = verification.verify()
     assert (report.ok, report.entries, report.first_bad_line) == (True, 5, None)
     entries = audit.read()
     assert entries[0]["prev_hash"] == audit.GENESIS_HASH
@@ -47,7 +47,7 @@ def test_edited_entry_is_detected_at_its_line(log):
     entry["ok"] = False
     lines[2] = audit.canonical_json(entry) + "\n"
     _write(log, lines)
-    report = audit.verify()
+    report = verification.verify()
     assert (report.ok, report.first_bad_line) == (False, 3) and "edited" in report.reason
 
 
@@ -55,7 +55,7 @@ def test_deleted_entry_is_detected_at_the_line_after_the_gap(log):
     lines = _lines(log)
     del lines[1]
     _write(log, lines)
-    assert audit.verify().first_bad_line == 2
+    assert verification.verify().first_bad_line == 2
 
 
 def test_inserted_well_formed_entry_is_detected_where_the_chain_breaks(log):
@@ -64,7 +64,7 @@ def test_inserted_well_formed_entry_is_detected_where_the_chain_breaks(log):
     fake["hash"] = audit.entry_hash(fake)
     lines.insert(2, audit.canonical_json(fake) + "\n")
     _write(log, lines)
-    report = audit.verify()
+    report = verification.verify()
     assert (report.ok, report.first_bad_line) == (False, 4)
 
 
@@ -72,12 +72,12 @@ def test_reordered_entries_are_detected_at_the_first_moved_line(log):
     lines = _lines(log)
     lines[1], lines[2] = lines[2], lines[1]
     _write(log, lines)
-    assert audit.verify().first_bad_line == 2
+    assert verification.verify().first_bad_line == 2
 
 
 def test_entries_cut_from_the_end_are_detected(log):
     _write(log, _lines(log)[:3])
-    report = audit.verify()
+    report = verification.verify()
     assert (report.ok, report.first_bad_line) == (False, 4) and "removed from or replaced at the end" in report.reason
 
 
@@ -103,6 +103,6 @@ def test_four_concurrent_writers_leave_a_valid_chain(workspace):
     env = {**os.environ, "TRAINOPS_HOME": str(workspace), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     procs = [subprocess.Popen([sys.executable, "-c", _WRITER, str(w), "50"], env=env, cwd=ROOT) for w in range(4)]
     assert [p.wait(timeout=120) for p in procs] == [0, 0, 0, 0]
-    report = audit.verify()
+    report = verification.verify()
     assert (report.ok, report.entries) == (True, 200), report.reason
     assert sorted((e["writer"], e["i"]) for e in audit.read()) == [(w, i) for w in range(4) for i in range(50)]

@@ -12,7 +12,7 @@ from tests.conftest import make_ssh_key
 from trainops.cli import app
 from trainops.tools.base import CallContext
 from trainops.tools.calls import call
-from trainops.tools.governance import audit, signing, tokens
+from trainops.tools.governance import audit, signing, tokens, verification
 from trainops.tools.governance.gate import GateRefused
 
 QUOTA = {"tenant": "acme", "gpus": 16, "priority": "high", "reason": "launch week"}
@@ -49,7 +49,7 @@ def test_each_approval_signs_the_audit_head_it_saw_and_the_log_verifies(approver
     assert (first["principal"], second["principal"]) == ("alice", "bob")
     signed = json.loads(first["signed"])
     assert signed["audit_head"] == {"seq": first["seq"] - 1, "hash": audit.read()[first["seq"] - 2]["hash"]}
-    report = audit.verify()
+    report = verification.verify()
     assert report.ok, report.reason
     assert "every signed anchor holds" in report.reason
 
@@ -77,7 +77,7 @@ def test_an_anchor_re_signed_with_a_key_that_is_not_an_approver_fails(approvers,
         anchor["signature"] = signing.sign(anchor["signed"].encode(), eve)
 
     _rewrite_history(re_sign)
-    report = audit.verify()
+    report = verification.verify()
     assert not report.ok and "its signature does not hold" in report.reason and "not an approver" in report.reason
 
 
@@ -88,7 +88,7 @@ def test_an_anchor_whose_recorded_approver_was_changed_fails(approvers):
         next(e for e in entries if e["kind"] == "anchor")["principal"] = "bob"
 
     _rewrite_history(rename)
-    report = audit.verify()
+    report = verification.verify()
     assert not report.ok and "the signature is by alice" in report.reason
 
 
@@ -102,7 +102,7 @@ def test_an_anchor_by_an_approver_retired_later_still_verifies(approvers):
     time.sleep(max(0.0, signed_at + 2.1 - time.time()))
     with pytest.raises(signing.SigningError, match="not an approver"):
         tokens.approve(_queued_again(), approvers.alice.key)
-    assert audit.verify().ok
+    assert verification.verify().ok
 
 
 def _queued_again() -> str:
@@ -114,5 +114,5 @@ def _queued_again() -> str:
 def test_anchors_cannot_be_checked_without_the_allowed_signers_file(approvers, monkeypatch, tmp_path):
     _approved_quota_change(approvers)
     monkeypatch.setenv("TRAINOPS_CONFIG", str(tmp_path / "absent.toml"))
-    report = audit.verify()
+    report = verification.verify()
     assert not report.ok and "no allowed-signers file is configured" in report.reason

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from trainops.cli import app
 from trainops.tools.base import CallContext
 from trainops.tools.calls import call
-from trainops.tools.governance import audit
+from trainops.tools.governance import audit, verification
 from trainops.tools.governance.gate import GateRefused
 
 runner = CliRunner()
@@ -42,7 +42,7 @@ def test_a_mutating_call_writes_its_intent_before_acting_and_its_outcome_after(w
     assert (intent["kind"], outcome["kind"]) == ("intent", "tool_call")
     assert intent["seq"] < outcome["seq"] and outcome["intent"] == intent["hash"]
     assert intent["input"]["node"] == DRAIN["node"] and outcome["ok"] is True
-    assert audit.verify().ok
+    assert verification.verify().ok
 
 
 def test_a_torn_last_line_refuses_a_mutating_call_before_it_acts(workspace):
@@ -73,7 +73,7 @@ def test_an_unwritable_log_refuses_a_mutating_call(workspace):
 
 def test_verify_names_the_torn_line_and_appending_after_it_is_refused(workspace):
     _tear(workspace)
-    report = audit.verify()
+    report = verification.verify()
     assert (report.ok, report.first_bad_line) == (False, 2) and "torn" in report.reason
     with pytest.raises(audit.AuditUnavailable, match="line 2 is torn"):
         audit.append("tool_call", tool="after")
@@ -90,7 +90,7 @@ def test_repair_keeps_the_torn_bytes_in_a_side_file_and_audits_itself(workspace)
     side = workspace / entry["side_file"]
     assert side.read_bytes().startswith(b'{"seq": 2, "kind": "tool_call", "tool": "half-writ')
     assert entry["torn_sha256"] == audit.sha256_hex(side.read_bytes())
-    assert audit.verify().ok
+    assert verification.verify().ok
     _drain()
     assert _drained()
 
@@ -110,7 +110,7 @@ def test_verify_fails_when_the_log_is_missing(workspace):
 def test_verify_fails_when_the_head_file_is_missing(workspace):
     audit.append("tool_call", tool="t", ok=True)
     (workspace / "audit.jsonl.head").unlink()
-    report = audit.verify()
+    report = verification.verify()
     assert not report.ok and "head file audit.jsonl.head is missing" in report.reason
 
 
@@ -118,7 +118,7 @@ def test_a_head_that_disagrees_with_its_entry_is_detected(workspace):
     for i in range(3):
         audit.append("tool_call", tool=f"t{i}", ok=True)
     (workspace / "audit.jsonl.head").write_text(json.dumps({"seq": 2, "hash": "f" * 64}))
-    assert not audit.verify().ok
+    assert not verification.verify().ok
 
 
 def test_entries_appended_behind_the_head_files_back_are_detected(workspace):
@@ -128,7 +128,7 @@ def test_entries_appended_behind_the_head_files_back_are_detected(workspace):
     for i in range(2):
         audit.append("tool_call", tool=f"forged{i}", ok=True)
     (workspace / "audit.jsonl.head").write_text(head)
-    report = audit.verify()
+    report = verification.verify()
     assert (report.ok, report.first_bad_line) == (False, 4) and "bypassed trainops" in report.reason
 
 
@@ -137,4 +137,4 @@ def test_a_head_one_entry_behind_after_a_crash_still_verifies(workspace):
     head = (workspace / "audit.jsonl.head").read_text()
     audit.append("tool_call", tool="t1", ok=True)
     (workspace / "audit.jsonl.head").write_text(head)  # the crash came between the line and the head
-    assert audit.verify().ok
+    assert verification.verify().ok

@@ -19,7 +19,7 @@ from trainops.skills.evidence.model import (
     MetricSpread,
     PackEnvironment,
 )
-from trainops.tools.governance import approvals, audit
+from trainops.tools.governance import approvals, audit, verification
 from trainops.tools.governance.approvals import PackRefused, verify_pack
 
 runner = CliRunner()
@@ -68,7 +68,7 @@ def test_a_pack_trainops_wrote_is_approved_signed_by_the_approvers_key_and_verif
     assert result.exit_code == 0, result.output
     verified = verify_pack(pack)
     assert (verified.ok, verified.decision, verified.by, verified.decisions) == (True, "approved", "alice", 1)
-    assert audit.verify().ok
+    assert verification.verify().ok
 
 
 def test_a_two_variable_ablation_is_refused_naming_the_rule(workspace, approvers):
@@ -194,7 +194,7 @@ def test_a_log_replaced_without_the_packs_decisions_fails_audit_verify(workspace
     (workspace / "audit.jsonl").unlink()
     (workspace / "audit.jsonl.head").unlink()
     audit.append("tool_call", tool="a fresh start", ok=True)
-    report = audit.verify()
+    report = verification.verify()
     assert not report.ok and f"{pack}/0001.json are not in the log" in report.reason
 
 

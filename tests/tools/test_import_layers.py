@@ -1,6 +1,7 @@
-"""Imports flow one way and never loop at import time (issue 15 item 3): the registry is built by a
-function, so no tool module needs another to be imported first, and the tools layer never reaches
-up into the agent. Read from the source with `ast`, so the check costs no imports."""
+"""Imports flow one way and never loop, at import time or at call time through an import inside a
+function (issues 15 and 22): the registry is built by a function, so no tool module needs another
+to be imported first, and the tools layer never reaches up into the agent. Read from the source
+with `ast`, so the check costs no imports."""
 from __future__ import annotations
 
 import ast
@@ -75,6 +76,14 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_no_module_imports_one_that_imports_it_back_at_import_time():
     known = modules()
     graph = {name: imported(path, set(known), module_level_only=True) for name, path in known.items()}
+    assert cycles(graph) == []
+
+
+def test_no_cycle_even_through_imports_inside_functions():
+    """An import inside a function still binds the two modules: a loop through one only waits for
+    the call that closes it. Tools, skills, agents, trainer and CLI alike form no loop at call time."""
+    known = modules()
+    graph = {name: imported(path, set(known), module_level_only=False) for name, path in known.items()}
     assert cycles(graph) == []
 
 

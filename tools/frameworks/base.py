@@ -1,6 +1,8 @@
-"""The adapter contract and the registry. An adapter is plain data plus pure functions: it
-imports its framework (if at all) only inside methods, so the CLI and the tool catalogue stay
-light and an adapter works for planning and log parsing where the framework is not installed."""
+"""The adapter contract: what every adapter declares and returns, and the helpers they share.
+An adapter is plain data plus pure functions: it imports its framework (if at all) only inside
+methods, so the CLI and the tool catalogue stay light and an adapter works for planning and log
+parsing where the framework is not installed. Choosing an adapter by name is the package's
+`trainops.tools.frameworks.get_adapter`, above the adapters; this module imports none of them."""
 from __future__ import annotations
 
 import json
@@ -177,24 +179,3 @@ def ingest_log(adapter: FrameworkAdapter, text: str, run_dir: str | Path, ctx: P
 
 def known_frameworks() -> tuple[str, ...]:
     return ("trainops", "deepspeed", "torchtitan", "megatron")
-
-
-def get_adapter(name: str) -> FrameworkAdapter:
-    """The adapter for `name`; an unknown name is refused with the known ones listed."""
-    if name == "trainops":
-        from trainops.tools.frameworks.trainops_adapter import TrainopsAdapter
-
-        return TrainopsAdapter()
-    if name == "deepspeed":
-        from trainops.tools.frameworks.deepspeed_adapter import DeepSpeedAdapter
-
-        return DeepSpeedAdapter()
-    if name == "torchtitan":
-        from trainops.tools.frameworks.torchtitan_adapter import TorchtitanAdapter
-
-        return TorchtitanAdapter()
-    if name == "megatron":
-        from trainops.tools.frameworks.megatron_adapter import MegatronAdapter
-
-        return MegatronAdapter()
-    raise FrameworkRefused(f"framework: unknown framework {name!r}; use one of {', '.join(known_frameworks())}")

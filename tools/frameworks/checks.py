@@ -5,7 +5,8 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from trainops.tools.base import tool
-from trainops.tools.frameworks.base import FrameworkKnob, FrameworkName, FrameworkRefused, get_adapter
+from trainops.tools.frameworks import get_adapter
+from trainops.tools.frameworks.base import FrameworkKnob, FrameworkName, FrameworkRefused
 
 
 class FrameworkRef(BaseModel):

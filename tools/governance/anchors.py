@@ -4,7 +4,7 @@ The hash chain alone stops nobody who can rewrite both the log and its head file
 recompute every hash. An anchor is an audit entry that carries a payload a human signed with
 their SSH key; the payload names the head (`seq`, `hash`) the approver saw. Rewriting any
 entry at or before that head changes its hash, and the signature cannot be redone without the
-human's key, so `audit.verify` (which calls `problems`) names the broken anchor.
+human's key, so `verification.verify` (which calls `problems`) names the broken anchor.
 
 A signed payload is JSON with `audit_head: {seq, hash}` and `issued_at` (the time the
 allowed-signers file is consulted for, so a key retired later with `valid-before` still

@@ -2,7 +2,8 @@
 whichever path it came by: the CLI, a skill, the agent graph, LangChain tools, the Python registry.
 
 Order of checks in `before_call`: forbidden actions (R-SEC-2) are refused outright; then
-per-tool input checks and the tenant-isolation check on path fields (R-SEC-3); then, when
+the tool's own input checks (declared with it: `@tool(..., checks=...)`) and the tenant-isolation
+check on path fields (R-SEC-3); then, when
 `approval_rule` says a human must decide (irreversible and approval-gated tools always; any
 `mutate` tool the agent calls, or the operator too where `[governance] operator_needs_approval`),
 a signed single-use token bound to this exact call (R-SEC-1, R-SEC-4) — a call without one is
@@ -13,8 +14,6 @@ from __future__ import annotations
 
 import time
 from contextvars import ContextVar
-from dataclasses import dataclass
-from typing import Callable, Literal
 
 from pydantic import BaseModel
 
@@ -32,35 +31,7 @@ class GateRefused(ToolError):
         self.pending_id = pending_id
 
 
-@dataclass(frozen=True)
-class Check:
-    """A per-tool input check: `fn(inp)` returns a refusal message, or None to let the call on."""
-
-    tool: str
-    rule_id: str
-    kind: Literal["forbidden", "invalid_input"]  # forbidden: refused outright, before any token
-    fn: Callable[[BaseModel], str | None]
-
-
-_CHECKS: list[Check] = []
 PATH_FIELD_SUFFIXES = ("_path", "_dir", "folder")
-
-
-def register_check(tool: str, rule_id: str, kind: Literal["forbidden", "invalid_input"] = "invalid_input"):
-    """Decorator: attach an input check to `tool` (used by tool modules for their own rules)."""
-    if kind not in ("forbidden", "invalid_input"):
-        raise ValueError(f"kind={kind!r} is not valid: use 'forbidden' or 'invalid_input'")
-
-    def add(fn: Callable[[BaseModel], str | None]):
-        if not any(c.tool == tool and c.fn is fn for c in _CHECKS):
-            _CHECKS.append(Check(tool, rule_id, kind, fn))
-        return fn
-
-    return add
-
-
-def checks_for(tool: str) -> list[Check]:
-    return [c for c in _CHECKS if c.tool == tool]
 
 
 def _refuse(spec, inp, ctx, reason: str, rule_id: str, message: str, pending_id: str | None = None):
@@ -134,12 +105,11 @@ def _inherited_approval(spec) -> str | None:
 def check_input(spec, inp: BaseModel, ctx) -> None:
     """Forbidden-action, per-tool and tenant-path checks, without the token step: lets the
     agent refuse a call before it asks a human to approve something the gate would refuse."""
-    checks = checks_for(spec.name)
-    for check in (c for c in checks if c.kind == "forbidden"):
+    for check in (c for c in spec.checks if c.kind == "forbidden"):
         message = check.fn(inp)
         if message:
             _refuse(spec, inp, ctx, "forbidden", check.rule_id, message)
-    for check in (c for c in checks if c.kind == "invalid_input"):
+    for check in (c for c in spec.checks if c.kind == "invalid_input"):
         message = check.fn(inp)
         if message:
             _refuse(spec, inp, ctx, "invalid_input", check.rule_id, message)

@@ -76,7 +76,7 @@ RULES: dict[str, Rule] = {r.id: r for r in [
          enforcement="trainops.tools.governance.tokens:consume", where="action gate"),
     Rule(id="R-SEC-5", title="Every tool call, gate decision and approval is in the hash-chained audit log, "
                              "anchored by the approvers' signatures",
-         enforcement="trainops.tools.governance.audit:verify", where="audit log"),
+         enforcement="trainops.tools.governance.verification:verify", where="audit log"),
     Rule(id="R-SEC-6", title="Gated calls need distinct human approvers by class (mutate 1, irreversible 2, "
                              "quota/priority/policy 2), never the requester",
          enforcement="trainops.tools.governance.tokens:consume", where="action gate"),

@@ -1,4 +1,21 @@
-"""Training metrics behind one protocol: `embedded` (the run's own files) and `prometheus`."""
-from trainops.tools.monitoring.base import Monitor, MonitorError, Sample, Series, get_monitor
+"""Training metrics behind one protocol: `embedded` (the run's own files) and `prometheus`.
+
+`get_monitor(kind)` is the one way to pick a backend; it lives here, above the backends, which
+import only the contract (`base`)."""
+from __future__ import annotations
+
+from trainops.tools.monitoring.base import Monitor, MonitorError, Sample, Series
 
 __all__ = ["Monitor", "MonitorError", "Sample", "Series", "get_monitor"]
+
+
+def get_monitor(kind: str, url: str | None = None) -> Monitor:
+    if kind == "embedded":
+        from trainops.tools.monitoring.embedded import EmbeddedMonitor
+
+        return EmbeddedMonitor()
+    if kind == "prometheus":
+        from trainops.tools.monitoring.prometheus import PrometheusMonitor
+
+        return PrometheusMonitor(url)
+    raise MonitorError(kind, f"unknown monitor {kind!r}: use embedded or prometheus")

@@ -60,15 +60,3 @@ class Monitor(Protocol):
     def series(self, metric: str, run: Path | str, rank: int | None = None, window_s: float = 300.0) -> list[Series]:
         """Values over the last `window_s` seconds, one series per rank."""
         ...
-
-
-def get_monitor(kind: str, url: str | None = None) -> Monitor:
-    if kind == "embedded":
-        from trainops.tools.monitoring.embedded import EmbeddedMonitor
-
-        return EmbeddedMonitor()
-    if kind == "prometheus":
-        from trainops.tools.monitoring.prometheus import PrometheusMonitor
-
-        return PrometheusMonitor(url)
-    raise MonitorError(kind, f"unknown monitor {kind!r}: use embedded or prometheus")

@@ -1,4 +1,9 @@
-"""Job schedulers behind one protocol: `local` (embedded default), `slurm`, `kubernetes`."""
+"""Job schedulers behind one protocol: `local` (embedded default), `slurm`, `kubernetes`.
+
+`get_scheduler(kind)` is the one way to pick a backend; it lives here, above the backends, which
+import only the contract (`base`)."""
+from __future__ import annotations
+
 from trainops.tools.schedulers.base import (
     JobHandle,
     JobSpec,
@@ -7,7 +12,6 @@ from trainops.tools.schedulers.base import (
     NodeInfo,
     Scheduler,
     SchedulerError,
-    get_scheduler,
 )
 
 __all__ = [
@@ -20,3 +24,20 @@ __all__ = [
     "SchedulerError",
     "get_scheduler",
 ]
+
+
+def get_scheduler(kind: str) -> Scheduler:
+    """The backend for `kind`; heavy clients are imported only here."""
+    if kind == "local":
+        from trainops.tools.schedulers.local import LocalScheduler
+
+        return LocalScheduler()
+    if kind == "slurm":
+        from trainops.tools.schedulers.slurm import SlurmScheduler
+
+        return SlurmScheduler()
+    if kind == "kubernetes":
+        from trainops.tools.schedulers.kubernetes import KubernetesScheduler
+
+        return KubernetesScheduler()
+    raise SchedulerError(kind, f"unknown scheduler {kind!r}: use one of local, slurm, kubernetes")

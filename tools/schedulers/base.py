@@ -1,6 +1,7 @@
 """The scheduler contract: a framework-agnostic `JobSpec` in, a `JobHandle` out, and the same
 status/logs/cancel/requeue/drain verbs on every backend, so a drill reads the same on a
-laptop, on Slurm and on Kubernetes."""
+laptop, on Slurm and on Kubernetes. The backends import this module; choosing one by name is
+the package's `trainops.tools.schedulers.get_scheduler`, above them."""
 from __future__ import annotations
 
 import re
@@ -201,23 +202,6 @@ class PollingWait:
             if st.finished or time.monotonic() >= deadline:
                 return st
             time.sleep(self.poll_s if poll_s is None else poll_s)
-
-
-def get_scheduler(kind: str) -> Scheduler:
-    """The backend for `kind`; heavy clients are imported only here."""
-    if kind == "local":
-        from trainops.tools.schedulers.local import LocalScheduler
-
-        return LocalScheduler()
-    if kind == "slurm":
-        from trainops.tools.schedulers.slurm import SlurmScheduler
-
-        return SlurmScheduler()
-    if kind == "kubernetes":
-        from trainops.tools.schedulers.kubernetes import KubernetesScheduler
-
-        return KubernetesScheduler()
-    raise SchedulerError(kind, f"unknown scheduler {kind!r}: use one of local, slurm, kubernetes")
 
 
 def tail_text(text: str, lines: int) -> str:

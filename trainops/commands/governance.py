@@ -183,7 +183,7 @@ def approvals_verify(pack: str = typer.Argument(..., help="Evidence pack id."), 
 @audit_app.command("verify")
 def audit_verify(as_json: bool = JsonOpt) -> None:
     """Walk the hash chain and check every signed anchor; name the first broken line (exit 1)."""
-    from trainops.tools.governance.audit import verify
+    from trainops.tools.governance.verification import verify
 
     report = verify()
     emit(report, as_json, lambda r: console().print(

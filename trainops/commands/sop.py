@@ -32,7 +32,8 @@ def _request(config: Optional[str], sets: Optional[List[str]], nproc: int, sched
     from pathlib import Path
 
     from trainops.skills.request import JobRequest
-    from trainops.tools.frameworks.base import FrameworkRefused, get_adapter
+    from trainops.tools.frameworks import get_adapter
+    from trainops.tools.frameworks.base import FrameworkRefused
 
     if monitor != "embedded":
         fail(f"--monitor: {monitor!r} does not feed the SOP's statistics yet (summarize_run reads each run's "
@@ -120,7 +121,7 @@ def ablate(config: Optional[str] = typer.Argument(None, help="Job config TOML (d
     from trainops.skills import ablation as skill_ablation
     from trainops.skills import baseline as skill_baseline
     from trainops.skills.knobs import catalogue, parse_arm, plan_order
-    from trainops.tools.frameworks.base import get_adapter
+    from trainops.tools.frameworks import get_adapter
 
     req = _request(config, sets, nproc, scheduler, as_json, monitor, framework)
     if list_knobs:
