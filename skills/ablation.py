@@ -1,5 +1,6 @@
 """S3/S4: single-variable ablations, small scale first, then target scale, each judged against
-the run-to-run noise band of its own scale."""
+the run-to-run noise band of its own scale. `ablate` is the whole step, for `trainops ablate` and
+the SOP alike: check the arms, measure the baselines at both scales, run the plan."""
 from __future__ import annotations
 
 from trainops.skills.baseline import Progress, RepeatResult, command_line, repeat, run_config
@@ -80,6 +81,38 @@ def judge_scale(knob: Knob, rows: list[AblationRow], arms: dict[int, list[Repeat
                 target_world_size=target_n, target_gain_pct=rows[1].mfu_change_pct,
                 weak_scaling_efficiency_pct=efficiency, rollout="stop" if rows[1].mfu_change_pct <= 0 else "continue")
     return rows[1].model_copy(update={"vanished_at_scale": vanished, "weak_scaling_efficiency_pct": efficiency})
+
+
+def check_arms(req: JobRequest, specs: list[str]) -> None:
+    """Refuse a bad arm before anything launches: one variable as NAME=VALUE, a knob and value the
+    framework takes, and (for another framework) its own flag prerequisites at the target scale."""
+    for spec in specs:
+        knob, value = parse_arm(spec.split(","), req.framework)
+        if req.framework != "trainops":
+            from trainops.tools.frameworks import get_adapter
+
+            get_adapter(req.framework).validate({knob.name: value}, overrides=req.overrides, world_size=req.nproc)
+
+
+def scale_baselines(req: JobRequest, repeats: int, ctx: CallContext | None = None, progress: Progress | None = None,
+                    measured: list[RepeatResult] | None = None) -> dict[int, list[RepeatResult]]:
+    """Baseline repeats at small scale (one process) and at target scale (`req.nproc`), the noise
+    bands the arms are judged against; `measured` are target-scale repeats already run (the SOP's S2)."""
+    baselines = {req.nproc: measured} if measured else {}
+    for nproc in sorted({1, req.nproc} - set(baselines)):
+        baselines[nproc] = repeat(req.with_overrides([], nproc=nproc), f"baseline-{nproc}p", repeats, ctx, progress)
+    return baselines
+
+
+def ablate(req: JobRequest, specs: list[str], repeats: int, ctx: CallContext | None = None,
+           progress: Progress | None = None, measured: list[RepeatResult] | None = None) -> tuple[list[AblationRow],
+                                                                                                list[EvidenceRow]]:
+    """S3/S4: check the arms, measure the baselines at both scales (reusing `measured`), then run
+    every arm at each scale, highest expected gain first."""
+    ctx = skill_context("ablation", ctx)
+    check_arms(req, specs)
+    baselines = scale_baselines(req, repeats, ctx, progress, measured)
+    return run_plan(req, specs, baselines, repeats, ctx, progress)
 
 
 def run_plan(req: JobRequest, specs: list[str], baselines: dict[int, list[RepeatResult]], repeats: int,

@@ -93,11 +93,8 @@ def run(settings: SopSettings, ctx: CallContext | None = None, progress: Progres
                                                       f"{env.torch_version}"})
     say("S2 baseline")
     summary, base_runs, evidence = baseline.measure(req, settings.repeats(), ctx, say)
-    baselines = {req.nproc: base_runs}
-    small = req.with_overrides([], nproc=1)
-    say("S3/S4 small-scale baseline")
-    baselines[1] = baseline.repeat(small, "baseline-small", settings.repeats(), ctx, say)
-    rows, arm_evidence = ablation.run_plan(req, settings.plan(), baselines, settings.repeats(), ctx, say)
+    say("S3/S4 ablation: small-scale baseline, then each arm")
+    rows, arm_evidence = ablation.ablate(req, settings.plan(), settings.repeats(), ctx, say, measured=base_runs)
     say("S5 fault drills")
     drill_req = req.with_overrides(settings.drill_overrides())
     results, drill_evidence = drill.run_drills(drill_req, settings.drills(), ctx, say)

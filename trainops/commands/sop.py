@@ -119,9 +119,7 @@ def ablate(config: Optional[str] = typer.Argument(None, help="Job config TOML (d
            framework: str = FRAMEWORK):
     """S3/S4: single-variable arms against the baseline, small scale then target scale."""
     from trainops.skills import ablation as skill_ablation
-    from trainops.skills import baseline as skill_baseline
-    from trainops.skills.knobs import catalogue, parse_arm, plan_order
-    from trainops.tools.frameworks import get_adapter
+    from trainops.skills.knobs import catalogue, plan_order
 
     req = _request(config, sets, nproc, scheduler, as_json, monitor, framework)
     if list_knobs:
@@ -132,20 +130,7 @@ def ablate(config: Optional[str] = typer.Argument(None, help="Job config TOML (d
                                                        for k in ks]))
     if not knob:
         fail("--knob: no arm given; pass --knob NAME=VALUE (see trainops ablate --list)", as_json=as_json)
-    for spec in knob:
-        arm, value = _guard(lambda spec=spec: parse_arm(spec.split(","), framework), as_json)
-        if framework != "trainops":  # the framework's own flag prerequisites, before anything launches
-            _guard(lambda arm=arm, value=value: get_adapter(framework).validate(
-                {arm.name: value}, overrides=req.overrides, world_size=nproc), as_json)
-    say = _progress(as_json)
-
-    def go():
-        scales = sorted({1, nproc})
-        baselines = {n: skill_baseline.repeat(req.with_overrides([], nproc=n), f"baseline-{n}p", repeats,
-                                              progress=say) for n in scales}
-        return skill_ablation.run_plan(req, knob, baselines, repeats, progress=say)[0]
-
-    rows = _guard(go, as_json)
+    rows = _guard(lambda: skill_ablation.ablate(req, knob, repeats, progress=_progress(as_json))[0], as_json)
     emit(rows, as_json, lambda rs: _table("ablation", ["knob", "value", "scale", "MFU change", "noise band", "verdict"],
                                           [[r.knob, r.value, r.scale, f"{r.mfu_change_pct:.1f}%",
                                             f"±{r.noise_band_pct:.1f}%",
