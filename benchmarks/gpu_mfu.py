@@ -20,10 +20,9 @@ from pathlib import Path
 import torch
 
 from trainops.benchmarks.harness import GPU_BEGIN, GPU_END, write_section
-from trainops.run_folder import RunFiles
+from trainops.run_folder import SaveEntry, read_journal, read_metrics
 from trainops.tools.follow import run_local
 from trainops.trainer.config import load_config
-from trainops.trainer.launch import read_metrics
 
 ARMS = {
     "bf16 eager": ["training.compile=false"],
@@ -45,29 +44,29 @@ def measure_arm(name: str, overrides: list[str], args) -> dict:
     result = run_local(cfg, 1, timeout_s=args.run_timeout_s)
     if result.status != "ok":
         return {"arm": name, "status": "failed", "run_dir": result.run_dir, "failure": result.failure}
-    steady = [r for r in read_metrics(result.run_dir) if r["rank"] == 0 and r["step"] > args.warmup]
+    steady = [r for r in read_metrics(result.run_dir) if r.rank == 0 and r.step > args.warmup]
     return {
         "arm": name, "status": "ok", "run_dir": result.run_dir, "wall_s": time.time() - started,
-        "mfu_pct": statistics.median(r["mfu_pct"] for r in steady),
-        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in steady),
-        "step_time_s": statistics.median(r["step_time_s"] for r in steady),
-        "peak_mem_gib": max(r["peak_mem_gib"] for r in steady),
-        "peak_source": steady[-1].get("peak_source"),
+        "mfu_pct": statistics.median(r.mfu_pct for r in steady),
+        "tokens_per_s": statistics.median(r.tokens_per_s for r in steady),
+        "step_time_s": statistics.median(r.step_time_s for r in steady),
+        "peak_mem_gib": max(r.peak_mem_gib for r in steady),
+        "peak_source": steady[-1].peak_source,
     }
 
 
-def summarize_saves(saves: list[dict], failure: str | None = None) -> dict | None:
+def summarize_saves(saves: list[SaveEntry], failure: str | None = None) -> dict | None:
     """Stall figures from a run's `save` journal records, each stall without the wait for the
     previous background write: that wait only measures an interval too short for the write
     (reported apart, with the write time, so a reader can size the interval). A run that failed
     after some saves still yields their figures, with its failure."""
     if not saves:
         return None
-    stalls_s = [save["stall_s"] - save["wait_previous_s"] for save in saves]
+    stalls_s = [save.stall_s - save.wait_previous_s for save in saves]
     return {"stall_s": statistics.median(stalls_s), "stalls_s": stalls_s,
-            "wait_previous_s": max(save["wait_previous_s"] for save in saves),
-            "write_s": statistics.median(save["write_s"] for save in saves),
-            "size_gib": saves[-1]["size_bytes"] / 2**30, "saves": len(saves), "failure": failure}
+            "wait_previous_s": max(save.wait_previous_s for save in saves),
+            "write_s": statistics.median(save.write_s for save in saves),
+            "size_gib": saves[-1].size_bytes / 2**30, "saves": len(saves), "failure": failure}
 
 
 def checkpoint_stall(mode: str, args) -> dict | None:
@@ -78,10 +77,8 @@ def checkpoint_stall(mode: str, args) -> dict | None:
                                           f"checkpoint.mode={mode}"])
     result = run_local(cfg, 1, timeout_s=args.run_timeout_s)
     shutil.rmtree(Path(result.run_dir) / cfg.checkpoint.folder, ignore_errors=True)
-    journal = RunFiles(result.run_dir).checkpoint_journal
-    records = map(json.loads, journal.read_text().splitlines()) if journal.exists() else []
     failure = None if result.status == "ok" else (result.failure or f"exit code {result.exit_code}")
-    return summarize_saves([record for record in records if record.get("event") == "save"], failure)
+    return summarize_saves(read_journal(result.run_dir).saves, failure)
 
 
 def _failure_note(stall: dict) -> str:

@@ -13,7 +13,10 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from trainops.run_folder import MetricsRecord
 
 
 def _results_path() -> Path:
@@ -105,11 +108,11 @@ def steady(step_times: list[float]) -> float:
     return statistics.median(step_times[WARMUP_STEPS:])
 
 
-def iteration_times(records: list[dict]) -> list[float]:
+def iteration_times(records: list[MetricsRecord]) -> list[float]:
     """Wall time between rank 0's consecutive step records: the whole iteration, the per-step
     duties the trainer's own `step_time_s` leaves out (checksum, record, heartbeat) included, as a
     peer's or a plain loop's timer includes everything in its loop. The first step has none."""
-    times = sorted(r["time"] for r in records if r["rank"] == 0)
+    times = sorted(r.time for r in records if r.rank == 0)
     return [later - earlier for earlier, later in zip(times, times[1:], strict=False)]
 
 
@@ -126,7 +129,7 @@ def run_trainer(overrides: list[str], nproc: int) -> Path:
 
 def trainer_step_time(overrides: list[str], nproc: int) -> float:
     """Median steady-state iteration time of the embedded trainer (tiny preset + `overrides`, rank 0)."""
-    from trainops.trainer.launch import read_metrics
+    from trainops.run_folder import read_metrics
 
     return steady(iteration_times(read_metrics(run_trainer(overrides, nproc))))
 

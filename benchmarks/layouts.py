@@ -43,13 +43,13 @@ BASE = ["data.kind=synthetic", "training.seq_len=64", "training.global_batch=8",
 
 
 def measure(preset: str, nproc: int, overrides: list[str], steps: int) -> dict:
+    from trainops.run_folder import read_metrics
     from trainops.tools.follow import run_local
     from trainops.trainer.config import load_config
-    from trainops.trainer.launch import read_metrics
 
     cfg = load_config(None, preset, BASE + [f"training.steps={steps}"] + overrides)
     result = run_local(cfg, nproc, timeout_s=900)
-    times = [r["step_time_s"] for r in read_metrics(result.run_dir) if r["rank"] == 0 and r["step"] > 1]
+    times = [r.step_time_s for r in read_metrics(result.run_dir) if r.rank == 0 and r.step > 1]
     return {"status": result.status, "final_loss": result.final_loss,
             "step_time_s": statistics.median(times) if times else None,
             "spread": (min(times), max(times)) if times else None, "n": len(times)}

@@ -25,7 +25,7 @@ from trainops.benchmarks.harness import (
 )
 from trainops.benchmarks.harness import trainer_step_time as harness_trainer_step_time
 from trainops.benchmarks.peer import run_and_publish
-from trainops.run_folder import RunFiles
+from trainops.run_folder import read_heartbeat, read_journal, read_metrics
 
 TRAIN_SHAPE = ["training.global_batch=8", "training.seq_len=128", "data.kind=synthetic"]
 
@@ -64,8 +64,7 @@ def _checkpoint_stall(mode: str, steps: int) -> float:
     result = run_local(cfg, 1)
     if result.status != "ok":
         raise RuntimeError(f"benchmark checkpoint run failed: read {result.run_dir}/logs")
-    journal = [json.loads(line) for line in RunFiles(result.run_dir).checkpoint_journal.read_text().splitlines()]
-    return statistics.median(e["stall_s"] for e in journal if e.get("event") == "save")
+    return statistics.median(save.stall_s for save in read_journal(result.run_dir).saves)
 
 
 def bench_async_checkpoint(suite: Suite, repeats: int) -> None:
@@ -90,7 +89,7 @@ def _detect(kind: str, heartbeat_stale_s: float) -> float:
         "preset": "tiny", "nproc": 2, "overrides": [*TRAIN_SHAPE, "training.steps=100000", "training.micro_batch=4"]}})
     run_dir, job_id = sub.handle.run_dir, sub.handle.job_id
     try:
-        _wait(lambda: all((RunFiles(run_dir).heartbeat(r)).exists() for r in (0, 1)), 120)
+        _wait(lambda: all(read_heartbeat(run_dir, r) for r in (0, 1)), 120)
         time.sleep(1.0)
         injected = call("inject_fault", {"kind": kind, "run": run_dir, "rank": 1})
         found = call("detect_faults", {"run": run_dir, "job_id": job_id, "injected_at": injected.injected_at,
@@ -128,9 +127,8 @@ def _cold_start_s() -> float:
     sub = call("submit_job", {"name": "bench-cold", "training": {
         "preset": "tiny", "nproc": 2, "overrides": [*TRAIN_SHAPE, "training.steps=3", "training.micro_batch=4",
                                                     "checkpoint.enable=true"]}})
-    metrics = RunFiles(sub.handle.run_dir).metrics
-    _wait(lambda: metrics.exists() and metrics.read_text().strip() != "", 120)
-    first = json.loads(metrics.read_text().splitlines()[0])["time"]
+    _wait(lambda: bool(read_metrics(sub.handle.run_dir)), 120)
+    first = read_metrics(sub.handle.run_dir)[0].time
     call("wait_job", {"job_id": sub.handle.job_id, "timeout_s": 120})
     return first - started
 
@@ -231,10 +229,9 @@ def sop_time_breakdown(home: Path, started: float, ended: float) -> dict[str, fl
         job = json.loads(record.read_text())
         run_dir = (job.get("spec") or {}).get("run_dir")
         exit_file = record.with_suffix(".exit")
-        metrics = RunFiles(run_dir).metrics if run_dir else None
-        if not (metrics and metrics.exists() and exit_file.exists()):
+        if not (run_dir and exit_file.exists()):
             continue
-        times = [json.loads(line)["time"] for line in metrics.read_text().splitlines() if line.strip()]
+        times = [record.time for record in read_metrics(run_dir)]
         if times:
             parts["job start-up"] += min(times) - job["submitted_at"]
             parts["training steps"] += max(times) - min(times)

@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from trainops.run_folder import MetricsRecord, read_metrics
 from trainops.tools.base import ToolError, tool
 from trainops.tools.monitoring.base import MonitorError, MonitorKind, Sample, Series
 from trainops.tools.schedulers.base import (
@@ -271,13 +272,13 @@ def query_metrics(inp: QueryMetricsInput) -> QueryMetricsOutput:
     """A metric of a run, per rank: the latest value or a series over a window."""
     from trainops.tools.monitoring import get_monitor
 
-    if inp.monitor == "embedded":
-        _confined_run("query_metrics", inp.run)
+    # the embedded monitor reads the run folder, resolved and confined here; Prometheus asks by the run label
+    run = _confined_run("query_metrics", inp.run) if inp.monitor == "embedded" else inp.run
     mon = _run("query_metrics", get_monitor, inp.monitor, inp.url)
     if inp.mode == "instant":
-        samples = _run("query_metrics", mon.instant, inp.metric, inp.run, inp.rank)
+        samples = _run("query_metrics", mon.instant, inp.metric, run, inp.rank)
         return QueryMetricsOutput(instant=samples, nodes=fold_per_node(samples, inp.per_node) if inp.per_node else {})
-    return QueryMetricsOutput(series=_run("query_metrics", mon.series, inp.metric, inp.run, inp.rank, inp.window_s))
+    return QueryMetricsOutput(series=_run("query_metrics", mon.series, inp.metric, run, inp.rank, inp.window_s))
 
 
 class SummarizeRunInput(BaseModel):
@@ -306,37 +307,37 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def summarize_records(run: str, records: list[dict], skip_steps: int) -> RunSummary:
-    by_step: dict[int, list[dict]] = {}
+def summarize_records(run: str, records: list[MetricsRecord], skip_steps: int) -> RunSummary:
+    by_step: dict[int, list[MetricsRecord]] = {}
     for rec in records:
-        by_step.setdefault(int(rec["step"]), []).append(rec)
+        by_step.setdefault(rec.step, []).append(rec)
     steps = sorted(by_step)
     measured = [s for s in steps if s > (steps[0] + skip_steps - 1 if steps else 0)] or steps
     step_times, spreads, tps, mfu = [], [], [], []
     wait_s = total_s = 0.0
     for s in measured:
         recs = by_step[s]
-        times = [float(r["step_time_s"]) for r in recs if "step_time_s" in r]
+        times = [r.step_time_s for r in recs if r.step_time_s is not None]
         if times:
             step_times.append(max(times))
             mid = statistics.median(times)
             if len(times) > 1 and mid > 0:
                 spreads.append(100.0 * (max(times) - min(times)) / mid)
             total_s += sum(times)
-        tps.append(sum(float(r.get("tokens_per_s", 0.0)) for r in recs))
-        mfus = [float(r["mfu_pct"]) for r in recs if r.get("mfu_pct") is not None]
+        tps.append(sum(r.tokens_per_s or 0.0 for r in recs))
+        mfus = [r.mfu_pct for r in recs if r.mfu_pct is not None]
         if mfus:
             mfu.append(statistics.fmean(mfus))
-        wait_s += sum(float(r.get("data_wait_s", 0.0)) for r in recs)
+        wait_s += sum(r.data_wait_s or 0.0 for r in recs)
     last = by_step[steps[-1]] if steps else []
-    losses = [r.get("loss") for r in last if r.get("loss") is not None]
+    losses = [r.loss for r in last if r.loss is not None]
     return RunSummary(
-        run=run, ranks=len({r.get("rank", 0) for r in records}), steps_measured=len(measured),
+        run=run, ranks=len({r.rank for r in records}), steps_measured=len(measured),
         step_time_median_s=_median(step_times), step_time_rank_spread_pct=_median(spreads),
         tokens_per_s_median=_median(tps) if measured else None, mfu_pct_median=_median(mfu),
         data_wait_share_pct=100.0 * wait_s / total_s if total_s > 0 else None,
-        final_loss=float(losses[0]) if losses else None,
-        peak_source=next((r.get("peak_source") for r in records if r.get("peak_source")), None),
+        final_loss=losses[0] if losses else None,
+        peak_source=next((r.peak_source for r in records if r.peak_source), None),
     )
 
 
@@ -344,10 +345,8 @@ def summarize_records(run: str, records: list[dict], skip_steps: int) -> RunSumm
 def summarize_run(inp: SummarizeRunInput) -> RunSummary:
     """Median step time, per-rank step-time spread, tokens/s, MFU (warm-up steps excluded),
     data-wait share and final loss of a run, from its metrics.jsonl."""
-    from trainops.tools.monitoring.embedded import read_records
-
     run_dir = _confined_run("summarize_run", inp.run)
-    records, _ = read_records(run_dir)
+    records = read_metrics(run_dir)
     if not records:
         raise ToolError("summarize_run",
                         f"{run_dir / 'metrics.jsonl'} has no records yet; wait for the run to take a step")
