@@ -1,69 +1,35 @@
-"""The ablation knob catalogue: each knob is one variable of the job config, with the
+"""The ablation knobs as the SOP plans them: each knob is one variable of the job config, with the
 category that orders the plan (communication overlap -> kernels -> data pipeline -> batch, as
-in MegaScale's breakdown) and the effect we expect from it."""
+in MegaScale's breakdown) and the effect we expect from it. The knobs themselves are declared
+once, by each framework's adapter (the embedded trainer's in tools/frameworks/trainops_adapter.py);
+this module serves them in the SOP's terms."""
 from __future__ import annotations
+
+from typing import get_args
 
 from pydantic import BaseModel, Field
 
-CATEGORY_ORDER = ("communication-overlap", "kernels", "data-pipeline", "batch", "memory", "parallelism")
+from trainops.tools.frameworks import get_adapter
+from trainops.tools.frameworks.base import FrameworkKnob, KnobCategory
+
+CATEGORY_ORDER: tuple[str, ...] = get_args(KnobCategory)
 
 
 class Knob(BaseModel):
     name: str = Field(description="what the user types in --knob NAME=VALUE")
-    category: str = Field(description=f"one of {CATEGORY_ORDER}; orders the ablation plan")
+    category: KnobCategory = Field(description=f"one of {CATEGORY_ORDER}; orders the ablation plan")
     overrides: tuple[str, ...] = Field(description="config keys the knob sets together (one conceptual variable)")
     values: tuple[str, ...] = Field(description="accepted values")
     expected_effect: str = Field(description="what we expect and why")
     min_procs: int = Field(1, description="processes the knob needs to mean anything")
 
-
-CATALOGUE: dict[str, Knob] = {k.name: k for k in (
-    Knob(name="reshard_after_forward", category="communication-overlap", overrides=("parallel.reshard_after_forward",),
-         values=("true", "false"),
-         expected_effect="false keeps gathered FSDP parameters for backward (ZeRO-2): one all-gather fewer per layer, "
-                         "more memory"),
-    Knob(name="comm_overlap", category="communication-overlap", overrides=("parallel.comm_overlap",),
-         values=("true", "false"),
-         expected_effect="overlaps TP collectives with the GEMMs (async TP); MegaScale's largest single gain (needs tp "
-                         "> 1)",
-         min_procs=2),
-    Knob(name="data_parallel", category="communication-overlap", overrides=("parallel.data_parallel",),
-         values=("fsdp", "ddp"),
-         expected_effect="ddp replicates weights and overlaps bucketed all-reduce with backward; faster for small "
-                         "models, more memory"),
-    Knob(name="cpu_collectives", category="communication-overlap", overrides=("parallel.cpu_collectives",),
-         values=("auto", "gloo", "shared_memory"),
-         expected_effect="on one CPU host, shared memory instead of gloo's TCP for the data-parallel collectives: "
-                         "a 12 MB reduce-scatter 14 -> 3 ms, ~4% of a step at the issue-17 shape",
-         min_procs=2),
-    Knob(name="compile", category="kernels", overrides=("training.compile",), values=("true", "false"),
-         expected_effect="torch.compile fuses elementwise kernels per block (~4% of a CPU step, more on GPUs); "
-                         "compile time dominates short runs, so the default, auto, compiles runs of 1000+ steps"),
-    Knob(name="precision", category="kernels", overrides=("training.precision",), values=("fp32", "bf16"),
-         expected_effect="bf16 halves bytes moved and uses tensor cores on GPUs; on CPUs often slower without AMX"),
-    Knob(name="data_kind", category="data-pipeline", overrides=("data.kind",), values=("text", "synthetic"),
-         expected_effect="synthetic tokens skip reading and tokenising: the gain bounds what a faster data pipeline "
-                         "can give"),
-    Knob(name="micro_batch", category="batch", overrides=("training.micro_batch",), values=("1", "2", "4", "8"),
-         expected_effect="larger micro-batches raise arithmetic intensity and cut accumulation steps; costs activation "
-                         "memory"),
-    Knob(name="activation_checkpointing", category="memory", overrides=("training.activation_checkpointing",),
-         values=("none", "selective", "full"),
-         expected_effect="recomputes activations in backward: saves memory, costs ~1/3 more compute for full"),
-    Knob(name="pp_schedule", category="parallelism", overrides=("parallel.pp_schedule",),
-         values=("GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble"),
-         expected_effect="1F1B and zero-bubble schedules shrink the pipeline bubble against GPipe (needs pp > 1)",
-         min_procs=2),
-    Knob(name="tp", category="parallelism", overrides=("parallel.tp",), values=("1", "2"),
-         expected_effect="tensor parallel degree N: splits each GEMM, adds two collectives per block; keep it inside "
-                         "one scale-up domain",
-         min_procs=2),
-    Knob(name="sequence_parallel", category="parallelism", overrides=("parallel.sequence_parallel",),
-         values=("true", "false"),
-         expected_effect="with tp > 1, shards norms along the sequence: less activation memory, "
-                         "reduce-scatter/all-gather instead of all-reduce",
-         min_procs=2),
-)}
+    @classmethod
+    def of(cls, knob: FrameworkKnob) -> Knob:
+        """An adapter's knob in the SOP's terms; the effect names the framework's own flag where that
+        is not the key the knob sets (the embedded trainer's knobs are its config keys)."""
+        effect = knob.expected_effect if knob.flag == knob.override else f"{knob.flag}: {knob.expected_effect}"
+        return cls(name=knob.name, category=knob.category, overrides=(knob.override,), values=knob.values,
+                   expected_effect=effect, min_procs=knob.min_procs)
 
 
 class KnobError(ValueError):
@@ -71,14 +37,11 @@ class KnobError(ValueError):
 
 
 def catalogue(framework: str = "trainops") -> dict[str, Knob]:
-    """The knobs of a framework: this catalogue for the embedded trainer, the adapter's flags otherwise."""
-    if framework == "trainops":
-        return CATALOGUE
-    from trainops.tools.frameworks import get_adapter
+    """The knobs of a framework, from its adapter, by name in the adapter's order."""
+    return {k.name: Knob.of(k) for k in get_adapter(framework).knobs()}
 
-    return {k.name: Knob(name=k.name, category=k.category, overrides=(k.override,), values=k.values,
-                         expected_effect=f"{k.flag}: {k.expected_effect}", min_procs=k.min_procs)
-            for k in get_adapter(framework).knobs()}
+
+CATALOGUE: dict[str, Knob] = catalogue("trainops")  # the embedded trainer's knobs
 
 
 def parse_arm(specs: list[str], framework: str = "trainops") -> tuple[Knob, str]:

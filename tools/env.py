@@ -14,10 +14,9 @@ from typing import Literal
 from pydantic import BaseModel, Field, model_validator
 
 from trainops.tools.interconnect import InterconnectMeasurement
+from trainops.tools.schedulers.base import SchedulerKind
 
-SchedulerKind = Literal["local", "slurm", "kubernetes"]
 SINGLE_HOST_INTERCONNECT = "loopback/shared-memory (single host)"
-EMBEDDED_FRAMEWORK = "trainops-embedded-trainer"
 
 
 class ScaleUpDomain(BaseModel):

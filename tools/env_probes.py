@@ -21,7 +21,6 @@ from pathlib import Path
 
 from trainops.tools.base import ToolError, tool
 from trainops.tools.env import (
-    EMBEDDED_FRAMEWORK,
     SINGLE_HOST_INTERCONNECT,
     Accelerators,
     CheckpointStorage,
@@ -31,10 +30,10 @@ from trainops.tools.env import (
     Framework,
     ScaleUpDomain,
     SchedulerDeclaration,
-    SchedulerKind,
     Software,
 )
 from trainops.tools.interconnect import declare_interconnect
+from trainops.tools.schedulers.base import SchedulerKind
 
 # GPU product names -> architecture generation (the MFU denominator depends on it).
 _GPU_GENERATIONS = (
@@ -173,9 +172,11 @@ def read_software() -> Software:
 
 
 def declared_framework(inp: EnvInput) -> Framework:
-    if inp.framework and not inp.framework_version:  # an adapter's framework: its installed version
-        from trainops.tools.frameworks import get_adapter
+    """The framework named (an adapter's: its display name and installed version), else the embedded
+    trainer as its adapter names it, at the installed trainops version."""
+    from trainops.tools.frameworks import get_adapter
 
+    if inp.framework and not inp.framework_version:  # an adapter's framework: its installed version
         adapter = get_adapter(inp.framework)
         return Framework(name=adapter.display_name, version=adapter.version())
     if inp.framework:
@@ -183,7 +184,7 @@ def declared_framework(inp: EnvInput) -> Framework:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return Framework(name=EMBEDDED_FRAMEWORK, version=version("trainops"))
+        return Framework(name=get_adapter("trainops").display_name, version=version("trainops"))
     except PackageNotFoundError:
         raise ToolError("declare_environment",
                         "the trainops package is not installed: run `make test` (pip install -e .)") from None

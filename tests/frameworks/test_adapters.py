@@ -32,6 +32,14 @@ def test_the_embedded_trainer_adapter_offers_the_sop_catalogue():
     assert adapter == catalogue
 
 
+def test_a_sop_knob_names_the_frameworks_own_flag_where_it_is_not_the_key_the_knob_sets():
+    from trainops.skills.knobs import catalogue
+
+    trainer, deepspeed = catalogue("trainops")["micro_batch"], catalogue("deepspeed")["micro_batch"]
+    assert trainer.overrides == ("training.micro_batch",) and trainer.expected_effect.startswith("larger micro-batches")
+    assert deepspeed.expected_effect.startswith("train_micro_batch_size_per_gpu: ")
+
+
 def test_versions_are_the_installed_ones_or_say_not_installed():
     assert get_adapter("deepspeed").version() == version("deepspeed")
     assert get_adapter("trainops").version() == version("trainops")

@@ -11,21 +11,14 @@ from trainops.tools.frameworks.base import FrameworkAdapter, FrameworkRefused, k
 
 
 def get_adapter(name: str) -> FrameworkAdapter:
-    """The adapter for `name`; an unknown name is refused with the known ones listed."""
-    if name == "trainops":
-        from trainops.tools.frameworks.trainops_adapter import TrainopsAdapter
+    """The adapter for `name` (each adapter class says which FrameworkName it adapts); an unknown
+    name is refused with the known ones listed."""
+    from trainops.tools.frameworks.deepspeed_adapter import DeepSpeedAdapter
+    from trainops.tools.frameworks.megatron_adapter import MegatronAdapter
+    from trainops.tools.frameworks.torchtitan_adapter import TorchtitanAdapter
+    from trainops.tools.frameworks.trainops_adapter import TrainopsAdapter
 
-        return TrainopsAdapter()
-    if name == "deepspeed":
-        from trainops.tools.frameworks.deepspeed_adapter import DeepSpeedAdapter
-
-        return DeepSpeedAdapter()
-    if name == "torchtitan":
-        from trainops.tools.frameworks.torchtitan_adapter import TorchtitanAdapter
-
-        return TorchtitanAdapter()
-    if name == "megatron":
-        from trainops.tools.frameworks.megatron_adapter import MegatronAdapter
-
-        return MegatronAdapter()
-    raise FrameworkRefused(f"framework: unknown framework {name!r}; use one of {', '.join(known_frameworks())}")
+    adapters = {cls.name: cls for cls in (TrainopsAdapter, DeepSpeedAdapter, TorchtitanAdapter, MegatronAdapter)}
+    if name not in adapters:
+        raise FrameworkRefused(f"framework: unknown framework {name!r}; use one of {', '.join(known_frameworks())}")
+    return adapters[name]()

@@ -8,6 +8,7 @@ from pathlib import Path
 from trainops.run_folder import RunFiles
 from trainops.tools.frameworks.base import (
     FrameworkKnob,
+    FrameworkName,
     FrameworkRefused,
     check_knob_values,
     installed_version,
@@ -38,7 +39,7 @@ class AdapterBase:
     """What every adapter shares: its version from its package, its knobs, knob values turned into
     overrides, and `RUN/checkpoints`."""
 
-    name: str
+    name: FrameworkName  # which of the declared names this adapter adapts
     display_name: str
     package: str | None
     knob_list: list[FrameworkKnob]

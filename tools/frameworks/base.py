@@ -9,14 +9,16 @@ import json
 import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, get_args, runtime_checkable
 
 from pydantic import BaseModel, Field
 
 from trainops.run_folder import RunFiles
 from trainops.tools.schedulers.base import JobSpec, TrainingJob
 
+# The frameworks trainops adapts, declared once: known_frameworks() and the adapters' `name` read it.
 FrameworkName = Literal["trainops", "deepspeed", "torchtitan", "megatron"]
+# Knob categories in ablation-plan order, highest expected gain first (MegaScale's breakdown).
 KnobCategory = Literal["communication-overlap", "kernels", "data-pipeline", "batch", "memory", "parallelism"]
 MfuSource = Literal["framework", "trainops-from-tflops", "trainops-flops-convention", "none"]
 
@@ -178,4 +180,4 @@ def ingest_log(adapter: FrameworkAdapter, text: str, run_dir: str | Path, ctx: P
 
 
 def known_frameworks() -> tuple[str, ...]:
-    return ("trainops", "deepspeed", "torchtitan", "megatron")
+    return get_args(FrameworkName)

@@ -4,7 +4,9 @@
 import only the contract (`base`)."""
 from __future__ import annotations
 
-from trainops.tools.monitoring.base import Monitor, MonitorError, Sample, Series
+from typing import get_args
+
+from trainops.tools.monitoring.base import Monitor, MonitorError, MonitorKind, Sample, Series
 
 __all__ = ["Monitor", "MonitorError", "Sample", "Series", "get_monitor"]
 
@@ -18,4 +20,4 @@ def get_monitor(kind: str, url: str | None = None) -> Monitor:
         from trainops.tools.monitoring.prometheus import PrometheusMonitor
 
         return PrometheusMonitor(url)
-    raise MonitorError(kind, f"unknown monitor {kind!r}: use embedded or prometheus")
+    raise MonitorError(kind, f"unknown monitor {kind!r}: use {' or '.join(get_args(MonitorKind))}")

@@ -4,6 +4,8 @@
 import only the contract (`base`)."""
 from __future__ import annotations
 
+from typing import get_args
+
 from trainops.tools.schedulers.base import (
     JobHandle,
     JobSpec,
@@ -12,6 +14,7 @@ from trainops.tools.schedulers.base import (
     NodeInfo,
     Scheduler,
     SchedulerError,
+    SchedulerKind,
 )
 
 __all__ = [
@@ -40,4 +43,4 @@ def get_scheduler(kind: str) -> Scheduler:
         from trainops.tools.schedulers.kubernetes import KubernetesScheduler
 
         return KubernetesScheduler()
-    raise SchedulerError(kind, f"unknown scheduler {kind!r}: use one of local, slurm, kubernetes")
+    raise SchedulerError(kind, f"unknown scheduler {kind!r}: use one of {', '.join(get_args(SchedulerKind))}")
