@@ -101,6 +101,18 @@ def test_plan_ettr_defaults_to_the_llama3_profile_and_is_reproducible():
     assert out["profile"].startswith("Llama 3") and 0 < out["ettr"] < 1
 
 
+def test_plan_ettr_options_left_out_take_the_tools_defaults():
+    from trainops.tools.calls import call
+
+    result = invoke("plan", "ettr", "--json", "--seed", "3")
+    assert json.loads(result.stdout) == call("plan_effective_training_time", {"seed": 3}).model_dump(mode="json")
+
+
+def test_env_measures_the_interconnect_only_on_a_scheduler_with_nodes():
+    result = invoke("env", "--measure-interconnect", "--json")
+    assert result.exit_code == 2 and "measure_interconnect=true needs scheduler='slurm'" in result.stdout
+
+
 def test_plan_ettr_accepts_a_custom_profile_as_json():
     profile = {"name": "lab", "interruptions": 10, "reference_days": 10, "reference_gpus": 64,
                "cause_counts": {"gpu": 10}}

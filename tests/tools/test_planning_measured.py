@@ -55,3 +55,20 @@ def test_a_restart_time_is_given_or_measured_not_both_nor_neither():
     with pytest.raises(ToolError, match="restart_s: give it"):
         call("plan_checkpoint_interval", {"save_s": 2.0, "mtbf_h": 5.0, "restart_s": 3.0,
                                           "restart_from": "newest_node_drill"})
+
+
+def test_the_plan_commands_take_the_measured_restart_with_restart_from(workspace):
+    from typer.testing import CliRunner
+
+    from trainops.cli import app
+
+    _drill_record(workspace, "new", 2_000.0, 5.2, 11.9)
+    runner = CliRunner()
+    checkpoint = runner.invoke(app, ["plan", "checkpoint", "--save-s", "2", "--mtbf-h", "5",
+                                     "--restart-from", "newest_node_drill", "--json"])
+    assert checkpoint.exit_code == 0, checkpoint.output
+    assert json.loads(checkpoint.stdout)["restart_s"] == pytest.approx(5.2 + 11.9)
+    ettr = runner.invoke(app, ["plan", "ettr", "--gpus", "1024", "--days", "5", "--restart-from", "newest_node_drill",
+                               "--json"])
+    assert ettr.exit_code == 0, ettr.output
+    assert "runs/new/drill.json" in json.loads(ettr.stdout)["restart_source"]

@@ -129,80 +129,103 @@ def tool_call(
     emit(out, as_json, render_fields(name))
 
 
+def given(**options: Any) -> dict[str, Any]:
+    """The options the user set: one left out takes the tool's own default (its Input model, the one
+    place defaults and bounds are declared; `trainops tool schema NAME` lists them)."""
+    return {name: value for name, value in options.items() if value is not None}
+
+
+RESTART_FROM = typer.Option(None, "--restart-from",
+                            help="given (the default: --restart-s) or newest_node_drill: the restart the newest "
+                                 "multi-node drill of this workspace measured.")
+
+
 @app.command("env")
 def env(
     ckpt_dir: Optional[str] = typer.Option(None, "--ckpt-dir",
                                            help="Where checkpoints go (default $TRAINOPS_HOME/runs)."),
-    ckpt_test_mib: int = typer.Option(64, "--ckpt-test-mib", help="Size of the checkpoint write test, MiB."),
-    scheduler: str = typer.Option("local", "--scheduler", help="local | slurm | kubernetes."),
+    ckpt_test_mib: Optional[int] = typer.Option(None, "--ckpt-test-mib",
+                                                help="Size of the checkpoint write test, MiB."),
+    scheduler: Optional[str] = typer.Option(None, "--scheduler", help="local (the default) | slurm | kubernetes."),
     framework: Optional[str] = typer.Option(None, "--framework",
                                             help="Declare another framework: deepspeed, torchtitan, megatron report "
                                                  "their installed version; any other name needs --framework-version."),
     framework_version: Optional[str] = typer.Option(None, "--framework-version", help="Version of --framework."),
+    measure_interconnect: Optional[bool] = typer.Option(
+        None, "--measure-interconnect/--no-measure-interconnect",
+        help="Measure inter-node all-reduce latency and bandwidth with a 2-node job (--scheduler slurm; ~10 s)."),
     as_json: bool = JsonOpt,
 ) -> None:
-    """Declare the environment (SOP S1): hardware, versions, scheduler, measured bandwidth and peak."""
-    out = run_tool("declare_environment", {
-        "ckpt_dir": ckpt_dir, "ckpt_test_mib": ckpt_test_mib, "scheduler": scheduler,
-        "framework": framework, "framework_version": framework_version}, as_json)
+    """Declare the environment (SOP S1): hardware, versions, scheduler, measured bandwidth and peak.
+    Options left out take declare_environment's defaults."""
+    out = run_tool("declare_environment", given(
+        ckpt_dir=ckpt_dir, ckpt_test_mib=ckpt_test_mib, scheduler=scheduler, framework=framework,
+        framework_version=framework_version, measure_interconnect=measure_interconnect), as_json)
     emit(out, as_json, _render_env)
 
 
 @plan_app.command("checkpoint")
 def plan_checkpoint(
     save_s: float = typer.Option(..., "--save-s", help="Measured checkpoint write time, seconds."),
-    restart_s: float = typer.Option(..., "--restart-s", help="Restart time after a failure, seconds."),
+    restart_s: Optional[float] = typer.Option(None, "--restart-s",
+                                              help="Restart time after a failure, seconds (or --restart-from)."),
+    restart_from: Optional[str] = RESTART_FROM,
     mtbf_h: float = typer.Option(..., "--mtbf-h", help="Job mean time between failures, hours."),
     as_json: bool = JsonOpt,
 ) -> None:
     """Checkpoint interval by Young and Daly, expected waste, and a recommendation."""
-    out = run_tool("plan_checkpoint_interval", {"save_s": save_s, "restart_s": restart_s, "mtbf_h": mtbf_h}, as_json)
+    out = run_tool("plan_checkpoint_interval", given(save_s=save_s, restart_s=restart_s, restart_from=restart_from,
+                                                     mtbf_h=mtbf_h), as_json)
     emit(out, as_json, render_fields("checkpoint interval"))
 
 
 @plan_app.command("ettr")
 def plan_ettr(
-    gpus: int = typer.Option(16384, "--gpus", help="GPUs in the job."),
-    days: float = typer.Option(54, "--days", help="Simulated length, days."),
-    profile: str = typer.Option("llama3", "--profile", help="Failure profile: llama3, or a JSON FailureProfile."),
-    detection_latency_s: float = typer.Option(120, "--detection-latency-s", help="Failure to detection, seconds."),
+    gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs in the job."),
+    days: Optional[float] = typer.Option(None, "--days", help="Simulated length, days."),
+    profile: Optional[str] = typer.Option(None, "--profile",
+                                          help="Failure profile: llama3 (the default), or a JSON FailureProfile."),
+    detection_latency_s: Optional[float] = typer.Option(None, "--detection-latency-s",
+                                                        help="Failure to detection, seconds."),
     detection_by_cause: list[str] = typer.Option([], "--detect",
                                                  help="Per-cause detection latency CAUSE=SECONDS (repeatable), e.g. "
                                                       "gpu_sdc=3600."),
-    restart_s: float = typer.Option(600, "--restart-s", help="Detection to training again, seconds."),
-    hot_spares: bool = typer.Option(True, "--hot-spares/--no-hot-spares",
-                                    help="Spare nodes replace failed ones at once."),
-    node_replacement_s: float = typer.Option(1800, "--node-replacement-s",
-                                             help="Provisioning time without spares, seconds."),
-    checkpoint_save_s: float = typer.Option(60, "--checkpoint-save-s",
-                                            help="Time for a checkpoint to be durable, seconds."),
-    checkpoint_mode: str = typer.Option("async", "--checkpoint-mode", help="sync | async."),
-    async_stall_s: float = typer.Option(5, "--async-stall-s", help="Training stall of an async checkpoint, seconds."),
+    restart_s: Optional[float] = typer.Option(None, "--restart-s", help="Detection to training again, seconds."),
+    restart_from: Optional[str] = RESTART_FROM,
+    hot_spares: Optional[bool] = typer.Option(None, "--hot-spares/--no-hot-spares",
+                                              help="Spare nodes replace failed ones at once (the default)."),
+    node_replacement_s: Optional[float] = typer.Option(None, "--node-replacement-s",
+                                                       help="Provisioning time without spares, seconds."),
+    checkpoint_save_s: Optional[float] = typer.Option(None, "--checkpoint-save-s",
+                                                      help="Time for a checkpoint to be durable, seconds."),
+    checkpoint_mode: Optional[str] = typer.Option(None, "--checkpoint-mode", help="sync | async (the default)."),
+    async_stall_s: Optional[float] = typer.Option(None, "--async-stall-s",
+                                                  help="Training stall of an async checkpoint, seconds."),
     interval_min: Optional[float] = typer.Option(None, "--interval-min",
                                                  help="Checkpoint interval, minutes (default: Daly)."),
-    seed: int = typer.Option(0, "--seed", help="Random seed."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed."),
     as_json: bool = JsonOpt,
 ) -> None:
-    """Effective training time ratio under a failure profile (seeded simulation)."""
-    if profile.lstrip().startswith("{"):
+    """Effective training time ratio under a failure profile (seeded simulation). Options left out
+    take plan_effective_training_time's defaults (`trainops tool schema plan_effective_training_time`)."""
+    profile_value: Any = profile
+    if profile is not None and profile.lstrip().startswith("{"):
         try:
-            profile_value: Any = json.loads(profile)
+            profile_value = json.loads(profile)
         except json.JSONDecodeError as exc:
             fail(f"--profile is not valid JSON ({exc.msg}): pass llama3 or a FailureProfile object", as_json=as_json)
-    else:
-        profile_value = profile
     by_cause: dict[str, str] = {}
     for item in detection_by_cause:
         cause, sep, seconds = item.partition("=")
         if not sep or not cause:
             fail(f"--detect {item!r} is not CAUSE=SECONDS: write it like gpu_sdc=3600", as_json=as_json)
         by_cause[cause] = seconds
-    out = run_tool("plan_effective_training_time", {
-        "gpus": gpus, "days": days, "profile": profile_value, "detection_latency_s": detection_latency_s,
-        "detection_latency_s_by_cause": by_cause,
-        "restart_s": restart_s, "hot_spares": hot_spares, "node_replacement_s": node_replacement_s,
-        "checkpoint_save_s": checkpoint_save_s, "checkpoint_mode": checkpoint_mode, "async_stall_s": async_stall_s,
-        "checkpoint_interval_min": interval_min, "seed": seed}, as_json)
+    out = run_tool("plan_effective_training_time", given(
+        gpus=gpus, days=days, profile=profile_value, detection_latency_s=detection_latency_s,
+        detection_latency_s_by_cause=by_cause or None, restart_s=restart_s, restart_from=restart_from,
+        hot_spares=hot_spares, node_replacement_s=node_replacement_s, checkpoint_save_s=checkpoint_save_s,
+        checkpoint_mode=checkpoint_mode, async_stall_s=async_stall_s, checkpoint_interval_min=interval_min,
+        seed=seed), as_json)
     emit(out, as_json, _render_ettr)
 
 
