@@ -16,6 +16,7 @@ from trainops.skills.evidence.checks import decide
 from trainops.skills.evidence.pack import assemble, write
 from trainops.tools.governance import audit, signing, verification
 from trainops.tools.governance.approvals import decisions_dir, verify_pack
+from trainops.workspace import runs_dir
 
 runner = CliRunner()
 QUOTA = {"tenant": "acme", "gpus": 4, "priority": "low", "reason": "trial"}
@@ -24,7 +25,7 @@ QUOTA = {"tenant": "acme", "gpus": 4, "priority": "low", "reason": "trial"}
 @pytest.fixture
 def pack(workspace, tmp_path, approvers):
     """A pack trainops wrote itself (validated, audited), awaiting a decision."""
-    run = factories.write_run(tmp_path / "runs" / "base-1")
+    run = factories.write_run(runs_dir() / "base-1")
     record = tmp_path / "drill.json"
     record.write_text("{}")
     drill = factories.drill().model_copy(update={"drill_record": str(record)})

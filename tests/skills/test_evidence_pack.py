@@ -15,11 +15,11 @@ from trainops.skills.evidence import plots
 from trainops.skills.evidence.pack import PackRefused, assemble, load, write
 from trainops.skills.evidence.render import to_html, to_markdown
 from trainops.skills.evidence.view import DECISION_COMMANDS
-from trainops.workspace import packs_dir
+from trainops.workspace import packs_dir, runs_dir
 
 
 def _pack(factories, tmp_path, pack_id="pack-1", **drill_kw):
-    run = factories.write_run(tmp_path / "runs" / "base-1")
+    run = factories.write_run(runs_dir() / "base-1")
     drill = factories.drill(**drill_kw)
     record = tmp_path / "drill.json"
     record.write_text("{}")
@@ -115,13 +115,13 @@ def test_text_from_runs_is_escaped_in_the_html(factories, tmp_path):
 
 
 def test_identical_baseline_repeats_are_named_as_such_under_the_plot(factories, tmp_path):
-    runs = [str(factories.write_run(tmp_path / f"same-{i}")) for i in (1, 2)]
+    runs = [str(factories.write_run(runs_dir() / f"same-{i}")) for i in (1, 2)]
     figure = plots.curves(assemble("p", factories.environment(), factories.baseline(runs), [], [], []))
     assert "loss and MFU curves of all 2 repeats are identical" in figure.caption
 
 
 def test_differing_baseline_repeats_are_not_called_identical(factories, tmp_path):
-    runs = [str(factories.write_run(tmp_path / f"run-{i}", mfu_pct=2.0 + i)) for i in (1, 2)]
+    runs = [str(factories.write_run(runs_dir() / f"run-{i}", mfu_pct=2.0 + i)) for i in (1, 2)]
     figure = plots.curves(assemble("p", factories.environment(), factories.baseline(runs), [], [], []))
     assert "The loss curves of all 2 repeats are identical" in figure.caption
     assert "MFU curves" not in figure.caption
