@@ -186,6 +186,18 @@ def test_plan_layout_of_a_missing_config_file_says_so():
     assert result.exit_code == 2 and "does not exist" in json.loads(result.stdout)["error"]
 
 
+def test_loading_the_root_cli_imports_no_heavy_module():
+    """`trainops --help` starts fast: torch, LangGraph, LangChain and the pydantic models of the run
+    folder and the tools are imported inside the commands that need them."""
+    import subprocess
+    import sys
+
+    heavy = ("torch", "langgraph", "langchain_core", "matplotlib", "trainops.run_folder", "trainops.tools.registry")
+    code = f"import sys, trainops.cli; print(sorted(m for m in {heavy!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 def test_loading_the_cli_does_not_import_torch_or_langchain():
     import subprocess
     import sys

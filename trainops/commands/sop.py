@@ -8,7 +8,6 @@ import typer
 from rich.markup import escape
 
 from trainops.output import console, emit, fail
-from trainops.run_folder import RunFiles
 
 JSON = typer.Option(False, "--json", help="Print JSON for machines.")
 SCHED = typer.Option("local", "--scheduler", help="local, slurm or kubernetes.")
@@ -175,6 +174,7 @@ def evidence_build(run_dirs: List[str] = typer.Argument(...,
                    scheduler: str = SCHED, as_json: bool = JSON):
     """Build, validate and write a pack from finished runs."""
 
+    from trainops.run_folder import RunFiles
     from trainops.skills.sop import build_from_runs
 
     for run_dir in run_dirs:

@@ -14,7 +14,6 @@ from typing import Any, List, Optional
 import typer
 
 from trainops.output import console, emit, fail
-from trainops.run_folder import RunFiles
 
 app = typer.Typer()
 
@@ -93,6 +92,7 @@ def train(
              "(change settings with --set)", as_json=as_json)
     if init_from and preset:
         fail("--init-from takes the model shape from the checkpoint's config.json: drop --preset", as_json=as_json)
+    from trainops.run_folder import RunFiles
     from trainops.tools.base import ToolError
     from trainops.trainer.config import ConfigError, load_config
     from trainops.trainer.launch import prepare_resume, prepare_run, resolve_run
@@ -145,6 +145,7 @@ def export(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary for machines."),
 ) -> None:
     """Write a run's checkpoint (any layout) as a Hugging Face Llama folder: config.json + safetensors."""
+    from trainops.run_folder import RunFiles
     from trainops.trainer.checkpoint_files import step_dir_name, verify_checkpoint
     from trainops.trainer.config import ConfigError, load_config
     from trainops.trainer.hf import HFFormatError, checkpoint_to_hf
