@@ -8,7 +8,6 @@ scheduler; `trainer_program` and `torchrun_argv` are the one command line every 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,8 @@ def failure_reason(run_dir: str | Path, exit_code: int) -> str | None:
             if line.startswith("rank ") and " failed: " in line:
                 return line.strip()
     if exit_code < 0:
-        return f"torchrun was killed by signal {-exit_code}; see {run_dir}/logs/launcher.log"
+        return (f"torchrun was killed by signal {-exit_code}; its own output is in the job's log "
+                "(trainops tool call job_logs)")
     return f"a rank exited with an error (torchrun exit code {exit_code}); see {run_dir}/logs/"
 
 
@@ -64,13 +64,6 @@ def torchrun_argv(python: str, nproc_per_node: int, program: list[str], *, nnode
 def trainer_program(run_dir: str | Path) -> list[str]:
     """What torchrun runs for the embedded trainer."""
     return ["-m", "trainops.trainer.train", "--run-dir", str(run_dir)]
-
-
-def build_torchrun_command(run_dir: str | Path, nproc: int, *, nnodes: int = 1,
-                           rdzv_endpoint: str | None = None, rdzv_id: str | None = None) -> list[str]:
-    """torchrun of the embedded trainer on a prepared run folder, from this Python."""
-    return torchrun_argv(sys.executable, nproc, trainer_program(run_dir), nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
-                         rdzv_id=rdzv_id or Path(run_dir).name)
 
 
 def summarize(run_dir: str | Path, exit_code: int) -> RunResult:

@@ -8,6 +8,7 @@ import math
 import os
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from trainops.tools.follow import launch_run, run_local
 from trainops.tools.schedulers.processes import job_of_run, stop_processes
 from trainops.trainer.config import load_config
 from trainops.trainer.faults import CRASH_EXIT_CODE
-from trainops.trainer.launch import build_torchrun_command, prepare_run
+from trainops.trainer.launch import prepare_run, torchrun_argv, trainer_program
 
 pytestmark = pytest.mark.slow
 
@@ -73,7 +74,7 @@ def test_a_hung_rank_is_seen_as_a_heartbeat_that_stops_while_the_processes_live(
     cfg = load_config(None, "tiny", BASE + ["training.steps=50", "faults.hang_step=3", "faults.hang_rank=1"])
     run_dir = prepare_run(cfg, run_id="hang")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    job = subprocess.Popen(build_torchrun_command(run_dir, 2), env=env, start_new_session=True,
+    job = subprocess.Popen(torchrun_argv(sys.executable, 2, trainer_program(run_dir)), env=env, start_new_session=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 240
@@ -111,7 +112,7 @@ def test_a_rank_its_launcher_terminates_says_so_and_the_killed_rank_is_named(wor
     cfg = load_config(None, "tiny", BASE + ["training.steps=5000"])
     run_dir = prepare_run(cfg, run_id="terminated")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    job = subprocess.Popen(build_torchrun_command(run_dir, 2), env=env, start_new_session=True,
+    job = subprocess.Popen(torchrun_argv(sys.executable, 2, trainer_program(run_dir)), env=env, start_new_session=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     beats = run_dir / "heartbeat"
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from trainops.run_folder import read_metrics
 from trainops.tools.base import CallContext
 from trainops.tools.follow import launch_run, run_local
 from trainops.trainer.config import load_config
-from trainops.trainer.launch import RunResult, build_torchrun_command
+from trainops.trainer.launch import RunResult, torchrun_argv, trainer_program
 from trainops.trainer.train import lr_lambda
 
 TINY = ["training.seq_len=32", "training.global_batch=8", "training.micro_batch=4"]
@@ -34,10 +35,10 @@ def test_learning_rate_warms_up_linearly_then_decays_to_the_floor():
 
 
 def test_the_torchrun_command_is_standalone_on_one_node_and_rendezvous_across_nodes(tmp_path):
-    single = build_torchrun_command(tmp_path, 2)
+    single = torchrun_argv(sys.executable, 2, trainer_program(tmp_path))
     assert "--standalone" in single
     assert single[-4:] == ["-m", "trainops.trainer.train", "--run-dir", str(tmp_path)]
-    multi = build_torchrun_command(tmp_path, 4, nnodes=2, rdzv_endpoint="node0:29500")
+    multi = torchrun_argv(sys.executable, 4, trainer_program(tmp_path), nnodes=2, rdzv_endpoint="node0:29500")
     assert "--standalone" not in multi and "node0:29500" in multi and "c10d" in multi
 
 
