@@ -77,6 +77,8 @@ class SubmitJobInput(BaseModel):
 class SubmitJobOutput(BaseModel):
     handle: JobHandle
     spec: JobSpec
+    spec_sha256: str = Field(description="Digest of the spec as launched: a requeue_job that an approval covers "
+                                         "names it, and relaunches nothing else.")
 
 
 @tool("submit_job", risk="mutate", tags=("jobs",))
@@ -98,7 +100,10 @@ def submit_job(inp: SubmitJobInput) -> SubmitJobOutput:
             check_job_paths(spec, adapter_of=get_adapter)
     except (ValueError, OSError) as exc:
         raise ToolError("submit_job", f"cannot prepare the job: {exc}") from None
-    return SubmitJobOutput(handle=_run("submit_job", _scheduler("submit_job", inp.scheduler).submit, spec), spec=spec)
+    from trainops.tools.schedulers.processes import spec_sha256
+
+    handle = _run("submit_job", _scheduler("submit_job", inp.scheduler).submit, spec)
+    return SubmitJobOutput(handle=handle, spec=spec, spec_sha256=spec_sha256(spec))
 
 
 class JobRef(BaseModel):
@@ -171,10 +176,20 @@ def cancel_job(inp: CancelJobInput) -> JobStatus:
     return _run("cancel_job", _scheduler("cancel_job", inp.scheduler).cancel, inp.job_id, inp.force)
 
 
+class RequeueJobInput(JobRef):
+    spec_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$",
+                                    description="The spec_sha256 submit_job returned for this job: the requeue "
+                                                "relaunches only that spec. Needed when the call runs under an "
+                                                "approval, so the signature covers what is relaunched.")
+
+
 @tool("requeue_job", risk="mutate", tags=("jobs",))
-def requeue_job(inp: JobRef) -> JobHandle:
+def requeue_job(inp: RequeueJobInput) -> JobHandle:
     """Requeue a job with the same spec; a trainer run resumes from its newest checkpoint. Its
-    folders are checked again first: the job itself can have rewritten its run's config."""
+    folders are checked again first: the job itself can have rewritten its run's config. The job
+    can rewrite its record too, so an approved requeue names the spec_sha256 submit_job returned
+    and the scheduler relaunches only a record that still has it."""
+    from trainops.tools.base import active_call
     from trainops.tools.frameworks import get_adapter
     from trainops.tools.tenancy import check_job_paths
 
@@ -184,7 +199,15 @@ def requeue_job(inp: JobRef) -> JobHandle:
             check_job_paths(spec, adapter_of=get_adapter)
         except ValueError as exc:
             raise ToolError("requeue_job", f"refusing to relaunch job {inp.job_id}: {exc}") from None
-    return _run("requeue_job", _scheduler("requeue_job", inp.scheduler).requeue, inp.job_id)
+    active = active_call()
+    if spec is not None and inp.spec_sha256 is None and active is not None and active.approved_call:
+        raise ToolError("requeue_job", f"refusing to relaunch job {inp.job_id}: an approved requeue must name the "
+                                       "spec_sha256 submit_job returned for it, so the approval covers the command "
+                                       "it relaunches; queue the call again with spec_sha256")
+    scheduler = _scheduler("requeue_job", inp.scheduler)
+    if inp.scheduler == "kubernetes":
+        return _run("requeue_job", scheduler.requeue, inp.job_id)
+    return _run("requeue_job", scheduler.requeue, inp.job_id, inp.spec_sha256)
 
 
 class SchedulerRef(BaseModel):

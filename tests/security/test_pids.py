@@ -116,7 +116,8 @@ def test_a_rank_that_does_not_run_is_refused_not_looked_up_in_the_heartbeat(work
 
 def test_cancel_refuses_a_recycled_pid(workspace, victim):
     """The job record names the victim's pid, as if the runner had exited and the pid been reused:
-    its create time differs from the one recorded at launch, so nothing is signalled."""
+    the victim is not the job's launcher as the kernel shows it, so it is not signalled; the real
+    launcher is (the record is only an index: a job cannot dodge a cancel by rewriting it)."""
     spec = {"name": "short", "command": [sys.executable, "-c", "import time; time.sleep(60)"]}
     job = call("submit_job", {"spec": spec}, OPERATOR).handle
     record_path = workspace / "jobs" / f"{job.job_id}.json"
@@ -126,8 +127,8 @@ def test_cancel_refuses_a_recycled_pid(workspace, victim):
         record.update(pid=victim.pid, pgid=victim.pid)
         record_path.write_text(json.dumps(record))
         status = call("cancel_job", {"job_id": job.job_id, "force": True}, OPERATOR)
-        assert status.state == "failed" and "without recording an exit code" in status.reason
-        time.sleep(0.1)
+        assert status.state == "cancelled"
+        _wait(lambda: _gone(runner.pid), "the job's real launcher to stop")
         assert _alive(victim)
     finally:
         for proc in [runner, *runner.children(recursive=True)]:

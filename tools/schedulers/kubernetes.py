@@ -18,6 +18,7 @@ from trainops.tools.schedulers.base import (
     PollingWait,
     SchedulerError,
 )
+from trainops.tools.schedulers.job_env import check_spec_env
 from trainops.trainer.launch import torchrun_argv
 
 KIND = "kubernetes"
@@ -51,7 +52,8 @@ def job_manifest(spec: JobSpec) -> dict[str, Any]:
                                 rdzv_id=spec.name)
     else:
         command = list(spec.command)
-    env = [{"name": k, "value": v} for k, v in sorted(spec.env.items())]
+    # the pod's environment is the image's and the spec's only; never a secret-shaped name (job_env.py)
+    env = [{"name": k, "value": v} for k, v in sorted(check_spec_env(spec, KIND).items())]
     env.append({"name": "NODE_RANK",
                 "valueFrom": {"fieldRef": {
                     "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}})

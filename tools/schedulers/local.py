@@ -1,5 +1,7 @@
-"""The embedded scheduler: jobs are detached process groups on this machine, tracked in
-`$TRAINOPS_HOME/jobs/<id>.json`, so a job outlives the CLI call that started it."""
+"""The embedded scheduler: jobs are detached sessions on this machine, indexed by
+`$TRAINOPS_HOME/jobs/<id>.json`, so a job outlives the CLI call that started it. The job can
+rewrite that record: which processes are the job's is asked of the kernel (processes.py), and
+a requeue relaunches the spec only while it still has the digest submit recorded and returned."""
 from __future__ import annotations
 
 import json
@@ -24,6 +26,8 @@ from trainops.tools.schedulers.base import (
     read_confined,
     tail_text,
 )
+from trainops.tools.schedulers.job_env import job_environment
+from trainops.tools.schedulers.local_runner import LAUNCHER_MARKER
 from trainops.trainer.launch import torchrun_argv
 
 KIND = "local"
@@ -60,13 +64,20 @@ def pid_alive(pid: int, create_time: float | None = None) -> bool:
         return False
 
 
-def _create_time(pid: int) -> float | None:
-    import psutil
+def _digest(spec: JobSpec) -> str:
+    from trainops.tools.schedulers.processes import spec_sha256
 
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.NoSuchProcess:
-        return None
+    return spec_sha256(spec)
+
+
+def _launcher_runs(record: dict) -> bool:
+    """Whether the job's launcher runs, as the kernel says (processes.local_launchers); a launcher
+    this process started and that has exited is reaped first."""
+    from trainops.tools.schedulers.processes import local_launchers
+
+    if isinstance(record.get("pid"), int):
+        pid_alive(record["pid"])
+    return bool(local_launchers(record["job_id"], record))
 
 
 class LocalScheduler(PollingWait):
@@ -108,8 +119,7 @@ class LocalScheduler(PollingWait):
             command = list(spec.command)
         exit_file = _jobs() / f"{record['job_id']}.exit"
         exit_file.unlink(missing_ok=True)
-        env = {**os.environ, **spec.env}
-        env.setdefault("OMP_NUM_THREADS", "1")
+        env = {"OMP_NUM_THREADS": "1", **job_environment(spec, KIND), LAUNCHER_MARKER: record["job_id"]}
         log = open(record["log_path"], "ab")
         try:
             proc = subprocess.Popen(
@@ -124,8 +134,8 @@ class LocalScheduler(PollingWait):
                                  "command and workdir") from None
         finally:
             log.close()
-        record.update(pid=proc.pid, pgid=proc.pid, create_time=_create_time(proc.pid), started_at=time.time(),
-                      command=command, exit_file=str(exit_file), cancelled=False)
+        record.update(pid=proc.pid, started_at=time.time(), command=command, exit_file=str(exit_file),
+                      cancelled=False, spec_sha256=_digest(spec))
         record["attempts"] = record.get("attempts", 0) + 1
         self._save(record)
         return record
@@ -157,7 +167,7 @@ class LocalScheduler(PollingWait):
         exit_file = Path(record["exit_file"])
         if exit_file.exists():
             exit_info = json.loads(exit_file.read_text())
-        alive = exit_info is None and pid_alive(record["pid"], record.get("create_time"))
+        alive = exit_info is None and _launcher_runs(record)
         if record.get("cancelled"):
             state, code = "cancelled", exit_info["exit_code"] if exit_info else None
         elif exit_info is not None:
@@ -168,7 +178,8 @@ class LocalScheduler(PollingWait):
         else:
             state, code = "failed", None
         reason = ("" if state != "failed" or code is not None
-                  else "the job's runner died without recording an exit code (killed)")
+                  else "the job's runner died without recording an exit code (killed); no process the kernel shows "
+                       "as this job's launcher runs, so nothing of the pid its record names is signalled")
         if code is not None and code < 0:
             reason = f"killed by signal {signal.Signals(-code).name}"
         return JobStatus(job_id=job_id, backend=KIND, name=record["spec"]["name"], state=state, exit_code=code,
@@ -194,15 +205,22 @@ class LocalScheduler(PollingWait):
     def _kill_group(self, record: dict, grace_s: float = CANCEL_GRACE_S) -> None:
         """SIGTERM, up to `grace_s` for a clean exit, then SIGKILL of the job's whole process tree
         (processes.stop_processes says why the tree); grace 0 goes straight to SIGKILL. The tree
-        comes from the recorded runner pid and create time, so a recycled pid is never hit."""
-        from trainops.tools.schedulers.processes import local_tree, stop_processes
+        and the process group are the kernel's (processes.local_tree), never the record's pid or pgid."""
+        from trainops.tools.schedulers.processes import local_launchers, local_tree, stop_processes
 
-        stop_processes(local_tree(record), record["pgid"], grace_s)
+        launchers = local_launchers(record["job_id"])
+        stop_processes(local_tree(record["job_id"]), launchers[0].pid if launchers else None, grace_s)
 
-    def requeue(self, job_id: str) -> JobHandle:
+    def requeue(self, job_id: str, spec_sha256: str | None = None) -> JobHandle:
         """Stop the job if it still runs and start it again with the same spec and id; a trainer
-        resumes from its newest checkpoint in the same run folder."""
+        resumes from its newest checkpoint in the same run folder. With `spec_sha256` (what an
+        approval signed), the spec read here must have that digest: the job can rewrite its record."""
         record = self._load(job_id)
+        if spec_sha256 is not None and _digest(JobSpec.model_validate(record["spec"])) != spec_sha256:
+            raise SchedulerError(KIND, f"job {job_id}'s record no longer holds the spec submit launched (its sha256 "
+                                       f"is not {spec_sha256}, the one the requeue was asked and approved for): "
+                                       "someone rewrote jobs/" f"{job_id}.json; nothing was relaunched; submit the "
+                                       "job again with submit_job")
         if self.status(job_id).state not in TERMINAL_STATES:
             self._kill_group(record)
         record.pop("cancelled_at", None)

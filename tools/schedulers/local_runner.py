@@ -4,6 +4,10 @@ finished from one that died (the local scheduler's parent process is long gone b
     python -m trainops.tools.schedulers.local_runner EXIT_FILE [RUN_DIR] -- CMD ARGS...
 
 With RUN_DIR (a trainer run), it also writes the run's status.json when the command ends.
+
+The local scheduler starts it as a session leader with LAUNCHER_MARKER=<job id> in its
+environment: that, as the kernel shows it, is how tools know this process is the job's launcher
+(processes.py). The command does not inherit the marker.
 """
 from __future__ import annotations
 
@@ -14,6 +18,8 @@ import subprocess
 import sys
 import time
 
+LAUNCHER_MARKER = "TRAINOPS_LOCAL_JOB"
+
 
 def main(argv: list[str]) -> int:
     if "--" not in argv[1:3] or argv.index("--") == len(argv) - 1:
@@ -23,7 +29,7 @@ def main(argv: list[str]) -> int:
     exit_file, run_dir, command = argv[0], argv[1] if split == 2 else None, argv[split + 1:]
     started = time.time()
     try:
-        child = subprocess.Popen(command)
+        child = subprocess.Popen(command, env={k: v for k, v in os.environ.items() if k != LAUNCHER_MARKER})
     except OSError as exc:
         sys.stderr.write(f"local_runner: cannot start {command[0]!r}: {exc}\n")
         rc = 127

@@ -1,15 +1,29 @@
 """Which processes belong to a job trainops launched, and which of them is rank R.
 
-Tools that signal processes (`inject_fault`, `cancel_job`) act only on these: a local job's
-process tree below the runner pid trainops recorded at launch, checked against the create time
-recorded with it (a recycled pid is someone else's process), or a Slurm job's processes as the
-kernel shows them (descendants of a root-owned `slurmstepd` carrying the job's SLURM_JOB_ID).
-Never a pid read from a heartbeat, a log or any other file the job itself can write. A rank is
-found by the RANK variable torchrun gives each worker; `stop_processes` stops such a tree.
+Tools that signal processes (`inject_fault`, `cancel_job`) act only on what the kernel says
+trainops launched, never on a pid, pgid or start time read from a file: the job runs as the same
+user and can write its record `jobs/ID.json`, its heartbeats and its run folder, and read any
+pid and start time in /proc. A record is only an index.
+
+- Local: the local scheduler starts each job's launcher (local_runner) as the leader of a new
+  session, with LAUNCHER_MARKER=<job id> in the environment it execs it with. A launcher of job X
+  is a live session leader (sid == pid, so its process group is its pid) whose environment, as
+  /proc/PID/environ shows it, names X; the job's processes are it and its descendants by the
+  kernel's parent chain. What a job can forge: a decoy process of its own carrying some job's
+  marker (then that decoy is signalled too: it is the job's own). What it cannot: give a process
+  it did not start (an unrelated `sleep`, another job's launcher, a recycled pid) that marker,
+  change another process's environment or parent short of ptrace (which would let it signal the
+  process itself), or move a process into the launcher's session. A secret marker would add
+  nothing: whatever trainops reads to compare, a same-uid job can read too.
+- Slurm: a job's processes descend from a root-owned `slurmstepd` whose title names that Slurm
+  job id; cancels and requeues go to Slurm by job id (scancel/scontrol), never to a pid.
+
+A rank is found by the RANK variable torchrun gives each worker; `stop_processes` stops a tree.
 """
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -20,31 +34,55 @@ from pathlib import Path
 import psutil
 
 from trainops.tools.schedulers.base import JobSpec, SchedulerError, SchedulerKind
+from trainops.tools.schedulers.local_runner import LAUNCHER_MARKER
 
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess)
 
 
-def local_tree(record: dict) -> list[psutil.Process]:
-    """The local job's runner and every process below it; empty once the runner is gone or its
-    pid now belongs to a process started at another time."""
+def _is_launcher(proc: psutil.Process, job_id: str) -> bool:
     try:
-        root = psutil.Process(record["pid"])
-        if root.create_time() != record.get("create_time") or root.status() == psutil.STATUS_ZOMBIE:
-            return []
-        return [root, *root.children(recursive=True)]
-    except _GONE:
-        return []
+        return (os.getsid(proc.pid) == proc.pid and proc.status() != psutil.STATUS_ZOMBIE
+                and proc.environ().get(LAUNCHER_MARKER) == job_id)
+    except (*_GONE, psutil.AccessDenied, ProcessLookupError, PermissionError):
+        return False
 
 
-def stop_processes(tree: list[psutil.Process], pgid: int, grace_s: float) -> None:
-    """SIGTERM the process group (torchrun passes it on to its ranks for a clean exit), up to
+def local_launchers(job_id: str, record: dict | None = None) -> list[psutil.Process]:
+    """The live launchers of local job `job_id`, as the kernel shows them. The record's pid is
+    looked at first (one launcher runs per job); without a thorough look (`record` None) every
+    session leader is, so a record pointed elsewhere cannot hide the real launcher."""
+    if record is not None:
+        try:
+            proc = psutil.Process(int(record.get("pid")))
+        except (*_GONE, TypeError, ValueError):
+            proc = None
+        if proc is not None and _is_launcher(proc, job_id):
+            return [proc]
+    return [proc for proc in psutil.process_iter() if _is_launcher(proc, job_id)]
+
+
+def local_tree(job_id: str) -> list[psutil.Process]:
+    """Every launcher of local job `job_id` and every process below it (the kernel's parent
+    chain); empty once none runs."""
+    tree: list[psutil.Process] = []
+    for root in local_launchers(job_id):
+        try:
+            tree += [root, *root.children(recursive=True)]
+        except _GONE:
+            continue
+    return tree
+
+
+def stop_processes(tree: list[psutil.Process], pgid: int | None, grace_s: float) -> None:
+    """SIGTERM the process group `pgid`, a confirmed launcher's (torchrun passes it on to its
+    ranks for a clean exit; None: no group), up to
     `grace_s`, then SIGKILL every process of `tree`, taken before the first signal: torchrun
     starts each rank in a session of its own, so signalling the group alone orphans the ranks
     (seen: orphaned ranks trained on after a drill, and SIGSTOPped ones were leaked). Grace 0
     goes straight to SIGKILL."""
     if not tree:
         return
-    if grace_s > 0:
+    if grace_s > 0 and pgid is not None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGTERM)
         _wait_gone(tree, grace_s)
@@ -52,8 +90,9 @@ def stop_processes(tree: list[psutil.Process], pgid: int, grace_s: float) -> Non
     for proc in alive:
         with contextlib.suppress(psutil.NoSuchProcess):
             proc.kill()
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
+    if pgid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
     _wait_gone(alive, 2.0)  # so a restart never overlaps the old processes
 
 
@@ -127,7 +166,13 @@ def job_processes(job_id: str, scheduler: SchedulerKind) -> list[psutil.Process]
     if job_id not in records:
         raise SchedulerError(scheduler, f"job {job_id!r} was not launched by trainops in this workspace; "
                                         "only its own jobs' processes can be signalled")
-    return local_tree(records[job_id]) if scheduler == "local" else _slurm_tree(job_id)
+    return local_tree(job_id) if scheduler == "local" else _slurm_tree(job_id)
+
+
+def spec_sha256(spec: JobSpec) -> str:
+    """The digest of a spec as launched (canonical JSON): submit returns it, a requeue checks it."""
+    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def launched_spec(job_id: str, scheduler: SchedulerKind) -> JobSpec | None:

@@ -25,6 +25,7 @@ from trainops.tools.schedulers.base import (
     rank_log,
     tail_text,
 )
+from trainops.tools.schedulers.job_env import job_environment, shell_filter
 from trainops.tools.schedulers.slurm_pyslurm import PyslurmTransport
 from trainops.tools.schedulers.slurm_transport import (
     KIND,
@@ -99,11 +100,14 @@ def sbatch_options(spec: JobSpec, log_path: str) -> list[tuple[str, str]]:
 
 
 def batch_script(spec: JobSpec, log_path: str) -> str:
-    """The sbatch script for a JobSpec: #SBATCH lines, env, then the command (torchrun under
-    srun, one launcher per node, c10d rendezvous on the first node)."""
+    """The sbatch script for a JobSpec: #SBATCH lines, the job's clean environment (sbatch
+    exports nothing of the submitting shell, the script unsets what pyslurm carried, then sets the
+    allow-listed values: tools/schedulers/job_env.py), then the command (torchrun under srun, one
+    launcher per node, c10d rendezvous on the first node)."""
     lines = ["#!/bin/bash", *(f'#SBATCH --{flag}="{value}"' for flag, value in sbatch_options(spec, log_path)),
-             "#SBATCH --ntasks-per-node=1", "#SBATCH --open-mode=append", "#SBATCH --requeue", "set -euo pipefail"]
-    for key, value in sorted(spec.env.items()):
+             "#SBATCH --ntasks-per-node=1", "#SBATCH --open-mode=append", "#SBATCH --requeue", "#SBATCH --export=NONE",
+             "set -euo pipefail", *shell_filter(slurm=True)]
+    for key, value in sorted(job_environment(spec, KIND).items()):
         lines.append(f"export {key}={shlex.quote(value)}")
     if spec.launcher == "torchrun":
         lines += [
@@ -128,6 +132,12 @@ def _shell_torchrun(spec: JobSpec) -> str:
     for variable in ("$SLURM_NNODES", f"$head_node:{spec.rdzv_port}", "$SLURM_JOB_ID"):
         line = line.replace(shlex.quote(variable), f'"{variable}"')
     return line
+
+
+def _digest(spec: JobSpec) -> str:
+    from trainops.tools.schedulers.processes import spec_sha256
+
+    return spec_sha256(spec)
 
 
 class SlurmScheduler(PollingWait):
@@ -160,7 +170,7 @@ class SlurmScheduler(PollingWait):
         handle = JobHandle(job_id=job_id, backend=KIND, name=spec.name, submitted_at=time.time(),
                            run_dir=spec.run_dir, log_path=log_path)
         record = {"handle": handle.model_dump(), "spec": spec.model_dump(), "script": str(script),
-                  "cluster": cluster_name(), "transport": self.transport.name}
+                  "cluster": cluster_name(), "transport": self.transport.name, "spec_sha256": _digest(spec)}
         self._record_path(job_id).write_text(json.dumps(record))
         return handle
 
@@ -233,12 +243,19 @@ class SlurmScheduler(PollingWait):
         return any(n.name in nodes and ("NOT_RESPONDING" in n.flags or n.state == "down")
                    for n in self.transport.nodes())
 
-    def requeue(self, job_id: str) -> JobHandle:
-        """Back to pending under the same job id; a trainer resumes from its checkpoint. A job still
-        COMPLETING (held by a dead node) cannot be requeued until Slurm declares the node down, so its
-        recorded spec is submitted again as a new job (drained nodes are left out by Slurm), with
-        the same run folder: recovery does not wait out SlurmdTimeout."""
+    def requeue(self, job_id: str, spec_sha256: str | None = None) -> JobHandle:
+        """Back to pending under the same job id (`scontrol requeue`: Slurm reruns the script it
+        stored at submit); a trainer resumes from its checkpoint. A job still COMPLETING (held by a
+        dead node) cannot be requeued until Slurm declares the node down, so its recorded spec is
+        submitted again as a new job (drained nodes are left out by Slurm), with the same run
+        folder: recovery does not wait out SlurmdTimeout. With `spec_sha256` (what an approval
+        signed) the recorded spec must have that digest, as the job can rewrite its record."""
         record = self._record(job_id)
+        recorded = _digest(JobSpec.model_validate(record["spec"])) if record else None
+        if spec_sha256 is not None and recorded != spec_sha256:
+            raise SchedulerError(KIND, f"job {job_id}'s record no longer holds the spec submit launched (its sha256 is "
+                                       f"not {spec_sha256}, the one the requeue was asked and approved for); nothing "
+                                       "was requeued; submit the job again with submit_job")
         self.status(job_id)
         job = self.transport.job(job_id)
         if record is not None and job is not None and job.state == "COMPLETING":
