@@ -12,9 +12,10 @@ import pytest
 
 @pytest.fixture(autouse=True)
 def workspace(tmp_path, monkeypatch):
-    """A fresh $TRAINOPS_HOME per test, so tests never share state."""
+    """A fresh $TRAINOPS_HOME (and receipts folder) per test, so tests never share state."""
     home = tmp_path / "trainops-home"
     monkeypatch.setenv("TRAINOPS_HOME", str(home))
+    monkeypatch.setenv("TRAINOPS_RECEIPTS_DIR", str(tmp_path / "receipts"))
     return home
 
 

@@ -22,7 +22,7 @@ def evidence_problems(folder: Path) -> list[str]:
     from pydantic import ValidationError
 
     from trainops.skills.evidence.model import EvidencePack
-    from trainops.skills.evidence.pack import governance_errors
+    from trainops.skills.evidence.pack import derivation_problems, governance_errors
 
     try:
         pack = EvidencePack.model_validate_json((folder / EVIDENCE_FILE).read_bytes())
@@ -30,7 +30,7 @@ def evidence_problems(folder: Path) -> list[str]:
         return [f"R-APR-1: {EVIDENCE_FILE} is not a valid evidence pack ({str(exc).splitlines()[0]}); build a new pack"]
     report = folder / REPORT_FILE
     markdown = report.read_text(encoding="utf-8", errors="replace") if report.is_file() else ""
-    return governance_errors(pack, markdown) + _ablation_problems(pack)
+    return governance_errors(pack, markdown) + _ablation_problems(pack) + derivation_problems(pack, folder)
 
 
 def _ablation_problems(pack) -> list[str]:

@@ -105,6 +105,57 @@ def governance_errors(pack: EvidencePack, markdown: str) -> list[str]:
     return errors + [str(v) for v in validate_report_text(markdown)]
 
 
+def derivation_problems(pack: EvidencePack, folder: Path) -> list[str]:
+    """R-APR-1 at approval: what the pack says must be what trainops derives again, now, from its
+    sources: the verdict and blockers from its measurements, the baseline MFU from the cited runs'
+    metrics, both reports from evidence.json. This, not an audit line (anyone who can append to the
+    log can append a `pack_written` entry), is what shows a pack was not edited by hand."""
+    from trainops.skills.evidence import plots
+
+    problems = []
+    drills = pack.fault_tolerance.drills if pack.fault_tolerance else []
+    verdict, blockers = decide(pack.baseline, pack.ablations, drills)
+    if (verdict, blockers) != (pack.verdict, pack.blockers):
+        problems.append(f"R-APR-1: evidence.json says verdict {pack.verdict!r} (blockers {pack.blockers}) but its "
+                        f"measurements give {verdict!r} (blockers {blockers}): the pack was edited; build a new one")
+    problems += _baseline_mfu_problems(pack)
+    figures = plots.all_plots(pack)
+    for name, text in (("report.md", to_markdown(pack, figures)), ("report.html", to_html(pack, figures))):
+        path = folder / name
+        if not path.is_file() or path.read_text(encoding="utf-8", errors="replace") != text:
+            problems.append(f"R-APR-1: {name} is not the report trainops renders from evidence.json: it was edited "
+                            "or replaced; build a new pack")
+    return problems
+
+
+def _baseline_mfu_problems(pack: EvidencePack) -> list[str]:
+    """The baseline's MFU median, recomputed from the metrics of the runs it cites."""
+    import math
+
+    from trainops.run_folder import read_metrics
+    from trainops.skills.stats import spread
+    from trainops.tools.jobs import summarize_records
+    from trainops.workspace import run_folder
+
+    if pack.baseline is None:
+        return []
+    medians = []
+    for run in pack.baseline.run_dirs:
+        try:
+            summary = summarize_records(run, read_metrics(run_folder(run, "baseline.run_dirs")),
+                                        pack.baseline.warmup_steps_excluded)
+        except (ValueError, OSError) as exc:
+            return [f"R-APR-1: baseline run {run} cannot be re-read ({exc}); keep the run folders with the pack"]
+        if summary.mfu_pct_median is not None:
+            medians.append(summary.mfu_pct_median)
+    measured = spread(medians).median if medians else None
+    claimed = pack.baseline.mfu_pct.median
+    if measured is None or not math.isclose(measured, claimed, rel_tol=1e-6, abs_tol=1e-9):
+        return [f"R-APR-1: evidence.json gives baseline MFU {claimed:g}% but its runs measure "
+                f"{'nothing' if measured is None else f'{measured:g}%'}: the pack was edited; build a new one"]
+    return []
+
+
 def write(pack: EvidencePack, packs_root: Path | None = None) -> Path:
     """Validate, then write evidence.json, report.md, report.html and plots. Raises PackRefused.
     The plots are drawn in memory first, so their captions are checked with the report text."""

@@ -6,9 +6,11 @@ their SSH key; the payload names the head (`seq`, `hash`) the approver saw. Rewr
 entry at or before that head changes its hash, and the signature cannot be redone without the
 human's key, so `verification.verify` (which calls `problems`) names the broken anchor.
 
-A signed payload is JSON with `audit_head: {seq, hash}` and `issued_at` (the time the
+A signed payload is JSON with `audit_head: {seq, hash}`, `issued_at` (the time the
 allowed-signers file is consulted for, so a key retired later with `valid-before` still
-vouches for what it signed while valid).
+vouches for what it signed while valid) and `workspace_id` (the workspace it was signed in:
+a copy appended to another workspace's log vouches for nothing there). Each anchor also leaves
+a receipt outside the workspace (receipts.py), so cutting the newest anchor is detected too.
 """
 from __future__ import annotations
 
@@ -16,16 +18,26 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
-from trainops.tools.governance import audit, signing
+from trainops.tools.governance import audit, receipts, signing
+from trainops.tools.governance.receipts import ANCHOR_KIND
 
-ANCHOR_KIND = "anchor"
+
+def _this_workspace() -> str:
+    from trainops.workspace import workspace_id
+
+    return workspace_id()
 
 
 class SignedPayload(BaseModel):
     """What an approver signs: the canonical JSON of the payload's own fields. A record that
-    extends a payload with its signature and signer still signs (and verifies) the same bytes."""
+    extends a payload with its signature and signer still signs (and verifies) the same bytes.
+    Every payload names the workspace it was signed in (a payload read without one gets this
+    workspace's id, which its signature then does not cover: refused as forged)."""
+
+    workspace_id: str = Field(default_factory=_this_workspace,
+                              description="The workspace (`workspace.id`) the approver signed in.")
 
     def signed_bytes(self) -> bytes:
         payload = next(c for c in type(self).__mro__ if SignedPayload in c.__bases__)
@@ -49,35 +61,47 @@ def head(path: Path | None = None) -> AuditHead:
 
 def record(signed: bytes, signature: str, signer: signing.Signer, path: Path | None = None,
            **fields: Any) -> dict[str, Any]:
-    """Append the anchor: the signed payload as text, its signature and who signed it."""
-    return audit.append(ANCHOR_KIND, path, signed=signed.decode("utf-8"), signature=signature,
-                        principal=signer.principal, fingerprint=signer.fingerprint,
-                        allowed_signers_sha256=signer.allowed_signers_sha256, **fields)
+    """Append the anchor (the signed payload as text, its signature and who signed it) and, for the
+    workspace's own log, leave its receipt outside the workspace."""
+    workspace = json.loads(signed).get("workspace_id")
+    if path is None:
+        receipts.check_writable()
+    entry = audit.append(ANCHOR_KIND, path, signed=signed.decode("utf-8"), signature=signature,
+                         principal=signer.principal, fingerprint=signer.fingerprint,
+                         allowed_signers_sha256=signer.allowed_signers_sha256, workspace_id=workspace, **fields)
+    if path is None:
+        receipts.leave(entry)
+    return entry
 
 
 class _Anchored(BaseModel):
     audit_head: AuditHead
     issued_at: float
+    workspace_id: str | None = None
 
 
-def problems(entries: list[dict[str, Any]]) -> tuple[int, str] | None:
-    """The first anchor (1-based line, reason) whose signature or signed head does not hold, or None.
-    `entries` is the whole log, already checked as a chain."""
+def problems(entries: list[dict[str, Any]], workspace_id: str | None = None) -> tuple[int, str] | None:
+    """The first anchor (1-based line, reason) whose signature, signed head or (given `workspace_id`)
+    workspace does not hold, or None. `entries` is the whole log, already checked as a chain."""
     for line, entry in enumerate(entries, start=1):
         if entry.get("kind") != ANCHOR_KIND:
             continue
-        reason = _anchor_problem(entry, entries[:line - 1])
+        reason = head_problem(entry, entries[:line - 1], workspace_id) or _signature_problem(entry)
         if reason:
             return line, f"anchor at entry {entry.get('seq')} by {entry.get('principal')!r}: {reason}"
     return None
 
 
-def _anchor_problem(entry: dict[str, Any], before: list[dict[str, Any]]) -> str:
-    signed = entry.get("signed")
+def head_problem(entry: dict[str, Any], before: list[dict[str, Any]], workspace_id: str | None = None) -> str:
+    """Why an anchor does not belong where it stands (its signed head is not the log before it, or it
+    was signed in another workspace), without checking the signature; '' when it does."""
     try:
-        payload = _Anchored.model_validate(json.loads(signed))
+        payload = _Anchored.model_validate(json.loads(entry.get("signed")))
     except (TypeError, ValueError, ValidationError):
         return "its signed payload is not an anchored approval (no audit_head/issued_at)"
+    if workspace_id is not None and payload.workspace_id != workspace_id:
+        return (f"it was signed in workspace {payload.workspace_id}, not this one ({workspace_id}): "
+                "an approval copied from another workspace's log")
     seq = payload.audit_head.seq
     if seq > len(before) or seq < 0:
         return f"it signs head entry {seq}, which is not before it"
@@ -85,6 +109,12 @@ def _anchor_problem(entry: dict[str, Any], before: list[dict[str, Any]]) -> str:
     if expected != payload.audit_head.hash:
         return (f"entry {seq} now hashes to {expected[:12]} but the approver signed {payload.audit_head.hash[:12]}: "
                 "history up to that entry was rewritten after the approval")
+    return ""
+
+
+def _signature_problem(entry: dict[str, Any]) -> str:
+    signed = entry.get("signed")
+    payload = _Anchored.model_validate(json.loads(signed))
     try:
         signer = signing.verify(signed.encode("utf-8"), entry.get("signature", ""), at=payload.issued_at)
     except signing.SigningError as exc:

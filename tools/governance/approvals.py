@@ -17,7 +17,7 @@ from typing import Callable, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from trainops.tools.governance import anchors, audit, signing
+from trainops.tools.governance import anchors, audit, receipts, signing
 from trainops.tools.governance.pack_checks import (
     approval_problems,
     changed_entries,
@@ -129,7 +129,25 @@ def load_chain(pack_id: str, check_signatures: bool = True) -> list[tuple[Decisi
                           f"({lost.get('decision')} by {lost.get('principal')}, audit entry {lost.get('seq')}) "
                           f"but its file is gone from "
                           f"{folder}: restore it; a deleted decision never lets a pack be decided again")
+    _check_receipts(pack_id)
     return chain
+
+
+def _check_receipts(pack_id: str) -> None:
+    """The pack's decisions as the approvers' receipts (outside the workspace) record them: a decision
+    cut with its audit line, or its file gone, refuses before anything is read as decided."""
+    entries = audit.read()
+    problem = receipts.problems(entries, pack=pack_id)
+    if problem:
+        raise PackRefused(f"pack {pack_id!r}: {problem}")
+    for path, receipt in receipts.load():
+        if receipt is None or receipt.pack != pack_id or receipt.decision_seq is None:
+            continue
+        decision = decisions_dir(pack_id) / f"{receipt.decision_seq:04d}.json"
+        if not decision.is_file() or audit.sha256_hex(decision.read_bytes()) != receipt.decision_sha256:
+            raise PackRefused(f"pack {pack_id!r}: receipt {path.name} records {receipt.what()}, but {decision} is "
+                              f"{'gone' if not decision.is_file() else 'not that decision'}: restore it; a decision "
+                              "cut from the workspace never lets a pack be decided again")
 
 
 def _check_signature(where: str, record: Decision) -> None:
@@ -165,11 +183,16 @@ def decide(pack: str, decision: Verdict, note: str = "", key: Path | None = None
         raise PackRefused("note is empty: a rejection must say why (--note TEXT) so the pack can be fixed")
     chain = load_chain(pack_id)
     _check_final(pack_id, chain, decision)
+    receipts.check_writable()
     entries = content_entries(folder)
     if decision == "approved":
         problems = approval_problems(folder, pack_id, entries, evidence_problems)
         if problems:
             raise PackRefused(f"pack {pack_id} cannot be approved: " + "; ".join(problems))
+        changed = changed_entries(entries, content_entries(folder))
+        if changed:  # what is signed is what was checked, never a file swapped in meanwhile
+            raise PackRefused(f"pack {pack_id} changed while it was checked ({', '.join(changed)}): nothing was "
+                              "signed; look at it again")
     payload = DecisionPayload(pack=pack_id, seq=len(chain) + 1, decision=decision, note=note,
                               content_hash=content_hash(entries), files=entries,
                               previous_sha256=chain[-1][1] if chain else audit.GENESIS_HASH,

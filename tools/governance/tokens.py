@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from trainops.tools.governance import anchors, audit, queue, signing
+from trainops.tools.governance import anchors, audit, queue, receipts, signing
 from trainops.tools.governance.queue import call_id, input_hash
 
 TOKEN_PREFIX = "tok1."
@@ -31,7 +31,8 @@ DEFAULT_MAX_TTL_MIN = 60.0
 APPROVERS_NEEDED = {"mutate": 1, "irreversible": 2, "tenant-governance": 2}
 
 RefusalReason = Literal["forbidden", "invalid_input", "missing_token", "malformed", "forged", "mismatch",
-                        "expired", "replayed", "revoked", "too_few_approvers", "requester", "not_queued"]
+                        "expired", "replayed", "revoked", "too_few_approvers", "requester", "not_queued",
+                        "decisions_cut"]
 
 
 class TokenRefused(Exception):
@@ -185,6 +186,8 @@ def consume(token: str, tool: str, inp: BaseModel | dict[str, Any], now: float |
     now = time.time() if now is None else now
     _check_times(approvals, now)
     signed_by = signers(approvals, now)
+    entries = audit.read()
+    _check_receipts(entries)
     history = queue.history(first.call_id)
     _check_not_revoked(first.call_id, approvals, history)
     _check_anchored(first.call_id, approvals, history)
@@ -201,6 +204,7 @@ def consume(token: str, tool: str, inp: BaseModel | dict[str, Any], now: float |
                                                 f"this token has {len(distinct)} ({names}): another approver "
                                                 f"co-signs with `trainops approve --pending {first.call_id} "
                                                 "--cosign TOKEN`")
+    _check_bound_here(approvals, entries)
     principals = [s.principal for s in distinct]
     _spend(first.nonce, first.call_id, principals, distinct[0].allowed_signers_sha256)
     queue.resolve(first.call_id, ", ".join(principals))
@@ -251,6 +255,37 @@ def _spent_nonces() -> set[str]:
 
 def _spend(nonce: str, item_id: str, principals: list[str], allowed_signers_sha256: str) -> None:
     """Burn the nonce in the audit log (tamper-evident, unlike a file beside it), once, under a lock."""
+def _check_receipts(entries: list[dict[str, Any]]) -> None:
+    """Before any token is honoured: the log still holds every signed decision its receipts record
+    (a rejection cut from the end would otherwise let a revoked token run)."""
+    problem = receipts.problems(entries)
+    if problem:
+        raise TokenRefused("decisions_cut", f"no token is honoured in this workspace: {problem}")
+
+
+def _check_bound_here(approvals: list[Approval], entries: list[dict[str, Any]]) -> None:
+    """Each approval was signed in this workspace, and its anchor's signed head is this log's entry:
+    an anchor copied in from another workspace's log vouches for nothing here."""
+    from trainops.workspace import workspace_id
+
+    here = workspace_id()
+    for approval in approvals:
+        if approval.payload.workspace_id != here:
+            raise TokenRefused("mismatch", f"an approval in this token was signed in workspace "
+                                           f"{approval.payload.workspace_id}, not this one ({here}): approve the "
+                                           "call queued here with `trainops approve --pending "
+                                           f"{approval.payload.call_id}`")
+        line = next((n for n, e in enumerate(entries) if e.get("kind") == anchors.ANCHOR_KIND
+                     and e.get("signature") == approval.signature), None)
+        if line is None:
+            raise TokenRefused("not_queued", "an approval in this token is not anchored in this workspace's audit "
+                                             "log: approve the call queued here")
+        problem = anchors.head_problem(entries[line], entries[:line], here)
+        if problem or entries[line].get("signed") != approval.payload.signed_bytes().decode("utf-8"):
+            raise TokenRefused("not_queued", f"the anchor of this approval (audit entry {entries[line].get('seq')}) "
+                                             f"does not belong to this log: {problem or 'it signs other bytes'}")
+
+
     with open(queue.gov_dir("tokens") / "spend.lock", "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if nonce in _spent_nonces():
