@@ -61,6 +61,29 @@ def agent_db_path() -> Path:
     return home() / "agent.sqlite"
 
 
+_WORKSPACE_ID = re.compile(r"[0-9a-f]{32}")
+
+
+def workspace_id() -> str:
+    """This workspace's random id, made once (`workspace.id`): every signed approval, anchor and
+    receipt names it, so what was signed for one workspace opens nothing in another."""
+    path = home() / "workspace.id"
+    if not path.exists():
+        tmp = path.with_name(f".workspace.id.{os.getpid()}.{secrets.token_hex(4)}")
+        tmp.write_text(secrets.token_hex(16) + "\n")
+        try:
+            os.link(tmp, path)  # atomic create-if-absent: two first runs agree on one id
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    value = path.read_text(encoding="utf-8", errors="replace").strip()
+    if not _WORKSPACE_ID.fullmatch(value):
+        raise ValueError(f"{path} holds {value[:40]!r}, not a workspace id (32 hex digits): it was edited; "
+                         "restore it from a backup (approvals signed here name the original id)")
+    return value
+
+
 def check_id(kind: str, value: str) -> str:
     """Ids become folder names: refuse anything that could escape the workspace."""
     if not is_valid_id(value):
@@ -86,29 +109,6 @@ def _configured_roots(key: str) -> list[Path]:
 
 def shared_data_roots() -> list[Path]:
     """Read-only data every job may read (`[governance] data_roots`), whatever its tenant."""
-_WORKSPACE_ID = re.compile(r"[0-9a-f]{32}")
-
-
-def workspace_id() -> str:
-    """This workspace's random id, made once (`workspace.id`): every signed approval, anchor and
-    receipt names it, so what was signed for one workspace opens nothing in another."""
-    path = home() / "workspace.id"
-    if not path.exists():
-        tmp = path.with_name(f".workspace.id.{os.getpid()}.{secrets.token_hex(4)}")
-        tmp.write_text(secrets.token_hex(16) + "\n")
-        try:
-            os.link(tmp, path)  # atomic create-if-absent: two first runs agree on one id
-        except FileExistsError:
-            pass
-        finally:
-            tmp.unlink()
-    value = path.read_text(encoding="utf-8", errors="replace").strip()
-    if not _WORKSPACE_ID.fullmatch(value):
-        raise ValueError(f"{path} holds {value[:40]!r}, not a workspace id (32 hex digits): it was edited; "
-                         "restore it from a backup (approvals signed here name the original id)")
-    return value
-
-
     return _configured_roots("data_roots")
 
 

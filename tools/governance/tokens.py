@@ -242,19 +242,6 @@ def _check_anchored(item_id: str, approvals: list[Approval], history: list[dict[
                                          f"`trainops approve --pending {item_id}`")
 
 
-def _check_not_revoked(item_id: str, approvals: list[Approval], history: list[dict[str, Any]]) -> None:
-    rejected_at = queue.rejected_at(history)
-    if rejected_at is not None and any(a.payload.issued_at <= rejected_at for a in approvals):
-        raise TokenRefused("revoked", f"call {item_id} was rejected after this token was minted: the token is "
-                                      "revoked; queue the call again and ask for a new approval")
-
-
-def _spent_nonces() -> set[str]:
-    return {e.get("nonce") for e in audit.read() if e.get("kind") == "token_spent"}
-
-
-def _spend(nonce: str, item_id: str, principals: list[str], allowed_signers_sha256: str) -> None:
-    """Burn the nonce in the audit log (tamper-evident, unlike a file beside it), once, under a lock."""
 def _check_receipts(entries: list[dict[str, Any]]) -> None:
     """Before any token is honoured: the log still holds every signed decision its receipts record
     (a rejection cut from the end would otherwise let a revoked token run)."""
@@ -286,6 +273,19 @@ def _check_bound_here(approvals: list[Approval], entries: list[dict[str, Any]]) 
                                              f"does not belong to this log: {problem or 'it signs other bytes'}")
 
 
+def _check_not_revoked(item_id: str, approvals: list[Approval], history: list[dict[str, Any]]) -> None:
+    rejected_at = queue.rejected_at(history)
+    if rejected_at is not None and any(a.payload.issued_at <= rejected_at for a in approvals):
+        raise TokenRefused("revoked", f"call {item_id} was rejected after this token was minted: the token is "
+                                      "revoked; queue the call again and ask for a new approval")
+
+
+def _spent_nonces() -> set[str]:
+    return {e.get("nonce") for e in audit.read() if e.get("kind") == "token_spent"}
+
+
+def _spend(nonce: str, item_id: str, principals: list[str], allowed_signers_sha256: str) -> None:
+    """Burn the nonce in the audit log (tamper-evident, unlike a file beside it), once, under a lock."""
     with open(queue.gov_dir("tokens") / "spend.lock", "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if nonce in _spent_nonces():
