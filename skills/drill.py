@@ -204,7 +204,8 @@ class _Drill:
             planned = call("inject_fault", {"kind": self.kind, "rank": self.rank, "step": self.inject_step}, self.ctx)
             self.launch = self.req.with_overrides([*LAUNCH_TIME[self.fault][1], *planned.overrides])
         self.say(f"drill {self.fault}: launching")
-        handle = submit(self.launch, f"drill-{self.fault}", self.ctx).handle
+        submitted = submit(self.launch, f"drill-{self.fault}", self.ctx)
+        handle, self.spec_sha256 = submitted.handle, submitted.spec_sha256  # an approved requeue names the spec
         self.job_id, self.run_dir, self.started = handle.job_id, handle.run_dir, time.time()
 
     def await_fired(self) -> tuple[float, int]:
@@ -254,7 +255,8 @@ class _Drill:
         quarantined = (quarantine_after(run_dir, int(detection.step), self.ctx)
                        if detection.mechanism == "checksum_mismatch" else [])
         isolated = time.time()
-        requeued = call("requeue_job", {"job_id": self.job_id, "scheduler": sched}, self.ctx).job_id
+        requeued = call("requeue_job", {"job_id": self.job_id, "scheduler": sched, "spec_sha256": self.spec_sha256},
+                        self.ctx).job_id
         first_step_at = _wait_for_restart(run_dir, isolated, requeued, self.req, self.ctx)
         journal = read_journal(run_dir)
         loaded = next((load for load in journal.loads if load.time > isolated), None)

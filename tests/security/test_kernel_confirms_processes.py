@@ -139,3 +139,37 @@ def test_the_trainops_tool_call_command_refuses_a_tampered_requeue(workspace):
     result = CliRunner().invoke(app, ["tool", "call", "requeue_job", "--input", payload])
     assert result.exit_code != 0 and "record no longer holds the spec submit launched" in result.output
     assert "Traceback" not in result.output
+
+
+def _approved(tool: str, inp: dict, approver) -> str:
+    """The agent asks (the call is queued), a human signs that exact call with their own key."""
+    from trainops.tools.governance import tokens
+    from trainops.tools.governance.gate import GateRefused
+
+    with pytest.raises(GateRefused) as info:
+        call(tool, inp, CallContext(actor="agent"))
+    return tokens.approve(info.value.pending_id, approver.key)
+
+
+def test_an_approved_requeue_refuses_a_record_rewritten_after_the_signature(workspace, approvers, tmp_path):
+    marker = tmp_path / "pwned"
+    submitted = _submit("signed", [sys.executable, "-c", "pass"])
+    _wait_state(submitted.handle.job_id, "completed")
+    inp = {"job_id": submitted.handle.job_id, "spec_sha256": submitted.spec_sha256}
+    token = _approved("requeue_job", inp, approvers.alice)
+    path, record = _record(workspace, submitted.handle.job_id)
+    record["spec"]["command"] = [sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+    path.write_text(json.dumps(record))
+    with pytest.raises(ToolError, match=r"record no longer holds the spec submit launched"):
+        call("requeue_job", inp, CallContext(actor="agent", approval_token=token))
+    time.sleep(0.5)
+    assert not marker.exists()
+
+
+def test_an_approved_requeue_must_name_the_spec_it_relaunches(workspace, approvers):
+    submitted = _submit("unsigned", [sys.executable, "-c", "pass"])
+    _wait_state(submitted.handle.job_id, "completed")
+    inp = {"job_id": submitted.handle.job_id}
+    token = _approved("requeue_job", inp, approvers.alice)
+    with pytest.raises(ToolError, match=r"an approved requeue must name the spec_sha256 submit_job returned"):
+        call("requeue_job", inp, CallContext(actor="agent", approval_token=token))

@@ -111,13 +111,23 @@ def _wait_gone(procs: list[psutil.Process], timeout_s: float) -> None:
         time.sleep(0.01)
 
 
+def _slurm_stepd_job(proc: psutil.Process) -> str | None:
+    """The Slurm job id of the nearest root-owned `slurmstepd` above `proc`, read from the title
+    slurmstepd gives itself ('slurmstepd: [123.0]'); None when no slurmstepd is above it."""
+    for parent in proc.parents():
+        if parent.name() == "slurmstepd" and parent.uids().real == 0:
+            title = " ".join(parent.cmdline())
+            return title.partition("[")[2].partition(".")[0] or None
+    return None
+
+
 def _slurm_tree(job_id: str) -> list[psutil.Process]:
+    """The job's processes: those a root-owned slurmstepd of Slurm job `job_id` started (the
+    SLURM_JOB_ID a process carries is only a quick filter: any process can set it)."""
     found = []
     for proc in psutil.process_iter():
         try:
-            if proc.environ().get("SLURM_JOB_ID") != job_id:
-                continue
-            if any(parent.name() == "slurmstepd" and parent.uids().real == 0 for parent in proc.parents()):
+            if proc.environ().get("SLURM_JOB_ID") == job_id and _slurm_stepd_job(proc) == job_id:
                 found.append(proc)
         except (*_GONE, psutil.AccessDenied):
             continue
