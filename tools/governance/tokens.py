@@ -173,6 +173,8 @@ def consume(token: str, tool: str, inp: BaseModel | dict[str, Any], now: float |
     """Check the token against this exact queued call and burn it; raise TokenRefused naming why not.
     Returns the first payload with `approver` (the principals, comma-separated) and `approvers`."""
     approvals = parse(token)
+    entries = audit.read()
+    _check_receipts(entries)
     first = approvals[0].payload
     if any((a.payload.call_id, a.payload.tool, a.payload.input_sha256, a.payload.nonce)
            != (first.call_id, first.tool, first.input_sha256, first.nonce) for a in approvals):
@@ -186,11 +188,10 @@ def consume(token: str, tool: str, inp: BaseModel | dict[str, Any], now: float |
     now = time.time() if now is None else now
     _check_times(approvals, now)
     signed_by = signers(approvals, now)
-    entries = audit.read()
-    _check_receipts(entries)
     history = queue.history(first.call_id)
     _check_not_revoked(first.call_id, approvals, history)
     _check_anchored(first.call_id, approvals, history)
+    _check_bound_here(approvals, entries)
     item = _queued(first)
     _refuse_requester(item, signed_by)
     distinct: list[signing.Signer] = []
@@ -204,7 +205,6 @@ def consume(token: str, tool: str, inp: BaseModel | dict[str, Any], now: float |
                                                 f"this token has {len(distinct)} ({names}): another approver "
                                                 f"co-signs with `trainops approve --pending {first.call_id} "
                                                 "--cosign TOKEN`")
-    _check_bound_here(approvals, entries)
     principals = [s.principal for s in distinct]
     _spend(first.nonce, first.call_id, principals, distinct[0].allowed_signers_sha256)
     queue.resolve(first.call_id, ", ".join(principals))
