@@ -3,10 +3,11 @@
 A pack's content is every entry under its folder: each file by its sha256, each folder (empty
 ones too), and each symlink by its target, so nothing can hide in a name that is skipped or a
 link that points elsewhere. Approval then checks what is there now: no symlinks, the content
-trainops recorded in the audit log when it wrote the pack (so a pack edited afterwards, or one
-trainops never wrote, is refused with the rule it breaks), and the evidence validators the
-caller passes in (trainops.skills.evidence.checks: the pack model, the claims checks, one
-variable per ablation arm against the configs the runs actually used).
+trainops recorded in the audit log when it wrote the pack (a tripwire for a careless edit, not
+proof: anything that can append to the log can append a `pack_written` entry), and the evidence
+validators the caller passes in (trainops.skills.evidence.checks: the pack model, the claims
+checks, one variable per ablation arm against the configs the runs actually used, and the pack
+derived again from its sources, which is what an edited pack cannot pass).
 """
 from __future__ import annotations
 
@@ -53,7 +54,8 @@ def changed_entries(before: dict[str, str], now: dict[str, str]) -> list[str]:
 
 def record_written(folder: Path, pack_id: str) -> dict:
     """Audit what trainops wrote as pack `pack_id` (called on the finished folder before it is
-    published), so approval can tell the pack it wrote from one edited or made by hand later."""
+    published): a record of what was written, which approval compares with the pack as a tripwire;
+    proof that the pack is trainops' own is its re-derivation (skills/evidence/pack.derivation_problems)."""
     entries = content_entries(folder)
     return audit.append(WRITTEN_KIND, pack=pack_id, content_hash=content_hash(entries), files=entries)
 
