@@ -351,11 +351,15 @@ def plan_effective_training_time(inp: EttrInput) -> EttrOutput:
 # --- parallel layout -----------------------------------------------------------------------
 
 
+MAX_NPROC = 65536  # a read tool the agent calls freely: the rank grid it builds stays under a second
+
+
 class LayoutInput(BaseModel):
     config: str | None = Field(None, description="Path to a job config TOML; omit to use a preset.")
     preset: str | None = Field(None, description="Model preset when no config is given (tiny, small, llama3-8b, ...).")
     overrides: list[str] = Field(default_factory=list, description="section.key=value overrides, e.g. parallel.tp=2.")
-    nproc: int = Field(gt=0, description="Number of processes (world size) to plan for.")
+    nproc: int = Field(gt=0, le=MAX_NPROC, description=f"Number of processes (world size) to plan for, at most "
+                                                      f"{MAX_NPROC}.")
 
 
 class LayoutOutput(BaseModel):
@@ -387,8 +391,16 @@ def plan_layout(inp: LayoutInput) -> LayoutOutput:
         from trainops.trainer.layout import plan_dry_run
     except ImportError as exc:
         raise ToolError("plan_layout", f"the trainer's layout planner is not available ({exc})") from None
+    from trainops.workspace import confine
+
     try:
-        cfg = load_config(inp.config, inp.preset, inp.overrides)
+        # the config is a path the model chose: confined like every other path a tool reads, so no
+        # file outside the workspace (its existence, its TOML) reaches the model
+        config = confine(inp.config, "config", reading=True, must_exist=True) if inp.config else None
+    except ValueError as exc:
+        raise ToolError("plan_layout", str(exc)) from None
+    try:
+        cfg = load_config(config, inp.preset, inp.overrides)
     except (OSError, ValueError) as exc:
         raise ToolError("plan_layout", f"cannot load config {inp.config or inp.preset!r}: {exc}") from None
     try:

@@ -23,7 +23,9 @@ class ConfigError(ValueError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    """Every float of a job config must be finite: an lr of inf or nan passes `gt=0` and trains garbage."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class ModelConfig(_Section):
@@ -293,16 +295,23 @@ def _explain(error: ValidationError, data: dict[str, Any]) -> ConfigError:
     return ConfigError("; ".join(problems))
 
 
+MAX_CONFIG_BYTES = 1 << 20
+
+
 def load_config(path: str | Path | None = None, preset: str | None = None,
                 overrides: list[str] | None = None) -> JobConfig:
     """Read TOML (optional), apply a model preset (optional), then `section.key=value` overrides."""
     data: dict[str, dict[str, Any]] = {}
     if path is not None:
+        from trainops.run_folder import read_regular
+
         file = Path(path)
-        if not file.is_file():
-            raise ConfigError(f"config file {str(file)!r} does not exist; pass a TOML file or use --preset")
+        raw = read_regular(file, MAX_CONFIG_BYTES)
+        if raw is None:
+            raise ConfigError(f"config file {str(file)!r} does not exist, is not a regular file or is over "
+                              f"{MAX_CONFIG_BYTES} bytes; pass a TOML file or use --preset")
         try:
-            data = tomllib.loads(file.read_bytes().decode("utf-8"))
+            data = tomllib.loads(raw.decode("utf-8"))
         except UnicodeDecodeError as err:
             raise ConfigError(f"config file {str(file)!r} is not UTF-8 text (byte {err.start}); save it as "
                               "UTF-8") from None

@@ -9,6 +9,9 @@ run id into a folder is `trainops.workspace.run_folder`, which confines it first
 """
 from __future__ import annotations
 
+import math
+import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,17 +64,60 @@ class RunFiles:
         return self.logs_dir / f"rank{rank}.log"
 
 
-def _complete_lines(path: Path, offset: int = 0) -> tuple[list[bytes], int]:
-    """The newline-terminated lines of `path` from byte `offset`, and the offset after the last one
-    (a line still being written is left for the next read); a missing file has none."""
+MAX_LINE_BYTES = 1 << 20  # a metrics or journal line is a few hundred bytes; a longer one is garbage
+MAX_RECORD_BYTES = 1 << 20  # a heartbeat or status file, rewritten whole
+_CHUNK = 8 << 20
+MAX_STEP = 10**12  # bounds a record must keep to be read at all: a step or rank beyond them is poison
+MAX_RANK = 1 << 20
+
+
+def open_regular(path: str | Path) -> int | None:
+    """A read-only descriptor of `path` when it is a regular file; None otherwise (missing, a folder,
+    a named pipe or device a job put there). O_NONBLOCK keeps the open of a FIFO from waiting for a
+    writer; the fstat then refuses it, so no reader ever hangs on what a job left in its folder."""
     try:
-        with open(path, "rb") as fh:
-            fh.seek(offset)
-            data = fh.read()
-    except OSError:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except (OSError, ValueError):
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
+
+
+def read_regular(path: str | Path, limit: int = MAX_RECORD_BYTES) -> bytes | None:
+    """The bytes of a regular file of at most `limit` bytes; None when it is missing, not a regular
+    file, or larger (a bounded read, whatever a job wrote there)."""
+    fd = open_regular(path)
+    if fd is None:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        data = fh.read(limit + 1)
+    return None if len(data) > limit else data
+
+
+def _complete_lines(path: Path, offset: int = 0) -> tuple[list[bytes], int]:
+    """The newline-terminated lines of a regular file `path` from byte `offset`, and the offset after
+    the last one (a line still being written is left for the next read); a missing file, or one that
+    is not a regular file, has none. A line over MAX_LINE_BYTES is dropped, read in bounded chunks."""
+    fd = open_regular(path)
+    if fd is None:
         return [], offset
-    end = data.rfind(b"\n") + 1
-    return data[:end].splitlines(), offset + end
+    lines: list[bytes] = []
+    with os.fdopen(fd, "rb") as fh:
+        fh.seek(offset)
+        pending, oversized = b"", False
+        while chunk := fh.read(_CHUNK):
+            parts = (pending + chunk).split(b"\n")
+            pending = parts.pop()
+            for part in parts:
+                if not oversized and len(part) <= MAX_LINE_BYTES:
+                    lines.append(part)
+                offset += len(part) + 1
+                oversized = False
+            if len(pending) > MAX_LINE_BYTES:  # skip the rest of an oversized line without holding it
+                offset, pending, oversized = offset + len(pending), b"", True
+    return lines, offset
 
 
 def _parsed(lines: list[bytes], parse: Callable[[bytes], T]) -> list[T]:
@@ -88,6 +134,10 @@ def _parsed(lines: list[bytes], parse: Callable[[bytes], T]) -> list[T]:
 
 # --- metrics.jsonl ---------------------------------------------------------------------------
 
+_FINITE_ONLY = ("time", "step_time_s", "tokens_per_s", "flops_per_token", "tflops", "mfu_pct", "peak_mem_gib",
+                "data_wait_s", "compute_time_s")
+
+
 class MetricsRecord(BaseModel):
     """One step of one rank, one line of `metrics.jsonl` (DESIGN.md's metrics record; the same names
     in Prometheus with a `trainops_` prefix). The trainer writes every field; a framework adapter
@@ -96,8 +146,8 @@ class MetricsRecord(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    step: int
-    rank: int = 0
+    step: int = Field(ge=0, le=MAX_STEP)
+    rank: int = Field(0, ge=0, le=MAX_RANK)
     time: float = Field(0.0, description="Unix seconds when the step's record was written.")
     loss: float | None = None
     grad_norm: float | None = None
@@ -114,6 +164,16 @@ class MetricsRecord(BaseModel):
     replica_group: str | None = Field(None, description="Ranks with the same group hold the same parameters.")
     compute_time_s: float | None = Field(None, description="The step's compute alone, where a writer times it.")
     host: str | None = Field(None, description="The rank's node, where a writer records it.")
+
+    @model_validator(mode="after")
+    def _finite_measurements(self) -> MetricsRecord:
+        """A NaN or infinite loss or grad norm is a signal (divergence, a flipped bit) and is kept; a
+        non-finite time, throughput or MFU measures nothing, so it reads as not written."""
+        for name in _FINITE_ONLY:
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                object.__setattr__(self, name, 0.0 if name == "time" else None)
+        return self
 
     def written(self) -> dict[str, Any]:
         """The fields this line carries (declared or extra) by name, as written: for a lookup by a
@@ -145,7 +205,7 @@ class RankExit(BaseModel):
 class Heartbeat(BaseModel):
     """A rank's latest sign of life, rewritten whole at every step."""
 
-    step: int
+    step: int = Field(ge=0, le=MAX_STEP)
     time: float = Field(0.0, description="Unix seconds of the beat; 0 when the rank noted its exit before its "
                                          "first beat.")
     pid: int | None = Field(None, description="The rank's process id: a claim of the job's, only ever read.")
@@ -156,8 +216,8 @@ class Heartbeat(BaseModel):
 def read_heartbeat(run_dir: str | Path, rank: int) -> Heartbeat | None:
     """Rank `rank`'s heartbeat; None when it has none yet (or it is unreadable)."""
     try:
-        return Heartbeat.model_validate_json(RunFiles(run_dir).heartbeat(rank).read_bytes())
-    except (OSError, ValidationError):
+        return Heartbeat.model_validate_json(read_regular(RunFiles(run_dir).heartbeat(rank)) or b"")
+    except ValidationError:
         return None
 
 
@@ -166,7 +226,7 @@ def read_heartbeats(run_dir: str | Path) -> dict[int, Heartbeat]:
     beats: dict[int, Heartbeat] = {}
     for path in RunFiles(run_dir).heartbeat_dir.glob("rank*.json"):
         rank = path.stem.removeprefix("rank")
-        if rank.isdigit() and (beat := read_heartbeat(run_dir, int(rank))) is not None:
+        if rank.isascii() and rank.isdigit() and int(rank) <= MAX_RANK and (beat := read_heartbeat(run_dir, int(rank))):
             beats[int(rank)] = beat
     return dict(sorted(beats.items()))
 
@@ -282,6 +342,6 @@ class RunResult(BaseModel):
 def read_status(run_dir: str | Path) -> RunResult | None:
     """The last launch's outcome; None while the run has not ended (or the file is unreadable)."""
     try:
-        return RunResult.model_validate_json(RunFiles(run_dir).status.read_bytes())
-    except (OSError, ValidationError):
+        return RunResult.model_validate_json(read_regular(RunFiles(run_dir).status) or b"")
+    except ValidationError:
         return None

@@ -16,7 +16,10 @@ KIND = "embedded"
 def _number(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an integer too large for a float is poison, not a value
+        return None
 
 
 class EmbeddedMonitor:

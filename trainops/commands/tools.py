@@ -17,15 +17,17 @@ JsonOpt = typer.Option(False, "--json", help="Print JSON for machines.")
 
 
 def run_tool(name: str, payload: dict[str, Any], as_json: bool, approval_token: str | None = None) -> Any:
-    """Call a tool as the operator; a ToolError becomes one clear line and exit code 2."""
+    """Call a tool as the operator; a ToolError, or a settings file the gate cannot read, becomes one
+    clear line and exit code 2."""
     from trainops.agents.agent_tools import agent_registry
+    from trainops.settings import SettingsError
     from trainops.tools.base import CallContext, ToolError
     from trainops.tools.calls import call
 
     try:
         return call(name, payload, CallContext(actor="operator", approval_token=approval_token),
                     registry=agent_registry())
-    except ToolError as exc:
+    except (ToolError, SettingsError) as exc:
         fail(str(exc), as_json=as_json)
 
 
@@ -117,16 +119,44 @@ def tool_call(
     as_json: bool = JsonOpt,
 ) -> None:
     """Call one tool through the governance gate."""
+    if len(input_json) > MAX_INPUT_CHARS:
+        fail(f"--input is {len(input_json)} characters, more than {MAX_INPUT_CHARS}: pass the tool's fields only",
+             as_json=as_json)
     try:
         payload = json.loads(input_json)
     except json.JSONDecodeError as exc:
         fail(f"--input is not valid JSON ({exc.msg} at column {exc.colno}): "
              "pass a JSON object, e.g. '{\"mtbf_h\": 24}'", as_json=as_json)
+    except RecursionError:
+        fail(f"--input nests deeper than Python can parse: no tool input nests more than {MAX_INPUT_DEPTH} levels",
+             as_json=as_json)
+    if (problem := _input_problem(payload)) is not None:
+        fail(f"--input {problem}", as_json=as_json)
     if not isinstance(payload, dict):
         fail(f"--input must be a JSON object, got {type(payload).__name__}: wrap the fields in {{...}}",
              as_json=as_json)
     out = run_tool(name, payload, as_json, approval_token)
     emit(out, as_json, render_fields(name))
+
+
+MAX_INPUT_CHARS = 1 << 20
+MAX_INPUT_DEPTH = 32
+
+
+def _input_problem(value: Any, where: str = "", depth: int = 0) -> str | None:
+    """What makes a parsed --input unusable before any tool sees it: nesting past MAX_INPUT_DEPTH, or
+    a NUL byte in a string (no path, command or name may hold one; the OS refuses it much later)."""
+    if depth > MAX_INPUT_DEPTH:
+        return f"nests more than {MAX_INPUT_DEPTH} levels at {where or 'the top'}: no tool input is that deep"
+    if isinstance(value, str):
+        return f"field {where or 'value'} holds a NUL byte (\\u0000): remove it" if "\x00" in value else None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        if isinstance(key, str) and "\x00" in key:
+            return f"has a field name with a NUL byte (\\u0000) under {where or 'the top'}: remove it"
+        if (problem := _input_problem(item, f"{where}.{key}" if where else str(key), depth + 1)) is not None:
+            return problem
+    return None
 
 
 def given(**options: Any) -> dict[str, Any]:
