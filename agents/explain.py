@@ -38,8 +38,23 @@ def parse_tool_output(message: ToolMessage) -> Any:
 
 
 def _compact(data: Any, limit: int = 1200) -> str:
-    text = json.dumps(data, default=str, sort_keys=True) if not isinstance(data, str) else data
+    """Tool data as one line of JSON (a string too: quoted, its newlines escaped), so nothing a job
+    wrote reads as a line of the answer."""
+    text = json.dumps(data, default=str, sort_keys=True)
     return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def quoted(value: Any, limit: int = 300) -> str:
+    """A value a tool returned, as it may appear inside a line of the answer: single-line printable
+    text as it is; anything with a newline or control character in a code span, those (and any
+    backtick) escaped. What a job wrote (a `peak_source` with "\\nVerdict: PASS") then never starts a line of
+    the answer of its own."""
+    text = str(value)
+    if text.isprintable():
+        return text if len(text) <= limit else text[:limit] + " ..."
+    text = json.dumps(text, ensure_ascii=False)[1:-1].replace("`", "\\u0060")
+    text = "".join(ch if ch.isprintable() else f"\\u{ord(ch):04x}" for ch in text)
+    return f"`{text if len(text) <= limit else text[:limit] + ' ...'}`"
 
 
 def _layout_text(plan: Any) -> tuple[str | None, float | None]:
@@ -68,11 +83,11 @@ def explain_mfu(summary: Any, env: Any, plan: Any = None) -> list[str]:
     model = model or (f"~{params / 1e6:.1f}M parameters" if params else None)
     precision = find(summary, "precision")
     peak_source = find(summary, "peak_source") or find(find(env, "compute_peak"), "source")
-    head = f"MFU of run {find(summary, 'run')}: {mfu:.2f}% (median over measured steps)" \
+    head = f"MFU of run {quoted(find(summary, 'run'))}: {mfu:.2f}% (median over measured steps)" \
         if isinstance(mfu, (int, float)) else "The run summary has no MFU figure"
-    context = ", ".join(f"{k} {v}" for k, v in (("model", model), ("hardware", hardware), ("framework", framework),
-                                                    ("layout", layout), ("precision", precision))
-                        if v not in (None, ""))
+    facts = (("model", model), ("hardware", hardware), ("framework", framework), ("layout", layout),
+             ("precision", precision))
+    context = ", ".join(f"{k} {quoted(v)}" for k, v in facts if v not in (None, ""))
     lines.append(head + (f" ({context})." if context else "."))
     missing = [k for k, v in (("model", model), ("hardware", hardware), ("parallel layout", layout),
                               ("precision", precision)) if v in (None, "")]
@@ -96,7 +111,8 @@ def explain_mfu(summary: Any, env: Any, plan: Any = None) -> list[str]:
     if isinstance(precision, str) and precision.lower() in ("fp32", "float32"):
         reasons.append("precision: fp32 runs against a lower peak than bf16 mixed precision")
     if isinstance(peak_source, str) and ("cpu" in peak_source.lower() or "measured" in peak_source.lower()):
-        reasons.append(f"peak: MFU is measured against {peak_source}; small GEMMs on a CPU reach only a fraction of it")
+        reasons.append(f"peak: MFU is measured against {quoted(peak_source)}; small GEMMs on a CPU reach only a "
+                       "fraction of it")
     if (isinstance(params, (int, float)) and params < 1e8) or (isinstance(model, str) and model in ("tiny", "small")):
         reasons.append("model size: a small model spends much of each step in per-op overhead (Python, launches, "
                        "optimizer), not in matmuls")
@@ -117,7 +133,7 @@ def _fault_lines(data: Any) -> list[str]:
         ("detection latency", ("detection_latency_s",)),
         ("isolation granularity", ("isolation_granularity", "isolation")),
         ("recovery time", ("recovery_time_s", "recovery_s")))]
-    lines = [f"- {label}: {value}" for label, value in figures if value is not None]
+    lines = [f"- {label}: {quoted(value)}" for label, value in figures if value is not None]
     absent = [label for label, value in figures if value is None]
     if absent:
         lines.append("- not measured yet (a fault-tolerance conclusion needs all three): " + ", ".join(absent))
@@ -131,7 +147,7 @@ def render_answer(intent: str, request: str, results: list[ToolMessage], assumed
         data = parse_tool_output(first)
         reason = data.get("error") if isinstance(data, dict) else data
         verb = "was not run" if isinstance(data, dict) and data.get("kind") in ("rejected", "refused") else "failed"
-        return f"Stopped: {first.name} {verb}: {reason}"
+        return f"Stopped: {first.name} {verb}: {quoted(reason, 2000)}"
     by_tool = {r.name: parse_tool_output(r) for r in results}
     if intent == "mfu":
         return "\n".join(explain_mfu(by_tool.get("summarize_run"), by_tool.get("declare_environment"),
@@ -139,8 +155,9 @@ def render_answer(intent: str, request: str, results: list[ToolMessage], assumed
     if intent == "drill":
         injected = by_tool.get("inject_fault") or {}
         if isinstance(injected, dict) and injected.get("overrides"):
-            return (f"{injected.get('kind')} is a launch-time fault ({injected.get('target')}): start the run with "
-                    f"{' '.join('--set ' + o for o in injected['overrides'])}, then ask me to detect faults on it.")
+            flags = " ".join("--set " + str(o) for o in injected["overrides"])
+            return (f"{quoted(injected.get('kind'))} is a launch-time fault ({quoted(injected.get('target'))}): "
+                    f"start the run with {quoted(flags)}, then ask me to detect faults on it.")
         lines = [f"Fault injected: {_compact(injected, 300)}"]
         if "detect_faults" in by_tool:
             lines.append("Detection:")
@@ -153,7 +170,7 @@ def render_answer(intent: str, request: str, results: list[ToolMessage], assumed
                 if isinstance(daly, (int, float)) and isinstance(young, (int, float)) else "Checkpoint plan:")
         lines = [head]
         if find(plan, "recommendation"):
-            lines.append(str(find(plan, "recommendation")))
+            lines.append(quoted(find(plan, "recommendation"), 1000))
         lines.extend(f"Assumed {k} time {v:g} s (not stated; say e.g. 'a 2-minute restart' to include it in the waste "
                      "estimate)."
                      for k, v in (assumed or {}).items() if k == "restart")
@@ -164,9 +181,11 @@ def render_answer(intent: str, request: str, results: list[ToolMessage], assumed
         blockers = result.get("blockers") or []
         pack = Path(str(result.get("pack_dir"))).name
         return "\n".join([
-            f"Verdict: {result.get('verdict')}" + (f"; blockers: {'; '.join(blockers)}" if blockers else ""),
-            f"Evidence pack: {result.get('pack_dir')} (SOP took {result.get('elapsed_s', 0):.0f} s).",
-            f"A human decides it: trainops approve {pack} (signed with their SSH key), or trainops reject {pack} "
+            f"Verdict: {quoted(result.get('verdict'))}"
+            + (f"; blockers: {'; '.join(quoted(b) for b in blockers)}" if blockers else ""),
+            f"Evidence pack: {quoted(result.get('pack_dir'))} (SOP took {result.get('elapsed_s', 0):.0f} s).",
+            f"A human decides it: trainops approve {quoted(pack)} (signed with their SSH key), or trainops reject "
+            f"{quoted(pack)} "
             "--note WHY.",
         ])
     if intent == "approvals":
@@ -174,7 +193,8 @@ def render_answer(intent: str, request: str, results: list[ToolMessage], assumed
         if not items:
             return "Nothing waits for approval."
         return f"{len(items)} item(s) wait for a human decision:\n" + "\n".join(
-            f"- {i.get('kind')} {i.get('id')}: {i.get('detail')}" for i in items if isinstance(i, dict))
+            f"- {quoted(i.get('kind'))} {quoted(i.get('id'))}: {quoted(i.get('detail'))}"
+            for i in items if isinstance(i, dict))
     if intent == "logs":
         text = find(by_tool.get("job_logs"), "text", "log")
         text = text if isinstance(text, str) else _compact(by_tool.get("job_logs"))

@@ -26,7 +26,14 @@ _ENV = {"provider": "TRAINOPS_PROVIDER", "model": "TRAINOPS_MODEL", "base_url": 
 
 
 class ProviderError(Exception):
-    """The chosen model cannot be used: names the setting, the value seen and the fix."""
+    """The chosen model cannot be used: names the setting, the value seen and the fix. The message
+    is scrubbed of secrets as it is made (a provider's answer may echo the key), so neither the
+    terminal, the log, the LangGraph checkpoint in agent.sqlite nor the model ever holds one."""
+
+    def __init__(self, message: str):
+        from trainops.redact import scrub
+
+        super().__init__(scrub(message))
 
 
 class AgentSettings(BaseModel):
@@ -125,7 +132,7 @@ def make_chat_model(settings: AgentSettings):
     return ChatAnthropic(model=model, api_key=key, timeout=settings.timeout_s, max_retries=0, **extra)
 
 
-def explain_provider_failure(settings: AgentSettings, exc: Exception) -> ProviderError | None:
+def explain_provider_failure(settings: AgentSettings, exc: Exception) -> ProviderError:
     """Turn a client's connection or auth failure into one line naming the setting to fix."""
     names = {cls.__name__ for cls in type(exc).__mro__}
     if names & {"APIConnectionError", "APITimeoutError", "ConnectError", "ConnectTimeout"}:
@@ -149,4 +156,6 @@ def explain_provider_failure(settings: AgentSettings, exc: Exception) -> Provide
         return ProviderError(f"the {settings.provider} endpoint at base_url={settings.base_url or 'default'} answered "
                              f"with an error: {exc}; check the server's log and the model name "
                              f"({settings.source('model')})")
-    return None
+    # any other failure of the client is still one scrubbed line: its text may quote the request
+    return ProviderError(f"the {settings.provider} call failed ({type(exc).__name__}: {exc}); check the provider "
+                         f"settings ({settings.source('model')}) and the server's log")

@@ -31,21 +31,24 @@ def quarantine_checkpoints(inp: QuarantineInput) -> QuarantineOutput:
     """Move a run's committed checkpoints taken at or after `from_step` to RUN/quarantine/ (kept,
     not deleted), so a restart after silent data corruption loads an older, clean one."""
     from trainops.trainer.checkpoint_files import list_checkpoints
-    from trainops.workspace import run_folder
+    from trainops.workspace import confine, run_folder
 
     try:
         run_dir = run_folder(inp.run)
+        # each path confined on its own, as corrupt_checkpoint does: a symlinked RUN/checkpoints (or
+        # RUN/quarantine) pointing out of the workspace is refused before anything moves
+        folder = confine(run_dir / "checkpoints", "checkpoint folder")
+        target = confine(run_dir / "quarantine", "quarantine folder")
+        entries = [e for e in list_checkpoints(folder) if e.committed and e.step >= inp.from_step]
+        sources = [confine(e.path, "checkpoint") for e in entries]
     except ValueError as exc:
         raise ToolError("quarantine_checkpoints", str(exc)) from None
-    folder, target = run_dir / "checkpoints", run_dir / "quarantine"
-    moved = []
-    for entry in list_checkpoints(folder):
-        if not entry.committed or entry.step < inp.from_step:
-            continue
-        source = Path(entry.path)
-        if source.is_symlink() or source.resolve().parent != folder.resolve():
-            raise ToolError("quarantine_checkpoints", f"checkpoint {source} is a link or lies outside {folder}: "
+    for entry, source in zip(entries, sources, strict=True):
+        if Path(entry.path).is_symlink() or source.parent != folder:
+            raise ToolError("quarantine_checkpoints", f"checkpoint {entry.path} is a link or lies outside {folder}: "
                                                       "refusing to move it; inspect the run folder")
+    moved = []
+    for entry, source in zip(entries, sources, strict=True):
         target.mkdir(exist_ok=True)
         os.replace(source, target / source.name)
         moved.append(entry.step)

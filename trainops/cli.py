@@ -30,8 +30,22 @@ def _as_operator(ctx: typer.Context) -> None:
     from trainops.tools.base import operator_session
     from trainops.tools.registry import serving
 
+    _private_files()
     ctx.with_resource(operator_session())
     ctx.with_resource(serving(_agent_registry))
+
+
+def _private_files() -> None:
+    """Every file this command (and each job it launches, which inherits the umask) creates is the
+    user's alone; a workspace others can already read is reported once, on stderr."""
+    import os
+    import sys
+
+    from trainops.workspace import PRIVATE_UMASK, exposed_workspace
+
+    os.umask(PRIVATE_UMASK)
+    if (warning := exposed_workspace()) is not None:
+        sys.stderr.write(warning + "\n")
 
 
 for area in (train, tools, sop, governance, agent, bench):  # each a module-level Typer app, merged at the top

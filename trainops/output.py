@@ -29,8 +29,12 @@ def emit(obj: Any, as_json: bool, render: Callable[[Any], None] | None = None) -
 
 
 def fail(message: str, *, as_json: bool = False, code: int = 2) -> NoReturn:
-    """Stop the command with a specific message: what was wrong and what to do."""
+    """Stop the command with a specific message: what was wrong and what to do (secrets scrubbed)."""
     import typer
+
+    from trainops.redact import scrub
+
+    message = scrub(message)
 
     if as_json:
         sys.stdout.write(json.dumps({"error": message}) + "\n")

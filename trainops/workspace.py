@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import stat
 import time
 from pathlib import Path
 
@@ -27,18 +28,42 @@ def is_valid_id(value: object) -> bool:
     return isinstance(value, str) and _SAFE_ID.fullmatch(value) is not None
 
 
+PRIVATE_UMASK = 0o077  # files 0600, folders 0700: the queue, the audit log and transcripts are the user's alone
+
+
+def _private_folder(path: Path) -> Path:
+    """`path` created 0700 (whatever the umask) when missing; an existing folder is left as it is
+    (`exposed_workspace` reports one that others can read)."""
+    if not path.is_dir():
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(path, 0o700)
+    return path
+
+
 def home() -> Path:
     from trainops.settings import workspace_path
 
-    path = workspace_path()
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return _private_folder(workspace_path())
 
 
 def _sub(name: str) -> Path:
-    path = home() / name
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return _private_folder(home() / name)
+
+
+def exposed_workspace() -> str | None:
+    """A warning when other users can enter the workspace folder; None when it is private (then
+    nothing inside can be reached by them, whatever its own mode) or not created yet."""
+    from trainops.settings import workspace_path
+
+    root = workspace_path()
+    try:
+        mode = root.stat().st_mode
+    except OSError:
+        return None
+    if not mode & 0o077:
+        return None
+    return (f"warning: the workspace {root} is {stat.filemode(mode)}: other users can read the approval queue, "
+            f"the audit log and transcripts in it. Fix: chmod -R go-rwx {root}")
 
 
 def runs_dir() -> Path:
@@ -129,15 +154,37 @@ def confine(path: str | Path, field: str, *, reading: bool = False, must_exist: 
     except (OSError, RuntimeError) as exc:
         raise ValueError(f"{field}={str(path)!r} cannot be resolved ({exc}); pass a plain path") from None
     roots = allowed_roots(reading=reading)
-    if any(resolved.is_relative_to(root) for root in roots):
+    if any(resolved.is_relative_to(root) for root in roots) and (hop := _link_out(path, roots)) is None:
         return resolved
     from trainops.settings import user_config_path
+
+    if any(resolved.is_relative_to(root) for root in roots):
+        raise ValueError(f"{field}={str(path)!r} passes through the link {hop[0]} -> {hop[1]}, outside the workspace "
+                         f"and the configured roots; fix: replace the link with a real folder inside the workspace")
 
     raise ValueError(
         f"{field}={str(path)!r} resolves to {resolved}, outside the workspace {home()} and the configured roots "
         f"({', '.join(str(r) for r in roots[1:]) or 'none'}); fix: use a path inside the workspace, or list its "
         f"folder under [governance] {'data_roots' if reading else 'roots'} in {user_config_path()}"
     )
+
+
+def _link_out(path: str | Path, roots: list[Path]) -> tuple[Path, Path] | None:
+    """The first symlink on the way to `path` that lies inside a root but points outside every root
+    (a hop out and back in is still a hop out); None when there is none. Links above the roots (a
+    /tmp that is itself a link) are the roots' own business."""
+    current = Path(path).expanduser().absolute()
+    for prefix in [*reversed(current.parents), current]:
+        if not prefix.is_symlink():
+            continue
+        try:
+            parent, target = prefix.parent.resolve(), prefix.resolve()
+        except (OSError, RuntimeError):
+            return prefix, Path(os.readlink(prefix))
+        inside = any(parent.is_relative_to(root) for root in roots)
+        if inside and not any(target.is_relative_to(root) for root in roots):
+            return prefix, target
+    return None
 
 
 def run_folder(run: str, field: str = "run") -> Path:

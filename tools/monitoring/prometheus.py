@@ -58,17 +58,42 @@ def _failure(exc: Exception) -> str:
     return f"HTTP {status.group(1)}" if status else type(exc).__name__
 
 
+METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")  # the exposition format's metric name grammar
+MAX_METRIC_CHARS = 200
+
+
+def check_metric(metric: str) -> str:
+    """`metric` when it is a metric name in the exposition-format grammar; a MonitorError otherwise.
+    The name is the only model-chosen text in a query, so `label_replace(...)`, `}` or `or` never
+    reach Prometheus as PromQL."""
+    if not isinstance(metric, str) or len(metric) > MAX_METRIC_CHARS or not METRIC_NAME.fullmatch(metric):
+        raise MonitorError(KIND, f"metric={metric!r} is not a metric name: use letters, digits, '_' and ':' "
+                                 "(not starting with a digit), e.g. loss or step_time_s; a query is built by trainops, "
+                                 "never taken from the caller")
+    return metric
+
+
 def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"')
+    """A label value as a PromQL string literal's body: backslash, quote and newline escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def selector(metric: str, run: str, rank: int | None = None) -> str:
+    """`trainops_METRIC{run="RUN"[,rank="R"]}`: the run matcher is always there, so a query sees one
+    run's series and nothing else; the name is checked against the grammar, the values escaped."""
+    from trainops.workspace import is_valid_id
+
+    if not is_valid_id(run):
+        raise MonitorError(KIND, f"run={run!r} is not a run id: use the run id the submit returned")
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
+        raise MonitorError(KIND, f"rank={rank!r} is not a rank: use a whole number >= 0")
     labels = f'run="{_label(run)}"' + ("" if rank is None else f',rank="{rank}"')
-    return f"trainops_{metric}{{{labels}}}"
+    return f"trainops_{check_metric(metric)}{{{labels}}}"
 
 
 def promql(metric: str, run: str, rank: int | None = None) -> str:
     """The PromQL for one of our metrics; heartbeat age is the time since the last scraped step."""
+    check_metric(metric)
     if metric == HEARTBEAT_AGE:
         return f"time() - timestamp({selector('step', run, rank)})"
     if metric in AGGREGATES:
