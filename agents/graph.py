@@ -85,6 +85,22 @@ def _waits_for_a_human(message: ToolMessage) -> bool:
     return isinstance(data, dict) and data.get("kind") == "gate_refused" and data.get("reason") == "missing_token"
 
 
+def _not_what_was_shown(call: dict, decision: dict) -> str | None:
+    """Why an approval does not cover the call the thread resumed with (its saved state rewritten
+    after the human was shown the queued call), or None: the graph signs only what was shown."""
+    from trainops.tools.governance import gate_api
+
+    try:
+        sha = gate_api.input_sha256(call["name"], call["args"])
+    except ValueError:
+        sha = None
+    seen = (decision.get("tool"), decision.get("pending_id"), decision.get("input_sha256"))
+    if sha is not None and seen == (call["name"], call.get("pending_id"), sha):
+        return None
+    return (f"approval not signed: the {call['name']} call this thread resumed with is not the call the approver "
+            f"was shown (pending {decision.get('pending_id')}); nothing was signed or run")
+
+
 def after_model(state: AgentState) -> str:
     """Tool calls go to the gate; a final answer goes to the report rules."""
     last = state["messages"][-1]
@@ -171,7 +187,14 @@ class AgentNodes:
         return {"messages": results, "ready": [], "gated": gated}
 
     def human_approval(self, state: AgentState, config: RunnableConfig) -> dict:
-        """Interrupt for the first gated call; record the verdict; run it with the gate's token if approved."""
+        """Interrupt for the first gated call; record the verdict; run it with the gate's token if approved.
+        The graph's registry is served meanwhile, so the queue reads its own tools' inputs too."""
+        from trainops.tools.registry import serving
+
+        with serving(lambda: self.specs):
+            return self._human_approval(state, config)
+
+    def _human_approval(self, state: AgentState, config: RunnableConfig) -> dict:
         from trainops.tools.base import CallContext
         from trainops.tools.governance import gate_api
 
@@ -187,6 +210,9 @@ class AgentNodes:
         keys = decision.get("keys") or [decision.get("key")]  # approvers' own keys; None: the ssh-agent's
         if verdict == "edit":
             call = {**call, "args": decision.get("args") or call["args"]}
+        elif verdict == "approve" and (problem := _not_what_was_shown(call, decision)):
+            transcript.record(thread, "gate", tool=call["name"], decision="refused", reason=problem)
+            return {"messages": [_result(call, "error", {"error": problem, "kind": "refused"})], "gated": rest}
         recorded = {"approve": "approved", "edit": "edited"}.get(verdict, "rejected")
         gate_api.record(spec, recorded, approver, ctx, decision.get("comment"))
         transcript.record(thread, "gate", tool=call["name"], decision=recorded, approver=approver, args=call["args"],

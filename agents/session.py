@@ -5,7 +5,8 @@ from __future__ import annotations
 import secrets
 import sqlite3
 import time
-from typing import Any, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator
 
 from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, ToolMessage
 from langgraph.checkpoint.sqlite import SqliteSaver
@@ -14,6 +15,19 @@ from pydantic import BaseModel, Field
 
 from trainops.agents.graph import build_graph
 from trainops.agents.providers import AgentSettings, load_settings, make_chat_model
+
+if TYPE_CHECKING:
+    from trainops.tools.governance.gate_api import SignableCall
+
+
+def _sha(tool: Any, args: Any) -> str | None:
+    """The input hash of `tool` called with `args`, None when that is not a valid call."""
+    from trainops.tools.governance import gate_api
+
+    try:
+        return gate_api.input_sha256(tool, args) if isinstance(tool, str) and isinstance(args, dict) else None
+    except ValueError:
+        return None
 
 
 def new_thread_id() -> str:
@@ -28,6 +42,19 @@ class Timing(BaseModel):
     tool_s: float = Field(description="time inside tool calls, training jobs included")
     agent_overhead_s: float
     agent_overhead_pct: float
+
+
+class ApprovalMismatch(ValueError):
+    """The call a paused thread would resume is not the queued call a human would be shown."""
+
+
+@dataclass(frozen=True)
+class ApprovalRequest:
+    """A paused call, checked against the approval queue: `call` is what a human is shown and what
+    their key signs (None when the call was decided outside the thread: it can only be rejected)."""
+
+    payload: dict[str, Any]
+    call: SignableCall | None
 
 
 class AgentSession:
@@ -66,13 +93,77 @@ class AgentSession:
         yield from self._stream({"messages": [HumanMessage(content=text)]})
 
     def decide(self, decision: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        """Resume a paused thread with {'decision': approve|edit|reject, 'approver', 'args', 'comment'}."""
-        if not self.pending():
+        """Resume a paused thread with {'decision': approve|edit|reject, 'approver', 'args', 'comment'}.
+        The paused call is checked against the queue first; an approval carries the pending id and
+        input hash of the call the human was shown (given, or the queued one), and the graph signs
+        nothing else."""
+        requests = self.approval_requests()
+        if not requests:
             raise ValueError(f"thread {self.thread_id} has no pending approval")
+        verdict = str(decision.get("decision", "reject")).lower()
+        if verdict == "approve":
+            decision = {**decision, **self._seen(requests[0], decision)}
         yield from self._stream(Command(resume=decision))
 
     def pending(self) -> list[dict[str, Any]]:
         return [dict(i.value) for i in self.graph.get_state(self.config).interrupts]
+
+    def approval_requests(self) -> list[ApprovalRequest]:
+        """The paused calls, each checked against its queued call before anyone is shown it: the
+        thread's interrupt and the call the graph would resume must both be that exact call.
+        Raises ApprovalMismatch, naming the thread and the pending id, on any difference."""
+        from trainops.agents.agent_tools import agent_registry
+        from trainops.tools.registry import serving
+
+        with serving(agent_registry):
+            return self._checked_requests()
+
+    def _checked_requests(self) -> list[ApprovalRequest]:
+        from trainops.tools.governance import gate_api
+
+        state = self.graph.get_state(self.config)
+        resumed = (state.values.get("gated") or [None])[0]
+        requests = []
+        for interrupt in state.interrupts:
+            payload = dict(interrupt.value) if isinstance(interrupt.value, dict) else {}
+            pending_id = payload.get("pending_id")
+            try:
+                call = gate_api.queued(pending_id)
+            except gate_api.NotQueued:
+                requests.append(ApprovalRequest(payload, None))
+                continue
+            except ValueError as exc:
+                raise self._mismatch(pending_id, str(exc)) from None
+            views = [("the call it shows", payload.get("tool"), payload.get("args"), pending_id)]
+            if resumed is not None:
+                views.append(("the call it would resume", resumed.get("name"), resumed.get("args"),
+                              resumed.get("pending_id")))
+            for what, tool, args, named in views:
+                if named != call.call_id or tool != call.item.tool or _sha(tool, args) != call.input_sha256:
+                    raise self._mismatch(pending_id, f"{what} is not the queued {call.item.tool} call "
+                                                     f"(input sha256 {call.input_sha256})")
+            requests.append(ApprovalRequest(payload, call))
+        return requests
+
+    def _mismatch(self, pending_id: Any, why: str) -> ApprovalMismatch:
+        return ApprovalMismatch(
+            f"thread {self.thread_id} is paused on a call that does not match pending approval {pending_id!s}: "
+            f"{why}. Nothing was shown or signed: the thread's saved state was changed after the call was "
+            f"queued. Reject it with `trainops reject --pending {pending_id!s} --note WHY` and start a new thread")
+
+    def _seen(self, request: ApprovalRequest, decision: dict[str, Any]) -> dict[str, str]:
+        """The pending id and input hash an approval is for: the call shown to the approver."""
+        if request.call is None:
+            raise ValueError(f"pending approval {request.payload.get('pending_id')} of thread {self.thread_id} "
+                             "is no longer queued (decided outside the thread): reject it here to close it")
+        seen = {"tool": request.call.item.tool, "pending_id": request.call.call_id,
+                "input_sha256": request.call.input_sha256}
+        given = {k: decision[k] for k in seen if decision.get(k) is not None}
+        if given and given != seen:
+            raise ApprovalMismatch(f"thread {self.thread_id}: the call approved (pending {given.get('pending_id')}) "
+                                   f"is not the one queued now (pending {seen['pending_id']}): nothing was signed; "
+                                   "look at it again")
+        return seen
 
     def answer(self) -> str:
         messages = self.graph.get_state(self.config).values.get("messages", [])

@@ -49,6 +49,11 @@ def run_call(spec: ToolSpec, inp: BaseModel | dict[str, Any] | None = None,
             out = spec.fn(inp)
     except Exception as exc:
         gate.after_call(spec, inp, ctx, started=started, output=None, error=exc)
+        if ctx.approval_token and approved_call is not None and not isinstance(exc, ToolError):
+            why = str(exc) if isinstance(exc, (ValueError, OSError)) else f"{type(exc).__name__}: {exc}"
+            raise ToolError(spec.name, f"approved call {approved_call} failed after its token was spent: {why}; "
+                                       "the token is used up: fix the cause, then queue the call again and ask "
+                                       "for a new approval") from None
         raise
     gate.after_call(spec, inp, ctx, started=started, output=out, error=None)
     return out

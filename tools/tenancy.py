@@ -14,9 +14,9 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Iterator, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import AfterValidator, BaseModel, Field, field_validator
 
 from trainops.run_folder import RunFiles
 from trainops.tools.base import InputCheck, tool
@@ -28,6 +28,35 @@ if TYPE_CHECKING:
     from trainops.trainer.config import JobConfig
 
 TenantKind = Literal["data", "checkpoints", "runs"]
+# A tenant id names a folder, a Slurm account and a Prometheus label: one strict form for all three.
+TENANT_ID = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+
+
+def tenant_id_problem(value: object) -> str | None:
+    """Why `value` is not a tenant id (matched in full: no newline, path or control character), or None."""
+    if isinstance(value, str) and TENANT_ID.fullmatch(value):
+        return None
+    return (f"tenant id {value!r} is not valid: use 1 to 63 lowercase letters, digits, '_' or '-', starting with "
+            "a letter or digit (e.g. 'acme', 'team-a')")
+
+
+def _check_tenant_id(value: str) -> str:
+    problem = tenant_id_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+TenantId = Annotated[str, AfterValidator(_check_tenant_id)]
+
+
+def tenant_ids(inp: BaseModel) -> Iterator[str]:
+    """Every `tenant` an input names, in nested models too (a job spec's tenant, say)."""
+    for name, value in inp:
+        if name == "tenant" and value is not None:
+            yield value
+        elif isinstance(value, BaseModel):
+            yield from tenant_ids(value)
 
 
 def _tenants_root() -> Path:
@@ -37,9 +66,7 @@ def _tenants_root() -> Path:
 
 
 def tenant_root(tenant: str) -> Path:
-    from trainops.workspace import check_id
-
-    return _tenants_root() / check_id("tenant", tenant)
+    return _tenants_root() / _check_tenant_id(tenant)
 
 
 def tenant_path(tenant: str, kind: TenantKind) -> Path:
@@ -147,7 +174,7 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 class QuotaInput(BaseModel):
-    tenant: str = Field(description="Tenant id.")
+    tenant: TenantId = Field(description="Tenant id: lowercase letters, digits, '_' and '-' (e.g. 'acme').")
     gpus: int = Field(ge=0, description="GPU quota (devices the tenant may hold at once).")
     priority: Literal["low", "normal", "high"] = Field(description="Scheduling priority class.")
     reason: str = Field(min_length=3, description="Why the change is needed; shown to the approver.")
@@ -229,7 +256,7 @@ def _major_minor(field: str, value: str) -> tuple[int, int]:
 
 
 class UpgradeInput(BaseModel):
-    tenant: str = Field(description="Tenant whose jobs the upgrade applies to.")
+    tenant: TenantId = Field(description="Tenant whose jobs the upgrade applies to (e.g. 'acme').")
     framework: str = Field(description="Framework name, e.g. 'torch', 'megatron-core', 'deepspeed'.")
     from_version: str = Field(description="Version pinned now.")
     to_version: str = Field(description="Version to pin.")

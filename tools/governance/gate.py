@@ -1,9 +1,11 @@
 """The action gate. Every tool call passes `before_call` and `after_call` (trainops.tools.calls.run_call),
 whichever path it came by: the CLI, a skill, the agent graph, LangChain tools, the Python registry.
 
-Order of checks in `before_call`: forbidden actions (R-SEC-2) are refused outright; then
-the tool's own input checks (declared with it: `@tool(..., checks=...)`) and the tenant-isolation
-check on path fields (R-SEC-3); then, when
+Order of checks in `before_call`: the input must read back as itself from its JSON (a model built
+without validation is validated here; R-TOOL-1); forbidden actions (R-SEC-2) are refused outright;
+then the tool's own input checks (declared with it: `@tool(..., checks=...)`) and tenancy (every
+tenant id in full, path fields inside the tenant's root: R-SEC-3); all of it before a call is
+queued, so no human is asked to sign a call that cannot run; then, when
 `approval_rule` says a human must decide (irreversible and approval-gated tools always; any
 `mutate` tool the agent calls, or the operator too where `[governance] operator_needs_approval`),
 a signed single-use token bound to this exact call (R-SEC-1, R-SEC-4) — a call without one is
@@ -44,11 +46,14 @@ def _refuse(spec, inp, ctx, reason: str, rule_id: str, message: str, pending_id:
 
 
 def _tenant_path_problem(inp: BaseModel) -> str | None:
+    from trainops.tools.tenancy import check_tenant_path, tenant_id_problem, tenant_ids
+
+    for tenant in tenant_ids(inp):
+        if problem := tenant_id_problem(tenant):
+            return problem
     tenant = getattr(inp, "tenant", None)
     if not isinstance(tenant, str) or not tenant:
         return None
-    from trainops.tools.tenancy import check_tenant_path
-
     for name, value in inp:
         if value is not None and name.endswith(PATH_FIELD_SUFFIXES):
             try:
@@ -103,8 +108,11 @@ def _inherited_approval(spec) -> str | None:
 
 
 def check_input(spec, inp: BaseModel, ctx) -> None:
-    """Forbidden-action, per-tool and tenant-path checks, without the token step: lets the
-    agent refuse a call before it asks a human to approve something the gate would refuse."""
+    """Input validation, forbidden-action, per-tool and tenancy checks, without the token step: the
+    gate refuses here, before any call is queued, what could never run once a human signed it."""
+    problem = queue.round_trip_problem(spec.name, inp, spec.Input)
+    if problem:
+        _refuse(spec, inp, ctx, "invalid_input", "R-TOOL-1", problem)
     for check in (c for c in spec.checks if c.kind == "forbidden"):
         message = check.fn(inp)
         if message:

@@ -1,4 +1,5 @@
-"""The gate as the agent sees it: check, pend, approve, reject, record. Nothing else.
+"""The gate as the agent sees it: check, pend, approve, reject, record, and the queued call a
+human is shown (`queued`, `input_sha256`). Nothing else.
 
 The agent graph asks the gate what a proposed call needs before it runs anything, queues the
 call for a human when the gate says so, and turns a human's decision into a token or a refusal;
@@ -15,7 +16,11 @@ from trainops.tools.base import CallContext, ToolSpec
 from trainops.tools.governance import audit, gate, queue, signing, tokens
 from trainops.tools.governance.gate import GateRefused as Refused
 
-__all__ = ["Refused", "check", "pend", "approve", "reject", "record"]
+__all__ = ["Refused", "NotQueued", "SignableCall", "check", "pend", "queued", "input_sha256", "approve", "reject",
+           "record"]
+
+NotQueued = queue.NotQueued
+SignableCall = queue.SignableCall
 
 
 def check(spec: ToolSpec, inp: BaseModel, ctx: CallContext) -> str | None:
@@ -30,13 +35,27 @@ def pend(spec: ToolSpec, inp: BaseModel, ctx: CallContext) -> str:
     return queue.record_pending(spec.name, inp, ctx.label).id
 
 
+def queued(pending_id: str) -> queue.SignableCall:
+    """The queued call as a human is shown it and signs it (its id re-derived from its bytes);
+    ValueError when it is edited, NotQueued when it is no longer queued."""
+    return queue.signable(pending_id)
+
+
+def input_sha256(tool: str, args: dict[str, Any]) -> str:
+    """The hash an approval of `tool` called with `args` signs (ValueError: not a valid input)."""
+    return queue.input_hash(queue.validated(tool, args))
+
+
 def approve(spec: ToolSpec, inp: BaseModel, ctx: CallContext, keys: Sequence[Path | None] = (None,)) -> str:
     """Humans approve this exact call by signing it, each with their own key (None: the ssh-agent's),
     the second and later co-signing (a tool may need two approvers): the single-use token that lets
-    it through the gate. Raises `signing.SigningError` when a key is not an approver's."""
-    pending_id, token = pend(spec, inp, ctx), None
+    it through the gate. Raises `signing.SigningError` when a key is not an approver's, ValueError
+    when the queue does not hold exactly this call."""
+    shown, token = queue.signable(pend(spec, inp, ctx)), None
+    if shown.input_sha256 != queue.input_hash(inp):
+        raise ValueError(f"queued call {shown.call_id} is not this {spec.name} call: nothing was signed")
     for key in keys:
-        token = tokens.approve(pending_id, key=key, cosign=token)
+        token = tokens.approve(shown, key=key, cosign=token)
     if token is None:
         raise ValueError("no approver signed: pass at least one key (None for the ssh-agent's)")
     return token

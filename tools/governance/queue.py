@@ -6,13 +6,19 @@ refused, not approved under its old id. Rejecting (signed by an approver) or wit
 (by the actor that asked) takes the call off the queue and revokes every token minted for it
 before that moment. The files here are a working copy anything in the workspace can edit; who
 asked, who said no and which token was spent are read from the hash-chained audit log.
+
+What an approver is shown and what their key signs are one thing, a `SignableCall`: the canonical
+bytes of the validated input, with the call's id re-derived from them. Every approval prompt is
+rendered from those bytes, and the approval signs their sha256.
 """
 from __future__ import annotations
 
 import getpass
+import json
 import os
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -52,14 +58,61 @@ class RejectPayload(anchors.SignedPayload):
 
 
 
-def input_hash(inp: BaseModel | dict[str, Any]) -> str:
+class NotQueued(ValueError):
+    """No queued file for that id: the call was never queued here, or it was decided since."""
+
+
+def canonical_input(inp: BaseModel | dict[str, Any]) -> bytes:
+    """The bytes an approval's input hash covers: the input's canonical JSON."""
     data = inp.model_dump(mode="json") if isinstance(inp, BaseModel) else inp
-    return audit.sha256_hex(audit.canonical_json(data))
+    return audit.canonical_json(data).encode("utf-8")
+
+
+def input_hash(inp: BaseModel | dict[str, Any]) -> str:
+    return audit.sha256_hex(canonical_input(inp))
+
+
+def _id_of(tool: str, input_sha256: str) -> str:
+    return audit.sha256_hex(f"{tool}:{input_sha256}")[:12]
 
 
 def call_id(tool: str, inp: BaseModel | dict[str, Any]) -> str:
     """Stable id of one exact call: the same tool and input always map to the same pending item."""
-    return audit.sha256_hex(f"{tool}:{input_hash(inp)}")[:12]
+    return _id_of(tool, input_hash(inp))
+
+
+def _shown(value: Any) -> str:
+    """A value as canonical JSON, ASCII only: control, C1 and bidi characters print as escapes."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True).replace("\x7f", "\\u007f")
+
+
+@dataclass(frozen=True)
+class SignableCall:
+    """One queued call as an approver sees it and signs it: computed once from the canonical bytes
+    of its validated input, displayed from them, and signed over their sha256."""
+
+    item: PendingCall
+    input_bytes: bytes
+
+    @property
+    def input_sha256(self) -> str:
+        return audit.sha256_hex(self.input_bytes)
+
+    @property
+    def call_id(self) -> str:
+        return _id_of(self.item.tool, self.input_sha256)
+
+    @property
+    def input(self) -> dict[str, Any]:
+        return json.loads(self.input_bytes)
+
+    def lines(self) -> list[str]:
+        """The call in full, one field per line (nested values as canonical JSON), nothing cut."""
+        fields = [f"    {name if re.fullmatch(r'[A-Za-z_][A-Za-z0-9_]*', name) else _shown(name)} = {_shown(value)}"
+                  for name, value in sorted(self.input.items())]
+        return [f"  pending id {self.call_id} (re-derived from the bytes signed)", f"  tool {self.item.tool}",
+                f"  input sha256 {self.input_sha256}", "  input:", *(fields or ["    (no fields)"]),
+                f"  requested by {_shown(self.item.requested_by)}"]
 
 
 def gov_dir(name: str) -> Path:
@@ -87,8 +140,12 @@ def validated(tool: str, inp: BaseModel | dict[str, Any]) -> BaseModel:
     try:
         return spec.Input.model_validate(inp)
     except ValidationError as exc:
-        fields = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'input'}: {e['msg']}" for e in exc.errors())
-        raise ValueError(f"input is not a valid {tool} input: {fields}") from None
+        raise ValueError(_invalid(tool, exc)) from None
+
+
+def _invalid(tool: str, exc: ValidationError) -> str:
+    fields = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'input'}: {e['msg']}" for e in exc.errors())
+    return f"input is not a valid {tool} input: {fields}"
 
 
 def _write(path: Path, item: PendingCall) -> None:
@@ -97,8 +154,29 @@ def _write(path: Path, item: PendingCall) -> None:
     tmp.replace(path)
 
 
+def round_trip_problem(tool: str, inp: BaseModel, model: type[BaseModel] | None = None) -> str | None:
+    """Why `inp`, once queued, could never be approved and run as itself (its JSON does not
+    validate as `model`, default the tool's input, or validates to another call), or None. A
+    human is never asked to sign such a call."""
+    try:
+        data = json.loads(canonical_input(inp))
+        again = model.model_validate(data) if model is not None else validated(tool, data)
+    except ValidationError as exc:
+        return _invalid(tool, exc)
+    except ValueError as exc:
+        return str(exc)
+    if input_hash(again) != input_hash(inp):
+        return (f"the {tool} input does not read back as itself (validating its JSON gives another input), so an "
+                "approval of it could never match the call: fix the input model's validators")
+    return None
+
+
 def record_pending(tool: str, inp: BaseModel, requested_by: str) -> PendingCall:
-    """Queue a call (idempotent); a queued file that no longer matches its content is rewritten from the real call."""
+    """Queue a call (idempotent); a queued file that no longer matches its content is rewritten from the
+    real call. A call that could not be approved as itself is refused (ValueError), never queued."""
+    problem = round_trip_problem(tool, inp, type(inp))
+    if problem:
+        raise ValueError(problem)
     item = PendingCall(id=call_id(tool, inp), tool=tool, input=inp.model_dump(mode="json"),
                        requested_by=requested_by, time=time.time(),
                        requester_user=getpass.getuser() if requested_by == "operator" else None)
@@ -125,20 +203,27 @@ def _load(path: Path) -> PendingCall:
 
 def get_pending(item_id: str) -> PendingCall:
     """A queued call whose content still derives its id; anything else is a ValueError naming why."""
+    return signable(item_id).item
+
+
+def signable(item_id: str) -> SignableCall:
+    """The queued call as it is shown and signed, its id re-derived from its canonical bytes; a
+    ValueError naming why when it is not queued (NotQueued), unreadable or edited since."""
     if not isinstance(item_id, str) or not ID_PATTERN.fullmatch(item_id):
         raise ValueError(f"pending id {item_id!r} is not valid: use the 12-hex-digit id from `trainops approvals`")
     path = gov_dir("pending") / f"{item_id}.json"
     if not path.is_file():
         known = ", ".join(p.id for p in pending_calls()) or "none"
-        raise ValueError(f"pending approval {item_id!r} not found; pending ids: {known} (see `trainops approvals`)")
+        raise NotQueued(f"pending approval {item_id!r} not found; pending ids: {known} (see `trainops approvals`)")
     item = _load(path)
     if item.status == "corrupt":
         raise ValueError(f"{item.note}: nothing to approve; run the call again to queue it afresh")
-    derived = call_id(item.tool, validated(item.tool, item.input)) if item.tool else "none"
-    if item.id != item_id or derived != item_id or item.status != "pending":
+    call = SignableCall(item, canonical_input(validated(item.tool, item.input))) if item.tool else None
+    derived = call.call_id if call else "none"
+    if call is None or item.id != item_id or derived != item_id or item.status != "pending":
         raise ValueError(f"pending file {path} was edited after the call was queued (its content derives id "
                          f"{derived}, not {item_id}): it is refused; run the real call again to queue it")
-    return item
+    return call
 
 
 def resolve(item_id: str, approvers: str) -> None:

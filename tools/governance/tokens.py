@@ -95,19 +95,25 @@ def check_ttl_min(ttl_min: float) -> float:
     return float(ttl_min)
 
 
-def approve(pending_id: str, key: Path | None = None, ttl_min: float = DEFAULT_TTL_MIN,
+def approve(call: str | queue.SignableCall, key: Path | None = None, ttl_min: float = DEFAULT_TTL_MIN,
             cosign: str | None = None) -> str:
     """Sign one queued call with the approver's key (None: ssh-agent); `cosign` adds this
-    signature to another approver's token. Returns the token; the approval is anchored in the audit log."""
+    signature to another approver's token. `call` is the pending id, or the `SignableCall` the
+    approver was shown: exactly its bytes are signed, and only while the queue still holds them.
+    Returns the token; the approval is anchored in the audit log."""
     ttl_s = check_ttl_min(ttl_min) * 60
-    item = queue.get_pending(pending_id)
+    shown = call if isinstance(call, queue.SignableCall) else queue.signable(call)
+    item = shown.item
+    if queue.signable(item.id).input_bytes != shown.input_bytes:
+        raise ValueError(f"queued call {item.id} changed after it was shown: nothing was signed; "
+                         "look at it again with `trainops approvals`")
     earlier = parse(cosign) if cosign else []
-    if earlier and any(a.payload.call_id != item.id for a in earlier):
-        raise ValueError(f"--cosign token is for call {earlier[0].payload.call_id}, not {item.id}: "
+    if earlier and any((a.payload.call_id, a.payload.tool, a.payload.input_sha256)
+                       != (shown.call_id, item.tool, shown.input_sha256) for a in earlier):
+        raise ValueError(f"--cosign token is for call {earlier[0].payload.call_id}, not {shown.call_id}: "
                          "co-sign the same call")
     now = time.time()
-    payload = ApprovalPayload(call_id=item.id, tool=item.tool,
-                              input_sha256=input_hash(queue.validated(item.tool, item.input)),
+    payload = ApprovalPayload(call_id=shown.call_id, tool=item.tool, input_sha256=shown.input_sha256,
                               nonce=earlier[0].payload.nonce if earlier else secrets.token_hex(16), issued_at=now,
                               expires_at=now + ttl_s, audit_head=anchors.head())
     signature = signing.sign(payload.signed_bytes(), key)
@@ -118,6 +124,13 @@ def approve(pending_id: str, key: Path | None = None, ttl_min: float = DEFAULT_T
     anchors.record(payload.signed_bytes(), signature, signer, subject="call", decision="token_issued",
                    tool=item.tool, call_id=item.id, expires_at=payload.expires_at)
     return encode([*earlier, Approval(payload=payload, signature=signature)])
+
+
+def approval_prompt(shown: queue.SignableCall) -> list[str]:
+    """What an approver reads before signing `shown`: the call in full and who else must sign."""
+    needed = approvers_needed(shown.item.tool)
+    return [*shown.lines(), f"  approvers needed {needed} ({approval_class(shown.item.tool)}), distinct, "
+                            "never the requester"]
 
 
 def encode(approvals: list[Approval]) -> str:

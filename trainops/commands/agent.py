@@ -65,9 +65,9 @@ def _show(event: dict[str, Any]) -> None:
         mark = "[green]✓[/]" if event["status"] == "success" else "[red]✗[/]"
         detail = "" if event["status"] == "success" else f" {(event['output'] or {}).get('error', '')}"
         out.print(f"{mark} {escape(event['tool'] + detail)}", highlight=False)
-    elif kind == "approval":
-        out.print(f"[bold yellow]approval needed[/] {escape(event['tool'])} (risk {escape(str(event['risk']))}) "
-                  f"{escape(json.dumps(event['args'], default=str))}", highlight=False)
+    elif kind == "approval":  # the call itself is shown only from the queue, checked: _show_request
+        out.print(f"[bold yellow]approval needed[/] {escape(str(event['tool']))} (risk {escape(str(event['risk']))})"
+                  f" · pending {escape(str(event.get('pending_id')))}", highlight=False)
     elif kind == "answer":
         out.print(event["text"] or "(no answer)", highlight=False, markup=False)
 
@@ -97,21 +97,39 @@ class _ChatView:
         _show(event)
 
 
-def _ask_decision(payload: dict[str, Any], approver: str) -> dict[str, Any]:
+def _show_request(request) -> None:
+    """The approval prompt: rendered from the queued call's canonical bytes (what the key signs),
+    one field per line, never cut; a call decided outside the thread can only be rejected."""
+    from trainops.tools.governance.tokens import approval_prompt
+
+    out = console()
+    payload = request.payload
+    out.print(f"[bold yellow]approval needed[/] {escape(str(payload.get('tool')))} "
+              f"(risk {escape(str(payload.get('risk')))})", highlight=False)
+    lines = approval_prompt(request.call) if request.call else [
+        f"  pending {payload.get('pending_id')} is no longer queued (decided outside this thread): reject to close it"]
+    for line in lines:
+        out.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _ask_decision(request, approver: str) -> dict[str, Any]:
     from rich.prompt import Prompt
 
-    choice = Prompt.ask(f"{escape(payload['tool'])}: approve, edit or reject?", choices=["approve", "edit", "reject"],
+    call = request.call
+    choices = ["approve", "edit", "reject"] if call else ["reject"]
+    choice = Prompt.ask(f"{escape(str(request.payload.get('tool')))}: {', '.join(choices)}?", choices=choices,
                         default="reject")
     if choice == "reject":
         return {"decision": "reject", "approver": approver, "comment": Prompt.ask("reason", default="rejected in chat")}
     if choice == "edit":
         while True:
-            text = Prompt.ask("new input as JSON", default=json.dumps(payload["args"]))
+            text = Prompt.ask("new input as JSON", default=json.dumps(call.input))
             try:
                 return {"decision": "edit", "approver": approver, "args": json.loads(text)}
             except json.JSONDecodeError as exc:
                 console().print(f"[red]not JSON ({escape(str(exc))}); try again[/]")
-    return {"decision": "approve", "approver": approver}
+    return {"decision": "approve", "approver": approver, "tool": call.item.tool, "pending_id": call.call_id,
+            "input_sha256": call.input_sha256}
 
 
 app = typer.Typer()
@@ -137,12 +155,14 @@ def chat(
                         f"leave[/]")
         while True:
             try:  # leaving at any prompt keeps an undecided approval pending in the thread
-                for payload in session.pending():
-                    _show({"kind": "approval", **payload})
-                    _drain(session.decide(_ask_decision(payload, who)), view, False)
+                for request in session.approval_requests():
+                    _show_request(request)
+                    _drain(session.decide(_ask_decision(request, who)), view, False)
                 text = Prompt.ask("[bold]you[/]").strip()
             except (EOFError, KeyboardInterrupt):
                 break
+            except ValueError as exc:  # the paused call is not the queued one: nothing shown or signed
+                fail(str(exc))
             if text in ("/exit", "/quit"):
                 break
             if text:

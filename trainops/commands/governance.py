@@ -7,7 +7,6 @@ that comes from a file, a tool or a user is printed with rich markup escaped.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Optional
 
@@ -40,7 +39,7 @@ def _table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
 
     table = Table(title=escape(title))
     for col in columns:
-        table.add_column(escape(col))
+        table.add_column(escape(col), overflow="fold")  # folded, never cut with an ellipsis
     for row in rows:
         table.add_row(*(escape("" if v is None else str(v)) for v in row))
     console().print(table)
@@ -87,30 +86,43 @@ def approve(
 
 
 def approve_call(pending: str, key: Path | None, ttl_min: float, cosign: str | None, as_json: bool) -> dict[str, Any]:
-    """Sign the queued call; the answer says whether more approvers must co-sign."""
+    """Show the queued call in full, then sign exactly those bytes (computed once); the answer says
+    whether more approvers must co-sign."""
     from trainops.tools.governance import queue, tokens
 
     try:
-        token = tokens.approve(pending, key, ttl_min=ttl_min, cosign=cosign)
-        item = queue.get_pending(pending)
+        shown = queue.signable(pending)
+    except _refusals() as exc:
+        fail(str(exc), as_json=as_json)
+    if not as_json:
+        _say(f"approving call {shown.call_id}:")
+        for line in tokens.approval_prompt(shown):
+            _say(line)
+    try:
+        token = tokens.approve(shown, key, ttl_min=ttl_min, cosign=cosign)
     except _refusals() as exc:
         fail(str(exc), as_json=as_json)
     approvals = tokens.parse(token)
     principals = [signer.principal for signer in tokens.signers(approvals)]
-    return {"call_id": item.id, "tool": item.tool, "input": item.input, "approver": principals[-1],
-            "approvers": principals, "approvers_needed": tokens.approvers_needed(item.tool), "ttl_min": ttl_min,
+    return {"call_id": shown.call_id, "tool": shown.item.tool, "input": shown.input,
+            "input_sha256": shown.input_sha256, "approver": principals[-1], "approvers": principals,
+            "approvers_needed": tokens.approvers_needed(shown.item.tool), "ttl_min": ttl_min,
             "expires_at": min(a.payload.expires_at for a in approvals), "signatures": len(approvals), "token": token}
 
 
 def _show_token(out: dict[str, Any]) -> None:
+    import shlex
+
+    from trainops.tools.governance.audit import canonical_json
+
     missing = out["approvers_needed"] - out["signatures"]
-    _say(f"signed call {out['call_id']} ({out['tool']}): {out['signatures']} of {out['approvers_needed']} "
-         f"approver(s), valid {out['ttl_min']:g} min")
+    _say(f"signed call {out['call_id']} ({out['tool']}, input sha256 {out['input_sha256']}): {out['signatures']} "
+         f"of {out['approvers_needed']} approver(s), valid {out['ttl_min']:g} min")
     if missing > 0:
         _say(f"{missing} more approver(s) must co-sign:\n"
              f"  trainops approve --pending {out['call_id']} --cosign {out['token']}")
     else:
-        _say(f"run it with\n  trainops tool call {out['tool']} --input '{json.dumps(out['input'])}' "
+        _say(f"run it with\n  trainops tool call {out['tool']} --input {shlex.quote(canonical_json(out['input']))} "
              f"--approval-token {out['token']}")
 
 
@@ -159,9 +171,26 @@ def approvals(ctx: typer.Context, as_json: bool = JsonOpt) -> None:
         return
     from trainops.tools.governance.approvals import list_items
 
-    emit(list_items(), as_json, lambda items: _table(
-        "approvals", ["kind", "id", "status", "by", "detail"],
-        [[i.kind, i.id, i.status, i.by, i.detail] for i in items]))
+    emit(list_items(), as_json, _show_approvals)
+
+
+def _show_approvals(items) -> None:
+    """Packs and decided calls in a table; each pending call in full below it, one field per line,
+    from the bytes an approval of it signs (a queue file edited since it was queued is refused)."""
+    from trainops.tools.governance import queue, tokens
+
+    waiting = [i for i in items if i.kind == "call" and i.status == "pending"]
+    _table("approvals", ["kind", "id", "status", "by", "detail"],
+           [[i.kind, i.id, i.status, i.by, i.detail] for i in items if i not in waiting])
+    for item in waiting:
+        try:
+            shown = queue.signable(item.id)
+        except ValueError as exc:
+            _say(f"pending call {item.id}: refused, not approvable: {exc}")
+            continue
+        _say(f"pending call {shown.call_id} (approve with `trainops approve --pending {shown.call_id}`):")
+        for line in tokens.approval_prompt(shown):
+            _say(line)
 
 
 @approvals_app.command("verify")
