@@ -19,12 +19,13 @@ class ThreadInfo(BaseModel):
     first_request: str
     pending_approvals: int
     waiting_tools: list[str] = Field(default_factory=list, description="tools whose calls wait for a decision")
-    transcript: str = Field(description="JSONL of the thread's messages, tool calls and gate decisions")
+    transcript: str = Field(description="JSONL of the thread's messages, tool calls and gate decisions (none for "
+                                        "a thread id trainops cannot have made)")
 
 
 def list_threads() -> list[ThreadInfo]:
     """Every thread in the workspace's agent database, newest first."""
-    from trainops.workspace import agent_db_path
+    from trainops.workspace import agent_db_path, is_valid_id
 
     path = agent_db_path()
     if not path.exists():
@@ -46,7 +47,7 @@ def list_threads() -> list[ThreadInfo]:
             tools = [str(item.value.get("tool")) for item in waiting if isinstance(getattr(item, "value", None), dict)]
             infos.append(ThreadInfo(thread_id=thread_id, updated=found.checkpoint["ts"], messages=len(messages),
                                     first_request=first[:120], pending_approvals=len(waiting), waiting_tools=tools,
-                                    transcript=str(transcript_path(thread_id))))
+                                    transcript=str(transcript_path(thread_id)) if is_valid_id(thread_id) else ""))
     finally:
         conn.close()
     return sorted(infos, key=lambda info: info.updated, reverse=True)

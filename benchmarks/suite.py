@@ -316,9 +316,9 @@ RESULTS_PATH = RESULTS
 
 def run(quick: bool = False) -> Suite:
     """Run the whole suite and rewrite RESULTS.md; `quick` trims repeats for a smoke run."""
-    from rich.console import Console
+    from trainops.terminal_text import safe_console
 
-    console = Console(stderr=True)
+    console = safe_console(stderr=True)
     repeats = 2 if quick else 3
     steps = [
         ("CLI start-up", lambda s: bench_cli_startup(s, 5 if quick else 10)),

@@ -109,20 +109,21 @@ class _Watch:
     """A followed job on the screen: its new log lines above a transient bar of rank 0's steps."""
 
     def __init__(self, handle: JobHandle):
-        from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from trainops.terminal_text import safe_console
 
         self.log, self.log_offset = (Path(handle.log_path) if handle.log_path else None), 0
         self.run_dir, self.metrics_offset, self.step = handle.run_dir, 0, 0
         self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TimeElapsedColumn(), console=Console(), transient=True)
+                            TimeElapsedColumn(), console=safe_console(), transient=True)
         self.bar.start()
         self.task = self.bar.add_task("training", total=_total_steps(self.run_dir))
 
     def update(self) -> None:
         if self.log is not None:
             lines, self.log_offset = _new_lines(self.log, self.log_offset)
-            for line in lines:
+            for line in lines:  # a job's own log: its escape sequences print as text (safe_console)
                 self.bar.console.print(line, highlight=False, markup=False, soft_wrap=True)
         if self.run_dir:
             records, self.metrics_offset = metrics_since(self.run_dir, self.metrics_offset)

@@ -1,12 +1,17 @@
 """How every command answers: rich for people, `--json` for machines, one clean error line
 and a non-zero exit for bad input (never a traceback). Text that comes from a tool, a file, a
 model or a user is printed with rich markup escaped (`rich.markup.escape`): a `[conceal]` in a
-job log must not hide part of an approval prompt, and a `[/]` must not crash the command."""
+job log must not hide part of an approval prompt, and a `[/]` must not crash the command. Every
+console here is `terminal_text.safe_console`: control sequences and bidi overrides print as
+visible escapes, never as commands to the terminal. JSON is written ASCII-only (`\\u009b`), so
+no C1 or bidi character reaches a terminal that a `--json` answer is shown on either."""
 from __future__ import annotations
 
 import json
 import sys
 from typing import Any, Callable, NoReturn
+
+from trainops.terminal_text import safe_console
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -20,10 +25,16 @@ def to_jsonable(obj: Any) -> Any:
     return obj
 
 
+def to_json(obj: Any, **kwargs: Any) -> str:
+    """JSON a terminal shows inertly: ensure_ascii escapes C0, C1 and bidi characters; DEL, which
+    JSON leaves raw, is escaped too."""
+    return json.dumps(to_jsonable(obj), ensure_ascii=True, default=str, **kwargs).replace("\x7f", "\\u007f")
+
+
 def emit(obj: Any, as_json: bool, render: Callable[[Any], None] | None = None) -> None:
     """Print `obj` as JSON (machines) or through `render` (people)."""
     if as_json or render is None:
-        sys.stdout.write(json.dumps(to_jsonable(obj), indent=2, default=str) + "\n")
+        sys.stdout.write(to_json(obj, indent=2) + "\n")
     else:
         render(obj)
 
@@ -37,16 +48,14 @@ def fail(message: str, *, as_json: bool = False, code: int = 2) -> NoReturn:
     message = scrub(message)
 
     if as_json:
-        sys.stdout.write(json.dumps({"error": message}) + "\n")
+        sys.stdout.write(to_json({"error": message}) + "\n")
     else:
-        from rich.console import Console
         from rich.markup import escape
 
-        Console(stderr=True).print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+        safe_console(stderr=True).print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
-def console():
-    from rich.console import Console
-
-    return Console()
+def console(**kwargs: Any):
+    """The console every command prints through (stdout; `stderr=True` for progress and errors)."""
+    return safe_console(**kwargs)

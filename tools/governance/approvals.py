@@ -278,7 +278,16 @@ class ApprovalItem(BaseModel):
 
 
 def _pack_item(folder: Path) -> ApprovalItem:
-    """The listing reads the chain without calling ssh-keygen; `verify_pack` checks signatures."""
+    """The listing reads the chain without calling ssh-keygen; `verify_pack` checks signatures. A
+    folder whose name no pack id can have (a control sequence, a bidi override) is listed escaped
+    and marked, never read as a pack."""
+    from trainops.terminal_text import shown_name
+    from trainops.workspace import is_valid_id
+
+    if not is_valid_id(folder.name):
+        return ApprovalItem(kind="pack", id=shown_name(folder.name, False), status="corrupt",
+                            detail="not a pack trainops wrote: pack ids are letters, digits, '_', '.', '-'; "
+                                   "remove this folder from the workspace's packs")
     try:
         chain = load_chain(folder.name, check_signatures=False)
     except PackRefused as exc:

@@ -208,10 +208,13 @@ def threads(as_json: bool = typer.Option(False, "--json", help="Print the thread
     def render(items) -> None:
         from rich.table import Table
 
+        from trainops.terminal_text import shown_name
+        from trainops.workspace import is_valid_id
+
         table = Table("thread", "updated", "messages", "pending", "first request")
-        for item in items:
-            table.add_row(escape(item.thread_id), item.updated[:19], str(item.messages), str(item.pending_approvals),
-                          escape(item.first_request))
+        for item in items:  # a thread id written into agent.sqlite by hand is shown escaped and marked
+            table.add_row(escape(shown_name(item.thread_id, is_valid_id(item.thread_id))), escape(item.updated[:19]),
+                          str(item.messages), str(item.pending_approvals), escape(item.first_request))
         console().print(table if items else "no threads yet: start one with `trainops chat` or `trainops ask`")
 
     emit(list_threads(), as_json, render)

@@ -20,9 +20,7 @@ FRAMEWORK = typer.Option("trainops", "--framework",
 
 
 def _progress(as_json: bool):
-    from rich.console import Console
-
-    err = Console(stderr=True)
+    err = console(stderr=True)
     return (lambda msg: None) if as_json else (lambda msg: err.print(f"[cyan]»[/] {escape(msg)}", highlight=False))
 
 
@@ -67,7 +65,8 @@ def _guard(fn, as_json: bool):
         return fn()
     except (KnobError, DrillRefused, PackRefused, FrameworkRefused, ToolError, LookupError, ValueError,
             ValidationError) as exc:
-        fail(str(exc).splitlines()[0], as_json=as_json)
+        first = next((line for line in str(exc).splitlines() if line.strip()), "")  # matplotlib's start with \n
+        fail(first or f"{type(exc).__name__} with no message", as_json=as_json)
 
 
 def _table(title: str, headers: list[str], rows: list[list[object]]) -> None:
@@ -226,7 +225,7 @@ def sop(config: Optional[str] = typer.Argument(None, help="Job config TOML (defa
     settings = SopSettings(config=config, quick=quick, scheduler=scheduler, knobs=knob or [], faults=fault or [],
                            mtbf_h=mtbf_h, framework=framework)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), disable=as_json,
-                  transient=False) as bar:
+                  transient=False, console=console()) as bar:
         task = bar.add_task("SOP", total=None)
         result = _guard(lambda: run(settings, progress=lambda msg: bar.update(task, description=escape(msg))), as_json)
     emit(result, as_json, lambda r: console().print(
