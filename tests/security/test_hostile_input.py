@@ -117,3 +117,28 @@ def test_a_broken_user_config_makes_a_mutate_call_one_clear_error(tmp_path, monk
     assert result.exit_code == 2, result.output
     assert str(config) in result.output and "not valid TOML" in result.output
     assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit)
+
+
+@pytest.mark.timeout(30)
+def test_a_named_pipe_as_a_jobs_exit_file_or_record_does_not_hang_list_jobs():
+    """A job can replace its own exit file with a FIFO, or garble its record: the local scheduler reads
+    neither as anything but absent or invalid, and list_jobs answers."""
+    import sys
+
+    from trainops.tools.schedulers import JobSpec, get_scheduler
+    from trainops.workspace import jobs_dir
+
+    sched = get_scheduler("local")
+    fifo = sched.submit(JobSpec(name="t", command=[sys.executable, "-c", "import time; time.sleep(30)"]))
+    try:
+        exit_file = jobs_dir() / f"{fifo.job_id}.exit"
+        exit_file.unlink(missing_ok=True)
+        os.mkfifo(exit_file)
+        assert call("job_status", {"job_id": fifo.job_id}).state == "running"
+        assert fifo.job_id in {j.job_id for j in call("list_jobs", {}).jobs}
+    finally:
+        sched.cancel(fifo.job_id, force=True)
+    (jobs_dir() / "garbled.json").write_text("[1, 2")
+    with pytest.raises(ToolError, match="garbled.json is not a JSON object trainops wrote"):
+        call("job_status", {"job_id": "garbled"})
+    assert "garbled" not in {j.job_id for j in call("list_jobs", {}).jobs}

@@ -14,6 +14,7 @@ import time
 import uuid
 from pathlib import Path
 
+from trainops.run_folder import read_regular
 from trainops.tools.schedulers.base import (
     TERMINAL_STATES,
     JobHandle,
@@ -80,6 +81,16 @@ def _launcher_runs(record: dict) -> bool:
     return bool(local_launchers(record["job_id"], record))
 
 
+def _read_json(path: Path):
+    """A JSON file of this scheduler's, read only when it is a regular file of bounded size (a job can
+    put a named pipe or garbage there); None when missing or unreadable."""
+    data = read_regular(path)
+    try:
+        return None if data is None else json.loads(data)
+    except ValueError:
+        return None
+
+
 class LocalScheduler(PollingWait):
     kind = KIND
     poll_s = 0.1
@@ -99,7 +110,11 @@ class LocalScheduler(PollingWait):
             known = sorted(p.stem for p in _jobs().glob("*.json"))[-5:]
             hint = f"recent jobs: {', '.join(known)}" if known else "no jobs submitted in this workspace yet"
             raise SchedulerError(KIND, f"unknown job id {job_id!r} in {_jobs()}; {hint} (list them with list_jobs)")
-        return json.loads(path.read_text())
+        record = _read_json(path)
+        if not isinstance(record, dict):
+            raise SchedulerError(KIND, f"job record {path} is not a JSON object trainops wrote; "
+                                       "cancel the job by hand and remove the record")
+        return record
 
     def _save(self, record: dict) -> None:
         path = self._record_path(record["job_id"])
@@ -163,10 +178,9 @@ class LocalScheduler(PollingWait):
 
     def status(self, job_id: str) -> JobStatus:
         record = self._load(job_id)
-        exit_info = None
-        exit_file = Path(record["exit_file"])
-        if exit_file.exists():
-            exit_info = json.loads(exit_file.read_text())
+        exit_info = _read_json(Path(record["exit_file"]))
+        if not (isinstance(exit_info, dict) and isinstance(exit_info.get("exit_code"), int)):
+            exit_info = None  # not written yet, or not what the runner writes
         alive = exit_info is None and _launcher_runs(record)
         if record.get("cancelled"):
             state, code = "cancelled", exit_info["exit_code"] if exit_info else None
@@ -227,11 +241,19 @@ class LocalScheduler(PollingWait):
         return self._handle(self._launch(record))
 
     def list_jobs(self) -> list[JobStatus]:
-        return [self.status(p.stem) for p in sorted(_jobs().glob("*.json"))]
+        """Every job this workspace recorded; a record that is not trainops' (garbled, hand-made) is left
+        out here and named by job_status."""
+        found = []
+        for path in sorted(_jobs().glob("*.json")):
+            try:
+                found.append(self.status(path.stem))
+            except SchedulerError:
+                continue
+        return found
 
     def _drained(self) -> dict[str, str]:
-        path = _nodes_file()
-        return json.loads(path.read_text()) if path.exists() else {}
+        drained = _read_json(_nodes_file())
+        return drained if isinstance(drained, dict) else {}
 
     def list_nodes(self) -> list[NodeInfo]:
         host = socket.gethostname()
