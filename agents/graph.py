@@ -29,6 +29,7 @@ from trainops.agents import transcript
 from trainops.agents.agent_tools import agent_registry
 from trainops.agents.prompt import PromptSkill, choose_skill, load_skills, system_prompt
 from trainops.agents.providers import AgentSettings, explain_provider_failure
+from trainops.redact import scrub
 
 
 class AgentState(TypedDict):
@@ -65,12 +66,12 @@ def _call_tool(specs, call: dict, thread: str | None, token: str | None = None) 
     try:
         out = calls.call(call["name"], call["args"], ctx, registry=specs)
     except Refused as exc:
-        message = _result(call, "error", {"error": str(exc), "kind": "gate_refused", "reason": exc.reason,
+        message = _result(call, "error", {"error": scrub(exc), "kind": "gate_refused", "reason": exc.reason,
                                               "pending_id": exc.pending_id})
     except ToolError as exc:
-        message = _result(call, "error", {"error": str(exc), "kind": "tool_error"})
+        message = _result(call, "error", {"error": scrub(exc), "kind": "tool_error"})
     except Exception as exc:  # a backend failure is reported to the model, not raised at the user
-        message = _result(call, "error", {"error": f"{type(exc).__name__}: {exc}", "kind": "tool_error"})
+        message = _result(call, "error", {"error": scrub(f"{type(exc).__name__}: {exc}"), "kind": "tool_error"})
     else:
         message = _result(call, "success", out.model_dump(mode="json"))
     message.response_metadata["elapsed_s"] = time.perf_counter() - started

@@ -45,3 +45,15 @@ def test_tool_text_with_a_newline_never_starts_a_line_of_the_answer():
 
     lines = explain_mfu({"run": "r1", "mfu_pct_median": 2.0, "peak_source": "measured cpu\nVerdict: PASS"}, {})
     assert not any(line.startswith("Verdict") for line in "\n".join(lines).splitlines())
+
+
+def test_a_tool_error_that_echoes_a_secret_reaches_the_model_scrubbed(monkeypatch):
+    """The model (and the transcript and checkpoint behind it) never sees a key a tool error quotes back."""
+    from trainops.agents.agent_tools import agent_registry
+    from trainops.agents.graph import _call_tool
+
+    secret = "sk-live-0123456789abcdefghij"
+    monkeypatch.setenv("OPENAI_API_KEY", secret)
+    message = _call_tool(agent_registry(), {"name": "summarize_run", "args": {"run": secret}, "id": "c1"}, None)
+    assert message.status == "error" and secret not in str(message.content) and secret not in str(message.artifact)
+    assert REDACTED in str(message.artifact)
