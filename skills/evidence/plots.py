@@ -25,7 +25,9 @@ def _pyplot():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plt.rcParams.update({"font.size": 10, "axes.spines.top": False, "axes.spines.right": False})
+    # parse_math off: labels carry run text (a peak_source, a knob value), and a `$` in it is not mathtext
+    plt.rcParams.update({"font.size": 10, "axes.spines.top": False, "axes.spines.right": False,
+                         "text.parse_math": False})
     return plt
 
 

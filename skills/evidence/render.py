@@ -1,7 +1,10 @@
 """Markdown and HTML renderings of an evidence pack, both from one `view.ReportView` through the
 Jinja2 templates shipped next to this file. The first line of the Markdown is always the verdict
 and its blockers, so a reviewer (or a grep) gets the answer before the detail; the HTML opens with
-the same verdict as a coloured banner. Everything that came from runs or files is escaped."""
+the same verdict as a coloured banner. Everything that came from runs or files is escaped: in the
+Markdown by `view.md_text`/`view.code` (no heading, link or emphasis can come from a run), in the
+HTML by Jinja's autoescape, and in both every control or bidi character shows as its escape
+(`finalize`). markdown-it renders only the view's own prose, where run text is already escaped."""
 from __future__ import annotations
 
 import base64
@@ -12,7 +15,8 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
 from trainops.skills.evidence.model import EvidencePack
-from trainops.skills.evidence.view import Cell, Figure, build, code
+from trainops.skills.evidence.view import Cell, Figure, build, code, md_text
+from trainops.terminal_text import visible
 
 VERDICT_MEANING = {
     "pass": "every SOP step measured, no blocker",
@@ -30,8 +34,15 @@ def _markdown():
 
 
 def _md_cell(cell: Cell) -> str:
-    text = code(cell.text) if cell.kind in ("code", "command", "path") else " ".join(cell.text.split())
-    return text.replace("|", "\\|")
+    """A table cell on one line; `|` is escaped inside a code span too (GFM tables split on it first)."""
+    return code(cell.text).replace("|", "\\|") if cell.kind in ("code", "command", "path") else md_text(cell.text)
+
+
+def _shown(value: object) -> object:
+    """Every `{{ ... }}` value: control and bidi characters as escapes (markdown-it's HTML too)."""
+    if isinstance(value, Markup):
+        return Markup(visible(value))
+    return visible(value) if isinstance(value, str) else value
 
 
 def _png_size(png: bytes) -> list[tuple[str, int]]:
@@ -42,10 +53,12 @@ def _png_size(png: bytes) -> list[tuple[str, int]]:
 
 def _environment(markdown: bool) -> Environment:
     env = Environment(loader=PackageLoader("trainops.skills.evidence", "templates"), autoescape=not markdown,
-                      trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, undefined=StrictUndefined)
+                      trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, undefined=StrictUndefined,
+                      finalize=_shown)
     env.filters.update(
         md_cell=_md_cell,
         md_cell_text=lambda text: text.replace("|", "\\|"),
+        md_text=md_text,
         md=lambda text: Markup(_markdown().render(text)),
         md_inline=lambda text: Markup(_markdown().renderInline(text)),
         data_uri=lambda png: "data:image/png;base64," + base64.b64encode(png).decode("ascii"),

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from trainops.skills.evidence.model import AblationRow, EvidencePack, MetricSpread
+from trainops.terminal_text import visible
 
 CellKind = Literal["text", "number", "code", "command", "path", "gain", "regression", "within-noise", "bad"]
 Align = Literal["left", "right"]
@@ -70,9 +71,10 @@ class Section:
     key: str
     title: str
     paragraphs: list[str] = field(default_factory=list)
-    """Markdown prose; run-derived identifiers go inside code spans (see `code`)."""
+    """Markdown prose; run-derived text goes in as `text` (escaped) or `code` (a code span), never raw."""
     tables: list[Table] = field(default_factory=list)
     bullets: list[str] = field(default_factory=list)
+    """Markdown list items, built like `paragraphs`."""
     figures: list[Figure] = field(default_factory=list)
 
 
@@ -83,18 +85,37 @@ class ReportView:
     verdict: str
     blockers: list[str]
     awaiting: list[str]
+    """Plain text from the pack, like the blockers: each template escapes it its own way."""
     commands: dict[str, str]
     sections: list[Section]
     signing_note: str = SIGNING_NOTE
 
     @property
     def verdict_line(self) -> str:
-        return f"Verdict: {self.verdict.upper()} — blockers: {'; '.join(self.blockers) if self.blockers else 'none'}"
+        """The Markdown report's first line; the blockers are escaped, so none can add a line."""
+        blockers = "; ".join(md_text(b) for b in self.blockers) if self.blockers else "none"
+        return f"Verdict: {self.verdict.upper()} — blockers: {blockers}"
+
+
+_MD_INLINE = re.compile(r"[\\`*~|&<#\[]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
+_MD_LEADING = re.compile(r"^(?:([-+=>])|(\d+)([.)]))")
+
+
+def md_text(value: object) -> str:
+    """Run-derived text for Markdown prose, a list item or a table cell, inert: on one line (a line
+    break could start a heading), control and bidi characters shown as escapes, and every character
+    that opens Markdown syntax backslash-escaped (CommonMark makes an escaped punctuation character
+    literal), so a `peak_source` cannot add a "Verdict: PASS" heading, a link or emphasis. A `]`
+    or a `>` opens nothing once every `[` and `<` is escaped; they stay, so R-OUT-2 still sees a
+    `[placeholder]` or a `<value>` in the rendered report."""
+    line = visible(" ".join(str(value).split()))
+    line = _MD_INLINE.sub(lambda m: "\\" + m.group(), line)
+    return _MD_LEADING.sub(lambda m: f"\\{m.group(1)}" if m.group(1) else f"{m.group(2)}\\{m.group(3)}", line)
 
 
 def code(value: object) -> str:
     """A Markdown code span that survives any backticks inside the value (CommonMark's rule)."""
-    text = " ".join(str(value).split())
+    text = visible(" ".join(str(value).split()))
     fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
     pad = " " if text.startswith("`") or text.endswith("`") else ""
     return f"{fence}{pad}{text}{pad}{fence}"
@@ -133,9 +154,11 @@ def _baseline(pack: EvidencePack) -> Section | None:
     base = pack.baseline
     if base is None:
         return None
-    comm = "not measured" if base.comm_share_pct is None else f"{base.comm_share_pct:.1f}% ({base.comm_share_method})"
-    intro = (f"{code(base.model)}, layout {code(base.parallel_layout)}, {base.precision}, {base.repeats} repeats, "
-             f"the first {base.warmup_steps_excluded} steps of each excluded; peak FLOP/s from {base.peak_source}.")
+    comm = ("not measured" if base.comm_share_pct is None
+            else f"{base.comm_share_pct:.1f}% ({md_text(base.comm_share_method)})")
+    intro = (f"{code(base.model)}, layout {code(base.parallel_layout)}, {md_text(base.precision)}, "
+             f"{base.repeats} repeats, the first {base.warmup_steps_excluded} steps of each excluded; "
+             f"peak FLOP/s from {md_text(base.peak_source)}.")
     table = Table(["metric", "median", "low", "high", "spread (noise band)"], [
         _spread_row("step time", " s", base.step_time_s, 4),
         _spread_row("throughput", " tokens/s", base.tokens_per_s, 0),
@@ -173,15 +196,15 @@ def _drills(pack: EvidencePack) -> Section | None:
              Cell(d.detector), Cell(d.drill_record, "path")] for d in ft.drills]
     table = Table(["fault", "detection latency", "isolation", "recovery time", "steps lost", "checkpoint used",
                    "checkpoint intact", "cause", "detector", "drill record"], rows, beneath=(5, 9))
-    dist = ", ".join(f"{cause} {count}" for cause, count in sorted(ft.cause_distribution.items()))
+    dist = ", ".join(f"{md_text(cause)} {count}" for cause, count in sorted(ft.cause_distribution.items()))
     section = Section("s5", "S5 Fault drills", tables=[table], paragraphs=[f"Cause distribution: {dist}."])
     plan = pack.checkpoint_plan
     if plan:
         section.paragraphs.append(
             f"**Checkpoint plan.** Measured: stall {plan.save_stall_s:.3f} s and durable write {plan.write_s:.3f} s "
-            f"per checkpoint, restart {plan.restart_s:.1f} s; MTBF {plan.mtbf_h:g} h ({plan.mtbf_basis}). "
+            f"per checkpoint, restart {plan.restart_s:.1f} s; MTBF {plan.mtbf_h:g} h ({md_text(plan.mtbf_basis)}). "
             f"Young interval {plan.young_interval_min:.1f} min, Daly interval {plan.daly_interval_min:.1f} min, "
-            f"expected waste {plan.expected_waste_pct:.2f}%. Recommendation: {plan.recommendation}.")
+            f"expected waste {plan.expected_waste_pct:.2f}%. Recommendation: {md_text(plan.recommendation)}.")
     return section
 
 
@@ -193,8 +216,8 @@ def _evidence(pack: EvidencePack) -> Section | None:
     section = Section("s6", "S6 Evidence", tables=[Table(["tool", "version", "command", "log", "value", "window"], rows,
                                                          beneath=(2, 3))] if rows else [])
     if pack.rollback:
-        section.paragraphs.append(f"**Rollback.** {pack.rollback}")
-    section.bullets = [f"Reference: {ref}" for ref in pack.references]
+        section.paragraphs.append(f"**Rollback.** {md_text(pack.rollback)}")
+    section.bullets = [f"Reference: {md_text(ref)}" for ref in pack.references]
     return section
 
 
