@@ -61,13 +61,12 @@ def node_drill(fault: str = "node-crash"):
 
 def slurm_flagged_s(result) -> str:
     """When Slurm first called the lost node not responding, from the drill's per-node timeline."""
-    import json
-    from pathlib import Path
+    from trainops.run_folder import read_drill_record
 
-    record = json.loads(Path(result.drill_record).read_text())
-    lost = next(e["node"] for e in record["node_timeline"] if e["event"].startswith("injected"))
-    flagged = [e["t_s"] for e in record["node_timeline"] if e["node"] == lost and e["t_s"] > 0
-               and ("not_responding" in e["event"] or e["event"].startswith("slurm: down"))]
+    timeline = read_drill_record(result.run_dir).node_timeline or []
+    lost = next(e.node for e in timeline if e.event.startswith("injected"))
+    flagged = [e.t_s for e in timeline if e.node == lost and e.t_s > 0
+               and ("not_responding" in e.event or e.event.startswith("slurm: down"))]
     return f"{flagged[0]:.1f} s" if flagged else "never"
 
 

@@ -10,7 +10,15 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from trainops.run_folder import FaultRecord, LoadEntry, read_faults, read_heartbeat, read_journal, read_metrics
+from trainops.run_folder import (
+    FaultRecord,
+    LoadEntry,
+    RunFiles,
+    read_faults,
+    read_heartbeat,
+    read_journal,
+    read_metrics,
+)
 from trainops.settings import read_toml
 from trainops.skills.baseline import Progress, command_line, submit
 from trainops.skills.drill_nodes import NodeTarget, RankTarget
@@ -279,7 +287,7 @@ class _Drill:
     def finish(self, injected_at: float, last_step: int, detection, restart: _Restart,
                detector: str) -> tuple[DrillResult, EvidenceRow]:
         """The drill's result, written to RUN/drill.json, and its evidence row."""
-        record = Path(self.run_dir) / "drill.json"
+        record = RunFiles(self.run_dir).drill_record
         loaded = restart.loaded
         result = DrillResult(
             fault=self.fault, run_dir=self.run_dir, injected_at_step=last_step, injected_time=injected_at,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from trainops.run_folder import RunFiles
+from trainops.run_folder import RunFiles, read_drill_record
 from trainops.skills import ablation, baseline, drill, environment, planning
 from trainops.skills.baseline import Progress
 from trainops.skills.evidence import pack as evidence_pack
@@ -115,7 +115,6 @@ def run(settings: SopSettings, ctx: CallContext | None = None, progress: Progres
 
 def build_from_runs(run_dirs: list[str], scheduler: str = "local", ctx: CallContext | None = None) -> Path:
     """`trainops evidence build RUNDIR...`: the runs as baseline repeats, plus any drills they recorded."""
-    import json
 
     from trainops.skills.evidence.model import DrillResult
 
@@ -130,8 +129,8 @@ def build_from_runs(run_dirs: list[str], scheduler: str = "local", ctx: CallCont
                                              started=stamp, ended=stamp))
     config = RunFiles(run_dirs[0]).config
     req = JobRequest(config=str(config) if config.exists() else None, nproc=max(r.summary.ranks for r in results))
-    drills = [DrillResult.model_validate(json.loads((Path(r) / "drill.json").read_text()))
-              for r in run_dirs if (Path(r) / "drill.json").exists()]
+    records = [read_drill_record(r) for r in run_dirs]
+    drills = [DrillResult.model_validate(record.model_dump()) for record in records if record is not None]
     pack = evidence_pack.assemble(f"runs-{time.strftime('%Y%m%d-%H%M%S')}", env, baseline.summarize(req, results), [],
                                   drills, [env_row])
     return evidence_pack.write(pack)

@@ -3,11 +3,11 @@ newest multi-node drill in the workspace (detection + isolation + requeue + chec
 where it came from, so a plan names its evidence instead of an assumed number."""
 from __future__ import annotations
 
-import json
 from datetime import datetime, timezone
 
 from pydantic import BaseModel, Field
 
+from trainops.run_folder import RunFiles, read_drill_record
 from trainops.tools.base import ToolError
 
 
@@ -25,20 +25,17 @@ def newest_node_drill_restart(tool_name: str) -> MeasuredRestart:
     from trainops.workspace import runs_dir
 
     records = []
-    for path in runs_dir().glob("*/drill.json") if runs_dir().is_dir() else []:
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if "node_timeline" in record and {"detection_latency_s", "recovery_time_s", "injected_time"} <= set(record):
-            records.append((float(record["injected_time"]), path, record))
+    for run_dir in sorted(p for p in runs_dir().iterdir() if p.is_dir()):
+        record = read_drill_record(run_dir)
+        if record is not None and record.node_timeline is not None:
+            records.append((record.injected_time, RunFiles(run_dir).drill_record, record))
     if not records:
         raise ToolError(tool_name, f"restart_from='newest_node_drill': no multi-node drill record under {runs_dir()}; "
                                    "run `trainops drill --scheduler slurm --nodes 2 --fault node-crash` (or partition) "
                                    "first, or give restart_s")
     when, path, record = max(records, key=lambda r: r[0])
-    detection, recovery = float(record["detection_latency_s"]), float(record["recovery_time_s"])
+    detection, recovery = record.detection_latency_s, record.recovery_time_s
     stamp = datetime.fromtimestamp(when, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return MeasuredRestart(detection_s=detection, recovery_s=recovery, total_s=detection + recovery,
-                           source=f"measured: {record.get('fault')} drill of {stamp} ({path}): detection "
+                           source=f"measured: {record.fault} drill of {stamp} ({path}): detection "
                                   f"{detection:.2f} s + isolation, requeue and load {recovery:.2f} s")

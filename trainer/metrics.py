@@ -146,7 +146,7 @@ class MetricsLogger:
 
     def _register_exporter(self, address: str) -> None:
         """Ranks start at once: a file lock keeps their read-modify-write of exporters.json whole."""
-        path = self.run_dir / "exporters.json"
+        path = RunFiles(self.run_dir).exporters
         with open(self.run_dir / ".exporters.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             exporters = json.loads(path.read_text()) if path.exists() else {}

@@ -63,6 +63,14 @@ class RunFiles:
     def rank_log(self, rank: int) -> Path:
         return self.logs_dir / f"rank{rank}.log"
 
+    @property
+    def drill_record(self) -> Path:
+        return self.root / "drill.json"
+
+    @property
+    def exporters(self) -> Path:
+        return self.root / "exporters.json"
+
 
 MAX_LINE_BYTES = 1 << 20  # a metrics or journal line is a few hundred bytes; a longer one is garbage
 MAX_RECORD_BYTES = 1 << 20  # a heartbeat or status file, rewritten whole
@@ -343,5 +351,34 @@ def read_status(run_dir: str | Path) -> RunResult | None:
     """The last launch's outcome; None while the run has not ended (or the file is unreadable)."""
     try:
         return RunResult.model_validate_json(read_regular(RunFiles(run_dir).status) or b"")
+    except ValidationError:
+        return None
+
+
+class NodeEvent(BaseModel):
+    """One row of a node drill's per-node timeline, seconds after the injection."""
+
+    t_s: float
+    node: str
+    event: str
+
+
+class DrillRecord(BaseModel):
+    """RUN/drill.json as the drill wrote it: the drill's result (the skills' DrillResult, kept whole as
+    extra fields) and, for a node drill, its per-node timeline."""
+
+    model_config = ConfigDict(extra="allow")
+
+    fault: str | None = None
+    injected_time: float
+    detection_latency_s: float
+    recovery_time_s: float
+    node_timeline: list[NodeEvent] | None = None
+
+
+def read_drill_record(run_dir: str | Path) -> DrillRecord | None:
+    """The run's drill record; None when the run was not a drill (or the file is unreadable)."""
+    try:
+        return DrillRecord.model_validate_json(read_regular(RunFiles(run_dir).drill_record) or b"")
     except ValidationError:
         return None
