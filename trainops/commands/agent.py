@@ -184,6 +184,10 @@ def ask(
     with _open(thread, provider, model, base_url, as_json) as session:
         events = _drain(session.ask(question), (lambda e: None) if as_json else _show, as_json)
         pending = session.pending()
+        try:  # the queued calls, checked, as chat would show them: what a later approval signs
+            shown = [] if as_json or not pending else session.approval_requests()
+        except ValueError as exc:
+            fail(str(exc), as_json=as_json)
         result = {
             "thread_id": session.thread_id,
             "provider": session.settings.provider,
@@ -196,6 +200,11 @@ def ask(
     if as_json:
         emit(result, True)
     elif pending:
+        from trainops.tools.governance.tokens import approval_prompt
+
+        for request in shown:
+            for line in approval_prompt(request.call) if request.call else []:
+                console().print(line, markup=False, highlight=False, soft_wrap=True)
         console().print(f"[yellow]{len(pending)} action(s) wait for approval; decide with "
                         f"`{escape(result['resume'])}`[/]")
 
