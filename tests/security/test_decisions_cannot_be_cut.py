@@ -25,7 +25,8 @@ def _cut_last_line() -> None:
     lines = log.read_text().splitlines(keepends=True)
     log.write_text("".join(lines[:-1]))
     last = json.loads(lines[-2])
-    log.with_name(log.name + ".head").write_text(audit.canonical_json({"seq": last["seq"], "hash": last["hash"]}) + "\n")
+    head = audit.canonical_json({"seq": last["seq"], "hash": last["hash"]})
+    log.with_name(log.name + ".head").write_text(head + "\n")
     assert audit.verify_chain().ok  # the chain alone no longer sees anything
 
 
