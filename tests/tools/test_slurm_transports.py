@@ -81,3 +81,17 @@ def test_the_transport_is_pyslurm_only_when_it_matches_the_running_slurm(sandbox
     monkeypatch.setenv("TRAINOPS_SLURM_TRANSPORT", "auto")
     expected = "pyslurm" if pyslurm_matches(pyslurm_version(), slurm_release()) else "cli"
     assert transport_choice()[0] == expected
+
+
+def test_slurm_runs_the_script_it_was_given_not_what_the_file_says_later(slurm, tmp_path):
+    """The batch script lies in the workspace, where a job can write: both transports hand Slurm its text
+    at submit, so rewriting the file afterwards changes nothing that runs (a run or a requeue)."""
+    handle = slurm.submit(JobSpec(name="fixed", command=["sh", "-c", "sleep 2; echo as-submitted"],
+                                  workdir=str(tmp_path)))
+    from trainops.workspace import jobs_dir
+
+    for script in jobs_dir().glob("slurm-*.sbatch"):
+        script.write_text("#!/bin/bash\necho rewritten\n")
+    status = _wait_state(slurm, handle.job_id, {"failed", "completed"})
+    log = slurm.logs(handle.job_id)
+    assert status.state == "completed" and "as-submitted" in log and "rewritten" not in log

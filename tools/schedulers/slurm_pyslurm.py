@@ -46,7 +46,9 @@ class PyslurmTransport:
         return pyslurm
 
     def submit(self, script: Path, options: list[tuple[str, str]]) -> str:
-        job_opts: dict[str, object] = {"wrap": f"bash {script}", "ntasks_per_node": 1, "requeue": 1,
+        # "script": pyslurm reads the file once, here, and slurmctld keeps that text, as sbatch does; a
+        # wrap of `bash FILE` would re-read the file (which the job can write) on every run and requeue.
+        job_opts: dict[str, object] = {"script": str(script), "ntasks_per_node": 1, "requeue": 1,
                                        "open_mode": _OPEN_MODE_APPEND}
         for flag, value in options:
             key = _OPTIONS[flag]
