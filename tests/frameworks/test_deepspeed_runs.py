@@ -36,9 +36,9 @@ def baseline(tmp_path_factory):
 def test_baseline_trains_on_two_ranks_and_reports_trainops_metrics(baseline):
     result = baseline
     summary = result.summary
-    assert summary["ranks"] == 2 and summary["steps_measured"] == 4
-    assert math.isfinite(summary["final_loss"]) and summary["mfu_pct_median"] > 0
-    assert summary["peak_source"] == "measured-gemm"
+    assert summary.ranks == 2 and summary.steps_measured == 4
+    assert math.isfinite(summary.final_loss) and summary.mfu_pct_median > 0
+    assert summary.peak_source == "measured-gemm"
     status = json.loads((Path(result.run_dir) / "status.json").read_text())
     assert status["status"] == "ok" and status["steps_completed"] == 6
 
