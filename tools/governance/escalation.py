@@ -5,17 +5,14 @@ built unless every fired trigger is escalated with the action its rule prescribe
 """
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
 from trainops.tools.governance.claims import ScaleResult
+from trainops.tools.planning import CHECKPOINT_TOO_SLOW, checkpoint_overhead
 
 CAUSE_CLASSES = ("hardware", "network", "software", "data")
-# Sync checkpoints at the Young/Daly interval cost about sqrt(2·save/MTBF) of the run; above
-# this share the save time is "near the MTBF" and two-phase async checkpoints pay off.
-CHECKPOINT_OVERHEAD_TRIGGER = 0.10
 ETTR_FALLING_READINGS = 3
 
 Action = Literal["escalate_interruption_causes", "stop_rollout_and_roll_back", "fleet_and_colocated_sdc_tests",
@@ -40,11 +37,6 @@ class EscalationSignals(BaseModel):
     mtbf_s: float | None = Field(None, gt=0, description="Mean time between failures of the job's footprint.")
 
 
-def checkpoint_overhead(save_s: float, mtbf_s: float) -> float:
-    """Share of wall time lost to sync checkpoints at the Young/Daly optimum, first order."""
-    return math.sqrt(2 * save_s / mtbf_s)
-
-
 def required_escalations(signals: EscalationSignals) -> list[str]:
     fired = []
     recent = signals.ettr_history_pct[-ETTR_FALLING_READINGS:]
@@ -56,7 +48,7 @@ def required_escalations(signals: EscalationSignals) -> list[str]:
     if signals.sdc_suspected:
         fired.append("R-ESC-3")
     if signals.checkpoint_save_s is not None and signals.mtbf_s is not None and \
-            checkpoint_overhead(signals.checkpoint_save_s, signals.mtbf_s) >= CHECKPOINT_OVERHEAD_TRIGGER:
+            checkpoint_overhead(signals.checkpoint_save_s, signals.mtbf_s) >= CHECKPOINT_TOO_SLOW:
         fired.append("R-ESC-4")
     return fired
 
