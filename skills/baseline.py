@@ -9,6 +9,7 @@ from typing import Callable
 from pydantic import BaseModel
 
 from trainops.run_folder import RunFiles
+from trainops.skills import bottleneck
 from trainops.skills.evidence.model import BaselineSummary, EvidenceRow
 from trainops.skills.request import JobRequest
 from trainops.skills.stats import spread
@@ -117,7 +118,8 @@ def summarize(req: JobRequest, results: list[RepeatResult], profiled: RepeatResu
         mfu_pct=spread(measured("mfu_pct_median", [s.mfu_pct_median for s in summaries])),
         peak_source=next((s.peak_source for s in summaries if s.peak_source), "unlabelled"),
         data_wait_share_pct=sum(waits) / len(waits) if waits else 0.0,
-        comm_share_pct=share, comm_share_method=method, run_dirs=[r.run_dir for r in results])
+        comm_share_pct=share, comm_share_method=method, run_dirs=[r.run_dir for r in results],
+        bottleneck=bottleneck.split(req.scheduler, req.warmup_steps, results, profiled))
 
 
 PROFILE_STEPS = 2

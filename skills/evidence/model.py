@@ -9,6 +9,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from trainops.skills.evidence.bottleneck import BottleneckSplit
+
 Verdict = Literal["pass", "fail", "partial"]
 Isolation = Literal["rank", "node", "replica_group", "switch", "rack", "job"]
 Cause = Literal["hardware", "network", "software", "data"]
@@ -55,6 +57,8 @@ class BaselineSummary(BaseModel):
     comm_share_pct: float | None = Field(
         default=None, ge=0, le=100, description="share of profiled time in collectives; None when not measurable")
     comm_share_method: str = Field(default="", description="how comm_share_pct was measured")
+    bottleneck: BottleneckSplit | None = Field(
+        default=None, description="compute / exposed communication / data loading / scheduling shares of wall time")
     run_dirs: list[str] = Field(description="the baseline runs, one per repeat")
 
 

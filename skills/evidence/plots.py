@@ -148,5 +148,71 @@ def drill_timeline(pack: EvidencePack) -> Figure | None:
     return Figure("s5", "drill_timeline", caption, _png(plt, fig))
 
 
+def rank_heatmap(pack: EvidencePack) -> Figure | None:
+    """Step time per rank and step (MegaScale's straggler view): a slow rank is a bright row, a
+    slow step on every rank a bright column."""
+    split = pack.baseline.bottleneck if pack.baseline else None
+    records = [r for r in read_metrics(split.ranks_run) if r.step_time_s is not None] if split else []
+    if not records:
+        return None
+    plt = _pyplot()
+    ranks, steps = sorted({r.rank for r in records}), sorted({r.step for r in records})
+    grid = [[float("nan")] * len(steps) for _ in ranks]
+    for r in records:
+        grid[ranks.index(r.rank)][steps.index(r.step)] = r.step_time_s * 1e3
+    warmup = pack.baseline.warmup_steps_excluded
+    measured = [r.step_time_s * 1e3 for r in records if r.step > warmup] or [r.step_time_s * 1e3 for r in records]
+    fig, ax = plt.subplots(figsize=(11, 1.8 + 0.35 * len(ranks)))
+    image = ax.imshow(grid, aspect="auto", cmap="viridis", interpolation="nearest", vmin=min(measured),
+                      vmax=max(measured), extent=(steps[0] - 0.5, steps[-1] + 0.5, len(ranks) - 0.5, -0.5))
+    fig.colorbar(image, ax=ax, label="step time (ms)", extend="max")
+    if warmup:
+        ax.axvline(warmup + 0.5, color="#cf222e", linestyle="--", linewidth=1.5, label="end of warm-up")
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.12, 1.0))
+    ax.set_xticks(steps if len(steps) <= 30 else steps[::max(1, len(steps) // 30)])
+    ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
+    ax.set(title=f"step time per rank and step ({Path(split.ranks_run).name})", xlabel="training step (count)")
+    caption = ("Look for: a row brighter than the others (a straggler rank slows every step) against a bright "
+               "column (a step slow on all ranks: data, a checkpoint). The colours span the steps after the "
+               "warm-up (dashed line); slower warm-up steps show at the top colour.")
+    return Figure("s2", "rank_step_heatmap", caption, _png(plt, fig))
+
+
+def layout_view(pack: EvidencePack) -> Figure | None:
+    """The dp x tp grid of each pipeline stage, each cell a rank coloured by its median step time and
+    labelled with its exposed communication share, so time spent in one parallel group shows."""
+    split = pack.baseline.bottleneck if pack.baseline else None
+    if not split or not split.ranks:
+        return None
+    plt = _pyplot()
+    dp, tp, pp = split.layout["dp"], split.layout["tp"], split.layout["pp"]
+    fig, axes = plt.subplots(1, pp, figsize=(min(11, 2.5 + 3.2 * pp), 2.0 + 0.6 * dp), squeeze=False,
+                             layout="constrained")
+    times = [r.step_time_median_s * 1e3 for r in split.ranks]
+    low, high = min(times), max(times)
+    for stage, ax in enumerate(axes[0]):
+        grid = [[float("nan")] * tp for _ in range(dp)]
+        for r in split.ranks:
+            if r.pp == stage:
+                grid[r.dp][r.tp] = r.step_time_median_s * 1e3
+                comm = "comm n/a" if r.exposed_comm_share_pct is None else f"comm {r.exposed_comm_share_pct:.0f}%"
+                ax.text(r.tp, r.dp, f"rank {r.rank}\n{r.step_time_median_s * 1e3:.0f} ms\n{comm}", ha="center",
+                        va="center", fontsize=8, bbox={"facecolor": "white", "alpha": 0.8, "linewidth": 0})
+        image = ax.imshow(grid, cmap="viridis", vmin=low, vmax=high if high > low else low + 1e-9)
+        ax.set_xticks(range(tp), [f"tp {i}" for i in range(tp)])
+        ax.set_yticks(range(dp), [f"dp {i}" for i in range(dp)])
+        ax.set_title(f"pipeline stage {stage}", fontsize=9)
+    fig.colorbar(image, ax=list(axes[0]), label="median step time (ms)")
+    fig.suptitle(f"layout dp={dp} x tp={tp} x pp={pp}: median step time per rank", fontsize=10)
+    caption = ("Look for: a slow cell or a slow row/column of cells, which names the parallel group (a dp "
+               "replica, a tp group, a pipeline stage) where the time goes; each cell gives its rank's exposed "
+               "communication share of step time from the profiled trace.")
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    plt.close(fig)
+    return Figure("s2", "layout_view", caption, buffer.getvalue())
+
+
 def all_plots(pack: EvidencePack) -> list[Figure]:
-    return [f for f in (curves(pack), ablation_bars(pack), drill_timeline(pack)) if f]
+    return [f for f in (curves(pack), rank_heatmap(pack), layout_view(pack), ablation_bars(pack), drill_timeline(pack))
+            if f]

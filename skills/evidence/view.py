@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
+from trainops.skills.evidence.bottleneck import BottleneckSplit
 from trainops.skills.evidence.model import AblationRow, EvidencePack, MetricSpread
 from trainops.terminal_text import visible
 
@@ -166,7 +167,20 @@ def _baseline(pack: EvidencePack) -> Section | None:
     ])
     return Section("s2", "S2 Baseline", paragraphs=[intro, f"Data-wait share: {base.data_wait_share_pct:.1f}%. "
                                                            f"Communication share: {comm}."],
-                   tables=[table], bullets=[f"repeat {i}: {code(run)}" for i, run in enumerate(base.run_dirs, 1)])
+                   tables=[table, *_bottleneck(base.bottleneck)],
+                   bullets=[f"repeat {i}: {code(run)}" for i, run in enumerate(base.run_dirs, 1)])
+
+
+def _bottleneck(split: BottleneckSplit | None) -> list[Table]:
+    """The four-way split of wall time, each class with its method, and the remainder they leave."""
+    if split is None:
+        return []
+    rows = [("compute", split.compute), ("communication (exposed)", split.communication),
+            ("data loading", split.data_loading), ("scheduling fragmentation", split.scheduling),
+            ("remainder", split.remainder)]
+    return [Table(["where the wall time went", "share of wall time", "seconds", "method"],
+                  [[Cell(name), number(share.share_pct, 1, "%"), number(share.seconds, 2, " s"), Cell(share.method)]
+                   for name, share in rows])]
 
 
 def _ablations(pack: EvidencePack) -> Section | None:

@@ -157,6 +157,8 @@ class JobStatus(BaseModel):
     exit_code: int | None = None
     nodes: list[str] = Field(default_factory=list)
     reason: str = Field("", description="The backend's reason for the state (pending reason, failure reason).")
+    submitted_at: float | None = Field(None, description="When the scheduler took the job (Unix seconds): "
+                                                         "submitted_at -> started_at is its queue wait.")
     started_at: float | None = None
     ended_at: float | None = None
     run_dir: str | None = None

@@ -197,7 +197,8 @@ class LocalScheduler(PollingWait):
         if code is not None and code < 0:
             reason = f"killed by signal {signal.Signals(-code).name}"
         return JobStatus(job_id=job_id, backend=KIND, name=record["spec"]["name"], state=state, exit_code=code,
-                         nodes=[record["node"]], reason=reason, started_at=record.get("started_at"),
+                         nodes=[record["node"]], reason=reason, submitted_at=record.get("submitted_at"),
+                         started_at=record.get("started_at"),
                          ended_at=exit_info["ended_at"] if exit_info else record.get("cancelled_at"),
                          run_dir=record["spec"].get("run_dir"))
 

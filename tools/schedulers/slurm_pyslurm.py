@@ -127,7 +127,8 @@ def _job(job: dict) -> SlurmJob:
     return SlurmJob(job_id=str(job["job_id"]), name=job.get("name") or "", state=state, exit_code=int(code or 0),
                     exit_signal=int(sig or 0), nodelist=job.get("nodes") or "",
                     reason=job.get("state_reason") or "None", started_at=job.get("start_time") or None,
-                    ended_at=None if running else (job.get("end_time") or None), stdout=job.get("std_out") or "")
+                    ended_at=None if running else (job.get("end_time") or None), stdout=job.get("std_out") or "",
+                    submitted_at=job.get("submit_time") or None)
 
 
 def _errno(exc: ValueError) -> int | None:

@@ -41,6 +41,7 @@ class SlurmJob:
     started_at: float | None
     ended_at: float | None
     stdout: str = ""
+    submitted_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,7 @@ class CliTransport:
                         exit_code=int(code or 0), exit_signal=int(sig or 0),
                         nodelist="" if nodelist == "(null)" else nodelist, reason=fields.get("Reason", "None"),
                         started_at=_epoch(fields.get("StartTime")), ended_at=_epoch(fields.get("EndTime")),
-                        stdout=fields.get("StdOut", ""))
+                        stdout=fields.get("StdOut", ""), submitted_at=_epoch(fields.get("SubmitTime")))
 
     def jobs(self) -> list[SlurmJob]:
         found = []
