@@ -91,3 +91,19 @@ def test_a_two_process_baseline_splits_its_wall_time_four_ways_and_packs_both_vi
     assert {"rank_step_heatmap.png", "layout_view.png"} <= plots
     assert (folder / "plots" / "layout_view.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "scheduling fragmentation" in (folder / "report.md").read_text()
+
+
+def test_slurm_reports_its_submit_time_so_the_queue_wait_is_the_schedulers(monkeypatch):
+    """scontrol's SubmitTime -> StartTime is the queue wait Slurm itself measured."""
+    import subprocess
+    import time
+
+    from trainops.tools.schedulers import slurm_transport
+
+    shown = ("JobId=7 JobName=baseline-1 JobState=COMPLETED Reason=None ExitCode=0:0 NodeList=n1 "
+             "SubmitTime=2026-12-02T01:00:00 StartTime=2026-12-02T01:00:42 EndTime=2026-12-02T01:03:00")
+    monkeypatch.setattr(slurm_transport, "run_cli", lambda args, check=True: subprocess.CompletedProcess(
+        args, 0, shown, ""))
+    job = slurm_transport.CliTransport().job("7")
+    assert job.submitted_at == time.mktime(time.strptime("2026-12-02T01:00:00", "%Y-%m-%dT%H:%M:%S"))
+    assert job.started_at - job.submitted_at == 42.0
