@@ -20,6 +20,7 @@ from trainops.run_folder import (
     read_metrics,
 )
 from trainops.settings import read_toml
+from trainops.skills import sdc
 from trainops.skills.baseline import Progress, command_line, submit
 from trainops.skills.drill_nodes import NodeTarget, RankTarget
 from trainops.skills.evidence.model import DrillResult, EvidenceRow
@@ -260,8 +261,8 @@ class _Drill:
         drained = isolate_node(detection, sched, self.ctx)
         if drained:
             self.target.note(drained, "drained (gated drain_node)")
-        quarantined = (quarantine_after(run_dir, int(detection.step), self.ctx)
-                       if detection.mechanism == "checksum_mismatch" else [])
+        quarantined = (sdc.respond(run_dir, sdc.Suspect.of(detection), sched, self.ctx).quarantined
+                       if detection.mechanism == "checksum_mismatch" else [])  # R-ESC-3: tests, drain, a human
         isolated = time.time()
         requeued = call("requeue_job", {"job_id": self.job_id, "scheduler": sched, "spec_sha256": self.spec_sha256},
                         self.ctx).job_id

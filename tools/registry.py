@@ -21,8 +21,9 @@ from trainops.tools.base import ToolError, ToolSpec
 
 def _tool_functions() -> tuple[Callable, ...]:
     """Every tool trainops.tools declares. Modules load here, on first use, not at import."""
-    from trainops.tools import checkpoints, detection, env_probes, faults, jobs, planning, quarantine, tenancy
+    from trainops.tools import checkpoints, detection, env_probes, faults, jobs, planning, quarantine, tenancy, watch
     from trainops.tools.frameworks import checks
+    from trainops.tools.governance import escalation
 
     return (
         env_probes.declare_environment,
@@ -52,6 +53,8 @@ def _tool_functions() -> tuple[Callable, ...]:
         tenancy.upgrade_framework,
         checks.framework_knobs,
         checks.check_framework_job,
+        watch.watch_job,
+        escalation.acknowledge_escalation,
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -52,6 +53,22 @@ def record_fault(run_dir: str | Path, kind: str, step: int | None, rank: int, **
         fh.flush()
         os.fsync(fh.fileno())
     return record
+
+
+def defect_marker(host: str) -> Path:
+    """Where a host's emulated hardware defect is marked: `$TRAINOPS_HOME/emulated-defects/HOST.json`."""
+    from trainops.workspace import home
+
+    return home() / "emulated-defects" / f"{host}.json"
+
+
+def mark_host_defective(record: dict) -> None:
+    """The bit-flip drill emulates a defective chip: its host stays marked (the fault record),
+    so the known-answer check (trainops.tools.sdc_check) computes wrong on that host alone, until
+    a human who replaced the part removes the marker."""
+    path = defect_marker(record["host"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record) + "\n", encoding="utf-8")
 
 
 def fired_faults(run_dir: str | Path, rank: int) -> set[str]:
@@ -166,9 +183,10 @@ class FaultInjector:
                 index, bit = local.numel() // 2, exponent_msb(local.dtype)
                 with torch.no_grad():
                     old, new = flip_bit(local, index, bit)
-                return self._fire("bitflip", step,
-                                  parameter=f"{module_name}.{param_name}".lstrip("."),
-                                  index=index, bit=bit, old_value=old, new_value=new)
+                record = self._fire("bitflip", step, parameter=f"{module_name}.{param_name}".lstrip("."),
+                                    index=index, bit=bit, old_value=old, new_value=new, host=socket.gethostname())
+                mark_host_defective(record)
+                return record
         return None
 
     def on_train_end(self, checkpoint_folder: str | Path) -> dict | None:

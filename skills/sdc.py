@@ -1,0 +1,124 @@
+"""What a suspected silent data corruption sets off (R-ESC-3): quarantine the checkpoints from the
+suspect step on, name the suspect rank and node, run the known-answer check (trainops.tools.sdc_check)
+through the scheduler on every node of the partition (fleet-wide) and on the suspect beside a
+known-good node (co-located), drain the node that fails (gated drain_node, only where a node that
+passed remains to run on), and hand the case with both results to a human (a pending approval).
+Every step is a tool call, so it passes the gate as `skill:sdc-response`."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from trainops.skills.escalate import hand_to_human
+from trainops.tools.base import CallContext, skill_context
+from trainops.tools.calls import call
+from trainops.tools.governance.escalation import Escalation, EscalationSignals, escalations_for
+from trainops.tools.sdc_check import NodeResult, read_results
+
+USABLE = ("idle", "allocated", "mixed", "completing")
+CASE_FILE = "sdc-case.json"
+"""RUN/sdc-case.json: the case as handed to the human."""
+
+
+class Suspect(BaseModel):
+    rank: int
+    node: str | None
+    step: int = Field(ge=0)
+    evidence: str
+
+    @classmethod
+    def of(cls, detection) -> "Suspect":
+        """The suspect a detect_faults checksum mismatch names."""
+        return cls(rank=detection.rank, node=detection.node, step=int(detection.step), evidence=detection.evidence)
+
+
+class CheckRun(BaseModel):
+    """One known-answer check job and what each node gave."""
+
+    kind: str = Field(description="fleet or colocated")
+    job_id: str = ""
+    nodes: list[str]
+    state: str = ""
+    results: list[NodeResult] = Field(default_factory=list)
+    failed_nodes: list[str] = Field(default_factory=list, description="Nodes with a wrong answer or no answer.")
+    note: str = ""
+
+    def line(self) -> str:
+        if not self.job_id:
+            return f"{self.kind} test not run: {self.note}"
+        return (f"{self.kind} test job {self.job_id} on {', '.join(self.nodes)}: {self.state}; failed: "
+                f"{', '.join(self.failed_nodes) or 'none'}"
+                + "".join(f"; {r.host} GEMM {r.gemm_wrong_elements} wrong element(s), collective "
+                          f"{'ok' if r.collective_ok else 'wrong'}" for r in self.results if not r.ok))
+
+
+class SdcCase(BaseModel):
+    run_dir: str
+    suspect: Suspect
+    quarantined: list[int]
+    fleet: CheckRun
+    colocated: CheckRun
+    drained: list[str]
+    escalation: Escalation
+    pending_id: str | None = Field(description="The pending approval that hands the case to a human.")
+
+
+def respond(run_dir: str, suspect: Suspect, scheduler: str = "local", ctx: CallContext | None = None,
+            timeout_s: float = 300.0) -> SdcCase:
+    """The whole response; the suspect's job must already be stopped (its nodes are tested)."""
+    ctx = skill_context("sdc-response", ctx)
+    quarantined = call("quarantine_checkpoints", {"run": run_dir, "from_step": suspect.step}, ctx).quarantined_steps
+    nodes = [n.name for n in call("list_nodes", {"scheduler": scheduler}, ctx).nodes if n.state in USABLE]
+    fleet = run_check("fleet", nodes, nodes, scheduler, ctx, timeout_s)
+    good = [n for n in nodes if n not in fleet.failed_nodes and n != suspect.node]
+    if suspect.node in nodes and good:
+        colocated = run_check("colocated", [suspect.node, good[0]], nodes, scheduler, ctx, timeout_s)
+    else:
+        colocated = CheckRun(kind="colocated", nodes=[], note=f"needs the suspect node ({suspect.node}) and a "
+                                                             f"known-good one; the partition has {nodes}")
+    failing = sorted(set(fleet.failed_nodes) | set(colocated.failed_nodes))
+    drained = drain_failing(failing, [n for n in nodes if n not in failing], scheduler, ctx)
+    signals = EscalationSignals(sdc_suspected=True, sdc_evidence=f"rank {suspect.rank} on node {suspect.node} at "
+                                                                 f"step {suspect.step} ({suspect.evidence})")
+    escalation = escalations_for(signals)[0]
+    results = [fleet.line(), colocated.line(), f"quarantined checkpoint(s) {quarantined}",
+               f"drained {', '.join(drained) or 'nothing'}"
+               + ("" if drained or not failing else " (no node that passed is left to run on: a human decides)")]
+    escalation = escalation.model_copy(update={"detail": escalation.detail + "; " + "; ".join(results)})
+    pending = hand_to_human(escalation, f"run {run_dir}", ctx, results=results)
+    case = SdcCase(run_dir=run_dir, suspect=suspect, quarantined=quarantined, fleet=fleet, colocated=colocated,
+                   drained=drained, escalation=escalation, pending_id=pending)
+    (Path(run_dir) / CASE_FILE).write_text(case.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    return case
+
+
+def run_check(kind: str, nodes: list[str], partition: list[str], scheduler: str, ctx: CallContext,
+              timeout_s: float) -> CheckRun:
+    """Submit the known-answer check on exactly `nodes` (the rest of the partition excluded), wait
+    for it, and read each node's answer; a node that wrote none failed."""
+    from trainops.workspace import runs_dir
+
+    folder = runs_dir() / f"sdc-{kind}-{time.strftime('%Y%m%d-%H%M%S')}-{time.time_ns() % 10**6:06d}"
+    (folder / "logs").mkdir(parents=True)
+    out = folder / "sdc-check.jsonl"
+    spec = {"name": f"sdc-{kind}", "command": ["-m", "trainops.tools.sdc_check", "--out", str(out)],
+            "launcher": "torchrun", "nodes": len(nodes), "procs_per_node": 1, "run_dir": str(folder),
+            "exclude_nodes": [n for n in partition if n not in nodes], "env": {"OMP_NUM_THREADS": "1"}}
+    job_id = call("submit_job", {"scheduler": scheduler, "spec": spec}, ctx).handle.job_id
+    status = call("wait_job", {"job_id": job_id, "scheduler": scheduler, "timeout_s": timeout_s}, ctx)
+    results = read_results(out)
+    answered = {r.host for r in results}
+    failed = sorted({r.host for r in results if not r.ok} | {n for n in nodes if n not in answered})
+    return CheckRun(kind=kind, job_id=job_id, nodes=nodes, state=status.state, results=results, failed_nodes=failed)
+
+
+def drain_failing(failing: list[str], passed: list[str], scheduler: str, ctx: CallContext) -> list[str]:
+    """Drain each failing node through the gated tool while a node that passed remains to run on."""
+    if not passed:
+        return []
+    for node in failing:
+        call("drain_node", {"node": node, "scheduler": scheduler,
+                            "reason": "trainops: failed the known-answer SDC check"}, ctx)
+    return failing

@@ -1,0 +1,47 @@
+"""A suspected silent data corruption sets off the known-answer checks through the scheduler, drains
+the node that fails where a good one remains, and hands the case to a human (R-ESC-3)."""
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from trainops.skills.drill import drill
+from trainops.skills.request import JobRequest
+from trainops.skills.sdc import CASE_FILE, SdcCase, run_check
+from trainops.tools.base import CallContext
+from trainops.tools.governance import queue
+from trainops.trainer.faults import mark_host_defective
+
+pytestmark = pytest.mark.usefixtures("as_operator")
+DRILL_JOB = ["training.steps=12", "training.seq_len=64", "training.global_batch=8", "training.micro_batch=4",
+             "checkpoint.enable=true", "checkpoint.interval=2", "checkpoint.mode=async", "checkpoint.keep=50"]
+
+
+@pytest.mark.slow
+def test_the_known_answer_check_passes_on_a_sound_host_and_fails_on_the_one_a_bit_flip_marked(workspace):
+    host = socket.gethostname()
+    ctx = CallContext(actor="operator")
+    sound = run_check("fleet", [host], [host], "local", ctx, 120)
+    assert (sound.state, sound.failed_nodes, [r.gemm_ok for r in sound.results]) == ("completed", [], [True])
+    mark_host_defective({"host": host, "kind": "bitflip", "step": 5})
+    marked = run_check("fleet", [host], [host], "local", ctx, 120)
+    assert marked.failed_nodes == [host] and marked.results[0].gemm_wrong_elements == 1
+    assert marked.results[0].emulated_defect and marked.state == "failed"
+
+
+@pytest.mark.slow
+def test_a_bitflip_drill_tests_the_node_quarantines_and_hands_the_case_to_a_human(workspace):
+    result, _row = drill(JobRequest(overrides=DRILL_JOB, timeout_s=300), "bitflip")
+    case = SdcCase.model_validate(json.loads((Path(result.run_dir) / CASE_FILE).read_text()))
+    host = socket.gethostname()
+    assert (case.suspect.rank, case.suspect.node, case.suspect.step) == (1, host, 5)
+    assert case.fleet.job_id and case.fleet.failed_nodes == [host]  # the flipped host computes wrong
+    assert not case.colocated.job_id and "known-good" in case.colocated.note  # one node: nothing to sit beside
+    assert case.drained == []  # no node that passed remains: draining would leave nothing to restart on
+    pending = queue.get_pending(case.pending_id)
+    assert pending.tool == "acknowledge_escalation" and pending.input["rule_id"] == "R-ESC-3"
+    assert any("fleet test" in line for line in pending.input["results"])
+    assert result.async_checkpoint_intact  # the drill still restarted from a checkpoint before the flip
