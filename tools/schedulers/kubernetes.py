@@ -154,7 +154,9 @@ class KubernetesScheduler(PollingWait):
         else:
             state = "pending"
         reason = "; ".join(f"{c.type}: {c.reason or ''} {c.message or ''}".strip() for c in (st.conditions or []))
+        created = job.metadata.creation_timestamp if job.metadata else None
         return JobStatus(job_id=job_id, backend=KIND, name=name, state=state, reason=reason,
+                         submitted_at=created.timestamp() if created else None,
                          started_at=st.start_time.timestamp() if st.start_time else None,
                          ended_at=st.completion_time.timestamp() if st.completion_time else None)
 
