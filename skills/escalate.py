@@ -4,8 +4,18 @@ from __future__ import annotations
 
 from trainops.tools.base import CallContext
 from trainops.tools.calls import call
-from trainops.tools.governance.escalation import Escalation, human_item
+from trainops.tools.governance.escalation import (
+    Escalation,
+    EscalationSignals,
+    carried_rules,
+    describe,
+    human_item,
+    required_escalations,
+)
 from trainops.tools.governance.gate import GateRefused
+
+ETTR_WINDOW_S = 3600.0
+"""One effective-training-time window of the record for the SOP and the pack (an hour)."""
 
 
 def hand_to_human(esc: Escalation, subject: str, ctx: CallContext | None = None,
@@ -24,3 +34,64 @@ def hand_to_human(esc: Escalation, subject: str, ctx: CallContext | None = None,
 def human_items(escalations: list[Escalation], subject: str, ctx: CallContext | None = None) -> list[str]:
     """Each escalation queued for a human, as the pack's line for it (naming its pending approval)."""
     return [human_item(esc, hand_to_human(esc, subject, ctx)) for esc in escalations]
+
+
+def act_on_watch(watched, scheduler: str, ctx: CallContext | None = None) -> list[str]:
+    """What `trainops watch` does with a watch_job result whose rules fired: a suspected SDC stops
+    the job and runs the SDC response (which hands the case over with its test results); every
+    other rule goes to a human as it is. Returns the pack-style line of each."""
+    from trainops.skills import sdc
+
+    lines = []
+    for esc in watched.fired:
+        if esc.rule_id == "R-ESC-3" and watched.suspect is not None and watched.run_dir:
+            if not watched.ended:  # its nodes are what the tests check
+                call("cancel_job", {"job_id": watched.job_id, "scheduler": scheduler, "force": True}, ctx)
+            suspect = sdc.Suspect.model_validate(watched.suspect.model_dump())
+            case = sdc.respond(watched.run_dir, suspect, scheduler, ctx)
+            lines.append(human_item(case.escalation, case.pending_id))
+        else:
+            lines.append(human_item(esc, hand_to_human(esc, f"job {watched.job_id}", ctx)))
+    return lines
+
+
+def pack_signals(pack) -> EscalationSignals:
+    """R-ESC signals from what a pack measured: arms whose gain vanished at scale (R-ESC-2) and
+    the checkpoint stall against the plan's MTBF (R-ESC-4, stall measured from the drill run's
+    journal); R-ESC-1 from the interruption record as of the pack's creation."""
+    plan = pack.checkpoint_plan
+    ettr, _causes = record_ettr(until=pack.created_time)
+    return EscalationSignals(ettr_history_pct=ettr,
+                             vanished_arms=[f"{r.knob}={r.value}" for r in pack.ablations if r.vanished_at_scale],
+                             checkpoint_save_s=plan.save_stall_s if plan else None,
+                             mtbf_s=plan.mtbf_h * 3600 if plan else None,
+                             mtbf_source=plan.mtbf_basis if plan else "declared")
+
+
+def escalation_problems(pack) -> list[str]:
+    """A pack whose evidence fires a rule it does not carry (in awaiting_human) is refused."""
+    signals = pack_signals(pack)
+    carried = carried_rules(pack.awaiting_human)
+    return [f"{rule}: the pack's evidence fires it ({describe(rule, signals)}) but awaiting_human does not carry it; "
+            "fix: build the pack through the SOP, which hands each fired rule to a human"
+            for rule in required_escalations(signals) if rule not in carried]
+
+
+def record_ettr(until: float | None = None, job: str | None = None,
+                window_s: float = ETTR_WINDOW_S) -> tuple[list[float], dict[str, int]]:
+    """ETTR per window and the cause split from the interruption record (up to `until`)."""
+    from trainops.tools import interruptions
+
+    records = [r for r in interruptions.read_interruptions(job=job) if until is None or r.time <= until]
+    windows = [w for w in interruptions.ettr_series(window_s, job=job) if until is None or w.start <= until]
+    return [w.ettr_pct for w in windows], interruptions.cause_distribution(records)
+
+
+def carry_fired(pack, ctx: CallContext | None = None):
+    """The pack with every rule its evidence fires handed to a human and carried in awaiting_human
+    (with the record's cause split for R-ESC-1): what the SOP does before writing a pack."""
+    from trainops.tools.governance.escalation import escalations_for
+
+    _ettr, causes = record_ettr(until=pack.created_time)
+    items = human_items(escalations_for(pack_signals(pack), causes), f"pack {pack.pack_id}", ctx)
+    return pack.model_copy(update={"awaiting_human": [*pack.awaiting_human, *items]}) if items else pack
