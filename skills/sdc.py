@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from trainops.run_folder import read_heartbeat
 from trainops.skills.escalate import hand_to_human
 from trainops.tools.base import CallContext, skill_context
 from trainops.tools.calls import call
@@ -69,6 +70,8 @@ def respond(run_dir: str, suspect: Suspect, scheduler: str = "local", ctx: CallC
             timeout_s: float = 300.0) -> SdcCase:
     """The whole response; the suspect's job must already be stopped (its nodes are tested)."""
     ctx = skill_context("sdc-response", ctx)
+    beat = read_heartbeat(run_dir, suspect.rank)  # the rank's own host: metrics lines do not carry one
+    suspect = suspect.model_copy(update={"node": beat.host if beat and beat.host else suspect.node})
     quarantined = call("quarantine_checkpoints", {"run": run_dir, "from_step": suspect.step}, ctx).quarantined_steps
     nodes = [n.name for n in call("list_nodes", {"scheduler": scheduler}, ctx).nodes if n.state in USABLE]
     fleet = run_check("fleet", nodes, nodes, scheduler, ctx, timeout_s)

@@ -65,13 +65,21 @@ class _RunReader:
         records = self.watch.ingest()
         if (odd := self.watch.checksum_mismatch()) is not None:
             rec, why = odd
-            return SdcSuspect(rank=rec.rank, node=rec.host, step=rec.step, evidence=f"checksum_mismatch: {why}")
+            return SdcSuspect(rank=rec.rank, node=rec.host or self.host_of(rec.rank), step=rec.step,
+                              evidence=f"checksum_mismatch: {why}")
         injected_nan = any(f.kind == "nan" for f in read_faults(self.run_dir))
         for rec in records:
             if rec.loss is not None and not math.isfinite(rec.loss) and not injected_nan:
-                return SdcSuspect(rank=rec.rank, node=rec.host, step=rec.step,
+                return SdcSuspect(rank=rec.rank, node=rec.host or self.host_of(rec.rank), step=rec.step,
                                   evidence=f"loss={rec.loss} at step {rec.step} on rank {rec.rank}, no NaN injected")
         return None
+
+    def host_of(self, rank: int) -> str | None:
+        """The rank's host from its heartbeat (metrics lines do not carry one)."""
+        from trainops.run_folder import read_heartbeat
+
+        beat = read_heartbeat(self.run_dir, rank)
+        return beat.host if beat else None
 
     def heartbeat_age_s(self) -> float | None:
         from trainops.run_folder import read_heartbeats
