@@ -107,6 +107,18 @@ def validate_layout(cfg: JobConfig, world_size: int, gpus_per_node: int | None =
     )
 
 
+def validate_job_layout(cfg: JobConfig, nproc: int, nodes: int = 1) -> Layout:
+    """The layout as a job runs it, before it is submitted: `nodes` x `nproc` ranks, each tensor-parallel
+    group inside one node's ranks. The backend checks are the launch's (the submit host may have other
+    devices than the nodes); the error names the job's shape beside the numbers and the fix."""
+    world = nodes * nproc
+    try:
+        return validate_layout(cfg, world, gpus_per_node=nproc)
+    except LayoutError as exc:
+        raise LayoutError(f"{exc} (the job runs {world} ranks: {nodes} node{'s' if nodes > 1 else ''} x {nproc} "
+                          "processes per node)") from None
+
+
 def _check_degrees(par: ParallelConfig, world_size: int) -> int:
     """The degrees multiply to the world size; returns dp_shard (-1 is inferred)."""
     dp_replicate, dp_shard, cp, tp, pp = par.dp_replicate, par.dp_shard, par.cp, par.tp, par.pp
@@ -202,10 +214,12 @@ def _check_batch(par: ParallelConfig, train: TrainingConfig, dp: int) -> int:
     """global batch = dp x micro batch x accumulation, with enough micro-batches for the schedule;
     returns the accumulation (micro-batches per step)."""
     micro_batch, global_batch, pp, schedule = train.micro_batch, train.global_batch, par.pp, par.pp_schedule
-    if micro_batch < 1 or global_batch % (dp * micro_batch):
+    unit = dp * max(1, micro_batch)
+    if micro_batch < 1 or global_batch % unit:
         raise LayoutError(
             f"training.global_batch={global_batch} is not divisible by dp*micro_batch = {dp}*{micro_batch} = "
-            f"{dp * micro_batch}: global batch = dp x micro_batch x accumulation; use a multiple of {dp * micro_batch}"
+            f"{dp * micro_batch}: global batch = dp x micro_batch x accumulation; use a multiple of {unit} "
+            f"(--set training.global_batch={unit * -(-global_batch // unit)}) or fewer ranks"
         )
     accumulation = global_batch // (dp * micro_batch)
     if pp > 1 and dp > 1 and par.data_parallel == "ddp":
