@@ -27,6 +27,8 @@ from trainops.skills.evidence.model import DrillResult, EvidenceRow
 from trainops.skills.request import JobRequest
 from trainops.tools.base import CallContext, ToolError, skill_context
 from trainops.tools.calls import call
+from trainops.tools.follow import JobWatch
+from trainops.tools.trainer_job import check_layout
 
 # drill kind -> (inject_fault kind, cause class); runtime kinds are injected into the live job,
 # launch-time kinds (LAUNCH_TIME) start the job with the overrides inject_fault returns
@@ -96,11 +98,14 @@ def _heartbeat_step(run_dir: str, rank: int = 0) -> int:
     return beat.step if beat else -1
 
 
-def _wait_for(predicate, timeout_s: float, what: str) -> float:
+def _wait_for(predicate, timeout_s: float, what: str, job: JobWatch) -> float:
+    """When `predicate` first holds; ends at once, with the job's own reason, when the job ends first."""
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         if predicate():
             return time.time()
+        if (ended := job.ended()) is not None and not predicate():
+            raise ToolError("drill", f"{ended}, while the drill waited for {what}; read {job.run_dir}/logs")
         time.sleep(0.05)
     raise ToolError("drill", f"timed out after {timeout_s:.0f} s waiting for {what}")
 
@@ -121,21 +126,16 @@ def _first_step_after(run_dir: str, since: float) -> float | None:
 
 
 def _wait_for_restart(run_dir: str, since: float, job_id: str, req: JobRequest, ctx: CallContext | None) -> float:
-    """The time of the first step after `since`; fails at once, naming the scheduler's reason,
-    when the restarted job ends without taking one (rather than waiting out the timeout)."""
+    """The time of the first step after `since`; fails at once, naming the job's own reason (its new
+    status.json, else the scheduler's), when the restarted job ends without taking one."""
+    job = JobWatch(job_id, req.scheduler, run_dir, ctx, since=since)
     deadline = time.time() + req.timeout_s
-    next_status = time.time() + 1.0
     while time.time() < deadline:
         if (first := _first_step_after(run_dir, since)) is not None:
             return first
-        if time.time() >= next_status:
-            next_status = time.time() + 1.0
-            status = call("job_status", {"job_id": job_id, "scheduler": req.scheduler}, ctx)
-            if status.finished and (first := _first_step_after(run_dir, since)) is None:
-                raise ToolError("requeue_job",
-                                f"the restarted job {job_id} ended {status.state} "
-                                f"({status.reason or 'no reason given'}) "
-                                               f"before its first step; read {run_dir}/logs and the scheduler's log")
+        if (ended := job.ended()) is not None and (first := _first_step_after(run_dir, since)) is None:
+            raise ToolError("requeue_job", f"the restarted {ended} before its first step; read {run_dir}/logs and "
+                                           "the scheduler's log")
         time.sleep(0.05)
     raise ToolError("drill", f"timed out after {req.timeout_s:.0f} s waiting for the first step after restart in "
                              f"{run_dir}")
@@ -147,6 +147,11 @@ def drill(req: JobRequest, fault: str, inject_step: int = 5, ctx: CallContext | 
     if fault not in DRILLS:
         raise DrillRefused(f"fault: unknown fault {fault!r}; use one of {', '.join(DRILLS)}")
     require_checkpoints(req)
+    if req.framework == "trainops":
+        try:
+            check_layout(req.with_overrides(LAUNCH_TIME.get(fault, ("", []))[1]))
+        except ValueError as exc:  # the layout, before anything is launched or any node is watched
+            raise DrillRefused(str(exc)) from None
     if fault in NODE_DRILLS and (req.nodes < 2 or req.scheduler != "slurm"):
         raise DrillRefused(f"fault: {fault} takes a node away from a multi-node job: use --scheduler slurm --nodes 2 "
                            "(or more) on a `trainops sandbox` cluster")
@@ -216,13 +221,14 @@ class _Drill:
         submitted = submit(self.launch, f"drill-{self.fault}", self.ctx)
         handle, self.spec_sha256 = submitted.handle, submitted.spec_sha256  # an approved requeue names the spec
         self.job_id, self.run_dir, self.started = handle.job_id, handle.run_dir, time.time()
+        self.job = JobWatch(self.job_id, self.req.scheduler, self.run_dir, self.ctx, since=self.started)
 
     def await_fired(self) -> tuple[float, int]:
         """(when, at which step) the trainer fired the launch-time fault, from its own record."""
         fired_kind = LAUNCH_TIME[self.fault][0]
         self.say(f"drill {self.fault}: waiting for the trainer to fire {self.kind}")
         _wait_for(lambda: _fired(self.run_dir, fired_kind) is not None, self.req.timeout_s,
-                  f"the trainer to fire {fired_kind} (faults.jsonl) in {self.run_dir}")
+                  f"the trainer to fire {fired_kind} (faults.jsonl) in {self.run_dir}", self.job)
         fired = _fired(self.run_dir, fired_kind)
         return fired.time, fired.step
 
@@ -231,7 +237,7 @@ class _Drill:
         (when, the last step any rank reached)."""
         run_dir = self.run_dir
         _wait_for(lambda: _heartbeat_step(run_dir) >= self.inject_step and bool(read_journal(run_dir).saves),
-                  self.req.timeout_s, f"step {self.inject_step} and a committed checkpoint in {run_dir}")
+                  self.req.timeout_s, f"step {self.inject_step} and a committed checkpoint in {run_dir}", self.job)
         self.say(f"drill {self.fault}: injecting {self.kind}")
         where = self.target.choose(self.job_id, self.rank, self.req.scheduler, self.ctx)
         injected_at = call("inject_fault", {"kind": self.kind, "run": run_dir, **where}, self.ctx).injected_at

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainops.run_folder import RunFiles, RunResult, metrics_since
+from trainops.run_folder import RunFiles, RunResult, metrics_since, read_status
 from trainops.tools.base import CallContext
 from trainops.tools.calls import call
 from trainops.tools.schedulers.base import JobHandle, JobStatus
@@ -26,6 +26,57 @@ if TYPE_CHECKING:
 
 POLL_S = 0.2
 WAIT_SLICE_S = 3600.0  # one wait_job call; the waiter asks again until the job ends
+STATE_POLL_S = 1.0  # how often a wait asks the scheduler for the job's state (status.json is read every poll)
+SCHEDULER_GRACE_S = 10.0  # after status.json, how long the scheduler may take to report the job's end
+
+
+def ended_launch(run_dir: str | Path | None, since: float) -> RunResult | None:
+    """The outcome (status.json) of a launch of the run that ended after `since`; an older file is a
+    previous launch's (a requeued run keeps its folder)."""
+    if not run_dir:
+        return None
+    path = RunFiles(run_dir).status
+    try:
+        if path.stat().st_mtime < since:
+            return None
+    except OSError:
+        return None
+    return read_status(run_dir)
+
+
+def why_ended(job_id: str, status: JobStatus | None, result: RunResult | None) -> str:
+    """The job's end in its own words: status.json's failure first, then the scheduler's reason."""
+    if result is not None:
+        what = "finished" if result.status == "ok" else f"failed (exit code {result.exit_code})"
+        why = f": {result.failure}" if result.failure else ""
+        return f"job {job_id} {what}{why} (its status.json in {result.run_dir})"
+    assert status is not None
+    return f"job {job_id} ended {status.state} (exit code {status.exit_code}; {status.reason or 'no reason given'})"
+
+
+class JobWatch:
+    """What every wait on a job (a drill's, an SOP step's) also watches: the job itself. `ended()`
+    reads the run's status.json at every call and asks the scheduler (job_status) at most every
+    STATE_POLL_S, and says why the job ended, or None while it runs; so a wait for a step, a fault or
+    a restart ends at once with the job's own reason instead of waiting out its timeout."""
+
+    def __init__(self, job_id: str, scheduler: str, run_dir: str | Path | None, ctx: CallContext | None = None,
+                 since: float | None = None):
+        self.job_id, self.scheduler, self.run_dir, self.ctx = job_id, scheduler, run_dir, ctx
+        self.since = time.time() if since is None else since
+        self.next_state = 0.0
+
+    def ended(self) -> str | None:
+        result = ended_launch(self.run_dir, self.since)
+        if result is not None:
+            return why_ended(self.job_id, None, result)
+        if time.monotonic() < self.next_state:
+            return None
+        self.next_state = time.monotonic() + STATE_POLL_S
+        status = call("job_status", {"job_id": self.job_id, "scheduler": self.scheduler}, self.ctx)
+        if not status.finished:
+            return None
+        return why_ended(self.job_id, status, ended_launch(self.run_dir, self.since))
 
 
 def follow(handle: JobHandle, ctx: CallContext | None = None, *, timeout_s: float | None = None,
@@ -34,6 +85,7 @@ def follow(handle: JobHandle, ctx: CallContext | None = None, *, timeout_s: floa
     as they come, above a bar of rank 0's completed steps (for a trainer run). Past `timeout_s` the
     job is cancelled, every rank with it; so is it when the caller presses Ctrl-C."""
     outcome: list[JobStatus | Exception] = []
+    started = time.time()
     waiter = threading.Thread(target=contextvars.copy_context().run, args=(_wait, handle, ctx, outcome), daemon=True)
     waiter.start()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -46,6 +98,15 @@ def follow(handle: JobHandle, ctx: CallContext | None = None, *, timeout_s: floa
                 call("cancel_job", {"job_id": handle.job_id, "scheduler": handle.backend}, ctx)
             if watch is not None:
                 watch.update()
+            ended = ended_launch(handle.run_dir, started)
+            if ended is not None and waiter.is_alive():
+                # the launch is over (status.json): the scheduler only has to notice; past a grace, stop waiting
+                waiter.join(SCHEDULER_GRACE_S)
+                if waiter.is_alive():
+                    call("cancel_job", {"job_id": handle.job_id, "scheduler": handle.backend, "force": True}, ctx)
+                    return _with_reason(JobStatus(job_id=handle.job_id, backend=handle.backend,
+                                                  state="completed" if ended.status == "ok" else "failed",
+                                                  exit_code=ended.exit_code, run_dir=handle.run_dir), ended)
     except KeyboardInterrupt:
         call("cancel_job", {"job_id": handle.job_id, "scheduler": handle.backend}, ctx)
         raise
@@ -54,7 +115,15 @@ def follow(handle: JobHandle, ctx: CallContext | None = None, *, timeout_s: floa
             watch.close()
     if isinstance(outcome[0], Exception):  # the tool's error, already in the audit log
         raise outcome[0]
-    return outcome[0]
+    return _with_reason(outcome[0], ended_launch(handle.run_dir, started))
+
+
+def _with_reason(status: JobStatus, ended: RunResult | None) -> JobStatus:
+    """A failed job's status carries the run's own failure line (status.json), not only the scheduler's."""
+    if status.state != "failed" or ended is None or not ended.failure or ended.failure in status.reason:
+        return status
+    reason = f"{ended.failure}; {status.reason}" if status.reason else ended.failure
+    return status.model_copy(update={"reason": reason})
 
 
 def _wait(handle: JobHandle, ctx: CallContext | None, outcome: list) -> None:

@@ -1,5 +1,6 @@
 """The embedded trainer's job: a training request turned into a prepared run folder (config.toml,
-logs/) and the torchrun command that trains it, its folders checked first (tenancy.check_job_paths).
+logs/) and the torchrun command that trains it, its layout (nodes x processes per node) and folders
+checked first (trainer.layout.validate_job_layout, tenancy.check_job_paths).
 
 Below both the job tools (`submit_job` with a training request) and the trainer's framework
 adapter (`TrainopsAdapter.build_job`), so neither imports the other."""
@@ -43,17 +44,27 @@ def trainer_job(run_dir: str | Path, nproc: int, *, name: str = "train", nodes: 
                    env={"OMP_NUM_THREADS": "1"}, tenant=tenant)
 
 
+def check_layout(req: TrainingJob):
+    """The request's config, once its layout fits the job's nodes x processes per node (LayoutError,
+    a ValueError naming the numbers and the fix, otherwise): checked before any scheduler is asked."""
+    from trainops.trainer.config import load_config
+    from trainops.trainer.layout import validate_job_layout
+
+    config = load_config(req.config, req.preset, req.overrides)
+    validate_job_layout(config, req.nproc, req.nodes)
+    return config
+
+
 def training_spec(req: TrainingJob, name: str, exclude_nodes: list[str], tenant: str | None = None) -> JobSpec:
     """Check the trainer run's folders, then prepare its run folder (config.toml, logs/) and
     build the torchrun job; a tenant's run folder lies in the tenant's root."""
     from trainops.tools.tenancy import check_job_paths
-    from trainops.trainer.config import load_config
     from trainops.workspace import confine
 
     init_from = _init_from(req)
     if init_from:  # before the config loads: loading it reads the folder's config.json
         confine(init_from, "model.init_from", reading=True, must_exist=True)
-    config = load_config(req.config, req.preset, req.overrides)
+    config = check_layout(req)
     run_dir = _new_run_dir(tenant)
     spec = trainer_job(run_dir, req.nproc, name=name, nodes=req.nodes, exclude_nodes=exclude_nodes, tenant=tenant)
     check_job_paths(spec, config)
