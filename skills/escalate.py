@@ -36,25 +36,6 @@ def human_items(escalations: list[Escalation], subject: str, ctx: CallContext | 
     return [human_item(esc, hand_to_human(esc, subject, ctx)) for esc in escalations]
 
 
-def act_on_watch(watched, scheduler: str, ctx: CallContext | None = None) -> list[str]:
-    """What `trainops watch` does with a watch_job result whose rules fired: a suspected SDC stops
-    the job and runs the SDC response (which hands the case over with its test results); every
-    other rule goes to a human as it is. Returns the pack-style line of each."""
-    from trainops.skills import sdc
-
-    lines = []
-    for esc in watched.fired:
-        if esc.rule_id == "R-ESC-3" and watched.suspect is not None and watched.run_dir:
-            if not watched.ended:  # its nodes are what the tests check
-                call("cancel_job", {"job_id": watched.job_id, "scheduler": scheduler, "force": True}, ctx)
-            suspect = sdc.Suspect.model_validate(watched.suspect.model_dump())
-            case = sdc.respond(watched.run_dir, suspect, scheduler, ctx)
-            lines.append(human_item(case.escalation, case.pending_id))
-        else:
-            lines.append(human_item(esc, hand_to_human(esc, f"job {watched.job_id}", ctx)))
-    return lines
-
-
 def pack_signals(pack) -> EscalationSignals:
     """R-ESC signals from what a pack measured: arms whose gain vanished at scale (R-ESC-2) and
     the checkpoint stall against the plan's MTBF (R-ESC-4, stall measured from the drill run's
@@ -83,7 +64,7 @@ def record_ettr(until: float | None = None, job: str | None = None,
     from trainops.tools import interruptions
 
     records = [r for r in interruptions.read_interruptions(job=job) if until is None or r.time <= until]
-    windows = [w for w in interruptions.ettr_series(window_s, job=job) if until is None or w.start <= until]
+    windows = interruptions.ettr_series(window_s, job=job, now=until)
     return [w.ettr_pct for w in windows], interruptions.cause_distribution(records)
 
 

@@ -15,7 +15,7 @@ from trainops.run_folder import read_heartbeat
 from trainops.skills.escalate import hand_to_human
 from trainops.tools.base import CallContext, skill_context
 from trainops.tools.calls import call
-from trainops.tools.governance.escalation import Escalation, EscalationSignals, escalations_for
+from trainops.tools.governance.escalation import Escalation, EscalationSignals, escalations_for, human_item
 from trainops.tools.sdc_check import NodeResult, read_results
 
 USABLE = ("idle", "allocated", "mixed", "completing")
@@ -125,3 +125,21 @@ def drain_failing(failing: list[str], passed: list[str], scheduler: str, ctx: Ca
         call("drain_node", {"node": node, "scheduler": scheduler,
                             "reason": "trainops: failed the known-answer SDC check"}, ctx)
     return failing
+
+
+def act_on_watch(watched, scheduler: str, ctx: CallContext | None = None) -> list[str]:
+    """What `trainops watch` does with a watch_job result whose rules fired: a suspected SDC stops
+    the job and runs the SDC response (which hands the case over with its test results); every
+    other rule goes to a human as it is. Returns the pack-style line of each."""
+    lines = []
+    for esc in watched.fired:
+        if esc.rule_id == "R-ESC-3" and watched.suspect is not None and watched.run_dir:
+            if not watched.ended:  # its nodes are what the tests check
+                call("cancel_job", {"job_id": watched.job_id, "scheduler": scheduler, "force": True}, ctx)
+            suspect = Suspect.model_validate(watched.suspect.model_dump())
+            case = respond(watched.run_dir, suspect, scheduler, ctx)
+            lines.append(human_item(case.escalation, case.pending_id))
+        else:
+            lines.append(human_item(esc, hand_to_human(esc, f"job {watched.job_id}", ctx)))
+    return lines
+

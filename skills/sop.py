@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from trainops.run_folder import RunFiles, read_drill_record
-from trainops.skills import ablation, baseline, drill, environment, planning
+from trainops.skills import ablation, baseline, drill, environment, escalate, planning
 from trainops.skills.baseline import Progress
 from trainops.skills.evidence import pack as evidence_pack
 from trainops.skills.request import JobRequest
@@ -108,6 +108,7 @@ def run(settings: SopSettings, ctx: CallContext | None = None, progress: Progres
         [env_row, *evidence, *arm_evidence, *drill_evidence],
         rollback=f"keep the baseline configuration ({baseline.command_line(req)}); adopt no arm until a human approves",
         references=reference_notes(req.nproc), checkpoint_plan=ckpt_plan)
+    pack = escalate.carry_fired(pack, ctx)  # R-ESC-1..4 on every SOP run: a fired rule goes to a human
     folder = evidence_pack.write(pack)
     return SopResult(pack_dir=str(folder), verdict=pack.verdict, blockers=pack.blockers,
                      elapsed_s=time.time() - started)
@@ -133,7 +134,7 @@ def build_from_runs(run_dirs: list[str], scheduler: str = "local", ctx: CallCont
     drills = [DrillResult.model_validate(record.model_dump()) for record in records if record is not None]
     pack = evidence_pack.assemble(f"runs-{time.strftime('%Y%m%d-%H%M%S')}", env, baseline.summarize(req, results), [],
                                   drills, [env_row])
-    return evidence_pack.write(pack)
+    return evidence_pack.write(escalate.carry_fired(pack, ctx))
 
 
 def _check_written_by_trainops(run_dir: str) -> None:

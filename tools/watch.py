@@ -88,31 +88,20 @@ class _RunReader:
         return max(time.time() - b.time for b in beats.values()) if beats else None
 
 
-def record_view(job_id: str | None, window_s: float, declared_mtbf_s: float) -> tuple[list[float], dict[str, int],
+def record_view(job_id: str | None, window_s: float, declared_mtbf_h: float) -> tuple[list[float], dict[str, int],
                                                                                          float, str]:
-    """From the interruption record: ETTR per window, the cause split, the MTBF and its source."""
+    """From the interruption record: ETTR per window, the cause split, the MTBF (s) and its source."""
     from trainops.tools import interruptions
 
-    records = interruptions.read_interruptions(job=job_id)
     series = [w.ettr_pct for w in interruptions.ettr_series(window_s, job=job_id)]
-    mtbf_s, source = interruptions_mtbf(records, declared_mtbf_s)
-    return series, interruptions.cause_distribution(records), mtbf_s, source
-
-
-def interruptions_mtbf(records: list, declared_s: float) -> tuple[float, str]:
-    """Mean time between unplanned interruptions over the record's span; declared until the
-    record holds at least two."""
-    times = sorted(r.time for r in records if r.cause != "planned")
-    if len(times) < 2 or times[-1] <= times[0]:
-        return declared_s, f"declared {declared_s / 3600:g} h (record holds {len(times)} unplanned interruption(s))"
-    mtbf = (times[-1] - times[0]) / (len(times) - 1)
-    return mtbf, f"measured from {len(times)} recorded interruptions"
+    stats = interruptions.reliability(declared_mtbf_h, job=job_id)
+    return series, stats.cause_distribution, stats.mtbf_h * 3600, stats.mtbf_source
 
 
 def evaluate(inp: WatchJobInput, run_dir: Path | None, reader: _RunReader | None):
     """One poll's signals and fired escalations."""
     suspect = reader.sdc() if reader else None
-    ettr, causes, mtbf_s, source = record_view(inp.job_id, inp.ettr_window_s, inp.mtbf_h * 3600)
+    ettr, causes, mtbf_s, source = record_view(inp.job_id, inp.ettr_window_s, inp.mtbf_h)
     signals = EscalationSignals(ettr_history_pct=ettr, sdc_suspected=suspect is not None,
                                 sdc_evidence=_suspect_line(suspect),
                                 checkpoint_save_s=checkpoint_save_s([str(run_dir)]) if run_dir else None,

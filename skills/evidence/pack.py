@@ -110,6 +110,7 @@ def derivation_problems(pack: EvidencePack, folder: Path) -> list[str]:
     sources: the verdict and blockers from its measurements, the baseline MFU from the cited runs'
     metrics, both reports from evidence.json. This, not an audit line (anyone who can append to the
     log can append a `pack_written` entry), is what shows a pack was not edited by hand."""
+    from trainops.skills.escalate import escalation_problems
     from trainops.skills.evidence import plots
 
     problems = []
@@ -119,6 +120,7 @@ def derivation_problems(pack: EvidencePack, folder: Path) -> list[str]:
         problems.append(f"R-APR-1: evidence.json says verdict {pack.verdict!r} (blockers {pack.blockers}) but its "
                         f"measurements give {verdict!r} (blockers {blockers}): the pack was edited; build a new one")
     problems += _baseline_mfu_problems(pack)
+    problems += [f"R-APR-1: {problem}" for problem in escalation_problems(pack)]
     figures = plots.all_plots(pack)
     for name, text in (("report.md", to_markdown(pack, figures)), ("report.html", to_html(pack, figures))):
         path = folder / name
@@ -159,6 +161,7 @@ def _baseline_mfu_problems(pack: EvidencePack) -> list[str]:
 def write(pack: EvidencePack, packs_root: Path | None = None) -> Path:
     """Validate, then write evidence.json, report.md, report.html and plots. Raises PackRefused.
     The plots are drawn in memory first, so their captions are checked with the report text."""
+    from trainops.skills.escalate import escalation_problems
     from trainops.skills.evidence import plots
     from trainops.tools.governance.pack_checks import record_written
     from trainops.workspace import check_id, packs_dir
@@ -167,7 +170,7 @@ def write(pack: EvidencePack, packs_root: Path | None = None) -> Path:
     pack = EvidencePack.model_validate(pack.model_dump())
     figures = plots.all_plots(pack)
     markdown = to_markdown(pack, figures)
-    errors = governance_errors(pack, markdown)
+    errors = governance_errors(pack, markdown) + escalation_problems(pack)
     if errors:
         raise PackRefused(f"pack {pack.pack_id} refused by governance: " + "; ".join(errors))
     folder = (packs_root or packs_dir()) / pack.pack_id

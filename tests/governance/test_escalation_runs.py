@@ -42,13 +42,15 @@ def test_a_fired_rule_is_queued_for_a_human_with_the_cause_split(workspace):
 
 def test_a_pack_whose_arm_vanished_at_scale_is_refused_unless_it_carries_the_escalation(workspace):
     from trainops.skills.escalate import carry_fired
-    from trainops.skills.evidence.model import AblationRow
+    from trainops.skills.evidence.model import AblationRow, PackEnvironment
     from trainops.skills.evidence.pack import PackRefused, assemble, write
 
     row = AblationRow(knob="parallel.tp", value="2", baseline_value="1", category="parallelism", scale="8 procs",
                       scale_kind="target", mfu_change_pct=-0.5, noise_band_pct=2.0, beyond_noise=False,
                       verdict="within-noise", vanished_at_scale=True, source_run="runs/arm-2")
-    pack = assemble("vanished", None, None, [row], [], [])
+    env = PackEnvironment(framework="trainops-trainer", framework_version="0.1.0", torch_version="2.13.0",
+                          hardware="cpu:x86_64", device_count=2, backend="gloo", scheduler="local")
+    pack = assemble("vanished", env, None, [row], [], [])
     with pytest.raises(PackRefused, match="R-ESC-2: the pack's evidence fires it"):
         write(pack)
     carried = carry_fired(pack)

@@ -52,6 +52,7 @@ def read_inputs(job_id: str) -> dict[str, dict]:
         "summarize_run": {"run": RUN},
         "verify_checkpoint": {"run": RUN},
         "wait_job": {"job_id": job_id, "timeout_s": 5},
+        "watch_job": {"job_id": job_id, "timeout_s": 5},
     }
 
 

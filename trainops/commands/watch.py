@@ -34,7 +34,7 @@ def watch(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Watch a running job and escalate what R-ESC-1..4 say a human must decide."""
-    from trainops.skills.escalate import act_on_watch
+    from trainops.skills.sdc import act_on_watch
     from trainops.tools.base import ToolError
     from trainops.tools.calls import call
 
