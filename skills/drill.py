@@ -73,6 +73,8 @@ class DetectionOnlyResult(BaseModel):
     recovery: str = Field(description="what recovery needs that this machine lacks")
     note: str = Field(description="why restarting here would not be a recovery")
     drill_record: str = Field(description="RUN/detection.json")
+    false_positives: list[dict] = Field(default_factory=list,
+                                        description="findings by another signal before the fault's own (detect_faults)")
 
 
 class DrillRefused(ValueError):
@@ -249,11 +251,12 @@ class _Drill:
 
     def detect(self, injected_at: float):
         detection = call("detect_faults", {"run": self.run_dir, "job_id": self.job_id, "scheduler": self.req.scheduler,
-                                           "poll_interval_s": 0.05, "injected_at": injected_at, "timeout_s": 60},
-                         self.ctx)
+                                           "poll_interval_s": 0.05, "injected_at": injected_at, "timeout_s": 60,
+                                           "fault_kind": self.kind}, self.ctx)
         if not detection.detected:
-            raise ToolError("detect_faults",
-                            f"drill {self.fault}: nothing detected within 60 s in {self.run_dir}; check the detectors")
+            raise ToolError("detect_faults", f"drill {self.fault}: its own signal ({', '.join(detection.expected)}) "
+                                             f"was not seen in {self.run_dir}: {detection.evidence}"
+                                             + false_positives(detection))
         self.say(f"drill {self.fault}: detected by {detection.mechanism} after {detection.detection_latency_s:.2f} s; "
                  "isolating")
         self.target.note(detection.node or "job", f"detected: {detection.mechanism} ({detection.evidence})",
@@ -283,6 +286,7 @@ class _Drill:
     def detector(self, detection, restart: _Restart) -> str:
         """What caught the fault and what the drill did about it, in one line."""
         line = f"{detection.mechanism}: {detection.evidence}" if self.fault in LAUNCH_TIME else detection.mechanism
+        line += false_positives(detection)
         if restart.drained:
             line += f"; drained {restart.drained}, restarted on a spare"
         if restart.quarantined:
@@ -304,8 +308,9 @@ class _Drill:
             steps_lost=max(0, last_step - (loaded.step if loaded else 0)),
             checkpoint_used=loaded.path if loaded else "none (restarted from step 0)",
             async_checkpoint_intact=restart.intact, cause=self.cause, detector=detector, drill_record=str(record))
-        record.write_text(json.dumps({**result.model_dump(), **self.target.record(injected_at)}, indent=2) + "\n",
-                          encoding="utf-8")
+        fps = [fp.model_dump() for fp in detection.false_positives]
+        record.write_text(json.dumps({**result.model_dump(), "false_positives": fps, **self.target.record(injected_at)},
+                                     indent=2) + "\n", encoding="utf-8")
         evidence = EvidenceRow(tool="inject_fault+detect_faults+requeue_job", version=self.req.framework_version,
                                command=command_line(self.launch), log_path=str(record),
                                value=f"{self.fault}: detect {result.detection_latency_s:.2f} s, recover "
@@ -315,13 +320,22 @@ class _Drill:
         return result, evidence
 
 
+def false_positives(detection) -> str:
+    """The findings by another signal before the fault's own, for the detector line: they are not its
+    detection, but a reviewer sees what else fired and when."""
+    return "".join(f"; false positive: {fp.mechanism} at {fp.after_injection_s:+.2f} s ({fp.evidence})"
+                   if fp.after_injection_s is not None else f"; false positive: {fp.mechanism} ({fp.evidence})"
+                   for fp in detection.false_positives)
+
+
 def _detection_only(req: JobRequest, fault: str, run_dir: str, step: int, detection,
                     started: float) -> tuple[DetectionOnlyResult, EvidenceRow]:
     record = Path(run_dir) / "detection.json"
     result = DetectionOnlyResult(fault=fault, run_dir=run_dir, injected_at_step=step,
                                  detection_latency_s=detection.detection_latency_s,
                                  isolation_granularity=detection.isolation,
-                                 detector=f"{detection.mechanism}: {detection.evidence}",
+                                 detector=f"{detection.mechanism}: {detection.evidence}" + false_positives(detection),
+                                 false_positives=[fp.model_dump() for fp in detection.false_positives],
                                  recovery=DETECTION_ONLY[fault][0], note=DETECTION_ONLY[fault][1],
                                  drill_record=str(record))
     record.write_text(result.model_dump_json(indent=2) + "\n", encoding="utf-8")

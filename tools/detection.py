@@ -2,13 +2,20 @@
 what, how it was seen, how long after the injection, and how much to isolate.
 
 Mechanisms: process exit (job state or a rank's pid), heartbeat staleness (hang), loss /
-grad-norm anomaly (NaN/inf or a z-score jump), cross-replica parameter checksum mismatch
+grad-norm anomaly (NaN/inf, or a jump far above the median of a longer window past the
+early-training swings: a robust z-score on the median absolute deviation and a minimum relative
+jump), cross-replica parameter checksum mismatch
 (silent data corruption; needs a `param_checksum` field in the metrics records, compared
 among ranks of the same `replica_group` field when present), per-rank step-time outlier
 (straggler; `compute_time_s` when the trainer writes it, else the `step_time_s` spread). On a
 multi-node job, network probes of the ranks' nodes (tools/reachability.py) name the node a stall
 waits on: one that does not answer (a partition, with the stale heartbeat) or one that answers far
-later than the others (a slow link, once the job's steps run late)."""
+later than the others (a slow link, once the job's steps run late).
+
+Each injected fault kind produces its own signal (SIGNALS): a lost node the silent remote rank or the
+job's state, a hang a stale heartbeat, a bit flip the replica checksums. Given the injection (its kind
+named, or read from RUN/faults.jsonl), a finding by another mechanism first is a false positive: kept
+in the result with its time, and the watch goes on until the fault's own signal shows."""
 from __future__ import annotations
 
 import math
@@ -31,6 +38,19 @@ Mechanism = Literal["process_exit", "heartbeat_stale", "loss_anomaly", "checksum
                     "slow_link"]
 PROBE_EVERY_S = 0.25
 Isolation = Literal["rank", "node", "replica_group", "job"]
+ANOMALY_MIN_HISTORY = 8  # steps of grad-norm history before a jump is judged at all
+SIGNALS: dict[str, tuple[Mechanism, ...]] = {
+    # a drill tool's kind (tools/faults.py) or the trainer's own faults.jsonl kind -> the signals it produces
+    "kill_rank": ("process_exit",), "crash": ("process_exit",), "kill_node": ("process_exit",),
+    "corrupt_checkpoint": ("process_exit",),  # the drill kills a rank after it, so the restart reads the damage
+    "hang": ("heartbeat_stale",),
+    "nan": ("loss_anomaly",),
+    "bitflip": ("checksum_mismatch",),
+    "straggler": ("step_time_outlier", "slow_link"), "slow": ("step_time_outlier", "slow_link"),
+    "node_crash": ("process_exit", "heartbeat_stale"), "power_loss": ("process_exit", "heartbeat_stale"),
+    "partition": ("heartbeat_stale", "process_exit"),
+    "slow_network": ("slow_link", "step_time_outlier"),
+}
 
 
 class DetectFaultsInput(BaseModel):
@@ -45,15 +65,39 @@ class DetectFaultsInput(BaseModel):
     heartbeat_stale_s: float = Field(5.0, gt=0, le=86400,
                                      description="A heartbeat older than this (while others are fresher) is a hang.")
     zscore_threshold: float = Field(6.0, gt=0, le=1e6,
-                                    description="A grad-norm this many standard deviations above its recent history is "
-                                                "an anomaly.")
+                                    description="A grad norm this many robust deviations (1.4826 x the median absolute "
+                                                "deviation) above the median of its window may be an anomaly.")
+    anomaly_min_ratio: float = Field(3.0, gt=1, le=1e6,
+                                     description="...and only when it is also this many times the window's median (an "
+                                                 "early-training swing doubles it).")
+    anomaly_window_steps: int = Field(16, ge=ANOMALY_MIN_HISTORY, le=100_000,
+                                      description="Steps of grad-norm history the jump is judged against.")
+    anomaly_skip_steps: int = Field(10, ge=0, le=1_000_000,
+                                    description="Leading steps whose grad-norm jumps are not judged (warm-up "
+                                                "swings); a NaN or inf is an anomaly at any step.")
     straggler_ratio: float = Field(1.5, gt=1, le=1e6,
                                    description="Straggler threshold: the ratio between the slow rank's and its peers' "
                                                "median step (or compute) time.")
-    window_steps: int = Field(8, ge=3, le=100_000, description="Steps of history for the z-score and straggler checks.")
+    window_steps: int = Field(8, ge=3, le=100_000, description="Steps of history for the straggler checks.")
     injected_at: float | None = Field(None,
                                       description="Injection wall time; None reads the newest entry of "
                                                   "RUN/faults.jsonl.")
+    fault_kind: str | None = Field(None, max_length=64,
+                                   description="The injected fault's kind (inject_fault's, or the trainer's "
+                                               "faults.jsonl kind); only its own signals (SIGNALS) count as its "
+                                               "detection. None reads the newest entry of RUN/faults.jsonl; with no "
+                                               "injection any finding counts.")
+
+
+class FalsePositive(BaseModel):
+    """A finding by another signal than the injected fault's, before the fault's own."""
+
+    mechanism: Mechanism
+    rank: int | None = None
+    step: int | None = None
+    detected_at: float
+    after_injection_s: float | None = Field(None, description="detected_at - injected_at (negative: before it).")
+    evidence: str = ""
 
 
 class Detection(BaseModel):
@@ -69,6 +113,9 @@ class Detection(BaseModel):
     recommendation: str = ""
     evidence: str = ""
     polls: int = 0
+    expected: list[Mechanism] = Field(default_factory=list,
+                                      description="The signals the injected fault produces; empty: any finding counts.")
+    false_positives: list[FalsePositive] = Field(default_factory=list)
 
 
 _ISOLATION: dict[str, tuple[Isolation, str]] = {
@@ -85,9 +132,37 @@ _ISOLATION: dict[str, tuple[Isolation, str]] = {
 }
 
 
-def _latest_injection(run_dir: Path) -> float | None:
+def _latest_injection(run_dir: Path) -> tuple[float | None, str | None]:
     faults = read_faults(run_dir)
-    return faults[-1].time if faults else None
+    return (faults[-1].time, faults[-1].kind) if faults else (None, None)
+
+
+def grad_norm_jump(rec: MetricsRecord, history: list[float], inp: DetectFaultsInput) -> str | None:
+    """Why `rec`'s grad norm is an anomaly against `history` (the rank's earlier steps, oldest first),
+    or None. Median and MAD, not mean and sd: one early swing in a short window made a normal step
+    look 23 sd high (issue 24); the jump must also be a multiple of the median, past the warm-up."""
+    g, hist = rec.grad_norm, history[-inp.anomaly_window_steps:]
+    if g is None or rec.step <= inp.anomaly_skip_steps or len(hist) < ANOMALY_MIN_HISTORY:
+        return None
+    median = statistics.median(hist)
+    spread = 1.4826 * statistics.median(abs(h - median) for h in hist) or 1e-12
+    z = (g - median) / spread
+    if z > inp.zscore_threshold and g > inp.anomaly_min_ratio * median:
+        return (f"grad_norm {g:.4g} is {g / median:.1f}x the median {median:.4g} of the last {len(hist)} steps "
+                f"({z:.1f} robust sd above it)")
+    return None
+
+
+def anomaly_firings(records: list[MetricsRecord], inp: DetectFaultsInput) -> list[tuple[MetricsRecord, str]]:
+    """Every record the loss/grad-norm check fires on, replayed in the order written: how its
+    false-positive rate is measured on clean runs."""
+    watch = _Watch(inp, Path("."))
+    fired = []
+    for rec in records:
+        watch.by_rank.setdefault(rec.rank, []).append(rec)
+        found = watch.loss_anomaly([rec])
+        fired += [found] if found else []
+    return fired
 
 
 class _Watch:
@@ -114,6 +189,28 @@ class _Watch:
         self.rtts: dict[str, float | None] = {}
         self.probed_at = float("-inf")
         self.slowest_rtts: dict[str, float] = {}  # per node, the longest answer since the steps ran late
+        self.expected: tuple[Mechanism, ...] = ()
+        self.injected_at: float | None = None
+        self.false_positives: list[FalsePositive] = []
+
+    def expect(self, kind: str | None, injected_at: float | None) -> None:
+        """The injection being watched for: only its own signals will count as its detection."""
+        self.expected, self.injected_at = SIGNALS.get(kind or "", ()), injected_at
+
+    def counts(self, mechanism: Mechanism, rank: int | None, step: int | None, why: str) -> bool:
+        """Whether a finding is the injected fault's detection; one by another signal is kept (once per
+        mechanism and rank) as a false positive, and the watch goes on."""
+        if not self.expected or mechanism in self.expected:
+            return True
+        if not any((fp.mechanism, fp.rank) == (mechanism, rank) for fp in self.false_positives):
+            now = time.time()
+            self.false_positives.append(FalsePositive(
+                mechanism=mechanism, rank=rank, step=step, detected_at=now, evidence=why,
+                after_injection_s=None if self.injected_at is None else now - self.injected_at))
+        return False
+
+    def result(self, **fields) -> Detection:
+        return Detection(expected=list(self.expected), false_positives=self.false_positives, **fields)
 
     def ingest(self) -> list[MetricsRecord]:
         records, self.offset = metrics_since(self.run_dir, self.offset)
@@ -130,14 +227,10 @@ class _Watch:
                 if field in rec.model_fields_set and (v is None or not math.isfinite(v)):
                     return rec, f"{field}={v} at step {rec.step} on rank {rec.rank}"
             hist = [h.grad_norm for h in self.by_rank.get(rec.rank, [])
-                    if h is not rec and h.grad_norm is not None and h.step < rec.step][-self.inp.window_steps:]
-            g = rec.grad_norm
-            if len(hist) >= 3 and g is not None:
-                sd = statistics.pstdev(hist) or 1e-12
-                z = (g - statistics.fmean(hist)) / sd
-                if z > self.inp.zscore_threshold and g > 2 * max(hist):
-                    return (rec, f"grad_norm {g:.4g} is {z:.1f} sd above the last {len(hist)} steps (mean "
-                                 f"{statistics.fmean(hist):.4g})")
+                    if h is not rec and h.grad_norm is not None and math.isfinite(h.grad_norm) and h.step < rec.step]
+            why = grad_norm_jump(rec, hist, self.inp)
+            if why:
+                return rec, f"{why} at step {rec.step} on rank {rec.rank}"
         return None
 
     def every_rank_reached(self, step: int) -> bool:
@@ -294,12 +387,26 @@ def _finished_ok(run_dir: Path) -> bool:
     return status is not None and status.status == "ok"
 
 
-def _finish(mechanism: str, rank, node, step, evidence, injected_at, polls) -> Detection:
+def _job_ended(inp: DetectFaultsInput, st, run_dir: Path, since: float) -> str | None:
+    """Why the job ended, in its own words: a terminal scheduler state, or a failed launch's status.json
+    written since `since` (the injection) when no job is named."""
+    from trainops.tools.follow import ended_launch, why_ended
+
+    result = ended_launch(run_dir, since)
+    if st is not None and st.state in TERMINAL_STATES:
+        return f"job {inp.job_id} is {st.state} (exit code {st.exit_code}; {st.reason})" + (
+            f"; status.json: {result.failure}" if result is not None and result.failure else "")
+    if result is not None and result.status == "failed":
+        return why_ended(inp.job_id or inp.run, None, result)
+    return None
+
+
+def _finish(watch: _Watch, mechanism: str, rank, node, step, evidence, injected_at, polls) -> Detection:
     now = time.time()
     isolation, recommendation = _ISOLATION[mechanism]
-    return Detection(detected=True, mechanism=mechanism, rank=rank, node=node, step=step, detected_at=now,
-                     injected_at=injected_at, detection_latency_s=None if injected_at is None else now - injected_at,
-                     isolation=isolation, recommendation=recommendation, evidence=evidence, polls=polls)
+    return watch.result(detected=True, mechanism=mechanism, rank=rank, node=node, step=step, detected_at=now,
+                        injected_at=injected_at, detection_latency_s=None if injected_at is None else now - injected_at,
+                        isolation=isolation, recommendation=recommendation, evidence=evidence, polls=polls)
 
 
 @tool("detect_faults", risk="read", tags=("faults", "drill"))
@@ -319,14 +426,16 @@ def detect_faults(inp: DetectFaultsInput) -> Detection:
         from trainops.tools.schedulers import get_scheduler
 
         sched = get_scheduler(inp.scheduler)
-    watch = _Watch(inp, run_dir)
+    watch, started = _Watch(inp, run_dir), time.time()
     host = os.uname().nodename
     held, held_since = None, 0.0  # a loss anomaly waiting for every rank's record of its step
     deadline = time.monotonic() + inp.timeout_s
     polls = 0
     while True:
         polls += 1
-        injected_at = inp.injected_at if inp.injected_at is not None else _latest_injection(run_dir)
+        injected_at, kind = _latest_injection(run_dir)
+        injected_at = inp.injected_at if inp.injected_at is not None else injected_at
+        watch.expect(inp.fault_kind or kind, injected_at)
         st = None
         if sched is not None:
             try:
@@ -334,8 +443,8 @@ def detect_faults(inp: DetectFaultsInput) -> Detection:
             except SchedulerError as exc:
                 raise ToolError("detect_faults", str(exc)) from None
         if (st is not None and st.state == "completed") or _finished_ok(run_dir):
-            return Detection(detected=False, evidence=f"run {inp.run} finished cleanly with no fault seen", polls=polls,
-                             injected_at=injected_at)
+            return watch.result(detected=False, evidence=f"run {inp.run} finished cleanly with no fault seen",
+                                polls=polls, injected_at=injected_at)
         records = watch.ingest()
         if held is None:
             anomaly = watch.loss_anomaly(records)
@@ -345,31 +454,35 @@ def detect_faults(inp: DetectFaultsInput) -> Detection:
         findings += [held] if held else []
         if findings:
             rec, why, mechanism = min(findings, key=lambda f: f[0].step)
-            step = rec.step
-            if (mechanism == "loss_anomaly" and not watch.every_rank_reached(step)
+            if (mechanism == "loss_anomaly" and not watch.every_rank_reached(rec.step)
                     and time.monotonic() - held_since < min(PEER_RECORD_WAIT_S, inp.heartbeat_stale_s)):
                 time.sleep(inp.poll_interval_s)  # a peer's checksum of this step may yet explain the anomaly
                 continue
             node = (rec.host or host) if mechanism == "checksum_mismatch" else None
-            return _finish(mechanism, rec.rank, node, rec.step, why, injected_at or rec.time, polls)
+            if watch.counts(mechanism, rec.rank, rec.step, why):
+                return _finish(watch, mechanism, rec.rank, node, rec.step, why, injected_at or rec.time, polls)
+            held = None if mechanism == "loss_anomaly" else held
         dead = watch.stale_or_dead()
         if dead:
             mechanism, rank, beat, why = dead
-            return _finish(mechanism, rank, beat.host or host, beat.step, why, injected_at, polls)
-        if st is not None and st.state in TERMINAL_STATES:
-            node = st.nodes[0] if st.nodes else None
-            return _finish("process_exit", None, node, None,
-                           f"job {inp.job_id} is {st.state} (exit code {st.exit_code}; {st.reason})", injected_at,
-                           polls)
+            if watch.counts(mechanism, rank, beat.step, why):
+                return _finish(watch, mechanism, rank, beat.host or host, beat.step, why, injected_at, polls)
+        ended = _job_ended(inp, st, run_dir, injected_at or started)
+        if ended and watch.counts("process_exit", None, None, ended):
+            node = st.nodes[0] if st is not None and st.nodes else None
+            return _finish(watch, "process_exit", None, node, None, ended, injected_at, polls)
         slow = watch.slow_node()  # before the straggler check: a slow link skews the ranks' step times too
-        if slow:
+        if slow and watch.counts("slow_link", slow[0], slow[1].step, slow[2]):
             rank, beat, why = slow
-            return _finish("slow_link", rank, beat.host, beat.step, why, injected_at, polls)
+            return _finish(watch, "slow_link", rank, beat.host, beat.step, why, injected_at, polls)
         found = watch.straggler()
-        if found:
+        if found and watch.counts("step_time_outlier", found[0].rank, found[0].step, found[1]):
             rec, why = found
-            return _finish("step_time_outlier", rec.rank, rec.host or host, rec.step, why, injected_at, polls)
+            return _finish(watch, "step_time_outlier", rec.rank, rec.host or host, rec.step, why, injected_at, polls)
+        if ended:  # the job is gone and its fault's own signal never showed: no point watching on
+            return watch.result(detected=False, evidence=f"{ended}, without the signal its fault produces "
+                                f"({', '.join(watch.expected)})", polls=polls, injected_at=injected_at)
         if time.monotonic() >= deadline:
-            return Detection(detected=False, evidence=f"nothing abnormal in {inp.timeout_s}s of watching {run_dir}",
-                             polls=polls, injected_at=injected_at)
+            return watch.result(detected=False, evidence=f"nothing abnormal in {inp.timeout_s}s of watching {run_dir}",
+                                polls=polls, injected_at=injected_at)
         time.sleep(inp.poll_interval_s)
