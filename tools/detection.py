@@ -27,7 +27,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from trainops.run_folder import Heartbeat, MetricsRecord, metrics_since, read_faults, read_heartbeats, read_status
+from trainops.run_folder import (
+    Heartbeat,
+    MetricsRecord,
+    RunFiles,
+    metrics_since,
+    read_faults,
+    read_heartbeats,
+    read_status,
+)
 from trainops.tools.base import ToolError, tool
 from trainops.tools.schedulers.base import TERMINAL_STATES, SchedulerError, SchedulerKind
 
@@ -390,14 +398,15 @@ def _finished_ok(run_dir: Path) -> bool:
 def _job_ended(inp: DetectFaultsInput, st, run_dir: Path, since: float) -> str | None:
     """Why the job ended, in its own words: a terminal scheduler state, or a failed launch's status.json
     written since `since` (the injection) when no job is named."""
-    from trainops.tools.follow import ended_launch, why_ended
-
-    result = ended_launch(run_dir, since)
+    try:  # not tools/follow's reader: that module calls tools, and the tool registry imports this one
+        result = read_status(run_dir) if RunFiles(run_dir).status.stat().st_mtime >= since else None
+    except OSError:
+        result = None
     if st is not None and st.state in TERMINAL_STATES:
         return f"job {inp.job_id} is {st.state} (exit code {st.exit_code}; {st.reason})" + (
             f"; status.json: {result.failure}" if result is not None and result.failure else "")
     if result is not None and result.status == "failed":
-        return why_ended(inp.job_id or inp.run, None, result)
+        return f"run {inp.run} failed (exit code {result.exit_code}): {result.failure} (its status.json)"
     return None
 
 
