@@ -23,7 +23,9 @@ def declare(scheduler: str = "local", ctx: CallContext | None = None,
         device_count=env.accelerators.count, backend=env.software.distributed_backend,
         scheduler=f"{env.scheduler.kind} {env.scheduler.version}",
         checkpoint_write_gib_per_s=env.checkpoint_storage.write_bandwidth_mib_s / 1024,
-        hot_spares=len(env.scheduler.hot_spare_nodes))
+        hot_spares=len(env.scheduler.hot_spare_nodes), accelerator_kind=env.accelerators.kind,
+        scale_up_domain=env.accelerators.scale_up_domain.gpus if env.accelerators.scale_up_domain else None,
+        inter_node_gbit_s=env.inter_node_all_reduce.bandwidth_gbit_s if env.inter_node_all_reduce else None)
     row = EvidenceRow(tool="declare_environment", version=env.framework.version,
                       command="trainops env --json" + (f" --framework {framework}" if framework != "trainops" else ""),
                       log_path=str(audit_log_path()),

@@ -6,14 +6,19 @@ import statistics
 from pydantic import BaseModel
 
 from trainops.run_folder import read_journal
-from trainops.skills.evidence.model import CheckpointPlan, DrillResult
+from trainops.skills.evidence.model import CheckpointPlan, DrillResult, PackEnvironment
+from trainops.skills.evidence.published import LayoutPlan
+from trainops.skills.request import JobRequest
 from trainops.tools.base import CallContext
 from trainops.tools.calls import call
 
 
-def plan_checkpoint(save_s: float, restart_s: float, mtbf_h: float, ctx: CallContext | None = None) -> BaseModel:
-    """Young/Daly interval from the measured write cost and the failure rate."""
-    return call("plan_checkpoint_interval", {"save_s": save_s, "restart_s": restart_s, "mtbf_h": mtbf_h}, ctx)
+def plan_checkpoint(save_s: float, restart_s: float, mtbf_h: float, ctx: CallContext | None = None,
+                    run: str | None = None) -> BaseModel:
+    """Young/Daly interval from the measured write cost and the failure rate; with `run`, the
+    write-bandwidth occupancy from that run's checkpoint journal too."""
+    return call("plan_checkpoint_interval", {"save_s": save_s, "restart_s": restart_s, "mtbf_h": mtbf_h,
+                                             **({"run": run} if run else {})}, ctx)
 
 
 def plan_from_drill(drill: DrillResult, mtbf_h: float, mtbf_basis: str,
@@ -23,11 +28,16 @@ def plan_from_drill(drill: DrillResult, mtbf_h: float, mtbf_basis: str,
     saves = read_journal(drill.run_dir).saves
     stall = statistics.median(s.stall_s for s in saves)
     write_s = statistics.median(s.write_s for s in saves)
-    out = plan_checkpoint(max(stall, 1e-3), drill.recovery_time_s, mtbf_h, ctx)
+    measured = any(s.size_bytes > 0 and s.write_s > 0 for s in saves)
+    out = plan_checkpoint(max(stall, 1e-3), drill.recovery_time_s, mtbf_h, ctx, run=drill.run_dir if measured else None)
+    occupancy = out.write_occupancy
     return CheckpointPlan(save_stall_s=stall, write_s=write_s, restart_s=drill.recovery_time_s, mtbf_h=mtbf_h,
                           mtbf_basis=mtbf_basis, young_interval_min=out.young_interval_min,
                           daly_interval_min=out.daly_interval_min, expected_waste_pct=100 * out.expected_waste_fraction,
-                          recommendation=out.recommendation)
+                          recommendation=out.recommendation,
+                          checkpoint_bytes=occupancy.checkpoint_bytes if occupancy else None,
+                          write_bandwidth_mib_s=occupancy.write_bandwidth_mib_s if occupancy else None,
+                          write_occupancy_pct=100 * occupancy.occupancy_fraction if occupancy else None)
 
 
 def plan_ettr(params: dict, ctx: CallContext | None = None) -> BaseModel:
@@ -38,3 +48,27 @@ def plan_ettr(params: dict, ctx: CallContext | None = None) -> BaseModel:
 def plan_layout(params: dict, ctx: CallContext | None = None) -> BaseModel:
     """Dry-run the parallel layout: degrees divide the world, TP stays inside the scale-up domain."""
     return call("plan_layout", params, ctx)
+
+
+def layout_plan(req: JobRequest, env: PackEnvironment, moe: dict | None = None,
+                ctx: CallContext | None = None) -> LayoutPlan:
+    """The parallel-strategy plan for the job as requested, on the declared topology: the scale-up
+    domain from the environment declaration, the nodes from the request (its nodes x processes per
+    node), never this host's devices. A layout the planner cannot read is a plan with its error."""
+    from trainops.tools.base import ToolError
+
+    world = req.nproc * req.nodes
+    source = (f"environment declaration: {env.hardware}, scale-up domain "
+              f"{env.scale_up_domain if env.scale_up_domain else 'none declared (the node is the domain)'}; "
+              f"the job: {req.nodes} node(s) x {req.nproc} process(es)")
+    params = {"config": req.config, "preset": None if req.config else req.preset, "overrides": req.overrides,
+              "nproc": world, "nodes": req.nodes, "scale_up_domain": env.scale_up_domain,
+              "inter_node_gbit_s": env.inter_node_gbit_s, **({"moe": moe} if moe else {})}
+    try:
+        out = plan_layout(params, ctx)
+    except ToolError as exc:
+        return LayoutPlan(world_size=world, nodes=req.nodes, valid=False, error=exc.message, topology_source=source)
+    plan = out.plan or {}
+    mesh = dict(zip(plan.get("mesh_dim_names", []), plan.get("mesh_shape", []), strict=True))
+    return LayoutPlan(world_size=world, nodes=req.nodes, mesh=mesh, valid=out.valid, error=out.error,
+                      topology=out.topology, topology_source=source)

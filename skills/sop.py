@@ -11,17 +11,13 @@ from trainops.run_folder import RunFiles, read_drill_record
 from trainops.skills import ablation, baseline, drill, environment, escalate, planning
 from trainops.skills.baseline import Progress
 from trainops.skills.evidence import pack as evidence_pack
+from trainops.skills.evidence import references
+from trainops.skills.evidence.model import PackEnvironment
 from trainops.skills.request import JobRequest
 from trainops.tools.base import CallContext, skill_context
 from trainops.tools.calls import call
 from trainops.tools.frameworks.base import FrameworkName, SopPlan
-
-REFERENCES = (
-    "MegaScale (arXiv 2402.15627) reports MFU 55.2% against 41.2% for Megatron-LM on 12,288 GPUs, "
-    "communication overlap the largest single gain; scale difference: this run uses {world} CPU processes.",
-    "Llama 3 reports 419 unexpected interruptions in 54 days and effective training time above 90%; "
-    "our drills measure single faults on one host.",
-)
+from trainops.tools.layout_mapping import MoeShape
 
 
 class SopSettings(BaseModel):
@@ -40,6 +36,8 @@ class SopSettings(BaseModel):
     framework: FrameworkName = Field("trainops",
                                      description="whose job: trainops (embedded trainer), deepspeed, torchtitan or "
                                                  "megatron")
+    moe: MoeShape | None = Field(None, description="a mixture-of-experts shape to budget expert parallelism for in "
+                                                   "the parallel-strategy plan (on paper)")
 
     def _plan(self) -> SopPlan:
         from trainops.tools.frameworks import get_adapter
@@ -76,9 +74,10 @@ class SopResult(BaseModel):
     elapsed_s: float
 
 
-def reference_notes(world: int) -> list[str]:
-    """Published breakdowns to read our numbers against, with source and scale difference."""
-    return [ref.format(world=world) for ref in REFERENCES]
+def reference_notes(env: PackEnvironment | None, world: int, model: str) -> list[str]:
+    """Published results to read our numbers against, with source and scale difference, worded for
+    the hardware the run used (SOP step 7)."""
+    return references.headline_notes(env, world, model)
 
 
 def run(settings: SopSettings, ctx: CallContext | None = None, progress: Progress | None = None) -> SopResult:
@@ -91,6 +90,8 @@ def run(settings: SopSettings, ctx: CallContext | None = None, progress: Progres
     env, env_row = environment.declare(settings.scheduler, ctx, framework=settings.framework)
     req = req.model_copy(update={"framework_version": f"{env.framework} {env.framework_version}, torch "
                                                       f"{env.torch_version}"})
+    say("S1 parallel-strategy plan on the declared topology")
+    layout = planning.layout_plan(req, env, settings.moe.model_dump() if settings.moe else None, ctx)
     say("S2 baseline")
     summary, base_runs, evidence = baseline.measure(req, settings.repeats(), ctx, say)
     say("S3/S4 ablation: small-scale baseline, then each arm")
@@ -103,11 +104,13 @@ def run(settings: SopSettings, ctx: CallContext | None = None, progress: Progres
                                          "declared by the operator (--mtbf-h), not measured",
                                          ctx) if drills else None
     say("S6 evidence pack")
+    world = req.nproc * req.nodes
     pack = evidence_pack.assemble(
-        f"sop-{time.strftime('%Y%m%d-%H%M%S')}", env, summary, rows, drills,
-        [env_row, *evidence, *arm_evidence, *drill_evidence],
+        f"sop-{time.strftime('%Y%m%d-%H%M%S')}", env, summary, references.annotate(rows, env, world, summary.model),
+        drills, [env_row, *evidence, *arm_evidence, *drill_evidence],
         rollback=f"keep the baseline configuration ({baseline.command_line(req)}); adopt no arm until a human approves",
-        references=reference_notes(req.nproc), checkpoint_plan=ckpt_plan)
+        references=reference_notes(env, world, summary.model), checkpoint_plan=ckpt_plan,
+        mlperf=references.mlperf(env), layout_plan=layout)
     pack = escalate.carry_fired(pack, ctx)  # R-ESC-1..4 on every SOP run: a fired rule goes to a human
     folder = evidence_pack.write(pack)
     return SopResult(pack_dir=str(folder), verdict=pack.verdict, blockers=pack.blockers,
@@ -132,8 +135,10 @@ def build_from_runs(run_dirs: list[str], scheduler: str = "local", ctx: CallCont
     req = JobRequest(config=str(config) if config.exists() else None, nproc=max(r.summary.ranks for r in results))
     records = [read_drill_record(r) for r in run_dirs]
     drills = [DrillResult.model_validate(record.model_dump()) for record in records if record is not None]
-    pack = evidence_pack.assemble(f"runs-{time.strftime('%Y%m%d-%H%M%S')}", env, baseline.summarize(req, results), [],
-                                  drills, [env_row])
+    summary = baseline.summarize(req, results)
+    pack = evidence_pack.assemble(f"runs-{time.strftime('%Y%m%d-%H%M%S')}", env, summary, [], drills, [env_row],
+                                  references=reference_notes(env, req.nproc, summary.model),
+                                  mlperf=references.mlperf(env))
     return evidence_pack.write(escalate.carry_fired(pack, ctx))
 
 

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from trainops.tools.base import ToolError, tool
+from trainops.tools.layout_mapping import MoeShape, TopologyPlan, expert_parallel, map_layout
 
 # --- checkpoint interval -------------------------------------------------------------------
 
@@ -26,6 +27,7 @@ MONTH_S = 30 * 86400
 MAX_SIMULATED_FAILURES = 1_000_000
 MAX_RATIO_TO_MTBF = 500  # e^(x/MTBF) overflows a float near 709
 RestartFrom = Literal["given", "newest_node_drill"]
+MAX_CHECKPOINT_BYTES = 2**50  # a PiB: past any job's checkpoint, so a typo in units is refused
 CHECKPOINT_TOO_SLOW = 0.10
 """The one line between "checkpoint as planned" and "make checkpoints two-phase async", for the
 planner and R-ESC-4 alike: sync saves at the Young/Daly optimum cost about sqrt(2C/M) of wall time
@@ -46,6 +48,25 @@ class CheckpointIntervalInput(BaseModel):
                                                 "seconds; omit with restart_from='newest_node_drill'.")
     restart_from: RestartFrom = Field("given", description=RESTART_FROM_DOC)
     mtbf_h: float = Field(gt=0, le=1e6, description="Mean time between failures of the whole job, hours.")
+    checkpoint_bytes: int | None = Field(None, gt=0, le=MAX_CHECKPOINT_BYTES,
+                                         description="Bytes one checkpoint writes; with write_bandwidth_mib_s gives "
+                                                     "the write-bandwidth occupancy. Omit with `run`.")
+    write_bandwidth_mib_s: float | None = Field(None, gt=0, le=1e9,
+                                                description="Measured checkpoint write bandwidth, MiB/s (trainops env "
+                                                            "measures it); omit with `run`.")
+    run: str | None = Field(None, description="A run whose checkpoint journal gives both: the median bytes per save "
+                                              "and the bandwidth its saves reached (bytes over write time).")
+
+    @model_validator(mode="after")
+    def _occupancy_inputs(self) -> CheckpointIntervalInput:
+        given = (self.checkpoint_bytes is not None, self.write_bandwidth_mib_s is not None)
+        if self.run is not None and any(given):
+            raise ValueError("run: measures checkpoint_bytes and write_bandwidth_mib_s from its journal; pass the run "
+                             "or the two numbers, not both")
+        if given[0] != given[1]:
+            raise ValueError("checkpoint_bytes and write_bandwidth_mib_s: give both (the occupancy is bytes per "
+                             "interval over bandwidth) or neither")
+        return self
 
     @model_validator(mode="after")
     def _not_beyond_the_mtbf(self) -> CheckpointIntervalInput:
@@ -58,6 +79,20 @@ class CheckpointIntervalInput(BaseModel):
                              f"times mtbf_h={self.mtbf_h:g} h: no work would ever be kept; check the units (mtbf_h is "
                              "hours)")
         return self
+
+
+class WriteOccupancy(BaseModel):
+    """The checkpoint plan's load on storage: one checkpoint per Daly interval."""
+
+    checkpoint_bytes: int = Field(description="Bytes one checkpoint writes.")
+    write_bandwidth_mib_s: float = Field(description="Write bandwidth the occupancy is measured against, MiB/s.")
+    basis: str = Field(description="Where bytes and bandwidth come from.")
+    write_s: float = Field(description="checkpoint_bytes / write_bandwidth: seconds the storage is busy per "
+                                       "checkpoint.")
+    interval_s: float = Field(description="The planned interval (Daly), seconds.")
+    demand_mib_s: float = Field(description="checkpoint_bytes / interval_s: the average write rate the plan demands.")
+    occupancy_fraction: float = Field(description="write_s / interval_s (= demand over bandwidth): the share of the "
+                                                  "storage's write bandwidth the checkpoints occupy.")
 
 
 class CheckpointIntervalOutput(BaseModel):
@@ -73,6 +108,9 @@ class CheckpointIntervalOutput(BaseModel):
     recommendation: str = Field(description="One sentence a person can act on.")
     restart_s: float = Field(description="The restart time used, seconds.")
     restart_source: str = Field(description="Where restart_s came from.")
+    write_occupancy: WriteOccupancy | None = Field(None, description="How much of the checkpoint storage's write "
+                                                                     "bandwidth the plan takes; None without bytes "
+                                                                     "and bandwidth.")
 
 
 def checkpoint_overhead(save_s: float, mtbf_s: float) -> float:
@@ -127,6 +165,10 @@ def plan_checkpoint_interval(inp: CheckpointIntervalInput) -> CheckpointInterval
     else:
         escalation = "none"
         advice = f"checkpoint every {daly / 60:.1f} min (Daly); expected waste {waste:.1%}"
+    occupancy = write_occupancy(inp, daly)
+    if occupancy is not None:
+        advice += (f"; checkpoints occupy {occupancy.occupancy_fraction:.2%} of the write bandwidth "
+                   f"({occupancy.write_s:.3g} s of writing per {daly / 60:.1f} min)")
     return CheckpointIntervalOutput(
         young_interval_min=young / 60,
         daly_interval_min=daly / 60,
@@ -136,7 +178,44 @@ def plan_checkpoint_interval(inp: CheckpointIntervalInput) -> CheckpointInterval
         recommendation=advice,
         restart_s=inp.restart_s,
         restart_source=source,
+        write_occupancy=occupancy,
     )
+
+
+def write_occupancy(inp: CheckpointIntervalInput, interval_s: float) -> WriteOccupancy | None:
+    """Bytes per interval over the write bandwidth, given or measured from the run's journal."""
+    if inp.run is not None:
+        size, bandwidth, basis = journal_write_rate(inp.run)
+    elif inp.checkpoint_bytes is not None and inp.write_bandwidth_mib_s is not None:
+        size, bandwidth, basis = inp.checkpoint_bytes, inp.write_bandwidth_mib_s, "given by the caller"
+    else:
+        return None
+    write_s = size / (bandwidth * 2**20)
+    return WriteOccupancy(checkpoint_bytes=size, write_bandwidth_mib_s=bandwidth, basis=basis, write_s=write_s,
+                          interval_s=interval_s, demand_mib_s=size / 2**20 / interval_s,
+                          occupancy_fraction=write_s / interval_s)
+
+
+def journal_write_rate(run: str) -> tuple[int, float, str]:
+    """Median bytes per save and the bandwidth the saves reached (their bytes over their write time),
+    from the run's checkpoint journal."""
+    import statistics
+
+    from trainops.run_folder import read_journal
+    from trainops.workspace import run_folder
+
+    try:
+        folder = run_folder(run, "run")
+    except ValueError as exc:
+        raise ToolError("plan_checkpoint_interval", str(exc)) from None
+    saves = [s for s in read_journal(folder).saves if s.size_bytes > 0 and s.write_s > 0]
+    if not saves:
+        raise ToolError("plan_checkpoint_interval", f"run: {folder.name} journals no checkpoint with its size and "
+                                                    "write time (checkpoints.jsonl); pass checkpoint_bytes and "
+                                                    "write_bandwidth_mib_s instead")
+    size = int(statistics.median(s.size_bytes for s in saves))
+    bandwidth = sum(s.size_bytes for s in saves) / sum(s.write_s for s in saves) / 2**20
+    return size, bandwidth, f"measured: {len(saves)} save(s) in {folder.name}/checkpoints.jsonl"
 
 
 # --- effective training time ---------------------------------------------------------------
@@ -367,6 +446,26 @@ class LayoutInput(BaseModel):
     overrides: list[str] = Field(default_factory=list, description="section.key=value overrides, e.g. parallel.tp=2.")
     nproc: int = Field(gt=0, le=MAX_NPROC, description=f"Number of processes (world size) to plan for, at most "
                                                       f"{MAX_NPROC}.")
+    nodes: int = Field(1, ge=1, le=MAX_NPROC, description="Nodes the world spreads over, nproc/nodes ranks each (the "
+                                                          "declared topology, not this host).")
+    scale_up_domain: int | None = Field(None, ge=1, le=MAX_NPROC,
+                                        description="Accelerators sharing one scale-up domain (NVLink/NVSwitch), as "
+                                                    "the environment declaration states it; omit on CPU hosts (the "
+                                                    "node is the domain).")
+    moe: MoeShape | None = Field(None, description="Mixture-of-experts shape (experts, top_k, ep, moe_layers) for the "
+                                                   "expert-parallel bandwidth estimate.")
+    inter_node_gbit_s: float | None = Field(None, gt=0, le=1e6, allow_inf_nan=False,
+                                            description="Declared or measured inter-node bandwidth, Gbit/s (for an "
+                                                        "expert-parallel group across nodes).")
+    intra_node_gbit_s: float | None = Field(None, gt=0, le=1e6, allow_inf_nan=False,
+                                            description="Declared scale-up bandwidth inside a node, Gbit/s.")
+
+    @model_validator(mode="after")
+    def _nodes_divide(self) -> LayoutInput:
+        if self.nproc % self.nodes:
+            raise ValueError(f"nodes={self.nodes} does not divide nproc={self.nproc}: every node runs nproc/nodes "
+                             "ranks; pass the world size (nodes x processes per node)")
+        return self
 
 
 class LayoutOutput(BaseModel):
@@ -374,6 +473,9 @@ class LayoutOutput(BaseModel):
     error: str | None = Field(None, description="Why the layout is invalid, with the numbers.")
     plan: dict[str, Any] = Field(default_factory=dict,
                                  description="The trainer's dry-run plan (mesh, degrees, memory, ...).")
+    topology: TopologyPlan | None = Field(None, description="Where each dimension's groups land on the declared "
+                                                            "topology, the cross-domain verdict, and the "
+                                                            "expert-parallel estimate.")
 
 
 def _plain(obj: Any) -> dict[str, Any]:
@@ -391,8 +493,10 @@ def _plain(obj: Any) -> dict[str, Any]:
 @tool("plan_layout", risk="read", tags=("planning", "parallel"))
 def plan_layout(inp: LayoutInput) -> LayoutOutput:
     """Validate a parallel layout (dp_replicate x dp_shard x cp x tp x pp) for a job config and a
-    world size without starting any process: the trainer's dry run. An impossible layout comes
-    back as valid=false with the reason and the numbers."""
+    world size without starting any process: the trainer's dry run, then where each dimension's
+    groups land on the declared topology (nodes, scale-up domain) with the verdict on tensor
+    parallel crossing a domain, and, for a MoE shape, the expert all-to-all bytes per step against
+    the declared bandwidth. An impossible layout comes back as valid=false with the reason."""
     try:
         from trainops.trainer.config import load_config
         from trainops.trainer.layout import plan_dry_run
@@ -411,6 +515,19 @@ def plan_layout(inp: LayoutInput) -> LayoutOutput:
     except (OSError, ValueError) as exc:
         raise ToolError("plan_layout", f"cannot load config {inp.config or inp.preset!r}: {exc}") from None
     try:
-        return LayoutOutput(valid=True, plan=_plain(plan_dry_run(cfg, inp.nproc)))
+        plan = plan_dry_run(cfg, inp.nproc)
     except ValueError as exc:
         return LayoutOutput(valid=False, error=str(exc))
+    layout = plan.layout
+    topology = map_layout(dict(zip(plan.mesh_dim_names, plan.mesh_shape, strict=True)), inp.nproc, inp.nodes,
+                          inp.scale_up_domain)
+    if inp.moe is not None:
+        args = cfg.model_args()
+        try:
+            topology.expert_parallel = expert_parallel(inp.moe, layout, args.dim, args.n_layers, topology.domain_ranks,
+                                                       topology.ranks_per_node, inp.inter_node_gbit_s,
+                                                       inp.intra_node_gbit_s)
+        except ValueError as exc:
+            return LayoutOutput(valid=False, error=str(exc), plan=_plain(plan), topology=topology)
+    return LayoutOutput(valid=topology.tp_inside_domain, error=None if topology.tp_inside_domain else topology.verdict,
+                        plan=_plain(plan), topology=topology)

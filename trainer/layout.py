@@ -72,13 +72,6 @@ class Layout(BaseModel):
         return [pp_rank + v * self.pp for v in range(self.virtual_stages)]
 
 
-def detect_gpus_per_node() -> int | None:
-    """Accelerators in this node's domain, or None on a CPU host (all ranks share one host)."""
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else None
-
-
 def detect_backend() -> str:
     import torch
 
@@ -89,12 +82,14 @@ def validate_layout(cfg: JobConfig, world_size: int, gpus_per_node: int | None =
                     plan_only: bool = False) -> Layout:
     """Check `cfg` for `world_size` ranks; return the resolved layout or raise `LayoutError`.
     One check per concern, each naming the numbers and the fix (Megatron's validate_args style).
+    `gpus_per_node` is the job's own node (a rank passes its LOCAL_WORLD_SIZE; a planner the declared
+    topology), never the calling host's device count; None skips the domain check.
     `plan_only` accepts what can be planned but not yet trained here (context parallel on NCCL)."""
     par, train, args = cfg.parallel, cfg.training, cfg.model_args()
     dp_shard = _check_degrees(par, world_size)
     _check_heads_and_vocab(args, par.tp)
     _check_tied_embeddings(args, par)
-    _check_tp_domain(par.tp, detect_gpus_per_node() if gpus_per_node is None else gpus_per_node)
+    _check_tp_domain(par.tp, gpus_per_node)
     _check_pipeline(args, par)
     accumulation = _check_batch(par, train, dp=par.dp_replicate * dp_shard)
     _check_sequence_parallel(par, train, backend)

@@ -234,8 +234,15 @@ def forward_backward(model, pipe, micro_batches, step: int, autocast, faults: Fa
     return step_loss
 
 
+def _node_ranks(device: torch.device) -> int | None:
+    """The ranks on this rank's node (torchrun's LOCAL_WORLD_SIZE): the accelerator domain tensor
+    parallel must stay in on GPUs; None on CPU, where every rank shares the host's memory."""
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    return int(local) if device.type == "cuda" and local.isdigit() else None
+
+
 def train(cfg: JobConfig, run_dir: Path, rank: int, world_size: int, device: torch.device) -> None:
-    layout = validate_layout(cfg, world_size)
+    layout = validate_layout(cfg, world_size, gpus_per_node=_node_ranks(device))
     training = cfg.training
     torch.manual_seed(training.seed)
     if training.deterministic:

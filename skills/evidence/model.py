@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, model_validator
 
 from trainops.skills.evidence.bottleneck import BottleneckSplit
+from trainops.skills.evidence.published import LayoutPlan, MlperfComparison
 
 Verdict = Literal["pass", "fail", "partial"]
 Isolation = Literal["rank", "node", "replica_group", "switch", "rack", "job"]
@@ -32,6 +33,10 @@ class PackEnvironment(BaseModel):
     scheduler: str = Field(description="scheduler name and version, e.g. 'local' or 'slurm 22.05'")
     checkpoint_write_gib_per_s: float | None = Field(default=None, description="measured checkpoint write bandwidth")
     hot_spares: int = Field(default=0, ge=0, description="hot-spare nodes available to the scheduler")
+    accelerator_kind: Literal["gpu", "cpu"] | None = Field(default=None, description="what the devices are")
+    scale_up_domain: int | None = Field(default=None, description="accelerators per scale-up domain (NVLink), "
+                                                                  "declared; None on CPU hosts")
+    inter_node_gbit_s: float | None = Field(default=None, description="measured inter-node bandwidth, Gbit/s")
 
 
 class MetricSpread(BaseModel):
@@ -139,6 +144,11 @@ class CheckpointPlan(BaseModel):
     daly_interval_min: float
     expected_waste_pct: float = Field(description="expected share of wall time lost at the Daly interval")
     recommendation: str
+    checkpoint_bytes: int | None = Field(default=None, description="median bytes per checkpoint, measured")
+    write_bandwidth_mib_s: float | None = Field(default=None, description="write bandwidth the saves reached")
+    write_occupancy_pct: float | None = Field(
+        default=None, description="checkpoint write time per Daly interval over the interval: the share of the "
+                                  "storage's write bandwidth the plan occupies")
 
 
 class EvidenceRow(BaseModel):
@@ -168,6 +178,9 @@ class EvidencePack(BaseModel):
     rollback: str = Field(default="", description="how to return to the baseline configuration")
     references: list[str] = Field(
         default_factory=list, description="published results to compare with, each with source and scale difference")
+    mlperf: MlperfComparison | None = Field(default=None, description="S7: same-generation MLPerf Training results")
+    layout_plan: LayoutPlan | None = Field(default=None, description="the parallel-strategy plan on the declared "
+                                                                     "topology")
 
     @model_validator(mode="after")
     def _consistent(self) -> "EvidencePack":

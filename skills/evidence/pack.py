@@ -19,6 +19,7 @@ from trainops.skills.evidence.model import (
     FaultToleranceReport,
     PackEnvironment,
 )
+from trainops.skills.evidence.published import LayoutPlan, MlperfComparison
 from trainops.skills.evidence.render import to_html, to_markdown
 
 MIN_REPEATS = 3
@@ -61,7 +62,8 @@ def decide(baseline: BaselineSummary | None, ablations: list[AblationRow],
 def assemble(pack_id: str, environment: PackEnvironment | None, baseline: BaselineSummary | None,
              ablations: list[AblationRow], drills: list[DrillResult], evidence: list[EvidenceRow],
              rollback: str = "", references: list[str] | None = None,
-             checkpoint_plan: CheckpointPlan | None = None) -> EvidencePack:
+             checkpoint_plan: CheckpointPlan | None = None, mlperf: MlperfComparison | None = None,
+             layout_plan: LayoutPlan | None = None) -> EvidencePack:
     verdict, blockers = decide(baseline, ablations, drills)
     awaiting = ["approve or reject the pack with a signed decision (trainops approve / trainops reject)"]
     awaiting += [f"decide whether to adopt {r.knob}={r.value} at target scale" for r in ablations
@@ -73,7 +75,8 @@ def assemble(pack_id: str, environment: PackEnvironment | None, baseline: Baseli
     return EvidencePack(pack_id=pack_id, created_time=time.time(), verdict=verdict, blockers=blockers,
                         environment=environment, baseline=baseline, ablations=ablations,
                         fault_tolerance=report, evidence=evidence, awaiting_human=awaiting, rollback=rollback,
-                        references=references or [], checkpoint_plan=checkpoint_plan)
+                        references=references or [], checkpoint_plan=checkpoint_plan, mlperf=mlperf,
+                        layout_plan=layout_plan)
 
 
 def governance_errors(pack: EvidencePack, markdown: str) -> list[str]:

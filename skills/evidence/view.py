@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from trainops.skills.evidence.bottleneck import BottleneckSplit
-from trainops.skills.evidence.model import AblationRow, EvidencePack, MetricSpread
+from trainops.skills.evidence.model import AblationRow, CheckpointPlan, EvidencePack, MetricSpread
 from trainops.terminal_text import visible
 
 CellKind = Literal["text", "number", "code", "command", "path", "gain", "regression", "within-noise", "bad"]
@@ -197,7 +197,9 @@ def _ablations(pack: EvidencePack) -> Section | None:
                    "verdict", "source run"], rows, beneath=(7,))
     return Section("s3", "S3/S4 Ablations, one variable per arm", tables=[table], paragraphs=[
         "A change counts only beyond the run-to-run noise band measured at the same scale: "
-        "▲ gain, ▼ regression, ≈ within noise."])
+        "▲ gain, ▼ regression, ≈ within noise."],
+        bullets=[f"{code(f'{r.knob}={r.value}')} against the published breakdown: {md_text(r.reference)}"
+                 for r in pack.ablations if r.reference])
 
 
 def _drills(pack: EvidencePack) -> Section | None:
@@ -219,25 +221,92 @@ def _drills(pack: EvidencePack) -> Section | None:
             f"per checkpoint, restart {plan.restart_s:.1f} s; MTBF {plan.mtbf_h:g} h ({md_text(plan.mtbf_basis)}). "
             f"Young interval {plan.young_interval_min:.1f} min, Daly interval {plan.daly_interval_min:.1f} min, "
             f"expected waste {plan.expected_waste_pct:.2f}%. Recommendation: {md_text(plan.recommendation)}.")
+        section.paragraphs.append(_occupancy(plan))
     return section
+
+
+def _occupancy(plan: CheckpointPlan) -> str:
+    """The plan's load on storage: checkpoint bytes per interval over the measured write bandwidth."""
+    if plan.write_occupancy_pct is None or plan.checkpoint_bytes is None or plan.write_bandwidth_mib_s is None:
+        return ("**Write-bandwidth occupancy.** not measured: the drill run journalled no checkpoint size and "
+                "write time")
+    return (f"**Write-bandwidth occupancy.** {plan.checkpoint_bytes / 2**20:,.1f} MiB per checkpoint at the measured "
+            f"{plan.write_bandwidth_mib_s:,.1f} MiB/s, once per {plan.daly_interval_min:.1f} min: the checkpoints "
+            f"occupy {plan.write_occupancy_pct:.3f}% of the write bandwidth.")
+
+
+def _layout_plan(pack: EvidencePack) -> Section | None:
+    plan = pack.layout_plan
+    if plan is None:
+        return None
+    intro = (f"World {plan.world_size} over {plan.nodes} node(s), mesh "
+             f"{code(' x '.join(f'{k}={v}' for k, v in plan.mesh.items()) or 'not planned')}; topology from "
+             f"{md_text(plan.topology_source)}.")
+    section = Section("plan", "Parallel-strategy plan (declared topology)", paragraphs=[intro])
+    topo = plan.topology
+    if plan.error and (topo is None or topo.tp_inside_domain):
+        section.paragraphs.append(f"**Not planned.** {md_text(plan.error)}")
+    if topo is None:
+        return section
+    section.paragraphs.append(f"**Cross-domain verdict.** {md_text(topo.verdict)}")
+    section.tables.append(Table(["dimension", "degree", "rank stride", "placement"], [
+        [Cell(m.dim, "code"), number(m.degree, 0), number(m.stride, 0),
+         Cell(m.placement, "bad" if m.dim == "tp" and not topo.tp_inside_domain else "text")] for m in topo.mapping]))
+    ep = topo.expert_parallel
+    if ep is not None:
+        wire = ("not estimated" if ep.all_to_all_s_per_step is None else f"{ep.all_to_all_s_per_step:.4g} s per step")
+        section.paragraphs.append(
+            f"**Expert parallel (on paper).** {ep.experts} experts, top-{ep.top_k}, ep={ep.ep} "
+            f"({md_text(ep.placement)}), {ep.moe_layers} MoE layer(s): {ep.all_to_all_bytes_per_step / 2**20:,.1f} MiB "
+            f"of all-to-all per rank per step against {md_text(ep.bandwidth_basis)}"
+            f"{'' if ep.bandwidth_gbit_s is None else f' ({ep.bandwidth_gbit_s:g} Gbit/s)'}: {wire}. "
+            f"{md_text(ep.formula)}")
+    return section
+
+
+def _comparisons(pack: EvidencePack) -> Section | None:
+    """S7: the baseline against same-generation MLPerf results and the published breakdowns."""
+    if pack.mlperf is None and not pack.references:
+        return None
+    section = Section("s7", "S7 Comparisons with published results",
+                      bullets=[f"Reference: {md_text(ref)}" for ref in pack.references])
+    if pack.mlperf is not None:
+        m = pack.mlperf
+        section.paragraphs.append(f"**MLPerf Training, same generation.** {md_text(m.verdict)}. "
+                                  f"{md_text(m.comparable)}")
+        if m.same_generation:
+            headers = ["round", "benchmark", "submitter", "accelerators", "time to train", "source"]
+            section.tables.append(Table(headers, [
+                [Cell(r.round), Cell(r.benchmark), Cell(r.submitter), Cell(f"{r.accelerators:,} {r.accelerator}"),
+                 number(r.time_to_train_min, 2, " min"), Cell(f"{r.source}: {r.url}", "path")]
+                for r in m.same_generation], beneath=(5,)))
+    return section
+
+
+def window(start: float, end: float) -> str:
+    """An evidence row's measurement window, start~end in UTC (the date once when both share it)."""
+    first = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(start))
+    last = time.strftime("%H:%M:%S" if time.gmtime(start)[:3] == time.gmtime(end)[:3] else "%Y-%m-%d %H:%M:%S",
+                         time.gmtime(end))
+    return f"{first}~{last} UTC"
 
 
 def _evidence(pack: EvidencePack) -> Section | None:
     if not pack.evidence and not pack.references and not pack.rollback:
         return None
     rows = [[Cell(e.tool, "code"), Cell(e.version), Cell(e.command, "command"), Cell(e.log_path, "path"), Cell(e.value),
-             number(e.window_end - e.window_start, 1, " s")] for e in pack.evidence]
+             Cell(window(e.window_start, e.window_end))] for e in pack.evidence]
     section = Section("s6", "S6 Evidence", tables=[Table(["tool", "version", "command", "log", "value", "window"], rows,
                                                          beneath=(2, 3))] if rows else [])
     if pack.rollback:
         section.paragraphs.append(f"**Rollback.** {md_text(pack.rollback)}")
-    section.bullets = [f"Reference: {md_text(ref)}" for ref in pack.references]
     return section
 
 
 def build(pack: EvidencePack, figures: list[Figure] = ()) -> ReportView:
     """The whole report as data; figures go to the section they belong to."""
-    sections = [s for s in (_environment(pack), _baseline(pack), _ablations(pack), _drills(pack), _evidence(pack)) if s]
+    sections = [s for s in (_environment(pack), _layout_plan(pack), _baseline(pack), _ablations(pack), _drills(pack),
+                            _evidence(pack), _comparisons(pack)) if s]
     by_key = {s.key: s for s in sections}
     for figure in figures:
         if figure.section in by_key:

@@ -1,0 +1,103 @@
+"""Comparisons with sources (SOP step 7): each ablation arm against MegaScale's published
+breakdown, the baseline against same-generation MLPerf Training results, every item with its
+source and the scale and hardware difference to this run. The figures live in published.json
+beside this file (shipped as package data); nothing here makes one up."""
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from trainops.skills.evidence.model import AblationRow, PackEnvironment
+from trainops.skills.evidence.published import MlperfComparison, MlperfResult
+
+DATA_PATH = Path(__file__).with_name("published.json")
+GENERATIONS = ("Blackwell", "Hopper", "Ada Lovelace", "Ampere", "Volta", "CDNA 3")
+NO_SAME_GENERATION = "no same-generation result"
+
+
+@lru_cache(maxsize=1)
+def published() -> dict[str, Any]:
+    return json.loads(DATA_PATH.read_text(encoding="utf-8"))
+
+
+def devices(env: PackEnvironment | None, world: int) -> str:
+    """How this run's ranks are named: GPUs on a GPU run, CPU processes on a CPU one."""
+    kind = env.accelerator_kind if env else None
+    if kind is None and env is not None:
+        kind = "gpu" if env.backend == "nccl" else "cpu"
+    one, many = ("GPU", "GPUs") if kind == "gpu" else ("CPU process", "CPU processes")
+    return f"{world} {one if world == 1 else many}"
+
+
+def generation(env: PackEnvironment | None) -> str | None:
+    """The accelerator generation named in the declared hardware; None on a CPU or an unknown one."""
+    if env is None or (env.accelerator_kind or ("gpu" if env.backend == "nccl" else "cpu")) != "gpu":
+        return None
+    return next((g for g in GENERATIONS if re.search(rf"\b{g}\b", env.hardware, re.IGNORECASE)), None)
+
+
+def _difference(env: PackEnvironment | None, world: int, model: str) -> str:
+    mega = published()["megascale"]
+    hardware = env.hardware if env else "undeclared hardware"
+    return (f"scale difference: MegaScale {mega['model']} on {mega['gpus']:,} GPUs, this run {model} on "
+            f"{devices(env, world)}; hardware: MegaScale's GPUs ({mega['hardware_note']}) against this run's "
+            f"{hardware}")
+
+
+def megascale_reference(row: AblationRow, env: PackEnvironment | None, world: int, model: str) -> str:
+    """The MegaScale item matching the arm's category, or a statement that none does."""
+    mega = published()["megascale"]
+    ranks = re.search(r"\d+", row.scale)
+    world = int(ranks.group()) if ranks else world  # the arm's own scale (small arms run fewer ranks)
+    item = next((i for i in mega["items"] if row.category in i["categories"]), None)
+    source = f"{mega['source']}, {mega['url']}"
+    if item is None:
+        return (f"no item of MegaScale's breakdown matches a {row.category} arm ({source}); "
+                + _difference(env, world, model))
+    return (f"MegaScale: {item['item']} +{item['mfu_points']:.1f} MFU points (absolute, of {mega['baseline_mfu_pct']}%"
+            f" -> {mega['mfu_pct']}% overall against {mega['baseline_framework']}); this arm "
+            f"{row.knob}={row.value}: {row.mfu_change_pct:+.1f}% relative MFU change, not the same unit or change; "
+            f"{_difference(env, world, model)}; {mega['breakdown_note']} ({source})")
+
+
+def annotate(rows: list[AblationRow], env: PackEnvironment | None, world: int, model: str) -> list[AblationRow]:
+    """Each row with its `reference` set: the matching published item and the difference stated."""
+    return [r.model_copy(update={"reference": megascale_reference(r, env, world, model)}) for r in rows]
+
+
+def mlperf(env: PackEnvironment | None) -> MlperfComparison:
+    """S7: the shipped MLPerf Training results of the run's hardware generation."""
+    gen = generation(env)
+    rows = [MlperfResult.model_validate(r) for r in published()["mlperf_training"]]
+    same = [r for r in rows if gen is not None and r.generation == gen]
+    hardware = env.hardware if env else "undeclared hardware"
+    if same:
+        verdict = f"{len(same)} same-generation ({gen}) result(s) in the shipped table"
+    elif gen:
+        verdict = f"{NO_SAME_GENERATION}: no {gen} row in the shipped table (this run used {hardware})"
+    else:
+        verdict = f"{NO_SAME_GENERATION}: this run used {hardware}, no accelerator generation MLPerf Training covers"
+    return MlperfComparison(run_hardware=env.hardware if env else "undeclared", generation=gen, same_generation=same,
+                            verdict=verdict, comparable=published()["mlperf_comparable"])
+
+
+def headline_notes(env: PackEnvironment | None, world: int, model: str) -> list[str]:
+    """The pack's reference lines: MegaScale's headline and the S7 MLPerf line, worded for the
+    hardware the run used."""
+    mega = published()["megascale"]
+    comparison = mlperf(env)
+    notes = [f"{mega['source']} reports MFU {mega['mfu_pct']}% against {mega['baseline_mfu_pct']}% for "
+             f"{mega['baseline_framework']}, communication overlap the largest single item; "
+             f"{_difference(env, world, model)} ({mega['url']})"]
+    if comparison.same_generation:
+        notes += [f"{r.round} ({r.published}), {r.benchmark}: {r.submitter}, {r.accelerators:,} {r.accelerator}, "
+                  f"{r.time_to_train_min:g} min time to train; this run: {devices(env, world)}; source: {r.source}, "
+                  f"{r.url}" for r in comparison.same_generation]
+    else:
+        notes.append(f"MLPerf Training: {comparison.verdict}")
+    notes.append("Llama 3 (arXiv 2407.21783) reports 419 unexpected interruptions in 54 days on 16,384 H100 and "
+                 f"effective training time above 90%; our drills measure single faults on {devices(env, world)}")
+    return notes

@@ -1,0 +1,90 @@
+"""Comparisons with sources (issue 24, item 6): each ablation row carries the matching MegaScale
+item with the scale and hardware difference; S7 sets the baseline against shipped MLPerf Training
+results of the same hardware generation, source and round named, or says there is none; the
+wording follows the hardware the run used."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trainops.skills import sop
+from trainops.skills.evidence import references
+from trainops.skills.evidence.pack import assemble
+from trainops.skills.evidence.render import to_markdown
+from trainops.workspace import runs_dir
+
+HOPPER = "NVIDIA H200 (Hopper (NVIDIA H200, sm_90))"
+
+
+def _gpu(factories, hardware=HOPPER):
+    return factories.environment().model_copy(update={"hardware": hardware, "backend": "nccl",
+                                                      "accelerator_kind": "gpu"})
+
+
+def test_each_mlperf_row_names_its_round_and_a_source_url():
+    rows = references.published()["mlperf_training"]
+    assert rows and all(r["round"].startswith("MLPerf Training v") and r["url"].startswith("http") and r["source"]
+                        for r in rows)
+
+
+def test_an_ablation_row_carries_the_matching_megascale_item_with_the_scale_difference(factories):
+    row = factories.ablation().model_copy(update={"category": "communication-overlap", "knob": "comm_overlap",
+                                                  "value": "true", "scale": "2 procs"})
+    (annotated,) = references.annotate([row], factories.environment(), 2, "tiny")
+    assert "3D parallel communication overlap +6.2 MFU points" in annotated.reference
+    assert "MegaScale 175B-parameter LLM on 12,288 GPUs, this run tiny on 2 CPU processes" in annotated.reference
+    assert "arXiv 2402.15627" in annotated.reference
+
+
+def test_an_arm_no_published_item_matches_says_so(factories):
+    row = factories.ablation().model_copy(update={"category": "memory", "knob": "activation_checkpointing"})
+    (annotated,) = references.annotate([row], factories.environment(), 2, "tiny")
+    assert annotated.reference.startswith("no item of MegaScale's breakdown matches a memory arm")
+
+
+def test_a_gpu_run_is_worded_in_gpus_and_compared_with_same_generation_mlperf(factories):
+    notes = sop.reference_notes(_gpu(factories), 8, "llama3-8b")
+    assert not any("CPU process" in n for n in notes)
+    assert any("this run llama3-8b on 8 GPUs" in n for n in notes)
+    comparison = references.mlperf(_gpu(factories))
+    assert comparison.generation == "Hopper" and comparison.same_generation
+    assert {r.generation for r in comparison.same_generation} == {"Hopper"}
+    assert any("MLPerf Training v4.0 (2024-06), GPT-3 175B: NVIDIA (Eos), 11,616 H100, 3.4 min" in n for n in notes)
+    assert "not MFU" in comparison.comparable or "no MFU" in comparison.comparable
+
+
+def test_a_cpu_run_has_no_same_generation_result(factories):
+    comparison = references.mlperf(factories.environment())
+    assert comparison.generation is None and comparison.same_generation == []
+    assert comparison.verdict.startswith("no same-generation result")
+    assert "MLPerf Training: no same-generation result" in "\n".join(sop.reference_notes(factories.environment(), 2,
+                                                                                           "tiny"))
+
+
+def test_a_generation_without_rows_says_there_is_none(factories):
+    comparison = references.mlperf(_gpu(factories, "NVIDIA A100-SXM4-80GB (Ampere (NVIDIA A100-SXM4-80GB, sm_80))"))
+    assert comparison.generation == "Ampere" and comparison.verdict.startswith("no same-generation result")
+
+
+def test_the_report_has_an_s7_section_with_the_mlperf_table_and_the_row_references(factories):
+    run = factories.write_run(runs_dir() / "base-1")
+    env = _gpu(factories)
+    rows = references.annotate([factories.ablation()], env, 8, "tiny")
+    pack = assemble("pack-s7", env, factories.baseline([str(run)]), rows, [], [],
+                    references=sop.reference_notes(env, 8, "tiny"), mlperf=references.mlperf(env))
+    markdown = to_markdown(pack)
+    s7 = markdown[markdown.index("## S7 Comparisons with published results"):]
+    assert "MLPerf Training v4.0" in s7 and "blogs.nvidia.com" in s7 and "time to train" in s7
+    assert "data pipeline optimisation +1.1 MFU points" in markdown  # the data_kind arm's reference
+
+
+@pytest.mark.slow
+def test_the_quick_sop_pack_compares_with_sources_in_cpu_wording(quick_sop):
+    pack = Path(quick_sop["pack_dir"])
+    evidence = json.loads((pack / "evidence.json").read_text())
+    assert evidence["ablations"] and all(r["reference"] for r in evidence["ablations"])
+    assert evidence["mlperf"]["verdict"].startswith("no same-generation result")
+    report = (pack / "report.md").read_text()
+    assert "## S7 Comparisons with published results" in report and "CPU processes" in report
