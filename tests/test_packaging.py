@@ -109,7 +109,7 @@ def test_the_wheel_installed_outside_the_repository_runs_the_cli_the_agent_and_a
     top_level = {name.split("/")[0] for name in names if not name.startswith("trainops-")}
     assert top_level == {"trainops"}, f"the wheel installs more than one import name: {top_level}"
     for shipped in ("trainops/AGENTS.md", "trainops/skills/training-efficiency-ablation-and-fault-sop/SKILL.md",
-                    "trainops/skills/evidence/evidence.schema.json",
+                    "trainops/skills/evidence/evidence.schema.json", "trainops/skills/evidence/published.json",
                     "trainops/trainer/text/public_domain_excerpts.txt"):
         assert shipped in names, f"{shipped} is not in the wheel"
 
@@ -127,6 +127,9 @@ def test_the_wheel_installed_outside_the_repository_runs_the_cli_the_agent_and_a
     where = _run([str(python), "-c", "import trainops, importlib.util as u; print(trainops.__file__);"
                   "print(u.find_spec('tools'), u.find_spec('agents'), u.find_spec('trainer'))"], work, env).stdout
     assert str(venv) in where.splitlines()[0] and "None None None" in where
+    rounds = _run([str(python), "-c", "from trainops.skills.evidence.references import published; "
+                   "print(len(published()['mlperf_training']))"], work, env).stdout
+    assert int(rounds) > 0, "the installed package cannot read its published MLPerf table"
 
     assert "Usage" in _run([str(trainops), "--help"], work, env).stdout
     assert "R-" in _run([str(trainops), "rules"], work, env).stdout

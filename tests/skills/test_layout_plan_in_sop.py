@@ -112,3 +112,13 @@ def test_the_quick_sop_pack_carries_the_layout_plan_and_the_checkpoint_occupancy
     assert evidence["checkpoint_plan"]["write_occupancy_pct"] > 0
     report = (pack / "report.md").read_text()
     assert "## Parallel-strategy plan (declared topology)" in report and "Write-bandwidth occupancy.** " in report
+
+
+def test_the_agent_tool_input_takes_the_moe_shape():
+    from trainops.tools.langchain import as_langchain_tools
+
+    (tool,) = as_langchain_tools(["plan_layout"])
+    schema = tool.args_schema.model_json_schema()
+    moe = schema["$defs"]["MoeShape"]["properties"]
+    assert {"moe", "nodes", "scale_up_domain", "inter_node_gbit_s"} <= set(schema["properties"])
+    assert {"experts", "top_k", "ep", "moe_layers"} <= set(moe)
