@@ -6,11 +6,11 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from trainops.run_folder import RunFiles
-from trainops.skills import bottleneck
-from trainops.skills.evidence.model import BaselineSummary, EvidenceRow
+from trainops.skills import bottleneck, labels
+from trainops.skills.evidence.model import BaselineSummary, EvidenceRow, PackEnvironment
 from trainops.skills.request import JobRequest
 from trainops.skills.stats import spread
 from trainops.tools.base import CallContext, ToolError, skill_context
@@ -30,6 +30,7 @@ class RepeatResult(BaseModel):
     summary: RunSummary
     started: float
     ended: float
+    world_size: int | None = Field(None, description="ranks the run was launched with (nodes x processes per node)")
 
 
 def run_once(req: JobRequest, name: str, ctx: CallContext | None = None) -> RepeatResult:
@@ -49,7 +50,8 @@ def run_once(req: JobRequest, name: str, ctx: CallContext | None = None) -> Repe
         log = call("job_logs", {"job_id": job_id, "scheduler": req.scheduler, "tail": 0}, ctx)
         ingest_log(get_adapter(req.framework), log.text, run_dir, ParseContext(world_size=req.nproc))
     summary = call("summarize_run", {"run": run_dir, "skip_steps": req.warmup_steps}, ctx)
-    return RepeatResult(job_id=job_id, run_dir=run_dir, summary=summary, started=started, ended=time.time())
+    return RepeatResult(job_id=job_id, run_dir=run_dir, summary=summary, started=started, ended=time.time(),
+                        world_size=req.nproc * req.nodes)
 
 
 def submit(req: JobRequest, name: str, ctx: CallContext | None = None):
@@ -75,30 +77,21 @@ def repeat(req: JobRequest, name: str, repeats: int, ctx: CallContext | None = N
     return results
 
 
-def run_config(run_dir: str) -> dict:
-    """The config the run actually used (RUN/config.toml), or {} for a folder without one; a file
-    that is not UTF-8 TOML is a SettingsError (a ValueError) naming it, never a traceback."""
-    from trainops.settings import read_toml
+def declared(req: JobRequest, env: PackEnvironment | None, ctx: CallContext | None = None) -> PackEnvironment:
+    """The environment a figure is labelled with: the one given, else declared now (declare_environment);
+    a declaration that fails refuses the figure with its reason."""
+    from trainops.skills import environment
 
-    path = RunFiles(run_dir).config
-    return read_toml(path) if path.exists() else {}
-
-
-def layout_of(overrides: list[str], nproc: int, framework: str = "trainops") -> str:
-    """The parallel layout as the claim states it, in the framework's terms (trainops.tools.frameworks)."""
-    from trainops.tools.frameworks import get_adapter
-
-    return get_adapter(framework).describe_layout(overrides, nproc)
+    return env if env is not None else environment.declare(req.scheduler, ctx, framework=req.framework)[0]
 
 
-def _setting(overrides: list[str], key: str, default: str) -> str:
-    values = [o.split("=", 1)[1] for o in overrides if o.startswith(key + "=")]
-    return values[-1] if values else default
-
-
-def summarize(req: JobRequest, results: list[RepeatResult], profiled: RepeatResult | None = None) -> BaselineSummary:
+def summarize(req: JobRequest, results: list[RepeatResult], profiled: RepeatResult | None = None,
+              env: PackEnvironment | None = None) -> BaselineSummary:
     """Medians and spreads over repeats, warm-up excluded (summarize_run dropped it per run); the
-    communication share from the profiled run when there is one, else from any repeat's trace."""
+    communication share from the profiled run when there is one, else from any repeat's trace.
+    Labels come from the runs' own config.toml and the environment declaration (skills.labels)."""
+    job = labels.label_runs(results, req, declared(req, env))
+
     def measured(metric: str, readings: list[float | None]) -> list[float]:
         found = [value for value in readings if value is not None]
         if not found:
@@ -109,9 +102,7 @@ def summarize(req: JobRequest, results: list[RepeatResult], profiled: RepeatResu
     waits = [s.data_wait_share_pct for s in summaries if s.data_wait_share_pct is not None]
     share, method = comm_share([profiled] if profiled else results)
     return BaselineSummary(
-        model=_setting(req.overrides, "model.preset", req.preset or Path(req.config or "config").stem),
-        parallel_layout=layout_of(req.overrides, req.nproc, req.framework),
-        precision=_setting(req.overrides, "training.precision", "fp32"),
+        model=job.model, parallel_layout=job.parallel_layout, precision=job.precision, labels=job,
         repeats=len(results), warmup_steps_excluded=req.warmup_steps,
         step_time_s=spread(measured("step_time_median_s", [s.step_time_median_s for s in summaries])),
         tokens_per_s=spread(measured("tokens_per_s_median", [s.tokens_per_s_median for s in summaries])),
@@ -182,15 +173,27 @@ def profile_run(req: JobRequest, ctx: CallContext | None = None) -> RepeatResult
     return run_once(profiled, "baseline-profile", ctx)
 
 
-def measure(req: JobRequest, repeats: int = 3, ctx: CallContext | None = None,
-            progress: Progress | None = None) -> tuple[BaselineSummary, list[RepeatResult], list[EvidenceRow]]:
-    """Run the baseline `repeats` times, then one short profiled run, and summarise them."""
+def stamped(req: JobRequest, env: PackEnvironment) -> JobRequest:
+    """The request with the declared framework and torch versions its evidence rows carry."""
+    if req.framework_version != "undeclared":
+        return req
+    return req.model_copy(update={"framework_version": f"{env.framework} {env.framework_version}, torch "
+                                                      f"{env.torch_version}"})
+
+
+def measure(req: JobRequest, repeats: int = 3, ctx: CallContext | None = None, progress: Progress | None = None,
+            env: PackEnvironment | None = None) -> tuple[BaselineSummary, list[RepeatResult], list[EvidenceRow]]:
+    """Run the baseline `repeats` times, then one short profiled run, and summarise them; the
+    environment is declared first when not given (no figure without a declaration, R-ENV-1)."""
     ctx = skill_context("baseline", ctx)
+    env = declared(req, env, ctx)
+    req = stamped(req, env)
     results = repeat(req, "baseline", repeats, ctx, progress)
+    labels.label_runs(results, req, env)  # a wrong MFU or label is refused before the profiled run
     if progress:
         progress("baseline profiled run (communication share)")
     profiled = profile_run(req, ctx)
-    summary = summarize(req, results, profiled)
+    summary = summarize(req, results, profiled, env)
     evidence = [EvidenceRow(tool="submit_job+summarize_run", version=req.framework_version, command=command_line(req),
                             log_path=f"{r.run_dir}/metrics.jsonl",
                             value=f"MFU {r.summary.mfu_pct_median:.3f}%, "

@@ -82,15 +82,17 @@ def measure_gemm_peak_tflops(dtype: torch.dtype, device: torch.device | str = "c
     return 2 * size**3 / best_s / 1e12
 
 
-def device_peak_tflops(device: torch.device, precision: str) -> tuple[float, str]:
-    """(peak TFLOP/s, label): `vendor-table:<name>` for known GPUs, else `measured-gemm` (cached
-    per device model, dtype and thread count in $TRAINOPS_HOME/cache)."""
+def device_peak_tflops(device: torch.device, precision: str) -> tuple[float | None, str]:
+    """(peak TFLOP/s, label): `vendor-table:<name>` for known GPUs; for a GPU missing from the table
+    no peak (None, `missing-from-table:<device>`): a stand-in peak is how MFUs above 100% get shipped;
+    for CPUs `measured-gemm` (cached per device model, dtype and thread count in $TRAINOPS_HOME/cache)."""
     model_name = platform.processor() or platform.machine()
     if device.type == "cuda":
         model_name = torch.cuda.get_device_name(device)
         for key, peak in GPU_PEAK_TFLOPS_BF16.items():
             if key in model_name:
                 return peak, f"vendor-table:{key}"
+        return None, f"missing-from-table:{model_name} (not in trainer/metrics.py GPU_PEAK_TFLOPS_BF16)"
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     key = f"{device.type}|{model_name}|{dtype}|{torch.get_num_threads()}"
     cache = _peak_cache_path()
@@ -120,7 +122,7 @@ class MetricsLogger:
     and (rank 0, every `log_every` steps) one readable line."""
 
     def __init__(self, cfg: MetricsConfig, run_dir: Path, rank: int, *, run_id: str, total_steps: int,
-                 peak_tflops: float, peak_source: str):
+                 peak_tflops: float | None, peak_source: str):
         self.cfg, self.run_dir, self.rank = cfg, Path(run_dir), rank
         self.run_id, self.total_steps = run_id, total_steps
         self.peak_tflops, self.peak_source = peak_tflops, peak_source
@@ -171,7 +173,7 @@ class MetricsLogger:
         record = {
             "step": step, "rank": self.rank, "loss": loss, "grad_norm": grad_norm,
             "step_time_s": step_time_s, "tokens_per_s": tokens_per_s, "flops_per_token": flops_per_token,
-            "tflops": tflops, "mfu_pct": 100.0 * tflops / self.peak_tflops if self.peak_tflops else 0.0,
+            "tflops": tflops, "mfu_pct": 100.0 * tflops / self.peak_tflops if self.peak_tflops else None,
             "peak_mem_gib": peak_mem_gib, "time": time.time(), "data_wait_s": data_wait_s,
             "peak_source": self.peak_source, **(extra or {}),
         }
@@ -183,7 +185,8 @@ class MetricsLogger:
             finally:
                 os.close(fd)
         for name, gauge in self.gauges.items():
-            gauge.labels(run=self.run_id, rank=str(self.rank)).set(record[name])
+            if record[name] is not None:  # no MFU without a peak
+                gauge.labels(run=self.run_id, rank=str(self.rank)).set(record[name])
         self.heartbeat(step)
         if self.rank == 0 and (step % self.cfg.log_every == 0 or step == self.total_steps):
             print(format_line(record, self.total_steps), flush=True)
@@ -217,5 +220,6 @@ def format_line(record: dict[str, Any], total_steps: int) -> str:
     return (f"step {record['step']:>5}/{total_steps}  loss {record['loss']:.4f}  "
             f"grad_norm {record['grad_norm']:.3f}  step_time {record['step_time_s'] * 1e3:.0f}ms  "
             f"tok/s {record['tokens_per_s']:,.0f}  tflops {record['tflops']:.3f}  "
-            f"mfu {record['mfu_pct']:.2f}% ({record['peak_source']})  "
+            f"mfu {'n/a' if record['mfu_pct'] is None else format(record['mfu_pct'], '.2f') + '%'} "
+            f"({record['peak_source']})  "
             f"mem {record['peak_mem_gib']:.2f}GiB  data_wait {record['data_wait_s'] * 1e3:.1f}ms")

@@ -39,6 +39,22 @@ class PackEnvironment(BaseModel):
     inter_node_gbit_s: float | None = Field(default=None, description="measured inter-node bandwidth, Gbit/s")
 
 
+class JobLabels(BaseModel):
+    """What an MFU or scaling figure is read against (R-ENV-1), from the job that ran: its RUN/config.toml
+    and the world it was launched with, and the environment declaration; `sources` says where each came from."""
+
+    model: str = Field(description="model preset or name, as the run's config gives it")
+    parameters: int | None = Field(default=None, description="parameter count of that model; None when unknown")
+    precision: str = Field(description="compute precision the run used")
+    parallel_layout: str = Field(description="the world size and every parallel degree the run used")
+    world_size: int = Field(ge=1, description="ranks the job was launched with")
+    global_batch: int | None = Field(default=None, description="sequences per optimizer step, all ranks together")
+    framework: str = Field(description="framework, as the environment declaration names it")
+    framework_version: str = Field(description="its version, from the environment declaration")
+    hardware: str = Field(description="accelerator (or CPU) and generation, from the environment declaration")
+    sources: dict[str, str] = Field(default_factory=dict, description="label -> where it was read from")
+
+
 class MetricSpread(BaseModel):
     median: float = Field(description="median over repeats")
     low: float = Field(description="smallest repeat value")
@@ -65,6 +81,7 @@ class BaselineSummary(BaseModel):
     bottleneck: BottleneckSplit | None = Field(
         default=None, description="compute / exposed communication / data loading / scheduling shares of wall time")
     run_dirs: list[str] = Field(description="the baseline runs, one per repeat")
+    labels: JobLabels | None = Field(default=None, description="the labels above, read from the job that ran")
 
 
 class AblationRow(BaseModel):
@@ -83,7 +100,11 @@ class AblationRow(BaseModel):
     vanished_at_scale: bool = Field(
         default=False, description="a small-scale gain whose MFU change at target scale is at or below zero")
     weak_scaling_efficiency_pct: float | None = Field(
-        default=None, ge=0, description="target rows: per-process tokens/s of the arm at target over small scale")
+        default=None, ge=0, description="target rows: per-process tokens/s of the arm at target over small scale, "
+                                         "the global batch grown with the world size")
+    scaling_basis: str = Field(default="", description="target rows: the global batch at each scale behind the "
+                                                       "scaling figure")
+    labels: JobLabels | None = Field(default=None, description="the arm's labels at this scale, from its run")
     source_run: str = Field(description="run folder of the arm's median repeat")
     reference: str = Field(default="", description="published comparison, with source and scale difference")
 

@@ -157,7 +157,8 @@ def _baseline(pack: EvidencePack) -> Section | None:
         return None
     comm = ("not measured" if base.comm_share_pct is None
             else f"{base.comm_share_pct:.1f}% ({md_text(base.comm_share_method)})")
-    intro = (f"{code(base.model)}, layout {code(base.parallel_layout)}, {md_text(base.precision)}, "
+    size = f" ({_count(base.labels.parameters)} parameters)" if base.labels and base.labels.parameters else ""
+    intro = (f"{code(base.model)}{size}, layout {code(base.parallel_layout)}, {md_text(base.precision)}, "
              f"{base.repeats} repeats, the first {base.warmup_steps_excluded} steps of each excluded; "
              f"peak FLOP/s from {md_text(base.peak_source)}.")
     table = Table(["metric", "median", "low", "high", "spread (noise band)"], [
@@ -191,7 +192,7 @@ def _ablations(pack: EvidencePack) -> Section | None:
         verdict = r.verdict + (", vanished at target scale" if r.vanished_at_scale else "")
         rows.append([Cell(r.knob, "code"), Cell(f"{r.value} (baseline {r.baseline_value})", "code"), Cell(r.category),
                      Cell(f"{r.scale} [{r.scale_kind}]"), change_cell(r),
-                     number(r.weak_scaling_efficiency_pct, 0, "%") if r.scale_kind == "target" else Cell("—", "number"),
+                     _scaling(r),
                      Cell(verdict, "bad" if r.vanished_at_scale else r.verdict), Cell(r.source_run, "path")])
     table = Table(["knob", "value", "category", "scale", "MFU change ± noise band", "weak-scaling efficiency",
                    "verdict", "source run"], rows, beneath=(7,))
@@ -200,6 +201,22 @@ def _ablations(pack: EvidencePack) -> Section | None:
         "▲ gain, ▼ regression, ≈ within noise."],
         bullets=[f"{code(f'{r.knob}={r.value}')} against the published breakdown: {md_text(r.reference)}"
                  for r in pack.ablations if r.reference])
+
+
+def _count(n: int) -> str:
+    """A parameter count with its unit, as the report's text rules want it (0.85M, 8B)."""
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return str(n)
+
+
+def _scaling(row: AblationRow) -> Cell:
+    """A target row's weak-scaling efficiency with the global batches it rests on."""
+    if row.scale_kind != "target":
+        return Cell("—", "number")
+    cell = number(row.weak_scaling_efficiency_pct, 0, "%")
+    return Cell(f"{cell.text} ({row.scaling_basis})", "text") if row.scaling_basis else cell
 
 
 def _drills(pack: EvidencePack) -> Section | None:

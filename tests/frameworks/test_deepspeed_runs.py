@@ -46,7 +46,7 @@ def test_baseline_trains_on_two_ranks_and_reports_trainops_metrics(baseline):
 def test_baseline_summary_names_the_deepspeed_layout(baseline):
     from trainops.skills.baseline import summarize
 
-    assert summarize(_request(), [baseline]).parallel_layout == "world=2 deepspeed data-parallel ZeRO-1"
+    assert summarize(_request(), [baseline]).parallel_layout.startswith("world=2 deepspeed data-parallel ZeRO-1 dp=2")
 
 
 def test_baseline_log_lines_parse_back_to_its_metrics(baseline):

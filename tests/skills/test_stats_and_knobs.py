@@ -59,14 +59,22 @@ def test_plan_orders_communication_overlap_before_kernels_data_and_batch():
     assert order == ["communication-overlap", "kernels", "data-pipeline", "batch"]
 
 
-def _runs(mfu: float, tokens_per_s: float) -> list:
+def _runs(mfu: float, tokens_per_s: float, world: int) -> list:
+    """One repeat at `world` ranks, its run folder's config at the weak-scaled global batch (4 per rank)."""
+    import tempfile
+    from pathlib import Path
+
     from trainops.skills.baseline import RepeatResult
     from trainops.tools.jobs import RunSummary
+    from trainops.trainer.config import load_config
 
-    summary = RunSummary(run="r", ranks=2, steps_measured=4, step_time_median_s=0.1, step_time_rank_spread_pct=None,
-                         tokens_per_s_median=tokens_per_s, mfu_pct_median=mfu, data_wait_share_pct=None,
-                         final_loss=None)
-    return [RepeatResult(job_id="j", run_dir="r", summary=summary, started=0, ended=1)]
+    run = Path(tempfile.mkdtemp(prefix="judge-scale-"))
+    (run / "config.toml").write_text(load_config(preset="tiny", overrides=[
+        f"training.global_batch={4 * world}"]).to_toml())
+    summary = RunSummary(run="r", ranks=world, steps_measured=4, step_time_median_s=0.1,
+                         step_time_rank_spread_pct=None, tokens_per_s_median=tokens_per_s, mfu_pct_median=mfu,
+                         data_wait_share_pct=None, final_loss=None)
+    return [RepeatResult(job_id="j", run_dir=str(run), summary=summary, started=0, ended=1, world_size=world)]
 
 
 def test_small_scale_gain_that_turns_negative_at_target_scale_vanished(factories):
@@ -74,7 +82,7 @@ def test_small_scale_gain_that_turns_negative_at_target_scale_vanished(factories
 
     small = factories.ablation(change=12.0, band=5.0, verdict="gain")
     target = factories.ablation(change=-8.0, band=5.0, verdict="regression").model_copy(update={"scale_kind": "target"})
-    row = judge_scale(CATALOGUE["data_kind"], [small, target], {1: _runs(2.0, 1000.0), 2: _runs(1.8, 1800.0)})
+    row = judge_scale(CATALOGUE["data_kind"], [small, target], {1: _runs(2.0, 1000.0, 1), 2: _runs(1.8, 1800.0, 2)})
     assert row.vanished_at_scale and row.weak_scaling_efficiency_pct == pytest.approx(90.0)
 
 
@@ -85,7 +93,7 @@ def test_positive_target_change_within_noise_is_unconfirmed_not_vanished(factori
     small = factories.ablation(change=12.0, band=5.0, verdict="gain")
     target = factories.ablation(change=4.0, band=30.0, verdict="within-noise").model_copy(
         update={"scale_kind": "target"})
-    row = judge_scale(CATALOGUE["data_kind"], [small, target], {1: _runs(2.0, 1000.0), 2: _runs(2.1, 2000.0)})
+    row = judge_scale(CATALOGUE["data_kind"], [small, target], {1: _runs(2.0, 1000.0, 1), 2: _runs(2.1, 2000.0, 2)})
     assert not row.vanished_at_scale
     verdict, blockers = decide(factories.baseline(["r"]), [small, row], [factories.drill()])
     assert verdict == "partial" and "not confirmed beyond the noise band at target scale" in blockers[0]
@@ -97,5 +105,5 @@ def test_an_arm_that_was_no_gain_small_and_loses_at_target_is_stopped_not_vanish
     small = factories.ablation(change=2.0, band=30.0, verdict="within-noise")
     target = factories.ablation(change=-20.0, band=30.0, verdict="within-noise").model_copy(
         update={"scale_kind": "target"})
-    row = judge_scale(CATALOGUE["data_kind"], [small, target], {1: _runs(2.0, 1000.0), 2: _runs(1.6, 1600.0)})
+    row = judge_scale(CATALOGUE["data_kind"], [small, target], {1: _runs(2.0, 1000.0, 1), 2: _runs(1.6, 1600.0, 2)})
     assert not row.vanished_at_scale

@@ -96,13 +96,15 @@ def baseline(config: Optional[str] = typer.Argument(None, help="Job config TOML 
              repeats: int = typer.Option(3, min=1, help="Independent runs."), nproc: int = typer.Option(2, min=1),
              sets: Optional[List[str]] = SETS, scheduler: str = SCHED, monitor: str = MONITOR, as_json: bool = JSON,
              framework: str = FRAMEWORK, nodes: int = NODES):
-    """S2: repeats of the unchanged config; median and spread of step time, tokens/s, MFU."""
+    """S2: repeats of the unchanged config; median and spread of step time, tokens/s, MFU, labelled from
+    the config the runs used and the environment declaration the command makes first."""
     from trainops.skills import baseline as skill_baseline
 
     req = _request(config, sets, nproc, scheduler, as_json, monitor, framework, nodes)
     summary, _, _ = _guard(lambda: skill_baseline.measure(req, repeats, progress=_progress(as_json)), as_json)
     emit(summary, as_json, lambda s: _table(
-        f"baseline: {s.model}, {s.parallel_layout}, {s.precision}, {s.repeats} repeats", ["metric", "median", "spread"],
+        f"baseline: {s.model}, {s.parallel_layout}, {s.precision}, {s.labels.framework} "
+        f"{s.labels.framework_version} on {s.labels.hardware}, {s.repeats} repeats", ["metric", "median", "spread"],
         [[n, f"{m.median:.4f}", f"{m.spread_pct:.1f}%"] for n, m in
          (("step_time_s", s.step_time_s), ("tokens_per_s", s.tokens_per_s), ("mfu_pct", s.mfu_pct))]))
 
@@ -115,7 +117,8 @@ def ablate(config: Optional[str] = typer.Argument(None, help="Job config TOML (d
            repeats: int = typer.Option(3, min=1), nproc: int = typer.Option(2, min=1),
            sets: Optional[List[str]] = SETS, scheduler: str = SCHED, monitor: str = MONITOR, as_json: bool = JSON,
            framework: str = FRAMEWORK):
-    """S3/S4: single-variable arms against the baseline, small scale then target scale."""
+    """S3/S4: single-variable arms against the baseline, small scale (the target's per-rank batch) then
+    target scale; the environment is declared first and labels every row."""
     from trainops.skills import ablation as skill_ablation
     from trainops.skills.knobs import catalogue, plan_order
 
