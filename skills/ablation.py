@@ -154,12 +154,13 @@ def scale_baselines(req: JobRequest, repeats: int, ctx: CallContext | None = Non
 def ablate(req: JobRequest, specs: list[str], repeats: int, ctx: CallContext | None = None,
            progress: Progress | None = None, measured: list[RepeatResult] | None = None,
            env: PackEnvironment | None = None) -> tuple[list[AblationRow], list[EvidenceRow]]:
-    """S3/S4: declare the environment (unless given), check the arms, measure the baselines at both
-    scales (reusing `measured`), then run every arm at each scale, highest expected gain first."""
+    """S3/S4: check the arms (before anything is declared or written), declare the environment
+    (unless given), measure the baselines at both scales (reusing `measured`), then run every arm
+    at each scale, highest expected gain first."""
     ctx = skill_context("ablation", ctx)
+    check_arms(req, specs)
     env = declared(req, env, ctx)
     req = stamped(req, env)
-    check_arms(req, specs)
     baselines = scale_baselines(req, repeats, ctx, progress, measured)
     return run_plan(req, specs, baselines, repeats, ctx, progress, env)
 

@@ -194,7 +194,8 @@ class SlurmScheduler(PollingWait):
             exit_code = -job.exit_signal
         return JobStatus(job_id=job_id, backend=KIND, name=job.name, state=state, exit_code=exit_code,
                          nodes=self.transport.hostnames(job.nodelist), reason=f"{job.state}: {job.reason}",
-                         submitted_at=job.submitted_at, started_at=job.started_at, ended_at=job.ended_at if state in TERMINAL_STATES else None,
+                         submitted_at=job.submitted_at, started_at=job.started_at,
+                         ended_at=job.ended_at if state in TERMINAL_STATES else None,
                          run_dir=record["spec"].get("run_dir") if record else None)
 
     def logs(self, job_id: str, tail: int = 100, rank: int | None = None) -> str:
