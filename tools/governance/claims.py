@@ -1,7 +1,7 @@
 """Claims and evidence as validated models: a conclusion that breaks an AGENTS.md rule cannot
 be constructed. Every message starts with the rule ID, names the field and the value seen,
-and says what to do. The evidence pack is built from these blocks; `validate_report_text`
-checks the rendered report.
+and says what to do. The evidence pack is built from these blocks; text.validate_report_text
+checks the rendered report (and builds a `RangeStatement` from each percentage range in it).
 """
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from trainops.run_folder import RunFiles
-from trainops.tools.governance.text import Violation, check_text, validate_report_text
 
 _PLACEHOLDER_VALUES = {"", "?", "??", "???", "-", "n/a", "na", "none", "null", "unknown", "tbd", "todo", "xxx", "tba"}
 
@@ -208,6 +207,9 @@ class RangeStatement(BaseModel):
                                           "cite the run or benchmark, or label the range basis='experiential'"))
         if self.low > self.high:
             raise ValueError(rule_message("R-EVD-1", "low", self.low, f"exceeds high={self.high}", "swap them"))
+        if self.unit.strip() == "%" and "mfu" in self.quantity.lower() and self.high > 100:
+            raise ValueError(rule_message("R-EVD-1", "high", self.high, "is an MFU above 100% of peak",
+                                          "check the device's peak FLOP/s: MFU cannot exceed 100%"))
         return self
 
     def text(self) -> str:
@@ -237,4 +239,4 @@ class SchedulerChange(BaseModel):
 
 
 __all__ = ["MfuClaim", "AblationArm", "ScaleResult", "FaultToleranceConclusion", "ExternalComparison",
-           "RangeStatement", "SchedulerChange", "Violation", "check_text", "validate_report_text", "is_placeholder"]
+           "RangeStatement", "SchedulerChange", "is_placeholder"]

@@ -46,7 +46,8 @@ RULES: dict[str, Rule] = {r.id: r for r in [
          enforcement=f"{_C}:ScaleResult._small_first", where="claim model"),
     Rule(id="R-ABL-3", title="A gain that vanishes at target scale stops the rollout",
          enforcement=f"{_C}:ScaleResult._small_first", where="claim model"),
-    Rule(id="R-EVD-1", title="Ranges state their basis; experiential ranges are labelled, not passed off as benchmarks",
+    Rule(id="R-EVD-1", title="Ranges state their basis; experiential ranges are labelled, not passed off as benchmarks "
+                             "(each percentage range in report text is checked as a RangeStatement)",
          enforcement=f"{_C}:RangeStatement._labelled", where="claim model"),
     Rule(id="R-EVD-2", title="Fault-tolerance conclusions carry detection latency, isolation granularity, "
                              "recovery time and a drill record",
@@ -85,9 +86,11 @@ RULES: dict[str, Rule] = {r.id: r for r in [
          enforcement="trainops.tools.governance.approvals:verify_pack", where="approval"),
     Rule(id="R-OUT-1", title="A report's first line is a verdict (pass/fail/partial) and its blockers",
          enforcement="trainops.tools.governance.text:validate_report_text", where="report text"),
-    Rule(id="R-OUT-2", title="No placeholder text in any output",
+    Rule(id="R-OUT-2", title="No placeholder text in any output (markers, letters in place of a figure, "
+                             "unfilled template fields, unexpanded shell variables)",
          enforcement="trainops.tools.governance.text:check_text", where="report text"),
-    Rule(id="R-OUT-3", title="Numbers: units on parameter counts, ranges with ~, no space before %",
+    Rule(id="R-OUT-3", title="Numbers: units glued to parameter counts (70B), ranges with ~, no space before %, "
+                             "ASCII digits",
          enforcement="trainops.tools.governance.text:check_text", where="report text"),
 ]}
 
