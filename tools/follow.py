@@ -104,9 +104,13 @@ def follow(handle: JobHandle, ctx: CallContext | None = None, *, timeout_s: floa
                 waiter.join(SCHEDULER_GRACE_S)
                 if waiter.is_alive():
                     call("cancel_job", {"job_id": handle.job_id, "scheduler": handle.backend, "force": True}, ctx)
-                    return _with_reason(JobStatus(job_id=handle.job_id, backend=handle.backend,
-                                                  state="completed" if ended.status == "ok" else "failed",
-                                                  exit_code=ended.exit_code, run_dir=handle.run_dir), ended)
+                    status = _with_reason(JobStatus(job_id=handle.job_id, backend=handle.backend,
+                                                    state="completed" if ended.status == "ok" else "failed",
+                                                    exit_code=ended.exit_code, run_dir=handle.run_dir), ended)
+                    from trainops.tools.interruptions import observe
+
+                    observe(status, handle.backend)  # the job end seen here, not through job_status
+                    return status
     except KeyboardInterrupt:
         call("cancel_job", {"job_id": handle.job_id, "scheduler": handle.backend}, ctx)
         raise

@@ -114,7 +114,16 @@ class JobRef(BaseModel):
 @tool("job_status", risk="read", tags=("jobs",))
 def job_status(inp: JobRef) -> JobStatus:
     """The state of a job (pending, running, completed, failed, cancelled, unknown), its exit code and nodes."""
-    return _run("job_status", _scheduler("job_status", inp.scheduler).status, inp.job_id)
+    return _observed(_scheduler("job_status", inp.scheduler), "job_status", "status", inp.job_id)
+
+
+def _observed(scheduler, tool_name: str, verb: str, *args) -> JobStatus:
+    """A job-status read; a job end that is not a clean finish goes to the interruption record."""
+    from trainops.tools.interruptions import observe
+
+    status = _run(tool_name, getattr(scheduler, verb), *args)
+    observe(status, scheduler)
+    return status
 
 
 class WaitJobInput(JobRef):
@@ -128,7 +137,7 @@ class WaitJobInput(JobRef):
 @tool("wait_job", risk="read", tags=("jobs",))
 def wait_job(inp: WaitJobInput) -> JobStatus:
     """Wait until a job finishes or the timeout passes; returns its state either way."""
-    return _run("wait_job", _scheduler("wait_job", inp.scheduler).wait, inp.job_id, inp.timeout_s)
+    return _observed(_scheduler("wait_job", inp.scheduler), "wait_job", "wait", inp.job_id, inp.timeout_s)
 
 
 class JobLogsInput(JobRef):
@@ -173,7 +182,7 @@ def _launched_spec(tool_name: str, ref: JobRef) -> JobSpec | None:
 def cancel_job(inp: CancelJobInput) -> JobStatus:
     """Cancel a job trainops launched (all its processes); `force` skips the grace period."""
     _launched_spec("cancel_job", inp)
-    return _run("cancel_job", _scheduler("cancel_job", inp.scheduler).cancel, inp.job_id, inp.force)
+    return _observed(_scheduler("cancel_job", inp.scheduler), "cancel_job", "cancel", inp.job_id, inp.force)
 
 
 class RequeueJobInput(JobRef):

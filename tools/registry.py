@@ -21,7 +21,18 @@ from trainops.tools.base import ToolError, ToolSpec
 
 def _tool_functions() -> tuple[Callable, ...]:
     """Every tool trainops.tools declares. Modules load here, on first use, not at import."""
-    from trainops.tools import checkpoints, detection, env_probes, faults, jobs, planning, quarantine, tenancy, watch
+    from trainops.tools import (
+        checkpoints,
+        detection,
+        env_probes,
+        faults,
+        interruptions,
+        jobs,
+        planning,
+        quarantine,
+        tenancy,
+        watch,
+    )
     from trainops.tools.frameworks import checks
     from trainops.tools.governance import escalation
 
@@ -54,6 +65,8 @@ def _tool_functions() -> tuple[Callable, ...]:
         checks.framework_knobs,
         checks.check_framework_job,
         watch.watch_job,
+        interruptions.list_interruptions,
+        interruptions.effective_training_time,
         escalation.acknowledge_escalation,
     )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from trainops.commands import agent, bench, governance, sandbox, sop, tools, train, watch
+from trainops.commands import agent, bench, governance, reliability, sandbox, sop, tools, train, watch
 
 app = typer.Typer(
     name="trainops",
@@ -48,7 +48,8 @@ def _private_files() -> None:
         sys.stderr.write(warning + "\n")
 
 
-for area in (train, tools, sop, governance, agent, bench, watch):  # each a module-level Typer app, merged at the top
+# each a module-level Typer app, merged at the top
+for area in (train, tools, sop, governance, agent, bench, watch, reliability):
     app.add_typer(area.app)
 app.add_typer(sandbox.app, name="sandbox")
 

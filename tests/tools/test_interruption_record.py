@@ -1,0 +1,75 @@
+"""The interruption record (issue 25, item 1): every job end that is not a clean finish is
+recorded once, with its evidence, through the job-status path every observer uses; the
+record is read tolerantly and listed by `trainops interruptions` and the list_interruptions tool.
+The jobs here are real local-scheduler jobs (a few lines of Python standing in for a rank)."""
+from __future__ import annotations
+
+import json
+import sys
+
+from typer.testing import CliRunner
+
+from trainops.cli import app
+from trainops.tools.base import CallContext
+from trainops.tools.calls import call
+
+OPERATOR = CallContext(actor="operator")
+SECRET = "sk-test-abcdefghijklmnop1234"
+
+RANK = r"""
+import json, os, sys, time
+run_dir, how = sys.argv[1], sys.argv[2]
+os.makedirs(f"{run_dir}/heartbeat", exist_ok=True)
+os.makedirs(f"{run_dir}/logs", exist_ok=True)
+for step in (1, 2, 3):
+    with open(f"{run_dir}/metrics.jsonl", "a") as fh:
+        fh.write(json.dumps({"step": step, "rank": 0, "loss": 1.0, "step_time_s": 0.01, "time": time.time()}) + "\n")
+beat = {"step": 3, "time": time.time(), "pid": os.getpid(), "host": "node-a"}
+if how == "raise":
+    err = "ValueError: batch 7 has no tokens key=" + sys.argv[3] + " \x1b[31mred"
+    beat["exit"] = {"time": time.time(), "error": err}
+    with open(f"{run_dir}/logs/rank0.log", "w") as fh:
+        fh.write("step 3\nTraceback (most recent call last):\n" + err + "\n")
+with open(f"{run_dir}/heartbeat/rank0.json", "w") as fh:
+    json.dump(beat, fh)
+sys.exit(1 if how == "raise" else 0)
+"""
+
+
+def _job(workspace, how: str) -> str:
+    run_dir = workspace / "runs" / f"r-{how}"
+    run_dir.mkdir(parents=True)
+    spec = {"name": f"r-{how}", "command": [sys.executable, "-c", RANK, str(run_dir), how, SECRET],
+            "run_dir": str(run_dir)}  # the job never gets the operator's key in its env; it leaks it in its own error
+    return call("submit_job", {"spec": spec}, OPERATOR).handle.job_id
+
+
+def test_a_failed_job_is_recorded_once_with_its_evidence_and_a_clean_one_not(workspace, monkeypatch):
+    monkeypatch.setenv("FAKE_API_KEY", SECRET)
+    failed, clean = _job(workspace, "raise"), _job(workspace, "clean")
+    for job in (failed, clean):
+        call("wait_job", {"job_id": job, "timeout_s": 60}, OPERATOR)
+        call("job_status", {"job_id": job}, OPERATOR)  # observed again: still one record
+        call("job_status", {"job_id": job}, OPERATOR)
+    out = call("list_interruptions", {}, OPERATOR)
+    assert [r.job_id for r in out.interruptions] == [failed]
+    rec = out.interruptions[0]
+    assert rec.cause == "software" and "ValueError" in rec.cause_reason, (rec.cause_reason, rec.evidence.error_lines)
+    assert rec.evidence.exit_code == 1 and rec.evidence.failing_rank == 0 and rec.evidence.failing_node == "node-a"
+    assert rec.evidence.last_step == 3 and not rec.planned and not rec.drill
+    text = json.dumps(rec.model_dump(mode="json"))
+    assert SECRET not in text and "\x1b" not in text and "\\u001b" not in text
+    assert out.cause_distribution["software"] == 1
+
+
+def test_a_corrupt_line_is_skipped_and_the_cli_lists_the_rest(workspace):
+    job = _job(workspace, "raise")
+    call("wait_job", {"job_id": job, "timeout_s": 60}, OPERATOR)
+    path = workspace / "interruptions.jsonl"
+    path.write_text("{not json\n" + path.read_text() + '{"id": 3}\n')
+    result = CliRunner().invoke(app, ["interruptions", "--json"])
+    assert result.exit_code == 0, result.output
+    listed = json.loads(result.stdout)
+    assert [r["job_id"] for r in listed["interruptions"]] == [job]
+    human = CliRunner().invoke(app, ["interruptions"])
+    assert human.exit_code == 0 and job in human.output and "software" in human.output

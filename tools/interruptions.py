@@ -1,0 +1,310 @@
+"""The interruption record: every job end that is not a clean finish, recorded once with its
+evidence, its cause (tools/interruption_causes.py, from the evidence alone) and what it cost.
+It lives in the workspace as `interruptions.jsonl`; every observation of a job end (job_status,
+wait_job, the launch-and-follow path) passes `observe`, so a job is recorded however it is seen.
+Effective training time (ETTR) per window is computed from the record and the runs it names."""
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from trainops.tools.base import tool
+from trainops.tools.interruption_causes import CAUSES, Cause, Evidence, classify, gather, inert
+
+log = logging.getLogger(__name__)
+RECORD_NAME = "interruptions.jsonl"
+MAX_RECORD_FILE = 64 << 20
+_PLANNED_STATES = {"cancelled"}
+STALE_MIN_S, STALE_STEPS = 5.0, 5  # a rank silent longer than this (and 5 steps) at the end had stalled
+
+
+class LostTime(BaseModel):
+    """time lost = detection + isolation + restart + steps redone (seconds)."""
+
+    detection_s: float = 0.0
+    isolation_s: float = 0.0
+    restart_s: float = 0.0
+    redo_s: float = 0.0
+
+
+class Interruption(BaseModel):
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    id: str = Field(description="scheduler:job_id (or run:RUN for a run's own status): one record per job end.")
+    job_id: str
+    run_dir: str | None = None
+    scheduler: str
+    name: str = ""
+    submitted_at: float | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    detected_at: float
+    planned: bool = False
+    drill: bool = Field(False, description="The run's faults record holds an injected fault.")
+    cause: Cause
+    cause_reason: str = Field(description="The evidence the classifier used.")
+    evidence: Evidence
+    lost: LostTime = Field(default_factory=LostTime)
+    time_lost_s: float = 0.0
+    steps_lost: int = 0
+
+    @property
+    def time(self) -> float:
+        """When the interruption happened (its end, else its detection)."""
+        return self.ended_at or self.detected_at
+
+
+def record_path() -> Path:
+    from trainops.workspace import home
+
+    return home() / RECORD_NAME
+
+
+def read_interruptions(job: str | None = None) -> list[Interruption]:
+    """Every record (of one job), oldest first. A corrupt line is skipped with a warning."""
+    from trainops.run_folder import read_regular
+
+    data = read_regular(record_path(), MAX_RECORD_FILE) or b""
+    out = []
+    for n, line in enumerate(data.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = Interruption.model_validate_json(line)
+        except (ValidationError, ValueError):
+            log.warning("%s line %d is not an interruption record; skipped", RECORD_NAME, n)
+            continue
+        if job is None or rec.job_id == job:
+            out.append(rec)
+    return out
+
+
+def cause_distribution(records: list[Interruption]) -> dict[str, int]:
+    """Interruptions per cause, every cause named (0 where none)."""
+    counts = dict.fromkeys(CAUSES, 0)
+    for rec in records:
+        counts[rec.cause] += 1
+    return counts
+
+
+def _lost(ev: Evidence, detected_at: float, drill_run: Path | None) -> tuple[LostTime, int]:
+    """What the end cost: detection (last progress -> detected), the steps since the last commit
+    redone at the median step time, and, from a drill's own timeline, isolation and restart."""
+    from trainops.run_folder import read_drill_record
+
+    lost = LostTime()
+    if ev.last_progress_time:
+        lost.detection_s = max(0.0, detected_at - ev.last_progress_time)
+    steps = max(0, (ev.last_step or 0) - (ev.committed_step or 0)) if ev.last_step is not None else 0
+    lost.redo_s = steps * (ev.step_time_s or 0.0)
+    drill = read_drill_record(drill_run) if drill_run else None
+    if drill is not None:
+        lost.detection_s = max(0.0, drill.detection_latency_s)
+        lost.restart_s = max(0.0, drill.recovery_time_s - drill.detection_latency_s)
+        isolation = [e.t_s for e in drill.node_timeline or [] if "drain" in e.event or "isolat" in e.event]
+        if isolation:
+            lost.isolation_s = max(0.0, min(isolation) - drill.detection_latency_s)
+            lost.restart_s = max(0.0, lost.restart_s - lost.isolation_s)
+    return lost, steps
+
+
+def healthy(ev: Evidence) -> bool:
+    """Nothing went wrong before the end: no error line, no NaN/inf, replicas agree, every rank
+    still beating (a cancel of a run in this state is an operator's planned stop)."""
+    stale_s = max(STALE_MIN_S, STALE_STEPS * (ev.step_time_s or 0.0))
+    return (not ev.error_lines and ev.nonfinite_loss_step is None and ev.checksum_verdict != "disagree"
+            and ev.exit_code in (None, 0, -15, 143) and max(ev.heartbeat_age_s.values(), default=0.0) <= stale_s)
+
+
+def is_clean(status) -> bool:
+    return status.state == "completed" and status.exit_code in (0, None) and not _run_failed(status.run_dir)
+
+
+def _run_failed(run_dir: str | None) -> bool:
+    from trainops.run_folder import read_status
+
+    result = read_status(run_dir) if run_dir and Path(run_dir).is_dir() else None
+    return result is not None and result.status == "failed"
+
+
+def build(status, scheduler: str, node_states: dict[str, str] | None = None,
+          detected_at: float | None = None, job_log: str = "") -> Interruption:
+    """The record of one job end from what it showed."""
+    from trainops.run_folder import read_faults
+
+    detected_at = detected_at or time.time()
+    ev = gather(status, node_states, job_log)
+    run = Path(status.run_dir) if status.run_dir and Path(status.run_dir).is_dir() else None
+    planned = status.state in _PLANNED_STATES and healthy(ev)
+    cause, reason = classify(ev, planned=planned)
+    lost, steps = _lost(ev, detected_at, run)
+    total = lost.detection_s + lost.isolation_s + lost.restart_s + lost.redo_s
+    return Interruption(id=f"{scheduler}:{status.job_id}", job_id=status.job_id, run_dir=status.run_dir,
+                        scheduler=scheduler, name=inert(status.name), submitted_at=status.submitted_at,
+                        started_at=status.started_at, ended_at=status.ended_at, detected_at=detected_at,
+                        planned=planned, drill=bool(run and read_faults(run)), cause=cause,
+                        cause_reason=inert(reason) if len(reason) <= 300 else inert(reason[:300]),
+                        evidence=ev, lost=lost, time_lost_s=round(total, 3), steps_lost=steps)
+
+
+def record_job_end(status, scheduler: str, node_states: dict[str, str] | None = None,
+                   job_log: str = "") -> Interruption | None:
+    """Record a terminal, not-clean job end once (by job id): the stored record when it already
+    exists, None for a clean finish or a job still running."""
+    if not status.finished or is_clean(status):
+        return None
+    key = f"{scheduler}:{status.job_id}"
+    path = record_path()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    with os.fdopen(fd, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        known = next((r for r in read_interruptions(status.job_id) if r.id == key), None)
+        if known is not None:
+            return known
+        rec = build(status, scheduler, node_states, job_log=job_log)
+        fh.write(rec.model_dump_json() + "\n")
+        fh.flush()
+    return rec
+
+
+def observe(status, scheduler) -> None:
+    """Every job-end observation passes here; a failure to record never fails the caller."""
+    if not status.finished or is_clean(status):
+        return
+    try:
+        nodes = _quietly(lambda: {n.name: n.state for n in scheduler.list_nodes() if n.name in status.nodes}, {})
+        job_log = _quietly(lambda: scheduler.logs(status.job_id, 200), "")
+        record_job_end(status, getattr(scheduler, "kind", str(scheduler)), nodes if status.nodes else {}, job_log)
+    except (OSError, ValueError, ValidationError) as exc:
+        log.warning("interruption record: job %s not recorded: %s", status.job_id, exc)
+
+
+def _quietly(read, default):
+    """Node states and the job log are evidence when readable, never a precondition."""
+    try:
+        return read()
+    except Exception:  # noqa: BLE001 - any backend failure leaves that evidence out
+        return default
+
+
+# --- effective training time ----------------------------------------------------------------
+
+class EttrWindow(BaseModel):
+    start: float
+    end: float
+    productive_s: float
+    wall_s: float
+    ettr_pct: float
+
+
+def _spans(records: list[Interruption]) -> list[tuple[float, float]]:
+    """Each interruption's lost time as an interval ending when training resumed."""
+    out = []
+    for r in records:
+        begin = (r.evidence.last_progress_time or r.time) - r.lost.redo_s
+        out.append((begin, begin + r.time_lost_s))
+    return out
+
+
+def ettr_series(window_s: float, job: str | None = None, now: float | None = None) -> list[EttrWindow]:
+    """Per window of `window_s` from the first recorded job start: productive time over wall time,
+    productive = wall - time lost (detection + isolation + restart + steps redone)."""
+    if not window_s > 0:
+        raise ValueError(f"window_s={window_s!r}: must be a positive number of seconds")
+    records = [r for r in read_interruptions(job) if not r.planned]
+    if not records:
+        return []
+    spans = _spans(records)
+    t0 = min(min(r.started_at or r.submitted_at or s[0] for r, s in zip(records, spans, strict=True)),
+             min(s[0] for s in spans))
+    t1 = max(now or 0.0, max(s[1] for s in spans), max(r.time for r in records))
+    windows, start = [], t0
+    while start < t1:
+        end = min(start + window_s, t1)
+        wall = end - start
+        lost = sum(max(0.0, min(end, b) - max(start, a)) for a, b in spans)
+        prod = max(0.0, wall - lost)
+        windows.append(EttrWindow(start=start, end=end, productive_s=round(prod, 3), wall_s=round(wall, 3),
+                                  ettr_pct=round(100.0 * prod / wall, 3) if wall > 0 else 100.0))
+        start = end
+    return windows
+
+
+class ReliabilityStats(BaseModel):
+    """Interruption rate, MTBF and recovery time measured from the record; the declared MTBF only
+    when the record holds fewer than two unplanned interruptions, labelled so."""
+
+    interruptions: int
+    unplanned: int
+    span_h: float
+    interruption_rate_per_day: float | None
+    mtbf_h: float
+    mtbf_source: str
+    recovery_time_s: float | None = Field(None, description="Median time lost per unplanned interruption.")
+    cause_distribution: dict[str, int]
+
+
+def reliability(declared_mtbf_h: float = 24.0, job: str | None = None) -> ReliabilityStats:
+    import statistics
+
+    records = read_interruptions(job)
+    unplanned = [r for r in records if not r.planned]
+    lost = [r.time_lost_s for r in unplanned]
+    times = sorted(r.time for r in unplanned)
+    span = (times[-1] - times[0]) if len(times) > 1 else 0.0
+    if len(times) >= 2 and span > 0:
+        mtbf, source = span / (len(times) - 1) / 3600, f"measured from {len(times)} recorded interruptions"
+    else:
+        mtbf, source = declared_mtbf_h, f"declared (record holds {len(times)} unplanned interruption(s))"
+    return ReliabilityStats(interruptions=len(records), unplanned=len(unplanned), span_h=round(span / 3600, 4),
+                            interruption_rate_per_day=round(len(times) / (span / 86400), 3) if span > 0 else None,
+                            mtbf_h=mtbf, mtbf_source=source,
+                            recovery_time_s=statistics.median(lost) if lost else None,
+                            cause_distribution=cause_distribution(records))
+
+
+# --- tools ----------------------------------------------------------------------------------
+
+class InterruptionsInput(BaseModel):
+    job_id: str | None = Field(None, max_length=200, description="Only this job's records; None: all.")
+
+
+class InterruptionsOutput(BaseModel):
+    interruptions: list[Interruption]
+    cause_distribution: dict[str, int]
+
+
+@tool("list_interruptions", risk="read", tags=("jobs", "reliability"))
+def list_interruptions(inp: InterruptionsInput) -> InterruptionsOutput:
+    """The interruption record: every job end that was not a clean finish, with its evidence (exit
+    code or signal, failing rank and node, last error lines, heartbeat ages, node states, checksum
+    verdict, data position), its cause with the reason, planned/drill flags, time and steps lost."""
+    records = read_interruptions(inp.job_id)
+    return InterruptionsOutput(interruptions=records, cause_distribution=cause_distribution(records))
+
+
+class EttrInput(BaseModel):
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    job_id: str | None = Field(None, max_length=200, description="Only this job; None: every recorded job.")
+    window_s: float = Field(3600.0, gt=0, le=30 * 86400, description="Width of one window in seconds.")
+    declared_mtbf_h: float = Field(24.0, gt=0, le=1e6, description="Used only while the record is too short.")
+
+
+class EttrOutput(BaseModel):
+    windows: list[EttrWindow]
+    reliability: ReliabilityStats
+
+
+@tool("effective_training_time", risk="read", tags=("jobs", "reliability"))
+def effective_training_time(inp: EttrInput) -> EttrOutput:
+    """Effective training time per window (productive time over wall time; time lost = detection +
+    isolation + restart + steps redone) from the interruption record, with the interruption rate,
+    MTBF (measured, or declared when the record is too short, labelled) and recovery time."""
+    return EttrOutput(windows=ettr_series(inp.window_s, inp.job_id),
+                      reliability=reliability(inp.declared_mtbf_h, inp.job_id))
