@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import typer
+from rich.markup import escape
 
 from trainops.output import console, emit, fail
 
@@ -16,9 +17,9 @@ def _render(result: dict[str, Any]) -> None:
     out = console()
     watched = result["watch"]
     out.print(f"job {watched['job_id']}: {watched['state']}" + (f" ({watched['reason']})" if watched["reason"] else "")
-              + f" after {watched['polls']} poll(s)", highlight=False)
+              + f" after {watched['polls']} poll(s)", highlight=False, markup=False)  # the job's own words: inert
     for line in result["handed_to_human"]:
-        out.print(f"[bold red]escalated[/] {line}", highlight=False)
+        out.print(f"[bold red]escalated[/] {escape(line)}", highlight=False)
     if not result["handed_to_human"]:
         out.print("no escalation rule fired", highlight=False)
 
