@@ -38,6 +38,7 @@ PAGE_FACTS = """(() => {
     numberCellsRightAligned: [...document.querySelectorAll('td.number')]
       .every(td => getComputedStyle(td).textAlign === 'right'),
     images: [...document.images].map(img => ({section: section(img), naturalWidth: img.naturalWidth,
+                                             name: img.alt.split(':')[0],
                                              shownWidth: img.getBoundingClientRect().width})),
     awaiting: document.querySelector('#awaiting').innerText,
     bodyText: document.body.innerText,
@@ -177,8 +178,9 @@ def test_every_sop_step_is_a_real_table_with_right_aligned_numbers(rendered):
 
 
 def test_every_plot_loads_inside_the_section_it_belongs_to(rendered):
-    assert [(img["section"], img["naturalWidth"] > 0) for img in rendered["images"]] == [
-        ("s2", True), ("s3", True), ("s5", True)]
+    assert [(img["section"], img["name"], img["naturalWidth"] > 0) for img in rendered["images"]] == [
+        ("s2", "loss_mfu", True), ("s2", "rank_step_heatmap", True), ("s2", "layout_view", True),
+        ("s3", "ablation", True), ("s5", "drill_timeline", True)]
     assert all(img["shownWidth"] <= WIDTH_PX for img in rendered["images"])
 
 
