@@ -178,6 +178,11 @@ def _fmt(value: float) -> str:
     return f"{value:.4g}"
 
 
+def _unit(unit: str) -> str:
+    """The unit as the text rules write it: '%' glued to the number, any other unit after a space."""
+    return unit if unit in ("%", "") else f" {unit}"
+
+
 def render(suite: Suite, title: str = "## Suite (`make bench`)", begin: str = SUITE_BEGIN,
            end: str = SUITE_END) -> str:
     lines = [begin, title, ""]
@@ -190,9 +195,9 @@ def render(suite: Suite, title: str = "## Suite (`make bench`)", begin: str = SU
     lines += ["", "| figure | median | spread (min ~ max) | n | target | met |", "|---|---|---|---|---|---|"]
     for fig in suite.figures:
         lo, hi = fig.spread
-        met = {True: "yes", False: "no", None: "n/a"}[fig.passed]
+        met = {True: "yes", False: "no", None: "no target"}[fig.passed]
         lines.append(
-            f"| {fig.name} | {_fmt(fig.median)} {fig.unit} | {_fmt(lo)} ~ {_fmt(hi)} | {len(fig.samples)} | "
+            f"| {fig.name} | {_fmt(fig.median)}{_unit(fig.unit)} | {_fmt(lo)} ~ {_fmt(hi)} | {len(fig.samples)} | "
             f"{fig.target} | {met} |"
         )
     notes = [f for f in suite.figures if f.note]

@@ -56,9 +56,9 @@ def measure(preset: str, nproc: int, overrides: list[str], steps: int) -> dict:
 
 
 def row(preset: str, name: str, nproc: int, r: dict) -> str:
-    step = f"{r['step_time_s']:.4g}" if r["step_time_s"] is not None else "n/a"
-    spread = f"{r['spread'][0]:.4g} ~ {r['spread'][1]:.4g}" if r["spread"] else "n/a"
-    loss = f"{r['final_loss']:.5f}" if r["final_loss"] is not None else "n/a"
+    step = f"{r['step_time_s']:.4g}" if r["step_time_s"] is not None else "not measured"
+    spread = f"{r['spread'][0]:.4g} ~ {r['spread'][1]:.4g}" if r["spread"] else "not measured"
+    loss = f"{r['final_loss']:.5f}" if r["final_loss"] is not None else "not measured"
     when = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     return f"| {preset} | {name} | {nproc} | {step} | {spread} | {r['n']} | {loss} | {r['status']} | {when} |"
 

@@ -167,6 +167,20 @@ def test_every_shipped_skill_passes_the_text_rules(path):
     assert [str(v) for v in check_text(path.read_text(encoding="utf-8"))] == []
 
 
+@pytest.mark.parametrize("path", _shipped("README.md") + _shipped("docs/*.md") + _shipped("benchmarks/RESULTS.md"),
+                         ids=lambda p: str(p.relative_to(REPO)))
+def test_the_docs_and_published_results_pass_the_text_rules(path):
+    assert [str(v) for v in check_text(path.read_text(encoding="utf-8"))] == []
+
+
+def test_a_benchmark_table_writes_percent_glued_and_no_na():
+    from trainops.benchmarks.harness import Figure, Suite, render
+
+    suite = Suite()
+    suite.figures += [Figure("overhead", [2.5, 3.0, 2.98], "%", "<= 5%", True), Figure("latency", [1.0], "s", "", None)]
+    assert check_text(render(suite)) == []
+
+
 def test_agents_md_passes_except_the_bullet_that_lists_the_forbidden_placeholders():
     text = (REPO / "AGENTS.md").read_text(encoding="utf-8")
     bullet = next(i for i, line in enumerate(text.splitlines(), start=1) if line.startswith("- **R-OUT-2**"))
