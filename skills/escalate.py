@@ -15,7 +15,8 @@ from trainops.tools.governance.escalation import (
 from trainops.tools.governance.gate import GateRefused
 
 ETTR_WINDOW_S = 3600.0
-"""One effective-training-time window of the record for the SOP and the pack (an hour)."""
+"""The default effective-training-time window (an hour); the SOP's `ettr_window_s` sets it for a
+pack, whose S2 reliability block states it."""
 
 
 def hand_to_human(esc: Escalation, subject: str, ctx: CallContext | None = None,
@@ -41,7 +42,7 @@ def pack_signals(pack) -> EscalationSignals:
     the checkpoint stall against the plan's MTBF (R-ESC-4, stall measured from the drill run's
     journal); R-ESC-1 from the interruption record as of the pack's creation."""
     plan = pack.checkpoint_plan
-    ettr, _causes = record_ettr(until=pack.created_time)
+    ettr, _causes = record_ettr(until=pack.created_time, window_s=pack_window_s(pack))
     return EscalationSignals(ettr_history_pct=ettr,
                              vanished_arms=[f"{r.knob}={r.value}" for r in pack.ablations if r.vanished_at_scale],
                              checkpoint_save_s=plan.save_stall_s if plan else None,
@@ -58,14 +59,19 @@ def escalation_problems(pack) -> list[str]:
             for rule in required_escalations(signals) if rule not in carried]
 
 
-def record_ettr(until: float | None = None, job: str | None = None,
-                window_s: float = ETTR_WINDOW_S) -> tuple[list[float], dict[str, int]]:
-    """ETTR per window and the cause split from the interruption record (up to `until`)."""
-    from trainops.tools import interruptions
+def pack_window_s(pack) -> float:
+    """The ETTR window the pack's S2 reliability block states (the SOP's setting), else the default."""
+    rel = pack.baseline.reliability if pack.baseline else None
+    return rel.ettr_window_s if rel else ETTR_WINDOW_S
 
-    records = [r for r in interruptions.read_interruptions(job=job) if until is None or r.time <= until]
-    windows = interruptions.ettr_series(window_s, job=job, now=until)
-    return [w.ettr_pct for w in windows], interruptions.cause_distribution(records)
+
+def record_ettr(until: float | None = None, window_s: float = ETTR_WINDOW_S) -> tuple[list[float], dict[str, int]]:
+    """ETTR per closed window and the cause split from the interruption record (up to `until`):
+    the view `watch_job` reads too."""
+    from trainops.tools.watch import record_view
+
+    view = record_view(window_s, 24.0, until=until)
+    return view.ettr_pct, view.cause_distribution
 
 
 def carry_fired(pack, ctx: CallContext | None = None):
@@ -73,6 +79,6 @@ def carry_fired(pack, ctx: CallContext | None = None):
     (with the record's cause split for R-ESC-1): what the SOP does before writing a pack."""
     from trainops.tools.governance.escalation import escalations_for
 
-    _ettr, causes = record_ettr(until=pack.created_time)
+    _ettr, causes = record_ettr(until=pack.created_time, window_s=pack_window_s(pack))
     items = human_items(escalations_for(pack_signals(pack), causes), f"pack {pack.pack_id}", ctx)
     return pack.model_copy(update={"awaiting_human": [*pack.awaiting_human, *items]}) if items else pack

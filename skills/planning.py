@@ -6,7 +6,7 @@ import statistics
 from pydantic import BaseModel
 
 from trainops.run_folder import read_journal
-from trainops.skills.evidence.model import CheckpointPlan, DrillResult, PackEnvironment
+from trainops.skills.evidence.model import CheckpointPlan, DrillResult, PackEnvironment, ReliabilitySummary
 from trainops.skills.evidence.published import LayoutPlan
 from trainops.skills.request import JobRequest
 from trainops.tools.base import CallContext
@@ -24,7 +24,7 @@ def plan_checkpoint(save_s: float, restart_s: float, mtbf_h: float, ctx: CallCon
 def plan_from_drill(drill: DrillResult, mtbf_h: float, mtbf_basis: str,
                     ctx: CallContext | None = None) -> CheckpointPlan:
     """The interval for this job: save cost from the drill run's checkpoint journal, restart cost
-    from the drill's measured recovery, MTBF as declared."""
+    from the drill's measured recovery, the MTBF S2 states (with its source as the basis)."""
     saves = read_journal(drill.run_dir).saves
     stall = statistics.median(s.stall_s for s in saves)
     write_s = statistics.median(s.write_s for s in saves)
@@ -38,6 +38,26 @@ def plan_from_drill(drill: DrillResult, mtbf_h: float, mtbf_basis: str,
                           checkpoint_bytes=occupancy.checkpoint_bytes if occupancy else None,
                           write_bandwidth_mib_s=occupancy.write_bandwidth_mib_s if occupancy else None,
                           write_occupancy_pct=100 * occupancy.occupancy_fraction if occupancy else None)
+
+
+def reliability_summary(declared_mtbf_h: float, ettr_window_s: float) -> ReliabilitySummary:
+    """S2's reliability block from the interruption record as it stands: the interruption rate,
+    the MTBF (measured, or the declared one while the record is too short, labelled so), the
+    recovery time and the ETTR readings the escalation rules read (tools/watch.record_view)."""
+    import time
+
+    from trainops.tools import interruptions
+    from trainops.tools.watch import record_view
+
+    now = time.time()
+    stats = interruptions.reliability(declared_mtbf_h)
+    view = record_view(ettr_window_s, declared_mtbf_h, until=now)
+    return ReliabilitySummary(as_of=now, interruptions=stats.interruptions, unplanned=stats.unplanned,
+                              span_h=stats.span_h, interruption_rate_per_day=stats.interruption_rate_per_day,
+                              mtbf_h=stats.mtbf_h, mtbf_source=stats.mtbf_source,
+                              mtbf_measured=stats.mtbf_source.startswith("measured"),
+                              recovery_time_s=stats.recovery_time_s, cause_distribution=stats.cause_distribution,
+                              ettr_window_s=ettr_window_s, ettr_pct=view.ettr_pct)
 
 
 def plan_ettr(params: dict, ctx: CallContext | None = None) -> BaseModel:

@@ -32,7 +32,11 @@ class SopSettings(BaseModel):
     knobs: list[str] = Field(default_factory=list,
                              description="arms NAME=VALUE; empty uses the framework's default plan")
     faults: list[str] = Field(default_factory=list, description="drill kinds; empty uses the framework's default set")
-    mtbf_h: float = Field(24.0, gt=0, description="job MTBF for the checkpoint plan, hours (declared, not measured)")
+    mtbf_h: float = Field(24.0, gt=0, description="declared job MTBF, hours: used only while the interruption "
+                                                  "record is too short to measure one")
+    ettr_window_s: float = Field(3600.0, gt=0, le=30 * 86400,
+                                 description="width of one effective-training-time window (seconds) for S2 and "
+                                             "R-ESC-1")
     framework: FrameworkName = Field("trainops",
                                      description="whose job: trainops (embedded trainer), deepspeed, torchtitan or "
                                                  "megatron")
@@ -94,14 +98,15 @@ def run(settings: SopSettings, ctx: CallContext | None = None, progress: Progres
     layout = planning.layout_plan(req, env, settings.moe.model_dump() if settings.moe else None, ctx)
     say("S2 baseline")
     summary, base_runs, evidence = baseline.measure(req, settings.repeats(), ctx, say)
+    reliability = planning.reliability_summary(settings.mtbf_h, settings.ettr_window_s)
+    summary = summary.model_copy(update={"reliability": reliability})
     say("S3/S4 ablation: small-scale baseline, then each arm")
     rows, arm_evidence = ablation.ablate(req, settings.plan(), settings.repeats(), ctx, say, measured=base_runs)
     say("S5 fault drills")
     drill_req = req.with_overrides(settings.drill_overrides())
     results, drill_evidence = drill.run_drills(drill_req, settings.drills(), ctx, say)
     drills = [d for d in results if not isinstance(d, drill.DetectionOnlyResult)]  # the pack's drills recovered
-    ckpt_plan = planning.plan_from_drill(drills[0], settings.mtbf_h,
-                                         "declared by the operator (--mtbf-h), not measured",
+    ckpt_plan = planning.plan_from_drill(drills[0], reliability.mtbf_h, _mtbf_basis(reliability),
                                          ctx) if drills else None
     say("S6 evidence pack")
     world = req.nproc * req.nodes
@@ -115,6 +120,14 @@ def run(settings: SopSettings, ctx: CallContext | None = None, progress: Progres
     folder = evidence_pack.write(pack)
     return SopResult(pack_dir=str(folder), verdict=pack.verdict, blockers=pack.blockers,
                      elapsed_s=time.time() - started)
+
+
+def _mtbf_basis(rel) -> str:
+    """The checkpoint plan's MTBF basis: S2's figure and where it comes from."""
+    if rel.mtbf_measured:
+        return f"the interruption record (S2): {rel.mtbf_source}"
+    return (f"declared by the operator (--mtbf-h), not measured: the interruption record holds {rel.unplanned} "
+            "unplanned interruption(s), too few to measure one")
 
 
 def build_from_runs(run_dirs: list[str], scheduler: str = "local", ctx: CallContext | None = None) -> Path:
@@ -135,7 +148,8 @@ def build_from_runs(run_dirs: list[str], scheduler: str = "local", ctx: CallCont
     req = JobRequest(config=str(config) if config.exists() else None, nproc=max(r.summary.ranks for r in results))
     records = [read_drill_record(r) for r in run_dirs]
     drills = [DrillResult.model_validate(record.model_dump()) for record in records if record is not None]
-    summary = baseline.summarize(req, results)
+    summary = baseline.summarize(req, results).model_copy(
+        update={"reliability": planning.reliability_summary(24.0, escalate.ETTR_WINDOW_S)})
     pack = evidence_pack.assemble(f"runs-{time.strftime('%Y%m%d-%H%M%S')}", env, summary, [], drills, [env_row],
                                   references=reference_notes(env, req.nproc, summary.model),
                                   mlperf=references.mlperf(env))

@@ -88,25 +88,40 @@ class _RunReader:
         return max(time.time() - b.time for b in beats.values()) if beats else None
 
 
-def record_view(job_id: str | None, window_s: float, declared_mtbf_h: float) -> tuple[list[float], dict[str, int],
-                                                                                         float, str]:
-    """From the interruption record: ETTR per window, the cause split, the MTBF (s) and its source."""
+class RecordView(BaseModel):
+    """What the interruption record says for R-ESC-1 and R-ESC-4: the same view for the SOP, the
+    pack and the watch."""
+
+    ettr_pct: list[float] = Field(description="ETTR per closed window, oldest first.")
+    window_s: float
+    cause_distribution: dict[str, int]
+    mtbf_s: float
+    mtbf_source: str
+
+
+def record_view(window_s: float, declared_mtbf_h: float, until: float | None = None) -> RecordView:
+    """From the workspace's whole interruption record (every job of the footprint, up to `until`):
+    ETTR per window, the cause split and the MTBF with its source. Only closed windows are
+    readings: the window still open holds a fraction of its time and would read as noise."""
     from trainops.tools import interruptions
 
-    series = [w.ettr_pct for w in interruptions.ettr_series(window_s, job=job_id)]
-    stats = interruptions.reliability(declared_mtbf_h, job=job_id)
-    return series, stats.cause_distribution, stats.mtbf_h * 3600, stats.mtbf_source
+    records = [r for r in interruptions.read_interruptions() if until is None or r.time <= until]
+    windows = interruptions.ettr_series(window_s, now=until or time.time())
+    stats = interruptions.reliability(declared_mtbf_h)
+    return RecordView(ettr_pct=[w.ettr_pct for w in windows if w.wall_s >= window_s - 1e-3], window_s=window_s,
+                      cause_distribution=interruptions.cause_distribution(records), mtbf_s=stats.mtbf_h * 3600,
+                      mtbf_source=stats.mtbf_source)
 
 
 def evaluate(inp: WatchJobInput, run_dir: Path | None, reader: _RunReader | None):
     """One poll's signals and fired escalations."""
     suspect = reader.sdc() if reader else None
-    ettr, causes, mtbf_s, source = record_view(inp.job_id, inp.ettr_window_s, inp.mtbf_h)
-    signals = EscalationSignals(ettr_history_pct=ettr, sdc_suspected=suspect is not None,
+    view = record_view(inp.ettr_window_s, inp.mtbf_h)
+    signals = EscalationSignals(ettr_history_pct=view.ettr_pct, sdc_suspected=suspect is not None,
                                 sdc_evidence=_suspect_line(suspect),
                                 checkpoint_save_s=checkpoint_save_s([str(run_dir)]) if run_dir else None,
-                                mtbf_s=mtbf_s, mtbf_source=source)
-    return signals, escalations_for(signals, causes), causes, suspect
+                                mtbf_s=view.mtbf_s, mtbf_source=view.mtbf_source)
+    return signals, escalations_for(signals, view.cause_distribution), view.cause_distribution, suspect
 
 
 def _suspect_line(suspect: SdcSuspect | None) -> str:

@@ -62,6 +62,24 @@ class MetricSpread(BaseModel):
     spread_pct: float = Field(ge=0, description="(high - low) / median, in percent: the run-to-run noise band")
 
 
+class ReliabilitySummary(BaseModel):
+    """S2's reliability figures, measured from the workspace's interruption record; the MTBF is the
+    declared one only while the record is too short, and `mtbf_source` says which."""
+
+    as_of: float = Field(description="unix time the record was read")
+    interruptions: int = Field(ge=0, description="recorded job ends that were not a clean finish")
+    unplanned: int = Field(ge=0, description="of those, the ones not planned (an operator's stop is planned)")
+    span_h: float = Field(ge=0, description="hours from the first to the last unplanned interruption")
+    interruption_rate_per_day: float | None = Field(description="unplanned interruptions per day; None: too few")
+    mtbf_h: float = Field(gt=0, description="mean time between failures, hours")
+    mtbf_source: str = Field(description="measured from N recorded interruptions, or declared (and why)")
+    mtbf_measured: bool = Field(description="the MTBF comes from the record, not the declared figure")
+    recovery_time_s: float | None = Field(description="median time lost per unplanned interruption; None: none")
+    cause_distribution: dict[str, int] = Field(description="interruptions per cause, from the record")
+    ettr_window_s: float = Field(gt=0, description="width of one effective-training-time window")
+    ettr_pct: list[float] = Field(default_factory=list, description="ETTR per closed window, oldest first")
+
+
 class BaselineSummary(BaseModel):
     """S2: the default configuration measured with repeats, warm-up steps excluded."""
 
@@ -82,6 +100,8 @@ class BaselineSummary(BaseModel):
         default=None, description="compute / exposed communication / data loading / scheduling shares of wall time")
     run_dirs: list[str] = Field(description="the baseline runs, one per repeat")
     labels: JobLabels | None = Field(default=None, description="the labels above, read from the job that ran")
+    reliability: ReliabilitySummary | None = Field(
+        default=None, description="interruption rate, MTBF and recovery time from the interruption record")
 
 
 class AblationRow(BaseModel):

@@ -9,7 +9,13 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from trainops.skills.evidence.bottleneck import BottleneckSplit
-from trainops.skills.evidence.model import AblationRow, CheckpointPlan, EvidencePack, MetricSpread
+from trainops.skills.evidence.model import (
+    AblationRow,
+    CheckpointPlan,
+    EvidencePack,
+    MetricSpread,
+    ReliabilitySummary,
+)
 from trainops.terminal_text import visible
 
 CellKind = Literal["text", "number", "code", "command", "path", "gain", "regression", "within-noise", "bad"]
@@ -167,9 +173,28 @@ def _baseline(pack: EvidencePack) -> Section | None:
         _spread_row("MFU", "%", base.mfu_pct, 3),
     ])
     return Section("s2", "S2 Baseline", paragraphs=[intro, f"Data-wait share: {base.data_wait_share_pct:.1f}%. "
-                                                           f"Communication share: {comm}."],
+                                                           f"Communication share: {comm}.",
+                                                    *_reliability(base.reliability)],
                    tables=[table, *_bottleneck(base.bottleneck)],
                    bullets=[f"repeat {i}: {code(run)}" for i, run in enumerate(base.run_dirs, 1)])
+
+
+def _reliability(rel: ReliabilitySummary | None) -> list[str]:
+    """S2's interruption rate, MTBF and recovery time from the interruption record, the MTBF's
+    source beside it (declared only while the record is too short)."""
+    if rel is None:
+        return ["**Reliability.** not measured: the interruption record was not read for this pack."]
+    rate = ("not measured (fewer than two unplanned interruptions)" if rel.interruption_rate_per_day is None
+            else f"{rel.interruption_rate_per_day:g} per day over {rel.span_h:g} h")
+    recovery = ("not measured (no unplanned interruption)" if rel.recovery_time_s is None
+                else f"{rel.recovery_time_s:.1f} s, the median time lost per unplanned interruption")
+    kind = "" if rel.mtbf_measured else "; the declared figure, not measured"
+    causes = ", ".join(f"{md_text(cause)} {count}" for cause, count in rel.cause_distribution.items())
+    ettr = ", ".join(f"{v:.1f}%" for v in rel.ettr_pct) or "no closed window yet"
+    return [f"**Reliability** (interruption record, {rel.interruptions} interruption(s), {rel.unplanned} unplanned). "
+            f"Interruption rate: {rate}. MTBF: {rel.mtbf_h:.4g} h ({md_text(rel.mtbf_source)}{kind}). "
+            f"Recovery time: {recovery}. Causes: {causes}.",
+            f"**Effective training time** per {rel.ettr_window_s:g} s window, oldest first: {ettr}."]
 
 
 def _bottleneck(split: BottleneckSplit | None) -> list[Table]:

@@ -10,6 +10,7 @@ import typer
 from trainops.output import console, emit, fail
 
 app = typer.Typer()
+MAX_WINDOW_S = 30 * 86400.0
 
 
 def _render_interruptions(result: dict[str, Any]) -> None:
@@ -89,6 +90,9 @@ def ettr(
     from trainops.tools.calls import call
     from trainops.workspace import confine, home
 
+    if not 0 < window_s <= MAX_WINDOW_S:  # nan fails this too
+        fail(f"--window {window_s}: one window must be a positive number of seconds, at most {MAX_WINDOW_S:.0f} "
+             "(30 days); e.g. --window 3600 for hourly readings", as_json=as_json)
     try:
         out = call("effective_training_time", {"job_id": job_id, "window_s": window_s, "declared_mtbf_h": mtbf_h})
         target = confine(plot, "--plot") if plot else home() / "ettr.png"

@@ -214,7 +214,10 @@ def sop(config: Optional[str] = typer.Argument(None, help="Job config TOML (defa
                                                   help="Drill kinds (default: the framework's; trainops: crash, full "
                                                        "run crash, hang, bitflip)."),
         mtbf_h: float = typer.Option(24.0, "--mtbf-h", min=0.001,
-                                     help="Job MTBF for the checkpoint plan, hours (declared)."),
+                                     help="Declared job MTBF, hours: used only while the interruption record is "
+                                          "too short to measure one."),
+        ettr_window_s: float = typer.Option(3600.0, "--ettr-window", min=1.0, max=30 * 86400.0,
+                                            help="Effective-training-time window, seconds (S2 and R-ESC-1)."),
         scheduler: str = SCHED, monitor: str = MONITOR, as_json: bool = JSON, framework: str = FRAMEWORK):
     """S1..S6 end to end; ends with an evidence pack waiting for approval."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -226,7 +229,7 @@ def sop(config: Optional[str] = typer.Argument(None, help="Job config TOML (defa
     for spec in knob or []:
         _guard(lambda spec=spec: parse_arm([spec], framework), as_json)
     settings = SopSettings(config=config, quick=quick, scheduler=scheduler, knobs=knob or [], faults=fault or [],
-                           mtbf_h=mtbf_h, framework=framework)
+                           mtbf_h=mtbf_h, ettr_window_s=ettr_window_s, framework=framework)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), disable=as_json,
                   transient=False, console=console()) as bar:
         task = bar.add_task("SOP", total=None)
