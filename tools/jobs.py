@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trainops.run_folder import MetricsRecord, read_metrics
-from trainops.tools.base import ToolError, tool
+from trainops.tools.base import InputCheck, ToolError, tool
 from trainops.tools.monitoring.base import MonitorError, MonitorKind, Sample, Series
 from trainops.tools.schedulers.base import (
     JobHandle,
@@ -166,19 +166,35 @@ class CancelJobInput(JobRef):
 
 
 def _launched_spec(tool_name: str, ref: JobRef) -> JobSpec | None:
-    """The spec trainops recorded when it launched the job; a job it did not launch (another
-    user's Slurm job, say) is refused before the scheduler is asked to touch it."""
+    """The spec trainops recorded when it launched the job (None on Kubernetes, whose job labels
+    the scheduler checks); a job it did not launch is refused by `_launched_here` first."""
     from trainops.tools.schedulers.processes import launched_spec
 
-    spec = _run(tool_name, launched_spec, ref.job_id, ref.scheduler)
-    if spec is None and ref.scheduler == "slurm":
-        raise ToolError(tool_name, f"job {ref.job_id!r} was not launched by trainops in this workspace (no record in "
-                                   "its jobs folder); trainops acts only on its own jobs: "
-                                   "use scancel/scontrol yourself")
-    return spec
+    return _run(tool_name, launched_spec, ref.job_id, ref.scheduler)
 
 
-@tool("cancel_job", risk="mutate", tags=("jobs",))
+def _launched_here(ref: JobRef) -> str | None:
+    """Before the gate queues a stop or a relaunch for a human to sign: the job must have a launch
+    record in this workspace (another user's Slurm job, a mistyped id), or the call could never run."""
+    from trainops.tools.schedulers.processes import launched_spec
+
+    if ref.scheduler == "kubernetes":
+        return None
+    try:
+        known = launched_spec(ref.job_id, ref.scheduler) is not None
+    except (OSError, ValueError) as exc:
+        return f"job_id={ref.job_id!r}: its launch record cannot be read ({exc}); check the workspace's jobs folder"
+    if known:
+        return None
+    tool_hint = "use scancel/scontrol yourself" if ref.scheduler == "slurm" else "list yours with list_jobs"
+    return (f"job {ref.job_id!r} was not launched by trainops in this workspace (no record in its jobs folder); "
+            f"trainops acts only on its own jobs: {tool_hint}")
+
+
+_OWN_JOB = InputCheck("R-SEC-3", _launched_here)
+
+
+@tool("cancel_job", risk="mutate", tags=("jobs",), checks=(_OWN_JOB,))
 def cancel_job(inp: CancelJobInput) -> JobStatus:
     """Cancel a job trainops launched (all its processes); `force` skips the grace period."""
     _launched_spec("cancel_job", inp)
@@ -192,7 +208,7 @@ class RequeueJobInput(JobRef):
                                                 "approval, so the signature covers what is relaunched.")
 
 
-@tool("requeue_job", risk="mutate", tags=("jobs",))
+@tool("requeue_job", risk="mutate", tags=("jobs",), checks=(_OWN_JOB,))
 def requeue_job(inp: RequeueJobInput) -> JobHandle:
     """Requeue a job with the same spec; a trainer run resumes from its newest checkpoint. Its
     folders are checked again first: the job itself can have rewritten its run's config. The job

@@ -40,12 +40,13 @@ def test_an_error_message_with_markup_prints_literally_instead_of_crashing():
 
 
 def test_the_approval_prompt_shows_a_models_concealed_arguments(model):
-    model.script = [model.tool_call("cancel_job", {"job_id": f"1{HIDDEN}", "scheduler": "local"}),
+    model.script = [model.tool_call("set_tenant_quota", {"tenant": "acme", "gpus": 4, "priority": "low",
+                                                         "reason": f"trial {HIDDEN}"}),
                     model.text("Waiting for your approval.")]
-    result = _cli("ask", "cancel job 1")
+    result = _cli("ask", "give acme 4 GPUs")
     assert result.exit_code == 0, result.output
     prompt = result.output[result.output.index("approval needed"):]  # the call, one field per line below it
-    assert "cancel_job" in prompt.splitlines()[0] and HIDDEN in prompt
+    assert "set_tenant_quota" in prompt.splitlines()[0] and HIDDEN in prompt
 
 
 def test_a_model_answer_and_tool_arguments_with_a_stray_closing_tag_do_not_crash(model):

@@ -146,5 +146,6 @@ def test_inject_fault_refuses_a_run_folder_outside_the_workspace(tmp_path, victi
 
 @pytest.mark.parametrize("tool", ["cancel_job", "requeue_job"])
 def test_a_slurm_job_trainops_did_not_launch_is_not_touched(tool):
-    with pytest.raises(ToolError, match=f"{tool}: job '4242' was not launched by trainops in this workspace"):
+    refused = rf"{tool}: refused \(invalid_input, R-SEC-3\): job '4242' was not launched by trainops in this workspace"
+    with pytest.raises(ToolError, match=refused):
         call(tool, {"job_id": "4242", "scheduler": "slurm"}, OPERATOR)

@@ -117,7 +117,8 @@ def test_a_job_logs_clipboard_write_and_screen_clear_print_as_text(noisy_job):
 def test_ask_shows_a_poisoned_log_and_the_models_echo_of_it_as_text(model, noisy_job):
     model.script = [model.tool_call("job_logs", {"job_id": noisy_job, "scheduler": "local"}),
                     model.text(f"The log says: step 1{OSC52_AND_CLEAR}{C1_CSI} done"),
-                    model.tool_call("cancel_job", {"job_id": f"1{OSC52_AND_CLEAR}", "scheduler": "local"}),
+                    model.tool_call("set_tenant_quota", {"tenant": "acme", "gpus": 4, "priority": "low",
+                                                         "reason": f"trial {OSC52_AND_CLEAR}"}),
                     model.text(f"Waiting{BIDI}.")]
     answered = _cli("ask", "what does the job log say?")
     assert answered.exit_code == 0, answered.output

@@ -141,3 +141,19 @@ def test_a_spent_token_whose_call_then_fails_gives_one_clear_error_and_no_traceb
     assert isinstance(result.exception, SystemExit)
     assert "Traceback" not in result.output
     assert "set_tenant_quota" in result.output and "token" in result.output and "quota.json" in result.output
+
+
+@pytest.mark.parametrize("tool_name", ["cancel_job", "requeue_job"])
+@pytest.mark.parametrize("scheduler", ["local", "slurm"])
+def test_a_stop_or_relaunch_of_a_job_trainops_did_not_launch_is_refused_before_it_is_queued(tool_name, scheduler):
+    """No human is asked to sign a cancel or a requeue of a job with no launch record here: the
+    record is what makes it trainops' own, and the check runs before the queue."""
+    result = runner.invoke(app, ["tool", "call", tool_name, "--input",
+                                 json.dumps({"job_id": "424242", "scheduler": scheduler}), "--json"])
+    assert result.exit_code == 2, result.output
+    error = json.loads(result.stdout)["error"]
+    assert "was not launched by trainops in this workspace" in error and "pending approval" not in error
+    with pytest.raises(ToolError, match="was not launched by trainops in this workspace") as info:
+        call(tool_name, {"job_id": "424242", "scheduler": scheduler}, CallContext(actor="agent"))
+    assert getattr(info.value, "pending_id", None) is None
+    assert nothing_queued()

@@ -46,6 +46,18 @@ class CancelsScratch(BaseChatModel):
         return ChatResult(generations=[ChatGeneration(message=reply)])
 
 
+@pytest.fixture(autouse=True)
+def launched_jobs():
+    """Launch records for `scratch` and `important-run`, as submit_job leaves them: a cancel is queued
+    for a human only for a job trainops launched here (tools/jobs.py checks it before the queue)."""
+    from trainops.tools.schedulers.base import JobSpec
+    from trainops.tools.schedulers.local import LocalScheduler
+
+    for job_id in (SCRATCH["job_id"], IMPORTANT["job_id"]):
+        spec = JobSpec(name=job_id, command=["true"])
+        LocalScheduler()._save({"job_id": job_id, "spec": spec.model_dump(), "state": "running"})
+
+
 @pytest.fixture
 def ssh_agent(approvers, tmp_path, monkeypatch):
     """alice's key in a real ssh-agent, as at the approver's terminal: chat signs with it."""
