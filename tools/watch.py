@@ -133,8 +133,9 @@ def _suspect_line(suspect: SdcSuspect | None) -> str:
 @tool("watch_job", risk="read", tags=("jobs", "escalation"))
 def watch_job(inp: WatchJobInput) -> WatchJobOutput:
     """Watch a running job: each poll reads its state, metrics, heartbeats, checkpoint journal and
-    the interruption record and evaluates R-ESC-1..4 (falling effective training time, a gain
-    vanished at scale, suspected silent data corruption, checkpoint save too slow for the MTBF).
+    the workspace's interruption record (every job's, as the SOP and the pack read it) and
+    evaluates R-ESC-1..4 (falling effective training time, a gain vanished at scale, suspected
+    silent data corruption, checkpoint save too slow for the MTBF).
     Returns when the job ends (with its reason) or a rule fires; hand fired rules to a human."""
     from trainops.tools.schedulers import get_scheduler
     from trainops.tools.schedulers.base import SchedulerError
