@@ -95,3 +95,19 @@ def test_slurm_runs_the_script_it_was_given_not_what_the_file_says_later(slurm, 
     status = _wait_state(slurm, handle.job_id, {"failed", "completed"})
     log = slurm.logs(handle.job_id)
     assert status.state == "completed" and "as-submitted" in log and "rewritten" not in log
+
+
+
+def test_the_operator_s_environment_is_not_handed_to_slurmctld(slurm, sandbox_cluster, monkeypatch, tmp_path):
+    """slurmctld keeps the environment a submission carries (StateSaveLocation/hash.N/job.ID/environment):
+    a secret in the operator's shell must not travel with the job, through either transport."""
+    monkeypatch.setenv("TRAINOPS_TEST_OPERATOR_TOKEN", "sk-operator-secret-4f2a")
+    handle = slurm.submit(JobSpec(name="env-kept", command=["sleep", "20"], workdir=str(tmp_path)))
+    try:
+        _wait_state(slurm, handle.job_id, {"running"})
+        kept = list(sandbox_cluster.conf.parent.glob(f"**/hash.*/job.{handle.job_id}/environment"))
+        assert kept, f"slurmctld kept no environment file for job {handle.job_id}"
+        assert all(b"sk-operator-secret-4f2a" not in path.read_bytes() for path in kept)
+        assert all(b"TRAINOPS_TEST_OPERATOR_TOKEN" not in path.read_bytes() for path in kept)
+    finally:
+        slurm.cancel(handle.job_id)

@@ -28,6 +28,16 @@ _SUBMIT = ("import json, sys, pyslurm\n"
            "print(pyslurm.job().submit_batch_job(json.loads(sys.argv[1])))\n")
 
 
+_SUBMIT_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "SLURM_CONF", "LD_LIBRARY_PATH")
+
+
+def _submit_environment() -> dict[str, str]:
+    """What the submitting child may see: submit_batch_job hands its whole environment to slurmctld,
+    which keeps it with the job, so the operator's shell (tokens, keys) stays out of it. The
+    job's own environment is set by its script (tools/schedulers/job_env.py)."""
+    return {key: os.environ[key] for key in _SUBMIT_ENV if key in os.environ}
+
+
 class PyslurmTransport:
     name = "pyslurm"
 
@@ -54,7 +64,7 @@ class PyslurmTransport:
             key = _OPTIONS[flag]
             job_opts[key] = int(value) if key in _INTEGER_OPTIONS else value
         done = subprocess.run([sys.executable, "-c", _SUBMIT, json.dumps(job_opts)], capture_output=True, text=True,
-                              timeout=60)
+                              timeout=60, env=_submit_environment())
         job_id = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
         if done.returncode != 0 or not job_id.isdigit():
             detail = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
