@@ -53,10 +53,10 @@ class _RunReader:
     """The run's metrics, read incrementally (detect_faults's reader), and what they suspect."""
 
     def __init__(self, run_dir: Path):
-        from trainops.tools.detection import DetectFaultsInput, _Watch
+        from trainops.tools.fault_signals import DetectFaultsInput, FaultWatch
 
         self.run_dir = run_dir
-        self.watch = _Watch(DetectFaultsInput(run=str(run_dir)), run_dir)
+        self.watch = FaultWatch(DetectFaultsInput(run=str(run_dir)), run_dir)
 
     def sdc(self) -> SdcSuspect | None:
         """A replica-checksum mismatch, or a NaN/inf loss no injected NaN explains (no code change)."""

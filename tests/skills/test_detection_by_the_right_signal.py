@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 
 from trainops.run_folder import read_metrics
 from trainops.tools.calls import call
-from trainops.tools.detection import DetectFaultsInput, anomaly_firings
+from trainops.tools.fault_signals import DetectFaultsInput, FaultWatch
 
 pytestmark = pytest.mark.usefixtures("as_operator")
 
@@ -39,6 +40,17 @@ def clean_runs(tmp_path_factory) -> list:
     finally:
         os.environ.pop("TRAINOPS_HOME") if old is None else os.environ.__setitem__("TRAINOPS_HOME", old)
     return [read_metrics(h.run_dir) for h in handles]
+
+
+def anomaly_firings(records, inp: DetectFaultsInput) -> list:
+    """Every record the loss/grad-norm check fires on, replayed in the order written: how its
+    false-positive rate is measured on clean runs."""
+    watch = FaultWatch(inp, Path("."))
+    fired = []
+    for rec in records:
+        watch.by_rank.setdefault(rec.rank, []).append(rec)
+        fired += filter(None, [watch.loss_anomaly([rec])])
+    return fired
 
 
 def _live_copy(workspace, name: str, records, extra: list[dict] = ()):
