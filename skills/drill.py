@@ -117,12 +117,6 @@ def _fired(run_dir: str, kind: str) -> FaultRecord | None:
     return next((fault for fault in read_faults(run_dir) if fault.kind == kind and fault.step is not None), None)
 
 
-def quarantine_after(run_dir: str, step: int, ctx: CallContext | None = None) -> list[int]:
-    """Quarantine committed checkpoints taken at or after `step`: after a silent data corruption
-    they may hold the corrupted weights, so the restart must load an older one."""
-    return call("quarantine_checkpoints", {"run": run_dir, "from_step": step}, ctx).quarantined_steps
-
-
 def _first_step_after(run_dir: str, since: float) -> float | None:
     return next((record.time for record in read_metrics(run_dir) if record.rank == 0 and record.time > since), None)
 

@@ -81,11 +81,12 @@ def assemble(pack_id: str, environment: PackEnvironment | None, baseline: Baseli
 
 def governance_errors(pack: EvidencePack, markdown: str) -> list[str]:
     """What governance refuses in this pack: the baseline MFU claim (R-ENV-1/2), each drill's
-    fault-tolerance conclusion (R-EVD-2), and the report text (R-OUT-1..3). Ablation arms were
-    checked for a single variable (R-ABL-1) when they ran."""
+    fault-tolerance conclusion (R-EVD-2), the escalations it hands over (R-ESC-1..4) and the report
+    text (R-OUT-1..3). Ablation arms were checked for a single variable (R-ABL-1) when they ran."""
     from pydantic import ValidationError
 
-    from trainops.tools.governance import claims
+    from trainops.skills.escalate import pack_signals
+    from trainops.tools.governance import claims, escalation
     from trainops.tools.governance.text import validate_report_text
 
     checks = []
@@ -105,6 +106,7 @@ def governance_errors(pack: EvidencePack, markdown: str) -> list[str]:
             check()
         except ValidationError as exc:
             errors += [e["msg"] for e in exc.errors()]
+    errors += escalation.report_problems(pack_signals(pack), pack.awaiting_human)  # R-ESC-1..4: action, cause split
     return errors + [str(v) for v in validate_report_text(markdown)]
 
 

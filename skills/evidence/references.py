@@ -1,7 +1,8 @@
 """Comparisons with sources (SOP step 7): each ablation arm against MegaScale's published
 breakdown, the baseline against same-generation MLPerf Training results, every item with its
-source and the scale and hardware difference to this run. The figures live in published.json
-beside this file (shipped as package data); nothing here makes one up."""
+source and the scale and hardware difference to this run, each comparison built as the
+claim model `ExternalComparison` (R-EVD-3: no source or no scale difference is refused). The
+figures live in published.json beside this file (shipped as package data); nothing here makes one up."""
 from __future__ import annotations
 
 import json
@@ -12,6 +13,7 @@ from typing import Any
 
 from trainops.skills.evidence.model import AblationRow, PackEnvironment
 from trainops.skills.evidence.published import MlperfComparison, MlperfResult
+from trainops.tools.governance.claims import ExternalComparison
 
 DATA_PATH = Path(__file__).with_name("published.json")
 GENERATIONS = ("Blackwell", "Hopper", "Ada Lovelace", "Ampere", "Volta", "CDNA 3")
@@ -57,10 +59,13 @@ def megascale_reference(row: AblationRow, env: PackEnvironment | None, world: in
     if item is None:
         return (f"no item of MegaScale's breakdown matches a {row.category} arm ({source}); "
                 + _difference(env, world, model))
-    return (f"MegaScale: {item['item']} +{item['mfu_points']:.1f} MFU points (absolute, of {mega['baseline_mfu_pct']}%"
-            f" -> {mega['mfu_pct']}% overall against {mega['baseline_framework']}); this arm "
-            f"{row.knob}={row.value}: {row.mfu_change_pct:+.1f}% relative MFU change, not the same unit or change; "
-            f"{_difference(env, world, model)}; {mega['breakdown_note']} ({source})")
+    comparison = ExternalComparison(  # R-EVD-3: refused here when the table names no source or scale
+        metric="MFU", source=mega["source"], scale_difference=_difference(env, world, model),
+        theirs=f"{item['item']} +{item['mfu_points']:.1f} MFU points (absolute, of {mega['baseline_mfu_pct']}% -> "
+               f"{mega['mfu_pct']}% overall against {mega['baseline_framework']})",
+        ours=f"{row.knob}={row.value}: {row.mfu_change_pct:+.1f}% relative MFU change")
+    return (f"MegaScale: {comparison.theirs}; this arm {comparison.ours}, not the same unit or change; "
+            f"{comparison.scale_difference}; {mega['breakdown_note']} ({comparison.source}, {mega['url']})")
 
 
 def annotate(rows: list[AblationRow], env: PackEnvironment | None, world: int, model: str) -> list[AblationRow]:
@@ -89,9 +94,12 @@ def headline_notes(env: PackEnvironment | None, world: int, model: str) -> list[
     hardware the run used."""
     mega = published()["megascale"]
     comparison = mlperf(env)
-    notes = [f"{mega['source']} reports MFU {mega['mfu_pct']}% against {mega['baseline_mfu_pct']}% for "
-             f"{mega['baseline_framework']}, communication overlap the largest single item; "
-             f"{_difference(env, world, model)} ({mega['url']})"]
+    headline = ExternalComparison(metric="MFU", ours=devices(env, world), source=mega["source"],
+                                  theirs=f"{mega['mfu_pct']}% against {mega['baseline_mfu_pct']}% for "
+                                         f"{mega['baseline_framework']}",
+                                  scale_difference=_difference(env, world, model))
+    notes = [f"{headline.source} reports MFU {headline.theirs}, communication overlap the largest single item; "
+             f"{headline.scale_difference} ({mega['url']})"]
     if comparison.same_generation:
         notes += [f"{r.round} ({r.published}), {r.benchmark}: {r.submitter}, {r.accelerators:,} {r.accelerator}, "
                   f"{r.time_to_train_min:g} min time to train; this run: {devices(env, world)}; source: {r.source}, "

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from pathlib import Path
 
-from trainops.tools.governance.rules import RULES, agents_md_rules
+from trainops.tools.governance.rules import RULES, agents_md_path
 
 HERE = Path(__file__).parent
+RULE_LINE = re.compile(r"^\s*-\s+\*\*(R-[A-Z]+-\d+)\*\*\s+—\s+(.+)$")
+
+
+def agents_md_rules() -> dict[str, str]:
+    """Rule ID -> text, from the bullets `- **R-XXX-N** — text` in the shipped AGENTS.md."""
+    text = agents_md_path().read_text(encoding="utf-8")
+    return {m.group(1): m.group(2).strip() for m in map(RULE_LINE.match, text.splitlines()) if m}
 
 
 def _tagged_cases() -> dict[str, set[str]]:

@@ -131,25 +131,23 @@ def committed_checkpoint(workspace, run: str, step: int):
     return folder
 
 
-def test_a_drill_step_for_the_agent_cannot_quarantine_checkpoints_without_a_token(workspace):
-    from trainops.skills.drill import quarantine_after
-
+def test_an_sdc_response_step_for_the_agent_cannot_quarantine_checkpoints_without_a_token(workspace):
     kept = committed_checkpoint(workspace, "r1", 5)
-    with pytest.raises(GateRefused, match="skill:fault-drill for agent needs a human approval"):
-        quarantine_after(str(workspace / "runs" / "r1"), 0, CallContext(actor="agent").for_skill("fault-drill"))
+    with pytest.raises(GateRefused, match="skill:sdc-response for agent needs a human approval"):
+        call("quarantine_checkpoints", {"run": str(workspace / "runs" / "r1"), "from_step": 0},
+             CallContext(actor="agent").for_skill("sdc-response"))
     assert kept.is_dir()
 
 
-def test_a_drill_for_the_operator_quarantines_through_the_gate_and_the_audit_log(workspace):
-    from trainops.skills.drill import quarantine_after
-
+def test_an_sdc_response_for_the_operator_quarantines_through_the_gate_and_the_audit_log(workspace):
     committed_checkpoint(workspace, "r1", 5)
     older = committed_checkpoint(workspace, "r1", 2)
-    moved = quarantine_after(str(workspace / "runs" / "r1"), 4, OPERATOR.for_skill("fault-drill"))
+    moved = call("quarantine_checkpoints", {"run": str(workspace / "runs" / "r1"), "from_step": 4},
+                 OPERATOR.for_skill("sdc-response")).quarantined_steps
     assert moved == [5] and older.is_dir()
     assert (workspace / "runs" / "r1" / "quarantine" / "step-00000005").is_dir()
     [outcome] = [e for e in audit.read() if e.get("kind") == "tool_call" and e.get("tool") == "quarantine_checkpoints"]
-    assert outcome["actor"] == "skill:fault-drill for operator" and outcome["ok"]
+    assert outcome["actor"] == "skill:sdc-response for operator" and outcome["ok"]
 
 
 def test_skills_do_not_move_delete_or_signal_anything_themselves():

@@ -11,9 +11,10 @@ from typer.testing import CliRunner
 
 from trainops.cli import app
 from trainops.run_folder import LoadEntry
-from trainops.skills.drill import DRILLS, DetectionOnlyResult, drill, quarantine_after, verify_restored
+from trainops.skills.drill import DRILLS, DetectionOnlyResult, drill, verify_restored
 from trainops.skills.evidence.model import DrillResult
 from trainops.skills.request import JobRequest
+from trainops.tools.calls import call
 
 pytestmark = pytest.mark.usefixtures("as_operator")
 
@@ -33,7 +34,7 @@ def test_quarantine_moves_the_checkpoints_taken_at_or_after_the_corrupted_step(w
         folder = run_dir / "checkpoints" / f"step-{step:08d}"
         folder.mkdir(parents=True)
         (folder / "COMMIT.json").write_text(json.dumps({"step": step, "time": float(step)}))
-    assert quarantine_after(str(run_dir), 4) == [4, 6]
+    assert call("quarantine_checkpoints", {"run": str(run_dir), "from_step": 4}).quarantined_steps == [4, 6]
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-00000002"]
     assert sorted(p.name for p in (run_dir / "quarantine").iterdir()) == ["step-00000004", "step-00000006"]
 

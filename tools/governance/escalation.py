@@ -1,15 +1,17 @@
 """When the agent must stop and hand over to a human (R-ESC-1..4).
 
 `required_escalations(signals)` says which triggers fire; an `EscalationReport` cannot be
-built unless every fired trigger is escalated with the action its rule prescribes. The SOP, the
+built unless every fired trigger is escalated with the action its rule prescribes (a pack's
+hand-over is read back into one by `report_problems`, from skills/evidence/pack.governance_errors). The SOP, the
 pack and `watch_job` build the signals from what was measured (`checkpoint_save_s`, the
 interruption record) and hand each fired rule to a human as a pending `acknowledge_escalation`.
 """
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from trainops.tools.base import tool
 from trainops.tools.governance.claims import ScaleResult
@@ -137,6 +139,32 @@ def human_item(esc: Escalation, pending_id: str | None = None) -> str:
 
 def carried_rules(awaiting_human: list[str]) -> set[str]:
     return {item.split(" ", 1)[0] for item in awaiting_human if item.startswith("R-ESC-")}
+
+
+HUMAN_ITEM = re.compile(r"^(R-ESC-\d+) (\w+): (.*?)\.(?: causes (.*?))?(?: \[pending approval [^\]]*\])?$")
+"""A `human_item` line read back: rule, action, detail, the cause split."""
+
+
+def report_problems(signals: EscalationSignals, awaiting_human: list[str]) -> list[str]:
+    """R-ESC-1..4 on a pack's hand-over: its awaiting_human lines, read back as escalations, must
+    make a valid `EscalationReport` for its signals: each fired rule with the action its rule
+    prescribes, R-ESC-1 with the four-class cause split."""
+    problems, escalations = [], []
+    for line in (item for item in awaiting_human if item.startswith("R-ESC-")):
+        m = HUMAN_ITEM.match(line)
+        pairs = [pair.rsplit(" ", 1) for pair in m.group(4).split(", ")] if m and m.group(4) else []
+        try:
+            escalations.append(Escalation(rule_id=m.group(1), action=m.group(2), detail=m.group(3),
+                                          cause_distribution={k: int(v) for k, v in pairs} if pairs else None))
+        except (AttributeError, ValueError) as exc:  # no match, or a field its rule does not allow
+            why = "; ".join(e["msg"] for e in exc.errors()) if isinstance(exc, ValidationError) else "unreadable"
+            problems.append(f"{line.split(' ', 1)[0]}: awaiting_human item {line[:120]!r} is not an escalation "
+                            f"trainops wrote ({why}); fix: build the pack through the SOP")
+    try:
+        EscalationReport(signals=signals, escalations=escalations)
+    except ValidationError as exc:
+        problems += [str(e["ctx"]["error"]) if "ctx" in e else e["msg"] for e in exc.errors()]
+    return problems
 
 
 def checkpoint_save_s(run_dirs: list[str]) -> float | None:

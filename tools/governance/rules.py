@@ -1,13 +1,12 @@
 """Every AGENTS.md rule ID and the code that enforces it.
 
 `RULES` is the registry: rule ID -> title, the enforcing callable (a dotted name that must
-import), and where it is applied. `agents_md_rules()` reads the IDs from AGENTS.md so tests
-can prove that the two never drift apart.
+import), and where it is applied. tests/governance/test_rules_coverage.py reads the IDs from
+AGENTS.md and proves that the two never drift apart.
 """
 from __future__ import annotations
 
 import importlib
-import re
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -94,18 +93,9 @@ RULES: dict[str, Rule] = {r.id: r for r in [
          enforcement="trainops.tools.governance.text:check_text", where="report text"),
 ]}
 
-RULE_LINE = re.compile(r"^\s*-\s+\*\*(R-[A-Z]+-\d+)\*\*\s+—\s+(.+)$")
-
-
 def agents_md_path() -> Path:
     """AGENTS.md as package data (the repository root's file, shipped inside the wheel)."""
     return Path(str(resources.files("trainops") / "AGENTS.md"))
-
-
-def agents_md_rules(path: Path | None = None) -> dict[str, str]:
-    """Rule ID -> text, from the bullets `- **R-XXX-N** — text` in AGENTS.md."""
-    text = (path or agents_md_path()).read_text(encoding="utf-8")
-    return {m.group(1): m.group(2).strip() for m in map(RULE_LINE.match, text.splitlines()) if m}
 
 
 def list_rules() -> list[Rule]:
