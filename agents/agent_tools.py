@@ -1,17 +1,20 @@
-"""The agent's own tools, which sit above the tools layer: `run_sop` runs the SOP skill (skills
-may call tools, tools may not call skills) and `list_pending_approvals` reads the agent's own
-thread store next to governance's queue. `AGENT_TOOLS` lists them; `agent_registry()` is the one
-registry the CLI and the agent both use: every trainops tool plus these."""
+"""The agent's own tools, which sit above the tools layer: `run_sop` runs the SOP skill and
+`respond_to_sdc` the SDC response (skills may call tools, tools may not call skills), and
+`list_pending_approvals` reads the agent's own thread store next to governance's queue.
+`AGENT_TOOLS` lists them; `agent_registry()` is the one registry the CLI and the agent both use:
+every trainops tool plus these."""
 from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from trainops.skills.sdc import SdcCase, Suspect
 from trainops.skills.sop import SopResult, SopSettings
-from trainops.tools.base import tool
+from trainops.tools.base import InputCheck, ToolError, skill_context, tool
 from trainops.tools.registry import Registry, build_registry
+from trainops.tools.schedulers.base import SchedulerKind
 
 
 class PendingInput(BaseModel):
@@ -67,7 +70,85 @@ def run_sop(inp: RunSopInput) -> SopResult:
     return run(inp)  # the skill acts for whoever called this tool (the agent), under that call's approval
 
 
-AGENT_TOOLS = (run_sop, list_pending_approvals)
+class RespondToSdcInput(BaseModel):
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    run: str | None = Field(None, description="The suspect run: its id under $TRAINOPS_HOME/runs or its folder; its "
+                                              "job must already be stopped.")
+    job_id: str | None = Field(None, description="Or the suspect job (the id a submit returned): its run folder comes "
+                                                 "from the scheduler, and a job still running is stopped first.")
+    rank: int | None = Field(None, ge=0, le=1_048_575, description="The suspect rank, with step; omit both to read "
+                                                                   "them from the run's replica checksums.")
+    step: int | None = Field(None, ge=0, description="The step the corruption was first seen at: checkpoints from "
+                                                     "it on are quarantined.")
+    node: str | None = Field(None, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                             description="The suspect node, if known (the rank's heartbeat host wins).")
+    scheduler: SchedulerKind = "local"
+    timeout_s: float = Field(300.0, gt=0, le=3600, description="Wait at most this long for each check job.")
+
+    @model_validator(mode="after")
+    def _one_subject(self) -> "RespondToSdcInput":
+        if (self.run is None) == (self.job_id is None):
+            raise ValueError("give exactly one of run (the suspect run's id or folder) or job_id (its job)")
+        if (self.rank is None) != (self.step is None):
+            raise ValueError("rank and step go together: name both, or neither to read the suspect from the run's "
+                             "replica checksums")
+        return self
+
+
+def _run_inside(inp: RespondToSdcInput) -> str | None:
+    """A run folder outside the workspace is refused before any approval is asked for (R-SEC-3)."""
+    from trainops.workspace import run_folder
+
+    try:
+        run_folder(inp.run) if inp.run is not None else None
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _stopped_run(inp: RespondToSdcInput) -> str:
+    """The suspect's run folder (confined); a job named by id is looked up and, while it runs,
+    stopped: its nodes are what the known-answer checks test."""
+    from trainops.tools.calls import call
+    from trainops.workspace import run_folder
+
+    if inp.job_id is not None:
+        ctx = skill_context("sdc-response")
+        status = call("job_status", {"job_id": inp.job_id, "scheduler": inp.scheduler}, ctx)
+        if status.state == "unknown" or not status.run_dir:
+            raise ToolError("respond_to_sdc", f"job_id: the {inp.scheduler} scheduler knows no job {inp.job_id!r} "
+                                              "with a run folder; pass the id submit_job returned, or run")
+        if not status.finished:
+            call("cancel_job", {"job_id": inp.job_id, "scheduler": inp.scheduler, "force": True}, ctx)
+    try:
+        return str(run_folder(inp.run if inp.run is not None else status.run_dir))
+    except ValueError as exc:
+        raise ToolError("respond_to_sdc", str(exc)) from None
+
+
+@tool("respond_to_sdc", risk="mutate", tags=("sdc", "escalation", "agent"),
+      checks=(InputCheck("R-SEC-3", _run_inside),))
+def respond_to_sdc(inp: RespondToSdcInput) -> SdcCase:
+    """Respond to a suspected silent data corruption (R-ESC-3) in a run: quarantine its checkpoints
+    from the suspect step on, run the known-answer GEMM and collective check through the scheduler
+    on every node of the partition and on the suspect node beside a known-good one, drain the node
+    that fails (gated drain_node) and hand the case with both results to a human (a pending
+    acknowledge_escalation). The suspect comes from the run's replica checksums unless rank and step
+    are given. Returns the case (also written to RUN/sdc-case.json)."""
+    from trainops.skills import sdc
+
+    run_dir = _stopped_run(inp)
+    suspect = (sdc.suspect_in(run_dir) if inp.rank is None else
+               Suspect(rank=inp.rank, node=inp.node, step=inp.step, evidence=f"named by the caller: rank {inp.rank} "
+                                                                              f"at step {inp.step}"))
+    if suspect is None:
+        raise ToolError("respond_to_sdc", f"run: the replica checksums in {run_dir}/metrics.jsonl all agree, so no "
+                                          "suspect is named; pass rank and step to respond to one you suspect")
+    return sdc.respond(run_dir, suspect, inp.scheduler, timeout_s=inp.timeout_s)
+
+
+AGENT_TOOLS = (run_sop, respond_to_sdc, list_pending_approvals)
 
 
 @cache

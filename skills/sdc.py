@@ -66,6 +66,19 @@ class SdcCase(BaseModel):
     pending_id: str | None = Field(description="The pending approval that hands the case to a human.")
 
 
+def suspect_in(run_dir: str | Path) -> Suspect | None:
+    """The suspect a run's own replica checksums name (the first step where a replica group's
+    `param_checksum` values disagree), read with detect_faults's watch; None when they all agree."""
+    from trainops.tools.fault_signals import DetectFaultsInput, FaultWatch
+
+    watch = FaultWatch(DetectFaultsInput(run=str(run_dir)), Path(run_dir))
+    watch.ingest()
+    if (odd := watch.checksum_mismatch()) is None:
+        return None
+    rec, why = odd
+    return Suspect(rank=rec.rank, node=rec.host, step=rec.step, evidence=f"checksum_mismatch: {why}")
+
+
 def respond(run_dir: str, suspect: Suspect, scheduler: str = "local", ctx: CallContext | None = None,
             timeout_s: float = 300.0) -> SdcCase:
     """The whole response; the suspect's job must already be stopped (its nodes are tested)."""
