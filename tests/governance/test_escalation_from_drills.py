@@ -4,10 +4,11 @@ the interruption record holds, on the SOP's pack path (skills/escalate.carry_fir
 without it) and on the watch of a running job (`trainops watch`), both reading one record view.
 
 The runs are real local-scheduler jobs (a few lines of Python standing in for the ranks) whose
-ends the job-status path records. Timing, with the ETTR window W = 2 s: the first job fails at
-once; the second trains ~4 s (a checkpoint committed each step, so nothing is redone) and then
-stalls ~4.4 s before it fails. The stall is the only long loss and it ends the record, between
-2W and 3W long, so the last three closed windows read a fall whatever the windows' phase."""
+ends the job-status path records. Timing, with the ETTR window W = 3 s: the first job fails at
+once; the second trains ~7 s (a checkpoint committed each step, so nothing is redone) and then
+stalls 6.6 s before it fails. The stall is the only long loss and it ends the record; with the
+time until the readings it lasts between 2W and 3W, so the last three closed windows read a fall
+(100 then lower then 0, or partial then 0 then 0) whatever the windows' phase."""
 from __future__ import annotations
 
 import json
@@ -23,7 +24,7 @@ from trainops.tools.calls import call
 
 pytestmark = [pytest.mark.usefixtures("as_operator"), pytest.mark.slow]
 OPERATOR = CallContext(actor="operator")
-WINDOW_S = 2.0
+WINDOW_S = 3.0
 
 RANK = r"""
 import json, os, sys, time
@@ -97,7 +98,7 @@ def test_a_falling_series_ends_in_an_r_esc_1_item_with_the_records_cause_split(w
     from trainops.tools.interruptions import cause_distribution, read_interruptions
 
     first = fail_and_wait(workspace, "sdc", "checksum", 4)
-    second = fail_and_wait(workspace, "stall", "raise", 16, stall_s=4.4)
+    second = fail_and_wait(workspace, "stall", "raise", 28, stall_s=6.6)
     watched = submit(workspace, "live", "run", 400)
     pack = pack_with_reliability("falling", [str(workspace / "runs" / "stall")])
     watch = CliRunner().invoke(app, ["watch", watched, "--ettr-window", str(WINDOW_S), "--interval", "0.2",
