@@ -4,9 +4,11 @@ verified loads. The on-disk layout and its offline inspection live in checkpoint
 A checkpoint is written into `step-N.tmp/` and becomes `step-N/` only after every rank has
 finished and rank 0 has written `COMMIT.json` (file sizes and sha256) and renamed the folder:
 an unfinished write is never loaded. Loading verifies the newest commit and falls back to the
-previous good one when a file is missing or its checksum differs. Save stall (time the training
-loop was blocked, including `wait_previous_s` spent waiting for the previous background write)
-and total write time go to `RUN/checkpoints.jsonl` for benchmarks and drills.
+previous good one when a file is missing or its checksum differs; on resume one rank of each
+replica group reads and broadcasts (trainops.trainer.replica_load, `checkpoint.load_readers`).
+Save stall (time the training loop was blocked, including `wait_previous_s` spent waiting for the
+previous background write) and total write time go to `RUN/checkpoints.jsonl` for benchmarks and
+drills.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from trainops.run_folder import RunFiles
-from trainops.trainer.checkpoint_files import (
+from trainops.trainer.checkpoint_files import (  # noqa: F401 (verify_checkpoint: imported from here too)
     COMMIT_FILE,
     data_files,
     file_sha256,
@@ -31,6 +33,7 @@ from trainops.trainer.checkpoint_files import (
     step_dir_name,
     verify_checkpoint,
 )
+from trainops.trainer.replica_load import read_one_per_group
 
 log = logging.getLogger("trainops.trainer.checkpoint")
 
@@ -99,8 +102,8 @@ class AppState:
             self.scheduler.load_state_dict(state_dict["scheduler"])
         if self.dataloader is not None:
             self.dataloader.load_state_dict(state_dict["dataloader"])
-        if "rng" in state_dict:
-            _set_rng_state(state_dict["rng"][f"rank{self.rank}"])
+        if (rng := state_dict.get("rng", {}).get(f"rank{self.rank}")) is not None:
+            _set_rng_state(rng)
         self.step = int(state_dict["step"])
 
 
@@ -115,6 +118,7 @@ class CheckpointSettings(Protocol):
     mode: Literal["sync", "async", "async_pinned"]
     keep: int
     folder: str
+    load_readers: Literal["one_per_replica_group", "every_rank"]
 
 
 def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
@@ -126,13 +130,17 @@ class Checkpointer:
     """Saves every `interval` steps in the configured mode, keeps the last `keep`, loads the
     newest good one. One instance per rank; every rank calls every method at the same step."""
 
-    def __init__(self, cfg: CheckpointSettings, run_dir: str | Path, rank: int) -> None:
+    def __init__(self, cfg: CheckpointSettings, run_dir: str | Path, rank: int,
+                 replicas: list[list[int]] | None = None) -> None:
+        """`replicas`: the ranks that hold identical state (trainops.trainer.replica_load.replica_groups);
+        None: every rank holds its own."""
         self.cfg, self.rank = cfg, rank
         self.run_dir = Path(run_dir)
         self.folder = self.run_dir / cfg.folder
         self.journal = RunFiles(self.run_dir).checkpoint_journal
         self.distributed = dist.is_available() and dist.is_initialized()
         self.world_size = dist.get_world_size() if self.distributed else 1
+        self.replicas = replicas or [[r] for r in range(self.world_size)]
         # Background writes run collectives; a group of their own keeps them from interleaving
         # with the training loop's collectives on the default group.
         self._pg = None
@@ -249,45 +257,101 @@ class Checkpointer:
             pending, self._pending = self._pending, None
             pending.result()
 
-    def _choose_latest(self) -> Path | None:
+    def _choose(self, one_reader: bool, rejected: set[str], spent: list[int]) -> tuple[str, int, dict] | None:
+        """Rank 0: the newest committed checkpoint not yet rejected whose files are all there at their
+        sizes; with every rank reading, also every file's sha256 (one reader per group checks the
+        sha256 of what it reads, as it reads). Its path, the world size that saved it, its files."""
+        from trainops.trainer.checkpoint_reader import CountedFileSystem, commit_listing, size_problems
+
         for info in reversed(list_checkpoints(self.folder)):
-            if not info.committed:
-                log.info("ignoring unfinished checkpoint %s", info.path)
+            if not info.committed or info.path in rejected:
+                if not info.committed:
+                    log.info("ignoring unfinished checkpoint %s", info.path)
                 continue
-            verdict = verify_checkpoint(info.path)
-            if verdict.complete:
-                return Path(info.path)
-            log.warning("%s; falling back to the previous checkpoint", verdict.message)
-            _append_jsonl(self.journal, {
-                "event": "fallback", "step": info.step, "path": info.path,
-                "reason": verdict.message, "time": time.time(),
-            })
+            folder = Path(info.path)
+            try:
+                listed, saved_world, commit_bytes = commit_listing(folder)
+                spent[0] += commit_bytes
+                problem = size_problems(folder, listed)
+                if problem is None and not one_reader:
+                    fs = CountedFileSystem(folder, listed)
+                    problem = fs.verify(set(listed))
+                    spent[0] += fs.bytes_read
+            except (ValueError, KeyError, TypeError) as err:
+                problem = f"checkpoint {folder}: {COMMIT_FILE} is unreadable ({err}); treat as corrupt"
+            if problem is None:
+                return info.path, saved_world, listed
+            self._fall_back(info.step, info.path, problem)
+            rejected.add(info.path)
         return None
+
+    def _fall_back(self, step: int, path: str, reason: str) -> None:
+        log.warning("%s; falling back to the previous checkpoint", reason)
+        _append_jsonl(self.journal, {"event": "fallback", "step": step, "path": path, "reason": reason,
+                                     "time": time.time()})
 
     def load_latest(self, app: AppState) -> int | None:
         """Load the newest verified checkpoint into `app`; returns its step, or None if there is
-        none or checkpoints are disabled (a disabled run starts fresh even in an old run folder)."""
+        none or checkpoints are disabled (a disabled run starts fresh even in an old run folder).
+        `checkpoint.load_readers` says who reads storage: one rank per replica group (the others
+        receive by broadcast, trainops.trainer.replica_load) or every rank its own part."""
         if not self.cfg.enable:
             return None
         self.wait()
-        chosen = [str(self._choose_latest() or "")] if self.rank == 0 else [""]
-        if self.distributed:
-            dist.broadcast_object_list(chosen, src=0)
-        if not chosen[0]:
-            return None
-        commit = json.loads((Path(chosen[0]) / COMMIT_FILE).read_text())
-        app.saved_world_size = int(commit["world_size"])
+        started = time.perf_counter()
+        one_reader = self.cfg.load_readers == "one_per_replica_group"
+        rejected: set[str] = set()
+        spent = [0]  # bytes this rank read from storage
+        groups = self.replicas if one_reader else [[r] for r in range(self.world_size)]
+        while True:
+            chosen: list[Any] = [self._choose(one_reader, rejected, spent) if self.rank == 0 else None]
+            if self.distributed:
+                dist.broadcast_object_list(chosen, src=0)
+            if chosen[0] is None:
+                return None
+            path, saved_world, listed = chosen[0]
+            app.saved_world_size = saved_world
+            try:
+                reason = (read_one_per_group(app, Path(path), listed, groups, spent, _rng_state) if one_reader
+                          else self._read_every_rank(app, path, spent))
+            finally:
+                app.saved_world_size = None
+            if reason is None:
+                break
+            if self.rank == 0:
+                info = next(i for i in list_checkpoints(self.folder) if i.path == path)
+                self._fall_back(info.step, path, reason)
+                rejected.add(path)
+        self._journal_load(app.step, path, groups, spent[0], time.perf_counter() - started)
+        return app.step
+
+    def _read_every_rank(self, app: AppState, path: str, spent: list[int]) -> None:
+        """Every rank reads its own part through DCP (the sha256 check was rank 0's, before)."""
         import torch.distributed.checkpoint as dcp
 
-        try:
-            dcp.load({"app": app}, checkpoint_id=chosen[0], no_dist=not self.distributed)
-        finally:
-            app.saved_world_size = None
-        if self.rank == 0:
-            _append_jsonl(self.journal, {
-                "event": "load", "step": app.step, "path": chosen[0], "verified": True, "time": time.time(),
-            })
-        return app.step
+        from trainops.trainer.checkpoint_reader import CountedReader
+
+        storage = CountedReader(Path(path))
+        dcp.load({"app": app}, storage_reader=storage, no_dist=not self.distributed)
+        spent[0] += storage.fs.bytes_read
+
+    def _journal_load(self, step: int, path: str, groups: list[list[int]], spent: int, seconds: float) -> None:
+        """Rank 0 journals the load with who read storage and how many bytes each rank read."""
+        per_rank = [(spent, seconds)]
+        if self.distributed:
+            per_rank = [None] * self.world_size
+            dist.all_gather_object(per_rank, (spent, seconds))
+        if self.rank != 0:
+            return
+        readers = [g[0] for g in groups]
+        bytes_read = [b for b, _ in per_rank]
+        print(f"loaded checkpoint step {step}: storage read by rank(s) {readers} "
+              f"({self.cfg.load_readers}), bytes per rank {bytes_read}", flush=True)
+        _append_jsonl(self.journal, {
+            "event": "load", "step": step, "path": path, "verified": True, "time": time.time(),
+            "load_readers": self.cfg.load_readers, "reader_ranks": readers, "replica_groups": groups,
+            "bytes_read": bytes_read, "load_s": max(s for _, s in per_rank),
+        })
 
     def close(self) -> None:
         """Finish any background write, then release the stager and the commit thread."""

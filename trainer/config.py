@@ -144,6 +144,10 @@ class CheckpointConfig(_Section):
         "async_pinned: async with pinned-memory staging")
     keep: int = Field(2, ge=1, description="keep the newest N committed checkpoints")
     folder: str = Field("checkpoints", description="folder under the run directory")
+    load_readers: Literal["one_per_replica_group", "every_rank"] = Field(
+        "one_per_replica_group", description="who reads a checkpoint from storage on resume: one rank of each "
+        "data-parallel replica group, checking the sha256 of what it reads, then broadcasting to the group "
+        "(storage reads do not grow with the replicas); every_rank: each rank reads its own part")
 
 
 class MetricsConfig(_Section):

@@ -33,6 +33,7 @@ from trainops.trainer.metrics import (
 )
 from trainops.trainer.model import Transformer
 from trainops.trainer.parallelize import build_mesh, compile_blocks, parallelize, replica_group, seeded_init
+from trainops.trainer.replica_load import replica_groups
 
 
 class NonFiniteLoss(RuntimeError):
@@ -263,7 +264,7 @@ def train(cfg: JobConfig, run_dir: Path, rank: int, world_size: int, device: tor
                         micro_batch=training.micro_batch, dp_rank=mesh_info.dp_rank,
                         dp_degree=mesh_info.dp_degree)
 
-    checkpointer = Checkpointer(cfg.checkpoint, run_dir, rank)
+    checkpointer = Checkpointer(cfg.checkpoint, run_dir, rank, replica_groups(layout, cfg.parallel.data_parallel))
     app = AppState(model, optimizer, scheduler, loader)
     start_step = checkpointer.load_latest(app) or 0
     faults = FaultInjector(cfg.faults, rank, run_dir)
