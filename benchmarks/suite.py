@@ -25,6 +25,7 @@ from trainops.benchmarks.harness import (
 )
 from trainops.benchmarks.harness import trainer_step_time as harness_trainer_step_time
 from trainops.benchmarks.peer import run_and_publish
+from trainops.benchmarks.replica_load import bench_replica_load
 from trainops.run_folder import read_heartbeat, read_journal, read_metrics
 
 TRAIN_SHAPE = ["training.global_batch=8", "training.seq_len=128", "data.kind=synthetic"]
@@ -331,6 +332,7 @@ def run(quick: bool = False) -> Suite:
         ("async checkpoint stall", lambda s: bench_async_checkpoint(s, repeats)),
         ("fault detection", lambda s: bench_detection(s, repeats)),
         ("recovery vs cold start", lambda s: bench_recovery(s, repeats)),
+        ("one reader per replica group on resume", lambda s: bench_replica_load(s, repeats)),
         ("SOP orchestration overhead", bench_sop_overhead),
         ("ops agent overhead", bench_agent_overhead),
     ]
