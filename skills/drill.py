@@ -25,25 +25,27 @@ from trainops.skills.baseline import Progress, command_line, submit
 from trainops.skills.drill_nodes import NodeTarget, RankTarget
 from trainops.skills.evidence.model import DrillResult, EvidenceRow
 from trainops.skills.request import JobRequest
+from trainops.tools import interruptions
 from trainops.tools.base import CallContext, ToolError, skill_context
 from trainops.tools.calls import call
 from trainops.tools.follow import JobWatch
 from trainops.tools.trainer_job import check_layout
 
-# drill kind -> (inject_fault kind, cause class); runtime kinds are injected into the live job,
-# launch-time kinds (LAUNCH_TIME) start the job with the overrides inject_fault returns
-DRILLS: dict[str, tuple[str, str]] = {
-    "crash": ("kill_rank", "software"),
-    "node-loss": ("kill_node", "hardware"),
-    "hang": ("hang", "network"),
-    "checkpoint-corruption": ("corrupt_checkpoint", "hardware"),
-    "nan": ("nan", "data"),
-    "bitflip": ("bitflip", "hardware"),
-    "straggler": ("straggler", "hardware"),
-    "node-crash": ("node_crash", "hardware"),
-    "power-loss": ("power_loss", "hardware"),
-    "partition": ("partition", "network"),
-    "slow-network": ("slow_network", "network"),
+# drill kind -> inject_fault kind; runtime kinds are injected into the live job, launch-time kinds
+# (LAUNCH_TIME) start the job with the overrides inject_fault returns. A drill's cause is not here:
+# it is what the interruption record's evidence says for the drill's job end (tools/interruptions).
+DRILLS: dict[str, str] = {
+    "crash": "kill_rank",
+    "node-loss": "kill_node",
+    "hang": "hang",
+    "checkpoint-corruption": "corrupt_checkpoint",
+    "nan": "nan",
+    "bitflip": "bitflip",
+    "straggler": "straggler",
+    "node-crash": "node_crash",
+    "power-loss": "power_loss",
+    "partition": "partition",
+    "slow-network": "slow_network",
 }
 NODE_DRILLS = {"node-crash", "power-loss", "partition", "slow-network"}
 """Real node and network faults: a multi-node job on a `trainops sandbox` cluster loses (or is slowed
@@ -110,6 +112,27 @@ def _wait_for(predicate, timeout_s: float, what: str, job: JobWatch) -> float:
             raise ToolError("drill", f"{ended}, while the drill waited for {what}; read {job.run_dir}/logs")
         time.sleep(0.05)
     raise ToolError("drill", f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def _between_writes(run_dir: str, timeout_s: float = 10.0) -> None:
+    """Wait (briefly) for a checkpoint write to have just committed, with none in flight, so the
+    corruption lands on a committed checkpoint (the newest folder), not on an unfinished
+    `step-N.tmp/` the writer would still checksum and commit with the damage in it."""
+    from trainops.trainer.checkpoint_files import list_checkpoints
+
+    def newest() -> tuple[int, bool] | None:
+        try:
+            found = list_checkpoints(Path(run_dir) / "checkpoints")
+        except OSError:  # a folder renamed as it was listed: a write just committed
+            return None
+        return (found[-1].step, found[-1].committed) if found else None
+
+    before, deadline = newest(), time.time() + timeout_s
+    while time.time() < deadline:
+        now = newest()
+        if now is not None and now[1] and (before is None or now[0] > before[0]):
+            return
+        time.sleep(0.005)
 
 
 def _fired(run_dir: str, kind: str) -> FaultRecord | None:
@@ -181,7 +204,7 @@ class _Drill:
                  target: RankTarget) -> None:
         self.req, self.fault, self.inject_step, self.ctx, self.target = req, fault, inject_step, ctx, target
         self.say = progress or (lambda _msg: None)
-        self.kind, self.cause = DRILLS[fault]
+        self.kind, self.interruption = DRILLS[fault], None
         self.rank = min(1, req.nproc * req.nodes - 1)  # not rank 0, where there is another
         self.launch, self.job_id, self.run_dir, self.started = req, "", "", 0.0
 
@@ -190,8 +213,7 @@ class _Drill:
         self.start()
         injected_at, last_step = self.await_fired() if self.fault in LAUNCH_TIME else self.inject()
         detection = self.detect(injected_at)
-        # forced: the survivors of a detected failure are stuck in a collective, a grace period only waits on them
-        call("cancel_job", {"job_id": self.job_id, "scheduler": sched, "force": True}, self.ctx)
+        self.end_job()
         if self.fault in DETECTION_ONLY:
             return _detection_only(self.req, self.fault, self.run_dir, last_step, detection, self.started)
         restart = self.restart(detection)
@@ -207,6 +229,16 @@ class _Drill:
             raise ToolError("requeue_job", f"drill {self.fault}: the restarted job ended {status.state}; read "
                                            f"{self.run_dir}/logs")
         return self.finish(injected_at, last_step, detection, restart, detector)
+
+    def end_job(self) -> None:
+        """Cancel the faulty job, its ranks' processes witnessed first for the record of its end (the
+        cancel's job-status observation writes it); a missing record is written through the same path."""
+        sched = self.req.scheduler
+        interruptions.witness(self.job_id, sched, self.run_dir, drill=True)
+        # forced: the survivors of a detected failure are stuck in a collective, a grace period only waits on them
+        status = call("cancel_job", {"job_id": self.job_id, "scheduler": sched, "force": True}, self.ctx)
+        self.interruption = (interruptions.latest_record(self.job_id, sched)
+                             or interruptions.record_job_end(status, sched))
 
     def start(self) -> None:
         """Launch the job; a launch-time fault goes in with its overrides, to fire at `inject_step`."""
@@ -236,12 +268,27 @@ class _Drill:
                   self.req.timeout_s, f"step {self.inject_step} and a committed checkpoint in {run_dir}", self.job)
         self.say(f"drill {self.fault}: injecting {self.kind}")
         where = self.target.choose(self.job_id, self.rank, self.req.scheduler, self.ctx)
-        injected_at = call("inject_fault", {"kind": self.kind, "run": run_dir, **where}, self.ctx).injected_at
+        injected_at = self.inject_once({"kind": self.kind, "run": run_dir, **where})
         self.target.injected(self.kind, injected_at)
         last_step = max(_heartbeat_step(run_dir, r) for r in range(self.req.nproc * self.req.nodes))
         if self.kind == "corrupt_checkpoint":  # the damage shows when the job restarts
             call("inject_fault", {"kind": "kill_rank", "run": run_dir, "rank": self.rank}, self.ctx)
         return injected_at, last_step
+
+    def inject_once(self, args: dict) -> float:
+        """inject_fault; a checkpoint corruption waits for a write to have just committed, and tries
+        again (3 times in all) when the newest folder was still an unfinished write."""
+        if self.kind != "corrupt_checkpoint":
+            return call("inject_fault", args, self.ctx).injected_at
+        for _ in range(2):
+            _between_writes(self.run_dir)
+            try:
+                return call("inject_fault", args, self.ctx).injected_at
+            except ToolError as exc:
+                if ".tmp" not in str(exc):
+                    raise
+        _between_writes(self.run_dir)
+        return call("inject_fault", args, self.ctx).injected_at
 
     def detect(self, injected_at: float):
         detection = call("detect_faults", {"run": self.run_dir, "job_id": self.job_id, "scheduler": self.req.scheduler,
@@ -294,6 +341,7 @@ class _Drill:
         """The drill's result, written to RUN/drill.json, and its evidence row."""
         record = RunFiles(self.run_dir).drill_record
         loaded = restart.loaded
+        ended = self.complete(detection, restart, injected_at)
         result = DrillResult(
             fault=self.fault, run_dir=self.run_dir, injected_at_step=last_step, injected_time=injected_at,
             detected_time=detection.detected_at, isolated_time=restart.isolated_at,
@@ -301,7 +349,8 @@ class _Drill:
             isolation_granularity=detection.isolation, recovery_time_s=restart.first_step_at - detection.detected_at,
             steps_lost=max(0, last_step - (loaded.step if loaded else 0)),
             checkpoint_used=loaded.path if loaded else "none (restarted from step 0)",
-            async_checkpoint_intact=restart.intact, cause=self.cause, detector=detector, drill_record=str(record))
+            async_checkpoint_intact=restart.intact, cause=ended.cause if ended else "unclassified",
+            job_id=self.job_id, interruption_id=ended.id if ended else "", detector=detector, drill_record=str(record))
         fps = [fp.model_dump() for fp in detection.false_positives]
         record.write_text(json.dumps({**result.model_dump(), "false_positives": fps, **self.target.record(injected_at)},
                                      indent=2) + "\n", encoding="utf-8")
@@ -312,6 +361,17 @@ class _Drill:
                                + self.target.evidence(str(record)),
                                window_start=self.started, window_end=time.time())
         return result, evidence
+
+
+    def complete(self, detection, restart: _Restart, injected_at: float):
+        """The record of the drill's job end, completed with the recovery the drill measured (isolation:
+        detected -> isolated; restart: isolated -> first step) and what the restart showed."""
+        if self.interruption is None:
+            return None
+        return interruptions.complete_recovery(
+            self.interruption.id, detection_s=detection.detection_latency_s,
+            isolation_s=restart.isolated_at - detection.detected_at,
+            restart_s=restart.first_step_at - restart.isolated_at, node_states=self.target.node_states(injected_at))
 
 
 def false_positives(detection) -> str:

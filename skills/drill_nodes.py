@@ -135,6 +135,10 @@ class RankTarget:
         """What the drill record adds."""
         return {}
 
+    def node_states(self, injected_at: float) -> dict[str, str]:
+        """The scheduler's verdict on the job's nodes after the fault, for the record of its end."""
+        return {}
+
     def evidence(self, record_path: str) -> str:
         """What the evidence row's value adds."""
         return ""
@@ -201,6 +205,17 @@ class NodeTarget(RankTarget):
         if lost := self.timeline.injected_node():
             with contextlib.suppress(ToolError):
                 call("inject_fault", {"kind": "heal_node", "node": lost}, ctx)
+
+    def node_states(self, injected_at: float) -> dict[str, str]:
+        """Each of the job's nodes Slurm flagged not responding or down after the fault (the record
+        of the job's end was taken at the cancel, often before SlurmdTimeout flagged the node)."""
+        flagged = {}
+        for e in sorted(self.timeline.events, key=lambda e: e["time"]):
+            state = e["event"].removeprefix("slurm: ")
+            if (e["node"] in self.before and e["time"] >= injected_at and e["event"].startswith("slurm:")
+                    and any(w in state for w in CONFIRMED_BY_SLURM)):
+                flagged.setdefault(e["node"], state)
+        return flagged
 
     def record(self, injected_at: float) -> dict:
         return {"replaced": self.replaced, "node_timeline": self.timeline.rows(injected_at)}

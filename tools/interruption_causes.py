@@ -1,10 +1,30 @@
 """What a job end shows (the evidence) and the cause it supports: gathered from the scheduler's
-status, its node states and the run folder, then classified by rules over that evidence alone.
-A drill's name is never read here: a drill's injected fault acts like the real one, and its
-record must say what the evidence says, or "unclassified" with the evidence when it says nothing."""
+status, its node states, the job log, the kernel log and the run folder (and, just before trainops
+ends a job itself, each rank's process), then classified by rules over that evidence alone.
+A drill's name and the faults.jsonl kind are never read here: a drill's injected fault acts like
+the real one, and its record says what the evidence says, or "unclassified" with the evidence.
+
+The rules, first match wins (classify):
+- an operator's cancel of a healthy job -> planned;
+- replica checksums disagree at one step -> hardware (suspected silent data corruption);
+- a node the scheduler calls down / not responding whose ranks were still running -> network
+  (unreachable, not dead: a partition);
+- processes ended (SIGKILL, or no word) with their node down / not responding -> hardware;
+- the kernel's OOM killer ended a rank -> software (the job's memory use outgrew the node);
+- a NaN/inf loss at a step that recurs when a later launch replays that step -> data;
+- a rank gone without an exit note while its peers ran on a live node -> its peers' connection
+  errors are consequences; nothing says what killed it -> unclassified, stating what was seen;
+- connection resets / collective timeouts between live nodes -> network;
+- a rank's heartbeat stalled while its process lived on a live node, no error -> unclassified
+  stating the stall;
+- a NaN/inf that did not recur on replay -> not the data there: unclassified, stating it;
+- a Python exception in a rank or the run's failure line (not the launcher's report of a
+  child's failure) -> software;
+- otherwise unclassified with what was seen."""
 from __future__ import annotations
 
 import math
+import os
 import re
 import signal as _signal
 import time
@@ -22,7 +42,11 @@ _NET = re.compile(r"connection (reset|refused|closed)|broken pipe|ECONNRESET|EPI
                   r"network is unreachable|peer closed|socket timeout|gloo.*(timed out|timeout)|nccl.*(timeout|"
                   r"remote)|Timed out waiting|collective.*timed out", re.I)
 _EXC = re.compile(r"^(Traceback \(most recent call last\)|[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b[:]?)")
-_NODE_DOWN = {"down", "drained", "draining"}
+_NODE_DOWN = re.compile(r"down|drain|not.?responding|\*$|fail", re.I)  # Slurm's '*' suffix: not responding
+_LAUNCHER = re.compile(r"ChildFailedError|torch\.distributed\.elastic|torchrun|failed \(exitcode", re.I)
+_OOM = re.compile(r"(Out of memory|oom-kill|Memory cgroup out of memory).*?(?:Killed process |pid=)(\d+)", re.I)
+_TORCHRUN_RANK = re.compile(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+KERNEL_LOG = "/dev/kmsg"
 
 
 class Evidence(BaseModel):
@@ -42,6 +66,9 @@ class Evidence(BaseModel):
     node_states: dict[str, str] = Field(default_factory=dict, description="node -> state after the end.")
     silent_ranks: list[int] = Field(default_factory=list, description="Ranks that left no exit note while others "
                                     "did: killed, not failed (their peers' errors are the consequence).")
+    rank_nodes: dict[int, str] = Field(default_factory=dict, description="rank -> the host its heartbeat names.")
+    noted_ranks: list[int] = Field(default_factory=list, description="Ranks that noted their exit (an error, or "
+                                   "the SIGTERM of their launcher) in their heartbeat.")
     checksum_verdict: Literal["agree", "disagree"] | None = Field(
         None, description="Replica parameter checksums at the same step: agree or disagree.")
     checksum_detail: str = ""
@@ -52,14 +79,24 @@ class Evidence(BaseModel):
     last_progress_time: float | None = Field(None, description="Unix time of the last step or beat.")
     committed_step: int | None = Field(None, description="The last checkpoint committed before the end.")
     step_time_s: float | None = Field(None, description="Median step time, for the steps redone.")
+    ranks_at_end: dict[int, str] = Field(default_factory=dict, description="rank -> its process as trainops saw it "
+                                         "just before ending the job itself: running, stopped or gone.")
+    rank_exit_codes: dict[int, int] = Field(default_factory=dict, description="rank -> exit code, from the "
+                                            "launcher's failure report in the job log.")
+    oom_kills: list[str] = Field(default_factory=list, description="Kernel log lines of the OOM killer ending a "
+                                 "rank's pid.")
+    kernel_log_read: bool = Field(False, description="The kernel log could be read for OOM kills.")
+    replay: str = Field("", description="What a later launch of the same run showed at the NaN/inf step.")
+    corrupt_checkpoints: list[int] = Field(default_factory=list, description="Committed checkpoints that failed "
+                                           "verification when the restart loaded them.")
 
 
-def inert(text: object) -> str:
+def inert(text: object, limit: int = MAX_LINE_CHARS) -> str:
     """Run text made safe to keep: secrets scrubbed, control/bidi characters escaped, bounded."""
     from trainops.redact import scrub
     from trainops.terminal_text import visible
 
-    return visible(scrub(str(text)))[:MAX_LINE_CHARS]
+    return visible(scrub(str(text)))[:limit]
 
 
 def _signal_of(exit_code: int | None) -> str | None:
@@ -96,6 +133,85 @@ def _error_lines(run_dir: Path, beats: dict, result) -> tuple[list[str], int | N
     return [inert(ln) for ln in dict.fromkeys(lines)][-MAX_ERROR_LINES:], first
 
 
+def _launcher_exits(job_log: str) -> dict[int, int]:
+    """rank -> exit code from torchrun's failure report ("rank : 1 ... exitcode : -9")."""
+    out = {}
+    for block in re.split(r"\n\s*\[\d+\]:\s*\n|Root Cause|Failures:", job_log or ""):
+        if (m := _TORCHRUN_RANK.search(block)) is not None:
+            out[int(m.group(1))] = int(m.group(2))
+    return out
+
+
+def kernel_oom_kills(pids: set[int], path: str = KERNEL_LOG, max_records: int = 50_000) -> tuple[bool, list[str]]:
+    """(the kernel log was readable, its OOM-killer lines that name one of `pids`)."""
+    if not pids:
+        return False, []
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return False, []
+    hits = []
+    try:
+        for _ in range(max_records):
+            try:
+                rec = os.read(fd, 8192).decode(errors="replace")
+            except BlockingIOError:
+                break
+            except OSError:  # EPIPE: a record overwritten while reading; go on
+                continue
+            if not rec:
+                break
+            msg = rec.split(";", 1)[-1].strip()
+            if (m := _OOM.search(msg)) is not None and int(m.group(2)) in pids:
+                hits.append(inert(msg))
+    finally:
+        os.close(fd)
+    return True, hits[-3:]
+
+
+def witness_ranks(run_dir: str | Path, job_id: str, scheduler: str) -> dict[int, str]:
+    """rank -> its process now (running, stopped, gone), for a job trainops is about to end itself;
+    {} when no process of the job is visible from here (another host): nothing was seen."""
+    import psutil
+
+    from trainops.run_folder import read_heartbeats
+    from trainops.tools.schedulers.processes import job_processes, rank_processes
+
+    try:
+        procs = job_processes(job_id, scheduler)
+    except Exception:  # noqa: BLE001 - a scheduler that cannot be asked leaves this evidence out
+        return {}
+    if not procs:
+        return {}
+    ranks = rank_processes(procs)
+    seen = {}
+    for rank in sorted(set(read_heartbeats(run_dir)) | set(ranks)):
+        proc = ranks.get(rank)
+        try:
+            status = proc.status() if proc is not None else psutil.STATUS_DEAD
+        except psutil.Error:
+            status = psutil.STATUS_DEAD
+        seen[rank] = ("stopped" if status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+                      else "gone" if status in (psutil.STATUS_DEAD, psutil.STATUS_ZOMBIE) else "running")
+    return seen
+
+
+def replay_evidence(ev: Evidence, run_dir: str | Path, after: float) -> None:
+    """What a later launch of the same run showed: whether the NaN/inf step recurred when it was
+    replayed, and the committed checkpoints that failed verification as the restart loaded them."""
+    from trainops.run_folder import read_journal, read_metrics
+
+    if ev.nonfinite_loss_step is not None and not ev.nonfinite_repeats:
+        step = ev.nonfinite_loss_step
+        again = [r for r in read_metrics(run_dir) if r.rank == 0 and r.step == step and r.time > after]
+        if again:
+            ev.nonfinite_repeats = any(r.loss is not None and not math.isfinite(r.loss) for r in again)
+            ev.replay = (f"a later launch replayed step {step}: loss "
+                         f"{'non-finite again' if ev.nonfinite_repeats else f'{again[0].loss:.4g}, finite'}")
+    ev.corrupt_checkpoints = sorted({e.step for e in read_journal(run_dir).fallbacks if e.time > after}
+                                    | set(ev.corrupt_checkpoints))
+
+
 def _metrics_evidence(run_dir: Path, ev: Evidence) -> None:
     """Checksums, the first non-finite loss and whether it repeated, the last step and its time."""
     import statistics
@@ -128,12 +244,15 @@ def _metrics_evidence(run_dir: Path, ev: Evidence) -> None:
     ev.committed_step = max(saves) if saves else None
 
 
-def gather(status, node_states: dict[str, str] | None = None, job_log: str = "") -> Evidence:
-    """The evidence of one job end: the scheduler's status, node states and job log, and the run folder."""
+def gather(status, node_states: dict[str, str] | None = None, job_log: str = "",
+           ranks_at_end: dict[int, str] | None = None) -> Evidence:
+    """The evidence of one job end: the scheduler's status, node states and job log, the ranks'
+    processes as seen just before trainops ended the job (if it did), the kernel log and the run folder."""
     from trainops.run_folder import read_heartbeats, read_status
 
     ev = Evidence(state=status.state, reason=inert(status.reason), exit_code=status.exit_code,
-                  node_states={inert(k): inert(v) for k, v in (node_states or {}).items()})
+                  node_states={inert(k): inert(v) for k, v in (node_states or {}).items()},
+                  ranks_at_end=dict(ranks_at_end or {}), rank_exit_codes=_launcher_exits(job_log))
     run_dir = Path(status.run_dir) if status.run_dir else None
     result = read_status(run_dir) if run_dir and run_dir.is_dir() else None
     if result is not None and ev.exit_code in (None, 0):
@@ -148,13 +267,16 @@ def gather(status, node_states: dict[str, str] | None = None, job_log: str = "")
     run_lines, ev.failing_rank = _error_lines(run_dir, beats, result)
     ev.error_lines = list(dict.fromkeys(run_lines + ev.error_lines))[-MAX_ERROR_LINES:]
     noted = {r for r, b in beats.items() if b.exit is not None}
+    ev.noted_ranks = sorted(noted)
+    ev.rank_nodes = {r: inert(b.host) for r, b in beats.items() if b.host}
     ev.silent_ranks = sorted(set(beats) - noted) if noted else []
-    if ev.silent_ranks:
-        ev.failing_rank = ev.silent_ranks[0]
+    gone = [r for r, st in ev.ranks_at_end.items() if st == "stopped" or (st == "gone" and r not in noted)]
+    ev.failing_rank = next(iter(gone or ev.silent_ranks), ev.failing_rank)
     if ev.failing_rank is None and ev.heartbeat_age_s:
         ev.failing_rank = max(ev.heartbeat_age_s, key=ev.heartbeat_age_s.get)
     if ev.failing_rank is not None and ev.failing_rank in beats and beats[ev.failing_rank].host:
         ev.failing_node = inert(beats[ev.failing_rank].host)
+    ev.kernel_log_read, ev.oom_kills = kernel_oom_kills({b.pid for b in beats.values() if b.pid})
     _metrics_evidence(run_dir, ev)
     if beats:
         last_beat = max(b.time for b in beats.values())
@@ -167,36 +289,105 @@ def _reason_signal(reason: str) -> str | None:
     return m.group(1) if m else None
 
 
-def classify(ev: Evidence, planned: bool = False) -> tuple[Cause, str]:
-    """The cause the evidence supports and the evidence it used; "unclassified" says what was seen."""
+def lost_ranks(ev: Evidence) -> list[int]:
+    """Ranks that ended without an exit note: seen gone just before the end, else silent while their
+    peers noted theirs, else reported by the launcher killed by a signal (a negative exit code)."""
+    gone = [r for r, st in ev.ranks_at_end.items() if st == "gone" and r not in ev.noted_ranks]
+    return gone or ev.silent_ranks or sorted(r for r, code in ev.rank_exit_codes.items() if code < 0)
+
+
+def stalled_rank(ev: Evidence, stale_s: float) -> int | None:
+    """The rank whose process lived but stopped making progress: seen stopped, or whose heartbeat is
+    the stalest and older than `stale_s` at the end."""
+    stopped = [r for r, st in ev.ranks_at_end.items() if st == "stopped"]
+    if stopped:
+        return stopped[0]
+    ages = ev.heartbeat_age_s
+    if ages and max(ages.values()) > stale_s and all(st == "running" for st in ev.ranks_at_end.values()):
+        return max(ages, key=ages.get)
+    return None
+
+
+def classify(ev: Evidence, planned: bool = False, stale_s: float = 5.0) -> tuple[Cause, str]:
+    """The cause the evidence supports and the evidence it used; "unclassified" says what was seen.
+    The rules and their order are the module's docstring."""
+    cause, reason = _classify(ev, planned, stale_s)
+    if ev.corrupt_checkpoints:
+        reason += (f"; on restart committed checkpoint(s) {ev.corrupt_checkpoints} failed verification (changed "
+                   "after their commit) and the restart fell back to an older one")
+    return cause, reason
+
+
+def _classify(ev: Evidence, planned: bool, stale_s: float) -> tuple[Cause, str]:
     if planned:
         return "planned", f"ended by an operator ({ev.state}: {ev.reason or 'cancelled'})"
     if ev.checksum_verdict == "disagree":
         return "hardware", f"replica checksums disagree ({ev.checksum_detail}): suspected silent data corruption"
-    down = {n: s for n, s in ev.node_states.items() if s.lower() in _NODE_DOWN}
+    down = {n: s for n, s in ev.node_states.items() if _NODE_DOWN.search(s)}
     node_fail = re.search(r"NODE_FAIL|node.*(down|fail|lost|not responding)", ev.reason, re.I)
+    alive = sorted(r for r, st in ev.ranks_at_end.items() if st == "running" and ev.rank_nodes.get(r) in down)
+    if alive:
+        nodes = ", ".join(f"{n} {s}" for n, s in down.items() if n in {ev.rank_nodes[r] for r in alive})
+        return "network", (f"the scheduler lost {nodes} while rank(s) {alive} there still ran: the node is "
+                           "unreachable, not dead (a partition)")
     if (down or node_fail) and (ev.signal in ("SIGKILL", None) or node_fail):
         nodes = ", ".join(f"{n} {s}" for n, s in down.items()) or ev.reason
         return "hardware", f"processes ended ({ev.signal or ev.state}) with the node down: {nodes}"
+    if ev.oom_kills:
+        return "software", f"the kernel's OOM killer ended a rank (the job's memory use): {ev.oom_kills[-1]}"
     if ev.nonfinite_loss_step is not None and ev.nonfinite_repeats:
-        return "data", f"non-finite loss at data position step {ev.nonfinite_loss_step} repeats on replay"
-    if ev.silent_ranks and not down:
-        return "unclassified", (f"rank(s) {ev.silent_ranks} ended without a word (killed: {ev.signal or 'no signal'} "
-                                f"seen) on live node(s) {ev.failing_node or 'unknown'}; their peers' errors follow "
-                                "from it; nothing says what killed them")
+        return "data", (f"non-finite loss at data position step {ev.nonfinite_loss_step} recurs on replay"
+                        + (f" ({ev.replay})" if ev.replay else ""))
+    nodes = ", ".join(f"{n} ({s})" for n, s in ev.node_states.items()) or ev.failing_node or "unknown"
+    kernel = ("no OOM kill in the kernel log" if ev.kernel_log_read else "the kernel log was not readable")
+    lost = lost_ranks(ev)
+    if lost:
+        return "unclassified", _lost_reason(ev, lost, nodes, kernel)
     net = [ln for ln in ev.error_lines if _NET.search(ln)]
-    if net and not down:
-        return "network", f"connection failure between live nodes: {net[-1]}"
-    exc = [ln for ln in ev.error_lines if _EXC.search(ln.split(": ", 1)[-1]) or "Error" in ln]
-    if exc:
+    if net:
+        return "network", f"connection failure between live nodes ({nodes}): {net[-1]}"
+    if (stalled := stalled_rank(ev, stale_s)) is not None and not _exceptions(ev):
+        state = ev.ranks_at_end.get(stalled, "")
+        return "unclassified", (f"rank {stalled}'s heartbeat stalled {ev.heartbeat_age_s.get(stalled, 0.0):.1f} s "
+                                f"before the end while its process lived{f' ({state})' if state else ''} on live "
+                                f"node(s) {nodes}; no error line and no collective timeout; nothing says why it "
+                                "stalled")
+    if ev.nonfinite_loss_step is not None and ev.nonfinite_repeats is False:
+        replay = ev.replay or "a later launch replayed it"
+        return "unclassified", (f"non-finite loss at step {ev.nonfinite_loss_step} did not recur when {replay}; "
+                                "not the data at that position; replica checksums "
+                                f"{ev.checksum_verdict or 'not compared'}; nothing else says what caused it")
+    if exc := _exceptions(ev):
         where = f"rank {ev.failing_rank}" if ev.failing_rank is not None else "the trainer"
         return "software", f"a Python exception in {where}: {exc[-1]}"
+    return "unclassified", "no rule matched the evidence: " + "; ".join(_seen(ev))
+
+
+def _exceptions(ev: Evidence) -> list[str]:
+    """Exception lines of a rank or the run; the launcher's report of a child's failure is not one."""
+    return [ln for ln in ev.error_lines if not _LAUNCHER.search(ln)
+            and (_EXC.search(ln.split(": ", 1)[-1]) or "Error" in ln)]
+
+
+def _lost_reason(ev: Evidence, lost: list[int], nodes: str, kernel: str) -> str:
+    codes = [f"rank {r} exit {ev.rank_exit_codes[r]}" for r in lost if r in ev.rank_exit_codes]
+    how = f" (the launcher reports {', '.join(codes)})" if codes else " (a signal it could not trap, e.g. SIGKILL)"
+    peers = sorted(set(ev.heartbeat_age_s) | set(ev.ranks_at_end)) or lost
+    if set(peers) <= set(lost):
+        who = f"every rank ({', '.join(map(str, lost))}) ended without an exit note{how} on node(s) {nodes}, up"
+        return f"{who}; {kernel}; nothing says what killed them"
+    alive = [r for r in peers if r not in lost]
+    peer_errors = f"; the peers' errors follow from it ({ev.error_lines[-1][:120]})" if ev.error_lines else ""
+    return (f"rank {', '.join(map(str, lost))} ended without an exit note{how} while its peers ran on live node(s) "
+            f"{nodes}; {kernel}; nothing says what killed it (rank(s) {alive} lived){peer_errors}")
+
+
+def _seen(ev: Evidence) -> list[str]:
     seen = [f"state {ev.state}", f"exit {ev.exit_code}" if ev.exit_code is not None else "no exit code"]
     if ev.signal:
         seen.append(f"signal {ev.signal}")
     if ev.nonfinite_loss_step is not None:
-        seen.append(f"non-finite loss at step {ev.nonfinite_loss_step} "
-                    f"({'not replayed' if ev.nonfinite_repeats is None else 'did not repeat on replay'})")
+        seen.append(f"non-finite loss at step {ev.nonfinite_loss_step} (not replayed)")
     if ev.heartbeat_age_s:
         seen.append(f"stalest heartbeat {max(ev.heartbeat_age_s.values()):.1f} s")
-    return "unclassified", "no rule matched the evidence: " + "; ".join(seen)
+    return seen

@@ -2,6 +2,8 @@
 evidence, its cause (tools/interruption_causes.py, from the evidence alone) and what it cost.
 It lives in the workspace as `interruptions.jsonl`; every observation of a job end (job_status,
 wait_job, the launch-and-follow path) passes `observe`, so a job is recorded however it is seen.
+A drill marks its own job (`witness`, just before it ends the job), so its record carries the ranks'
+processes as they were, and completes the record with the restart it measured (`complete_recovery`).
 Effective training time (ETTR) per window is computed from the record and the runs it names."""
 from __future__ import annotations
 
@@ -14,13 +16,25 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trainops.tools.base import tool
-from trainops.tools.interruption_causes import CAUSES, Cause, Evidence, classify, gather, inert
+from trainops.tools.interruption_causes import (
+    CAUSES,
+    Cause,
+    Evidence,
+    classify,
+    gather,
+    inert,
+    replay_evidence,
+    witness_ranks,
+)
 
 log = logging.getLogger(__name__)
 RECORD_NAME = "interruptions.jsonl"
 MAX_RECORD_FILE = 64 << 20
+MAX_REASON_CHARS = 700
 _PLANNED_STATES = {"cancelled"}
 STALE_MIN_S, STALE_STEPS = 5.0, 5  # a rank silent longer than this (and 5 steps) at the end had stalled
+_WITNESSED: dict[tuple[str, str], tuple[dict[int, str], bool]] = {}
+"""(scheduler, job) -> (each rank's process just before trainops ended the job, ended by a drill)."""
 
 
 class LostTime(BaseModel):
@@ -35,7 +49,7 @@ class LostTime(BaseModel):
 class Interruption(BaseModel):
     model_config = ConfigDict(allow_inf_nan=False)
 
-    id: str = Field(description="scheduler:job_id (or run:RUN for a run's own status): one record per job end.")
+    id: str = Field(description="scheduler:job_id@start (a requeue keeps the job id): one record per job end.")
     job_id: str
     run_dir: str | None = None
     scheduler: str
@@ -45,7 +59,8 @@ class Interruption(BaseModel):
     ended_at: float | None = None
     detected_at: float
     planned: bool = False
-    drill: bool = Field(False, description="The run's faults record holds an injected fault.")
+    drill: bool = Field(False, description="Ended by a fault drill (the drill marks its own job; a file the job "
+                                           "could write does not).")
     cause: Cause
     cause_reason: str = Field(description="The evidence the classifier used.")
     evidence: Evidence
@@ -92,33 +107,27 @@ def cause_distribution(records: list[Interruption]) -> dict[str, int]:
     return counts
 
 
-def _lost(ev: Evidence, detected_at: float, drill_run: Path | None) -> tuple[LostTime, int]:
-    """What the end cost: detection (last progress -> detected), the steps since the last commit
-    redone at the median step time, and, from a drill's own timeline, isolation and restart."""
-    from trainops.run_folder import read_drill_record
-
+def _lost(ev: Evidence, detected_at: float) -> tuple[LostTime, int]:
+    """What the end cost: detection (last progress -> detected) and the steps since the last commit
+    redone at the median step time; a drill adds isolation and restart (complete_recovery)."""
     lost = LostTime()
     if ev.last_progress_time:
         lost.detection_s = max(0.0, detected_at - ev.last_progress_time)
     steps = max(0, (ev.last_step or 0) - (ev.committed_step or 0)) if ev.last_step is not None else 0
     lost.redo_s = steps * (ev.step_time_s or 0.0)
-    drill = read_drill_record(drill_run) if drill_run else None
-    if drill is not None:
-        lost.detection_s = max(0.0, drill.detection_latency_s)
-        lost.restart_s = max(0.0, drill.recovery_time_s - drill.detection_latency_s)
-        isolation = [e.t_s for e in drill.node_timeline or [] if "drain" in e.event or "isolat" in e.event]
-        if isolation:
-            lost.isolation_s = max(0.0, min(isolation) - drill.detection_latency_s)
-            lost.restart_s = max(0.0, lost.restart_s - lost.isolation_s)
     return lost, steps
+
+
+def _stale_s(ev: Evidence) -> float:
+    return max(STALE_MIN_S, STALE_STEPS * (ev.step_time_s or 0.0))
 
 
 def healthy(ev: Evidence) -> bool:
     """Nothing went wrong before the end: no error line, no NaN/inf, replicas agree, every rank
     still beating (a cancel of a run in this state is an operator's planned stop)."""
-    stale_s = max(STALE_MIN_S, STALE_STEPS * (ev.step_time_s or 0.0))
-    return (not ev.error_lines and ev.nonfinite_loss_step is None and ev.checksum_verdict != "disagree"
-            and ev.exit_code in (None, 0, -15, 143) and max(ev.heartbeat_age_s.values(), default=0.0) <= stale_s)
+    return (all(st == "running" for st in ev.ranks_at_end.values()) and not ev.error_lines
+            and ev.nonfinite_loss_step is None and ev.checksum_verdict != "disagree"
+            and ev.exit_code in (None, 0, -15, 143) and max(ev.heartbeat_age_s.values(), default=0.0) <= _stale_s(ev))
 
 
 def is_clean(status) -> bool:
@@ -132,44 +141,108 @@ def _run_failed(run_dir: str | None) -> bool:
     return result is not None and result.status == "failed"
 
 
+def record_id(scheduler: str, status) -> str:
+    """One id per job end: a requeued job keeps its id, so its start time tells its launches apart."""
+    return f"{scheduler}:{status.job_id}" + (f"@{status.started_at:.3f}" if status.started_at else "")
+
+
+def witness(job_id: str, scheduler: str, run_dir: str, drill: bool = False) -> dict[int, str]:
+    """Just before trainops ends a job itself: each rank's process as it is now, kept for the record
+    of this job's end (with `drill`, the record is marked a drill's)."""
+    seen = witness_ranks(run_dir, job_id, scheduler)
+    _WITNESSED[(scheduler, job_id)] = (seen, drill)
+    return seen
+
+
 def build(status, scheduler: str, node_states: dict[str, str] | None = None,
           detected_at: float | None = None, job_log: str = "") -> Interruption:
     """The record of one job end from what it showed."""
-    from trainops.run_folder import read_faults
-
     detected_at = detected_at or time.time()
-    ev = gather(status, node_states, job_log)
-    run = Path(status.run_dir) if status.run_dir and Path(status.run_dir).is_dir() else None
+    seen, drill = _WITNESSED.pop((scheduler, status.job_id), ({}, False))
+    ev = gather(status, node_states, job_log, ranks_at_end=seen)
     planned = status.state in _PLANNED_STATES and healthy(ev)
-    cause, reason = classify(ev, planned=planned)
-    lost, steps = _lost(ev, detected_at, run)
-    total = lost.detection_s + lost.isolation_s + lost.restart_s + lost.redo_s
-    return Interruption(id=f"{scheduler}:{status.job_id}", job_id=status.job_id, run_dir=status.run_dir,
+    cause, reason = classify(ev, planned=planned, stale_s=_stale_s(ev))
+    lost, steps = _lost(ev, detected_at)
+    return Interruption(id=record_id(scheduler, status), job_id=status.job_id, run_dir=status.run_dir,
                         scheduler=scheduler, name=inert(status.name), submitted_at=status.submitted_at,
                         started_at=status.started_at, ended_at=status.ended_at, detected_at=detected_at,
-                        planned=planned, drill=bool(run and read_faults(run)), cause=cause,
-                        cause_reason=inert(reason) if len(reason) <= 300 else inert(reason[:300]),
-                        evidence=ev, lost=lost, time_lost_s=round(total, 3), steps_lost=steps)
+                        planned=planned, drill=drill, cause=cause, cause_reason=_reason(reason), evidence=ev,
+                        lost=lost, time_lost_s=_total(lost), steps_lost=steps)
+
+
+def _reason(text: str) -> str:
+    return inert(text, MAX_REASON_CHARS)
+
+
+def _total(lost: LostTime) -> float:
+    return round(lost.detection_s + lost.isolation_s + lost.restart_s + lost.redo_s, 3)
+
+
+def _open_record():
+    fd = os.open(record_path(), os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    return os.fdopen(fd, "a+")
 
 
 def record_job_end(status, scheduler: str, node_states: dict[str, str] | None = None,
                    job_log: str = "") -> Interruption | None:
-    """Record a terminal, not-clean job end once (by job id): the stored record when it already
+    """Record a terminal, not-clean job end once (by job end): the stored record when it already
     exists, None for a clean finish or a job still running."""
     if not status.finished or is_clean(status):
         return None
-    key = f"{scheduler}:{status.job_id}"
-    path = record_path()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    with os.fdopen(fd, "a") as fh:
+    key = record_id(scheduler, status)
+    with _open_record() as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         known = next((r for r in read_interruptions(status.job_id) if r.id == key), None)
         if known is not None:
+            _WITNESSED.pop((scheduler, status.job_id), None)
             return known
         rec = build(status, scheduler, node_states, job_log=job_log)
         fh.write(rec.model_dump_json() + "\n")
         fh.flush()
     return rec
+
+
+def latest_record(job_id: str, scheduler: str) -> Interruption | None:
+    """The newest record of a job's ends on `scheduler`."""
+    return next((r for r in reversed(read_interruptions(job_id)) if r.scheduler == scheduler), None)
+
+
+def complete_recovery(rec_id: str, detection_s: float, isolation_s: float, restart_s: float,
+                      node_states: dict[str, str] | None = None) -> Interruption:
+    """A drill's measured recovery completes its record once the restart ran: detection, isolation and
+    restart (the record was written at the end, before the restart existed), the replay's evidence
+    (the NaN step replayed, checkpoints that failed verification on load, nodes the scheduler flagged
+    since) and the cause that evidence then supports. The one record is rewritten in place, under the
+    record's lock."""
+    from trainops.run_folder import read_regular
+
+    with _open_record() as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        lines = (read_regular(record_path(), MAX_RECORD_FILE) or b"").decode(errors="replace").splitlines()
+        rec = next((r for r in read_interruptions() if r.id == rec_id), None)
+        if rec is None:
+            raise ValueError(f"interruption {rec_id!r} is not in the record; record the job end first")
+        ev = rec.evidence.model_copy(deep=True)
+        ev.node_states.update({inert(k): inert(v) for k, v in (node_states or {}).items()})
+        if rec.run_dir and Path(rec.run_dir).is_dir():
+            replay_evidence(ev, rec.run_dir, rec.ended_at or rec.detected_at)
+        cause, reason = classify(ev, planned=rec.planned, stale_s=_stale_s(ev))
+        lost = rec.lost.model_copy(update={"detection_s": max(0.0, detection_s), "isolation_s": max(0.0, isolation_s),
+                                           "restart_s": max(0.0, restart_s)})
+        done = rec.model_copy(update={"evidence": ev, "cause": cause, "cause_reason": _reason(reason),
+                                      "lost": lost, "time_lost_s": _total(lost)})
+        fh.seek(0)
+        fh.truncate()  # every other line as it was, even one that does not parse
+        fh.write("".join((done.model_dump_json() if _line_id(ln) == rec_id else ln) + "\n" for ln in lines))
+        fh.flush()
+    return done
+
+
+def _line_id(line: str) -> str | None:
+    try:
+        return Interruption.model_validate_json(line).id
+    except (ValidationError, ValueError):
+        return None
 
 
 def observe(status, scheduler) -> None:

@@ -14,7 +14,7 @@ from trainops.skills.evidence.published import LayoutPlan, MlperfComparison
 
 Verdict = Literal["pass", "fail", "partial"]
 Isolation = Literal["rank", "node", "replica_group", "switch", "rack", "job"]
-Cause = Literal["hardware", "network", "software", "data"]
+Cause = Literal["hardware", "network", "software", "data", "planned", "unclassified"]  # tools/interruption_causes
 FaultKind = Literal["crash", "node-loss", "hang", "checkpoint-corruption", "nan", "bitflip", "node-crash", "power-loss",
                     "partition", "slow-network"]
 
@@ -163,14 +163,17 @@ class DrillResult(BaseModel):
     steps_lost: int = Field(ge=0)
     checkpoint_used: str = Field(description="checkpoint folder the restart loaded")
     async_checkpoint_intact: bool = Field(description="the restored checkpoint verified complete")
-    cause: Cause
+    cause: Cause = Field(description="the cause the interruption record gives the drill's job end, from its evidence")
+    job_id: str = Field("", description="the drill's job")
+    interruption_id: str = Field("", description="the interruption record of the drill's job end")
     detector: str = Field(description="which signal caught it: exit code, heartbeat, loss check, step-time outlier")
     drill_record: str = Field(description="the drill's JSON record (RUN/drill.json) these figures come from")
 
 
 class FaultToleranceReport(BaseModel):
     drills: list[DrillResult]
-    cause_distribution: dict[str, int] = Field(description="drills per cause class: hardware/network/software/data")
+    cause_distribution: dict[str, int] = Field(description="the drills' job ends per cause, from the interruption "
+                                                           "record (tools/interruptions.cause_distribution)")
 
 
 class CheckpointPlan(BaseModel):

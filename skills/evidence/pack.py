@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections import Counter
 from pathlib import Path
 
 from trainops.skills.evidence.model import (
@@ -59,6 +58,15 @@ def decide(baseline: BaselineSummary | None, ablations: list[AblationRow],
     return ("partial", gaps) if gaps else ("pass", [])
 
 
+def drill_causes(drills: list[DrillResult]) -> dict[str, int]:
+    """The drills' job ends per cause, from the interruption record (what the evidence said), not
+    from which drills ran."""
+    from trainops.tools.interruptions import cause_distribution, read_interruptions
+
+    ids = {d.interruption_id for d in drills if d.interruption_id}
+    return cause_distribution([r for r in read_interruptions() if r.id in ids])
+
+
 def assemble(pack_id: str, environment: PackEnvironment | None, baseline: BaselineSummary | None,
              ablations: list[AblationRow], drills: list[DrillResult], evidence: list[EvidenceRow],
              rollback: str = "", references: list[str] | None = None,
@@ -70,8 +78,7 @@ def assemble(pack_id: str, environment: PackEnvironment | None, baseline: Baseli
                  if r.scale_kind == "target" and r.verdict == "gain"]
     awaiting += [f"confirm isolation of {d.fault}: {d.isolation_granularity}-level" for d in drills
                  if d.isolation_granularity in ("node", "job")]
-    report = (FaultToleranceReport(drills=drills, cause_distribution=dict(Counter(d.cause for d in drills)))
-              if drills else None)
+    report = FaultToleranceReport(drills=drills, cause_distribution=drill_causes(drills)) if drills else None
     return EvidencePack(pack_id=pack_id, created_time=time.time(), verdict=verdict, blockers=blockers,
                         environment=environment, baseline=baseline, ablations=ablations,
                         fault_tolerance=report, evidence=evidence, awaiting_human=awaiting, rollback=rollback,

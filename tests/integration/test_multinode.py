@@ -107,6 +107,10 @@ def test_a_node_crash_drill_detects_drains_and_recovers_on_the_hot_spare(sandbox
     assert result.detection_latency_s < 10 and result.recovery_time_s > 0
     assert result.async_checkpoint_intact
     assert "--scheduler slurm --nodes 2" in row.command
+    from trainops.tools.interruptions import read_interruptions
+
+    rec = next(r for r in read_interruptions() if r.id == result.interruption_id)  # the cause is the record's
+    assert (rec.cause, result.cause) == ("hardware", "hardware") and "node down: n2" in rec.cause_reason, rec
     from trainops.tools.schedulers.sandbox import node_states
 
     deadline = time.monotonic() + 60
