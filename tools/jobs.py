@@ -87,7 +87,7 @@ def submit_job(inp: SubmitJobInput) -> SubmitJobOutput:
     run folder, log path). Give either a JobSpec or a training request (config/preset/overrides/nproc).
     Every folder and data file of the job must lie in the workspace, and for a tenant's job in its root."""
     from trainops.tools.frameworks import get_adapter
-    from trainops.tools.tenancy import check_job_paths
+    from trainops.tools.tenancy import check_job_paths, check_launch_versions
     from trainops.tools.trainer_job import training_spec
 
     try:
@@ -98,6 +98,7 @@ def submit_job(inp: SubmitJobInput) -> SubmitJobOutput:
                 raise ValueError(f"tenant={inp.tenant!r} but spec.tenant={inp.spec.tenant!r}: give the tenant once")
             spec = inp.spec if inp.tenant is None else inp.spec.model_copy(update={"tenant": inp.tenant})
             check_job_paths(spec, adapter_of=get_adapter)
+        check_launch_versions(spec)  # the compatibility matrix and the tenant's framework pin
     except (ValueError, OSError) as exc:
         raise ToolError("submit_job", f"cannot prepare the job: {exc}") from None
     from trainops.tools.schedulers.processes import spec_sha256

@@ -278,7 +278,8 @@ class UpgradeOutput(BaseModel):
 
 
 def is_cross_version(from_version: str, to_version: str) -> bool:
-    """The compatibility matrix allows a step within one major version, one minor at a time."""
+    """An upgrade moves within one major version, one minor at a time (and then must land inside
+    the compatibility matrix, tools/compat.py)."""
     (fa, fi), (ta, ti) = _major_minor("from_version", from_version), _major_minor("to_version", to_version)
     return fa != ta or abs(ti - fi) > 1
 
@@ -304,9 +305,58 @@ def _follows_matrix(inp: UpgradeInput) -> str | None:
     return None
 
 
+def tenant_pins(tenant: str) -> dict[str, str]:
+    """The framework versions `upgrade_framework` pinned for `tenant` (framework.json); {} without a pin."""
+    path = tenant_root(tenant) / "framework.json"
+    pins = _read_json(path) or {}
+    bad = [name for name, value in pins.items() if not isinstance(value, str)]
+    if bad:
+        raise ValueError(f"{path}: pin {bad[0]!r} is not a version string; restore it from the audit log or remove it")
+    return pins
+
+
+def _upgrade_in_matrix(inp: UpgradeInput) -> str | None:
+    """The target with the tenant's other pins and the installed CUDA and frameworks must be a
+    published combination: a torch the declared CUDA has no wheel for, or one an installed
+    adapter framework's requirement excludes, is refused naming the pair."""
+    from trainops.tools import compat
+
+    try:
+        versions = {**tenant_pins(inp.tenant), inp.framework: inp.to_version}
+        env = compat.with_versions(compat.installed_environment(compat.PACKAGES), versions)
+        problems = compat.check(env).problems
+    except ValueError as exc:
+        return str(exc)
+    if not problems:
+        return None
+    return (f"{inp.framework} {inp.to_version} for tenant {inp.tenant!r} is outside the compatibility matrix: "
+            f"{'; '.join(problems)}")
+
+
+def check_launch_versions(spec: JobSpec) -> None:
+    """Refuse a launch whose framework versions (installed, with the tenant's pins in place) form a
+    pair outside the compatibility matrix, or whose installed versions differ from the tenant's pin."""
+    from trainops.tools import compat
+    from trainops.workspace import confine
+
+    framework = _framework_of(confine(spec.run_dir, "spec.run_dir")) if spec.run_dir else None
+    pins = tenant_pins(spec.tenant) if spec.tenant else {}
+    names = {compat.ADAPTER_PACKAGES.get(framework or ""), *pins} & set(compat.PACKAGES)
+    installed = compat.installed_environment(tuple(sorted(names)))
+    problems = compat.check(compat.with_versions(installed, pins)).problems
+    if problems:
+        raise ValueError(f"the job's framework versions are outside the compatibility matrix: {'; '.join(problems)}")
+    for name, pinned in sorted(pins.items()):
+        running = compat.version_of(installed, name)
+        if running is None or not compat.same_version(pinned, running):
+            raise ValueError(f"tenant {spec.tenant!r} pins {name} {pinned} but this launch runs {name} "
+                             f"{running or 'not installed (a CPU build, for cuda)'}; fix: install {name} {pinned} "
+                             "where the job runs, or move the pin with upgrade_framework")
+
+
 @tool("upgrade_framework", risk="irreversible", tags=("tenant-governance",),
       checks=(InputCheck("R-SEC-2", _no_forced_cross_version, kind="forbidden"),
-              InputCheck("R-SEC-2", _follows_matrix)))
+              InputCheck("R-SEC-2", _follows_matrix), InputCheck("R-SEC-2", _upgrade_in_matrix)))
 def upgrade_framework(inp: UpgradeInput) -> UpgradeOutput:
     """Pin a newer framework version for a tenant's jobs, one compatibility-matrix step at a
     time. Irreversible for running jobs (checkpoints written by the new version may not load
