@@ -237,6 +237,8 @@ class _Drill:
         interruptions.witness(self.job_id, sched, self.run_dir, drill=True)
         # forced: the survivors of a detected failure are stuck in a collective, a grace period only waits on them
         status = call("cancel_job", {"job_id": self.job_id, "scheduler": sched, "force": True}, self.ctx)
+        if not status.finished:  # Slurm ends a cancelled job a moment later: its end is observed there
+            status = call("wait_job", {"job_id": self.job_id, "scheduler": sched, "timeout_s": 60}, self.ctx)
         self.interruption = (interruptions.latest_record(self.job_id, sched)
                              or interruptions.record_job_end(status, sched))
 
