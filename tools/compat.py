@@ -19,7 +19,9 @@ PACKAGES = ("deepspeed", "megatron-core", "torchtitan")
 
 class TorchRow(BaseModel):
     torch: str = Field(description="torch release series, MAJOR.MINOR.")
-    cuda: list[str] = Field(description="CUDA versions PyTorch publishes wheels of this release for.")
+    cuda: list[str] | None = Field(description="CUDA versions PyTorch publishes wheels of this release for; None: "
+                                               "not recorded (a CUDA build of it is reported unchecked).")
+    no_cuda_below: str | None = Field(None, description="With cuda None: no build older than this CUDA exists.")
     cpu: bool = Field(description="Whether a CPU wheel is published.")
     source: str = Field(min_length=1)
 
@@ -89,12 +91,12 @@ def check(env: Environment, matrix: Matrix | None = None) -> Report:
                         f"{', '.join(r.torch for r in matrix.torch)}); fix: use a listed release or add a row "
                         "with its source")
     elif row is not None:
-        cuda = f"CUDA {'/'.join(row.cuda)}" if row.cuda else "no CUDA build the matrix lists"
-        ships = cuda + (" and a CPU build" if row.cpu else "")
-        build = f"CUDA {env.cuda}" if env.cuda else "the CPU build"
-        if (env.cuda and not any(_in_series(env.cuda, c) for c in row.cuda)) or (not env.cuda and not row.cpu):
-            problems.append(f"torch {env.torch} with {build}: not a published pair; torch {row.torch} ships "
-                            f"{ships} (source {row.source})")
+        problem = _cuda_problem(row, env)
+        if problem:
+            problems.append(problem)
+        elif env.cuda and row.cuda is None:
+            unchecked.append(f"torch {env.torch} with CUDA {env.cuda}: the matrix records no CUDA builds of torch "
+                             f"{row.torch}, not checked")
     if env.nccl:
         unchecked.append(f"NCCL {env.nccl}: not in the matrix (it records no NCCL pins), not checked")
     for name, version in sorted(env.frameworks.items()):
@@ -102,6 +104,21 @@ def check(env: Environment, matrix: Matrix | None = None) -> Report:
         if problem:
             problems.append(problem)
     return Report(problems=problems, unchecked=unchecked)
+
+
+def _cuda_problem(row: TorchRow, env: Environment) -> str | None:
+    build = f"CUDA {env.cuda}" if env.cuda else "the CPU build"
+    if row.cuda is None:
+        ships = f"no CUDA build older than {row.no_cuda_below}" if row.no_cuda_below else "CUDA builds not recorded"
+        published = not env.cuda or not row.no_cuda_below or _parts(env.cuda) >= _parts(row.no_cuda_below)
+    else:
+        ships = f"CUDA {'/'.join(row.cuda)}" if row.cuda else "no CUDA build"
+        published = not env.cuda or any(_in_series(env.cuda, c) for c in row.cuda)
+    ships += " and a CPU build" if row.cpu else ""
+    if published and (env.cuda or row.cpu):
+        return None
+    return (f"torch {env.torch} with {build}: not a published pair; torch {row.torch} ships {ships} "
+            f"(source {row.source})")
 
 
 def _framework_problem(matrix: Matrix, name: str, version: str, torch: str | None) -> str | None:

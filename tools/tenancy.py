@@ -11,6 +11,7 @@ tool layer checks them first.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 from pathlib import Path
@@ -343,7 +344,10 @@ def check_launch_versions(spec: JobSpec) -> None:
     pins = tenant_pins(spec.tenant) if spec.tenant else {}
     names = {compat.ADAPTER_PACKAGES.get(framework or ""), *pins} & set(compat.PACKAGES)
     installed = compat.installed_environment(tuple(sorted(names)))
-    problems = compat.check(compat.with_versions(installed, pins)).problems
+    report = compat.check(compat.with_versions(installed, pins))
+    problems = report.problems
+    for note in report.unchecked:  # said, not passed silently: the matrix holds no data to refuse it on
+        logging.getLogger(__name__).warning("compatibility matrix: %s", note)
     if problems:
         raise ValueError(f"the job's framework versions are outside the compatibility matrix: {'; '.join(problems)}")
     for name, pinned in sorted(pins.items()):

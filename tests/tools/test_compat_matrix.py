@@ -77,6 +77,8 @@ def test_check_names_each_incompatible_pair_and_reports_unknown_versions():
     assert any(p.startswith("torchtitan 0.2.0: not in the matrix") for p in report.problems)
     assert report.unchecked == ["NCCL 2.21.5: not in the matrix (it records no NCCL pins), not checked"]
     assert check(Environment(torch="3.1.0")).problems[0].startswith("torch 3.1.0: not in the matrix")
+    newer = check(Environment(torch="2.13.0", cuda="12.8"))  # 2.13's CUDA list is not recorded: said, not passed
+    assert newer.problems == [] and newer.unchecked[0].endswith("records no CUDA builds of torch 2.13, not checked")
 
 
 def test_an_upgrade_to_a_torch_without_a_wheel_for_the_pinned_cuda_is_refused_through_the_cli():
