@@ -126,3 +126,10 @@ def test_a_tenant_job_matching_its_pin_launches():
     handle = call("submit_job", _plain_job("acme"), OPERATOR).handle
     status = call("wait_job", {"job_id": handle.job_id, "timeout_s": 60}, OPERATOR)
     assert status.state == "completed"
+
+
+def test_a_launch_through_the_cli_is_refused_for_a_pin_the_installed_version_breaks():
+    _pin("acme", {"torch": "2.13.0", "megatron-core": "0.15.0"})
+    result = runner.invoke(app, ["tool", "call", "submit_job", "--input", json.dumps(_plain_job("acme")), "--json"])
+    assert result.exit_code != 0
+    assert "megatron-core 0.15.0: not in the matrix" in json.loads(result.stdout)["error"]
