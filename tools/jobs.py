@@ -217,12 +217,13 @@ def requeue_job(inp: RequeueJobInput) -> JobHandle:
     and the scheduler relaunches only a record that still has it."""
     from trainops.tools.base import active_call
     from trainops.tools.frameworks import get_adapter
-    from trainops.tools.tenancy import check_job_paths
+    from trainops.tools.tenancy import check_job_paths, check_launch_versions
 
     spec = _launched_spec("requeue_job", inp)
     if spec is not None:
         try:
             check_job_paths(spec, adapter_of=get_adapter)
+            check_launch_versions(spec)
         except ValueError as exc:
             raise ToolError("requeue_job", f"refusing to relaunch job {inp.job_id}: {exc}") from None
     active = active_call()

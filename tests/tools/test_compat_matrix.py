@@ -133,3 +133,12 @@ def test_a_launch_through_the_cli_is_refused_for_a_pin_the_installed_version_bre
     result = runner.invoke(app, ["tool", "call", "submit_job", "--input", json.dumps(_plain_job("acme")), "--json"])
     assert result.exit_code != 0
     assert "megatron-core 0.15.0: not in the matrix" in json.loads(result.stdout)["error"]
+
+
+def test_a_requeue_after_the_pin_moved_is_refused_naming_the_pin():
+    _pin("acme", {"torch": "2.13.0"})
+    handle = call("submit_job", _plain_job("acme"), OPERATOR).handle
+    call("wait_job", {"job_id": handle.job_id, "timeout_s": 60}, OPERATOR)
+    _pin("acme", {"torch": "2.12.0"})
+    with pytest.raises(ToolError, match=r"refusing to relaunch .*pins torch 2.12.0 but this launch runs torch 2.13"):
+        call("requeue_job", {"job_id": handle.job_id}, OPERATOR)
