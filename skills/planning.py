@@ -55,7 +55,7 @@ def reliability_summary(declared_mtbf_h: float, ettr_window_s: float) -> Reliabi
     return ReliabilitySummary(as_of=now, interruptions=stats.interruptions, unplanned=stats.unplanned,
                               span_h=stats.span_h, interruption_rate_per_day=stats.interruption_rate_per_day,
                               mtbf_h=stats.mtbf_h, mtbf_source=stats.mtbf_source,
-                              mtbf_measured=stats.mtbf_source.startswith("measured"),
+                              mtbf_measured=stats.mtbf_measured,
                               recovery_time_s=stats.recovery_time_s, cause_distribution=stats.cause_distribution,
                               ettr_window_s=ettr_window_s, ettr_pct=view.ettr_pct)
 

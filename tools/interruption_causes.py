@@ -7,6 +7,7 @@ the real one, and its record says what the evidence says, or "unclassified" with
 The rules, first match wins (classify):
 - an operator's cancel of a healthy job -> planned;
 - replica checksums disagree at one step -> hardware (suspected silent data corruption);
+- a known-answer GEMM/collective check (tools/sdc_check.py) computed wrong results -> hardware;
 - a node the scheduler calls down / not responding whose ranks were still running -> network
   (unreachable, not dead: a partition);
 - processes ended (SIGKILL, or no word) with their node down / not responding -> hardware;
@@ -112,7 +113,10 @@ def _signal_of(exit_code: int | None) -> str | None:
 
 
 def _log_errors(name: str, text: str) -> list[str]:
-    hits = [ln.strip() for ln in text.splitlines() if _EXC.match(ln.strip()) or _NET.search(ln)]
+    from trainops.tools.sdc_check import KNOWN_ANSWER_FAILED
+
+    hits = [ln.strip() for ln in text.splitlines()
+            if _EXC.match(ln.strip()) or _NET.search(ln) or KNOWN_ANSWER_FAILED in ln]
     return [f"{name}: {ln}" for ln in hits[-3:]]
 
 
@@ -323,6 +327,8 @@ def _classify(ev: Evidence, planned: bool, stale_s: float) -> tuple[Cause, str]:
         return "planned", f"ended by an operator ({ev.state}: {ev.reason or 'cancelled'})"
     if ev.checksum_verdict == "disagree":
         return "hardware", f"replica checksums disagree ({ev.checksum_detail}): suspected silent data corruption"
+    if wrong := _known_answer_failures(ev):
+        return "hardware", f"a known-answer GEMM/collective check computed wrong results: {wrong[-1]}"
     down = {n: s for n, s in ev.node_states.items() if _NODE_DOWN.search(s)}
     node_fail = re.search(r"NODE_FAIL|node.*(down|fail|lost|not responding)", ev.reason, re.I)
     alive = sorted(r for r, st in ev.ranks_at_end.items() if st == "running" and ev.rank_nodes.get(r) in down)
@@ -361,6 +367,12 @@ def _classify(ev: Evidence, planned: bool, stale_s: float) -> tuple[Cause, str]:
         where = f"rank {ev.failing_rank}" if ev.failing_rank is not None else "the trainer"
         return "software", f"a Python exception in {where}: {exc[-1]}"
     return "unclassified", "no rule matched the evidence: " + "; ".join(_seen(ev))
+
+
+def _known_answer_failures(ev: Evidence) -> list[str]:
+    from trainops.tools.sdc_check import KNOWN_ANSWER_FAILED
+
+    return [ln for ln in ev.error_lines if KNOWN_ANSWER_FAILED in ln]
 
 
 def _exceptions(ev: Evidence) -> list[str]:

@@ -310,7 +310,7 @@ def ettr_series(window_s: float, job: str | None = None, now: float | None = Non
 
 class ReliabilityStats(BaseModel):
     """Interruption rate, MTBF and recovery time measured from the record; the declared MTBF only
-    when the record holds fewer than two unplanned interruptions, labelled so."""
+    when the record holds fewer than two unplanned interruptions that were not drills, labelled so."""
 
     interruptions: int
     unplanned: int
@@ -318,6 +318,8 @@ class ReliabilityStats(BaseModel):
     interruption_rate_per_day: float | None
     mtbf_h: float
     mtbf_source: str
+    mtbf_measured: bool = Field(description="The MTBF comes from the record (two or more interruptions that were "
+                                            "not drills), not the declared figure.")
     recovery_time_s: float | None = Field(None, description="Median time lost per unplanned interruption.")
     cause_distribution: dict[str, int]
 
@@ -328,15 +330,19 @@ def reliability(declared_mtbf_h: float = 24.0, job: str | None = None) -> Reliab
     records = read_interruptions(job)
     unplanned = [r for r in records if not r.planned]
     lost = [r.time_lost_s for r in unplanned]
-    times = sorted(r.time for r in unplanned)
+    # an injected fault says how recovery goes, not how often the fleet fails: drills stay out of MTBF and rate
+    times = sorted(r.time for r in unplanned if not r.drill)
+    drills = sum(1 for r in unplanned if r.drill)
     span = (times[-1] - times[0]) if len(times) > 1 else 0.0
+    left_out = f", {drills} drill(s) left out" if drills else ""
     if len(times) >= 2 and span > 0:
-        mtbf, source = span / (len(times) - 1) / 3600, f"measured from {len(times)} recorded interruptions"
+        mtbf, source = span / (len(times) - 1) / 3600, f"measured from {len(times)} recorded interruptions{left_out}"
     else:
-        mtbf, source = declared_mtbf_h, f"declared (record holds {len(times)} unplanned interruption(s))"
+        mtbf, source = declared_mtbf_h, (f"declared (record holds {len(times)} unplanned interruption(s) that were "
+                                         f"not drills{left_out})")
     return ReliabilityStats(interruptions=len(records), unplanned=len(unplanned), span_h=round(span / 3600, 4),
                             interruption_rate_per_day=round(len(times) / (span / 86400), 3) if span > 0 else None,
-                            mtbf_h=mtbf, mtbf_source=source,
+                            mtbf_h=mtbf, mtbf_source=source, mtbf_measured=len(times) >= 2 and span > 0,
                             recovery_time_s=statistics.median(lost) if lost else None,
                             cause_distribution=cause_distribution(records))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 from typer.testing import CliRunner
 
@@ -32,14 +33,20 @@ if how == "raise":
         fh.write("step 3\nTraceback (most recent call last):\n" + err + "\n")
 with open(f"{run_dir}/heartbeat/rank0.json", "w") as fh:
     json.dump(beat, fh)
+if how == "hang":  # its heartbeat went stale 30 s ago and it never exits: a job a drill has to end
+    beat["time"] = time.time() - 30
+    with open(f"{run_dir}/heartbeat/rank0.tmp", "w") as fh:
+        json.dump(beat, fh)
+    os.replace(f"{run_dir}/heartbeat/rank0.tmp", f"{run_dir}/heartbeat/rank0.json")
+    time.sleep(60)
 sys.exit(1 if how == "raise" else 0)
 """
 
 
-def _job(workspace, how: str) -> str:
-    run_dir = workspace / "runs" / f"r-{how}"
+def _job(workspace, how: str, name: str = "") -> str:
+    run_dir = workspace / "runs" / f"r-{name or how}"
     run_dir.mkdir(parents=True)
-    spec = {"name": f"r-{how}", "command": [sys.executable, "-c", RANK, str(run_dir), how, SECRET],
+    spec = {"name": f"r-{name or how}", "command": [sys.executable, "-c", RANK, str(run_dir), how, SECRET],
             "run_dir": str(run_dir)}  # the job never gets the operator's key in its env; it leaks it in its own error
     return call("submit_job", {"spec": spec}, OPERATOR).handle.job_id
 
@@ -73,3 +80,36 @@ def test_a_corrupt_line_is_skipped_and_the_cli_lists_the_rest(workspace):
     assert [r["job_id"] for r in listed["interruptions"]] == [job]
     human = CliRunner().invoke(app, ["interruptions"])
     assert human.exit_code == 0 and job in human.output and "software" in human.output
+
+
+def _stale(beat) -> bool:
+    try:
+        return json.loads(beat.read_text())["time"] < time.time() - 20
+    except (ValueError, KeyError):  # the first, fresh beat being written
+        return False
+
+
+def test_drills_stay_out_of_the_measured_mtbf_and_rate_but_count_in_recovery(workspace):
+    """An injected fault says how recovery goes, not how often jobs fail: a second SOP run must not
+    'measure' its MTBF from the first run's drills."""
+    from trainops.tools.interruptions import reliability, witness
+
+    first = _job(workspace, "raise")
+    call("wait_job", {"job_id": first, "timeout_s": 60}, OPERATOR)
+    drilled = _job(workspace, "hang")
+    beat = workspace / "runs" / "r-hang" / "heartbeat" / "rank0.json"
+    deadline = time.monotonic() + 30
+    while not (beat.is_file() and _stale(beat)):
+        assert time.monotonic() < deadline, "the hanging job never wrote its stale heartbeat"
+        time.sleep(0.05)
+    witness(drilled, "local", str(workspace / "runs" / "r-hang"), drill=True)
+    call("cancel_job", {"job_id": drilled, "force": True}, OPERATOR)
+    stats = reliability(declared_mtbf_h=24.0)
+    assert (stats.unplanned, stats.mtbf_h, stats.mtbf_measured) == (2, 24.0, False)
+    assert "declared" in stats.mtbf_source and "1 drill(s) left out" in stats.mtbf_source
+    second = _job(workspace, "raise", name="raise-again")
+    call("wait_job", {"job_id": second, "timeout_s": 60}, OPERATOR)
+    stats = reliability(declared_mtbf_h=24.0)
+    assert stats.mtbf_measured and stats.mtbf_source.startswith("measured from 2 recorded interruptions")
+    assert "1 drill(s) left out" in stats.mtbf_source and stats.mtbf_h < 1.0
+    assert stats.recovery_time_s is not None and stats.unplanned == 3
