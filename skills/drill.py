@@ -116,8 +116,7 @@ def _wait_for(predicate, timeout_s: float, what: str, job: JobWatch) -> float:
 
 def _between_writes(run_dir: str, timeout_s: float = 10.0) -> None:
     """Wait (briefly) for a checkpoint write to have just committed, with none in flight, so the
-    corruption lands on a committed checkpoint (the newest folder), not on an unfinished
-    `step-N.tmp/` the writer would still checksum and commit with the damage in it."""
+    corrupted checkpoint is the newest one when the restart looks (a later commit would hide it)."""
     from trainops.trainer.checkpoint_files import list_checkpoints
 
     def newest() -> tuple[int, bool] | None:
@@ -278,18 +277,11 @@ class _Drill:
         return injected_at, last_step
 
     def inject_once(self, args: dict) -> float:
-        """inject_fault; a checkpoint corruption waits for a write to have just committed, and tries
-        again (3 times in all) when the newest folder was still an unfinished write."""
-        if self.kind != "corrupt_checkpoint":
-            return call("inject_fault", args, self.ctx).injected_at
-        for _ in range(2):
+        """inject_fault; a checkpoint corruption first waits for a write to have just committed, so
+        the damaged checkpoint is the newest one the restart reaches (inject_fault corrupts only a
+        committed one)."""
+        if self.kind == "corrupt_checkpoint":
             _between_writes(self.run_dir)
-            try:
-                return call("inject_fault", args, self.ctx).injected_at
-            except ToolError as exc:
-                if ".tmp" not in str(exc):
-                    raise
-        _between_writes(self.run_dir)
         return call("inject_fault", args, self.ctx).injected_at
 
     def detect(self, injected_at: float):

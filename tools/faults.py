@@ -126,17 +126,19 @@ def _signal(procs: list[psutil.Process], sig: signal.Signals) -> float:
 
 
 def _corrupt_newest_checkpoint(run_dir: Path) -> tuple[float, str]:
-    """Flip bytes in the largest file of the newest checkpoint; every path is confined to the
-    workspace (a symlinked checkpoint folder or file pointing elsewhere is refused) and the file
-    is opened without following a link."""
+    """Flip bytes in the largest file of the newest committed checkpoint (an unfinished
+    `step-N.tmp/` would be checksummed with the damage in it and committed as sound); every path
+    is confined to the workspace (a symlinked checkpoint folder or file pointing elsewhere is
+    refused) and the file is opened without following a link."""
+    from trainops.trainer.checkpoint_files import list_checkpoints
     from trainops.workspace import confine
 
     try:
         folder = confine(run_dir / "checkpoints", "checkpoint folder")
-        ckpts = sorted(confine(p, "checkpoint") for p in folder.glob("step-*"))
+        ckpts = [confine(Path(c.path), "checkpoint") for c in list_checkpoints(folder) if c.committed]
         if not ckpts:
-            raise ToolError("inject_fault",
-                            f"no checkpoint under {folder}; run with checkpoint.enable=true and wait for a save")
+            raise ToolError("inject_fault", f"no committed checkpoint under {folder}; run with "
+                                            "checkpoint.enable=true and wait for a save to commit")
         files = sorted((confine(p, "checkpoint file") for p in ckpts[-1].rglob("*") if p.is_file()
                         and p.stat().st_size > 0),
                        key=lambda p: p.stat().st_size)

@@ -73,10 +73,13 @@ def test_a_root_listed_in_a_project_local_file_is_not_trusted(tmp_path, outside,
 
 
 def _poisoned_checkpoint(workspace, outside):
-    """Run 'ck' whose newest checkpoint's only data file is a symlink to a file outside."""
+    """Run 'ck' whose newest committed checkpoint's only data file is a symlink to a file outside."""
+    from trainops.trainer.checkpoint_files import COMMIT_FILE
+
     step = workspace / "runs" / "ck" / "checkpoints" / step_dir_name(4)
     step.mkdir(parents=True)
     (step / "__0_0.distcp").symlink_to(outside / "precious.bin")
+    (step / COMMIT_FILE).write_text(json.dumps({"step": 4, "time": 1.0}))
 
 
 def test_corrupt_checkpoint_does_not_follow_a_symlinked_file_out_of_the_workspace(workspace, outside):
@@ -99,6 +102,7 @@ def test_corrupt_checkpoint_does_not_follow_a_symlinked_checkpoints_folder(works
 def test_the_fault_record_is_not_written_through_a_link_the_job_planted(workspace, outside):
     (workspace / "runs" / "ck" / "checkpoints" / step_dir_name(4)).mkdir(parents=True)
     (workspace / "runs" / "ck" / "checkpoints" / step_dir_name(4) / "__0_0.distcp").write_bytes(bytes(100))
+    (workspace / "runs" / "ck" / "checkpoints" / step_dir_name(4) / "COMMIT.json").write_text('{"time": 1.0}')
     (workspace / "runs" / "ck" / "faults.jsonl").symlink_to(outside / "precious.bin")
     with pytest.raises(ToolError, match="cannot append to .*faults.jsonl .* must be a plain file"):
         call("inject_fault", {"kind": "corrupt_checkpoint", "run": "ck"}, OPERATOR)

@@ -184,16 +184,18 @@ def test_launch_time_faults_return_the_trainer_overrides():
     assert (cfg.faults.bitflip_step, cfg.faults.bitflip_rank) == (4, 1)
 
 
-def test_corrupting_the_newest_checkpoint_changes_its_largest_file(workspace):
+def test_corrupting_the_newest_checkpoint_changes_its_largest_file_and_skips_an_unfinished_write(workspace):
     ckpt = workspace / "runs" / "ck" / "checkpoints"
-    (ckpt / "step-00000002").mkdir(parents=True)
-    (ckpt / "step-00000004").mkdir(parents=True)
-    (ckpt / "step-00000004" / "__0_0.distcp").write_bytes(bytes(1000))
-    (ckpt / "step-00000002" / "__0_0.distcp").write_bytes(bytes(1000))
+    for step in ("step-00000002", "step-00000004", "step-00000006.tmp"):
+        (ckpt / step).mkdir(parents=True)
+        (ckpt / step / "__0_0.distcp").write_bytes(bytes(1000))
+        if not step.endswith(".tmp"):
+            (ckpt / step / "COMMIT.json").write_text('{"time": 1.0}')
     out = call("inject_fault", {"kind": "corrupt_checkpoint", "run": "ck"}, OPERATOR)
-    assert out.target.endswith("step-00000004/__0_0.distcp")
+    assert out.target.endswith("step-00000004/__0_0.distcp")  # the in-flight write would commit the damage
     assert (ckpt / "step-00000004" / "__0_0.distcp").read_bytes() != bytes(1000)
     assert (ckpt / "step-00000002" / "__0_0.distcp").read_bytes() == bytes(1000)
+    assert (ckpt / "step-00000006.tmp" / "__0_0.distcp").read_bytes() == bytes(1000)
 
 
 def test_killing_a_rank_of_an_unknown_run_names_the_run():
