@@ -53,6 +53,19 @@ def data_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != COMMIT_FILE)
 
 
+def corruption_message(folder: Path, missing: list[str], mismatched: list[str], any_listed: bool = True) -> str | None:
+    """What is wrong with a committed checkpoint, in one line; None when nothing is. The full
+    verification and a replica group's reader both speak these words."""
+    problems = []
+    if missing:
+        problems.append(f"missing files {missing}")
+    if mismatched:
+        problems.append(f"checksum mismatch in {mismatched}")
+    if not any_listed:
+        problems.append(f"{COMMIT_FILE} lists no files")
+    return f"checkpoint {folder.name} is corrupt: " + "; ".join(problems) if problems else None
+
+
 def list_checkpoints(folder: str | Path) -> list[CheckpointInfo]:
     """Every `step-N/` and unfinished `step-N.tmp/` under `folder`, oldest step first."""
     root = Path(folder)
@@ -114,17 +127,8 @@ def verify_checkpoint(path: str | Path) -> CheckpointVerification:
         elif file.stat().st_size != expected["size_bytes"] or file_sha256(file) != expected["sha256"]:
             mismatched.append(name)
     complete = not missing and not mismatched and bool(listed)
-    if complete:
-        message = f"checkpoint {folder.name}: {len(listed)} files verified (size and sha256)"
-    else:
-        problems = []
-        if missing:
-            problems.append(f"missing files {missing}")
-        if mismatched:
-            problems.append(f"checksum mismatch in {mismatched}")
-        if not listed:
-            problems.append(f"{COMMIT_FILE} lists no files")
-        message = f"checkpoint {folder.name} is corrupt: " + "; ".join(problems)
+    message = (corruption_message(folder, missing, mismatched, bool(listed))
+               or f"checkpoint {folder.name}: {len(listed)} files verified (size and sha256)")
     return CheckpointVerification(
         path=str(folder), step=step, committed=True, complete=complete,
         missing_files=missing, checksum_mismatches=mismatched, message=message,

@@ -15,7 +15,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemReader
 
-from trainops.trainer.checkpoint_files import COMMIT_FILE
+from trainops.trainer.checkpoint_files import COMMIT_FILE, corruption_message
 
 
 def commit_listing(folder: Path) -> tuple[dict[str, dict[str, Any]], int, int]:
@@ -31,19 +31,9 @@ def size_problems(folder: Path, listed: dict[str, dict[str, Any]]) -> str | None
     missing = [name for name in sorted(listed) if not (folder / name).is_file()]
     wrong = [name for name in sorted(listed) if name not in missing
              and (folder / name).stat().st_size != listed[name]["size_bytes"]]
-    return message(folder, missing, wrong, bool(listed))
+    return corruption_message(folder, missing, wrong, bool(listed))
 
 
-def message(folder: Path, missing: list[str], mismatched: list[str], any_listed: bool = True) -> str | None:
-    """The verdict in checkpoint_files.verify_checkpoint's words, None when nothing is wrong."""
-    problems = []
-    if missing:
-        problems.append(f"missing files {missing}")
-    if mismatched:
-        problems.append(f"checksum mismatch in {mismatched}")
-    if not any_listed:
-        problems.append(f"{COMMIT_FILE} lists no files")
-    return f"checkpoint {folder.name} is corrupt: " + "; ".join(problems) if problems else None
 
 
 class CorruptCheckpoint(RuntimeError):
@@ -77,7 +67,7 @@ class CountedFileSystem(FileSystem):
                 mismatched.append(name)
             else:
                 self._verified[name] = data
-        return message(self.folder, [], mismatched)
+        return corruption_message(self.folder, [], mismatched)
 
     @contextmanager
     def create_stream(self, path, mode: str):
