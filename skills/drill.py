@@ -238,8 +238,7 @@ class _Drill:
         status = call("cancel_job", {"job_id": self.job_id, "scheduler": sched, "force": True}, self.ctx)
         if not status.finished:  # Slurm ends a cancelled job a moment later: its end is observed there
             status = call("wait_job", {"job_id": self.job_id, "scheduler": sched, "timeout_s": 60}, self.ctx)
-        self.interruption = (interruptions.latest_record(self.job_id, sched)
-                             or interruptions.record_job_end(status, sched))
+        self.interruption = interruptions.record_job_end(status, sched)  # the stored record of this end
 
     def start(self) -> None:
         """Launch the job; a launch-time fault goes in with its overrides, to fire at `inject_step`."""

@@ -46,18 +46,12 @@ def reliability_summary(declared_mtbf_h: float, ettr_window_s: float) -> Reliabi
     recovery time and the ETTR readings the escalation rules read (tools/watch.record_view)."""
     import time
 
-    from trainops.tools import interruptions
     from trainops.tools.watch import record_view
 
     now = time.time()
-    stats = interruptions.reliability(declared_mtbf_h)
     view = record_view(ettr_window_s, declared_mtbf_h, until=now)
-    return ReliabilitySummary(as_of=now, interruptions=stats.interruptions, unplanned=stats.unplanned,
-                              span_h=stats.span_h, interruption_rate_per_day=stats.interruption_rate_per_day,
-                              mtbf_h=stats.mtbf_h, mtbf_source=stats.mtbf_source,
-                              mtbf_measured=stats.mtbf_measured,
-                              recovery_time_s=stats.recovery_time_s, cause_distribution=stats.cause_distribution,
-                              ettr_window_s=ettr_window_s, ettr_pct=view.ettr_pct)
+    return ReliabilitySummary(as_of=now, **view.stats.model_dump(), ettr_window_s=ettr_window_s,
+                              ettr_pct=view.ettr_pct)
 
 
 def plan_ettr(params: dict, ctx: CallContext | None = None) -> BaseModel:

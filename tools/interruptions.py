@@ -202,11 +202,6 @@ def record_job_end(status, scheduler: str, node_states: dict[str, str] | None = 
     return rec
 
 
-def latest_record(job_id: str, scheduler: str) -> Interruption | None:
-    """The newest record of a job's ends on `scheduler`."""
-    return next((r for r in reversed(read_interruptions(job_id)) if r.scheduler == scheduler), None)
-
-
 def complete_recovery(rec_id: str, detection_s: float, isolation_s: float, restart_s: float,
                       node_states: dict[str, str] | None = None) -> Interruption:
     """A drill's measured recovery completes its record once the restart ran: detection, isolation and
@@ -219,7 +214,9 @@ def complete_recovery(rec_id: str, detection_s: float, isolation_s: float, resta
     with _open_record() as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         lines = (read_regular(record_path(), MAX_RECORD_FILE) or b"").decode(errors="replace").splitlines()
-        rec = next((r for r in read_interruptions() if r.id == rec_id), None)
+        ids = [_line_id(ln) for ln in lines]
+        rec = next((Interruption.model_validate_json(ln) for ln, i in zip(lines, ids, strict=True) if i == rec_id),
+                   None)
         if rec is None:
             raise ValueError(f"interruption {rec_id!r} is not in the record; record the job end first")
         ev = rec.evidence.model_copy(deep=True)
@@ -233,7 +230,8 @@ def complete_recovery(rec_id: str, detection_s: float, isolation_s: float, resta
                                       "lost": lost, "time_lost_s": _total(lost)})
         fh.seek(0)
         fh.truncate()  # every other line as it was, even one that does not parse
-        fh.write("".join((done.model_dump_json() if _line_id(ln) == rec_id else ln) + "\n" for ln in lines))
+        kept = (done.model_dump_json() if i == rec_id else ln for ln, i in zip(lines, ids, strict=True))
+        fh.write("".join(line + "\n" for line in kept))
         fh.flush()
     return done
 
@@ -249,10 +247,14 @@ def observe(status, scheduler) -> None:
     """Every job-end observation passes here; a failure to record never fails the caller."""
     if not status.finished or is_clean(status):
         return
+    kind = getattr(scheduler, "kind", str(scheduler))
     try:
+        if any(r.id == record_id(kind, status) for r in read_interruptions(status.job_id)):
+            _WITNESSED.pop((kind, status.job_id), None)
+            return  # recorded already: every later poll of the job does not ask the scheduler again
         nodes = _quietly(lambda: {n.name: n.state for n in scheduler.list_nodes() if n.name in status.nodes}, {})
         job_log = _quietly(lambda: scheduler.logs(status.job_id, 200), "")
-        record_job_end(status, getattr(scheduler, "kind", str(scheduler)), nodes if status.nodes else {}, job_log)
+        record_job_end(status, kind, nodes if status.nodes else {}, job_log)
     except (OSError, ValueError, ValidationError) as exc:
         log.warning("interruption record: job %s not recorded: %s", status.job_id, exc)
 
@@ -284,12 +286,14 @@ def _spans(records: list[Interruption]) -> list[tuple[float, float]]:
     return out
 
 
-def ettr_series(window_s: float, job: str | None = None, now: float | None = None) -> list[EttrWindow]:
+def ettr_series(window_s: float, job: str | None = None, now: float | None = None,
+                records: list[Interruption] | None = None) -> list[EttrWindow]:
     """Per window of `window_s` from the first recorded job start: productive time over wall time,
-    productive = wall - time lost (detection + isolation + restart + steps redone)."""
+    productive = wall - time lost (detection + isolation + restart + steps redone). `records`: the
+    record as the caller already read it."""
     if not window_s > 0:
         raise ValueError(f"window_s={window_s!r}: must be a positive number of seconds")
-    records = [r for r in read_interruptions(job) if not r.planned]
+    records = [r for r in (read_interruptions(job) if records is None else records) if not r.planned]
     if not records:
         return []
     spans = _spans(records)
@@ -324,10 +328,11 @@ class ReliabilityStats(BaseModel):
     cause_distribution: dict[str, int]
 
 
-def reliability(declared_mtbf_h: float = 24.0, job: str | None = None) -> ReliabilityStats:
+def reliability(declared_mtbf_h: float = 24.0, job: str | None = None,
+                records: list[Interruption] | None = None) -> ReliabilityStats:
     import statistics
 
-    records = read_interruptions(job)
+    records = read_interruptions(job) if records is None else records
     unplanned = [r for r in records if not r.planned]
     lost = [r.time_lost_s for r in unplanned]
     # an injected fault says how recovery goes, not how often the fleet fails: drills stay out of MTBF and rate
@@ -335,14 +340,15 @@ def reliability(declared_mtbf_h: float = 24.0, job: str | None = None) -> Reliab
     drills = sum(1 for r in unplanned if r.drill)
     span = (times[-1] - times[0]) if len(times) > 1 else 0.0
     left_out = f", {drills} drill(s) left out" if drills else ""
-    if len(times) >= 2 and span > 0:
+    measured = len(times) >= 2 and span > 0
+    if measured:
         mtbf, source = span / (len(times) - 1) / 3600, f"measured from {len(times)} recorded interruptions{left_out}"
     else:
         mtbf, source = declared_mtbf_h, (f"declared (record holds {len(times)} unplanned interruption(s) that were "
                                          f"not drills{left_out})")
     return ReliabilityStats(interruptions=len(records), unplanned=len(unplanned), span_h=round(span / 3600, 4),
                             interruption_rate_per_day=round(len(times) / (span / 86400), 3) if span > 0 else None,
-                            mtbf_h=mtbf, mtbf_source=source, mtbf_measured=len(times) >= 2 and span > 0,
+                            mtbf_h=mtbf, mtbf_source=source, mtbf_measured=measured,
                             recovery_time_s=statistics.median(lost) if lost else None,
                             cause_distribution=cause_distribution(records))
 

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from trainops.tools.frameworks.base import FrameworkAdapter
     from trainops.trainer.config import JobConfig
 
+log = logging.getLogger(__name__)
 TenantKind = Literal["data", "checkpoints", "runs"]
 # A tenant id names a folder, a Slurm account and a Prometheus label: one strict form for all three.
 TENANT_ID = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
@@ -347,7 +348,7 @@ def check_launch_versions(spec: JobSpec) -> None:
     report = compat.check(compat.with_versions(installed, pins))
     problems = report.problems
     for note in report.unchecked:  # said, not passed silently: the matrix holds no data to refuse it on
-        logging.getLogger(__name__).warning("compatibility matrix: %s", note)
+        log.warning("compatibility matrix: %s", note)
     if problems:
         raise ValueError(f"the job's framework versions are outside the compatibility matrix: {'; '.join(problems)}")
     for name, pinned in sorted(pins.items()):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from trainops.tools import interruptions
 from trainops.tools.base import ToolError, tool
 from trainops.tools.governance.escalation import Escalation, EscalationSignals, checkpoint_save_s, escalations_for
 from trainops.tools.schedulers.base import SchedulerKind
@@ -95,22 +96,23 @@ class RecordView(BaseModel):
     ettr_pct: list[float] = Field(description="ETTR per closed window, oldest first.")
     window_s: float
     cause_distribution: dict[str, int]
-    mtbf_s: float
-    mtbf_source: str
+    stats: interruptions.ReliabilityStats = Field(description="Rate, MTBF (with its source) and recovery time.")
+
+    @property
+    def mtbf_s(self) -> float:
+        return self.stats.mtbf_h * 3600
 
 
 def record_view(window_s: float, declared_mtbf_h: float, until: float | None = None) -> RecordView:
     """From the workspace's whole interruption record (every job of the footprint, up to `until`):
     ETTR per window, the cause split and the MTBF with its source. Only closed windows are
     readings: the window still open holds a fraction of its time and would read as noise."""
-    from trainops.tools import interruptions
-
-    records = [r for r in interruptions.read_interruptions() if until is None or r.time <= until]
-    windows = interruptions.ettr_series(window_s, now=until or time.time())
-    stats = interruptions.reliability(declared_mtbf_h)
+    every = interruptions.read_interruptions()  # read once: the windows and the MTBF see the whole record
+    windows = interruptions.ettr_series(window_s, now=until or time.time(), records=every)
+    stats = interruptions.reliability(declared_mtbf_h, records=every)
+    records = [r for r in every if until is None or r.time <= until]
     return RecordView(ettr_pct=[w.ettr_pct for w in windows if w.wall_s >= window_s - 1e-3], window_s=window_s,
-                      cause_distribution=interruptions.cause_distribution(records), mtbf_s=stats.mtbf_h * 3600,
-                      mtbf_source=stats.mtbf_source)
+                      cause_distribution=interruptions.cause_distribution(records), stats=stats)
 
 
 def evaluate(inp: WatchJobInput, run_dir: Path | None, reader: _RunReader | None):
@@ -120,7 +122,7 @@ def evaluate(inp: WatchJobInput, run_dir: Path | None, reader: _RunReader | None
     signals = EscalationSignals(ettr_history_pct=view.ettr_pct, sdc_suspected=suspect is not None,
                                 sdc_evidence=_suspect_line(suspect),
                                 checkpoint_save_s=checkpoint_save_s([str(run_dir)]) if run_dir else None,
-                                mtbf_s=view.mtbf_s, mtbf_source=view.mtbf_source)
+                                mtbf_s=view.mtbf_s, mtbf_source=view.stats.mtbf_source)
     return signals, escalations_for(signals, view.cause_distribution), view.cause_distribution, suspect
 
 
