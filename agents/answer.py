@@ -1,0 +1,157 @@
+"""The agent's structured final answer, the report rules it must pass, and one scored run.
+
+A model ends a request by calling `final_answer` with a `FinalAnswer`; `answer_problems` holds it
+against what the tools of that run returned before anyone sees it (a cause stated with medium or
+high confidence needs evidence, every quote must be found in a tool's output, an inconclusive
+verdict says what to collect next). `run_agent` is one non-interactive run, traced for scoring:
+gated calls are queued for a human, never approved, and end as "pending".
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from trainops.tools.interruption_causes import Cause
+
+FINAL_ANSWER_TOOL = "final_answer"
+StopReason = Literal["answered", "step_budget", "token_budget", "bad_tool_calls", "error"]
+
+
+class Evidence(BaseModel):
+    source: str = Field(description="The tool that returned it and what, e.g. 'list_interruptions:rank 1 exit -9'.")
+    quote: str = Field(description="The exact text or value cited, as the tool returned it.")
+
+
+class ProposedAction(BaseModel):
+    tool: str = Field(description="The registered tool a human should run (or approve).")
+    args: dict[str, Any] = Field(default_factory=dict)
+    why: str
+
+
+class FinalAnswer(BaseModel):
+    """The answer to one request: structured so a scorer and the report rules read it without a judge."""
+
+    verdict: Literal["diagnosed", "inconclusive", "healthy", "answered"]
+    fault_kind: str | None = Field(None, description="A fault drill kind (crash, hang, straggler, nan, bitflip, "
+                                                     "corrupt_checkpoint, ...) or mfu-regression.")
+    cause_class: Cause | None = None
+    ranks: list[int] = Field(default_factory=list)
+    nodes: list[str] = Field(default_factory=list)
+    evidence: list[Evidence] = Field(default_factory=list)
+    proposed_actions: list[ProposedAction] = Field(default_factory=list)
+    next_to_collect: list[str] = Field(default_factory=list, description="For inconclusive: what to gather next.")
+    confidence: Literal["low", "medium", "high"]
+    summary: str
+
+
+class AgentTrace(BaseModel):
+    """What one agent run did, for scoring."""
+
+    answer: FinalAnswer | None
+    stop_reason: str
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list,
+                                             description="{tool, args, status} in order; status ok, "
+                                                         "refused:<reason>, error or pending.")
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost_usd: float | None = None
+    wall_s: float = 0.0
+    detail: str = Field("", description="Why the run stopped, in words, when it did not answer.")
+
+
+def final_answer_schema() -> dict[str, Any]:
+    """The `final_answer` tool as bound to the model (OpenAI function format)."""
+    return {"type": "function", "function": {
+        "name": FINAL_ANSWER_TOOL,
+        "description": ("End the request with your structured answer. Cite as evidence the exact text or value a "
+                        "tool returned in this conversation; a cause with medium or high confidence needs evidence; "
+                        "an inconclusive verdict lists what to collect next. Proposed actions are advice: a "
+                        "deterministic policy and a human decide what runs."),
+        "parameters": FinalAnswer.model_json_schema()}}
+
+
+def _leaves(value: Any) -> list[str]:
+    if isinstance(value, dict):
+        return [leaf for v in value.values() for leaf in _leaves(v)]
+    if isinstance(value, (list, tuple)):
+        return [leaf for v in value for leaf in _leaves(v)]
+    return [] if value is None else [str(value)]
+
+
+def _norm(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip().lower()
+
+
+def answer_problems(answer: FinalAnswer, tool_outputs: dict[str, list[Any]]) -> list[str]:
+    """Why `answer` may not be shown (empty: it may). `tool_outputs`: tool name -> the outputs it
+    returned in this run, so a quote is checked against what the tools said, not what the model says."""
+    from trainops.tools.governance.text import check_text
+
+    problems = [str(v) for v in check_text(answer.summary)]
+    if answer.verdict == "diagnosed" and not (answer.cause_class or answer.fault_kind):
+        problems.append("verdict diagnosed names neither cause_class nor fault_kind: name what was diagnosed, or "
+                        "answer inconclusive")
+    if answer.confidence in ("medium", "high") and (answer.cause_class or answer.fault_kind) and not answer.evidence:
+        problems.append(f"cause stated with {answer.confidence} confidence and no evidence: cite what a tool returned, "
+                        "or lower the confidence / answer inconclusive")
+    if answer.verdict == "inconclusive" and not answer.next_to_collect:
+        problems.append("verdict inconclusive without next_to_collect: say what to gather next")
+    haystacks = {tool: _norm("\n".join(_leaves(outs)) + "\n" + json.dumps(outs, default=str))
+                 for tool, outs in tool_outputs.items()}
+    everything = "\n".join(haystacks.values())
+    for item in answer.evidence:
+        tool = item.source.split(":", 1)[0].strip()
+        quote = _norm(item.quote)
+        if not quote:
+            problems.append(f"evidence from {item.source!r} quotes nothing: cite the exact text or value")
+        elif tool in haystacks and quote not in haystacks[tool]:
+            problems.append(f"evidence {item.quote[:80]!r} is not in what {tool} returned in this run: "
+                            "quote it exactly")
+        elif tool not in haystacks and quote not in everything:
+            problems.append(f"evidence {item.quote[:80]!r} (source {item.source[:60]!r}) is not in any tool output of "
+                            "this run: cite a tool you called and its exact words")
+    return problems
+
+
+def render(answer: FinalAnswer) -> str:
+    """The answer as text for a person (chat, ask)."""
+    lines = [answer.summary, "", f"Verdict: {answer.verdict} (confidence {answer.confidence})"]
+    if answer.fault_kind or answer.cause_class:
+        lines.append(f"Fault: {answer.fault_kind or '-'}; cause class: {answer.cause_class or '-'}")
+    if answer.ranks or answer.nodes:
+        lines.append(f"Ranks: {', '.join(map(str, answer.ranks)) or '-'}; nodes: {', '.join(answer.nodes) or '-'}")
+    lines += [f"- evidence ({e.source}): {e.quote}" for e in answer.evidence]
+    lines += [f"- proposed (needs the policy and a human): {a.tool} {json.dumps(a.args, sort_keys=True)}: {a.why}"
+              for a in answer.proposed_actions]
+    lines += [f"- collect next: {item}" for item in answer.next_to_collect]
+    return "\n".join(lines)
+
+
+def run_agent(request: str, *, llm=None, settings=None, max_steps: int = 12, max_tokens: int = 60000) -> AgentTrace:
+    """One non-interactive agent run on a fresh thread: gated calls are queued, not approved (they end
+    as "pending"); the run stops at an accepted final answer or a budget, and says which."""
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from trainops.agents.graph import build_graph, trace_of
+    from trainops.agents.providers import load_settings, make_chat_model
+    from trainops.agents.session import new_thread_id
+
+    started = time.perf_counter()
+    settings = settings or load_settings()
+    graph = build_graph(llm or make_chat_model(settings), InMemorySaver(), settings, interactive=False,
+                        max_steps=max_steps, max_tokens=max_tokens)
+    config = {"configurable": {"thread_id": "eval-" + new_thread_id()}, "recursion_limit": 10 * max_steps + 20}
+    try:
+        state = graph.invoke({"messages": [("human", request)]}, config)
+    except Exception as exc:  # a provider or graph failure is the run's outcome, not a crash of the benchmark
+        from trainops.redact import scrub
+
+        values = graph.get_state(config).values
+        trace = trace_of(values)
+        return trace.model_copy(update={"stop_reason": "error", "detail": scrub(f"{type(exc).__name__}: {exc}"),
+                                        "wall_s": time.perf_counter() - started})
+    return trace_of(state).model_copy(update={"wall_s": time.perf_counter() - started})
