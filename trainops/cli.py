@@ -6,6 +6,7 @@ from __future__ import annotations
 import typer
 
 from trainops.commands import agent, bench, governance, reliability, sandbox, sop, tools, train, watch
+from trainops.commands import eval as agent_eval
 
 app = typer.Typer(
     name="trainops",
@@ -52,6 +53,7 @@ def _private_files() -> None:
 for area in (train, tools, sop, governance, agent, bench, watch, reliability):
     app.add_typer(area.app)
 app.add_typer(sandbox.app, name="sandbox")
+app.add_typer(agent_eval.app, name="eval")
 
 
 def main() -> None:

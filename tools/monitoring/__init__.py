@@ -12,6 +12,11 @@ __all__ = ["Monitor", "MonitorError", "Sample", "Series", "get_monitor"]
 
 
 def get_monitor(kind: str, url: str | None = None) -> Monitor:
+    """The backend for `kind`; while a recorded scenario is replayed, every kind serves its snapshot."""
+    from trainops.tools.monitoring.replay import replay_monitor
+
+    if (replay := replay_monitor(kind)) is not None:
+        return replay
     if kind == "embedded":
         from trainops.tools.monitoring.embedded import EmbeddedMonitor
 

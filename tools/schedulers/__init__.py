@@ -30,7 +30,12 @@ __all__ = [
 
 
 def get_scheduler(kind: str) -> Scheduler:
-    """The backend for `kind`; heavy clients are imported only here."""
+    """The backend for `kind`; heavy clients are imported only here. While a recorded scenario is
+    replayed (trainops.tools.schedulers.replay), every kind is served from its snapshot."""
+    from trainops.tools.schedulers.replay import active_replay
+
+    if (replay := active_replay()) is not None:
+        return replay.scheduler(kind)
     if kind == "local":
         from trainops.tools.schedulers.local import LocalScheduler
 

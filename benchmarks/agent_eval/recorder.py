@@ -1,0 +1,98 @@
+"""`trainops eval record`: freeze a real workspace (a drill's, a run's, an SOP's) into a scenario.
+
+Kept: each run folder but its checkpoint payloads (the journal, COMMIT.json with its checksums,
+metrics, heartbeats, logs, faults, drill and status records stay), the scheduler's job records and
+logs, the interruption record, and the scheduler's job and node states asked of the live backend
+now (scheduler.json). Left out: checkpoint tensors (MB each), the audit log (its hash chain names
+this host's paths; a replay starts its own, which is the safety log), the agent's database."""
+from __future__ import annotations
+
+import os
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from trainops.benchmarks.agent_eval.scenario import HOME_TOKEN, SCENARIO_FILE, WORKSPACE, Scenario, dumps
+from trainops.tools.schedulers.replay import SNAPSHOT_FILE, capture
+
+KEPT_TOP = ("interruptions.jsonl", "local_nodes.json", "tenants.json")
+CHECKPOINT_KEPT = ("COMMIT.json",)
+MAX_FILE_BYTES = 256 * 1024
+
+
+@contextmanager
+def _workspace(home: Path) -> Iterator[None]:
+    before = os.environ.get("TRAINOPS_HOME")
+    os.environ["TRAINOPS_HOME"] = str(home)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TRAINOPS_HOME", None)
+        else:
+            os.environ["TRAINOPS_HOME"] = before
+
+
+def workspace_of(source: Path) -> tuple[Path, list[Path]]:
+    """(workspace, run folders to keep): a workspace keeps all its runs, a run folder only itself."""
+    source = source.resolve()
+    if (source / "runs").is_dir() or (source / "jobs").is_dir():
+        runs = sorted(p for p in (source / "runs").iterdir() if p.is_dir()) if (source / "runs").is_dir() else []
+        return source, runs
+    if source.parent.name == "runs" and (source / "config.toml").is_file():
+        return source.parent.parent, [source]
+    raise ValueError(f"{source}: neither a workspace (with runs/ or jobs/) nor a run folder (runs/RUN with "
+                     "config.toml); give the $TRAINOPS_HOME a drill or run used, or one of its runs/RUN")
+
+
+def _freeze_text(source: Path, target: Path, home: Path) -> None:
+    if source.stat().st_size > MAX_FILE_BYTES:
+        raise ValueError(f"{source} is {source.stat().st_size} bytes, over the {MAX_FILE_BYTES} a scenario keeps; "
+                         "record a shorter run")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(source.read_text(errors="replace").replace(str(home), HOME_TOKEN))
+
+
+def _kept(path: Path, run: Path) -> bool:
+    parts = path.relative_to(run).parts
+    if parts[0] in ("checkpoints", "quarantine") and len(parts) > 1:
+        return path.name in CHECKPOINT_KEPT
+    return True
+
+
+def record(source: Path, scenario: Scenario, dest_root: Path, plants: dict[str, str] | None = None,
+           scheduler: str = "local", overwrite: bool = False) -> Path:
+    """Write `dest_root/<scenario.name>/`: the frozen workspace, scheduler.json, scenario.toml.
+    `plants` appends text to frozen files (workspace-relative path -> text): injected instructions
+    or a loud warning, planted in the copy only."""
+    home, runs = workspace_of(source)
+    dest = dest_root / scenario.name
+    if dest.exists():
+        if not overwrite:
+            raise ValueError(f"{dest} exists: choose another --name or pass --overwrite")
+        shutil.rmtree(dest)
+    frozen = dest / WORKSPACE
+    for run in runs:
+        for path in sorted(run.rglob("*")):
+            if path.is_file() and not path.is_symlink() and _kept(path, run):
+                _freeze_text(path, frozen / path.relative_to(home), home)
+    if (home / "jobs").is_dir():
+        for path in sorted((home / "jobs").iterdir()):
+            if path.is_file() and path.suffix in (".json", ".log", ".exit"):
+                _freeze_text(path, frozen / "jobs" / path.name, home)
+    for name in KEPT_TOP:
+        if (home / name).is_file():
+            _freeze_text(home / name, frozen / name, home)
+    with _workspace(home):
+        snapshot = capture(scheduler, home)
+    (frozen / SNAPSHOT_FILE).write_text(snapshot.model_dump_json(indent=1).replace(str(home), HOME_TOKEN))
+    for relative, text in (plants or {}).items():
+        target = (frozen / relative).resolve()
+        if not target.is_relative_to(frozen.resolve()) or not target.is_file():
+            raise ValueError(f"--plant {relative}: not a frozen file of this scenario; use a path such as "
+                             "runs/RUN/logs/rank0.log")
+        with target.open("a") as out:
+            out.write(text if text.endswith("\n") else text + "\n")
+    (dest / SCENARIO_FILE).write_text(dumps(scenario))
+    return dest

@@ -1,0 +1,155 @@
+"""`trainops eval run`: each scenario k times, each run in a fresh copy of its frozen workspace
+with the replay backends serving it; scored (scoring.py) and summed up per tag and overall as
+pass@1 (the share of runs that pass) and pass^k (the share of scenarios whose k runs all pass)."""
+from __future__ import annotations
+
+import os
+import tempfile
+from collections import defaultdict
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from pydantic import BaseModel, Field
+
+from trainops.benchmarks.agent_eval.scenario import Scenario, materialize
+from trainops.benchmarks.agent_eval.scoring import Score, fold_corpus, score
+
+AgentRun = Callable[[Scenario], dict[str, Any]]
+"""One agent run on a scenario whose replay is active: returns its AgentTrace as a dict."""
+
+
+class TagResult(BaseModel):
+    tag: str
+    scenarios: int
+    pass_at_1: float = Field(description="Share of all runs that passed.")
+    pass_hat_k: float = Field(description="Share of scenarios that passed every one of their k runs.")
+
+
+class SuiteResult(BaseModel):
+    provider: str
+    model: str
+    k: int
+    overall: TagResult
+    tags: list[TagResult]
+    scores: list[Score]
+    tool_calls_mean: float
+    tokens_mean: float
+    wall_s_mean: float
+    cost_usd: float | None
+    judge: str = Field("none: every check reads the structured answer, the trace or the gate's log",
+                       description="Where a judge model graded free text, and which.")
+
+
+@contextmanager
+def _home(path: Path) -> Iterator[None]:
+    before = os.environ.get("TRAINOPS_HOME")
+    os.environ["TRAINOPS_HOME"] = str(path)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TRAINOPS_HOME", None)
+        else:
+            os.environ["TRAINOPS_HOME"] = before
+
+
+def _workspace_texts(home: Path) -> list[str]:
+    texts = []
+    for path in sorted(home.rglob("*")):
+        if path.is_file() and path.name not in ("audit.jsonl", "agent.sqlite"):
+            try:
+                texts.append(path.read_text())
+            except UnicodeDecodeError:
+                continue
+    return texts
+
+
+def _read_outputs(calls: list[dict]) -> list[str]:
+    """What the run's read calls returned: the replay answers the same call the same way again."""
+    from trainops.tools.calls import call
+    from trainops.tools.registry import current_registry
+
+    registry, outputs = current_registry(), []
+    for item in calls:
+        tool = item.get("tool", "")
+        if item.get("status") == "ok" and tool in registry and registry[tool].risk == "read":
+            try:
+                outputs.append(call(tool, item.get("args") or {}).model_dump_json())
+            except Exception as exc:  # the agent saw this error as its answer
+                outputs.append(str(exc))
+    return outputs
+
+
+def run_once(scenario: Scenario, agent: AgentRun) -> Score:
+    """One run in a fresh copy of the scenario's workspace; the copy is removed after scoring."""
+    from trainops.agents.agent_tools import agent_registry
+    from trainops.tools.base import operator_session
+    from trainops.tools.registry import serving
+    from trainops.tools.schedulers.replay import replaying
+
+    with tempfile.TemporaryDirectory(prefix=f"trainops-eval-{scenario.name}-") as tmp:
+        home = materialize(scenario, Path(tmp) / "home")
+        with _home(home), serving(agent_registry), replaying(home) as replay:
+            trace = agent(scenario)
+            with operator_session():
+                outputs = _read_outputs(trace.get("tool_calls") or [])
+            corpus = fold_corpus(_workspace_texts(home) + outputs)
+            return score(scenario, trace, replay.mutations(), corpus)
+
+
+def _tag_result(tag: str, scores: list[Score], k: int) -> TagResult:
+    by_scenario: dict[str, list[bool]] = defaultdict(list)
+    for s in scores:
+        by_scenario[s.scenario].append(s.passed)
+    runs = [p for passes in by_scenario.values() for p in passes]
+    return TagResult(tag=tag, scenarios=len(by_scenario), pass_at_1=round(sum(runs) / len(runs), 3),
+                     pass_hat_k=round(sum(all(p) for p in by_scenario.values()) / len(by_scenario), 3))
+
+
+def summarize(provider: str, model: str, k: int, scores: list[Score]) -> SuiteResult:
+    tags = sorted({t for s in scores for t in s.tags})
+    costs = [s.cost_usd for s in scores if s.cost_usd is not None]
+    n = max(len(scores), 1)
+    return SuiteResult(provider=provider, model=model, k=k, overall=_tag_result("overall", scores, k),
+                       tags=[_tag_result(t, [s for s in scores if t in s.tags], k) for t in tags], scores=scores,
+                       tool_calls_mean=round(sum(s.tool_calls for s in scores) / n, 2),
+                       tokens_mean=round(sum(s.tokens for s in scores) / n, 1),
+                       wall_s_mean=round(sum(s.wall_s for s in scores) / n, 3),
+                       cost_usd=round(sum(costs), 6) if costs else None)
+
+
+def run_suite(scenarios: list[Scenario], agent: AgentRun, k: int, provider: str, model: str,
+              progress: Callable[[str], None] | None = None) -> SuiteResult:
+    scores = []
+    for scenario in scenarios:
+        for i in range(k):
+            result = run_once(scenario, agent)
+            scores.append(result)
+            if progress:
+                verdict = "pass" if result.passed else "FAIL " + ", ".join(result.failed())
+                progress(f"{scenario.name} run {i + 1}/{k}: {verdict}")
+    return summarize(provider, model, k, scores)
+
+
+def agent_run(settings, max_steps: int = 12, max_tokens: int = 60000) -> AgentRun:
+    """The project's agent (trainops.agents.answer.run_agent) on `settings`' provider."""
+    from trainops.agents.answer import run_agent
+
+    def run(scenario: Scenario) -> dict[str, Any]:
+        return run_agent(scenario.request, settings=settings, max_steps=max_steps,
+                         max_tokens=max_tokens).model_dump(mode="json")
+
+    return run
+
+
+def table(result: SuiteResult) -> str:
+    """The results table (markdown): one row per tag, then overall, then efficiency."""
+    rows = [f"| tag | scenarios | pass@1 | pass^{result.k} |", "|---|---|---|---|"]
+    for t in [*result.tags, result.overall]:
+        rows.append(f"| {t.tag} | {t.scenarios} | {t.pass_at_1:.2f} | {t.pass_hat_k:.2f} |")
+    cost = "not reported" if result.cost_usd is None else f"${result.cost_usd:.4f}"
+    rows.append("")
+    rows.append(f"Mean per run: {result.tool_calls_mean} tool calls, {result.tokens_mean} tokens, "
+                f"{result.wall_s_mean} s; cost {cost}. Judge model: {result.judge}.")
+    return "\n".join(rows)
