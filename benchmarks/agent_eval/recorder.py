@@ -3,7 +3,7 @@
 Kept: each run folder but its checkpoint payloads (the journal, COMMIT.json with its checksums,
 metrics, heartbeats, logs, faults, drill and status records stay), the scheduler's job records and
 logs, the interruption record, and the scheduler's job and node states asked of the live backend
-now (scheduler.json). Left out: checkpoint tensors (MB each), the audit log (its hash chain names
+now (scheduler.json). Left out: a drill's own records (ANSWER_KEY), checkpoint tensors (MB each), the audit log (its hash chain names
 this host's paths; a replay starts its own, which is the safety log), the agent's database."""
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ from trainops.tools.schedulers.replay import SNAPSHOT_FILE, capture
 KEPT_TOP = ("interruptions.jsonl", "local_nodes.json", "tenants.json")
 CHECKPOINT_KEPT = ("COMMIT.json",)
 MAX_FILE_BYTES = 256 * 1024
+ANSWER_KEY = ("drill.json", "detection.json", "faults.jsonl")
+"""What only a drill writes (what it injected, and what it found): a real incident has no answer key."""
 
 
 @contextmanager
@@ -56,6 +58,8 @@ def _freeze_text(source: Path, target: Path, home: Path) -> None:
 
 def _kept(path: Path, run: Path) -> bool:
     parts = path.relative_to(run).parts
+    if parts == (path.name,) and path.name in ANSWER_KEY:
+        return False
     if parts[0] in ("checkpoints", "quarantine") and len(parts) > 1:
         return path.name in CHECKPOINT_KEPT
     return True
