@@ -1,6 +1,7 @@
 """The agent's own tools, which sit above the tools layer: `run_sop` runs the SOP skill and
-`respond_to_sdc` the SDC response (skills may call tools, tools may not call skills), and
-`list_pending_approvals` reads the agent's own thread store next to governance's queue.
+`respond_to_sdc` the SDC response (skills may call tools, tools may not call skills),
+`list_pending_approvals` reads the agent's own thread store next to governance's queue, and
+`load_skill` hands the model a skill's full text (it sees only names and descriptions before).
 `AGENT_TOOLS` lists them; `agent_registry()` is the one registry the CLI and the agent both use:
 every trainops tool plus these."""
 from __future__ import annotations
@@ -148,7 +149,30 @@ def respond_to_sdc(inp: RespondToSdcInput) -> SdcCase:
     return sdc.respond(run_dir, suspect, inp.scheduler, timeout_s=inp.timeout_s)
 
 
-AGENT_TOOLS = (run_sop, respond_to_sdc, list_pending_approvals)
+class LoadSkillInput(BaseModel):
+    name: str = Field(min_length=1, max_length=100, description="A skill's name, as the system prompt lists it.")
+
+
+class LoadSkillOutput(BaseModel):
+    name: str
+    description: str
+    body: str = Field(description="The skill's steps and rules (SKILL.md without its front matter).")
+
+
+@tool("load_skill", risk="read", tags=("skills", "agent"))
+def load_skill(inp: LoadSkillInput) -> LoadSkillOutput:
+    """Load one skill's full text (steps, tool table, rules) by its name. Call it first for a request a
+    listed skill covers; its text then stays in your instructions for the rest of the conversation."""
+    from trainops.agents.prompt import load_skills
+
+    skills = {s.name: s for s in load_skills()}
+    if inp.name not in skills:
+        raise ToolError("load_skill", f"name: no skill {inp.name!r}; the skills are {', '.join(sorted(skills))}")
+    skill = skills[inp.name]
+    return LoadSkillOutput(name=skill.name, description=skill.description, body=skill.body)
+
+
+AGENT_TOOLS = (run_sop, respond_to_sdc, list_pending_approvals, load_skill)
 
 
 @cache

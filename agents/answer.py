@@ -144,7 +144,7 @@ def run_agent(request: str, *, llm=None, settings=None, max_steps: int = 12, max
     settings = settings or load_settings()
     graph = build_graph(llm or make_chat_model(settings), InMemorySaver(), settings, interactive=False,
                         max_steps=max_steps, max_tokens=max_tokens)
-    config = {"configurable": {"thread_id": "eval-" + new_thread_id()}, "recursion_limit": 10 * max_steps + 20}
+    config = {"configurable": {"thread_id": "eval-" + new_thread_id()}, "recursion_limit": 8 * max_steps + 20}
     try:
         state = graph.invoke({"messages": [("human", request)]}, config)
     except Exception as exc:  # a provider or graph failure is the run's outcome, not a crash of the benchmark

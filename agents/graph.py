@@ -1,8 +1,18 @@
 """The ops agent as an explicit LangGraph `StateGraph`.
 
-    START -> select_skill -> model -+-> governance -+-> tools ----------+-> model ...
-                                    |               +-> human_approval -+
-                                    +-> report_check -> END
+    START -> start -> model -+-> governance -+-> tools ----------+-> model ...
+                             |               +-> human_approval -+
+                             +-> report_check -+-> END
+                             |                 +-> model (answer refused: rewrite it)
+                             +-> stop -> END (a budget spent: says which)
+
+The model chooses its skill: it sees every skill's name and description and calls `load_skill`;
+the loaded body joins the system prompt. It ends with a `final_answer` call (agents/answer.py),
+which `report_check` holds against the tools' outputs and the action policy before anyone sees
+it; a refused answer goes back to the model. A malformed or unknown call, or an invalid input,
+goes back to the model as an error up to `max_bad_calls` times, then the run stops; so do the step
+and token budgets (`stop_reason` says which). Every call passes agents/action_policy.py (restart
+budget, no restart over suspected corruption) before the gate: the model advises, code acts.
 
 `governance` asks the gate (`trainops.tools.governance.gate_api`) about every proposed call
 before anything runs: unknown tools, invalid inputs and what the gate refuses outright come back
@@ -10,7 +20,8 @@ to the model; calls the gate lets the agent make go to `tools`; every call the g
 human waits in `human_approval`, which `interrupt()`s for approve / edit / reject. An approval
 mints the gate's token for that exact input; the call then runs. `report_check` passes
 the final answer through the governance text rules before anyone sees it. Tool results go
-back to the model wrapped as data, never as instructions.
+back to the model wrapped as data, never as instructions. Non-interactive (`run_agent`), a gated
+call is queued for a human and the model is told it is pending; nothing is approved.
 """
 from __future__ import annotations
 
@@ -25,9 +36,11 @@ from langgraph.graph.message import add_messages
 from langgraph.types import interrupt
 from pydantic import ValidationError
 
-from trainops.agents import transcript
+from trainops.agents import action_policy, transcript
 from trainops.agents.agent_tools import agent_registry
-from trainops.agents.prompt import PromptSkill, choose_skill, load_skills, system_prompt
+from trainops.agents.answer import FINAL_ANSWER_TOOL, AgentTrace, FinalAnswer, answer_problems, final_answer_schema
+from trainops.agents.answer import render as render_answer
+from trainops.agents.prompt import PromptSkill, load_skills, system_prompt
 from trainops.agents.providers import AgentSettings, explain_provider_failure
 from trainops.redact import scrub
 
@@ -38,6 +51,13 @@ class AgentState(TypedDict):
     ready: NotRequired[list[dict[str, Any]]]
     gated: NotRequired[list[dict[str, Any]]]
     report_violations: NotRequired[list[str]]
+    steps: NotRequired[int]
+    bad_calls: NotRequired[int]
+    tokens_in: NotRequired[int]
+    tokens_out: NotRequired[int]
+    stop_reason: NotRequired[str | None]
+    stop_detail: NotRequired[str]
+    final: NotRequired[dict[str, Any] | None]
 
 
 def wrap_as_data(tool: str, payload: Any) -> str:
@@ -102,32 +122,112 @@ def _not_what_was_shown(call: dict, decision: dict) -> str | None:
             f"was shown (pending {decision.get('pending_id')}); nothing was signed or run")
 
 
+def _calls(message: AIMessage) -> list[dict]:
+    return [c for c in message.tool_calls if c["name"] != FINAL_ANSWER_TOOL]
+
+
 def after_model(state: AgentState) -> str:
-    """Tool calls go to the gate; a final answer goes to the report rules."""
+    """A spent budget stops; a final answer (or plain text) goes to the report rules; calls to the gate."""
+    if state.get("stop_reason"):
+        return "stop"
     last = state["messages"][-1]
-    return "governance" if isinstance(last, AIMessage) and last.tool_calls else "report_check"
+    if any(c["name"] == FINAL_ANSWER_TOOL for c in last.tool_calls):
+        return "report_check"
+    return "governance" if last.tool_calls or last.invalid_tool_calls else "report_check"
 
 
 def after_calls(state: AgentState) -> str:
     """Run what is allowed first, then ask a human about each gated call, one at a time, then reply."""
+    if state.get("stop_reason"):
+        return "stop"
     if state.get("ready"):
         return "tools"
     return "human_approval" if state.get("gated") else "model"
 
 
+def after_report(state: AgentState) -> str:
+    """An accepted answer ends the turn; a refused one goes back to the model, until the bad-call budget."""
+    if state.get("stop_reason") in (None, "answered"):
+        return END if state.get("stop_reason") == "answered" else "model"
+    return "stop"
+
+
+def _tool_outputs(messages: list[AnyMessage]) -> dict[str, list[Any]]:
+    """What each tool returned since the latest request: the only evidence an answer may cite."""
+    start = max((i for i, m in enumerate(messages) if isinstance(m, HumanMessage)), default=-1)
+    outputs: dict[str, list[Any]] = {}
+    for message in messages[start + 1:]:
+        if isinstance(message, ToolMessage) and message.status == "success" and message.name != FINAL_ANSWER_TOOL:
+            outputs.setdefault(message.name, []).append(message.artifact)
+    return outputs
+
+
+def _status(message: ToolMessage | None) -> str:
+    if message is None:
+        return "pending"
+    data = message.artifact if isinstance(message.artifact, dict) else {}
+    if message.status == "success":
+        return "ok"
+    kind = data.get("kind")
+    if kind == "pending":
+        return "pending"
+    if kind in ("refused", "gate_refused", "policy_refused", "rejected", "malformed"):
+        return f"refused:{data.get('reason') or kind}"
+    return "error"
+
+
+def trace_of(values: dict[str, Any]) -> AgentTrace:
+    """A run's trace from its final graph state: the calls in order with their outcome, the answer."""
+    messages = values.get("messages", [])
+    results = {m.tool_call_id: m for m in messages if isinstance(m, ToolMessage)}
+    calls = []
+    for message in messages:
+        if isinstance(message, AIMessage):
+            for call in _calls(message):
+                calls.append({"tool": call["name"], "args": call["args"], "status": _status(results.get(call["id"]))})
+            for bad in message.invalid_tool_calls:
+                calls.append({"tool": bad.get("name") or "", "args": {"raw": bad.get("args")},
+                              "status": "refused:malformed"})
+    final = values.get("final")
+    answer = FinalAnswer.model_validate(final) if final else None
+    last = messages[-1] if messages else None
+    reason = values.get("stop_reason") or "error"
+    if answer is None and reason == "answered" and isinstance(last, AIMessage) and last.text:
+        answer = FinalAnswer(verdict="answered", confidence="low", summary=last.text)  # free text, nothing claimed
+    return AgentTrace(answer=answer, stop_reason=reason, tool_calls=calls, tokens_in=values.get("tokens_in", 0),
+                      tokens_out=values.get("tokens_out", 0), cost_usd=None, wall_s=0.0,
+                      detail=values.get("stop_detail", ""))
+
+
 class AgentNodes:
-    """The graph's nodes, sharing one registry, one tool-bound model, the settings and the skills."""
+    """The graph's nodes, sharing one registry, one tool-bound model, the settings, the skills and the budgets."""
 
-    def __init__(self, specs, bound_llm, settings: AgentSettings | None, skills: list[PromptSkill]):
+    def __init__(self, specs, bound_llm, settings: AgentSettings | None, skills: list[PromptSkill], *,
+                 interactive: bool = True, max_steps: int = 25, max_tokens: int | None = None, max_bad_calls: int = 3):
         self.specs, self.bound_llm, self.settings, self.skills = specs, bound_llm, settings, skills
+        self.interactive, self.max_steps, self.max_tokens, self.max_bad_calls = (interactive, max_steps, max_tokens,
+                                                                                  max_bad_calls)
 
-    def select_skill(self, state: AgentState, config: RunnableConfig) -> dict:
+    def start(self, state: AgentState, config: RunnableConfig) -> dict:
+        """A new request: its budgets start afresh; a skill loaded earlier in the thread stays loaded."""
         request = next((str(m.content) for m in reversed(state["messages"]) if isinstance(m, HumanMessage)), "")
-        chosen = choose_skill(request, self.skills)
-        transcript.record(_thread(config), "user", content=request, skill=chosen.name if chosen else None)
-        return {"skill": chosen.name if chosen else None, "ready": [], "gated": [], "report_violations": []}
+        transcript.record(_thread(config), "user", content=request, skill=state.get("skill"))
+        return {"ready": [], "gated": [], "report_violations": [], "steps": 0, "bad_calls": 0, "tokens_in": 0,
+                "tokens_out": 0, "stop_reason": None, "stop_detail": "", "final": None}
+
+    def _budget_spent(self, state: AgentState) -> dict | None:
+        if state.get("steps", 0) >= self.max_steps:
+            return {"stop_reason": "step_budget",
+                    "stop_detail": f"the step budget of {self.max_steps} model turns is spent"}
+        used = state.get("tokens_in", 0) + state.get("tokens_out", 0)
+        if self.max_tokens is not None and used >= self.max_tokens:
+            return {"stop_reason": "token_budget",
+                    "stop_detail": f"the token budget is spent ({used} of {self.max_tokens} tokens)"}
+        return None
 
     def model(self, state: AgentState, config: RunnableConfig) -> dict:
+        if spent := self._budget_spent(state):
+            return spent
         prompt = SystemMessage(content=system_prompt(self.skills, state.get("skill")))
         try:
             reply = self.bound_llm.invoke([prompt, *state["messages"]], config)
@@ -136,8 +236,26 @@ class AgentNodes:
             if better:
                 raise better from None
             raise
+        usage = reply.usage_metadata or {}
         transcript.record(_thread(config), "assistant", content=reply.text, tool_calls=reply.tool_calls)
-        return {"messages": [reply]}
+        return {"messages": [reply], "steps": state.get("steps", 0) + 1,
+                "tokens_in": state.get("tokens_in", 0) + int(usage.get("input_tokens", 0)),
+                "tokens_out": state.get("tokens_out", 0) + int(usage.get("output_tokens", 0))}
+
+    def _bad_call(self, state: AgentState, count: int) -> dict:
+        """Count malformed, unknown or invalid calls; past the budget the run stops and says why."""
+        bad = state.get("bad_calls", 0) + count
+        if count and bad > self.max_bad_calls:
+            return {"bad_calls": bad, "stop_reason": "bad_tool_calls",
+                    "stop_detail": f"{bad} malformed, unknown or refused calls or answers (the limit is "
+                                   f"{self.max_bad_calls}); the last one is in the thread"}
+        return {"bad_calls": bad}
+
+    def _pending(self, call: dict, pending_id: str) -> ToolMessage:
+        """Non-interactive: the call waits in the approval queue; the model hears it did not run."""
+        return _result(call, "error", {"kind": "pending", "pending_id": pending_id,
+                                       "error": f"{call['name']} needs a human's approval: queued as {pending_id}, "
+                                                "not run; report it as proposed and go on without its result"})
 
     def governance(self, state: AgentState, config: RunnableConfig) -> dict:
         """Sort the model's calls into refused (back to the model), ready (run now) and gated (ask a human)."""
@@ -146,21 +264,33 @@ class AgentNodes:
 
         thread = _thread(config)
         ctx = CallContext(actor="agent", thread_id=thread)
-        refused, ready, gated = [], [], []
+        refused, ready, gated, bad = [], [], [], 0
+        last = state["messages"][-1]
 
-        def refuse(call: dict, reason: str) -> None:
-            refused.append(_result(call, "error", {"error": reason, "kind": "refused"}))
+        def refuse(call: dict, reason: str, kind: str = "refused") -> None:
+            refused.append(_result(call, "error", {"error": reason, "kind": kind}))
             transcript.record(thread, "gate", tool=call["name"], args=call["args"], decision="refused", reason=reason)
 
-        for call in state["messages"][-1].tool_calls:
+        for broken in last.invalid_tool_calls:
+            bad += 1
+            call = {"name": broken.get("name") or "unnamed", "args": {}, "id": broken.get("id") or "invalid"}
+            refuse(call, f"malformed tool call ({broken.get('error') or 'its arguments are not a JSON object'}): send "
+                         "the arguments as one JSON object that matches the tool's schema", "malformed")
+        for call in last.tool_calls:
             spec = self.specs.get(call["name"])
             if spec is None:
-                refuse(call, f"{call['name']} is not a registered tool; registered: {', '.join(self.specs)}")
+                bad += 1
+                refuse(call, f"{call['name']} is not a registered tool; registered: {', '.join(self.specs)}, "
+                             f"and {FINAL_ANSWER_TOOL} to answer")
                 continue
             try:
                 inp = spec.Input.model_validate(call["args"])
+                if reason := action_policy.refusal(spec.name, call["args"]):
+                    refuse(call, reason, "policy_refused")
+                    continue
                 rule_id = gate_api.check(spec, inp, ctx)
             except ValidationError as exc:
+                bad += 1
                 refuse(call, f"invalid input for {spec.name}: {exc.errors()[0]['loc']} {exc.errors()[0]['msg']}")
                 continue
             except gate_api.Refused as exc:
@@ -168,24 +298,31 @@ class AgentNodes:
                 continue
             if rule_id:
                 pending_id = gate_api.pend(spec, inp, ctx)
-                gated.append({**call, "pending_id": pending_id})
                 transcript.record(thread, "gate", tool=spec.name, args=call["args"], decision="approval_required",
                                   risk=spec.risk, pending_id=pending_id)
+                if self.interactive:
+                    gated.append({**call, "pending_id": pending_id})
+                else:
+                    refused.append(self._pending(call, pending_id))
             else:
                 ready.append(call)
                 transcript.record(thread, "gate", tool=spec.name, args=call["args"], decision="allowed", risk=spec.risk)
-        return {"messages": refused, "ready": ready, "gated": gated}
+        return {"messages": refused, "ready": ready, "gated": gated, **self._bad_call(state, bad)}
 
     def tools(self, state: AgentState, config: RunnableConfig) -> dict:
         thread = _thread(config)
-        results, gated = [], list(state.get("gated", []))
+        results, gated, loaded = [], list(state.get("gated", [])), {}
         for call in state.get("ready", []):
             message = _call_tool(self.specs, call, thread)
-            if _waits_for_a_human(message):
+            if _waits_for_a_human(message) and self.interactive:
                 gated.append({**call, "pending_id": message.artifact["pending_id"]})
+            elif _waits_for_a_human(message):
+                results.append(self._pending(call, message.artifact["pending_id"]))
             else:
                 results.append(message)
-        return {"messages": results, "ready": [], "gated": gated}
+                if call["name"] == "load_skill" and message.status == "success":
+                    loaded = {"skill": message.artifact["name"]}  # the body joins the system prompt
+        return {"messages": results, "ready": [], "gated": gated, **loaded}
 
     def human_approval(self, state: AgentState, config: RunnableConfig) -> dict:
         """Interrupt for the first gated call; record the verdict; run it with the gate's token if approved.
@@ -237,34 +374,79 @@ class AgentNodes:
         return {"messages": [_call_tool(self.specs, call, thread, token=token)], "gated": rest}
 
     def report_check(self, state: AgentState, config: RunnableConfig) -> dict:
+        final = state["messages"][-1]
+        if any(c["name"] == FINAL_ANSWER_TOOL for c in final.tool_calls):
+            return self._check_final_answer(state, config, final)
         from trainops.tools.governance.text import check_text
 
-        final = state["messages"][-1]
         violations = [str(v) for v in check_text(final.text)]
         transcript.record(_thread(config), "report_check", ok=not violations, violations=violations)
         if not violations:
-            return {"report_violations": []}
+            return {"report_violations": [], "stop_reason": "answered"}
         withheld = ("Governance withheld this answer; it breaks the report rules:\n"
                     + "\n".join(f"- {v}" for v in violations))
-        return {"messages": [AIMessage(content=withheld, id=final.id)], "report_violations": violations}
+        return {"messages": [AIMessage(content=withheld, id=final.id)], "report_violations": violations,
+                "stop_reason": "answered", "stop_detail": "the answer was withheld by the report rules"}
+
+    def _check_final_answer(self, state: AgentState, config: RunnableConfig, message: AIMessage) -> dict:
+        """A structured answer is shown only when it is valid, its evidence is in the tools' outputs and
+        the policy allows each action it proposes; otherwise it goes back to the model with the reasons."""
+        call = next(c for c in message.tool_calls if c["name"] == FINAL_ANSWER_TOOL)
+        skipped = [_result(c, "error", {"kind": "refused", "error": f"not run: {FINAL_ANSWER_TOOL} ended the turn"})
+                   for c in message.tool_calls if c is not call]
+        try:
+            answer = FinalAnswer.model_validate(call["args"])
+        except ValidationError as exc:
+            problems = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5]]
+        else:
+            problems = answer_problems(answer, _tool_outputs(state["messages"]))
+            problems += [f"proposed {a.tool}: {reason}" for a in answer.proposed_actions
+                         if (reason := action_policy.refusal(a.tool, a.args))]
+            problems += [f"proposed {a.tool} is not a registered tool" for a in answer.proposed_actions
+                         if a.tool not in self.specs]
+        transcript.record(_thread(config), "report_check", ok=not problems, violations=problems)
+        if problems:
+            refusal = {"kind": "refused", "reason": "report_rules", "problems": problems,
+                       "error": "final answer refused by the report rules; fix it and call final_answer again"}
+            return {"messages": [*skipped, _result(call, "error", refusal)], "report_violations": problems,
+                    **self._bad_call(state, 1)}
+        accepted = _result(call, "success", {"accepted": True})
+        return {"messages": [*skipped, accepted, AIMessage(content=render_answer(answer))], "report_violations": [],
+                "final": answer.model_dump(mode="json"), "stop_reason": "answered"}
+
+    def stop(self, state: AgentState, config: RunnableConfig) -> dict:
+        """A budget is spent: say so instead of answering, and leave no call of the model unanswered."""
+        detail = state.get("stop_detail") or state.get("stop_reason", "stopped")
+        last = state["messages"][-1]
+        answered = {m.tool_call_id for m in state["messages"] if isinstance(m, ToolMessage)}
+        open_calls = [_result(c, "error", {"kind": "refused", "error": f"not run: {detail}"})
+                      for c in (last.tool_calls if isinstance(last, AIMessage) else []) if c["id"] not in answered]
+        transcript.record(_thread(config), "stop", reason=state.get("stop_reason"), detail=detail)
+        return {"messages": [*open_calls, AIMessage(content=f"Stopped without an answer: {detail}.")]}
 
 
-def build_graph(llm, checkpointer=None, settings: AgentSettings | None = None, skills: list[PromptSkill] | None = None):
-    """Compile the agent around any LangChain chat model that supports `bind_tools`."""
+def build_graph(llm, checkpointer=None, settings: AgentSettings | None = None,
+                skills: list[PromptSkill] | None = None, *, interactive: bool = True, max_steps: int = 25,
+                max_tokens: int | None = None, max_bad_calls: int = 3):
+    """Compile the agent around any LangChain chat model that supports `bind_tools`. Interactive (chat,
+    ask), a gated call pauses for a human; otherwise (run_agent) it is queued and reported pending."""
     from trainops.tools.langchain import as_langchain_tools
 
     specs = agent_registry()
-    bound = llm.bind_tools(as_langchain_tools(registry=specs))  # schemas and risk labels only: calls run below
-    nodes = AgentNodes(specs, bound, settings, load_skills() if skills is None else skills)
+    # schemas and risk labels only: calls run below
+    bound = llm.bind_tools([*as_langchain_tools(registry=specs), final_answer_schema()])
+    nodes = AgentNodes(specs, bound, settings, load_skills() if skills is None else skills, interactive=interactive,
+                       max_steps=max_steps, max_tokens=max_tokens, max_bad_calls=max_bad_calls)
 
     graph = StateGraph(AgentState)
-    for name in ("select_skill", "model", "governance", "tools", "human_approval", "report_check"):
+    for name in ("start", "model", "governance", "tools", "human_approval", "report_check", "stop"):
         graph.add_node(name, getattr(nodes, name))
-    graph.add_edge(START, "select_skill")
-    graph.add_edge("select_skill", "model")
-    graph.add_conditional_edges("model", after_model, ["governance", "report_check"])
-    graph.add_conditional_edges("governance", after_calls, ["tools", "human_approval", "model"])
-    graph.add_conditional_edges("tools", after_calls, ["human_approval", "model"])
-    graph.add_conditional_edges("human_approval", after_calls, ["human_approval", "model"])
-    graph.add_edge("report_check", END)
+    graph.add_edge(START, "start")
+    graph.add_edge("start", "model")
+    graph.add_conditional_edges("model", after_model, ["governance", "report_check", "stop"])
+    graph.add_conditional_edges("governance", after_calls, ["tools", "human_approval", "model", "stop"])
+    graph.add_conditional_edges("tools", after_calls, ["human_approval", "model", "stop"])
+    graph.add_conditional_edges("human_approval", after_calls, ["human_approval", "model", "stop"])
+    graph.add_conditional_edges("report_check", after_report, [END, "model", "stop"])
+    graph.add_edge("stop", END)
     return graph.compile(checkpointer=checkpointer)

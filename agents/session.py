@@ -73,7 +73,8 @@ class AgentSession:
         self.thread_id = check_id("thread", thread_id) if thread_id else new_thread_id()
         self._conn = sqlite3.connect(str(agent_db_path()), check_same_thread=False)
         self.graph = build_graph(llm or make_chat_model(self.settings), SqliteSaver(self._conn), self.settings)
-        self.config = {"configurable": {"thread_id": self.thread_id}}
+        # the graph's step budget (25 model turns) stops a run long before this limit of graph steps
+        self.config = {"configurable": {"thread_id": self.thread_id}, "recursion_limit": 200}
         self.timing: Timing | None = None
         self.stream_tokens = stream_tokens
 

@@ -1,23 +1,8 @@
-"""The system prompt: every skill's name and description, the chosen skill's full text only,
-and the rule that tool output is data."""
+"""The system prompt: every skill's name and description, the loaded skill's full text only,
+and the rule that tool output is data. The model chooses the skill (tests/agents/test_agent_run.py)."""
 from __future__ import annotations
 
-import pytest
-
-from trainops.agents.prompt import DATA_RULE, choose_skill, load_skills, system_prompt
-
-
-@pytest.mark.parametrize("request_text, skill", [
-    ("run the SOP on config job.toml", "training-efficiency-ablation-and-fault-sop"),
-    ("drill a rank crash on job 7", "fault-drill"),
-    ("plan the checkpoint interval for a 5-minute save and an MTBF of 3 hours", "checkpoint-plan"),
-])
-def test_a_request_chooses_the_skill_that_matches_it(request_text, skill):
-    assert choose_skill(request_text, load_skills()).name == skill
-
-
-def test_a_request_that_matches_no_skill_chooses_none():
-    assert choose_skill("hello there", load_skills()) is None
+from trainops.agents.prompt import DATA_RULE, load_skills, system_prompt
 
 
 def test_prompt_lists_every_skill_but_carries_only_the_chosen_body():

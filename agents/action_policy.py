@@ -1,0 +1,48 @@
+"""The model advises, this policy acts: which of the model's calls and proposed actions may go on.
+
+A model's words cannot move these limits: they are constants here, read from the interruption
+record (written by trainops, not the job) and the gate (`gate.approval_rule`, which decides what
+waits for a human). Every call the agent makes and every action its final answer proposes passes
+`refusal` first; a refused call goes back to the model with the reason, and a refused proposal
+sends the answer back to be rewritten.
+
+- Restart budget: a job trainops restarts (`requeue_job`) may end at most MAX_RESTARTS times in
+  RESTART_WINDOW_S; past that a human decides (crash loops burn the fleet and hide the cause).
+- No restart over a suspected silent data corruption (R-ESC-3): the job's latest end with replica
+  checksums that disagree goes to `respond_to_sdc` and a human, never straight back to training.
+- Tools that change the world wait for a human whatever the model says (the gate, R-SEC-4).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+MAX_RESTARTS = 3
+RESTART_WINDOW_S = 24 * 3600.0
+RESTART_TOOLS = frozenset({"requeue_job"})
+
+
+def _job_ends(job_id: str, now: float) -> list:
+    from trainops.tools.interruptions import read_interruptions
+
+    return [r for r in read_interruptions(job_id) if not r.planned and now - r.time <= RESTART_WINDOW_S]
+
+
+def refusal(tool: str, args: dict[str, Any], now: float | None = None) -> str | None:
+    """Why the policy refuses this call (a reason naming the limit and who decides instead), or None."""
+    if tool not in RESTART_TOOLS:
+        return None
+    job_id = args.get("job_id")
+    if not isinstance(job_id, str) or not job_id:
+        return None  # the tool's own input validation names the missing job_id
+    ends = _job_ends(job_id, time.time() if now is None else now)
+    if len(ends) > MAX_RESTARTS:
+        return (f"restart budget spent: job {job_id} ended {len(ends)} times in the last "
+                f"{RESTART_WINDOW_S / 3600:g} h (the policy allows {MAX_RESTARTS} restarts); a human decides: "
+                "report the causes and escalate instead of restarting")
+    latest = ends[-1] if ends else None
+    if latest is not None and latest.evidence.checksum_verdict == "disagree":
+        return (f"no restart of job {job_id} over a suspected silent data corruption (R-ESC-3: replica checksums "
+                "disagree): call respond_to_sdc and hand the case to a human")
+    return None
+
