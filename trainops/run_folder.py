@@ -71,6 +71,10 @@ class RunFiles:
     def exporters(self) -> Path:
         return self.root / "exporters.json"
 
+    @property
+    def recoveries(self) -> Path:
+        return self.root / "recoveries.jsonl"
+
 
 MAX_LINE_BYTES = 1 << 20  # a metrics or journal line is a few hundred bytes; a longer one is garbage
 MAX_RECORD_BYTES = 1 << 20  # a heartbeat or status file, rewritten whole
@@ -326,6 +330,41 @@ class FaultRecord(BaseModel):
 def read_faults(run_dir: str | Path) -> list[FaultRecord]:
     """Every fault recorded in the run, oldest first."""
     return _parsed(_complete_lines(RunFiles(run_dir).faults)[0], FaultRecord.model_validate_json)
+
+
+# --- recoveries.jsonl -------------------------------------------------------------------------
+
+RECOVERY_PHASES = ("detect", "abort", "admit", "load", "first_step")
+
+
+class RecoveryEntry(BaseModel):
+    """One recovery of the run, appended by whoever recovered it (the in-process supervisor, or a
+    drill that requeued the job) once the first step after it finished: which path it took and what
+    each phase cost."""
+
+    time: float = Field(description="Unix seconds when the first step after the recovery finished.")
+    path: Literal["in-process", "spare-admitted", "requeue"]
+    failed_ranks: list[int] = Field(default_factory=list)
+    trigger: str = Field("", description="What was detected, e.g. 'rank 1 exited with code -9'.")
+    generation: int = Field(ge=0, description="1 for the job's first in-process restart, 2 for the next, ...")
+    resumed_step: int = Field(ge=0, le=MAX_STEP, description="The step the run continued from.")
+    source: Literal["storage", "peer"] = Field(description="Checkpoint read from storage, or a replica's memory.")
+    checkpoint: str | None = None
+    phases_s: dict[str, float] = Field(default_factory=dict, description="Seconds per phase, keys among "
+                                       "detect, abort, admit, load, first_step.")
+    total_s: float = Field(description="From the fault detected to the first step done after the recovery.")
+
+    @model_validator(mode="after")
+    def _known_phases(self) -> RecoveryEntry:
+        unknown = set(self.phases_s) - set(RECOVERY_PHASES)
+        if unknown:
+            raise ValueError(f"phases_s: unknown phase(s) {sorted(unknown)}; use {list(RECOVERY_PHASES)}")
+        return self
+
+
+def read_recoveries(run_dir: str | Path) -> list[RecoveryEntry]:
+    """Every recovery of the run, oldest first (a torn or garbled line is skipped)."""
+    return _parsed(_complete_lines(RunFiles(run_dir).recoveries)[0], RecoveryEntry.model_validate_json)
 
 
 # --- status.json ------------------------------------------------------------------------------
