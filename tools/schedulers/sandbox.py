@@ -12,7 +12,8 @@ links, the munged it started), and `down` removes exactly that, by name and pid,
 else. The record is per host, not per workspace, like the namespaces it describes: `up` from any
 workspace finds a running sandbox, and a reboot clears both. The node faults the drills inject
 (crash, power loss, partition, slow link) and their healing are in `sandbox_faults`.
-Requires root and Linux (iproute2, util-linux, Debian's slurm-wlm and munge).
+Slurm accounting (MariaDB + slurmdbd, limits and QOS enforced) is in `sandbox_accounting`.
+Requires root and Linux (iproute2, util-linux, Debian's slurm-wlm, munge, mariadb-server, slurmdbd).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, field_validator
 
+from trainops.tools.schedulers import sandbox_accounting as accounting
 from trainops.tools.schedulers.sandbox_metrics import prometheus_url, start_prometheus, stop_prometheus
 
 NODE_IF = "tos0"
@@ -46,6 +48,8 @@ class SandboxSpec(BaseModel):
     memory_mib: int = Field(4000, ge=256, description="RealMemory each node declares")
     ctld_port: int = Field(17817, ge=1024, le=65535)
     slurmd_port: int = Field(17818, ge=1024, le=65535)
+    dbd_port: int = Field(17819, ge=1024, le=65535, description="slurmdbd's port on the host (all addresses)")
+    mariadb_port: int = Field(17820, ge=1024, le=65535, description="the accounting MariaDB's port on 127.0.0.1")
     slurmd_timeout_s: int = Field(10, ge=3, le=300,
                                   description="SlurmdTimeout: how soon Slurm calls a silent node down")
     prometheus_port: int = Field(0, ge=0, le=65535,
@@ -95,6 +99,8 @@ class SandboxState(BaseModel):
     links: list[str] = []
     munged_pid: int | None = Field(None, description="the munged this sandbox started (None: it reused one)")
     prometheus_pid: int | None = Field(None, description="the Prometheus this sandbox started, if asked for")
+    mariadb_pid: int | None = Field(None, description="the MariaDB holding this sandbox's Slurm accounting")
+    slurmdbd_pid: int | None = Field(None, description="the slurmdbd this sandbox started")
     bring_up_s: float | None = None
 
     @property
@@ -211,7 +217,7 @@ def _conf_text(spec: SandboxSpec, folder: Path) -> str:
         "KillWait=5", "InactiveLimit=0", f"StateSaveLocation={state}/ctld", f"SlurmdSpoolDir={state}/d-%n",
         f"SlurmctldPidFile={state}/slurmctld.pid", f"SlurmdPidFile={state}/slurmd-%n.pid",
         f"SlurmctldLogFile={logs}/slurmctld.log", f"SlurmdLogFile={logs}/slurmd-%n.log",
-        "SlurmctldDebug=info", "SlurmdDebug=info",
+        "SlurmctldDebug=info", "SlurmdDebug=info", *accounting.conf_lines(spec),
     ]
     for k in range(1, spec.nodes + 1):
         lines.append(f"NodeName=n{k} NodeAddr={spec.address(k)} CPUs={spec.cpus_per_node} Sockets=1 "
@@ -272,7 +278,7 @@ def up(spec: SandboxSpec) -> SandboxState:
     _require_host()
     current = load_state(spec.prefix)
     if current is not None:
-        if current.spec == spec and _all_idle(current):
+        if current.spec == spec and _all_idle(current) and accounting.slurmdbd_answers(slurm_env(current)):
             return current
         down(spec.prefix)
     if _net_in_use(spec):
@@ -299,6 +305,10 @@ def up(spec: SandboxSpec) -> SandboxState:
             _save(state)
         state.conf.write_text(_conf_text(spec, folder))
         (folder / "hosts").write_text(_hosts_text(spec))
+        try:
+            accounting.start_accounting(state, slurm_env(state), wait_until, _save)
+        except accounting.AccountingError as exc:
+            raise SandboxError(str(exc)) from None
         run_or_raise(in_namespace(spec.ctl_ns, [SLURMCTLD, "-f", str(state.conf)]))
         wait_until(30, "slurmctld to answer `scontrol ping`", lambda: "UP" in subprocess.run(
             ["scontrol", "ping"], capture_output=True, text=True, timeout=15, env=slurm_env(state)).stdout)
@@ -353,6 +363,7 @@ def down(prefix: str = DEFAULT_PREFIX) -> list[str]:
     for link in state.links:  # veths went with their namespace; the bridge remains
         if subprocess.run(["ip", "link", "del", link], capture_output=True, timeout=15).returncode == 0:
             removed.append(f"link {link}")
+    removed += accounting.stop_accounting(state)
     if state.prometheus_pid and stop_prometheus(state):
         removed.append(f"prometheus {state.prometheus_pid}")
     if state.munged_pid and not _other_slurm_daemons(state):
@@ -383,7 +394,8 @@ def status(prefix: str = DEFAULT_PREFIX) -> dict:
     return {"up": True, "nodes": node_states(state), "slurm_conf": str(state.conf),
             "namespaces": state.namespaces, "bring_up_s": state.bring_up_s,
             "addresses": {f"n{k}": state.spec.address(k) for k in range(1, state.spec.nodes + 1)},
-            "prometheus": prometheus_url(state.spec) if state.prometheus_pid else None}
+            "prometheus": prometheus_url(state.spec) if state.prometheus_pid else None,
+            "accounting": accounting.accounting_status(state, slurm_env(state))}
 
 
 def state_for_slurm_conf(conf: str) -> SandboxState | None:

@@ -95,3 +95,8 @@ def _render_status(payload: dict) -> None:
     out.print(f"SLURM_CONF={payload['slurm_conf']}", markup=False)
     for name, state in payload["nodes"].items():
         out.print(f"  {name}  {payload['addresses'].get(name, '?')}  {state}", markup=False)
+    accounting = payload.get("accounting")
+    if accounting:
+        answer = "answers" if accounting["answers"] else "does not answer (`trainops sandbox up` restarts it)"
+        out.print(f"accounting: slurmdbd {accounting['slurmdbd']} cluster {accounting['cluster']} {answer}",
+                  markup=False)
