@@ -1,4 +1,4 @@
-"""The job configuration: one TOML file, seven sections, `section.key=value` overrides.
+"""The job configuration: one TOML file, eight sections, `section.key=value` overrides.
 
 Every field is documented and typed; modes are `Literal`s. Any mistake (an unknown section
 or key, a value of the wrong type or outside the allowed set) becomes a `ConfigError` that
@@ -195,6 +195,18 @@ class FaultsConfig(_Section):
     corrupt_checkpoint: bool = Field(False, description="corrupt the newest checkpoint after it is saved")
 
 
+class ResilienceConfig(_Section):
+    in_process_restart: bool = Field(
+        False, description="when a rank dies or hangs, keep the surviving processes, re-form the group with a "
+        "warm spare in the dead rank's place and continue from the newest verified checkpoint, instead of "
+        "failing the job (the scheduler's requeue); applies to 2 or more ranks on one host")
+    warm_spares: int = Field(1, ge=0, le=64, description="in-process restart: spare processes started with the "
+                             "job (torch imported, nothing built) waiting to take a failed rank's place")
+    collective_timeout_s: float = Field(
+        60.0, gt=0, le=3600, description="in-process restart: a collective (or a rank's heartbeat) silent for "
+        "this long counts as a hang; the rank is killed and replaced")
+
+
 class JobConfig(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig, description="model shape")
     parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="parallel layout")
@@ -203,6 +215,7 @@ class JobConfig(_Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="checkpoints")
     metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="metrics outputs")
     faults: FaultsConfig = Field(default_factory=FaultsConfig, description="fault injection (drills)")
+    resilience: ResilienceConfig = Field(default_factory=ResilienceConfig, description="recovery in place")
 
     def model_args(self) -> ModelArgs:
         """The preset (or the `init_from` checkpoint's shape) with explicit dims applied; RoPE
