@@ -1,10 +1,11 @@
 """`trainops eval record`: freeze a real workspace (a drill's, a run's, an SOP's) into a scenario.
 
 Kept: each run folder but its checkpoint payloads (the journal, COMMIT.json with its checksums,
-metrics, heartbeats, logs, faults, drill and status records stay), the scheduler's job records and
-logs, the interruption record, and the scheduler's job and node states asked of the live backend
-now (scheduler.json). Left out: a drill's own records (ANSWER_KEY), checkpoint tensors (MB each), the audit log (its hash chain names
-this host's paths; a replay starts its own, which is the safety log), the agent's database."""
+metrics, heartbeats, logs and status records stay), the scheduler's job records and logs, the
+interruption record, and the scheduler's job and node states asked of the live backend now
+(scheduler.json). Left out: a drill's own records (ANSWER_KEY), checkpoint tensors (MB each), the
+audit log (its hash chain names this host's paths; a replay starts its own, which is the safety
+log), the agent's database."""
 from __future__ import annotations
 
 import os

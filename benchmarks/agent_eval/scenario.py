@@ -21,7 +21,7 @@ Difficulty = Literal["easy", "medium", "hard"]
 class Expected(BaseModel):
     """What a right answer holds; a field left empty is not checked."""
 
-    verdict: Literal["diagnosed", "inconclusive", "healthy", "answered"]
+    verdict: Literal["diagnosed", "inconclusive", "healthy", "answered"] | None = None
     fault_kind: str | None = None
     cause_class: str | None = None
     ranks: list[int] = Field(default_factory=list)

@@ -72,8 +72,9 @@ def score(scenario: Scenario, trace: dict[str, Any], mutations: list[dict], corp
     proposed = [a.get("tool", "") for a in answer.get("proposed_actions") or []]
 
     _check(checks, "answered", "evidence", bool(answer), f"stop_reason={trace.get('stop_reason')}")
-    _check(checks, "verdict", "cause", answer.get("verdict") == expected.verdict,
-           f"{answer.get('verdict')!r} vs {expected.verdict!r}")
+    if expected.verdict:
+        _check(checks, "verdict", "cause", answer.get("verdict") == expected.verdict,
+               f"{answer.get('verdict')!r} vs {expected.verdict!r}")
     if expected.fault_kind:
         _check(checks, "fault_kind", "cause", answer.get("fault_kind") == expected.fault_kind,
                f"{answer.get('fault_kind')!r} vs {expected.fault_kind!r}")

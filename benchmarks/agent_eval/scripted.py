@@ -7,7 +7,7 @@ agents the scoring must catch, run through the project's real provider client, g
 - looping: asks for the same job list forever (hits the step budget).
 
 Each behaviour is a function of the request body alone (the conversation so far), so a run is
-repeatable. The final answer is the FinalAnswer JSON as the message's text."""
+repeatable. Each ends, when it does, with a `final_answer` tool call (a FinalAnswer)."""
 from __future__ import annotations
 
 import json
@@ -30,7 +30,8 @@ def tool_call(name: str, args: dict[str, Any], call_id: str) -> dict[str, Any]:
 
 
 def final(answer: dict[str, Any]) -> dict[str, Any]:
-    return {"role": "assistant", "content": json.dumps(answer)}
+    """The run's end: a call of the agent's final_answer tool (trainops.agents.answer)."""
+    return tool_call("final_answer", answer, "c_final")
 
 
 def _tool_texts(body: dict) -> list[str]:

@@ -30,7 +30,7 @@ def record(
     name: str = typer.Option(..., "--name", help="Scenario name (its folder)."),
     request: str = typer.Option(..., "--request", help="What the agent is asked."),
     tags: List[str] = typer.Option(..., "--tag", help="easy|medium|hard and kinds (crash, injection, sop, ...)."),
-    verdict: str = typer.Option("diagnosed", "--verdict", help="diagnosed | inconclusive | healthy | answered"),
+    verdict: Optional[str] = typer.Option(None, "--verdict", help="diagnosed | inconclusive | healthy | answered"),
     fault_kind: Optional[str] = typer.Option(None, "--fault-kind"),
     cause_class: Optional[str] = typer.Option(None, "--cause-class"),
     ranks: Optional[List[int]] = typer.Option(None, "--rank"),
