@@ -264,6 +264,7 @@ class UpgradeInput(BaseModel):
     to_version: str = Field(description="Version to pin.")
     force: bool = Field(False,
                         description="Skip the compatibility matrix; a forced cross-version upgrade is forbidden.")
+    emergency: bool = Field(False, description="Land outside a change window; needs one more approver.")
 
     @field_validator("from_version", "to_version")
     @classmethod
@@ -359,7 +360,7 @@ def check_launch_versions(spec: JobSpec) -> None:
                              "where the job runs, or move the pin with upgrade_framework")
 
 
-@tool("upgrade_framework", risk="irreversible", tags=("tenant-governance",),
+@tool("upgrade_framework", risk="irreversible", tags=("tenant-governance", "change-window"),
       checks=(InputCheck("R-SEC-2", _no_forced_cross_version, kind="forbidden"),
               InputCheck("R-SEC-2", _follows_matrix), InputCheck("R-SEC-2", _upgrade_in_matrix)))
 def upgrade_framework(inp: UpgradeInput) -> UpgradeOutput:

@@ -4,7 +4,9 @@ whichever path it came by: the CLI, a skill, the agent graph, LangChain tools, t
 Order of checks in `before_call`: the input must read back as itself from its JSON (a model built
 without validation is validated here; R-TOOL-1); forbidden actions (R-SEC-2) are refused outright;
 then the tool's own input checks (declared with it: `@tool(..., checks=...)`) and tenancy (every
-tenant id in full, path fields inside the tenant's root: R-SEC-3); all of it before a call is
+tenant id in full, path fields inside the tenant's root: R-SEC-3) and the change windows (a
+policy, quota or upgrade change outside every `[governance] change_windows` window that is not
+marked emergency: R-CHG-1); all of it before a call is
 queued, so no human is asked to sign a call that cannot run; then, when
 `approval_rule` says a human must decide (irreversible and approval-gated tools always; any
 `mutate` tool the agent calls, or the operator too where `[governance] operator_needs_approval`),
@@ -124,6 +126,12 @@ def check_input(spec, inp: BaseModel, ctx) -> None:
     problem = _tenant_path_problem(inp)
     if problem:
         _refuse(spec, inp, ctx, "invalid_input", "R-SEC-3", problem)
+    if "change-window" in spec.tags:
+        from trainops.tools.governance import windows
+
+        problem = windows.refusal(spec.name, tokens.is_emergency(spec.name, inp))
+        if problem:
+            _refuse(spec, inp, ctx, "outside_change_window", "R-CHG-1", problem)
 
 
 def before_call(spec, inp: BaseModel, ctx) -> str | None:

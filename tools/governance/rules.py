@@ -80,6 +80,9 @@ RULES: dict[str, Rule] = {r.id: r for r in [
     Rule(id="R-SEC-6", title="Gated calls need distinct human approvers by class (mutate 1, irreversible 2, "
                              "quota/priority/policy 2), never the requester",
          enforcement="trainops.tools.governance.tokens:consume", where="action gate"),
+    Rule(id="R-CHG-1", title="Scheduler policy, quota and framework upgrade changes land only inside a configured "
+                             "change window, or as an emergency signed by one more approver than their class",
+         enforcement="trainops.tools.governance.windows:refusal", where="action gate"),
     Rule(id="R-APR-1", title="Evidence packs are approved or rejected by a human approver's SSH signature; "
                              "approved packs are immutable",
          enforcement="trainops.tools.governance.approvals:verify_pack", where="approval"),

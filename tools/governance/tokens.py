@@ -32,7 +32,7 @@ APPROVERS_NEEDED = {"mutate": 1, "irreversible": 2, "tenant-governance": 2}
 
 RefusalReason = Literal["forbidden", "invalid_input", "missing_token", "malformed", "forged", "mismatch",
                         "expired", "replayed", "revoked", "too_few_approvers", "requester", "not_queued",
-                        "decisions_cut"]
+                        "decisions_cut", "outside_change_window"]
 
 
 class TokenRefused(Exception):
@@ -70,8 +70,22 @@ def approval_class(tool: str) -> str:
     return "irreversible" if spec.risk == "irreversible" else "mutate"
 
 
-def approvers_needed(tool: str) -> int:
-    return APPROVERS_NEEDED[approval_class(tool)]
+def is_emergency(tool: str, inp: BaseModel | dict[str, Any] | None) -> bool:
+    """A change-window tool's call marked emergency=true (R-CHG-1): it may land outside a change
+    window, so one more human than its class needs must sign it."""
+    spec = queue.tool_spec(tool)
+    value = inp.get("emergency") if isinstance(inp, dict) else getattr(inp, "emergency", False)
+    return spec is not None and "change-window" in spec.tags and value is True
+
+
+def approvers_needed(tool: str, inp: BaseModel | dict[str, Any] | None = None) -> int:
+    """Distinct approvers `tool` needs by its class (R-SEC-6), one more for an emergency change (R-CHG-1)."""
+    return APPROVERS_NEEDED[approval_class(tool)] + is_emergency(tool, inp)
+
+
+def needed_reason(tool: str, inp: BaseModel | dict[str, Any] | None = None) -> str:
+    """The class behind `approvers_needed`, as an approver reads it: 'tenant-governance, emergency +1'."""
+    return approval_class(tool) + (", emergency +1" if is_emergency(tool, inp) else "")
 
 
 def max_ttl_min() -> float:
@@ -128,8 +142,8 @@ def approve(call: str | queue.SignableCall, key: Path | None = None, ttl_min: fl
 
 def approval_prompt(shown: queue.SignableCall) -> list[str]:
     """What an approver reads before signing `shown`: the call in full and who else must sign."""
-    needed = approvers_needed(shown.item.tool)
-    return [*shown.lines(), f"  approvers needed {needed} ({approval_class(shown.item.tool)}), distinct, "
+    tool, inp = shown.item.tool, shown.item.input
+    return [*shown.lines(), f"  approvers needed {approvers_needed(tool, inp)} ({needed_reason(tool, inp)}), distinct, "
                             "never the requester"]
 
 
@@ -211,12 +225,12 @@ def consume(token: str, tool: str, inp: BaseModel | dict[str, Any], now: float |
     for signer in signed_by:
         if not any(_same_person(signer, seen) for seen in distinct):
             distinct.append(signer)
-    needed = approvers_needed(tool)
+    needed = approvers_needed(tool, inp)
     if len(distinct) < needed:
         names = ", ".join(s.principal for s in distinct)
-        raise TokenRefused("too_few_approvers", f"{tool} ({approval_class(tool)}) needs {needed} distinct approvers; "
-                                                f"this token has {len(distinct)} ({names}): another approver "
-                                                f"co-signs with `trainops approve --pending {first.call_id} "
+        raise TokenRefused("too_few_approvers", f"{tool} ({needed_reason(tool, inp)}) needs {needed} distinct "
+                                                f"approvers; this token has {len(distinct)} ({names}): another "
+                                                f"approver co-signs with `trainops approve --pending {first.call_id} "
                                                 "--cosign TOKEN`")
     principals = [s.principal for s in distinct]
     _spend(first.nonce, first.call_id, principals, distinct[0].allowed_signers_sha256)

@@ -52,12 +52,24 @@ def _say(text: str) -> None:
 
 @app.command("rules")
 def rules(as_json: bool = JsonOpt) -> None:
-    """List every AGENTS.md rule ID and the code that enforces it."""
+    """List every AGENTS.md rule ID and the code that enforces it; R-CHG-1 also shows the configured
+    change windows (`state`) and whether now is inside one."""
+    from trainops.settings import SettingsError
+    from trainops.tools.governance import windows
     from trainops.tools.governance.rules import list_rules
 
-    emit(list_rules(), as_json, lambda rs: _table(
-        "AGENTS.md rules", ["id", "title", "enforcement", "where"],
-        [[r.id, r.title, r.enforcement, r.where] for r in rs]))
+    try:
+        change_windows = windows.status()
+    except SettingsError as exc:
+        fail(str(exc), as_json=as_json)
+    listed = [{**r.model_dump(), **({"state": change_windows} if r.id == "R-CHG-1" else {})} for r in list_rules()]
+
+    def show(rows: list[dict[str, Any]]) -> None:
+        _table("AGENTS.md rules", ["id", "title", "enforcement", "where"],
+               [[r["id"], r["title"], r["enforcement"], r["where"]] for r in rows])
+        _say(f"R-CHG-1: {change_windows['summary']}")
+
+    emit(listed, as_json, show)
 
 
 @app.command("approve")
@@ -106,7 +118,7 @@ def approve_call(pending: str, key: Path | None, ttl_min: float, cosign: str | N
     principals = [signer.principal for signer in tokens.signers(approvals)]
     return {"call_id": shown.call_id, "tool": shown.item.tool, "input": shown.input,
             "input_sha256": shown.input_sha256, "approver": principals[-1], "approvers": principals,
-            "approvers_needed": tokens.approvers_needed(shown.item.tool), "ttl_min": ttl_min,
+            "approvers_needed": tokens.approvers_needed(shown.item.tool, shown.item.input), "ttl_min": ttl_min,
             "expires_at": min(a.payload.expires_at for a in approvals), "signatures": len(approvals), "token": token}
 
 
