@@ -1,13 +1,17 @@
-"""S3/S4: single-variable ablations, small scale first, then target scale, each judged against
-the run-to-run noise band of its own scale. `ablate` is the whole step, for `trainops ablate` and
-the SOP alike: check the arms, measure the baselines at both scales, run the plan."""
+"""S3/S4: single-variable ablations up the rollout ladder (skills.rollout): one process, then each
+rung to the target, each judged against the run-to-run noise band of its own rung. `ablate` is the
+whole step, for `trainops ablate` and the SOP alike: check the arms, run the plan, measuring each
+rung's baseline when the ladder first reaches it."""
 from __future__ import annotations
 
-from trainops.skills import labels
+from typing import Callable
+
+from trainops.skills import labels, rollout
 from trainops.skills.baseline import Progress, RepeatResult, command_line, declared, repeat, stamped
-from trainops.skills.evidence.model import AblationRow, EvidenceRow, PackEnvironment
+from trainops.skills.evidence.model import AblationRow, EvidenceRow, LadderStop, PackEnvironment
 from trainops.skills.knobs import Knob, overrides_for, parse_arm, plan_order
 from trainops.skills.request import JobRequest
+from trainops.skills.rollout import Rung, processes
 from trainops.skills.stats import compare, spread
 from trainops.tools.base import CallContext, skill_context
 
@@ -25,7 +29,7 @@ def _setting(run_dir: str, dotted: str) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def _row(knob: Knob, value: str, base: list[RepeatResult], arm: list[RepeatResult], nproc: int,
+def _row(knob: Knob, value: str, base: list[RepeatResult], arm: list[RepeatResult], rung: Rung,
          kind: str, req: JobRequest, env: PackEnvironment) -> AblationRow:
     labels.label_runs(base, req, env)  # the baseline's MFU is checked as the arm's is
     job = labels.label_runs(arm, req, env)
@@ -34,63 +38,110 @@ def _row(knob: Knob, value: str, base: list[RepeatResult], arm: list[RepeatResul
     change, band, verdict = compare(base_mfu, arm_mfu)
     median_run = sorted(arm, key=lambda r: r.summary.mfu_pct_median)[len(arm) // 2]
     return AblationRow(knob=knob.name, value=value, baseline_value=_setting(base[0].run_dir, knob.overrides[0]),
-                       category=knob.category, scale=f"{nproc} procs", scale_kind=kind, mfu_change_pct=change,
+                       category=knob.category, scale=rung.label, scale_kind=kind, mfu_change_pct=change,
                        noise_band_pct=band, beyond_noise=verdict != "within-noise", verdict=verdict,
-                       source_run=median_run.run_dir, labels=job)
+                       source_run=median_run.run_dir, labels=job, world_size=rung.world)
 
 
 def run_arm(req: JobRequest, spec: str, baselines: dict[int, list[RepeatResult]], repeats: int,
-            ctx: CallContext | None = None, progress: Progress | None = None,
-            env: PackEnvironment | None = None) -> tuple[list[AblationRow], list[EvidenceRow]]:
-    """One knob at every scale in `baselines` (ascending process count: small, then target), each
-    scale at the target's per-rank batch (weak_scaled). A small-scale gain that is not a gain at
-    target scale is flagged as vanished."""
+            ctx: CallContext | None = None, progress: Progress | None = None, env: PackEnvironment | None = None,
+            measure: Callable[[Rung], list[RepeatResult]] | None = None) -> tuple[list[AblationRow], list[EvidenceRow]]:
+    """One knob up the rollout ladder (skills.rollout): from its smallest valid rung to the target,
+    each rung at the target's per-rank batch (weak_scaled) against the baseline at that rung
+    (`baselines`, by world size; `measure` adds a missing one, else only the rungs given are climbed).
+    The first rung where a gain is gone stops the climb and rolls back."""
     env = declared(req, env, ctx)
     req = stamped(req, env)
     knob, value = parse_arm([spec], req.framework)
-    scales = sorted(baselines)
+    rungs = [r for r in rollout.valid_rungs(knob, req) if measure or r.world in baselines]
+    say = progress or (lambda _msg: None)
+    note = rollout.start_note(knob, rollout.valid_rungs(knob, req))
+    if note:
+        say(note)
     rows, evidence, arms = [], [], {}
-    for nproc in scales:
-        if nproc < knob.min_procs:
-            continue
-        arm_req = weak_scaled(req, nproc).with_overrides(overrides_for(knob, value))
+    for index, rung in enumerate(rungs):
+        rung_req = weak_scaled(req, rung.nproc, rung.nodes)
+        arm_req = rung_req.with_overrides(overrides_for(knob, value))
         if req.framework != "trainops":  # the framework's own flag prerequisites, before launch
             from trainops.tools.frameworks import get_adapter
 
-            get_adapter(req.framework).validate({knob.name: value}, overrides=req.overrides, world_size=nproc)
-        arm = arms[nproc] = repeat(arm_req, f"arm-{knob.name.replace('_', '-')}-{nproc}p", repeats, ctx, progress)
-        check_single_variable(baselines[nproc][0].run_dir, arm[0].run_dir, f"{knob.name}={value}")
-        kind = "target" if nproc == scales[-1] else "small"
-        rows.append(_row(knob, value, baselines[nproc], arm, nproc, kind, req, env))
+            get_adapter(req.framework).validate({knob.name: value}, overrides=req.overrides, world_size=rung.world)
+        say(f"ladder {knob.name}={value}: rung {index + 1}/{len(rungs)}, {rung.label}")
+        if rung.world not in baselines:
+            baselines[rung.world] = measure(rung)
+        arm = arms[rung.world] = repeat(arm_req, f"arm-{knob.name.replace('_', '-')}-{rung.world}p", repeats, ctx,
+                                        progress)
+        check_single_variable(baselines[rung.world][0].run_dir, arm[0].run_dir, f"{knob.name}={value}")
+        kind = "target" if rung == rungs[-1] and rung.world == req.nproc * req.nodes else "small"
+        row = _row(knob, value, baselines[rung.world], arm, rung, kind, req, env)
+        if index == 0 and note:
+            row = row.model_copy(update={"ladder_note": note})
         evidence += [EvidenceRow(tool="submit_job+summarize_run", version=req.framework_version,
                                  command=command_line(arm_req), log_path=f"{r.run_dir}/metrics.jsonl",
                                  value=f"MFU {r.summary.mfu_pct_median:.3f}%", window_start=r.started,
                                  window_end=r.ended) for r in arm]
-    if len(rows) == 2:
-        rows[-1] = judge_scale(knob, rows, arms, req)
+        say(f"ladder {knob.name}={value} at {rung.label}: {row.mfu_change_pct:+.1f}% against "
+            f"±{row.noise_band_pct:.1f}%: {row.verdict}")
+        if row.verdict != "gain":
+            rows.append(_stopped(knob, value, row, rows, rung, rungs[index - 1] if index else None, rung_req,
+                                 baselines[rung.world], arm, repeats, ctx, progress, env))
+            return rows, evidence
+        rows.append(row)
+    if len(rows) >= 2:
+        rows[-1] = judge_scale(knob, [rows[0], rows[-1]], {w: arms[w] for w in (min(arms), max(arms))}, req)
     return rows, evidence
+
+
+def _stopped(knob: Knob, value: str, row: AblationRow, below: list[AblationRow], rung: Rung, previous: Rung | None,
+             rung_req: JobRequest, base: list[RepeatResult], arm: list[RepeatResult], repeats: int,
+             ctx: CallContext | None, progress: Progress | None, env: PackEnvironment) -> AblationRow:
+    """The rung where the gain is gone: with no gain below it, nothing was rolled out and the ladder
+    just ends; after a gain, roll back: run the baseline value at this rung, check it matches the
+    baseline within the rung's band, and hand the stop to a human."""
+    say = progress or (lambda _msg: None)
+    if not below:
+        reason = f"no gain at the first rung ({rung.label}): nothing to roll out, the ladder ends here"
+        say(f"ladder {knob.name}={value}: {reason}")
+        return row
+    hint = rollout.topology_hint(rung, previous, [*base, *arm], env.hardware)
+    say(f"ladder {knob.name}={value}: gain gone at {rung.label} ({hint}); reverting to {row.baseline_value} and "
+        "verifying")
+    verify = repeat(rung_req, f"verify-{knob.name.replace('_', '-')}-{rung.world}p", repeats, ctx, progress)
+    change, band, matches = rollout.verification(knob, value, row.baseline_value, base, verify)
+    stop = LadderStop(rung=rung.label, topology_hint=hint, reverted_to=row.baseline_value,
+                      reason=f"gain gone at {rung.label}: {row.mfu_change_pct:+.1f}% is inside its noise band of "
+                             f"±{row.noise_band_pct:.1f}% after {below[-1].mfu_change_pct:+.1f}% at "
+                             f"{below[-1].scale}" if row.verdict == "within-noise" else
+                             f"gain gone at {rung.label}: a regression of {row.mfu_change_pct:+.1f}% beyond its band "
+                             f"of ±{row.noise_band_pct:.1f}% after {below[-1].mfu_change_pct:+.1f}% at "
+                             f"{below[-1].scale}",
+                      verification_runs=[r.run_dir for r in verify], verification_change_pct=change,
+                      verification_band_pct=band, verification_matches=matches)
+    stopped = row.model_copy(update={"vanished_at_scale": True})
+    stop = stop.model_copy(update={"human_item": rollout.hand_over(stopped, stop, ctx)})
+    say(f"ladder {knob.name}={value}: reverted; verification {'matches' if matches else 'does NOT match'} the "
+        f"baseline ({change:+.1f}% against ±{band:.1f}%); handed to a human")
+    return stopped.model_copy(update={"stop": stop})
 
 
 def _tokens_per_s(results: list[RepeatResult]) -> float:
     return spread([r.summary.tokens_per_s_median for r in results]).median
 
 
-def weak_scaled(req: JobRequest, nproc: int) -> JobRequest:
-    """The request at `nproc` processes per node keeping the target's (`req.nproc`) per-rank batch: the
-    global batch scales with the world size, so small against target scale is weak scaling (R-EVD-4).
+def weak_scaled(req: JobRequest, nproc: int, nodes: int = 1) -> JobRequest:
+    """The request at `nproc` processes on `nodes` nodes keeping the target's per-rank batch: the global
+    batch scales with the world size, so one rung against another is weak scaling (R-EVD-4).
     torchtitan's batch is per rank already (training.local_batch_size)."""
-    if nproc == req.nproc or req.framework == "torchtitan":
-        return req.with_overrides([], nproc=nproc)
-    target = labels.shape_of_request(req, req.nproc * req.nodes).global_batch
-    if target is None or (target * nproc) % req.nproc:
-        raise ValueError(f"training.global_batch={target} at {req.nproc} processes per node has no whole share "
-                         f"for {nproc}: weak scaling keeps the per-rank batch; use a global batch that is a "
-                         f"multiple of {req.nproc}")
-    return req.with_overrides([f"training.global_batch={target * nproc // req.nproc}"], nproc=nproc)
-
-
-def _processes(n: int) -> str:
-    return f"{n} process{'' if n == 1 else 'es'}"
+    target_world, world = req.nproc * req.nodes, nproc * nodes
+    at_rung = req.model_copy(update={"nodes": nodes})
+    if world == target_world or req.framework == "torchtitan":
+        return at_rung.with_overrides([], nproc=nproc)
+    target = labels.shape_of_request(req, target_world).global_batch
+    if target is None or (target * world) % target_world:
+        raise ValueError(f"training.global_batch={target} at {processes(target_world)} has no whole share for "
+                         f"{processes(world)}: weak scaling keeps the per-rank batch; use a global batch that is a "
+                         f"multiple of {target_world}")
+    return at_rung.with_overrides([f"training.global_batch={target * world // target_world}"], nproc=nproc)
 
 
 def scaling_basis(req: JobRequest, arms: dict[int, list[RepeatResult]]) -> tuple[int, int, str]:
@@ -104,10 +155,10 @@ def scaling_basis(req: JobRequest, arms: dict[int, list[RepeatResult]]) -> tuple
     (ws, wt), (gs, gt) = worlds, [shape.global_batch for shape in shapes]
     if gs is not None and gt is not None and gt * ws == gs * wt:
         per_rank = f" ({gt // shapes[1].dp} per data-parallel rank)" if shapes[1].dp else ""
-        return ws, wt, f"weak scaling: global batch {gs} at {_processes(ws)} -> {gt} at {_processes(wt)}{per_rank}"
+        return ws, wt, f"weak scaling: global batch {gs} at {processes(ws)} -> {gt} at {processes(wt)}{per_rank}"
     kind = "strong scaling (the global batch stayed fixed)" if gs == gt else "neither weak nor strong scaling"
-    raise ValueError(f"{small[0].run_dir} and {target[0].run_dir}: global batch {gs} at {_processes(ws)} and {gt} at "
-                     f"{_processes(wt)} is {kind}; comparisons across scales use weak-scaling efficiency (R-EVD-4): "
+    raise ValueError(f"{small[0].run_dir} and {target[0].run_dir}: global batch {gs} at {processes(ws)} and {gt} at "
+                     f"{processes(wt)} is {kind}; comparisons across scales use weak-scaling efficiency (R-EVD-4): "
                      "run the small scale at the target's per-rank batch (skills.ablation.weak_scaled)")
 
 
@@ -134,21 +185,19 @@ def check_arms(req: JobRequest, specs: list[str]) -> None:
     framework takes, and (for another framework) its own flag prerequisites at the target scale."""
     for spec in specs:
         knob, value = parse_arm(spec.split(","), req.framework)
+        rollout.valid_rungs(knob, req)
         if req.framework != "trainops":
             from trainops.tools.frameworks import get_adapter
 
             get_adapter(req.framework).validate({knob.name: value}, overrides=req.overrides, world_size=req.nproc)
 
 
-def scale_baselines(req: JobRequest, repeats: int, ctx: CallContext | None = None, progress: Progress | None = None,
-                    measured: list[RepeatResult] | None = None) -> dict[int, list[RepeatResult]]:
-    """Baseline repeats at small scale (one process, the target's per-rank batch) and at target scale
-    (`req.nproc`), the noise bands the arms are judged against; `measured` are target-scale repeats
-    already run (the SOP's S2)."""
-    baselines = {req.nproc: measured} if measured else {}
-    for nproc in sorted({1, req.nproc} - set(baselines)):
-        baselines[nproc] = repeat(weak_scaled(req, nproc), f"baseline-{nproc}p", repeats, ctx, progress)
-    return baselines
+def baseline_at(req: JobRequest, repeats: int, ctx: CallContext | None = None,
+                progress: Progress | None = None) -> Callable[[Rung], list[RepeatResult]]:
+    """Baseline repeats at a rung (the target's per-rank batch), measured when the ladder first
+    reaches it, so no rung above a stop is ever run."""
+    return lambda rung: repeat(weak_scaled(req, rung.nproc, rung.nodes), f"baseline-{rung.world}p", repeats, ctx,
+                               progress)
 
 
 def ablate(req: JobRequest, specs: list[str], repeats: int, ctx: CallContext | None = None,
@@ -161,13 +210,15 @@ def ablate(req: JobRequest, specs: list[str], repeats: int, ctx: CallContext | N
     check_arms(req, specs)
     env = declared(req, env, ctx)
     req = stamped(req, env)
-    baselines = scale_baselines(req, repeats, ctx, progress, measured)
-    return run_plan(req, specs, baselines, repeats, ctx, progress, env)
+    baselines = {req.nproc * req.nodes: measured} if measured else {}
+    measure = baseline_at(req, repeats, ctx, progress)
+    return run_plan(req, specs, baselines, repeats, ctx, progress, env, measure)
 
 
 def run_plan(req: JobRequest, specs: list[str], baselines: dict[int, list[RepeatResult]], repeats: int,
-             ctx: CallContext | None = None, progress: Progress | None = None,
-             env: PackEnvironment | None = None) -> tuple[list[AblationRow], list[EvidenceRow]]:
+             ctx: CallContext | None = None, progress: Progress | None = None, env: PackEnvironment | None = None,
+             measure: Callable[[Rung], list[RepeatResult]] | None = None
+             ) -> tuple[list[AblationRow], list[EvidenceRow]]:
     """Every arm, highest expected gain first (communication overlap, kernels, data pipeline, batch)."""
     ctx = skill_context("ablation", ctx)
     env = declared(req, env, ctx)
@@ -175,7 +226,7 @@ def run_plan(req: JobRequest, specs: list[str], baselines: dict[int, list[Repeat
     ordered = plan_order([parse_arm([s], req.framework)[0] for s in specs])
     rows, evidence = [], []
     for knob in ordered:
-        r, e = run_arm(req, parsed[knob.name], baselines, repeats, ctx, progress, env)
+        r, e = run_arm(req, parsed[knob.name], baselines, repeats, ctx, progress, env, measure)
         rows += r
         evidence += e
     return rows, evidence

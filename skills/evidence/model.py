@@ -104,8 +104,23 @@ class BaselineSummary(BaseModel):
         default=None, description="interruption rate, MTBF and recovery time from the interruption record")
 
 
+class LadderStop(BaseModel):
+    """Where a rollout ladder stopped because the gain was gone, why, and the rollback's proof: the
+    job config back at the baseline value, a verification run at that rung against its band."""
+
+    rung: str = Field(description="the rung where the gain was gone, e.g. '4 processes' or '2 nodes x 2 processes'")
+    reason: str = Field(description="why the ladder stopped there")
+    topology_hint: str = Field(description="what changed in the topology at this rung that may explain it")
+    reverted_to: str = Field(description="the baseline value the job config went back to")
+    verification_runs: list[str] = Field(default_factory=list, description="run folders of the reverted config")
+    verification_change_pct: float = Field(description="MFU change of the reverted runs against the rung's baseline")
+    verification_band_pct: float = Field(ge=0, description="the rung's noise band the verification is judged in")
+    verification_matches: bool = Field(description="the reverted config matches the baseline within the band")
+    human_item: str = Field(default="", description="the pending R-ESC-2 hand-over the stop became")
+
+
 class AblationRow(BaseModel):
-    """One single-variable arm against the baseline at one scale (S3/S4)."""
+    """One single-variable arm against the baseline at one rung of the rollout ladder (S3/S4)."""
 
     knob: str = Field(description="catalogue name of the changed variable")
     value: str = Field(description="value in this arm")
@@ -118,7 +133,10 @@ class AblationRow(BaseModel):
     beyond_noise: bool = Field(description="|mfu_change_pct| exceeds the noise band")
     verdict: Literal["gain", "regression", "within-noise"]
     vanished_at_scale: bool = Field(
-        default=False, description="a small-scale gain whose MFU change at target scale is at or below zero")
+        default=False, description="a gain at a lower rung that is gone at this one (at or below the noise band)")
+    world_size: int | None = Field(default=None, ge=1, description="ranks at this rung (nodes x processes per node)")
+    ladder_note: str = Field(default="", description="first rung: what the ladder could not run below it, and why")
+    stop: LadderStop | None = Field(default=None, description="the ladder stopped at this rung and rolled back")
     weak_scaling_efficiency_pct: float | None = Field(
         default=None, ge=0, description="target rows: per-process tokens/s of the arm at target over small scale, "
                                          "the global batch grown with the world size")

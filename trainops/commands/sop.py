@@ -116,13 +116,14 @@ def ablate(config: Optional[str] = typer.Argument(None, help="Job config TOML (d
            list_knobs: bool = typer.Option(False, "--list", help="Show the knob catalogue."),
            repeats: int = typer.Option(3, min=1), nproc: int = typer.Option(2, min=1),
            sets: Optional[List[str]] = SETS, scheduler: str = SCHED, monitor: str = MONITOR, as_json: bool = JSON,
-           framework: str = FRAMEWORK):
-    """S3/S4: single-variable arms against the baseline, small scale (the target's per-rank batch) then
-    target scale; the environment is declared first and labels every row."""
+           framework: str = FRAMEWORK, nodes: int = NODES):
+    """S3/S4: single-variable arms up the rollout ladder, 1 -> 2 -> ... -> --nproc processes, then nodes,
+    each rung at the target's per-rank batch against the baseline at that rung; the first rung where the
+    gain is gone stops the ladder, reverts, verifies and hands the stop to a human."""
     from trainops.skills import ablation as skill_ablation
     from trainops.skills.knobs import catalogue, plan_order
 
-    req = _request(config, sets, nproc, scheduler, as_json, monitor, framework)
+    req = _request(config, sets, nproc, scheduler, as_json, monitor, framework, nodes)
     if list_knobs:
         knobs = plan_order(list(catalogue(framework).values()))
         return emit(knobs, as_json, lambda ks: _table("ablation knobs (plan order)",
@@ -132,11 +133,24 @@ def ablate(config: Optional[str] = typer.Argument(None, help="Job config TOML (d
     if not knob:
         fail("--knob: no arm given; pass --knob NAME=VALUE (see trainops ablate --list)", as_json=as_json)
     rows = _guard(lambda: skill_ablation.ablate(req, knob, repeats, progress=_progress(as_json))[0], as_json)
-    emit(rows, as_json, lambda rs: _table("ablation", ["knob", "value", "scale", "MFU change", "noise band", "verdict"],
-                                          [[r.knob, r.value, r.scale, f"{r.mfu_change_pct:.1f}%",
-                                            f"±{r.noise_band_pct:.1f}%",
-                                            r.verdict + (" (vanished at scale)" if r.vanished_at_scale else "")]
-                                           for r in rs]))
+    emit(rows, as_json, _ladder_table)
+
+
+def _ladder_table(rows) -> None:
+    """One line per rung; a stopped ladder's reason, rollback and human item beneath the table."""
+    _table("ablation ladder", ["knob", "value", "rung", "MFU change", "noise band", "verdict"],
+           [[r.knob, r.value, r.scale, f"{r.mfu_change_pct:.1f}%", f"±{r.noise_band_pct:.1f}%",
+             r.verdict + (" (gain gone: ladder stopped)" if r.stop else "")] for r in rows])
+    out = console()
+    for r in rows:
+        if r.ladder_note:
+            out.print(f"{r.knob}: {r.ladder_note}", markup=False)
+        if r.stop:
+            verified = "matches" if r.stop.verification_matches else "does NOT match"
+            out.print(f"{r.knob}={r.value} stopped: {r.stop.reason}\n  why: {r.stop.topology_hint}\n  rolled back to "
+                      f"{r.knob}={r.stop.reverted_to}; verification {verified} the baseline "
+                      f"({r.stop.verification_change_pct:+.1f}% against ±{r.stop.verification_band_pct:.1f}%)\n"
+                      f"  human: {r.stop.human_item}", markup=False)
 
 
 @app.command()
