@@ -3,7 +3,9 @@
 It picks an intent and its plan from the user's request only (a tool's output can never
 change what it does; outputs only supply ids and values to later steps of the same plan),
 then emits one tool call per turn, filling arguments from each bound tool's JSON schema; when
-the plan is done it writes the answer from the tool results. So the same graph, gate and
+the plan is done it writes the answer from the tool results. A diagnosis request (why did job J
+fail) loads the fault skill, reads the interruption record and the logs, and ends with a
+structured final_answer built from that evidence (agents/diagnose.py). So the same graph, gate and
 approvals run with no network and no key, and tests are repeatable.
 """
 from __future__ import annotations
@@ -17,6 +19,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMe
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
+from trainops.agents import diagnose
 from trainops.agents.explain import find, render_answer
 from trainops.run_folder import RunFiles
 
@@ -78,6 +81,8 @@ def classify(text: str) -> str | None:
         return "sop"
     if "mfu" in low or re.search(r"why is (it|the run) (so )?(low|slow)", low):
         return "mfu"
+    if diagnose.DIAGNOSIS.search(low) and re.search(r"\b(job|run)\s+\S", low):
+        return "diagnose"
     if re.search(r"\blogs?\b", low):
         return "logs"
     if re.search(r"\bjobs\b", low):
@@ -219,12 +224,15 @@ def decide(messages: list[BaseMessage], tool_schemas: list[dict]) -> AIMessage:
         return AIMessage(content=(
             "I could not tell what you need. I can: explain a run's MFU ('what is the MFU of run R and why is it "
             "low'), run the SOP on a config ('run the SOP on config C'), drill a fault ('drill a rank crash on job "
-            "J'), plan the checkpoint interval ('... for a 5-minute save and an MTBF of 3 hours'), show logs or jobs, "
-            "and show pending approvals."
+            "J'), diagnose a job end ('why did job J fail'), plan the checkpoint interval ('... for a 5-minute save "
+            "and an MTBF of 3 hours'), show logs or jobs, and show pending approvals."
         ))
+    schemas = {s["function"]["name"]: s["function"].get("parameters", {}) for s in tool_schemas}
+    if intent_name == "diagnose":
+        params = {**_learned(results), **parse_params(request)}
+        return diagnose.next_step(request, params, {name for name, _ in calls}, results, schemas, len(messages))
     if any(r.status == "error" for r in results):
         return AIMessage(content=render_answer(intent_name, request, results))
-    schemas = {s["function"]["name"]: s["function"].get("parameters", {}) for s in tool_schemas}
     params = {**_learned(results), **parse_params(request)}
     assumed = {k: v for k, v in ASSUMED.items() if k not in params}
     params.update(assumed)

@@ -1,0 +1,173 @@
+"""The offline policy's diagnosis of a job end: a fixed plan, and a FinalAnswer built from evidence.
+
+The plan comes from the request alone: load the fault skill, read the job's interruption record,
+grep the failing rank's (or the job's) log for error lines, and, with no record, the job's status.
+The answer is built from the record's structured fields (the classifier's cause and reason, exit
+signal, ranks, nodes, checksum verdict, NaN step) and quotes lines exactly as the tools returned
+them. Text inside a log or an error line is only ever quoted, never read as an instruction: no
+field of any output chooses a tool or an action beyond the fixed mapping below, and every proposed
+action passes the action policy first.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from langchain_core.messages import AIMessage, ToolMessage
+
+from trainops.agents import action_policy
+from trainops.agents.answer import FINAL_ANSWER_TOOL, Evidence, FinalAnswer, ProposedAction
+
+DIAGNOSIS = re.compile(r"\b(diagnos\w*|why did|what happened|root cause|went wrong|what killed|crash(ed|es)?|"
+                       r"fail(ed|s|ure)?|hung|hangs?|hanging|stuck|died|stalled?|slow(ed)?)\b", re.I)
+SKILL = "fault-drill"
+ERROR_PATTERN = r"Traceback|Error|Exception|NCCL|timed out|Killed|signal|nan|inf\b|corrupt|checksum"
+_FINISHED_OK = {"completed", "succeeded", "finished"}
+
+
+def _outputs(results: list[ToolMessage]) -> dict[str, Any]:
+    return {r.name: r.artifact for r in results if r.status == "success" and isinstance(r.artifact, dict)}
+
+
+def _call(name: str, args: dict[str, Any], n: int) -> AIMessage:
+    return AIMessage(content="", tool_calls=[{"name": name, "args": args, "id": f"call_{n}"}])
+
+
+def _latest_record(interruptions: dict | None, run: str | None) -> dict | None:
+    records = (interruptions or {}).get("interruptions") or []
+    if run:
+        records = [r for r in records if str(r.get("run_dir") or "").rstrip("/").endswith(run)] or records
+    return records[-1] if records else None
+
+
+def next_step(request: str, params: dict[str, Any], done: set[str], results: list[ToolMessage],
+              schemas: dict[str, dict], n: int) -> AIMessage:
+    """The next call of the plan, or the final answer once the plan is done."""
+    job, run = params.get("job"), params.get("run")
+    if job is None and run is None:
+        return AIMessage(content="To diagnose a job end I need the job id (say e.g. 'why did job 12 fail') or the "
+                                 "run id ('what happened to run my-run').")
+    if results and results[-1].name == FINAL_ANSWER_TOOL and results[-1].status == "error":
+        problems = (results[-1].artifact or {}).get("problems") or ["refused"]
+        return _call(FINAL_ANSWER_TOOL, _inconclusive(f"My diagnosis was refused by the report rules ({problems[0]}).",
+                                                      ["a human review of the job's record and logs"]), n)
+    out = _outputs(results)
+    if "load_skill" not in done and "load_skill" in schemas:
+        return _call("load_skill", {"name": SKILL}, n)
+    if "list_interruptions" not in done:
+        return _call("list_interruptions", {"job_id": str(job)} if job else {}, n)
+    record = _latest_record(out.get("list_interruptions"), run)
+    if record is not None and "grep_log" not in done and "grep_log" in schemas:
+        ev = record.get("evidence") or {}
+        args = {"job_id": record["job_id"], "scheduler": record.get("scheduler") or "local",
+                "pattern": ERROR_PATTERN, "max_matches": 5, "max_bytes": 4000}
+        if ev.get("failing_rank") is not None and record.get("run_dir"):
+            args["rank"] = ev["failing_rank"]
+        return _call("grep_log", args, n)
+    if record is None and job and "job_status" not in done:
+        return _call("job_status", {"job_id": str(job)}, n)
+    answer = _from_record(record, out.get("grep_log")) if record else _without_record(job or run, out)
+    return _call(FINAL_ANSWER_TOOL, answer, n)
+
+
+def _inconclusive(summary: str, collect: list[str], evidence: list[Evidence] | None = None) -> dict[str, Any]:
+    return FinalAnswer(verdict="inconclusive", confidence="low", summary=summary, next_to_collect=collect,
+                       evidence=evidence or []).model_dump(mode="json")
+
+
+def _fault_kind(record: dict) -> str | None:
+    ev, cause = record.get("evidence") or {}, record.get("cause")
+    reason = str(record.get("cause_reason") or "").lower()
+    if ev.get("checksum_verdict") == "disagree":
+        return "bitflip"
+    if ev.get("corrupt_checkpoints"):
+        return "checkpoint-corruption"
+    if ev.get("nonfinite_loss_step") is not None:
+        return "nan"
+    down = any(re.search(r"down|not.?responding|fail", str(s), re.I) for s in (ev.get("node_states") or {}).values())
+    if cause == "network" and down:
+        return "partition"
+    if cause == "hardware" and down:
+        return "node-crash"
+    if "stall" in reason or "heartbeat" in reason:
+        return "hang"
+    if ev.get("silent_ranks") or ev.get("signal") == "SIGKILL":
+        return "crash"
+    return None
+
+
+def _evidence(record: dict, grep: dict | None) -> list[Evidence]:
+    ev = record.get("evidence") or {}
+    items = [Evidence(source=f"list_interruptions:{record['id']} cause_reason", quote=str(record["cause_reason"]))]
+    if ev.get("signal"):
+        items.append(Evidence(source="list_interruptions:evidence.signal", quote=str(ev["signal"])))
+    items += [Evidence(source="list_interruptions:evidence.error_lines", quote=line)
+              for line in (ev.get("error_lines") or [])[:2] if line.strip()]
+    items += [Evidence(source=f"grep_log:{grep.get('source')} line {m['line']}", quote=m["text"])
+              for m in (grep or {}).get("matches", [])[:2] if m.get("text", "").strip()]
+    return items
+
+
+def _actions(record: dict, kind: str | None) -> tuple[list[ProposedAction], list[str]]:
+    """The fixed cause -> action mapping, each action held to the action policy; a refused one
+    becomes a line of what a human must decide."""
+    ev, cause, job = record.get("evidence") or {}, record.get("cause"), record["job_id"]
+    scheduler = record.get("scheduler") or "local"
+    proposed: list[ProposedAction] = []
+    if kind == "bitflip":
+        proposed.append(ProposedAction(tool="respond_to_sdc", args={"job_id": job, "scheduler": scheduler},
+                                       why="replica checksums disagree: suspected silent data corruption (R-ESC-3)"))
+    elif cause == "hardware" and ev.get("failing_node"):
+        proposed.append(ProposedAction(tool="drain_node", args={"node": ev["failing_node"], "scheduler": scheduler,
+                                                                "reason": "hardware fault"},
+                                       why=f"the job's node {ev['failing_node']} failed"))
+        proposed.append(ProposedAction(tool="requeue_job", args={"job_id": job, "scheduler": scheduler},
+                                       why="resume from the newest good checkpoint on healthy nodes"))
+    elif cause in ("hardware", "network") or kind in ("crash", "hang"):
+        proposed.append(ProposedAction(tool="requeue_job", args={"job_id": job, "scheduler": scheduler},
+                                       why="resume from the newest good checkpoint"))
+    kept, decide = [], []
+    for action in proposed:
+        if reason := action_policy.refusal(action.tool, action.args):
+            decide.append(f"a human decides instead of {action.tool}: {reason}")
+        else:
+            kept.append(action)
+    return kept, decide
+
+
+def _from_record(record: dict, grep: dict | None) -> dict[str, Any]:
+    ev, cause = record.get("evidence") or {}, record.get("cause")
+    evidence = _evidence(record, grep)
+    kind = _fault_kind(record)
+    ranks = sorted({r for r in [ev.get("failing_rank"), *(ev.get("silent_ranks") or [])] if r is not None})
+    nodes = [ev["failing_node"]] if ev.get("failing_node") else []
+    if cause == "unclassified":
+        return FinalAnswer(verdict="inconclusive", fault_kind=kind, ranks=ranks, nodes=nodes, evidence=evidence,
+                           confidence="low", next_to_collect=[
+                               "the failing rank's full log around its last step (read_log_window)",
+                               "the node's kernel log and the scheduler's node state at the end",
+                               "whether the end recurs when the job is requeued under watch_job"],
+                           summary=f"Job {record['job_id']} ended and the evidence does not settle the cause: "
+                                   f"{record['cause_reason']}").model_dump(mode="json")
+    actions, decide = _actions(record, kind)
+    return FinalAnswer(verdict="diagnosed", fault_kind=kind, cause_class=cause, ranks=ranks, nodes=nodes,
+                       evidence=evidence, proposed_actions=actions, next_to_collect=decide,
+                       confidence="high" if len(evidence) > 1 else "medium",
+                       summary=f"Job {record['job_id']} ended with a {cause} cause"
+                               + (f" ({kind})" if kind else "") + f": {record['cause_reason']}"
+                       ).model_dump(mode="json")
+
+
+def _without_record(subject: str, out: dict[str, Any]) -> dict[str, Any]:
+    status = out.get("job_status") or {}
+    state = str(status.get("state") or "")
+    if state.lower() in _FINISHED_OK:
+        return FinalAnswer(verdict="healthy", confidence="medium",
+                           evidence=[Evidence(source="job_status:state", quote=state)],
+                           summary=f"Job {subject} finished ({state}) and the interruption record holds no bad end "
+                                   "for it.").model_dump(mode="json")
+    seen = [Evidence(source="job_status:state", quote=state)] if state else []
+    return _inconclusive(f"The interruption record holds no end of {subject}" + (f"; its state is {state}" if state
+                                                                                else "") + ".",
+                         ["watch_job on the job while it runs, for heartbeat stalls and fired rules",
+                          "grep_log on each rank's log for errors"], seen)
