@@ -31,6 +31,7 @@ def _tool_functions() -> tuple[Callable, ...]:
         log_search,
         planning,
         quarantine,
+        quotas,
         tenancy,
         watch,
     )
@@ -62,7 +63,7 @@ def _tool_functions() -> tuple[Callable, ...]:
         checkpoints.verify_checkpoint,
         checkpoints.measure_checkpoint_io,
         quarantine.quarantine_checkpoints,
-        tenancy.set_tenant_quota,
+        quotas.set_tenant_quota,
         tenancy.change_scheduler_policy,
         tenancy.upgrade_framework,
         checks.framework_knobs,

@@ -1,7 +1,7 @@
 """Tenant-facing changes that a human must approve, and per-tenant isolation of data and
 checkpoints.
 
-State lives under `$TRAINOPS_HOME/tenants/TENANT/` (quota.json, framework.json, data/,
+State lives under `$TRAINOPS_HOME/tenants/TENANT/` (framework.json, data/,
 checkpoints/, runs/) and `$TRAINOPS_HOME/scheduler/policies/`. The gate refuses the forbidden
 forms (a global scheduler policy change, a forced cross-version framework upgrade) before any
 token is looked at. `check_job_paths` is where a job's folders are confined before it launches
@@ -173,30 +173,6 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     if not isinstance(data, dict):
         raise ValueError(f"{path} holds {type(data).__name__}, not a JSON object; restore it or remove it")
     return data
-
-
-class QuotaInput(BaseModel):
-    tenant: TenantId = Field(description="Tenant id: lowercase letters, digits, '_' and '-' (e.g. 'acme').")
-    gpus: int = Field(ge=0, description="GPU quota (devices the tenant may hold at once).")
-    priority: Literal["low", "normal", "high"] = Field(description="Scheduling priority class.")
-    reason: str = Field(min_length=3, description="Why the change is needed; shown to the approver.")
-
-
-class QuotaOutput(BaseModel):
-    tenant: str
-    previous: dict[str, Any] | None
-    current: dict[str, Any]
-
-
-@tool("set_tenant_quota", risk="mutate", approval_required=True, tags=("tenant-governance",))
-def set_tenant_quota(inp: QuotaInput) -> QuotaOutput:
-    """Set a tenant's GPU quota and priority class. Needs a human approval token for this exact
-    change (R-SEC-1); without one the call is queued as a pending approval."""
-    path = tenant_root(inp.tenant) / "quota.json"
-    previous = _read_json(path)
-    current = {"gpus": inp.gpus, "priority": inp.priority, "reason": inp.reason, "time": time.time()}
-    _write_json(path, current)
-    return QuotaOutput(tenant=inp.tenant, previous=previous, current=current)
 
 
 class PolicyInput(BaseModel):

@@ -96,6 +96,8 @@ def sbatch_options(spec: JobSpec, log_path: str) -> list[tuple[str, str]]:
         options.append(("exclude", "exclude_nodes", ",".join(spec.exclude_nodes)))
     if spec.workdir:
         options.append(("chdir", "workdir", spec.workdir))
+    if spec.tenant:  # the tenant's Slurm account; its default (and only) QOS carries the quota (tools/quotas.py)
+        options.append(("account", "tenant", spec.tenant))
     return [(flag, sbatch_value(field, value)[1:-1]) for flag, field, value in options]
 
 
@@ -166,7 +168,13 @@ class SlurmScheduler(PollingWait):
         log_path = str(Path(spec.run_dir) / "slurm.log") if spec.run_dir else str(self._jobs() / f"slurm-{stamp}.log")
         script = self._jobs() / f"slurm-{stamp}.sbatch"
         script.write_text(batch_script(spec, log_path))
-        job_id = self.transport.submit(script, sbatch_options(spec, log_path))
+        try:
+            job_id = self.transport.submit(script, sbatch_options(spec, log_path))
+        except SchedulerError as exc:
+            if spec.tenant and "nvalid account" in str(exc):
+                raise SchedulerError(KIND, f"tenant {spec.tenant!r} has no Slurm account on this cluster ({exc}); "
+                                           "give it a quota with set_tenant_quota, which creates the account") from None
+            raise
         handle = JobHandle(job_id=job_id, backend=KIND, name=spec.name, submitted_at=time.time(),
                            run_dir=spec.run_dir, log_path=log_path)
         record = {"handle": handle.model_dump(), "spec": spec.model_dump(), "script": str(script),
