@@ -50,7 +50,11 @@ def torchrun_argv(python: str, nproc_per_node: int, program: list[str], *, nnode
                   rdzv_endpoint: str | None = None, rdzv_id: str | None = None) -> list[str]:
     """The one torchrun command line trainops launches, whichever scheduler runs it: standalone on one
     node, c10d rendezvous at `rdzv_endpoint` (host:port of the first node) across nodes. `nnodes`
-    may be a shell variable such as "$SLURM_NNODES" for a batch script to expand."""
+    may be a shell variable such as "$SLURM_NNODES" for a batch script to expand. A trainer run on
+    one node whose config asks for `resilience.in_process_restart` gets trainops' supervisor in
+    torchrun's place (`in_process_argv`)."""
+    if (supervised := in_process_argv(python, nproc_per_node, program, nnodes)) is not None:
+        return supervised
     argv = [python, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--nproc-per-node", str(nproc_per_node)]
     if rdzv_endpoint is None:
         if str(nnodes) != "1":
@@ -59,6 +63,24 @@ def torchrun_argv(python: str, nproc_per_node: int, program: list[str], *, nnode
     else:
         argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv_endpoint, "--rdzv-id", rdzv_id or "trainops"]
     return argv + list(program)
+
+
+def in_process_argv(python: str, nproc_per_node: int, program: list[str], nnodes: int | str) -> list[str] | None:
+    """The supervisor's command line (trainops.trainer.supervisor: ranks plus warm spares that
+    survive a lost rank) where it applies: the embedded trainer, on one node, with 2 or more ranks,
+    and `resilience.in_process_restart` on in its run's config. None elsewhere (torchrun)."""
+    if str(nnodes) != "1" or nproc_per_node < 2 or program[:3] != ["-m", "trainops.trainer.train", "--run-dir"]:
+        return None
+    run_dir = Path(program[3])
+    try:
+        resilience = load_config(RunFiles(run_dir).config).resilience
+    except ConfigError:
+        return None
+    if not resilience.in_process_restart:
+        return None
+    return [python, "-m", "trainops.trainer.supervisor", "--nproc-per-node", str(nproc_per_node),
+            "--warm-spares", str(resilience.warm_spares),
+            "--collective-timeout-s", f"{resilience.collective_timeout_s:g}", "--run-dir", str(run_dir), "--", *program]
 
 
 def trainer_program(run_dir: str | Path) -> list[str]:

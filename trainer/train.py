@@ -10,6 +10,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -242,7 +243,11 @@ def _node_ranks(device: torch.device) -> int | None:
     return int(local) if device.type == "cuda" and local.isdigit() else None
 
 
-def train(cfg: JobConfig, run_dir: Path, rank: int, world_size: int, device: torch.device) -> None:
+def train(cfg: JobConfig, run_dir: Path, rank: int, world_size: int, device: torch.device,
+          progress: Callable[[str, int], None] | None = None) -> None:
+    """Train from the newest verified checkpoint to `training.steps`. `progress(event, step)` hears
+    "loaded" (the step resumed from) and "first_step" (the first step done): the in-process
+    supervisor times a recovery's load and first step by them."""
     layout = validate_layout(cfg, world_size, gpus_per_node=_node_ranks(device))
     training = cfg.training
     torch.manual_seed(training.seed)
@@ -267,6 +272,8 @@ def train(cfg: JobConfig, run_dir: Path, rank: int, world_size: int, device: tor
     checkpointer = Checkpointer(cfg.checkpoint, run_dir, rank, replica_groups(layout, cfg.parallel.data_parallel))
     app = AppState(model, optimizer, scheduler, loader)
     start_step = checkpointer.load_latest(app) or 0
+    if progress is not None:
+        progress("loaded", start_step)
     faults = FaultInjector(cfg.faults, rank, run_dir)
     peak_tflops, peak_source = device_peak_tflops(device, training.precision)
     logger = MetricsLogger(cfg.metrics, run_dir, rank, run_id=run_dir.name, total_steps=training.steps,
@@ -308,6 +315,8 @@ def train(cfg: JobConfig, run_dir: Path, rank: int, world_size: int, device: tor
             raise NonFiniteLoss(f"loss is {loss_value} at step {step}: stopping before the weights "
                                 "are corrupted further; resume from the last good checkpoint")
         checkpointer.maybe_save(step, app, last_step=step == training.steps)
+        if progress is not None and step == start_step + 1:
+            progress("first_step", step)
     checkpointer.close()
     faults.on_train_end(checkpointer.folder)
 
@@ -333,6 +342,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", required=True, help="run folder holding config.toml")
     run_dir = Path(parser.parse_args(argv).run_dir)
     cfg = load_config(RunFiles(run_dir).config)
+    if os.environ.get("TRAINOPS_INPROCESS_STORE"):  # started by trainops.trainer.supervisor
+        from trainops.trainer.inprocess import serve
+
+        return serve(run_dir)
     rank, world_size, device = init_distributed()
     RunFiles(run_dir).logs_dir.mkdir(parents=True, exist_ok=True)
     log_file = open(RunFiles(run_dir).rank_log(rank), "a", buffering=1)

@@ -75,6 +75,10 @@ class RunFiles:
     def recoveries(self) -> Path:
         return self.root / "recoveries.jsonl"
 
+    @property
+    def workers(self) -> Path:
+        return self.root / "workers.jsonl"
+
 
 MAX_LINE_BYTES = 1 << 20  # a metrics or journal line is a few hundred bytes; a longer one is garbage
 MAX_RECORD_BYTES = 1 << 20  # a heartbeat or status file, rewritten whole
@@ -288,6 +292,7 @@ class LoadEntry(BaseModel):
     path: str
     time: float = 0.0
     verified: bool = Field(False, description="Checked against its COMMIT.json as it was loaded.")
+    load_s: float | None = Field(None, description="Seconds the load took (slowest rank); `time` is its end.")
 
 
 JournalEntry = Annotated[SaveEntry | FallbackEntry | LoadEntry, Field(discriminator="event")]

@@ -1,0 +1,135 @@
+"""A worker of an in-process-restart job (the rank side of trainops.trainer.supervisor).
+
+Every worker imports torch and the trainer once, then waits in the supervisor's TCPStore for an
+assignment: a rank, the world size and a group generation. A warm spare is a worker that has no
+assignment yet. When a collective fails (a peer died, or a bounded gloo timeout of
+`resilience.collective_timeout_s` ran out on a hung one), the worker leaves it: it destroys the
+process group, drops the model, tells the supervisor, and waits for the next assignment in the
+same process, with its modules and imports kept. Each generation's group lives under its own
+store prefix, so nothing of a broken group is reused.
+
+Store keys (all under the supervisor's store): `ready/W` (worker W is imported: pid, time),
+`assign/W/K` (W's K-th assignment, or "stop"), `joined/G/R`, `loaded/G`, `first_step/G`
+(the timeline of generation G), `failed/G/R` (rank R left generation G's group, and why),
+`done/G/R` (rank R finished training).
+"""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from trainops.run_folder import RunFiles
+from trainops.trainer.config import load_config
+from trainops.trainer.metrics import note_exit
+
+STORE_ENV = "TRAINOPS_INPROCESS_STORE"
+WORKER_ENV = "TRAINOPS_INPROCESS_WORKER"
+STOP = "stop"
+POLL_S = 0.05
+
+
+def store_from_env() -> dist.TCPStore:
+    host, _, port = os.environ[STORE_ENV].rpartition(":")
+    return dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=30))
+
+
+def await_key(store: dist.TCPStore, key: str) -> str | None:
+    """The value of `key` once the supervisor sets it; None when the store is gone (the supervisor
+    died: this worker must not outlive it)."""
+    while True:
+        try:
+            if store.check([key]):
+                return store.get(key).decode()
+        except (RuntimeError, dist.DistError):
+            return None
+        if os.getppid() == 1:  # orphaned: the supervisor is gone
+            return None
+        time.sleep(POLL_S)
+
+
+class _Tee:
+    def __init__(self, stream, log_file):
+        self.stream, self.log_file = stream, log_file
+
+    def write(self, text: str) -> int:
+        self.log_file.write(text)
+        self.log_file.flush()
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+        self.log_file.flush()
+
+
+def serve(run_dir: Path) -> int:
+    """Wait for assignments and train each one; 0 when training finished or the supervisor said
+    stop, 1 when the supervisor is gone or the run failed in a way a restart cannot mend."""
+    from trainops.trainer.train import NonFiniteLoss, note_termination, train
+
+    worker = int(os.environ[WORKER_ENV])
+    store = store_from_env()
+    store.set(f"ready/{worker}", json.dumps({"pid": os.getpid(), "time": time.time()}))
+    streams = sys.stdout, sys.stderr
+    for count in range(1 << 20):
+        raw = await_key(store, f"assign/{worker}/{count}")
+        if raw is None:
+            return 1
+        if raw == STOP:
+            return 0
+        job = json.loads(raw)
+        rank, world, generation, timeout_s = job["rank"], job["world_size"], job["generation"], job["timeout_s"]
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+                          GROUP_RANK="0", TORCHELASTIC_RESTART_COUNT=str(generation))
+        log_file = open(RunFiles(run_dir).rank_log(rank), "a", buffering=1)
+        sys.stdout, sys.stderr = _Tee(streams[0], log_file), _Tee(streams[1], log_file)
+        note_termination(run_dir, rank)
+        try:
+            outcome, detail = _train_generation(store, run_dir, rank, world, generation, timeout_s, train)
+        except NonFiniteLoss as error:  # the weights diverged: a restart would only repeat it
+            print(f"rank {rank} failed: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+            note_exit(run_dir, rank, f"{type(error).__name__}: {error}")
+            return 1
+        finally:
+            sys.stdout, sys.stderr = streams
+            log_file.close()
+        store.set(f"{outcome}/{generation}/{rank}", detail)
+        if outcome == "done":
+            return 0
+    return 1
+
+
+def _train_generation(store, run_dir: Path, rank: int, world: int, generation: int, timeout_s: float,
+                      train) -> tuple[str, str]:
+    """Join generation `generation`'s group as `rank` and train: ("done", "") or ("failed", why).
+    Whatever happens, the group is destroyed and the model released before it returns."""
+    device = torch.device("cpu")
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"gen{generation}/", store), rank=rank,
+                            world_size=world, timeout=timedelta(seconds=timeout_s))
+    store.set(f"joined/{generation}/{rank}", str(time.time()))
+
+    def progress(event: str, step: int) -> None:
+        if rank == 0:
+            store.set(f"{event}/{generation}", json.dumps({"time": time.time(), "step": step}))
+
+    try:
+        train(load_config(RunFiles(run_dir).config), run_dir, rank, world, device, progress)
+        return "done", ""
+    except Exception as error:  # a broken collective: leave it, keep the process
+        from trainops.trainer.train import NonFiniteLoss
+
+        if isinstance(error, NonFiniteLoss):
+            raise
+        why = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"[:500]
+        print(f"rank {rank} left generation {generation}'s group: {why}", file=sys.stderr, flush=True)
+        return "failed", why
+    finally:
+        dist.destroy_process_group()
+        gc.collect()  # the old model, optimizer and shared-memory mappings go with the failed generation
