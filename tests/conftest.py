@@ -104,3 +104,70 @@ def as_operator():
 
     with operator_session():
         yield
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def _accounting_service(tmp_path_factory):
+    """A real Slurm accounting for the session, started only when a test asks: the sandbox's MariaDB +
+    slurmdbd (tools/schedulers/sandbox_accounting.py) on free ports, and a slurmctld that registers
+    the cluster and its TRES (gres/gpu) with slurmdbd, then stops. None where a binary is missing."""
+    import signal
+    import socket
+    import time
+    from types import SimpleNamespace
+
+    from trainops.tools.schedulers import sandbox
+    from trainops.tools.schedulers import sandbox_accounting as accounting
+
+    binaries = (accounting.MARIADBD, accounting.INSTALL_DB, accounting.SLURMDBD, sandbox.SLURMCTLD, sandbox.MUNGED)
+    if os.geteuid() != 0 or not all(Path(binary).exists() for binary in binaries):
+        yield None
+        return
+    folder = tmp_path_factory.mktemp("accounting")
+    (folder / "state").mkdir()
+    (folder / "log").mkdir()
+    spec = SimpleNamespace(prefix="tacct", net="127.0.0", dbd_port=_free_port(), mariadb_port=_free_port())
+    state = SimpleNamespace(spec=spec, folder=str(folder), conf=folder / "slurm.conf", mariadb_pid=None,
+                            slurmdbd_pid=None)
+    state.conf.write_text("\n".join([
+        f"ClusterName={accounting.cluster_name(spec)}", f"SlurmctldHost={socket.gethostname().split('.')[0]}",
+        f"SlurmctldPort={_free_port()}", "SlurmUser=root", "AuthType=auth/munge",
+        f"StateSaveLocation={folder / 'state'}", f"SlurmctldPidFile={folder / 'state' / 'slurmctld.pid'}",
+        f"SlurmctldLogFile={folder / 'log' / 'slurmctld.log'}", *accounting.conf_lines(spec),
+        "NodeName=tacct1 NodeAddr=127.0.0.1 CPUs=1 State=FUTURE", "PartitionName=p Nodes=tacct1",
+    ]) + "\n")
+    env = {**os.environ, "SLURM_CONF": str(state.conf)}
+    munged = sandbox._start_munge()
+    ctld_pid = folder / "state" / "slurmctld.pid"
+    try:
+        accounting.start_accounting(state, env, sandbox.wait_until, lambda _state: None)
+        subprocess.run([sandbox.SLURMCTLD, "-f", str(state.conf)], check=True, timeout=30)
+        sandbox.wait_until(30, "slurmctld to register the cluster's TRES", lambda: "gres|gpu" in subprocess.run(
+            ["sacctmgr", "-n", "-p", "show", "tres", "format=type,name"], capture_output=True, text=True,
+            env=env, timeout=15).stdout)
+        yield state
+    finally:
+        if ctld_pid.is_file():
+            os.kill(int(ctld_pid.read_text()), signal.SIGTERM)
+            time.sleep(0.5)
+        accounting.stop_accounting(state)
+        if munged:
+            os.kill(munged, signal.SIGTERM)
+
+
+@pytest.fixture
+def slurm_accounting(_accounting_service, require_service, monkeypatch):
+    """Real Slurm accounting (MariaDB + slurmdbd) for the tools that set quotas; SLURM_CONF points at it.
+    Tenants made by one test stay for the session's next ones (use a tenant of the test's own)."""
+    require_service(_accounting_service is not None,
+                    "Slurm accounting needs root and Debian's mariadb-server, slurmdbd, slurm-wlm and munge")
+    monkeypatch.setenv("SLURM_CONF", str(_accounting_service.conf))
+    return _accounting_service

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from trainops.tools.base import ToolError, tool
+from trainops.tools.base import ToolError, active_call, tool
 from trainops.tools.tenancy import TenantId, _check_tenant_id
 
 TOOL = "set_tenant_quota"
@@ -118,9 +118,15 @@ def current_state(target: str) -> dict[str, Any]:
     }
 
 
+def known_tres() -> set[str]:
+    """The TRES this cluster's accounting counts (gres/gpu only with AccountingStorageTRES=gres/gpu)."""
+    return {f"{row[0]}/{row[1]}" if row[1] else row[0] for row in _rows(["show", "tres", "format=type,name"])}
+
+
 def _qos_settings(grp_tres: dict[str, int], grp_jobs: int | None, priority: int | None) -> list[str]:
-    """`set` arguments giving the QOS exactly these limits (-1 clears one)."""
-    tres = {name: grp_tres.get(name, -1) for name in (*LIMITED_TRES, *grp_tres)}
+    """`set` arguments giving the QOS exactly these limits (-1 clears one the cluster counts)."""
+    counted = known_tres()
+    tres = {name: grp_tres.get(name, -1) for name in (*(t for t in LIMITED_TRES if t in counted), *grp_tres)}
     return [f"GrpTRES={','.join(f'{name}={value}' for name, value in tres.items())}",
             f"GrpJobs={-1 if grp_jobs is None else grp_jobs}", f"Priority={priority or 0}"]
 
@@ -157,6 +163,9 @@ def _apply(inp: QuotaInput, before: dict[str, Any]) -> None:
     if not before["qos"]:
         _sacctmgr(["-i", "add", "qos", tenant])
     tres = {key: value for key, value in (("cpu", inp.cpus), ("gres/gpu", inp.gpus)) if value is not None}
+    if "gres/gpu" in tres and "gres/gpu" not in known_tres():
+        raise ToolError(TOOL, "this cluster's accounting does not count GPUs: add AccountingStorageTRES=gres/gpu "
+                              "(and GresTypes=gpu) to slurm.conf and restart slurmctld, or give the quota as cpus")
     _sacctmgr(["-i", "modify", "qos", "where", f"name={tenant}", "set",
                *_qos_settings(tres, inp.max_jobs, QOS_PRIORITY[inp.priority])])
     if not before["account"]:
@@ -166,14 +175,6 @@ def _apply(inp: QuotaInput, before: dict[str, Any]) -> None:
                *_account_settings([tenant], tenant)])
     if user not in before["users"]:
         _sacctmgr(["-i", "add", "user", user, f"account={tenant}", f"cluster={name}"])
-
-
-def run_restore(commands: list[list[str]]) -> None:
-    """Run restore commands (sacctmgr argv only) in order."""
-    for argv in commands:
-        if argv[:1] != ["sacctmgr"]:
-            raise ToolError(TOOL, f"restore command {argv!r} is not a sacctmgr command; refusing to run it")
-        _sacctmgr(argv[1:])
 
 
 @tool(TOOL, risk="mutate", approval_required=True, tags=("tenant-governance", "change-window"))
@@ -189,9 +190,10 @@ def set_tenant_quota(inp: QuotaInput) -> QuotaOutput:
     _apply(inp, before)
     after = current_state(inp.tenant)
     rollback = restore_commands(inp.tenant, before)
+    running = active_call()
     record = ChangeRecord(id=new_change_id(), kind="tenant_quota", target=inp.tenant, previous=before,
                           applied=after, rollback_commands=rollback, evidence={"reason": inp.reason},
-                          time=time.time())
+                          approved_call=running.approved_call if running else None, time=time.time())
     save_change(record)
     return QuotaOutput(tenant=inp.tenant, change_id=record.id, previous=before, current=after,
                        rollback_commands=rollback)
