@@ -33,6 +33,7 @@ from trainops.tools.schedulers import sandbox_accounting as accounting
 from trainops.tools.schedulers.sandbox_metrics import prometheus_url, start_prometheus, stop_prometheus
 
 NODE_IF = "tos0"
+SHADOW_PARTITION = "shadow"
 SLURMCTLD, SLURMD, MUNGED = "/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged"
 
 
@@ -55,6 +56,9 @@ class SandboxSpec(BaseModel):
     prometheus_port: int = Field(0, ge=0, le=65535,
                                  description="start a Prometheus on 127.0.0.1:PORT scraping every node's trainer "
                                              "exporters (jobs set metrics.prometheus_port_base=17900); 0: none")
+    shadow_nodes: int = Field(1, ge=0, le=8,
+                              description="extra nodes n(N+1).. forming the 'shadow' partition where scheduler "
+                                          "policy changes are replayed first (change_scheduler_policy); 0: none")
 
     @field_validator("prefix")
     @classmethod
@@ -73,6 +77,11 @@ class SandboxSpec(BaseModel):
         if not network.is_private:
             raise ValueError(f"net {value}.0/24 is not a private range; use one such as 10.251.7")
         return value
+
+    @property
+    def all_nodes(self) -> range:
+        """Every node's number: the `nodes` of the sandbox partition, then the shadow partition's."""
+        return range(1, self.nodes + self.shadow_nodes + 1)
 
     def ns(self, node: int) -> str:
         return f"{self.prefix}-n{node}"
@@ -219,17 +228,20 @@ def _conf_text(spec: SandboxSpec, folder: Path) -> str:
         f"SlurmctldLogFile={logs}/slurmctld.log", f"SlurmdLogFile={logs}/slurmd-%n.log",
         "SlurmctldDebug=info", "SlurmdDebug=info", *accounting.conf_lines(spec),
     ]
-    for k in range(1, spec.nodes + 1):
+    for k in spec.all_nodes:
         lines.append(f"NodeName=n{k} NodeAddr={spec.address(k)} CPUs={spec.cpus_per_node} Sockets=1 "
                      f"CoresPerSocket={spec.cpus_per_node} ThreadsPerCore=1 RealMemory={spec.memory_mib} State=UNKNOWN")
     lines.append(f"PartitionName=sandbox Nodes=n[1-{spec.nodes}] Default=YES MaxTime=INFINITE State=UP")
+    if spec.shadow_nodes:
+        lines.append(f"PartitionName={SHADOW_PARTITION} Nodes=n[{spec.nodes + 1}-{spec.nodes + spec.shadow_nodes}] "
+                     "Default=NO MaxTime=INFINITE State=UP")
     return "# written by trainops sandbox up\n" + "\n".join(lines) + "\n"
 
 
 def _hosts_text(spec: SandboxSpec) -> str:
     rows = ["127.0.0.1 localhost", f"{spec.net}.1 {spec.prefix}host",
             f"{spec.net}.2 {spec.prefix}ctl {socket.gethostname().split('.')[0]}"]
-    rows += [f"{spec.address(k)} n{k}" for k in range(1, spec.nodes + 1)]
+    rows += [f"{spec.address(k)} n{k}" for k in spec.all_nodes]
     return "\n".join(rows) + "\n"
 
 
@@ -300,7 +312,7 @@ def up(spec: SandboxSpec) -> SandboxState:
         run_or_raise(["ip", "addr", "add", f"{spec.net}.1/24", "dev", spec.bridge])
         run_or_raise(["ip", "link", "set", spec.bridge, "up"])
         _add_namespace(state, spec.ctl_ns, spec.host_link("c"), f"{spec.net}.2")
-        for k in range(1, spec.nodes + 1):
+        for k in spec.all_nodes:
             _add_namespace(state, spec.ns(k), spec.host_link(k), spec.address(k))
             _save(state)
         state.conf.write_text(_conf_text(spec, folder))
@@ -312,9 +324,9 @@ def up(spec: SandboxSpec) -> SandboxState:
         run_or_raise(in_namespace(spec.ctl_ns, [SLURMCTLD, "-f", str(state.conf)]))
         wait_until(30, "slurmctld to answer `scontrol ping`", lambda: "UP" in subprocess.run(
             ["scontrol", "ping"], capture_output=True, text=True, timeout=15, env=slurm_env(state)).stdout)
-        for k in range(1, spec.nodes + 1):
+        for k in spec.all_nodes:
             start_slurmd(state, k)
-        wait_until(60, f"all {spec.nodes} nodes idle (see {folder}/log)", lambda: _all_idle(state))
+        wait_until(60, f"all {len(spec.all_nodes)} nodes idle (see {folder}/log)", lambda: _all_idle(state))
         if spec.prometheus_port:
             state.prometheus_pid = start_prometheus(state, wait_until)
     except Exception:
@@ -328,7 +340,7 @@ def up(spec: SandboxSpec) -> SandboxState:
 
 def _all_idle(state: SandboxState) -> bool:
     states = node_states(state)
-    return len(states) == state.spec.nodes and all(s == "idle" for s in states.values())
+    return len(states) == len(state.spec.all_nodes) and all(s == "idle" for s in states.values())
 
 
 def namespace_pids(ns: str) -> list[int]:
@@ -393,7 +405,7 @@ def status(prefix: str = DEFAULT_PREFIX) -> dict:
         return {"up": False}
     return {"up": True, "nodes": node_states(state), "slurm_conf": str(state.conf),
             "namespaces": state.namespaces, "bring_up_s": state.bring_up_s,
-            "addresses": {f"n{k}": state.spec.address(k) for k in range(1, state.spec.nodes + 1)},
+            "addresses": {f"n{k}": state.spec.address(k) for k in state.spec.all_nodes},
             "prometheus": prometheus_url(state.spec) if state.prometheus_pid else None,
             "accounting": accounting.accounting_status(state, slurm_env(state))}
 
