@@ -22,6 +22,7 @@ from trainops.tools.base import ToolError, ToolSpec
 def _tool_functions() -> tuple[Callable, ...]:
     """Every tool trainops.tools declares. Modules load here, on first use, not at import."""
     from trainops.tools import (
+        changes,
         checkpoints,
         detection,
         env_probes,
@@ -32,6 +33,7 @@ def _tool_functions() -> tuple[Callable, ...]:
         planning,
         quarantine,
         quotas,
+        scheduler_policy,
         tenancy,
         watch,
     )
@@ -64,7 +66,8 @@ def _tool_functions() -> tuple[Callable, ...]:
         checkpoints.measure_checkpoint_io,
         quarantine.quarantine_checkpoints,
         quotas.set_tenant_quota,
-        tenancy.change_scheduler_policy,
+        scheduler_policy.change_scheduler_policy,
+        changes.rollback_change,
         tenancy.upgrade_framework,
         checks.framework_knobs,
         checks.check_framework_job,

@@ -2,9 +2,8 @@
 checkpoints.
 
 State lives under `$TRAINOPS_HOME/tenants/TENANT/` (framework.json, data/,
-checkpoints/, runs/) and `$TRAINOPS_HOME/scheduler/policies/`. The gate refuses the forbidden
-forms (a global scheduler policy change, a forced cross-version framework upgrade) before any
-token is looked at. `check_job_paths` is where a job's folders are confined before it launches
+checkpoints/, runs/). The gate refuses the forbidden form (a forced cross-version framework
+upgrade) before any token is looked at. `check_job_paths` is where a job's folders are confined before it launches
 (or relaunches): the trainer takes its checkpoint folder and data file from its config, so the
 tool layer checks them first.
 """
@@ -13,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Callable, Iterator, Literal
 
@@ -21,7 +19,6 @@ from pydantic import AfterValidator, BaseModel, Field, field_validator
 
 from trainops.run_folder import RunFiles
 from trainops.tools.base import InputCheck, tool
-from trainops.tools.governance.claims import SchedulerChange
 from trainops.tools.schedulers.base import JobSpec
 
 if TYPE_CHECKING:
@@ -173,54 +170,6 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     if not isinstance(data, dict):
         raise ValueError(f"{path} holds {type(data).__name__}, not a JSON object; restore it or remove it")
     return data
-
-
-class PolicyInput(BaseModel):
-    scope: Literal["global", "partition", "tenant"] = Field(description="What the policy applies to; 'global' is "
-                                                                        "forbidden.")
-    target: str = Field("", description="Partition or tenant name (empty for global).")
-    settings: dict[str, str | int | float | bool] = Field(description="Policy settings, e.g. {'preempt': 'requeue'}.")
-    change: SchedulerChange = Field(description="Impact, shadow-queue result and rollback command (R-SCH-1).")
-
-    @field_validator("target")
-    @classmethod
-    def _target_is_id(cls, value: str) -> str:
-        if value and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", value):
-            raise ValueError(f"target={value!r} is not a valid partition/tenant name: use letters, digits, '_', '.', "
-                             "'-'")
-        return value
-
-
-class PolicyOutput(BaseModel):
-    policy_file: str
-    previous: dict[str, Any] | None
-    rollback_command: str
-
-
-def _no_global_policy(inp: PolicyInput) -> str | None:
-    if inp.scope == "global":
-        return ("scope='global' is on the forbidden list: a global scheduler policy change is outside this agent's "
-                "remit; scope it to one partition or tenant, or hand it to the scheduler owners")
-    return None
-
-
-def _needs_target(inp: PolicyInput) -> str | None:
-    return None if inp.target else f"target is empty for scope={inp.scope!r}: name the partition or tenant"
-
-
-@tool("change_scheduler_policy", risk="mutate", approval_required=True, tags=("tenant-governance",),
-      checks=(InputCheck("R-SEC-2", _no_global_policy, kind="forbidden"), InputCheck("R-SCH-1", _needs_target)))
-def change_scheduler_policy(inp: PolicyInput) -> PolicyOutput:
-    """Change a partition's or tenant's scheduler policy. Carries its impact, a passed
-    shadow-queue result and a rollback command (R-SCH-1); global changes are forbidden
-    (R-SEC-2); needs a human approval token."""
-    from trainops.workspace import home
-
-    path = home() / "scheduler" / "policies" / f"{inp.scope}-{inp.target}.json"
-    previous = _read_json(path)
-    _write_json(path, {"settings": inp.settings, "change": inp.change.model_dump(), "time": time.time(),
-                       "previous": previous})
-    return PolicyOutput(policy_file=str(path), previous=previous, rollback_command=inp.change.rollback_command)
 
 
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")

@@ -111,9 +111,8 @@ def test_rejecting_a_token_gated_call_rejects_it_in_the_governance_queue(scripte
 
 
 def test_a_call_the_gate_forbids_is_refused_without_asking_a_human(scripted_openai, openai_settings):
-    change = {"impact": "all queues", "shadow_queue_result": "ok", "rollback_command": "x"}
-    scripted_openai.script = [tool_call("change_scheduler_policy", {"scope": "global", "settings": {"preempt": "off"},
-                                                                    "change": change}), text("Refused.")]
+    policy = {"scope": "global", "settings": {"PreemptMode": "OFF"}, "change": {"impact": "all queues"}}
+    scripted_openai.script = [tool_call("change_scheduler_policy", policy), text("Refused.")]
     with AgentSession("forbid", openai_settings) as session:
         events = list(session.ask("turn preemption off everywhere"))
     assert [e["kind"] for e in events] == ["tool_call", "tool_result", "answer"]

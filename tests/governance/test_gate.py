@@ -15,10 +15,8 @@ from trainops.tools.governance.gate import GateRefused, before_call
 from trainops.tools.tenancy import check_tenant_path, tenant_path
 
 QUOTA = {"tenant": "acme", "gpus": 16, "priority": "high", "reason": "launch week"}
-POLICY = {"scope": "partition", "target": "gpu-a", "settings": {"preempt": "requeue"},
-          "change": {"impact": "partition gpu-a: tenants acme, globex",
-                     "shadow_queue_result": "p95 wait -12% over 7 days",
-                     "shadow_queue_passed": True, "rollback_command": "trainops tool call change_scheduler_policy ..."}}
+POLICY = {"scope": "partition", "target": "gpu-a", "settings": {"PreemptMode": "REQUEUE"},
+          "change": {"impact": "partition gpu-a: tenants acme, globex"}}
 UPGRADE = {"tenant": "acme", "framework": "torch", "from_version": "2.12.0", "to_version": "2.13.0"}
 
 
@@ -131,15 +129,16 @@ def test_unforced_upgrade_skipping_minor_versions_is_refused():
 @pytest.mark.rule("R-SEC-2", case="compliant")
 def test_partition_policy_change_and_one_step_upgrade_are_allowed_with_two_approvers(approvers):
     policy_token = _token("change_scheduler_policy", POLICY, approvers.alice, approvers.bob)
-    out = _call("change_scheduler_policy", POLICY, policy_token)
-    assert out.rollback_command.startswith("trainops tool call")
+    with pytest.raises(ToolError) as passed_gate:  # past the gate, the tool reads the partition from Slurm
+        _call("change_scheduler_policy", POLICY, policy_token)
+    assert not isinstance(passed_gate.value, GateRefused) and passed_gate.value.tool == "change_scheduler_policy"
     up = _call("upgrade_framework", UPGRADE, _token("upgrade_framework", UPGRADE, approvers.bob, approvers.alice))
     assert up.pinned_version == "2.13.0"
 
 
-def test_scheduler_change_without_rollback_is_refused_before_the_gate():
-    bad = {**POLICY, "change": {**POLICY["change"], "rollback_command": ""}}
-    with pytest.raises(ToolError, match="R-SCH-1: SchedulerChange lacks rollback_command"):
+def test_scheduler_change_without_impact_is_refused_before_the_gate():
+    bad = {**POLICY, "change": {"impact": ""}}
+    with pytest.raises(ToolError, match="R-SCH-1: SchedulerChange lacks impact"):
         _call("change_scheduler_policy", bad)
 
 

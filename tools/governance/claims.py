@@ -220,21 +220,15 @@ class RangeStatement(BaseModel):
 
 
 class SchedulerChange(BaseModel):
-    """What every scheduler policy change carries (R-SCH-1)."""
+    """What the caller of a scheduler policy change states (R-SCH-1): its impact. The shadow-queue
+    result and the rollback commands are never the caller's: change_scheduler_policy replays the
+    change and generates them itself (tools/scheduler_policy.py)."""
 
     impact: str | None = Field(None, description="Who and what the change affects (partitions, tenants, jobs).")
-    shadow_queue_result: str | None = Field(None, description="What the shadow-queue replay showed.")
-    shadow_queue_passed: bool = Field(False, description="Whether the shadow-queue run met its acceptance bar.")
-    rollback_command: str | None = Field(None, description="The exact command that undoes the change.")
 
     @model_validator(mode="after")
     def _complete(self) -> "SchedulerChange":
-        _require(self, "R-SCH-1", ["impact", "shadow_queue_result", "rollback_command"],
-                 "describe the impact, replay the change in the shadow queue and give the rollback command")
-        if not self.shadow_queue_passed:
-            raise ValueError(rule_message("R-SCH-1", "shadow_queue_passed", False,
-                                          "the shadow-queue validation did not pass",
-                                          "fix the policy until the shadow queue passes before applying it"))
+        _require(self, "R-SCH-1", ["impact"], "describe who and what the change affects")
         return self
 
 

@@ -63,7 +63,7 @@ RULES: dict[str, Rule] = {r.id: r for r in [
          enforcement="trainops.tools.governance.escalation:EscalationReport._all_fired_escalated", where="escalation"),
     Rule(id="R-ESC-4", title="Checkpoint save time near the MTBF moves to two-phase async checkpoints",
          enforcement="trainops.tools.governance.escalation:EscalationReport._all_fired_escalated", where="escalation"),
-    Rule(id="R-SCH-1", title="Scheduler changes carry impact, a passed shadow-queue result and a rollback command",
+    Rule(id="R-SCH-1", title="Scheduler changes carry impact, pass a shadow replay trainops runs and record rollback",
          enforcement=f"{_C}:SchedulerChange._complete", where="tool input"),
     Rule(id="R-SEC-1", title="Tenant quota, priority and policy changes need a human approval",
          enforcement="trainops.tools.governance.gate:before_call", where="action gate"),
