@@ -23,6 +23,13 @@ from trainops.settings import read_toml
 from trainops.skills import sdc
 from trainops.skills.baseline import Progress, command_line, submit
 from trainops.skills.drill_nodes import NodeTarget, RankTarget
+from trainops.skills.drill_recovery import (
+    MeasuredRecovery,
+    RecoveryMarks,
+    in_process_recovery,
+    phases_line,
+    requeue_recovery,
+)
 from trainops.skills.evidence.model import DrillResult, EvidenceRow
 from trainops.skills.request import JobRequest
 from trainops.tools import interruptions
@@ -193,6 +200,7 @@ class _Restart(BaseModel):
     loaded: LoadEntry | None = Field(description="the checkpoint the restart loaded; None: it started from step 0")
     intact: bool
     fell_back: list[int] = Field(description="corrupt checkpoints the restart's checksum check skipped")
+    started_at: float | None = Field(description="the requeued job's start, as the scheduler recorded it")
 
 
 class _Drill:
@@ -203,7 +211,7 @@ class _Drill:
                  target: RankTarget) -> None:
         self.req, self.fault, self.inject_step, self.ctx, self.target = req, fault, inject_step, ctx, target
         self.say = progress or (lambda _msg: None)
-        self.kind, self.interruption = DRILLS[fault], None
+        self.kind, self.interruption, self.ended_at = DRILLS[fault], None, None
         self.rank = min(1, req.nproc * req.nodes - 1)  # not rank 0, where there is another
         self.launch, self.job_id, self.run_dir, self.started = req, "", "", 0.0
 
@@ -212,6 +220,8 @@ class _Drill:
         self.start()
         injected_at, last_step = self.await_fired() if self.fault in LAUNCH_TIME else self.inject()
         detection = self.detect(injected_at)
+        if (recovered := self.await_in_process(injected_at)) is not None:
+            return self.finish_in_process(injected_at, last_step, detection, recovered)
         self.end_job()
         if self.fault in DETECTION_ONLY:
             return _detection_only(self.req, self.fault, self.run_dir, last_step, detection, self.started)
@@ -239,6 +249,49 @@ class _Drill:
         if not status.finished:  # Slurm ends a cancelled job a moment later: its end is observed there
             status = call("wait_job", {"job_id": self.job_id, "scheduler": sched, "timeout_s": 60}, self.ctx)
         self.interruption = interruptions.record_job_end(status, sched)  # the stored record of this end
+        self.ended_at = status.ended_at
+
+    def await_in_process(self, injected_at: float) -> MeasuredRecovery | None:
+        """With in-process restart on, the job recovers itself: wait for the trainer's recovery
+        record (RUN/recoveries.jsonl) instead of cancelling. None: it is off, or the job ended or
+        stayed stuck without one (no spare, a lost node), so the requeue takes over."""
+        resilience = read_toml(RunFiles(self.run_dir).config).get("resilience", {})
+        if not resilience.get("in_process_restart"):
+            return None
+        patience = min(self.req.timeout_s, 2 * float(resilience.get("collective_timeout_s", 60.0)) + 30)
+        self.say(f"drill {self.fault}: in-process restart is on; waiting for the job to recover itself")
+        deadline = time.time() + patience
+        while time.time() < deadline:
+            if (found := in_process_recovery(self.run_dir, injected_at)) is not None:
+                return found
+            if self.job.ended() is not None:
+                return in_process_recovery(self.run_dir, injected_at)
+            time.sleep(0.05)
+        return None
+
+    def finish_in_process(self, injected_at: float, last_step: int, detection,
+                          recovered: MeasuredRecovery) -> tuple[DrillResult, EvidenceRow]:
+        """The job recovered in its own processes: nothing was cancelled or requeued. The drill checks
+        that training went on past the step it resumed from, and that the job then completed."""
+        run_dir, sched = self.run_dir, self.req.scheduler
+        resumed = recovered.resumed_step or 0
+        _wait_for(lambda: any(m.rank == 0 and m.step > resumed and m.time >= recovered.first_step_at
+                              for m in read_metrics(run_dir)),
+                  self.req.timeout_s, f"a step past {resumed} after the in-process restart in {run_dir}", self.job)
+        status = call("wait_job", {"job_id": self.job_id, "scheduler": sched, "timeout_s": self.req.timeout_s},
+                      self.ctx)
+        detector = detection.mechanism + false_positives(detection) + self.target.repair(injected_at, self.ctx)
+        if status.state != "completed":
+            raise ToolError("drill", f"drill {self.fault}: the job recovered in process but then ended "
+                                     f"{status.state}; read {run_dir}/logs")
+        loaded = next((load for load in read_journal(run_dir).loads if load.time > injected_at), None)
+        restart = _Restart(job_id=self.job_id, drained=None, quarantined=[], started_at=None,
+                           isolated_at=detection.detected_at + (recovered.phases_s.get("abort") or 0.0),
+                           first_step_at=recovered.first_step_at, loaded=loaded,
+                           intact=verify_restored(run_dir, loaded, self.ctx) if recovered.checkpoint else False,
+                           fell_back=[e.step for e in read_journal(run_dir).fallbacks if e.time > injected_at])
+        detector += f"; recovered in process ({phases_line(recovered)})"
+        return self.finish(injected_at, last_step, detection, restart, detector, recovered)
 
     def start(self) -> None:
         """Launch the job; a launch-time fault goes in with its overrides, to fire at `inject_step`."""
@@ -310,9 +363,11 @@ class _Drill:
         requeued = call("requeue_job", {"job_id": self.job_id, "scheduler": sched, "spec_sha256": self.spec_sha256},
                         self.ctx).job_id
         first_step_at = _wait_for_restart(run_dir, isolated, requeued, self.req, self.ctx)
+        started_at = call("job_status", {"job_id": requeued, "scheduler": sched}, self.ctx).started_at
         journal = read_journal(run_dir)
         loaded = next((load for load in journal.loads if load.time > isolated), None)
         return _Restart(job_id=requeued, drained=drained, quarantined=quarantined, isolated_at=isolated,
+                        started_at=started_at,
                         first_step_at=first_step_at, loaded=loaded,
                         intact=verify_restored(run_dir, loaded, self.ctx, excluded=set(quarantined)),
                         fell_back=[e.step for e in journal.fallbacks if e.time > isolated])
@@ -329,28 +384,42 @@ class _Drill:
             line += f"; the restart's checksum check skipped corrupt step(s) {restart.fell_back}"
         return line
 
-    def finish(self, injected_at: float, last_step: int, detection, restart: _Restart,
-               detector: str) -> tuple[DrillResult, EvidenceRow]:
-        """The drill's result, written to RUN/drill.json, and its evidence row."""
+    def finish(self, injected_at: float, last_step: int, detection, restart: _Restart, detector: str,
+               recovered: MeasuredRecovery | None = None) -> tuple[DrillResult, EvidenceRow]:
+        """The drill's result, written to RUN/drill.json, and its evidence row; a requeue's path and
+        phases are read back from the records (the marks kept in drill.json say which)."""
         record = RunFiles(self.run_dir).drill_record
         loaded = restart.loaded
         ended = self.complete(detection, restart, injected_at)
+        marks = RecoveryMarks(injected_at=injected_at, detected_at=detection.detected_at, ended_at=self.ended_at,
+                              requeued_at=restart.isolated_at, started_at=restart.started_at)
+        if recovered is None:
+            recovered = requeue_recovery(self.run_dir, marks)
+            detector += f"; {phases_line(recovered)}"
+        from_step = recovered.resumed_step if recovered.resumed_step is not None else (loaded.step if loaded else 0)
+        used = (loaded.path if loaded else f"a peer's memory (step {from_step})" if recovered.path != "requeue"
+                else "none (restarted from step 0)")
+        recovery_s = (recovered.total_s if recovered.total_s is not None
+                      else restart.first_step_at - detection.detected_at)
         result = DrillResult(
             fault=self.fault, run_dir=self.run_dir, injected_at_step=last_step, injected_time=injected_at,
             detected_time=detection.detected_at, isolated_time=restart.isolated_at,
             recovered_time=restart.first_step_at, detection_latency_s=detection.detection_latency_s,
-            isolation_granularity=detection.isolation, recovery_time_s=restart.first_step_at - detection.detected_at,
-            steps_lost=max(0, last_step - (loaded.step if loaded else 0)),
-            checkpoint_used=loaded.path if loaded else "none (restarted from step 0)",
+            isolation_granularity=detection.isolation, recovery_time_s=max(0.0, recovery_s),
+            steps_lost=max(0, last_step - from_step), checkpoint_used=used,
             async_checkpoint_intact=restart.intact, cause=ended.cause if ended else "unclassified",
-            job_id=self.job_id, interruption_id=ended.id if ended else "", detector=detector, drill_record=str(record))
+            job_id=self.job_id, interruption_id=ended.id if ended else "", detector=detector, drill_record=str(record),
+            recovery_path=recovered.path, recovery_phases_s=recovered.phases_s, recovery_unknown=recovered.unknown,
+            recovery_basis=recovered.basis)
         fps = [fp.model_dump() for fp in detection.false_positives]
-        record.write_text(json.dumps({**result.model_dump(), "false_positives": fps, **self.target.record(injected_at)},
+        record.write_text(json.dumps({**result.model_dump(), "false_positives": fps,
+                                      "recovery_marks": marks.model_dump(), **self.target.record(injected_at)},
                                      indent=2) + "\n", encoding="utf-8")
         evidence = EvidenceRow(tool="inject_fault+detect_faults+requeue_job", version=self.req.framework_version,
                                command=command_line(self.launch), log_path=str(record),
                                value=f"{self.fault}: detect {result.detection_latency_s:.2f} s, recover "
-                               f"{result.recovery_time_s:.1f} s, {result.steps_lost} steps lost"
+                               f"{result.recovery_time_s:.1f} s by {result.recovery_path or 'an unknown path'}, "
+                               f"{result.steps_lost} steps lost"
                                + self.target.evidence(str(record)),
                                window_start=self.started, window_end=time.time())
         return result, evidence

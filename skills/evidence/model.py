@@ -186,6 +186,13 @@ class DrillResult(BaseModel):
     interruption_id: str = Field("", description="the interruption record of the drill's job end")
     detector: str = Field(description="which signal caught it: exit code, heartbeat, loss check, step-time outlier")
     drill_record: str = Field(description="the drill's JSON record (RUN/drill.json) these figures come from")
+    recovery_path: Literal["in-process", "spare-admitted", "requeue"] | None = Field(
+        default=None, description="how the job recovered; None: its records do not say")
+    recovery_phases_s: dict[str, float | None] = Field(
+        default_factory=dict, description="seconds per phase of that path, in order (in-process: detect, abort, "
+        "admit, load, first_step; requeue: detect, cancel, submit, queue, start, load, first_step); None: unknown")
+    recovery_unknown: list[str] = Field(default_factory=list, description="phases the records cannot tell, and why")
+    recovery_basis: str = Field(default="", description="the records the path and phases were read from")
 
 
 class FaultToleranceReport(BaseModel):
@@ -200,6 +207,8 @@ class CheckpointPlan(BaseModel):
     save_stall_s: float = Field(description="median training stall per checkpoint, measured in the drill run")
     write_s: float = Field(description="median time for a checkpoint to become durable, measured")
     restart_s: float = Field(description="detection -> training again, measured in the drill")
+    restart_path: str = Field(default="", description="the recovery path that restart time is of")
+    restart_source: str = Field(default="", description="where restart_s was read from")
     mtbf_h: float = Field(gt=0, description="job mean time between failures used, hours")
     mtbf_basis: str = Field(description="where the MTBF comes from (declared by the operator, not measured here)")
     young_interval_min: float
