@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from trainops.commands import agent, bench, governance, reliability, sandbox, sop, tools, train, watch
+from trainops.commands import agent, bench, changes, governance, reliability, sandbox, sop, tools, train, watch
 from trainops.commands import eval as agent_eval
 
 app = typer.Typer(
@@ -50,7 +50,7 @@ def _private_files() -> None:
 
 
 # each a module-level Typer app, merged at the top
-for area in (train, tools, sop, governance, agent, bench, watch, reliability):
+for area in (train, tools, sop, governance, agent, bench, watch, reliability, changes):
     app.add_typer(area.app)
 app.add_typer(sandbox.app, name="sandbox")
 app.add_typer(agent_eval.app, name="eval")
