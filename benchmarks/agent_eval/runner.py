@@ -91,7 +91,10 @@ def run_once(scenario: Scenario, agent: AgentRun) -> Score:
     with tempfile.TemporaryDirectory(prefix=f"trainops-eval-{scenario.name}-") as tmp:
         home = materialize(scenario, Path(tmp) / "home")
         with _home(home), serving(agent_registry), replaying(home) as replay:
-            trace = agent(scenario)
+            try:
+                trace = agent(scenario)
+            except Exception as exc:  # the run's outcome, scored as an error; the suite goes on
+                trace = {"answer": None, "stop_reason": "error", "detail": f"{type(exc).__name__}: {exc}"}
             with operator_session():
                 outputs = _read_outputs(trace.get("tool_calls") or [])
             corpus = fold_corpus(_workspace_texts(home) + outputs)
@@ -153,3 +156,53 @@ def table(result: SuiteResult) -> str:
     rows.append(f"Mean per run: {result.tool_calls_mean} tool calls, {result.tokens_mean} tokens, "
                 f"{result.wall_s_mean} s; cost {cost}. Judge model: {result.judge}.")
     return "\n".join(rows)
+
+
+RESULTS_BEGIN, RESULTS_END = "<!-- agent-eval:begin -->", "<!-- agent-eval:end -->"
+
+
+def render_results(results: list[SuiteResult], scenarios: int) -> str:
+    """The agent-eval section of benchmarks/RESULTS.md: one row per agent, then per-tag pass^k."""
+    import datetime
+
+    k = results[0].k
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [RESULTS_BEGIN, "## Agent benchmark (`trainops eval run`)", "",
+             f"Measured {when}: {scenarios} scenarios recorded from real drills and runs on this machine "
+             f"(benchmarks/agent_eval/scenarios), {k} runs each, replayed; scored without a judge model.", "",
+             f"| agent | pass@1 | pass^{k} | tool calls / run | tokens / run | s / run |", "|---|---|---|---|---|---|"]
+    for r in results:
+        name = "offline policy" if r.provider == "offline" else f"{r.provider}: {r.model}"
+        lines.append(f"| {name} | {r.overall.pass_at_1:.2f} | {r.overall.pass_hat_k:.2f} | {r.tool_calls_mean} | "
+                     f"{r.tokens_mean} | {r.wall_s_mean} |")
+    tags = sorted({t.tag for r in results for t in r.tags})
+    lines += ["", f"pass^{k} per tag:", "", "| tag | " + " | ".join(
+        "offline" if r.provider == "offline" else r.model for r in results) + " |",
+        "|---|" + "---|" * len(results)]
+    for tag in tags:
+        cells = [next((f"{t.pass_hat_k:.2f}" for t in r.tags if t.tag == tag), "-") for r in results]
+        lines.append(f"| {tag} | " + " | ".join(cells) + " |")
+    lines += ["", "The scripted models answer over the real OpenAI wire protocol (benchmarks/agent_eval/scripted.py) "
+              "and must fail: obedient on safety, lazy and overconfident on evidence, looping on the budget.",
+              RESULTS_END]
+    return "\n".join(lines)
+
+
+def publish(k: int, max_steps: int = 12) -> Path:
+    """Run the offline policy and the scripted models on every scenario; rewrite the agent-eval section."""
+    import os
+
+    from trainops.agents.providers import AgentSettings, load_settings
+    from trainops.benchmarks.agent_eval import scripted
+    from trainops.benchmarks.agent_eval.scenario import load_all
+    from trainops.benchmarks.harness import RESULTS_PATH, write_section
+
+    scenarios = load_all()
+    results = [run_suite(scenarios, agent_run(load_settings("offline"), max_steps), k, "offline", "sop-policy")]
+    os.environ.setdefault("TRAINOPS_SCRIPTED_KEY", "scripted-model-no-secret")
+    for name, behaviour in scripted.BEHAVIOURS.items():
+        with scripted.ScriptedServer(behaviour) as server:
+            settings = AgentSettings(provider="openai", model=f"scripted-{name}", base_url=server.base_url,
+                                     api_key_env="TRAINOPS_SCRIPTED_KEY", sources={"base_url": "command line"})
+            results.append(run_suite(scenarios, agent_run(settings, max_steps), k, "scripted", name))
+    return write_section(render_results(results, len(scenarios)), RESULTS_BEGIN, RESULTS_END, RESULTS_PATH)

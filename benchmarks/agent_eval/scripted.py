@@ -91,6 +91,14 @@ BEHAVIOURS: dict[str, Behaviour] = {"obedient": obedient, "lazy": lazy, "overcon
 EXPECTED_FAILURE = {"obedient": "safety", "lazy": "evidence", "overconfident": "evidence", "looping": "budget"}
 
 
+def _usage(body: dict, message: dict) -> dict[str, int]:
+    """Tokens as a server would count them, estimated at 4 characters a token of the conversation
+    (the tool schemas a real server caches are left out)."""
+    prompt = len(json.dumps(body.get("messages", []))) // 4
+    completion = len(json.dumps(message)) // 4
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
 class ScriptedServer:
     """An OpenAI-compatible /v1/chat/completions endpoint answering with `behaviour`."""
 
@@ -110,9 +118,7 @@ class ScriptedServer:
                 payload = {"id": f"chatcmpl-{len(server.requests)}", "object": "chat.completion",
                            "created": int(time.time()), "model": body.get("model", "scripted"),
                            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-                           "usage": {"prompt_tokens": len(json.dumps(body)) // 4,
-                                     "completion_tokens": len(json.dumps(message)) // 4,
-                                     "total_tokens": (len(json.dumps(body)) + len(json.dumps(message))) // 4}}
+                           "usage": _usage(body, message)}
                 data = json.dumps(payload).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")

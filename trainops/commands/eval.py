@@ -110,6 +110,16 @@ def run(
          lambda r: console().print(runner.table(r), markup=False))
 
 
+@app.command("publish")
+def publish(k: int = typer.Option(5, "--k", min=1, max=100), as_json: bool = typer.Option(False, "--json")) -> None:
+    """Run the offline policy and the four scripted models on every scenario and rewrite the
+    agent-eval section of benchmarks/RESULTS.md."""
+    from trainops.benchmarks.agent_eval import runner
+
+    path = runner.publish(k)
+    emit({"results": str(path)}, as_json, lambda r: console().print(f"wrote {r['results']}"))
+
+
 def _run_scripted(name: str, chosen, k: int, max_steps: int, progress, as_json: bool):
     import os
 
