@@ -232,6 +232,26 @@ class EvidenceRow(BaseModel):
     window_end: float = Field(description="unix time the measurement ended")
 
 
+class EmergencyChange(BaseModel):
+    """A policy, quota or upgrade change that landed as an emergency (outside the change windows)."""
+
+    tool: str
+    time: float = Field(description="unix time the change landed (its audit log entry)")
+    target: str = Field(description="what it changed: the tenant, partition or framework, from its input")
+    approvers: list[str] = Field(description="the distinct humans who signed it")
+    input_sha256: str
+
+
+class ChangeWindowsNote(BaseModel):
+    """R-CHG-1 for the reviewer: the change windows in force when the pack was built, and every
+    change that landed as an emergency while the pack's runs ran."""
+
+    summary: str = Field(description="the windows, where they are set, or that none is set")
+    windows: list[str] = Field(default_factory=list)
+    since: float | None = Field(description="unix time the pack's first run began; emergencies from then on")
+    emergency_changes: list[EmergencyChange] = Field(default_factory=list)
+
+
 class EvidencePack(BaseModel):
     """Everything a human needs to approve or reject the SOP's conclusions."""
 
@@ -252,6 +272,8 @@ class EvidencePack(BaseModel):
     mlperf: MlperfComparison | None = Field(default=None, description="S7: same-generation MLPerf Training results")
     layout_plan: LayoutPlan | None = Field(default=None, description="the parallel-strategy plan on the declared "
                                                                      "topology")
+    change_windows: ChangeWindowsNote | None = Field(default=None, description="R-CHG-1: the change windows and the "
+                                                                               "emergency changes during the runs")
 
     @model_validator(mode="after")
     def _consistent(self) -> "EvidencePack":

@@ -11,8 +11,10 @@ from pathlib import Path
 from trainops.skills.evidence.model import (
     AblationRow,
     BaselineSummary,
+    ChangeWindowsNote,
     CheckpointPlan,
     DrillResult,
+    EmergencyChange,
     EvidencePack,
     EvidenceRow,
     FaultToleranceReport,
@@ -67,6 +69,26 @@ def drill_causes(drills: list[DrillResult]) -> dict[str, int]:
     return cause_distribution([r for r in read_interruptions() if r.id in ids])
 
 
+def change_windows_note(runs: list[str]) -> ChangeWindowsNote:
+    """R-CHG-1 in the pack: the windows configured now and each change that landed as an emergency
+    since the first metrics record of the pack's runs (every one in the log when no run can be read)."""
+    from trainops.run_folder import read_metrics
+    from trainops.tools.governance import windows
+    from trainops.workspace import run_folder
+
+    starts = []
+    for run in runs:
+        try:
+            records = read_metrics(run_folder(run, "run"))
+        except (ValueError, OSError):
+            continue
+        starts += [r.time for r in records[:1] if r.time > 0]
+    since = min(starts) if starts else None
+    state = windows.status()
+    return ChangeWindowsNote(summary=state["summary"], windows=state["windows"], since=since,
+                             emergency_changes=[EmergencyChange(**c) for c in windows.emergency_changes(since)])
+
+
 def assemble(pack_id: str, environment: PackEnvironment | None, baseline: BaselineSummary | None,
              ablations: list[AblationRow], drills: list[DrillResult], evidence: list[EvidenceRow],
              rollback: str = "", references: list[str] | None = None,
@@ -83,7 +105,8 @@ def assemble(pack_id: str, environment: PackEnvironment | None, baseline: Baseli
                         environment=environment, baseline=baseline, ablations=ablations,
                         fault_tolerance=report, evidence=evidence, awaiting_human=awaiting, rollback=rollback,
                         references=references or [], checkpoint_plan=checkpoint_plan, mlperf=mlperf,
-                        layout_plan=layout_plan)
+                        layout_plan=layout_plan, change_windows=change_windows_note(
+                            [*(baseline.run_dirs if baseline else []), *(r.source_run for r in ablations)]))
 
 
 def governance_errors(pack: EvidencePack, markdown: str) -> list[str]:

@@ -345,10 +345,27 @@ def _evidence(pack: EvidencePack) -> Section | None:
     return section
 
 
+def _change_windows(pack: EvidencePack) -> Section | None:
+    """R-CHG-1: the change windows, and every change that landed as an emergency during the runs."""
+    note = pack.change_windows
+    if note is None:
+        return None
+    section = Section("chg", "Change windows (R-CHG-1)", paragraphs=[md_text(note.summary)])
+    since = "" if note.since is None else f" since {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(note.since))}"
+    if not note.emergency_changes:
+        section.paragraphs.append(f"No change landed as an emergency{since}.")
+        return section
+    section.paragraphs.append(f"Changes that landed as an emergency (outside the change windows){since}:")
+    section.tables.append(Table(["tool", "landed", "target", "approvers", "input sha256"], [
+        [Cell(c.tool, "code"), Cell(time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(c.time))), Cell(c.target),
+         Cell(", ".join(c.approvers)), Cell(c.input_sha256, "code")] for c in note.emergency_changes], beneath=(4,)))
+    return section
+
+
 def build(pack: EvidencePack, figures: list[Figure] = ()) -> ReportView:
     """The whole report as data; figures go to the section they belong to."""
     sections = [s for s in (_environment(pack), _layout_plan(pack), _baseline(pack), _ablations(pack), _drills(pack),
-                            _evidence(pack), _comparisons(pack)) if s]
+                            _evidence(pack), _comparisons(pack), _change_windows(pack)) if s]
     by_key = {s.key: s for s in sections}
     for figure in figures:
         if figure.section in by_key:

@@ -168,3 +168,45 @@ def test_every_change_tool_carries_the_change_window_tag_and_the_emergency_field
         spec = tool_registry().spec(name)
         assert "change-window" in spec.tags, name
         assert spec.Input.model_fields["emergency"].default is False, name
+
+
+def _pack_over(run, pack_id: str):
+    from tests.skills import conftest as factories
+    from trainops.skills.evidence.pack import assemble
+
+    record = run / "drill.json"
+    record.write_text("{}")
+    drill = factories.drill().model_copy(update={"drill_record": str(record)})
+    return assemble(pack_id, factories.environment(), factories.baseline([str(run)]), [factories.ablation()],
+                    [drill], [])
+
+
+def test_the_pack_shows_the_windows_and_each_emergency_change_during_its_runs(approvers, carol, workspace):
+    from tests.skills import conftest as factories
+    from trainops.skills.evidence.pack import write
+    from trainops.skills.evidence.render import to_markdown
+    from trainops.workspace import runs_dir
+
+    window, _ = _hours_around_now(2, 3)
+    _windows(approvers.config, window)
+    during = factories.write_run(runs_dir() / "during")  # its metrics begin long before the change
+    emergency = {**UPGRADE, "emergency": True}
+    pending = _pending_id(_tool_call(emergency))
+    token = _approve(pending, carol, _approve(pending, approvers.bob, _approve(pending, approvers.alice)["token"])
+                     ["token"])["token"]
+    assert _tool_call(emergency, token).exit_code == 0
+    note = _pack_over(during, "pack-chg").change_windows
+    assert note.windows == [f"mon-sun {window.split(chr(34))[3]} UTC"] and "closed now" in note.summary
+    [change] = note.emergency_changes
+    assert (change.tool, change.target, change.approvers) == ("upgrade_framework", "acme torch 2.13.0",
+                                                             ["alice", "bob", "carol"])
+    markdown = to_markdown(_pack_over(during, "pack-chg"))
+    assert "## Change windows (R-CHG-1)" in markdown and "alice, bob, carol" in markdown
+    later = factories.write_run(runs_dir() / "later")
+    metrics = later / "metrics.jsonl"
+    start = datetime.now(timezone.utc).timestamp() + 60
+    metrics.write_text("".join(json.dumps({**json.loads(line), "time": start + n}) + "\n"
+                               for n, line in enumerate(metrics.read_text().splitlines())))
+    assert _pack_over(later, "pack-later").change_windows.emergency_changes == []  # landed before this run began
+    written = (write(_pack_over(during, "pack-written")) / "report.md").read_text()
+    assert "acme torch 2.13.0" in written and "No change landed" not in written

@@ -102,7 +102,7 @@ def test_each_plot_is_embedded_in_the_section_it_belongs_to(factories, tmp_path)
     html = (_written(factories, tmp_path) / "report.html").read_text()
     sections = {part.split('"', 1)[0]: part for part in html.split('<section id="')[1:]}
     assert {key: part.count("data:image/png;base64,") for key, part in sections.items()} == {
-        "s1": 0, "s2": 1, "s3": 1, "s5": 1}
+        "s1": 0, "s2": 1, "s3": 1, "s5": 1, "chg": 0}
 
 
 def test_text_from_runs_is_escaped_in_the_html(factories, tmp_path):

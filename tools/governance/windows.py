@@ -167,3 +167,26 @@ def refusal(tool: str, emergency: bool, now: datetime | None = None) -> str | No
     return (f"{tool} changes scheduler policy, quota or framework pins and it is outside every change window "
             f"({'; '.join(w.text for w in windows)}, {where}); the next window opens {describe_opening(windows, now)}:"
             " call it again then, or mark it emergency=true, which needs one more distinct approver")
+
+
+def emergency_changes(since: float | None) -> list[dict]:
+    """Every change-window call that landed as an emergency (from `since`, unix time), read from the
+    audit log: its outcome entry (ok, with its input) and the humans the gate recorded as signing it."""
+    from trainops.tools.governance import audit, tokens
+
+    entries = audit.read()
+    signed = {(e.get("tool"), e.get("input_sha256")): e.get("approver") for e in entries
+              if e.get("kind") == "gate" and e.get("decision") == "allowed" and e.get("approver")}
+    changes = []
+    for entry in entries:
+        inp = entry.get("input")
+        if (entry.get("kind") != "tool_call" or entry.get("ok") is not True or not isinstance(inp, dict)
+                or (since is not None and entry.get("time", 0) < since)
+                or not tokens.is_emergency(entry.get("tool", ""), inp)):
+            continue
+        target = " ".join(str(inp[k]) for k in ("tenant", "target", "framework", "to_version") if inp.get(k))
+        approvers = signed.get((entry["tool"], entry.get("input_sha256")))
+        changes.append({"tool": entry["tool"], "time": entry["time"], "target": target,
+                        "approvers": approvers.split(", ") if approvers else [],
+                        "input_sha256": entry.get("input_sha256", "")})
+    return changes
