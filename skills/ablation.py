@@ -84,7 +84,7 @@ def run_arm(req: JobRequest, spec: str, baselines: dict[int, list[RepeatResult]]
             f"±{row.noise_band_pct:.1f}%: {row.verdict}")
         if row.verdict != "gain":
             rows.append(_stopped(knob, value, row, rows, rung, rungs[index - 1] if index else None, rung_req,
-                                 baselines[rung.world], arm, repeats, ctx, progress, env))
+                                 baselines[rung.world], arm, ctx, progress, env))
             return rows, evidence
         rows.append(row)
     if len(rows) >= 2:
@@ -93,11 +93,11 @@ def run_arm(req: JobRequest, spec: str, baselines: dict[int, list[RepeatResult]]
 
 
 def _stopped(knob: Knob, value: str, row: AblationRow, below: list[AblationRow], rung: Rung, previous: Rung | None,
-             rung_req: JobRequest, base: list[RepeatResult], arm: list[RepeatResult], repeats: int,
+             rung_req: JobRequest, base: list[RepeatResult], arm: list[RepeatResult],
              ctx: CallContext | None, progress: Progress | None, env: PackEnvironment) -> AblationRow:
     """The rung where the gain is gone: with no gain below it, nothing was rolled out and the ladder
-    just ends; after a gain, roll back: run the baseline value at this rung, check it matches the
-    baseline within the rung's band, and hand the stop to a human."""
+    just ends; after a gain, roll back: one run of the baseline value at this rung, which must match
+    the baseline's repeats within the rung's band, and the stop handed to a human."""
     say = progress or (lambda _msg: None)
     if not below:
         reason = f"no gain at the first rung ({rung.label}): nothing to roll out, the ladder ends here"
@@ -106,7 +106,7 @@ def _stopped(knob: Knob, value: str, row: AblationRow, below: list[AblationRow],
     hint = rollout.topology_hint(rung, previous, [*base, *arm], env.hardware)
     say(f"ladder {knob.name}={value}: gain gone at {rung.label} ({hint}); reverting to {row.baseline_value} and "
         "verifying")
-    verify = repeat(rung_req, f"verify-{knob.name.replace('_', '-')}-{rung.world}p", repeats, ctx, progress)
+    verify = repeat(rung_req, f"verify-{knob.name.replace('_', '-')}-{rung.world}p", 1, ctx, progress)
     change, band, matches = rollout.verification(knob, value, row.baseline_value, base, verify)
     stop = LadderStop(rung=rung.label, topology_hint=hint, reverted_to=row.baseline_value,
                       reason=f"gain gone at {rung.label}: {row.mfu_change_pct:+.1f}% is inside its noise band of "

@@ -116,6 +116,45 @@ def ablation_bars(pack: EvidencePack) -> Figure | None:
     return Figure("s3", "ablation", caption, _png(plt, fig))
 
 
+def ladder(pack: EvidencePack) -> Figure | None:
+    """MFU change per rung of each arm's rollout ladder, over the grey noise band of that rung; the
+    rung where the gain was gone (and the ladder stopped) is marked."""
+    arms: dict[tuple[str, str], list] = {}
+    for row in pack.ablations:
+        if row.world_size is not None:
+            arms.setdefault((row.knob, row.value), []).append(row)
+    climbed = {arm: rows for arm, rows in arms.items() if len(rows) > 1 or rows[0].stop}
+    if not climbed:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(climbed), figsize=(5.5 * len(climbed), 3.8), squeeze=False)
+    for ax, ((knob, value), rows) in zip(axes[0], climbed.items(), strict=True):
+        positions = list(range(len(rows)))
+        bands = [r.noise_band_pct for r in rows]
+        ax.fill_between(positions, [-b for b in bands], bands, color="#8c959f", alpha=0.25, linewidth=0,
+                        label="noise band at the rung (baseline run-to-run spread)")
+        ax.plot(positions, [r.mfu_change_pct for r in rows], color="#1f2328", linewidth=1.2, zorder=2)
+        ax.scatter(positions, [r.mfu_change_pct for r in rows], color=[VERDICT_COLOURS[r.verdict] for r in rows],
+                   zorder=3, s=40)
+        for x, row in zip(positions, rows, strict=True):
+            ax.annotate(f"{row.mfu_change_pct:+.1f}%" + ("\nstopped, rolled back" if row.stop else ""),
+                        (x, row.mfu_change_pct), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
+            if row.stop:
+                ax.scatter([x], [row.mfu_change_pct], marker="x", color="#cf222e", s=120, zorder=4,
+                           label="gain gone: the ladder stopped here")
+        reach = max(max(abs(r.mfu_change_pct), r.noise_band_pct) for r in rows) or 1.0
+        ax.set_ylim(-reach * 1.4, reach * 1.4)
+        ax.axhline(0, color="black", linewidth=0.8)
+        ax.set_xticks(positions, [r.scale.replace(" x ", " x\n") for r in rows], fontsize=8)
+        ax.set(title=f"{knob}={value} (baseline {rows[0].baseline_value})", xlabel="rung (processes, then nodes)",
+               ylabel="MFU change vs the rung's baseline (%)")
+        ax.legend(fontsize=7, loc="lower left")
+        ax.grid(axis="y", alpha=0.3)
+    caption = ("Look for: where a point falls back into the grey band. That rung is where the gain was gone; the "
+               "ladder stopped there, reverted the setting and verified the baseline at that rung.")
+    return Figure("s3", "ladder", caption, _png(plt, fig))
+
+
 def drill_timeline(pack: EvidencePack) -> Figure | None:
     """Injection -> detection -> isolation -> recovery, one row per drill, each phase labelled."""
     if not pack.fault_tolerance or not pack.fault_tolerance.drills:
@@ -214,5 +253,5 @@ def layout_view(pack: EvidencePack) -> Figure | None:
 
 
 def all_plots(pack: EvidencePack) -> list[Figure]:
-    return [f for f in (curves(pack), rank_heatmap(pack), layout_view(pack), ablation_bars(pack), drill_timeline(pack))
-            if f]
+    return [f for f in (curves(pack), rank_heatmap(pack), layout_view(pack), ablation_bars(pack), ladder(pack),
+                        drill_timeline(pack)) if f]

@@ -214,7 +214,8 @@ def _ablations(pack: EvidencePack) -> Section | None:
         return None
     rows = []
     for r in pack.ablations:
-        verdict = r.verdict + (", vanished at target scale" if r.vanished_at_scale else "")
+        verdict = r.verdict + (", gain gone: ladder stopped and rolled back" if r.stop else
+                               ", vanished at target scale" if r.vanished_at_scale else "")
         rows.append([Cell(r.knob, "code"), Cell(f"{r.value} (baseline {r.baseline_value})", "code"), Cell(r.category),
                      Cell(f"{r.scale} [{r.scale_kind}]"), change_cell(r),
                      _scaling(r),
@@ -225,7 +226,20 @@ def _ablations(pack: EvidencePack) -> Section | None:
         "A change counts only beyond the run-to-run noise band measured at the same scale: "
         "▲ gain, ▼ regression, ≈ within noise."],
         bullets=[f"{code(f'{r.knob}={r.value}')} against the published breakdown: {md_text(r.reference)}"
-                 for r in pack.ablations if r.reference])
+                 for r in pack.ablations if r.reference] + _ladder_lines(pack.ablations))
+
+
+def _ladder_lines(rows: list[AblationRow]) -> list[str]:
+    """Each ladder's start note and stop: where and why, the rollback, its verification, the human item."""
+    lines = [f"{code(r.knob)}: {md_text(r.ladder_note)}" for r in rows if r.ladder_note]
+    for r in (r for r in rows if r.stop):
+        stop = r.stop
+        verified = "matched" if stop.verification_matches else "did NOT match"
+        lines.append(f"{code(f'{r.knob}={r.value}')} stopped: {md_text(stop.reason)}; probable cause: "
+                     f"{md_text(stop.topology_hint)}; rolled back to {code(f'{r.knob}={stop.reverted_to}')}, whose "
+                     f"verification run {verified} the baseline ({stop.verification_change_pct:+.1f}% against "
+                     f"±{stop.verification_band_pct:.1f}%); handed to a human: {md_text(stop.human_item)}")
+    return lines
 
 
 def _count(n: int) -> str:

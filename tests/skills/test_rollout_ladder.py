@@ -20,8 +20,13 @@ SHORT = ["training.seq_len=32", "training.global_batch=8", "training.steps=4", "
 
 
 @pytest.fixture
-def one_thread(monkeypatch):
+def operator(monkeypatch):
+    """The operator's own session on one thread per rank, as `trainops ablate` runs it."""
+    from trainops.tools.base import operator_session
+
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    with operator_session():
+        yield
 
 
 def test_the_ladder_climbs_processes_then_nodes():
@@ -63,7 +68,7 @@ def _run_folders(home: Path) -> list[Path]:
 
 
 @pytest.mark.slow
-def test_a_gain_that_holds_climbs_to_the_target(one_thread):
+def test_a_gain_that_holds_climbs_to_the_target(operator):
     """micro_batch 1 -> 4 at 4 sequences per rank: one accumulation pass instead of four, a gain at
     every rung; the ladder reaches the target and judges it by weak scaling."""
     from trainops.skills.ablation import ablate
@@ -76,17 +81,19 @@ def test_a_gain_that_holds_climbs_to_the_target(one_thread):
 
 
 @pytest.mark.slow
-def test_a_gain_that_vanishes_at_a_rung_stops_there_reverts_and_goes_to_a_human(one_thread, workspace):
+def test_a_gain_that_vanishes_at_a_rung_stops_there_reverts_and_goes_to_a_human(operator, workspace):
     """A straggler on rank 1 ([faults] slow_rank = 1, in baseline and arm alike) only exists from 2
-    processes on: there every step waits 3 s for it, and micro_batch 2 -> 4's few milliseconds are
+    processes on: there every step waits 6 s for it, and micro_batch 1 -> 4's tens of milliseconds are
     gone inside the rung's noise band. The ladder stops at 2 processes, reruns the baseline value
     there, and queues R-ESC-2 for a human."""
     from trainops.skills.ablation import ablate
     from trainops.tools.governance import queue
     from trainops.trainer.config import load_config
 
-    req = JobRequest(overrides=[*SHORT, "training.micro_batch=2", "faults.slow_rank=1", "faults.slow_ms=3000"],
-                     nproc=4, warmup_steps=1)
+    four_per_rank_at_4 = [*SHORT, "training.steps=3", "training.seq_len=16", "training.global_batch=16",
+                          "training.micro_batch=1"]
+    req = JobRequest(overrides=[*four_per_rank_at_4, "faults.slow_rank=1", "faults.slow_ms=6000"], nproc=4,
+                     warmup_steps=1)
     said: list[str] = []
     rows, _ = ablate(req, ["micro_batch=4"], repeats=2, progress=said.append)
     assert [r.world_size for r in rows] == [1, 2], "the ladder climbed past the rung where the gain was gone"
@@ -95,16 +102,19 @@ def test_a_gain_that_vanishes_at_a_rung_stops_there_reverts_and_goes_to_a_human(
     assert stopped.verdict != "gain" and stopped.vanished_at_scale
     stop = stopped.stop
     assert stop.rung == "2 processes" and stop.reason.startswith("gain gone at 2 processes")
-    assert "a straggler: rank 1 runs 3000 ms slower" in stop.topology_hint
-    assert stop.reverted_to == "2" and stop.verification_matches
+    assert "a straggler: rank 1 runs 6000 ms slower" in stop.topology_hint
+    assert stop.reverted_to == "1" and stop.verification_matches
     for run in stop.verification_runs:  # the reverted config: the baseline value, the straggler still there
         config = load_config(str(Path(run) / "config.toml"))
-        assert config.training.micro_batch == 2 and config.faults.slow_rank == 1
+        assert config.training.micro_batch == 1 and config.faults.slow_rank == 1
     pending_id = stop.human_item.rsplit("[pending approval ", 1)[1].rstrip("]")
     pending = queue.get_pending(pending_id)
     assert pending.tool == "acknowledge_escalation" and pending.input["rule_id"] == "R-ESC-2"
     assert "gone at 2 processes" in pending.input["detail"]
-    assert not any("-4p" in p.name for p in _run_folders(workspace)), "a rung above the stop was run"
+    ranks = {json.loads(line)["rank"] for run in _run_folders(workspace)
+             for line in (run / "metrics.jsonl").read_text().splitlines()}
+    assert ranks == {0, 1}, "a rung above the stop (4 processes) was run"
+    assert len(stop.verification_runs) == 1
     assert any("gain gone at 2 processes" in line for line in said), said
 
 
@@ -122,3 +132,28 @@ def test_ablate_json_starts_a_two_process_knob_at_two_processes(workspace):
     assert [r["world_size"] for r in rows] == [2]
     assert "cannot run at small scale" in rows[0]["ladder_note"] and "the target itself" in rows[0]["ladder_note"]
     assert len(_run_folders(workspace)) == 2, "expected the 2-process baseline and arm only"
+
+
+def test_the_pack_shows_each_rung_the_stop_and_a_plot_of_gain_per_rung(factories, tmp_path):
+    from trainops.skills.evidence import plots
+    from trainops.skills.evidence.model import LadderStop
+    from trainops.skills.evidence.pack import assemble
+    from trainops.skills.evidence.render import to_markdown
+    from trainops.workspace import runs_dir
+
+    small = factories.ablation(change=30.0, band=4.0).model_copy(update={"scale": "1 process", "world_size": 1})
+    stop = LadderStop(rung="2 processes", reason="gain gone at 2 processes: +0.4% is inside its noise band of ±1.0%",
+                      topology_hint="a straggler: rank 1 runs 2500 ms slower every step", reverted_to="text",
+                      verification_runs=["runs/verify-1"], verification_change_pct=0.2, verification_band_pct=1.0,
+                      verification_matches=True, human_item="R-ESC-2 stop_rollout_and_roll_back: gone.")
+    gone = factories.ablation(change=0.4, band=1.0, verdict="within-noise").model_copy(
+        update={"scale": "2 processes", "world_size": 2, "vanished_at_scale": True, "stop": stop})
+    run = factories.write_run(runs_dir() / "base-1")
+    pack = assemble("pack-ladder", factories.environment(), factories.baseline([str(run)]), [small, gone], [], [])
+    report = to_markdown(pack)
+    assert "gain gone: ladder stopped and rolled back" in report
+    assert "stopped: gain gone at 2 processes" in report and "a straggler: rank 1" in report
+    assert "whose verification run matched the baseline (+0.2% against ±1.0%)" in report
+    figure = plots.ladder(pack)
+    assert figure is not None and figure.name == "ladder" and figure.png.startswith(b"\x89PNG")
+    assert plots.ladder(pack.model_copy(update={"ablations": [small]})) is None  # one rung, no stop: no ladder

@@ -19,8 +19,10 @@ runner = CliRunner()
 def test_the_weak_scaling_arm_grows_the_global_batch_with_the_world_size():
     from trainops.settings import read_toml
 
-    result = runner.invoke(app, ["ablate", "--knob", "data_kind=synthetic", "--repeats", "1", "--nproc", "2",
-                                 "--set", "training.steps=4", "--json"])
+    # micro_batch 1 -> 4 is a gain at every rung (one accumulation pass instead of four), so the ladder
+    # climbs to the target rather than stopping at one process
+    result = runner.invoke(app, ["ablate", "--knob", "micro_batch=4", "--repeats", "1", "--nproc", "2",
+                                 "--set", "training.steps=4", "--set", "training.micro_batch=1", "--json"])
     assert result.exit_code == 0, result.output
     small, target = json.loads(result.stdout)
     assert (small["scale_kind"], target["scale_kind"]) == ("small", "target")
