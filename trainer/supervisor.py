@@ -72,8 +72,9 @@ class Supervisor:
         for index in range(nproc + spares):
             process = subprocess.Popen([sys.executable, *program], env={**env, "TRAINOPS_INPROCESS_WORKER": str(index)})
             self.workers.append(Worker(index, process))
-            self._note_worker(index, process.pid, "started")
+            self._note_worker(index, process.pid, "started", store_port=self.store.port)
         self.ranks: dict[int, Worker] = {}
+        self.generation_started = time.time()
         for rank in range(nproc):
             self._assign(self.workers[rank], rank)
 
@@ -170,6 +171,7 @@ class Supervisor:
             return None
         fault_time = self._fault_time(failed, detected)
         self.generation += 1
+        self.generation_started = time.time()
         print(f"supervisor: {trigger}; admitting spare(s) for rank(s) {failed} in generation {self.generation}",
               file=sys.stderr, flush=True)
         for rank in sorted(self.ranks):
@@ -185,8 +187,7 @@ class Supervisor:
 
     def _fault_time(self, failed: list[int], detected: float) -> float:
         """When the failure began: an injected fault's own record, else the failed ranks' last heartbeat."""
-        since = max((s.time for s in read_journal(self.run_dir).loads), default=0.0)
-        injected = [f.time for f in read_faults(self.run_dir) if f.rank in failed and f.time >= since - 60]
+        injected = [f.time for f in read_faults(self.run_dir) if f.rank in failed and f.time >= self.generation_started]
         if injected:
             return min(max(injected), detected)
         beats = [b.time for r in failed if (b := read_heartbeat(self.run_dir, r)) and b.time]

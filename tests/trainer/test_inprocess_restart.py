@@ -1,0 +1,137 @@
+"""In-process restart onto warm spares (trainops.trainer.supervisor), through the command path a
+job takes: `run_local` -> the local scheduler -> torchrun_argv, which hands a single-node run
+with `resilience.in_process_restart` to the supervisor. A restarted run must match an
+uninterrupted one step for step, the replacement must be a spare started with the job, and
+nothing of the job may outlive it."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from trainops.run_folder import RECOVERY_PHASES, read_faults, read_heartbeat, read_metrics, read_recoveries
+from trainops.tools.base import CallContext
+from trainops.tools.follow import run_local
+from trainops.trainer.config import load_config
+from trainops.trainer.launch import prepare_run, torchrun_argv, trainer_program
+
+BASE = ["model.n_layers=2", "training.seq_len=32", "training.global_batch=8", "training.micro_batch=4",
+        "training.steps=6", "checkpoint.enable=true", "checkpoint.interval=2"]
+IN_PROCESS = ["resilience.in_process_restart=true", "resilience.collective_timeout_s=4"]
+OPERATOR = CallContext(actor="operator")
+
+
+def shm_segments() -> set[str]:
+    return {p.name for p in Path("/dev/shm").glob("trainops-*")}
+
+
+def workers(run_dir: str | Path) -> list[dict]:
+    return [json.loads(line) for line in (Path(run_dir) / "workers.jsonl").read_text().splitlines()]
+
+
+def by_step(run_dir: str | Path, rank: int) -> dict[int, tuple[float, float]]:
+    """step -> (loss, grad norm) of `rank`, the last record of each step (a restart repeats steps)."""
+    return {r.step: (r.loss, r.grad_norm) for r in read_metrics(run_dir) if r.rank == rank}
+
+
+def assert_nothing_left(run_dir: str | Path, shm_before: set[str]) -> None:
+    """No process of the job, no shared-memory buffer, no listening store port outlives it."""
+    events = workers(run_dir)
+    pids = {e["pid"] for e in events}
+    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], f"job processes still alive: {alive}"
+    deadline = time.monotonic() + 10  # the local runner writes status.json, then its exit file, then ends
+    while (left := [p.info for p in psutil.process_iter(["pid", "cmdline"])
+                    if str(run_dir) in " ".join(p.info["cmdline"] or [])]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert left == []
+    assert shm_segments() - shm_before == set()
+    port = next(e["store_port"] for e in events if e["event"] == "started")
+    listening = {c.laddr.port for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+    assert port not in listening
+
+
+def test_torchrun_argv_hands_an_in_process_run_to_the_supervisor(tmp_path):
+    on = prepare_run(load_config(None, "tiny", IN_PROCESS + ["resilience.warm_spares=2"]), run_id="on")
+    off = prepare_run(load_config(None, "tiny"), run_id="off")
+    argv = torchrun_argv(sys.executable, 2, trainer_program(on))
+    assert argv[1:3] == ["-m", "trainops.trainer.supervisor"] and argv[argv.index("--warm-spares") + 1] == "2"
+    assert argv[argv.index("--") + 1:] == trainer_program(on)
+    assert "torch.distributed.run" in torchrun_argv(sys.executable, 2, trainer_program(off))
+    assert "torch.distributed.run" in torchrun_argv(sys.executable, 1, trainer_program(on))  # one rank: nothing to keep
+    multi = torchrun_argv(sys.executable, 2, trainer_program(on), nnodes=2, rdzv_endpoint="node0:29500")
+    assert "torch.distributed.run" in multi  # across nodes a lost node is the requeue's
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc,data_parallel", [(2, "ddp"), (2, "fsdp"), (4, "fsdp"), (4, "ddp")])
+def test_a_crashed_rank_is_replaced_by_a_warm_spare_and_the_run_matches_an_uninterrupted_one(nproc, data_parallel):
+    layout = [f"parallel.data_parallel={data_parallel}"]
+    shm_before = shm_segments()
+    reference = run_local(load_config(None, "tiny", BASE + layout), nproc, run_id="reference", ctx=OPERATOR,
+                          timeout_s=300)
+    assert reference.status == "ok"
+    crash = ["faults.crash_step=4", "faults.crash_rank=1", "faults.crash_mode=sigkill"]
+    restarted = run_local(load_config(None, "tiny", BASE + layout + IN_PROCESS + crash), nproc, run_id="restarted",
+                          ctx=OPERATOR, timeout_s=300)
+    assert restarted.status == "ok" and restarted.steps_completed == 6
+
+    [recovery] = read_recoveries(restarted.run_dir)
+    assert recovery.path == "spare-admitted" and recovery.failed_ranks == [1] and recovery.generation == 1
+    assert recovery.trigger == "rank 1 exited with code -9"
+    assert recovery.resumed_step == 2 and recovery.checkpoint.endswith("step-00000002")
+    assert set(recovery.phases_s) == set(RECOVERY_PHASES) and all(v >= 0 for v in recovery.phases_s.values())
+    assert recovery.total_s == pytest.approx(sum(v for k, v in recovery.phases_s.items() if k != "detect"), abs=0.01)
+
+    # same loss and grad norm at every step, on every rank: the resume restores weights, optimizer,
+    # schedule and data position exactly, and the ranks sum in rank order whoever holds a rank
+    for rank in range(nproc):
+        assert by_step(restarted.run_dir, rank) == by_step(reference.run_dir, rank)
+    steps_done = [r.step for r in read_metrics(restarted.run_dir) if r.rank == 0]
+    assert steps_done == [1, 2, 3, 3, 4, 5, 6]  # step 3 ran before the crash and again after the resume
+
+    # the replacement is the spare started with the job: another pid, torch imported before the fault
+    events = workers(restarted.run_dir)
+    [admitted] = [e for e in events if e["event"] == "admitted"]
+    crashed_pid = next(e["pid"] for e in events if e["event"] == "assigned" and e["rank"] == 1)
+    [fault] = read_faults(restarted.run_dir)
+    imported = next(e["imported_at"] for e in events if e["event"] == "imported" and e["worker"] == admitted["worker"])
+    assert admitted["rank"] == 1 and admitted["pid"] != crashed_pid and admitted["worker"] == nproc
+    assert imported < fault.time
+    assert read_heartbeat(restarted.run_dir, 1).pid == admitted["pid"]
+    survivors = {e["pid"] for e in events if e["event"] == "assigned" and e["rank"] != 1}
+    assert len(survivors) == nproc - 1  # the other ranks kept their processes across the restart
+    assert_nothing_left(restarted.run_dir, shm_before)
+
+
+@pytest.mark.slow
+def test_a_crash_then_a_hang_are_both_recovered_and_nothing_leaks():
+    shm_before = shm_segments()
+    faults = ["faults.crash_step=3", "faults.crash_rank=1", "faults.hang_step=5", "faults.hang_rank=0",
+              "resilience.warm_spares=2"]
+    result = run_local(load_config(None, "tiny", BASE + IN_PROCESS + faults), 2, run_id="twice", ctx=OPERATOR,
+                       timeout_s=300)
+    assert result.status == "ok" and result.steps_completed == 6
+    first, second = read_recoveries(result.run_dir)
+    assert (first.failed_ranks, first.generation, first.resumed_step) == ([1], 1, 2)
+    assert (second.failed_ranks, second.generation, second.resumed_step) == ([0], 2, 4)
+    assert "hung past the 4 s collective timeout" in second.trigger
+    assert second.phases_s["detect"] >= 3.0  # a hang is seen once the peer's bounded collective (4 s) times out
+    hung_pid = next(e["pid"] for e in workers(result.run_dir) if e["event"] == "assigned" and e["rank"] == 0)
+    assert read_heartbeat(result.run_dir, 0).pid != hung_pid
+    assert_nothing_left(result.run_dir, shm_before)
+
+
+@pytest.mark.slow
+def test_a_lost_rank_with_no_spare_left_ends_the_job_for_the_requeue():
+    shm_before = shm_segments()
+    faults = ["faults.crash_step=3", "faults.crash_rank=1", "resilience.warm_spares=0"]
+    result = run_local(load_config(None, "tiny", BASE + IN_PROCESS + faults), 2, run_id="nospare", ctx=OPERATOR,
+                       timeout_s=300)
+    assert result.status == "failed" and result.exit_code != 0 and result.steps_completed == 2
+    assert read_recoveries(result.run_dir) == []
+    assert_nothing_left(result.run_dir, shm_before)
