@@ -1,4 +1,4 @@
-"""The compatibility matrix (torch <-> CUDA, DeepSpeed / megatron-core / torchtitan against torch),
+"""The compatibility matrix (torch <-> CUDA <-> NCCL, DeepSpeed / megatron-core / torchtitan against torch),
 shipped as package data in compat_matrix.json, and the check a launch and an upgrade run
 against it. Each row names its source; a version the matrix does not list is reported as not
 in it, never passed: a pair nobody published is a launch that fails on the cluster, not here.
@@ -34,10 +34,21 @@ class FrameworkRow(BaseModel):
     source: str = Field(min_length=1)
 
 
+class NcclRow(BaseModel):
+    """The NCCL a torch release's CUDA wheel pins (Requires-Dist nvidia-nccl-cuMAJOR==VERSION): the
+    torch, CUDA and NCCL versions that were published together."""
+
+    torch: str = Field(description="torch release series, MAJOR.MINOR.")
+    cuda: str = Field(description="The CUDA (MAJOR.MINOR) of that wheel.")
+    nccl: str = Field(description="The NCCL version the wheel pins.")
+    source: str = Field(min_length=1)
+
+
 class Matrix(BaseModel):
     schema_version: Literal[1]
     notes: list[str] = []
     torch: list[TorchRow]
+    nccl: list[NcclRow] = []
     frameworks: list[FrameworkRow]
 
 
@@ -52,7 +63,7 @@ class Environment(BaseModel):
 
 class Report(BaseModel):
     problems: list[str] = Field(description="Each incompatible pair or unknown version, named.")
-    unchecked: list[str] = Field(description="What the matrix holds no data on (NCCL), said rather than passed.")
+    unchecked: list[str] = Field(description="What the matrix holds no data on, said rather than passed.")
 
 
 def _parts(version: str) -> tuple[int, ...]:
@@ -98,7 +109,9 @@ def check(env: Environment, matrix: Matrix | None = None) -> Report:
             unchecked.append(f"torch {env.torch} with CUDA {env.cuda}: the matrix records no CUDA builds of torch "
                              f"{row.torch}, not checked")
     if env.nccl:
-        unchecked.append(f"NCCL {env.nccl}: not in the matrix (it records no NCCL pins), not checked")
+        problem, note = _nccl_problem(matrix, env)
+        problems += [problem] if problem else []
+        unchecked += [note] if note else []
     for name, version in sorted(env.frameworks.items()):
         problem = _framework_problem(matrix, name, version, env.torch)
         if problem:
@@ -119,6 +132,21 @@ def _cuda_problem(row: TorchRow, env: Environment) -> str | None:
         return None
     return (f"torch {env.torch} with {build}: not a published pair; torch {row.torch} ships {ships} "
             f"(source {row.source})")
+
+
+def _nccl_problem(matrix: Matrix, env: Environment) -> tuple[str | None, str | None]:
+    """(problem, unchecked note) for the declared NCCL against the exact pin of this torch's CUDA
+    wheel: NVIDIA publishes NCCL for several CUDA versions, so only the published triple is checked."""
+    if not env.torch or not env.cuda:
+        return None, f"NCCL {env.nccl}: no torch CUDA build declared to check it against, not checked"
+    row = next((r for r in matrix.nccl if _in_series(env.torch, r.torch) and _in_series(env.cuda, r.cuda)), None)
+    if row is None:
+        return None, (f"NCCL {env.nccl} with torch {env.torch} and CUDA {env.cuda}: the matrix records no NCCL pin "
+                      "for that wheel, not checked")
+    if same_version(row.nccl, env.nccl):
+        return None, None
+    return (f"NCCL {env.nccl} with torch {env.torch} and CUDA {env.cuda}: not a published pair; torch {row.torch}'s "
+            f"CUDA {row.cuda} wheel pins NCCL {row.nccl} (source {row.source})"), None
 
 
 def _framework_problem(matrix: Matrix, name: str, version: str, torch: str | None) -> str | None:

@@ -43,7 +43,9 @@ def test_the_shipped_matrix_loads_from_the_installed_package_and_names_its_sourc
     matrix = load_matrix()
     assert {row.torch for row in matrix.torch} >= {"2.4", "2.9", "2.13"}
     assert all(row.source for row in [*matrix.torch, *matrix.frameworks])
-    assert any("NCCL is not in this matrix" in note for note in matrix.notes)
+    assert {(row.torch, row.cuda, row.nccl) for row in matrix.nccl} >= {("2.6", "12.4", "2.21.5"),
+                                                                      ("2.8", "12.8", "2.27.3")}
+    assert all("Requires-Dist nvidia-nccl-cu" in row.source for row in matrix.nccl)
     data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     assert any(fnmatch("compat_matrix.json", pattern) for pattern in data["trainops.tools"]), "not in the wheel"
 
@@ -75,7 +77,7 @@ def test_check_names_each_incompatible_pair_and_reports_unknown_versions():
     assert any("megatron-core 0.16.1 with torch 2.5.1: not a published pair" in p and "torch>=2.6.0" in p
                for p in report.problems)
     assert any(p.startswith("torchtitan 0.2.0: not in the matrix") for p in report.problems)
-    assert report.unchecked == ["NCCL 2.21.5: not in the matrix (it records no NCCL pins), not checked"]
+    assert report.unchecked == []  # torch 2.5's CUDA 12.4 wheel pins NCCL 2.21.5: a published triple
     assert check(Environment(torch="3.1.0")).problems[0].startswith("torch 3.1.0: not in the matrix")
     newer = check(Environment(torch="2.13.0", cuda="12.8"))  # 2.13's CUDA list is not recorded: said, not passed
     assert newer.problems == [] and newer.unchecked[0].endswith("records no CUDA builds of torch 2.13, not checked")
@@ -142,3 +144,30 @@ def test_a_requeue_after_the_pin_moved_is_refused_naming_the_pin():
     _pin("acme", {"torch": "2.12.0"})
     with pytest.raises(ToolError, match=r"refusing to relaunch .*pins torch 2.12.0 but this launch runs torch 2.13"):
         call("requeue_job", {"job_id": handle.job_id}, OPERATOR)
+
+
+def test_an_nccl_other_than_the_one_its_torch_cuda_wheel_pins_is_named_and_an_unknown_triple_is_said():
+    from trainops.tools.compat import Environment, check
+
+    (pair,) = check(Environment(torch="2.8.0", cuda="12.8", nccl="2.21.5")).problems
+    assert pair.startswith("NCCL 2.21.5 with torch 2.8.0 and CUDA 12.8: not a published pair; torch 2.8's CUDA "
+                           "12.8 wheel pins NCCL 2.27.3 (source torch 2.8.0 manylinux x86_64 wheel on PyPI")
+    unknown = check(Environment(torch="2.7.1", cuda="11.8", nccl="2.21.5"))
+    assert unknown.problems == [] and unknown.unchecked == [
+        "NCCL 2.21.5 with torch 2.7.1 and CUDA 11.8: the matrix records no NCCL pin for that wheel, not checked"]
+
+
+def test_a_launch_whose_pinned_nccl_breaks_its_torch_cuda_triple_is_refused_through_the_cli():
+    _pin("acme", {"torch": "2.8.0", "cuda": "12.8", "nccl": "2.21.5"})
+    result = runner.invoke(app, ["tool", "call", "submit_job", "--input", json.dumps(_plain_job("acme")), "--json"])
+    assert result.exit_code != 0
+    assert "NCCL 2.21.5 with torch 2.8.0 and CUDA 12.8: not a published pair" in json.loads(result.stdout)["error"]
+
+
+def test_a_torch_upgrade_that_leaves_the_pinned_nccl_behind_is_refused_naming_the_triple():
+    _pin("acme", {"torch": "2.8.0", "cuda": "12.8", "nccl": "2.27.3"})
+    upgrade = {"tenant": "acme", "framework": "torch", "from_version": "2.8.0", "to_version": "2.9.0"}
+    result = runner.invoke(app, ["tool", "call", "upgrade_framework", "--input", json.dumps(upgrade), "--json"])
+    assert result.exit_code != 0
+    error = json.loads(result.stdout)["error"]
+    assert "NCCL 2.27.3 with torch 2.9.0 and CUDA 12.8: not a published pair" in error and "pins NCCL 2.27.5" in error
