@@ -9,7 +9,8 @@ Three files can hold settings (TOML tables such as `[agent]` or `[governance]`):
 
 The last two can be written by anything that can use the workspace or clone a repository (an
 agent with a shell, a poisoned checkout), so security settings (where approvals are verified,
-which servers are contacted, which secret is sent) are read from them only when the user's own
+which servers are contacted, which secret is sent, when changes may land: `[governance]
+change_windows`, tools/governance/windows.py) are read from them only when the user's own
 config lists that folder under `[trust] folders`. Dependency-free: every layer may import it.
 """
 from __future__ import annotations
