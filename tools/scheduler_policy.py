@@ -22,7 +22,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, StrictInt, StrictStr, field_validator
 
 from trainops.tools.base import InputCheck, ToolError, tool
 from trainops.tools.governance.claims import SchedulerChange
@@ -264,8 +264,9 @@ class PolicyInput(BaseModel):
     scope: Literal["global", "partition"] = Field(description="What the policy applies to: one partition; 'global' "
                                                               "is forbidden.")
     target: str = Field("", description="The Slurm partition to change (empty for global).")
-    settings: dict[str, str | int] = Field(description="Partition settings to set, e.g. {'PriorityTier': 10, "
-                                                       f"'MaxTime': '02:00:00'}}; keys: {', '.join(SETTINGS)}.")
+    settings: dict[str, StrictStr | StrictInt] = Field(
+        description=f"Partition settings to set, e.g. {{'PriorityTier': 10, 'MaxTime': '02:00:00'}}; keys: "
+                    f"{', '.join(SETTINGS)}.")
     change: SchedulerChange = Field(description="Who and what the change affects (R-SCH-1).")
     emergency: bool = Field(False, description="Land outside a change window; needs one more approver.")
 
@@ -286,8 +287,8 @@ class PolicyInput(BaseModel):
                 raise ValueError(f"settings.{key} is not a partition setting this tool changes: use one of "
                                  f"{', '.join(SETTINGS)} (spelled as scontrol spells them)")
             form = SETTINGS[key](str(setting))
-            if isinstance(setting, bool) or form:
-                raise ValueError(f"settings.{key}={setting!r} is not valid: use {form or 'a string or integer'}")
+            if form:
+                raise ValueError(f"settings.{key}={setting!r} is not valid: use {form}")
         return value
 
 
