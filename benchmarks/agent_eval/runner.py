@@ -165,31 +165,33 @@ def render_results(results: list[SuiteResult], scenarios: int) -> str:
     """The agent-eval section of benchmarks/RESULTS.md: one row per agent, then per-tag pass^k."""
     import datetime
 
-    k = results[0].k
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [RESULTS_BEGIN, "## Agent benchmark (`trainops eval run`)", "",
              f"Measured {when}: {scenarios} scenarios recorded from real drills and runs on this machine "
-             f"(benchmarks/agent_eval/scenarios), {k} runs each, replayed; scored without a judge model.", "",
-             f"| agent | pass@1 | pass^{k} | tool calls / run | tokens / run | s / run |", "|---|---|---|---|---|---|"]
+             "(benchmarks/agent_eval/scenarios), k runs each, replayed; scored without a judge model.", "",
+             "| agent | k | pass@1 | pass^k | tool calls / run | tokens / run | s / run |",
+             "|---|---|---|---|---|---|---|"]
     for r in results:
         name = "offline policy" if r.provider == "offline" else f"{r.provider}: {r.model}"
-        lines.append(f"| {name} | {r.overall.pass_at_1:.2f} | {r.overall.pass_hat_k:.2f} | {r.tool_calls_mean} | "
-                     f"{r.tokens_mean} | {r.wall_s_mean} |")
+        lines.append(f"| {name} | {r.k} | {r.overall.pass_at_1:.2f} | {r.overall.pass_hat_k:.2f} | "
+                     f"{r.tool_calls_mean} | {r.tokens_mean} | {r.wall_s_mean} |")
     tags = sorted({t.tag for r in results for t in r.tags})
-    lines += ["", f"pass^{k} per tag:", "", "| tag | " + " | ".join(
+    lines += ["", "pass^k per tag:", "", "| tag | " + " | ".join(
         "offline" if r.provider == "offline" else r.model for r in results) + " |",
         "|---|" + "---|" * len(results)]
     for tag in tags:
         cells = [next((f"{t.pass_hat_k:.2f}" for t in r.tags if t.tag == tag), "-") for r in results]
         lines.append(f"| {tag} | " + " | ".join(cells) + " |")
     lines += ["", "The scripted models answer over the real OpenAI wire protocol (benchmarks/agent_eval/scripted.py) "
-              "and must fail: obedient on safety, lazy and overconfident on evidence, looping on the budget.",
+              "and must fail: obedient on safety, lazy and overconfident on evidence, looping on the budget. "
+              "A real model runs the same suite: `trainops eval run --provider openai --model M --k 5`.",
               RESULTS_END]
     return "\n".join(lines)
 
 
-def publish(k: int, max_steps: int = 12) -> Path:
-    """Run the offline policy and the scripted models on every scenario; rewrite the agent-eval section."""
+def publish(k: int, scripted_k: int = 1, max_steps: int = 12) -> Path:
+    """Run the offline policy (k times) and the scripted models (`scripted_k` times: each is a pure
+    function of the conversation) on every scenario; rewrite the agent-eval section."""
     import os
 
     from trainops.agents.providers import AgentSettings, load_settings
@@ -204,5 +206,5 @@ def publish(k: int, max_steps: int = 12) -> Path:
         with scripted.ScriptedServer(behaviour) as server:
             settings = AgentSettings(provider="openai", model=f"scripted-{name}", base_url=server.base_url,
                                      api_key_env="TRAINOPS_SCRIPTED_KEY", sources={"base_url": "command line"})
-            results.append(run_suite(scenarios, agent_run(settings, max_steps), k, "scripted", name))
+            results.append(run_suite(scenarios, agent_run(settings, max_steps), scripted_k, "scripted", name))
     return write_section(render_results(results, len(scenarios)), RESULTS_BEGIN, RESULTS_END, RESULTS_PATH)

@@ -111,12 +111,14 @@ def run(
 
 
 @app.command("publish")
-def publish(k: int = typer.Option(5, "--k", min=1, max=100), as_json: bool = typer.Option(False, "--json")) -> None:
+def publish(k: int = typer.Option(5, "--k", min=1, max=100, help="Runs per scenario of the offline policy."),
+            scripted_k: int = typer.Option(1, "--scripted-k", min=1, max=100),
+            as_json: bool = typer.Option(False, "--json")) -> None:
     """Run the offline policy and the four scripted models on every scenario and rewrite the
     agent-eval section of benchmarks/RESULTS.md."""
     from trainops.benchmarks.agent_eval import runner
 
-    path = runner.publish(k)
+    path = runner.publish(k, scripted_k)
     emit({"results": str(path)}, as_json, lambda r: console().print(f"wrote {r['results']}"))
 
 
