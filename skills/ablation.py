@@ -33,9 +33,7 @@ def _row(knob: Knob, value: str, base: list[RepeatResult], arm: list[RepeatResul
          kind: str, req: JobRequest, env: PackEnvironment) -> AblationRow:
     labels.label_runs(base, req, env)  # the baseline's MFU is checked as the arm's is
     job = labels.label_runs(arm, req, env)
-    base_mfu = spread([r.summary.mfu_pct_median for r in base])
-    arm_mfu = spread([r.summary.mfu_pct_median for r in arm])
-    change, band, verdict = compare(base_mfu, arm_mfu)
+    change, band, verdict = compare(spread(rollout.job_rates(base)), spread(rollout.job_rates(arm)))
     median_run = sorted(arm, key=lambda r: r.summary.mfu_pct_median)[len(arm) // 2]
     return AblationRow(knob=knob.name, value=value, baseline_value=_setting(base[0].run_dir, knob.overrides[0]),
                        category=knob.category, scale=rung.label, scale_kind=kind, mfu_change_pct=change,

@@ -98,6 +98,19 @@ def topology_hint(rung: Rung, previous: Rung | None, runs: list[RepeatResult], h
                                 "collectives)"
 
 
+def job_rates(runs: list[RepeatResult]) -> list[float]:
+    """Steps per second of each run as the job ran them: one over the median of each step's slowest
+    rank. A synchronous job runs at its slowest rank, and a step's model FLOPs do not change with the
+    knob, so the change in this rate is the change in the job's MFU; the mean of per-rank MFU is not
+    (a straggler that waits before its step reports its own short step time, not the job's)."""
+    rates = []
+    for run in runs:
+        if not run.summary.step_time_median_s:
+            raise ValueError(f"{run.run_dir}: summarize_run found no step time; check its metrics.jsonl")
+        rates.append(1.0 / run.summary.step_time_median_s)
+    return rates
+
+
 def verification(knob: Knob, value: str, baseline_value: str, base: list[RepeatResult],
                  verify: list[RepeatResult]) -> tuple[float, float, bool]:
     """(MFU change %, band %, matches) of the reverted config's runs against the rung's baseline; a
@@ -111,8 +124,7 @@ def verification(knob: Knob, value: str, baseline_value: str, base: list[RepeatR
         if ran != baseline_value:
             raise ValueError(f"{run.run_dir}: the reverted config runs {knob.overrides[0]}={ran}, not the baseline "
                              f"value {baseline_value}; the rollback of {knob.name}={value} did not take")
-    change, band, verdict = compare(spread([r.summary.mfu_pct_median for r in base]),
-                                    spread([r.summary.mfu_pct_median for r in verify]))
+    change, band, verdict = compare(spread(job_rates(base)), spread(job_rates(verify)))
     return change, band, verdict == "within-noise"
 
 

@@ -128,7 +128,8 @@ class AblationRow(BaseModel):
     category: str = Field(description="communication-overlap | kernels | data-pipeline | batch | memory | parallelism")
     scale: str = Field(description="scale condition, e.g. 'tiny, 2 procs'")
     scale_kind: Literal["small", "target"]
-    mfu_change_pct: float = Field(description="relative MFU change vs the baseline median, percent")
+    mfu_change_pct: float = Field(description="relative change of the job's MFU vs the baseline median, percent: "
+                                              "steps per second at the slowest rank (skills.rollout.job_rates)")
     noise_band_pct: float = Field(ge=0, description="run-to-run noise band at this scale, percent")
     beyond_noise: bool = Field(description="|mfu_change_pct| exceeds the noise band")
     verdict: Literal["gain", "regression", "within-noise"]
