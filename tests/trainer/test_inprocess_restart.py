@@ -19,7 +19,7 @@ from trainops.tools.follow import run_local
 from trainops.trainer.config import load_config
 from trainops.trainer.launch import prepare_run, torchrun_argv, trainer_program
 
-BASE = ["model.n_layers=2", "training.seq_len=32", "training.global_batch=8", "training.micro_batch=4",
+BASE = ["model.n_layers=2", "training.seq_len=32", "training.global_batch=8", "training.micro_batch=2",
         "training.steps=6", "checkpoint.enable=true", "checkpoint.interval=2"]
 IN_PROCESS = ["resilience.in_process_restart=true", "resilience.collective_timeout_s=4"]
 OPERATOR = CallContext(actor="operator")
