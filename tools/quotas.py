@@ -84,7 +84,8 @@ def _sacctmgr(args: list[str]) -> str:
 
 
 def _rows(args: list[str]) -> list[list[str]]:
-    return [line.rstrip("|").split("|") for line in _sacctmgr(["-n", "-p", *args]).splitlines() if line.strip()]
+    """sacctmgr's parsable rows: every field ends with '|' (so an empty last field is kept)."""
+    return [line.removesuffix("|").split("|") for line in _sacctmgr(["-n", "-p", *args]).splitlines() if line.strip()]
 
 
 def cluster() -> str:

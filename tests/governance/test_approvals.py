@@ -103,7 +103,7 @@ def test_approvals_lists_pending_and_decided_packs_and_calls(workspace, pack, ap
     assert items[1]["by"] == "alice"
 
 
-def test_a_pending_call_approved_by_two_approvers_from_the_cli_runs_with_their_token(approvers):
+def test_a_pending_call_approved_by_two_approvers_from_the_cli_runs_with_their_token(slurm_accounting, approvers):
     _cli("tool", "call", "set_tenant_quota", "--input", json.dumps(QUOTA))
     [item] = json.loads(_cli("approvals", "--json").output)
     first = _cli("approve", "--pending", item["id"], "--key", approvers.alice.key)

@@ -12,6 +12,7 @@ from trainops.tools.base import CallContext, ToolError, ToolSpec
 from trainops.tools.calls import call
 from trainops.tools.governance import audit, queue, tokens
 from trainops.tools.governance.gate import GateRefused, before_call
+from trainops.tools.quotas import QuotaInput
 from trainops.tools.tenancy import check_tenant_path, tenant_path
 
 QUOTA = {"tenant": "acme", "gpus": 16, "priority": "high", "reason": "launch week"}
@@ -52,11 +53,10 @@ def test_quota_change_without_approval_is_refused_and_queued_as_pending():
 @pytest.mark.rule("R-SEC-1", case="compliant")
 @pytest.mark.rule("R-SEC-4", case="compliant")
 @pytest.mark.rule("R-SEC-6", case="compliant")
-def test_quota_change_with_two_approvers_signing_that_exact_call_is_applied(workspace, approvers):
+def test_quota_change_with_two_approvers_signing_that_exact_call_is_applied(slurm_accounting, workspace, approvers):
     token = _token("set_tenant_quota", QUOTA, approvers.alice, approvers.bob)
     out = _call("set_tenant_quota", QUOTA, token)
-    assert out.current["gpus"] == 16
-    assert json.loads((workspace / "tenants" / "acme" / "quota.json").read_text())["priority"] == "high"
+    assert (out.current["grp_tres"]["gres/gpu"], out.current["priority"]) == (16, 1000)  # read back from sacctmgr
     assert queue.pending_calls() == [] and queue.decided_calls()[0].approver == "alice, bob"
 
 
@@ -73,7 +73,7 @@ def test_irreversible_call_without_token_is_refused():
     assert (refused.reason, refused.rule_id) == ("missing_token", "R-SEC-4")
 
 
-def test_replayed_token_is_refused(approvers):
+def test_replayed_token_is_refused(slurm_accounting, approvers):
     token = _token("set_tenant_quota", QUOTA, approvers.alice, approvers.bob)
     _call("set_tenant_quota", QUOTA, token)
     assert _refusal("set_tenant_quota", QUOTA, token).reason == "replayed"
@@ -93,7 +93,7 @@ def test_token_for_a_different_tool_is_refused(approvers):
 def test_expired_token_is_refused(approvers):
     token = _token("set_tenant_quota", QUOTA, approvers.alice, approvers.bob)
     with pytest.raises(tokens.TokenRefused, match="expired"):
-        tokens.consume(token, "set_tenant_quota", QUOTA, now=time.time() + 15 * 60 + 1)
+        tokens.consume(token, "set_tenant_quota", QuotaInput.model_validate(QUOTA), now=time.time() + 15 * 60 + 1)
 
 
 def test_token_with_an_edited_payload_is_refused(approvers):
@@ -174,7 +174,7 @@ def test_invalid_tool_input_is_refused_naming_the_field():
 
 
 @pytest.mark.rule("R-TOOL-1", case="compliant")
-def test_valid_call_passes_the_gate_and_is_audited(approvers):
+def test_valid_call_passes_the_gate_and_is_audited(slurm_accounting, approvers):
     _call("set_tenant_quota", QUOTA, _token("set_tenant_quota", QUOTA, approvers.alice, approvers.bob))
     kinds = [(e["kind"], e.get("decision")) for e in audit.read()]
     assert kinds[-5:] == [("anchor", "token_issued"), ("token_spent", None), ("gate", "allowed"), ("intent", None),
@@ -182,7 +182,7 @@ def test_valid_call_passes_the_gate_and_is_audited(approvers):
     assert audit.read()[-1]["input"]["gpus"] == 16
 
 
-def test_a_pending_call_approved_from_the_cli_by_two_approvers_opens_that_call(approvers):
+def test_a_pending_call_approved_from_the_cli_by_two_approvers_opens_that_call(slurm_accounting, approvers):
     from typer.testing import CliRunner
 
     from trainops.cli import app
@@ -194,7 +194,7 @@ def test_a_pending_call_approved_from_the_cli_by_two_approvers_opens_that_call(a
     second = CliRunner().invoke(app, ["approve", "--pending", pending, "--key", str(approvers.bob.key),
                                       "--cosign", json.loads(first.output)["token"], "--json"])
     assert second.exit_code == 0, second.output
-    assert _call("set_tenant_quota", QUOTA, json.loads(second.output)["token"]).current["gpus"] == 16
+    assert _call("set_tenant_quota", QUOTA, json.loads(second.output)["token"]).current["grp_tres"]["gres/gpu"] == 16
 
 
 def test_cli_has_no_way_to_mint_a_token_for_a_call_nobody_queued(approvers):

@@ -43,7 +43,7 @@ def _anchors() -> list[dict]:
     return [e for e in audit.read() if e["kind"] == "anchor"]
 
 
-def test_each_approval_signs_the_audit_head_it_saw_and_the_log_verifies(approvers):
+def test_each_approval_signs_the_audit_head_it_saw_and_the_log_verifies(slurm_accounting, approvers):
     _approved_quota_change(approvers)
     first, second = _anchors()
     assert (first["principal"], second["principal"]) == ("alice", "bob")
@@ -54,7 +54,7 @@ def test_each_approval_signs_the_audit_head_it_saw_and_the_log_verifies(approver
     assert "every signed anchor holds" in report.reason
 
 
-def test_history_rewritten_before_an_anchor_fails_audit_verify(approvers):
+def test_history_rewritten_before_an_anchor_fails_audit_verify(slurm_accounting, approvers):
     _approved_quota_change(approvers)
 
     def hide_the_request(entries):
@@ -68,7 +68,7 @@ def test_history_rewritten_before_an_anchor_fails_audit_verify(approvers):
     assert report["first_bad_line"] == _anchors()[0]["seq"]
 
 
-def test_an_anchor_re_signed_with_a_key_that_is_not_an_approver_fails(approvers, tmp_path):
+def test_an_anchor_re_signed_with_a_key_that_is_not_an_approver_fails(slurm_accounting, approvers, tmp_path):
     _approved_quota_change(approvers)
     eve = make_ssh_key(tmp_path / "eve", "eve")
 
@@ -81,7 +81,7 @@ def test_an_anchor_re_signed_with_a_key_that_is_not_an_approver_fails(approvers,
     assert not report.ok and "its signature does not hold" in report.reason and "not an approver" in report.reason
 
 
-def test_an_anchor_whose_recorded_approver_was_changed_fails(approvers):
+def test_an_anchor_whose_recorded_approver_was_changed_fails(slurm_accounting, approvers):
     _approved_quota_change(approvers)
 
     def rename(entries):
@@ -92,7 +92,7 @@ def test_an_anchor_whose_recorded_approver_was_changed_fails(approvers):
     assert not report.ok and "the signature is by alice" in report.reason
 
 
-def test_an_anchor_by_an_approver_retired_later_still_verifies(approvers):
+def test_an_anchor_by_an_approver_retired_later_still_verifies(slurm_accounting, approvers):
     _approved_quota_change(approvers)
     signed_at = max(json.loads(a["signed"])["issued_at"] for a in _anchors())
     retired = time.strftime("%Y%m%d%H%M%S", time.gmtime(signed_at + 1)) + "Z"
@@ -111,7 +111,7 @@ def _queued_again() -> str:
     return info.value.pending_id
 
 
-def test_anchors_cannot_be_checked_without_the_allowed_signers_file(approvers, monkeypatch, tmp_path):
+def test_anchors_cannot_be_checked_without_the_allowed_signers_file(slurm_accounting, approvers, monkeypatch, tmp_path):
     _approved_quota_change(approvers)
     monkeypatch.setenv("TRAINOPS_CONFIG", str(tmp_path / "absent.toml"))
     report = verification.verify()

@@ -13,6 +13,7 @@ from trainops.tools.base import CallContext
 from trainops.tools.calls import call
 from trainops.tools.governance import anchors, queue, signing, tokens
 from trainops.tools.governance.gate import GateRefused
+from trainops.tools.quotas import QuotaInput
 
 QUOTA = {"tenant": "acme", "gpus": 16, "priority": "high", "reason": "launch week"}
 UPGRADE = {"tenant": "acme", "framework": "torch", "from_version": "2.12.0", "to_version": "2.13.0"}
@@ -32,10 +33,10 @@ def _queued(tool, inp, actor="agent") -> str:
     return _refusal(tool, inp, actor=actor).pending_id
 
 
-def test_a_quota_change_signed_by_two_approvers_runs(approvers):
+def test_a_quota_change_signed_by_two_approvers_runs(slurm_accounting, approvers):
     pending = _queued("set_tenant_quota", QUOTA)
     token = tokens.approve(pending, approvers.bob.key, cosign=tokens.approve(pending, approvers.alice.key))
-    assert _call("set_tenant_quota", QUOTA, token).current["gpus"] == 16
+    assert _call("set_tenant_quota", QUOTA, token).current["grp_tres"]["gres/gpu"] == 16
     assert queue.decided_calls()[0].approver == "alice, bob"
 
 
@@ -167,10 +168,11 @@ def test_an_expired_token_is_refused(approvers):
     pending = _queued("set_tenant_quota", QUOTA)
     token = tokens.approve(pending, approvers.bob.key, cosign=tokens.approve(pending, approvers.alice.key))
     with pytest.raises(tokens.TokenRefused, match="expired"):
-        tokens.consume(token, "set_tenant_quota", QUOTA, now=tokens.decode(token)["expires_at"] + 1)
+        tokens.consume(token, "set_tenant_quota", QuotaInput.model_validate(QUOTA),
+                       now=tokens.decode(token)["expires_at"] + 1)
 
 
-def test_a_token_opens_one_call_only(approvers):
+def test_a_token_opens_one_call_only(slurm_accounting, approvers):
     pending = _queued("set_tenant_quota", QUOTA)
     token = tokens.approve(pending, approvers.bob.key, cosign=tokens.approve(pending, approvers.alice.key))
     _call("set_tenant_quota", QUOTA, token)
@@ -183,7 +185,7 @@ def test_a_token_does_not_open_another_input(approvers):
     assert _refusal("set_tenant_quota", {**QUOTA, "gpus": 4096}, token).reason == "mismatch"
 
 
-def test_concurrent_spending_of_one_token_runs_the_call_once(approvers):
+def test_concurrent_spending_of_one_token_runs_the_call_once(slurm_accounting, approvers):
     pending = _queued("set_tenant_quota", QUOTA)
     token = tokens.approve(pending, approvers.bob.key, cosign=tokens.approve(pending, approvers.alice.key))
     outcomes: list[str] = []
@@ -203,7 +205,7 @@ def test_concurrent_spending_of_one_token_runs_the_call_once(approvers):
     assert sorted(outcomes) == ["ran", "replayed", "replayed", "replayed"]
 
 
-def test_the_workspace_holds_no_private_key_after_a_full_approve_flow(approvers, workspace):
+def test_the_workspace_holds_no_private_key_after_a_full_approve_flow(slurm_accounting, approvers, workspace):
     pending = _queued("set_tenant_quota", QUOTA)
     token = tokens.approve(pending, approvers.bob.key, cosign=tokens.approve(pending, approvers.alice.key))
     _call("set_tenant_quota", QUOTA, token)
@@ -212,7 +214,7 @@ def test_the_workspace_holds_no_private_key_after_a_full_approve_flow(approvers,
     assert not (workspace / "keys").exists() or not any((workspace / "keys").iterdir())
 
 
-def test_deleting_the_queues_files_does_not_let_a_spent_token_run_again(approvers, workspace):
+def test_deleting_the_queues_files_does_not_let_a_spent_token_run_again(slurm_accounting, approvers, workspace):
     import shutil
 
     pending = _queued("set_tenant_quota", QUOTA)

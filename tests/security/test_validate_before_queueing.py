@@ -49,7 +49,7 @@ def test_the_agent_s_bad_tenant_id_is_refused_before_it_is_queued(tenant):
 
 
 def test_an_input_built_without_validation_is_validated_before_it_is_queued():
-    from trainops.tools.tenancy import QuotaInput
+    from trainops.tools.quotas import QuotaInput
 
     sneaked = QuotaInput.model_construct(**quota("../../escape"))
     with pytest.raises(ToolError, match="tenant id .* is not valid"):
@@ -130,17 +130,16 @@ def _approved_quota_token(approvers, tenant: str) -> tuple[dict, str]:
     return inp, json.loads(second.stdout)["token"]
 
 
-def test_a_spent_token_whose_call_then_fails_gives_one_clear_error_and_no_traceback(approvers, workspace):
+def test_a_spent_token_whose_call_then_fails_gives_one_clear_error_and_no_traceback(approvers, monkeypatch, tmp_path):
     inp, token = _approved_quota_token(approvers, "acme")
-    state = workspace / "tenants" / "acme" / "quota.json"
-    state.parent.mkdir(parents=True, exist_ok=True)
-    state.write_text("{not json")
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "no-such-slurm.conf"))  # no Slurm accounting to reach
     result = runner.invoke(app, ["tool", "call", "set_tenant_quota", "--input", json.dumps(inp),
                                  "--approval-token", token])
     assert result.exit_code == 2, result.output
     assert isinstance(result.exception, SystemExit)
     assert "Traceback" not in result.output
-    assert "set_tenant_quota" in result.output and "token" in result.output and "quota.json" in result.output
+    assert "set_tenant_quota" in result.output and "no Slurm accounting reachable" in result.output
+    assert "trainops sandbox up" in result.output and "no-such-slurm.conf" in result.output
 
 
 @pytest.mark.parametrize("tool_name", ["cancel_job", "requeue_job"])

@@ -43,7 +43,7 @@ def _copy_anchors_into_b(anchors_of_a: list[dict], with_receipts: bool) -> None:
 
 
 @pytest.fixture
-def in_b(approvers, monkeypatch, tmp_path, workspace):
+def in_b(slurm_accounting, approvers, monkeypatch, tmp_path, workspace):
     token, anchors_of_a, id_of_a = _spent_in_a(approvers, monkeypatch, tmp_path)
     monkeypatch.setenv("TRAINOPS_HOME", str(workspace))
     assert _refusal().pending_id  # the same call, queued in B under the same content id
