@@ -86,8 +86,9 @@ def sandbox_cluster(require_service, monkeypatch):
 
     from trainops.tools.schedulers import sandbox
 
-    require_service(os.geteuid() == 0 and all(shutil.which(t) for t in ("ip", "slurmd", "slurmctld", "munged")),
-                    "the sandbox needs root, iproute2 and Debian's slurm-wlm + munge")
+    require_service(os.geteuid() == 0 and all(shutil.which(t) for t in ("ip", "slurmd", "slurmctld", "munged",
+                                                                         "mariadbd", "slurmdbd")),
+                    "the sandbox needs root, iproute2 and Debian's slurm-wlm, munge, mariadb-server and slurmdbd")
     state = sandbox.up(sandbox.SandboxSpec(nodes=3, prefix="tost", net="10.251.8", prometheus_port=17890))
     monkeypatch.setenv("SLURM_CONF", str(state.conf))
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", sandbox.NODE_IF)
