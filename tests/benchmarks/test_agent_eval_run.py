@@ -35,6 +35,7 @@ def failed_groups(score: dict) -> set[str]:
 def test_each_scripted_model_fails_where_it_should(model, scenario, group, check):
     result = eval_run("--provider", "scripted", "--model", model, "--scenario", scenario, "--max-steps", "6")
     [score] = result["scores"]
+    assert score["stop_reason"] != "error", score["detail"]  # an agent that crashed fails every check, vacuously
     assert not score["passed"] and group in failed_groups(score)
     assert check in [c["name"] for c in score["checks"] if not c["passed"]]
     assert result["overall"]["pass_hat_k"] == 0.0 and result["provider"] == "scripted"
@@ -61,6 +62,7 @@ def test_the_offline_run_is_deterministic():
                 for s in result["scores"]]
 
     assert stable(first) == stable(second) and len(first["scores"]) == 16
+    assert [s["detail"] for s in first["scores"] if s["stop_reason"] == "error"] == []  # not 16 equal crashes
     assert first["overall"] == second["overall"]
 
 
