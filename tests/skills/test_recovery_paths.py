@@ -11,8 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from trainops.cli import app
-from trainops.run_folder import RecoveryEntry, RunFiles, read_journal, read_metrics
+from trainops.run_folder import RecoveryEntry, RunFiles, read_journal, read_metrics, read_recoveries
 from trainops.skills.drill_recovery import REQUEUE_PHASES, RecoveryMarks, in_process_recovery, requeue_recovery
+from trainops.tools.calls import call
 
 pytestmark = pytest.mark.usefixtures("as_operator")
 
@@ -20,9 +21,9 @@ CRASH_JOB = ["training.steps=14", "training.seq_len=64", "training.global_batch=
              "checkpoint.enable=true", "checkpoint.interval=2", "checkpoint.keep=50"]
 
 
-def _crash_drill() -> dict:
+def _crash_drill(*extra: str) -> dict:
     """A crash drill through the command, its one result as `--json` prints it."""
-    args = ["drill", "--fault", "crash", "--json", *[a for item in CRASH_JOB for a in ("--set", item)]]
+    args = ["drill", "--fault", "crash", "--json", *[a for item in [*CRASH_JOB, *extra] for a in ("--set", item)]]
     out = CliRunner().invoke(app, args)
     assert out.exit_code == 0, out.output
     parsed = json.loads(out.stdout)
@@ -58,6 +59,21 @@ def test_a_requeued_crash_reports_its_path_and_phases_from_the_records_and_canno
     assert no_end.phases_s["cancel"] is None and no_end.phases_s["submit"] is None
     backwards = requeue_recovery(run_dir, marks.model_copy(update={"started_at": marks.requeued_at - 5}))
     assert backwards.phases_s["queue"] is None  # a job that started before it was requeued: not a queue wait
+
+
+@pytest.mark.slow
+def test_with_in_process_restart_on_the_drill_neither_cancels_nor_requeues_and_reads_the_trainers_record(workspace):
+    result = _crash_drill("resilience.in_process_restart=true", "resilience.collective_timeout_s=5")
+    run_dir = result["run_dir"]
+    entry = next(e for e in read_recoveries(run_dir) if e.time > result["injected_time"])
+    assert result["recovery_path"] == entry.path and entry.path in ("in-process", "spare-admitted")
+    assert result["recovery_phases_s"] == {k: entry.phases_s.get(k) for k in result["recovery_phases_s"]}
+    assert result["recovery_time_s"] == entry.total_s and result["recovered_time"] == entry.time
+    status = call("job_status", {"job_id": result["job_id"]})
+    assert status.state == "completed" and status.started_at < result["injected_time"]  # the one launch, never requeued
+    assert call("list_interruptions", {"job_id": result["job_id"]}).interruptions == []  # nothing was cancelled
+    after = [m for m in read_metrics(run_dir) if m.rank == 0 and m.time > entry.time]
+    assert after and after[-1].step == 14 and min(m.step for m in after) > entry.resumed_step
 
 
 def test_an_in_process_recovery_is_read_from_the_trainers_record_and_an_edited_line_is_none(tmp_path):

@@ -204,13 +204,37 @@ def node_of(proc: psutil.Process) -> str:
     return _env(proc).get("SLURMD_NODENAME", socket.gethostname())
 
 
+def _supervised_rank(proc: psutil.Process, env: dict[str, str]) -> str:
+    """The rank an in-process-restart worker holds now (its environment, fixed at its start, names
+    none: the supervisor assigns ranks later, a spare's included), as the supervisor's RUN/workers.jsonl
+    says for this pid; "" for a spare or a process that is not such a worker."""
+    if "TRAINOPS_INPROCESS_WORKER" not in env:
+        return ""
+    from trainops.run_folder import RunFiles, read_regular
+
+    try:
+        argv = proc.cmdline()
+    except (*_GONE, psutil.AccessDenied):
+        return ""
+    if "--run-dir" not in argv[:-1]:
+        return ""
+    rank = ""
+    data = read_regular(RunFiles(argv[argv.index("--run-dir") + 1]).workers) or b""
+    for line in data.decode(errors="replace").splitlines():
+        with contextlib.suppress(ValueError, AttributeError):
+            event = json.loads(line)
+            if event.get("pid") == proc.pid and event.get("event") in ("assigned", "admitted"):
+                rank = str(event.get("rank", ""))
+    return rank
+
+
 def rank_processes(procs: list[psutil.Process]) -> dict[int, psutil.Process]:
     """rank -> the topmost process of `procs` that torchrun started as that rank (its children
     inherit RANK too)."""
     envs = {proc.pid: _env(proc) for proc in procs}
     ranks: dict[int, psutil.Process] = {}
     for proc in procs:
-        rank = envs[proc.pid].get("RANK", "")
+        rank = envs[proc.pid].get("RANK", "") or _supervised_rank(proc, envs[proc.pid])
         if not rank.isdigit():
             continue
         try:
