@@ -13,6 +13,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.types import Command
 from pydantic import BaseModel, Field
 
+from trainops.agents.answer import FINAL_ANSWER_TOOL
 from trainops.agents.graph import build_graph
 from trainops.agents.providers import AgentSettings, load_settings, make_chat_model
 
@@ -166,6 +167,14 @@ class AgentSession:
                                    "look at it again")
         return seen
 
+    def final_answer(self) -> dict[str, Any] | None:
+        """The last request's structured answer (agents/answer.FinalAnswer), when the model gave one."""
+        return self.graph.get_state(self.config).values.get("final")
+
+    def stop_reason(self) -> str | None:
+        """Why the last request ended: answered, or the budget that stopped it."""
+        return self.graph.get_state(self.config).values.get("stop_reason")
+
     def answer(self) -> str:
         messages = self.graph.get_state(self.config).values.get("messages", [])
         last = messages[-1] if messages else None
@@ -188,8 +197,9 @@ class AgentSession:
                 for message in (data or {}).get("messages", []):
                     if isinstance(message, AIMessage) and node == "model":
                         for call in message.tool_calls:
-                            yield {"kind": "tool_call", "tool": call["name"], "args": call["args"]}
-                    elif isinstance(message, ToolMessage):
+                            if call["name"] != FINAL_ANSWER_TOOL:  # the answer event carries it
+                                yield {"kind": "tool_call", "tool": call["name"], "args": call["args"]}
+                    elif isinstance(message, ToolMessage) and message.name != FINAL_ANSWER_TOOL:
                         tool_s += message.response_metadata.get("elapsed_s", 0.0)
                         yield {"kind": "tool_result", "tool": message.name, "status": message.status,
                                "output": message.artifact}

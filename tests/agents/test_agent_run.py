@@ -209,3 +209,17 @@ def test_a_bad_pattern_is_refused_naming_the_field():
 
     with pytest.raises(ToolError, match="pattern: .*is not a regular expression"):
         call("grep_log", {"job_id": "j", "pattern": "(unclosed"}, CallContext(actor="agent"))
+
+
+def test_ask_json_carries_the_structured_answer_and_why_the_run_ended():
+    from typer.testing import CliRunner
+
+    from trainops.cli import app
+
+    job = failed_job()
+    result = CliRunner().invoke(app, ["ask", f"why did job {job} fail?", "--json", "--thread", "diag1"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["stop_reason"] == "answered" and out["final_answer"]["cause_class"] == "software"
+    assert [c["tool"] for c in out["tool_calls"]] == ["load_skill", "list_interruptions", "grep_log"]
+    assert out["answer"].startswith(f"Job {job} ended with a software cause")

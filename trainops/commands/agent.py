@@ -192,6 +192,8 @@ def ask(
             "thread_id": session.thread_id,
             "provider": session.settings.provider,
             "answer": next((e["text"] for e in events if e["kind"] == "answer"), None),
+            "final_answer": session.final_answer(),
+            "stop_reason": session.stop_reason(),
             "tool_calls": [{"tool": e["tool"], "status": e["status"]} for e in events if e["kind"] == "tool_result"],
             "pending_approvals": pending,
             "resume": f"trainops chat --thread {session.thread_id}" if pending else None,
