@@ -24,14 +24,18 @@ def plan_checkpoint(save_s: float, restart_s: float, mtbf_h: float, ctx: CallCon
 def plan_from_drill(drill: DrillResult, mtbf_h: float, mtbf_basis: str,
                     ctx: CallContext | None = None) -> CheckpointPlan:
     """The interval for this job: save cost from the drill run's checkpoint journal, restart cost
-    from the drill's measured recovery, the MTBF S2 states (with its source as the basis)."""
+    from the drill's measured recovery by the path the job took there (the job's own settings, so
+    the path it will take), the MTBF S2 states (with its source as the basis)."""
     saves = read_journal(drill.run_dir).saves
     stall = statistics.median(s.stall_s for s in saves)
     write_s = statistics.median(s.write_s for s in saves)
     measured = any(s.size_bytes > 0 and s.write_s > 0 for s in saves)
     out = plan_checkpoint(max(stall, 1e-3), drill.recovery_time_s, mtbf_h, ctx, run=drill.run_dir if measured else None)
     occupancy = out.write_occupancy
+    path = drill.recovery_path or "unknown path"
     return CheckpointPlan(save_stall_s=stall, write_s=write_s, restart_s=drill.recovery_time_s, mtbf_h=mtbf_h,
+                          restart_path=path, restart_source=f"measured: the {drill.fault} drill's {path} recovery "
+                          f"(detection to its first step after restart) in {drill.drill_record}",
                           mtbf_basis=mtbf_basis, young_interval_min=out.young_interval_min,
                           daly_interval_min=out.daly_interval_min, expected_waste_pct=100 * out.expected_waste_fraction,
                           recommendation=out.recommendation,

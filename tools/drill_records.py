@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 
 from pydantic import BaseModel, Field
 
-from trainops.run_folder import RunFiles, read_drill_record
+from trainops.run_folder import RunFiles, read_drill_record, read_recoveries
 from trainops.tools.base import ToolError
 
 
@@ -39,3 +39,35 @@ def newest_node_drill_restart(tool_name: str) -> MeasuredRestart:
     return MeasuredRestart(detection_s=detection, recovery_s=recovery, total_s=detection + recovery,
                            source=f"measured: {record.fault} drill of {stamp} ({path}): detection "
                                   f"{detection:.2f} s + isolation, requeue and load {recovery:.2f} s")
+
+
+def measured_path_restart(path: str, tool_name: str) -> MeasuredRestart:
+    """The median detection and recovery of every measured recovery by `path` under the workspace's runs:
+    a drill's record (RUN/drill.json, its recovery_path) and, in a run that was no drill, each recovery
+    the trainer recorded itself (RUN/recoveries.jsonl); a ToolError naming the path when none was measured."""
+    import statistics
+
+    from trainops.workspace import runs_dir
+
+    drills, trainer = [], []
+    for run_dir in sorted(p for p in runs_dir().iterdir() if p.is_dir()):
+        record = read_drill_record(run_dir)
+        if record is not None:
+            if (record.model_extra or {}).get("recovery_path") == path:
+                drills.append((record.detection_latency_s, record.recovery_time_s))
+            continue  # a drill's own recovery is counted once, from its record
+        trainer += [(entry.phases_s.get("detect"), entry.total_s)
+                    for entry in read_recoveries(run_dir) if entry.path == path]
+    found = drills + trainer
+    if not found:
+        raise ToolError(tool_name, f"restart_from='measured_path': no measured {path} recovery under {runs_dir()} (no "
+                                   "drill record nor RUN/recoveries.jsonl entry of that path); run `trainops drill "
+                                   "--fault crash` with the job's [resilience] settings first, or give restart_s")
+    detected = [d for d, _ in found if d is not None]  # a trainer record without its detect phase tells none
+    detection = statistics.median(detected) if detected else 0.0
+    recovery = statistics.median(r for _, r in found)
+    return MeasuredRestart(detection_s=detection, recovery_s=recovery, total_s=detection + recovery,
+                           source=f"measured: median of {len(found)} {path} recoveries under {runs_dir()} "
+                                  f"({len(drills)} drill record(s), {len(trainer)} trainer record(s) in "
+                                  f"recoveries.jsonl): detection {detection:.2f} s (of {len(detected)}) + recovery "
+                                  f"{recovery:.2f} s")

@@ -26,7 +26,8 @@ WEEK_S = 7 * 86400
 MONTH_S = 30 * 86400
 MAX_SIMULATED_FAILURES = 1_000_000
 MAX_RATIO_TO_MTBF = 500  # e^(x/MTBF) overflows a float near 709
-RestartFrom = Literal["given", "newest_node_drill"]
+RestartFrom = Literal["given", "newest_node_drill", "measured_path"]
+RecoveryPath = Literal["in-process", "spare-admitted", "requeue"]
 MAX_CHECKPOINT_BYTES = 2**50  # a PiB: past any job's checkpoint, so a typo in units is refused
 CHECKPOINT_TOO_SLOW = 0.10
 """The one line between "checkpoint as planned" and "make checkpoints two-phase async", for the
@@ -34,8 +35,19 @@ planner and R-ESC-4 alike: sync saves at the Young/Daly optimum cost about sqrt(
 (Young 1974, first order). The seed says only "write time approaching the MTBF"; at 10% of the run
 lost to saving (e.g. a 600 s save at a 24 h MTBF costs 11.8%) a snapshot-to-host save pays for its
 memory, as MegaScale's two-phase checkpoint did."""
-RESTART_FROM_DOC = ("Where the restart time comes from: 'given' (restart_s), or 'newest_node_drill' (measured in the "
-                    "newest multi-node drill record of the workspace: detection + isolation + requeue + load).")
+RESTART_FROM_DOC = ("Where the restart time comes from: 'given' (restart_s), 'newest_node_drill' (measured in the "
+                    "newest multi-node drill record of the workspace: detection + isolation + requeue + load), or "
+                    "'measured_path' (the median of the workspace's measured recoveries by recovery_path: drill "
+                    "records and the trainer's RUN/recoveries.jsonl).")
+RECOVERY_PATH_DOC = ("With restart_from='measured_path': the recovery path the job will use (in-process or "
+                     "spare-admitted: a lost rank on one host with [resilience] in_process_restart; requeue: a lost "
+                     "node, or in-process restart off), whose measured restart is taken.")
+
+
+def _path_goes_with_measured(restart_from: str, recovery_path: str | None) -> None:
+    if (recovery_path is None) == (restart_from == "measured_path"):
+        raise ValueError("recovery_path: give it exactly when restart_from='measured_path' (the path whose measured "
+                         "restart the plan takes: in-process, spare-admitted or requeue)")
 
 
 class CheckpointIntervalInput(BaseModel):
@@ -47,6 +59,7 @@ class CheckpointIntervalInput(BaseModel):
                                     description="Time from a failure to training again (detection, restart, load), "
                                                 "seconds; omit with restart_from='newest_node_drill'.")
     restart_from: RestartFrom = Field("given", description=RESTART_FROM_DOC)
+    recovery_path: RecoveryPath | None = Field(None, description=RECOVERY_PATH_DOC)
     mtbf_h: float = Field(gt=0, le=1e6, description="Mean time between failures of the whole job, hours.")
     checkpoint_bytes: int | None = Field(None, gt=0, le=MAX_CHECKPOINT_BYTES,
                                          description="Bytes one checkpoint writes; with write_bandwidth_mib_s gives "
@@ -72,7 +85,9 @@ class CheckpointIntervalInput(BaseModel):
     def _not_beyond_the_mtbf(self) -> CheckpointIntervalInput:
         if (self.restart_s is None) == (self.restart_from == "given"):
             raise ValueError("restart_s: give it (seconds from a failure to training again) or set "
-                             "restart_from='newest_node_drill' to take the measured one, not both or neither")
+                             "restart_from='newest_node_drill' or 'measured_path' to take the measured one, not both "
+                             "or neither")
+        _path_goes_with_measured(self.restart_from, self.recovery_path)
         mtbf_s = self.mtbf_h * 3600
         if max(self.save_s, self.restart_s or 0) > MAX_RATIO_TO_MTBF * mtbf_s:
             raise ValueError(f"save_s={self.save_s:g} / restart_s={self.restart_s:g} is more than {MAX_RATIO_TO_MTBF} "
@@ -108,6 +123,8 @@ class CheckpointIntervalOutput(BaseModel):
     recommendation: str = Field(description="One sentence a person can act on.")
     restart_s: float = Field(description="The restart time used, seconds.")
     restart_source: str = Field(description="Where restart_s came from.")
+    restart_path: RecoveryPath | None = Field(None, description="The recovery path restart_s was measured on; None: "
+                                                                "given, or not told apart.")
     write_occupancy: WriteOccupancy | None = Field(None, description="How much of the checkpoint storage's write "
                                                                      "bandwidth the plan takes; None without bytes "
                                                                      "and bandwidth.")
@@ -148,6 +165,12 @@ def plan_checkpoint_interval(inp: CheckpointIntervalInput) -> CheckpointInterval
         measured = newest_node_drill_restart("plan_checkpoint_interval")
         inp = inp.model_copy(update={"restart_s": measured.total_s})
         source = measured.source
+    elif inp.restart_from == "measured_path":
+        from trainops.tools.drill_records import measured_path_restart
+
+        measured = measured_path_restart(inp.recovery_path, "plan_checkpoint_interval")
+        inp = inp.model_copy(update={"restart_s": measured.total_s})
+        source = measured.source
     mtbf_s = inp.mtbf_h * 3600
     young = young_interval_s(inp.save_s, mtbf_s)
     daly = daly_interval_s(inp.save_s, mtbf_s)
@@ -178,6 +201,7 @@ def plan_checkpoint_interval(inp: CheckpointIntervalInput) -> CheckpointInterval
         recommendation=advice,
         restart_s=inp.restart_s,
         restart_source=source,
+        restart_path=inp.recovery_path,
         write_occupancy=occupancy,
     )
 
@@ -286,6 +310,7 @@ class EttrInput(BaseModel):
                              description="Detection to training again: restart, rendezvous, checkpoint load, seconds.")
     restart_from: RestartFrom = Field("given", description=RESTART_FROM_DOC + " With the drill, detection_latency_s "
                                                                               "and restart_s are both its figures.")
+    recovery_path: RecoveryPath | None = Field(None, description=RECOVERY_PATH_DOC)
     hot_spares: bool = Field(True,
                              description="A healthy spare node replaces a failed one at once; without, hardware causes "
                                          "wait node_replacement_s.")
@@ -306,6 +331,7 @@ class EttrInput(BaseModel):
 
     @model_validator(mode="after")
     def _override_causes_exist(self) -> EttrInput:
+        _path_goes_with_measured(self.restart_from, self.recovery_path)
         causes = _resolve_profile(self.profile).cause_counts
         unknown = sorted(set(self.detection_latency_s_by_cause) - set(causes))
         if unknown:
@@ -350,6 +376,7 @@ class EttrOutput(BaseModel):
                                                           "restart, replacement.")
     restart_source: str = Field("given by the caller",
                                 description="Where detection_latency_s and restart_s came from.")
+    restart_path: RecoveryPath | None = Field(None, description="The recovery path they were measured on.")
 
 
 def _resolve_profile(profile: str | FailureProfile) -> FailureProfile:
@@ -427,11 +454,13 @@ def plan_effective_training_time(inp: EttrInput) -> EttrOutput:
     multi-node drill's measured ones, and the output says which drill."""
     if inp.restart_from == "given":
         return simulate_ettr(inp)
-    from trainops.tools.drill_records import newest_node_drill_restart
+    from trainops.tools.drill_records import measured_path_restart, newest_node_drill_restart
 
-    measured = newest_node_drill_restart("plan_effective_training_time")
+    measured = (newest_node_drill_restart("plan_effective_training_time") if inp.restart_from == "newest_node_drill"
+                else measured_path_restart(inp.recovery_path, "plan_effective_training_time"))
     inp = inp.model_copy(update={"detection_latency_s": measured.detection_s, "restart_s": measured.recovery_s})
-    return simulate_ettr(inp).model_copy(update={"restart_source": measured.source})
+    return simulate_ettr(inp).model_copy(update={"restart_source": measured.source,
+                                                 "restart_path": inp.recovery_path})
 
 
 # --- parallel layout -----------------------------------------------------------------------
