@@ -69,7 +69,8 @@ SETTINGS = {"PriorityTier": _tier, "MaxTime": _max_time, "MaxNodes": _max_nodes,
 """The partition settings this tool changes, each with its check (None, or the form to use)."""
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
             "DEADLINE"}
-NEVER_STARTS = ("PartitionTimeLimit", "PartitionNodeLimit", "PartitionDown", "PartitionInactive",
+NEVER_STARTS = ("PartitionTimeLimit", "PartitionNodeLimit", "PartitionMaxNodes", "PartitionMinNodes",
+                "PartitionConfig", "PartitionDown", "PartitionInactive",
                 "AccountNotAllowed", "QOSNotAllowed", "InvalidAccount", "InvalidQOS", "ReqNodeNotAvail")
 """Pending reasons that mean the job will never start in this partition as it stands."""
 
