@@ -84,8 +84,8 @@ def test_a_gain_that_holds_climbs_to_the_target(operator):
 def test_a_gain_that_vanishes_at_a_rung_stops_there_reverts_and_goes_to_a_human(operator, workspace):
     """A straggler on rank 1 ([faults] slow_rank = 1, in baseline and arm alike) only exists from 2
     processes on: there every step of the job waits 15 s for it (the slowest rank sets the job's step
-    time), and micro_batch 1 -> 4's tens of milliseconds are gone inside the rung's noise band. The ladder stops at 2 processes, reruns the baseline value
-    there, and queues R-ESC-2 for a human."""
+    time), and micro_batch 1 -> 4's tens of milliseconds are gone inside the rung's noise band. The
+    ladder stops at 2 processes, reruns the baseline value there, and queues R-ESC-2 for a human."""
     from trainops.skills.ablation import ablate
     from trainops.tools.governance import queue
     from trainops.trainer.config import load_config
