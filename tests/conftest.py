@@ -154,6 +154,8 @@ def _accounting_service(tmp_path_factory):
         sandbox.wait_until(30, "slurmctld to register the cluster's TRES", lambda: "gres|gpu" in subprocess.run(
             ["sacctmgr", "-n", "-p", "show", "tres", "format=type,name"], capture_output=True, text=True,
             env=env, timeout=15).stdout)
+        os.kill(int(ctld_pid.read_text()), signal.SIGTERM)  # its work is done: sacctmgr talks to slurmdbd only
+        ctld_pid.unlink(missing_ok=True)
         yield state
     finally:
         if ctld_pid.is_file():

@@ -108,6 +108,7 @@ def current_state(target: str) -> dict[str, Any]:
     account_row = next((row for row in assoc_rows if row[1] == ""), None)
     qos = next((row for row in qos_rows if row[0] == tenant), None)
     return {
+        "account_record": bool(_rows(["show", "account", "where", f"name={tenant}", "format=account"])),
         "account": account_row is not None,
         "users": sorted(row[1] for row in assoc_rows if row[1]),
         "account_qos": sorted(q for q in account_row[2].split(",") if q) if account_row else [],
@@ -143,7 +144,9 @@ def restore_commands(target: str, previous: dict[str, Any]) -> list[list[str]]:
     is removed again, the rest get their recorded QOS list and limits back."""
     tenant, name, user = _check_tenant_id(target), cluster(), getpass.getuser()
     commands = []
-    if not previous["account"]:
+    if not previous["account_record"]:  # the account did not exist anywhere: remove it whole
+        commands.append(["sacctmgr", "-i", "delete", "account", f"name={tenant}"])
+    elif not previous["account"]:
         commands.append(["sacctmgr", "-i", "delete", "account", f"name={tenant}", f"cluster={name}"])
     else:
         if user not in previous["users"]:

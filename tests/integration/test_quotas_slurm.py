@@ -77,7 +77,7 @@ def test_a_quota_needs_approval_at_the_cli_and_then_shows_in_sacctmgr(sandbox_cl
     assert _sacctmgr("show", "qos", "where", "name=qland", "format=name,grptres,grpjobs,priority") == \
         "qland|cpu=2,gres/gpu=1|3|1000|\n"
     rows = _sacctmgr("show", "assoc", "where", "account=qland", "format=account,user,qos,defaultqos").splitlines()
-    assert sorted(rows) == ["qland||qland|qland|", "qland|root|qland|qland|"]
+    assert set(rows) == {"qland||qland|qland|", "qland|root|qland|qland|"}  # the account, and root in it
     out = json.loads(ran.stdout)
     record = read_change(out["change_id"])
     assert (record.kind, record.target, record.previous["account"], record.previous["qos"]) == (
@@ -86,7 +86,7 @@ def test_a_quota_needs_approval_at_the_cli_and_then_shows_in_sacctmgr(sandbox_cl
     assert record.rollback_commands[0][:4] == ["sacctmgr", "-i", "delete", "account"]
 
 
-@pytest.mark.parametrize("limit, reason", [({"cpus": 2}, "QOSGrpCpuLimit"), ({"max_jobs": 1}, "QOSGrpJobsLimit")])
+@pytest.mark.parametrize("limit, reason", [({"cpus": 1}, "QOSGrpCpuLimit"), ({"max_jobs": 1}, "QOSGrpJobsLimit")])
 def test_slurm_holds_a_tenants_job_over_quota_pending_with_its_own_reason(sandbox_cluster, approvers, limit, reason):
     tenant = "qhold-" + next(iter(limit)).replace("_", "")
     change = _approved("set_tenant_quota", {"tenant": tenant, **limit, "priority": "normal", "reason": "hold test"},
@@ -94,7 +94,7 @@ def test_slurm_holds_a_tenants_job_over_quota_pending_with_its_own_reason(sandbo
     scheduler = SlurmScheduler()
 
     def job(name: str, tenant_id: str | None) -> str:
-        return scheduler.submit(JobSpec(name=name, command=["sleep", "120"], procs_per_node=2,
+        return scheduler.submit(JobSpec(name=name, command=["sleep", "120"], procs_per_node=1,
                                         tenant=tenant_id)).job_id
 
     within, over, other = job("within", tenant), job("over", tenant), job("other", None)
@@ -102,7 +102,7 @@ def test_slurm_holds_a_tenants_job_over_quota_pending_with_its_own_reason(sandbo
         _wait_for("the within-quota and the other account's job to run",
                   lambda: _squeue(within)[0] == "RUNNING" and _squeue(other)[0] == "RUNNING")
         assert _squeue(within)[2:] == (tenant, tenant)  # account and QOS: the tenant's
-        time.sleep(4)  # several scheduler passes (sched_interval=2, bf_interval=1) with 2 CPUs still free
+        time.sleep(4)  # several scheduler passes (sched_interval=2, bf_interval=1) with 4 CPUs still free
         assert _squeue(over)[:2] == ("PENDING", reason)
         with pytest.raises(SchedulerError, match="set_tenant_quota"):  # no account: Slurm refuses, we name the fix
             job("noacct", "qnone")

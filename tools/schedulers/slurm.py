@@ -171,9 +171,10 @@ class SlurmScheduler(PollingWait):
         try:
             job_id = self.transport.submit(script, sbatch_options(spec, log_path))
         except SchedulerError as exc:
-            if spec.tenant and "nvalid account" in str(exc):
-                raise SchedulerError(KIND, f"tenant {spec.tenant!r} has no Slurm account on this cluster ({exc}); "
-                                           "give it a quota with set_tenant_quota, which creates the account") from None
+            if spec.tenant:  # pyslurm does not say why; sbatch says "Invalid account"
+                raise SchedulerError(KIND, f"{exc}; if tenant {spec.tenant!r} has no Slurm account on this cluster "
+                                           "yet, give it a quota with set_tenant_quota, which creates the account"
+                                     ) from None
             raise
         handle = JobHandle(job_id=job_id, backend=KIND, name=spec.name, submitted_at=time.time(),
                            run_dir=spec.run_dir, log_path=log_path)
