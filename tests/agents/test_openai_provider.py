@@ -81,10 +81,10 @@ def test_injected_log_line_cannot_trigger_an_ungated_cancel(scripted_openai, ope
 
 
 def test_a_token_gated_call_waits_in_the_governance_queue_and_approval_mints_the_token(scripted_openai, openai_settings,
-                                                                                        approvers):
+                                                                                        approvers, slurm_accounting):
     from trainops.tools.governance import queue as tokens
 
-    quota = {"tenant": "team-a", "gpus": 8, "priority": "high", "reason": "launch week"}
+    quota = {"tenant": "team-oa", "gpus": 8, "priority": "high", "reason": "launch week"}
     scripted_openai.script = [tool_call("set_tenant_quota", quota), text("Quota set.")]
     with AgentSession("quota", openai_settings) as session:
         events = list(session.ask("give team-a 8 GPUs at high priority for launch week"))
@@ -92,7 +92,8 @@ def test_a_token_gated_call_waits_in_the_governance_queue_and_approval_mints_the
         assert [p.tool for p in tokens.pending_calls()] == ["set_tenant_quota"]
         events = list(session.decide({"decision": "approve", "approver": "alice",
                                       "keys": [str(approvers.alice.key), str(approvers.bob.key)]}))
-    assert events[0]["status"] == "success" and events[0]["output"]["current"]["gpus"] == 8
+    assert events[0]["status"] == "success"
+    assert events[0]["output"]["current"]["grp_tres"]["gres/gpu"] == 8  # read back from sacctmgr
     assert tokens.pending_calls() == []
     assert [(c.tool, c.approver) for c in tokens.decided_calls()] == [("set_tenant_quota", "alice, bob")]
 
