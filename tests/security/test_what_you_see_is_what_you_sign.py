@@ -172,8 +172,11 @@ def test_approve_pending_shows_every_field_before_it_signs_and_signs_exactly_tho
     assert lines.index("gpus = 4096") < signed_line
     token = result.output.split("--cosign ")[1].split()[0]
     [approval] = tokens.parse(token)
-    assert approval.payload.input_sha256 == shown_sha == queue.input_hash(
-        {"gpus": 4096, "priority": "high", "reason": reason, "tenant": "acme"})
+    from trainops.tools.quotas import QuotaInput
+
+    full = QuotaInput(tenant="acme", gpus=4096, priority="high", reason=reason).model_dump(mode="json")
+    assert "emergency = false" in lines  # every field, defaults too, is shown before it is signed
+    assert approval.payload.input_sha256 == shown_sha == queue.input_hash(full)
     assert approval.payload.call_id == pending
 
 
