@@ -1,16 +1,16 @@
-"""The agent's structured final answer, the report rules it must pass, and one scored run.
+"""The agent's structured final answer, the report rules it must pass, and the trace of one scored run.
 
 A model ends a request by calling `final_answer` with a `FinalAnswer`; `answer_problems` holds it
 against what the tools of that run returned before anyone sees it (a cause stated with medium or
 high confidence needs evidence, every quote must be found in a tool's output, an inconclusive
-verdict says what to collect next). `run_agent` is one non-interactive run, traced for scoring:
-gated calls are queued for a human, never approved, and end as "pending".
+verdict says what to collect next). `AgentTrace` is what one non-interactive run did
+(`trainops.agents.session.run_agent`): gated calls are queued for a human, never approved, and end
+as "pending".
 """
 from __future__ import annotations
 
 import json
 import re
-import time
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -129,29 +129,3 @@ def render(answer: FinalAnswer) -> str:
               for a in answer.proposed_actions]
     lines += [f"- collect next: {item}" for item in answer.next_to_collect]
     return "\n".join(lines)
-
-
-def run_agent(request: str, *, llm=None, settings=None, max_steps: int = 12, max_tokens: int = 60000) -> AgentTrace:
-    """One non-interactive agent run on a fresh thread: gated calls are queued, not approved (they end
-    as "pending"); the run stops at an accepted final answer or a budget, and says which."""
-    from langgraph.checkpoint.memory import InMemorySaver
-
-    from trainops.agents.graph import build_graph, trace_of
-    from trainops.agents.providers import load_settings, make_chat_model
-    from trainops.agents.session import new_thread_id
-
-    started = time.perf_counter()
-    settings = settings or load_settings()
-    graph = build_graph(llm or make_chat_model(settings), InMemorySaver(), settings, interactive=False,
-                        max_steps=max_steps, max_tokens=max_tokens)
-    config = {"configurable": {"thread_id": "eval-" + new_thread_id()}, "recursion_limit": 8 * max_steps + 20}
-    try:
-        state = graph.invoke({"messages": [("human", request)]}, config)
-    except Exception as exc:  # a provider or graph failure is the run's outcome, not a crash of the benchmark
-        from trainops.redact import scrub
-
-        values = graph.get_state(config).values
-        trace = trace_of(values)
-        return trace.model_copy(update={"stop_reason": "error", "detail": scrub(f"{type(exc).__name__}: {exc}"),
-                                        "wall_s": time.perf_counter() - started})
-    return trace_of(state).model_copy(update={"wall_s": time.perf_counter() - started})

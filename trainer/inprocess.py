@@ -15,6 +15,7 @@ Store keys (all under the supervisor's store): `ready/W` (worker W is imported: 
 """
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import os
@@ -29,6 +30,7 @@ import torch.distributed as dist
 from trainops.run_folder import RunFiles
 from trainops.trainer.config import load_config
 from trainops.trainer.metrics import note_exit
+from trainops.trainer.train import NonFiniteLoss, exit_now, note_termination, train
 
 STORE_ENV = "TRAINOPS_INPROCESS_STORE"
 WORKER_ENV = "TRAINOPS_INPROCESS_WORKER"
@@ -72,8 +74,6 @@ class _Tee:
 def serve(run_dir: Path) -> int:
     """Wait for assignments and train each one; 0 when training finished or the supervisor said
     stop, 1 when the supervisor is gone or the run failed in a way a restart cannot mend."""
-    from trainops.trainer.train import NonFiniteLoss, note_termination, train
-
     worker = int(os.environ[WORKER_ENV])
     store = store_from_env()
     store.set(f"ready/{worker}", json.dumps({"pid": os.getpid(), "time": time.time()}))
@@ -123,7 +123,6 @@ def _train_generation(store, run_dir: Path, rank: int, world: int, generation: i
         train(load_config(RunFiles(run_dir).config), run_dir, rank, world, device, progress)
         return "done", ""
     except Exception as error:  # a broken collective: leave it, keep the process
-        from trainops.trainer.train import NonFiniteLoss
 
         if isinstance(error, NonFiniteLoss):
             raise
@@ -133,3 +132,14 @@ def _train_generation(store, run_dir: Path, rank: int, world: int, generation: i
     finally:
         dist.destroy_process_group()
         gc.collect()  # the old model, optimizer and shared-memory mappings go with the failed generation
+
+
+def main(argv: list[str] | None = None) -> int:
+    """A worker's entry point, started by trainops.trainer.supervisor (never by torchrun)."""
+    parser = argparse.ArgumentParser(description="an in-process-restart worker: ranks and warm spares alike")
+    parser.add_argument("--run-dir", required=True, help="run folder holding config.toml")
+    return serve(Path(parser.parse_args(argv).run_dir))
+
+
+if __name__ == "__main__":
+    exit_now(main())

@@ -80,7 +80,8 @@ def in_process_argv(python: str, nproc_per_node: int, program: list[str], nnodes
         return None
     return [python, "-m", "trainops.trainer.supervisor", "--nproc-per-node", str(nproc_per_node),
             "--warm-spares", str(resilience.warm_spares),
-            "--collective-timeout-s", f"{resilience.collective_timeout_s:g}", "--run-dir", str(run_dir), "--", *program]
+            "--collective-timeout-s", f"{resilience.collective_timeout_s:g}", "--run-dir", str(run_dir), "--",
+            "-m", "trainops.trainer.inprocess", "--run-dir", str(run_dir)]
 
 
 def trainer_program(run_dir: str | Path) -> list[str]:

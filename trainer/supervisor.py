@@ -11,7 +11,7 @@ RUN/recoveries.jsonl once the first step after it is done. What it cannot recove
 left, every rank failing alike) ends it non-zero, so the scheduler's requeue takes over.
 
     python -m trainops.trainer.supervisor --nproc-per-node N --warm-spares S --collective-timeout-s T
-        --run-dir RUN -- -m trainops.trainer.train --run-dir RUN
+        --run-dir RUN -- -m trainops.trainer.inprocess --run-dir RUN
 """
 from __future__ import annotations
 

@@ -342,10 +342,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", required=True, help="run folder holding config.toml")
     run_dir = Path(parser.parse_args(argv).run_dir)
     cfg = load_config(RunFiles(run_dir).config)
-    if os.environ.get("TRAINOPS_INPROCESS_STORE"):  # started by trainops.trainer.supervisor
-        from trainops.trainer.inprocess import serve
-
-        return serve(run_dir)
     rank, world_size, device = init_distributed()
     RunFiles(run_dir).logs_dir.mkdir(parents=True, exist_ok=True)
     log_file = open(RunFiles(run_dir).rank_log(rank), "a", buffering=1)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Iterator
 
 from trainops.benchmarks.agent_eval.scenario import HOME_TOKEN, SCENARIO_FILE, WORKSPACE, Scenario, dumps
+from trainops.tools.schedulers import get_scheduler
 from trainops.tools.schedulers.replay import SNAPSHOT_FILE, capture
 
 KEPT_TOP = ("interruptions.jsonl", "local_nodes.json", "tenants.json")
@@ -90,7 +91,7 @@ def record(source: Path, scenario: Scenario, dest_root: Path, plants: dict[str, 
         if (home / name).is_file():
             _freeze_text(home / name, frozen / name, home)
     with _workspace(home):
-        snapshot = capture(scheduler, home)
+        snapshot = capture(scheduler, get_scheduler(scheduler), home)
     (frozen / SNAPSHOT_FILE).write_text(snapshot.model_dump_json(indent=1).replace(str(home), HOME_TOKEN))
     for relative, text in (plants or {}).items():
         target = (frozen / relative).resolve()

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from tests.agents.conftest import ScriptedOpenAI
-from trainops.agents.answer import run_agent
+from trainops.agents.session import run_agent
 from trainops.tools.base import CallContext
 from trainops.tools.calls import call
 

@@ -21,6 +21,7 @@ from trainops.tools.schedulers.base import (
     JobSpec,
     JobStatus,
     NodeInfo,
+    Scheduler,
     SchedulerError,
     rank_log,
     read_confined,
@@ -43,11 +44,8 @@ class SchedulerSnapshot(BaseModel):
                                      description="job id -> its combined log, relative to the workspace.")
 
 
-def capture(kind: str, home: Path) -> SchedulerSnapshot:
-    """Ask the live backend `kind` for every job and node state, now."""
-    from trainops.tools.schedulers import get_scheduler
-
-    live = get_scheduler(kind)
+def capture(kind: str, live: Scheduler, home: Path) -> SchedulerSnapshot:
+    """Ask the live backend (`kind`, from get_scheduler) for every job and node state, now."""
     recorded_at = time.time()
     jobs = [live.status(job.job_id) for job in live.list_jobs()]
     logs: dict[str, str] = {}
