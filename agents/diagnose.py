@@ -20,6 +20,9 @@ from trainops.agents.answer import FINAL_ANSWER_TOOL, Evidence, FinalAnswer, Pro
 
 DIAGNOSIS = re.compile(r"\b(diagnos\w*|why did|what happened|root cause|went wrong|what killed|crash(ed|es)?|"
                        r"fail(ed|s|ure)?|hung|hangs?|hanging|stuck|died|stalled?|slow(ed)?)\b", re.I)
+# A request for the cause (not only what happened and where): unanswerable while the record says
+# "unclassified", whatever the fault's kind and place.
+CAUSE_QUESTION = re.compile(r"\b(root cause|why|what killed|caused by|cause of|was it|is it)\b", re.I)
 SKILL = "fault-drill"
 ERROR_PATTERN = r"Traceback|Error|Exception|NCCL|timed out|Killed|signal|nan|inf\b|corrupt|checksum"
 _FINISHED_OK = {"completed", "succeeded", "finished"}
@@ -66,7 +69,8 @@ def next_step(request: str, params: dict[str, Any], done: set[str], results: lis
         return _call("grep_log", args, n)
     if record is None and job and "job_status" not in done:
         return _call("job_status", {"job_id": str(job)}, n)
-    answer = _from_record(record, out.get("grep_log")) if record else _without_record(job or run, out)
+    asks_cause = CAUSE_QUESTION.search(request) is not None
+    answer = _from_record(record, out.get("grep_log"), asks_cause) if record else _without_record(job or run, out)
     return _call(FINAL_ANSWER_TOOL, answer, n)
 
 
@@ -91,7 +95,8 @@ def _fault_kind(record: dict) -> str | None:
         return "node-crash"
     if "stall" in reason or "heartbeat" in reason:
         return "hang"
-    if ev.get("silent_ranks") or ev.get("signal") == "SIGKILL":
+    gone = [rank for rank, state in (ev.get("ranks_at_end") or {}).items() if state == "gone"]
+    if ev.get("silent_ranks") or ev.get("signal") == "SIGKILL" or gone:
         return "crash"
     return None
 
@@ -135,13 +140,15 @@ def _actions(record: dict, kind: str | None) -> tuple[list[ProposedAction], list
     return kept, decide
 
 
-def _from_record(record: dict, grep: dict | None) -> dict[str, Any]:
+def _from_record(record: dict, grep: dict | None, asks_cause: bool) -> dict[str, Any]:
+    """What the record settles: the fault's kind and place even when its cause is unclassified;
+    the cause only when the classifier named one (asked for an unclassified cause: inconclusive)."""
     ev, cause = record.get("evidence") or {}, record.get("cause")
     evidence = _evidence(record, grep)
     kind = _fault_kind(record)
     ranks = sorted({r for r in [ev.get("failing_rank"), *(ev.get("silent_ranks") or [])] if r is not None})
     nodes = [ev["failing_node"]] if ev.get("failing_node") else []
-    if cause == "unclassified":
+    if cause == "unclassified" and (asks_cause or kind is None or not ranks):
         return FinalAnswer(verdict="inconclusive", fault_kind=kind, ranks=ranks, nodes=nodes, evidence=evidence,
                            confidence="low", next_to_collect=[
                                "the failing rank's full log around its last step (read_log_window)",

@@ -14,6 +14,9 @@ from trainops.agents.policy import classify, fill_args, parse_params
     ("show pending approvals", "approvals"),
     ("show the logs of job 12", "logs"),
     ("what's for lunch", None),
+    # the ids a request names never choose its intent: a job called drill-... asked about is a diagnosis
+    ("Job drill-crash-20261202-133205-2e52bc was interrupted. What happened?", "diagnose"),
+    ("show the logs of job drill-sop-approval-1", "logs"),
 ])
 def test_requests_map_to_intents(text, intent):
     assert classify(text) == intent
