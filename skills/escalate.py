@@ -80,5 +80,10 @@ def carry_fired(pack, ctx: CallContext | None = None):
     from trainops.tools.governance.escalation import escalations_for
 
     _ettr, causes = record_ettr(until=pack.created_time, window_s=pack_window_s(pack))
-    items = human_items(escalations_for(pack_signals(pack), causes), f"pack {pack.pack_id}", ctx)
+    fired = escalations_for(pack_signals(pack), causes)
+    handed = [row.stop.human_item for row in pack.ablations if row.stop and row.stop.human_item]
+    if handed and all(row.stop and row.stop.human_item for row in pack.ablations if row.vanished_at_scale):
+        fired = [esc for esc in fired if esc.rule_id != "R-ESC-2"]  # each stop's ladder handed it over already
+    items = [item for item in handed if item not in pack.awaiting_human]
+    items += human_items(fired, f"pack {pack.pack_id}", ctx)
     return pack.model_copy(update={"awaiting_human": [*pack.awaiting_human, *items]}) if items else pack

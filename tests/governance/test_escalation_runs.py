@@ -58,6 +58,29 @@ def test_a_pack_whose_arm_vanished_at_scale_is_refused_unless_it_carries_the_esc
     assert (write(carried) / "evidence.json").is_file()
 
 
+def test_a_ladder_stop_already_handed_over_is_carried_not_queued_twice(workspace):
+    from trainops.skills import rollout
+    from trainops.skills.escalate import carry_fired
+    from trainops.skills.evidence.model import AblationRow, LadderStop, PackEnvironment
+    from trainops.skills.evidence.pack import assemble, write
+    from trainops.tools.governance import queue
+
+    row = AblationRow(knob="parallel.tp", value="2", baseline_value="1", category="parallelism", scale="2 procs",
+                      scale_kind="target", mfu_change_pct=-4.0, noise_band_pct=2.0, beyond_noise=True,
+                      verdict="regression", vanished_at_scale=True, source_run="runs/arm-2")
+    stop = LadderStop(rung="2 processes", reason="gain gone", topology_hint="the first collectives",
+                      reverted_to="1", verification_change_pct=0.3, verification_band_pct=2.0,
+                      verification_matches=True)
+    stop = stop.model_copy(update={"human_item": rollout.hand_over(row, stop)})
+    row = row.model_copy(update={"stop": stop})
+    env = PackEnvironment(framework="trainops-trainer", framework_version="0.1.0", torch_version="2.13.0",
+                          hardware="cpu:x86_64", device_count=2, backend="gloo", scheduler="local")
+    carried = carry_fired(assemble("ladder", env, None, [row], [], []))
+    assert [i for i in carried.awaiting_human if i.startswith("R-ESC")] == [stop.human_item]  # the ladder's, once
+    assert [p.tool for p in queue.pending_calls()] == ["acknowledge_escalation"]
+    assert (write(carried) / "evidence.json").is_file()
+
+
 def test_watch_on_an_unknown_job_says_so_in_one_line(workspace):
     result = CliRunner().invoke(app, ["watch", "no-such-job", "--json"])
     assert result.exit_code == 2 and "Traceback" not in result.output
