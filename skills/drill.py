@@ -290,7 +290,6 @@ class _Drill:
                            first_step_at=recovered.first_step_at, loaded=loaded,
                            intact=verify_restored(run_dir, loaded, self.ctx) if recovered.checkpoint else False,
                            fell_back=[e.step for e in read_journal(run_dir).fallbacks if e.time > injected_at])
-        detector += f"; recovered in process ({phases_line(recovered)})"
         return self.finish(injected_at, last_step, detection, restart, detector, recovered)
 
     def start(self) -> None:
@@ -395,7 +394,6 @@ class _Drill:
                               requeued_at=restart.isolated_at, started_at=restart.started_at)
         if recovered is None:
             recovered = requeue_recovery(self.run_dir, marks)
-            detector += f"; {phases_line(recovered)}"
         from_step = recovered.resumed_step if recovered.resumed_step is not None else (loaded.step if loaded else 0)
         used = (loaded.path if loaded else f"a peer's memory (step {from_step})" if recovered.path != "requeue"
                 else "none (restarted from step 0)")
@@ -418,7 +416,7 @@ class _Drill:
         evidence = EvidenceRow(tool="inject_fault+detect_faults+requeue_job", version=self.req.framework_version,
                                command=command_line(self.launch), log_path=str(record),
                                value=f"{self.fault}: detect {result.detection_latency_s:.2f} s, recover "
-                               f"{result.recovery_time_s:.1f} s by {result.recovery_path or 'an unknown path'}, "
+                               f"{result.recovery_time_s:.1f} s ({phases_line(recovered)}), "
                                f"{result.steps_lost} steps lost"
                                + self.target.evidence(str(record)),
                                window_start=self.started, window_end=time.time())
