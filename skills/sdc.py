@@ -79,6 +79,13 @@ def suspect_in(run_dir: str | Path) -> Suspect | None:
     return Suspect(rank=rec.rank, node=rec.host, step=rec.step, evidence=f"checksum_mismatch: {why}")
 
 
+def fleet_nodes(nodes: list, suspect_node: str | None) -> list[str]:
+    """The usable nodes of the suspect's partition(s): a node in none of them (a shadow partition's,
+    say) cannot run the partition's check jobs. Where the scheduler names no partitions, every node."""
+    home = next((set(n.partitions) for n in nodes if n.name == suspect_node and n.partitions), None)
+    return [n.name for n in nodes if n.state in USABLE and (home is None or home & set(n.partitions))]
+
+
 def respond(run_dir: str, suspect: Suspect, scheduler: str = "local", ctx: CallContext | None = None,
             timeout_s: float = 300.0) -> SdcCase:
     """The whole response; the suspect's job must already be stopped (its nodes are tested)."""
@@ -86,7 +93,7 @@ def respond(run_dir: str, suspect: Suspect, scheduler: str = "local", ctx: CallC
     beat = read_heartbeat(run_dir, suspect.rank)  # the rank's own host: metrics lines do not carry one
     suspect = suspect.model_copy(update={"node": beat.host if beat and beat.host else suspect.node})
     quarantined = call("quarantine_checkpoints", {"run": run_dir, "from_step": suspect.step}, ctx).quarantined_steps
-    nodes = [n.name for n in call("list_nodes", {"scheduler": scheduler}, ctx).nodes if n.state in USABLE]
+    nodes = fleet_nodes(call("list_nodes", {"scheduler": scheduler}, ctx).nodes, suspect.node)
     fleet = run_check("fleet", nodes, nodes, scheduler, ctx, timeout_s)
     good = [n for n in nodes if n not in fleet.failed_nodes and n != suspect.node]
     if suspect.node in nodes and good:

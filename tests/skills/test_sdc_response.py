@@ -49,3 +49,15 @@ def test_a_bitflip_drill_tests_the_node_quarantines_and_hands_the_case_to_a_huma
     assert pending.tool == "acknowledge_escalation" and pending.input["rule_id"] == "R-ESC-3"
     assert any("fleet test" in line for line in pending.input["results"])
     assert result.async_checkpoint_intact  # the drill still restarted from a checkpoint before the flip
+
+
+def test_the_fleet_check_covers_the_suspects_partition_not_a_shadow_partitions_node():
+    """A shadow partition's node cannot run the job partition's check jobs: it is left out of the fleet."""
+    from trainops.skills.sdc import fleet_nodes
+    from trainops.tools.schedulers.base import NodeInfo
+
+    nodes = [NodeInfo(name=f"n{k}", state="idle", partitions=["sandbox"]) for k in (1, 2, 3)]
+    nodes += [NodeInfo(name="n4", state="idle", partitions=["shadow"]), NodeInfo(name="n5", state="down",
+                                                                                  partitions=["sandbox"])]
+    assert fleet_nodes(nodes, "n2") == ["n1", "n2", "n3"]
+    assert fleet_nodes([NodeInfo(name="vm", state="idle")], "vm") == ["vm"]  # no partitions: every usable node

@@ -173,6 +173,8 @@ class NodeInfo(BaseModel):
     state: NodeState
     cpus: int | None = None
     reason: str = ""
+    partitions: list[str] = Field(default_factory=list,
+                                  description="The Slurm partitions the node is in; empty where there are none.")
 
 
 @runtime_checkable

@@ -312,7 +312,7 @@ class SlurmScheduler(PollingWait):
             if "DRAIN" in node.flags:
                 state = "drained" if state == "idle" or "DRAINED" in node.flags else "draining"
             nodes.append(NodeInfo(name=node.name, state=_NODE_STATES.get(state, "unknown"), cpus=node.cpus,
-                                  reason=node.reason))
+                                  reason=node.reason, partitions=list(node.partitions)))
         return nodes
 
     def _node(self, node: str) -> NodeInfo:

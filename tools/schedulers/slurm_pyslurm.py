@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from trainops.tools.schedulers.base import SchedulerError
-from trainops.tools.schedulers.slurm_transport import KIND, SlurmJob, SlurmNode, controller_address
+from trainops.tools.schedulers.slurm_transport import KIND, SlurmJob, SlurmNode, controller_address, partition_names
 
 # sbatch flag -> pyslurm job option (pyslurm takes sbatch's names, with its own spellings)
 _OPTIONS = {"job-name": "job_name", "nodes": "min_nodes", "cpus-per-task": "cpus_per_task", "output": "output",
@@ -119,7 +119,7 @@ class PyslurmTransport:
             base, *extra = raw.split("+")
             flags = tuple(f.upper() for f in extra) + (("NOT_RESPONDING",) if base.endswith("*") else ())
             found.append(SlurmNode(name=name, state=base.rstrip("*").lower(), flags=flags, cpus=node.get("cpus"),
-                                   reason=node.get("reason") or ""))
+                                   reason=node.get("reason") or "", partitions=partition_names(node.get("partitions"))))
         return found
 
     def update_node(self, node: str, state: str, reason: str) -> None:

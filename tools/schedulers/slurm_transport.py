@@ -51,6 +51,13 @@ class SlurmNode:
     flags: tuple[str, ...] = field(default_factory=tuple)  # upper case: DRAIN, NOT_RESPONDING, ...
     cpus: int | None = None
     reason: str = ""
+    partitions: tuple[str, ...] = ()
+
+
+def partition_names(value: object) -> tuple[str, ...]:
+    """A node's partitions as either transport gives them: a list, or one comma-separated string."""
+    items = value.split(",") if isinstance(value, str) else value if isinstance(value, (list, tuple)) else []
+    return tuple(str(item).strip() for item in items if str(item).strip())
 
 
 class SlurmTransport(Protocol):
@@ -189,7 +196,8 @@ class CliTransport:
         for node in run_json(["sinfo", "--json"]).get("nodes", []):
             found.append(SlurmNode(name=node["name"], state=str(node.get("state", "unknown")).lower(),
                                    flags=tuple(str(f).upper() for f in node.get("state_flags", [])),
-                                   cpus=node.get("cpus"), reason=node.get("reason", "") or ""))
+                                   cpus=node.get("cpus"), reason=node.get("reason", "") or "",
+                                   partitions=partition_names(node.get("partitions"))))
         return found
 
     def update_node(self, node: str, state: str, reason: str) -> None:
