@@ -30,6 +30,7 @@ from trainops.tools.governance.claims import SchedulerChange
 TOOL = "change_scheduler_policy"
 SCONTROL_TIMEOUT_S = 30
 REGRESSION_JOBS = Path(__file__).with_name("regression_jobs.toml")
+REGRESSION_RDZV_PORT = 29610  # first of the regression jobs' rendezvous ports (the default 29500 is every job's)
 PARTITION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _NAME_LIST = re.compile(r"ALL|[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*")
 _DURATION = re.compile(r"(\d+-)?\d{1,2}(:\d{2}){0,2}|\d+")
@@ -194,9 +195,11 @@ def replay(partition: str) -> Replay:
 
     jobs, scheduler = regression_set(), SlurmScheduler()
     started, submitted, results = time.time(), {}, {}
-    for job in jobs.job:
+    for index, job in enumerate(jobs.job):
         spec = training_spec(TrainingJob(preset=job.preset, nproc=job.nproc, overrides=job.overrides), job.name, [])
-        spec = spec.model_copy(update={"partition": partition, "time_limit_min": jobs.time_limit_min})
+        # the set runs at once, often on one node: each job's torchrun rendezvous gets a port of its own
+        spec = spec.model_copy(update={"partition": partition, "time_limit_min": jobs.time_limit_min,
+                                       "rdzv_port": REGRESSION_RDZV_PORT + index})
         try:
             submitted[job.name] = scheduler.submit(spec).job_id
         except SchedulerError as exc:
