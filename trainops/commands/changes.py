@@ -34,9 +34,10 @@ def _render_rollback(result: dict[str, Any]) -> None:
     for argv in result["ran"]:
         out.print("ran: " + " ".join(argv), highlight=False, markup=False)
     if result["restored"]:
-        out.print(f"{result['target']} is back as change {result['change_id']} recorded it", highlight=False)
+        out.print(f"{result['target']} is back as change {result['change_id']} recorded it",
+                  highlight=False, markup=False)
     else:
-        out.print(f"{result['target']} differs from the recorded state:", highlight=False)
+        out.print(f"{result['target']} differs from the recorded state:", highlight=False, markup=False)
         for line in result["differences"]:
             out.print(f"  {line}", highlight=False, markup=False)
 

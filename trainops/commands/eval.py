@@ -70,7 +70,7 @@ def record(
         fail(f"eval record: {exc}", as_json=as_json)
     size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
     emit({"scenario": str(folder), "bytes": size}, as_json,
-         lambda r: console().print(f"recorded {r['scenario']} ({r['bytes']} bytes)"))
+         lambda r: console().print(f"recorded {r['scenario']} ({r['bytes']} bytes)", markup=False))
 
 
 @app.command("run")
@@ -94,7 +94,7 @@ def run(
         fail(f"eval run: {exc}", as_json=as_json)
     if not chosen:
         fail("eval run: no scenarios found; record one with `trainops eval record`", as_json=as_json)
-    progress = None if as_json else (lambda line: console(stderr=True).print(line))
+    progress = None if as_json else (lambda line: console(stderr=True).print(line, markup=False))
     if provider == "scripted":
         result = _run_scripted(model or "", chosen, k, max_steps, progress, as_json)
     else:
@@ -119,7 +119,7 @@ def publish(k: int = typer.Option(5, "--k", min=1, max=100, help="Runs per scena
     from trainops.benchmarks.agent_eval import runner
 
     path = runner.publish(k, scripted_k)
-    emit({"results": str(path)}, as_json, lambda r: console().print(f"wrote {r['results']}"))
+    emit({"results": str(path)}, as_json, lambda r: console().print(f"wrote {r['results']}", markup=False))
 
 
 def _run_scripted(name: str, chosen, k: int, max_steps: int, progress, as_json: bool):
