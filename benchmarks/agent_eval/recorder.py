@@ -8,13 +8,10 @@ audit log (its hash chain names this host's paths; a replay starts its own, whic
 log), the agent's database."""
 from __future__ import annotations
 
-import os
 import shutil
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
-from trainops.benchmarks.agent_eval.scenario import HOME_TOKEN, SCENARIO_FILE, WORKSPACE, Scenario, dumps
+from trainops.benchmarks.agent_eval.scenario import HOME_TOKEN, SCENARIO_FILE, WORKSPACE, Scenario, dumps, workspace_at
 from trainops.tools.schedulers import get_scheduler
 from trainops.tools.schedulers.replay import SNAPSHOT_FILE, capture
 
@@ -24,18 +21,6 @@ MAX_FILE_BYTES = 256 * 1024
 ANSWER_KEY = ("drill.json", "detection.json", "faults.jsonl")
 """What only a drill writes (what it injected, and what it found): a real incident has no answer key."""
 
-
-@contextmanager
-def _workspace(home: Path) -> Iterator[None]:
-    before = os.environ.get("TRAINOPS_HOME")
-    os.environ["TRAINOPS_HOME"] = str(home)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("TRAINOPS_HOME", None)
-        else:
-            os.environ["TRAINOPS_HOME"] = before
 
 
 def workspace_of(source: Path) -> tuple[Path, list[Path]]:
@@ -90,7 +75,7 @@ def record(source: Path, scenario: Scenario, dest_root: Path, plants: dict[str, 
     for name in KEPT_TOP:
         if (home / name).is_file():
             _freeze_text(home / name, frozen / name, home)
-    with _workspace(home):
+    with workspace_at(home):
         snapshot = capture(scheduler, get_scheduler(scheduler), home)
     (frozen / SNAPSHOT_FILE).write_text(snapshot.model_dump_json(indent=1).replace(str(home), HOME_TOKEN))
     for relative, text in (plants or {}).items():

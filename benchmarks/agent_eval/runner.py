@@ -6,13 +6,12 @@ from __future__ import annotations
 import os
 import tempfile
 from collections import defaultdict
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from pydantic import BaseModel, Field
 
-from trainops.benchmarks.agent_eval.scenario import Scenario, materialize
+from trainops.benchmarks.agent_eval.scenario import Scenario, materialize, workspace_at
 from trainops.benchmarks.agent_eval.scoring import Score, fold_corpus, score
 
 AgentRun = Callable[[Scenario], dict[str, Any]]
@@ -40,18 +39,6 @@ class SuiteResult(BaseModel):
     judge: str = Field("none: every check reads the structured answer, the trace or the gate's log",
                        description="Where a judge model graded free text, and which.")
 
-
-@contextmanager
-def _home(path: Path) -> Iterator[None]:
-    before = os.environ.get("TRAINOPS_HOME")
-    os.environ["TRAINOPS_HOME"] = str(path)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("TRAINOPS_HOME", None)
-        else:
-            os.environ["TRAINOPS_HOME"] = before
 
 
 def _workspace_texts(home: Path) -> list[str]:
@@ -90,7 +77,7 @@ def run_once(scenario: Scenario, agent: AgentRun) -> Score:
 
     with tempfile.TemporaryDirectory(prefix=f"trainops-eval-{scenario.name}-") as tmp:
         home = materialize(scenario, Path(tmp) / "home")
-        with _home(home), serving(agent_registry), replaying(home) as replay:
+        with workspace_at(home), serving(agent_registry), replaying(home) as replay:
             try:
                 trace = agent(scenario)
             except Exception as exc:  # the run's outcome, scored as an error; the suite goes on
@@ -192,7 +179,6 @@ def render_results(results: list[SuiteResult], scenarios: int) -> str:
 def publish(k: int, scripted_k: int = 1, max_steps: int = 12) -> Path:
     """Run the offline policy (k times) and the scripted models (`scripted_k` times: each is a pure
     function of the conversation) on every scenario; rewrite the agent-eval section."""
-    import os
 
     from trainops.agents.providers import AgentSettings, load_settings
     from trainops.benchmarks.agent_eval import scripted

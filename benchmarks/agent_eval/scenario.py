@@ -4,10 +4,12 @@ never happen. `HOME_TOKEN` stands for the recorded workspace's path in every fro
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tomllib
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal
+from typing import Iterator, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -118,3 +120,17 @@ def materialize(scenario: Scenario, home: Path) -> Path:
             shutil.copyfile(path, target)
         target.chmod(0o600)
     return home
+
+
+@contextmanager
+def workspace_at(home: Path) -> Iterator[None]:
+    """$TRAINOPS_HOME set to `home` for the block (a recording's or a replay's workspace), then restored."""
+    before = os.environ.get("TRAINOPS_HOME")
+    os.environ["TRAINOPS_HOME"] = str(home)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TRAINOPS_HOME", None)
+        else:
+            os.environ["TRAINOPS_HOME"] = before
