@@ -30,7 +30,7 @@ import torch.distributed as dist
 from trainops.run_folder import RunFiles
 from trainops.trainer.config import load_config
 from trainops.trainer.metrics import note_exit
-from trainops.trainer.train import NonFiniteLoss, exit_now, note_termination, train
+from trainops.trainer.train import LogTee, NonFiniteLoss, exit_now, note_termination, train
 
 STORE_ENV = "TRAINOPS_INPROCESS_STORE"
 WORKER_ENV = "TRAINOPS_INPROCESS_WORKER"
@@ -57,19 +57,6 @@ def await_key(store: dist.TCPStore, key: str) -> str | None:
         time.sleep(POLL_S)
 
 
-class _Tee:
-    def __init__(self, stream, log_file):
-        self.stream, self.log_file = stream, log_file
-
-    def write(self, text: str) -> int:
-        self.log_file.write(text)
-        self.log_file.flush()
-        return self.stream.write(text)
-
-    def flush(self) -> None:
-        self.stream.flush()
-        self.log_file.flush()
-
 
 def serve(run_dir: Path) -> int:
     """Wait for assignments and train each one; 0 when training finished or the supervisor said
@@ -89,7 +76,7 @@ def serve(run_dir: Path) -> int:
         os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
                           GROUP_RANK="0", TORCHELASTIC_RESTART_COUNT=str(generation))
         log_file = open(RunFiles(run_dir).rank_log(rank), "a", buffering=1)
-        sys.stdout, sys.stderr = _Tee(streams[0], log_file), _Tee(streams[1], log_file)
+        sys.stdout, sys.stderr = LogTee(streams[0], log_file), LogTee(streams[1], log_file)
         note_termination(run_dir, rank)
         try:
             outcome, detail = _train_generation(store, run_dir, rank, world, generation, timeout_s, train)

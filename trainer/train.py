@@ -41,7 +41,7 @@ class NonFiniteLoss(RuntimeError):
     """Training stops at a NaN/inf loss rather than silently corrupting the weights."""
 
 
-class _Tee:
+class LogTee:
     """Copies a stream into the rank's log file, so logs/rank{R}.log holds everything."""
 
     def __init__(self, stream, log_file):
@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     rank, world_size, device = init_distributed()
     RunFiles(run_dir).logs_dir.mkdir(parents=True, exist_ok=True)
     log_file = open(RunFiles(run_dir).rank_log(rank), "a", buffering=1)
-    sys.stdout, sys.stderr = _Tee(sys.stdout, log_file), _Tee(sys.stderr, log_file)
+    sys.stdout, sys.stderr = LogTee(sys.stdout, log_file), LogTee(sys.stderr, log_file)
     note_termination(run_dir, rank)
     try:
         train(cfg, run_dir, rank, world_size, device)
