@@ -55,9 +55,13 @@ class SchedulerDeclaration(BaseModel):
     kind: SchedulerKind
     version: str = Field(description="Scheduler version as it reports itself.")
     partitions: list[str] = Field(description="Partitions (Slurm) or node pools; 'local' for the local scheduler.")
-    nodes: list[str] = Field(description="Nodes the scheduler reports.")
-    hot_spare_nodes: list[str] = Field(description="Idle nodes as the scheduler reports them: the pool that can "
-                                                   "replace a failed node at once.")
+    nodes: list[str] = Field(description="Nodes the scheduler reports that training jobs can use (the shadow "
+                                         "partition's nodes are listed apart).")
+    hot_spare_nodes: list[str] = Field(description="Idle training nodes as the scheduler reports them: the pool that "
+                                                   "can replace a failed node at once.")
+    shadow_nodes: list[str] = Field(default_factory=list,
+                                    description="Nodes only in the shadow partition, where policy changes are replayed "
+                                                "first (R-SCH-1): never a spare for a training job.")
     cpus_per_node: dict[str, int] = Field(default_factory=dict, description="CPUs each node reports to the scheduler.")
     transport: str = Field("", description="How trainops talks to the scheduler (Slurm: pyslurm or the CLI, and why).")
 

@@ -291,9 +291,20 @@ def read_scheduler(kind: SchedulerKind) -> SchedulerDeclaration:
         nodes = get_scheduler(kind).list_nodes()
     except SchedulerError as exc:
         raise ToolError("declare_environment", str(exc)) from None
-    return SchedulerDeclaration(kind=kind, version=version, partitions=partitions, nodes=[n.name for n in nodes],
-                     hot_spare_nodes=[n.name for n in nodes if n.state == "idle"],
-                     cpus_per_node={n.name: n.cpus for n in nodes if n.cpus}, transport=transport)
+    shadow_only = _shadow_only_nodes(nodes) if kind == "slurm" else set()
+    training = [n for n in nodes if n.name not in shadow_only]
+    return SchedulerDeclaration(kind=kind, version=version, partitions=partitions, nodes=[n.name for n in training],
+                     hot_spare_nodes=[n.name for n in training if n.state == "idle"],
+                     shadow_nodes=[n.name for n in nodes if n.name in shadow_only],
+                     cpus_per_node={n.name: n.cpus for n in training if n.cpus}, transport=transport)
+
+
+def _shadow_only_nodes(nodes: list) -> set[str]:
+    """Nodes in the shadow partition and no other: a training job cannot land there, so they are no spares."""
+    from trainops.tools.scheduler_policy import configured_shadow_partition
+
+    shadow = configured_shadow_partition("declare_environment")
+    return {n.name for n in nodes if shadow is not None and n.partitions and set(n.partitions) == {shadow}}
 
 
 def _read_kubernetes() -> SchedulerDeclaration:

@@ -120,20 +120,25 @@ def _update(partition: str, settings: dict[str, str]) -> None:
     _scontrol(["update", f"PartitionName={partition}", *(f"{key}={value}" for key, value in settings.items())])
 
 
-def shadow_partition() -> str:
-    """The partition changes are replayed in first; a ToolError naming the setting when none is configured."""
+def configured_shadow_partition(tool: str = TOOL) -> str | None:
+    """The configured shadow partition, the sandbox's own, or None; a ToolError for a bad setting."""
     from trainops.settings import table
     from trainops.tools.schedulers.sandbox import SHADOW_PARTITION, state_for_slurm_conf
 
     configured = table("scheduler", trusted_only=True)[0].get("shadow_partition")
     if configured is not None:
         if not isinstance(configured, str) or not PARTITION_NAME.fullmatch(configured):
-            raise ToolError(TOOL, f"[scheduler] shadow_partition={configured!r} is not a partition name; fix it in "
+            raise ToolError(tool, f"[scheduler] shadow_partition={configured!r} is not a partition name; fix it in "
                                   "your trusted trainops config")
         return configured
     sandbox = state_for_slurm_conf(os.environ.get("SLURM_CONF", ""))
-    if sandbox is not None and sandbox.spec.shadow_nodes:
-        return SHADOW_PARTITION
+    return SHADOW_PARTITION if sandbox is not None and sandbox.spec.shadow_nodes else None
+
+
+def shadow_partition() -> str:
+    """The partition changes are replayed in first; a ToolError naming the setting when none is configured."""
+    if (shadow := configured_shadow_partition()) is not None:
+        return shadow
     raise ToolError(TOOL, "no shadow partition is configured, so the change cannot be validated first (R-SCH-1); set "
                           "[scheduler] shadow_partition = \"NAME\" in your trusted trainops config (a partition on "
                           "nodes of its own), or use `trainops sandbox up`, whose 'shadow' partition is used")
@@ -344,7 +349,7 @@ def change_scheduler_policy(inp: PolicyInput) -> PolicyOutput:
     only a passed comparison lets the change land on the target, recorded with the commands
     that restore the previous settings (`trainops rollback CHANGE`). Global changes are
     forbidden (R-SEC-2); needs a human approval token."""
-    from trainops.tools.changes import ChangeRecord, new_change_id, save_change
+    from trainops.tools.changes import record_change
 
     settings = {key: str(value) for key, value in inp.settings.items()}
     previous = current_state(inp.target)
@@ -356,10 +361,8 @@ def change_scheduler_policy(inp: PolicyInput) -> PolicyOutput:
                               f"left untouched: {'; '.join(comparison.reasons)} (the rule: {PASS_RULE})")
     _update(inp.target, settings)
     applied = current_state(inp.target)
-    record = ChangeRecord(id=new_change_id(), kind="partition_policy", target=inp.target, previous=previous,
-                          applied=applied, rollback_commands=rollback,
-                          evidence={"settings": settings, "impact": inp.change.impact, "shadow_partition": shadow,
-                                    "comparison": comparison.model_dump()}, time=time.time())
-    save_change(record)
+    record = record_change("partition_policy", inp.target, previous, applied, rollback,
+                           {"settings": settings, "impact": inp.change.impact, "shadow_partition": shadow,
+                            "comparison": comparison.model_dump()})
     return PolicyOutput(target=inp.target, shadow_partition=shadow, comparison=comparison,
                         change_id=record.id, previous=previous, current=applied, rollback_commands=rollback)

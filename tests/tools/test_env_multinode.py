@@ -1,5 +1,6 @@
 """The environment declaration of a multi-node Slurm cluster (a `trainops sandbox` of namespace
-nodes): its nodes, CPUs per node and hot spares, and an inter-node all-reduce measured by a real
+nodes): its training nodes, CPUs per node and hot spares
+(the shadow partition's node listed apart), and an inter-node all-reduce measured by a real
 2-node gloo job submitted through the scheduler."""
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ def test_a_multi_node_declaration_measures_all_reduce_between_two_nodes(sandbox_
     assert out.scheduler.nodes == ["n1", "n2", "n3"]
     assert out.scheduler.cpus_per_node == {"n1": 2, "n2": 2, "n3": 2}
     assert out.scheduler.hot_spare_nodes == ["n1", "n2", "n3"]
+    assert out.scheduler.shadow_nodes == ["n4"], "the shadow partition's node is listed apart, never a spare"
     measured = out.inter_node_all_reduce
     assert measured is not None and len(set(measured.nodes)) == 2, measured
     assert measured.latency_us > 0 and measured.bandwidth_gbit_s > 0 and measured.message_mib == 16
