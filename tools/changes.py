@@ -63,6 +63,19 @@ def _change_path(change_id: str) -> Path:
     return _changes_dir() / f"{change_id}.json"
 
 
+def record_change(kind: ChangeKind, target: str, previous: dict[str, Any], applied: dict[str, Any],
+                  rollback_commands: list[list[str]], evidence: dict[str, Any]) -> ChangeRecord:
+    """Save a change that just landed, with the human-approved call it ran under (the audit trail's link)."""
+    from trainops.tools.base import active_call
+
+    running = active_call()
+    record = ChangeRecord(id=new_change_id(), kind=kind, target=target, previous=previous, applied=applied,
+                          rollback_commands=rollback_commands, evidence=evidence,
+                          approved_call=running.approved_call if running else None, time=time.time())
+    save_change(record)
+    return record
+
+
 def save_change(record: ChangeRecord) -> Path:
     """Write the record atomically (a reader never sees half a file)."""
     path = _change_path(record.id)

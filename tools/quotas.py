@@ -12,13 +12,12 @@ from __future__ import annotations
 import getpass
 import os
 import subprocess
-import time
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from trainops.tools.base import ToolError, active_call, tool
+from trainops.tools.base import ToolError, tool
 from trainops.tools.tenancy import TenantId, _check_tenant_id
 
 TOOL = "set_tenant_quota"
@@ -188,16 +187,12 @@ def set_tenant_quota(inp: QuotaInput) -> QuotaOutput:
     the priority class, so Slurm holds the tenant's jobs beyond them. Records the change with the
     commands that undo it (`trainops rollback CHANGE`). Needs a human approval token for this exact
     change; without one the call is queued as a pending approval."""
-    from trainops.tools.changes import ChangeRecord, new_change_id, save_change
+    from trainops.tools.changes import record_change
 
     before = current_state(inp.tenant)
     _apply(inp, before)
     after = current_state(inp.tenant)
     rollback = restore_commands(inp.tenant, before)
-    running = active_call()
-    record = ChangeRecord(id=new_change_id(), kind="tenant_quota", target=inp.tenant, previous=before,
-                          applied=after, rollback_commands=rollback, evidence={"reason": inp.reason},
-                          approved_call=running.approved_call if running else None, time=time.time())
-    save_change(record)
+    record = record_change("tenant_quota", inp.tenant, before, after, rollback, {"reason": inp.reason})
     return QuotaOutput(tenant=inp.tenant, change_id=record.id, previous=before, current=after,
                        rollback_commands=rollback)

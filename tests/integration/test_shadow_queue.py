@@ -46,7 +46,7 @@ def test_a_passing_change_lands_only_when_approved_and_rollback_restores_the_exa
                                                                                              approvers):
     before_target, before_shadow = _partition("sandbox"), _partition("shadow")
     change = _policy({"PriorityTier": 7, "MaxTime": "02:00:00", "OverSubscribe": "NO"})
-    with pytest.raises(GateRefused):  # no token: queued, nothing replayed, nothing changed
+    with pytest.raises(GateRefused) as queued:  # no token: queued, nothing replayed, nothing changed
         call("change_scheduler_policy", change, CallContext(actor="operator"))
     assert _partition("sandbox") == before_target
 
@@ -70,6 +70,7 @@ def test_a_passing_change_lands_only_when_approved_and_rollback_restores_the_exa
     assert record.kind == "partition_policy" and record.target == "sandbox"
     assert {key: before_target[key] for key in SETTINGS} == {key: record.previous[key] for key in SETTINGS}
     assert record.applied["PriorityTier"] == "7" and record.evidence["comparison"]["passed"] is True
+    assert record.approved_call == queued.value.pending_id  # the record links to the call the humans signed
 
     # a tampered copy (its restore command edited) is refused before anything runs or is queued
     forged = record.model_copy(update={"id": record.id[:-6] + "ffffff", "rollback_commands": [
