@@ -22,8 +22,9 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/trainops sop --quick
 
+# --durations: the slowest tests, so a suite drifting towards CI's time limit shows where.
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest --durations=25 $(PYTEST_ARGS)
 
 test-quick: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow and not services" $(PYTEST_ARGS)
