@@ -74,6 +74,9 @@ NEVER_STARTS = ("PartitionTimeLimit", "PartitionNodeLimit", "PartitionMaxNodes",
                 "PartitionConfig", "PartitionDown", "PartitionInactive",
                 "AccountNotAllowed", "QOSNotAllowed", "InvalidAccount", "InvalidQOS", "ReqNodeNotAvail")
 """Pending reasons that mean the job will never start in this partition as it stands."""
+NEVER_STARTS_TEXT = re.compile(r"not permitted to use this partition")
+"""Slurm shows a partition's account/QOS/group denial as its description (scontrol writes its spaces as
+underscores), not as a reason code."""
 
 
 def _scontrol(args: list[str]) -> str:
@@ -216,7 +219,8 @@ def replay(partition: str) -> Replay:
                 continue
             shown = _job_fields(job_id)
             state, reason = shown.get("JobState", ""), shown.get("Reason", "")
-            never = state == "PENDING" and reason in NEVER_STARTS
+            never = state == "PENDING" and (reason in NEVER_STARTS
+                                             or bool(NEVER_STARTS_TEXT.search(reason.replace("_", " "))))
             if state in TERMINAL or never or time.monotonic() > deadline:
                 if state not in TERMINAL:
                     subprocess.run(["scancel", job_id], capture_output=True, timeout=SCONTROL_TIMEOUT_S)
