@@ -210,7 +210,10 @@ def inject_fault(inp: InjectFaultInput) -> InjectFaultOutput:
             raise ToolError("inject_fault",
                             f"no running rank of the job for {run_dir} is on node {node!r}; check the node name")
         pids = [proc.pid for proc in ranks.values()]
-        at = _signal(list(ranks.values()), signal.SIGKILL)
+        # a node takes its ranks at once: each is frozen before any dies, so none outlives a peer long
+        # enough to see its socket close and note an exit (seen on a loaded 2-core CI machine)
+        at = _signal(list(ranks.values()), signal.SIGSTOP)
+        _signal(list(ranks.values()), signal.SIGKILL)
         record_fault(run_dir, {"kind": inp.kind, "time": at, "node": node, "ranks": list(ranks), "pids": pids})
         return InjectFaultOutput(kind=inp.kind, injected_at=at, target=f"node {node} ranks {list(ranks)}", pids=pids)
     proc = _pick_rank(_job_ranks(inp, run_dir), inp.rank, run_dir)
