@@ -177,10 +177,17 @@ def test_every_sop_step_is_a_real_table_with_right_aligned_numbers(rendered):
     assert "|---" not in rendered["bodyText"]
 
 
+PLOT_SECTIONS = [("s2", "loss_mfu"), ("s2", "rank_step_heatmap"), ("s2", "layout_view"), ("s3", "ablation"),
+                 ("s3", "ladder"), ("s5", "drill_timeline")]
+
+
 def test_every_plot_loads_inside_the_section_it_belongs_to(rendered):
+    """Every plot the pack holds is shown, loaded, in its own section; the ladder plot exists only when an
+    arm climbed past its first rung, which depends on the measured noise, so the pack's plots folder says."""
+    kept = {png.stem for png in (rendered["pack"] / "plots").glob("*.png")}
+    assert kept >= {"loss_mfu", "rank_step_heatmap", "layout_view", "ablation", "drill_timeline"}
     assert [(img["section"], img["name"], img["naturalWidth"] > 0) for img in rendered["images"]] == [
-        ("s2", "loss_mfu", True), ("s2", "rank_step_heatmap", True), ("s2", "layout_view", True),
-        ("s3", "ablation", True), ("s5", "drill_timeline", True)]
+        (section, name, True) for section, name in PLOT_SECTIONS if name in kept]
     assert all(img["shownWidth"] <= WIDTH_PX for img in rendered["images"])
 
 
