@@ -6,6 +6,9 @@ nothing of the job may outlive it."""
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -135,3 +138,38 @@ def test_a_lost_rank_with_no_spare_left_ends_the_job_for_the_requeue():
     assert result.status == "failed" and result.exit_code != 0 and result.steps_completed == 2
     assert read_recoveries(result.run_dir) == []
     assert_nothing_left(result.run_dir, shm_before)
+
+
+WARM_CHECK = r"""
+import os, sys
+from pathlib import Path
+import torch, torch.distributed as dist
+from trainops.trainer.inprocess import warm_imports
+from trainops.trainer.config import load_config
+from trainops.trainer.train import train
+
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
+dist.init_process_group("gloo", rank=0, world_size=1)
+warm_imports()
+before = set(sys.modules)
+base = ["model.n_layers=2", "training.seq_len=32", "training.global_batch=2", "training.micro_batch=2",
+        "checkpoint.enable=true", "checkpoint.interval=1"]
+for steps in (2, 3):  # a first run, then a resume from its checkpoint
+    train(load_config(None, "tiny", base + [f"training.steps={steps}"]), Path(sys.argv[1]), 0, 1, torch.device("cpu"))
+heavy = ("torch._dynamo", "torch._inductor", "sympy", "torch.distributed.fsdp", "torch.distributed.tensor",
+         "torch.distributed.checkpoint", "torch.distributed.elastic", "trainops")
+print(sorted(m for m in set(sys.modules) - before if m.startswith(heavy)))
+"""
+
+
+def test_a_warm_spare_has_already_imported_what_a_rank_imports_to_train(tmp_path):
+    """A spare that is ready has imported what train() and a checkpoint resume import (a cold spare
+    spent ~4.5 s of a recovery's load phase importing dynamo, sympy, FSDP and DCP): a heavy import
+    added to the trainer and not to WARM_MODULES fails here."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    done = subprocess.run([sys.executable, "-c", WARM_CHECK, str(tmp_path), str(port)], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
