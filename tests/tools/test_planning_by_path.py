@@ -78,3 +78,21 @@ def test_the_tool_command_plans_by_path(workspace):
         {"save_s": 2.0, "mtbf_h": 5.0, "restart_from": "measured_path", "recovery_path": "requeue"})])
     assert out.exit_code == 0, out.output
     assert '"restart_path": "requeue"' in out.stdout and "3.61" in out.stdout
+
+
+def test_the_plan_commands_take_the_recovery_path(workspace):
+    _drill(workspace, "requeued", "requeue", 0.01, 3.6)
+    _drill(workspace, "spare-a", "spare-admitted", 0.02, 1.0)
+    runner = CliRunner()
+    checkpoint = runner.invoke(app, ["plan", "checkpoint", "--save-s", "2", "--mtbf-h", "5", "--restart-from",
+                                     "measured_path", "--recovery-path", "spare-admitted", "--json"])
+    assert checkpoint.exit_code == 0, checkpoint.output
+    planned = json.loads(checkpoint.stdout)
+    assert planned["restart_path"] == "spare-admitted" and planned["restart_s"] == pytest.approx(1.02)
+    ettr = runner.invoke(app, ["plan", "ettr", "--gpus", "1024", "--days", "5", "--restart-from", "measured_path",
+                               "--recovery-path", "requeue", "--json"])
+    assert ettr.exit_code == 0, ettr.output
+    assert json.loads(ettr.stdout)["restart_path"] == "requeue"
+    unknown = runner.invoke(app, ["plan", "checkpoint", "--save-s", "2", "--mtbf-h", "5", "--restart-from",
+                                  "measured_path", "--recovery-path", "reboot"])
+    assert unknown.exit_code != 0 and "recovery_path" in unknown.output and "spare-admitted" in unknown.output

@@ -166,8 +166,12 @@ def given(**options: Any) -> dict[str, Any]:
 
 
 RESTART_FROM = typer.Option(None, "--restart-from",
-                            help="given (the default: --restart-s) or newest_node_drill: the restart the newest "
-                                 "multi-node drill of this workspace measured.")
+                            help="given (the default: --restart-s), newest_node_drill (the restart the newest "
+                                 "multi-node drill of this workspace measured) or measured_path (the median measured "
+                                 "restart of --recovery-path).")
+RECOVERY_PATH = typer.Option(None, "--recovery-path",
+                             help="With --restart-from measured_path: the recovery path the job will use, "
+                                  "in-process, spare-admitted or requeue.")
 
 
 @app.command("env")
@@ -200,12 +204,13 @@ def plan_checkpoint(
     restart_s: Optional[float] = typer.Option(None, "--restart-s",
                                               help="Restart time after a failure, seconds (or --restart-from)."),
     restart_from: Optional[str] = RESTART_FROM,
+    recovery_path: Optional[str] = RECOVERY_PATH,
     mtbf_h: float = typer.Option(..., "--mtbf-h", help="Job mean time between failures, hours."),
     as_json: bool = JsonOpt,
 ) -> None:
     """Checkpoint interval by Young and Daly, expected waste, and a recommendation."""
     out = run_tool("plan_checkpoint_interval", given(save_s=save_s, restart_s=restart_s, restart_from=restart_from,
-                                                     mtbf_h=mtbf_h), as_json)
+                                                     recovery_path=recovery_path, mtbf_h=mtbf_h), as_json)
     emit(out, as_json, render_fields("checkpoint interval"))
 
 
@@ -222,6 +227,7 @@ def plan_ettr(
                                                       "gpu_sdc=3600."),
     restart_s: Optional[float] = typer.Option(None, "--restart-s", help="Detection to training again, seconds."),
     restart_from: Optional[str] = RESTART_FROM,
+    recovery_path: Optional[str] = RECOVERY_PATH,
     hot_spares: Optional[bool] = typer.Option(None, "--hot-spares/--no-hot-spares",
                                               help="Spare nodes replace failed ones at once (the default)."),
     node_replacement_s: Optional[float] = typer.Option(None, "--node-replacement-s",
@@ -253,9 +259,9 @@ def plan_ettr(
     out = run_tool("plan_effective_training_time", given(
         gpus=gpus, days=days, profile=profile_value, detection_latency_s=detection_latency_s,
         detection_latency_s_by_cause=by_cause or None, restart_s=restart_s, restart_from=restart_from,
-        hot_spares=hot_spares, node_replacement_s=node_replacement_s, checkpoint_save_s=checkpoint_save_s,
-        checkpoint_mode=checkpoint_mode, async_stall_s=async_stall_s, checkpoint_interval_min=interval_min,
-        seed=seed), as_json)
+        recovery_path=recovery_path, hot_spares=hot_spares, node_replacement_s=node_replacement_s,
+        checkpoint_save_s=checkpoint_save_s, checkpoint_mode=checkpoint_mode, async_stall_s=async_stall_s,
+        checkpoint_interval_min=interval_min, seed=seed), as_json)
     emit(out, as_json, _render_ettr)
 
 
