@@ -284,6 +284,7 @@ class _Drill:
         if status.state != "completed":
             raise ToolError("drill", f"drill {self.fault}: the job recovered in process but then ended "
                                      f"{status.state}; read {run_dir}/logs")
+        self.interruption = interruptions.in_process_record(self.job_id, injected_at)  # wait_job recorded it
         loaded = next((load for load in read_journal(run_dir).loads if load.time > injected_at), None)
         restart = _Restart(job_id=self.job_id, drained=None, quarantined=[], started_at=None,
                            isolated_at=detection.detected_at + (recovered.phases_s.get("abort") or 0.0),
@@ -389,7 +390,7 @@ class _Drill:
         phases are read back from the records (the marks kept in drill.json say which)."""
         record = RunFiles(self.run_dir).drill_record
         loaded = restart.loaded
-        ended = self.complete(detection, restart, injected_at)
+        ended = self.complete(detection, restart, injected_at, recovered)
         marks = RecoveryMarks(injected_at=injected_at, detected_at=detection.detected_at, ended_at=self.ended_at,
                               requeued_at=restart.isolated_at, started_at=restart.started_at)
         if recovered is None:
@@ -423,15 +424,20 @@ class _Drill:
         return result, evidence
 
 
-    def complete(self, detection, restart: _Restart, injected_at: float):
-        """The record of the drill's job end, completed with the recovery the drill measured (isolation:
-        detected -> isolated; restart: isolated -> first step) and what the restart showed."""
+    def complete(self, detection, restart: _Restart, injected_at: float, recovered: MeasuredRecovery | None = None):
+        """The record of the drill's job end (or in-process recovery), completed with the recovery the
+        drill measured (isolation: detected -> isolated; restart: isolated -> first step) and what the
+        restart showed. In process, the supervisor's own phases from its detection: abort, then the rest."""
         if self.interruption is None:
             return None
+        isolation_s = restart.isolated_at - detection.detected_at
+        restart_s = restart.first_step_at - restart.isolated_at
+        if recovered is not None and recovered.total_s is not None:
+            isolation_s = recovered.phases_s.get("abort") or 0.0
+            restart_s = recovered.total_s - isolation_s
         return interruptions.complete_recovery(
-            self.interruption.id, detection_s=detection.detection_latency_s,
-            isolation_s=restart.isolated_at - detection.detected_at,
-            restart_s=restart.first_step_at - restart.isolated_at, node_states=self.target.node_states(injected_at))
+            self.interruption.id, detection_s=detection.detection_latency_s, isolation_s=isolation_s,
+            restart_s=restart_s, node_states=self.target.node_states(injected_at))
 
 
 def false_positives(detection) -> str:

@@ -48,6 +48,8 @@ _LAUNCHER = re.compile(r"ChildFailedError|torch\.distributed\.elastic|torchrun|f
 _OOM = re.compile(r"(Out of memory|oom-kill|Memory cgroup out of memory).*?(?:Killed process |pid=)(\d+)", re.I)
 _TORCHRUN_RANK = re.compile(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
 KERNEL_LOG = "/dev/kmsg"
+IN_PROCESS_STATE = "RECOVERED_IN_PROCESS"
+"""The state of an in-process recovery's evidence: the job went on, a rank was replaced."""
 
 
 class Evidence(BaseModel):
@@ -216,13 +218,14 @@ def replay_evidence(ev: Evidence, run_dir: str | Path, after: float) -> None:
                                     | set(ev.corrupt_checkpoints))
 
 
-def _metrics_evidence(run_dir: Path, ev: Evidence) -> None:
-    """Checksums, the first non-finite loss and whether it repeated, the last step and its time."""
+def _metrics_evidence(run_dir: Path, ev: Evidence, until: float | None = None) -> None:
+    """Checksums, the first non-finite loss and whether it repeated, the last step and its time (of
+    the records and checkpoints up to `until`, when given)."""
     import statistics
 
     from trainops.run_folder import read_journal, read_metrics
 
-    records = read_metrics(run_dir)
+    records = [r for r in read_metrics(run_dir) if until is None or r.time <= until]
     sums: dict[int, dict[str, set]] = {}
     seen_bad: dict[int, int] = {}
     for rec in records:
@@ -244,7 +247,8 @@ def _metrics_evidence(run_dir: Path, ev: Evidence) -> None:
         ev.last_progress_time = max(r.time for r in records) or None
         times = [r.step_time_s for r in records if r.step_time_s]
         ev.step_time_s = statistics.median(times) if times else None
-    saves = [s.step for s in read_journal(run_dir).saves if getattr(s, "step", None) is not None]
+    saves = [s.step for s in read_journal(run_dir).saves
+             if getattr(s, "step", None) is not None and (until is None or s.time <= until)]
     ev.committed_step = max(saves) if saves else None
 
 
@@ -285,6 +289,31 @@ def gather(status, node_states: dict[str, str] | None = None, job_log: str = "",
     if beats:
         last_beat = max(b.time for b in beats.values())
         ev.last_progress_time = max(ev.last_progress_time or 0.0, last_beat) or None
+    return ev
+
+
+def gather_in_process(entry, run_dir: str | Path) -> Evidence:
+    """The evidence of an in-process recovery (a trainops.run_folder.RecoveryEntry): the replaced ranks
+    as the supervisor, their parent, reaped them (an exit status, or hung and killed by it), every
+    rank's last beat at the detection, the kernel log for the lost pids, and the run folder's metrics
+    and checkpoints up to the detection. The job went on, so there is no end state."""
+    detected = entry.time - entry.total_s
+    exited = {lost.rank: lost.exit_code for lost in entry.lost if lost.exit_code is not None}
+    noted = {lost.rank: lost.exit_note for lost in entry.lost if lost.exit_note}
+    hung = {lost.rank for lost in entry.lost if lost.exit_code is None}
+    host = inert(entry.host) if entry.host else None
+    ev = Evidence(state=IN_PROCESS_STATE, reason=inert(entry.trigger), rank_exit_codes=exited,
+                  heartbeat_age_s={r: round(max(0.0, detected - t), 3) for r, t in entry.beats.items()},
+                  # a hung rank lived without progress until the supervisor killed it: stalled_rank's "stopped"
+                  ranks_at_end={r: "gone" if r in exited else "stopped" if r in hung else "running"
+                                for r in sorted({*entry.beats, *exited, *hung})},
+                  noted_ranks=sorted(noted), error_lines=[inert(f"rank {r}: {note}") for r, note in noted.items()],
+                  failing_rank=entry.lost[0].rank if entry.lost else None, failing_node=host,
+                  rank_nodes={r: host for r in entry.beats} if host else {})
+    ev.silent_ranks = sorted(set(exited) - set(noted)) if noted else []
+    ev.signal = _signal_of(next(iter(exited.values()))) if len(exited) == 1 else None
+    ev.kernel_log_read, ev.oom_kills = kernel_oom_kills({lost.pid for lost in entry.lost})
+    _metrics_evidence(Path(run_dir), ev, until=detected)
     return ev
 
 
@@ -354,10 +383,11 @@ def _classify(ev: Evidence, planned: bool, stale_s: float) -> tuple[Cause, str]:
         return "network", f"connection failure between live nodes ({nodes}): {net[-1]}"
     if (stalled := stalled_rank(ev, stale_s)) is not None and not _exceptions(ev):
         state = ev.ranks_at_end.get(stalled, "")
+        peers = ("no error line of its own (its peers' bounded collectives then timed out)"
+                 if ev.state == IN_PROCESS_STATE else "no error line and no collective timeout")
         return "unclassified", (f"rank {stalled}'s heartbeat stalled {ev.heartbeat_age_s.get(stalled, 0.0):.1f} s "
                                 f"before the end while its process lived{f' ({state})' if state else ''} on live "
-                                f"node(s) {nodes}; no error line and no collective timeout; nothing says why it "
-                                "stalled")
+                                f"node(s) {nodes}; {peers}; nothing says why it stalled")
     if ev.nonfinite_loss_step is not None and ev.nonfinite_repeats is False:
         replay = ev.replay or "a later launch replayed it"
         return "unclassified", (f"non-finite loss at step {ev.nonfinite_loss_step} did not recur when {replay}; "

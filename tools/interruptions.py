@@ -22,6 +22,7 @@ from trainops.tools.interruption_causes import (
     Evidence,
     classify,
     gather,
+    gather_in_process,
     inert,
     replay_evidence,
     witness_ranks,
@@ -32,6 +33,8 @@ RECORD_NAME = "interruptions.jsonl"
 MAX_RECORD_FILE = 64 << 20
 MAX_REASON_CHARS = 700
 _PLANNED_STATES = {"cancelled"}
+IN_PROCESS_MARK = "#gen"
+"""An in-process recovery's record id: the job's launch id, then this and the recovery's generation."""
 STALE_MIN_S, STALE_STEPS = 5.0, 5  # a rank silent longer than this (and 5 steps) at the end had stalled
 _WITNESSED: dict[tuple[str, str], tuple[dict[int, str], bool]] = {}
 """(scheduler, job) -> (each rank's process just before trainops ended the job, ended by a drill)."""
@@ -49,7 +52,8 @@ class LostTime(BaseModel):
 class Interruption(BaseModel):
     model_config = ConfigDict(allow_inf_nan=False)
 
-    id: str = Field(description="scheduler:job_id@start (a requeue keeps the job id): one record per job end.")
+    id: str = Field(description="scheduler:job_id@start (a requeue keeps the job id): one record per job end; "
+                                "an in-process recovery's is that and #gen<its generation>.")
     job_id: str
     run_dir: str | None = None
     scheduler: str
@@ -202,6 +206,47 @@ def record_job_end(status, scheduler: str, node_states: dict[str, str] | None = 
     return rec
 
 
+def record_in_process_recoveries(status, scheduler: str) -> list[Interruption]:
+    """Record each in-process recovery of the job's run (RUN/recoveries.jsonl) once: the job did not
+    end, but a rank was lost and the time to the first step after it was not training. Its evidence is
+    the supervisor's (gather_in_process); returns the records made now."""
+    from trainops.run_folder import read_recoveries
+
+    entries = [e for e in read_recoveries(status.run_dir) if e.path != "requeue"] if status.run_dir else []
+    if not entries:
+        return []
+    made = []
+    with _open_record() as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        known = {r.id for r in read_interruptions(status.job_id)}
+        for entry in entries:
+            key = f"{record_id(scheduler, status)}{IN_PROCESS_MARK}{entry.generation}"
+            if key in known:
+                continue
+            rec = _in_process_record(key, status, scheduler, entry)
+            fh.write(rec.model_dump_json() + "\n")
+            made.append(rec)
+        fh.flush()
+    return made
+
+
+def in_process_record(job_id: str, since: float) -> Interruption | None:
+    """The record of the job's first in-process recovery detected after `since` (a drill's own)."""
+    return next((r for r in read_interruptions(job_id) if IN_PROCESS_MARK in r.id and r.detected_at >= since), None)
+
+
+def _in_process_record(key: str, status, scheduler: str, entry) -> Interruption:
+    ev = gather_in_process(entry, status.run_dir)
+    detected_at = entry.time - entry.total_s
+    cause, reason = classify(ev, stale_s=_stale_s(ev))
+    lost, steps = _lost(ev, detected_at)
+    lost.restart_s = max(0.0, entry.total_s)
+    return Interruption(id=key, job_id=status.job_id, run_dir=status.run_dir, scheduler=scheduler,
+                        name=inert(status.name), submitted_at=status.submitted_at, started_at=status.started_at,
+                        detected_at=detected_at, cause=cause, cause_reason=_reason(reason), evidence=ev, lost=lost,
+                        time_lost_s=_total(lost), steps_lost=steps)
+
+
 def complete_recovery(rec_id: str, detection_s: float, isolation_s: float, restart_s: float,
                       node_states: dict[str, str] | None = None) -> Interruption:
     """A drill's measured recovery completes its record once the restart ran: detection, isolation and
@@ -227,7 +272,7 @@ def complete_recovery(rec_id: str, detection_s: float, isolation_s: float, resta
         lost = rec.lost.model_copy(update={"detection_s": max(0.0, detection_s), "isolation_s": max(0.0, isolation_s),
                                            "restart_s": max(0.0, restart_s)})
         done = rec.model_copy(update={"evidence": ev, "cause": cause, "cause_reason": _reason(reason),
-                                      "lost": lost, "time_lost_s": _total(lost)})
+                                      "lost": lost, "time_lost_s": _total(lost), "drill": True})
         fh.seek(0)
         fh.truncate()  # every other line as it was, even one that does not parse
         kept = (done.model_dump_json() if i == rec_id else ln for ln, i in zip(lines, ids, strict=True))
@@ -244,10 +289,15 @@ def _line_id(line: str) -> str | None:
 
 
 def observe(status, scheduler) -> None:
-    """Every job-end observation passes here; a failure to record never fails the caller."""
+    """Every job observation passes here: its in-process recoveries, and its end when that is not a
+    clean finish, are recorded; a failure to record never fails the caller."""
+    kind = getattr(scheduler, "kind", str(scheduler))
+    try:
+        record_in_process_recoveries(status, kind)
+    except (OSError, ValueError, ValidationError) as exc:
+        log.warning("interruption record: in-process recoveries of job %s not recorded: %s", status.job_id, exc)
     if not status.finished or is_clean(status):
         return
-    kind = getattr(scheduler, "kind", str(scheduler))
     try:
         if any(r.id == record_id(kind, status) for r in read_interruptions(status.job_id)):
             _WITNESSED.pop((kind, status.job_id), None)

@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-from trainops.run_folder import RecoveryEntry, RunFiles, read_faults, read_heartbeat, read_journal
+from trainops.run_folder import LostRank, RecoveryEntry, RunFiles, read_faults, read_heartbeat, read_journal
 
 POLL_S = 0.05
 GRACE_S = 2.0
@@ -56,6 +57,8 @@ class Recovery:
     aborted: float = 0.0
     admitted_at: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)
+    lost: list[LostRank] = field(default_factory=list)
+    beats: dict[int, float] = field(default_factory=dict)
 
 
 class Supervisor:
@@ -152,6 +155,7 @@ class Supervisor:
                 break
             time.sleep(POLL_S)
         hung = sorted(set(self.ranks) - left - set(failed))
+        beats = {rank: read_heartbeat(self.run_dir, rank) for rank in self.ranks}  # before a spare beats as one
         for rank in hung:  # still inside the broken collective after the grace: killed, replaced
             self.ranks[rank].process.kill()
         for rank in sorted({*failed, *hung}):
@@ -160,6 +164,10 @@ class Supervisor:
         if hung and not trigger.startswith(tuple(f"rank {r} exited" for r in failed)):
             trigger = f"{trigger}; rank(s) {hung} hung past the {self.timeout_s:g} s collective timeout, killed"
         aborted = time.time()
+        lost = [LostRank(rank=rank, pid=self.ranks[rank].process.pid, exit_code=None if rank in hung else
+                         self.ranks[rank].process.returncode, last_beat=beats[rank].time if beats[rank] else None,
+                         exit_note=beats[rank].exit.error if beats[rank] and beats[rank].exit else "")
+                for rank in failed]
         if not failed:
             print(f"supervisor: every rank failed alike ({trigger}); not a lost rank, so no in-process restart",
                   file=sys.stderr, flush=True)
@@ -181,7 +189,8 @@ class Supervisor:
                 worker = spares.pop(0)
                 self._note_worker(worker.index, worker.process.pid, "admitted", rank=rank, generation=self.generation)
             self._assign(worker, rank)
-        recovery = Recovery(self.generation, failed, trigger, fault_time, detected, aborted, time.time())
+        recovery = Recovery(self.generation, failed, trigger, fault_time, detected, aborted, time.time(), lost=lost,
+                            beats={rank: beat.time for rank, beat in beats.items() if beat and beat.time})
         recovery.phases = {"detect": round(detected - fault_time, 4), "abort": round(aborted - detected, 4)}
         return recovery
 
@@ -204,7 +213,8 @@ class Supervisor:
         entry = RecoveryEntry(time=first["time"], path="spare-admitted", failed_ranks=recovery.failed_ranks,
                               trigger=recovery.trigger, generation=generation, resumed_step=loaded["step"],
                               source="storage", checkpoint=checkpoint, phases_s=phases,
-                              total_s=round(first["time"] - recovery.detected, 4))
+                              total_s=round(first["time"] - recovery.detected, 4), lost=recovery.lost,
+                              beats=recovery.beats, host=socket.gethostname())
         with RunFiles(self.run_dir).recoveries.open("a") as fh:
             fh.write(entry.model_dump_json() + "\n")
 

@@ -342,6 +342,17 @@ def read_faults(run_dir: str | Path) -> list[FaultRecord]:
 RECOVERY_PHASES = ("detect", "abort", "admit", "load", "first_step")
 
 
+class LostRank(BaseModel):
+    """A rank an in-process recovery replaced, as the supervisor (its parent process) saw it at detection."""
+
+    rank: int = Field(ge=0)
+    pid: int = Field(description="The process the supervisor started for it (a child it reaped).")
+    exit_code: int | None = Field(None, description="Its exit status as the supervisor reaped it (negative: "
+                                                     "that signal); None when it hung and the supervisor killed it.")
+    last_beat: float | None = Field(None, description="Unix seconds of its last heartbeat before the detection.")
+    exit_note: str = Field("", description="The error it noted on its way out, if it noted one.")
+
+
 class RecoveryEntry(BaseModel):
     """One recovery of the run, appended by whoever recovered it (the in-process supervisor, or a
     drill that requeued the job) once the first step after it finished: which path it took and what
@@ -358,6 +369,11 @@ class RecoveryEntry(BaseModel):
     phases_s: dict[str, float] = Field(default_factory=dict, description="Seconds per phase, keys among "
                                        "detect, abort, admit, load, first_step.")
     total_s: float = Field(description="From the fault detected to the first step done after the recovery.")
+    lost: list[LostRank] = Field(default_factory=list, description="The replaced ranks at detection: the "
+                                 "evidence of the interruption record (tools/interruptions.py).")
+    beats: dict[int, float] = Field(default_factory=dict, description="Every rank's last heartbeat time at "
+                                    "detection: which ranks still ran.")
+    host: str = Field("", description="The host the recovery ran on (an in-process restart stays on one node).")
 
     @model_validator(mode="after")
     def _known_phases(self) -> RecoveryEntry:

@@ -71,7 +71,13 @@ def test_with_in_process_restart_on_the_drill_neither_cancels_nor_requeues_and_r
     assert result["recovery_time_s"] == entry.total_s and result["recovered_time"] == entry.time
     status = call("job_status", {"job_id": result["job_id"]})
     assert status.state == "completed" and status.started_at < result["injected_time"]  # the one launch, never requeued
-    assert call("list_interruptions", {"job_id": result["job_id"]}).interruptions == []  # nothing was cancelled
+    # nothing was cancelled, but the lost rank is an interruption: one record, the supervisor's evidence
+    [record] = call("list_interruptions", {"job_id": result["job_id"]}).interruptions
+    assert record.id.endswith("#gen1") and record.ended_at is None and record.drill
+    assert (result["interruption_id"], result["cause"]) == (record.id, record.cause) == (record.id, "unclassified")
+    assert "rank 1 ended without an exit note" in record.cause_reason and "exit -9" in record.cause_reason
+    assert record.evidence.state == "RECOVERED_IN_PROCESS" and record.evidence.rank_exit_codes == {1: -9}
+    assert record.lost.isolation_s + record.lost.restart_s == pytest.approx(entry.total_s, abs=1e-3)
     after = [m for m in read_metrics(run_dir) if m.rank == 0 and m.time > entry.time]
     assert after and after[-1].step == 14 and min(m.step for m in after) > entry.resumed_step
 

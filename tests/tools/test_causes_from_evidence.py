@@ -32,8 +32,8 @@ EXPECTED = {
 }
 
 
-def _drill_record(fault: str):
-    result, _row = drill(JobRequest(overrides=DRILL_JOB, timeout_s=300), fault)
+def _drill_record(fault: str, *extra: str):
+    result, _row = drill(JobRequest(overrides=[*DRILL_JOB, *extra], timeout_s=300), fault)
     records = [r for r in read_interruptions() if r.run_dir == result.run_dir]
     assert len(records) == 1, [(r.id, r.cause, r.cause_reason) for r in records]  # the restart finished clean
     return result, records[0]
@@ -54,6 +54,22 @@ def test_each_real_fault_is_recorded_with_the_cause_its_evidence_supports(worksp
     assert rec.lost.restart_s > 0 and rec.lost.detection_s == pytest.approx(result.detection_latency_s, abs=1e-6)
     assert rec.lost.isolation_s + rec.lost.restart_s == pytest.approx(result.recovery_time_s, abs=1e-3)
     pack = assemble("p-causes", None, None, [], [result], [])
+    assert pack.fault_tolerance.cause_distribution == cause_distribution([rec])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["crash", "hang"])
+def test_an_in_process_recovery_is_recorded_with_the_cause_its_evidence_supports(workspace, fault):
+    """The job never ends, yet the lost rank is an interruption: the supervisor's evidence (its child's
+    exit status, or a rank hung past the collective timeout) gives the same cause as a requeue's."""
+    result, rec = _drill_record(fault, "resilience.in_process_restart=true", "resilience.collective_timeout_s=5")
+    cause, cited = EXPECTED[fault]
+    assert result.recovery_path == "spare-admitted" and rec.id.endswith("#gen1") and rec.ended_at is None
+    assert rec.drill and rec.cause == cause and [c for c in cited if c not in rec.cause_reason] == [], rec.cause_reason
+    assert fault not in rec.cause_reason and DRILLS[fault] not in rec.cause_reason
+    assert (result.cause, result.interruption_id) == (rec.cause, rec.id)
+    assert rec.lost.restart_s > 0 and rec.time_lost_s >= rec.lost.isolation_s + rec.lost.restart_s
+    pack = assemble("p-in-process", None, None, [], [result], [])
     assert pack.fault_tolerance.cause_distribution == cause_distribution([rec])
 
 
