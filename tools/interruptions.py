@@ -239,8 +239,9 @@ def _in_process_record(key: str, status, scheduler: str, entry) -> Interruption:
     ev = gather_in_process(entry, status.run_dir)
     detected_at = entry.time - entry.total_s
     cause, reason = classify(ev, stale_s=_stale_s(ev))
-    lost, steps = _lost(ev, detected_at)
-    lost.restart_s = max(0.0, entry.total_s)
+    lost, _ = _lost(ev, detected_at)
+    steps = max(0, ev.last_step - entry.resumed_step) if ev.last_step is not None else 0  # redone from the resume
+    lost.redo_s, lost.restart_s = steps * (ev.step_time_s or 0.0), max(0.0, entry.total_s)
     return Interruption(id=key, job_id=status.job_id, run_dir=status.run_dir, scheduler=scheduler,
                         name=inert(status.name), submitted_at=status.submitted_at, started_at=status.started_at,
                         detected_at=detected_at, cause=cause, cause_reason=_reason(reason), evidence=ev, lost=lost,

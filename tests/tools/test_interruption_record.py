@@ -8,6 +8,7 @@ import json
 import sys
 import time
 
+import pytest
 from typer.testing import CliRunner
 
 from trainops.cli import app
@@ -113,3 +114,40 @@ def test_drills_stay_out_of_the_measured_mtbf_and_rate_but_count_in_recovery(wor
     assert stats.mtbf_measured and stats.mtbf_source.startswith("measured from 2 recorded interruptions")
     assert "1 drill(s) left out" in stats.mtbf_source and stats.mtbf_h < 1.0
     assert stats.recovery_time_s is not None and stats.unplanned == 3
+
+
+RECOVERING = r"""
+import json, os, sys, time
+run_dir, secret = sys.argv[1], sys.argv[2]
+now = time.time()
+with open(f"{run_dir}/metrics.jsonl", "a") as fh:
+    for step in (1, 2, 3):
+        record = {"step": step, "rank": 0, "loss": 1.0, "step_time_s": 0.5, "time": now - 3.5 + step / 2}
+        fh.write(json.dumps(record) + "\n")
+entry = {"time": now, "path": "spare-admitted", "failed_ranks": [1], "generation": 1, "resumed_step": 2,
+         "source": "storage", "total_s": 1.5, "trigger": "rank 1 exited with code -9 \x1b[2J" + secret,
+         "phases_s": {"detect": 0.1, "abort": 0.2, "admit": 0.1, "load": 0.8, "first_step": 0.4}, "host": "node-a",
+         "lost": [{"rank": 1, "pid": 2**22 + 1, "exit_code": -9, "last_beat": now - 1.9}],
+         "beats": {"0": now - 1.6, "1": now - 1.9}}
+with open(f"{run_dir}/recoveries.jsonl", "a") as fh:
+    fh.write(json.dumps(entry) + "\n")
+"""
+
+
+def test_an_in_process_recovery_of_a_job_that_went_on_is_recorded_once_with_its_cause(workspace):
+    run_dir = workspace / "runs" / "r-recovered"
+    run_dir.mkdir(parents=True)
+    spec = {"name": "r-recovered", "command": [sys.executable, "-c", RECOVERING, str(run_dir), SECRET],
+            "run_dir": str(run_dir)}
+    job = call("submit_job", {"spec": spec}, OPERATOR).handle.job_id
+    assert call("wait_job", {"job_id": job, "timeout_s": 60}, OPERATOR).state == "completed"
+    call("job_status", {"job_id": job}, OPERATOR)
+    call("job_status", {"job_id": job}, OPERATOR)  # observed again: still one record
+
+    [rec] = call("list_interruptions", {"job_id": job}).interruptions
+    assert rec.id.endswith("#gen1") and rec.ended_at is None and not rec.drill and rec.cause == "unclassified"
+    assert "rank 1 ended without an exit note (the launcher reports rank 1 exit -9)" in rec.cause_reason
+    assert "rank(s) [0] lived" in rec.cause_reason and "node-a" in rec.cause_reason
+    assert rec.steps_lost == 1 and rec.lost.redo_s == 0.5 and rec.lost.restart_s == 1.5  # step 3 redone from 2
+    assert rec.lost.detection_s == pytest.approx(0.5, abs=0.01)  # the last step (now - 2) to the detection
+    assert SECRET not in rec.model_dump_json() and "\x1b" not in rec.evidence.reason
