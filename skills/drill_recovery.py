@@ -5,13 +5,10 @@ missing or does not add up is reported as unknown, with the record that would ha
 filled in with a guess."""
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import BaseModel, Field
 
-from trainops.run_folder import read_journal, read_metrics, read_recoveries
+from trainops.run_folder import RecoveryPath, read_journal, read_metrics, read_recoveries
 
-RecoveryPath = Literal["in-process", "spare-admitted", "requeue"]
 REQUEUE_PHASES = ("detect", "cancel", "submit", "queue", "start", "load", "first_step")
 """A requeue: fault -> detected; detected -> the old job's end (scheduler); end -> the requeue asked
 (isolation: drain, quarantine); asked -> the new job running (scheduler); running -> checkpoint load

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from trainops.run_folder import RecoveryPath
 from trainops.tools.base import ToolError, tool
 from trainops.tools.layout_mapping import MoeShape, TopologyPlan, expert_parallel, map_layout
 
@@ -27,7 +28,6 @@ MONTH_S = 30 * 86400
 MAX_SIMULATED_FAILURES = 1_000_000
 MAX_RATIO_TO_MTBF = 500  # e^(x/MTBF) overflows a float near 709
 RestartFrom = Literal["given", "newest_node_drill", "measured_path"]
-RecoveryPath = Literal["in-process", "spare-admitted", "requeue"]
 MAX_CHECKPOINT_BYTES = 2**50  # a PiB: past any job's checkpoint, so a typo in units is refused
 CHECKPOINT_TOO_SLOW = 0.10
 """The one line between "checkpoint as planned" and "make checkpoints two-phase async", for the

@@ -340,6 +340,8 @@ def read_faults(run_dir: str | Path) -> list[FaultRecord]:
 # --- recoveries.jsonl -------------------------------------------------------------------------
 
 RECOVERY_PHASES = ("detect", "abort", "admit", "load", "first_step")
+RecoveryPath = Literal["in-process", "spare-admitted", "requeue"]
+"""How a job came back from a lost rank: restarted in its own processes, a warm spare admitted, or requeued."""
 
 
 class LostRank(BaseModel):
@@ -359,7 +361,7 @@ class RecoveryEntry(BaseModel):
     each phase cost."""
 
     time: float = Field(description="Unix seconds when the first step after the recovery finished.")
-    path: Literal["in-process", "spare-admitted", "requeue"]
+    path: RecoveryPath
     failed_ranks: list[int] = Field(default_factory=list)
     trigger: str = Field("", description="What was detected, e.g. 'rank 1 exited with code -9'.")
     generation: int = Field(ge=0, description="1 for the job's first in-process restart, 2 for the next, ...")

@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from trainops.run_folder import RecoveryPath
 from trainops.skills.evidence.bottleneck import BottleneckSplit
 from trainops.skills.evidence.published import LayoutPlan, MlperfComparison
 
@@ -187,7 +188,7 @@ class DrillResult(BaseModel):
     interruption_id: str = Field("", description="the interruption record of the drill's job end")
     detector: str = Field(description="which signal caught it: exit code, heartbeat, loss check, step-time outlier")
     drill_record: str = Field(description="the drill's JSON record (RUN/drill.json) these figures come from")
-    recovery_path: Literal["in-process", "spare-admitted", "requeue"] | None = Field(
+    recovery_path: RecoveryPath | None = Field(
         default=None, description="how the job recovered; None: its records do not say")
     recovery_phases_s: dict[str, float | None] = Field(
         default_factory=dict, description="seconds per phase of that path, in order (in-process: detect, abort, "
