@@ -76,7 +76,11 @@ def test_check_names_each_incompatible_pair_and_reports_unknown_versions():
                                frameworks={"megatron-core": "0.16.1", "torchtitan": "0.2.0"}))
     assert any("megatron-core 0.16.1 with torch 2.5.1: not a published pair" in p and "torch>=2.6.0" in p
                for p in report.problems)
-    assert any(p.startswith("torchtitan 0.2.0: not in the matrix") for p in report.problems)
+    assert any(p.startswith("torchtitan 0.2.0: not in the matrix") and "torchtitan 0.3.0" in p for p in report.problems)
+    (titan,) = check(Environment(torch="2.13.0", frameworks={"torchtitan": "0.3.0"})).problems  # pinned to 2.14
+    assert "torchtitan 0.3.0 with torch 2.13.0: not a published pair" in titan and "torch>=2.14.0,<2.15.0" in titan
+    at_214 = check(Environment(torch="2.14.0", frameworks={"torchtitan": "0.3.0"})).problems
+    assert not [p for p in at_214 if "torchtitan" in p]  # the pair holds (torch 2.14 itself has no row yet)
     assert report.unchecked == []  # torch 2.5's CUDA 12.4 wheel pins NCCL 2.21.5: a published triple
     assert check(Environment(torch="3.1.0")).problems[0].startswith("torch 3.1.0: not in the matrix")
     newer = check(Environment(torch="2.13.0", cuda="12.8"))  # 2.13's CUDA list is not recorded: said, not passed
