@@ -36,7 +36,8 @@ class StoppedClock:
 
 
 def read_tool_calls(job_id: str, run_dir: str) -> list[tuple[str, dict]]:
-    """Every read tool over the scheduler, the monitor and the run folder, with the arguments an agent gives."""
+    """Every read tool over the scheduler, the monitor and the run folder (the log tools included), with the
+    arguments an agent gives."""
     calls: list[tuple[str, dict]] = [("list_jobs", {}), ("list_nodes", {}), ("job_status", {"job_id": job_id}),
                                      ("wait_job", {"job_id": job_id, "timeout_s": 1}),
                                      ("job_logs", {"job_id": job_id}), ("job_logs", {"job_id": job_id, "tail": 0}),
@@ -44,6 +45,11 @@ def read_tool_calls(job_id: str, run_dir: str) -> list[tuple[str, dict]]:
                                      ("list_interruptions", {}), ("list_interruptions", {"job_id": job_id}),
                                      ("effective_training_time", {"job_id": job_id})]
     calls += [("job_logs", {"job_id": job_id, "rank": rank, "tail": 20}) for rank in (0, 1)]
+    calls += [("grep_log", {"job_id": job_id, "pattern": "step|error"}),  # the bounded log tools
+              ("grep_log", {"job_id": job_id, "rank": 0, "pattern": "STEP", "ignore_case": True, "max_matches": 3}),
+              ("grep_log", {"run": run_dir, "rank": 0, "pattern": "loaded checkpoint", "max_bytes": 200}),
+              ("read_log_window", {"job_id": job_id, "line": 5, "before": 2, "after": 3}),
+              ("read_log_window", {"run": run_dir, "rank": 0, "line": 1, "after": 10, "max_bytes": 300})]
     for metric in ("loss", "step_time_s", "heartbeat_age_s", "mfu_pct_avg", "step_time_spread_s"):
         calls.append(("query_metrics", {"run": run_dir, "metric": metric}))
         calls.append(("query_metrics", {"run": run_dir, "metric": metric, "mode": "series", "window_s": 1e9}))
@@ -80,6 +86,8 @@ def test_a_recorded_drill_replays_every_read_tool_byte_for_byte(workspace, tmp_p
         stopped.setattr(replay_scheduler, "time", clock)
         live = answers(calls)
         folder = record(workspace, SCENARIO, tmp_path / "scenarios")
+    logged = [a for (name, _), a in zip(calls, live) if name in ("grep_log", "read_log_window")]
+    assert all(json.loads(out).get("matches") or json.loads(out).get("lines") for out in logged), logged  # lines found, not errors
     assert not any("checkpoints" in p.parts and p.name != "COMMIT.json"
                    for p in (folder / "workspace").rglob("*") if p.is_file())
     assert sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) < 200_000
