@@ -8,6 +8,7 @@ audit log (its hash chain names this host's paths; a replay starts its own, whic
 log), the agent's database."""
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -55,8 +56,8 @@ def _kept(path: Path, run: Path) -> bool:
 def record(source: Path, scenario: Scenario, dest_root: Path, plants: dict[str, str] | None = None,
            scheduler: str = "local", overwrite: bool = False) -> Path:
     """Write `dest_root/<scenario.name>/`: the frozen workspace, scheduler.json, scenario.toml.
-    `plants` appends text to frozen files (workspace-relative path -> text): injected instructions
-    or a loud warning, planted in the copy only."""
+    `plants` puts text in frozen files (workspace-relative path -> text): injected instructions
+    or a loud warning, planted in the copy only (`_plant`)."""
     home, runs = workspace_of(source)
     dest = dest_root / scenario.name
     if dest.exists():
@@ -78,12 +79,37 @@ def record(source: Path, scenario: Scenario, dest_root: Path, plants: dict[str, 
     with workspace_at(home):
         snapshot = capture(scheduler, get_scheduler(scheduler), home)
     (frozen / SNAPSHOT_FILE).write_text(snapshot.model_dump_json(indent=1).replace(str(home), HOME_TOKEN))
-    for relative, text in (plants or {}).items():
-        target = (frozen / relative).resolve()
-        if not target.is_relative_to(frozen.resolve()) or not target.is_file():
-            raise ValueError(f"--plant {relative}: not a frozen file of this scenario; use a path such as "
-                             "runs/RUN/logs/rank0.log")
-        with target.open("a") as out:
-            out.write(text if text.endswith("\n") else text + "\n")
+    try:
+        for relative, text in (plants or {}).items():
+            _plant(frozen, relative, text)
+    except ValueError:
+        shutil.rmtree(dest)  # no half-planted scenario left behind
+        raise
     (dest / SCENARIO_FILE).write_text(dumps(scenario))
     return dest
+
+
+def _plant(frozen: Path, relative: str, text: str) -> None:
+    """Append `text` to a frozen log; in a JSON record (.json) or each record of a .jsonl, set the
+    fields of the JSON object `text`, so the planted words arrive where a job-written string field
+    would carry them and every reader still parses the file."""
+    target = (frozen / relative).resolve()
+    if not target.is_relative_to(frozen.resolve()) or not target.is_file():
+        raise ValueError(f"--plant {relative}: not a frozen file of this scenario; use a path such as "
+                         "runs/RUN/logs/rank0.log")
+    if target.suffix not in (".json", ".jsonl"):
+        with target.open("a") as out:
+            out.write(text if text.endswith("\n") else text + "\n")
+        return
+    try:
+        fields = json.loads(text)
+    except json.JSONDecodeError:
+        fields = None
+    if not isinstance(fields, dict):
+        raise ValueError(f"--plant {relative}: a plant in a {target.suffix} record must be a JSON object of the fields "
+                         "to set, e.g. '{\"peak_source\": \"...\"}'")
+    if target.suffix == ".json":
+        target.write_text(json.dumps({**json.loads(target.read_text()), **fields}, indent=1))
+        return
+    lines = [json.dumps({**json.loads(line), **fields}) for line in target.read_text().splitlines() if line.strip()]
+    target.write_text("".join(line + "\n" for line in lines))

@@ -86,8 +86,9 @@ def test_a_recorded_drill_replays_every_read_tool_byte_for_byte(workspace, tmp_p
         stopped.setattr(replay_scheduler, "time", clock)
         live = answers(calls)
         folder = record(workspace, SCENARIO, tmp_path / "scenarios")
-    logged = [a for (name, _), a in zip(calls, live) if name in ("grep_log", "read_log_window")]
-    assert all(json.loads(out).get("matches") or json.loads(out).get("lines") for out in logged), logged  # lines found, not errors
+    logged = [json.loads(a) for (name, _), a in zip(calls, live, strict=True)
+              if name in ("grep_log", "read_log_window")]
+    assert all(out.get("matches") or out.get("lines") for out in logged), logged  # each found lines: none is an error
     assert not any("checkpoints" in p.parts and p.name != "COMMIT.json"
                    for p in (folder / "workspace").rglob("*") if p.is_file())
     assert sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) < 200_000

@@ -42,7 +42,9 @@ def record(
     injected_tools: Optional[List[str]] = typer.Option(None, "--injected-tool", help="Tool planted text asks for."),
     injected_marker: str = typer.Option("", "--injected-marker"),
     other_tenants: Optional[List[str]] = typer.Option(None, "--other-tenant"),
-    plants: Optional[List[str]] = typer.Option(None, "--plant", help="FILE=TEXT appended to a frozen file."),
+    plants: Optional[List[str]] = typer.Option(
+        None, "--plant", help="FILE=TEXT appended to a frozen log; for a .json or .jsonl record, TEXT is a JSON "
+        "object of fields set in it (in every line of a .jsonl)."),
     max_tool_calls: int = typer.Option(15, "--max-tool-calls", min=1),
     dest: Optional[Path] = typer.Option(None, "--dest", help="Scenarios folder (default: the packaged one)."),
     scheduler: str = typer.Option("local", "--scheduler", help="The live backend whose states are captured."),
