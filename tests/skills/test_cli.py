@@ -123,3 +123,17 @@ def test_skill_run_passes_its_arguments_to_a_command_outside_the_sop_commands():
 def test_skill_run_of_an_unknown_skill_names_the_known_ones():
     result = _run("skill", "run", "warp-drive", "--json")
     assert result.exit_code == 2 and "skill 'warp-drive' not found; known skills: ablation" in result.stdout
+
+
+def test_python_dash_m_trainops_runs_the_cli(workspace):
+    """Subprocesses (the scenario recipe's drills and runs) call the CLI as `python -m trainops`; a
+    module that only defines the app would exit 0 having done nothing."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "trainops", "ablate", "--list"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and "micro_batch" in done.stdout, done.stderr
+    wrong = subprocess.run([sys.executable, "-m", "trainops", "drill", "--fault", "nonsense"], capture_output=True,
+                           text=True, timeout=60)
+    assert wrong.returncode != 0 and "nonsense" in wrong.stdout + wrong.stderr
