@@ -5,7 +5,8 @@ change what it does; outputs only supply ids and values to later steps of the sa
 then emits one tool call per turn, filling arguments from each bound tool's JSON schema; when
 the plan is done it writes the answer from the tool results. A diagnosis request (why did job J
 fail) loads the fault skill, reads the interruption record and the logs, and ends with a
-structured final_answer built from that evidence (agents/diagnose.py). So the same graph, gate and
+structured final_answer built from that evidence (agents/diagnose.py); a comparison of two runs
+ends with one built from compare_runs (agents/compare.py). So the same graph, gate and
 approvals run with no network and no key, and tests are repeatable.
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMe
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
-from trainops.agents import diagnose
+from trainops.agents import compare, diagnose
 from trainops.agents.explain import find, render_answer
 from trainops.run_folder import RunFiles
 
@@ -81,6 +82,8 @@ def classify(text: str) -> str | None:
         return "drill"
     if re.search(r"\bsop\b", low):
         return "sop"
+    if compare.runs_compared(text):
+        return "compare"
     if "mfu" in low or re.search(r"why is (it|the run) (so )?(low|slow)", low):
         return "mfu"
     if diagnose.DIAGNOSIS.search(low) and re.search(r"\b(job|run)\s+\S", low):
@@ -225,11 +228,16 @@ def decide(messages: list[BaseMessage], tool_schemas: list[dict]) -> AIMessage:
     if intent_name is None:
         return AIMessage(content=(
             "I could not tell what you need. I can: explain a run's MFU ('what is the MFU of run R and why is it "
-            "low'), run the SOP on a config ('run the SOP on config C'), drill a fault ('drill a rank crash on job "
-            "J'), diagnose a job end ('why did job J fail'), plan the checkpoint interval ('... for a 5-minute save "
-            "and an MTBF of 3 hours'), show logs or jobs, and show pending approvals."
+            "low'), compare two runs ('why is run B slower than run A'), run the SOP on a config ('run the SOP on "
+            "config C'), drill a fault ('drill a rank crash on job J'), diagnose a job end ('why did job J fail'), "
+            "plan the checkpoint interval ('... for a 5-minute save and an MTBF of 3 hours'), show logs or jobs, "
+            "and show pending approvals."
         ))
     schemas = {s["function"]["name"]: s["function"].get("parameters", {}) for s in tool_schemas}
+    if intent_name == "compare" and compare.TOOL in schemas:
+        return compare.next_step(compare.runs_compared(request), {name for name, _ in calls}, results, len(messages))
+    if intent_name == "compare":
+        intent_name = "mfu"
     if intent_name == "diagnose":
         params = {**_learned(results), **parse_params(request)}
         return diagnose.next_step(request, params, {name for name, _ in calls}, results, schemas, len(messages))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from trainops.agents.compare import runs_compared
 from trainops.agents.policy import classify, fill_args, parse_params
 
 
@@ -17,6 +18,9 @@ from trainops.agents.policy import classify, fill_args, parse_params
     # the ids a request names never choose its intent: a job called drill-... asked about is a diagnosis
     ("Job drill-crash-20261202-133205-2e52bc was interrupted. What happened?", "diagnose"),
     ("show the logs of job drill-sop-approval-1", "logs"),
+    ("Why is run run-b slower than run run-a?", "compare"),
+    ("Run r2 reached much lower MFU than run r1 of the same model. Why?", "compare"),
+    ("what is the MFU of run r1, and of run r1 again?", "mfu"),  # one run named twice is not a comparison
 ])
 def test_requests_map_to_intents(text, intent):
     assert classify(text) == intent
@@ -66,3 +70,14 @@ def test_the_sop_answer_leads_with_the_verdict_and_names_the_pack_to_decide():
     assert text.splitlines()[0] == "Verdict: partial; blockers: drill hang: recovery not measured"
     assert "trainops approve sop-1 (signed with their SSH key)" in text and "trainops reject sop-1 --note WHY" in text
     assert check_text(text) == []
+
+
+@pytest.mark.parametrize("text, pair", [
+    ("Why is run run-b slower than run run-a?", ("run-a", "run-b")),  # the run after "than" is the baseline
+    ("Compare run run-a with run run-b: what changed?", ("run-a", "run-b")),  # else the first named
+    ("Is run run-a different from run run-b?", ("run-a", "run-b")),
+    ("What happened to run run-a?", None),
+    ("run run-a, run run-b and run run-c: which is slower?", None),  # a comparison is of two runs
+])
+def test_the_two_runs_compared_are_read_with_the_baseline_first(text, pair):
+    assert runs_compared(text) == pair

@@ -23,6 +23,7 @@ from trainops.tools.calls import call
 from trainops.tools.registry import build_registry
 
 RUN = "r1"
+OTHER_RUN = "r2"
 ALLOWED_IN_WORKSPACE = {
     "audit.jsonl": "the gate's record of the call (R-SEC-5), not the tool's",
     "audit.jsonl.head": "the audit log's head",
@@ -35,6 +36,7 @@ def read_inputs(job_id: str) -> dict[str, dict]:
     """A valid, small input for every read tool. A new read tool without one fails the coverage test."""
     return {
         "check_framework_job": {"framework": "deepspeed", "knobs": {}, "world_size": 2},
+        "compare_runs": {"baseline": RUN, "candidate": OTHER_RUN},
         "declare_environment": {"ckpt_test_mib": 1},
         "detect_faults": {"run": RUN, "timeout_s": 0.2, "poll_interval_s": 0.05},
         "effective_training_time": {"window_s": 600},
@@ -102,8 +104,8 @@ def committed_checkpoint(run_dir: Path, step: int) -> None:
 
 @pytest.fixture
 def scene(workspace, tmp_path, monkeypatch):
-    """A workspace with a finished run (metrics, a committed checkpoint) and a finished job, a
-    private current folder and a private temporary folder."""
+    """A workspace with a finished run (metrics, a committed checkpoint), a second run of it with
+    another micro_batch, a finished job, a private current folder and a private temporary folder."""
     operator = CallContext(actor="operator")
     run_dir = workspace / "runs" / RUN
     run_dir.mkdir(parents=True)
@@ -116,6 +118,11 @@ def scene(workspace, tmp_path, monkeypatch):
                                  "tokens_per_s": 1000.0, "flops_per_token": 1e6, "tflops": 0.01, "mfu_pct": 3.0,
                                  "peak_mem_gib": 0.1, "time": time.time(), "peak_source": "measured-gemm"}) + "\n")
     committed_checkpoint(run_dir, 4)
+    other = workspace / "runs" / OTHER_RUN
+    other.mkdir()
+    config = (run_dir / "config.toml").read_text()
+    (other / "config.toml").write_text(config.replace("micro_batch = 2", "micro_batch = 1"))
+    (other / "metrics.jsonl").write_text((run_dir / "metrics.jsonl").read_text())
     done = {"name": "done", "launcher": "plain", "command": [sys.executable, "-c", "print('ok')"]}
     job_id = call("submit_job", {"spec": done}, operator).handle.job_id
     assert call("wait_job", {"job_id": job_id, "timeout_s": 30}, operator).state == "completed"
