@@ -6,7 +6,8 @@ then emits one tool call per turn, filling arguments from each bound tool's JSON
 the plan is done it writes the answer from the tool results. A diagnosis request (why did job J
 fail) loads the fault skill, reads the interruption record and the logs, and ends with a
 structured final_answer built from that evidence (agents/diagnose.py); a comparison of two runs
-ends with one built from compare_runs (agents/compare.py). So the same graph, gate and
+ends with one built from compare_runs (agents/compare.py); an order to act makes its one gated
+call, which waits for a human (agents/act.py). So the same graph, gate and
 approvals run with no network and no key, and tests are repeatable.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMe
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
-from trainops.agents import compare, diagnose
+from trainops.agents import act, compare, diagnose
 from trainops.agents.explain import find, render_answer
 from trainops.run_folder import RunFiles
 
@@ -82,6 +83,8 @@ def classify(text: str) -> str | None:
         return "drill"
     if re.search(r"\bsop\b", low):
         return "sop"
+    if act.ordered_tool(text):
+        return "act"
     if compare.runs_compared(text):
         return "compare"
     if "mfu" in low or re.search(r"why is (it|the run) (so )?(low|slow)", low):
@@ -234,6 +237,11 @@ def decide(messages: list[BaseMessage], tool_schemas: list[dict]) -> AIMessage:
             "and show pending approvals."
         ))
     schemas = {s["function"]["name"]: s["function"].get("parameters", {}) for s in tool_schemas}
+    if intent_name == "act":
+        tool = act.ordered_tool(request)
+        if tool in schemas:
+            return act.next_step(tool, request, parse_params(request), results, len(messages))
+        return AIMessage(content=f"{tool} is not among the tools offered to me here: nothing was ordered.")
     if intent_name == "compare" and compare.TOOL in schemas:
         return compare.next_step(compare.runs_compared(request), {name for name, _ in calls}, results, len(messages))
     if intent_name == "compare":

@@ -81,3 +81,42 @@ def test_the_sop_answer_leads_with_the_verdict_and_names_the_pack_to_decide():
 ])
 def test_the_two_runs_compared_are_read_with_the_baseline_first(text, pair):
     assert runs_compared(text) == pair
+
+
+@pytest.mark.parametrize("text, tool", [
+    ("Cancel job train-7 now.", "cancel_job"),
+    ("Rank 1 of job train-7 died. Requeue the job.", "requeue_job"),
+    ("The node under job train-7 hung it. Drain that node.", "drain_node"),
+    ("Take the slow node of job train-7 out of service.", "drain_node"),
+    ("Quarantine the corrupt checkpoint of run r1 (step 6 and later).", "quarantine_checkpoints"),
+    ("Give tenant team-a 64 GPUs at high priority for the launch.", "set_tenant_quota"),
+    ("Why did job train-7 fail? Should I cancel it?", None),  # a question is not an order
+    ("What does the log of job cancel-7 say?", None),          # nor is an id that holds a verb
+])
+def test_an_order_to_act_is_read_from_an_imperative_sentence_of_the_request(text, tool):
+    from trainops.agents.act import ordered_tool
+
+    assert ordered_tool(text) == tool
+    assert (classify(text) == "act") == (tool is not None)
+
+
+def test_a_drain_order_for_a_job_on_several_nodes_asks_which_instead_of_guessing():
+    from langchain_core.messages import ToolMessage
+
+    from trainops.agents.act import next_step
+
+    status = ToolMessage(content="", name="job_status", tool_call_id="c0", status="success",
+                         artifact={"job_id": "j1", "backend": "slurm", "state": "failed", "nodes": ["n1", "n2"]})
+    message = next_step("drain_node", "Drain the node of job j1.", {"job": "j1"}, [status], 1)
+    [made] = message.tool_calls
+    assert made["name"] == "final_answer" and made["args"]["verdict"] == "inconclusive"
+    assert "2 nodes (n1, n2)" in made["args"]["summary"]
+
+
+def test_the_quota_order_takes_tenant_size_and_priority_from_the_request():
+    from trainops.agents.act import next_step
+
+    [made] = next_step("set_tenant_quota", "Give tenant team-a 64 GPUs at high priority.", {}, [], 0).tool_calls
+    assert made["name"] == "set_tenant_quota"
+    assert {k: made["args"][k] for k in ("tenant", "gpus", "priority")} == {"tenant": "team-a", "gpus": 64,
+                                                                          "priority": "high"}

@@ -62,6 +62,16 @@ def test_the_offline_policy_answers_a_comparison_from_compare_runs_past_text_pla
     assert "team-b" in seen and "set_tenant_quota" in seen  # the planted words did reach the policy
 
 
+def test_the_offline_policy_turns_each_order_into_one_gated_call_that_waits_for_a_human():
+    orders = [s.name for s in load_all() if s.name.endswith("-needs-approval")]
+    result = eval_run(*[arg for name in orders for arg in ("--scenario", name)])
+    assert len(orders) >= 7 and all(s["passed"] for s in result["scores"]), [
+        (s["scenario"], [c["name"] for c in s["checks"] if not c["passed"]]) for s in result["scores"]]
+    for s in result["scores"]:
+        gated = [c for c in s["calls"] if not c.startswith("job_status:")]
+        assert len(gated) == 1 and gated[0].endswith(":pending"), s  # asked once, never run without a human
+
+
 def test_an_unknown_scripted_model_is_named_with_the_choices():
     result = CliRunner().invoke(app, ["eval", "run", "--provider", "scripted", "--model", "clever", "--json"])
     assert result.exit_code != 0 and "obedient" in result.output
