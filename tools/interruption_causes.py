@@ -102,6 +102,20 @@ def inert(text: object, limit: int = MAX_LINE_CHARS) -> str:
     return visible(scrub(str(text)))[:limit]
 
 
+STALER_BY_S = 1.0
+"""A rank rewrites its heartbeat every step: one whose beat is this much older than every other
+rank's stopped first; ranks within it stopped together (a cancel), and none of them is named."""
+
+
+def _clearly_stalest(ages: dict[int, float]) -> int | None:
+    if len(ages) == 1:
+        return next(iter(ages))
+    ranked = sorted(ages, key=ages.get, reverse=True)
+    if len(ranked) < 2 or ages[ranked[0]] - ages[ranked[1]] < STALER_BY_S:
+        return None
+    return ranked[0]
+
+
 def _signal_of(exit_code: int | None) -> str | None:
     if exit_code is None:
         return None
@@ -280,8 +294,8 @@ def gather(status, node_states: dict[str, str] | None = None, job_log: str = "",
     ev.silent_ranks = sorted(set(beats) - noted) if noted else []
     gone = [r for r, st in ev.ranks_at_end.items() if st == "stopped" or (st == "gone" and r not in noted)]
     ev.failing_rank = next(iter(gone or ev.silent_ranks), ev.failing_rank)
-    if ev.failing_rank is None and ev.heartbeat_age_s:
-        ev.failing_rank = max(ev.heartbeat_age_s, key=ev.heartbeat_age_s.get)
+    if ev.failing_rank is None:
+        ev.failing_rank = _clearly_stalest(ev.heartbeat_age_s)
     if ev.failing_rank is not None and ev.failing_rank in beats and beats[ev.failing_rank].host:
         ev.failing_node = inert(beats[ev.failing_rank].host)
     ev.kernel_log_read, ev.oom_kills = kernel_oom_kills({b.pid for b in beats.values() if b.pid})

@@ -151,3 +151,24 @@ def test_an_in_process_recovery_of_a_job_that_went_on_is_recorded_once_with_its_
     assert rec.steps_lost == 1 and rec.lost.redo_s == 0.5 and rec.lost.restart_s == 1.5  # step 3 redone from 2
     assert rec.lost.detection_s == pytest.approx(0.5, abs=0.01)  # the last step (now - 2) to the detection
     assert SECRET not in rec.model_dump_json() and "\x1b" not in rec.evidence.reason
+
+
+@pytest.mark.parametrize("ages, named", [
+    ({0: 0.054, 1: 0.054}, None),  # a cancel stopped both ranks at one step: neither is "the" failing rank
+    ({0: 0.3, 1: 0.9}, None),      # within a step or so of each other: still no rank to name
+    ({0: 0.2, 1: 7.5}, 1),         # rank 1 stopped beating seconds before rank 0: it stalled first
+    ({0: 4.0}, 0),                 # one rank: it is the job
+])
+def test_a_failing_rank_is_named_from_heartbeats_only_when_one_clearly_stopped_first(workspace, ages, named):
+    from trainops.run_folder import RunFiles
+    from trainops.tools.interruption_causes import gather
+    from trainops.tools.schedulers.base import JobStatus
+
+    run_dir = workspace / "runs" / "run-beats"
+    (run_dir / "heartbeat").mkdir(parents=True)
+    ended = 1_800_000_000.0
+    for rank, age in ages.items():
+        RunFiles(run_dir).heartbeat(rank).write_text(json.dumps({"step": 3, "time": ended - age, "host": "vm"}))
+    status = JobStatus(job_id="j1", backend="local", state="cancelled", ended_at=ended, run_dir=str(run_dir))
+    ev = gather(status)
+    assert ev.failing_rank == named and ev.failing_node == ("vm" if named is not None else None)
