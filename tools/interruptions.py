@@ -135,14 +135,35 @@ def healthy(ev: Evidence) -> bool:
 
 
 def is_clean(status) -> bool:
-    return status.state == "completed" and status.exit_code in (0, None) and not _run_failed(status.run_dir)
+    """A finish that lost no training: the scheduler says completed and the run did not fail. A
+    completed job whose step the scheduler still marks with a signal (Slurm: a teardown that timed out
+    after every rank was done) is clean only when the run itself wrote an ok status during this launch."""
+    if status.state != "completed":
+        return False
+    if status.exit_code in (0, None):
+        return not _run_failed(status.run_dir)
+    return _run_finished_ok_since(status.run_dir, status.started_at)
+
+
+def _run_status(run_dir: str | None):
+    from trainops.run_folder import read_status
+
+    return read_status(run_dir) if run_dir and Path(run_dir).is_dir() else None
 
 
 def _run_failed(run_dir: str | None) -> bool:
-    from trainops.run_folder import read_status
-
-    result = read_status(run_dir) if run_dir and Path(run_dir).is_dir() else None
+    result = _run_status(run_dir)
     return result is not None and result.status == "failed"
+
+
+def _run_finished_ok_since(run_dir: str | None, started_at: float | None) -> bool:
+    from trainops.run_folder import RunFiles
+
+    result = _run_status(run_dir)
+    if result is None or result.status != "ok" or result.exit_code != 0:
+        return False
+    written = RunFiles(run_dir).status.stat().st_mtime
+    return started_at is None or written >= started_at
 
 
 def record_id(scheduler: str, status) -> str:
