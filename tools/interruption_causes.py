@@ -116,6 +116,21 @@ def _clearly_stalest(ages: dict[int, float]) -> int | None:
     return ranked[0]
 
 
+def _place_on_a_down_node(ev: Evidence) -> None:
+    """No rank stopped first, but the scheduler marks exactly one of the job's nodes down or not
+    responding (a partition: its ranks still ran): that node is the failing one, and its rank when it
+    held one rank."""
+    if ev.failing_node is not None:
+        return
+    down = sorted({n for n in ev.rank_nodes.values() if _NODE_DOWN.search(ev.node_states.get(n, ""))})
+    if len(down) != 1:
+        return
+    ev.failing_node = down[0]
+    on_it = [r for r, n in ev.rank_nodes.items() if n == down[0]]
+    if ev.failing_rank is None and len(on_it) == 1:
+        ev.failing_rank = on_it[0]
+
+
 def _signal_of(exit_code: int | None) -> str | None:
     if exit_code is None:
         return None
@@ -298,6 +313,7 @@ def gather(status, node_states: dict[str, str] | None = None, job_log: str = "",
         ev.failing_rank = _clearly_stalest(ev.heartbeat_age_s)
     if ev.failing_rank is not None and ev.failing_rank in beats and beats[ev.failing_rank].host:
         ev.failing_node = inert(beats[ev.failing_rank].host)
+    _place_on_a_down_node(ev)
     ev.kernel_log_read, ev.oom_kills = kernel_oom_kills({b.pid for b in beats.values() if b.pid})
     _metrics_evidence(run_dir, ev)
     if beats:

@@ -172,3 +172,48 @@ def test_a_failing_rank_is_named_from_heartbeats_only_when_one_clearly_stopped_f
     status = JobStatus(job_id="j1", backend="local", state="cancelled", ended_at=ended, run_dir=str(run_dir))
     ev = gather(status)
     assert ev.failing_rank == named and ev.failing_node == ("vm" if named is not None else None)
+
+
+@pytest.mark.parametrize("run_status, written_after_start, clean", [
+    ("ok", True, True),     # every rank finished and the run said so during this launch: a teardown wart
+    ("ok", False, False),   # an ok status left by an earlier launch proves nothing about this one
+    ("failed", True, False),
+    (None, True, False),    # no word from the run: the scheduler's signal stands
+])
+def test_a_completed_job_with_a_signal_is_clean_only_when_its_run_finished_ok_in_this_launch(
+        workspace, run_status, written_after_start, clean):
+    import os
+
+    from trainops.run_folder import RunFiles
+    from trainops.tools.interruptions import is_clean, record_job_end
+    from trainops.tools.schedulers.base import JobStatus
+
+    run_dir = workspace / "runs" / "run-teardown"
+    run_dir.mkdir(parents=True)
+    started = time.time() - 60
+    if run_status is not None:
+        RunFiles(run_dir).status.write_text(json.dumps({"run_dir": str(run_dir), "status": run_status,
+                                                        "exit_code": 0 if run_status == "ok" else 1}))
+        stamp = started + (30 if written_after_start else -30)
+        os.utime(RunFiles(run_dir).status, (stamp, stamp))
+    status = JobStatus(job_id="7", backend="slurm", state="completed", exit_code=-9, started_at=started,
+                       ended_at=started + 50, run_dir=str(run_dir))
+    assert is_clean(status) is clean
+    assert (record_job_end(status, "slurm") is None) is clean
+
+
+def test_a_job_whose_ranks_all_ran_on_is_placed_on_the_one_node_the_scheduler_lost(workspace):
+    from trainops.run_folder import RunFiles
+    from trainops.tools.interruption_causes import classify, gather
+    from trainops.tools.schedulers.base import JobStatus
+
+    run_dir = workspace / "runs" / "run-partition"
+    (run_dir / "heartbeat").mkdir(parents=True)
+    ended = 1_800_000_000.0
+    for rank, host in ((0, "n1"), (1, "n2")):
+        RunFiles(run_dir).heartbeat(rank).write_text(json.dumps({"step": 6, "time": ended - 0.2, "host": host}))
+    status = JobStatus(job_id="5", backend="slurm", state="cancelled", ended_at=ended, run_dir=str(run_dir))
+    ev = gather(status, node_states={"n1": "idle", "n2": "idle+completing+not_responding"},
+                ranks_at_end={0: "running", 1: "running"})
+    assert (ev.failing_node, ev.failing_rank) == ("n2", 1)
+    assert classify(ev)[0] == "network"  # its rank still ran: unreachable, not dead
