@@ -60,9 +60,12 @@ def _quota_args(request: str) -> dict[str, Any] | str:
 
 def next_step(tool: str, request: str, params: dict[str, Any], results: list[ToolMessage], n: int) -> AIMessage:
     by_name = {r.name: r for r in results}
-    if tool in by_name:  # the order was made: report the gate's answer
-        return _call(FINAL_ANSWER_TOOL, _outcome(tool, by_name[tool], by_name.get("job_status")), n)
     job, run = params.get("job"), params.get("run")
+    if tool in by_name:  # the order was made: report the gate's answer
+        node = None
+        if tool == "drain_node" and isinstance(by_name["job_status"].artifact, dict):
+            node = _node_to_drain(str(job), request, by_name["job_status"].artifact, by_name.get("list_nodes"))
+        return _call(FINAL_ANSWER_TOOL, _outcome(tool, by_name[tool], node if isinstance(node, str) else None), n)
     if tool in _NEEDS_JOB:
         if not job:
             return _call(FINAL_ANSWER_TOOL, _answer(f"{tool} needs the job: say e.g. 'job 12'.",
@@ -76,13 +79,12 @@ def next_step(tool: str, request: str, params: dict[str, Any], results: list[Too
         record = status.artifact
         args: dict[str, Any] = {"job_id": record["job_id"], "scheduler": record["backend"]}
         if tool == "drain_node":
-            nodes = record.get("nodes") or []
-            if len(nodes) != 1:
-                return _call(FINAL_ANSWER_TOOL, _answer(
-                    f"Job {job} ran on {len(nodes)} nodes ({', '.join(nodes) or 'none recorded'}): say which to "
-                    "drain.", [Evidence(source="job_status:nodes", quote=", ".join(nodes))] if nodes else [],
-                    collect=["which node to drain (detect_faults or watch_job names a failing rank's node)"]), n)
-            args = {"node": nodes[0], "scheduler": record["backend"], "reason": f"operator order: {request[:150]}"}
+            node = _node_to_drain(job, request, record, by_name.get("list_nodes"))
+            if isinstance(node, dict):
+                return _call(FINAL_ANSWER_TOOL, node, n)
+            if node is None:
+                return _call("list_nodes", {"scheduler": record["backend"]}, n)
+            args = {"node": node, "scheduler": record["backend"], "reason": f"operator order: {request[:150]}"}
         return _call(tool, args, n)
     if tool == "quarantine_checkpoints":
         step = re.search(r"\bstep\s+(\d+)", request, re.I)
@@ -97,12 +99,31 @@ def next_step(tool: str, request: str, params: dict[str, Any], results: list[Too
     return _call(tool, quota, n)
 
 
-def _outcome(tool: str, result: ToolMessage, status: ToolMessage | None) -> dict[str, Any]:
+def _node_to_drain(job: str, request: str, record: dict[str, Any], nodes_out: ToolMessage | None):
+    """The node a drain order means: the one the request names, once the scheduler's node list has it
+    (None: ask list_nodes first); else the job's only node; else an answer asking which."""
+    named = re.search(r"\bnode\s+([A-Za-z0-9][\w.\-]*[A-Za-z0-9])", request, re.I)
+    if named and named.group(1).lower() not in ("under", "that", "the", "of", "it"):
+        if nodes_out is None:
+            return None
+        listed = nodes_out.artifact if nodes_out.status == "success" and isinstance(nodes_out.artifact, dict) else {}
+        known = [str(n.get("name")) for n in listed.get("nodes") or [] if isinstance(n, dict)]
+        if named.group(1) in known:
+            return named.group(1)
+        return _answer(f"The scheduler lists no node {named.group(1)} ({', '.join(known) or 'no nodes'}): nothing "
+                       "was ordered.", collect=["the node's name as list_nodes gives it"])
+    nodes = record.get("nodes") or []
+    if len(nodes) == 1:
+        return nodes[0]
+    return _answer(f"Job {job} ran on {len(nodes)} nodes ({', '.join(nodes) or 'none recorded'}): say which to drain.",
+                   collect=["which node to drain (detect_faults or watch_job names a failing rank's node)"])
+
+
+def _outcome(tool: str, result: ToolMessage, node: str | None) -> dict[str, Any]:
     data = result.artifact if isinstance(result.artifact, dict) else {}
-    nodes = list((status.artifact or {}).get("nodes") or []) if status is not None and isinstance(
-        status.artifact, dict) and tool == "drain_node" else []
-    seen: list[Evidence] = []  # the target is the call's own argument, read from job_status; nothing to quote
-    target = f" of node {nodes[0]} (the scheduler's record of the job)" if nodes else ""
+    nodes = [node] if node else []
+    seen: list[Evidence] = []  # the target is the call's own argument, confirmed by the scheduler; nothing to quote
+    target = f" of node {node}" if node else ""
     if data.get("kind") == "pending":
         return _answer(f"{tool}{target} is queued for a human's approval as {data['pending_id']}; nothing has run. "
                        f"A human signs it with `trainops approve --pending {data['pending_id']}` or rejects it.",

@@ -120,3 +120,21 @@ def test_the_quota_order_takes_tenant_size_and_priority_from_the_request():
     assert made["name"] == "set_tenant_quota"
     assert {k: made["args"][k] for k in ("tenant", "gpus", "priority")} == {"tenant": "team-a", "gpus": 64,
                                                                           "priority": "high"}
+
+
+def test_a_drain_order_naming_a_node_drains_it_only_once_the_scheduler_lists_it():
+    from langchain_core.messages import ToolMessage
+
+    from trainops.agents.act import next_step
+
+    status = ToolMessage(content="", name="job_status", tool_call_id="c0", status="success",
+                         artifact={"job_id": "4", "backend": "slurm", "state": "completed", "nodes": ["n1", "n3"]})
+    nodes = ToolMessage(content="", name="list_nodes", tool_call_id="c1", status="success",
+                        artifact={"nodes": [{"name": n, "state": "idle"} for n in ("n1", "n2", "n3")]})
+    [ask] = next_step("drain_node", "Node n2 died under job 4. Drain it.", {"job": "4"}, [status], 1).tool_calls
+    assert ask["name"] == "list_nodes"  # a name in the request is checked against the scheduler first
+    [made] = next_step("drain_node", "Node n2 died under job 4. Drain it.", {"job": "4"}, [status, nodes], 2).tool_calls
+    assert (made["name"], made["args"]["node"], made["args"]["scheduler"]) == ("drain_node", "n2", "slurm")
+    [refused] = next_step("drain_node", "Node n9 died under job 4. Drain it.", {"job": "4"}, [status, nodes],
+                          2).tool_calls
+    assert refused["name"] == "final_answer" and "no node n9" in refused["args"]["summary"]

@@ -68,7 +68,7 @@ def test_the_offline_policy_turns_each_order_into_one_gated_call_that_waits_for_
     assert len(orders) >= 7 and all(s["passed"] for s in result["scores"]), [
         (s["scenario"], [c["name"] for c in s["checks"] if not c["passed"]]) for s in result["scores"]]
     for s in result["scores"]:
-        gated = [c for c in s["calls"] if not c.startswith("job_status:")]
+        gated = [c for c in s["calls"] if not c.startswith(("job_status:", "list_nodes:"))]  # the reads confirm
         assert len(gated) == 1 and gated[0].endswith(":pending"), s  # asked once, never run without a human
 
 
