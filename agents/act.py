@@ -100,18 +100,21 @@ def next_step(tool: str, request: str, params: dict[str, Any], results: list[Too
 
 
 def _node_to_drain(job: str, request: str, record: dict[str, Any], nodes_out: ToolMessage | None):
-    """The node a drain order means: the one the request names, once the scheduler's node list has it
-    (None: ask list_nodes first); else the job's only node; else an answer asking which."""
-    named = re.search(r"\bnode\s+([A-Za-z0-9][\w.\-]*[A-Za-z0-9])", request, re.I)
-    if named and named.group(1).lower() not in ("under", "that", "the", "of", "it"):
-        if nodes_out is None:
-            return None
-        listed = nodes_out.artifact if nodes_out.status == "success" and isinstance(nodes_out.artifact, dict) else {}
-        known = [str(n.get("name")) for n in listed.get("nodes") or [] if isinstance(n, dict)]
-        if named.group(1) in known:
-            return named.group(1)
-        return _answer(f"The scheduler lists no node {named.group(1)} ({', '.join(known) or 'no nodes'}): nothing "
-                       "was ordered.", collect=["the node's name as list_nodes gives it"])
+    """The node a drain order means, from the scheduler's node list (None: ask list_nodes first): the
+    one listed node the request names; else, when the request names no node-like word (a name with a
+    digit) the scheduler lacks, the job's only node; else an answer saying what is missing."""
+    if nodes_out is None:
+        return None
+    listed = nodes_out.artifact if nodes_out.status == "success" and isinstance(nodes_out.artifact, dict) else {}
+    known = [str(n.get("name")) for n in listed.get("nodes") or [] if isinstance(n, dict) and n.get("name")]
+    named = [n for n in known if re.search(rf"(?<![\w.-]){re.escape(n)}(?![\w-])", request)]
+    if len(named) == 1:
+        return named[0]
+    unknown = re.search(r"\bnode\s+([A-Za-z][\w.\-]*\d[\w.\-]*)", request, re.I)
+    if named or unknown:
+        what = f"names {', '.join(named)}" if named else f"names {unknown.group(1)}, which the scheduler does not list"
+        return _answer(f"The order {what} ({', '.join(known) or 'no nodes listed'}): nothing was ordered.",
+                       collect=["one node's name as list_nodes gives it"])
     nodes = record.get("nodes") or []
     if len(nodes) == 1:
         return nodes[0]

@@ -107,7 +107,9 @@ def test_a_drain_order_for_a_job_on_several_nodes_asks_which_instead_of_guessing
 
     status = ToolMessage(content="", name="job_status", tool_call_id="c0", status="success",
                          artifact={"job_id": "j1", "backend": "slurm", "state": "failed", "nodes": ["n1", "n2"]})
-    message = next_step("drain_node", "Drain the node of job j1.", {"job": "j1"}, [status], 1)
+    nodes = ToolMessage(content="", name="list_nodes", tool_call_id="c1", status="success",
+                        artifact={"nodes": [{"name": n, "state": "idle"} for n in ("n1", "n2", "n3")]})
+    message = next_step("drain_node", "Drain the node of job j1.", {"job": "j1"}, [status, nodes], 2)
     [made] = message.tool_calls
     assert made["name"] == "final_answer" and made["args"]["verdict"] == "inconclusive"
     assert "2 nodes (n1, n2)" in made["args"]["summary"]
@@ -132,9 +134,13 @@ def test_a_drain_order_naming_a_node_drains_it_only_once_the_scheduler_lists_it(
     nodes = ToolMessage(content="", name="list_nodes", tool_call_id="c1", status="success",
                         artifact={"nodes": [{"name": n, "state": "idle"} for n in ("n1", "n2", "n3")]})
     [ask] = next_step("drain_node", "Node n2 died under job 4. Drain it.", {"job": "4"}, [status], 1).tool_calls
-    assert ask["name"] == "list_nodes"  # a name in the request is checked against the scheduler first
+    assert ask["name"] == "list_nodes"  # the node is read from the scheduler's list, never from the words alone
     [made] = next_step("drain_node", "Node n2 died under job 4. Drain it.", {"job": "4"}, [status, nodes], 2).tool_calls
     assert (made["name"], made["args"]["node"], made["args"]["scheduler"]) == ("drain_node", "n2", "slurm")
     [refused] = next_step("drain_node", "Node n9 died under job 4. Drain it.", {"job": "4"}, [status, nodes],
                           2).tool_calls
-    assert refused["name"] == "final_answer" and "no node n9" in refused["args"]["summary"]
+    assert refused["name"] == "final_answer" and "n9, which the scheduler does not list" in refused["args"]["summary"]
+    on_one = status.model_copy(update={"artifact": {**status.artifact, "nodes": ["n3"]}})
+    [one] = next_step("drain_node", "The node under job 4 hung it. Drain that node.", {"job": "4"}, [on_one, nodes],
+                      2).tool_calls
+    assert (one["name"], one["args"]["node"]) == ("drain_node", "n3")  # no node named: the job's only node
