@@ -11,6 +11,7 @@ action passes the action policy first.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 from langchain_core.messages import AIMessage, ToolMessage
@@ -37,9 +38,10 @@ def _call(name: str, args: dict[str, Any], n: int) -> AIMessage:
 
 
 def _latest_record(interruptions: dict | None, run: str | None) -> dict | None:
+    """The newest record of the job asked about, or of the run named: never another run's."""
     records = (interruptions or {}).get("interruptions") or []
     if run:
-        records = [r for r in records if str(r.get("run_dir") or "").rstrip("/").endswith(run)] or records
+        records = [r for r in records if Path(str(r.get("run_dir") or "")).name == Path(run).name]
     return records[-1] if records else None
 
 

@@ -144,3 +144,14 @@ def test_a_drain_order_naming_a_node_drains_it_only_once_the_scheduler_lists_it(
     [one] = next_step("drain_node", "The node under job 4 hung it. Drain that node.", {"job": "4"}, [on_one, nodes],
                       2).tool_calls
     assert (one["name"], one["args"]["node"]) == ("drain_node", "n3")  # no node named: the job's only node
+
+
+def test_a_diagnosis_of_a_named_run_never_reads_another_runs_record():
+    from trainops.agents.diagnose import _latest_record
+
+    records = {"interruptions": [{"job_id": "a", "run_dir": "/ws/runs/run-a"},
+                                 {"job_id": "b", "run_dir": "/ws/runs/run-b/"}]}
+    assert _latest_record(records, "run-a")["job_id"] == "a"
+    assert _latest_record(records, "/ws/runs/run-b")["job_id"] == "b"
+    assert _latest_record(records, "run-c") is None  # was: the newest record of any run
+    assert _latest_record(records, None)["job_id"] == "b"
