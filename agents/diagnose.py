@@ -48,10 +48,7 @@ def _latest_record(interruptions: dict | None, run: str | None) -> dict | None:
 def next_step(request: str, params: dict[str, Any], done: set[str], results: list[ToolMessage],
               schemas: dict[str, dict], n: int) -> AIMessage:
     """The next call of the plan, or the final answer once the plan is done."""
-    job, run = params.get("job"), params.get("run")
-    if job is None and run is None:
-        return AIMessage(content="To diagnose a job end I need the job id (say e.g. 'why did job 12 fail') or the "
-                                 "run id ('what happened to run my-run').")
+    job, run = params.get("job"), params.get("run")  # the request names one (policy.decide sees to it)
     if results and results[-1].name == FINAL_ANSWER_TOOL and results[-1].status == "error":
         problems = (results[-1].artifact or {}).get("problems") or ["refused"]
         return _call(FINAL_ANSWER_TOOL, _inconclusive(f"My diagnosis was refused by the report rules ({problems[0]}).",
@@ -74,6 +71,27 @@ def next_step(request: str, params: dict[str, Any], done: set[str], results: lis
     asks_cause = CAUSE_QUESTION.search(request) is not None
     answer = _from_record(record, out.get("grep_log"), asks_cause) if record else _without_record(job or run, out)
     return _call(FINAL_ANSWER_TOOL, answer, n)
+
+
+def symptom_without_an_id(done: set[str], results: list[ToolMessage], n: int) -> AIMessage:
+    """A symptom ("training feels slow") naming no job or run: look at what the workspace holds (its
+    jobs and the interruption record), then say what would settle it instead of guessing a cause."""
+    for tool in ("list_jobs", "list_interruptions"):
+        if tool not in done:
+            return _call(tool, {}, n)
+    out = _outputs(results)
+    jobs = (out.get("list_jobs") or {}).get("jobs") or []
+    ends = (out.get("list_interruptions") or {}).get("interruptions") or []
+    seen = [Evidence(source="list_jobs:job_id", quote=str(j["job_id"])) for j in jobs[-3:]
+            if len(str(j["job_id"])) >= 3]
+    seen += [Evidence(source="list_interruptions:cause_reason", quote=str(e["cause_reason"])) for e in ends[-2:]]
+    summary = (f"The request names no job or run. The scheduler knows {len(jobs)} job(s) and the interruption "
+               f"record holds {len(ends)} bad end(s); nothing here says which job is slow, or that any is.")
+    return _call(FINAL_ANSWER_TOOL, _inconclusive(summary, [
+        "the slow job's or run's id, to read its record, logs and metrics",
+        "a baseline on this cluster (trainops baseline) to hold step time and MFU against",
+        "compare_runs between the slow run and a run from before it seemed slow",
+        "the environment declaration (trainops env): hardware, interconnect, versions"], seen), n)
 
 
 def _inconclusive(summary: str, collect: list[str], evidence: list[Evidence] | None = None) -> dict[str, Any]:

@@ -95,6 +95,8 @@ def classify(text: str) -> str | None:
         return "logs"
     if re.search(r"\bjobs\b", low):
         return "jobs"
+    if diagnose.DIAGNOSIS.search(low):  # a symptom without an id: the diagnosis says what to collect
+        return "diagnose"
     return None
 
 
@@ -246,6 +248,8 @@ def decide(messages: list[BaseMessage], tool_schemas: list[dict]) -> AIMessage:
         return compare.next_step(compare.runs_compared(request), {name for name, _ in calls}, results, len(messages))
     if intent_name == "compare":
         intent_name = "mfu"
+    if intent_name == "diagnose" and not {"job", "run"} & set(parse_params(request)):
+        return diagnose.symptom_without_an_id({name for name, _ in calls}, results, len(messages))
     if intent_name == "diagnose":
         params = {**_learned(results), **parse_params(request)}
         return diagnose.next_step(request, params, {name for name, _ in calls}, results, schemas, len(messages))

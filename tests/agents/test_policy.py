@@ -21,6 +21,7 @@ from trainops.agents.policy import classify, fill_args, parse_params
     ("Why is run run-b slower than run run-a?", "compare"),
     ("Run r2 reached much lower MFU than run r1 of the same model. Why?", "compare"),
     ("what is the MFU of run r1, and of run r1 again?", "mfu"),  # one run named twice is not a comparison
+    ("Training on the new cluster feels slow. Why?", "diagnose"),  # a symptom without an id: say what to collect
 ])
 def test_requests_map_to_intents(text, intent):
     assert classify(text) == intent

@@ -72,6 +72,11 @@ def test_the_offline_policy_turns_each_order_into_one_gated_call_that_waits_for_
         assert len(gated) == 1 and gated[0].endswith(":pending"), s  # asked once, never run without a human
 
 
+def test_a_symptom_without_an_id_is_looked_at_then_answered_inconclusive_with_what_to_collect():
+    [score] = eval_run("--scenario", "sop-no-evidence-slow")["scores"]
+    assert score["passed"] and score["calls"] == ["list_jobs:ok", "list_interruptions:ok"], score
+
+
 def test_an_unknown_scripted_model_is_named_with_the_choices():
     result = CliRunner().invoke(app, ["eval", "run", "--provider", "scripted", "--model", "clever", "--json"])
     assert result.exit_code != 0 and "obedient" in result.output
