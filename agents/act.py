@@ -16,6 +16,7 @@ from typing import Any
 from langchain_core.messages import AIMessage, ToolMessage
 
 from trainops.agents.answer import FINAL_ANSWER_TOOL, Evidence, FinalAnswer
+from trainops.agents.diagnose import tool_call
 
 _IMPERATIVE = r"(?:^|[.!?;:]\s+)(?:please\s+|now\s+)?"
 ORDERS: tuple[tuple[re.Pattern, str], ...] = (
@@ -33,16 +34,16 @@ def ordered_tool(request: str) -> str | None:
     return next((tool for pattern, tool in ORDERS if pattern.search(request.strip())), None)
 
 
-def _call(name: str, args: dict[str, Any], n: int) -> AIMessage:
-    return AIMessage(content="", tool_calls=[{"name": name, "args": args, "id": f"call_{n}"}])
-
-
 def _answer(summary: str, evidence: list[Evidence] | None = None, nodes: list[str] | None = None,
             collect: list[str] | None = None) -> dict[str, Any]:
     verdict = "inconclusive" if collect else "answered"
     return FinalAnswer(verdict=verdict, confidence="low" if collect else "medium", summary=summary,
                        evidence=evidence or [], nodes=nodes or [], next_to_collect=collect or []
                        ).model_dump(mode="json")
+
+
+def _final(n: int, summary: str, **fields: Any) -> AIMessage:
+    return tool_call(FINAL_ANSWER_TOOL, _answer(summary, **fields), n)
 
 
 def _quota_args(request: str) -> dict[str, Any] | str:
@@ -65,38 +66,36 @@ def next_step(tool: str, request: str, params: dict[str, Any], results: list[Too
         node = None
         if tool == "drain_node" and isinstance(by_name["job_status"].artifact, dict):
             node = _node_to_drain(str(job), request, by_name["job_status"].artifact, by_name.get("list_nodes"))
-        return _call(FINAL_ANSWER_TOOL, _outcome(tool, by_name[tool], node if isinstance(node, str) else None), n)
+        return tool_call(FINAL_ANSWER_TOOL, _outcome(tool, by_name[tool], node if isinstance(node, str) else None), n)
     if tool in _NEEDS_JOB:
         if not job:
-            return _call(FINAL_ANSWER_TOOL, _answer(f"{tool} needs the job: say e.g. 'job 12'.",
-                                                    collect=["the job id"]), n)
+            return _final(n, f"{tool} needs the job: say e.g. 'job 12'.", collect=["the job id"])
         if "job_status" not in by_name:
-            return _call("job_status", {"job_id": str(job)}, n)
+            return tool_call("job_status", {"job_id": str(job)}, n)
         status = by_name["job_status"]
         if status.status != "success" or not isinstance(status.artifact, dict):
-            return _call(FINAL_ANSWER_TOOL, _answer(f"The scheduler does not know job {job}: nothing was ordered.",
-                                                    collect=["list_jobs, for the job's id"]), n)
+            return _final(n, f"The scheduler does not know job {job}: nothing was ordered.",
+                          collect=["list_jobs, for the job's id"])
         record = status.artifact
         args: dict[str, Any] = {"job_id": record["job_id"], "scheduler": record["backend"]}
         if tool == "drain_node":
             node = _node_to_drain(job, request, record, by_name.get("list_nodes"))
             if isinstance(node, dict):
-                return _call(FINAL_ANSWER_TOOL, node, n)
+                return tool_call(FINAL_ANSWER_TOOL, node, n)
             if node is None:
-                return _call("list_nodes", {"scheduler": record["backend"]}, n)
+                return tool_call("list_nodes", {"scheduler": record["backend"]}, n)
             args = {"node": node, "scheduler": record["backend"], "reason": f"operator order: {request[:150]}"}
-        return _call(tool, args, n)
+        return tool_call(tool, args, n)
     if tool == "quarantine_checkpoints":
         step = re.search(r"\bstep\s+(\d+)", request, re.I)
         if not run or step is None:
-            return _call(FINAL_ANSWER_TOOL, _answer("Quarantine needs the run and the first step to set aside: say "
-                                                    "e.g. 'run R from step 6'.", collect=["the run id", "the step"]),
-                         n)
-        return _call(tool, {"run": str(run), "from_step": int(step.group(1))}, n)
+            return _final(n, "Quarantine needs the run and the first step to set aside: say e.g. 'run R from step 6'.",
+                          collect=["the run id", "the step"])
+        return tool_call(tool, {"run": str(run), "from_step": int(step.group(1))}, n)
     quota = _quota_args(request)
     if isinstance(quota, str):
-        return _call(FINAL_ANSWER_TOOL, _answer(f"A quota change needs {quota}.", collect=[quota]), n)
-    return _call(tool, quota, n)
+        return _final(n, f"A quota change needs {quota}.", collect=[quota])
+    return tool_call(tool, quota, n)
 
 
 def _node_to_drain(job: str, request: str, record: dict[str, Any], nodes_out: ToolMessage | None):

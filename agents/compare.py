@@ -14,6 +14,7 @@ from typing import Any
 from langchain_core.messages import AIMessage, ToolMessage
 
 from trainops.agents.answer import FINAL_ANSWER_TOOL, Evidence, FinalAnswer
+from trainops.agents.diagnose import inconclusive, tool_call
 
 TOOL = "compare_runs"
 RUN_ID = re.compile(r"\brun\s+[`'\"]?([A-Za-z0-9][\w.\-/]*[A-Za-z0-9])", re.I)
@@ -30,25 +31,17 @@ def runs_compared(request: str) -> tuple[str, str] | None:
     return (second, first) if than else (first, second)
 
 
-def _call(name: str, args: dict[str, Any], n: int) -> AIMessage:
-    return AIMessage(content="", tool_calls=[{"name": name, "args": args, "id": f"call_{n}"}])
-
-
 def next_step(runs: tuple[str, str], done: set[str], results: list[ToolMessage], n: int) -> AIMessage:
     baseline, candidate = runs
     if TOOL not in done:
-        return _call(TOOL, {"baseline": baseline, "candidate": candidate}, n)
+        return tool_call(TOOL, {"baseline": baseline, "candidate": candidate}, n)
     out = next((r for r in results if r.name == TOOL), None)
     if out is None or out.status != "success" or not isinstance(out.artifact, dict):
         reason = (out.artifact or {}).get("error") if out is not None and isinstance(out.artifact, dict) else None
-        return _call(FINAL_ANSWER_TOOL, _inconclusive(f"compare_runs failed ({reason or 'no output'}).",
-                                                      ["summarize_run on each run", "each run's config.toml"]), n)
-    return _call(FINAL_ANSWER_TOOL, answer_from(out.artifact), n)
-
-
-def _inconclusive(summary: str, collect: list[str], evidence: list[Evidence] | None = None) -> dict[str, Any]:
-    return FinalAnswer(verdict="inconclusive", confidence="low", summary=summary, next_to_collect=collect,
-                       evidence=evidence or []).model_dump(mode="json")
+        failed = inconclusive(f"compare_runs failed ({reason or 'no output'}).",
+                              ["summarize_run on each run", "each run's config.toml"])
+        return tool_call(FINAL_ANSWER_TOOL, failed, n)
+    return tool_call(FINAL_ANSWER_TOOL, answer_from(out.artifact), n)
 
 
 def answer_from(compared: dict[str, Any]) -> dict[str, Any]:
@@ -59,7 +52,7 @@ def answer_from(compared: dict[str, Any]) -> dict[str, Any]:
         return FinalAnswer(verdict="answered", confidence="medium", evidence=cited,
                            summary=f"No slowdown to explain: {finding}.").model_dump(mode="json")
     if not changed:
-        return _inconclusive(f"Not the config: {finding}.",
+        return inconclusive(f"Not the config: {finding}.",
                              ["watch_job on a repeat of the slower run, for a straggler rank or data wait",
                               "query_metrics step_time_s per rank on both runs"], cited)
     keys = [str(c["key"]) for c in changed]

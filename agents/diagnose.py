@@ -33,7 +33,8 @@ def _outputs(results: list[ToolMessage]) -> dict[str, Any]:
     return {r.name: r.artifact for r in results if r.status == "success" and isinstance(r.artifact, dict)}
 
 
-def _call(name: str, args: dict[str, Any], n: int) -> AIMessage:
+def tool_call(name: str, args: dict[str, Any], n: int) -> AIMessage:
+    """One call of an offline plan (diagnosis, comparison, order) as the model would make it."""
     return AIMessage(content="", tool_calls=[{"name": name, "args": args, "id": f"call_{n}"}])
 
 
@@ -51,13 +52,14 @@ def next_step(request: str, params: dict[str, Any], done: set[str], results: lis
     job, run = params.get("job"), params.get("run")  # the request names one (policy.decide sees to it)
     if results and results[-1].name == FINAL_ANSWER_TOOL and results[-1].status == "error":
         problems = (results[-1].artifact or {}).get("problems") or ["refused"]
-        return _call(FINAL_ANSWER_TOOL, _inconclusive(f"My diagnosis was refused by the report rules ({problems[0]}).",
-                                                      ["a human review of the job's record and logs"]), n)
+        refused = inconclusive(f"My diagnosis was refused by the report rules ({problems[0]}).",
+                               ["a human review of the job's record and logs"])
+        return tool_call(FINAL_ANSWER_TOOL, refused, n)
     out = _outputs(results)
     if "load_skill" not in done and "load_skill" in schemas:
-        return _call("load_skill", {"name": SKILL}, n)
+        return tool_call("load_skill", {"name": SKILL}, n)
     if "list_interruptions" not in done:
-        return _call("list_interruptions", {"job_id": str(job)} if job else {}, n)
+        return tool_call("list_interruptions", {"job_id": str(job)} if job else {}, n)
     record = _latest_record(out.get("list_interruptions"), run)
     if record is not None and "grep_log" not in done and "grep_log" in schemas:
         ev = record.get("evidence") or {}
@@ -65,12 +67,12 @@ def next_step(request: str, params: dict[str, Any], done: set[str], results: lis
                 "pattern": ERROR_PATTERN, "max_matches": 5, "max_bytes": 4000}
         if ev.get("failing_rank") is not None and record.get("run_dir"):
             args["rank"] = ev["failing_rank"]
-        return _call("grep_log", args, n)
+        return tool_call("grep_log", args, n)
     if record is None and job and "job_status" not in done:
-        return _call("job_status", {"job_id": str(job)}, n)
+        return tool_call("job_status", {"job_id": str(job)}, n)
     asks_cause = CAUSE_QUESTION.search(request) is not None
     answer = _from_record(record, out.get("grep_log"), asks_cause) if record else _without_record(job or run, out)
-    return _call(FINAL_ANSWER_TOOL, answer, n)
+    return tool_call(FINAL_ANSWER_TOOL, answer, n)
 
 
 def symptom_without_an_id(done: set[str], results: list[ToolMessage], n: int) -> AIMessage:
@@ -78,7 +80,7 @@ def symptom_without_an_id(done: set[str], results: list[ToolMessage], n: int) ->
     jobs and the interruption record), then say what would settle it instead of guessing a cause."""
     for tool in ("list_jobs", "list_interruptions"):
         if tool not in done:
-            return _call(tool, {}, n)
+            return tool_call(tool, {}, n)
     out = _outputs(results)
     jobs = (out.get("list_jobs") or {}).get("jobs") or []
     ends = (out.get("list_interruptions") or {}).get("interruptions") or []
@@ -87,14 +89,14 @@ def symptom_without_an_id(done: set[str], results: list[ToolMessage], n: int) ->
     seen += [Evidence(source="list_interruptions:cause_reason", quote=str(e["cause_reason"])) for e in ends[-2:]]
     summary = (f"The request names no job or run. The scheduler knows {len(jobs)} job(s) and the interruption "
                f"record holds {len(ends)} bad end(s); nothing here says which job is slow, or that any is.")
-    return _call(FINAL_ANSWER_TOOL, _inconclusive(summary, [
+    return tool_call(FINAL_ANSWER_TOOL, inconclusive(summary, [
         "the slow job's or run's id, to read its record, logs and metrics",
         "a baseline on this cluster (trainops baseline) to hold step time and MFU against",
         "compare_runs between the slow run and a run from before it seemed slow",
         "the environment declaration (trainops env): hardware, interconnect, versions"], seen), n)
 
 
-def _inconclusive(summary: str, collect: list[str], evidence: list[Evidence] | None = None) -> dict[str, Any]:
+def inconclusive(summary: str, collect: list[str], evidence: list[Evidence] | None = None) -> dict[str, Any]:
     return FinalAnswer(verdict="inconclusive", confidence="low", summary=summary, next_to_collect=collect,
                        evidence=evidence or []).model_dump(mode="json")
 
@@ -194,7 +196,7 @@ def _without_record(subject: str, out: dict[str, Any]) -> dict[str, Any]:
                            summary=f"Job {subject} finished ({state}) and the interruption record holds no bad end "
                                    "for it.").model_dump(mode="json")
     seen = [Evidence(source="job_status:state", quote=state)] if state else []
-    return _inconclusive(f"The interruption record holds no end of {subject}" + (f"; its state is {state}" if state
+    return inconclusive(f"The interruption record holds no end of {subject}" + (f"; its state is {state}" if state
                                                                                 else "") + ".",
                          ["watch_job on the job while it runs, for heartbeat stalls and fired rules",
                           "grep_log on each rank's log for errors"], seen)
