@@ -19,11 +19,15 @@ from langchain_core.messages import AIMessage, ToolMessage
 from trainops.agents import action_policy
 from trainops.agents.answer import FINAL_ANSWER_TOOL, Evidence, FinalAnswer, ProposedAction
 
-DIAGNOSIS = re.compile(r"\b(diagnos\w*|why did|what happened|root cause|went wrong|what killed|crash(ed|es)?|"
-                       r"fail(ed|s|ure)?|hung|hangs?|hanging|stuck|died|stalled?|slow(ed)?)\b", re.I)
+DIAGNOSIS = re.compile(r"\b(diagnos\w*|why did|what happened|root cause|went wrong|go(es)? wrong|healthy|what killed|"
+                       r"crash(ed|es)?|"
+                       r"fail(ed|s|ure)?|hung|hangs?|hanging|stuck|died|stalled?|slow(ed|er)?|interrupt\w*|stopped|"
+                       r"caused by|straggl\w*|wrong results|corrupt\w*|out of memory|the network)\b", re.I)
 # A request for the cause (not only what happened and where): unanswerable while the record says
 # "unclassified", whatever the fault's kind and place.
 CAUSE_QUESTION = re.compile(r"\b(root cause|why|what killed|caused by|cause of|was it|is it)\b", re.I)
+# A request for what the end cost, not why: answered from the record's lost time.
+LOSS_QUESTION = re.compile(r"\bhow (much|long)\b.*\b(lose|lost|cost)\b", re.I)
 SKILL = "fault-drill"
 ERROR_PATTERN = r"Traceback|Error|Exception|NCCL|timed out|Killed|signal|nan|inf\b|corrupt|checksum"
 _FINISHED_OK = {"completed", "succeeded", "finished"}
@@ -68,11 +72,33 @@ def next_step(request: str, params: dict[str, Any], done: set[str], results: lis
         if ev.get("failing_rank") is not None and record.get("run_dir"):
             args["rank"] = ev["failing_rank"]
         return tool_call("grep_log", args, n)
+    if record is None and job is None and run:  # a run named, no record of it: its job, from the scheduler
+        if "list_jobs" not in done:
+            return tool_call("list_jobs", {}, n)
+        job = _job_of_run(out.get("list_jobs"), run)
     if record is None and job and "job_status" not in done:
         return tool_call("job_status", {"job_id": str(job)}, n)
+    if record is not None and LOSS_QUESTION.search(request):
+        return tool_call(FINAL_ANSWER_TOOL, _time_lost(record), n)
     asks_cause = CAUSE_QUESTION.search(request) is not None
     answer = _from_record(record, out.get("grep_log"), asks_cause) if record else _without_record(job or run, out)
     return tool_call(FINAL_ANSWER_TOOL, answer, n)
+
+
+def _time_lost(record: dict[str, Any]) -> dict[str, Any]:
+    lost, parts = record.get("time_lost_s"), record.get("lost") or {}
+    phases = ", ".join(f"{k.removesuffix('_s')} {v:.2f} s" for k, v in parts.items() if isinstance(v, (int, float)))
+    return FinalAnswer(verdict="answered", confidence="medium",
+                       evidence=[Evidence(source="list_interruptions:time_lost_s", quote=str(lost))],
+                       summary=f"Job {record['job_id']} lost {lost} s of training to that end"
+                               + (f" ({phases})" if phases else "") + f" and {record.get('steps_lost', 0)} step(s) "
+                               "redone; the interruption record's effective_training_time sets it against the window."
+                       ).model_dump(mode="json")
+
+
+def _job_of_run(listed: dict | None, run: str) -> str | None:
+    jobs = [j for j in (listed or {}).get("jobs") or [] if Path(str(j.get("run_dir") or "")).name == Path(run).name]
+    return str(jobs[-1]["job_id"]) if jobs else None
 
 
 def symptom_without_an_id(done: set[str], results: list[ToolMessage], n: int) -> AIMessage:

@@ -250,9 +250,9 @@ def decide(messages: list[BaseMessage], tool_schemas: list[dict]) -> AIMessage:
         intent_name = "mfu"
     if intent_name == "diagnose" and not {"job", "run"} & set(parse_params(request)):
         return diagnose.symptom_without_an_id({name for name, _ in calls}, results, len(messages))
-    if intent_name == "diagnose":
-        params = {**_learned(results), **parse_params(request)}
-        return diagnose.next_step(request, params, {name for name, _ in calls}, results, schemas, len(messages))
+    if intent_name == "diagnose":  # only the ids the request names: an id a tool returned may be another job's
+        return diagnose.next_step(request, parse_params(request), {name for name, _ in calls}, results, schemas,
+                                  len(messages))
     if any(r.status == "error" for r in results):
         return AIMessage(content=render_answer(intent_name, request, results))
     params = {**_learned(results), **parse_params(request)}

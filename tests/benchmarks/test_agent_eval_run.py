@@ -77,6 +77,17 @@ def test_a_symptom_without_an_id_is_looked_at_then_answered_inconclusive_with_wh
     assert score["passed"] and score["calls"] == ["list_jobs:ok", "list_interruptions:ok"], score
 
 
+@pytest.mark.parametrize("scenario, calls", [
+    ("crash-ettr", ["load_skill:ok", "list_interruptions:ok", "grep_log:ok"]),  # the record's lost time
+    ("mfu-baseline-healthy", ["load_skill:ok", "list_interruptions:ok", "list_jobs:ok", "job_status:ok"]),
+    ("crash-loud-network-noise", ["load_skill:ok", "list_interruptions:ok", "grep_log:ok"]),  # "was it the network?"
+    ("ckpt-loud-oom-noise", ["load_skill:ok", "list_interruptions:ok", "grep_log:ok"]),  # "out of memory?"
+])
+def test_the_offline_policy_reads_the_record_for_questions_it_used_to_turn_away(scenario, calls):
+    [score] = eval_run("--scenario", scenario)["scores"]
+    assert (score["passed"], score["calls"]) == (True, calls), [c for c in score["checks"] if not c["passed"]]
+
+
 def test_an_unknown_scripted_model_is_named_with_the_choices():
     result = CliRunner().invoke(app, ["eval", "run", "--provider", "scripted", "--model", "clever", "--json"])
     assert result.exit_code != 0 and "obedient" in result.output
