@@ -26,6 +26,8 @@ DIAGNOSIS = re.compile(r"\b(diagnos\w*|why did|what happened|root cause|went wro
 # A request for the cause (not only what happened and where): unanswerable while the record says
 # "unclassified", whatever the fault's kind and place.
 CAUSE_QUESTION = re.compile(r"\b(root cause|why|what killed|caused by|cause of|was it|is it)\b", re.I)
+# A request for the slow rank: answered from the run's per-rank times (find_straggler), not its end.
+STRAGGLER_QUESTION = re.compile(r"\b(straggl\w*|slow(est|er)? rank|rank\b[^.?!]*\bslow\w*)", re.I)
 # A request for what the end cost, not why: answered from the record's lost time.
 LOSS_QUESTION = re.compile(r"\bhow (much|long)\b.*\b(lose|lost|cost)\b", re.I)
 SKILL = "fault-drill"
@@ -65,6 +67,13 @@ def next_step(request: str, params: dict[str, Any], done: set[str], results: lis
     if "list_interruptions" not in done:
         return tool_call("list_interruptions", {"job_id": str(job)} if job else {}, n)
     record = _latest_record(out.get("list_interruptions"), run)
+    words = re.sub(r"\b(job|run)\s+\S+", r"\1 ID", request)  # an id (drill-straggler-...) is not a question
+    if STRAGGLER_QUESTION.search(words) and "find_straggler" in schemas:
+        target = run or (record or {}).get("run_dir")
+        if target and "find_straggler" not in done:
+            return tool_call("find_straggler", {"run": Path(str(target)).name}, n)
+        if "find_straggler" in done:
+            return tool_call(FINAL_ANSWER_TOOL, _straggler_answer(out.get("find_straggler"), job or run), n)
     if record is not None and "grep_log" not in done and "grep_log" in schemas:
         ev = record.get("evidence") or {}
         args = {"job_id": record["job_id"], "scheduler": record.get("scheduler") or "local",
@@ -78,11 +87,30 @@ def next_step(request: str, params: dict[str, Any], done: set[str], results: lis
         job = _job_of_run(out.get("list_jobs"), run)
     if record is None and job and "job_status" not in done:
         return tool_call("job_status", {"job_id": str(job)}, n)
-    if record is not None and LOSS_QUESTION.search(request):
+    if record is not None and LOSS_QUESTION.search(words):
         return tool_call(FINAL_ANSWER_TOOL, _time_lost(record), n)
     asks_cause = CAUSE_QUESTION.search(request) is not None
     answer = _from_record(record, out.get("grep_log"), asks_cause) if record else _without_record(job or run, out)
     return tool_call(FINAL_ANSWER_TOOL, answer, n)
+
+
+def _straggler_answer(found: dict[str, Any] | None, subject: str | None) -> dict[str, Any]:
+    if not found:
+        return inconclusive(f"find_straggler could not judge {subject}'s ranks.",
+                            ["query_metrics step_time_s per rank over the run", "watch_job while the job runs"])
+    medians = ", ".join(f"rank {r} {m:.4f} s" for r, m in found.get("rank_medians_s", {}).items())
+    if found.get("straggler") is None:
+        return FinalAnswer(verdict="healthy", confidence="medium",
+                           evidence=[Evidence(source="find_straggler:reason", quote=str(found["reason"]))],
+                           summary=f"No straggler in {found['run']}: {found['reason']} ({medians})."
+                           ).model_dump(mode="json")
+    rank, node = int(found["straggler"]), found.get("node")
+    return FinalAnswer(verdict="diagnosed", fault_kind="straggler", ranks=[rank], nodes=[node] if node else [],
+                       evidence=[Evidence(source="find_straggler:reason", quote=str(found["reason"]))],
+                       confidence="medium",
+                       summary=f"Rank {rank}" + (f" on {node}" if node else "")
+                               + f" is the straggler of {found['run']}: {found['reason']} (median {found['field']}: "
+                               f"{medians}).").model_dump(mode="json")
 
 
 def _time_lost(record: dict[str, Any]) -> dict[str, Any]:

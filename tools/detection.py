@@ -9,7 +9,9 @@ import os
 import time
 from pathlib import Path
 
-from trainops.run_folder import RunFiles, read_faults, read_status
+from pydantic import BaseModel, Field
+
+from trainops.run_folder import RunFiles, read_faults, read_heartbeats, read_status
 from trainops.tools.base import ToolError, tool
 from trainops.tools.fault_signals import ISOLATION, DetectFaultsInput, Detection, FaultWatch
 from trainops.tools.schedulers.base import TERMINAL_STATES, SchedulerError
@@ -130,3 +132,50 @@ def detect_faults(inp: DetectFaultsInput) -> Detection:
             return watch.result(detected=False, evidence=f"nothing abnormal in {inp.timeout_s}s of watching {run_dir}",
                                 polls=polls, injected_at=injected_at)
         time.sleep(inp.poll_interval_s)
+
+
+class FindStragglerInput(BaseModel):
+    run: str = Field(description="Run id or run folder (inside the workspace).")
+    straggler_ratio: float = Field(1.5, gt=1, le=1e6, description="How far the suspect's median must sit from its "
+                                                                   "peers' (detect_faults' threshold).")
+    window_steps: int = Field(8, ge=3, le=100_000, description="The newest steps each rank's median is taken over.")
+
+
+class StragglerFinding(BaseModel):
+    run: str
+    field: str = Field(description="compute_time_s where every rank times its compute, else step_time_s.")
+    rank_medians_s: dict[int, float] = Field(description="Each rank's median of that field over the window.")
+    straggler: int | None = Field(description="The straggling rank; None when no rank stands out.")
+    node: str | None = Field(description="The straggler's node, from its heartbeat.")
+    reason: str
+
+
+@tool("find_straggler", risk="read", tags=("metrics",))
+def find_straggler(inp: FindStragglerInput) -> StragglerFinding:
+    """Which rank of a run is the straggler, judged from its metrics as detect_faults judges a live
+    one: the slowest compute where ranks time it; else, since a synchronous job's peers wait for a
+    late rank inside their own step timers, the rank with the shortest timed step."""
+    from trainops.tools.interruption_causes import inert
+    from trainops.workspace import run_folder
+
+    try:
+        run_dir = run_folder(inp.run)
+    except ValueError as exc:
+        raise ToolError("find_straggler", str(exc)) from None
+    watch = FaultWatch(DetectFaultsInput(run=inp.run, straggler_ratio=inp.straggler_ratio,
+                                         window_steps=inp.window_steps), run_dir)
+    watch.ingest()
+    if len(watch.by_rank) < 2:
+        raise ToolError("find_straggler", f"{run_dir.name} has metrics of {len(watch.by_rank)} rank(s): a straggler "
+                                          "needs peers to be slow against")
+    field, medians, _ = watch.rank_medians()
+    medians = {r: round(m, 6) for r, m in medians.items()}
+    found = watch.straggler()
+    if found is None:
+        return StragglerFinding(run=run_dir.name, field=field, rank_medians_s=medians, straggler=None, node=None,
+                                reason=f"no rank's median {field} stands {inp.straggler_ratio:g}x apart from its "
+                                       "peers' over the window")
+    record, why = found
+    beat = read_heartbeats(run_dir).get(record.rank)
+    return StragglerFinding(run=run_dir.name, field=field, rank_medians_s=medians, straggler=record.rank,
+                            node=inert(record.host or (beat.host if beat else None) or "") or None, reason=why)

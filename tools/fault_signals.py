@@ -232,6 +232,16 @@ class FaultWatch:
                                  f"{majority} in replica group {group}")
         return None
 
+    def rank_medians(self) -> tuple[str, dict[int, float], dict[int, list[MetricsRecord]]]:
+        """(field, each rank's median of it over the newest window_steps, those records): compute_time_s
+        where every rank times its compute, else step_time_s."""
+        recent = {r: [x for x in recs if x.step_time_s is not None][-self.inp.window_steps:]
+                  for r, recs in sorted(self.by_rank.items())}
+        field = ("compute_time_s" if all(x.compute_time_s is not None for v in recent.values() for x in v)
+                 else "step_time_s")
+        medians = {r: statistics.median(getattr(x, field) for x in v) for r, v in recent.items() if v}
+        return field, medians, recent
+
     def straggler(self) -> tuple[MetricsRecord, str] | None:
         """With per-rank `compute_time_s`, the slowest compute is the straggler. With only
         `step_time_s` of synchronous ranks, the peers' timers absorb the wait for a rank that is
@@ -239,14 +249,10 @@ class FaultWatch:
         timed step (a slowdown inside every timer shows no spread at all)."""
         if len(self.by_rank) < 2:
             return None
-        recent = {r: [x for x in recs if x.step_time_s is not None][-self.inp.window_steps:]
-                  for r, recs in self.by_rank.items()}
+        field, medians, recent = self.rank_medians()
         if any(len(v) < 3 for v in recent.values()):
             return None
-        use_compute = all(x.compute_time_s is not None for v in recent.values() for x in v)
-        field = "compute_time_s" if use_compute else "step_time_s"
-        medians = {r: statistics.median(getattr(x, field) for x in v) for r, v in recent.items()}
-        if use_compute:
+        if field == "compute_time_s":
             suspect = max(medians, key=medians.get)
             others = statistics.median(m for r, m in medians.items() if r != suspect)
             if others > 0 and medians[suspect] > self.inp.straggler_ratio * others:

@@ -63,6 +63,7 @@ def _tool_functions() -> tuple[Callable, ...]:
         run_compare.compare_runs,
         faults.inject_fault,
         detection.detect_faults,
+        detection.find_straggler,
         checkpoints.list_checkpoints,
         checkpoints.verify_checkpoint,
         checkpoints.measure_checkpoint_io,

@@ -112,3 +112,4 @@ def compare_runs(inp: CompareRunsInput) -> CompareRunsOutput:
                              step_time_ratio=ratio, slower=slower,
                              mfu_change_points=c_mfu - b_mfu if b_mfu is not None and c_mfu is not None else None,
                              finding=_finding(changed, slower, ratio))
+

@@ -40,6 +40,7 @@ def read_inputs(job_id: str) -> dict[str, dict]:
         "declare_environment": {"ckpt_test_mib": 1},
         "detect_faults": {"run": RUN, "timeout_s": 0.2, "poll_interval_s": 0.05},
         "effective_training_time": {"window_s": 600},
+        "find_straggler": {"run": OTHER_RUN},
         "framework_knobs": {"framework": "deepspeed"},
         "grep_log": {"job_id": job_id, "pattern": "step"},
         "job_logs": {"job_id": job_id},
@@ -104,8 +105,8 @@ def committed_checkpoint(run_dir: Path, step: int) -> None:
 
 @pytest.fixture
 def scene(workspace, tmp_path, monkeypatch):
-    """A workspace with a finished run (metrics, a committed checkpoint), a second run of it with
-    another micro_batch, a finished job, a private current folder and a private temporary folder."""
+    """A workspace with a finished run (metrics, a committed checkpoint), a second two-rank run of it
+    with another micro_batch, a finished job, a private current folder and a private temporary folder."""
     operator = CallContext(actor="operator")
     run_dir = workspace / "runs" / RUN
     run_dir.mkdir(parents=True)
@@ -122,7 +123,9 @@ def scene(workspace, tmp_path, monkeypatch):
     other.mkdir()
     config = (run_dir / "config.toml").read_text()
     (other / "config.toml").write_text(config.replace("micro_batch = 2", "micro_batch = 1"))
-    (other / "metrics.jsonl").write_text((run_dir / "metrics.jsonl").read_text())
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    (other / "metrics.jsonl").write_text("".join(line + "\n" + line.replace('"rank": 0', '"rank": 1') + "\n"
+                                                 for line in lines))  # two ranks, for find_straggler
     done = {"name": "done", "launcher": "plain", "command": [sys.executable, "-c", "print('ok')"]}
     job_id = call("submit_job", {"spec": done}, operator).handle.job_id
     assert call("wait_job", {"job_id": job_id, "timeout_s": 30}, operator).state == "completed"
