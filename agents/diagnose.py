@@ -39,6 +39,11 @@ def _outputs(results: list[ToolMessage]) -> dict[str, Any]:
     return {r.name: r.artifact for r in results if r.status == "success" and isinstance(r.artifact, dict)}
 
 
+def without_ids(text: str) -> str:
+    """The request's words with the ids it names masked: a job called drill-straggler-... asks nothing."""
+    return re.sub(r"\b(job|run)\s+\S+", r"\1 ID", text)
+
+
 def tool_call(name: str, args: dict[str, Any], n: int) -> AIMessage:
     """One call of an offline plan (diagnosis, comparison, order) as the model would make it."""
     return AIMessage(content="", tool_calls=[{"name": name, "args": args, "id": f"call_{n}"}])
@@ -67,7 +72,7 @@ def next_step(request: str, params: dict[str, Any], done: set[str], results: lis
     if "list_interruptions" not in done:
         return tool_call("list_interruptions", {"job_id": str(job)} if job else {}, n)
     record = _latest_record(out.get("list_interruptions"), run)
-    words = re.sub(r"\b(job|run)\s+\S+", r"\1 ID", request)  # an id (drill-straggler-...) is not a question
+    words = without_ids(request)
     if STRAGGLER_QUESTION.search(words) and "find_straggler" in schemas:
         target = run or (record or {}).get("run_dir")
         if target and "find_straggler" not in done:
@@ -251,6 +256,6 @@ def _without_record(subject: str, out: dict[str, Any]) -> dict[str, Any]:
                                    "for it.").model_dump(mode="json")
     seen = [Evidence(source="job_status:state", quote=state)] if state else []
     return inconclusive(f"The interruption record holds no end of {subject}" + (f"; its state is {state}" if state
-                                                                                else "") + ".",
-                         ["watch_job on the job while it runs, for heartbeat stalls and fired rules",
-                          "grep_log on each rank's log for errors"], seen)
+                                                                               else "") + ".",
+                        ["watch_job on the job while it runs, for heartbeat stalls and fired rules",
+                         "grep_log on each rank's log for errors"], seen)

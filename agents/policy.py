@@ -74,7 +74,7 @@ INTENTS = {
 def classify(text: str) -> str | None:
     """The intent of a request, read from its words, never from the ids it names: a job called
     drill-crash-... asked about is a diagnosis, not a request for a drill."""
-    low = re.sub(r"\b(job|run)\s+\S+", r"\1 ID", text.lower())
+    low = diagnose.without_ids(text.lower())
     if "approval" in low:
         return "approvals"
     if "checkpoint" in low and ("interval" in low or "mtbf" in low):
