@@ -199,9 +199,14 @@ class ResilienceConfig(_Section):
     in_process_restart: bool = Field(
         False, description="when a rank dies or hangs, keep the surviving processes, re-form the group with a "
         "warm spare in the dead rank's place and continue from the newest verified checkpoint, instead of "
-        "failing the job (the scheduler's requeue); applies to 2 or more ranks on one host")
+        "failing the job (the scheduler's requeue); applies to 2 or more ranks on one host, and across nodes "
+        "under Slurm, where each node runs its own supervisor")
     warm_spares: int = Field(1, ge=0, le=64, description="in-process restart: spare processes started with the "
                              "job (torch imported, nothing built) waiting to take a failed rank's place")
+    spare_nodes: int = Field(
+        0, ge=0, le=8, description="in-process restart under Slurm: whole nodes of warm spares allocated with the "
+        "job (nodes of the hot-spare pool), each holding as many spares as a node holds ranks; a lost node's ranks "
+        "move onto one instead of waiting for a requeue")
     collective_timeout_s: float = Field(
         60.0, gt=0, le=3600, description="in-process restart: a collective (or a rank's heartbeat) silent for "
         "this long counts as a hang; the rank is killed and replaced")

@@ -90,8 +90,9 @@ def serve(run_dir: Path) -> int:
             return 0
         job = json.loads(raw)
         rank, world, generation, timeout_s = job["rank"], job["world_size"], job["generation"], job["timeout_s"]
-        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-                          GROUP_RANK="0", TORCHELASTIC_RESTART_COUNT=str(generation))
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(job["local_rank"]), WORLD_SIZE=str(world),
+                          LOCAL_WORLD_SIZE=str(job["local_world_size"]), GROUP_RANK=str(job["node"]),
+                          TORCHELASTIC_RESTART_COUNT=str(generation))
         log_file = open(RunFiles(run_dir).rank_log(rank), "a", buffering=1)
         sys.stdout, sys.stderr = LogTee(streams[0], log_file), LogTee(streams[1], log_file)
         note_termination(run_dir, rank)

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from trainops.run_folder import RunFiles, RunResult, read_journal, read_metrics
-from trainops.trainer.config import ConfigError, JobConfig, load_config
+from trainops.trainer.config import ConfigError, JobConfig, ResilienceConfig, load_config
 from trainops.workspace import check_id, new_run_id, run_folder, runs_dir
 
 
@@ -67,21 +67,38 @@ def torchrun_argv(python: str, nproc_per_node: int, program: list[str], *, nnode
 
 def in_process_argv(python: str, nproc_per_node: int, program: list[str], nnodes: int | str) -> list[str] | None:
     """The supervisor's command line (trainops.trainer.supervisor: ranks plus warm spares that
-    survive a lost rank) where it applies: the embedded trainer, on one node, with 2 or more ranks,
-    and `resilience.in_process_restart` on in its run's config. None elsewhere (torchrun)."""
-    if str(nnodes) != "1" or nproc_per_node < 2 or program[:3] != ["-m", "trainops.trainer.train", "--run-dir"]:
+    survive a lost rank) for a launch on one node with 2 or more ranks whose run asks for it
+    (`supervised_resilience`); None elsewhere (torchrun). Across nodes a batch script runs one
+    supervisor per node (`supervisor_argv`, tools/schedulers/slurm.py)."""
+    if str(nnodes) != "1" or nproc_per_node < 2 or (resilience := supervised_resilience(program)) is None:
         return None
-    run_dir = Path(program[3])
+    return supervisor_argv(python, nproc_per_node, program, resilience)
+
+
+def supervised_resilience(program: list[str]) -> ResilienceConfig | None:
+    """The run's [resilience] when `program` is the embedded trainer and its config turns
+    in-process restart on; None otherwise (torchrun runs it)."""
+    if program[:3] != ["-m", "trainops.trainer.train", "--run-dir"]:
+        return None
     try:
-        resilience = load_config(RunFiles(run_dir).config).resilience
+        resilience = load_config(RunFiles(program[3]).config).resilience
     except ConfigError:
         return None
-    if not resilience.in_process_restart:
-        return None
-    return [python, "-m", "trainops.trainer.supervisor", "--nproc-per-node", str(nproc_per_node),
+    return resilience if resilience.in_process_restart else None
+
+
+def supervisor_argv(python: str, nproc_per_node: int, program: list[str], resilience: ResilienceConfig, *,
+                    nnodes: int = 1, node_index: str = "0", store: str | None = None) -> list[str]:
+    """One node's supervisor: node 0 leads (holds the store at `store`, HOST:PORT), every other
+    node's is its agent; `node_index` may be a shell variable a batch script expands."""
+    run_dir = program[3]
+    argv = [python, "-m", "trainops.trainer.supervisor", "--nproc-per-node", str(nproc_per_node),
             "--warm-spares", str(resilience.warm_spares),
-            "--collective-timeout-s", f"{resilience.collective_timeout_s:g}", "--run-dir", str(run_dir), "--",
-            "-m", "trainops.trainer.inprocess", "--run-dir", str(run_dir)]
+            "--collective-timeout-s", f"{resilience.collective_timeout_s:g}"]
+    if store is not None:
+        argv += ["--nnodes", str(nnodes), "--spare-nodes", str(resilience.spare_nodes), "--node-index", node_index,
+                 "--store", store]
+    return argv + ["--run-dir", run_dir, "--", "-m", "trainops.trainer.inprocess", "--run-dir", run_dir]
 
 
 def trainer_program(run_dir: str | Path) -> list[str]:

@@ -353,6 +353,7 @@ class LostRank(BaseModel):
                                                      "that signal); None when it hung and the supervisor killed it.")
     last_beat: float | None = Field(None, description="Unix seconds of its last heartbeat before the detection.")
     exit_note: str = Field("", description="The error it noted on its way out, if it noted one.")
+    host: str = Field("", description="The node it ran on.")
 
 
 class RecoveryEntry(BaseModel):
@@ -375,7 +376,10 @@ class RecoveryEntry(BaseModel):
                                  "evidence of the interruption record (tools/interruptions.py).")
     beats: dict[int, float] = Field(default_factory=dict, description="Every rank's last heartbeat time at "
                                     "detection: which ranks still ran.")
-    host: str = Field("", description="The host the recovery ran on (an in-process restart stays on one node).")
+    host: str = Field("", description="The host of the supervisor that led the recovery (the job's first node).")
+    lost_nodes: list[str] = Field(default_factory=list, description="Nodes that went silent with the lost ranks.")
+    admitted_on: dict[int, str] = Field(default_factory=dict, description="rank -> the node of the spare that "
+                                        "took it (a lost node's ranks move onto a spare node).")
 
     @model_validator(mode="after")
     def _known_phases(self) -> RecoveryEntry:

@@ -36,7 +36,8 @@ from trainops.tools.schedulers.slurm_transport import (
     start_now,
     transport_choice,
 )
-from trainops.trainer.launch import torchrun_argv
+from trainops.trainer.config import ResilienceConfig
+from trainops.trainer.launch import supervised_resilience, supervisor_argv, torchrun_argv
 
 _STATES = {
     "PENDING": "pending", "CONFIGURING": "pending", "REQUEUED": "pending", "REQUEUE_HOLD": "pending",
@@ -84,7 +85,7 @@ def sbatch_value(field: str, value: object) -> str:
 
 def sbatch_options(spec: JobSpec, log_path: str) -> list[tuple[str, str]]:
     """(sbatch flag, validated value) for a JobSpec; both transports submit exactly these."""
-    options = [("job-name", "name", spec.name), ("nodes", "nodes", spec.nodes),
+    options = [("job-name", "name", spec.name), ("nodes", "nodes", spec.nodes + _spare_nodes(spec)),
                ("cpus-per-task", "procs_per_node", spec.procs_per_node), ("output", "log_path", log_path)]
     if spec.time_limit_min:
         options.append(("time", "time_limit_min", spec.time_limit_min))
@@ -105,17 +106,22 @@ def batch_script(spec: JobSpec, log_path: str) -> str:
     """The sbatch script for a JobSpec: #SBATCH lines, the job's clean environment (sbatch
     exports nothing of the submitting shell, the script unsets what pyslurm carried, then sets the
     allow-listed values: tools/schedulers/job_env.py), then the command (torchrun under srun, one
-    launcher per node, c10d rendezvous on the first node)."""
+    launcher per node, c10d rendezvous on the first node; with in-process restart, one supervisor
+    step per node instead)."""
+    resilience = _supervised(spec)
     lines = ["#!/bin/bash", *(f'#SBATCH --{flag}="{value}"' for flag, value in sbatch_options(spec, log_path)),
              "#SBATCH --ntasks-per-node=1", "#SBATCH --open-mode=append", "#SBATCH --requeue", "#SBATCH --export=NONE",
-             "set -euo pipefail", *shell_filter(slurm=True)]
+             *(["#SBATCH --no-kill"] if resilience else []), "set -euo pipefail", *shell_filter(slurm=True)]
     for key, value in sorted(job_environment(spec, KIND).items()):
         lines.append(f"export {key}={shlex.quote(value)}")
-    if spec.launcher == "torchrun":
+    if spec.launcher == "torchrun" and resilience:
+        lines += _supervised_lines(spec, resilience)
+    elif spec.launcher == "torchrun":
         lines += [
             'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
             f"srun --kill-on-bad-exit=1 {_shell_torchrun(spec)} && rc=0 || rc=$?",
         ]
+    if spec.launcher == "torchrun":
         if spec.run_dir:
             lines.append(f"{shlex.quote(sys.executable)} -m trainops.tools.schedulers.run_status "
                          f"{shlex.quote(spec.run_dir)} \"$rc\"")
@@ -123,6 +129,43 @@ def batch_script(spec: JobSpec, log_path: str) -> str:
     else:
         lines.append(shlex.join(spec.command))
     return "\n".join(lines) + "\n"
+
+
+def _supervised(spec: JobSpec) -> ResilienceConfig | None:
+    """The run's [resilience] when the job is the embedded trainer with in-process restart on and
+    more than one rank (one rank has no survivor to keep)."""
+    if spec.launcher != "torchrun" or spec.nodes * spec.procs_per_node < 2:
+        return None
+    return supervised_resilience(spec.command)
+
+
+def _spare_nodes(spec: JobSpec) -> int:
+    """Nodes the job allocates beyond its training nodes: the warm spares' (`resilience.spare_nodes`)."""
+    return resilience.spare_nodes if (resilience := _supervised(spec)) else 0
+
+
+def _supervised_lines(spec: JobSpec, resilience: ResilienceConfig) -> list[str]:
+    """One supervisor per node, each its own job step, so that a lost node ends only its own step;
+    `--no-kill` keeps the allocation when Slurm declares a node down. Node 0's supervisor leads (its
+    store on the rendezvous port); the others' steps end once it has (they stop with its store)."""
+    def line(index: str) -> str:
+        argv = supervisor_argv(sys.executable, spec.procs_per_node, spec.command, resilience, nnodes=spec.nodes,
+                               node_index=index, store=f"$head_node:{spec.rdzv_port}")
+        text = shlex.join(argv)
+        for variable in (index, f"$head_node:{spec.rdzv_port}"):
+            text = text.replace(shlex.quote(variable), f'"{variable}"')
+        return text
+
+    return [
+        'nodes=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))',
+        'head_node="${nodes[0]}"',
+        'for index in $(seq 1 $((${#nodes[@]} - 1))); do',
+        f'  srun --nodes=1 --ntasks=1 --nodelist="${{nodes[$index]}}" {line("$index")} &',
+        "done",
+        f'srun --nodes=1 --ntasks=1 --nodelist="$head_node" {line("0")} && rc=0 || rc=$?',
+        'for _ in $(seq 100); do [ -z "$(jobs -rp)" ] && break; sleep 0.1; done',
+        'kill $(jobs -rp) 2>/dev/null || true',
+    ]
 
 
 def _shell_torchrun(spec: JobSpec) -> str:
