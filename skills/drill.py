@@ -280,7 +280,8 @@ class _Drill:
                   self.req.timeout_s, f"a step past {resumed} after the in-process restart in {run_dir}", self.job)
         status = call("wait_job", {"job_id": self.job_id, "scheduler": sched, "timeout_s": self.req.timeout_s},
                       self.ctx)
-        detector = detection.mechanism + false_positives(detection) + self.target.repair(injected_at, self.ctx)
+        detector = (detection.mechanism + false_positives(detection) + self.target.admitted(recovered)
+                    + self.target.repair(injected_at, self.ctx))
         if status.state != "completed":
             raise ToolError("drill", f"drill {self.fault}: the job recovered in process but then ended "
                                      f"{status.state}; read {run_dir}/logs")
@@ -320,7 +321,7 @@ class _Drill:
         _wait_for(lambda: _heartbeat_step(run_dir) >= self.inject_step and bool(read_journal(run_dir).saves),
                   self.req.timeout_s, f"step {self.inject_step} and a committed checkpoint in {run_dir}", self.job)
         self.say(f"drill {self.fault}: injecting {self.kind}")
-        where = self.target.choose(self.job_id, self.rank, self.req.scheduler, self.ctx)
+        where = self.target.choose(self.job_id, self.rank, self.req.scheduler, self.ctx, run_dir)
         injected_at = self.inject_once({"kind": self.kind, "run": run_dir, **where})
         self.target.injected(self.kind, injected_at)
         last_step = max(_heartbeat_step(run_dir, r) for r in range(self.req.nproc * self.req.nodes))

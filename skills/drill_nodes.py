@@ -9,6 +9,7 @@ import contextlib
 import threading
 import time
 
+from trainops.run_folder import read_heartbeats
 from trainops.tools.base import CallContext, ToolError
 from trainops.tools.calls import call
 from trainops.tools.reachability import SLOW_RTT_FLOOR_S, probe_nodes, slurm_node_states
@@ -110,7 +111,7 @@ class RankTarget:
     def __exit__(self, *_exc) -> None:
         pass
 
-    def choose(self, job_id: str, rank: int, scheduler: str, ctx: CallContext) -> dict:
+    def choose(self, job_id: str, rank: int, scheduler: str, ctx: CallContext, run_dir: str = "") -> dict:
         """The inject_fault target."""
         return {"rank": rank}
 
@@ -122,6 +123,10 @@ class RankTarget:
 
     def restarted(self, job_id: str, first_step_at: float, scheduler: str, ctx: CallContext) -> str:
         """Where the restarted job runs, for the detector line."""
+        return ""
+
+    def admitted(self, recovered) -> str:
+        """Where an in-process recovery's spares took the lost ranks, for the detector line."""
         return ""
 
     def repair(self, injected_at: float, ctx: CallContext) -> str:
@@ -161,9 +166,12 @@ class NodeTarget(RankTarget):
     def __exit__(self, *exc) -> None:
         self.timeline.__exit__(*exc)
 
-    def choose(self, job_id: str, rank: int, scheduler: str, ctx: CallContext) -> dict:
+    def choose(self, job_id: str, rank: int, scheduler: str, ctx: CallContext, run_dir: str = "") -> dict:
+        """The node of the job's highest rank, as its heartbeat names it (a job with spare nodes
+        holds them last, and they hold no rank), else the job's last node."""
         self.before = call("job_status", {"job_id": job_id, "scheduler": scheduler}, ctx).nodes
-        self.node = self.before[-1]
+        beats = {r: b.host for r, b in (read_heartbeats(run_dir) if run_dir else {}).items() if b.host in self.before}
+        self.node = beats[max(beats)] if beats else self.before[-1]
         return {"node": self.node}
 
     def injected(self, kind: str, at: float) -> None:
@@ -179,6 +187,19 @@ class NodeTarget(RankTarget):
         self.replaced = replacement(self.node, self.before, after)
         return (f"; node {self.node} lost (ran on {', '.join(self.before)}), restarted on {', '.join(after)}: "
                 f"{self.replaced}")
+
+    def admitted(self, recovered) -> str:
+        """The lost node's ranks went to warm spares the job already held (its spare node): the job
+        kept running, so nothing was requeued onto the pool."""
+        hosts = sorted(set(recovered.admitted_on.values()))
+        if not hosts:
+            return ""
+        for host in hosts:
+            self.timeline.add(host, f"warm spares took rank(s) {sorted(recovered.admitted_on)} in process",
+                              recovered.first_step_at)
+        self.replaced = (f"{self.node} replaced by {', '.join(hosts)} in process (the job's warm spares took rank(s) "
+                         f"{sorted(recovered.admitted_on)})")
+        return f"; {self.replaced}"
 
     def repair(self, injected_at: float, ctx: CallContext) -> str:
         """Slurm's view confirms, then the repair and a health check before the node goes back."""

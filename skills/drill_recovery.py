@@ -35,6 +35,8 @@ class MeasuredRecovery(BaseModel):
     first_step_at: float | None = None
     resumed_step: int | None = Field(None, description="in-process: the step the run continued from")
     checkpoint: str | None = Field(None, description="in-process: the checkpoint it read; None: a peer's memory")
+    admitted_on: dict[int, str] = Field(default_factory=dict, description="in-process: rank -> the node of the "
+                                        "spare that took it")
     unknown: list[str] = Field(default_factory=list, description="each phase that cannot be told, and why")
     basis: str = Field(description="the records the figures were read from")
 
@@ -57,6 +59,7 @@ def in_process_recovery(run_dir: str, since: float) -> MeasuredRecovery | None:
     unknown = [f"{name}: not in {run_dir}/recoveries.jsonl" for name, value in phases.items() if value is None]
     return MeasuredRecovery(path=entry.path, phases_s=phases, total_s=entry.total_s, first_step_at=entry.time,
                             resumed_step=entry.resumed_step, checkpoint=entry.checkpoint, unknown=unknown,
+                            admitted_on=entry.admitted_on,
                             basis=f"{run_dir}/recoveries.jsonl (generation {entry.generation}, "
                                   f"{entry.trigger or 'no trigger recorded'}, from {entry.source})")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from trainops.run_folder import RunFiles, read_faults, read_heartbeats, read_status
+from trainops.run_folder import RunFiles, read_faults, read_heartbeats, read_recoveries, read_status
 from trainops.tools.base import ToolError, tool
 from trainops.tools.fault_signals import ISOLATION, DetectFaultsInput, Detection, FaultWatch
 from trainops.tools.schedulers.base import TERMINAL_STATES, SchedulerError
@@ -47,12 +47,27 @@ def _job_ended(inp: DetectFaultsInput, st, run_dir: Path, since: float) -> str |
     return None
 
 
-def _finish(watch: FaultWatch, mechanism: str, rank, node, step, evidence, injected_at, polls) -> Detection:
-    now = time.time()
+def _finish(watch: FaultWatch, mechanism: str, rank, node, step, evidence, injected_at, polls,
+            detected_at: float | None = None) -> Detection:
+    now = time.time() if detected_at is None else detected_at
     isolation, recommendation = ISOLATION[mechanism]
     return watch.result(detected=True, mechanism=mechanism, rank=rank, node=node, step=step, detected_at=now,
                         injected_at=injected_at, detection_latency_s=None if injected_at is None else now - injected_at,
                         isolation=isolation, recommendation=recommendation, evidence=evidence, polls=polls)
+
+
+def _recovered_in_process(run_dir: Path, since: float) -> tuple[int, str | None, str, float] | None:
+    """A lost rank the job's in-process supervisor (its ranks' parent, or their node's agent) already
+    detected and replaced since `since`: (rank, node, why, when it was detected). The survivors
+    keep their processes and a spare beats in the lost rank's place, so neither an exit note nor a
+    stale heartbeat may ever show."""
+    entry = next((e for e in read_recoveries(run_dir) if e.path != "requeue" and e.time - e.total_s >= since), None)
+    if entry is None or not entry.lost:
+        return None
+    lost = entry.lost[0]
+    return (lost.rank, lost.host or (entry.lost_nodes[0] if entry.lost_nodes else None),
+            f"the job's supervisor replaced rank(s) {entry.failed_ranks}: {entry.trigger}"[:600],
+            entry.time - entry.total_s)
 
 
 @tool("detect_faults", risk="read", tags=("faults", "drill"))
@@ -108,6 +123,10 @@ def detect_faults(inp: DetectFaultsInput) -> Detection:
             if watch.counts(mechanism, rec.rank, rec.step, why):
                 return _finish(watch, mechanism, rec.rank, node, rec.step, why, injected_at or rec.time, polls)
             held = None if mechanism == "loss_anomaly" else held
+        if (found := _recovered_in_process(run_dir, injected_at or started)) is not None:
+            rank, node, why, detected_at = found
+            if watch.counts("process_exit", rank, None, why):
+                return _finish(watch, "process_exit", rank, node, None, why, injected_at, polls, detected_at)
         dead = watch.stale_or_dead()
         if dead:
             mechanism, rank, beat, why = dead

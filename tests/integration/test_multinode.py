@@ -119,6 +119,33 @@ def test_a_node_crash_drill_detects_drains_and_recovers_on_the_hot_spare(sandbox
         time.sleep(0.5)
 
 
+def test_with_a_spare_node_a_node_crash_moves_its_ranks_onto_warm_spares_without_a_requeue(sandbox_cluster):
+    """In-process restart across nodes: the job holds n3 as its spare node; when n2 crashes, its
+    rank moves onto n3's warm spare, the job keeps its id (nothing cancelled or requeued) and
+    completes, and Slurm's own verdict on n2 comes after the job is already training again."""
+    from trainops.run_folder import read_recoveries
+    from trainops.skills.drill import drill
+    from trainops.skills.request import JobRequest
+    from trainops.tools.interruptions import read_interruptions
+
+    req = JobRequest(preset="tiny", nproc=1, nodes=2, scheduler="slurm", timeout_s=240,
+                     overrides=["training.steps=40", "data.kind=synthetic", "checkpoint.enable=true",
+                                "checkpoint.interval=3", "resilience.in_process_restart=true",
+                                "resilience.spare_nodes=1", "resilience.warm_spares=0",
+                                "resilience.collective_timeout_s=10"])
+    result, _ = drill(req, "node-crash", inject_step=4, ctx=OPERATOR)
+    assert result.recovery_path == "spare-admitted" and result.isolation_granularity == "node"
+    assert "n2 replaced by n3 in process" in result.detector and "Slurm confirmed n2 not responding" in result.detector
+    [entry] = read_recoveries(result.run_dir)
+    assert entry.lost_nodes == ["n2"] and entry.admitted_on == {1: "n3"} and entry.lost[0].host == "n2"
+    assert result.recovery_time_s < 5 and set(result.recovery_phases_s) == {"detect", "abort", "admit", "load",
+                                                                              "first_step"}
+    status = call("job_status", {"scheduler": "slurm", "job_id": result.job_id}, OPERATOR)
+    assert status.state == "completed" and "n2" not in status.nodes  # Slurm shrank the job instead of killing it
+    rec = next(r for r in read_interruptions() if r.id == result.interruption_id)
+    assert rec.cause == "hardware" and rec.id.endswith("#gen1"), rec
+
+
 def test_the_sandboxs_prometheus_scrapes_every_node_and_query_metrics_folds_per_node(sandbox_cluster, monkeypatch):
     from trainops.tools.schedulers.sandbox_metrics import EXPORTER_PORT_BASE, prometheus_url
 

@@ -97,6 +97,8 @@ def sbatch_options(spec: JobSpec, log_path: str) -> list[tuple[str, str]]:
         options.append(("exclude", "exclude_nodes", ",".join(spec.exclude_nodes)))
     if spec.workdir:
         options.append(("chdir", "workdir", spec.workdir))
+    if _supervised(spec):  # a lost node ends only its own supervisor's step; the job goes on without it
+        options.append(("no-kill", "no_kill", "on"))
     if spec.tenant:  # the tenant's Slurm account; its default (and only) QOS carries the quota (tools/quotas.py)
         options.append(("account", "tenant", spec.tenant))
     return [(flag, sbatch_value(field, value)[1:-1]) for flag, field, value in options]
@@ -111,7 +113,7 @@ def batch_script(spec: JobSpec, log_path: str) -> str:
     resilience = _supervised(spec)
     lines = ["#!/bin/bash", *(f'#SBATCH --{flag}="{value}"' for flag, value in sbatch_options(spec, log_path)),
              "#SBATCH --ntasks-per-node=1", "#SBATCH --open-mode=append", "#SBATCH --requeue", "#SBATCH --export=NONE",
-             *(["#SBATCH --no-kill"] if resilience else []), "set -euo pipefail", *shell_filter(slurm=True)]
+             "set -euo pipefail", *shell_filter(slurm=True)]
     for key, value in sorted(job_environment(spec, KIND).items()):
         lines.append(f"export {key}={shlex.quote(value)}")
     if spec.launcher == "torchrun" and resilience:
@@ -153,7 +155,8 @@ def _supervised_lines(spec: JobSpec, resilience: ResilienceConfig) -> list[str]:
                                node_index=index, store=f"$head_node:{spec.rdzv_port}")
         text = shlex.join(argv)
         for variable in (index, f"$head_node:{spec.rdzv_port}"):
-            text = text.replace(shlex.quote(variable), f'"{variable}"')
+            if variable.startswith("$"):  # the shell expands these on the node
+                text = text.replace(shlex.quote(variable), f'"{variable}"')
         return text
 
     return [

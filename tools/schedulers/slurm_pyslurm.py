@@ -20,7 +20,7 @@ from trainops.tools.schedulers.slurm_transport import KIND, SlurmJob, SlurmNode,
 # sbatch flag -> pyslurm job option (pyslurm takes sbatch's names, with its own spellings)
 _OPTIONS = {"job-name": "job_name", "nodes": "min_nodes", "cpus-per-task": "cpus_per_task", "output": "output",
             "time": "time_limit", "partition": "partition", "exclude": "exc_nodes", "chdir": "work_dir",
-            "account": "account"}
+            "account": "account", "no-kill": "no_kill"}
 _INTEGER_OPTIONS = {"min_nodes", "cpus_per_task", "time_limit"}
 _OPEN_MODE_APPEND = 1  # slurm.h OPEN_MODE_APPEND
 _FIRST_SPECIAL_STEP = 0xFFFFFFF0  # batch, extern, interactive steps have ids from here up
