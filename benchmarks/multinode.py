@@ -1,21 +1,27 @@
 """Multi-node figures on a `trainops sandbox` Slurm cluster of network-namespace nodes (root; Linux):
 bring-up of 3 nodes, the cold start of a 2-node training job, node-crash and partition drills
-(detection latency, recovery onto the hot spare against that cold start), and how often a slow
+(detection latency, recovery onto the hot spare against that cold start; a node crash recovered in
+process onto the job's own spare node against that job's cold start), and how often a slow
 node link is pinned on the right node. `python -m trainops.benchmarks.multinode` rewrites its own
 section of RESULTS.md."""
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import tempfile
 import time
 
 from trainops.benchmarks.harness import Figure, Suite, ratios, render, write_section
+from trainops.benchmarks.suite import median_phases
 from trainops.tools.schedulers import sandbox
 
 BEGIN, END = "<!-- multinode:begin -->", "<!-- multinode:end -->"
 SPEC = sandbox.SandboxSpec(nodes=3, prefix="tosb", net="10.251.11")
 JOB = ["training.steps=60", "data.kind=synthetic", "checkpoint.enable=true", "checkpoint.interval=3"]
+IN_PROCESS = ["resilience.in_process_restart=true", "resilience.spare_nodes=1", "resilience.warm_spares=0",
+              "resilience.collective_timeout_s=10"]
+"""The same job with in-process restart across nodes: it holds the third node as its spare node."""
 
 
 def bring_up(repeats: int) -> list[float]:
@@ -26,14 +32,14 @@ def bring_up(repeats: int) -> list[float]:
     return samples
 
 
-def cold_start() -> float:
+def cold_start(extra: tuple[str, ...] = ()) -> float:
     """Seconds from submit_job to the first step of a 2-node job (the job is then cancelled)."""
     from trainops.run_folder import read_metrics
     from trainops.tools.calls import call
 
     started = time.time()
     out = call("submit_job", {"scheduler": "slurm", "name": "cold", "training": {
-        "preset": "tiny", "nproc": 1, "nodes": 2, "overrides": JOB}})
+        "preset": "tiny", "nproc": 1, "nodes": 2, "overrides": [*JOB, *extra]}})
     deadline = time.monotonic() + 180
     while not (records := read_metrics(out.handle.run_dir)):
         if time.monotonic() > deadline:
@@ -49,12 +55,12 @@ def _all_idle() -> None:
                        == {"idle"})
 
 
-def node_drill(fault: str = "node-crash"):
+def node_drill(fault: str = "node-crash", extra: tuple[str, ...] = ()):
     from trainops.skills.drill import drill
     from trainops.skills.request import JobRequest
 
     _all_idle()
-    req = JobRequest(preset="tiny", nproc=1, nodes=2, scheduler="slurm", timeout_s=240, overrides=JOB)
+    req = JobRequest(preset="tiny", nproc=1, nodes=2, scheduler="slurm", timeout_s=240, overrides=[*JOB, *extra])
     result, _ = drill(req, fault, inject_step=4)
     return result
 
@@ -104,11 +110,13 @@ def run(repeats: int, slow_runs: int) -> Suite:
                              target="<= 15 s"))
             state = sandbox.load_state(SPEC.prefix)
             os.environ.update(SLURM_CONF=str(state.conf), GLOO_SOCKET_IFNAME=sandbox.NODE_IF)
-            colds, drills, partitions = [], [], []
+            colds, drills, partitions, spared_colds, spared = [], [], [], [], []
             for _ in range(repeats):  # interleaved, so drift on a shared host hits both alike
                 colds.append(cold_start())
                 drills.append(node_drill("node-crash"))
                 partitions.append(node_drill("partition"))
+                spared_colds.append(cold_start(tuple(IN_PROCESS)))
+                spared.append(node_drill("node-crash", tuple(IN_PROCESS)))
             suite.add(Figure("2-node job cold start (submit to first step)", colds, "s"))
             suite.add(Figure("node crash detected (job signals, not SlurmdTimeout)",
                              [d.detection_latency_s for d in drills], "s", target="<= 1 s"))
@@ -119,6 +127,14 @@ def run(repeats: int, slow_runs: int) -> Suite:
                                   "dead node's steps, then the job is submitted again with the dead node drained "
                                   "(instead of waiting ~20 s for Slurm to declare it down) and loads its newest "
                                   f"checkpoint; steps lost {[d.steps_lost for d in drills]}"))
+            suite.add(Figure("node crash recovered in process onto the job's spare node / cold start", ratios(
+                [d.recovery_time_s for d in spared], spared_colds), "x", target="<= 0.7",
+                note=f"recovery {statistics.median(d.recovery_time_s for d in spared):.2f} s by "
+                     f"{', '.join(sorted({d.recovery_path or 'unknown' for d in spared}))} vs cold start "
+                     f"{statistics.median(spared_colds):.2f} s of the same job (2 training nodes + 1 spare node, one "
+                     "supervisor step per node); phases: "
+                     f"{median_phases([d.recovery_phases_s for d in spared])}; steps lost "
+                     f"{[d.steps_lost for d in spared]}"))
             suite.add(Figure("partition detected (stale heartbeat, node named by a probe)",
                              [d.detection_latency_s for d in partitions], "s", target="<= 6 s",
                              note="heartbeat timeout 5 s + 1 s; Slurm's own NOT_RESPONDING came "

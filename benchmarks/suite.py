@@ -150,7 +150,7 @@ def _recovery(extra: list[str]):
     return result
 
 
-def _median_phases(samples: list[dict[str, float | None]]) -> str:
+def median_phases(samples: list[dict[str, float | None]]) -> str:
     """Each phase's median over the repeats that could tell it; a phase no repeat could tell, unknown."""
     names = list(dict.fromkeys(name for sample in samples for name in sample))
     parts = []
@@ -179,8 +179,8 @@ def bench_recovery(suite: Suite, repeats: int) -> None:
         paths = sorted({r.recovery_path or "unknown" for r in results})
         fig.note = (f"recovery {statistics.median(r.recovery_time_s for r in results):.2f} s by {', '.join(paths)} "
                     f"vs cold start {statistics.median(c for c, _ in cold):.2f} s (tiny preset, 2 processes, local "
-                    f"scheduler); recovery phases: {_median_phases([r.recovery_phases_s for r in results])}; cold "
-                    f"start phases: {_median_phases([p for _, p in cold])}")
+                    f"scheduler); recovery phases: {median_phases([r.recovery_phases_s for r in results])}; cold "
+                    f"start phases: {median_phases([p for _, p in cold])}")
 
 
 def _cli_wall_s(args: list[str]) -> float:

@@ -338,8 +338,11 @@ def gather_in_process(entry, run_dir: str | Path) -> Evidence:
                   ranks_at_end={r: "gone" if r in exited else "stopped" if r in hung else "running"
                                 for r in sorted({*entry.beats, *exited, *hung})},
                   noted_ranks=sorted(noted), error_lines=[inert(f"rank {r}: {note}") for r, note in noted.items()],
-                  failing_rank=entry.lost[0].rank if entry.lost else None, failing_node=host,
-                  rank_nodes={r: host for r in entry.beats} if host else {})
+                  failing_rank=entry.lost[0].rank if entry.lost else None,
+                  failing_node=inert(entry.lost[0].host) if entry.lost and entry.lost[0].host else host,
+                  # each replaced rank names its own node; the record keeps no node for the others (the leader's)
+                  rank_nodes={**({r: host for r in entry.beats} if host else {}),
+                              **{lost.rank: inert(lost.host) for lost in entry.lost if lost.host}})
     ev.silent_ranks = sorted(set(exited) - set(noted)) if noted else []
     ev.signal = _signal_of(next(iter(exited.values()))) if len(exited) == 1 else None
     ev.kernel_log_read, ev.oom_kills = kernel_oom_kills({lost.pid for lost in entry.lost})

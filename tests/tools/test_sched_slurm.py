@@ -36,6 +36,35 @@ def test_multi_node_runs_torchrun_under_srun_with_c10d_rendezvous_on_the_first_n
     assert "trainops.tools.schedulers.run_status '/runs/r 1' \"$rc\"" in script
 
 
+def test_with_in_process_restart_each_node_runs_its_own_supervisor_step_and_spare_nodes_are_allocated(workspace):
+    """The job holds its spare nodes (--nodes 2 + 1), survives a lost node (--no-kill: through
+    pyslurm too, which reads no #SBATCH line), and runs one supervisor per node as its own step,
+    node 0 leading with the store on the rendezvous port; the script is valid bash."""
+    import subprocess
+
+    from trainops.tools.schedulers.slurm import sbatch_options
+    from trainops.trainer.config import load_config
+    from trainops.trainer.launch import prepare_run
+
+    run_dir = prepare_run(load_config(None, "tiny", ["resilience.in_process_restart=true", "resilience.spare_nodes=1"]),
+                          run_id="spared")
+    spec = _spec(command=["-m", "trainops.trainer.train", "--run-dir", str(run_dir)], run_dir=str(run_dir))
+    assert ("nodes", "3") in sbatch_options(spec, "/l") and ("no-kill", "on") in sbatch_options(spec, "/l")
+    script = batch_script(spec, "/logs/job.log")
+    steps = [line.strip() for line in script.splitlines() if line.strip().startswith("srun")]
+    assert len(steps) == 2 and all("-m trainops.trainer.supervisor" in step for step in steps)
+    agents, leader = steps
+    assert '--node-index "$index"' in agents and agents.endswith("&") and '--nodelist="${nodes[$index]}"' in agents
+    assert "--node-index 0" in leader and '--nodelist="$head_node"' in leader
+    for step in steps:
+        assert '--nnodes 2 --spare-nodes 1' in step and '--store "$head_node:29500"' in step
+    assert "torch.distributed.run" not in script
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+    off = _spec(command=["-m", "trainops.trainer.train", "--run-dir", str(prepare_run(load_config(None, "tiny"),
+                                                                                           run_id="plain"))])
+    assert ("nodes", "2") in sbatch_options(off, "/l") and "no-kill" not in dict(sbatch_options(off, "/l"))
+
+
 def test_a_plain_command_runs_once_without_srun():
     script = batch_script(JobSpec(name="p", command=["echo", "a b"]), "/l")
     assert script.splitlines()[-1] == "echo 'a b'"
