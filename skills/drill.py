@@ -224,8 +224,11 @@ class _Drill:
             return self.finish_in_process(injected_at, last_step, detection, recovered)
         self.end_job()
         if self.fault in DETECTION_ONLY:
+            self.record_end(wait_s=60)
             return _detection_only(self.req, self.fault, self.run_dir, last_step, detection, self.started)
         restart = self.restart(detection)
+        if restart.job_id != self.job_id:  # the old id is still COMPLETING: its end comes with Slurm's verdict
+            self.record_end(wait_s=60)
         detector = self.detector(detection, restart)
         detector += self.target.restarted(restart.job_id, restart.first_step_at, sched, self.ctx)
         status = call("wait_job", {"job_id": restart.job_id, "scheduler": sched, "timeout_s": self.req.timeout_s},
@@ -246,10 +249,24 @@ class _Drill:
         interruptions.witness(self.job_id, sched, self.run_dir, drill=True)
         # forced: the survivors of a detected failure are stuck in a collective, a grace period only waits on them
         status = call("cancel_job", {"job_id": self.job_id, "scheduler": sched, "force": True}, self.ctx)
-        if not status.finished:  # Slurm ends a cancelled job a moment later: its end is observed there
-            status = call("wait_job", {"job_id": self.job_id, "scheduler": sched, "timeout_s": 60}, self.ctx)
-        self.interruption = interruptions.record_job_end(status, sched)  # the stored record of this end
-        self.ended_at = status.ended_at
+        # a forced cancel returns once nothing of the job runs; Slurm may hold a job with a dead node
+        # COMPLETING until it declares the node down (~10 s): the restart does not wait for that, the
+        # record of the end does (record_end)
+        self.ended_at = status.ended_at if status.finished else time.time()
+        if status.finished:
+            self.interruption = interruptions.record_job_end(status, sched)  # the stored record of this end
+
+    def record_end(self, wait_s: float = 0.0) -> None:
+        """Record the cancelled job's end once the scheduler has ended it: before the requeue (which
+        reuses the id of a job that is over) without waiting, or, for a job still COMPLETING for a
+        dead node, waiting up to `wait_s` after the restart went in under a new id."""
+        if self.interruption is not None:
+            return
+        ask = {"job_id": self.job_id, "scheduler": self.req.scheduler}
+        status = call("wait_job", {**ask, "timeout_s": wait_s}, self.ctx) if wait_s else call("job_status", ask,
+                                                                                              self.ctx)
+        if status.finished:
+            self.interruption = interruptions.record_job_end(status, self.req.scheduler)
 
     def await_in_process(self, injected_at: float) -> MeasuredRecovery | None:
         """With in-process restart on, the job recovers itself: wait for the trainer's recovery
@@ -361,6 +378,7 @@ class _Drill:
         quarantined = (sdc.respond(run_dir, sdc.Suspect.of(detection), sched, self.ctx).quarantined
                        if detection.mechanism == "checksum_mismatch" else [])  # R-ESC-3: tests, drain, a human
         isolated = time.time()
+        self.record_end()
         requeued = call("requeue_job", {"job_id": self.job_id, "scheduler": sched, "spec_sha256": self.spec_sha256},
                         self.ctx).job_id
         first_step_at = _wait_for_restart(run_dir, isolated, requeued, self.req, self.ctx)
