@@ -378,7 +378,9 @@ class _Drill:
         quarantined = (sdc.respond(run_dir, sdc.Suspect.of(detection), sched, self.ctx).quarantined
                        if detection.mechanism == "checksum_mismatch" else [])  # R-ESC-3: tests, drain, a human
         isolated = time.time()
-        self.record_end()
+        # Slurm requeues a job held COMPLETING by a dead node under a new id, whose end is recorded after
+        # the restart; every other scheduler reuses the id, so the end must be on record before
+        self.record_end(wait_s=0.0 if sched == "slurm" else 60.0)
         requeued = call("requeue_job", {"job_id": self.job_id, "scheduler": sched, "spec_sha256": self.spec_sha256},
                         self.ctx).job_id
         first_step_at = _wait_for_restart(run_dir, isolated, requeued, self.req, self.ctx)
