@@ -107,12 +107,23 @@ def as_operator():
         yield
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_for(condition, timeout_s: float, what: str, poll_s: float = 0.05) -> None:
+    """Poll `condition` until it holds; the test fails naming `what` after `timeout_s`."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(poll_s)
 
 
 @pytest.fixture(scope="session")
@@ -135,12 +146,12 @@ def _accounting_service(tmp_path_factory):
     folder = tmp_path_factory.mktemp("accounting")
     (folder / "state").mkdir()
     (folder / "log").mkdir()
-    spec = SimpleNamespace(prefix="tacct", net="127.0.0", dbd_port=_free_port(), mariadb_port=_free_port())
+    spec = SimpleNamespace(prefix="tacct", net="127.0.0", dbd_port=free_port(), mariadb_port=free_port())
     state = SimpleNamespace(spec=spec, folder=str(folder), conf=folder / "slurm.conf", mariadb_pid=None,
                             slurmdbd_pid=None)
     state.conf.write_text("\n".join([
         f"ClusterName={accounting.cluster_name(spec)}", f"SlurmctldHost={socket.gethostname().split('.')[0]}",
-        f"SlurmctldPort={_free_port()}", "SlurmUser=root", "AuthType=auth/munge",
+        f"SlurmctldPort={free_port()}", "SlurmUser=root", "AuthType=auth/munge",
         f"StateSaveLocation={folder / 'state'}", f"SlurmctldPidFile={folder / 'state' / 'slurmctld.pid'}",
         f"SlurmctldLogFile={folder / 'log' / 'slurmctld.log'}", *accounting.conf_lines(spec),
         "NodeName=tacct1 NodeAddr=127.0.0.1 CPUs=1 State=FUTURE", "PartitionName=p Nodes=tacct1",

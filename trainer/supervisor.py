@@ -98,6 +98,16 @@ def start_workers(program: list[str], store_address: str, node: int, count: int)
     return workers
 
 
+def signal_workers(workers: list[Worker], signum: int) -> None:
+    """Pass the scheduler's signal to this node's own workers, then reap them."""
+    local = [w.process for w in workers if w.process is not None]
+    for process in local:
+        if process.poll() is None:
+            process.send_signal(signum)
+    for process in local:
+        process.wait()
+
+
 def connect(address: str, timeout_s: float = JOIN_TIMEOUT_S):
     """A client of the leader's store, waiting for the leader to open it (nodes start in any order)."""
     import torch.distributed as dist
@@ -391,12 +401,7 @@ class Supervisor:
         return code
 
     def terminate(self, signum: int) -> None:
-        for worker in self.workers:
-            if worker.process is not None and worker.process.poll() is None:
-                worker.process.send_signal(signum)
-        for worker in self.workers:
-            if worker.process is not None:
-                worker.process.wait()
+        signal_workers(self.workers, signum)
 
 
 class NodeAgent:
@@ -444,11 +449,7 @@ class NodeAgent:
         return 1
 
     def terminate(self, signum: int) -> None:
-        for worker in self.workers:
-            if worker.process.poll() is None:
-                worker.process.send_signal(signum)
-        for worker in self.workers:
-            worker.process.wait()
+        signal_workers(self.workers, signum)
 
 
 def main(argv: list[str] | None = None) -> int:

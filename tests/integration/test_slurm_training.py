@@ -4,13 +4,13 @@ the errors a dead controller or an unknown job id give."""
 from __future__ import annotations
 
 import json
-import socket
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import free_port, wait_for
 from trainops.run_folder import read_heartbeats
 from trainops.skills.drill import drill
 from trainops.skills.request import JobRequest
@@ -22,12 +22,6 @@ pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.usefixtures("a
 TINY = ["training.seq_len=64", "training.global_batch=4", "training.micro_batch=2"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _submit_training(steps: int, *extra: str):
     out = call("submit_job", {"scheduler": "slurm", "name": "tiny",
                               "training": {"preset": "tiny", "nproc": 2,
@@ -35,16 +29,9 @@ def _submit_training(steps: int, *extra: str):
     return out.handle.job_id, Path(out.handle.run_dir)
 
 
-def _wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-
-
 def test_a_two_process_trainer_job_completes_and_prometheus_scrapes_its_metrics(slurm, prometheus):
     # long enough (~30 s on an idle 2-core host) for file discovery and several 1 s scrapes
-    job_id, run_dir = _submit_training(600, f"metrics.prometheus_port_base={_free_port()}")
+    job_id, run_dir = _submit_training(600, f"metrics.prometheus_port_base={free_port()}")
     prometheus.scrape_run(run_dir, ranks=2)
     live = {}
 
@@ -54,7 +41,7 @@ def test_a_two_process_trainer_job_completes_and_prometheus_scrapes_its_metrics(
                                                   "url": prometheus.url}).instant
         return all(live.values()) and len(live["heartbeat_age_s"]) == 2  # both targets scraped
 
-    _wait_for(scraped, 120, "the run's aggregates in Prometheus")
+    wait_for(scraped, 120, "the run's aggregates in Prometheus", poll_s=0.2)
     assert live["mfu_pct_avg"][0].value > 0 and live["tokens_per_s_sum"][0].value > 0
     assert sorted(s.rank for s in live["heartbeat_age_s"]) == [0, 1] and all(s.value < 30
                                                                              for s in live["heartbeat_age_s"])
@@ -73,7 +60,7 @@ def test_a_two_process_trainer_job_completes_and_prometheus_scrapes_its_metrics(
 def test_a_killed_rank_is_detected_with_its_latency(slurm):
     job_id, run_dir = _submit_training(2000)
     try:
-        _wait_for(lambda: len(read_heartbeats(run_dir)) == 2, 180, "both ranks' heartbeats")
+        wait_for(lambda: len(read_heartbeats(run_dir)) == 2, 180, "both ranks' heartbeats", poll_s=0.2)
         injected = call("inject_fault", {"kind": "kill_rank", "run": str(run_dir), "rank": 1})
         found = call("detect_faults", {"run": str(run_dir), "job_id": job_id, "scheduler": "slurm",
                                        "poll_interval_s": 0.05, "timeout_s": 60})
@@ -92,7 +79,7 @@ def test_cancel_gives_the_batch_a_grace_period_unless_forced(slurm, tmp_path, fo
             "d.joinpath('ready').write_text('x'); time.sleep(120)")
     job_id = call("submit_job", {"scheduler": "slurm",
                                  "spec": {"name": "graceful", "command": [sys.executable, "-c", code]}}).handle.job_id
-    _wait_for(lambda: (tmp_path / "ready").exists(), 60, "the job to start")
+    wait_for(lambda: (tmp_path / "ready").exists(), 60, "the job to start", poll_s=0.2)
     status = call("cancel_job", {"job_id": job_id, "scheduler": "slurm", "force": force})
     # forced, the batch may die of the SIGKILL before slurmctld files the cancel: Slurm records FAILED
     assert status.state == "cancelled" or (force and status.state == "failed")
@@ -130,7 +117,7 @@ def test_a_requeued_job_resumes_from_its_newest_checkpoint(slurm):
             return []
         return [e["step"] for e in map(json.loads, journal.read_text().splitlines()) if e.get("event") == "save"]
 
-    _wait_for(lambda: any(s >= 5 for s in saved_steps()), 240, "a first checkpoint")
+    wait_for(lambda: any(s >= 5 for s in saved_steps()), 240, "a first checkpoint", poll_s=0.2)
     call("requeue_job", {"job_id": job_id, "scheduler": "slurm"})
     status = call("wait_job", {"job_id": job_id, "scheduler": "slurm", "timeout_s": 400})
     assert status.state == "completed", call("job_logs", {"job_id": job_id, "scheduler": "slurm"}).text

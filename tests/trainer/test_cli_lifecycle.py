@@ -8,13 +8,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
+from tests.conftest import wait_for
 from trainops.cli import app
 
 runner = CliRunner()
@@ -169,13 +169,6 @@ def test_init_from_starts_a_two_process_fsdp_run_from_the_hf_weights_and_export_
     assert not torch.equal(trained, before.layers["0"].attention.wq.weight)  # two steps moved it
 
 
-def _wait_for(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
 @pytest.mark.slow
 def test_a_run_killed_with_kill_9_resumes_from_its_newest_checkpoint(workspace):
     import psutil
@@ -190,8 +183,8 @@ def test_a_run_killed_with_kill_9_resumes_from_its_newest_checkpoint(workspace):
     cli = subprocess.Popen([str(trainops), *args], env=os.environ | {"TRAINOPS_HOME": str(workspace)},
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        _wait_for(lambda: any(c.committed and c.step >= 4 for c in list_checkpoints(run_dir / "checkpoints")),
-                  120, "the step-4 checkpoint")
+        wait_for(lambda: any(c.committed and c.step >= 4 for c in list_checkpoints(run_dir / "checkpoints")),
+                 120, "the step-4 checkpoint", poll_s=0.1)
     finally:  # the whole node goes: the CLI, the job's runner, torchrun and both ranks
         tree = [psutil.Process(cli.pid), *psutil.Process(cli.pid).children(recursive=True)]
         for proc in tree:

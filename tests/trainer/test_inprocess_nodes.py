@@ -2,12 +2,11 @@
 a trailing spare node of warm spares, and a lost node whose ranks move onto the spare node's
 processes instead of the job ending. The nodes here are process groups on one host, each started
 with the command line a Slurm job step runs (`supervisor_argv`); the sandbox cluster test
-(tests/integration/test_inprocess_on_nodes.py) runs the same through Slurm on namespace nodes."""
+(tests/integration/test_multinode.py) runs the same through Slurm on namespace nodes."""
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,23 +14,17 @@ import time
 import psutil
 import pytest
 
+from tests.conftest import free_port, wait_for
+from tests.trainer.test_inprocess_restart import BASE, OPERATOR, by_step, workers
 from trainops.run_folder import RECOVERY_PHASES, read_heartbeat, read_journal, read_recoveries
 from trainops.tools.follow import run_local
 from trainops.trainer.config import load_config
 from trainops.trainer.launch import prepare_run, supervisor_argv, trainer_program
 from trainops.trainer.supervisor import SLOTS
 
-from .test_inprocess_restart import BASE, OPERATOR, by_step, workers
-
 STEPS = ["training.steps=24"]
 NODES = ["resilience.in_process_restart=true", "resilience.collective_timeout_s=4", "resilience.spare_nodes=1",
          "resilience.warm_spares=0"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_nodes(run_dir, nnodes: int) -> list[subprocess.Popen]:
@@ -45,13 +38,6 @@ def start_nodes(run_dir, nnodes: int) -> list[subprocess.Popen]:
         log = open(run_dir / "logs" / f"node{index}.log", "a")
         nodes.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
     return nodes
-
-
-def wait_for(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 @pytest.mark.slow
