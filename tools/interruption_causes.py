@@ -282,9 +282,12 @@ def _metrics_evidence(run_dir: Path, ev: Evidence, until: float | None = None) -
 
 
 def gather(status, node_states: dict[str, str] | None = None, job_log: str = "",
-           ranks_at_end: dict[int, str] | None = None) -> Evidence:
+           ranks_at_end: dict[int, str] | None = None, beats: dict | None = None,
+           until: float | None = None) -> Evidence:
     """The evidence of one job end: the scheduler's status, node states and job log, the ranks'
-    processes as seen just before trainops ended the job (if it did), the kernel log and the run folder."""
+    processes and heartbeats as seen just before trainops ended the job (if it did), the kernel log
+    and the run folder up to `until` (default: the end). A later launch of the same run rewrites the
+    heartbeats and appends steps, so nothing newer than that is this end's evidence."""
     from trainops.run_folder import read_heartbeats, read_status
 
     ev = Evidence(state=status.state, reason=inert(status.reason), exit_code=status.exit_code,
@@ -298,8 +301,11 @@ def gather(status, node_states: dict[str, str] | None = None, job_log: str = "",
     ev.error_lines = [inert(ln) for ln in _log_errors("job log", job_log)]
     if run_dir is None or not run_dir.is_dir():
         return ev
-    beats = read_heartbeats(run_dir)
     end = status.ended_at or time.time()
+    if until is None and status.ended_at:
+        until = status.ended_at + 1.0  # a scheduler's end time may be whole seconds
+    if beats is None:
+        beats = {r: b for r, b in read_heartbeats(run_dir).items() if until is None or b.time <= until}
     ev.heartbeat_age_s = {r: round(max(0.0, end - b.time), 3) for r, b in beats.items() if b.time}
     run_lines, ev.failing_rank = _error_lines(run_dir, beats, result)
     ev.error_lines = list(dict.fromkeys(run_lines + ev.error_lines))[-MAX_ERROR_LINES:]
@@ -315,7 +321,7 @@ def gather(status, node_states: dict[str, str] | None = None, job_log: str = "",
         ev.failing_node = inert(beats[ev.failing_rank].host)
     _place_on_a_down_node(ev)
     ev.kernel_log_read, ev.oom_kills = kernel_oom_kills({b.pid for b in beats.values() if b.pid})
-    _metrics_evidence(run_dir, ev)
+    _metrics_evidence(run_dir, ev, until)
     if beats:
         last_beat = max(b.time for b in beats.values())
         ev.last_progress_time = max(ev.last_progress_time or 0.0, last_beat) or None

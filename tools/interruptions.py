@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from trainops.run_folder import Heartbeat, read_heartbeats
 from trainops.tools.base import tool
 from trainops.tools.interruption_causes import (
     CAUSES,
@@ -36,8 +37,23 @@ _PLANNED_STATES = {"cancelled"}
 IN_PROCESS_MARK = "#gen"
 """An in-process recovery's record id: the job's launch id, then this and the recovery's generation."""
 STALE_MIN_S, STALE_STEPS = 5.0, 5  # a rank silent longer than this (and 5 steps) at the end had stalled
-_WITNESSED: dict[tuple[str, str], tuple[dict[int, str], bool]] = {}
-"""(scheduler, job) -> (each rank's process just before trainops ended the job, ended by a drill)."""
+WITNESS_GRACE_S = 1.0
+"""A step may still finish between the witness and the kill; a restart's first step cannot come this soon."""
+
+
+class Witnessed(BaseModel):
+    """A job as trainops saw it just before ending it itself: its record may be written only after a
+    restart of the same run rewrote the heartbeats (Slurm holds a job with a lost node COMPLETING), so
+    the run folder as it was then is kept, not read again."""
+
+    ranks: dict[int, str]
+    beats: dict[int, Heartbeat]
+    at: float
+    drill: bool
+
+
+_WITNESSED: dict[tuple[str, str], Witnessed] = {}
+"""(scheduler, job) -> what trainops saw just before it ended the job."""
 
 
 class LostTime(BaseModel):
@@ -175,7 +191,8 @@ def witness(job_id: str, scheduler: str, run_dir: str, drill: bool = False) -> d
     """Just before trainops ends a job itself: each rank's process as it is now, kept for the record
     of this job's end (with `drill`, the record is marked a drill's)."""
     seen = witness_ranks(run_dir, job_id, scheduler)
-    _WITNESSED[(scheduler, job_id)] = (seen, drill)
+    _WITNESSED[(scheduler, job_id)] = Witnessed(ranks=seen, beats=read_heartbeats(run_dir), at=time.time(),
+                                                drill=drill)
     return seen
 
 
@@ -183,8 +200,10 @@ def build(status, scheduler: str, node_states: dict[str, str] | None = None,
           detected_at: float | None = None, job_log: str = "") -> Interruption:
     """The record of one job end from what it showed."""
     detected_at = detected_at or time.time()
-    seen, drill = _WITNESSED.pop((scheduler, status.job_id), ({}, False))
-    ev = gather(status, node_states, job_log, ranks_at_end=seen)
+    seen = _WITNESSED.pop((scheduler, status.job_id), None)
+    drill = seen is not None and seen.drill
+    ev = (gather(status, node_states, job_log, ranks_at_end=seen.ranks, beats=seen.beats,
+                 until=seen.at + WITNESS_GRACE_S) if seen else gather(status, node_states, job_log))
     planned = status.state in _PLANNED_STATES and healthy(ev)
     cause, reason = classify(ev, planned=planned, stale_s=_stale_s(ev))
     lost, steps = _lost(ev, detected_at)

@@ -217,3 +217,46 @@ def test_a_job_whose_ranks_all_ran_on_is_placed_on_the_one_node_the_scheduler_lo
                 ranks_at_end={0: "running", 1: "running"})
     assert (ev.failing_node, ev.failing_rank) == ("n2", 1)
     assert classify(ev)[0] == "network"  # its rank still ran: unreachable, not dead
+
+
+TWO_RANKS = r"""
+import json, os, sys, time
+run_dir = sys.argv[1]
+os.makedirs(f"{run_dir}/heartbeat", exist_ok=True)
+with open(f"{run_dir}/metrics.jsonl", "a") as fh:
+    for step in (1, 2, 3):
+        fh.write(json.dumps({"step": step, "rank": 0, "loss": 1.0, "step_time_s": 0.01, "time": time.time()}) + "\n")
+for rank, host in ((0, "n1"), (1, "n2")):
+    with open(f"{run_dir}/heartbeat/rank{rank}.json", "w") as fh:
+        json.dump({"step": 3, "time": time.time(), "pid": os.getpid(), "host": host}, fh)
+time.sleep(60)
+"""
+
+
+def test_an_end_recorded_after_the_restart_reads_the_run_as_it_was_when_trainops_ended_the_job(workspace):
+    """Slurm holds a job with a lost node COMPLETING, so a drill records its end only after the requeue
+    went in under a new id; by then the new launch has rewritten rank 1's heartbeat from the spare node
+    and logged later steps. The record must still place rank 1 on the node it ran on, and end at step 3."""
+    from trainops.run_folder import RunFiles
+    from trainops.tools.interruptions import witness
+
+    run_dir = workspace / "runs" / "r-moved"
+    run_dir.mkdir(parents=True)
+    spec = {"name": "r-moved", "command": [sys.executable, "-c", TWO_RANKS, str(run_dir)], "run_dir": str(run_dir)}
+    job = call("submit_job", {"spec": spec}, OPERATOR).handle.job_id
+    files = RunFiles(run_dir)
+    deadline = time.monotonic() + 30
+    while not files.heartbeat(1).is_file():
+        assert time.monotonic() < deadline, "the job never wrote its heartbeats"
+        time.sleep(0.05)
+    witness(job, "local", str(run_dir), drill=True)
+    time.sleep(1.5)  # the restart: a new launch of the same run, on the spare node n3, resumed from step 2
+    files.heartbeat(1).write_text(json.dumps({"step": 9, "time": time.time(), "host": "n3"}))
+    with files.metrics.open("a") as fh:
+        for step in range(3, 10):
+            row = {"step": step, "rank": 0, "loss": 1.0, "step_time_s": 0.01, "time": time.time()}
+            fh.write(json.dumps(row) + "\n")
+    call("cancel_job", {"job_id": job, "force": True}, OPERATOR)
+    rec = call("list_interruptions", {}, OPERATOR).interruptions[0]
+    assert rec.evidence.rank_nodes == {0: "n1", 1: "n2"}
+    assert rec.evidence.last_step == 3 and rec.evidence.heartbeat_age_s.keys() == {0, 1}
