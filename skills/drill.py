@@ -18,6 +18,7 @@ from trainops.run_folder import (
     read_heartbeat,
     read_journal,
     read_metrics,
+    supervised_since,
 )
 from trainops.settings import read_toml
 from trainops.skills import sdc
@@ -213,7 +214,7 @@ class _Drill:
         self.say = progress or (lambda _msg: None)
         self.kind, self.interruption, self.ended_at = DRILLS[fault], None, None
         self.rank = min(1, req.nproc * req.nodes - 1)  # not rank 0, where there is another
-        self.launch, self.job_id, self.run_dir, self.started = req, "", "", 0.0
+        self.launch, self.job_id, self.run_dir, self.started, self.submitted_at = req, "", "", 0.0, 0.0
 
     def run(self) -> tuple[DrillResult | DetectionOnlyResult, EvidenceRow]:
         sched = self.req.scheduler
@@ -272,9 +273,11 @@ class _Drill:
         """With in-process restart on, the job recovers itself: wait for the trainer's recovery
         record (RUN/recoveries.jsonl) instead of cancelling. None: it is off, or the job ended or
         stayed stuck without one (no spare, a lost node), so the requeue takes over."""
-        resilience = read_toml(RunFiles(self.run_dir).config).get("resilience", {})
-        if not resilience.get("in_process_restart"):
+        if not supervised_since(self.run_dir, self.submitted_at):
+            self.say(f"drill {self.fault}: the job runs without trainops' supervisor (resilience.in_process_restart: "
+                     "off or not applicable), so the requeue recovers it")
             return None
+        resilience = read_toml(RunFiles(self.run_dir).config).get("resilience", {})
         patience = min(self.req.timeout_s, 2 * float(resilience.get("collective_timeout_s", 60.0)) + 30)
         self.say(f"drill {self.fault}: in-process restart is on; waiting for the job to recover itself")
         deadline = time.time() + patience
@@ -317,6 +320,7 @@ class _Drill:
             planned = call("inject_fault", {"kind": self.kind, "rank": self.rank, "step": self.inject_step}, self.ctx)
             self.launch = self.req.with_overrides([*LAUNCH_TIME[self.fault][1], *planned.overrides])
         self.say(f"drill {self.fault}: launching")
+        self.submitted_at = time.time()
         submitted = submit(self.launch, f"drill-{self.fault}", self.ctx)
         handle, self.spec_sha256 = submitted.handle, submitted.spec_sha256  # an approved requeue names the spec
         self.job_id, self.run_dir, self.started = handle.job_id, handle.run_dir, time.time()

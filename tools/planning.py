@@ -40,9 +40,10 @@ RESTART_FROM_DOC = ("Where the restart time comes from: 'given' (restart_s), 'ne
                     "'measured_path' (the median of the workspace's measured recoveries by recovery_path: drill "
                     "records and the trainer's RUN/recoveries.jsonl).")
 RECOVERY_PATH_DOC = ("With restart_from='measured_path': the recovery path the job will use (in-process or "
-                     "spare-admitted: a lost rank with [resilience] in_process_restart, or a lost node when the job "
-                     "also holds spare_nodes; requeue: a lost node without spare nodes, the leader's node, or "
-                     "in-process restart off), whose measured restart is taken.")
+                     "spare-admitted: a lost rank under in-process restart (on by default where the host has a "
+                     "GPU per rank), or a lost node when the job also holds spare_nodes; requeue: a lost node "
+                     "without spare nodes, the leader's node, or in-process restart off), whose measured restart "
+                     "is taken.")
 
 
 def _path_goes_with_measured(restart_from: str, recovery_path: str | None) -> None:

@@ -196,11 +196,13 @@ class FaultsConfig(_Section):
 
 
 class ResilienceConfig(_Section):
-    in_process_restart: bool = Field(
-        False, description="when a rank dies or hangs, keep the surviving processes, re-form the group with a "
+    in_process_restart: bool | Literal["auto"] = Field(
+        "auto", description="when a rank dies or hangs, keep the surviving processes, re-form the group with a "
         "warm spare in the dead rank's place and continue from the newest verified checkpoint, instead of "
         "failing the job (the scheduler's requeue); applies to 2 or more ranks on one host, and across nodes "
-        "under Slurm, where each node runs its own supervisor")
+        "under Slurm, where each node runs its own supervisor. auto: on where a spare costs the ranks nothing "
+        "(a GPU per rank on the host, a spare waiting on the CPU; or spare_nodes allocated), off on a CPU-only "
+        "host, where a spare's start-up takes a core from the ranks")
     warm_spares: int = Field(1, ge=0, le=64, description="in-process restart: spare processes started with the "
                              "job (torch imported, nothing built) waiting to take a failed rank's place")
     spare_nodes: int = Field(
@@ -210,6 +212,21 @@ class ResilienceConfig(_Section):
     collective_timeout_s: float = Field(
         60.0, gt=0, le=3600, description="in-process restart: a collective (or a rank's heartbeat) silent for "
         "this long counts as a hang; the rank is killed and replaced")
+
+    def in_process(self, ranks: int, gpus_here: int | None) -> tuple[bool, str]:
+        """Whether a launch of `ranks` ranks runs under the supervisor, and why. `gpus_here`: the GPUs of
+        the host that runs the job, None when the launching host is not that host (a batch script)."""
+        if ranks < 2:
+            return False, "one rank has no survivor to keep"
+        if self.in_process_restart != "auto":
+            return self.in_process_restart, f"resilience.in_process_restart={str(self.in_process_restart).lower()}"
+        if self.spare_nodes:
+            return True, f"auto: resilience.spare_nodes={self.spare_nodes} allocates spares for it"
+        if gpus_here is not None and gpus_here >= ranks:
+            return True, f"auto: a GPU per rank ({gpus_here} for {ranks}), and a warm spare waits on the CPU"
+        where = "on this host" if gpus_here is not None else "known where the job is placed"
+        return False, (f"auto: no GPU per rank {where}, so a warm spare's start-up would take a core from the "
+                       "ranks; set resilience.in_process_restart=true to use it anyway")
 
 
 class JobConfig(_Section):

@@ -47,13 +47,13 @@ def prepare_run(cfg: JobConfig | str | Path | None = None, preset: str | None = 
 
 
 def torchrun_argv(python: str, nproc_per_node: int, program: list[str], *, nnodes: int | str = 1,
-                  rdzv_endpoint: str | None = None, rdzv_id: str | None = None) -> list[str]:
+                  rdzv_endpoint: str | None = None, rdzv_id: str | None = None, runs_here: bool = True) -> list[str]:
     """The one torchrun command line trainops launches, whichever scheduler runs it: standalone on one
     node, c10d rendezvous at `rdzv_endpoint` (host:port of the first node) across nodes. `nnodes`
     may be a shell variable such as "$SLURM_NNODES" for a batch script to expand. A trainer run on
-    one node whose config asks for `resilience.in_process_restart` gets trainops' supervisor in
-    torchrun's place (`in_process_argv`)."""
-    if (supervised := in_process_argv(python, nproc_per_node, program, nnodes)) is not None:
+    one node to which `resilience.in_process_restart` applies gets trainops' supervisor in torchrun's
+    place (`in_process_argv`); `runs_here`: this host runs it (a pod's manifest is written elsewhere)."""
+    if (supervised := in_process_argv(python, nproc_per_node, program, nnodes, runs_here)) is not None:
         return supervised
     argv = [python, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--nproc-per-node", str(nproc_per_node)]
     if rdzv_endpoint is None:
@@ -65,26 +65,44 @@ def torchrun_argv(python: str, nproc_per_node: int, program: list[str], *, nnode
     return argv + list(program)
 
 
-def in_process_argv(python: str, nproc_per_node: int, program: list[str], nnodes: int | str) -> list[str] | None:
+def in_process_argv(python: str, nproc_per_node: int, program: list[str], nnodes: int | str,
+                    runs_here: bool = True) -> list[str] | None:
     """The supervisor's command line (trainops.trainer.supervisor: ranks plus warm spares that
-    survive a lost rank) for a launch on one node with 2 or more ranks whose run asks for it
+    survive a lost rank) for a launch on one node to which in-process restart applies
     (`supervised_resilience`); None elsewhere (torchrun). Across nodes a batch script runs one
     supervisor per node (`supervisor_argv`, tools/schedulers/slurm.py)."""
-    if str(nnodes) != "1" or nproc_per_node < 2 or (resilience := supervised_resilience(program)) is None:
+    if str(nnodes) != "1":
+        return None
+    if (resilience := supervised_resilience(program, nproc_per_node, local_gpus() if runs_here else None)) is None:
         return None
     return supervisor_argv(python, nproc_per_node, program, resilience)
 
 
-def supervised_resilience(program: list[str]) -> ResilienceConfig | None:
-    """The run's [resilience] when `program` is the embedded trainer and its config turns
-    in-process restart on; None otherwise (torchrun runs it)."""
+def supervised_resilience(program: list[str], ranks: int, gpus_here: int | None) -> ResilienceConfig | None:
+    """The run's [resilience] when `program` is the embedded trainer and in-process restart applies
+    to a launch of `ranks` ranks (ResilienceConfig.in_process); None otherwise (torchrun runs it)."""
     if program[:3] != ["-m", "trainops.trainer.train", "--run-dir"]:
         return None
     try:
         resilience = load_config(RunFiles(program[3]).config).resilience
     except ConfigError:
         return None
-    return resilience if resilience.in_process_restart else None
+    return resilience if resilience.in_process(ranks, gpus_here)[0] else None
+
+
+def local_gpus() -> int:
+    """This host's NVIDIA GPUs that the job may use, from the device nodes and CUDA_VISIBLE_DEVICES:
+    a launch decides without importing torch."""
+    import glob
+    import os
+    import re
+
+    devices = len([p for p in glob.glob("/dev/nvidia*") if re.fullmatch(r"/dev/nvidia\d+", p)])
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return devices
+    chosen = [v for v in visible.split(",") if v.strip()]
+    return min(devices, len(chosen)) if "-1" not in chosen else 0
 
 
 def supervisor_argv(python: str, nproc_per_node: int, program: list[str], resilience: ResilienceConfig, *,

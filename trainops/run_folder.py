@@ -394,6 +394,30 @@ def read_recoveries(run_dir: str | Path) -> list[RecoveryEntry]:
     return _parsed(_complete_lines(RunFiles(run_dir).recoveries)[0], RecoveryEntry.model_validate_json)
 
 
+# --- workers.jsonl ----------------------------------------------------------------------------
+
+class WorkerEvent(BaseModel):
+    """One line of RUN/workers.jsonl, appended by the in-process supervisor: a worker process started,
+    was given a rank (assigned, or admitted as a spare), or was lost. Only a supervised launch writes it."""
+
+    time: float
+    worker: int
+    pid: int
+    host: str = ""
+    event: str
+    rank: int | None = None
+
+
+def read_worker_events(run_dir: str | Path) -> list[WorkerEvent]:
+    """Every worker event of the run, oldest first (a torn or garbled line is skipped)."""
+    return _parsed(_complete_lines(RunFiles(run_dir).workers)[0], WorkerEvent.model_validate_json)
+
+
+def supervised_since(run_dir: str | Path, since: float) -> bool:
+    """A launch at or after `since` ran under the in-process supervisor (it started workers then)."""
+    return any(e.event == "started" and e.time >= since for e in read_worker_events(run_dir))
+
+
 # --- status.json ------------------------------------------------------------------------------
 
 class RunResult(BaseModel):

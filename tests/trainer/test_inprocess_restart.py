@@ -60,7 +60,7 @@ def assert_nothing_left(run_dir: str | Path, shm_before: set[str]) -> None:
 
 def test_torchrun_argv_hands_an_in_process_run_to_the_supervisor(tmp_path):
     on = prepare_run(load_config(None, "tiny", IN_PROCESS + ["resilience.warm_spares=2"]), run_id="on")
-    off = prepare_run(load_config(None, "tiny"), run_id="off")
+    off = prepare_run(load_config(None, "tiny", ["resilience.in_process_restart=false"]), run_id="off")
     argv = torchrun_argv(sys.executable, 2, trainer_program(on))
     assert argv[1:3] == ["-m", "trainops.trainer.supervisor"] and argv[argv.index("--warm-spares") + 1] == "2"
     assert argv[argv.index("--") + 1:] == ["-m", "trainops.trainer.inprocess", "--run-dir", str(on)]  # the worker
@@ -68,6 +68,37 @@ def test_torchrun_argv_hands_an_in_process_run_to_the_supervisor(tmp_path):
     assert "torch.distributed.run" in torchrun_argv(sys.executable, 1, trainer_program(on))  # one rank: nothing to keep
     multi = torchrun_argv(sys.executable, 2, trainer_program(on), nnodes=2, rdzv_endpoint="node0:29500")
     assert "torch.distributed.run" in multi  # across nodes a lost node is the requeue's
+
+
+@pytest.mark.parametrize("setting, ranks, gpus_here, spare_nodes, on", [
+    ("auto", 2, 2, 0, True),      # a GPU per rank: the spare waits on the CPU and costs the ranks nothing
+    ("auto", 4, 2, 0, False),     # ranks without a GPU of their own run on cores a spare's start-up would take
+    ("auto", 2, 0, 0, False),     # a CPU-only host
+    ("auto", 2, None, 0, False),  # a batch script written away from the nodes: nothing known of them
+    ("auto", 2, None, 1, True),   # a spare node allocated for it
+    ("auto", 1, 8, 1, False),     # one rank: no survivor to keep
+    ("true", 2, 0, 0, True),      # asked for: on even where it costs a core
+    ("false", 2, 8, 1, False),
+])
+def test_in_process_restart_is_on_by_default_where_a_spare_costs_the_ranks_nothing(setting, ranks, gpus_here,
+                                                                                   spare_nodes, on):
+    resilience = load_config(None, "tiny", [f"resilience.in_process_restart={setting}",
+                                            f"resilience.spare_nodes={spare_nodes}"]).resilience
+    decided, why = resilience.in_process(ranks, gpus_here)
+    assert decided is on and why
+
+
+def test_the_default_launch_takes_the_supervisor_exactly_where_the_host_has_a_gpu_per_rank(tmp_path, monkeypatch):
+    """The same decision through the command line a local job gets, with the host's GPUs as the launch sees
+    them (CUDA_VISIBLE_DEVICES narrows the device nodes; this host may have none)."""
+    from trainops.trainer.launch import local_gpus
+
+    run = prepare_run(load_config(None, "tiny"), run_id="auto")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
+    assert local_gpus() == 0 and "torch.distributed.run" in torchrun_argv(sys.executable, 2, trainer_program(run))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    supervised = "trainops.trainer.supervisor" in torchrun_argv(sys.executable, 2, trainer_program(run))
+    assert supervised is (local_gpus() >= 2)
 
 
 @pytest.mark.slow

@@ -49,7 +49,7 @@ def job_manifest(spec: JobSpec) -> dict[str, Any]:
     if spec.launcher == "torchrun":
         command = torchrun_argv("python", spec.procs_per_node, spec.command, nnodes=spec.nodes,
                                 rdzv_endpoint=f"{spec.name}-0.{spec.name}.{namespace}.svc:{spec.rdzv_port}",
-                                rdzv_id=spec.name)
+                                rdzv_id=spec.name, runs_here=False)
     else:
         command = list(spec.command)
     # the pod's environment is the image's and the spec's only; never a secret-shaped name (job_env.py)

@@ -210,7 +210,7 @@ def _supervised_rank(proc: psutil.Process, env: dict[str, str]) -> str:
     says for this pid; "" for a spare or a process that is not such a worker."""
     if "TRAINOPS_INPROCESS_WORKER" not in env:
         return ""
-    from trainops.run_folder import RunFiles, read_regular
+    from trainops.run_folder import read_worker_events
 
     try:
         argv = proc.cmdline()
@@ -218,14 +218,9 @@ def _supervised_rank(proc: psutil.Process, env: dict[str, str]) -> str:
         return ""
     if "--run-dir" not in argv[:-1]:
         return ""
-    rank = ""
-    data = read_regular(RunFiles(argv[argv.index("--run-dir") + 1]).workers) or b""
-    for line in data.decode(errors="replace").splitlines():
-        with contextlib.suppress(ValueError, AttributeError):
-            event = json.loads(line)
-            if event.get("pid") == proc.pid and event.get("event") in ("assigned", "admitted"):
-                rank = str(event.get("rank", ""))
-    return rank
+    given = [e.rank for e in read_worker_events(argv[argv.index("--run-dir") + 1])
+             if e.pid == proc.pid and e.event in ("assigned", "admitted") and e.rank is not None]
+    return str(given[-1]) if given else ""
 
 
 def rank_processes(procs: list[psutil.Process]) -> dict[int, psutil.Process]:

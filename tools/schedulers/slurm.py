@@ -134,11 +134,11 @@ def batch_script(spec: JobSpec, log_path: str) -> str:
 
 
 def _supervised(spec: JobSpec) -> ResilienceConfig | None:
-    """The run's [resilience] when the job is the embedded trainer with in-process restart on and
-    more than one rank (one rank has no survivor to keep)."""
-    if spec.launcher != "torchrun" or spec.nodes * spec.procs_per_node < 2:
+    """The run's [resilience] when the job is the embedded trainer and in-process restart applies
+    (explicitly on, or auto with spare nodes: the batch script is written away from the nodes)."""
+    if spec.launcher != "torchrun":
         return None
-    return supervised_resilience(spec.command)
+    return supervised_resilience(spec.command, spec.nodes * spec.procs_per_node, gpus_here=None)
 
 
 def _spare_nodes(spec: JobSpec) -> int:
