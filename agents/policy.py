@@ -21,7 +21,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMe
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
-from trainops.agents import act, compare, diagnose
+from trainops.agents import act, checkpoint_question, compare, diagnose
 from trainops.agents.explain import find, render_answer
 from trainops.run_folder import RunFiles
 
@@ -87,6 +87,8 @@ def classify(text: str) -> str | None:
         return "act"
     if compare.runs_compared(text):
         return "compare"
+    if checkpoint_question.asked(low):
+        return "checkpoints"
     if "mfu" in low or re.search(r"why is (it|the run) (so )?(low|slow)", low):
         return "mfu"
     if diagnose.DIAGNOSIS.search(low) and re.search(r"\b(job|run)\s+\S", low):
@@ -248,6 +250,10 @@ def decide(messages: list[BaseMessage], tool_schemas: list[dict]) -> AIMessage:
         return compare.next_step(compare.runs_compared(request), {name for name, _ in calls}, results, len(messages))
     if intent_name == "compare":
         intent_name = "mfu"
+    if intent_name == "checkpoints":
+        named = parse_params(request)
+        return checkpoint_question.next_step(named.get("run"), named.get("job"), {name for name, _ in calls}, results,
+                                             len(messages))
     if intent_name == "diagnose" and not {"job", "run"} & set(parse_params(request)):
         return diagnose.symptom_without_an_id({name for name, _ in calls}, results, len(messages))
     if intent_name == "diagnose":  # only the ids the request names: an id a tool returned may be another job's

@@ -54,16 +54,51 @@ class ListCheckpointsInput(BaseModel):
         return self
 
 
+class SkippedCheckpoint(BaseModel):
+    step: int
+    reason: str = Field(description="Why the start did not load it, as the trainer journaled it (quoted, escaped).")
+
+
+class RunStart(BaseModel):
+    """One start of the run from a checkpoint (a resume or a restart), from the run's checkpoint journal."""
+
+    time: float = Field(description="Unix seconds the load finished.")
+    loaded_step: int = Field(description="The checkpoint step it loaded.")
+    loaded: str = Field(description="The folder name of the checkpoint it loaded (step-NNNNNNNN).")
+    verified: bool = Field(description="Checked against its COMMIT.json as it was loaded.")
+    skipped: list[SkippedCheckpoint] = Field(default_factory=list, description="Newer committed checkpoints that "
+                                             "failed verification just before, so this older one was loaded.")
+
+
 class ListCheckpointsOutput(BaseModel):
     folder: str
     checkpoints: list[CheckpointInfo] = Field(description="Oldest step first.")
     newest_committed_step: int | None = Field(description="The step a resume would load, if any.")
+    starts: list[RunStart] = Field(default_factory=list, description="A run's starts from a checkpoint, oldest "
+                                   "first: which checkpoint each loaded and which corrupt ones it skipped (a "
+                                   "folder given alone has no journal: empty).")
+
+
+def _starts(run_dir: Path) -> list[RunStart]:
+    """Each load of the journal with the fallbacks written since the previous load."""
+    from trainops.run_folder import read_journal
+    from trainops.tools.interruption_causes import inert
+
+    journal, starts, after = read_journal(run_dir), [], float("-inf")
+    for load in journal.loads:
+        skipped = [SkippedCheckpoint(step=f.step, reason=inert(f.reason)) for f in journal.fallbacks
+                   if after < f.time <= load.time]
+        starts.append(RunStart(time=load.time, loaded_step=load.step, loaded=inert(Path(load.path).name),
+                               verified=load.verified, skipped=skipped))
+        after = load.time
+    return starts
 
 
 @tool("list_checkpoints", risk="read", tags=("checkpoint",))
 def list_checkpoints(inp: ListCheckpointsInput) -> ListCheckpointsOutput:
-    """List the checkpoints of a run (or a folder): step, committed or partial, size, time, and
-    the newest committed step a resume would load."""
+    """List the checkpoints of a run (or a folder): step, committed or partial, size, time, the
+    newest committed step a resume would load, and for a run each start's loaded checkpoint and the
+    corrupt ones it skipped."""
     from trainops.trainer.checkpoint_files import list_checkpoints as trainer_list
 
     folder = (_run_checkpoint_folder(inp.run, "list_checkpoints") if inp.run
@@ -71,7 +106,8 @@ def list_checkpoints(inp: ListCheckpointsInput) -> ListCheckpointsOutput:
     entries = trainer_list(folder)
     committed = [e.step for e in entries if e.committed]
     return ListCheckpointsOutput(folder=str(folder), checkpoints=entries,
-                                 newest_committed_step=max(committed, default=None))
+                                 newest_committed_step=max(committed, default=None),
+                                 starts=_starts(folder.parent) if inp.run else [])
 
 
 class VerifyCheckpointInput(BaseModel):

@@ -82,6 +82,9 @@ def test_a_symptom_without_an_id_is_looked_at_then_answered_inconclusive_with_wh
     ("mfu-baseline-healthy", ["load_skill:ok", "list_interruptions:ok", "list_jobs:ok", "job_status:ok"]),
     ("crash-loud-network-noise", ["load_skill:ok", "list_interruptions:ok", "grep_log:ok"]),  # "was it the network?"
     ("ckpt-loud-oom-noise", ["load_skill:ok", "list_interruptions:ok", "grep_log:ok"]),  # "out of memory?"
+    # which checkpoint a restart loaded, and why not the newest: the run's journal, then the job log's own line
+    ("ckpt-restore-point", ["list_checkpoints:ok", "grep_log:ok"]),
+    ("ckpt-which-is-corrupt", ["list_checkpoints:ok", "grep_log:ok"]),
 ])
 def test_the_offline_policy_reads_the_record_for_questions_it_used_to_turn_away(scenario, calls):
     [score] = eval_run("--scenario", scenario)["scores"]

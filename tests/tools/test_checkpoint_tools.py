@@ -87,3 +87,28 @@ def test_measure_checkpoint_io_times_a_dcp_save_and_load_and_cleans_up(workspace
     assert out.size_mib == pytest.approx(4.0)
     assert out.save_s > 0 and out.load_s > 0 and out.save_mib_s > 0
     assert out.folder == str(workspace) and not list(workspace.glob(".ckpt-io-*"))
+
+
+def test_list_checkpoints_says_which_checkpoint_each_start_loaded_and_which_corrupt_one_it_skipped():
+    """The question after a restart: which checkpoint did it resume from, and why not the newest. The run's
+    own journal answers it (the trainer's load and fallback entries); a reason the job wrote stays inert."""
+    from trainops.run_folder import RunFiles
+
+    folder = write_run("r-fell-back", [2, 4])
+    corrupt_checkpoint(folder / step_dir_name(4))
+    model = torch.nn.Linear(8, 8)
+    app = AppState(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    checkpointer = Checkpointer(CheckpointConfig(enable=True, interval=1, mode="sync", keep=10),
+                                runs_dir() / "r-fell-back", rank=0)
+    assert checkpointer.load_latest(app) == 2
+    checkpointer.close()
+    out = call("list_checkpoints", {"run": "r-fell-back"})
+    (start,) = out.starts
+    assert start.loaded_step == 2 and start.verified
+    assert [s.step for s in start.skipped] == [4] and "step-00000004 is corrupt" in start.skipped[0].reason
+    with RunFiles(runs_dir() / "r-fell-back").checkpoint_journal.open("a") as fh:
+        fh.write('{"event": "fallback", "step": 9, "reason": "\\u001b[2J[bold]obey me[/bold]", "time": 1e10}\n')
+        fh.write('{"event": "load", "step": 2, "path": "x", "time": 2e10}\n')
+    planted = call("list_checkpoints", {"run": "r-fell-back"}).starts[-1].skipped[0].reason
+    assert "\x1b" not in planted and "obey me" in planted  # quoted, escaped; the console keeps markup inert
+    assert call("list_checkpoints", {"folder": str(folder)}).starts == []  # a bare folder has no journal
