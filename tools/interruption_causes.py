@@ -151,10 +151,10 @@ def _log_errors(name: str, text: str) -> list[str]:
     return [f"{name}: {ln}" for ln in hits[-3:]]
 
 
-def _error_lines(run_dir: Path, beats: dict, result) -> tuple[list[str], int | None]:
+def _error_lines(run_dir: Path, beats: dict, result, until: float | None) -> tuple[list[str], int | None]:
     """The error lines ranks noted on exit, the run's failure line and the tail of each rank log's
-    errors; and the first rank that noted one."""
-    from trainops.run_folder import RunFiles, read_regular
+    errors in the launch that ended by `until`; and the first rank that noted one."""
+    from trainops.run_folder import RunFiles, read_regular, this_launch
 
     lines, first = [], None
     for rank, beat in beats.items():
@@ -164,7 +164,8 @@ def _error_lines(run_dir: Path, beats: dict, result) -> tuple[list[str], int | N
     if result is not None and result.failure:
         lines.append(result.failure)
     for path in sorted(RunFiles(run_dir).root.glob("logs/rank*.log"))[:64]:
-        lines += _log_errors(path.stem, (read_regular(path, 4 << 20) or b"").decode(errors="replace"))
+        lines += _log_errors(path.stem, this_launch((read_regular(path, 4 << 20) or b"").decode(errors="replace"),
+                                                    until))
     return [inert(ln) for ln in dict.fromkeys(lines)][-MAX_ERROR_LINES:], first
 
 
@@ -307,7 +308,7 @@ def gather(status, node_states: dict[str, str] | None = None, job_log: str = "",
     if beats is None:
         beats = {r: b for r, b in read_heartbeats(run_dir).items() if until is None or b.time <= until}
     ev.heartbeat_age_s = {r: round(max(0.0, end - b.time), 3) for r, b in beats.items() if b.time}
-    run_lines, ev.failing_rank = _error_lines(run_dir, beats, result)
+    run_lines, ev.failing_rank = _error_lines(run_dir, beats, result, until)
     ev.error_lines = list(dict.fromkeys(run_lines + ev.error_lines))[-MAX_ERROR_LINES:]
     noted = {r for r, b in beats.items() if b.exit is not None}
     ev.noted_ranks = sorted(noted)

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from trainops.run_folder import RunFiles
+from trainops.run_folder import RunFiles, open_rank_log
 from trainops.trainer.config import load_config
 from trainops.trainer.metrics import note_exit
 from trainops.trainer.train import LogTee, NonFiniteLoss, exit_now, note_termination, train
@@ -93,7 +93,7 @@ def serve(run_dir: Path) -> int:
         os.environ.update(RANK=str(rank), LOCAL_RANK=str(job["local_rank"]), WORLD_SIZE=str(world),
                           LOCAL_WORLD_SIZE=str(job["local_world_size"]), GROUP_RANK=str(job["node"]),
                           TORCHELASTIC_RESTART_COUNT=str(generation))
-        log_file = open(RunFiles(run_dir).rank_log(rank), "a", buffering=1)
+        log_file = open_rank_log(run_dir, rank)
         sys.stdout, sys.stderr = LogTee(streams[0], log_file), LogTee(streams[1], log_file)
         note_termination(run_dir, rank)
         try:

@@ -13,17 +13,17 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from trainops.run_folder import RunFiles, RunResult, read_journal, read_metrics
+from trainops.run_folder import RunFiles, RunResult, read_journal, read_metrics, this_launch
 from trainops.trainer.config import ConfigError, JobConfig, ResilienceConfig, load_config
 from trainops.workspace import check_id, new_run_id, run_folder, runs_dir
 
 
 def failure_reason(run_dir: str | Path, exit_code: int) -> str | None:
-    """The `rank R failed: ...` line a rank logged, else what the exit code says."""
+    """The `rank R failed: ...` line a rank logged in this launch, else what the exit code says."""
     if exit_code == 0:
         return None
     for log in sorted((Path(run_dir) / "logs").glob("rank*.log")):
-        for line in log.read_text(errors="replace").splitlines():
+        for line in this_launch(log.read_text(errors="replace")).splitlines():
             if line.startswith("rank ") and " failed: " in line:
                 return line.strip()
     if exit_code < 0:

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from trainops.run_folder import RunFiles
+from trainops.run_folder import RunFiles, open_rank_log
 from trainops.trainer.checkpoint import AppState, Checkpointer
 from trainops.trainer.config import JobConfig, load_config
 from trainops.trainer.data import DataLoader
@@ -344,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(RunFiles(run_dir).config)
     rank, world_size, device = init_distributed()
     RunFiles(run_dir).logs_dir.mkdir(parents=True, exist_ok=True)
-    log_file = open(RunFiles(run_dir).rank_log(rank), "a", buffering=1)
+    log_file = open_rank_log(run_dir, rank)
     sys.stdout, sys.stderr = LogTee(sys.stdout, log_file), LogTee(sys.stderr, log_file)
     note_termination(run_dir, rank)
     try:

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import stat
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TextIO, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
@@ -78,6 +80,25 @@ class RunFiles:
     @property
     def workers(self) -> Path:
         return self.root / "workers.jsonl"
+
+
+LAUNCH_MARK = re.compile(r"^trainops: rank \d+ log of a launch at (\d+(?:\.\d+)?)$", re.M)
+"""The first line each launch of a rank writes into its log (open_rank_log): logs are appended across
+requeues and in-process restarts, and a job end's evidence is its own launch's lines (this_launch)."""
+
+
+def open_rank_log(run_dir: str | Path, rank: int, stamp: float | None = None) -> TextIO:
+    """Rank `rank`'s log opened for appending, line-buffered, with this launch's mark written first."""
+    log = open(RunFiles(run_dir).rank_log(rank), "a", buffering=1)  # noqa: SIM115 - the rank's stdout for its life
+    log.write(f"trainops: rank {rank} log of a launch at {time.time() if stamp is None else stamp:.3f}\n")
+    return log
+
+
+def this_launch(text: str, until: float | None = None) -> str:
+    """The lines of a rank log written by its latest launch that started by `until` (all of it when
+    no launch marked it: a log from before the marks)."""
+    starts = [m for m in LAUNCH_MARK.finditer(text) if until is None or float(m.group(1)) <= until]
+    return text[starts[-1].end():] if starts else text
 
 
 MAX_LINE_BYTES = 1 << 20  # a metrics or journal line is a few hundred bytes; a longer one is garbage

@@ -260,3 +260,33 @@ def test_an_end_recorded_after_the_restart_reads_the_run_as_it_was_when_trainops
     rec = call("list_interruptions", {}, OPERATOR).interruptions[0]
     assert rec.evidence.rank_nodes == {0: "n1", 1: "n2"}
     assert rec.evidence.last_step == 3 and rec.evidence.heartbeat_age_s.keys() == {0, 1}
+
+
+SECOND_LAUNCH = r"""
+import json, os, sys, time
+from trainops.run_folder import open_rank_log
+run_dir = sys.argv[1]
+os.makedirs(f"{run_dir}/heartbeat", exist_ok=True)
+with open_rank_log(run_dir, 0) as log:  # this launch's own lines: no error
+    log.write("step 7\n")
+with open(f"{run_dir}/heartbeat/rank0.json", "w") as fh:
+    json.dump({"step": 7, "time": time.time(), "pid": os.getpid(), "host": "node-a"}, fh)
+sys.exit(1)
+"""
+
+
+def test_a_launchs_record_quotes_only_its_own_rank_log_lines_not_an_earlier_attempts(workspace):
+    """Rank logs are appended across requeues: the end of a second launch must not quote the first's error."""
+    from trainops.run_folder import RunFiles, open_rank_log
+
+    run_dir = workspace / "runs" / "r-again"
+    (run_dir / "logs").mkdir(parents=True)
+    with open_rank_log(run_dir, 0) as log:  # the first launch, which failed with its own error
+        log.write("Traceback (most recent call last):\nValueError: the first attempt's batch 3 had no tokens\n")
+    spec = {"name": "r-again", "command": [sys.executable, "-c", SECOND_LAUNCH, str(run_dir)], "run_dir": str(run_dir)}
+    job = call("submit_job", {"spec": spec}, OPERATOR).handle.job_id
+    call("wait_job", {"job_id": job, "timeout_s": 60}, OPERATOR)
+    assert "first attempt" in RunFiles(run_dir).rank_log(0).read_text()
+    rec = call("list_interruptions", {}, OPERATOR).interruptions[0]
+    assert not any("first attempt" in line for line in rec.evidence.error_lines), rec.evidence.error_lines
+    assert rec.cause != "software", rec.cause_reason  # no exception of this launch's

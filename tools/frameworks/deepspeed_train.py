@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from trainops.run_folder import RunFiles
+from trainops.run_folder import RunFiles, open_rank_log
 
 
 def _append(path: Path, record: dict) -> None:
@@ -119,7 +119,7 @@ def main(argv: list[str]) -> int:
 
     deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
-    log = open(RunFiles(run_dir).rank_log(rank), "a", buffering=1)
+    log = open_rank_log(run_dir, rank)
     args = preset(settings["model"]["preset"], max_seq_len=max(training["seq_len"], 16))
     model = Transformer(args)
     model.init_weights(seed=training["seed"])
