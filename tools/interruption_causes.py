@@ -289,8 +289,11 @@ def gather(status, node_states: dict[str, str] | None = None, job_log: str = "",
     processes and heartbeats as seen just before trainops ended the job (if it did), the kernel log
     and the run folder up to `until` (default: the end). A later launch of the same run rewrites the
     heartbeats and appends steps, so nothing newer than that is this end's evidence."""
-    from trainops.run_folder import read_heartbeats, read_status
+    from trainops.run_folder import read_heartbeats, read_status, this_launch
 
+    if until is None and status.ended_at:
+        until = status.ended_at + 1.0  # a scheduler's end time may be whole seconds
+    job_log = this_launch(job_log or "", until)
     ev = Evidence(state=status.state, reason=inert(status.reason), exit_code=status.exit_code,
                   node_states={inert(k): inert(v) for k, v in (node_states or {}).items()},
                   ranks_at_end=dict(ranks_at_end or {}), rank_exit_codes=_launcher_exits(job_log))
@@ -303,8 +306,6 @@ def gather(status, node_states: dict[str, str] | None = None, job_log: str = "",
     if run_dir is None or not run_dir.is_dir():
         return ev
     end = status.ended_at or time.time()
-    if until is None and status.ended_at:
-        until = status.ended_at + 1.0  # a scheduler's end time may be whole seconds
     if beats is None:
         beats = {r: b for r, b in read_heartbeats(run_dir).items() if until is None or b.time <= until}
     ev.heartbeat_age_s = {r: round(max(0.0, end - b.time), 3) for r, b in beats.items() if b.time}

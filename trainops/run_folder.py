@@ -82,21 +82,28 @@ class RunFiles:
         return self.root / "workers.jsonl"
 
 
-LAUNCH_MARK = re.compile(r"^trainops: rank \d+ log of a launch at (\d+(?:\.\d+)?)$", re.M)
-"""The first line each launch of a rank writes into its log (open_rank_log): logs are appended across
-requeues and in-process restarts, and a job end's evidence is its own launch's lines (this_launch)."""
+LAUNCH_MARK = re.compile(r"^trainops: (?:rank \d+|job) log of a launch at (\d+(?:\.\d+)?)$", re.M)
+"""The first line each launch writes into a rank's log (open_rank_log) and the job's log (launch_mark):
+logs are appended across requeues and in-process restarts, and a job end's evidence is its own
+launch's lines (this_launch)."""
 
 
-def open_rank_log(run_dir: str | Path, rank: int, stamp: float | None = None) -> TextIO:
+def launch_mark(what: str, stamp: str) -> str:
+    """The mark line of a launch of `what` ("job", "rank 3") at `stamp` (Unix seconds, as text: a batch
+    script writes it with `date +%s.%N`)."""
+    return f"trainops: {what} log of a launch at {stamp}\n"
+
+
+def open_rank_log(run_dir: str | Path, rank: int) -> TextIO:
     """Rank `rank`'s log opened for appending, line-buffered, with this launch's mark written first."""
     log = open(RunFiles(run_dir).rank_log(rank), "a", buffering=1)  # noqa: SIM115 - the rank's stdout for its life
-    log.write(f"trainops: rank {rank} log of a launch at {time.time() if stamp is None else stamp:.3f}\n")
+    log.write(launch_mark(f"rank {rank}", f"{time.time():.3f}"))
     return log
 
 
 def this_launch(text: str, until: float | None = None) -> str:
-    """The lines of a rank log written by its latest launch that started by `until` (all of it when
-    no launch marked it: a log from before the marks)."""
+    """The lines of a rank's or job's log written by its latest launch that started by `until` (all of
+    it when no launch marked it: a log from before the marks, or a tail that cut the mark off)."""
     starts = [m for m in LAUNCH_MARK.finditer(text) if until is None or float(m.group(1)) <= until]
     return text[starts[-1].end():] if starts else text
 

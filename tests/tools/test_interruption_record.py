@@ -290,3 +290,18 @@ def test_a_launchs_record_quotes_only_its_own_rank_log_lines_not_an_earlier_atte
     rec = call("list_interruptions", {}, OPERATOR).interruptions[0]
     assert not any("first attempt" in line for line in rec.evidence.error_lines), rec.evidence.error_lines
     assert rec.cause != "software", rec.cause_reason  # no exception of this launch's
+
+
+def test_a_job_log_appended_across_requeues_gives_the_record_only_the_ending_launchs_lines(workspace):
+    from trainops.run_folder import launch_mark
+    from trainops.tools.interruption_causes import classify, gather
+    from trainops.tools.schedulers.base import JobStatus
+
+    ended = 1_800_000_000.0
+    job_log = (launch_mark("job", f"{ended - 100:.3f}") + "ConnectionResetError: [Errno 104] peer reset\n"
+               + launch_mark("job", f"{ended - 20:.9f}") + "step 9\nValueError: bad batch\n"
+               + launch_mark("job", f"{ended + 50:.3f}") + "a later launch's line\n")
+    status = JobStatus(job_id="9", backend="slurm", state="failed", exit_code=1, ended_at=ended)
+    ev = gather(status, job_log=job_log)
+    assert ev.error_lines == ["job log: ValueError: bad batch"]
+    assert classify(ev)[0] == "software"  # not the first attempt's network error

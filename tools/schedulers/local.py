@@ -14,7 +14,7 @@ import time
 import uuid
 from pathlib import Path
 
-from trainops.run_folder import read_regular
+from trainops.run_folder import launch_mark, read_regular
 from trainops.tools.schedulers.base import (
     TERMINAL_STATES,
     JobHandle,
@@ -136,6 +136,8 @@ class LocalScheduler(PollingWait):
         exit_file.unlink(missing_ok=True)
         env = {"OMP_NUM_THREADS": "1", **job_environment(spec, KIND), LAUNCHER_MARKER: record["job_id"]}
         log = open(record["log_path"], "ab")
+        log.write(launch_mark("job", f"{time.time():.3f}").encode())
+        log.flush()
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "trainops.tools.schedulers.local_runner", str(exit_file),

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from trainops.run_folder import launch_mark
 from trainops.tools.schedulers.base import (
     TERMINAL_STATES,
     JobHandle,
@@ -113,7 +114,8 @@ def batch_script(spec: JobSpec, log_path: str) -> str:
     resilience = _supervised(spec)
     lines = ["#!/bin/bash", *(f'#SBATCH --{flag}="{value}"' for flag, value in sbatch_options(spec, log_path)),
              "#SBATCH --ntasks-per-node=1", "#SBATCH --open-mode=append", "#SBATCH --requeue", "#SBATCH --export=NONE",
-             "set -euo pipefail", *shell_filter(slurm=True)]
+             "set -euo pipefail", f'echo "{launch_mark("job", "$(date +%s.%N)").strip()}"',
+             *shell_filter(slurm=True)]
     for key, value in sorted(job_environment(spec, KIND).items()):
         lines.append(f"export {key}={shlex.quote(value)}")
     if spec.launcher == "torchrun" and resilience:
