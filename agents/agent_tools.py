@@ -1,5 +1,6 @@
 """The agent's own tools, which sit above the tools layer: `run_sop` runs the SOP skill and
-`respond_to_sdc` the SDC response (skills may call tools, tools may not call skills),
+`respond_to_sdc` the SDC response and `sdc_case` reads the case it wrote (skills may call tools,
+tools may not call skills),
 `list_pending_approvals` reads the agent's own thread store next to governance's queue, and
 `load_skill` hands the model a skill's full text (it sees only names and descriptions before).
 `AGENT_TOOLS` lists them; `agent_registry()` is the one registry the CLI and the agent both use:
@@ -149,6 +150,52 @@ def respond_to_sdc(inp: RespondToSdcInput) -> SdcCase:
     return sdc.respond(run_dir, suspect, inp.scheduler, timeout_s=inp.timeout_s)
 
 
+class SdcCaseInput(BaseModel):
+    run: str = Field(min_length=1, max_length=200, description="Run id under $TRAINOPS_HOME/runs (or its folder) "
+                                                               "whose suspected silent data corruption was answered.")
+
+
+def _inert_strings(value):
+    """Every string of a job-writable JSON document escaped (control and bidi characters) and bounded."""
+    from trainops.tools.interruption_causes import inert
+
+    if isinstance(value, str):
+        return inert(value, 2000)
+    if isinstance(value, list):
+        return [_inert_strings(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _inert_strings(v) for k, v in value.items()}
+    return value
+
+
+@tool("sdc_case", risk="read", tags=("sdc", "agent"))
+def sdc_case(inp: SdcCaseInput) -> SdcCase:
+    """Read a run's silent-data-corruption case as respond_to_sdc handed it to a human: the suspect, each
+    known-answer check job (fleet, colocated) with every node's answer and the nodes that failed, and
+    what was quarantined and drained. Which node computed wrong results is the checks' answer."""
+    import json
+
+    from pydantic import ValidationError
+
+    from trainops.run_folder import read_regular
+    from trainops.skills.sdc import CASE_FILE
+    from trainops.workspace import run_folder
+
+    try:
+        run_dir = run_folder(inp.run)
+    except ValueError as exc:
+        raise ToolError("sdc_case", str(exc)) from None
+    raw = read_regular(run_dir / CASE_FILE)
+    if raw is None:
+        raise ToolError("sdc_case", f"run: {run_dir.name} has no {CASE_FILE}: no SDC response ran for it "
+                                    "(respond_to_sdc runs one, gated)")
+    try:
+        return SdcCase.model_validate(_inert_strings(json.loads(raw)))
+    except (ValueError, ValidationError) as exc:
+        raise ToolError("sdc_case", f"run: {run_dir.name}/{CASE_FILE} is not a case respond_to_sdc wrote "
+                                    f"({str(exc).splitlines()[0]}); run respond_to_sdc again") from None
+
+
 class LoadSkillInput(BaseModel):
     name: str = Field(min_length=1, max_length=100, description="A skill's name, as the system prompt lists it.")
 
@@ -172,7 +219,7 @@ def load_skill(inp: LoadSkillInput) -> LoadSkillOutput:
     return LoadSkillOutput(name=skill.name, description=skill.description, body=skill.body)
 
 
-AGENT_TOOLS = (run_sop, respond_to_sdc, list_pending_approvals, load_skill)
+AGENT_TOOLS = (run_sop, respond_to_sdc, sdc_case, list_pending_approvals, load_skill)
 
 
 @cache

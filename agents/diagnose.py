@@ -94,9 +94,54 @@ def next_step(request: str, params: dict[str, Any], done: set[str], results: lis
         return tool_call("job_status", {"job_id": str(job)}, n)
     if record is not None and LOSS_QUESTION.search(words):
         return tool_call(FINAL_ANSWER_TOOL, _time_lost(record), n)
+    checked = None
+    if record is not None and _fault_kind(record) == "bitflip" and record.get("run_dir") and "sdc_case" in schemas:
+        if "sdc_case" not in done:  # which node computed wrong results is the known-answer checks' answer
+            return tool_call("sdc_case", {"run": Path(str(record["run_dir"])).name}, n)
+        if (step := _check_job_log(out.get("sdc_case"), results, n)) is not None:
+            return step
+        checked = _known_answers(out.get("sdc_case"), results)
     asks_cause = CAUSE_QUESTION.search(request) is not None
-    answer = _from_record(record, out.get("grep_log"), asks_cause) if record else _without_record(job or run, out)
+    answer = (_from_record(record, _grep_of(results, record["job_id"]), asks_cause, checked) if record
+              else _without_record(job or run, out))
     return tool_call(FINAL_ANSWER_TOOL, answer, n)
+
+
+def _failed_checks(case: dict | None) -> list[dict]:
+    """The SDC case's known-answer check jobs that convicted a node."""
+    return [c for c in ((case or {}).get("fleet"), (case or {}).get("colocated"))
+            if c and c.get("job_id") and c.get("failed_nodes")]
+
+
+def _grep_of(results: list[ToolMessage], job_id: str) -> dict | None:
+    """The grep_log result of `job_id`'s own log (not a check job's)."""
+    return next((r.artifact for r in results if r.name == "grep_log" and r.status == "success"
+                 and isinstance(r.artifact, dict) and str(r.artifact.get("source", "")).startswith(f"job {job_id}")),
+                None)
+
+
+def _check_job_log(case: dict | None, results: list[ToolMessage], n: int) -> AIMessage | None:
+    """A grep of each convicting check job's log for its own failure line, once."""
+    from trainops.tools.sdc_check import KNOWN_ANSWER_FAILED
+
+    for check in _failed_checks(case):
+        if _grep_of(results, check["job_id"]) is None:
+            return tool_call("grep_log", {"job_id": check["job_id"], "pattern": re.escape(KNOWN_ANSWER_FAILED),
+                                          "max_matches": 3, "max_bytes": 2000}, n)
+    return None
+
+
+def _known_answers(case: dict | None, results: list[ToolMessage]) -> tuple[list[str], list[Evidence]] | None:
+    """(the nodes the known-answer checks convicted, their log lines as evidence); None when none did."""
+    checks = _failed_checks(case)
+    if not checks:
+        return None
+    nodes, evidence = sorted({node for c in checks for node in c["failed_nodes"]}), []
+    for check in checks:
+        grep = _grep_of(results, check["job_id"]) or {}
+        evidence += [Evidence(source=f"grep_log:{grep.get('source')} line {m['line']}", quote=m["text"])
+                     for m in grep.get("matches", [])[:2] if m.get("text", "").strip()]
+    return nodes, evidence
 
 
 def _straggler_answer(found: dict[str, Any] | None, subject: str | None) -> dict[str, Any]:
@@ -221,14 +266,16 @@ def _actions(record: dict, kind: str | None) -> tuple[list[ProposedAction], list
     return kept, decide
 
 
-def _from_record(record: dict, grep: dict | None, asks_cause: bool) -> dict[str, Any]:
+def _from_record(record: dict, grep: dict | None, asks_cause: bool,
+                 checked: tuple[list[str], list[Evidence]] | None = None) -> dict[str, Any]:
     """What the record settles: the fault's kind and place even when its cause is unclassified;
-    the cause only when the classifier named one (asked for an unclassified cause: inconclusive)."""
+    the cause only when the classifier named one (asked for an unclassified cause: inconclusive).
+    `checked`: the nodes known-answer checks convicted after a suspected SDC, and their lines."""
     ev, cause = record.get("evidence") or {}, record.get("cause")
-    evidence = _evidence(record, grep)
+    evidence = _evidence(record, grep) + (checked[1] if checked else [])
     kind = _fault_kind(record)
     ranks = sorted({r for r in [ev.get("failing_rank"), *(ev.get("silent_ranks") or [])] if r is not None})
-    nodes = [ev["failing_node"]] if ev.get("failing_node") else []
+    nodes = checked[0] if checked else [ev["failing_node"]] if ev.get("failing_node") else []
     if cause == "unclassified" and (asks_cause or kind is None or not ranks):
         return FinalAnswer(verdict="inconclusive", fault_kind=kind, ranks=ranks, nodes=nodes, evidence=evidence,
                            confidence="low", next_to_collect=[

@@ -57,6 +57,7 @@ def read_inputs(job_id: str) -> dict[str, dict]:
         "plan_layout": {"preset": "tiny", "nproc": 2},
         "query_metrics": {"run": RUN, "metric": "loss"},
         "read_log_window": {"job_id": job_id, "line": 1},
+        "sdc_case": {"run": RUN},
         "summarize_run": {"run": RUN},
         "verify_checkpoint": {"run": RUN},
         "wait_job": {"job_id": job_id, "timeout_s": 5},
@@ -119,6 +120,8 @@ def scene(workspace, tmp_path, monkeypatch):
                                  "tokens_per_s": 1000.0, "flops_per_token": 1e6, "tflops": 0.01, "mfu_pct": 3.0,
                                  "peak_mem_gib": 0.1, "time": time.time(), "peak_source": "measured-gemm"}) + "\n")
     committed_checkpoint(run_dir, 4)
+    recorded = Path(__file__).parents[2] / "benchmarks/agent_eval/scenarios/bitflip-which-node/workspace/runs"
+    (run_dir / "sdc-case.json").write_text(next(recorded.glob("run-*/sdc-case.json")).read_text())  # a real case
     other = workspace / "runs" / OTHER_RUN
     other.mkdir()
     config = (run_dir / "config.toml").read_text()
