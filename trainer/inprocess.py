@@ -6,7 +6,10 @@ assignment yet. When a collective fails (a peer died, or a bounded gloo timeout 
 `resilience.collective_timeout_s` ran out on a hung one), the worker leaves it: it destroys the
 process group, drops the model, tells the supervisor, and waits for the next assignment in the
 same process, with its modules and imports kept. Each generation's group lives under its own
-store prefix, so nothing of a broken group is reused.
+store prefix, so nothing of a broken group is reused. A worker takes its device as a torchrun rank
+does (`rank_device`: its GPU with NCCL, else the CPU with gloo); on a GPU it aborts the broken NCCL
+communicators before destroying the group (torch's `_abort_process_group`). Only the CPU path has
+run here: no GPU was lent to verify the NCCL one.
 
 Store keys (all under the supervisor's store): `ready/W` (worker W is imported: pid, time),
 `assign/W/K` (W's K-th assignment, or "stop"), `joined/G/R`, `loaded/G`, `first_step/G`
@@ -26,13 +29,12 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
 from trainops.run_folder import RunFiles, open_rank_log
 from trainops.trainer.config import load_config
 from trainops.trainer.metrics import note_exit
-from trainops.trainer.train import LogTee, NonFiniteLoss, exit_now, note_termination, train
+from trainops.trainer.train import LogTee, NonFiniteLoss, exit_now, note_termination, rank_device, train
 
 STORE_ENV = "TRAINOPS_INPROCESS_STORE"
 WORKER_ENV = "TRAINOPS_INPROCESS_WORKER"
@@ -77,6 +79,8 @@ def warm_imports() -> None:
 def serve(run_dir: Path) -> int:
     """Wait for assignments and train each one; 0 when training finished or the supervisor said
     stop, 1 when the supervisor is gone or the run failed in a way a restart cannot mend."""
+    # on a GPU the worker aborts a broken NCCL group itself (torch's abort wants the watchdog's own handling off)
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
     worker = int(os.environ[WORKER_ENV])
     store = store_from_env()
     warm_imports()
@@ -115,9 +119,10 @@ def _train_generation(store, run_dir: Path, rank: int, world: int, generation: i
                       train) -> tuple[str, str]:
     """Join generation `generation`'s group as `rank` and train: ("done", "") or ("failed", why).
     Whatever happens, the group is destroyed and the model released before it returns."""
-    device = torch.device("cpu")
-    dist.init_process_group("gloo", store=dist.PrefixStore(f"gen{generation}/", store), rank=rank,
-                            world_size=world, timeout=timedelta(seconds=timeout_s))
+    backend, device = rank_device()
+    dist.init_process_group(backend, store=dist.PrefixStore(f"gen{generation}/", store), rank=rank,
+                            world_size=world, timeout=timedelta(seconds=timeout_s),
+                            device_id=device if device.type == "cuda" else None)
     store.set(f"joined/{generation}/{rank}", str(time.time()))
 
     def progress(event: str, step: int) -> None:
@@ -135,6 +140,8 @@ def _train_generation(store, run_dir: Path, rank: int, world: int, generation: i
         print(f"rank {rank} left generation {generation}'s group: {why}", file=sys.stderr, flush=True)
         return "failed", why
     finally:
+        if device.type == "cuda":  # NCCL's communicators may still wait on the dead peer: abort them first
+            dist.distributed_c10d._abort_process_group()
         dist.destroy_process_group()
         gc.collect()  # the old model, optimizer and shared-memory mappings go with the failed generation
 

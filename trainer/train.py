@@ -65,14 +65,19 @@ def init_distributed() -> tuple[int, int, torch.device]:
             port = probe.getsockname()[1]
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1",
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-        dist.init_process_group("cuda:nccl,cpu:gloo", device_id=device)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo")
+    backend, device = rank_device()
+    dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
     return dist.get_rank(), dist.get_world_size(), device
+
+
+def rank_device() -> tuple[str, torch.device]:
+    """(process-group backend, device) of this rank: its GPU (LOCAL_RANK) with NCCL for tensors on it and
+    gloo for CPU ones, or the CPU with gloo; the current CUDA device is set."""
+    if not torch.cuda.is_available():
+        return "gloo", torch.device("cpu")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    torch.cuda.set_device(device)
+    return "cuda:nccl,cpu:gloo", device
 
 
 def lr_lambda(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
