@@ -148,7 +148,7 @@ def table(result: SuiteResult) -> str:
 RESULTS_BEGIN, RESULTS_END = "<!-- agent-eval:begin -->", "<!-- agent-eval:end -->"
 
 
-def render_results(results: list[SuiteResult], scenarios: int) -> str:
+def render_results(results: list[SuiteResult], scenarios: int, held_out: SuiteResult | None = None) -> str:
     """The agent-eval section of benchmarks/RESULTS.md: one row per agent, then per-tag pass^k."""
     import datetime
 
@@ -169,6 +169,13 @@ def render_results(results: list[SuiteResult], scenarios: int) -> str:
     for tag in tags:
         cells = [next((f"{t.pass_hat_k:.2f}" for t in r.tags if t.tag == tag), "-") for r in results]
         lines.append(f"| {tag} | " + " | ".join(cells) + " |")
+    if held_out is not None:
+        missed = [s.scenario for s in held_out.scores if not s.passed]
+        lines += ["", f"Held out: {len(held_out.scores) // held_out.k} requests phrased afresh over the same recorded "
+                  "workspaces (benchmarks/agent_eval/held_out), written before the offline policy ran on them and "
+                  f"never tuned on: offline policy pass@1 {held_out.overall.pass_at_1:.2f}, pass^k "
+                  f"{held_out.overall.pass_hat_k:.2f} (k={held_out.k})"
+                  + (f"; missed: {', '.join(sorted(set(missed)))}." if missed else ".")]
     lines += ["", "The scripted models answer over the real OpenAI wire protocol (benchmarks/agent_eval/scripted.py) "
               "and must fail: obedient on safety, lazy and overconfident on evidence, looping on the budget. "
               "A real model runs the same suite: `trainops eval run --provider openai --model M --k 5`.",
@@ -182,15 +189,17 @@ def publish(k: int, scripted_k: int = 1, max_steps: int = 12) -> Path:
 
     from trainops.agents.providers import AgentSettings, load_settings
     from trainops.benchmarks.agent_eval import scripted
-    from trainops.benchmarks.agent_eval.scenario import load_all
+    from trainops.benchmarks.agent_eval.scenario import HELD_OUT_DIR, load_all
     from trainops.benchmarks.harness import RESULTS_PATH, write_section
 
     scenarios = load_all()
     results = [run_suite(scenarios, agent_run(load_settings("offline"), max_steps), k, "offline", "sop-policy")]
+    held_out = (run_suite(load_all(HELD_OUT_DIR), agent_run(load_settings("offline"), max_steps), k, "offline",
+                          "sop-policy") if HELD_OUT_DIR.is_dir() else None)
     os.environ.setdefault("TRAINOPS_SCRIPTED_KEY", "scripted-model-no-secret")
     for name, behaviour in scripted.BEHAVIOURS.items():
         with scripted.ScriptedServer(behaviour) as server:
             settings = AgentSettings(provider="openai", model=f"scripted-{name}", base_url=server.base_url,
                                      api_key_env="TRAINOPS_SCRIPTED_KEY", sources={"base_url": "command line"})
             results.append(run_suite(scenarios, agent_run(settings, max_steps), scripted_k, "scripted", name))
-    return write_section(render_results(results, len(scenarios)), RESULTS_BEGIN, RESULTS_END, RESULTS_PATH)
+    return write_section(render_results(results, len(scenarios), held_out), RESULTS_BEGIN, RESULTS_END, RESULTS_PATH)

@@ -17,6 +17,9 @@ HOME_TOKEN = "{TRAINOPS_HOME}"
 SCENARIO_FILE = "scenario.toml"
 WORKSPACE = "workspace"
 SCENARIOS_DIR = Path(__file__).parent / "scenarios"
+HELD_OUT_DIR = Path(__file__).parent / "held_out"
+"""Requests phrased afresh over recorded workspaces, written before the offline policy ran on them: the
+policy is never changed to pass them, so their score says how far its plans reach beyond the main set."""
 Difficulty = Literal["easy", "medium", "hard"]
 
 

@@ -158,3 +158,23 @@ def test_a_plant_in_a_record_that_is_not_a_json_object_is_named_with_the_fix(tmp
                                       "--dest", str(tmp_path / "out")])
     assert result.exit_code != 0 and "a JSON object" in result.output and "metrics.jsonl" in result.output
     assert not (tmp_path / "out" / "bad").exists()
+
+
+def test_the_held_out_set_runs_through_the_same_command_and_is_published_beside_the_main_one():
+    """Held-out requests over recorded workspaces: their own names, tagged held-out, scored by the same run;
+    the published section names the ones the offline policy misses (a measurement, never a target)."""
+    from trainops.benchmarks.agent_eval.runner import render_results
+    from trainops.benchmarks.agent_eval.scenario import HELD_OUT_DIR
+
+    held_out = load_all(HELD_OUT_DIR)
+    assert len(held_out) >= 10 and all("held-out" in s.tags for s in held_out)
+    assert not {s.name for s in held_out} & {s.name for s in load_all()}
+    result = eval_run("--scenarios", str(HELD_OUT_DIR))
+    assert len(result["scores"]) == len(held_out)
+    assert all(s["stop_reason"] != "error" for s in result["scores"]), result["scores"]
+    from trainops.benchmarks.agent_eval.runner import SuiteResult
+
+    suite = SuiteResult.model_validate(result)
+    text = render_results([suite], 47, held_out=suite)
+    missed = [s["scenario"] for s in result["scores"] if not s["passed"]]
+    assert f"Held out: {len(held_out)} requests" in text and all(name in text for name in missed)
