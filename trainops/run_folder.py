@@ -105,7 +105,7 @@ def this_launch(text: str, until: float | None = None) -> str:
     """The lines of a rank's or job's log written by its latest launch that started by `until` (all of
     it when no launch marked it: a log from before the marks, or a tail that cut the mark off)."""
     starts = [m for m in LAUNCH_MARK.finditer(text) if until is None or float(m.group(1)) <= until]
-    return text[starts[-1].end():] if starts else text
+    return text[starts[-1].end():].removeprefix("\n") if starts else text
 
 
 MAX_LINE_BYTES = 1 << 20  # a metrics or journal line is a few hundred bytes; a longer one is garbage

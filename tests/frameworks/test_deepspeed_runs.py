@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from trainops.run_folder import this_launch
 from trainops.skills.baseline import run_once
 from trainops.skills.request import JobRequest
 
@@ -77,7 +78,7 @@ def test_zero_stage_ablation_changes_one_setting_and_runs_stage_2(zero2_arm):
     assert [(r.knob, r.baseline_value, r.value) for r in rows] == [("zero_stage", "1", "2")]
     arm_run = Path(rows[0].source_run)
     assert json.loads((arm_run / "ds_config.json").read_text())["zero_optimization"]["stage"] == 2
-    assert "zero_stage=2" in (arm_run / "logs" / "rank0.log").read_text().splitlines()[0]
+    assert "zero_stage=2" in this_launch((arm_run / "logs" / "rank0.log").read_text()).splitlines()[0]
     assert evidence[0].command.startswith("trainops baseline --framework deepspeed")
 
 
