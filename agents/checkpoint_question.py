@@ -12,7 +12,7 @@ from typing import Any
 from langchain_core.messages import AIMessage, ToolMessage
 
 from trainops.agents.answer import FINAL_ANSWER_TOOL, Evidence, FinalAnswer
-from trainops.agents.diagnose import inconclusive, tool_call
+from trainops.agents.diagnose import grep_evidence, grep_of, inconclusive, tool_call
 
 TOOL = "list_checkpoints"
 QUESTION = re.compile(r"\bcheckpoints?\b.*\b(corrupt\w*|resum\w*|restor\w*|restart\w*|fell back|fall(s|ing)? back|"
@@ -44,9 +44,7 @@ def next_step(run: str | None, job: str | None, done: set[str], results: list[To
     skipped = any(start.get("skipped") for start in out.artifact.get("starts") or [])
     if skipped and job and "grep_log" not in done:
         return tool_call("grep_log", {"job_id": job, "pattern": FALLBACK_LINES, "max_matches": 3, "max_bytes": 2000}, n)
-    grep = next((r.artifact for r in results if r.name == "grep_log" and r.status == "success"
-                 and isinstance(r.artifact, dict)), None)
-    return tool_call(FINAL_ANSWER_TOOL, _answer(run, out.artifact, grep), n)
+    return tool_call(FINAL_ANSWER_TOOL, _answer(run, out.artifact, grep_of(results, job) if job else None), n)
 
 
 def _answer(run: str, listed: dict[str, Any], grep: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -62,8 +60,7 @@ def _answer(run: str, listed: dict[str, Any], grep: dict[str, Any] | None = None
     skipped = [s for start in starts for s in start.get("skipped") or []]
     evidence = [Evidence(source="list_checkpoints:starts.loaded", quote=str(last["loaded"]))]
     evidence += [Evidence(source="list_checkpoints:starts.skipped.reason", quote=str(s["reason"])) for s in skipped]
-    evidence += [Evidence(source=f"grep_log:{grep.get('source')} line {m['line']}", quote=m["text"])
-                 for m in (grep or {}).get("matches", [])[:2] if m.get("text", "").strip()]
+    evidence += grep_evidence(grep)
     summary = (f"The latest start of run {run} loaded the checkpoint of step {last['loaded_step']}"
                + (" (verified against its commit record)" if last.get("verified") else "") + ".")
     if skipped:

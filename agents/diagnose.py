@@ -102,7 +102,7 @@ def next_step(request: str, params: dict[str, Any], done: set[str], results: lis
             return step
         checked = _known_answers(out.get("sdc_case"), results)
     asks_cause = CAUSE_QUESTION.search(request) is not None
-    answer = (_from_record(record, _grep_of(results, record["job_id"]), asks_cause, checked) if record
+    answer = (_from_record(record, grep_of(results, record["job_id"]), asks_cause, checked) if record
               else _without_record(job or run, out))
     return tool_call(FINAL_ANSWER_TOOL, answer, n)
 
@@ -113,11 +113,17 @@ def _failed_checks(case: dict | None) -> list[dict]:
             if c and c.get("job_id") and c.get("failed_nodes")]
 
 
-def _grep_of(results: list[ToolMessage], job_id: str) -> dict | None:
+def grep_of(results: list[ToolMessage], job_id: str) -> dict | None:
     """The grep_log result of `job_id`'s own log (not a check job's)."""
     return next((r.artifact for r in results if r.name == "grep_log" and r.status == "success"
                  and isinstance(r.artifact, dict) and str(r.artifact.get("source", "")).startswith(f"job {job_id}")),
                 None)
+
+
+def grep_evidence(grep: dict | None, most: int = 2) -> list[Evidence]:
+    """The first `most` non-blank lines a grep_log call matched, each cited with its source and line."""
+    return [Evidence(source=f"grep_log:{grep.get('source')} line {m['line']}", quote=m["text"])
+            for m in (grep or {}).get("matches", [])[:most] if m.get("text", "").strip()]
 
 
 def _check_job_log(case: dict | None, results: list[ToolMessage], n: int) -> AIMessage | None:
@@ -125,7 +131,7 @@ def _check_job_log(case: dict | None, results: list[ToolMessage], n: int) -> AIM
     from trainops.tools.sdc_check import KNOWN_ANSWER_FAILED
 
     for check in _failed_checks(case):
-        if _grep_of(results, check["job_id"]) is None:
+        if grep_of(results, check["job_id"]) is None:
             return tool_call("grep_log", {"job_id": check["job_id"], "pattern": re.escape(KNOWN_ANSWER_FAILED),
                                           "max_matches": 3, "max_bytes": 2000}, n)
     return None
@@ -138,9 +144,7 @@ def _known_answers(case: dict | None, results: list[ToolMessage]) -> tuple[list[
         return None
     nodes, evidence = sorted({node for c in checks for node in c["failed_nodes"]}), []
     for check in checks:
-        grep = _grep_of(results, check["job_id"]) or {}
-        evidence += [Evidence(source=f"grep_log:{grep.get('source')} line {m['line']}", quote=m["text"])
-                     for m in grep.get("matches", [])[:2] if m.get("text", "").strip()]
+        evidence += grep_evidence(grep_of(results, check["job_id"]))
     return nodes, evidence
 
 
@@ -234,8 +238,7 @@ def _evidence(record: dict, grep: dict | None) -> list[Evidence]:
         items.append(Evidence(source="list_interruptions:evidence.signal", quote=str(ev["signal"])))
     items += [Evidence(source="list_interruptions:evidence.error_lines", quote=line)
               for line in (ev.get("error_lines") or [])[:2] if line.strip()]
-    items += [Evidence(source=f"grep_log:{grep.get('source')} line {m['line']}", quote=m["text"])
-              for m in (grep or {}).get("matches", [])[:2] if m.get("text", "").strip()]
+    items += grep_evidence(grep)
     return items
 
 

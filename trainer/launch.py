@@ -7,7 +7,10 @@ scheduler; `trainer_program` and `torchrun_argv` are the one command line every 
 """
 from __future__ import annotations
 
+import glob
 import json
+import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -93,10 +96,6 @@ def supervised_resilience(program: list[str], ranks: int, gpus_here: int | None)
 def local_gpus() -> int:
     """This host's NVIDIA GPUs that the job may use, from the device nodes and CUDA_VISIBLE_DEVICES:
     a launch decides without importing torch."""
-    import glob
-    import os
-    import re
-
     devices = len([p for p in glob.glob("/dev/nvidia*") if re.fullmatch(r"/dev/nvidia\d+", p)])
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
