@@ -23,7 +23,7 @@ RESTART_TOOLS = frozenset({"requeue_job"})
 
 
 def _job_ends(job_id: str, now: float) -> list:
-    from trainops.tools.interruptions import read_interruptions
+    from trainops.tools.reliability.interruptions import read_interruptions
 
     return [r for r in read_interruptions(job_id) if not r.planned and now - r.time <= RESTART_WINDOW_S]
 

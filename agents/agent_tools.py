@@ -157,7 +157,7 @@ class SdcCaseInput(BaseModel):
 
 def _inert_strings(value):
     """Every string of a job-writable JSON document escaped (control and bidi characters) and bounded."""
-    from trainops.tools.interruption_causes import inert
+    from trainops.tools.reliability.causes import inert
 
     if isinstance(value, str):
         return inert(value, 2000)

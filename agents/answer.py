@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from trainops.tools.interruption_causes import Cause
+from trainops.tools.reliability.causes import Cause
 
 FINAL_ANSWER_TOOL = "final_answer"
 StopReason = Literal["answered", "step_budget", "token_budget", "bad_tool_calls", "error"]

@@ -128,7 +128,7 @@ def grep_evidence(grep: dict | None, most: int = 2) -> list[Evidence]:
 
 def _check_job_log(case: dict | None, results: list[ToolMessage], n: int) -> AIMessage | None:
     """A grep of each convicting check job's log for its own failure line, once."""
-    from trainops.tools.sdc_check import KNOWN_ANSWER_FAILED
+    from trainops.tools.reliability.sdc_check import KNOWN_ANSWER_FAILED
 
     for check in _failed_checks(case):
         if grep_of(results, check["job_id"]) is None:

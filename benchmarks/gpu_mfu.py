@@ -21,7 +21,7 @@ import torch
 
 from trainops.benchmarks.harness import GPU_BEGIN, GPU_END, write_section
 from trainops.run_folder import SaveEntry, read_journal, read_metrics
-from trainops.tools.follow import run_local
+from trainops.tools.jobs.follow import run_local
 from trainops.trainer.config import load_config
 
 ARMS = {

@@ -118,7 +118,7 @@ def iteration_times(records: list[MetricsRecord]) -> list[float]:
 
 def run_trainer(overrides: list[str], nproc: int) -> Path:
     """Train the tiny preset + `overrides` on `nproc` local ranks; the run folder (a failed run raises)."""
-    from trainops.tools.follow import run_local
+    from trainops.tools.jobs.follow import run_local
     from trainops.trainer.config import load_config
 
     result = run_local(load_config(None, "tiny", overrides), nproc)

@@ -1,7 +1,7 @@
 """Step time of each parallel layout, on the CPU with gloo (functional figures: they show every
 layout runs through the real trainer and what it costs here, not what it gains on GPUs).
 
-Each layout is one `trainops.tools.follow.run_local` run; the figure is the median `step_time_s` of
+Each layout is one `trainops.tools.jobs.follow.run_local` run; the figure is the median `step_time_s` of
 rank 0 over the steps after the first (the first pays for start-up and shape inference). All
 layouts of a preset share seed, data and global batch, so their final losses must agree too;
 the table shows them. Results go to benchmarks/RESULTS.md under their own heading.
@@ -44,7 +44,7 @@ BASE = ["data.kind=synthetic", "training.seq_len=64", "training.global_batch=8",
 
 def measure(preset: str, nproc: int, overrides: list[str], steps: int) -> dict:
     from trainops.run_folder import read_metrics
-    from trainops.tools.follow import run_local
+    from trainops.tools.jobs.follow import run_local
     from trainops.trainer.config import load_config
 
     cfg = load_config(None, preset, BASE + [f"training.steps={steps}"] + overrides)

@@ -14,7 +14,7 @@ import time
 
 from trainops.benchmarks.harness import Figure, Suite, ratios, render, write_section
 from trainops.benchmarks.suite import median_phases
-from trainops.tools.schedulers import sandbox
+from trainops.tools.sandbox import cluster as sandbox
 
 BEGIN, END = "<!-- multinode:begin -->", "<!-- multinode:end -->"
 SPEC = sandbox.SandboxSpec(nodes=3, prefix="tosb", net="10.251.11")

@@ -17,7 +17,7 @@ SHAPE = ["training.seq_len=64", "training.global_batch=8", "data.kind=synthetic"
 
 
 def _checkpointed(nproc: int) -> Path:
-    from trainops.tools.follow import run_local
+    from trainops.tools.jobs.follow import run_local
     from trainops.trainer.config import load_config
 
     result = run_local(load_config(None, "tiny", [*SHAPE, f"training.micro_batch={8 // nproc}"]), nproc)
@@ -28,7 +28,7 @@ def _checkpointed(nproc: int) -> Path:
 
 def _resume(source: Path, nproc: int, readers: str, copies: list[int]) -> tuple[float, float]:
     """Resume a fresh copy of `source` for one step; (bytes read from storage, all ranks; load s)."""
-    from trainops.tools.follow import launch_run
+    from trainops.tools.jobs.follow import launch_run
     from trainops.trainer.config import load_config
 
     copies[0] += 1

@@ -57,7 +57,7 @@ def bench_trainer_overhead(suite: Suite, repeats: int, steps: int) -> None:
 
 
 def _checkpoint_stall(mode: str, steps: int) -> float:
-    from trainops.tools.follow import run_local
+    from trainops.tools.jobs.follow import run_local
     from trainops.trainer.config import load_config
 
     cfg = load_config(None, "small", [*TRAIN_SHAPE, f"training.steps={steps}", "training.micro_batch=8",

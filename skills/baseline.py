@@ -15,8 +15,8 @@ from trainops.skills.request import JobRequest
 from trainops.skills.stats import spread
 from trainops.tools.base import CallContext, ToolError, skill_context
 from trainops.tools.calls import call
-from trainops.tools.follow import follow
-from trainops.tools.jobs import RunSummary
+from trainops.tools.jobs.follow import follow
+from trainops.tools.jobs.jobs import RunSummary
 from trainops.tools.schedulers.base import TrainingJob
 
 Progress = Callable[[str], None]
@@ -34,7 +34,7 @@ class RepeatResult(BaseModel):
 
 
 def run_once(req: JobRequest, name: str, ctx: CallContext | None = None) -> RepeatResult:
-    """Submit one run, follow it to its end (trainops.tools.follow), summarise it; a failed run is
+    """Submit one run, follow it to its end (trainops.tools.jobs.follow), summarise it; a failed run is
     an error, not a data point."""
     started = time.time()
     sub = submit(req, name, ctx)

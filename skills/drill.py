@@ -33,11 +33,11 @@ from trainops.skills.drill_recovery import (
 )
 from trainops.skills.evidence.model import DrillResult, EvidenceRow
 from trainops.skills.request import JobRequest
-from trainops.tools import interruptions
 from trainops.tools.base import CallContext, ToolError, skill_context
 from trainops.tools.calls import call
-from trainops.tools.follow import JobWatch
-from trainops.tools.trainer_job import check_layout
+from trainops.tools.jobs.follow import JobWatch
+from trainops.tools.jobs.trainer_job import check_layout
+from trainops.tools.reliability import interruptions
 
 # drill kind -> inject_fault kind; runtime kinds are injected into the live job, launch-time kinds
 # (LAUNCH_TIME) start the job with the overrides inject_fault returns. A drill's cause is not here:

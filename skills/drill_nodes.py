@@ -12,7 +12,7 @@ import time
 from trainops.run_folder import read_heartbeats
 from trainops.tools.base import CallContext, ToolError
 from trainops.tools.calls import call
-from trainops.tools.reachability import SLOW_RTT_FLOOR_S, probe_nodes, slurm_node_states
+from trainops.tools.reliability.reachability import SLOW_RTT_FLOOR_S, probe_nodes, slurm_node_states
 
 SLURM_POLL_S = 0.5
 SLURM_CONFIRM_WAIT_S = 30.0

@@ -68,7 +68,7 @@ def pack_window_s(pack) -> float:
 def record_ettr(until: float | None = None, window_s: float = ETTR_WINDOW_S) -> tuple[list[float], dict[str, int]]:
     """ETTR per closed window and the cause split from the interruption record (up to `until`):
     the view `watch_job` reads too."""
-    from trainops.tools.watch import record_view
+    from trainops.tools.reliability.watch import record_view
 
     view = record_view(window_s, 24.0, until=until)
     return view.ettr_pct, view.cause_distribution

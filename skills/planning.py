@@ -50,7 +50,7 @@ def reliability_summary(declared_mtbf_h: float, ettr_window_s: float) -> Reliabi
     recovery time and the ETTR readings the escalation rules read (tools/watch.record_view)."""
     import time
 
-    from trainops.tools.watch import record_view
+    from trainops.tools.reliability.watch import record_view
 
     now = time.time()
     view = record_view(ettr_window_s, declared_mtbf_h, until=now)

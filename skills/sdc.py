@@ -1,5 +1,5 @@
 """What a suspected silent data corruption sets off (R-ESC-3): quarantine the checkpoints from the
-suspect step on, name the suspect rank and node, run the known-answer check (trainops.tools.sdc_check)
+suspect step on, name the suspect rank and node, run the known-answer check (trainops.tools.reliability.sdc_check)
 through the scheduler on every node of the partition (fleet-wide) and on the suspect beside a
 known-good node (co-located), drain the node that fails (gated drain_node, only where a node that
 passed remains to run on), and hand the case with both results to a human (a pending approval).
@@ -16,7 +16,7 @@ from trainops.skills.escalate import hand_to_human
 from trainops.tools.base import CallContext, skill_context
 from trainops.tools.calls import call
 from trainops.tools.governance.escalation import Escalation, EscalationSignals, escalations_for, human_item
-from trainops.tools.sdc_check import NodeResult, read_results
+from trainops.tools.reliability.sdc_check import NodeResult, read_results
 
 USABLE = ("idle", "allocated", "mixed", "completing")
 CASE_FILE = "sdc-case.json"
@@ -69,7 +69,7 @@ class SdcCase(BaseModel):
 def suspect_in(run_dir: str | Path) -> Suspect | None:
     """The suspect a run's own replica checksums name (the first step where a replica group's
     `param_checksum` values disagree), read with detect_faults's watch; None when they all agree."""
-    from trainops.tools.fault_signals import DetectFaultsInput, FaultWatch
+    from trainops.tools.reliability.signals import DetectFaultsInput, FaultWatch
 
     watch = FaultWatch(DetectFaultsInput(run=str(run_dir)), Path(run_dir))
     watch.ingest()
@@ -126,7 +126,7 @@ def run_check(kind: str, nodes: list[str], partition: list[str], scheduler: str,
     folder = runs_dir() / f"sdc-{kind}-{time.strftime('%Y%m%d-%H%M%S')}-{time.time_ns() % 10**6:06d}"
     (folder / "logs").mkdir(parents=True)
     out = folder / "sdc-check.jsonl"
-    spec = {"name": f"sdc-{kind}", "command": ["-m", "trainops.tools.sdc_check", "--out", str(out)],
+    spec = {"name": f"sdc-{kind}", "command": ["-m", "trainops.tools.reliability.sdc_check", "--out", str(out)],
             "launcher": "torchrun", "nodes": len(nodes), "procs_per_node": 1, "run_dir": str(folder),
             "exclude_nodes": [n for n in partition if n not in nodes], "env": {"OMP_NUM_THREADS": "1"}}
     job_id = call("submit_job", {"scheduler": scheduler, "spec": spec}, ctx).handle.job_id

@@ -17,7 +17,7 @@ from trainops.skills.request import JobRequest
 from trainops.tools.base import CallContext, skill_context
 from trainops.tools.calls import call
 from trainops.tools.frameworks.base import FrameworkName, SopPlan
-from trainops.tools.layout_mapping import MoeShape
+from trainops.tools.planning.layout_mapping import MoeShape
 
 
 class SopSettings(BaseModel):

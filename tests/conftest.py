@@ -84,7 +84,7 @@ def sandbox_cluster(require_service, monkeypatch):
     ports of its own, so a developer's own sandbox is left alone; SLURM_CONF and GLOO_SOCKET_IFNAME point at it."""
     import shutil
 
-    from trainops.tools.schedulers import sandbox
+    from trainops.tools.sandbox import cluster as sandbox
 
     require_service(os.geteuid() == 0 and all(shutil.which(t) for t in ("ip", "slurmd", "slurmctld", "munged",
                                                                          "mariadbd", "slurmdbd")),
@@ -129,15 +129,15 @@ def wait_for(condition, timeout_s: float, what: str, poll_s: float = 0.05) -> No
 @pytest.fixture(scope="session")
 def _accounting_service(tmp_path_factory):
     """A real Slurm accounting for the session, started only when a test asks: the sandbox's MariaDB +
-    slurmdbd (tools/schedulers/sandbox_accounting.py) on free ports, and a slurmctld that registers
+    slurmdbd (tools/sandbox/accounting.py) on free ports, and a slurmctld that registers
     the cluster and its TRES (gres/gpu) with slurmdbd, then stops. None where a binary is missing."""
     import signal
     import socket
     import time
     from types import SimpleNamespace
 
-    from trainops.tools.schedulers import sandbox
-    from trainops.tools.schedulers import sandbox_accounting as accounting
+    from trainops.tools.sandbox import accounting
+    from trainops.tools.sandbox import cluster as sandbox
 
     binaries = (accounting.MARIADBD, accounting.INSTALL_DB, accounting.SLURMDBD, sandbox.SLURMCTLD, sandbox.MUNGED)
     if os.geteuid() != 0 or not all(Path(binary).exists() for binary in binaries):

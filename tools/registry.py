@@ -21,25 +21,14 @@ from trainops.tools.base import ToolError, ToolSpec
 
 def _tool_functions() -> tuple[Callable, ...]:
     """Every tool trainops.tools declares. Modules load here, on first use, not at import."""
-    from trainops.tools import (
-        changes,
-        checkpoints,
-        detection,
-        env_probes,
-        faults,
-        interruptions,
-        jobs,
-        log_search,
-        planning,
-        quarantine,
-        quotas,
-        run_compare,
-        scheduler_policy,
-        tenancy,
-        watch,
-    )
+    from trainops.tools.changes import quotas, scheduler_policy, tenancy
+    from trainops.tools.changes import records as changes
+    from trainops.tools.environment import probes as env_probes
     from trainops.tools.frameworks import checks
     from trainops.tools.governance import escalation
+    from trainops.tools.jobs import jobs, log_search, run_compare
+    from trainops.tools.planning import planning
+    from trainops.tools.reliability import checkpoints, detection, faults, interruptions, quarantine, watch
 
     return (
         env_probes.declare_environment,

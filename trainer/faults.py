@@ -64,7 +64,7 @@ def defect_marker(host: str) -> Path:
 
 def mark_host_defective(record: dict) -> None:
     """The bit-flip drill emulates a defective chip: its host stays marked (the fault record),
-    so the known-answer check (trainops.tools.sdc_check) computes wrong on that host alone, until
+    so the known-answer check (trainops.tools.reliability.sdc_check) computes wrong on that host alone, until
     a human who replaced the part removes the marker."""
     path = defect_marker(record["host"])
     path.parent.mkdir(parents=True, exist_ok=True)

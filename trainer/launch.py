@@ -3,7 +3,7 @@
 `prepare_run` makes the run folder (`$TRAINOPS_HOME/runs/RUN/` with config.toml) for any
 scheduler; `trainer_program` and `torchrun_argv` are the one command line every scheduler runs;
 `summarize` writes status.json when a run ends. Launching and following a run is the tools'
-(trainops.tools.follow, through the `submit_job` tool), and so is stopping its processes.
+(trainops.tools.jobs.follow, through the `submit_job` tool), and so is stopping its processes.
 """
 from __future__ import annotations
 

@@ -401,7 +401,7 @@ class RecoveryEntry(BaseModel):
                                        "detect, abort, admit, load, first_step.")
     total_s: float = Field(description="From the fault detected to the first step done after the recovery.")
     lost: list[LostRank] = Field(default_factory=list, description="The replaced ranks at detection: the "
-                                 "evidence of the interruption record (tools/interruptions.py).")
+                                 "evidence of the interruption record (tools/reliability/interruptions.py).")
     beats: dict[int, float] = Field(default_factory=dict, description="Every rank's last heartbeat time at "
                                     "detection: which ranks still ran.")
     host: str = Field("", description="The host of the supervisor that led the recovery (the job's first node).")

@@ -63,7 +63,7 @@ def decide(baseline: BaselineSummary | None, ablations: list[AblationRow],
 def drill_causes(drills: list[DrillResult]) -> dict[str, int]:
     """The drills' job ends per cause, from the interruption record (what the evidence said), not
     from which drills ran."""
-    from trainops.tools.interruptions import cause_distribution, read_interruptions
+    from trainops.tools.reliability.interruptions import cause_distribution, read_interruptions
 
     ids = {d.interruption_id for d in drills if d.interruption_id}
     return cause_distribution([r for r in read_interruptions() if r.id in ids])
@@ -171,7 +171,7 @@ def _baseline_mfu_problems(pack: EvidencePack) -> list[str]:
 
     from trainops.run_folder import read_metrics
     from trainops.skills.stats import spread
-    from trainops.tools.jobs import summarize_records
+    from trainops.tools.jobs.jobs import summarize_records
     from trainops.workspace import run_folder
 
     if pack.baseline is None:

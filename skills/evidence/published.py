@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from trainops.tools.layout_mapping import TopologyPlan
+from trainops.tools.planning.layout_mapping import TopologyPlan
 
 
 class MlperfResult(BaseModel):

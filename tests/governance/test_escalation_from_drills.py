@@ -95,7 +95,7 @@ def test_a_falling_series_ends_in_an_r_esc_1_item_with_the_records_cause_split(w
     from trainops.skills.evidence.pack import PackRefused, write
     from trainops.tools.governance import queue
     from trainops.tools.governance.escalation import ettr_falling
-    from trainops.tools.interruptions import cause_distribution, read_interruptions
+    from trainops.tools.reliability.interruptions import cause_distribution, read_interruptions
 
     first = fail_and_wait(workspace, "sdc", "checksum", 4)
     second = fail_and_wait(workspace, "stall", "raise", 28, stall_s=6.6)

@@ -10,10 +10,10 @@ from pydantic import BaseModel
 
 from trainops.tools.base import CallContext, ToolError, ToolSpec
 from trainops.tools.calls import call
+from trainops.tools.changes.quotas import QuotaInput
+from trainops.tools.changes.tenancy import check_tenant_path, tenant_path
 from trainops.tools.governance import audit, queue, tokens
 from trainops.tools.governance.gate import GateRefused, before_call
-from trainops.tools.quotas import QuotaInput
-from trainops.tools.tenancy import check_tenant_path, tenant_path
 
 QUOTA = {"tenant": "acme", "gpus": 16, "priority": "high", "reason": "launch week"}
 POLICY = {"scope": "partition", "target": "gpu-a", "settings": {"PreemptMode": "REQUEUE"},

@@ -66,7 +66,7 @@ def _steps_done(run_dir: Path) -> int:
 
 @pytest.mark.parametrize("kind", ["node_crash", "power_loss"])
 def test_a_crashed_node_is_detected_from_the_job_first_and_slurm_confirms_it(sandbox_cluster, kind):
-    from trainops.tools.schedulers.sandbox import node_states
+    from trainops.tools.sandbox.cluster import node_states
 
     job_id, run_dir = _submit_long_run()
     fault = call("inject_fault", {"kind": kind, "node": "n2", "run": run_dir.name}, OPERATOR)
@@ -107,11 +107,11 @@ def test_a_node_crash_drill_detects_drains_and_recovers_on_the_hot_spare(sandbox
     assert result.detection_latency_s < 10 and result.recovery_time_s > 0
     assert result.async_checkpoint_intact
     assert "--scheduler slurm --nodes 2" in row.command
-    from trainops.tools.interruptions import read_interruptions
+    from trainops.tools.reliability.interruptions import read_interruptions
 
     rec = next(r for r in read_interruptions() if r.id == result.interruption_id)  # the cause is the record's
     assert (rec.cause, result.cause) == ("hardware", "hardware") and "node down: n2" in rec.cause_reason, rec
-    from trainops.tools.schedulers.sandbox import node_states
+    from trainops.tools.sandbox.cluster import node_states
 
     deadline = time.monotonic() + 60
     while node_states(sandbox_cluster)["n2"] != "idle":  # healed and resumed by the drill
@@ -126,7 +126,7 @@ def test_with_a_spare_node_a_node_crash_moves_its_ranks_onto_warm_spares_without
     from trainops.run_folder import read_recoveries
     from trainops.skills.drill import drill
     from trainops.skills.request import JobRequest
-    from trainops.tools.interruptions import read_interruptions
+    from trainops.tools.reliability.interruptions import read_interruptions
 
     req = JobRequest(preset="tiny", nproc=1, nodes=2, scheduler="slurm", timeout_s=240,
                      overrides=["training.steps=40", "data.kind=synthetic", "checkpoint.enable=true",
@@ -147,7 +147,7 @@ def test_with_a_spare_node_a_node_crash_moves_its_ranks_onto_warm_spares_without
 
 
 def test_the_sandboxs_prometheus_scrapes_every_node_and_query_metrics_folds_per_node(sandbox_cluster, monkeypatch):
-    from trainops.tools.schedulers.sandbox_metrics import EXPORTER_PORT_BASE, prometheus_url
+    from trainops.tools.sandbox.metrics import EXPORTER_PORT_BASE, prometheus_url
 
     monkeypatch.setenv("TRAINOPS_PROMETHEUS_URL", prometheus_url(sandbox_cluster.spec))
     job_id, run_dir = _submit_long_run(steps=400, extra=[f"metrics.prometheus_port_base={EXPORTER_PORT_BASE}"])

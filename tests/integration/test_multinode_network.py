@@ -37,7 +37,7 @@ def _order(events: list[str], *prefixes: str) -> list[int]:
 
 
 def _back_in_pool(cluster, node: str) -> None:
-    from trainops.tools.schedulers.sandbox import node_states
+    from trainops.tools.sandbox.cluster import node_states
 
     deadline = time.monotonic() + 30
     while node_states(cluster)[node] != "idle":

@@ -1,7 +1,7 @@
 """On the sandbox cluster a bit flip injected on one node ends with that node named and drained: the
 bit-flip drill's checksum mismatch runs the known-answer check through Slurm on every node and
 beside a known-good one, and the node that computes wrong (the one the flip marked: emulated bad
-hardware, see tools/sdc_check.py) is drained through the gated drain_node, the case pending a human."""
+hardware, see tools/reliability/sdc_check.py) is drained through the gated drain_node, the case pending a human."""
 from __future__ import annotations
 
 import json

@@ -12,10 +12,10 @@ from typer.testing import CliRunner
 from trainops.cli import app
 from trainops.tools.base import CallContext, ToolError
 from trainops.tools.calls import call
-from trainops.tools.changes import list_changes, read_change, save_change
+from trainops.tools.changes.records import list_changes, read_change, save_change
+from trainops.tools.changes.scheduler_policy import SETTINGS
 from trainops.tools.governance import tokens
 from trainops.tools.governance.gate import GateRefused
-from trainops.tools.scheduler_policy import SETTINGS
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 runner = CliRunner()

@@ -89,8 +89,8 @@ def test_a_drill_config_that_is_not_utf8_is_a_named_error(tmp_path):
 
 
 def test_a_corrupt_framework_pin_refuses_the_upgrade_with_the_file_named():
+    from trainops.tools.changes.tenancy import tenant_root
     from trainops.tools.governance.gate import GateRefused
-    from trainops.tools.tenancy import tenant_root
 
     pin = tenant_root("acme") / "framework.json"
     pin.parent.mkdir(parents=True, exist_ok=True)

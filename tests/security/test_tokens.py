@@ -11,9 +11,9 @@ import pytest
 from tests.conftest import make_ssh_key
 from trainops.tools.base import CallContext
 from trainops.tools.calls import call
+from trainops.tools.changes.quotas import QuotaInput
 from trainops.tools.governance import anchors, queue, signing, tokens
 from trainops.tools.governance.gate import GateRefused
-from trainops.tools.quotas import QuotaInput
 
 QUOTA = {"tenant": "acme", "gpus": 16, "priority": "high", "reason": "launch week"}
 UPGRADE = {"tenant": "acme", "framework": "torch", "from_version": "2.12.0", "to_version": "2.13.0"}

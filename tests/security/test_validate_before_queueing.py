@@ -49,7 +49,7 @@ def test_the_agent_s_bad_tenant_id_is_refused_before_it_is_queued(tenant):
 
 
 def test_an_input_built_without_validation_is_validated_before_it_is_queued():
-    from trainops.tools.quotas import QuotaInput
+    from trainops.tools.changes.quotas import QuotaInput
 
     sneaked = QuotaInput.model_construct(**quota("../../escape"))
     with pytest.raises(ToolError, match="tenant id .* is not valid"):

@@ -49,7 +49,7 @@ class CancelsScratch(BaseChatModel):
 @pytest.fixture(autouse=True)
 def launched_jobs():
     """Launch records for `scratch` and `important-run`, as submit_job leaves them: a cancel is queued
-    for a human only for a job trainops launched here (tools/jobs.py checks it before the queue)."""
+    for a human only for a job trainops launched here (tools/jobs/jobs.py checks it before the queue)."""
     from trainops.tools.schedulers.base import JobSpec
     from trainops.tools.schedulers.local import LocalScheduler
 
@@ -172,7 +172,7 @@ def test_approve_pending_shows_every_field_before_it_signs_and_signs_exactly_tho
     assert lines.index("gpus = 4096") < signed_line
     token = result.output.split("--cosign ")[1].split()[0]
     [approval] = tokens.parse(token)
-    from trainops.tools.quotas import QuotaInput
+    from trainops.tools.changes.quotas import QuotaInput
 
     full = QuotaInput(tenant="acme", gpus=4096, priority="high", reason=reason).model_dump(mode="json")
     assert "emergency = false" in lines  # every field, defaults too, is shown before it is signed

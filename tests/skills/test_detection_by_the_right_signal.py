@@ -12,7 +12,7 @@ import pytest
 
 from trainops.run_folder import read_metrics
 from trainops.tools.calls import call
-from trainops.tools.fault_signals import DetectFaultsInput, FaultWatch
+from trainops.tools.reliability.signals import DetectFaultsInput, FaultWatch
 
 pytestmark = pytest.mark.usefixtures("as_operator")
 

@@ -7,7 +7,7 @@ import socket
 import pytest
 
 from trainops.skills.drill_nodes import NodeTimeline, replacement
-from trainops.tools.reachability import connect_rtt_s, slow_outlier
+from trainops.tools.reliability.reachability import connect_rtt_s, slow_outlier
 
 
 def test_a_node_answering_far_later_than_its_peers_is_named_slow():

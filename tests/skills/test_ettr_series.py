@@ -67,7 +67,7 @@ def two_failures(workspace):
 
 @pytest.mark.slow
 def test_productive_time_is_wall_less_the_time_lost_per_job_and_overall(two_failures):
-    from trainops.tools.interruptions import ettr_series, read_interruptions
+    from trainops.tools.reliability.interruptions import ettr_series, read_interruptions
 
     records = {r.job_id: r for r in read_interruptions()}
     assert set(records) == set(two_failures)
@@ -92,7 +92,7 @@ def test_productive_time_is_wall_less_the_time_lost_per_job_and_overall(two_fail
 
 @pytest.mark.slow
 def test_trainops_ettr_json_gives_the_series_and_a_png(two_failures, workspace):
-    from trainops.tools.interruptions import ettr_series
+    from trainops.tools.reliability.interruptions import ettr_series
 
     result = CliRunner().invoke(app, ["ettr", "--window", "0.5", "--json"])
     assert result.exit_code == 0, result.output

@@ -87,7 +87,7 @@ def test_a_run_without_a_peak_is_refused_naming_the_device(factories, tmp_path):
     from trainops.skills.baseline import RepeatResult, summarize
     from trainops.skills.request import JobRequest
     from trainops.tools.base import ToolError
-    from trainops.tools.jobs import summarize_records
+    from trainops.tools.jobs.jobs import summarize_records
 
     run = factories.write_run(tmp_path / "run")
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

@@ -40,7 +40,7 @@ def test_the_weak_scaling_arm_grows_the_global_batch_with_the_world_size():
 
 def _runs(tmp_path, name: str, mfu: float, tokens_per_s: float, global_batch: int, world: int) -> list:
     from trainops.skills.baseline import RepeatResult
-    from trainops.tools.jobs import RunSummary
+    from trainops.tools.jobs.jobs import RunSummary
     from trainops.trainer.config import load_config
 
     run = tmp_path / name

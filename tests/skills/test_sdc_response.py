@@ -30,7 +30,7 @@ def test_the_known_answer_check_passes_on_a_sound_host_and_fails_on_the_one_a_bi
     marked = run_check("fleet", [host], [host], "local", ctx, 120)
     assert marked.failed_nodes == [host] and marked.results[0].gemm_wrong_elements == 1
     assert marked.results[0].emulated_defect and marked.state == "failed"
-    from trainops.tools.interruptions import read_interruptions
+    from trainops.tools.reliability.interruptions import read_interruptions
 
     record = next(r for r in read_interruptions(marked.job_id))  # the failed check is a hardware finding
     assert record.cause == "hardware" and "known-answer" in record.cause_reason and host in record.cause_reason

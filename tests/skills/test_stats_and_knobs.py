@@ -65,7 +65,7 @@ def _runs(mfu: float, tokens_per_s: float, world: int) -> list:
     from pathlib import Path
 
     from trainops.skills.baseline import RepeatResult
-    from trainops.tools.jobs import RunSummary
+    from trainops.tools.jobs.jobs import RunSummary
     from trainops.trainer.config import load_config
 
     run = Path(tempfile.mkdtemp(prefix="judge-scale-"))

@@ -203,7 +203,7 @@ def test_loading_the_cli_does_not_import_torch_or_langchain():
     import sys
 
     code = ("import sys, trainops.commands.tools; print(sorted(m for m in ('torch', 'langchain_core', "
-            "'trainops.tools.env') if m in sys.modules))")
+            "'trainops.tools.environment.env') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

@@ -207,7 +207,7 @@ def test_a_run_killed_with_kill_9_resumes_from_its_newest_checkpoint(workspace):
 def test_resume_refuses_a_run_a_live_job_still_trains_in(workspace):
     from trainops.tools.base import CallContext
     from trainops.tools.calls import call
-    from trainops.tools.trainer_job import trainer_job
+    from trainops.tools.jobs.trainer_job import trainer_job
     from trainops.trainer.launch import prepare_run
 
     run_dir = prepare_run(None, "tiny", ["checkpoint.enable=true", "training.steps=1000", "faults.hang_step=1"],

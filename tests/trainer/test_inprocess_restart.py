@@ -18,7 +18,7 @@ import pytest
 
 from trainops.run_folder import RECOVERY_PHASES, read_faults, read_heartbeat, read_metrics, read_recoveries
 from trainops.tools.base import CallContext
-from trainops.tools.follow import run_local
+from trainops.tools.jobs.follow import run_local
 from trainops.trainer.config import load_config
 from trainops.trainer.launch import prepare_run, torchrun_argv, trainer_program
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from trainops.tools.base import CallContext
-from trainops.tools.follow import run_local
+from trainops.tools.jobs.follow import run_local
 from trainops.trainer.config import load_config
 
 BASE = ["data.kind=synthetic", "training.steps=3", "training.seq_len=32", "training.global_batch=8",

@@ -15,7 +15,7 @@ import pytest
 
 from trainops.run_folder import read_metrics
 from trainops.tools.base import CallContext
-from trainops.tools.follow import launch_run, run_local
+from trainops.tools.jobs.follow import launch_run, run_local
 from trainops.trainer.checkpoint_files import COMMIT_FILE, list_checkpoints, step_dir_name
 from trainops.trainer.config import load_config
 from trainops.trainer.launch import RunResult

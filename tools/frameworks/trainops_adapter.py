@@ -83,8 +83,8 @@ class TrainopsAdapter(AdapterBase):
             raise FrameworkRefused(str(exc).splitlines()[0]) from None
 
     def build_job(self, job: FrameworkJob) -> JobSpec:
+        from trainops.tools.jobs.trainer_job import training_spec
         from trainops.tools.schedulers.base import TrainingJob
-        from trainops.tools.trainer_job import training_spec
 
         req = TrainingJob(config=job.config, preset=None if job.config else job.preset, overrides=job.overrides,
                               nproc=job.nproc, nodes=job.nodes)

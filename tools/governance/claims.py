@@ -222,7 +222,7 @@ class RangeStatement(BaseModel):
 class SchedulerChange(BaseModel):
     """What the caller of a scheduler policy change states (R-SCH-1): its impact. The shadow-queue
     result and the rollback commands are never the caller's: change_scheduler_policy replays the
-    change and generates them itself (tools/scheduler_policy.py)."""
+    change and generates them itself (tools/changes/scheduler_policy.py)."""
 
     impact: str | None = Field(None, description="Who and what the change affects (partitions, tenants, jobs).")
 

@@ -48,7 +48,7 @@ def _refuse(spec, inp, ctx, reason: str, rule_id: str, message: str, pending_id:
 
 
 def _tenant_path_problem(inp: BaseModel) -> str | None:
-    from trainops.tools.tenancy import check_tenant_path, tenant_id_problem, tenant_ids
+    from trainops.tools.changes.tenancy import check_tenant_path, tenant_id_problem, tenant_ids
 
     for tenant in tenant_ids(inp):
         if problem := tenant_id_problem(tenant):

@@ -70,7 +70,7 @@ RULES: dict[str, Rule] = {r.id: r for r in [
     Rule(id="R-SEC-2", title="Forbidden actions (global scheduler policy, forced cross-version upgrade) are refused",
          enforcement="trainops.tools.governance.gate:check_input", where="action gate"),
     Rule(id="R-SEC-3", title="Training data and checkpoints are isolated per tenant",
-         enforcement="trainops.tools.tenancy:check_tenant_path", where="action gate"),
+         enforcement="trainops.tools.changes.tenancy:check_tenant_path", where="action gate"),
     Rule(id="R-SEC-4", title="Irreversible and gated calls need a token signed by a human approver's SSH key, "
                              "single-use, expiring, bound to the queued call, revoked by a rejection",
          enforcement="trainops.tools.governance.tokens:consume", where="action gate"),

@@ -100,7 +100,7 @@ def sbatch_options(spec: JobSpec, log_path: str) -> list[tuple[str, str]]:
         options.append(("chdir", "workdir", spec.workdir))
     if _supervised(spec):  # a lost node ends only its own supervisor's step; the job goes on without it
         options.append(("no-kill", "no_kill", "on"))
-    if spec.tenant:  # the tenant's Slurm account; its default (and only) QOS carries the quota (tools/quotas.py)
+    if spec.tenant:  # the tenant's Slurm account; its default QOS carries the quota (tools/changes/quotas.py)
         options.append(("account", "tenant", spec.tenant))
     return [(flag, sbatch_value(field, value)[1:-1]) for flag, field, value in options]
 

@@ -24,7 +24,7 @@ def _render_changes(rows: list[dict[str, Any]]) -> None:
 @app.command("changes")
 def changes(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
     """List the recorded scheduler changes, oldest first, and whether each was rolled back."""
-    from trainops.tools.changes import list_changes
+    from trainops.tools.changes.records import list_changes
 
     emit([record.model_dump(mode="json") for record in list_changes()], as_json, _render_changes)
 
@@ -53,7 +53,7 @@ def rollback(
     the scheduler shows the recorded previous state again, field by field. Without a token the
     rollback is queued for approval and the command says how to approve it."""
     from trainops.commands.tools import run_tool
-    from trainops.tools.changes import read_change
+    from trainops.tools.changes.records import read_change
 
     try:
         record = read_change(change_id)

@@ -1,5 +1,5 @@
 """`trainops sandbox up|down|status`: a real multi-node Slurm cluster of network-namespace nodes on
-this host (trainops.tools.schedulers.sandbox), for trying the multi-node SOP without a cluster."""
+this host (trainops.tools.sandbox.cluster), for trying the multi-node SOP without a cluster."""
 from __future__ import annotations
 
 import typer
@@ -28,7 +28,7 @@ def up(
     from pydantic import ValidationError
 
     from trainops.tools.base import explain
-    from trainops.tools.schedulers import sandbox
+    from trainops.tools.sandbox import cluster as sandbox
 
     try:
         spec = sandbox.SandboxSpec(nodes=nodes, net=net, cpus_per_node=cpus_per_node, prefix=prefix,
@@ -55,7 +55,7 @@ def _render_up(payload: dict) -> None:
     out.print("then submit with scheduler 'slurm', e.g. trainops tool call submit_job --input "
               "'{\"scheduler\": \"slurm\", \"training\": {\"preset\": \"tiny\", \"nodes\": 2}}'")
     if payload.get("prometheus"):
-        from trainops.tools.schedulers.sandbox_metrics import EXPORTER_PORT_BASE
+        from trainops.tools.sandbox.metrics import EXPORTER_PORT_BASE
 
         out.print(f"Prometheus at {payload['prometheus']} scrapes every node: add \"metrics.prometheus_port_base="
                   f"{EXPORTER_PORT_BASE}\" to the job's overrides and query with monitor 'prometheus'", markup=False)
@@ -64,7 +64,7 @@ def _render_up(payload: dict) -> None:
 @app.command("down")
 def down(prefix: str = PrefixOpt, as_json: bool = JsonOpt) -> None:
     """Remove every namespace, link and process the sandbox made, and nothing else."""
-    from trainops.tools.schedulers import sandbox
+    from trainops.tools.sandbox import cluster as sandbox
 
     try:
         removed = sandbox.down(prefix)
@@ -78,7 +78,7 @@ def down(prefix: str = PrefixOpt, as_json: bool = JsonOpt) -> None:
 @app.command("status")
 def status(prefix: str = PrefixOpt, as_json: bool = JsonOpt) -> None:
     """Nodes and their Slurm state, the slurm.conf to use, the namespaces."""
-    from trainops.tools.schedulers import sandbox
+    from trainops.tools.sandbox import cluster as sandbox
 
     try:
         payload = sandbox.status(prefix)

@@ -3,7 +3,7 @@
 
 A launch goes through the `submit_job` tool on the local scheduler, as the operator, so it
 passes the governance gate and lands in the audit log like any other job; the command then
-follows the job (trainops.tools.follow, as the skills and benchmarks do): the trainer's per-step
+follows the job (trainops.tools.jobs.follow, as the skills and benchmarks do): the trainer's per-step
 lines, a progress bar, the run's summary and exit code.
 """
 from __future__ import annotations
@@ -124,7 +124,7 @@ def train(
     except (ConfigError, LayoutError, ValueError, ToolError) as error:  # a bad run id, a run still training, ...
         fail(str(error), as_json=as_json)
     from trainops.tools.base import CallContext
-    from trainops.tools.follow import launch_run
+    from trainops.tools.jobs.follow import launch_run
 
     try:
         result = launch_run(run_dir, nproc, ctx=CallContext(actor="operator"), show_progress=not as_json)

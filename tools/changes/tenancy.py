@@ -1,0 +1,301 @@
+"""Tenant-facing changes that a human must approve, and per-tenant isolation of data and
+checkpoints.
+
+State lives under `$TRAINOPS_HOME/tenants/TENANT/` (framework.json, data/,
+checkpoints/, runs/). The gate refuses the forbidden form (a forced cross-version framework
+upgrade) before any token is looked at. `check_job_paths` is where a job's folders are confined before it launches
+(or relaunches): the trainer takes its checkpoint folder and data file from its config, so the
+tool layer checks them first.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Iterator, Literal
+
+from pydantic import AfterValidator, BaseModel, Field, field_validator
+
+from trainops.run_folder import RunFiles
+from trainops.tools.base import InputCheck, tool
+from trainops.tools.schedulers.base import JobSpec
+
+if TYPE_CHECKING:
+    from trainops.tools.frameworks.base import FrameworkAdapter
+    from trainops.trainer.config import JobConfig
+
+log = logging.getLogger(__name__)
+TenantKind = Literal["data", "checkpoints", "runs"]
+# A tenant id names a folder, a Slurm account and a Prometheus label: one strict form for all three.
+TENANT_ID = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+
+
+def tenant_id_problem(value: object) -> str | None:
+    """Why `value` is not a tenant id (matched in full: no newline, path or control character), or None."""
+    if isinstance(value, str) and TENANT_ID.fullmatch(value):
+        return None
+    return (f"tenant id {value!r} is not valid: use 1 to 63 lowercase letters, digits, '_' or '-', starting with "
+            "a letter or digit (e.g. 'acme', 'team-a')")
+
+
+def _check_tenant_id(value: str) -> str:
+    problem = tenant_id_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+TenantId = Annotated[str, AfterValidator(_check_tenant_id)]
+
+
+def tenant_ids(inp: BaseModel) -> Iterator[str]:
+    """Every `tenant` an input names, in nested models too (a job spec's tenant, say)."""
+    for name, value in inp:
+        if name == "tenant" and value is not None:
+            yield value
+        elif isinstance(value, BaseModel):
+            yield from tenant_ids(value)
+
+
+def _tenants_root() -> Path:
+    from trainops.workspace import home
+
+    return home() / "tenants"
+
+
+def tenant_root(tenant: str) -> Path:
+    return _tenants_root() / _check_tenant_id(tenant)
+
+
+def tenant_path(tenant: str, kind: TenantKind) -> Path:
+    """The folder where `tenant`'s training data, checkpoints or run folders live (R-SEC-3)."""
+    if kind not in ("data", "checkpoints", "runs"):
+        raise ValueError(f"kind={kind!r} is not valid: use 'data', 'checkpoints' or 'runs'")
+    path = tenant_root(tenant) / kind
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def check_tenant_path(tenant: str, path: str | Path) -> Path:
+    """Refuse a path (relative paths count from the tenant root) that resolves outside the tenant's root."""
+    root = tenant_root(tenant).resolve()
+    candidate = Path(path)
+    resolved = (candidate if candidate.is_absolute() else root / candidate).resolve()
+    if not resolved.is_relative_to(root):
+        raise ValueError(f"R-SEC-3: path={str(path)!r} is outside tenant {tenant!r}'s root {root}; "
+                         f"fix: keep data and checkpoints under tenant_path({tenant!r}, 'data'|'checkpoints')")
+    return resolved
+
+
+def check_job_paths(spec: JobSpec, config: JobConfig | None = None,
+                    adapter_of: Callable[[str], FrameworkAdapter] | None = None) -> None:
+    """Refuse a job whose folders or files lie outside where it may act: the workspace and the
+    `[governance] roots` for everyone (shared `data_roots` for reading data); for a tenant's job,
+    its workdir, run folder and checkpoint folder inside the tenant's root and its data inside
+    that root or a shared data root (R-SEC-3). `config` is the trainer config the run will use
+    (default: the run folder's config.toml, which the job itself can rewrite before a requeue).
+    A run folder another framework made keeps its checkpoints where its adapter says:
+    `adapter_of` is the adapter lookup (`trainops.tools.frameworks.get_adapter`), passed in by
+    the job tools, as the trainer's own adapter builds its jobs through this check."""
+    from trainops.workspace import confine, shared_data_roots
+
+    workdir = confine(spec.workdir, "spec.workdir", must_exist=True) if spec.workdir else Path.cwd()
+    written = {"spec.workdir": spec.workdir and workdir}
+    if spec.run_dir:
+        run_dir = written["spec.run_dir"] = confine(spec.run_dir, "spec.run_dir")
+        framework = _framework_of(run_dir) if config is None else "trainops"
+        if framework not in (None, "trainops"):  # another framework's run: its adapter knows where checkpoints go
+            if adapter_of is None:
+                raise ValueError(f"spec.run_dir={str(run_dir)!r} is a {framework} run: check it with "
+                                 "adapter_of=trainops.tools.frameworks.get_adapter, which knows its checkpoint folder")
+            written["checkpoint.folder"] = confine(adapter_of(framework).checkpoint_dir(str(run_dir)),
+                                                   "checkpoint.folder")
+        elif config is None and RunFiles(run_dir).config.is_file():
+            from trainops.trainer.config import load_config
+
+            config = load_config(RunFiles(run_dir).config)
+        if config is not None:
+            written["checkpoint.folder"] = confine(run_dir / config.checkpoint.folder, "checkpoint.folder")
+    named = {"data.path": config.data.path if config is not None and config.data.kind == "text" else None,
+             "model.init_from": config.model.init_from if config is not None else None}
+    read = {field: (value, confine(workdir / Path(value).expanduser(), field, reading=True))
+            for field, value in named.items() if value}
+    if spec.tenant is None:
+        return
+    root = tenant_root(spec.tenant).resolve()
+    for field, path in written.items():
+        if path and not path.is_relative_to(root):
+            raise ValueError(f"R-SEC-3: {field}={str(path)!r} is outside tenant {spec.tenant!r}'s root {root}; "
+                             f"fix: keep the job's folders under {root} (a tenant's runs go in {root / 'runs'})")
+    shared = shared_data_roots()
+    for field, (value, path) in read.items():
+        if not any(path.is_relative_to(r) for r in [root, *shared]):
+            shared_text = ", ".join(map(str, shared)) or "none"
+            raise ValueError(f"R-SEC-3: {field}={value!r} resolves to {path}, outside tenant {spec.tenant!r}'s "
+                             f"data {root / 'data'} and the shared data roots ({shared_text}); fix: put it in the "
+                             "tenant's data folder or list a shared read-only folder under [governance] data_roots")
+
+
+def _framework_of(run_dir: Path) -> str | None:
+    """The framework a run folder's config.toml names (`framework = "deepspeed"` at the top, as the
+    adapters write it), "trainops" for the trainer's own config, None without a readable config."""
+    from trainops.settings import SettingsError, read_toml
+
+    path = RunFiles(run_dir).config
+    if not path.is_file():
+        return None
+    try:
+        framework = read_toml(path).get("framework", "trainops")
+    except SettingsError:
+        return "trainops"  # let the trainer's loader name what is wrong with it
+    return framework if isinstance(framework, str) else "trainops"
+
+
+def _write_json(path: Path, obj: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True))
+    tmp.replace(path)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    """A tenant's JSON state file; a corrupt one is a ValueError naming it, never a traceback."""
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path} is not UTF-8 JSON ({exc}); restore it from the audit log or remove it") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} holds {type(data).__name__}, not a JSON object; restore it or remove it")
+    return data
+
+
+_VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+def _major_minor(field: str, value: str) -> tuple[int, int]:
+    match = _VERSION.match(value.strip())
+    if not match:
+        raise ValueError(f"{field}={value!r} is not a version: write MAJOR.MINOR[.PATCH], e.g. 2.13.0")
+    return int(match.group(1)), int(match.group(2))
+
+
+class UpgradeInput(BaseModel):
+    tenant: TenantId = Field(description="Tenant whose jobs the upgrade applies to (e.g. 'acme').")
+    framework: str = Field(description="Framework name, e.g. 'torch', 'megatron-core', 'deepspeed'.")
+    from_version: str = Field(description="Version pinned now.")
+    to_version: str = Field(description="Version to pin.")
+    force: bool = Field(False,
+                        description="Skip the compatibility matrix; a forced cross-version upgrade is forbidden.")
+    emergency: bool = Field(False, description="Land outside a change window; needs one more approver.")
+
+    @field_validator("from_version", "to_version")
+    @classmethod
+    def _is_version(cls, value: str, info) -> str:
+        _major_minor(info.field_name, value)
+        return value
+
+
+class UpgradeOutput(BaseModel):
+    tenant: str
+    framework: str
+    pinned_version: str
+    previous_version: str
+
+
+def is_cross_version(from_version: str, to_version: str) -> bool:
+    """An upgrade moves within one major version, one minor at a time (and then must land inside
+    the compatibility matrix, tools/changes/compat.py)."""
+    (fa, fi), (ta, ti) = _major_minor("from_version", from_version), _major_minor("to_version", to_version)
+    return fa != ta or abs(ti - fi) > 1
+
+
+def _no_forced_cross_version(inp: UpgradeInput) -> str | None:
+    if inp.force and is_cross_version(inp.from_version, inp.to_version):
+        return (f"force=True from {inp.from_version} to {inp.to_version} is a forced cross-version upgrade, on "
+                "the forbidden list; upgrade one minor version at a time along the compatibility matrix")
+    return None
+
+
+def _follows_matrix(inp: UpgradeInput) -> str | None:
+    if is_cross_version(inp.from_version, inp.to_version):
+        return (f"to_version={inp.to_version!r} is not reachable from {inp.from_version} in one step of the "
+                "compatibility matrix; upgrade one minor version at a time")
+    try:
+        pinned = _read_json(tenant_root(inp.tenant) / "framework.json") or {}
+    except ValueError as exc:
+        return str(exc)
+    current = pinned.get(inp.framework)
+    if current and current != inp.from_version:
+        return f"from_version={inp.from_version!r} but {inp.framework} is pinned at {current}: start from the pin"
+    return None
+
+
+def tenant_pins(tenant: str) -> dict[str, str]:
+    """The framework versions `upgrade_framework` pinned for `tenant` (framework.json); {} without a pin."""
+    path = tenant_root(tenant) / "framework.json"
+    pins = _read_json(path) or {}
+    bad = [name for name, value in pins.items() if not isinstance(value, str)]
+    if bad:
+        raise ValueError(f"{path}: pin {bad[0]!r} is not a version string; restore it from the audit log or remove it")
+    return pins
+
+
+def _upgrade_in_matrix(inp: UpgradeInput) -> str | None:
+    """The target with the tenant's other pins and the installed CUDA and frameworks must be a
+    published combination: a torch the declared CUDA has no wheel for, or one an installed
+    adapter framework's requirement excludes, is refused naming the pair."""
+    from trainops.tools.changes import compat
+
+    try:
+        versions = {**tenant_pins(inp.tenant), inp.framework: inp.to_version}
+        env = compat.with_versions(compat.installed_environment(compat.PACKAGES), versions)
+        problems = compat.check(env).problems
+    except ValueError as exc:
+        return str(exc)
+    if not problems:
+        return None
+    return (f"{inp.framework} {inp.to_version} for tenant {inp.tenant!r} is outside the compatibility matrix: "
+            f"{'; '.join(problems)}")
+
+
+def check_launch_versions(spec: JobSpec) -> None:
+    """Refuse a launch whose framework versions (installed, with the tenant's pins in place) form a
+    pair outside the compatibility matrix, or whose installed versions differ from the tenant's pin."""
+    from trainops.tools.changes import compat
+    from trainops.workspace import confine
+
+    framework = _framework_of(confine(spec.run_dir, "spec.run_dir")) if spec.run_dir else None
+    pins = tenant_pins(spec.tenant) if spec.tenant else {}
+    names = {compat.ADAPTER_PACKAGES.get(framework or ""), *pins} & set(compat.PACKAGES)
+    installed = compat.installed_environment(tuple(sorted(names)))
+    report = compat.check(compat.with_versions(installed, pins))
+    problems = report.problems
+    for note in report.unchecked:  # said, not passed silently: the matrix holds no data to refuse it on
+        log.warning("compatibility matrix: %s", note)
+    if problems:
+        raise ValueError(f"the job's framework versions are outside the compatibility matrix: {'; '.join(problems)}")
+    for name, pinned in sorted(pins.items()):
+        running = compat.version_of(installed, name)
+        if running is None or not compat.same_version(pinned, running):
+            raise ValueError(f"tenant {spec.tenant!r} pins {name} {pinned} but this launch runs {name} "
+                             f"{running or 'not installed (a CPU build, for cuda)'}; fix: install {name} {pinned} "
+                             "where the job runs, or move the pin with upgrade_framework")
+
+
+@tool("upgrade_framework", risk="irreversible", tags=("tenant-governance", "change-window"),
+      checks=(InputCheck("R-SEC-2", _no_forced_cross_version, kind="forbidden"),
+              InputCheck("R-SEC-2", _follows_matrix), InputCheck("R-SEC-2", _upgrade_in_matrix)))
+def upgrade_framework(inp: UpgradeInput) -> UpgradeOutput:
+    """Pin a newer framework version for a tenant's jobs, one compatibility-matrix step at a
+    time. Irreversible for running jobs (checkpoints written by the new version may not load
+    in the old one), so it needs a human approval token."""
+    path = tenant_root(inp.tenant) / "framework.json"
+    pinned = _read_json(path) or {}
+    previous = pinned.get(inp.framework, inp.from_version)
+    pinned[inp.framework] = inp.to_version
+    _write_json(path, pinned)
+    return UpgradeOutput(tenant=inp.tenant, framework=inp.framework, pinned_version=inp.to_version,
+                         previous_version=previous)

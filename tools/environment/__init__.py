@@ -1,0 +1,1 @@
+"""The environment declaration (S1): probes, measured interconnect, the declared facts."""

@@ -1,0 +1,1 @@
+"""Jobs: submit, follow, read the logs of and compare the jobs trainops launches."""

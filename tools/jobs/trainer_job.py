@@ -1,0 +1,73 @@
+"""The embedded trainer's job: a training request turned into a prepared run folder (config.toml,
+logs/) and the torchrun command that trains it, its layout (nodes x processes per node) and folders
+checked first (trainer.layout.validate_job_layout, tenancy.check_job_paths).
+
+Below both the job tools (`submit_job` with a training request) and the trainer's framework
+adapter (`TrainopsAdapter.build_job`), so neither imports the other."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from trainops.run_folder import RunFiles
+from trainops.tools.schedulers.base import JobSpec, TrainingJob
+
+
+def _new_run_dir(tenant: str | None) -> Path:
+    from trainops.tools.changes.tenancy import tenant_path
+    from trainops.workspace import new_run_id, runs_dir
+
+    return (tenant_path(tenant, "runs") if tenant else runs_dir()) / new_run_id()
+
+
+def _init_from(req: TrainingJob) -> str | None:
+    """The Hugging Face folder a run starts from (`model.init_from`, an override or in the config TOML)."""
+    from trainops.settings import read_toml
+
+    for item in reversed(req.overrides):
+        key, _, value = item.partition("=")
+        if key.strip() == "model.init_from":
+            return value.strip().strip("'\"") or None
+    if req.config:
+        model = read_toml(Path(req.config)).get("model", {})
+        return model.get("init_from") if isinstance(model, dict) else None
+    return None
+
+
+def trainer_job(run_dir: str | Path, nproc: int, *, name: str = "train", nodes: int = 1,
+                exclude_nodes: list[str] | None = None, tenant: str | None = None) -> JobSpec:
+    """The job that trains a prepared run folder: torchrun of the trainer's own program
+    (trainops.trainer.launch.trainer_program), the one command line every trainer launch uses."""
+    from trainops.trainer.launch import trainer_program
+
+    return JobSpec(name=name, command=trainer_program(run_dir), launcher="torchrun", nodes=nodes,
+                   procs_per_node=nproc, run_dir=str(run_dir), exclude_nodes=list(exclude_nodes or []),
+                   env={"OMP_NUM_THREADS": "1"}, tenant=tenant)
+
+
+def check_layout(req: TrainingJob):
+    """The request's config, once its layout fits the job's nodes x processes per node (LayoutError,
+    a ValueError naming the numbers and the fix, otherwise): checked before any scheduler is asked."""
+    from trainops.trainer.config import load_config
+    from trainops.trainer.layout import validate_job_layout
+
+    config = load_config(req.config, req.preset, req.overrides)
+    validate_job_layout(config, req.nproc, req.nodes)
+    return config
+
+
+def training_spec(req: TrainingJob, name: str, exclude_nodes: list[str], tenant: str | None = None) -> JobSpec:
+    """Check the trainer run's folders, then prepare its run folder (config.toml, logs/) and
+    build the torchrun job; a tenant's run folder lies in the tenant's root."""
+    from trainops.tools.changes.tenancy import check_job_paths
+    from trainops.workspace import confine
+
+    init_from = _init_from(req)
+    if init_from:  # before the config loads: loading it reads the folder's config.json
+        confine(init_from, "model.init_from", reading=True, must_exist=True)
+    config = check_layout(req)
+    run_dir = _new_run_dir(tenant)
+    spec = trainer_job(run_dir, req.nproc, name=name, nodes=req.nodes, exclude_nodes=exclude_nodes, tenant=tenant)
+    check_job_paths(spec, config)
+    RunFiles(run_dir).logs_dir.mkdir(parents=True)
+    RunFiles(run_dir).config.write_text(config.to_toml())
+    return spec

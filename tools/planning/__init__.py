@@ -1,0 +1,1 @@
+"""Planning: checkpoint interval, effective training time, parallel layouts and where they land."""

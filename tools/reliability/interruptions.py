@@ -1,0 +1,486 @@
+"""The interruption record: every job end that is not a clean finish, recorded once with its
+evidence, its cause (tools/reliability/causes.py, from the evidence alone) and what it cost.
+It lives in the workspace as `interruptions.jsonl`; every observation of a job end (job_status,
+wait_job, the launch-and-follow path) passes `observe`, so a job is recorded however it is seen.
+A drill marks its own job (`witness`, just before it ends the job), so its record carries the ranks'
+processes as they were, and completes the record with the restart it measured (`complete_recovery`).
+Effective training time (ETTR) per window is computed from the record and the runs it names."""
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from trainops.run_folder import Heartbeat, read_heartbeats
+from trainops.tools.base import tool
+from trainops.tools.reliability.causes import (
+    CAUSES,
+    Cause,
+    Evidence,
+    classify,
+    gather,
+    gather_in_process,
+    inert,
+    replay_evidence,
+    witness_ranks,
+)
+
+log = logging.getLogger(__name__)
+RECORD_NAME = "interruptions.jsonl"
+MAX_RECORD_FILE = 64 << 20
+MAX_REASON_CHARS = 700
+_PLANNED_STATES = {"cancelled"}
+IN_PROCESS_MARK = "#gen"
+"""An in-process recovery's record id: the job's launch id, then this and the recovery's generation."""
+STALE_MIN_S, STALE_STEPS = 5.0, 5  # a rank silent longer than this (and 5 steps) at the end had stalled
+WITNESS_GRACE_S = 1.0
+"""A step may still finish between the witness and the kill; a restart's first step cannot come this soon."""
+
+
+class Witnessed(BaseModel):
+    """A job as trainops saw it just before ending it itself: its record may be written only after a
+    restart of the same run rewrote the heartbeats (Slurm holds a job with a lost node COMPLETING), so
+    the run folder as it was then is kept, not read again."""
+
+    ranks: dict[int, str]
+    beats: dict[int, Heartbeat]
+    at: float
+    drill: bool
+
+
+_WITNESSED: dict[tuple[str, str], Witnessed] = {}
+"""(scheduler, job) -> what trainops saw just before it ended the job."""
+
+
+class LostTime(BaseModel):
+    """time lost = detection + isolation + restart + steps redone (seconds)."""
+
+    detection_s: float = 0.0
+    isolation_s: float = 0.0
+    restart_s: float = 0.0
+    redo_s: float = 0.0
+
+
+class Interruption(BaseModel):
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    id: str = Field(description="scheduler:job_id@start (a requeue keeps the job id): one record per job end; "
+                                "an in-process recovery's is that and #gen<its generation>.")
+    job_id: str
+    run_dir: str | None = None
+    scheduler: str
+    name: str = ""
+    submitted_at: float | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    detected_at: float
+    planned: bool = False
+    drill: bool = Field(False, description="Ended by a fault drill (the drill marks its own job; a file the job "
+                                           "could write does not).")
+    cause: Cause
+    cause_reason: str = Field(description="The evidence the classifier used.")
+    evidence: Evidence
+    lost: LostTime = Field(default_factory=LostTime)
+    time_lost_s: float = 0.0
+    steps_lost: int = 0
+
+    @property
+    def time(self) -> float:
+        """When the interruption happened (its end, else its detection)."""
+        return self.ended_at or self.detected_at
+
+
+def record_path() -> Path:
+    from trainops.workspace import home
+
+    return home() / RECORD_NAME
+
+
+def read_interruptions(job: str | None = None) -> list[Interruption]:
+    """Every record (of one job), oldest first. A corrupt line is skipped with a warning."""
+    from trainops.run_folder import read_regular
+
+    data = read_regular(record_path(), MAX_RECORD_FILE) or b""
+    out = []
+    for n, line in enumerate(data.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = Interruption.model_validate_json(line)
+        except (ValidationError, ValueError):
+            log.warning("%s line %d is not an interruption record; skipped", RECORD_NAME, n)
+            continue
+        if job is None or rec.job_id == job:
+            out.append(rec)
+    return out
+
+
+def cause_distribution(records: list[Interruption]) -> dict[str, int]:
+    """Interruptions per cause, every cause named (0 where none)."""
+    counts = dict.fromkeys(CAUSES, 0)
+    for rec in records:
+        counts[rec.cause] += 1
+    return counts
+
+
+def _lost(ev: Evidence, detected_at: float) -> tuple[LostTime, int]:
+    """What the end cost: detection (last progress -> detected) and the steps since the last commit
+    redone at the median step time; a drill adds isolation and restart (complete_recovery)."""
+    lost = LostTime()
+    if ev.last_progress_time:
+        lost.detection_s = max(0.0, detected_at - ev.last_progress_time)
+    steps = max(0, (ev.last_step or 0) - (ev.committed_step or 0)) if ev.last_step is not None else 0
+    lost.redo_s = steps * (ev.step_time_s or 0.0)
+    return lost, steps
+
+
+def _stale_s(ev: Evidence) -> float:
+    return max(STALE_MIN_S, STALE_STEPS * (ev.step_time_s or 0.0))
+
+
+def healthy(ev: Evidence) -> bool:
+    """Nothing went wrong before the end: no error line, no NaN/inf, replicas agree, every rank
+    still beating (a cancel of a run in this state is an operator's planned stop)."""
+    return (all(st == "running" for st in ev.ranks_at_end.values()) and not ev.error_lines
+            and ev.nonfinite_loss_step is None and ev.checksum_verdict != "disagree"
+            and ev.exit_code in (None, 0, -15, 143) and max(ev.heartbeat_age_s.values(), default=0.0) <= _stale_s(ev))
+
+
+def is_clean(status) -> bool:
+    """A finish that lost no training: the scheduler says completed and the run did not fail. A
+    completed job whose step the scheduler still marks with a signal (Slurm: a teardown that timed out
+    after every rank was done) is clean only when the run itself wrote an ok status during this launch."""
+    if status.state != "completed":
+        return False
+    if status.exit_code in (0, None):
+        return not _run_failed(status.run_dir)
+    return _run_finished_ok_since(status.run_dir, status.started_at)
+
+
+def _run_status(run_dir: str | None):
+    from trainops.run_folder import read_status
+
+    return read_status(run_dir) if run_dir and Path(run_dir).is_dir() else None
+
+
+def _run_failed(run_dir: str | None) -> bool:
+    result = _run_status(run_dir)
+    return result is not None and result.status == "failed"
+
+
+def _run_finished_ok_since(run_dir: str | None, started_at: float | None) -> bool:
+    from trainops.run_folder import RunFiles
+
+    result = _run_status(run_dir)
+    if result is None or result.status != "ok" or result.exit_code != 0:
+        return False
+    written = RunFiles(run_dir).status.stat().st_mtime
+    return started_at is None or written >= started_at
+
+
+def record_id(scheduler: str, status) -> str:
+    """One id per job end: a requeued job keeps its id, so its start time tells its launches apart."""
+    return f"{scheduler}:{status.job_id}" + (f"@{status.started_at:.3f}" if status.started_at else "")
+
+
+def witness(job_id: str, scheduler: str, run_dir: str, drill: bool = False) -> dict[int, str]:
+    """Just before trainops ends a job itself: each rank's process as it is now, kept for the record
+    of this job's end (with `drill`, the record is marked a drill's)."""
+    seen = witness_ranks(run_dir, job_id, scheduler)
+    _WITNESSED[(scheduler, job_id)] = Witnessed(ranks=seen, beats=read_heartbeats(run_dir), at=time.time(),
+                                                drill=drill)
+    return seen
+
+
+def build(status, scheduler: str, node_states: dict[str, str] | None = None,
+          detected_at: float | None = None, job_log: str = "") -> Interruption:
+    """The record of one job end from what it showed."""
+    detected_at = detected_at or time.time()
+    seen = _WITNESSED.pop((scheduler, status.job_id), None)
+    drill = seen is not None and seen.drill
+    ev = (gather(status, node_states, job_log, ranks_at_end=seen.ranks, beats=seen.beats,
+                 until=seen.at + WITNESS_GRACE_S) if seen else gather(status, node_states, job_log))
+    planned = status.state in _PLANNED_STATES and healthy(ev)
+    cause, reason = classify(ev, planned=planned, stale_s=_stale_s(ev))
+    lost, steps = _lost(ev, detected_at)
+    return Interruption(id=record_id(scheduler, status), job_id=status.job_id, run_dir=status.run_dir,
+                        scheduler=scheduler, name=inert(status.name), submitted_at=status.submitted_at,
+                        started_at=status.started_at, ended_at=status.ended_at, detected_at=detected_at,
+                        planned=planned, drill=drill, cause=cause, cause_reason=_reason(reason), evidence=ev,
+                        lost=lost, time_lost_s=_total(lost), steps_lost=steps)
+
+
+def _reason(text: str) -> str:
+    return inert(text, MAX_REASON_CHARS)
+
+
+def _total(lost: LostTime) -> float:
+    return round(lost.detection_s + lost.isolation_s + lost.restart_s + lost.redo_s, 3)
+
+
+def _open_record():
+    fd = os.open(record_path(), os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    return os.fdopen(fd, "a+")
+
+
+def record_job_end(status, scheduler: str, node_states: dict[str, str] | None = None,
+                   job_log: str = "") -> Interruption | None:
+    """Record a terminal, not-clean job end once (by job end): the stored record when it already
+    exists, None for a clean finish or a job still running."""
+    if not status.finished or is_clean(status):
+        return None
+    key = record_id(scheduler, status)
+    with _open_record() as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        known = next((r for r in read_interruptions(status.job_id) if r.id == key), None)
+        if known is not None:
+            _WITNESSED.pop((scheduler, status.job_id), None)
+            return known
+        rec = build(status, scheduler, node_states, job_log=job_log)
+        fh.write(rec.model_dump_json() + "\n")
+        fh.flush()
+    return rec
+
+
+def record_in_process_recoveries(status, scheduler: str) -> list[Interruption]:
+    """Record each in-process recovery of the job's run (RUN/recoveries.jsonl) once: the job did not
+    end, but a rank was lost and the time to the first step after it was not training. Its evidence is
+    the supervisor's (gather_in_process); returns the records made now."""
+    from trainops.run_folder import read_recoveries
+
+    entries = [e for e in read_recoveries(status.run_dir) if e.path != "requeue"] if status.run_dir else []
+    if not entries:
+        return []
+    made = []
+    with _open_record() as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        known = {r.id for r in read_interruptions(status.job_id)}
+        for entry in entries:
+            key = f"{record_id(scheduler, status)}{IN_PROCESS_MARK}{entry.generation}"
+            if key in known:
+                continue
+            rec = _in_process_record(key, status, scheduler, entry)
+            fh.write(rec.model_dump_json() + "\n")
+            made.append(rec)
+        fh.flush()
+    return made
+
+
+def in_process_record(job_id: str, since: float) -> Interruption | None:
+    """The record of the job's first in-process recovery detected after `since` (a drill's own)."""
+    return next((r for r in read_interruptions(job_id) if IN_PROCESS_MARK in r.id and r.detected_at >= since), None)
+
+
+def _in_process_record(key: str, status, scheduler: str, entry) -> Interruption:
+    ev = gather_in_process(entry, status.run_dir)
+    detected_at = entry.time - entry.total_s
+    cause, reason = classify(ev, stale_s=_stale_s(ev))
+    lost, _ = _lost(ev, detected_at)
+    steps = max(0, ev.last_step - entry.resumed_step) if ev.last_step is not None else 0  # redone from the resume
+    lost.redo_s, lost.restart_s = steps * (ev.step_time_s or 0.0), max(0.0, entry.total_s)
+    return Interruption(id=key, job_id=status.job_id, run_dir=status.run_dir, scheduler=scheduler,
+                        name=inert(status.name), submitted_at=status.submitted_at, started_at=status.started_at,
+                        detected_at=detected_at, cause=cause, cause_reason=_reason(reason), evidence=ev, lost=lost,
+                        time_lost_s=_total(lost), steps_lost=steps)
+
+
+def complete_recovery(rec_id: str, detection_s: float, isolation_s: float, restart_s: float,
+                      node_states: dict[str, str] | None = None) -> Interruption:
+    """A drill's measured recovery completes its record once the restart ran: detection, isolation and
+    restart (the record was written at the end, before the restart existed), the replay's evidence
+    (the NaN step replayed, checkpoints that failed verification on load, nodes the scheduler flagged
+    since) and the cause that evidence then supports. The one record is rewritten in place, under the
+    record's lock."""
+    from trainops.run_folder import read_regular
+
+    with _open_record() as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        lines = (read_regular(record_path(), MAX_RECORD_FILE) or b"").decode(errors="replace").splitlines()
+        ids = [_line_id(ln) for ln in lines]
+        rec = next((Interruption.model_validate_json(ln) for ln, i in zip(lines, ids, strict=True) if i == rec_id),
+                   None)
+        if rec is None:
+            raise ValueError(f"interruption {rec_id!r} is not in the record; record the job end first")
+        ev = rec.evidence.model_copy(deep=True)
+        ev.node_states.update({inert(k): inert(v) for k, v in (node_states or {}).items()})
+        if rec.run_dir and Path(rec.run_dir).is_dir():
+            replay_evidence(ev, rec.run_dir, rec.ended_at or rec.detected_at)
+        cause, reason = classify(ev, planned=rec.planned, stale_s=_stale_s(ev))
+        lost = rec.lost.model_copy(update={"detection_s": max(0.0, detection_s), "isolation_s": max(0.0, isolation_s),
+                                           "restart_s": max(0.0, restart_s)})
+        done = rec.model_copy(update={"evidence": ev, "cause": cause, "cause_reason": _reason(reason),
+                                      "lost": lost, "time_lost_s": _total(lost), "drill": True})
+        fh.seek(0)
+        fh.truncate()  # every other line as it was, even one that does not parse
+        kept = (done.model_dump_json() if i == rec_id else ln for ln, i in zip(lines, ids, strict=True))
+        fh.write("".join(line + "\n" for line in kept))
+        fh.flush()
+    return done
+
+
+def _line_id(line: str) -> str | None:
+    try:
+        return Interruption.model_validate_json(line).id
+    except (ValidationError, ValueError):
+        return None
+
+
+def observe(status, scheduler) -> None:
+    """Every job observation passes here: its in-process recoveries, and its end when that is not a
+    clean finish, are recorded; a failure to record never fails the caller."""
+    kind = getattr(scheduler, "kind", str(scheduler))
+    try:
+        record_in_process_recoveries(status, kind)
+    except (OSError, ValueError, ValidationError) as exc:
+        log.warning("interruption record: in-process recoveries of job %s not recorded: %s", status.job_id, exc)
+    if not status.finished or is_clean(status):
+        return
+    try:
+        if any(r.id == record_id(kind, status) for r in read_interruptions(status.job_id)):
+            _WITNESSED.pop((kind, status.job_id), None)
+            return  # recorded already: every later poll of the job does not ask the scheduler again
+        nodes = _quietly(lambda: {n.name: n.state for n in scheduler.list_nodes() if n.name in status.nodes}, {})
+        job_log = _quietly(lambda: scheduler.logs(status.job_id, 200), "")
+        record_job_end(status, kind, nodes if status.nodes else {}, job_log)
+    except (OSError, ValueError, ValidationError) as exc:
+        log.warning("interruption record: job %s not recorded: %s", status.job_id, exc)
+
+
+def _quietly(read, default):
+    """Node states and the job log are evidence when readable, never a precondition."""
+    try:
+        return read()
+    except Exception:  # noqa: BLE001 - any backend failure leaves that evidence out
+        return default
+
+
+# --- effective training time ----------------------------------------------------------------
+
+class EttrWindow(BaseModel):
+    start: float
+    end: float
+    productive_s: float
+    wall_s: float
+    ettr_pct: float
+
+
+def _spans(records: list[Interruption]) -> list[tuple[float, float]]:
+    """Each interruption's lost time as an interval ending when training resumed."""
+    out = []
+    for r in records:
+        begin = (r.evidence.last_progress_time or r.time) - r.lost.redo_s
+        out.append((begin, begin + r.time_lost_s))
+    return out
+
+
+def ettr_series(window_s: float, job: str | None = None, now: float | None = None,
+                records: list[Interruption] | None = None) -> list[EttrWindow]:
+    """Per window of `window_s` from the first recorded job start: productive time over wall time,
+    productive = wall - time lost (detection + isolation + restart + steps redone). `records`: the
+    record as the caller already read it."""
+    if not window_s > 0:
+        raise ValueError(f"window_s={window_s!r}: must be a positive number of seconds")
+    records = [r for r in (read_interruptions(job) if records is None else records) if not r.planned]
+    if not records:
+        return []
+    spans = _spans(records)
+    t0 = min(min(r.started_at or r.submitted_at or s[0] for r, s in zip(records, spans, strict=True)),
+             min(s[0] for s in spans))
+    t1 = max(now or 0.0, max(s[1] for s in spans), max(r.time for r in records))
+    windows, start = [], t0
+    while start < t1:
+        end = min(start + window_s, t1)
+        wall = end - start
+        lost = sum(max(0.0, min(end, b) - max(start, a)) for a, b in spans)
+        prod = max(0.0, wall - lost)
+        windows.append(EttrWindow(start=start, end=end, productive_s=round(prod, 3), wall_s=round(wall, 3),
+                                  ettr_pct=round(100.0 * prod / wall, 3) if wall > 0 else 100.0))
+        start = end
+    return windows
+
+
+class ReliabilityStats(BaseModel):
+    """Interruption rate, MTBF and recovery time measured from the record; the declared MTBF only
+    when the record holds fewer than two unplanned interruptions that were not drills, labelled so."""
+
+    interruptions: int
+    unplanned: int
+    span_h: float
+    interruption_rate_per_day: float | None
+    mtbf_h: float
+    mtbf_source: str
+    mtbf_measured: bool = Field(description="The MTBF comes from the record (two or more interruptions that were "
+                                            "not drills), not the declared figure.")
+    recovery_time_s: float | None = Field(None, description="Median time lost per unplanned interruption.")
+    cause_distribution: dict[str, int]
+
+
+def reliability(declared_mtbf_h: float = 24.0, job: str | None = None,
+                records: list[Interruption] | None = None) -> ReliabilityStats:
+    import statistics
+
+    records = read_interruptions(job) if records is None else records
+    unplanned = [r for r in records if not r.planned]
+    lost = [r.time_lost_s for r in unplanned]
+    # an injected fault says how recovery goes, not how often the fleet fails: drills stay out of MTBF and rate
+    times = sorted(r.time for r in unplanned if not r.drill)
+    drills = sum(1 for r in unplanned if r.drill)
+    span = (times[-1] - times[0]) if len(times) > 1 else 0.0
+    left_out = f", {drills} drill(s) left out" if drills else ""
+    measured = len(times) >= 2 and span > 0
+    if measured:
+        mtbf, source = span / (len(times) - 1) / 3600, f"measured from {len(times)} recorded interruptions{left_out}"
+    else:
+        mtbf, source = declared_mtbf_h, (f"declared (record holds {len(times)} unplanned interruption(s) that were "
+                                         f"not drills{left_out})")
+    return ReliabilityStats(interruptions=len(records), unplanned=len(unplanned), span_h=round(span / 3600, 4),
+                            interruption_rate_per_day=round(len(times) / (span / 86400), 3) if span > 0 else None,
+                            mtbf_h=mtbf, mtbf_source=source, mtbf_measured=measured,
+                            recovery_time_s=statistics.median(lost) if lost else None,
+                            cause_distribution=cause_distribution(records))
+
+
+# --- tools ----------------------------------------------------------------------------------
+
+class InterruptionsInput(BaseModel):
+    job_id: str | None = Field(None, max_length=200, description="Only this job's records; None: all.")
+
+
+class InterruptionsOutput(BaseModel):
+    interruptions: list[Interruption]
+    cause_distribution: dict[str, int]
+
+
+@tool("list_interruptions", risk="read", tags=("jobs", "reliability"))
+def list_interruptions(inp: InterruptionsInput) -> InterruptionsOutput:
+    """The interruption record: every job end that was not a clean finish, with its evidence (exit
+    code or signal, failing rank and node, last error lines, heartbeat ages, node states, checksum
+    verdict, data position), its cause with the reason, planned/drill flags, time and steps lost."""
+    records = read_interruptions(inp.job_id)
+    return InterruptionsOutput(interruptions=records, cause_distribution=cause_distribution(records))
+
+
+class EttrInput(BaseModel):
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    job_id: str | None = Field(None, max_length=200, description="Only this job; None: every recorded job.")
+    window_s: float = Field(3600.0, gt=0, le=30 * 86400, description="Width of one window in seconds.")
+    declared_mtbf_h: float = Field(24.0, gt=0, le=1e6, description="Used only while the record is too short.")
+
+
+class EttrOutput(BaseModel):
+    windows: list[EttrWindow]
+    reliability: ReliabilityStats
+
+
+@tool("effective_training_time", risk="read", tags=("jobs", "reliability"))
+def effective_training_time(inp: EttrInput) -> EttrOutput:
+    """Effective training time per window (productive time over wall time; time lost = detection +
+    isolation + restart + steps redone) from the interruption record, with the interruption rate,
+    MTBF (measured, or declared when the record is too short, labelled) and recovery time."""
+    return EttrOutput(windows=ettr_series(inp.window_s, inp.job_id),
+                      reliability=reliability(inp.declared_mtbf_h, inp.job_id))
