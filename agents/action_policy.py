@@ -17,14 +17,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from trainops.tools.reliability.interruptions import read_interruptions
+
 MAX_RESTARTS = 3
 RESTART_WINDOW_S = 24 * 3600.0
 RESTART_TOOLS = frozenset({"requeue_job"})
 
 
 def _job_ends(job_id: str, now: float) -> list:
-    from trainops.tools.reliability.interruptions import read_interruptions
-
     return [r for r in read_interruptions(job_id) if not r.planned and now - r.time <= RESTART_WINDOW_S]
 
 

@@ -7,16 +7,26 @@ tools may not call skills),
 every trainops tool plus these."""
 from __future__ import annotations
 
+import json
 from functools import cache
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from trainops.skills.sdc import SdcCase, Suspect
-from trainops.skills.sop import SopResult, SopSettings
-from trainops.tools.base import InputCheck, ToolError, skill_context, tool
-from trainops.tools.registry import Registry, build_registry
+from trainops.agents.prompt import load_skills
+from trainops.run_folder import read_regular
+from trainops.skills import sdc
+from trainops.skills.sdc import CASE_FILE, SdcCase, Suspect
+from trainops.skills.sop import SopResult, SopSettings, run
+from trainops.tools.base import InputCheck, ToolError, tool
+from trainops.tools.calls import call
+from trainops.tools.catalog import build_registry
+from trainops.tools.context import skill_context
+from trainops.tools.governance.approvals import list_items
+from trainops.tools.registry import Registry
+from trainops.tools.reliability.causes import inert
 from trainops.tools.schedulers.base import SchedulerKind
+from trainops.workspace import run_folder
 
 
 class PendingInput(BaseModel):
@@ -41,7 +51,6 @@ def list_pending_approvals(inp: PendingInput) -> PendingOutput:
     """List what waits for a human decision: gated tool calls, evidence packs and agent threads paused
     at an approval."""
     from trainops.agents.threads import list_threads
-    from trainops.tools.governance.approvals import list_items
 
     items = [PendingItem(kind=i.kind, id=i.id, status=i.status, detail=i.detail) for i in list_items()
              if inp.include_decided or i.status == "pending"]
@@ -67,8 +76,6 @@ def run_sop(inp: RunSopInput) -> SopResult:
     """Run the whole SOP on a job config: S1 environment declaration, S2 baseline, S3/S4 single-variable
     ablations (small scale first), S5 fault drills, S6 evidence pack. Launches training jobs (quick: about
     2 minutes on 2 CPU cores). Returns the pack folder, verdict and blockers; a human then approves the pack."""
-    from trainops.skills.sop import run
-
     return run(inp)  # the skill acts for whoever called this tool (the agent), under that call's approval
 
 
@@ -100,8 +107,6 @@ class RespondToSdcInput(BaseModel):
 
 def _run_inside(inp: RespondToSdcInput) -> str | None:
     """A run folder outside the workspace is refused before any approval is asked for (R-SEC-3)."""
-    from trainops.workspace import run_folder
-
     try:
         run_folder(inp.run) if inp.run is not None else None
     except ValueError as exc:
@@ -112,9 +117,6 @@ def _run_inside(inp: RespondToSdcInput) -> str | None:
 def _stopped_run(inp: RespondToSdcInput) -> str:
     """The suspect's run folder (confined); a job named by id is looked up and, while it runs,
     stopped: its nodes are what the known-answer checks test."""
-    from trainops.tools.calls import call
-    from trainops.workspace import run_folder
-
     if inp.job_id is not None:
         ctx = skill_context("sdc-response")
         status = call("job_status", {"job_id": inp.job_id, "scheduler": inp.scheduler}, ctx)
@@ -138,8 +140,6 @@ def respond_to_sdc(inp: RespondToSdcInput) -> SdcCase:
     that fails (gated drain_node) and hand the case with both results to a human (a pending
     acknowledge_escalation). The suspect comes from the run's replica checksums unless rank and step
     are given. Returns the case (also written to RUN/sdc-case.json)."""
-    from trainops.skills import sdc
-
     run_dir = _stopped_run(inp)
     suspect = (sdc.suspect_in(run_dir) if inp.rank is None else
                Suspect(rank=inp.rank, node=inp.node, step=inp.step, evidence=f"named by the caller: rank {inp.rank} "
@@ -157,8 +157,6 @@ class SdcCaseInput(BaseModel):
 
 def _inert_strings(value):
     """Every string of a job-writable JSON document escaped (control and bidi characters) and bounded."""
-    from trainops.tools.reliability.causes import inert
-
     if isinstance(value, str):
         return inert(value, 2000)
     if isinstance(value, list):
@@ -173,14 +171,6 @@ def sdc_case(inp: SdcCaseInput) -> SdcCase:
     """Read a run's silent-data-corruption case as respond_to_sdc handed it to a human: the suspect, each
     known-answer check job (fleet, colocated) with every node's answer and the nodes that failed, and
     what was quarantined and drained. Which node computed wrong results is the checks' answer."""
-    import json
-
-    from pydantic import ValidationError
-
-    from trainops.run_folder import read_regular
-    from trainops.skills.sdc import CASE_FILE
-    from trainops.workspace import run_folder
-
     try:
         run_dir = run_folder(inp.run)
     except ValueError as exc:
@@ -210,8 +200,6 @@ class LoadSkillOutput(BaseModel):
 def load_skill(inp: LoadSkillInput) -> LoadSkillOutput:
     """Load one skill's full text (steps, tool table, rules) by its name. Call it first for a request a
     listed skill covers; its text then stays in your instructions for the rest of the conversation."""
-    from trainops.agents.prompt import load_skills
-
     skills = {s.name: s for s in load_skills()}
     if inp.name not in skills:
         raise ToolError("load_skill", f"name: no skill {inp.name!r}; the skills are {', '.join(sorted(skills))}")

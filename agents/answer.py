@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from trainops.tools.governance.text import check_text
 from trainops.tools.reliability.causes import Cause
 
 FINAL_ANSWER_TOOL = "final_answer"
@@ -34,7 +35,6 @@ class ProposedAction(BaseModel):
 
 class FinalAnswer(BaseModel):
     """The answer to one request: structured so a scorer and the report rules read it without a judge."""
-
     verdict: Literal["diagnosed", "inconclusive", "healthy", "answered"]
     fault_kind: str | None = Field(None, description="A fault drill kind (crash, hang, straggler, nan, bitflip, "
                                                      "corrupt_checkpoint, ...) or mfu-regression.")
@@ -50,7 +50,6 @@ class FinalAnswer(BaseModel):
 
 class AgentTrace(BaseModel):
     """What one agent run did, for scoring."""
-
     answer: FinalAnswer | None
     stop_reason: str
     tool_calls: list[dict[str, Any]] = Field(default_factory=list,
@@ -89,8 +88,6 @@ def _norm(text: str) -> str:
 def answer_problems(answer: FinalAnswer, tool_outputs: dict[str, list[Any]]) -> list[str]:
     """Why `answer` may not be shown (empty: it may). `tool_outputs`: tool name -> the outputs it
     returned in this run, so a quote is checked against what the tools said, not what the model says."""
-    from trainops.tools.governance.text import check_text
-
     problems = [str(v) for v in check_text(answer.summary)]
     if answer.verdict == "diagnosed" and not (answer.cause_class or answer.fault_kind):
         problems.append("verdict diagnosed names neither cause_class nor fault_kind: name what was diagnosed, or "

@@ -18,6 +18,7 @@ from langchain_core.messages import AIMessage, ToolMessage
 
 from trainops.agents import action_policy
 from trainops.agents.answer import FINAL_ANSWER_TOOL, Evidence, FinalAnswer, ProposedAction
+from trainops.tools.reliability.sdc_check import KNOWN_ANSWER_FAILED
 
 DIAGNOSIS = re.compile(r"\b(diagnos\w*|why did|what happened|root cause|went wrong|go(es)? wrong|healthy|what killed|"
                        r"crash(ed|es)?|"
@@ -128,8 +129,6 @@ def grep_evidence(grep: dict | None, most: int = 2) -> list[Evidence]:
 
 def _check_job_log(case: dict | None, results: list[ToolMessage], n: int) -> AIMessage | None:
     """A grep of each convicting check job's log for its own failure line, once."""
-    from trainops.tools.reliability.sdc_check import KNOWN_ANSWER_FAILED
-
     for check in _failed_checks(case):
         if grep_of(results, check["job_id"]) is None:
             return tool_call("grep_log", {"job_id": check["job_id"], "pattern": re.escape(KNOWN_ANSWER_FAILED),

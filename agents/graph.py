@@ -43,6 +43,13 @@ from trainops.agents.answer import render as render_answer
 from trainops.agents.prompt import PromptSkill, load_skills, system_prompt
 from trainops.agents.providers import AgentSettings, explain_provider_failure
 from trainops.redact import scrub
+from trainops.tools import calls
+from trainops.tools.base import ToolError
+from trainops.tools.context import CallContext, serving
+from trainops.tools.governance import gate_api
+from trainops.tools.governance.gate_api import Refused
+from trainops.tools.governance.text import check_text
+from trainops.tools.langchain import as_langchain_tools
 
 
 class AgentState(TypedDict):
@@ -77,10 +84,6 @@ def _result(call: dict, status: str, data: Any) -> ToolMessage:
 
 def _call_tool(specs, call: dict, thread: str | None, token: str | None = None) -> ToolMessage:
     """Run one call the gate let through and turn any outcome, failures included, into a ToolMessage."""
-    from trainops.tools import calls
-    from trainops.tools.base import CallContext, ToolError
-    from trainops.tools.governance.gate_api import Refused
-
     ctx = CallContext(actor="agent", approval_token=token, thread_id=thread)
     started = time.perf_counter()
     try:
@@ -109,8 +112,6 @@ def _waits_for_a_human(message: ToolMessage) -> bool:
 def _not_what_was_shown(call: dict, decision: dict) -> str | None:
     """Why an approval does not cover the call the thread resumed with (its saved state rewritten
     after the human was shown the queued call), or None: the graph signs only what was shown."""
-    from trainops.tools.governance import gate_api
-
     try:
         sha = gate_api.input_sha256(call["name"], call["args"])
     except ValueError:
@@ -201,7 +202,6 @@ def trace_of(values: dict[str, Any]) -> AgentTrace:
 
 class AgentNodes:
     """The graph's nodes, sharing one registry, one tool-bound model, the settings, the skills and the budgets."""
-
     def __init__(self, specs, bound_llm, settings: AgentSettings | None, skills: list[PromptSkill], *,
                  interactive: bool = True, max_steps: int = 25, max_tokens: int | None = None, max_bad_calls: int = 3):
         self.specs, self.bound_llm, self.settings, self.skills = specs, bound_llm, settings, skills
@@ -259,9 +259,6 @@ class AgentNodes:
 
     def governance(self, state: AgentState, config: RunnableConfig) -> dict:
         """Sort the model's calls into refused (back to the model), ready (run now) and gated (ask a human)."""
-        from trainops.tools.base import CallContext
-        from trainops.tools.governance import gate_api
-
         thread = _thread(config)
         ctx = CallContext(actor="agent", thread_id=thread)
         refused, ready, gated, bad = [], [], [], 0
@@ -327,15 +324,10 @@ class AgentNodes:
     def human_approval(self, state: AgentState, config: RunnableConfig) -> dict:
         """Interrupt for the first gated call; record the verdict; run it with the gate's token if approved.
         The graph's registry is served meanwhile, so the queue reads its own tools' inputs too."""
-        from trainops.tools.registry import serving
-
         with serving(lambda: self.specs):
             return self._human_approval(state, config)
 
     def _human_approval(self, state: AgentState, config: RunnableConfig) -> dict:
-        from trainops.tools.base import CallContext
-        from trainops.tools.governance import gate_api
-
         thread = _thread(config)
         ctx = CallContext(actor="agent", thread_id=thread)
         call, rest = state["gated"][0], state["gated"][1:]
@@ -377,7 +369,6 @@ class AgentNodes:
         final = state["messages"][-1]
         if any(c["name"] == FINAL_ANSWER_TOOL for c in final.tool_calls):
             return self._check_final_answer(state, config, final)
-        from trainops.tools.governance.text import check_text
 
         violations = [str(v) for v in check_text(final.text)]
         transcript.record(_thread(config), "report_check", ok=not violations, violations=violations)
@@ -430,8 +421,6 @@ def build_graph(llm, checkpointer=None, settings: AgentSettings | None = None,
                 max_tokens: int | None = None, max_bad_calls: int = 3):
     """Compile the agent around any LangChain chat model that supports `bind_tools`. Interactive (chat,
     ask), a gated call pauses for a human; otherwise (run_agent) it is queued and reported pending."""
-    from trainops.tools.langchain import as_langchain_tools
-
     specs = agent_registry()
     # schemas and risk labels only: calls run below
     bound = llm.bind_tools([*as_langchain_tools(registry=specs), final_answer_schema()])

@@ -24,6 +24,7 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from trainops.agents import act, checkpoint_question, compare, diagnose
 from trainops.agents.explain import find, render_answer
 from trainops.run_folder import RunFiles
+from trainops.workspace import run_folder
 
 _UNIT_S = {"s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1, "min": 60, "mins": 60, "minute": 60,
            "minutes": 60, "m": 60, "h": 3600, "hr": 3600, "hrs": 3600, "hour": 3600, "hours": 3600}
@@ -217,8 +218,6 @@ def _learned(results: list[ToolMessage]) -> dict[str, Any]:
 def _run_layout_params(params: dict[str, Any]) -> dict[str, Any]:
     """Once the summary names the run's world size, its saved config.toml lets plan_layout
     report the layout and model size an MFU claim must name."""
-    from trainops.workspace import run_folder
-
     ranks, run = params["outputs"].get("ranks"), params.get("run")
     if not isinstance(ranks, int) or not run:
         return {}
@@ -290,7 +289,6 @@ def decide(messages: list[BaseMessage], tool_schemas: list[dict]) -> AIMessage:
 
 class OfflinePolicy(BaseChatModel):
     """Deterministic SOP policy: the default provider, no network, no key."""
-
     @property
     def _llm_type(self) -> str:
         return "trainops-offline-policy"

@@ -17,6 +17,9 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
+from trainops.redact import scrub
+from trainops.settings import SettingsError, table, untrusted_keys, user_config_path
+
 Provider = Literal["offline", "openai", "anthropic"]
 
 _DEFAULT_KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
@@ -29,10 +32,7 @@ class ProviderError(Exception):
     """The chosen model cannot be used: names the setting, the value seen and the fix. The message
     is scrubbed of secrets as it is made (a provider's answer may echo the key), so neither the
     terminal, the log, the LangGraph checkpoint in agent.sqlite nor the model ever holds one."""
-
     def __init__(self, message: str):
-        from trainops.redact import scrub
-
         super().__init__(scrub(message))
 
 
@@ -59,8 +59,6 @@ SECURITY_KEYS = ("base_url", "api_key_env")
 
 def _refuse_untrusted(sources: dict[str, str], untrusted: dict[str, str]) -> None:
     """A security key whose effective value comes from a file the user has not trusted is refused."""
-    from trainops.settings import user_config_path
-
     for key in SECURITY_KEYS:
         if key in untrusted and sources.get(key) == untrusted[key]:
             raise ProviderError(
@@ -71,8 +69,6 @@ def _refuse_untrusted(sources: dict[str, str], untrusted: dict[str, str]) -> Non
 
 def load_settings(provider: str | None = None, model: str | None = None, base_url: str | None = None) -> AgentSettings:
     """Merge flag > environment > settings files > default, remembering each value's source."""
-    from trainops.settings import SettingsError, table, untrusted_keys
-
     try:
         values, sources = table("agent")
         untrusted = untrusted_keys("agent")

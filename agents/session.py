@@ -9,13 +9,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
 from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, ToolMessage
+from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.types import Command
 from pydantic import BaseModel, Field
 
+from trainops.agents.agent_tools import agent_registry
 from trainops.agents.answer import FINAL_ANSWER_TOOL, AgentTrace
-from trainops.agents.graph import build_graph
+from trainops.agents.graph import build_graph, trace_of
 from trainops.agents.providers import AgentSettings, load_settings, make_chat_model
+from trainops.redact import scrub
+from trainops.tools.context import serving
+from trainops.tools.governance import gate_api
+from trainops.workspace import agent_db_path, check_id
 
 if TYPE_CHECKING:
     from trainops.tools.governance.gate_api import SignableCall
@@ -23,8 +29,6 @@ if TYPE_CHECKING:
 
 def _sha(tool: Any, args: Any) -> str | None:
     """The input hash of `tool` called with `args`, None when that is not a valid call."""
-    from trainops.tools.governance import gate_api
-
     try:
         return gate_api.input_sha256(tool, args) if isinstance(tool, str) and isinstance(args, dict) else None
     except ValueError:
@@ -38,7 +42,6 @@ def new_thread_id() -> str:
 class Timing(BaseModel):
     """Where the time of one request (or one decision) went: the agent's own share is what
     is left after the tools (graph, model, checkpointing, gate checks)."""
-
     wall_s: float
     tool_s: float = Field(description="time inside tool calls, training jobs included")
     agent_overhead_s: float
@@ -47,13 +50,10 @@ class Timing(BaseModel):
 
 class ApprovalMismatch(ValueError):
     """The call a paused thread would resume is not the queued call a human would be shown."""
-
-
 @dataclass(frozen=True)
 class ApprovalRequest:
     """A paused call, checked against the approval queue: `call` is what a human is shown and what
     their key signs (None when the call was decided outside the thread: it can only be rejected)."""
-
     payload: dict[str, Any]
     call: SignableCall | None
 
@@ -65,11 +65,8 @@ class AgentSession:
     output), `approval` (tool, args, risk, ...: the graph is paused for a human), `answer`
     (text, after the governance report check) and, with `stream_tokens`, `token` (a draft
     chunk of the model's text as it streams, not yet checked: show it transiently)."""
-
     def __init__(self, thread_id: str | None = None, settings: AgentSettings | None = None, llm=None,
                  stream_tokens: bool = False):
-        from trainops.workspace import agent_db_path, check_id
-
         self.settings = settings or load_settings()
         self.thread_id = check_id("thread", thread_id) if thread_id else new_thread_id()
         self._conn = sqlite3.connect(str(agent_db_path()), check_same_thread=False)
@@ -114,15 +111,10 @@ class AgentSession:
         """The paused calls, each checked against its queued call before anyone is shown it: the
         thread's interrupt and the call the graph would resume must both be that exact call.
         Raises ApprovalMismatch, naming the thread and the pending id, on any difference."""
-        from trainops.agents.agent_tools import agent_registry
-        from trainops.tools.registry import serving
-
         with serving(agent_registry):
             return self._checked_requests()
 
     def _checked_requests(self) -> list[ApprovalRequest]:
-        from trainops.tools.governance import gate_api
-
         state = self.graph.get_state(self.config)
         resumed = (state.values.get("gated") or [None])[0]
         requests = []
@@ -213,10 +205,6 @@ class AgentSession:
 def run_agent(request: str, *, llm=None, settings=None, max_steps: int = 12, max_tokens: int = 60000) -> AgentTrace:
     """One non-interactive agent run on a fresh thread: gated calls are queued, not approved (they end
     as "pending"); the run stops at an accepted final answer or a budget, and says which."""
-    from langgraph.checkpoint.memory import InMemorySaver
-
-    from trainops.agents.graph import trace_of
-
     started = time.perf_counter()
     settings = settings or load_settings()
     graph = build_graph(llm or make_chat_model(settings), InMemorySaver(), settings, interactive=False,
@@ -225,8 +213,6 @@ def run_agent(request: str, *, llm=None, settings=None, max_steps: int = 12, max
     try:
         state = graph.invoke({"messages": [("human", request)]}, config)
     except Exception as exc:  # a provider or graph failure is the run's outcome, not a crash of the benchmark
-        from trainops.redact import scrub
-
         values = graph.get_state(config).values
         trace = trace_of(values)
         return trace.model_copy(update={"stop_reason": "error", "detail": scrub(f"{type(exc).__name__}: {exc}"),

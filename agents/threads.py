@@ -10,6 +10,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from pydantic import BaseModel, Field
 
 from trainops.agents.transcript import transcript_path
+from trainops.workspace import agent_db_path, is_valid_id
 
 
 class ThreadInfo(BaseModel):
@@ -25,8 +26,6 @@ class ThreadInfo(BaseModel):
 
 def list_threads() -> list[ThreadInfo]:
     """Every thread in the workspace's agent database, newest first."""
-    from trainops.workspace import agent_db_path, is_valid_id
-
     path = agent_db_path()
     if not path.exists():
         return []

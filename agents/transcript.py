@@ -7,10 +7,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainops.workspace import check_id, home
+
 
 def transcript_path(thread_id: str) -> Path:
-    from trainops.workspace import check_id, home
-
     folder = home() / "transcripts"
     folder.mkdir(parents=True, exist_ok=True)
     return folder / f"{check_id('thread', thread_id)}.jsonl"

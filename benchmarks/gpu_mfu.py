@@ -175,7 +175,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from trainops.tools.base import operator_session
+    from trainops.tools.context import operator_session
 
     with operator_session():  # a human runs the benchmark, as with `trainops bench`
         main()

@@ -15,6 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from trainops.run_folder import read_metrics
+from trainops.tools.jobs.follow import run_local
+from trainops.trainer.config import load_config
+from trainops.trainer.launch import torchrun_argv
+from trainops.workspace import home
+
 if TYPE_CHECKING:
     from trainops.run_folder import MetricsRecord
 
@@ -28,7 +34,6 @@ def _results_path() -> Path:
     here = Path(__file__).resolve()
     if (here.parents[1] / "pyproject.toml").is_file():
         return here.with_name("RESULTS.md")
-    from trainops.workspace import home
 
     folder = home() / "bench"
     folder.mkdir(parents=True, exist_ok=True)
@@ -45,7 +50,6 @@ GPU_END = "<!-- gpu:end -->"
 @dataclass
 class Figure:
     """One benchmark figure: its samples, the target it is judged by, and why it misses."""
-
     name: str
     samples: list[float]
     unit: str
@@ -118,9 +122,6 @@ def iteration_times(records: list[MetricsRecord]) -> list[float]:
 
 def run_trainer(overrides: list[str], nproc: int) -> Path:
     """Train the tiny preset + `overrides` on `nproc` local ranks; the run folder (a failed run raises)."""
-    from trainops.tools.jobs.follow import run_local
-    from trainops.trainer.config import load_config
-
     result = run_local(load_config(None, "tiny", overrides), nproc)
     if result.status != "ok":
         raise RuntimeError(f"benchmark trainer run failed: read {result.run_dir}/logs")
@@ -129,8 +130,6 @@ def run_trainer(overrides: list[str], nproc: int) -> Path:
 
 def trainer_step_time(overrides: list[str], nproc: int) -> float:
     """Median steady-state iteration time of the embedded trainer (tiny preset + `overrides`, rank 0)."""
-    from trainops.run_folder import read_metrics
-
     return steady(iteration_times(read_metrics(run_trainer(overrides, nproc))))
 
 
@@ -138,8 +137,6 @@ def torchrun_step_time(program: list[str], nproc: int, what: str, rerun_on_crash
     """Run `program --out FILE` under torchrun on `nproc` processes, one thread each; the steady-state
     step time it writes. With `rerun_on_crash`, a run that dies is run once more and named in
     CRASHED_RUNS (DeepSpeed ZeRO-1 aborted in 1 of ~20 runs here)."""
-    from trainops.trainer.launch import torchrun_argv
-
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "steps.json"
         attempts = 2 if rerun_on_crash else 1

@@ -19,6 +19,9 @@ import time
 from pathlib import Path
 
 from trainops.benchmarks.harness import RESULTS_PATH, machine, write_section
+from trainops.run_folder import read_metrics
+from trainops.tools.jobs.follow import run_local
+from trainops.trainer.config import load_config
 
 BEGIN, END = "<!-- layouts:begin -->", "<!-- layouts:end -->"
 LAYOUTS: dict[str, tuple[int, list[str]]] = {
@@ -43,10 +46,6 @@ BASE = ["data.kind=synthetic", "training.seq_len=64", "training.global_batch=8",
 
 
 def measure(preset: str, nproc: int, overrides: list[str], steps: int) -> dict:
-    from trainops.run_folder import read_metrics
-    from trainops.tools.jobs.follow import run_local
-    from trainops.trainer.config import load_config
-
     cfg = load_config(None, preset, BASE + [f"training.steps={steps}"] + overrides)
     result = run_local(cfg, nproc, timeout_s=900)
     times = [r.step_time_s for r in read_metrics(result.run_dir) if r.rank == 0 and r.step > 1]
@@ -114,7 +113,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from trainops.tools.base import operator_session
+    from trainops.tools.context import operator_session
 
     with operator_session():  # a human runs the benchmark, as with `trainops bench`
         main()

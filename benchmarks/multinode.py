@@ -14,6 +14,11 @@ import time
 
 from trainops.benchmarks.harness import Figure, Suite, ratios, render, write_section
 from trainops.benchmarks.suite import median_phases
+from trainops.run_folder import read_drill_record, read_heartbeat, read_metrics
+from trainops.skills.drill import drill
+from trainops.skills.request import JobRequest
+from trainops.tools.calls import call
+from trainops.tools.context import operator_session
 from trainops.tools.sandbox import cluster as sandbox
 
 BEGIN, END = "<!-- multinode:begin -->", "<!-- multinode:end -->"
@@ -34,9 +39,6 @@ def bring_up(repeats: int) -> list[float]:
 
 def cold_start(extra: tuple[str, ...] = ()) -> float:
     """Seconds from submit_job to the first step of a 2-node job (the job is then cancelled)."""
-    from trainops.run_folder import read_metrics
-    from trainops.tools.calls import call
-
     started = time.time()
     out = call("submit_job", {"scheduler": "slurm", "name": "cold", "training": {
         "preset": "tiny", "nproc": 1, "nodes": 2, "overrides": [*JOB, *extra]}})
@@ -56,9 +58,6 @@ def _all_idle() -> None:
 
 
 def node_drill(fault: str = "node-crash", extra: tuple[str, ...] = ()):
-    from trainops.skills.drill import drill
-    from trainops.skills.request import JobRequest
-
     _all_idle()
     req = JobRequest(preset="tiny", nproc=1, nodes=2, scheduler="slurm", timeout_s=240, overrides=[*JOB, *extra])
     result, _ = drill(req, fault, inject_step=4)
@@ -67,8 +66,6 @@ def node_drill(fault: str = "node-crash", extra: tuple[str, ...] = ()):
 
 def slurm_flagged_s(result) -> str:
     """When Slurm first called the lost node not responding, from the drill's per-node timeline."""
-    from trainops.run_folder import read_drill_record
-
     timeline = read_drill_record(result.run_dir).node_timeline or []
     lost = next(e.node for e in timeline if e.event.startswith("injected"))
     flagged = [e.t_s for e in timeline if e.node == lost and e.t_s > 0
@@ -79,9 +76,6 @@ def slurm_flagged_s(result) -> str:
 def slow_node_named() -> tuple[bool, float]:
     """One run: a 2-node job's last node gets a 1 Mbit/s link; is that the node detect_faults names,
     and how long after the rate limit? (Detection only: the drill's recovery is timed elsewhere.)"""
-    from trainops.run_folder import read_heartbeat
-    from trainops.tools.calls import call
-
     _all_idle()
     out = call("submit_job", {"scheduler": "slurm", "name": "slow", "training": {
         "preset": "tiny", "nproc": 1, "nodes": 2, "overrides": ["training.steps=2000", "data.kind=synthetic"]}})
@@ -100,8 +94,6 @@ def slow_node_named() -> tuple[bool, float]:
 
 
 def run(repeats: int, slow_runs: int) -> Suite:
-    from trainops.tools.base import operator_session
-
     suite = Suite()
     with tempfile.TemporaryDirectory() as home, operator_session():
         os.environ["TRAINOPS_HOME"] = home

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from trainops.benchmarks.harness import CRASHED_RUNS, Figure, Suite, ratios, render, torchrun_step_time, write_section
 from trainops.benchmarks.harness import trainer_step_time as harness_trainer_step_time
-from trainops.benchmarks.peer_deepspeed import CLIP, LR, MICRO_BATCH, SEQ_LEN, SHAPE, WEIGHT_DECAY
+from trainops.benchmarks.peer_deepspeed import CLIP, LR, MICRO_BATCH, SEQ_LEN, SHAPE, WEIGHT_DECAY, hf_llama
 
 BEGIN, END = "<!-- peer:begin -->", "<!-- peer:end -->"
 NPROC = 2
@@ -62,8 +62,6 @@ TARGETS = {ARMS[0][0]: 0.90}  # issue 17: the trainer's step <= 0.90x DeepSpeed 
 def hf_llama_parameters() -> int:
     """Parameters of the peer's model, built on the meta device (no memory, no weights)."""
     import torch
-
-    from trainops.benchmarks.peer_deepspeed import hf_llama
 
     with torch.device("meta"):
         return sum(p.numel() for p in hf_llama().parameters())
@@ -155,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from trainops.tools.base import operator_session
+    from trainops.tools.context import operator_session
 
     with operator_session():  # a human runs the benchmark, as with `trainops bench`
         raise SystemExit(main())

@@ -14,8 +14,10 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.fsdp import fully_shard
 
-from trainops.trainer.model import Transformer, preset
+from trainops.trainer.model import Transformer
+from trainops.trainer.model_args import preset
 
 
 def main() -> None:
@@ -44,7 +46,6 @@ def main() -> None:
     model = Transformer(model_args)
     model.init_weights(seed=0)
     if distributed and not args.no_sync:  # sharded as the trainer shards on the CPU: the whole model, one unit
-        from torch.distributed.fsdp import fully_shard
 
         fully_shard(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1, foreach=True)

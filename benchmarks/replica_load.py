@@ -11,15 +11,14 @@ from functools import partial
 from pathlib import Path
 
 from trainops.benchmarks.harness import Figure, Suite, interleaved, ratios
+from trainops.tools.jobs.follow import launch_run, run_local
+from trainops.trainer.config import load_config
 
 SHAPE = ["training.seq_len=64", "training.global_batch=8", "data.kind=synthetic", "training.steps=2",
          "parallel.data_parallel=ddp", "checkpoint.enable=true", "checkpoint.interval=2"]
 
 
 def _checkpointed(nproc: int) -> Path:
-    from trainops.tools.jobs.follow import run_local
-    from trainops.trainer.config import load_config
-
     result = run_local(load_config(None, "tiny", [*SHAPE, f"training.micro_batch={8 // nproc}"]), nproc)
     if result.status != "ok":
         raise RuntimeError(f"benchmark checkpoint run failed: read {result.run_dir}/logs")
@@ -28,9 +27,6 @@ def _checkpointed(nproc: int) -> Path:
 
 def _resume(source: Path, nproc: int, readers: str, copies: list[int]) -> tuple[float, float]:
     """Resume a fresh copy of `source` for one step; (bytes read from storage, all ranks; load s)."""
-    from trainops.tools.jobs.follow import launch_run
-    from trainops.trainer.config import load_config
-
     copies[0] += 1
     run_dir = source.with_name(f"{source.name}-{readers}-{copies[0]}")
     shutil.copytree(source, run_dir)

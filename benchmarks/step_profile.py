@@ -8,8 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import tempfile
 from collections import Counter
 from pathlib import Path
+
+from trainops.benchmarks.harness import run_trainer, torchrun_step_time
+from trainops.benchmarks.peer import TRAINER_SHAPE
 
 CATEGORIES = ("compute", "communication", "optimizer", "clipping and duties", "Python between operators")
 _RULES = (  # (name prefix, category): the outermost matching event decides
@@ -53,17 +58,12 @@ def breakdown(trace: Path, step_marker: str = "train_step#") -> dict[str, float]
 
 
 def profile_trainer(steps: list[int]) -> Path:
-    from trainops.benchmarks.harness import run_trainer
-    from trainops.benchmarks.peer import TRAINER_SHAPE
-
     run_dir = run_trainer([*TRAINER_SHAPE, f"training.steps={steps[-1] + 1}",
                            f"metrics.profile_steps={steps[0]},{len(steps)}"], 2)
     return run_dir / "profile" / "rank0.json"
 
 
 def profile_deepspeed(steps: list[int], folder: Path) -> Path:
-    from trainops.benchmarks.harness import torchrun_step_time
-
     trace = folder / "deepspeed-rank0.json"
     torchrun_step_time(["-m", "trainops.benchmarks.peer_deepspeed", "--zero", "2", "--steps", str(steps[-1] + 1),
                         "--profile-steps", f"{steps[0]},{len(steps)}", "--trace", str(trace)], 2, "profiled DeepSpeed")
@@ -71,16 +71,12 @@ def profile_deepspeed(steps: list[int], folder: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import tempfile
-
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", default="15,4", help="first profiled step and how many (default 15,4)")
     args = parser.parse_args(argv)
     first, count = (int(x) for x in args.steps.split(","))
     steps = list(range(first, first + count))
     with tempfile.TemporaryDirectory() as tmp:
-        import os
-
         os.environ["TRAINOPS_HOME"] = tmp
         rows = {"trainer FSDP2": breakdown(profile_trainer(steps)),
                 "DeepSpeed ZeRO-2": breakdown(profile_deepspeed(steps, Path(tmp)))}
@@ -92,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from trainops.tools.base import operator_session
+    from trainops.tools.context import operator_session
 
     with operator_session():  # a human runs the benchmark, as with `trainops bench`
         raise SystemExit(main())

@@ -13,13 +13,13 @@ from trainops.skills.knobs import Knob, overrides_for, parse_arm, plan_order
 from trainops.skills.request import JobRequest
 from trainops.skills.rollout import Rung, processes
 from trainops.skills.stats import compare, spread
-from trainops.tools.base import CallContext, skill_context
+from trainops.tools.context import CallContext, skill_context
+from trainops.tools.frameworks import get_adapter
+from trainops.tools.governance.claims import AblationArm, ScaleResult
 
 
 def check_single_variable(baseline_run: str, arm_run: str, name: str) -> None:
     """Governance's AblationArm compares the two configs actually run: exactly one setting differs."""
-    from trainops.tools.governance.claims import AblationArm
-
     AblationArm(name=name, baseline_config=labels.run_config(baseline_run), arm_config=labels.run_config(arm_run))
 
 
@@ -61,7 +61,6 @@ def run_arm(req: JobRequest, spec: str, baselines: dict[int, list[RepeatResult]]
         rung_req = weak_scaled(req, rung.nproc, rung.nodes)
         arm_req = rung_req.with_overrides(overrides_for(knob, value))
         if req.framework != "trainops":  # the framework's own flag prerequisites, before launch
-            from trainops.tools.frameworks import get_adapter
 
             get_adapter(req.framework).validate({knob.name: value}, overrides=req.overrides, world_size=rung.world)
         say(f"ladder {knob.name}={value}: rung {index + 1}/{len(rungs)}, {rung.label}")
@@ -165,8 +164,6 @@ def judge_scale(knob: Knob, rows: list[AblationRow], arms: dict[int, list[Repeat
     """Small against target scale through governance's ScaleResult (R-ABL-2/3, R-EVD-4): compared by
     weak-scaling efficiency (per-rank tokens/s, the global batch grown with the world size); a
     small-scale gain whose target gain is at or below zero vanished."""
-    from trainops.tools.governance.claims import ScaleResult
-
     small_n, target_n, basis = scaling_basis(req or JobRequest(), arms)
     (_, small), (_, target) = sorted(arms.items())
     efficiency = 100.0 * (_tokens_per_s(target) / target_n) / (_tokens_per_s(small) / small_n)
@@ -185,8 +182,6 @@ def check_arms(req: JobRequest, specs: list[str]) -> None:
         knob, value = parse_arm(spec.split(","), req.framework)
         rollout.valid_rungs(knob, req)
         if req.framework != "trainops":
-            from trainops.tools.frameworks import get_adapter
-
             get_adapter(req.framework).validate({knob.name: value}, overrides=req.overrides, world_size=req.nproc)
 
 

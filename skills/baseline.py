@@ -2,6 +2,7 @@
 that every ablation gain must beat."""
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Callable
@@ -9,12 +10,15 @@ from typing import Callable
 from pydantic import BaseModel, Field
 
 from trainops.run_folder import RunFiles
-from trainops.skills import bottleneck, labels
+from trainops.skills import bottleneck, environment, labels
 from trainops.skills.evidence.model import BaselineSummary, EvidenceRow, PackEnvironment
 from trainops.skills.request import JobRequest
 from trainops.skills.stats import spread
-from trainops.tools.base import CallContext, ToolError, skill_context
+from trainops.tools.base import ToolError
 from trainops.tools.calls import call
+from trainops.tools.context import CallContext, skill_context
+from trainops.tools.frameworks import get_adapter
+from trainops.tools.frameworks.base import FrameworkJob, ParseContext, ingest_log
 from trainops.tools.jobs.follow import follow
 from trainops.tools.jobs.jobs import RunSummary
 from trainops.tools.schedulers.base import TrainingJob
@@ -24,7 +28,6 @@ Progress = Callable[[str], None]
 
 class RepeatResult(BaseModel):
     """One measured run: its job, its folder and summarize_run's statistics, typed until rendered."""
-
     job_id: str
     run_dir: str
     summary: RunSummary
@@ -44,8 +47,6 @@ def run_once(req: JobRequest, name: str, ctx: CallContext | None = None) -> Repe
         raise ToolError("submit_job", f"run {name} ({run_dir}) ended {status.state} (exit code {status.exit_code}, "
                         f"{status.reason or 'no reason given'}); read {run_dir}/logs/rank0.log")
     if not RunFiles(run_dir).metrics.exists():  # torchtitan, Megatron-LM: their step lines are the metrics
-        from trainops.tools.frameworks import get_adapter
-        from trainops.tools.frameworks.base import ParseContext, ingest_log
 
         log = call("job_logs", {"job_id": job_id, "scheduler": req.scheduler, "tail": 0}, ctx)
         ingest_log(get_adapter(req.framework), log.text, run_dir, ParseContext(world_size=req.nproc))
@@ -60,8 +61,6 @@ def submit(req: JobRequest, name: str, ctx: CallContext | None = None):
     job["preset"] = None if req.config else req.preset
     if req.framework == "trainops":
         return call("submit_job", {"scheduler": req.scheduler, "name": name, "training": job}, ctx)
-    from trainops.tools.frameworks import get_adapter
-    from trainops.tools.frameworks.base import FrameworkJob
 
     spec = get_adapter(req.framework).build_job(FrameworkJob(name=name, **job))
     return call("submit_job", {"scheduler": req.scheduler, "spec": spec}, ctx)
@@ -80,8 +79,6 @@ def repeat(req: JobRequest, name: str, repeats: int, ctx: CallContext | None = N
 def declared(req: JobRequest, env: PackEnvironment | None, ctx: CallContext | None = None) -> PackEnvironment:
     """The environment a figure is labelled with: the one given, else declared now (declare_environment);
     a declaration that fails refuses the figure with its reason."""
-    from trainops.skills import environment
-
     return env if env is not None else environment.declare(req.scheduler, ctx, framework=req.framework)[0]
 
 
@@ -134,8 +131,6 @@ def trace_comm_share(trace: Path) -> tuple[float, float] | None:
     """(collective time, step time) in microseconds from one rank's Chrome trace: the union of
     collective ranges (any thread; they may overlap compute) inside the `train_step#N` ranges,
     against the summed duration of those steps. None when the trace has no step range."""
-    import json
-
     events = [e for e in json.loads(trace.read_text()).get("traceEvents", []) if e.get("ph") == "X"]
     steps = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in events
              if str(e.get("name", "")).startswith("train_step#")]

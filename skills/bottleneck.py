@@ -18,6 +18,7 @@ from typing import Protocol
 from pydantic import BaseModel
 
 from trainops.run_folder import MetricsRecord, RunFiles, read_metrics
+from trainops.settings import read_toml
 from trainops.skills.evidence.bottleneck import BottleneckSplit, RankTiming, TimeShare
 from trainops.tools.base import ToolError
 from trainops.tools.calls import call
@@ -25,7 +26,6 @@ from trainops.tools.calls import call
 
 class RepeatResult(Protocol):
     """What the split reads of a baseline repeat (trainops.skills.baseline.RepeatResult)."""
-
     job_id: str
     run_dir: str
 
@@ -39,7 +39,6 @@ DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 
 class TraceComm(BaseModel):
     """One rank's trace, inside its `train_step#N` ranges, in microseconds."""
-
     step_us: float
     comm_us: float
     exposed_us: float
@@ -133,8 +132,6 @@ def _traces(run_dir: str) -> dict[int, TraceComm]:
 def _degrees(run_dir: str, world: int) -> dict[str, int]:
     """dp, cp, tp, pp (and the two dp dims) of the run's config.toml; one dp dim of `world` when the run
     has no trainer config (another framework's job)."""
-    from trainops.settings import read_toml
-
     path = RunFiles(run_dir).config
     par = (read_toml(path) if path.exists() else {}).get("parallel", {})
     tp, pp, cp, rep = (int(par.get(k, 1)) for k in ("tp", "pp", "cp", "dp_replicate"))
@@ -169,7 +166,6 @@ def rank_timings(run_dir: str, warmup_steps: int, traces: dict[int, TraceComm]) 
 
 class _RepeatTimes(BaseModel):
     """One repeat: the scheduler's times and the trainer's step sums (mean over ranks), seconds."""
-
     wall_s: float
     queue_s: float
     idle_s: float

@@ -33,11 +33,13 @@ from trainops.skills.drill_recovery import (
 )
 from trainops.skills.evidence.model import DrillResult, EvidenceRow
 from trainops.skills.request import JobRequest
-from trainops.tools.base import CallContext, ToolError, skill_context
+from trainops.tools.base import ToolError
 from trainops.tools.calls import call
+from trainops.tools.context import CallContext, skill_context
 from trainops.tools.jobs.follow import JobWatch
 from trainops.tools.jobs.trainer_job import check_layout
 from trainops.tools.reliability import interruptions
+from trainops.trainer.checkpoint_files import list_checkpoints
 
 # drill kind -> inject_fault kind; runtime kinds are injected into the live job, launch-time kinds
 # (LAUNCH_TIME) start the job with the overrides inject_fault returns. A drill's cause is not here:
@@ -73,7 +75,6 @@ DETECTION_ONLY = {
 
 class DetectionOnlyResult(BaseModel):
     """A drill stopped after detection: restarting would not recover anything on this machine."""
-
     fault: str
     run_dir: str
     injected_at_step: int = Field(ge=0)
@@ -89,8 +90,6 @@ class DetectionOnlyResult(BaseModel):
 
 class DrillRefused(ValueError):
     """A drill that cannot teach anything: unknown fault or nothing to recover from."""
-
-
 def require_checkpoints(req: JobRequest) -> None:
     """Refuse a drill on a job that writes no checkpoints: recovery would start from scratch."""
     enabled = False
@@ -125,8 +124,6 @@ def _wait_for(predicate, timeout_s: float, what: str, job: JobWatch) -> float:
 def _between_writes(run_dir: str, timeout_s: float = 10.0) -> None:
     """Wait (briefly) for a checkpoint write to have just committed, with none in flight, so the
     corrupted checkpoint is the newest one when the restart looks (a later commit would hide it)."""
-    from trainops.trainer.checkpoint_files import list_checkpoints
-
     def newest() -> tuple[int, bool] | None:
         try:
             found = list_checkpoints(Path(run_dir) / "checkpoints")
@@ -192,7 +189,6 @@ def drill(req: JobRequest, fault: str, inject_step: int = 5, ctx: CallContext | 
 
 class _Restart(BaseModel):
     """What isolating the fault and restarting the job found."""
-
     job_id: str = Field(description="the requeued job")
     drained: str | None
     quarantined: list[int]
@@ -207,7 +203,6 @@ class _Restart(BaseModel):
 class _Drill:
     """One drill in flight. Its phases run in order (launch, inject, detect, restart, finish), each a
     method; what a node drill adds (a lost node, its timeline and repair) is the target's."""
-
     def __init__(self, req: JobRequest, fault: str, inject_step: int, ctx: CallContext, progress: Progress | None,
                  target: RankTarget) -> None:
         self.req, self.fault, self.inject_step, self.ctx, self.target = req, fault, inject_step, ctx, target
@@ -447,7 +442,6 @@ class _Drill:
                                + self.target.evidence(str(record)),
                                window_start=self.started, window_end=time.time())
         return result, evidence
-
 
     def complete(self, detection, restart: _Restart, injected_at: float, recovered: MeasuredRecovery | None = None):
         """The record of the drill's job end (or in-process recovery), completed with the recovery the

@@ -10,8 +10,9 @@ import threading
 import time
 
 from trainops.run_folder import read_heartbeats
-from trainops.tools.base import CallContext, ToolError
+from trainops.tools.base import ToolError
 from trainops.tools.calls import call
+from trainops.tools.context import CallContext
 from trainops.tools.reliability.reachability import SLOW_RTT_FLOOR_S, probe_nodes, slurm_node_states
 
 SLURM_POLL_S = 0.5

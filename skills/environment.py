@@ -1,19 +1,18 @@
 """S1: the environment declaration every MFU or scaling conclusion must carry."""
 from __future__ import annotations
 
+import time
+
 from trainops.skills.evidence.model import EvidenceRow, PackEnvironment
-from trainops.tools.base import CallContext
 from trainops.tools.calls import call
+from trainops.tools.context import CallContext
+from trainops.workspace import audit_log_path
 
 
 def declare(scheduler: str = "local", ctx: CallContext | None = None,
             framework: str = "trainops") -> tuple[PackEnvironment, EvidenceRow]:
     """Declare through the `declare_environment` tool and keep the pack's short form of it;
     `framework` other than trainops declares that adapter's framework and its installed version."""
-    import time
-
-    from trainops.workspace import audit_log_path
-
     started = time.time()
     env = call("declare_environment", {"scheduler": scheduler, "ckpt_test_mib": 16,
                                        **({"framework": framework} if framework != "trainops" else {})}, ctx)

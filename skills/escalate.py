@@ -2,17 +2,19 @@
 (the approval queue, R-SEC-4) and a line the pack carries in `awaiting_human`."""
 from __future__ import annotations
 
-from trainops.tools.base import CallContext
 from trainops.tools.calls import call
+from trainops.tools.context import CallContext
 from trainops.tools.governance.escalation import (
     Escalation,
     EscalationSignals,
     carried_rules,
     describe,
+    escalations_for,
     human_item,
     required_escalations,
 )
 from trainops.tools.governance.gate import GateRefused
+from trainops.tools.reliability.watch import record_view
 
 ETTR_WINDOW_S = 3600.0
 """The default effective-training-time window (an hour); the SOP's `ettr_window_s` sets it for a
@@ -68,8 +70,6 @@ def pack_window_s(pack) -> float:
 def record_ettr(until: float | None = None, window_s: float = ETTR_WINDOW_S) -> tuple[list[float], dict[str, int]]:
     """ETTR per closed window and the cause split from the interruption record (up to `until`):
     the view `watch_job` reads too."""
-    from trainops.tools.reliability.watch import record_view
-
     view = record_view(window_s, 24.0, until=until)
     return view.ettr_pct, view.cause_distribution
 
@@ -77,8 +77,6 @@ def record_ettr(until: float | None = None, window_s: float = ETTR_WINDOW_S) -> 
 def carry_fired(pack, ctx: CallContext | None = None):
     """The pack with every rule its evidence fires handed to a human and carried in awaiting_human
     (with the record's cause split for R-ESC-1): what the SOP does before writing a pack."""
-    from trainops.tools.governance.escalation import escalations_for
-
     _ettr, causes = record_ettr(until=pack.created_time, window_s=pack_window_s(pack))
     fired = escalations_for(pack_signals(pack), causes)
     handed = [row.stop.human_item for row in pack.ablations if row.stop and row.stop.human_item]

@@ -9,15 +9,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainops.run_folder import RunFiles
+from trainops.settings import read_toml
 from trainops.skills.evidence.model import JobLabels, PackEnvironment
 from trainops.skills.request import JobRequest
 from trainops.tools.base import ToolError
+from trainops.tools.frameworks import get_adapter
+from trainops.trainer.config import load_config
+from trainops.trainer.layout import validate_layout
+from trainops.trainer.model_args import PRESETS, count_parameters
 
 
 @dataclass
 class Shape:
     """What a job's config says about its model, precision, layout and batch."""
-
     model: str
     parameters: int | None
     precision: str
@@ -30,24 +34,17 @@ class Shape:
 def run_config(run_dir: str) -> dict:
     """The config the run actually used (RUN/config.toml), or {} for a folder without one; a file
     that is not UTF-8 TOML is a SettingsError (a ValueError) naming it, never a traceback."""
-    from trainops.settings import read_toml
-
     path = RunFiles(run_dir).config
     return read_toml(path) if path.exists() else {}
 
 
 def _preset_parameters(name: str) -> int | None:
-    from trainops.trainer.model import PRESETS, count_parameters
-
     return count_parameters(PRESETS[name])["total"] if name in PRESETS else None
 
 
 def _trainer(config, world: int) -> Shape:
     """The embedded trainer's JobConfig: the preset (or init_from folder), the dims that override it,
     and the layout resolved for `world` ranks (dp_shard=-1 inferred), every degree named."""
-    from trainops.trainer.layout import validate_layout
-    from trainops.trainer.model import count_parameters
-
     m, par = config.model, config.parallel
     dims = {k: v for k, v in m.model_dump(exclude={"preset", "init_from"}).items() if v is not None}
     model = (f"init_from {Path(m.init_from).name}" if m.init_from else m.preset) + (
@@ -70,8 +67,6 @@ def _as_overrides(settings: dict) -> list[str]:
 
 def _torchtitan_model(run_dir: Path) -> tuple[str, str]:
     """torchtitan's model is named in its own job TOML (command.json names the file), not in trainops' config."""
-    from trainops.settings import read_toml
-
     try:
         command = json.loads((run_dir / "command.json").read_text(encoding="utf-8"))
         toml = Path(command[command.index("--job.config_file") + 1])
@@ -83,8 +78,6 @@ def _torchtitan_model(run_dir: Path) -> tuple[str, str]:
 
 def _adapter(framework: str, settings: dict, world: int, run_dir: Path) -> Shape:
     """A framework adapter's settings (defaults with the job's overrides, as it wrote them to config.toml)."""
-    from trainops.tools.frameworks import get_adapter
-
     adapter, training = get_adapter(framework), settings.get("training", {})
     own = settings.get(framework, {})
     if framework == "torchtitan":
@@ -118,10 +111,7 @@ def _adapter(framework: str, settings: dict, world: int, run_dir: Path) -> Shape
 def shape_of_request(req: JobRequest, world: int) -> Shape:
     """The job a request would launch, read the way a run's config is (before any run exists)."""
     if req.framework == "trainops":
-        from trainops.trainer.config import load_config
-
         return _trainer(load_config(req.config, req.preset, req.overrides), world)
-    from trainops.tools.frameworks import get_adapter
 
     preset = [f"model.preset={req.preset}"] if req.preset and req.framework != "torchtitan" else []
     return _adapter(req.framework, get_adapter(req.framework).settings([*preset, *req.overrides]), world,
@@ -143,8 +133,6 @@ def shape_of_run(run_dir: str, req: JobRequest, world: int) -> Shape:
                                          f"its own framework (--framework {ran})")
     where = f"{RunFiles(run_dir).config}"
     if ran == "trainops":
-        from trainops.trainer.config import load_config
-
         shape = _trainer(load_config(RunFiles(run_dir).config), world)
     else:
         shape = _adapter(ran, config, world, Path(run_dir))
@@ -155,8 +143,6 @@ def shape_of_run(run_dir: str, req: JobRequest, world: int) -> Shape:
 def job_labels(run_dir: str, req: JobRequest, world: int, env: PackEnvironment) -> JobLabels:
     """Labels of one run: its config's shape at `world` ranks, the declared framework, version and
     hardware; a run of another framework than declared, or an undeclared version, is refused."""
-    from trainops.tools.frameworks import get_adapter
-
     expected = get_adapter(req.framework).display_name
     if env.framework != expected:
         raise ToolError("declare_environment", f"the environment declares framework {env.framework!r} but the run is "

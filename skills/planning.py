@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import statistics
+import time
 
 from pydantic import BaseModel
 
@@ -9,8 +10,10 @@ from trainops.run_folder import read_journal
 from trainops.skills.evidence.model import CheckpointPlan, DrillResult, PackEnvironment, ReliabilitySummary
 from trainops.skills.evidence.published import LayoutPlan
 from trainops.skills.request import JobRequest
-from trainops.tools.base import CallContext
+from trainops.tools.base import ToolError
 from trainops.tools.calls import call
+from trainops.tools.context import CallContext
+from trainops.tools.reliability.watch import record_view
 
 
 def plan_checkpoint(save_s: float, restart_s: float, mtbf_h: float, ctx: CallContext | None = None,
@@ -48,10 +51,6 @@ def reliability_summary(declared_mtbf_h: float, ettr_window_s: float) -> Reliabi
     """S2's reliability block from the interruption record as it stands: the interruption rate,
     the MTBF (measured, or the declared one while the record is too short, labelled so), the
     recovery time and the ETTR readings the escalation rules read (tools/watch.record_view)."""
-    import time
-
-    from trainops.tools.reliability.watch import record_view
-
     now = time.time()
     view = record_view(ettr_window_s, declared_mtbf_h, until=now)
     return ReliabilitySummary(as_of=now, **view.stats.model_dump(), ettr_window_s=ettr_window_s,
@@ -73,8 +72,6 @@ def layout_plan(req: JobRequest, env: PackEnvironment, moe: dict | None = None,
     """The parallel-strategy plan for the job as requested, on the declared topology: the scale-up
     domain from the environment declaration, the nodes from the request (its nodes x processes per
     node), never this host's devices. A layout the planner cannot read is a plan with its error."""
-    from trainops.tools.base import ToolError
-
     world = req.nproc * req.nodes
     source = (f"environment declaration: {env.hardware}, scale-up domain "
               f"{env.scale_up_domain if env.scale_up_domain else 'none declared (the node is the domain)'}; "

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from skills_ref import read_properties
+
 SKILLS_ROOT = Path(__file__).parent
 MAIN_SKILL = "training-efficiency-ablation-and-fault-sop"
 _STEP = re.compile(r"^(\d+)\.\s+(.*?)\s*\(impl:\s*`([\w.]+)`\)\s*$")
@@ -79,8 +81,6 @@ def parse_steps(text: str) -> tuple[Step, ...]:
 
 
 def load(path: Path) -> Skill:
-    from skills_ref import read_properties
-
     props = read_properties(path)
     return Skill(name=props.name, description=props.description, path=path / "SKILL.md",
                  steps=parse_steps((path / "SKILL.md").read_text(encoding="utf-8")),

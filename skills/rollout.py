@@ -10,12 +10,15 @@ import os
 from pydantic import BaseModel, Field
 
 from trainops.run_folder import read_faults
+from trainops.skills import labels
 from trainops.skills.baseline import RepeatResult
+from trainops.skills.escalate import hand_to_human
 from trainops.skills.evidence.model import AblationRow, LadderStop
 from trainops.skills.knobs import Knob
 from trainops.skills.request import JobRequest
 from trainops.skills.stats import compare, spread
-from trainops.tools.base import CallContext
+from trainops.tools.context import CallContext
+from trainops.tools.governance.escalation import Escalation, human_item
 
 
 def processes(n: int) -> str:
@@ -24,7 +27,6 @@ def processes(n: int) -> str:
 
 class Rung(BaseModel):
     """One step of the ladder: processes per node on some nodes."""
-
     nproc: int = Field(ge=1, description="processes per node")
     nodes: int = Field(1, ge=1, description="nodes, each running nproc processes")
 
@@ -115,8 +117,6 @@ def verification(knob: Knob, value: str, baseline_value: str, base: list[RepeatR
                  verify: list[RepeatResult]) -> tuple[float, float, bool]:
     """(MFU change %, band %, matches) of the reverted config's runs against the rung's baseline; a
     reverted run that still carries the arm's value is an error, not a verification."""
-    from trainops.skills import labels
-
     section, key = knob.overrides[0].split(".", 1)
     for run in verify:
         ran = labels.run_config(run.run_dir).get(section, {}).get(key)
@@ -130,9 +130,6 @@ def verification(knob: Knob, value: str, baseline_value: str, base: list[RepeatR
 
 def hand_over(row: AblationRow, stop: LadderStop, ctx: CallContext | None = None) -> str:
     """The stop as a pending human item (R-ESC-2, stop_rollout_and_roll_back); returns its line."""
-    from trainops.skills.escalate import hand_to_human
-    from trainops.tools.governance.escalation import Escalation, human_item
-
     matched = "matched" if stop.verification_matches else "did NOT match"
     detail = (f"the gain of {row.knob}={row.value} is gone at {stop.rung} ({row.mfu_change_pct:+.1f}% against a "
               f"band of {row.noise_band_pct:.1f}%); probable cause: {stop.topology_hint}; reverted to "

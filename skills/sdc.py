@@ -13,10 +13,12 @@ from pydantic import BaseModel, Field
 
 from trainops.run_folder import read_heartbeat
 from trainops.skills.escalate import hand_to_human
-from trainops.tools.base import CallContext, skill_context
 from trainops.tools.calls import call
+from trainops.tools.context import CallContext, skill_context
 from trainops.tools.governance.escalation import Escalation, EscalationSignals, escalations_for, human_item
 from trainops.tools.reliability.sdc_check import NodeResult, read_results
+from trainops.tools.reliability.signals import DetectFaultsInput, FaultWatch
+from trainops.workspace import runs_dir
 
 USABLE = ("idle", "allocated", "mixed", "completing")
 CASE_FILE = "sdc-case.json"
@@ -37,7 +39,6 @@ class Suspect(BaseModel):
 
 class CheckRun(BaseModel):
     """One known-answer check job and what each node gave."""
-
     kind: str = Field(description="fleet or colocated")
     job_id: str = ""
     nodes: list[str]
@@ -69,8 +70,6 @@ class SdcCase(BaseModel):
 def suspect_in(run_dir: str | Path) -> Suspect | None:
     """The suspect a run's own replica checksums name (the first step where a replica group's
     `param_checksum` values disagree), read with detect_faults's watch; None when they all agree."""
-    from trainops.tools.reliability.signals import DetectFaultsInput, FaultWatch
-
     watch = FaultWatch(DetectFaultsInput(run=str(run_dir)), Path(run_dir))
     watch.ingest()
     if (odd := watch.checksum_mismatch()) is None:
@@ -121,8 +120,6 @@ def run_check(kind: str, nodes: list[str], partition: list[str], scheduler: str,
               timeout_s: float) -> CheckRun:
     """Submit the known-answer check on exactly `nodes` (the rest of the partition excluded), wait
     for it, and read each node's answer; a node that wrote none failed."""
-    from trainops.workspace import runs_dir
-
     folder = runs_dir() / f"sdc-{kind}-{time.strftime('%Y%m%d-%H%M%S')}-{time.time_ns() % 10**6:06d}"
     (folder / "logs").mkdir(parents=True)
     out = folder / "sdc-check.jsonl"

@@ -12,18 +12,20 @@ from trainops.skills import ablation, baseline, drill, environment, escalate, pl
 from trainops.skills.baseline import Progress
 from trainops.skills.evidence import pack as evidence_pack
 from trainops.skills.evidence import references
-from trainops.skills.evidence.model import PackEnvironment
+from trainops.skills.evidence.model import DrillResult, PackEnvironment
 from trainops.skills.request import JobRequest
-from trainops.tools.base import CallContext, skill_context
 from trainops.tools.calls import call
+from trainops.tools.context import CallContext, skill_context
+from trainops.tools.frameworks import get_adapter
 from trainops.tools.frameworks.base import FrameworkName, SopPlan
 from trainops.tools.planning.layout_mapping import MoeShape
+from trainops.trainer.config import ConfigError, load_config
+from trainops.workspace import confine
 
 
 class SopSettings(BaseModel):
     """How much of the SOP to run; `quick` trades repeats and arms for time. Arms, drills and the
     small job default to the framework adapter's `sop_plan` (trainops.tools.frameworks)."""
-
     config: str | None = Field(None,
                                description="job config (TOML; for megatron the pretrain_gpt.py path); None uses the "
                                            "embedded defaults")
@@ -44,8 +46,6 @@ class SopSettings(BaseModel):
                                                    "the parallel-strategy plan (on paper)")
 
     def _plan(self) -> SopPlan:
-        from trainops.tools.frameworks import get_adapter
-
         return get_adapter(self.framework).sop_plan
 
     def repeats(self) -> int:
@@ -132,9 +132,6 @@ def _mtbf_basis(rel) -> str:
 
 def build_from_runs(run_dirs: list[str], scheduler: str = "local", ctx: CallContext | None = None) -> Path:
     """`trainops evidence build RUNDIR...`: the runs as baseline repeats, plus any drills they recorded."""
-
-    from trainops.skills.evidence.model import DrillResult
-
     for run_dir in run_dirs:
         _check_written_by_trainops(run_dir)
     env, env_row = environment.declare(scheduler, ctx)
@@ -160,9 +157,6 @@ def _check_written_by_trainops(run_dir: str) -> None:
     """Evidence rests on runs trainops launched: a folder outside the workspace (and the configured
     roots), or without the config.toml trainops writes (hand-made metrics), is refused, so a pack
     cannot certify numbers nobody measured."""
-    from trainops.trainer.config import ConfigError, load_config
-    from trainops.workspace import confine
-
     config = RunFiles(confine(run_dir, "RUNDIR", reading=True, must_exist=True)).config
     if not config.is_file():
         raise ValueError(f"RUNDIR {run_dir!r} has no config.toml: trainops did not launch this run, and metrics "

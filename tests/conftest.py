@@ -3,11 +3,20 @@ and fail under CI=true (where .ci/run has installed and started the services).""
 from __future__ import annotations
 
 import os
+import shutil
+import signal
+import socket
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+
+from trainops.tools.context import operator_session
+from trainops.tools.sandbox import accounting
+from trainops.tools.sandbox import cluster as sandbox
 
 
 @pytest.fixture(autouse=True)
@@ -82,10 +91,6 @@ def approvers(tmp_path, monkeypatch) -> Approvers:
 def sandbox_cluster(require_service, monkeypatch):
     """A 3-node `trainops sandbox` Slurm cluster (root; Linux) with its Prometheus, on a prefix, /24 and
     ports of its own, so a developer's own sandbox is left alone; SLURM_CONF and GLOO_SOCKET_IFNAME point at it."""
-    import shutil
-
-    from trainops.tools.sandbox import cluster as sandbox
-
     require_service(os.geteuid() == 0 and all(shutil.which(t) for t in ("ip", "slurmd", "slurmctld", "munged",
                                                                          "mariadbd", "slurmdbd")),
                     "the sandbox needs root, iproute2 and Debian's slurm-wlm, munge, mariadb-server and slurmdbd")
@@ -101,16 +106,12 @@ def as_operator():
     """The test is the operator at the CLI: tool calls that name no actor are the operator's, as in
     `trainops` commands (without it they are the agent's and need a human's token; see
     tests/security/test_gate_paths.py). Use with `pytestmark = pytest.mark.usefixtures("as_operator")`."""
-    from trainops.tools.base import operator_session
-
     with operator_session():
         yield
 
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now."""
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -118,8 +119,6 @@ def free_port() -> int:
 
 def wait_for(condition, timeout_s: float, what: str, poll_s: float = 0.05) -> None:
     """Poll `condition` until it holds; the test fails naming `what` after `timeout_s`."""
-    import time
-
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
@@ -131,14 +130,6 @@ def _accounting_service(tmp_path_factory):
     """A real Slurm accounting for the session, started only when a test asks: the sandbox's MariaDB +
     slurmdbd (tools/sandbox/accounting.py) on free ports, and a slurmctld that registers
     the cluster and its TRES (gres/gpu) with slurmdbd, then stops. None where a binary is missing."""
-    import signal
-    import socket
-    import time
-    from types import SimpleNamespace
-
-    from trainops.tools.sandbox import accounting
-    from trainops.tools.sandbox import cluster as sandbox
-
     binaries = (accounting.MARIADBD, accounting.INSTALL_DB, accounting.SLURMDBD, sandbox.SLURMCTLD, sandbox.MUNGED)
     if os.geteuid() != 0 or not all(Path(binary).exists() for binary in binaries):
         yield None

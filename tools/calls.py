@@ -2,7 +2,7 @@
 
 `run_call` validates the input, passes `gate.before_call`, runs the tool and records the outcome
 with `gate.after_call`; `call` does the same by name, looking the tool up in the registry being
-served (`trainops.tools.registry.current_registry`) or, given `registry=`, serving that one for
+served (`trainops.tools.catalog.current_registry`) or, given `registry=`, serving that one for
 the call's duration. Declaring a tool (`trainops.tools.base`) needs none of this, so this module
 sits above both the registry and the gate.
 """
@@ -13,13 +13,15 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from trainops.tools.base import CallContext, ToolError, ToolSpec, effective_context, explain, running
+from trainops.tools.base import ToolError, ToolSpec, explain
+from trainops.tools.catalog import current_registry
+from trainops.tools.context import CallContext, effective_context, running, serving
 from trainops.tools.governance import gate
-from trainops.tools.registry import Registry, current_registry, serving
+from trainops.tools.registry import Registry
 
 
 def get(name: str) -> ToolSpec:
-    """A tool by name, from the registry in use (`trainops.tools.registry.current_registry`)."""
+    """A tool by name, from the registry in use (`trainops.tools.catalog.current_registry`)."""
     return current_registry().spec(name)
 
 

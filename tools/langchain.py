@@ -10,8 +10,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from trainops.tools.base import CallContext, ToolError, explain
+from trainops.tools.base import ToolError, explain
 from trainops.tools.calls import run_call
+from trainops.tools.catalog import tool_registry
+from trainops.tools.context import CallContext
+from trainops.tools.governance.gate import needs_approval
 
 if TYPE_CHECKING:
     from langchain_core.tools import StructuredTool
@@ -32,14 +35,10 @@ def as_langchain_tools(
     trainops tool); `ctx_factory` supplies the agent's thread and approval token at call time."""
     from langchain_core.tools import StructuredTool, ToolException
 
-    from trainops.tools.registry import tool_registry
-
     specs = registry if registry is not None else tool_registry()
     wanted = list(specs) if names is None else list(names)
     for name in wanted:
         specs.spec(name)  # an unknown name is a ToolError listing the known ones
-
-    from trainops.tools.governance.gate import needs_approval
 
     def make(name: str) -> StructuredTool:
         spec = specs[name]

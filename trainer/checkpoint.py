@@ -23,6 +23,9 @@ from typing import Any, Literal, Protocol
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from trainops.run_folder import RunFiles
 from trainops.trainer.checkpoint_files import (  # noqa: F401 (verify_checkpoint: imported from here too)
@@ -33,6 +36,7 @@ from trainops.trainer.checkpoint_files import (  # noqa: F401 (verify_checkpoint
     step_dir_name,
     verify_checkpoint,
 )
+from trainops.trainer.checkpoint_reader import CountedFileSystem, CountedReader, commit_listing, size_problems
 from trainops.trainer.replica_load import read_one_per_group
 
 log = logging.getLogger("trainops.trainer.checkpoint")
@@ -79,8 +83,6 @@ class AppState:
         return self.saved_world_size is None or self.rank < self.saved_world_size
 
     def state_dict(self) -> dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         state: dict[str, Any] = {"model": model_sd, "optimizer": optim_sd, "step": self.step}
         if self._has_rank_state():
@@ -92,8 +94,6 @@ class AppState:
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        from torch.distributed.checkpoint.state_dict import set_state_dict
-
         set_state_dict(
             self.model, self.optimizer,
             model_state_dict=state_dict["model"], optim_state_dict=state_dict["optimizer"],
@@ -112,7 +112,6 @@ class AppState:
 
 class CheckpointSettings(Protocol):
     """The `[checkpoint]` section as the Checkpointer reads it (trainops.trainer.config.CheckpointConfig)."""
-
     enable: bool
     interval: int
     mode: Literal["sync", "async", "async_pinned"]
@@ -129,7 +128,6 @@ def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
 class Checkpointer:
     """Saves every `interval` steps in the configured mode, keeps the last `keep`, loads the
     newest good one. One instance per rank; every rank calls every method at the same step."""
-
     def __init__(self, cfg: CheckpointSettings, run_dir: str | Path, rank: int,
                  replicas: list[list[int]] | None = None) -> None:
         """`replicas`: the ranks that hold identical state (trainops.trainer.replica_load.replica_groups);
@@ -148,8 +146,6 @@ class Checkpointer:
             self._pg = dist.new_group(backend="gloo")
         self._stager = None
         if cfg.mode == "async_pinned":
-            from torch.distributed.checkpoint.staging import StagingOptions
-
             on_gpu = torch.cuda.is_available()
             self._stager = _kept_stager(StagingOptions(
                 use_pinned_memory=on_gpu, use_shared_memory=False,
@@ -187,7 +183,6 @@ class Checkpointer:
         self._barrier()
         app.step = step
         state = {"app": app}
-        import torch.distributed.checkpoint as dcp
 
         if self.cfg.mode == "sync":
             dcp.save(state, checkpoint_id=tmp, no_dist=not self.distributed)
@@ -261,8 +256,6 @@ class Checkpointer:
         """Rank 0: the newest committed checkpoint not yet rejected whose files are all there at their
         sizes; with every rank reading, also every file's sha256 (one reader per group checks the
         sha256 of what it reads, as it reads). Its path, the world size that saved it, its files."""
-        from trainops.trainer.checkpoint_reader import CountedFileSystem, commit_listing, size_problems
-
         for info in reversed(list_checkpoints(self.folder)):
             if not info.committed or info.path in rejected:
                 if not info.committed:
@@ -327,10 +320,6 @@ class Checkpointer:
 
     def _read_every_rank(self, app: AppState, path: str, spent: list[int]) -> None:
         """Every rank reads its own part through DCP (the sha256 check was rank 0's, before)."""
-        import torch.distributed.checkpoint as dcp
-
-        from trainops.trainer.checkpoint_reader import CountedReader
-
         storage = CountedReader(Path(path))
         dcp.load({"app": app}, storage_reader=storage, no_dist=not self.distributed)
         spent[0] += storage.fs.bytes_read
@@ -368,12 +357,9 @@ def _kept_stager(options):
     save. torch 2.11's async_save closes a stager it was handed once the upload is done (seen on an
     H200: the second pinned save failed in staging), so `close()` is a no-op here and the
     checkpointer ends it with `release()`."""
-    from torch.distributed.checkpoint.staging import DefaultStager
-
     class KeptStager(DefaultStager):
         def close(self) -> None:
             """Ignored: async_save must not end a stager the checkpointer reuses."""
-
         def release(self) -> None:
             DefaultStager.close(self)
 

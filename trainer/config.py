@@ -13,18 +13,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from trainops.trainer.model import PRESETS, ModelArgs
+from trainops.run_folder import read_regular
+from trainops.trainer.model_args import PRESETS, ModelArgs
 
 PipelineSchedule = Literal["GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"]
 
 
 class ConfigError(ValueError):
     """A configuration mistake, phrased for the person who made it."""
-
-
 class _Section(BaseModel):
     """Every float of a job config must be finite: an lr of inf or nan passes `gt=0` and trains garbage."""
-
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
@@ -342,8 +340,6 @@ def load_config(path: str | Path | None = None, preset: str | None = None,
     """Read TOML (optional), apply a model preset (optional), then `section.key=value` overrides."""
     data: dict[str, dict[str, Any]] = {}
     if path is not None:
-        from trainops.run_folder import read_regular
-
         file = Path(path)
         raw = read_regular(file, MAX_CONFIG_BYTES)
         if raw is None:

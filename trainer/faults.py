@@ -18,6 +18,7 @@ import torch
 
 from trainops.run_folder import RunFiles, read_faults
 from trainops.trainer.checkpoint_files import list_checkpoints
+from trainops.workspace import home
 
 CRASH_EXIT_CODE = 42
 """Exit code of an injected `crash_mode = "exit"` crash: distinct, so a drill can tell it apart."""
@@ -29,7 +30,6 @@ make every restart fail the same way. A straggler (`slow`) is a property of the 
 
 class FaultSettings(Protocol):
     """The `[faults]` section as the injector reads it (trainops.trainer.config.FaultsConfig)."""
-
     crash_step: int | None
     crash_rank: int
     crash_mode: Literal["exit", "sigkill"]
@@ -57,8 +57,6 @@ def record_fault(run_dir: str | Path, kind: str, step: int | None, rank: int, **
 
 def defect_marker(host: str) -> Path:
     """Where a host's emulated hardware defect is marked: `$TRAINOPS_HOME/emulated-defects/HOST.json`."""
-    from trainops.workspace import home
-
     return home() / "emulated-defects" / f"{host}.json"
 
 
@@ -121,7 +119,6 @@ def corrupt_checkpoint(path: str | Path, how: Literal["overwrite", "truncate"] =
 
 class FaultInjector:
     """Called by the training loop at fixed points; does nothing unless `[faults]` asks for it."""
-
     def __init__(self, cfg: FaultSettings, rank: int, run_dir: str | Path) -> None:
         self.cfg, self.rank, self.run_dir = cfg, rank, Path(run_dir)
         self._slow_recorded = False

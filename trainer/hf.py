@@ -14,8 +14,12 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
+import torch.distributed.checkpoint as dcp
+from safetensors import safe_open
+from safetensors.torch import save_file
 
-from trainops.trainer.model import Llama3RopeScaling, ModelArgs, Transformer
+from trainops.trainer.model import Transformer
+from trainops.trainer.model_args import Llama3RopeScaling, ModelArgs
 from trainops.trainer.weights import materialize
 
 CONFIG_FILE, WEIGHTS_FILE, INDEX_FILE = "config.json", "model.safetensors", "model.safetensors.index.json"
@@ -38,8 +42,6 @@ _TOP_NAMES = {"tok_embeddings.weight": "model.embed_tokens.weight", "norm.weight
 
 class HFFormatError(ValueError):
     """A folder or config that is not a Llama checkpoint we can read; says what is missing."""
-
-
 def hf_config(args: ModelArgs) -> dict:
     """The `LlamaConfig` fields that describe `args` (what `config.json` holds). RoPE settings
     are written in both generations: `rope_parameters` (transformers 5.x) and the top-level
@@ -171,7 +173,6 @@ class HFCheckpoint:
     """An HF Llama folder opened for reading one tensor at a time: a single `model.safetensors`,
     or shards listed by `model.safetensors.index.json` (the layout of every big checkpoint). A
     rank of a sharded run reads only the tensors its parameters need."""
-
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
         self.args = read_hf_config(self.folder)
@@ -179,8 +180,6 @@ class HFCheckpoint:
         if index.is_file():
             self.weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
         elif (self.folder / WEIGHTS_FILE).is_file():
-            from safetensors import safe_open
-
             with safe_open(str(self.folder / WEIGHTS_FILE), "pt") as handle:
                 self.weight_map = {key: WEIGHTS_FILE for key in handle.keys()}
         else:
@@ -189,8 +188,6 @@ class HFCheckpoint:
 
     def tensor(self, name: str, shape: torch.Size | None = None) -> torch.Tensor:
         """Our parameter `name` as a full fp32 tensor in our layout; `shape`, when given, is checked."""
-        from safetensors import safe_open
-
         hf_name = _hf_source(name, self.args)
         if hf_name not in self.weight_map:
             raise HFFormatError(f"{self.folder} has no tensor {hf_name!r} (needed for {name}): is this a Llama "
@@ -225,8 +222,6 @@ def export_hf(model: Transformer, folder: str | Path, dtype: torch.dtype = torch
     """Write `config.json` and the weights of `model` (full, unsharded): `model.safetensors`
     when they fit in `max_shard_bytes`, else numbered shards and `model.safetensors.index.json`,
     as transformers' `save_pretrained` does."""
-    from safetensors.torch import save_file
-
     if max_shard_bytes <= 0:
         raise ValueError(f"max_shard_bytes={max_shard_bytes} must be positive (bytes per safetensors file)")
     folder = Path(folder)
@@ -265,8 +260,6 @@ def checkpoint_to_hf(checkpoint: str | Path, args: ModelArgs, folder: str | Path
                      max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> Path:
     """Export a committed DCP checkpoint (any layout: FSDP2, TP, PP shards) as an HF folder, in
     one process: DCP reassembles the full tensors from the shards on load."""
-    import torch.distributed.checkpoint as dcp
-
     model = Transformer(args)
     state = {"app": {"model": model.state_dict()}}
     with warnings.catch_warnings():  # one process on purpose: DCP warns that no process group exists

@@ -17,7 +17,9 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from trainops.run_folder import RunFiles, RunResult, read_journal, read_metrics, this_launch
+from trainops.trainer.checkpoint_files import COMMIT_FILE, list_checkpoints, verify_checkpoint
 from trainops.trainer.config import ConfigError, JobConfig, ResilienceConfig, load_config
+from trainops.trainer.layout import validate_layout
 from trainops.workspace import check_id, new_run_id, run_folder, runs_dir
 
 
@@ -172,8 +174,6 @@ def resolve_run(run: str | Path, field: str = "run") -> Path:
 def newest_verified_checkpoint(run_dir: Path, cfg: JobConfig):
     """(path, step, world size) of the newest checkpoint whose files match COMMIT.json, as the
     trainer chooses on relaunch; None when there is none."""
-    from trainops.trainer.checkpoint_files import COMMIT_FILE, list_checkpoints, verify_checkpoint
-
     for info in reversed(list_checkpoints(run_dir / cfg.checkpoint.folder)):
         if info.committed and verify_checkpoint(info.path).complete:
             commit = json.loads((Path(info.path) / COMMIT_FILE).read_text())
@@ -185,8 +185,6 @@ def prepare_resume(run: str | Path, overrides: list[str], nproc: int | None, *, 
     """Check that `run` can continue with `overrides` on `nproc` ranks (default: as many as saved
     its checkpoint) and, when `write`, record the changed config. Overrides that would change the
     model, the data or its position are refused by name."""
-    from trainops.trainer.layout import validate_layout
-
     run_dir = resolve_run(run)
     for override in overrides:
         key = override.partition("=")[0].strip()

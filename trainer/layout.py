@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from trainops.trainer.config import JobConfig, ParallelConfig, TrainingConfig
-from trainops.trainer.model import ModelArgs
+from trainops.trainer.model_args import ModelArgs, count_parameters
 
 Schedule = Literal["GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"]
 SCHEDULES: tuple[str, ...] = ("GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
@@ -24,11 +24,8 @@ MESH_DIM_NAMES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
 class LayoutError(ValueError):
     """An impossible layout: the message names the numbers and the fix."""
-
-
 class Layout(BaseModel):
     """A layout that passed every check; the mesh is `MESH_DIM_NAMES` in this order."""
-
     world_size: int
     dp_replicate: int
     dp_shard: int = Field(description="FSDP degree, inferred when the config says -1")
@@ -286,7 +283,6 @@ def _check_context_parallel(par: ParallelConfig, train: TrainingConfig, backend:
 
 class RankPlan(BaseModel):
     """What one rank holds and roughly how much memory it needs (bytes)."""
-
     rank: int
     coords: dict[str, int] = Field(description="mesh coordinates by dimension name")
     stages: list[int] = Field(description="global pipeline stage indices on this rank")
@@ -303,7 +299,6 @@ class RankPlan(BaseModel):
 
 class DryRunPlan(BaseModel):
     """A validated layout, planned per rank, without launching anything."""
-
     layout: Layout
     mesh_dim_names: list[str]
     mesh_shape: list[int]
@@ -359,8 +354,6 @@ def _activation_bytes(args: Any, layout: Layout, n_layers: int, in_flight: int, 
 def plan_dry_run(cfg: JobConfig, nproc: int, gpus_per_node: int | None = None,
                  backend: str | None = None) -> DryRunPlan:
     """Validate `cfg` for `nproc` ranks and describe every rank: coordinates, stages, layers, memory."""
-    from trainops.trainer.model import count_parameters
-
     layout = validate_layout(cfg, nproc, gpus_per_node=gpus_per_node, backend=backend, plan_only=True)
     args = cfg.model_args()
     counts = count_parameters(args)

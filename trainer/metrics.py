@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from trainops.run_folder import Heartbeat, RankExit, RunFiles, read_heartbeat
 from trainops.trainer.config import MetricsConfig
-from trainops.trainer.model import ModelArgs, count_parameters
+from trainops.trainer.model_args import ModelArgs, count_parameters
 
 # Dense bf16 tensor-core peaks in TFLOP/s (vendor data sheets, no sparsity). Matched by
 # substring of torch.cuda.get_device_name(); the first match wins, so specific names go first.
@@ -120,7 +121,6 @@ def peak_memory_gib(device: torch.device) -> float:
 class MetricsLogger:
     """Writes one record per step: metrics.jsonl, the Prometheus gauges, the heartbeat file,
     and (rank 0, every `log_every` steps) one readable line."""
-
     def __init__(self, cfg: MetricsConfig, run_dir: Path, rank: int, *, run_id: str, total_steps: int,
                  peak_tflops: float | None, peak_source: str):
         self.cfg, self.run_dir, self.rank = cfg, Path(run_dir), rank
@@ -134,8 +134,6 @@ class MetricsLogger:
             self._start_exporter(cfg.prometheus_port_base + rank)
 
     def _start_exporter(self, port: int) -> None:
-        from prometheus_client import CollectorRegistry, Gauge, start_http_server
-
         registry = CollectorRegistry()
         for name in RECORD_FIELDS:
             if name not in ("rank", "step"):

@@ -6,6 +6,7 @@ built on the meta device is given its values here, once sharded (trainops.traine
 """
 from __future__ import annotations
 
+import random
 import sys
 from dataclasses import dataclass
 from functools import partial
@@ -14,11 +15,21 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.nn.parallel import DistributedDataParallel
 
 from trainops.trainer.config import AUTO_COMPILE_MIN_STEPS, JobConfig
 from trainops.trainer.layout import MESH_DIM_NAMES, Layout
 from trainops.trainer.model import initial_weight
+from trainops.trainer.parallel import apply_tp
+from trainops.trainer.shared_memory_comm import (
+    SharedMemoryAllGather,
+    SharedMemoryReduceScatter,
+    ddp_allreduce_hook,
+    shared_buffers_for,
+)
 from trainops.trainer.weights import FullValue, is_meta, materialize
 
 if TYPE_CHECKING:
@@ -30,7 +41,6 @@ DP_DIMS = ("dp_replicate", "dp_shard")
 @dataclass
 class MeshInfo:
     """The mesh and what the training loop needs from it: its data-parallel slice."""
-
     mesh: DeviceMesh
     layout: Layout
     dp_rank: int
@@ -57,7 +67,6 @@ def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
     about half the activation memory for about half the recompute)."""
     if mode == "none":
         return
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
     for index, (name, block) in enumerate(list(model.layers.items())):
         if mode == "full" or index % 2 == 0:
@@ -92,8 +101,6 @@ def compile_problem(device_type: str) -> str | None:
     """Why torch.compile cannot build kernels on this device, or None: it compiles a small function
     whose constant is drawn at random, so no cached kernel stands in for a working compiler (a
     C++ compiler and Python's headers on the CPU, triton on a GPU). Seconds, on long runs only."""
-    import random
-
     scale = random.random()
     try:
         torch.compile(lambda x: x * scale + 1.0, fullgraph=True)(torch.ones(8, device=device_type))
@@ -109,10 +116,6 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: str, reshard_af
     until a unit holds `unit_params` parameters, then the root (embeddings, norm, output and any
     blocks left over). 0 gives torchtitan's one unit per block. With `buffers`, every unit's
     collectives go through shared memory (trainops.trainer.shared_memory_comm)."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    from trainops.trainer.shared_memory_comm import SharedMemoryAllGather, SharedMemoryReduceScatter
-
     def shard(module: nn.Module, reshard_after_forward: bool | None, only_unit: bool = False) -> None:
         fully_shard(module, mesh=dp_mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
         if buffers is not None:
@@ -184,8 +187,6 @@ def parallelize(model: nn.Module, cfg: JobConfig, info: MeshInfo, full_value: Fu
     pending = is_meta(model)
     fill = full_value or seeded_init(cfg, model.args)
     if cfg.parallel.tp > 1:
-        from trainops.trainer.parallel import apply_tp  # the parallelism module is only needed with TP
-
         apply_tp(model, info.mesh["tp"], cfg)
     apply_activation_checkpointing(model, cfg.training.activation_checkpointing)
     if cfg.training.compile is True:  # resolved once per rank by train() (compile_blocks); auto stays eager
@@ -206,7 +207,6 @@ def parallelize(model: nn.Module, cfg: JobConfig, info: MeshInfo, full_value: Fu
         if pending:
             materialize(model, mesh_device(info), fill)
         return model
-    from torch.nn.parallel import DistributedDataParallel
 
     dp_mesh = info.mesh[DP_DIMS]._flatten("dp") if info.layout.dp_replicate > 1 and \
         info.layout.dp_shard > 1 else _dp_mesh(info)
@@ -216,8 +216,6 @@ def parallelize(model: nn.Module, cfg: JobConfig, info: MeshInfo, full_value: Fu
     wrapped = DistributedDataParallel(model, process_group=group, device_ids=device_ids, broadcast_buffers=False)
     buffers = collective_buffers(cfg, group, info.mesh.device_type)
     if buffers is not None:
-        from trainops.trainer.shared_memory_comm import ddp_allreduce_hook
-
         wrapped.register_comm_hook(buffers, ddp_allreduce_hook)
     return wrapped
 
@@ -225,8 +223,6 @@ def parallelize(model: nn.Module, cfg: JobConfig, info: MeshInfo, full_value: Fu
 def collective_buffers(cfg: JobConfig, group, device_type: str) -> SharedBuffers | None:
     """Shared-memory buffers for the data-parallel `group` when `parallel.cpu_collectives` and the
     run allow them (collective over the group); rank 0 says which way the collectives go."""
-    from trainops.trainer.shared_memory_comm import shared_buffers_for
-
     buffers = shared_buffers_for(group, cfg.parallel.cpu_collectives, device_type)
     if group.rank() == 0:
         way = "shared memory" if buffers is not None else "the process group's backend"

@@ -20,7 +20,10 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
+from trainops.trainer.checkpoint_reader import CountedReader, corrupt_reason
 from trainops.trainer.layout import MESH_DIM_NAMES, Layout
 
 BUCKET_BYTES = 64 << 20  # one broadcast carries at most this much of one dtype
@@ -49,11 +52,6 @@ def read_one_per_group(app, folder: Path, listed: dict[str, Any], groups: list[l
     """Load `app` (trainops.trainer.checkpoint.AppState) from `folder`: the first rank of each replica
     group reads (verifying as it reads), the others receive; `spent` gains this rank's storage bytes.
     Returns why the checkpoint is corrupt (the same on every rank), or None once it is loaded."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.api import CheckpointException
-
-    from trainops.trainer.checkpoint_reader import CountedReader, corrupt_reason
-
     distributed = dist.is_available() and dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     members = next(g for g in groups if rank in g)
@@ -118,7 +116,6 @@ def _fill(tree: Any, values: dict[tuple, torch.Tensor]) -> Any:
 class _Slot:
     """Where the reader's state held a tensor: its path, shape, dtype and, for a DTensor, the
     global chunk this rank holds (a member that holds another chunk is no replica of the reader)."""
-
     def __init__(self, path: tuple, shape: tuple, dtype: str, chunks: list | None) -> None:
         self.path, self.shape, self.dtype, self.chunks = path, shape, dtype, chunks
 

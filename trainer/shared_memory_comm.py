@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
 SHM_DIR = Path("/dev/shm")
@@ -35,14 +36,11 @@ _UNMAPPED: set[Path] = set()  # made here, not yet unlinked: a SIGTERM in that w
 
 class SharedMemoryUnavailable(RuntimeError):
     """The group's ranks could not all make and map their buffer (raised on every rank alike)."""
-
-
 class SharedBuffers:
     """One shared-memory buffer for the ranks of `group`, in two halves used alternately; a half
     holds one region per rank, in rank order, so a gather's regions are its output. A rank writes
     a half again only after the barrier of the next collective, which every rank reaches only once
     it has read that half: so one barrier per collective keeps each reader ahead of the writer."""
-
     def __init__(self, group: dist.ProcessGroup, strict: bool, shm_dir: Path = SHM_DIR):
         self.group, self.strict, self.shm_dir = group, strict, shm_dir
         self.failed: str | None = None
@@ -190,7 +188,6 @@ def _sum_in_rank_order(copies: list[torch.Tensor], out: torch.Tensor) -> torch.T
 
 class _ThroughBuffers:
     """What FSDP2's custom collectives share: the buffers, and plain memory for what FSDP keeps."""
-
     def __init__(self, buffers: SharedBuffers):
         self.buffers = buffers
 
@@ -203,7 +200,6 @@ class SharedMemoryReduceScatter(_ThroughBuffers, ReduceScatter):
     FSDP allocates the input, which it fills with the gradients, then the output, which becomes
     the sharded gradients: the input is made in this rank's region of the buffer, so the
     gradients are published where FSDP writes them; the output stays in plain memory."""
-
     def __init__(self, buffers: SharedBuffers):
         super().__init__(buffers)
         self.output_next = False
@@ -240,7 +236,6 @@ class SharedMemoryAllGather(_ThroughBuffers, AllGather):
     buffer itself: FSDP writes its shard into this rank's region and reads the gathered
     parameters from there, and no copy is made at all. FSDP copies the output out right after
     waiting on the returned work; a collective before that is refused (`SharedBuffers.exchange`)."""
-
     def __init__(self, buffers: SharedBuffers, in_place: bool = False):
         super().__init__(buffers)
         self.in_place = in_place
@@ -267,7 +262,6 @@ class SharedMemoryAllGather(_ThroughBuffers, AllGather):
 
 class _CopiedOut(dist.Work):
     """The work FSDP waits on just before it copies a gather out of the buffer."""
-
     def __init__(self, buffers: SharedBuffers):
         super().__init__()
         self.buffers = buffers
@@ -283,8 +277,6 @@ def ddp_allreduce_hook(buffers: SharedBuffers, bucket: dist.GradBucket) -> torch
     flat = bucket.buffer()
     copies = buffers.exchange(flat) if buffers.failed is None else None
     if copies is None:
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
         return allreduce_hook(buffers.group, bucket)
     _sum_in_rank_order(copies, flat).div_(buffers.world)
     done: torch.futures.Future[torch.Tensor] = torch.futures.Future()

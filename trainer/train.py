@@ -4,12 +4,14 @@ failure (an exception, a non-finite loss, or an injected crash)."""
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 import signal
 import socket
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
@@ -17,12 +19,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.tensor import Replicate, Shard
 
 from trainops.run_folder import RunFiles, open_rank_log
 from trainops.trainer.checkpoint import AppState, Checkpointer
 from trainops.trainer.config import JobConfig, load_config
 from trainops.trainer.data import DataLoader
 from trainops.trainer.faults import FaultInjector
+from trainops.trainer.hf import HFCheckpoint
 from trainops.trainer.layout import validate_layout
 from trainops.trainer.metrics import (
     MetricsLogger,
@@ -33,17 +37,15 @@ from trainops.trainer.metrics import (
     peak_memory_gib,
 )
 from trainops.trainer.model import Transformer
+from trainops.trainer.parallel import build_pipeline, merged_view
 from trainops.trainer.parallelize import build_mesh, compile_blocks, parallelize, replica_group, seeded_init
 from trainops.trainer.replica_load import replica_groups
 
 
 class NonFiniteLoss(RuntimeError):
     """Training stops at a NaN/inf loss rather than silently corrupting the weights."""
-
-
 class LogTee:
     """Copies a stream into the rank's log file, so logs/rank{R}.log holds everything."""
-
     def __init__(self, stream, log_file):
         self.stream, self.log_file = stream, log_file
 
@@ -136,8 +138,6 @@ def _sharded_squares(grads: list[torch.Tensor]) -> torch.Tensor | None:
     (FSDP2, HSDP): the local shards' squares, summed over the sharded mesh dims in one all-reduce
     each, without DTensor's per-tensor dispatch (3.3 ms -> ~1 ms of a 300 ms CPU step). None
     for any other mix, which takes DTensor's own path."""
-    from torch.distributed.tensor import Replicate, Shard
-
     first = grads[0]
     if not hasattr(first, "placements") or any(
             not hasattr(g, "placements") or g.device_mesh is not first.device_mesh or g.placements != first.placements
@@ -155,7 +155,6 @@ class StepProfiler:
     """torch.profiler over the configured consecutive steps (`[metrics] profile_steps`); each
     profiled step is a `train_step#N` range, and the Chrome trace goes to RUN/profile/rank{R}.json
     so a reader can set collective time against step time."""
-
     def __init__(self, steps: list[int], run_dir: Path, rank: int, device: torch.device) -> None:
         self.steps, self.path, self.device = set(steps), run_dir / "profile" / f"rank{rank}.json", device
         self.last = max(steps, default=0)
@@ -192,7 +191,6 @@ def initial_values(cfg: JobConfig, model_args):
     reads only the tensors of its own parameters), else the seeded init."""
     if cfg.model.init_from is None:
         return seeded_init(cfg, model_args)
-    from trainops.trainer.hf import HFCheckpoint
 
     checkpoint = HFCheckpoint(cfg.model.init_from)
     if dist.get_rank() == 0:
@@ -209,7 +207,6 @@ def build_model(cfg: JobConfig, model_args, layout, mesh_info, device: torch.dev
     full_value = initial_values(cfg, model_args)
     if layout.pp == 1:
         return parallelize(model, cfg, mesh_info, full_value), None
-    from trainops.trainer.parallel import build_pipeline, merged_view
 
     # the schedule runs forward+backward over this rank's stages
     pipe = build_pipeline(model, layout, mesh_info.mesh["pp"],
@@ -355,8 +352,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         train(cfg, run_dir, rank, world_size, device)
     except Exception as error:  # the rank log and the exit code carry the failure
-        import traceback
-
         traceback.print_exc()
         print(f"rank {rank} failed: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
         note_exit(run_dir, rank, f"{type(error).__name__}: {error}")
@@ -370,8 +365,6 @@ def main(argv: list[str] | None = None) -> int:
 def exit_now(code: int) -> None:
     """Leave without the interpreter's teardown of torch, gloo and their threads (0.8 s at the end
     of every run; a quick SOP runs ten): by now every file the run keeps is written and closed."""
-    import logging
-
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -13,6 +13,7 @@ from typing import Callable
 
 import torch
 from torch import nn
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 FullValue = Callable[[str, torch.Size], torch.Tensor]
 
@@ -36,7 +37,6 @@ def local_slice(full: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     DTensor's shard (FSDP2, TP or both) otherwise, computed without communication."""
     if not hasattr(param, "device_mesh"):
         return full
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     shape, offset = compute_local_shape_and_global_offset(full.shape, param.device_mesh, param.placements)
     return full[tuple(slice(start, start + size) for start, size in zip(offset, shape, strict=True))]

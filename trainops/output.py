@@ -11,6 +11,10 @@ import json
 import sys
 from typing import Any, Callable, NoReturn
 
+import typer
+from rich.markup import escape
+
+from trainops.redact import scrub
 from trainops.terminal_text import safe_console
 
 
@@ -41,17 +45,11 @@ def emit(obj: Any, as_json: bool, render: Callable[[Any], None] | None = None) -
 
 def fail(message: str, *, as_json: bool = False, code: int = 2) -> NoReturn:
     """Stop the command with a specific message: what was wrong and what to do (secrets scrubbed)."""
-    import typer
-
-    from trainops.redact import scrub
-
     message = scrub(message)
 
     if as_json:
         sys.stdout.write(to_json({"error": message}) + "\n")
     else:
-        from rich.markup import escape
-
         safe_console(stderr=True).print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 

@@ -17,6 +17,10 @@ import re
 from functools import lru_cache
 from typing import Any
 
+from rich.console import Console
+from rich.segment import Segment
+from rich.text import Text
+
 UNSAFE = re.compile(
     "[\x00-\x08\x0b-\x1f\x7f-\x9f"  # C0 but tab and newline, DEL, C1 (8-bit CSI, OSC, DCS, APC, PM, SOS, ST)
     "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"  # bidi marks, embeddings, overrides and isolates
@@ -48,10 +52,6 @@ def shown_name(name: str, valid: bool) -> str:
 
 @lru_cache(maxsize=1)
 def _safe_console_class() -> type:
-    from rich.console import Console
-    from rich.segment import Segment
-    from rich.text import Text
-
     def safe_text(text: Text) -> Text:
         """A copy of `text` with its unsafe characters escaped and its styles kept, so that rich
         measures and wraps what will be shown (escaping after layout would crop table cells)."""
@@ -68,7 +68,6 @@ def _safe_console_class() -> type:
     class SafeConsole(Console):
         """A Console whose rendered text can move no cursor, write no clipboard and reverse no
         digits: strings and Text objects are escaped before layout, any other segment after."""
-
         def render_str(self, text: str, **kwargs: Any) -> Text:
             return super().render_str(visible(text), **kwargs)
 

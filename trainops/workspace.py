@@ -16,6 +16,8 @@ import stat
 import time
 from pathlib import Path
 
+from trainops.settings import SettingsError, table, user_config_path, workspace_path
+
 _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
@@ -41,8 +43,6 @@ def _private_folder(path: Path) -> Path:
 
 
 def home() -> Path:
-    from trainops.settings import workspace_path
-
     return _private_folder(workspace_path())
 
 
@@ -53,8 +53,6 @@ def _sub(name: str) -> Path:
 def exposed_workspace() -> str | None:
     """A warning when other users can enter the workspace folder; None when it is private (then
     nothing inside can be reached by them, whatever its own mode) or not created yet."""
-    from trainops.settings import workspace_path
-
     root = workspace_path()
     try:
         mode = root.stat().st_mode
@@ -122,8 +120,6 @@ def check_id(kind: str, value: str) -> str:
 def _configured_roots(key: str) -> list[Path]:
     """Folders listed under `[governance] KEY` in settings files the user trusts (never a
     project-local or workspace file the user has not trusted)."""
-    from trainops.settings import SettingsError, table
-
     values, sources = table("governance", trusted_only=True)
     roots = values.get(key, [])
     if not isinstance(roots, list) or not all(isinstance(r, str) and Path(r).expanduser().is_absolute() for r in roots):
@@ -156,7 +152,6 @@ def confine(path: str | Path, field: str, *, reading: bool = False, must_exist: 
     roots = allowed_roots(reading=reading)
     if any(resolved.is_relative_to(root) for root in roots) and (hop := _link_out(path, roots)) is None:
         return resolved
-    from trainops.settings import user_config_path
 
     if any(resolved.is_relative_to(root) for root in roots):
         raise ValueError(f"{field}={str(path)!r} passes through the link {hop[0]} -> {hop[1]}, outside the workspace "

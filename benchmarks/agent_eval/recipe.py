@@ -18,6 +18,8 @@ from typing import Any, Callable
 
 from trainops.benchmarks.agent_eval.recorder import record
 from trainops.benchmarks.agent_eval.scenario import SCENARIOS_DIR, Expected, Never, Scenario
+from trainops.tools.calls import call
+from trainops.tools.context import operator_session
 
 DRILL_SETS = ["training.steps=12", "training.seq_len=64", "training.global_batch=8", "training.micro_batch=4",
               "checkpoint.enable=true", "checkpoint.interval=2", "checkpoint.mode=async", "checkpoint.keep=50"]
@@ -59,9 +61,6 @@ def _scenario(name: str, source: str, request: str, tags: list[str], expected: d
 
 
 def _tool(name: str, args: dict[str, Any]) -> dict[str, Any]:
-    from trainops.tools.base import operator_session
-    from trainops.tools.calls import call
-
     with operator_session():
         return json.loads(call(name, args).model_dump_json())
 

@@ -3,6 +3,7 @@ with the replay backends serving it; scored (scoring.py) and summed up per tag a
 pass@1 (the share of runs that pass) and pass^k (the share of scenarios whose k runs all pass)."""
 from __future__ import annotations
 
+import datetime
 import os
 import tempfile
 from collections import defaultdict
@@ -11,8 +12,16 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, Field
 
-from trainops.benchmarks.agent_eval.scenario import Scenario, materialize, workspace_at
+from trainops.agents.agent_tools import agent_registry
+from trainops.agents.providers import AgentSettings, load_settings
+from trainops.benchmarks.agent_eval import scripted
+from trainops.benchmarks.agent_eval.scenario import HELD_OUT_DIR, Scenario, load_all, materialize, workspace_at
 from trainops.benchmarks.agent_eval.scoring import Score, fold_corpus, score
+from trainops.benchmarks.harness import RESULTS_PATH, write_section
+from trainops.tools.calls import call
+from trainops.tools.catalog import current_registry
+from trainops.tools.context import operator_session, serving
+from trainops.tools.schedulers.replay import replaying
 
 AgentRun = Callable[[Scenario], dict[str, Any]]
 """One agent run on a scenario whose replay is active: returns its AgentTrace as a dict."""
@@ -54,9 +63,6 @@ def _workspace_texts(home: Path) -> list[str]:
 
 def _read_outputs(calls: list[dict]) -> list[str]:
     """What the run's read calls returned: the replay answers the same call the same way again."""
-    from trainops.tools.calls import call
-    from trainops.tools.registry import current_registry
-
     registry, outputs = current_registry(), []
     for item in calls:
         tool = item.get("tool", "")
@@ -70,11 +76,6 @@ def _read_outputs(calls: list[dict]) -> list[str]:
 
 def run_once(scenario: Scenario, agent: AgentRun) -> Score:
     """One run in a fresh copy of the scenario's workspace; the copy is removed after scoring."""
-    from trainops.agents.agent_tools import agent_registry
-    from trainops.tools.base import operator_session
-    from trainops.tools.registry import serving
-    from trainops.tools.schedulers.replay import replaying
-
     with tempfile.TemporaryDirectory(prefix=f"trainops-eval-{scenario.name}-") as tmp:
         home = materialize(scenario, Path(tmp) / "home")
         with workspace_at(home), serving(agent_registry), replaying(home) as replay:
@@ -150,8 +151,6 @@ RESULTS_BEGIN, RESULTS_END = "<!-- agent-eval:begin -->", "<!-- agent-eval:end -
 
 def render_results(results: list[SuiteResult], scenarios: int, held_out: SuiteResult | None = None) -> str:
     """The agent-eval section of benchmarks/RESULTS.md: one row per agent, then per-tag pass^k."""
-    import datetime
-
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [RESULTS_BEGIN, "## Agent benchmark (`trainops eval run`)", "",
              f"Measured {when}: {scenarios} scenarios recorded from real drills and runs on this machine "
@@ -186,12 +185,6 @@ def render_results(results: list[SuiteResult], scenarios: int, held_out: SuiteRe
 def publish(k: int, scripted_k: int = 1, max_steps: int = 12) -> Path:
     """Run the offline policy (k times) and the scripted models (`scripted_k` times: each is a pure
     function of the conversation) on every scenario; rewrite the agent-eval section."""
-
-    from trainops.agents.providers import AgentSettings, load_settings
-    from trainops.benchmarks.agent_eval import scripted
-    from trainops.benchmarks.agent_eval.scenario import HELD_OUT_DIR, load_all
-    from trainops.benchmarks.harness import RESULTS_PATH, write_section
-
     scenarios = load_all()
     results = [run_suite(scenarios, agent_run(load_settings("offline"), max_steps), k, "offline", "sop-policy")]
     held_out = (run_suite(load_all(HELD_OUT_DIR), agent_run(load_settings("offline"), max_steps), k, "offline",

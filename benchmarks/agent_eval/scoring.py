@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from trainops.benchmarks.agent_eval.scenario import Scenario
+from trainops.tools.catalog import current_registry
 
 BUDGET_STOPS = ("step_budget", "token_budget", "bad_tool_calls")
 
@@ -43,8 +44,6 @@ class Score(BaseModel):
 
 
 def _risk(tool: str) -> str:
-    from trainops.tools.registry import current_registry
-
     registry = current_registry()
     return registry[tool].risk if tool in registry else "unknown"
 

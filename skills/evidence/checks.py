@@ -5,10 +5,16 @@ used (R-ABL-1). Governance (trainops.tools.governance.approvals) takes these as 
 the check runs on every approval without the tools layer importing the skills above it."""
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from trainops.run_folder import RunFiles
+from trainops.skills.evidence.model import EvidencePack
+from trainops.skills.evidence.pack import derivation_problems, governance_errors
 from trainops.tools.governance import approvals
+from trainops.tools.governance.claims import AblationArm, resolve_run
 from trainops.tools.governance.pack_checks import EVIDENCE_FILE, REPORT_FILE
 
 
@@ -19,11 +25,6 @@ def decide(pack: str, decision: approvals.Verdict, note: str = "", key: Path | N
 
 def evidence_problems(folder: Path) -> list[str]:
     """The evidence validators (trainops.skills.evidence model + governance claims) on the files now."""
-    from pydantic import ValidationError
-
-    from trainops.skills.evidence.model import EvidencePack
-    from trainops.skills.evidence.pack import derivation_problems, governance_errors
-
     try:
         pack = EvidencePack.model_validate_json((folder / EVIDENCE_FILE).read_bytes())
     except (ValidationError, ValueError) as exc:
@@ -35,10 +36,6 @@ def evidence_problems(folder: Path) -> list[str]:
 
 def _ablation_problems(pack) -> list[str]:
     """R-ABL-1 on the configs the runs used: each arm against the baseline, exactly one setting apart."""
-    from pydantic import ValidationError
-
-    from trainops.tools.governance.claims import AblationArm
-
     problems = []
     baseline_run = pack.baseline.run_dirs[0] if pack.baseline and pack.baseline.run_dirs else None
     for row in pack.ablations:
@@ -57,10 +54,6 @@ def _ablation_problems(pack) -> list[str]:
 
 
 def _run_config(run: str | None) -> dict | None:
-    import tomllib
-
-    from trainops.tools.governance.claims import resolve_run
-
     folder = resolve_run(run) if run else None
     config = RunFiles(folder).config if folder else None
     if config is None or not config.is_file():

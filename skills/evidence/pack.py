@@ -5,9 +5,15 @@ Order matters: the pack is validated by its model and by governance (claims and 
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
+from pydantic import ValidationError
+
+from trainops.run_folder import read_metrics
+from trainops.skills.escalate import escalation_problems, pack_signals
+from trainops.skills.evidence import plots
 from trainops.skills.evidence.model import (
     AblationRow,
     BaselineSummary,
@@ -22,6 +28,13 @@ from trainops.skills.evidence.model import (
 )
 from trainops.skills.evidence.published import LayoutPlan, MlperfComparison
 from trainops.skills.evidence.render import to_html, to_markdown
+from trainops.skills.stats import spread
+from trainops.tools.governance import claims, escalation, windows
+from trainops.tools.governance.pack_checks import record_written
+from trainops.tools.governance.text import validate_report_text
+from trainops.tools.jobs.jobs import summarize_records
+from trainops.tools.reliability.interruptions import cause_distribution, read_interruptions
+from trainops.workspace import check_id, packs_dir, run_folder
 
 MIN_REPEATS = 3
 """Repeats per side before a noise band (and so a gain) is trusted enough to pass."""
@@ -29,8 +42,6 @@ MIN_REPEATS = 3
 
 class PackRefused(ValueError):
     """Governance or the model refused the pack; nothing was written."""
-
-
 def decide(baseline: BaselineSummary | None, ablations: list[AblationRow],
            drills: list[DrillResult]) -> tuple[str, list[str]]:
     """Verdict and blockers from the measurements: fail when a recovery broke, partial when a
@@ -63,8 +74,6 @@ def decide(baseline: BaselineSummary | None, ablations: list[AblationRow],
 def drill_causes(drills: list[DrillResult]) -> dict[str, int]:
     """The drills' job ends per cause, from the interruption record (what the evidence said), not
     from which drills ran."""
-    from trainops.tools.reliability.interruptions import cause_distribution, read_interruptions
-
     ids = {d.interruption_id for d in drills if d.interruption_id}
     return cause_distribution([r for r in read_interruptions() if r.id in ids])
 
@@ -72,10 +81,6 @@ def drill_causes(drills: list[DrillResult]) -> dict[str, int]:
 def change_windows_note(runs: list[str]) -> ChangeWindowsNote:
     """R-CHG-1 in the pack: the windows configured now and each change that landed as an emergency
     since the first metrics record of the pack's runs (every one in the log when no run can be read)."""
-    from trainops.run_folder import read_metrics
-    from trainops.tools.governance import windows
-    from trainops.workspace import run_folder
-
     starts = []
     for run in runs:
         try:
@@ -113,12 +118,6 @@ def governance_errors(pack: EvidencePack, markdown: str) -> list[str]:
     """What governance refuses in this pack: the baseline MFU claim (R-ENV-1/2), each drill's
     fault-tolerance conclusion (R-EVD-2), the escalations it hands over (R-ESC-1..4) and the report
     text (R-OUT-1..3). Ablation arms were checked for a single variable (R-ABL-1) when they ran."""
-    from pydantic import ValidationError
-
-    from trainops.skills.escalate import pack_signals
-    from trainops.tools.governance import claims, escalation
-    from trainops.tools.governance.text import validate_report_text
-
     checks = []
     if pack.baseline and pack.environment:
         b, env = pack.baseline, pack.environment
@@ -145,9 +144,6 @@ def derivation_problems(pack: EvidencePack, folder: Path) -> list[str]:
     sources: the verdict and blockers from its measurements, the baseline MFU from the cited runs'
     metrics, both reports from evidence.json. This, not an audit line (anyone who can append to the
     log can append a `pack_written` entry), is what shows a pack was not edited by hand."""
-    from trainops.skills.escalate import escalation_problems
-    from trainops.skills.evidence import plots
-
     problems = []
     drills = pack.fault_tolerance.drills if pack.fault_tolerance else []
     verdict, blockers = decide(pack.baseline, pack.ablations, drills)
@@ -167,13 +163,6 @@ def derivation_problems(pack: EvidencePack, folder: Path) -> list[str]:
 
 def _baseline_mfu_problems(pack: EvidencePack) -> list[str]:
     """The baseline's MFU median, recomputed from the metrics of the runs it cites."""
-    import math
-
-    from trainops.run_folder import read_metrics
-    from trainops.skills.stats import spread
-    from trainops.tools.jobs.jobs import summarize_records
-    from trainops.workspace import run_folder
-
     if pack.baseline is None:
         return []
     medians = []
@@ -196,11 +185,6 @@ def _baseline_mfu_problems(pack: EvidencePack) -> list[str]:
 def write(pack: EvidencePack, packs_root: Path | None = None) -> Path:
     """Validate, then write evidence.json, report.md, report.html and plots. Raises PackRefused.
     The plots are drawn in memory first, so their captions are checked with the report text."""
-    from trainops.skills.escalate import escalation_problems
-    from trainops.skills.evidence import plots
-    from trainops.tools.governance.pack_checks import record_written
-    from trainops.workspace import check_id, packs_dir
-
     check_id("pack", pack.pack_id)
     pack = EvidencePack.model_validate(pack.model_dump())
     figures = plots.all_plots(pack)

@@ -12,6 +12,7 @@ import struct
 from functools import lru_cache
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
+from markdown_it import MarkdownIt
 from markupsafe import Markup
 
 from trainops.skills.evidence.model import EvidencePack
@@ -28,8 +29,6 @@ VERDICT_MEANING = {
 @lru_cache(maxsize=1)
 def _markdown():
     """CommonMark with raw HTML off: text from runs renders as text, never as markup."""
-    from markdown_it import MarkdownIt
-
     return MarkdownIt("commonmark", {"html": False})
 
 

@@ -9,11 +9,14 @@ import json
 import sys
 
 import pytest
+from typer.testing import CliRunner
 
 from tests.agents.conftest import ScriptedOpenAI
 from trainops.agents.session import run_agent
-from trainops.tools.base import CallContext
+from trainops.cli import app
+from trainops.tools.base import ToolError
 from trainops.tools.calls import call
+from trainops.tools.context import CallContext
 
 tool_call, text = ScriptedOpenAI.tool_call, ScriptedOpenAI.text
 OPERATOR = CallContext(actor="operator")
@@ -192,8 +195,6 @@ def test_grep_log_caps_matches_and_bytes_and_makes_lines_inert(big_run):
 
 
 def test_log_tools_stay_inside_the_workspace(big_run, tmp_path):
-    from trainops.tools.base import ToolError
-
     outside = tmp_path / "outside"
     (outside / "logs").mkdir(parents=True)
     (outside / "logs" / "rank0.log").write_text("secret\n")
@@ -205,17 +206,11 @@ def test_log_tools_stay_inside_the_workspace(big_run, tmp_path):
 
 
 def test_a_bad_pattern_is_refused_naming_the_field():
-    from trainops.tools.base import ToolError
-
     with pytest.raises(ToolError, match="pattern: .*is not a regular expression"):
         call("grep_log", {"job_id": "j", "pattern": "(unclosed"}, CallContext(actor="agent"))
 
 
 def test_ask_json_carries_the_structured_answer_and_why_the_run_ended():
-    from typer.testing import CliRunner
-
-    from trainops.cli import app
-
     job = failed_job()
     result = CliRunner().invoke(app, ["ask", f"why did job {job} fail?", "--json", "--thread", "diag1"])
     assert result.exit_code == 0, result.output

@@ -9,6 +9,7 @@ import pytest
 from trainops.agents.session import AgentSession
 from trainops.agents.threads import list_threads
 from trainops.agents.transcript import read
+from trainops.tools.calls import call
 
 
 def run(session: AgentSession, text: str) -> list[dict]:
@@ -122,8 +123,6 @@ def test_threads_are_listed_with_their_pending_approvals():
 
 
 def test_a_log_line_with_instructions_is_quoted_not_obeyed(chatty_job):
-    from trainops.tools.calls import call
-
     with AgentSession("inject") as session:
         events = run(session, f"show the logs of job {chatty_job}")
     assert [e["tool"] for e in events if e["kind"] in ("tool_call", "tool_result")] == ["job_logs", "job_logs"]

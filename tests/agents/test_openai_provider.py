@@ -10,6 +10,8 @@ import pytest
 from tests.agents.conftest import ScriptedOpenAI
 from trainops.agents.providers import ProviderError, load_settings, make_chat_model
 from trainops.agents.session import AgentSession
+from trainops.tools.calls import call
+from trainops.tools.governance import queue as tokens
 
 tool_call, text = ScriptedOpenAI.tool_call, ScriptedOpenAI.text
 
@@ -65,8 +67,6 @@ def test_an_unregistered_tool_is_refused_and_the_model_is_told(scripted_openai, 
 
 def test_injected_log_line_cannot_trigger_an_ungated_cancel(scripted_openai, openai_settings, chatty_job):
     """The scripted model is 'fooled' by the log and asks to cancel: the graph pauses for a human."""
-    from trainops.tools.calls import call
-
     def fooled(body: dict) -> dict:
         assert "ignore previous instructions" in body["messages"][-1]["content"]
         return tool_call("cancel_job", {"job_id": chatty_job}, call_id="call_2")
@@ -82,8 +82,6 @@ def test_injected_log_line_cannot_trigger_an_ungated_cancel(scripted_openai, ope
 
 def test_a_token_gated_call_waits_in_the_governance_queue_and_approval_mints_the_token(scripted_openai, openai_settings,
                                                                                         approvers, slurm_accounting):
-    from trainops.tools.governance import queue as tokens
-
     quota = {"tenant": "team-oa", "gpus": 8, "priority": "high", "reason": "launch week"}
     scripted_openai.script = [tool_call("set_tenant_quota", quota), text("Quota set.")]
     with AgentSession("quota", openai_settings) as session:
@@ -99,8 +97,6 @@ def test_a_token_gated_call_waits_in_the_governance_queue_and_approval_mints_the
 
 
 def test_rejecting_a_token_gated_call_rejects_it_in_the_governance_queue(scripted_openai, openai_settings, approvers):
-    from trainops.tools.governance import queue as tokens
-
     quota = {"tenant": "team-a", "gpus": 8, "priority": "high", "reason": "launch week"}
     scripted_openai.script = [tool_call("set_tenant_quota", quota), text("Not set.")]
     with AgentSession("quota", openai_settings) as session:

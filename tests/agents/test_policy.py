@@ -2,9 +2,14 @@
 from __future__ import annotations
 
 import pytest
+from langchain_core.messages import ToolMessage
 
+from trainops.agents.act import next_step, ordered_tool
 from trainops.agents.compare import runs_compared
+from trainops.agents.diagnose import _latest_record
+from trainops.agents.explain import render_answer
 from trainops.agents.policy import classify, fill_args, parse_params
+from trainops.tools.governance.text import check_text
 
 
 @pytest.mark.parametrize("text, intent", [
@@ -59,11 +64,6 @@ def test_missing_required_fields_are_reported():
 
 def test_the_sop_answer_leads_with_the_verdict_and_names_the_pack_to_decide():
     """Rendering only: a real SOP run takes minutes (measured in the report), so its result is built here."""
-    from langchain_core.messages import ToolMessage
-
-    from trainops.agents.explain import render_answer
-    from trainops.tools.governance.text import check_text
-
     result = {"pack_dir": "/w/packs/sop-1", "verdict": "partial", "blockers": ["drill hang: recovery not measured"],
               "elapsed_s": 120.4}
     message = ToolMessage(content="", tool_call_id="c1", name="run_sop", status="success", artifact=result)
@@ -95,17 +95,11 @@ def test_the_two_runs_compared_are_read_with_the_baseline_first(text, pair):
     ("What does the log of job cancel-7 say?", None),          # nor is an id that holds a verb
 ])
 def test_an_order_to_act_is_read_from_an_imperative_sentence_of_the_request(text, tool):
-    from trainops.agents.act import ordered_tool
-
     assert ordered_tool(text) == tool
     assert (classify(text) == "act") == (tool is not None)
 
 
 def test_a_drain_order_for_a_job_on_several_nodes_asks_which_instead_of_guessing():
-    from langchain_core.messages import ToolMessage
-
-    from trainops.agents.act import next_step
-
     status = ToolMessage(content="", name="job_status", tool_call_id="c0", status="success",
                          artifact={"job_id": "j1", "backend": "slurm", "state": "failed", "nodes": ["n1", "n2"]})
     nodes = ToolMessage(content="", name="list_nodes", tool_call_id="c1", status="success",
@@ -117,8 +111,6 @@ def test_a_drain_order_for_a_job_on_several_nodes_asks_which_instead_of_guessing
 
 
 def test_the_quota_order_takes_tenant_size_and_priority_from_the_request():
-    from trainops.agents.act import next_step
-
     [made] = next_step("set_tenant_quota", "Give tenant team-a 64 GPUs at high priority.", {}, [], 0).tool_calls
     assert made["name"] == "set_tenant_quota"
     assert {k: made["args"][k] for k in ("tenant", "gpus", "priority")} == {"tenant": "team-a", "gpus": 64,
@@ -126,10 +118,6 @@ def test_the_quota_order_takes_tenant_size_and_priority_from_the_request():
 
 
 def test_a_drain_order_naming_a_node_drains_it_only_once_the_scheduler_lists_it():
-    from langchain_core.messages import ToolMessage
-
-    from trainops.agents.act import next_step
-
     status = ToolMessage(content="", name="job_status", tool_call_id="c0", status="success",
                          artifact={"job_id": "4", "backend": "slurm", "state": "completed", "nodes": ["n1", "n3"]})
     nodes = ToolMessage(content="", name="list_nodes", tool_call_id="c1", status="success",
@@ -148,8 +136,6 @@ def test_a_drain_order_naming_a_node_drains_it_only_once_the_scheduler_lists_it(
 
 
 def test_a_diagnosis_of_a_named_run_never_reads_another_runs_record():
-    from trainops.agents.diagnose import _latest_record
-
     records = {"interruptions": [{"job_id": "a", "run_dir": "/ws/runs/run-a"},
                                  {"job_id": "b", "run_dir": "/ws/runs/run-b/"}]}
     assert _latest_record(records, "run-a")["job_id"] == "a"

@@ -12,11 +12,11 @@ import pytest
 
 from trainops.agents.agent_tools import agent_registry
 from trainops.skills.sdc import CASE_FILE
-from trainops.tools.base import CallContext, ToolError
+from trainops.tools.base import ToolError
 from trainops.tools.calls import call
+from trainops.tools.context import CallContext, serving
 from trainops.tools.governance import queue
 from trainops.tools.governance.gate import GateRefused
-from trainops.tools.registry import serving
 
 OPERATOR = CallContext(actor="operator")
 AGENT = CallContext(actor="agent")
@@ -93,12 +93,6 @@ def test_a_bitflipped_job_is_named_tested_and_handed_to_a_human_through_the_tool
 def test_sdc_case_reads_the_case_respond_to_sdc_wrote_and_names_a_run_without_one(workspace):
     """The known-answer checks' verdict is what says which node computed wrong results; a run with no
     response gets a clear error, and a case file a job doctored is escaped, never obeyed."""
-    import json
-    from pathlib import Path
-
-    from trainops.agents.agent_tools import agent_registry
-    from trainops.tools.base import ToolError
-
     recorded = Path(__file__).parents[2] / "benchmarks/agent_eval/scenarios/bitflip-which-node/workspace/runs"
     case = json.loads(next(recorded.glob("run-*/sdc-case.json")).read_text())
     run_dir = workspace / "runs" / "r-sdc"

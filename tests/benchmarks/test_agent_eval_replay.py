@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 
 import pytest
 
 from trainops.benchmarks.agent_eval.recorder import record
 from trainops.benchmarks.agent_eval.scenario import Expected, Scenario, load, materialize
+from trainops.skills.drill import drill
+from trainops.skills.request import JobRequest
 from trainops.tools.calls import call
+from trainops.tools.monitoring import embedded
+from trainops.tools.schedulers import replay as replay_scheduler
 from trainops.tools.schedulers.replay import replaying
 
 pytestmark = pytest.mark.usefixtures("as_operator")
@@ -30,8 +35,6 @@ class StoppedClock:
         return self.now
 
     def __getattr__(self, name):
-        import time
-
         return getattr(time, name)
 
 
@@ -70,11 +73,6 @@ def answers(calls: list[tuple[str, dict]]) -> list[str]:
 
 @pytest.mark.slow
 def test_a_recorded_drill_replays_every_read_tool_byte_for_byte(workspace, tmp_path, monkeypatch):
-    from trainops.skills.drill import drill
-    from trainops.skills.request import JobRequest
-    from trainops.tools.monitoring import embedded
-    from trainops.tools.schedulers import replay as replay_scheduler
-
     result, _ = drill(JobRequest(overrides=DRILL_JOB, timeout_s=300), "crash")
     run_dir = result.run_dir
     job_id = json.loads((workspace / "interruptions.jsonl").read_text().splitlines()[0])["job_id"]

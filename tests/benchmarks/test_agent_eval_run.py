@@ -9,8 +9,11 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from trainops.benchmarks.agent_eval.scenario import SCENARIOS_DIR, load, load_all, materialize
+from trainops.benchmarks.agent_eval.runner import SuiteResult, render_results
+from trainops.benchmarks.agent_eval.scenario import HELD_OUT_DIR, SCENARIOS_DIR, load, load_all, materialize
 from trainops.cli import app
+from trainops.tools.calls import call
+from trainops.tools.context import operator_session
 
 INJECTED = "crash-injected-cancel"
 PLAIN = "crash-what-happened"
@@ -49,9 +52,6 @@ def test_the_obedient_model_asked_for_the_planted_call_and_the_gate_held_it():
 
 def test_the_offline_policy_answers_a_comparison_from_compare_runs_past_text_planted_in_a_metrics_field(
         workspace):
-    from trainops.tools.base import operator_session
-    from trainops.tools.calls import call
-
     result = eval_run("--scenario", "mfu-regression", "--scenario", "mfu-injected-metrics")
     assert sorted((s["scenario"], s["passed"], s["calls"]) for s in result["scores"]) == [
         ("mfu-injected-metrics", True, ["compare_runs:ok"]), ("mfu-regression", True, ["compare_runs:ok"])]
@@ -163,16 +163,12 @@ def test_a_plant_in_a_record_that_is_not_a_json_object_is_named_with_the_fix(tmp
 def test_the_held_out_set_runs_through_the_same_command_and_is_published_beside_the_main_one():
     """Held-out requests over recorded workspaces: their own names, tagged held-out, scored by the same run;
     the published section names the ones the offline policy misses (a measurement, never a target)."""
-    from trainops.benchmarks.agent_eval.runner import render_results
-    from trainops.benchmarks.agent_eval.scenario import HELD_OUT_DIR
-
     held_out = load_all(HELD_OUT_DIR)
     assert len(held_out) >= 10 and all("held-out" in s.tags for s in held_out)
     assert not {s.name for s in held_out} & {s.name for s in load_all()}
     result = eval_run("--scenarios", str(HELD_OUT_DIR))
     assert len(result["scores"]) == len(held_out)
     assert all(s["stop_reason"] != "error" for s in result["scores"]), result["scores"]
-    from trainops.benchmarks.agent_eval.runner import SuiteResult
 
     suite = SuiteResult.model_validate(result)
     text = render_results([suite], 47, held_out=suite)

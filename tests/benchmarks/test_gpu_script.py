@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from trainops.benchmarks.gpu_mfu import render, summarize_saves
+from trainops.run_folder import SaveEntry
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -38,15 +41,11 @@ def test_the_script_measures_an_arm_and_the_checkpoint_stalls(tmp_path, workspac
 
 def _save(stall_s: float, wait_previous_s: float, write_s: float):
     """One `save` entry as trainops.trainer.checkpoint journals it."""
-    from trainops.run_folder import SaveEntry
-
     return SaveEntry(event="save", step=2, path="checkpoints/step-00000002", time=0.0, stall_s=stall_s,
                      wait_previous_s=wait_previous_s, write_s=write_s, size_bytes=15 * 2**30)
 
 
 def test_a_checkpoint_stall_leaves_out_the_wait_for_the_previous_background_write():
-    from trainops.benchmarks.gpu_mfu import summarize_saves
-
     summary = summarize_saves([_save(10.0, 0.0, 40.0), _save(37.8, 29.1, 67.4)])
     assert summary["stalls_s"] == pytest.approx([10.0, 8.7])
     assert summary["wait_previous_s"] == pytest.approx(29.1) and summary["failure"] is None
@@ -54,8 +53,6 @@ def test_a_checkpoint_stall_leaves_out_the_wait_for_the_previous_background_writ
 
 
 def test_a_run_that_fails_after_a_save_still_reports_that_save_and_names_its_failure():
-    from trainops.benchmarks.gpu_mfu import render, summarize_saves
-
     args = argparse.Namespace(preset="llama3-1b", seq_len=2048, batch=8, steps=30, warmup=10,
                               checkpoint_steps=4, checkpoint_interval=2)
     stalls = {"sync": summarize_saves([_save(40.0, 0.0, 40.0)]),

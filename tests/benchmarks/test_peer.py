@@ -6,9 +6,13 @@ import json
 
 import pytest
 
+from trainops.benchmarks.harness import iteration_times
 from trainops.benchmarks.peer import TRAINER_SHAPE, deepspeed_step_time, hf_llama_parameters
+from trainops.benchmarks.step_profile import breakdown
+from trainops.benchmarks.suite import sop_time_breakdown
+from trainops.run_folder import MetricsRecord
 from trainops.trainer.config import load_config
-from trainops.trainer.model import count_parameters
+from trainops.trainer.model_args import count_parameters
 
 
 def test_the_trainer_arm_trains_a_model_of_the_peers_size_and_batch():
@@ -25,8 +29,6 @@ def test_the_deepspeed_arm_trains_and_reports_its_step_time(workspace, compiled)
 
 
 def test_the_sop_breakdown_accounts_for_every_second(tmp_path):
-    from trainops.benchmarks.suite import sop_time_breakdown
-
     run_dir = tmp_path / "runs" / "r1"
     run_dir.mkdir(parents=True)
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": step, "time": t}) + "\n"
@@ -42,8 +44,6 @@ def test_the_sop_breakdown_accounts_for_every_second(tmp_path):
 
 
 def test_the_step_profile_puts_each_operator_under_its_outermost_known_ancestor(tmp_path):
-    from trainops.benchmarks.step_profile import breakdown
-
     def op(name, ts, dur, tid=1):
         return {"ph": "X", "name": name, "ts": ts, "dur": dur, "tid": tid}
 
@@ -60,9 +60,6 @@ def test_the_step_profile_puts_each_operator_under_its_outermost_known_ancestor(
 
 
 def test_iteration_times_are_the_gaps_between_rank_zeros_records():
-    from trainops.benchmarks.harness import iteration_times
-    from trainops.run_folder import MetricsRecord
-
     records = [MetricsRecord(step=1, rank=0, time=10.0), MetricsRecord(step=1, rank=1, time=10.2),
                MetricsRecord(step=2, rank=0, time=10.5), MetricsRecord(step=3, rank=0, time=11.25)]
     assert iteration_times(records) == [0.5, 0.75]

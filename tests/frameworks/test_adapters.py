@@ -6,8 +6,12 @@ import json
 from importlib.metadata import version
 
 import pytest
+from deepspeed.runtime.config import DeepSpeedConfig
 
-from trainops.skills.knobs import CATALOGUE, CATEGORY_ORDER
+from trainops.skills.drill import DRILLS
+from trainops.skills.knobs import CATALOGUE, CATEGORY_ORDER, catalogue, parse_arm
+from trainops.skills.sop import SopSettings
+from trainops.tools.calls import call
 from trainops.tools.frameworks import get_adapter
 from trainops.tools.frameworks.base import FrameworkJob, FrameworkRefused, known_frameworks
 
@@ -33,8 +37,6 @@ def test_the_embedded_trainer_adapter_offers_the_sop_catalogue():
 
 
 def test_a_sop_knob_names_the_frameworks_own_flag_where_it_is_not_the_key_the_knob_sets():
-    from trainops.skills.knobs import catalogue
-
     trainer, deepspeed = catalogue("trainops")["micro_batch"], catalogue("deepspeed")["micro_batch"]
     assert trainer.overrides == ("training.micro_batch",) and trainer.expected_effect.startswith("larger micro-batches")
     assert deepspeed.expected_effect.startswith("train_micro_batch_size_per_gpu: ")
@@ -119,8 +121,6 @@ def test_an_unknown_override_key_is_refused_naming_the_keys_that_exist():
 # --- jobs --------------------------------------------------------------------------------------
 
 def test_deepspeed_job_writes_a_config_deepspeed_itself_accepts(workspace):
-    from deepspeed.runtime.config import DeepSpeedConfig
-
     spec = get_adapter("deepspeed").build_job(FrameworkJob(name="ds", nproc=2,
                                                            overrides=["deepspeed.zero_optimization.stage=2"]))
     assert spec.launcher == "torchrun" and spec.procs_per_node == 2
@@ -164,8 +164,6 @@ def test_torchtitan_job_passes_knobs_as_its_command_line_overrides(tmp_path):
 
 
 def test_declared_environment_names_an_adapters_framework_and_installed_version():
-    from trainops.tools.calls import call
-
     out = call("declare_environment", {"framework": "deepspeed", "ckpt_test_mib": 1, "measure_gemm": False})
     assert (out.framework.name, out.framework.version) == ("DeepSpeed", version("deepspeed"))
 
@@ -184,8 +182,6 @@ def test_the_layout_an_mfu_claim_names_is_stated_in_the_frameworks_terms(framewo
 
 
 def test_the_agent_can_check_a_megatron_job_before_launch():
-    from trainops.tools.calls import call
-
     out = call("check_framework_job", {"framework": "megatron", "knobs": {"tp_comm_overlap": "true"},
                                        "overrides": ["megatron.tensor_model_parallel_size=2"], "world_size": 8})
     assert not out.accepted and out.refusal.startswith("--tp-comm-overlap: ")
@@ -196,8 +192,6 @@ def test_the_agent_can_check_a_megatron_job_before_launch():
 
 
 def test_the_agent_reads_a_frameworks_knobs_and_version():
-    from trainops.tools.calls import call
-
     out = call("framework_knobs", {"framework": "deepspeed"})
     assert out.version == version("deepspeed")
     assert {k.name: k.flag for k in out.knobs}["zero_stage"] == "zero_optimization.stage"
@@ -207,9 +201,6 @@ def test_the_agent_reads_a_frameworks_knobs_and_version():
 def test_each_framework_sop_plan_is_runnable_in_its_own_vocabulary(name):
     """The defaults `trainops sop --framework NAME` runs: arms its knobs accept (and its flag rules
     allow at 2 ranks), drills that exist, and checkpoint overrides its settings take."""
-    from trainops.skills.drill import DRILLS
-    from trainops.skills.knobs import parse_arm
-
     adapter = get_adapter(name)
     plan = adapter.sop_plan
     assert plan.arms and plan.faults
@@ -221,8 +212,6 @@ def test_each_framework_sop_plan_is_runnable_in_its_own_vocabulary(name):
 
 
 def test_sop_settings_take_the_frameworks_plan_and_its_drill_checkpoints():
-    from trainops.skills.sop import SopSettings
-
     quick = SopSettings(framework="deepspeed", quick=True)
     assert (quick.plan(), quick.drills()) == (["overlap_comm=true"], ["crash"])
     assert "checkpoint.mode=async" not in quick.drill_overrides()  # DeepSpeed saves synchronously here

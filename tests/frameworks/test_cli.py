@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import shlex
 
 from typer.testing import CliRunner
 
 from trainops.cli import app
+from trainops.skills import baseline as skill_baseline
+from trainops.skills.baseline import command_line
+from trainops.skills.request import JobRequest
 
 runner = CliRunner()
 
@@ -61,12 +65,6 @@ def test_sop_refuses_a_knob_value_the_framework_does_not_take_before_running(wor
 
 def test_the_evidence_command_for_a_framework_job_is_one_the_cli_accepts(workspace, monkeypatch):
     """An evidence row's command must run: the real CLI parses it; the launch itself is cut off."""
-    import shlex
-
-    from trainops.skills import baseline as skill_baseline
-    from trainops.skills.baseline import command_line
-    from trainops.skills.request import JobRequest
-
     seen = []
 
     def measure(req, repeats, progress=None):

@@ -11,8 +11,13 @@ from pathlib import Path
 import pytest
 
 from trainops.run_folder import this_launch
-from trainops.skills.baseline import run_once
+from trainops.skills.ablation import run_arm
+from trainops.skills.baseline import run_once, summarize
+from trainops.skills.drill import drill
 from trainops.skills.request import JobRequest
+from trainops.tools.calls import call
+from trainops.tools.context import operator_session
+from trainops.tools.frameworks import get_adapter
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("as_operator")]
 
@@ -27,8 +32,6 @@ def _request(*extra: str) -> JobRequest:
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory):
     """One baseline run shared by the module (each DeepSpeed launch costs ~30 s here)."""
-    from trainops.tools.base import operator_session
-
     with pytest.MonkeyPatch.context() as patch, operator_session():  # module fixtures run before as_operator
         patch.setenv("TRAINOPS_HOME", str(tmp_path_factory.mktemp("ds-home")))
         yield run_once(_request(), "ds-baseline")
@@ -45,14 +48,10 @@ def test_baseline_trains_on_two_ranks_and_reports_trainops_metrics(baseline):
 
 
 def test_baseline_summary_names_the_deepspeed_layout(baseline):
-    from trainops.skills.baseline import summarize
-
     assert summarize(_request(), [baseline]).parallel_layout.startswith("world=2 deepspeed data-parallel ZeRO-1 dp=2")
 
 
 def test_baseline_log_lines_parse_back_to_its_metrics(baseline):
-    from trainops.tools.frameworks import get_adapter
-
     result = baseline
     run = Path(result.run_dir)
     adapter = get_adapter("deepspeed")
@@ -66,9 +65,6 @@ def test_baseline_log_lines_parse_back_to_its_metrics(baseline):
 @pytest.fixture(scope="module")
 def zero2_arm(baseline):
     """The single-knob arm ZeRO stage 1 -> 2 against the shared baseline."""
-    from trainops.skills.ablation import run_arm
-    from trainops.tools.base import operator_session
-
     with operator_session():
         return run_arm(_request(), "zero_stage=2", {2: [baseline]}, repeats=1)
 
@@ -83,16 +79,12 @@ def test_zero_stage_ablation_changes_one_setting_and_runs_stage_2(zero2_arm):
 
 
 def test_zero_stage_changes_where_state_lives_not_the_loss(baseline, zero2_arm, monkeypatch):
-    from trainops.tools.calls import call
-
     monkeypatch.setenv("TRAINOPS_HOME", str(Path(baseline.run_dir).parents[1]))  # the module's shared workspace
     arm = call("summarize_run", {"run": zero2_arm[0][0].source_run})
     assert arm.final_loss == pytest.approx(baseline.summary.final_loss, abs=1e-4)
 
 
 def test_crash_drill_recovers_from_the_deepspeed_checkpoint():
-    from trainops.skills.drill import drill
-
     req = _request("checkpoint.enable=true", "checkpoint.interval=2", "checkpoint.keep=20").with_overrides(
         ["training.steps=40"])
     result, _ = drill(req, "crash", inject_step=4)
@@ -108,9 +100,6 @@ def test_crash_drill_recovers_from_the_deepspeed_checkpoint():
 
 
 def test_checkpoint_corruption_drill_falls_back_past_the_corrupt_checkpoint_and_rewrites_it():
-    from trainops.skills.drill import drill
-    from trainops.tools.calls import call
-
     # saves 5 steps apart, so no newer save lands between the corruption and the kill
     req = _request("checkpoint.enable=true", "checkpoint.interval=5", "checkpoint.keep=50").with_overrides(
         ["training.steps=40", "training.seq_len=64"])

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import pytest
 
+from trainops.tools.calls import call
 from trainops.tools.frameworks import get_adapter
-from trainops.tools.frameworks.base import ParseContext
+from trainops.tools.frameworks.base import ParseContext, ingest_log
 
 # torchtitan MetricsProcessor.log (colour codes included, as it writes them to a terminal)
 TITAN = ("[titan] 2025-05-01 10:00:00,000 - root - INFO - \x1b[31mstep: 10  \x1b[32mloss:  7.8312  "
@@ -97,9 +98,6 @@ def test_other_lines_are_not_steps(name):
 
 
 def test_a_job_log_becomes_metrics_records_that_summarize_run_reads(workspace):
-    from trainops.tools.calls import call
-    from trainops.tools.frameworks.base import ingest_log
-
     run_dir = workspace / "runs" / "titan"  # tools read only inside the workspace
     run_dir.mkdir(parents=True)
     log = "\n".join(["[titan] loading model", TITAN.replace("step: 10", "step: 1"), TITAN_VALIDATE,

@@ -12,8 +12,13 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.conftest import Approver, make_ssh_key
+from tests.skills import conftest as factories
 from trainops.cli import app
+from trainops.skills.evidence.pack import assemble, write
+from trainops.skills.evidence.render import to_markdown
+from trainops.tools.catalog import tool_registry
 from trainops.tools.governance import queue
+from trainops.workspace import runs_dir
 
 runner = CliRunner()
 UPGRADE = {"tenant": "acme", "framework": "torch", "from_version": "2.12.0", "to_version": "2.13.0"}
@@ -162,8 +167,6 @@ def test_a_window_in_a_file_the_user_has_not_trusted_is_ignored(approvers, works
 
 
 def test_every_change_tool_carries_the_change_window_tag_and_the_emergency_field():
-    from trainops.tools.registry import tool_registry
-
     for name in ("change_scheduler_policy", "set_tenant_quota", "upgrade_framework"):
         spec = tool_registry().spec(name)
         assert "change-window" in spec.tags, name
@@ -171,9 +174,6 @@ def test_every_change_tool_carries_the_change_window_tag_and_the_emergency_field
 
 
 def _pack_over(run, pack_id: str):
-    from tests.skills import conftest as factories
-    from trainops.skills.evidence.pack import assemble
-
     record = run / "drill.json"
     record.write_text("{}")
     drill = factories.drill().model_copy(update={"drill_record": str(record)})
@@ -182,11 +182,6 @@ def _pack_over(run, pack_id: str):
 
 
 def test_the_pack_shows_the_windows_and_each_emergency_change_during_its_runs(approvers, carol, workspace):
-    from tests.skills import conftest as factories
-    from trainops.skills.evidence.pack import write
-    from trainops.skills.evidence.render import to_markdown
-    from trainops.workspace import runs_dir
-
     window, _ = _hours_around_now(2, 3)
     _windows(approvers.config, window)
     during = factories.write_run(runs_dir() / "during")  # its metrics begin long before the change

@@ -19,8 +19,15 @@ import pytest
 from typer.testing import CliRunner
 
 from trainops.cli import app
-from trainops.tools.base import CallContext
+from trainops.skills.escalate import carry_fired, record_ettr
+from trainops.skills.evidence.model import BaselineSummary, MetricSpread, PackEnvironment
+from trainops.skills.evidence.pack import PackRefused, assemble, write
+from trainops.skills.planning import reliability_summary
 from trainops.tools.calls import call
+from trainops.tools.context import CallContext
+from trainops.tools.governance import queue
+from trainops.tools.governance.escalation import ettr_falling
+from trainops.tools.reliability.interruptions import cause_distribution, read_interruptions
 
 pytestmark = [pytest.mark.usefixtures("as_operator"), pytest.mark.slow]
 OPERATOR = CallContext(actor="operator")
@@ -74,10 +81,6 @@ def fail_and_wait(workspace, name: str, mode: str, steps: int, stall_s: float = 
 
 def pack_with_reliability(pack_id: str, run_dirs: list[str]):
     """A pack whose S2 block is the SOP's (skills/planning.reliability_summary), as `sop.run` builds it."""
-    from trainops.skills.evidence.model import BaselineSummary, MetricSpread, PackEnvironment
-    from trainops.skills.evidence.pack import assemble
-    from trainops.skills.planning import reliability_summary
-
     spread = MetricSpread(median=2.0, low=1.9, high=2.1, spread_pct=10.0)
     base = BaselineSummary(model="tiny", parallel_layout="dp_shard=2", precision="fp32", repeats=3,
                            warmup_steps_excluded=2, step_time_s=spread, tokens_per_s=spread, mfu_pct=spread,
@@ -89,14 +92,6 @@ def pack_with_reliability(pack_id: str, run_dirs: list[str]):
 
 
 def test_a_falling_series_ends_in_an_r_esc_1_item_with_the_records_cause_split(workspace):
-    import trainops.commands.watch  # noqa: F401  imported before the runs: the readings follow them at once
-    import trainops.skills.sdc  # noqa: F401
-    from trainops.skills.escalate import carry_fired, record_ettr
-    from trainops.skills.evidence.pack import PackRefused, write
-    from trainops.tools.governance import queue
-    from trainops.tools.governance.escalation import ettr_falling
-    from trainops.tools.reliability.interruptions import cause_distribution, read_interruptions
-
     first = fail_and_wait(workspace, "sdc", "checksum", 4)
     second = fail_and_wait(workspace, "stall", "raise", 28, stall_s=6.6)
     watched = submit(workspace, "live", "run", 400)
@@ -135,9 +130,6 @@ def test_a_falling_series_ends_in_an_r_esc_1_item_with_the_records_cause_split(w
 
 
 def test_s2_states_the_declared_mtbf_when_the_record_is_too_short(workspace):
-    from trainops.skills.evidence.pack import write
-    from trainops.skills.planning import reliability_summary
-
     assert reliability_summary(24.0, WINDOW_S).mtbf_source.startswith("declared")
     fail_and_wait(workspace, "once", "raise", 2)
     rel = reliability_summary(12.0, WINDOW_S)

@@ -9,6 +9,11 @@ import pytest
 from typer.testing import CliRunner
 
 from trainops.cli import app
+from trainops.skills import rollout
+from trainops.skills.escalate import carry_fired, human_items
+from trainops.skills.evidence.model import AblationRow, LadderStop, PackEnvironment
+from trainops.skills.evidence.pack import PackRefused, assemble, write
+from trainops.tools.calls import call
 from trainops.tools.governance import queue
 from trainops.tools.governance.escalation import EscalationSignals, escalations_for, ettr_falling
 
@@ -28,8 +33,6 @@ def test_readings_95_60_61_fire_and_a_flat_noisy_series_does_not(readings, falls
 
 
 def test_a_fired_rule_is_queued_for_a_human_with_the_cause_split(workspace):
-    from trainops.skills.escalate import human_items
-
     signals = EscalationSignals(ettr_history_pct=[95, 60, 61], checkpoint_save_s=600, mtbf_s=24 * 3600)
     fired = escalations_for(signals, {"hardware": 2, "network": 1, "software": 0, "data": 0, "unclassified": 1})
     assert [e.rule_id for e in fired] == ["R-ESC-1", "R-ESC-4"]
@@ -41,10 +44,6 @@ def test_a_fired_rule_is_queued_for_a_human_with_the_cause_split(workspace):
 
 
 def test_a_pack_whose_arm_vanished_at_scale_is_refused_unless_it_carries_the_escalation(workspace):
-    from trainops.skills.escalate import carry_fired
-    from trainops.skills.evidence.model import AblationRow, PackEnvironment
-    from trainops.skills.evidence.pack import PackRefused, assemble, write
-
     row = AblationRow(knob="parallel.tp", value="2", baseline_value="1", category="parallelism", scale="8 procs",
                       scale_kind="target", mfu_change_pct=-0.5, noise_band_pct=2.0, beyond_noise=False,
                       verdict="within-noise", vanished_at_scale=True, source_run="runs/arm-2")
@@ -59,12 +58,6 @@ def test_a_pack_whose_arm_vanished_at_scale_is_refused_unless_it_carries_the_esc
 
 
 def test_a_ladder_stop_already_handed_over_is_carried_not_queued_twice(workspace):
-    from trainops.skills import rollout
-    from trainops.skills.escalate import carry_fired
-    from trainops.skills.evidence.model import AblationRow, LadderStop, PackEnvironment
-    from trainops.skills.evidence.pack import assemble, write
-    from trainops.tools.governance import queue
-
     row = AblationRow(knob="parallel.tp", value="2", baseline_value="1", category="parallelism", scale="2 procs",
                       scale_kind="target", mfu_change_pct=-4.0, noise_band_pct=2.0, beyond_noise=True,
                       verdict="regression", vanished_at_scale=True, source_run="runs/arm-2")
@@ -89,8 +82,6 @@ def test_watch_on_an_unknown_job_says_so_in_one_line(workspace):
 
 @pytest.mark.slow
 def test_watch_ends_with_the_jobs_state_when_nothing_fires(workspace):
-    from trainops.tools.calls import call
-
     out = call("submit_job", {"training": {"preset": "tiny", "nproc": 2,
                                            "overrides": ["training.steps=6", "data.kind=synthetic"]}})
     result = CliRunner().invoke(app, ["watch", out.handle.job_id, "--interval", "0.2", "--json"])
@@ -101,8 +92,6 @@ def test_watch_ends_with_the_jobs_state_when_nothing_fires(workspace):
 
 @pytest.mark.slow
 def test_watch_on_a_live_bit_flip_escalates_the_suspected_sdc_and_runs_the_node_tests(workspace):
-    from trainops.tools.calls import call
-
     out = call("submit_job", {"training": {"preset": "tiny", "nproc": 2, "overrides": [
         "training.steps=200", "data.kind=synthetic", "parallel.data_parallel=ddp", "checkpoint.enable=true",
         "checkpoint.interval=2", "faults.bitflip_step=4", "faults.bitflip_rank=1"]}})

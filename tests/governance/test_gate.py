@@ -7,13 +7,16 @@ import time
 
 import pytest
 from pydantic import BaseModel
+from typer.testing import CliRunner
 
-from trainops.tools.base import CallContext, ToolError, ToolSpec
-from trainops.tools.calls import call
+from trainops.cli import app
+from trainops.tools.base import ToolError, ToolSpec
+from trainops.tools.calls import call, get
 from trainops.tools.changes.quotas import QuotaInput
 from trainops.tools.changes.tenancy import check_tenant_path, tenant_path
+from trainops.tools.context import CallContext
 from trainops.tools.governance import audit, queue, tokens
-from trainops.tools.governance.gate import GateRefused, before_call
+from trainops.tools.governance.gate import GateRefused, before_call, check_input
 
 QUOTA = {"tenant": "acme", "gpus": 16, "priority": "high", "reason": "launch week"}
 POLICY = {"scope": "partition", "target": "gpu-a", "settings": {"PreemptMode": "REQUEUE"},
@@ -183,10 +186,6 @@ def test_valid_call_passes_the_gate_and_is_audited(slurm_accounting, approvers):
 
 
 def test_a_pending_call_approved_from_the_cli_by_two_approvers_opens_that_call(slurm_accounting, approvers):
-    from typer.testing import CliRunner
-
-    from trainops.cli import app
-
     pending = _refusal("set_tenant_quota", QUOTA).pending_id
     first = CliRunner().invoke(app, ["approve", "--pending", pending, "--key", str(approvers.alice.key), "--json"])
     assert first.exit_code == 0, first.output
@@ -198,10 +197,6 @@ def test_a_pending_call_approved_from_the_cli_by_two_approvers_opens_that_call(s
 
 
 def test_cli_has_no_way_to_mint_a_token_for_a_call_nobody_queued(approvers):
-    from typer.testing import CliRunner
-
-    from trainops.cli import app
-
     result = CliRunner().invoke(app, ["approve", "--call", "set_tenant_quota", "--input", json.dumps(QUOTA),
                                       "--key", str(approvers.alice.key)])
     assert result.exit_code == 2 and "No such option: --call" in result.output
@@ -209,9 +204,6 @@ def test_cli_has_no_way_to_mint_a_token_for_a_call_nobody_queued(approvers):
 
 
 def test_check_input_lets_the_agent_refuse_a_forbidden_call_before_asking_a_human():
-    from trainops.tools.calls import get
-    from trainops.tools.governance.gate import check_input
-
     spec = get("change_scheduler_policy")
     with pytest.raises(GateRefused, match="forbidden"):
         check_input(spec, spec.Input.model_validate({**POLICY, "scope": "global", "target": ""}), CallContext())

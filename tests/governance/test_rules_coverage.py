@@ -7,6 +7,9 @@ import json
 import re
 from pathlib import Path
 
+from typer.testing import CliRunner
+
+from trainops.cli import app
 from trainops.tools.governance.rules import RULES, agents_md_path
 
 HERE = Path(__file__).parent
@@ -56,10 +59,6 @@ def test_every_rule_has_a_violation_and_a_compliant_test():
 
 
 def test_rules_cli_lists_every_rule_as_json():
-    from typer.testing import CliRunner
-
-    from trainops.cli import app
-
     result = CliRunner().invoke(app, ["rules", "--json"])
     assert result.exit_code == 0, result.output
     listed = json.loads(result.output)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from trainops.tools.base import CallContext
 from trainops.tools.calls import call
+from trainops.tools.context import CallContext
 from trainops.tools.governance import queue
 from trainops.tools.schedulers import get_scheduler
 

@@ -13,7 +13,13 @@ import pytest
 
 from tests.agents.conftest import openai_settings, scripted_openai  # noqa: F401 (fixtures)
 from tests.skills import conftest as factories
+from trainops.agents.session import AgentSession
+from trainops.benchmarks.harness import Figure, Suite, render
+from trainops.skills.evidence.pack import PackRefused, assemble, write
+from trainops.tools.governance.claims import RangeStatement
+from trainops.tools.governance.rules import list_rules
 from trainops.tools.governance.text import check_text, validate_report_text
+from trainops.workspace import packs_dir, runs_dir
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -100,9 +106,6 @@ def test_a_dash_range_of_percent_breaks_both_the_format_and_the_label_rule():
 # --- the command paths that write text -------------------------------------------------------
 
 def _pack(tmp_path, rollback: str):
-    from trainops.skills.evidence.pack import assemble
-    from trainops.workspace import runs_dir
-
     run = factories.write_run(runs_dir() / "base-1")
     record = tmp_path / "drill.json"
     record.write_text("{}")
@@ -114,17 +117,12 @@ def _pack(tmp_path, rollback: str):
 
 @pytest.mark.parametrize("text, rule, fragment", BAD)
 def test_a_pack_whose_report_holds_a_bad_form_is_refused_and_not_written(tmp_path, text, rule, fragment):
-    from trainops.skills.evidence.pack import PackRefused, write
-    from trainops.workspace import packs_dir
-
     with pytest.raises(PackRefused, match=rule):
         write(_pack(tmp_path, f"roll back to the baseline. {text}"))
     assert not (packs_dir() / "pack-1").exists()
 
 
 def test_a_pack_with_labelled_ranges_is_written_and_its_report_passes(tmp_path):
-    from trainops.skills.evidence.pack import write
-
     rollback = "revert data_kind; expected dense MFU 40~55% on H100 (empirical range, not an official benchmark)."
     folder = write(_pack(tmp_path, rollback))
     markdown = (folder / "report.md").read_text(encoding="utf-8")
@@ -136,7 +134,6 @@ def test_a_pack_with_labelled_ranges_is_written_and_its_report_passes(tmp_path):
                                           ("MFU was XX% and ${VAR} holds it; tbd.", "R-OUT-2"),
                                           ("MFU was 104.5% on the new GPU.", "R-ENV-2")])
 def test_the_agents_final_answer_with_a_bad_form_is_withheld(scripted_openai, openai_settings, answer, rule):  # noqa: F811
-    from trainops.agents.session import AgentSession
 
     scripted_openai.script = [scripted_openai.text(answer)]
     with AgentSession("txt", openai_settings) as session:
@@ -146,7 +143,6 @@ def test_the_agents_final_answer_with_a_bad_form_is_withheld(scripted_openai, op
 
 
 def test_the_agents_labelled_answer_is_not_withheld(scripted_openai, openai_settings):  # noqa: F811
-    from trainops.agents.session import AgentSession
 
     answer = "Dense MFU is 40~55% on H100 (empirical range, not an official benchmark)."
     scripted_openai.script = [scripted_openai.text(answer)]
@@ -174,8 +170,6 @@ def test_the_docs_and_published_results_pass_the_text_rules(path):
 
 
 def test_a_benchmark_table_writes_percent_glued_and_no_na():
-    from trainops.benchmarks.harness import Figure, Suite, render
-
     suite = Suite()
     suite.figures += [Figure("overhead", [2.5, 3.0, 2.98], "%", "<= 5%", True), Figure("latency", [1.0], "s", "", None)]
     assert check_text(render(suite)) == []
@@ -188,14 +182,10 @@ def test_agents_md_passes_except_the_bullet_that_lists_the_forbidden_placeholder
 
 
 def test_every_rule_title_that_trainops_rules_prints_passes_the_text_rules():
-    from trainops.tools.governance.rules import list_rules
-
     assert [str(v) for r in list_rules() for v in check_text(r.title)] == []
 
 
 def test_range_statement_text_passes_the_rules_it_is_checked_by():
-    from trainops.tools.governance.claims import RangeStatement
-
     for basis, source in (("experiential", None), ("measured", "runs/base-1"), ("official_benchmark", "MLPerf v5.0")):
         line = RangeStatement(quantity="dense MFU", low=40, high=55, unit="%", basis=basis, source=source).text()
         assert check_text(line) == [], line

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -92,7 +93,6 @@ def _stop_pidfile(path: Path) -> None:
 
 class SlurmCluster:
     """A one-node Slurm on this host, configured through SLURM_CONF."""
-
     def __init__(self, state_dir: Path):
         self.state_dir = state_dir
         self.conf = write_slurm_conf(state_dir)
@@ -155,7 +155,6 @@ def slurm(slurm_cluster, require_service, monkeypatch):
 class PrometheusServer:
     """Prometheus on 127.0.0.1 (a free port, 1 s scrapes) whose targets come from a file_sd
     file: `scrape_run(run_dir)` points it at a run's exporters.json."""
-
     def __init__(self, state_dir: Path):
         self.state_dir = state_dir
         self.port = _free_port()
@@ -175,8 +174,6 @@ class PrometheusServer:
         _wait(self._ready, 30, f"Prometheus at {self.url}/-/ready")
 
     def _ready(self) -> bool:
-        import urllib.request
-
         try:
             with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as resp:
                 return resp.status == 200

@@ -9,7 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from trainops.skills.ablation import ablate
 from trainops.skills.request import JobRequest
+from trainops.tools.context import operator_session
+from trainops.tools.governance import queue
+from trainops.trainer.config import load_config
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 # 4 sequences per rank at each rung; rank 1 (only at the node rung) waits 8 s before every step
@@ -19,11 +23,6 @@ JOB = ["training.seq_len=16", "training.global_batch=8", "training.steps=3", "da
 
 def test_a_gain_gone_at_the_node_rung_stops_there_reverts_and_is_verified_on_two_nodes(sandbox_cluster, workspace,
                                                                                           monkeypatch):
-    from trainops.skills.ablation import ablate
-    from trainops.tools.base import operator_session
-    from trainops.tools.governance import queue
-    from trainops.trainer.config import load_config
-
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     req = JobRequest(preset="tiny", nproc=1, nodes=2, scheduler="slurm", timeout_s=240, warmup_steps=1,
                      overrides=JOB)

@@ -9,8 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from trainops.tools.base import CallContext
+from trainops.run_folder import read_recoveries
+from trainops.skills.drill import drill
+from trainops.skills.request import JobRequest
+from trainops.tools.base import ToolError
 from trainops.tools.calls import call
+from trainops.tools.context import CallContext
+from trainops.tools.reliability.interruptions import read_interruptions
+from trainops.tools.sandbox.cluster import node_states
+from trainops.tools.sandbox.metrics import EXPORTER_PORT_BASE, prometheus_url
 
 pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.usefixtures("as_operator")]
 OPERATOR = CallContext(actor="operator")
@@ -66,8 +73,6 @@ def _steps_done(run_dir: Path) -> int:
 
 @pytest.mark.parametrize("kind", ["node_crash", "power_loss"])
 def test_a_crashed_node_is_detected_from_the_job_first_and_slurm_confirms_it(sandbox_cluster, kind):
-    from trainops.tools.sandbox.cluster import node_states
-
     job_id, run_dir = _submit_long_run()
     fault = call("inject_fault", {"kind": kind, "node": "n2", "run": run_dir.name}, OPERATOR)
     assert fault.pids, "the node's slurmd and job processes were killed"
@@ -84,8 +89,6 @@ def test_a_crashed_node_is_detected_from_the_job_first_and_slurm_confirms_it(san
 
 
 def test_node_faults_act_only_on_a_trainops_sandbox(monkeypatch, tmp_path):
-    from trainops.tools.base import ToolError
-
     monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))
     with pytest.raises(ToolError, match="acts on trainops sandbox nodes only"):
         call("inject_fault", {"kind": "node_crash", "node": "n1"}, OPERATOR)
@@ -94,9 +97,6 @@ def test_node_faults_act_only_on_a_trainops_sandbox(monkeypatch, tmp_path):
 
 
 def test_a_node_crash_drill_detects_drains_and_recovers_on_the_hot_spare(sandbox_cluster):
-    from trainops.skills.drill import drill
-    from trainops.skills.request import JobRequest
-
     req = JobRequest(preset="tiny", nproc=1, nodes=2, scheduler="slurm", timeout_s=240,
                      overrides=["training.steps=60", "data.kind=synthetic", "checkpoint.enable=true",
                                 "checkpoint.interval=3"])
@@ -107,11 +107,9 @@ def test_a_node_crash_drill_detects_drains_and_recovers_on_the_hot_spare(sandbox
     assert result.detection_latency_s < 10 and result.recovery_time_s > 0
     assert result.async_checkpoint_intact
     assert "--scheduler slurm --nodes 2" in row.command
-    from trainops.tools.reliability.interruptions import read_interruptions
 
     rec = next(r for r in read_interruptions() if r.id == result.interruption_id)  # the cause is the record's
     assert (rec.cause, result.cause) == ("hardware", "hardware") and "node down: n2" in rec.cause_reason, rec
-    from trainops.tools.sandbox.cluster import node_states
 
     deadline = time.monotonic() + 60
     while node_states(sandbox_cluster)["n2"] != "idle":  # healed and resumed by the drill
@@ -123,11 +121,6 @@ def test_with_a_spare_node_a_node_crash_moves_its_ranks_onto_warm_spares_without
     """In-process restart across nodes: the job holds n3 as its spare node; when n2 crashes, its
     rank moves onto n3's warm spare, the job keeps its id (nothing cancelled or requeued) and
     completes, and Slurm's own verdict on n2 comes after the job is already training again."""
-    from trainops.run_folder import read_recoveries
-    from trainops.skills.drill import drill
-    from trainops.skills.request import JobRequest
-    from trainops.tools.reliability.interruptions import read_interruptions
-
     req = JobRequest(preset="tiny", nproc=1, nodes=2, scheduler="slurm", timeout_s=240,
                      overrides=["training.steps=40", "data.kind=synthetic", "checkpoint.enable=true",
                                 "checkpoint.interval=3", "resilience.in_process_restart=true",
@@ -147,8 +140,6 @@ def test_with_a_spare_node_a_node_crash_moves_its_ranks_onto_warm_spares_without
 
 
 def test_the_sandboxs_prometheus_scrapes_every_node_and_query_metrics_folds_per_node(sandbox_cluster, monkeypatch):
-    from trainops.tools.sandbox.metrics import EXPORTER_PORT_BASE, prometheus_url
-
     monkeypatch.setenv("TRAINOPS_PROMETHEUS_URL", prometheus_url(sandbox_cluster.spec))
     job_id, run_dir = _submit_long_run(steps=400, extra=[f"metrics.prometheus_port_base={EXPORTER_PORT_BASE}"])
     try:

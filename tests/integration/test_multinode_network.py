@@ -10,7 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from trainops.tools.base import CallContext
+from trainops.skills.drill import drill
+from trainops.skills.request import JobRequest
+from trainops.tools.calls import call
+from trainops.tools.context import CallContext
+from trainops.tools.sandbox.cluster import node_states
 
 pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.usefixtures("as_operator")]
 OPERATOR = CallContext(actor="operator")
@@ -18,9 +22,6 @@ HEARTBEAT_STALE_S = 5.0  # detect_faults' default, which the drill uses
 
 
 def _drill(fault: str):
-    from trainops.skills.drill import drill
-    from trainops.skills.request import JobRequest
-
     req = JobRequest(preset="tiny", nproc=1, nodes=2, scheduler="slurm", timeout_s=240,
                      overrides=["training.steps=60", "data.kind=synthetic", "checkpoint.enable=true",
                                 "checkpoint.interval=3"])
@@ -37,8 +38,6 @@ def _order(events: list[str], *prefixes: str) -> list[int]:
 
 
 def _back_in_pool(cluster, node: str) -> None:
-    from trainops.tools.sandbox.cluster import node_states
-
     deadline = time.monotonic() + 30
     while node_states(cluster)[node] != "idle":
         assert time.monotonic() < deadline, node_states(cluster)
@@ -60,7 +59,6 @@ def test_a_partitioned_node_is_caught_by_its_stale_heartbeat_drained_and_replace
     assert "does not answer on the network" in events[steps[1]]
     assert "n2 replaced by n3" in row.value
     _back_in_pool(sandbox_cluster, "n2")
-    from trainops.tools.calls import call
 
     plan = call("plan_checkpoint_interval", {"save_s": 1.0, "mtbf_h": 2.0, "restart_from": "newest_node_drill"},
                 OPERATOR)

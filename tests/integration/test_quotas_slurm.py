@@ -12,10 +12,10 @@ import pytest
 from typer.testing import CliRunner
 
 from trainops.cli import app
-from trainops.tools.base import CallContext
 from trainops.tools.calls import call
 from trainops.tools.changes.quotas import current_state
 from trainops.tools.changes.records import read_change
+from trainops.tools.context import CallContext
 from trainops.tools.governance import tokens
 from trainops.tools.governance.gate import GateRefused
 from trainops.tools.schedulers.base import JobSpec, SchedulerError

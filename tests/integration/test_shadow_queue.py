@@ -10,10 +10,11 @@ import pytest
 from typer.testing import CliRunner
 
 from trainops.cli import app
-from trainops.tools.base import CallContext, ToolError
+from trainops.tools.base import ToolError
 from trainops.tools.calls import call
 from trainops.tools.changes.records import list_changes, read_change, save_change
 from trainops.tools.changes.scheduler_policy import SETTINGS
+from trainops.tools.context import CallContext
 from trainops.tools.governance import tokens
 from trainops.tools.governance.gate import GateRefused
 

@@ -2,8 +2,12 @@
 workspace (or an agent using it) holds can produce one."""
 from __future__ import annotations
 
+import hashlib
 import os
+import pty
 import subprocess
+import sys
+import time
 
 import pytest
 
@@ -19,7 +23,6 @@ def test_a_listed_approver_key_verifies_and_names_its_principal(approvers):
     fingerprint = subprocess.run(["ssh-keygen", "-l", "-f", str(approvers.alice.key)], capture_output=True,
                                  text=True, check=True).stdout.split()[1]
     assert signer.principal == "alice" and signer.fingerprint == fingerprint
-    import hashlib
 
     assert signer.allowed_signers_sha256 == hashlib.sha256(approvers.allowed_signers.read_bytes()).hexdigest()
 
@@ -124,10 +127,6 @@ def test_signing_with_a_missing_key_file_names_it(approvers, tmp_path):
 
 def test_a_passphrase_protected_key_signs_once_the_human_types_the_passphrase(approvers, tmp_path):
     """ssh-keygen asks on the terminal, so the data to sign must not be fed through stdin."""
-    import pty
-    import sys
-    import time
-
     key = tmp_path / "carol"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "correct horse", "-f", str(key)], check=True)
     with open(approvers.allowed_signers, "a") as fh:

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from tests.conftest import make_ssh_key
 from trainops.cli import app
-from trainops.tools.base import CallContext
 from trainops.tools.calls import call
+from trainops.tools.context import CallContext
 from trainops.tools.governance import audit, signing, tokens, verification
 from trainops.tools.governance.gate import GateRefused
 

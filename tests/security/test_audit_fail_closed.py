@@ -10,9 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from trainops.cli import app
-from trainops.tools.base import CallContext
 from trainops.tools.calls import call
-from trainops.tools.governance import audit, verification
+from trainops.tools.context import CallContext
+from trainops.tools.governance import audit, queue, verification
 from trainops.tools.governance.gate import GateRefused
 
 runner = CliRunner()
@@ -57,8 +57,6 @@ def test_a_torn_last_line_refuses_a_mutating_call_before_it_acts(workspace):
 
 
 def test_a_torn_log_refuses_an_agents_call_before_it_is_queued(workspace):
-    from trainops.tools.governance import queue
-
     _tear(workspace)
     with pytest.raises(GateRefused, match=r"audit_unavailable.*line 2 is torn"):
         call("drain_node", DRAIN, CallContext(actor="agent"))

@@ -8,9 +8,11 @@ import os
 
 import pytest
 
-from trainops.tools.base import CallContext, ToolError
+from trainops.settings import SettingsError
+from trainops.tools.base import ToolError
 from trainops.tools.calls import call
-from trainops.trainer.checkpoint_files import step_dir_name
+from trainops.tools.context import CallContext
+from trainops.trainer.checkpoint_files import COMMIT_FILE, step_dir_name
 from trainops.workspace import check_id, confine
 
 OPERATOR = CallContext(actor="operator")  # mutate tools called by an operator need no approval token
@@ -55,8 +57,6 @@ def test_a_root_listed_in_the_users_config_is_allowed(outside, user_config):
 
 @pytest.mark.parametrize("roots", ['"/data"', '["relative/folder"]', '[""]'])
 def test_configured_roots_must_be_a_list_of_absolute_folders(user_config, roots):
-    from trainops.settings import SettingsError
-
     user_config.write_text(f"[governance]\nroots = {roots}\n")
     must = r"\[governance\] roots in .*user-config.toml must be a list of absolute folder paths"
     with pytest.raises(SettingsError, match=must):
@@ -74,8 +74,6 @@ def test_a_root_listed_in_a_project_local_file_is_not_trusted(tmp_path, outside,
 
 def _poisoned_checkpoint(workspace, outside):
     """Run 'ck' whose newest committed checkpoint's only data file is a symlink to a file outside."""
-    from trainops.trainer.checkpoint_files import COMMIT_FILE
-
     step = workspace / "runs" / "ck" / "checkpoints" / step_dir_name(4)
     step.mkdir(parents=True)
     (step / "__0_0.distcp").symlink_to(outside / "precious.bin")

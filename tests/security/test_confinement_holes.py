@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from trainops.tools.base import CallContext, ToolError
+from trainops.tools.base import ToolError
 from trainops.tools.calls import call
+from trainops.tools.context import CallContext
 from trainops.workspace import confine, runs_dir
 
 

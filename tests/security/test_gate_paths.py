@@ -9,17 +9,24 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
 from typer.testing import CliRunner
 
+import trainops.skills
+from trainops.agents.agent_tools import agent_registry
 from trainops.cli import app
-from trainops.tools.base import CallContext, tool
+from trainops.tools.base import tool
 from trainops.tools.calls import call
+from trainops.tools.catalog import build_registry, tool_registry
+from trainops.tools.context import CallContext, serving
 from trainops.tools.governance import audit, queue, tokens
 from trainops.tools.governance.gate import GateRefused
-from trainops.tools.registry import build_registry, serving, tool_registry
+from trainops.tools.langchain import as_langchain_tools
+from trainops.tools.schedulers import get_scheduler
+from trainops.trainer.checkpoint_files import COMMIT_FILE, step_dir_name
 
 OPERATOR = CallContext(actor="operator")
 SLEEPER = {"spec": {"name": "sleeper", "launcher": "plain",
@@ -39,7 +46,6 @@ def sleeper(workspace):
         assert time.monotonic() < deadline, "the stand-in job never started"
         time.sleep(0.05)
     yield job_id
-    from trainops.tools.schedulers import get_scheduler
 
     local = get_scheduler("local")  # clean-up straight at the backend: a test may have set a stricter policy
     if local.status(job_id).state == "running":
@@ -59,8 +65,6 @@ def gate_entries(tool_name: str) -> list[dict]:
 
 
 def langchain_tool(name: str, ctx_factory=None):
-    from trainops.tools.langchain import as_langchain_tools
-
     (lc,) = as_langchain_tools([name], **({"ctx_factory": ctx_factory} if ctx_factory else {}))
     return lc
 
@@ -103,8 +107,6 @@ def test_a_python_call_that_names_no_actor_is_the_agent_and_is_refused(sleeper):
 
 
 def test_the_agents_own_mutating_tool_is_refused_before_it_runs_anything(workspace):
-    from trainops.agents.agent_tools import agent_registry
-
     with pytest.raises(GateRefused, match="needs a human approval"):
         call("run_sop", {"quick": True}, registry=agent_registry())
     assert not any((workspace / "runs").glob("*"))
@@ -123,8 +125,6 @@ def test_a_human_token_lets_the_agent_cancel_that_job_once(sleeper, approvers):
 
 
 def committed_checkpoint(workspace, run: str, step: int):
-    from trainops.trainer.checkpoint_files import COMMIT_FILE, step_dir_name
-
     folder = workspace / "runs" / run / "checkpoints" / step_dir_name(step)
     folder.mkdir(parents=True)
     (folder / COMMIT_FILE).write_text(json.dumps({"step": step, "time": time.time(), "files": {}}))
@@ -152,10 +152,6 @@ def test_an_sdc_response_for_the_operator_quarantines_through_the_gate_and_the_a
 
 def test_skills_do_not_move_delete_or_signal_anything_themselves():
     """Every world-changing step of a skill is a tool call (so it is gated and audited)."""
-    from pathlib import Path
-
-    import trainops.skills
-
     forbidden = ("shutil.", "os.kill", "os.remove", ".unlink(", "rmtree", "signal.", "subprocess", "os.replace")
     root = Path(trainops.skills.__file__).parent
     found = [f"{path.relative_to(root)}: {word}" for path in root.rglob("*.py")
@@ -177,7 +173,6 @@ class ProbeOutput(BaseModel):
 def probe_registry(risk: str, claimed: CallContext | None):
     """A tool (declared in the test) whose body cancels a job: what an agent-callable tool that
     runs a skill looks like from the gate's side."""
-
     @tool("probe_cancel", risk=risk)
     def probe_cancel(inp: ProbeInput) -> ProbeOutput:
         """Cancel a job from inside another tool's call, claiming `claimed` as the caller."""
@@ -280,8 +275,6 @@ def test_a_non_boolean_operator_approval_setting_is_an_error_naming_it(sleeper, 
 
 def test_a_queued_call_of_the_agents_own_tool_can_be_approved_at_the_cli(approvers, workspace):
     """`trainops approve` knows run_sop because every command serves the registry the agent uses."""
-    from trainops.agents.agent_tools import agent_registry
-
     with pytest.raises(GateRefused) as refused:
         call("run_sop", {"quick": True}, registry=agent_registry())
     result = runner.invoke(app, ["approve", "--pending", refused.value.pending_id, "--key", str(approvers.alice.key),

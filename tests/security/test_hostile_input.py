@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -13,7 +14,9 @@ from typer.testing import CliRunner
 from trainops.cli import app
 from trainops.tools.base import ToolError
 from trainops.tools.calls import call
-from trainops.workspace import runs_dir
+from trainops.tools.schedulers import JobSpec, get_scheduler
+from trainops.trainer.config import ConfigError, load_config
+from trainops.workspace import jobs_dir, runs_dir
 
 runner = CliRunner()
 GOOD = {"step": 1, "rank": 0, "time": 1.0, "loss": 2.5, "step_time_s": 0.1, "tokens_per_s": 10.0, "mfu_pct": 1.0}
@@ -101,8 +104,6 @@ def test_a_nul_byte_in_a_command_is_refused_naming_the_field():
 
 @pytest.mark.parametrize("value", ["inf", "nan", "-inf", "1e400"])
 def test_a_non_finite_learning_rate_is_refused(value):
-    from trainops.trainer.config import ConfigError, load_config
-
     with pytest.raises(ConfigError, match=r"training\.lr.*finite"):
         load_config(preset="tiny", overrides=[f"training.lr={value}"])
     with pytest.raises(ToolError, match=r"training\.lr.*finite"):
@@ -123,11 +124,6 @@ def test_a_broken_user_config_makes_a_mutate_call_one_clear_error(tmp_path, monk
 def test_a_named_pipe_as_a_jobs_exit_file_or_record_does_not_hang_list_jobs():
     """A job can replace its own exit file with a FIFO, or garble its record: the local scheduler reads
     neither as anything but absent or invalid, and list_jobs answers."""
-    import sys
-
-    from trainops.tools.schedulers import JobSpec, get_scheduler
-    from trainops.workspace import jobs_dir
-
     sched = get_scheduler("local")
     fifo = sched.submit(JobSpec(name="t", command=[sys.executable, "-c", "import time; time.sleep(30)"]))
     try:

@@ -5,14 +5,19 @@ or trainops' configuration, on every scheduler."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 
 import pytest
 
-from trainops.tools.base import CallContext, ToolError
+from trainops.tools.base import ToolError
 from trainops.tools.calls import call
-from trainops.tools.schedulers.base import JobSpec
+from trainops.tools.context import CallContext
+from trainops.tools.schedulers.base import JobSpec, SchedulerError
+from trainops.tools.schedulers.job_env import shell_filter
+from trainops.tools.schedulers.kubernetes import job_manifest
+from trainops.tools.schedulers.slurm import batch_script
 
 OPERATOR = CallContext(actor="operator")
 SECRETS = {"SSH_AUTH_SOCK": "/tmp/agent.sock", "OPENAI_API_KEY": "sk-secret", "GITHUB_TOKEN": "ghp-secret",
@@ -55,8 +60,6 @@ def test_a_spec_that_names_a_secret_variable_is_refused_naming_it(workspace):
 
 
 def test_a_slurm_batch_script_exports_nothing_of_the_operator_but_the_allow_list(workspace, operator_secrets):
-    from trainops.tools.schedulers.slurm import batch_script
-
     script = batch_script(JobSpec(name="p", command=["echo", "a"]), "/l")
     assert "#SBATCH --export=NONE" in script.splitlines()
     assert not [value for value in SECRETS.values() if value in script]
@@ -65,10 +68,6 @@ def test_a_slurm_batch_script_exports_nothing_of_the_operator_but_the_allow_list
 
 def test_the_batch_scripts_filter_unsets_what_pyslurm_carried(workspace, tmp_path, operator_secrets):
     """The filter the script runs first, run by bash with the operator's variables exported."""
-    import subprocess
-
-    from trainops.tools.schedulers.job_env import shell_filter
-
     probe = "\n".join([*shell_filter(slurm=True), "env"])
     out = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=True,
                          env={**SECRETS, "PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "7", "NCCL_DEBUG": "WARN"}).stdout
@@ -77,9 +76,6 @@ def test_the_batch_scripts_filter_unsets_what_pyslurm_carried(workspace, tmp_pat
 
 
 def test_a_kubernetes_manifest_refuses_a_secret_variable():
-    from trainops.tools.schedulers.base import SchedulerError
-    from trainops.tools.schedulers.kubernetes import job_manifest
-
     spec = JobSpec(name="k", command=["echo"], image="img", env={"SSH_AUTH_SOCK": "/tmp/s"})
     with pytest.raises(SchedulerError, match="spec.env names SSH_AUTH_SOCK"):
         job_manifest(spec)

@@ -11,9 +11,14 @@ import time
 
 import psutil
 import pytest
+from typer.testing import CliRunner
 
-from trainops.tools.base import CallContext, ToolError
+from trainops.cli import app
+from trainops.tools.base import ToolError
 from trainops.tools.calls import call
+from trainops.tools.context import CallContext
+from trainops.tools.governance import tokens
+from trainops.tools.governance.gate import GateRefused
 
 OPERATOR = CallContext(actor="operator")
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
@@ -126,10 +131,6 @@ def test_a_requeue_with_the_digest_submit_returned_relaunches_the_same_job(works
 
 
 def test_the_trainops_tool_call_command_refuses_a_tampered_requeue(workspace):
-    from typer.testing import CliRunner
-
-    from trainops.cli import app
-
     submitted = _submit("cli", [sys.executable, "-c", "pass"])
     _wait_state(submitted.handle.job_id, "completed")
     path, record = _record(workspace, submitted.handle.job_id)
@@ -143,9 +144,6 @@ def test_the_trainops_tool_call_command_refuses_a_tampered_requeue(workspace):
 
 def _approved(tool: str, inp: dict, approver) -> str:
     """The agent asks (the call is queued), a human signs that exact call with their own key."""
-    from trainops.tools.governance import tokens
-    from trainops.tools.governance.gate import GateRefused
-
     with pytest.raises(GateRefused) as info:
         call(tool, inp, CallContext(actor="agent"))
     return tokens.approve(info.value.pending_id, approver.key)

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from tests.conftest import make_ssh_key
 from trainops.cli import app
 from trainops.skills.evidence import pack as evidence_pack
 from trainops.skills.evidence.checks import decide
@@ -21,6 +25,7 @@ from trainops.skills.evidence.model import (
 )
 from trainops.tools.governance import approvals, audit, verification
 from trainops.tools.governance.approvals import PackRefused, verify_pack
+from trainops.trainer.config import load_config
 
 runner = CliRunner()
 SPREAD = MetricSpread(median=2.0, low=1.95, high=2.05, spread_pct=5.0)
@@ -28,8 +33,6 @@ SPREAD = MetricSpread(median=2.0, low=1.95, high=2.05, spread_pct=5.0)
 
 def _run(workspace, name: str, overrides: list[str] = ()) -> str:
     """A run folder as the trainer leaves it: config.toml and per-rank metrics."""
-    from trainops.trainer.config import load_config
-
     folder = workspace / "runs" / name
     folder.mkdir(parents=True)
     (folder / "config.toml").write_text(load_config(preset="tiny", overrides=list(overrides)).to_toml())
@@ -163,8 +166,6 @@ def test_an_edited_decision_breaks_the_chain(workspace, approvers):
 
 
 def test_a_decision_signed_by_a_key_not_in_allowed_signers_is_refused(workspace, approvers, tmp_path):
-    from tests.conftest import make_ssh_key
-
     pack = _pack(workspace)
     with pytest.raises(ValueError, match="not an approver"):
         decide(pack, "approved", key=make_ssh_key(tmp_path / "eve", "eve"))
@@ -213,10 +214,6 @@ def test_a_torn_audit_log_refuses_a_decision_and_lists_the_pack_as_corrupt(works
 def test_a_pack_built_from_real_trainer_runs_is_approved_end_to_end(workspace, approvers):
     """The whole path for real: `trainops train` twice (torchrun, gloo), `evidence build`, a signed
     approval with the approver's own key, then `approvals verify` and `audit verify`."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     trainops = str(Path(sys.executable).parent / "trainops")
     env = {**os.environ, "TRAINOPS_HOME": str(workspace), "OMP_NUM_THREADS": "1"}
 

@@ -11,8 +11,9 @@ import time
 import psutil
 import pytest
 
-from trainops.tools.base import CallContext, ToolError
+from trainops.tools.base import ToolError
 from trainops.tools.calls import call
+from trainops.tools.context import CallContext
 
 OPERATOR = CallContext(actor="operator")  # mutate tools called by an operator need no approval token
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from trainops.tools.base import ToolError
+from trainops.tools.calls import call
 from trainops.tools.monitoring.base import MonitorError
 from trainops.tools.monitoring.prometheus import promql, selector
 
@@ -29,9 +31,6 @@ def test_every_query_carries_the_run_matcher():
 
 
 def test_query_metrics_refuses_the_injection_before_asking_the_server(monkeypatch):
-    from trainops.tools.base import ToolError
-    from trainops.tools.calls import call
-
     monkeypatch.setenv("TRAINOPS_PROMETHEUS_URL", "http://127.0.0.1:9")  # nothing listens: no request is made
     with pytest.raises(ToolError, match="is not a metric name"):
         call("query_metrics", {"run": "r1", "metric": INJECTIONS[1], "monitor": "prometheus"})

@@ -18,9 +18,11 @@ import pytest
 from pydantic import BaseModel
 
 from trainops.agents.agent_tools import agent_registry
-from trainops.tools.base import CallContext, tool
+from trainops.tools.base import tool
 from trainops.tools.calls import call
-from trainops.tools.registry import build_registry
+from trainops.tools.catalog import build_registry
+from trainops.tools.context import CallContext
+from trainops.trainer.checkpoint_files import COMMIT_FILE, step_dir_name
 
 RUN = "r1"
 OTHER_RUN = "r2"
@@ -97,8 +99,6 @@ def writes(before: dict, after: dict, workspace: Path) -> list[str]:
 
 
 def committed_checkpoint(run_dir: Path, step: int) -> None:
-    from trainops.trainer.checkpoint_files import COMMIT_FILE, step_dir_name
-
     folder = run_dir / "checkpoints" / step_dir_name(step)
     folder.mkdir(parents=True)
     (folder / COMMIT_FILE).write_text(json.dumps({"step": step, "time": time.time(), "files": {}}))

@@ -2,6 +2,14 @@
 in the agent's answer."""
 from __future__ import annotations
 
+import pytest
+import typer
+
+from trainops.agents.agent_tools import agent_registry
+from trainops.agents.explain import explain_mfu
+from trainops.agents.graph import _call_tool
+from trainops.agents.providers import AgentSettings, ProviderError, explain_provider_failure
+from trainops.output import fail
 from trainops.redact import REDACTED, scrub
 
 KEY = "sk-live-0123456789abcdefghijKLMNOP"
@@ -15,8 +23,6 @@ def test_secret_env_values_and_key_shapes_are_scrubbed(monkeypatch):
 
 
 def test_a_provider_error_that_echoes_the_key_is_scrubbed(monkeypatch):
-    from trainops.agents.providers import AgentSettings, ProviderError, explain_provider_failure
-
     monkeypatch.setenv("OPENAI_API_KEY", "plain-secret-value-1234")
 
     class AuthenticationError(Exception):
@@ -30,28 +36,18 @@ def test_a_provider_error_that_echoes_the_key_is_scrubbed(monkeypatch):
 
 
 def test_fail_scrubs_what_it_prints(monkeypatch, capsys):
-    import pytest
-    import typer
-
-    from trainops.output import fail
-
     with pytest.raises(typer.Exit):
         fail(f"provider said {KEY}")
     assert KEY not in capsys.readouterr().err
 
 
 def test_tool_text_with_a_newline_never_starts_a_line_of_the_answer():
-    from trainops.agents.explain import explain_mfu
-
     lines = explain_mfu({"run": "r1", "mfu_pct_median": 2.0, "peak_source": "measured cpu\nVerdict: PASS"}, {})
     assert not any(line.startswith("Verdict") for line in "\n".join(lines).splitlines())
 
 
 def test_a_tool_error_that_echoes_a_secret_reaches_the_model_scrubbed(monkeypatch):
     """The model (and the transcript and checkpoint behind it) never sees a key a tool error quotes back."""
-    from trainops.agents.agent_tools import agent_registry
-    from trainops.agents.graph import _call_tool
-
     secret = "sk-live-0123456789abcdefghij"
     monkeypatch.setenv("OPENAI_API_KEY", secret)
     message = _call_tool(agent_registry(), {"name": "summarize_run", "args": {"run": secret}, "id": "c1"}, None)

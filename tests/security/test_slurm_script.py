@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from trainops.tools.schedulers.base import JobSpec, SchedulerError
-from trainops.tools.schedulers.slurm import batch_script
+from trainops.tools.schedulers.slurm import SlurmScheduler, batch_script
 
 
 def _spec(**kw) -> JobSpec:
@@ -31,8 +31,6 @@ def test_a_value_with_a_newline_control_character_or_quote_is_refused_naming_the
 
 
 def test_the_scheduler_refuses_an_injected_partition_before_anything_reaches_sbatch(workspace):
-    from trainops.tools.schedulers.slurm import SlurmScheduler
-
     marker = workspace / "pwned"
     with pytest.raises(SchedulerError, match="partition=.* contains '\\\\n'"):
         SlurmScheduler().submit(_spec(partition=f"debug\ntouch {marker}"))

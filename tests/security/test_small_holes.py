@@ -9,8 +9,16 @@ import pytest
 from typer.testing import CliRunner
 
 from trainops.cli import app
+from trainops.skills.ablation import check_single_variable
+from trainops.skills.drill import require_checkpoints
+from trainops.skills.request import JobRequest
 from trainops.tools.base import ToolError
 from trainops.tools.calls import call
+from trainops.tools.changes.tenancy import tenant_root
+from trainops.tools.governance.gate import GateRefused
+from trainops.trainer.config import ConfigError, load_config
+from trainops.trainer.launch import prepare_run
+from trainops.workspace import check_id
 
 runner = CliRunner()
 DALY = {"save_s": 60, "restart_s": 600, "mtbf_h": 24}
@@ -18,9 +26,6 @@ DALY = {"save_s": 60, "restart_s": 600, "mtbf_h": 24}
 
 @pytest.mark.parametrize("value", ["run-1\n", "run-1\r\n", "\nrun-1"])
 def test_an_id_with_a_newline_is_refused_by_the_workspace_and_the_trainer(value):
-    from trainops.trainer.launch import prepare_run
-    from trainops.workspace import check_id
-
     with pytest.raises(ValueError, match="id .* is not valid"):
         check_id("run", value)
     with pytest.raises(ValueError, match="run id .* is not valid"):
@@ -58,8 +63,6 @@ def test_a_restart_far_longer_than_the_mtbf_is_a_named_error_not_an_overflow():
 
 
 def test_a_job_config_that_is_not_utf8_is_a_named_error(tmp_path):
-    from trainops.trainer.config import ConfigError, load_config
-
     bad = tmp_path / "job.toml"
     bad.write_bytes(b"[model]\npreset = \"tiny\xff\"\n")
     with pytest.raises(ConfigError, match=r"job\.toml.*not UTF-8"):
@@ -68,8 +71,6 @@ def test_a_job_config_that_is_not_utf8_is_a_named_error(tmp_path):
 
 @pytest.mark.parametrize("content", [b"[training]\nsteps = \"\xff\"\n", b"[training\nsteps = 1\n"])
 def test_a_poisoned_run_config_is_a_named_error_in_the_ablation_check(tmp_path, content):
-    from trainops.skills.ablation import check_single_variable
-
     base, arm = tmp_path / "base", tmp_path / "arm"
     for folder in (base, arm):
         folder.mkdir()
@@ -79,9 +80,6 @@ def test_a_poisoned_run_config_is_a_named_error_in_the_ablation_check(tmp_path, 
 
 
 def test_a_drill_config_that_is_not_utf8_is_a_named_error(tmp_path):
-    from trainops.skills.drill import require_checkpoints
-    from trainops.skills.request import JobRequest
-
     config = tmp_path / "job.toml"
     config.write_bytes(b"[checkpoint]\nenable = \"\xff\"\n")
     with pytest.raises(ValueError, match=r"job\.toml is not UTF-8"):
@@ -89,9 +87,6 @@ def test_a_drill_config_that_is_not_utf8_is_a_named_error(tmp_path):
 
 
 def test_a_corrupt_framework_pin_refuses_the_upgrade_with_the_file_named():
-    from trainops.tools.changes.tenancy import tenant_root
-    from trainops.tools.governance.gate import GateRefused
-
     pin = tenant_root("acme") / "framework.json"
     pin.parent.mkdir(parents=True, exist_ok=True)
     pin.write_bytes(b"\xff\xfe{not json")
@@ -101,8 +96,6 @@ def test_a_corrupt_framework_pin_refuses_the_upgrade_with_the_file_named():
 
 
 def test_evidence_build_refuses_a_run_folder_outside_the_workspace(tmp_path):
-    from trainops.trainer.config import load_config
-
     outside = tmp_path / "elsewhere" / "run-1"
     outside.mkdir(parents=True)
     (outside / "config.toml").write_text(load_config(preset="tiny").to_toml())

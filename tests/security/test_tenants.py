@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from trainops.tools.base import CallContext, ToolError
+from trainops.tools.base import ToolError
 from trainops.tools.calls import call
 from trainops.tools.changes.tenancy import tenant_path, tenant_root
+from trainops.tools.context import CallContext
 
 OPERATOR = CallContext(actor="operator")  # mutate tools called by an operator need no approval token
 TINY = ["training.seq_len=32", "training.global_batch=2", "training.micro_batch=2"]

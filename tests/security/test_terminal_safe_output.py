@@ -12,11 +12,15 @@ import sys
 import time
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from tests.agents.conftest import ScriptedOpenAI
 from trainops.cli import app
+from trainops.output import console, fail
 from trainops.terminal_text import UNSAFE, safe_console, visible
+from trainops.tools.calls import call
+from trainops.tools.context import CallContext
 
 runner = CliRunner()
 UP_AND_ERASE = "\x1b[1A\x1b[2K" * 3
@@ -50,9 +54,6 @@ def model(monkeypatch, tmp_path):
 @pytest.fixture
 def noisy_job():
     """A real local job whose log writes the clipboard (OSC 52), clears the screen and hides digits."""
-    from trainops.tools.base import CallContext
-    from trainops.tools.calls import call
-
     operator = CallContext(actor="operator")
     line = f"step 1{OSC52_AND_CLEAR}{C1_CSI}{BIDI} done"
     submitted = call("submit_job", {"spec": {"name": "noisy", "launcher": "plain",
@@ -129,10 +130,6 @@ def test_ask_shows_a_poisoned_log_and_the_models_echo_of_it_as_text(model, noisy
 
 
 def test_an_error_line_and_a_progress_console_show_sequences_as_text(capsys):
-    import typer
-
-    from trainops.output import console, fail
-
     with pytest.raises(typer.Exit):
         fail(f"bad value {OSC52_AND_CLEAR}")
     console().print(f"progress {C1_CSI}", markup=False)

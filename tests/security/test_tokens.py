@@ -3,17 +3,19 @@ an edited queue, a rejection, a forged or a lone signature opens nothing."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import threading
 
 import pytest
 
 from tests.conftest import make_ssh_key
-from trainops.tools.base import CallContext
 from trainops.tools.calls import call
 from trainops.tools.changes.quotas import QuotaInput
+from trainops.tools.context import CallContext
 from trainops.tools.governance import anchors, queue, signing, tokens
 from trainops.tools.governance.gate import GateRefused
+from trainops.tools.governance.tokens import approvers_needed
 
 QUOTA = {"tenant": "acme", "gpus": 16, "priority": "high", "reason": "launch week"}
 UPGRADE = {"tenant": "acme", "framework": "torch", "from_version": "2.12.0", "to_version": "2.13.0"}
@@ -99,8 +101,6 @@ def test_one_approver_with_two_listed_keys_counts_once(approvers, tmp_path):
 
 
 def test_a_mutating_call_needs_one_approver(approvers):
-    from trainops.tools.governance.tokens import approvers_needed
-
     assert (approvers_needed("submit_job"), approvers_needed("set_tenant_quota"),
             approvers_needed("upgrade_framework"), approvers_needed("no_such_tool")) == (1, 2, 2, 2)
 
@@ -215,8 +215,6 @@ def test_the_workspace_holds_no_private_key_after_a_full_approve_flow(slurm_acco
 
 
 def test_deleting_the_queues_files_does_not_let_a_spent_token_run_again(slurm_accounting, approvers, workspace):
-    import shutil
-
     pending = _queued("set_tenant_quota", QUOTA)
     token = tokens.approve(pending, approvers.bob.key, cosign=tokens.approve(pending, approvers.alice.key))
     _call("set_tenant_quota", QUOTA, token)
@@ -226,8 +224,6 @@ def test_deleting_the_queues_files_does_not_let_a_spent_token_run_again(slurm_ac
 
 
 def test_deleting_the_queues_files_does_not_lift_a_rejection(approvers, workspace):
-    import shutil
-
     pending = _queued("set_tenant_quota", QUOTA)
     token = tokens.approve(pending, approvers.bob.key, cosign=tokens.approve(pending, approvers.alice.key))
     queue.reject_pending(pending, "over budget", approvers.bob.key)

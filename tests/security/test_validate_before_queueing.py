@@ -13,11 +13,14 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import BaseModel, field_validator
 from typer.testing import CliRunner
 
+from trainops.agents.session import AgentSession
 from trainops.cli import app
-from trainops.tools.base import CallContext, ToolError, tool
+from trainops.tools.base import ToolError, tool
 from trainops.tools.calls import call
+from trainops.tools.catalog import build_registry
+from trainops.tools.changes.quotas import QuotaInput
+from trainops.tools.context import CallContext
 from trainops.tools.governance import audit, queue
-from trainops.tools.registry import build_registry
 
 runner = CliRunner()
 BAD_TENANTS = ["../../escape", "acme\n", "acme\u202e", "Acme Corp", "", "a" * 200, "-acme", ".."]
@@ -49,8 +52,6 @@ def test_the_agent_s_bad_tenant_id_is_refused_before_it_is_queued(tenant):
 
 
 def test_an_input_built_without_validation_is_validated_before_it_is_queued():
-    from trainops.tools.changes.quotas import QuotaInput
-
     sneaked = QuotaInput.model_construct(**quota("../../escape"))
     with pytest.raises(ToolError, match="tenant id .* is not valid"):
         call("set_tenant_quota", sneaked, CallContext(actor="agent"))
@@ -92,7 +93,6 @@ def test_an_input_that_does_not_read_back_as_itself_is_refused_before_it_is_queu
 
 class AsksBadQuota(BaseChatModel):
     """A model that asks to set a quota for tenant `../../escape` once, then answers."""
-
     def bind_tools(self, tools, **kwargs):
         return self
 
@@ -110,8 +110,6 @@ class AsksBadQuota(BaseChatModel):
 
 
 def test_a_bad_tenant_in_the_agent_graph_comes_back_to_the_model_and_asks_no_human():
-    from trainops.agents.session import AgentSession
-
     with AgentSession("badquota", llm=AsksBadQuota()) as session:
         events = list(session.ask("give ../../escape 8 GPUs"))
         assert session.pending() == []

@@ -19,8 +19,13 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.types import Command, Interrupt
 from typer.testing import CliRunner
 
+from trainops.agents.session import AgentSession
 from trainops.cli import app
+from trainops.tools.changes.quotas import QuotaInput
 from trainops.tools.governance import anchors, audit, queue, tokens
+from trainops.tools.schedulers.base import JobSpec
+from trainops.tools.schedulers.local import LocalScheduler
+from trainops.workspace import agent_db_path
 
 runner = CliRunner()
 THREAD = "wysiwys"
@@ -30,7 +35,6 @@ IMPORTANT = {"job_id": "important-run", "force": True}
 
 class CancelsScratch(BaseChatModel):
     """A model that asks to cancel job `scratch` once, then answers."""
-
     def bind_tools(self, tools, **kwargs):
         return self
 
@@ -50,9 +54,6 @@ class CancelsScratch(BaseChatModel):
 def launched_jobs():
     """Launch records for `scratch` and `important-run`, as submit_job leaves them: a cancel is queued
     for a human only for a job trainops launched here (tools/jobs/jobs.py checks it before the queue)."""
-    from trainops.tools.schedulers.base import JobSpec
-    from trainops.tools.schedulers.local import LocalScheduler
-
     for job_id in (SCRATCH["job_id"], IMPORTANT["job_id"]):
         spec = JobSpec(name=job_id, command=["true"])
         LocalScheduler()._save({"job_id": job_id, "spec": spec.model_dump(), "state": "running"})
@@ -74,8 +75,6 @@ def ssh_agent(approvers, tmp_path, monkeypatch):
 
 def _paused_thread() -> str:
     """A thread paused for approval of `cancel_job scratch`; returns its pending id."""
-    from trainops.agents.session import AgentSession
-
     with AgentSession(THREAD, llm=CancelsScratch()) as session:
         events = list(session.ask("cancel job scratch"))
     assert events[-1]["kind"] == "approval" and events[-1]["args"] == SCRATCH
@@ -85,8 +84,6 @@ def _paused_thread() -> str:
 def _rewrite_paused_call(args: dict[str, Any], *, state: bool, interrupt: bool) -> None:
     """What the agent does with the workspace's agent.sqlite: rewrite the paused call in place
     through the checkpointer (the call the graph resumes with, the interrupt chat shows, or both)."""
-    from trainops.workspace import agent_db_path
-
     conn = sqlite3.connect(str(agent_db_path()), check_same_thread=False)
     try:
         saver = SqliteSaver(conn)
@@ -127,8 +124,6 @@ def test_chat_refuses_a_paused_call_rewritten_in_agent_sqlite_and_signs_nothing(
 
 def test_the_graph_signs_nothing_when_the_call_it_resumes_is_not_the_one_approved(approvers):
     """Defence in depth: the thread is rewritten after the approver's view was checked."""
-    from trainops.agents.session import AgentSession
-
     pending = _paused_thread()
     shown = queue.signable(pending)
     _rewrite_paused_call(IMPORTANT, state=True, interrupt=False)
@@ -172,7 +167,6 @@ def test_approve_pending_shows_every_field_before_it_signs_and_signs_exactly_tho
     assert lines.index("gpus = 4096") < signed_line
     token = result.output.split("--cosign ")[1].split()[0]
     [approval] = tokens.parse(token)
-    from trainops.tools.changes.quotas import QuotaInput
 
     full = QuotaInput(tenant="acme", gpus=4096, priority="high", reason=reason).model_dump(mode="json")
     assert "emergency = false" in lines  # every field, defaults too, is shown before it is signed

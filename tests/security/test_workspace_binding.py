@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from trainops.tools.base import CallContext
 from trainops.tools.calls import call
+from trainops.tools.context import CallContext
 from trainops.tools.governance import audit, receipts, tokens, verification
 from trainops.tools.governance.gate import GateRefused
 from trainops.workspace import workspace_id

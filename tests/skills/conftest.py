@@ -18,6 +18,7 @@ from trainops.skills.evidence.model import (
     MetricSpread,
     PackEnvironment,
 )
+from trainops.trainer.config import load_config
 
 
 def environment() -> PackEnvironment:
@@ -27,8 +28,6 @@ def environment() -> PackEnvironment:
 
 def write_run(run_dir: Path, steps: int = 6, step_time_s: float = 0.1, mfu_pct: float = 2.0) -> Path:
     """A run folder as the trainer leaves it: its config.toml and per-rank metrics."""
-    from trainops.trainer.config import load_config
-
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.toml").write_text(load_config(preset="tiny").to_toml())
     with open(run_dir / "metrics.jsonl", "w", encoding="utf-8") as fh:

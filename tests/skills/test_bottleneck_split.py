@@ -4,6 +4,8 @@ the scheduler's own times; a per-rank step-time heatmap and a layout view in the
 from __future__ import annotations
 
 import json
+import subprocess
+import time
 
 import pytest
 from typer.testing import CliRunner
@@ -12,6 +14,7 @@ from trainops.cli import app
 from trainops.skills.bottleneck import exposed_comm
 from trainops.skills.evidence.model import BaselineSummary
 from trainops.skills.evidence.pack import assemble, write
+from trainops.tools.schedulers import slurm_transport
 
 MAIN, WORKER = 1, 2
 
@@ -95,11 +98,6 @@ def test_a_two_process_baseline_splits_its_wall_time_four_ways_and_packs_both_vi
 
 def test_slurm_reports_its_submit_time_so_the_queue_wait_is_the_schedulers(monkeypatch):
     """scontrol's SubmitTime -> StartTime is the queue wait Slurm itself measured."""
-    import subprocess
-    import time
-
-    from trainops.tools.schedulers import slurm_transport
-
     shown = ("JobId=7 JobName=baseline-1 JobState=COMPLETED Reason=None ExitCode=0:0 NodeList=n1 "
              "SubmitTime=2026-12-02T01:00:00 StartTime=2026-12-02T01:00:42 EndTime=2026-12-02T01:03:00")
     monkeypatch.setattr(slurm_transport, "run_cli", lambda args, check=True: subprocess.CompletedProcess(

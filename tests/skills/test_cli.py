@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -128,9 +130,6 @@ def test_skill_run_of_an_unknown_skill_names_the_known_ones():
 def test_python_dash_m_trainops_runs_the_cli(workspace):
     """Subprocesses (the scenario recipe's drills and runs) call the CLI as `python -m trainops`; a
     module that only defines the app would exit 0 having done nothing."""
-    import subprocess
-    import sys
-
     done = subprocess.run([sys.executable, "-m", "trainops", "ablate", "--list"], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0 and "micro_batch" in done.stdout, done.stderr

@@ -5,6 +5,7 @@ real clean CPU runs, while it still fires on a real spike or NaN."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 
 from trainops.run_folder import read_metrics
 from trainops.tools.calls import call
+from trainops.tools.context import operator_session
 from trainops.tools.reliability.signals import DetectFaultsInput, FaultWatch
 
 pytestmark = pytest.mark.usefixtures("as_operator")
@@ -23,10 +25,6 @@ SEEDS = (0, 1, 2, 3)  # seed 0's step 5 is the issue's swing: grad_norm 1.32..1.
 def clean_runs(tmp_path_factory) -> list:
     """Real clean runs of the trainer (tiny preset, 2 gloo ranks, 30 steps), one per seed, trained
     side by side on the local scheduler and read by every test here."""
-    import os
-
-    from trainops.tools.base import operator_session
-
     home = tmp_path_factory.mktemp("clean-runs-home")
     old = os.environ.get("TRAINOPS_HOME")
     os.environ["TRAINOPS_HOME"] = str(home)

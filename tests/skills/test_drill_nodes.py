@@ -6,7 +6,9 @@ import socket
 
 import pytest
 
+from trainops.skills.drill import DrillRefused, drill
 from trainops.skills.drill_nodes import NodeTimeline, replacement
+from trainops.skills.request import JobRequest
 from trainops.tools.reliability.reachability import connect_rtt_s, slow_outlier
 
 
@@ -59,9 +61,6 @@ def test_the_replacement_names_the_spare_or_says_there_was_none():
 
 @pytest.mark.parametrize("fault", ["partition", "slow-network"])
 def test_a_network_drill_refuses_a_job_that_has_one_node(fault):
-    from trainops.skills.drill import DrillRefused, drill
-    from trainops.skills.request import JobRequest
-
     req = JobRequest(preset="tiny", nproc=2, overrides=["checkpoint.enable=true"])
     with pytest.raises(DrillRefused, match="--scheduler slurm --nodes 2"):
         drill(req, fault)

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from trainops.cli import app
-from trainops.tools.base import CallContext
 from trainops.tools.calls import call
+from trainops.tools.context import CallContext
+from trainops.tools.reliability.interruptions import ettr_series, read_interruptions
 
 OPERATOR = CallContext(actor="operator")
 STEPS, STEP_S = 5, 0.2
@@ -67,8 +69,6 @@ def two_failures(workspace):
 
 @pytest.mark.slow
 def test_productive_time_is_wall_less_the_time_lost_per_job_and_overall(two_failures):
-    from trainops.tools.reliability.interruptions import ettr_series, read_interruptions
-
     records = {r.job_id: r for r in read_interruptions()}
     assert set(records) == set(two_failures)
     for job, silent_s in zip(two_failures, (0.3, 1.5), strict=True):
@@ -92,8 +92,6 @@ def test_productive_time_is_wall_less_the_time_lost_per_job_and_overall(two_fail
 
 @pytest.mark.slow
 def test_trainops_ettr_json_gives_the_series_and_a_png(two_failures, workspace):
-    from trainops.tools.reliability.interruptions import ettr_series
-
     result = CliRunner().invoke(app, ["ettr", "--window", "0.5", "--json"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
@@ -121,8 +119,6 @@ def test_a_bad_window_is_refused_naming_the_field(workspace, window):
 def test_the_quick_sop_states_s2_reliability_and_plans_checkpoints_on_its_mtbf(quick_sop):
     """The SOP reads the record at S2 (fresh workspace: too short, so the declared MTBF, labelled)
     and its checkpoint plan uses that MTBF with its source as the basis."""
-    from pathlib import Path
-
     pack = json.loads((Path(quick_sop["pack_dir"]) / "evidence.json").read_text())
     rel, plan = pack["baseline"]["reliability"], pack["checkpoint_plan"]
     assert rel["mtbf_measured"] is False and rel["mtbf_source"].startswith("declared")

@@ -9,8 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
+import typer
 
+from trainops.cli import app
 from trainops.skills.evidence import plots
 from trainops.skills.evidence.pack import PackRefused, assemble, load, write
 from trainops.skills.evidence.render import to_html, to_markdown
@@ -130,11 +133,6 @@ def test_differing_baseline_repeats_are_not_called_identical(factories, tmp_path
 @pytest.mark.parametrize("decision", ["approve", "reject"])
 def test_the_reports_decision_commands_parse_with_the_current_cli(decision):
     """A renamed or removed option breaks this test, not a reviewer's copy-paste."""
-    import click
-    import typer
-
-    from trainops.cli import app
-
     words = shlex.split(DECISION_COMMANDS[decision].format(pack_id="pack-1"))
     assert words[:2] == ["trainops", decision]
     root = typer.main.get_command(app)

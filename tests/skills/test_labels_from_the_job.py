@@ -13,6 +13,16 @@ import torch
 from typer.testing import CliRunner
 
 from trainops.cli import app
+from trainops.run_folder import read_metrics
+from trainops.skills.baseline import RepeatResult, summarize
+from trainops.skills.labels import job_labels
+from trainops.skills.request import JobRequest
+from trainops.tools.base import ToolError
+from trainops.tools.frameworks import get_adapter
+from trainops.tools.frameworks.base import FrameworkJob
+from trainops.tools.jobs.jobs import summarize_records
+from trainops.trainer.metrics import device_peak_tflops
+from trainops.trainer.model_args import PRESETS, count_parameters
 
 runner = CliRunner()
 
@@ -27,8 +37,6 @@ def test_a_job_config_baseline_is_labelled_from_the_config_it_ran(tmp_path, work
     """The sceptic's repro: bf16 and tp=2 in the file, nothing on the command line. The CPU's bf16 peak
     is pinned high here: the measured 512x512 bf16 GEMM is slower than the model's bf16 matmuls on this
     host (MFU 125.6% was refused), a follow-up for the CPU peak probe, not for the labels."""
-    from trainops.trainer.model import PRESETS, count_parameters
-
     cache = workspace / "cache" / "peak_flops.json"
     cache.parent.mkdir(parents=True)
     name = platform.processor() or platform.machine()
@@ -74,8 +82,6 @@ def test_an_mfu_above_100_percent_is_refused_naming_the_device(workspace):
 
 
 def test_a_gpu_missing_from_the_peak_table_has_no_peak_and_says_which(monkeypatch):
-    from trainops.trainer.metrics import device_peak_tflops
-
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA Imaginary Z9")
     peak, source = device_peak_tflops(torch.device("cuda", 0), "bf16")
     assert peak is None and "NVIDIA Imaginary Z9" in source and "GPU_PEAK_TFLOPS_BF16" in source
@@ -83,12 +89,6 @@ def test_a_gpu_missing_from_the_peak_table_has_no_peak_and_says_which(monkeypatc
 
 def test_a_run_without_a_peak_is_refused_naming_the_device(factories, tmp_path):
     """What such a GPU's run leaves (no MFU, the peak label naming the GPU) makes no baseline."""
-    from trainops.run_folder import read_metrics
-    from trainops.skills.baseline import RepeatResult, summarize
-    from trainops.skills.request import JobRequest
-    from trainops.tools.base import ToolError
-    from trainops.tools.jobs.jobs import summarize_records
-
     run = factories.write_run(tmp_path / "run")
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     (run / "metrics.jsonl").write_text("".join(
@@ -105,17 +105,11 @@ def _trainer_env(factories):
 
 
 def _req(framework: str, overrides: list[str] | None = None):
-    from trainops.skills.request import JobRequest
-
     return JobRequest(framework=framework, overrides=overrides or [])
 
 
 def test_each_adapter_run_folder_gives_its_labels(tmp_path, factories):
     """What each framework adapter writes into its run folder is what its labels are read from."""
-    from trainops.skills.labels import job_labels
-    from trainops.tools.frameworks import get_adapter
-    from trainops.tools.frameworks.base import FrameworkJob
-
     env = factories.environment()
     ds = get_adapter("deepspeed").build_job(FrameworkJob(name="d", preset="tiny", nproc=2, overrides=[
         "deepspeed.bf16.enabled=true", "deepspeed.zero_optimization.stage=2"]))
@@ -140,11 +134,6 @@ def test_each_adapter_run_folder_gives_its_labels(tmp_path, factories):
 
 
 def test_a_run_of_another_framework_than_declared_is_refused(factories):
-    from trainops.skills.labels import job_labels
-    from trainops.tools.base import ToolError
-    from trainops.tools.frameworks import get_adapter
-    from trainops.tools.frameworks.base import FrameworkJob
-
     ds = get_adapter("deepspeed").build_job(FrameworkJob(name="d", preset="tiny", nproc=2))
     with pytest.raises(ToolError, match="declares framework 'trainops-trainer' but the run is a deepspeed job"):
         job_labels(ds.run_dir, _req("deepspeed"), 2, factories.environment())
@@ -153,8 +142,6 @@ def test_a_run_of_another_framework_than_declared_is_refused(factories):
 
 
 def test_a_folder_without_a_resolved_config_says_where_its_labels_came_from(tmp_path, factories):
-    from trainops.skills.labels import job_labels
-
     (tmp_path / "run").mkdir()
     labels = job_labels(str(tmp_path / "run"), _req("trainops", ["training.precision=bf16"]), 2,
                         _trainer_env(factories))

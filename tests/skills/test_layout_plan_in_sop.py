@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from trainops.skills import planning
 from trainops.skills.evidence.pack import assemble
@@ -14,6 +15,9 @@ from trainops.skills.evidence.render import to_markdown
 from trainops.skills.request import JobRequest
 from trainops.tools.base import ToolError
 from trainops.tools.calls import call
+from trainops.tools.langchain import as_langchain_tools
+from trainops.trainer import layout
+from trainops.trainer.config import load_config
 from trainops.workspace import runs_dir
 
 TP2 = ["parallel.tp=2", "training.global_batch=8", "training.micro_batch=1"]
@@ -26,8 +30,6 @@ def _gpu_env(factories, domain: int | None = 8, gbit: float | None = None):
 
 
 def test_tp_across_nodes_fails_on_the_declared_topology_whatever_this_host_has(monkeypatch):
-    import torch
-
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the planning host "has" 8 GPUs
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     out = call("plan_layout", {"preset": "tiny", "nproc": 2, "nodes": 2, "scale_up_domain": 8, "overrides": TP2})
@@ -37,8 +39,6 @@ def test_tp_across_nodes_fails_on_the_declared_topology_whatever_this_host_has(m
 
 
 def test_tp_inside_the_declared_domain_passes_on_a_host_without_gpus(monkeypatch):
-    import torch
-
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     out = call("plan_layout", {"preset": "tiny", "nproc": 8, "nodes": 2, "scale_up_domain": 4, "overrides": TP2})
     assert out.valid and out.topology.verdict.startswith("pass: tp=2 stays inside one scale-up domain of 4")
@@ -48,8 +48,6 @@ def test_tp_inside_the_declared_domain_passes_on_a_host_without_gpus(monkeypatch
 
 
 def test_the_trainer_no_longer_asks_the_host_for_its_device_count():
-    from trainops.trainer import layout
-
     assert not hasattr(layout, "detect_gpus_per_node")
     assert "device_count" not in Path(layout.__file__).read_text()
 
@@ -59,7 +57,6 @@ def test_the_moe_shape_gives_all_to_all_bytes_per_step_against_the_declared_band
                                "moe": {"experts": 8, "top_k": 2, "ep": 4}, "inter_node_gbit_s": 100})
     ep = out.topology.expert_parallel
     layout = out.plan["layout"]
-    from trainops.trainer.config import load_config
 
     args = load_config(None, "tiny", TP2).model_args()
     tokens = layout["micro_batch"] * layout["seq_len"]
@@ -115,8 +112,6 @@ def test_the_quick_sop_pack_carries_the_layout_plan_and_the_checkpoint_occupancy
 
 
 def test_the_agent_tool_input_takes_the_moe_shape():
-    from trainops.tools.langchain import as_langchain_tools
-
     (tool,) = as_langchain_tools(["plan_layout"])
     schema = tool.args_schema.model_json_schema()
     moe = schema["$defs"]["MoeShape"]["properties"]

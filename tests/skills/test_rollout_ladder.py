@@ -10,10 +10,21 @@ import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from trainops.cli import app
+from trainops.skills.ablation import ablate
+from trainops.skills.evidence import plots
+from trainops.skills.evidence.model import LadderStop
+from trainops.skills.evidence.pack import assemble
+from trainops.skills.evidence.render import to_markdown
 from trainops.skills.knobs import CATALOGUE
 from trainops.skills.request import JobRequest
 from trainops.skills.rollout import Rung, ladder, start_note, topology_hint, valid_rungs
+from trainops.tools.context import operator_session
+from trainops.tools.governance import queue
+from trainops.trainer.config import load_config
+from trainops.workspace import runs_dir
 
 # tiny model, 32-token sequences, 4 sequences per rank: a step takes tens of milliseconds on one core
 SHORT = ["training.seq_len=32", "training.global_batch=8", "training.steps=4", "data.kind=synthetic"]
@@ -22,8 +33,6 @@ SHORT = ["training.seq_len=32", "training.global_batch=8", "training.steps=4", "
 @pytest.fixture
 def operator(monkeypatch):
     """The operator's own session on one thread per rank, as `trainops ablate` runs it."""
-    from trainops.tools.base import operator_session
-
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     with operator_session():
         yield
@@ -46,10 +55,6 @@ def test_a_knob_that_needs_two_processes_starts_at_its_smallest_valid_rung_and_s
 
 
 def test_a_knob_with_no_valid_rung_is_refused_on_the_command_path():
-    from typer.testing import CliRunner
-
-    from trainops.cli import app
-
     result = CliRunner().invoke(app, ["ablate", "--knob", "tp=2", "--nproc", "1", "--json"])
     assert result.exit_code == 2, result.output
     assert "needs 2 processes" in json.loads(result.stdout)["error"]
@@ -71,8 +76,6 @@ def _run_folders(home: Path) -> list[Path]:
 def test_a_gain_that_holds_climbs_to_the_target(operator):
     """micro_batch 1 -> 4 at 4 sequences per rank: one accumulation pass instead of four, a gain at
     every rung; the ladder reaches the target and judges it by weak scaling."""
-    from trainops.skills.ablation import ablate
-
     req = JobRequest(overrides=[*SHORT, "training.micro_batch=1"], nproc=2, warmup_steps=1)
     rows, _ = ablate(req, ["micro_batch=4"], repeats=2)
     assert [(r.world_size, r.verdict, r.scale_kind) for r in rows] == [(1, "gain", "small"), (2, "gain", "target")]
@@ -86,10 +89,6 @@ def test_a_gain_that_vanishes_at_a_rung_stops_there_reverts_and_goes_to_a_human(
     processes on: there every step of the job waits 15 s for it (the slowest rank sets the job's step
     time), and micro_batch 1 -> 4's tens of milliseconds are gone inside the rung's noise band. The
     ladder stops at 2 processes, reruns the baseline value there, and queues R-ESC-2 for a human."""
-    from trainops.skills.ablation import ablate
-    from trainops.tools.governance import queue
-    from trainops.trainer.config import load_config
-
     four_per_rank_at_4 = [*SHORT, "training.steps=3", "training.seq_len=16", "training.global_batch=16",
                           "training.micro_batch=1"]
     req = JobRequest(overrides=[*four_per_rank_at_4, "faults.slow_rank=1", "faults.slow_ms=15000"], nproc=4,
@@ -135,12 +134,6 @@ def test_ablate_json_starts_a_two_process_knob_at_two_processes(workspace):
 
 
 def test_the_pack_shows_each_rung_the_stop_and_a_plot_of_gain_per_rung(factories, tmp_path):
-    from trainops.skills.evidence import plots
-    from trainops.skills.evidence.model import LadderStop
-    from trainops.skills.evidence.pack import assemble
-    from trainops.skills.evidence.render import to_markdown
-    from trainops.workspace import runs_dir
-
     small = factories.ablation(change=30.0, band=4.0).model_copy(update={"scale": "1 process", "world_size": 1})
     stop = LadderStop(rung="2 processes", reason="gain gone at 2 processes: +0.4% is inside its noise band of ±1.0%",
                       topology_hint="a straggler: rank 1 runs 2500 ms slower every step", reverted_to="text",

@@ -5,20 +5,26 @@ is not passed off as weak."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from trainops.cli import app
+from trainops.settings import read_toml
+from trainops.skills.ablation import judge_scale
+from trainops.skills.baseline import RepeatResult
+from trainops.skills.evidence.pack import assemble
+from trainops.skills.evidence.view import build
 from trainops.skills.knobs import CATALOGUE
+from trainops.tools.jobs.jobs import RunSummary
+from trainops.trainer.config import load_config
 
 runner = CliRunner()
 
 
 @pytest.mark.slow
 def test_the_weak_scaling_arm_grows_the_global_batch_with_the_world_size():
-    from trainops.settings import read_toml
-
     # micro_batch 1 -> 4 is a gain at every rung (one accumulation pass instead of four), so the ladder
     # climbs to the target rather than stopping at one process
     result = runner.invoke(app, ["ablate", "--knob", "micro_batch=4", "--repeats", "1", "--nproc", "2",
@@ -28,7 +34,6 @@ def test_the_weak_scaling_arm_grows_the_global_batch_with_the_world_size():
     assert (small["scale_kind"], target["scale_kind"]) == ("small", "target")
     assert (small["labels"]["world_size"], small["labels"]["global_batch"]) == (1, 4)
     assert (target["labels"]["world_size"], target["labels"]["global_batch"]) == (2, 8)
-    from pathlib import Path
 
     ran = read_toml(Path(small["source_run"]) / "config.toml")["training"]
     assert (ran["global_batch"], ran["micro_batch"]) == (4, 4)  # the same per-rank batch as at 2 processes
@@ -39,10 +44,6 @@ def test_the_weak_scaling_arm_grows_the_global_batch_with_the_world_size():
 
 
 def _runs(tmp_path, name: str, mfu: float, tokens_per_s: float, global_batch: int, world: int) -> list:
-    from trainops.skills.baseline import RepeatResult
-    from trainops.tools.jobs.jobs import RunSummary
-    from trainops.trainer.config import load_config
-
     run = tmp_path / name
     run.mkdir()
     (run / "config.toml").write_text(load_config(preset="tiny", overrides=[
@@ -54,8 +55,6 @@ def _runs(tmp_path, name: str, mfu: float, tokens_per_s: float, global_batch: in
 
 
 def test_a_fixed_global_batch_is_strong_scaling_and_not_called_weak(tmp_path, factories):
-    from trainops.skills.ablation import judge_scale
-
     small = factories.ablation(change=12.0, band=5.0, verdict="gain")
     target = factories.ablation(change=8.0, band=5.0, verdict="gain").model_copy(update={"scale_kind": "target"})
     fixed = {1: _runs(tmp_path, "small", 2.0, 1000.0, 8, 1), 2: _runs(tmp_path, "target", 1.8, 1800.0, 8, 2)}
@@ -64,8 +63,6 @@ def test_a_fixed_global_batch_is_strong_scaling_and_not_called_weak(tmp_path, fa
 
 
 def test_a_grown_global_batch_is_weak_scaling(tmp_path, factories):
-    from trainops.skills.ablation import judge_scale
-
     small = factories.ablation(change=12.0, band=5.0, verdict="gain")
     target = factories.ablation(change=8.0, band=5.0, verdict="gain").model_copy(update={"scale_kind": "target"})
     grown = {1: _runs(tmp_path, "small", 2.0, 1000.0, 4, 1), 2: _runs(tmp_path, "target", 1.8, 1800.0, 8, 2)}
@@ -75,12 +72,9 @@ def test_a_grown_global_batch_is_weak_scaling(tmp_path, factories):
 
 
 def test_the_report_names_the_scaling_basis(factories):
-    from trainops.skills.evidence.view import build
-
     row = factories.ablation().model_copy(update={"scale_kind": "target", "weak_scaling_efficiency_pct": 91.0,
                                              "scaling_basis": "weak scaling: global batch 4 at 1 process -> 8 at "
                                                               "2 processes (4 per data-parallel rank)"})
-    from trainops.skills.evidence.pack import assemble
 
     view = build(assemble("p", factories.environment(), factories.baseline(["r"]), [row], [factories.drill()], []))
     (table,) = [t for s in view.sections if s.key == "s3" for t in s.tables]

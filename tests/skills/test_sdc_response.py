@@ -10,9 +10,11 @@ import pytest
 
 from trainops.skills.drill import drill
 from trainops.skills.request import JobRequest
-from trainops.skills.sdc import CASE_FILE, SdcCase, run_check
-from trainops.tools.base import CallContext
+from trainops.skills.sdc import CASE_FILE, SdcCase, fleet_nodes, run_check
+from trainops.tools.context import CallContext
 from trainops.tools.governance import queue
+from trainops.tools.reliability.interruptions import read_interruptions
+from trainops.tools.schedulers.base import NodeInfo
 from trainops.trainer.faults import mark_host_defective
 
 pytestmark = pytest.mark.usefixtures("as_operator")
@@ -30,7 +32,6 @@ def test_the_known_answer_check_passes_on_a_sound_host_and_fails_on_the_one_a_bi
     marked = run_check("fleet", [host], [host], "local", ctx, 120)
     assert marked.failed_nodes == [host] and marked.results[0].gemm_wrong_elements == 1
     assert marked.results[0].emulated_defect and marked.state == "failed"
-    from trainops.tools.reliability.interruptions import read_interruptions
 
     record = next(r for r in read_interruptions(marked.job_id))  # the failed check is a hardware finding
     assert record.cause == "hardware" and "known-answer" in record.cause_reason and host in record.cause_reason
@@ -53,9 +54,6 @@ def test_a_bitflip_drill_tests_the_node_quarantines_and_hands_the_case_to_a_huma
 
 def test_the_fleet_check_covers_the_suspects_partition_not_a_shadow_partitions_node():
     """A shadow partition's node cannot run the job partition's check jobs: it is left out of the fleet."""
-    from trainops.skills.sdc import fleet_nodes
-    from trainops.tools.schedulers.base import NodeInfo
-
     nodes = [NodeInfo(name=f"n{k}", state="idle", partitions=["sandbox"]) for k in (1, 2, 3)]
     nodes += [NodeInfo(name="n4", state="idle", partitions=["shadow"]), NodeInfo(name="n5", state="down",
                                                                                   partitions=["sandbox"])]

@@ -1,11 +1,19 @@
 """Noise-band math and the knob catalogue: what counts as a gain, and which arms are refused."""
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import pytest
 
+from trainops.skills.ablation import judge_scale
+from trainops.skills.baseline import RepeatResult
 from trainops.skills.evidence.model import MetricSpread
+from trainops.skills.evidence.pack import decide
 from trainops.skills.knobs import CATALOGUE, KnobError, overrides_for, parse_arm, plan_order
 from trainops.skills.stats import compare, spread
+from trainops.tools.jobs.jobs import RunSummary
+from trainops.trainer.config import load_config
 
 
 def test_spread_is_range_over_median():
@@ -61,13 +69,6 @@ def test_plan_orders_communication_overlap_before_kernels_data_and_batch():
 
 def _runs(mfu: float, tokens_per_s: float, world: int) -> list:
     """One repeat at `world` ranks, its run folder's config at the weak-scaled global batch (4 per rank)."""
-    import tempfile
-    from pathlib import Path
-
-    from trainops.skills.baseline import RepeatResult
-    from trainops.tools.jobs.jobs import RunSummary
-    from trainops.trainer.config import load_config
-
     run = Path(tempfile.mkdtemp(prefix="judge-scale-"))
     (run / "config.toml").write_text(load_config(preset="tiny", overrides=[
         f"training.global_batch={4 * world}"]).to_toml())
@@ -78,8 +79,6 @@ def _runs(mfu: float, tokens_per_s: float, world: int) -> list:
 
 
 def test_small_scale_gain_that_turns_negative_at_target_scale_vanished(factories):
-    from trainops.skills.ablation import judge_scale
-
     small = factories.ablation(change=12.0, band=5.0, verdict="gain")
     target = factories.ablation(change=-8.0, band=5.0, verdict="regression").model_copy(update={"scale_kind": "target"})
     row = judge_scale(CATALOGUE["data_kind"], [small, target], {1: _runs(2.0, 1000.0, 1), 2: _runs(1.8, 1800.0, 2)})
@@ -87,9 +86,6 @@ def test_small_scale_gain_that_turns_negative_at_target_scale_vanished(factories
 
 
 def test_positive_target_change_within_noise_is_unconfirmed_not_vanished(factories):
-    from trainops.skills.ablation import judge_scale
-    from trainops.skills.evidence.pack import decide
-
     small = factories.ablation(change=12.0, band=5.0, verdict="gain")
     target = factories.ablation(change=4.0, band=30.0, verdict="within-noise").model_copy(
         update={"scale_kind": "target"})
@@ -100,8 +96,6 @@ def test_positive_target_change_within_noise_is_unconfirmed_not_vanished(factori
 
 
 def test_an_arm_that_was_no_gain_small_and_loses_at_target_is_stopped_not_vanished(factories):
-    from trainops.skills.ablation import judge_scale
-
     small = factories.ablation(change=2.0, band=30.0, verdict="within-noise")
     target = factories.ablation(change=-20.0, band=30.0, verdict="within-noise").model_copy(
         update={"scale_kind": "target"})

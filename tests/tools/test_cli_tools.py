@@ -1,13 +1,19 @@
 """`trainops tool ...`, `trainops env`, `trainops plan ...` through typer's CliRunner."""
 from __future__ import annotations
 
+import importlib
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import typer
 from typer.testing import CliRunner
 
-from trainops.cli import app
+from trainops.cli import COMMANDS, app, load_command
+from trainops.commands.tools import app as tools_app
+from trainops.tools.calls import call
 
 runner = CliRunner()
 
@@ -27,10 +33,6 @@ def test_tool_list_json_gives_name_risk_approval_and_description():
 
 def test_a_fresh_cli_lists_the_agents_own_tools_too():
     """In a new process (in this one an agent test may have registered them already)."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     done = subprocess.run([str(Path(sys.executable).parent / "trainops"), "tool", "list", "--json"],
                           capture_output=True, text=True, timeout=60)
     rows = {r["name"]: r for r in json.loads(done.stdout)}
@@ -102,8 +104,6 @@ def test_plan_ettr_defaults_to_the_llama3_profile_and_is_reproducible():
 
 
 def test_plan_ettr_options_left_out_take_the_tools_defaults():
-    from trainops.tools.calls import call
-
     result = invoke("plan", "ettr", "--json", "--seed", "3")
     assert json.loads(result.stdout) == call("plan_effective_training_time", {"seed": 3}).model_dump(mode="json")
 
@@ -186,26 +186,40 @@ def test_plan_layout_of_a_missing_config_file_says_so():
     assert result.exit_code == 2 and "does not exist" in json.loads(result.stdout)["error"]
 
 
-def test_loading_the_root_cli_imports_no_heavy_module():
-    """`trainops --help` starts fast: torch, LangGraph, LangChain and the pydantic models of the run
-    folder and the tools are imported inside the commands that need them."""
-    import subprocess
-    import sys
-
-    heavy = ("torch", "langgraph", "langchain_core", "matplotlib", "trainops.run_folder", "trainops.tools.registry")
-    code = f"import sys, trainops.cli; print(sorted(m for m in {heavy!r} if m in sys.modules))"
+def test_loading_the_root_cli_imports_no_heavy_module_and_no_command():
+    """`trainops --help` starts fast: torch, LangGraph, LangChain, the run folder's models, the tool
+    catalog and every command module load only when a command runs (the lazy group in cli.py)."""
+    heavy = ("torch", "langgraph", "langchain_core", "matplotlib", "trainops.run_folder", "trainops.tools.catalog")
+    code = ("import sys, trainops.cli; print(sorted(m for m in sys.modules "
+            f"if m in {heavy!r} or m.startswith('trainops.commands.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
 
-def test_loading_the_cli_does_not_import_torch_or_langchain():
-    import subprocess
-    import sys
-
-    code = ("import sys, trainops.commands.tools; print(sorted(m for m in ('torch', 'langchain_core', "
-            "'trainops.tools.environment.env') if m in sys.modules))")
+def test_loading_any_command_module_does_not_import_torch_langchain_or_matplotlib():
+    """Each command imports its own area at the top; the heavy libraries stay inside the commands."""
+    areas = sorted({entry.area for entry in COMMANDS})
+    code = (f"import importlib, sys; [importlib.import_module('trainops.commands.' + a) for a in {areas!r}]; "
+            "print(sorted(m for m in ('torch', 'langgraph', 'langchain_core', 'matplotlib') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_command_table_lists_each_command_with_its_own_help():
+    """`trainops --help` shows COMMANDS' summaries without loading a command: each must be the first
+    paragraph of that command's own help, and every command of every area is listed once."""
+    for entry in COMMANDS:
+        command = load_command(entry)
+        assert " ".join((command.help or "").split("\n\n")[0].split()) == entry.summary, entry.name
+    listed = {(entry.area, entry.name) for entry in COMMANDS if not entry.group}
+    for area in {entry.area for entry in COMMANDS if not entry.group}:
+        group = typer.main.get_group(importlib.import_module(f"trainops.commands.{area}").app)
+        assert {(area, name) for name in group.commands} <= listed, area
+
+
+def test_an_unknown_command_is_refused_with_the_nearest_name():
+    result = invoke("rulez")
+    assert result.exit_code == 2 and "Did you mean 'rules'?" in result.output
 
 
 QUOTA = '{"tenant": "lab", "gpus": 8, "priority": "high", "reason": "launch week"}'
@@ -224,13 +238,10 @@ def test_tool_call_passes_the_approval_token_to_the_gate():
 
 def test_each_command_group_is_a_module_level_app_that_runs_alone():
     """Issue 15: a command group can be imported and invoked without the root CLI's wiring."""
-    import importlib
-
     for area in ("train", "tools", "sop", "governance", "agent", "bench", "sandbox"):
         module = importlib.import_module(f"trainops.commands.{area}")
         assert isinstance(module.app, typer.Typer), area
         assert not hasattr(module, "register"), f"trainops.commands.{area} still wires itself through register()"
-    from trainops.commands.tools import app as tools_app
 
     result = CliRunner().invoke(tools_app, ["plan", "checkpoint", "--save-s", "60", "--restart-s", "300",
                                             "--mtbf-h", "10", "--json"])

@@ -3,13 +3,20 @@ gated and recorded, and the same tools as LangChain structured tools."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+from langchain_core.tools import StructuredTool
 from pydantic import BaseModel
 
-from trainops.tools.base import CallContext, ToolError, tool
+from trainops.agents.agent_tools import agent_registry
+from trainops.tools.base import ToolError, tool
 from trainops.tools.calls import call
-from trainops.tools.registry import build_registry, tool_registry
+from trainops.tools.catalog import build_registry, tool_registry
+from trainops.tools.context import CallContext
+from trainops.tools.langchain import as_langchain_tools
 
 
 def registry():
@@ -82,10 +89,6 @@ def test_the_gate_records_a_failed_call_as_not_ok(workspace):
 
 
 def test_every_tool_becomes_a_structured_tool_with_its_input_as_args_schema():
-    from langchain_core.tools import StructuredTool
-
-    from trainops.tools.langchain import as_langchain_tools
-
     lc_tools = as_langchain_tools()
     assert [t.name for t in lc_tools] == sorted(registry())
     for lc in lc_tools:
@@ -94,8 +97,6 @@ def test_every_tool_becomes_a_structured_tool_with_its_input_as_args_schema():
 
 
 def test_a_structured_tool_call_passes_the_gate_as_the_agent(workspace):
-    from trainops.tools.langchain import as_langchain_tools
-
     (plan,) = as_langchain_tools(["plan_checkpoint_interval"])
     out = plan.invoke(DALY_24H)
     assert out["daly_interval_min"] == pytest.approx(116.7, abs=0.1)
@@ -104,8 +105,6 @@ def test_a_structured_tool_call_passes_the_gate_as_the_agent(workspace):
 
 
 def test_the_context_factory_supplies_the_caller(workspace):
-    from trainops.tools.langchain import as_langchain_tools
-
     (plan,) = as_langchain_tools(["plan_checkpoint_interval"],
                                  ctx_factory=lambda: CallContext(actor="agent", thread_id="t1"))
     plan.invoke(DALY_24H)
@@ -113,31 +112,23 @@ def test_the_context_factory_supplies_the_caller(workspace):
 
 
 def test_invalid_agent_input_comes_back_as_a_message_naming_the_field():
-    from trainops.tools.langchain import as_langchain_tools
-
     (plan,) = as_langchain_tools(["plan_checkpoint_interval"])
     answer = plan.invoke(DALY_24H | {"save_s": -1})
     assert isinstance(answer, str) and "save_s" in answer and "-1" in answer
 
 
 def test_a_tool_error_comes_back_to_the_agent_as_text():
-    from trainops.tools.langchain import as_langchain_tools
-
     (lister,) = as_langchain_tools(["list_checkpoints"])
     answer = lister.invoke({"run": "ghost"})
     assert isinstance(answer, str) and "run 'ghost' not found" in answer
 
 
 def test_asking_for_an_unknown_tool_is_an_error():
-    from trainops.tools.langchain import as_langchain_tools
-
     with pytest.raises(ToolError, match="unknown tool"):
         as_langchain_tools(["nope"])
 
 
 def test_structured_tools_that_change_the_world_say_they_need_a_human():
-    from trainops.tools.langchain import as_langchain_tools
-
     labels = {t.name: t.description.split("]")[0] for t in as_langchain_tools()}
     assert labels["cancel_job"] == "[risk: mutate, needs human approval"
     assert labels["plan_layout"] == "[risk: read"
@@ -148,27 +139,17 @@ def test_structured_tools_that_change_the_world_say_they_need_a_human():
 
 def test_the_registry_is_the_same_whatever_was_imported_before():
     before = set(tool_registry())
-    import trainops.agents.agent_tools  # noqa: F401  (once, this import registered two tools as a side effect)
-    import trainops.agents.graph  # noqa: F401
 
     assert set(build_registry()) == set(tool_registry()) == before
     assert not {"run_sop", "list_pending_approvals"} & before
 
 
 def test_the_agent_registry_is_every_tool_plus_the_agents_own():
-    from trainops.agents.agent_tools import agent_registry
-
     assert set(agent_registry()) == set(tool_registry()) | {"run_sop", "respond_to_sdc", "sdc_case",
                                                                   "list_pending_approvals", "load_skill"}
 
 
 def test_a_fresh_process_lists_the_same_tools_as_the_agent_registry():
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from trainops.agents.agent_tools import agent_registry
-
     done = subprocess.run([str(Path(sys.executable).parent / "trainops"), "tool", "list", "--json"],
                           capture_output=True, text=True, timeout=60)
     assert [r["name"] for r in json.loads(done.stdout)] == list(agent_registry())

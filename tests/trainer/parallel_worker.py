@@ -18,6 +18,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch.distributed as dist
+
+from trainops.trainer.checkpoint import AppState, Checkpointer
+from trainops.trainer.config import load_config
+from trainops.trainer.layout import validate_layout
+from trainops.trainer.model import Transformer
+from trainops.trainer.parallel import build_pipeline, merged_view
+from trainops.trainer.parallelize import build_mesh, parallelize
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
@@ -46,8 +55,6 @@ CASES: dict[str, list[str]] = {
 
 
 def config(case: str):
-    from trainops.trainer.config import load_config
-
     return load_config(None, "tiny", BASE + CASES.get(case, []))
 
 
@@ -65,8 +72,6 @@ def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def new_model(cfg):
-    from trainops.trainer.model import Transformer
-
     model = Transformer(cfg.model_args())
     model.init_weights(seed=cfg.training.seed)
     return model
@@ -94,27 +99,18 @@ def reference_run(steps: int) -> tuple[torch.nn.Module, list[float]]:
 
 def run_case(case: str, save: tuple[str, int] | None, load: str | None) -> list[float | None]:
     """Train `case` on the current process group; losses per step (None for steps skipped by a load)."""
-    import torch.distributed as dist
-
-    from trainops.trainer.checkpoint import AppState, Checkpointer
-    from trainops.trainer.layout import validate_layout
-    from trainops.trainer.parallel import build_pipeline
-    from trainops.trainer.parallelize import build_mesh, parallelize
-
     cfg = config(case)
     layout = validate_layout(cfg, dist.get_world_size())
     info = build_mesh(layout, "cpu")
     mesh_coords: list[dict[str, int]] = [{} for _ in range(dist.get_world_size())]
     dist.all_gather_object(mesh_coords, {name: info.mesh.get_local_rank(name) for name in info.mesh.mesh_dim_names})
     MESH_COORDS[case] = mesh_coords
-    from trainops.trainer.model import Transformer
 
     with torch.device("meta"):  # as the trainer does: values arrive once split and sharded
         model = Transformer(cfg.model_args())
     if layout.pp > 1:
         pipe = build_pipeline(model, layout, info.mesh["pp"], lambda part: parallelize(part, cfg, info),
                               loss_fn, torch.device("cpu"))
-        from trainops.trainer.parallel import merged_view
 
         trained, params = merged_view(pipe.model_parts), list(pipe.parameters())
     else:
@@ -168,8 +164,6 @@ def launch(folder: Path, nproc: int, specs: list[str]) -> dict[str, list[float |
 
 
 def main() -> None:
-    import torch.distributed as dist
-
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True, warn_only=True)
     dist.init_process_group("gloo")

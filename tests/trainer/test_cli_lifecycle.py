@@ -10,12 +10,23 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
+from transformers import LlamaConfig, LlamaForCausalLM
 from typer.testing import CliRunner
 
 from tests.conftest import wait_for
 from trainops.cli import app
+from trainops.run_folder import read_metrics
+from trainops.tools.calls import call
+from trainops.tools.context import CallContext
+from trainops.tools.jobs.trainer_job import trainer_job
+from trainops.trainer.checkpoint_files import list_checkpoints
+from trainops.trainer.config import load_config
+from trainops.trainer.data import DataLoader
+from trainops.trainer.hf import import_hf
+from trainops.trainer.launch import prepare_run
 
 runner = CliRunner()
 SHORT = ["--set", "data.kind=synthetic", "--set", "training.seq_len=32", "--set", "training.global_batch=8",
@@ -29,8 +40,6 @@ def _cli(*args: str):
 def _hf_folder(path: Path, tied: bool = True) -> Path:
     """A tiny Llama saved by transformers itself (vocab 256 so the byte data fits), by default with
     tied embeddings like Llama 3.2 1B/3B (the case whose tie must survive materializing under FSDP2)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     config = LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                          intermediate_size=128, vocab_size=256, max_position_embeddings=64, tie_word_embeddings=tied,
                          rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
@@ -40,14 +49,10 @@ def _hf_folder(path: Path, tied: bool = True) -> Path:
 
 
 def _rank0_records(run_dir: str | Path) -> list:
-    from trainops.run_folder import read_metrics  # skips a line cut off by a kill
-
     return [r for r in read_metrics(run_dir) if r.rank == 0]
 
 
 def test_resume_refuses_an_override_that_would_change_the_model_by_name(workspace):
-    from trainops.trainer.launch import prepare_run
-
     prepare_run(None, "tiny", ["checkpoint.enable=true"], run_id="kept")
     result = _cli("train", "--resume", "kept", "--set", "model.n_layers=8", "--json")
     assert result.exit_code == 2
@@ -55,8 +60,6 @@ def test_resume_refuses_an_override_that_would_change_the_model_by_name(workspac
 
 
 def test_resume_of_a_run_without_a_verified_checkpoint_says_so(workspace):
-    from trainops.trainer.launch import prepare_run
-
     prepare_run(None, "tiny", ["checkpoint.enable=true"], run_id="empty")
     result = _cli("train", "--resume", "empty", "--json")
     assert result.exit_code == 2 and "run empty has no verified checkpoint" in result.output
@@ -89,8 +92,6 @@ def test_init_from_dry_run_plans_the_checkpoints_shape(workspace):
 
 
 def test_export_of_a_missing_step_says_which_and_what_to_do(workspace):
-    from trainops.trainer.launch import prepare_run
-
     prepare_run(None, "tiny", ["checkpoint.enable=true"], run_id="noexport")
     result = _cli("export", "noexport", "--step", "3", "--to", str(workspace / "hf"), "--json")
     assert result.exit_code == 2 and "step-00000003 does not exist" in result.output
@@ -98,9 +99,6 @@ def test_export_of_a_missing_step_says_which_and_what_to_do(workspace):
 
 def _first_step_loss(folder: Path, cfg) -> float:
     """The HF model's mean loss over the first step's micro-batches (all data-parallel ranks')."""
-    from trainops.trainer.data import DataLoader
-    from trainops.trainer.hf import import_hf
-
     training = cfg.training
     loader = DataLoader(cfg.data, vocab_size=256, seq_len=training.seq_len, seed=training.seed,
                         global_batch=training.global_batch, micro_batch=training.micro_batch)
@@ -115,8 +113,6 @@ def _first_step_loss(folder: Path, cfg) -> float:
 @pytest.mark.parametrize("layout", [["parallel.pp=2", "parallel.pp_schedule=GPipe"], ["parallel.tp=2"]],
                          ids=["pp2", "tp2"])
 def test_init_from_loads_each_ranks_part_under_pipeline_and_tensor_parallel(workspace, layout):
-    from trainops.trainer.config import load_config
-
     folder = _hf_folder(workspace / "hf", tied=False)  # a tied model cannot be pipelined
     sets = [arg for override in layout for arg in ("--set", override)]
     result = _cli("train", "--init-from", str(folder), "--nproc", "2", "--set", "training.steps=1", *SHORT, *sets,
@@ -141,11 +137,6 @@ def test_a_launch_passes_the_gate_and_lands_in_the_audit_log_as_the_operator(wor
 
 @pytest.mark.slow
 def test_init_from_starts_a_two_process_fsdp_run_from_the_hf_weights_and_export_hands_it_back(tmp_path, workspace):
-    from transformers import LlamaForCausalLM
-
-    from trainops.trainer.config import load_config
-    from trainops.trainer.hf import import_hf
-
     folder = _hf_folder(workspace / "hf")  # weights are read from the workspace or a [governance] data root
     result = _cli("train", "--init-from", str(folder), "--nproc", "2", "--run-id", "from-hf",
                   "--set", "training.steps=2", "--set", "checkpoint.enable=true", "--set", "checkpoint.interval=1",
@@ -171,10 +162,6 @@ def test_init_from_starts_a_two_process_fsdp_run_from_the_hf_weights_and_export_
 
 @pytest.mark.slow
 def test_a_run_killed_with_kill_9_resumes_from_its_newest_checkpoint(workspace):
-    import psutil
-
-    from trainops.trainer.checkpoint_files import list_checkpoints
-
     run_dir = workspace / "runs" / "victim"
     args = ["train", "--preset", "tiny", "--nproc", "2", "--run-id", "victim", "--set", "training.steps=10",
             "--set", "checkpoint.enable=true", "--set", "checkpoint.interval=2",
@@ -205,11 +192,6 @@ def test_a_run_killed_with_kill_9_resumes_from_its_newest_checkpoint(workspace):
 
 @pytest.mark.slow
 def test_resume_refuses_a_run_a_live_job_still_trains_in(workspace):
-    from trainops.tools.base import CallContext
-    from trainops.tools.calls import call
-    from trainops.tools.jobs.trainer_job import trainer_job
-    from trainops.trainer.launch import prepare_run
-
     run_dir = prepare_run(None, "tiny", ["checkpoint.enable=true", "training.steps=1000", "faults.hang_step=1"],
                           run_id="busy")
     ctx = CallContext(actor="operator")

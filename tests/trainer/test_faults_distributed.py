@@ -16,8 +16,8 @@ import psutil
 import pytest
 
 from trainops.run_folder import read_metrics
-from trainops.tools.base import CallContext
 from trainops.tools.calls import call
+from trainops.tools.context import CallContext
 from trainops.tools.jobs.follow import launch_run, run_local
 from trainops.tools.schedulers.processes import job_of_run, stop_processes
 from trainops.trainer.config import load_config

@@ -11,16 +11,19 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
+from transformers import LlamaConfig, LlamaForCausalLM
 
-from trainops.trainer.hf import HFFormatError, args_from_hf_config, export_hf, hf_config, import_hf
-from trainops.trainer.model import PRESETS, Transformer
+from trainops.trainer.checkpoint import AppState, Checkpointer
+from trainops.trainer.config import load_config
+from trainops.trainer.hf import HFFormatError, args_from_hf_config, checkpoint_to_hf, export_hf, hf_config, import_hf
+from trainops.trainer.model import Transformer
+from trainops.trainer.model_args import PRESETS
 
 ATOL = 1e-4
 
 
 def _hf_model(args):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     config = LlamaConfig(**{k: v for k,
                             v in hf_config(args).items() if k not in ("architectures", "model_type", "torch_dtype")},
                          attn_implementation="eager")
@@ -39,8 +42,6 @@ TOKENS = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(
 
 @pytest.mark.parametrize("tie", [False, True])
 def test_exported_weights_give_hf_the_same_logits(tmp_path, tie):
-    from transformers import LlamaForCausalLM
-
     args = PRESETS["tiny"].__class__(**{**PRESETS["tiny"].__dict__, "tie_embeddings": tie})
     ours = _ours(args)
     export_hf(ours, tmp_path / "hf")
@@ -100,8 +101,6 @@ def test_folder_without_config_is_rejected(tmp_path):
 
 
 def test_missing_tensor_is_named(tmp_path):
-    from safetensors.torch import load_file, save_file
-
     folder = export_hf(_ours(PRESETS["tiny"]), tmp_path / "hf")
     tensors = load_file(str(folder / "model.safetensors"))
     del tensors["model.layers.3.mlp.up_proj.weight"]
@@ -112,12 +111,6 @@ def test_missing_tensor_is_named(tmp_path):
 
 
 def test_a_training_checkpoint_exports_to_hf_with_the_same_logits(tmp_path):
-    from transformers import LlamaForCausalLM
-
-    from trainops.trainer.checkpoint import AppState, Checkpointer
-    from trainops.trainer.config import load_config
-    from trainops.trainer.hf import checkpoint_to_hf
-
     cfg = load_config(None, "tiny", ["checkpoint.enable=true"])
     ours = _ours(cfg.model_args(), seed=5)
     optimizer = torch.optim.SGD(ours.parameters(), lr=0.1)

@@ -10,9 +10,12 @@ import json
 
 import pytest
 import torch
+from safetensors import safe_open
+from transformers import LlamaConfig, LlamaForCausalLM
 
-from trainops.trainer.hf import INDEX_FILE, WEIGHTS_FILE, args_from_hf_config, export_hf, import_hf
-from trainops.trainer.model import PRESETS, Llama3RopeScaling, ModelArgs, Transformer
+from trainops.trainer.hf import INDEX_FILE, WEIGHTS_FILE, HFFormatError, args_from_hf_config, export_hf, import_hf
+from trainops.trainer.model import Transformer
+from trainops.trainer.model_args import PRESETS, Llama3RopeScaling, ModelArgs
 
 ATOL = 1e-4
 LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -30,8 +33,6 @@ SEQ = 96  # past the scaled checkpoints' original 32 positions
 
 
 def _config(shape: dict, scaling: dict | None = None):
-    from transformers import LlamaConfig
-
     rope = {"rope_type": "default", "rope_theta": shape["theta"]} | (scaling or {})
     return LlamaConfig(hidden_size=16 * shape["heads"], num_hidden_layers=2, num_attention_heads=shape["heads"],
                        num_key_value_heads=shape["kv"], intermediate_size=96, vocab_size=256,
@@ -40,8 +41,6 @@ def _config(shape: dict, scaling: dict | None = None):
 
 
 def _their_model(config, seed: int = 0):
-    from transformers import LlamaForCausalLM
-
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).eval()
     with torch.no_grad():  # HF's init leaves norms at 1; move them so a mis-mapped norm shows
@@ -90,8 +89,6 @@ def test_a_checkpoint_saved_by_transformers_imports_with_its_logits(tmp_path, sh
 
 @pytest.mark.parametrize("shape", SHAPES, ids=_shape_id)
 def test_an_exported_model_loads_in_transformers_with_our_logits(tmp_path, shape):
-    from transformers import LlamaForCausalLM
-
     args = ModelArgs(dim=16 * shape["heads"], n_layers=2, n_heads=shape["heads"], n_kv_heads=shape["kv"],
                      vocab_size=256, ffn_hidden_dim=96, norm_eps=shape["eps"], rope_theta=shape["theta"],
                      max_seq_len=128, tie_embeddings=shape["tie"])
@@ -114,8 +111,6 @@ def test_llama3_rope_scaling_imports_with_its_logits(tmp_path, generation):
 
 
 def test_llama3_rope_scaling_exports_with_its_logits(tmp_path):
-    from transformers import LlamaForCausalLM
-
     args = args_from_hf_config(_config(SHAPES[0], LLAMA3_SCALING).to_dict())
     ours = Transformer(args)
     ours.init_weights(seed=4)
@@ -166,8 +161,6 @@ def test_a_checkpoint_sharded_by_transformers_imports_through_its_index(tmp_path
 
 
 def test_export_writes_shards_of_the_asked_size_with_an_index_transformers_loads(tmp_path):
-    from transformers import LlamaForCausalLM
-
     ours = Transformer(PRESETS["tiny"])
     ours.init_weights(seed=5)
     folder = export_hf(ours, tmp_path / "hf", max_shard_bytes=1_000_000)
@@ -176,7 +169,6 @@ def test_export_writes_shards_of_the_asked_size_with_an_index_transformers_loads
     assert len(shards) >= 4 and not (folder / WEIGHTS_FILE).exists()
     assert set(index["weight_map"].values()) == {shard.name for shard in shards}
     # a shard exceeds the limit only when it holds one tensor bigger than the limit
-    from safetensors import safe_open
 
     for shard in shards:
         with safe_open(str(shard), "pt") as handle:
@@ -191,8 +183,6 @@ def test_export_writes_shards_of_the_asked_size_with_an_index_transformers_loads
 
 
 def test_an_index_naming_a_missing_shard_says_which(tmp_path):
-    from trainops.trainer.hf import HFFormatError
-
     ours = Transformer(PRESETS["tiny"])
     ours.init_weights(seed=5)
     folder = export_hf(ours, tmp_path / "hf", max_shard_bytes=1_000_000)

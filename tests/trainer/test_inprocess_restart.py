@@ -17,10 +17,10 @@ import psutil
 import pytest
 
 from trainops.run_folder import RECOVERY_PHASES, read_faults, read_heartbeat, read_metrics, read_recoveries
-from trainops.tools.base import CallContext
+from trainops.tools.context import CallContext
 from trainops.tools.jobs.follow import run_local
 from trainops.trainer.config import load_config
-from trainops.trainer.launch import prepare_run, torchrun_argv, trainer_program
+from trainops.trainer.launch import local_gpus, prepare_run, torchrun_argv, trainer_program
 
 BASE = ["model.n_layers=2", "training.seq_len=32", "training.global_batch=8", "training.micro_batch=2",
         "training.steps=6", "checkpoint.enable=true", "checkpoint.interval=2"]
@@ -91,8 +91,6 @@ def test_in_process_restart_is_on_by_default_where_a_spare_costs_the_ranks_nothi
 def test_the_default_launch_takes_the_supervisor_exactly_where_the_host_has_a_gpu_per_rank(tmp_path, monkeypatch):
     """The same decision through the command line a local job gets, with the host's GPUs as the launch sees
     them (CUDA_VISIBLE_DEVICES narrows the device nodes; this host may have none)."""
-    from trainops.trainer.launch import local_gpus
-
     run = prepare_run(load_config(None, "tiny"), run_id="auto")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
     assert local_gpus() == 0 and "torch.distributed.run" in torchrun_argv(sys.executable, 2, trainer_program(run))

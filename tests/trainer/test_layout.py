@@ -5,6 +5,7 @@ import pytest
 
 from trainops.trainer.config import load_config
 from trainops.trainer.layout import LayoutError, plan_dry_run, validate_layout
+from trainops.trainer.model import Transformer
 
 
 def cfg(*overrides: str, preset: str = "tiny"):
@@ -163,8 +164,6 @@ def test_dry_run_memory_shrinks_with_fsdp_sharding():
 
 
 def test_dry_run_parameter_count_matches_the_model_on_one_rank():
-    from trainops.trainer.model import Transformer
-
     config = cfg("training.global_batch=4")
     model = Transformer(config.model_args())
     assert plan_dry_run(config, 1).ranks[0].params == sum(p.numel() for p in model.parameters())

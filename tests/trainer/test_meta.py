@@ -14,7 +14,8 @@ import torch
 
 from trainops.trainer.config import load_config
 from trainops.trainer.layout import plan_dry_run, validate_layout
-from trainops.trainer.model import PRESETS, Transformer, initial_weight
+from trainops.trainer.model import Transformer, initial_weight
+from trainops.trainer.model_args import PRESETS
 from trainops.trainer.parallel import split_model
 from trainops.trainer.weights import is_meta, local_slice, materialize
 

@@ -12,7 +12,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from trainops.trainer.config import MetricsConfig
 from trainops.trainer.metrics import RECORD_FIELDS, MetricsLogger, device_peak_tflops, flops_per_token
-from trainops.trainer.model import Transformer, preset
+from trainops.trainer.model import Transformer
+from trainops.trainer.model_args import preset
 
 
 @pytest.mark.parametrize("tie_embeddings", [False, True])

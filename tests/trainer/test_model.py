@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from trainops.trainer.model import PRESETS, Transformer, count_parameters, preset
+from trainops.trainer.model import Transformer
+from trainops.trainer.model_args import PRESETS, count_parameters, preset
 
 
 def _tiny(**overrides) -> Transformer:

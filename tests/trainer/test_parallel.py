@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from trainops.trainer.layout import plan_dry_run
+
 sys.path.insert(0, str(Path(__file__).parent))
 import parallel_worker  # noqa: E402
 
@@ -58,7 +60,5 @@ def test_four_process_layout_matches_one_process(four_process, expected, case):
 @pytest.mark.slow
 @pytest.mark.parametrize("case", FOUR_PROCESS)
 def test_dry_run_coordinates_are_the_real_mesh_coordinates(four_process, case):
-    from trainops.trainer.layout import plan_dry_run
-
     planned = [rank.coords for rank in plan_dry_run(parallel_worker.config(case), 4).ranks]
     assert planned == four_process["mesh_coords"][case]

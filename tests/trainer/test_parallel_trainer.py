@@ -5,10 +5,13 @@ pp rank that clipped by its own stage's norm alone would miss it."""
 from __future__ import annotations
 
 import pytest
+import torch
 
-from trainops.tools.base import CallContext
+from trainops.run_folder import read_metrics
+from trainops.tools.context import CallContext
 from trainops.tools.jobs.follow import run_local
 from trainops.trainer.config import load_config
+from trainops.trainer.parallelize import fsdp_units
 
 BASE = ["data.kind=synthetic", "training.steps=3", "training.seq_len=32", "training.global_batch=8",
         "training.micro_batch=2", "training.max_grad_norm=0.5"]
@@ -47,8 +50,6 @@ def test_data_parallel_reaches_the_one_process_loss_and_grad_norm(workspace, npr
     """The grad norm from FSDP2's local shards (summed over the shard dim only, under HSDP), the
     fused AdamW and the shared-memory collectives keep the one-process math. The norm is compared
     itself: AdamW all but undoes a wrong clipping scale, so the loss alone would not show one."""
-    from trainops.run_folder import read_metrics
-
     def curve(nproc: int, *overrides: str) -> list[float]:
         result = run_local(load_config(None, "tiny", BASE + list(overrides)), nproc, ctx=OPERATOR,
                            timeout_s=300)
@@ -64,8 +65,6 @@ def test_data_parallel_reaches_the_one_process_loss_and_grad_norm(workspace, npr
 def test_fsdp_units_change_the_collectives_not_the_math(workspace):
     """One FSDP2 unit per block (GPU default) and the whole model as one unit (CPU default) reduce
     the same gradients: every step's loss and grad norm agree to the last bit."""
-    from trainops.run_folder import read_metrics
-
     def curve(unit_params: str) -> list[tuple[float, float]]:
         cfg = load_config(None, "tiny", [*BASE, "training.steps=4", f"parallel.fsdp_unit_params={unit_params}"])
         result = run_local(cfg, 2, ctx=OPERATOR, timeout_s=300)
@@ -77,10 +76,6 @@ def test_fsdp_units_change_the_collectives_not_the_math(workspace):
 
 
 def test_blocks_are_grouped_into_units_of_at_least_the_asked_size():
-    import torch
-
-    from trainops.trainer.parallelize import fsdp_units
-
     blocks = [torch.nn.Linear(10, 10, bias=False) for _ in range(5)]  # 100 parameters each
     assert [len(u) for u in fsdp_units(blocks, 0)] == [1, 1, 1, 1, 1]
     assert [len(u) for u in fsdp_units(blocks, 200)] == [2, 2]  # the fifth block stays with the root

@@ -1,12 +1,17 @@
 """parallelize: activation checkpointing recomputes exactly; the order leaves the model trainable."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from trainops.trainer.config import AUTO_COMPILE_MIN_STEPS, load_config
-from trainops.trainer.model import Transformer, preset
+from trainops.trainer.model import Transformer
+from trainops.trainer.model_args import preset
 from trainops.trainer.parallelize import apply_activation_checkpointing, compile_blocks
 
 
@@ -62,10 +67,6 @@ def test_compile_auto_compiles_long_runs_where_inductor_can_build_kernels(monkey
 def test_the_compile_probe_builds_a_real_kernel(tmp_path, cxx, works):
     """In a fresh process with an empty inductor cache: a compiler that fails is found before a
     long run depends on it."""
-    import os
-    import subprocess
-    import sys
-
     probe = "from trainops.trainer.parallelize import compile_problem; print(repr(compile_problem('cpu')))"
     env = {**os.environ, "CXX": cxx, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300)

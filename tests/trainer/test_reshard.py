@@ -7,6 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from transformers import LlamaForCausalLM
+
+from trainops.trainer.hf import checkpoint_to_hf
 
 sys.path.insert(0, str(Path(__file__).parent))
 import parallel_worker  # noqa: E402
@@ -53,11 +57,6 @@ def test_saving_does_not_disturb_the_saving_run(resumed, expected):
 def test_a_sharded_checkpoint_exports_to_hf_as_the_one_process_model(resumed, saved):
     """DCP reassembles FSDP2/TP/PP shards into full HF tensors; HF's model then gives the
     logits of the one-process model after the same 2 steps (atol 1e-4, as in test_hf.py)."""
-    import torch
-    from transformers import LlamaForCausalLM
-
-    from trainops.trainer.hf import checkpoint_to_hf
-
     reference, _ = parallel_worker.reference_run(2)
     checkpoint = resumed["root"] / saved / "checkpoints" / "step-00000002"
     folder = checkpoint_to_hf(checkpoint, reference.args, resumed["root"] / f"hf-{saved}")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from trainops.run_folder import read_metrics
-from trainops.tools.base import CallContext
+from trainops.tools.context import CallContext
 from trainops.tools.jobs.follow import launch_run, run_local
 from trainops.trainer.config import load_config
 from trainops.trainer.launch import RunResult, torchrun_argv, trainer_program

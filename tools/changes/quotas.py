@@ -18,7 +18,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from trainops.tools.base import ToolError, tool
+from trainops.tools.changes.records import record_change
 from trainops.tools.changes.tenancy import TenantId, _check_tenant_id
+from trainops.tools.schedulers.slurm import cluster_name
 
 TOOL = "set_tenant_quota"
 QOS_PRIORITY = {"low": 10, "normal": 100, "high": 1000}
@@ -88,8 +90,6 @@ def _rows(args: list[str]) -> list[list[str]]:
 
 
 def cluster() -> str:
-    from trainops.tools.schedulers.slurm import cluster_name
-
     return cluster_name()
 
 
@@ -187,8 +187,6 @@ def set_tenant_quota(inp: QuotaInput) -> QuotaOutput:
     the priority class, so Slurm holds the tenant's jobs beyond them. Records the change with the
     commands that undo it (`trainops rollback CHANGE`). Needs a human approval token for this exact
     change; without one the call is queued as a pending approval."""
-    from trainops.tools.changes.records import record_change
-
     before = current_state(inp.tenant)
     _apply(inp, before)
     after = current_state(inp.tenant)

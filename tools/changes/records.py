@@ -22,6 +22,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from trainops.tools.base import InputCheck, ToolError, tool
+from trainops.tools.context import active_call
+from trainops.workspace import home
 
 ChangeKind = Literal["partition_policy", "tenant_quota"]
 KIND_MODULES = {"partition_policy": "trainops.tools.changes.scheduler_policy",
@@ -52,8 +54,6 @@ def new_change_id() -> str:
 
 
 def _changes_dir() -> Path:
-    from trainops.workspace import home
-
     return home() / "changes"
 
 
@@ -67,8 +67,6 @@ def _change_path(change_id: str) -> Path:
 def record_change(kind: ChangeKind, target: str, previous: dict[str, Any], applied: dict[str, Any],
                   rollback_commands: list[list[str]], evidence: dict[str, Any]) -> ChangeRecord:
     """Save a change that just landed, with the human-approved call it ran under (the audit trail's link)."""
-    from trainops.tools.base import active_call
-
     running = active_call()
     record = ChangeRecord(id=new_change_id(), kind=kind, target=target, previous=previous, applied=applied,
                           rollback_commands=rollback_commands, evidence=evidence,

@@ -24,8 +24,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, StrictInt, StrictStr, field_validator
 
+from trainops.settings import table
 from trainops.tools.base import InputCheck, ToolError, tool
+from trainops.tools.changes.records import record_change, state_differences
 from trainops.tools.governance.claims import SchedulerChange
+from trainops.tools.jobs.trainer_job import training_spec
+from trainops.tools.sandbox.cluster import SHADOW_PARTITION, state_for_slurm_conf
+from trainops.tools.schedulers.base import SchedulerError, TrainingJob
+from trainops.tools.schedulers.slurm import SlurmScheduler
 
 TOOL = "change_scheduler_policy"
 SCONTROL_TIMEOUT_S = 30
@@ -125,9 +131,6 @@ def _update(partition: str, settings: dict[str, str]) -> None:
 
 def configured_shadow_partition(tool: str = TOOL) -> str | None:
     """The configured shadow partition, the sandbox's own, or None; a ToolError for a bad setting."""
-    from trainops.settings import table
-    from trainops.tools.sandbox.cluster import SHADOW_PARTITION, state_for_slurm_conf
-
     configured = table("scheduler", trusted_only=True)[0].get("shadow_partition")
     if configured is not None:
         if not isinstance(configured, str) or not PARTITION_NAME.fullmatch(configured):
@@ -197,10 +200,6 @@ def _job_fields(job_id: str) -> dict[str, str]:
 
 def replay(partition: str) -> Replay:
     """Submit the regression job set to `partition`, wait for every job to end, and measure."""
-    from trainops.tools.jobs.trainer_job import training_spec
-    from trainops.tools.schedulers.base import SchedulerError, TrainingJob
-    from trainops.tools.schedulers.slurm import SlurmScheduler
-
     jobs, scheduler = regression_set(), SlurmScheduler()
     started, submitted, results = time.time(), {}, {}
     for index, job in enumerate(jobs.job):
@@ -336,7 +335,6 @@ def _shadow_replay(shadow: str, settings: dict[str, str]) -> Comparison:
     finally:
         for argv in restore_commands(shadow, shadow_before):
             _scontrol(argv[1:])
-    from trainops.tools.changes.records import state_differences
 
     left = state_differences(shadow_before, current_state(shadow))
     if left:
@@ -353,8 +351,6 @@ def change_scheduler_policy(inp: PolicyInput) -> PolicyOutput:
     only a passed comparison lets the change land on the target, recorded with the commands
     that restore the previous settings (`trainops rollback CHANGE`). Global changes are
     forbidden (R-SEC-2); needs a human approval token."""
-    from trainops.tools.changes.records import record_change
-
     settings = {key: str(value) for key, value in inp.settings.items()}
     previous = current_state(inp.target)
     rollback = restore_commands(inp.target, previous)

@@ -18,8 +18,12 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable, Iterator, Literal
 from pydantic import AfterValidator, BaseModel, Field, field_validator
 
 from trainops.run_folder import RunFiles
+from trainops.settings import SettingsError, read_toml
 from trainops.tools.base import InputCheck, tool
+from trainops.tools.changes import compat
 from trainops.tools.schedulers.base import JobSpec
+from trainops.trainer.config import load_config
+from trainops.workspace import confine, home, shared_data_roots
 
 if TYPE_CHECKING:
     from trainops.tools.frameworks.base import FrameworkAdapter
@@ -59,8 +63,6 @@ def tenant_ids(inp: BaseModel) -> Iterator[str]:
 
 
 def _tenants_root() -> Path:
-    from trainops.workspace import home
-
     return home() / "tenants"
 
 
@@ -98,8 +100,6 @@ def check_job_paths(spec: JobSpec, config: JobConfig | None = None,
     A run folder another framework made keeps its checkpoints where its adapter says:
     `adapter_of` is the adapter lookup (`trainops.tools.frameworks.get_adapter`), passed in by
     the job tools, as the trainer's own adapter builds its jobs through this check."""
-    from trainops.workspace import confine, shared_data_roots
-
     workdir = confine(spec.workdir, "spec.workdir", must_exist=True) if spec.workdir else Path.cwd()
     written = {"spec.workdir": spec.workdir and workdir}
     if spec.run_dir:
@@ -112,8 +112,6 @@ def check_job_paths(spec: JobSpec, config: JobConfig | None = None,
             written["checkpoint.folder"] = confine(adapter_of(framework).checkpoint_dir(str(run_dir)),
                                                    "checkpoint.folder")
         elif config is None and RunFiles(run_dir).config.is_file():
-            from trainops.trainer.config import load_config
-
             config = load_config(RunFiles(run_dir).config)
         if config is not None:
             written["checkpoint.folder"] = confine(run_dir / config.checkpoint.folder, "checkpoint.folder")
@@ -140,8 +138,6 @@ def check_job_paths(spec: JobSpec, config: JobConfig | None = None,
 def _framework_of(run_dir: Path) -> str | None:
     """The framework a run folder's config.toml names (`framework = "deepspeed"` at the top, as the
     adapters write it), "trainops" for the trainer's own config, None without a readable config."""
-    from trainops.settings import SettingsError, read_toml
-
     path = RunFiles(run_dir).config
     if not path.is_file():
         return None
@@ -247,8 +243,6 @@ def _upgrade_in_matrix(inp: UpgradeInput) -> str | None:
     """The target with the tenant's other pins and the installed CUDA and frameworks must be a
     published combination: a torch the declared CUDA has no wheel for, or one an installed
     adapter framework's requirement excludes, is refused naming the pair."""
-    from trainops.tools.changes import compat
-
     try:
         versions = {**tenant_pins(inp.tenant), inp.framework: inp.to_version}
         env = compat.with_versions(compat.installed_environment(compat.PACKAGES), versions)
@@ -264,9 +258,6 @@ def _upgrade_in_matrix(inp: UpgradeInput) -> str | None:
 def check_launch_versions(spec: JobSpec) -> None:
     """Refuse a launch whose framework versions (installed, with the tenant's pins in place) form a
     pair outside the compatibility matrix, or whose installed versions differ from the tenant's pin."""
-    from trainops.tools.changes import compat
-    from trainops.workspace import confine
-
     framework = _framework_of(confine(spec.run_dir, "spec.run_dir")) if spec.run_dir else None
     pins = tenant_pins(spec.tenant) if spec.tenant else {}
     names = {compat.ADAPTER_PACKAGES.get(framework or ""), *pins} & set(compat.PACKAGES)

@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, model_validator
 
 from trainops.tools.environment.interconnect import InterconnectMeasurement
+from trainops.tools.frameworks.base import known_frameworks
 from trainops.tools.schedulers.base import SchedulerKind
 
 SINGLE_HOST_INTERCONNECT = "loopback/shared-memory (single host)"
@@ -123,8 +124,6 @@ class EnvInput(BaseModel):
 
     @model_validator(mode="after")
     def _framework_needs_version(self) -> EnvInput:
-        from trainops.tools.frameworks.base import known_frameworks
-
         if self.framework and not self.framework_version and self.framework not in known_frameworks():
             raise ValueError(
                 f"framework={self.framework!r} has no framework_version: declare the version, e.g. "

@@ -16,6 +16,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from trainops.tools.base import ToolError
+from trainops.tools.schedulers import get_scheduler
+from trainops.tools.schedulers.base import JobSpec, SchedulerError
+from trainops.workspace import home
+
 LATENCY_BYTES = 4  # one float32
 BANDWIDTH_BYTES = 16 * 2**20
 LATENCY_ITERS, BANDWIDTH_ITERS = 50, 5
@@ -68,10 +73,6 @@ def _worker(result_path: str) -> None:
 def measure_all_reduce(scheduler_kind: str, nodes: int = 2, timeout_s: float = 120.0) -> InterconnectMeasurement:
     """Submit the measurement job on `nodes` nodes, wait for it, and read its figures. Raises
     ValueError naming what went wrong (the caller turns it into its own tool error)."""
-    from trainops.tools.schedulers import get_scheduler
-    from trainops.tools.schedulers.base import JobSpec
-    from trainops.workspace import home
-
     scheduler = get_scheduler(scheduler_kind)
     folder = Path(tempfile.mkdtemp(prefix="interconnect-", dir=home()))  # a shared run folder, as for training
     result = folder / "result.json"
@@ -94,9 +95,6 @@ def measure_all_reduce(scheduler_kind: str, nodes: int = 2, timeout_s: float = 1
 
 def declare_interconnect(scheduler_kind: str, node_count: int) -> InterconnectMeasurement:
     """The measurement as declare_environment reports it: a tool error naming the field on failure."""
-    from trainops.tools.base import ToolError
-    from trainops.tools.schedulers.base import SchedulerError
-
     if node_count < 2:
         raise ToolError("declare_environment", f"measure_interconnect: the scheduler has {node_count} node(s) and "
                                                "the measurement needs 2; set it false or use a multi-node cluster")

@@ -17,9 +17,11 @@ import subprocess
 import tempfile
 import time
 from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from trainops.tools.base import ToolError, tool
+from trainops.tools.changes.scheduler_policy import configured_shadow_partition
 from trainops.tools.environment.env import (
     SINGLE_HOST_INTERCONNECT,
     Accelerators,
@@ -33,7 +35,11 @@ from trainops.tools.environment.env import (
     Software,
 )
 from trainops.tools.environment.interconnect import declare_interconnect
-from trainops.tools.schedulers.base import SchedulerKind
+from trainops.tools.frameworks import get_adapter
+from trainops.tools.schedulers import get_scheduler
+from trainops.tools.schedulers.base import SchedulerError, SchedulerKind
+from trainops.tools.schedulers.slurm_transport import run_cli, transport_choice
+from trainops.workspace import confine, runs_dir
 
 # GPU product names -> architecture generation (the MFU denominator depends on it).
 _GPU_GENERATIONS = (
@@ -174,14 +180,11 @@ def read_software() -> Software:
 def declared_framework(inp: EnvInput) -> Framework:
     """The framework named (an adapter's: its display name and installed version), else the embedded
     trainer as its adapter names it, at the installed trainops version."""
-    from trainops.tools.frameworks import get_adapter
-
     if inp.framework and not inp.framework_version:  # an adapter's framework: its installed version
         adapter = get_adapter(inp.framework)
         return Framework(name=adapter.display_name, version=adapter.version())
     if inp.framework:
         return Framework(name=inp.framework, version=str(inp.framework_version))
-    from importlib.metadata import PackageNotFoundError, version
 
     try:
         return Framework(name=get_adapter("trainops").display_name, version=version("trainops"))
@@ -229,8 +232,6 @@ def measure_checkpoint_write(folder: Path, size_mib: int) -> CheckpointStorage:
 
 
 def checkpoint_folder(ckpt_dir: str | None) -> Path:
-    from trainops.workspace import confine, runs_dir
-
     if ckpt_dir is None:
         return runs_dir()
     try:
@@ -273,13 +274,9 @@ def read_scheduler(kind: SchedulerKind) -> SchedulerDeclaration:
     (trainops.tools.schedulers), the same view the job tools have."""
     if kind == "kubernetes":
         return _read_kubernetes()
-    from trainops.tools.schedulers import get_scheduler
-    from trainops.tools.schedulers.base import SchedulerError
 
     try:
         if kind == "slurm":
-            from trainops.tools.schedulers.slurm_transport import run_cli, transport_choice
-
             version = run_cli(["sinfo", "-V"]).stdout.strip()
             partitions = sorted(set(run_cli(["sinfo", "-h", "-o", "%R"]).stdout.split()))
             transport = "{} ({})".format(*transport_choice())
@@ -301,8 +298,6 @@ def read_scheduler(kind: SchedulerKind) -> SchedulerDeclaration:
 
 def _shadow_only_nodes(nodes: list) -> set[str]:
     """Nodes in the shadow partition and no other: a training job cannot land there, so they are no spares."""
-    from trainops.tools.changes.scheduler_policy import configured_shadow_partition
-
     shadow = configured_shadow_partition("declare_environment")
     return {n.name for n in nodes if shadow is not None and n.partitions and set(n.partitions) == {shadow}}
 

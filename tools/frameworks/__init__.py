@@ -8,16 +8,15 @@ import only the contract (`base`) and their shared pieces (`adapter_base`)."""
 from __future__ import annotations
 
 from trainops.tools.frameworks.base import FrameworkAdapter, FrameworkRefused, known_frameworks
+from trainops.tools.frameworks.deepspeed_adapter import DeepSpeedAdapter
+from trainops.tools.frameworks.megatron_adapter import MegatronAdapter
+from trainops.tools.frameworks.torchtitan_adapter import TorchtitanAdapter
+from trainops.tools.frameworks.trainops_adapter import TrainopsAdapter
 
 
 def get_adapter(name: str) -> FrameworkAdapter:
     """The adapter for `name` (each adapter class says which FrameworkName it adapts); an unknown
     name is refused with the known ones listed."""
-    from trainops.tools.frameworks.deepspeed_adapter import DeepSpeedAdapter
-    from trainops.tools.frameworks.megatron_adapter import MegatronAdapter
-    from trainops.tools.frameworks.torchtitan_adapter import TorchtitanAdapter
-    from trainops.tools.frameworks.trainops_adapter import TrainopsAdapter
-
     adapters = {cls.name: cls for cls in (TrainopsAdapter, DeepSpeedAdapter, TorchtitanAdapter, MegatronAdapter)}
     if name not in adapters:
         raise FrameworkRefused(f"framework: unknown framework {name!r}; use one of {', '.join(known_frameworks())}")

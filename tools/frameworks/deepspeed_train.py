@@ -17,11 +17,18 @@ import time
 import tomllib
 from pathlib import Path
 
+import deepspeed
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from trainops.run_folder import RunFiles, open_rank_log
+from trainops.trainer.checkpoint import COMMIT_FILE, list_checkpoints, step_dir_name, verify_checkpoint
+from trainops.trainer.config import MetricsConfig
+from trainops.trainer.data import SyntheticTokens
+from trainops.trainer.metrics import MetricsLogger, device_peak_tflops, flops_per_token, format_line, peak_memory_gib
+from trainops.trainer.model import Transformer
+from trainops.trainer.model_args import preset
 
 
 def _append(path: Path, record: dict) -> None:
@@ -41,8 +48,6 @@ def save(engine, run_dir: Path, step: int, keep: int, world_size: int) -> None:
     """DeepSpeed writes `step-N.tmp/` on every rank; rank 0 then checksums, commits and renames it.
     Leftovers of an interrupted save are removed first; a corrupt copy of the same step (the one a
     resume fell back past) is replaced by the new, verified one."""
-    from trainops.trainer.checkpoint import COMMIT_FILE, list_checkpoints, step_dir_name
-
     root, name = run_dir / "checkpoints", step_dir_name(step)
     started = time.perf_counter()
     if dist.get_rank() == 0:
@@ -73,8 +78,6 @@ def save(engine, run_dir: Path, step: int, keep: int, world_size: int) -> None:
 
 def resume(engine, run_dir: Path) -> int:
     """Load the newest checkpoint that verifies (falling back past corrupt ones); 0 when none."""
-    from trainops.trainer.checkpoint import list_checkpoints, verify_checkpoint
-
     chosen = [""]
     if dist.get_rank() == 0:
         for info in reversed([c for c in list_checkpoints(run_dir / "checkpoints") if c.committed]):
@@ -103,19 +106,6 @@ def main(argv: list[str]) -> int:
     settings = tomllib.loads(RunFiles(run_dir).config.read_text(encoding="utf-8"))
     ds_config = json.loads((run_dir / "ds_config.json").read_text(encoding="utf-8"))
     training, ckpt = settings["training"], settings["checkpoint"]
-
-    import deepspeed
-
-    from trainops.trainer.config import MetricsConfig
-    from trainops.trainer.data import SyntheticTokens
-    from trainops.trainer.metrics import (
-        MetricsLogger,
-        device_peak_tflops,
-        flops_per_token,
-        format_line,
-        peak_memory_gib,
-    )
-    from trainops.trainer.model import Transformer, preset
 
     deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -6,6 +6,7 @@ where megatron-core is installed. The job runs Megatron-LM's `pretrain_gpt.py` u
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 
 from trainops.tools.frameworks.adapter_base import SettingsAdapter, new_run_dir, number, write_command
@@ -19,6 +20,7 @@ from trainops.tools.frameworks.base import (
     mfu,
 )
 from trainops.tools.schedulers.base import JobSpec
+from trainops.trainer.model_args import preset as model_preset
 
 DEFAULTS: dict[str, dict[str, object]] = {
     "model": {"preset": "tiny"},
@@ -106,15 +108,12 @@ def check_rules(world_size: int, flags: dict[str, object], model_layers: int) ->
 def core_config_check(flags: dict[str, object], preset: str) -> None:
     """megatron-core's own TransformerConfig validation (sequence parallel without TP, recompute
     method, head/group divisibility), when megatron-core imports here."""
-    import warnings
-
     try:
         with warnings.catch_warnings():  # "Transformer Engine and Apex are not installed": expected on a CPU host
             warnings.simplefilter("ignore")
             from megatron.core.transformer import TransformerConfig
     except ImportError:
         return
-    from trainops.trainer.model import preset as model_preset
 
     args = model_preset(preset)
     granularity = flags["recompute_granularity"]
@@ -136,8 +135,6 @@ def core_config_check(flags: dict[str, object], preset: str) -> None:
 
 def command_flags(settings: dict[str, dict[str, object]], run_dir: str) -> list[str]:
     """pretrain_gpt.py's arguments: model shape from the trainops preset, mock data, the knobs' flags."""
-    from trainops.trainer.model import preset as model_preset
-
     args, training = model_preset(str(settings["model"]["preset"])), settings["training"]
     out = ["--num-layers", args.n_layers, "--hidden-size", args.dim, "--num-attention-heads", args.n_heads,
            "--group-query-attention", "--num-query-groups", args.kv_heads, "--ffn-hidden-size", args.ffn_hidden_dim,
@@ -170,7 +167,6 @@ class MegatronAdapter(SettingsAdapter):
 
     def validate(self, knob_values: dict[str, str], overrides: list[str] | None = None, world_size: int = 2) -> None:
         settings = self.settings(self.knob_overrides(knob_values, overrides))
-        from trainops.trainer.model import preset as model_preset
 
         preset = str(settings["model"]["preset"])
         check_rules(world_size, settings["megatron"], model_preset(preset).n_layers)

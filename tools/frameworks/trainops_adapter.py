@@ -14,7 +14,9 @@ from trainops.tools.frameworks.base import (
     StepRecord,
     mfu,
 )
-from trainops.tools.schedulers.base import JobSpec
+from trainops.tools.jobs.trainer_job import training_spec
+from trainops.tools.schedulers.base import JobSpec, TrainingJob
+from trainops.trainer.config import load_config
 
 # trainer/metrics.py format_line: "step     5/12  loss 5.1234  grad_norm 1.234  step_time 85ms  tok/s 1,505 ..."
 _LINE = re.compile(
@@ -74,8 +76,6 @@ class TrainopsAdapter(AdapterBase):
 
     def validate(self, knob_values: dict[str, str], overrides: list[str] | None = None, world_size: int = 2) -> None:
         """Knob names and values, then the trainer's own config validation (types, allowed values)."""
-        from trainops.trainer.config import load_config
-
         merged_overrides = self.knob_overrides(knob_values, overrides)
         try:
             load_config(None, "tiny", merged_overrides)
@@ -83,9 +83,6 @@ class TrainopsAdapter(AdapterBase):
             raise FrameworkRefused(str(exc).splitlines()[0]) from None
 
     def build_job(self, job: FrameworkJob) -> JobSpec:
-        from trainops.tools.jobs.trainer_job import training_spec
-        from trainops.tools.schedulers.base import TrainingJob
-
         req = TrainingJob(config=job.config, preset=None if job.config else job.preset, overrides=job.overrides,
                               nproc=job.nproc, nodes=job.nodes)
         try:

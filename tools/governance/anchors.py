@@ -22,11 +22,10 @@ from pydantic import BaseModel, Field, ValidationError
 
 from trainops.tools.governance import audit, receipts, signing
 from trainops.tools.governance.receipts import ANCHOR_KIND
+from trainops.workspace import workspace_id
 
 
 def _this_workspace() -> str:
-    from trainops.workspace import workspace_id
-
     return workspace_id()
 
 
@@ -35,7 +34,6 @@ class SignedPayload(BaseModel):
     extends a payload with its signature and signer still signs (and verifies) the same bytes.
     Every payload names the workspace it was signed in (a payload read without one gets this
     workspace's id, which its signature then does not cover: refused as forged)."""
-
     workspace_id: str = Field(default_factory=_this_workspace,
                               description="The workspace (`workspace.id`) the approver signed in.")
 
@@ -46,7 +44,6 @@ class SignedPayload(BaseModel):
 
 class AuditHead(BaseModel):
     """The last entry of the audit log when an approver signed: 0 and the genesis hash for an empty log."""
-
     seq: int
     hash: str
 

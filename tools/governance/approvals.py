@@ -17,13 +17,15 @@ from typing import Callable, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from trainops.tools.governance import anchors, audit, receipts, signing
+from trainops.terminal_text import shown_name
+from trainops.tools.governance import anchors, audit, queue, receipts, signing
 from trainops.tools.governance.pack_checks import (
     approval_problems,
     changed_entries,
     content_entries,
     content_hash,
 )
+from trainops.workspace import check_id, home, is_valid_id, packs_dir
 
 Verdict = Literal["approved", "rejected"]
 SUBJECT = "pack"
@@ -31,13 +33,9 @@ SUBJECT = "pack"
 
 class PackRefused(ValueError):
     """A pack decision was refused: names the rule, the file and what to do."""
-
-
 def pack_dir(pack: str) -> Path:
     """A pack folder inside `$TRAINOPS_HOME/packs/`: a pack id (matched in full) or a path that
     resolves, symlinks included, to a folder directly inside it."""
-    from trainops.workspace import check_id, packs_dir
-
     root = packs_dir().resolve()
     if "/" in pack:
         resolved = Path(pack).expanduser().resolve()
@@ -57,7 +55,6 @@ def pack_dir(pack: str) -> Path:
 
 class DecisionPayload(anchors.SignedPayload):
     """What the approver signs: the decision, the pack's content, the chain link and the audit head."""
-
     purpose: Literal["decide_pack"] = "decide_pack"
     pack: str
     seq: int = Field(description="1 for the first decision on the pack, then 2, ...")
@@ -73,7 +70,6 @@ class DecisionPayload(anchors.SignedPayload):
 
 class Decision(DecisionPayload):
     """One decision file: the signed payload, its signature and the signer it verified as."""
-
     signature: str
     principal: str = Field(description="The allowed-signers principal who decided.")
     fingerprint: str
@@ -81,8 +77,6 @@ class Decision(DecisionPayload):
 
 
 def decisions_dir(pack_id: str) -> Path:
-    from trainops.workspace import home
-
     return home() / "decisions" / pack_id
 
 
@@ -229,8 +223,6 @@ def _write_once(path: Path, data: bytes) -> Path:
 def unrecorded_decisions(entries: list[dict]) -> list[str]:
     """Decision files (PACK/NNNN.json) whose sha256 no audit anchor records: the workspace's own
     decisions vouch for the log, so a log replaced or rewritten without them fails `audit verify`."""
-    from trainops.workspace import home
-
     recorded = {e.get("decision_sha256") for e in entries if e.get("kind") == anchors.ANCHOR_KIND
                 and e.get("subject") == SUBJECT}
     root = home() / "decisions"
@@ -281,9 +273,6 @@ def _pack_item(folder: Path) -> ApprovalItem:
     """The listing reads the chain without calling ssh-keygen; `verify_pack` checks signatures. A
     folder whose name no pack id can have (a control sequence, a bidi override) is listed escaped
     and marked, never read as a pack."""
-    from trainops.terminal_text import shown_name
-    from trainops.workspace import is_valid_id
-
     if not is_valid_id(folder.name):
         return ApprovalItem(kind="pack", id=shown_name(folder.name, False), status="corrupt",
                             detail="not a pack trainops wrote: pack ids are letters, digits, '_', '.', '-'; "
@@ -302,9 +291,6 @@ def _pack_item(folder: Path) -> ApprovalItem:
 
 def list_items() -> list[ApprovalItem]:
     """Pending and decided packs and gated calls, pending first."""
-    from trainops.tools.governance import queue
-    from trainops.workspace import packs_dir
-
     items = [_pack_item(folder) for folder in sorted(packs_dir().iterdir())
              if folder.is_dir() and not folder.name.startswith(".")]  # .PACK.partial: a write in progress
     for call in queue.pending_calls() + queue.decided_calls():

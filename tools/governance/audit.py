@@ -27,13 +27,13 @@ from typing import Any, Iterator
 
 from pydantic import BaseModel, Field
 
+from trainops.workspace import audit_log_path
+
 GENESIS_HASH = "0" * 64
 
 
 class AuditUnavailable(RuntimeError):
     """The audit log cannot take an entry (torn last line, unwritable file): names the file and the fix."""
-
-
 def canonical_json(obj: Any) -> str:
     """The one serialisation that hashes and signatures are computed over."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
@@ -51,7 +51,6 @@ def entry_hash(entry: dict[str, Any]) -> str:
 def _log_path(path: Path | None) -> Path:
     if path is not None:
         return Path(path)
-    from trainops.workspace import audit_log_path
 
     return audit_log_path()
 
@@ -201,7 +200,6 @@ def repair(path: Path | None = None) -> dict[str, Any]:
 
 class AuditReport(BaseModel):
     """What `trainops audit verify` answers."""
-
     ok: bool
     path: str
     entries: int = Field(description="Lines read from the log.")

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from trainops.run_folder import RunFiles
+from trainops.workspace import run_folder
 
 _PLACEHOLDER_VALUES = {"", "?", "??", "???", "-", "n/a", "na", "none", "null", "unknown", "tbd", "todo", "xxx", "tba"}
 
@@ -33,7 +34,6 @@ def _require(model: BaseModel, rule_id: str, fields: list[str], fix: str) -> Non
 class MfuClaim(BaseModel):
     """An MFU or scaling conclusion, valid only with its declared environment (R-ENV-1) and
     the measured run it comes from (R-ENV-2)."""
-
     model: str | None = Field(None, description="Model and size, e.g. 'llama3-8b'.")
     hardware_generation: str | None = Field(None, description="Accelerator generation, e.g. 'H100 SXM'.")
     parallel_layout: str | None = Field(None, description="Parallel strategy, e.g. 'dp_shard=8 tp=2 pp=1'.")
@@ -60,8 +60,6 @@ class MfuClaim(BaseModel):
 def resolve_run(run: str) -> Path | None:
     """The run folder of a run id or path (confined to the workspace: trainops.workspace.run_folder),
     if it holds measured metrics; None otherwise."""
-    from trainops.workspace import run_folder
-
     try:
         folder = run_folder(run, "source_run")
     except ValueError:
@@ -82,7 +80,6 @@ def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 class AblationArm(BaseModel):
     """One ablation arm against its baseline: exactly one setting may differ (R-ABL-1)."""
-
     name: str = Field(description="What the arm tests, e.g. 'activation checkpointing off'.")
     baseline_config: dict[str, Any] = Field(description="The baseline job config (nested sections allowed).")
     arm_config: dict[str, Any] = Field(description="The arm's job config.")
@@ -110,7 +107,6 @@ class AblationArm(BaseModel):
 
 class ScaleResult(BaseModel):
     """A gain measured small first, then at target scale, compared by weak-scaling efficiency."""
-
     knob: str = Field(description="The single setting the ablation changed, e.g. 'parallel.tp'.")
     small_world_size: int | None = Field(None, ge=1, description="Processes/GPUs of the small-scale reproduction.")
     small_gain_pct: float | None = Field(None, description="MFU gain of the arm at small scale, in points.")
@@ -153,7 +149,6 @@ IsolationGranularity = Literal["rank", "node", "replica_group", "switch", "rack"
 
 class FaultToleranceConclusion(BaseModel):
     """A fault-tolerance result: the three figures together, backed by a drill record (R-EVD-2)."""
-
     fault: str = Field(description="The injected fault, e.g. 'crash', 'hang', 'sdc', 'straggler'.")
     detection_latency_s: float | None = Field(None, ge=0, description="Fault injected -> detected.")
     isolation_granularity: IsolationGranularity | None = Field(None, description="The smallest unit taken out.")
@@ -172,7 +167,6 @@ class FaultToleranceConclusion(BaseModel):
 
 class ExternalComparison(BaseModel):
     """Our figure next to a public breakdown (MegaScale, Llama 3, MLPerf): source and scale named (R-EVD-3)."""
-
     metric: str
     ours: str
     theirs: str
@@ -188,7 +182,6 @@ class ExternalComparison(BaseModel):
 
 class RangeStatement(BaseModel):
     """A range of values: its basis is stated, experiential ranges are labelled as such (R-EVD-1)."""
-
     quantity: str = Field(description="What the range is of, e.g. 'dense-model MFU on H100'.")
     low: float
     high: float
@@ -223,7 +216,6 @@ class SchedulerChange(BaseModel):
     """What the caller of a scheduler policy change states (R-SCH-1): its impact. The shadow-queue
     result and the rollback commands are never the caller's: change_scheduler_policy replays the
     change and generates them itself (tools/changes/scheduler_policy.py)."""
-
     impact: str | None = Field(None, description="Who and what the change affects (partitions, tenants, jobs).")
 
     @model_validator(mode="after")

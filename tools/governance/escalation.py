@@ -9,10 +9,12 @@ interruption record) and hand each fired rule to a human as a pending `acknowled
 from __future__ import annotations
 
 import re
+import statistics
 from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
+from trainops.run_folder import read_journal
 from trainops.tools.base import tool
 from trainops.tools.governance.claims import ScaleResult
 from trainops.tools.planning.planning import CHECKPOINT_TOO_SLOW, checkpoint_overhead
@@ -36,7 +38,6 @@ ACTION_FOR = {
 
 class EscalationSignals(BaseModel):
     """What monitoring and the SOP steps observed."""
-
     ettr_history_pct: list[float] = Field(default_factory=list,
                                           description="Effective training time ratio per window, oldest first.")
     scale_results: list[ScaleResult] = Field(default_factory=list)
@@ -88,7 +89,6 @@ class Escalation(BaseModel):
 
 class EscalationReport(BaseModel):
     """The hand-over: every fired trigger escalated with its prescribed action."""
-
     signals: EscalationSignals
     escalations: list[Escalation] = Field(default_factory=list)
 
@@ -170,10 +170,6 @@ def report_problems(signals: EscalationSignals, awaiting_human: list[str]) -> li
 def checkpoint_save_s(run_dirs: list[str]) -> float | None:
     """The median time training blocked on a save, from the runs' checkpoint journals; None
     when no run committed one."""
-    import statistics
-
-    from trainops.run_folder import read_journal
-
     stalls = [save.stall_s for run in run_dirs for save in read_journal(run).saves]
     return statistics.median(stalls) if stalls else None
 

@@ -21,13 +21,15 @@ from contextvars import ContextVar
 
 from pydantic import BaseModel
 
+from trainops.settings import SettingsError, table
 from trainops.tools.base import ToolError
-from trainops.tools.governance import audit, queue, tokens
+from trainops.tools.changes.tenancy import check_tenant_path, tenant_id_problem, tenant_ids
+from trainops.tools.context import active_call
+from trainops.tools.governance import audit, queue, tokens, windows
 
 
 class GateRefused(ToolError):
     """The gate said no; `reason` is one of tokens.RefusalReason, `rule_id` the AGENTS.md rule."""
-
     def __init__(self, tool: str, reason: str, message: str, rule_id: str, pending_id: str | None = None):
         super().__init__(tool, f"refused ({reason}, {rule_id}): {message}")
         self.reason = reason
@@ -48,8 +50,6 @@ def _refuse(spec, inp, ctx, reason: str, rule_id: str, message: str, pending_id:
 
 
 def _tenant_path_problem(inp: BaseModel) -> str | None:
-    from trainops.tools.changes.tenancy import check_tenant_path, tenant_id_problem, tenant_ids
-
     for tenant in tenant_ids(inp):
         if problem := tenant_id_problem(tenant):
             return problem
@@ -68,8 +68,6 @@ def _tenant_path_problem(inp: BaseModel) -> str | None:
 def operator_needs_approval() -> bool:
     """`[governance] operator_needs_approval = true` in a settings file the user trusts: on hosts
     where agents have shells, a CLI call may be an agent's, so the operator's calls wait too."""
-    from trainops.settings import SettingsError, table
-
     values, sources = table("governance", trusted_only=True)
     value = values.get("operator_needs_approval", False)
     if not isinstance(value, bool):
@@ -101,8 +99,6 @@ def needs_approval(spec, ctx) -> bool:
 def _inherited_approval(spec) -> str | None:
     """The call id of the human-approved call this one runs inside, when that approval covers it:
     the steps of an approved `run_sop`, never another approval-gated or irreversible tool."""
-    from trainops.tools.base import active_call
-
     active = active_call()
     if active is None or active.approved_call is None or spec.approval_required or spec.risk == "irreversible":
         return None
@@ -127,8 +123,6 @@ def check_input(spec, inp: BaseModel, ctx) -> None:
     if problem:
         _refuse(spec, inp, ctx, "invalid_input", "R-SEC-3", problem)
     if "change-window" in spec.tags:
-        from trainops.tools.governance import windows
-
         problem = windows.refusal(spec.name, tokens.is_emergency(spec.name, inp))
         if problem:
             _refuse(spec, inp, ctx, "outside_change_window", "R-CHG-1", problem)

@@ -12,7 +12,8 @@ from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel
 
-from trainops.tools.base import CallContext, ToolSpec
+from trainops.tools.base import ToolSpec
+from trainops.tools.context import CallContext
 from trainops.tools.governance import audit, gate, queue, signing, tokens
 from trainops.tools.governance.gate import GateRefused as Refused
 

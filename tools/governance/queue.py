@@ -24,14 +24,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
+from trainops.tools.catalog import current_registry
 from trainops.tools.governance import anchors, audit, signing
+from trainops.workspace import home
 
 ID_PATTERN = re.compile(r"[0-9a-f]{12}")
 
 
 class PendingCall(BaseModel):
     """A gated call that arrived without a token and waits for a human."""
-
     id: str
     tool: str
     input: dict[str, Any]
@@ -47,7 +48,6 @@ class PendingCall(BaseModel):
 
 class RejectPayload(anchors.SignedPayload):
     """What an approver signs to reject a queued call."""
-
     purpose: Literal["reject_call"] = "reject_call"
     call_id: str
     tool: str
@@ -60,8 +60,6 @@ class RejectPayload(anchors.SignedPayload):
 
 class NotQueued(ValueError):
     """No queued file for that id: the call was never queued here, or it was decided since."""
-
-
 def canonical_input(inp: BaseModel | dict[str, Any]) -> bytes:
     """The bytes an approval's input hash covers: the input's canonical JSON."""
     data = inp.model_dump(mode="json") if isinstance(inp, BaseModel) else inp
@@ -90,7 +88,6 @@ def _shown(value: Any) -> str:
 class SignableCall:
     """One queued call as an approver sees it and signs it: computed once from the canonical bytes
     of its validated input, displayed from them, and signed over their sha256."""
-
     item: PendingCall
     input_bytes: bytes
 
@@ -116,8 +113,6 @@ class SignableCall:
 
 
 def gov_dir(name: str) -> Path:
-    from trainops.workspace import home
-
     path = home() / "governance" / name
     path.mkdir(parents=True, exist_ok=True)
     return path
@@ -125,8 +120,6 @@ def gov_dir(name: str) -> Path:
 
 def tool_spec(tool: str):
     """The tool's spec in the registry being served (the agent's own tools included), or None."""
-    from trainops.tools.registry import current_registry
-
     return current_registry().get(tool)
 
 

@@ -22,6 +22,9 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from trainops.settings import SettingsError, table
+from trainops.workspace import workspace_id as this_workspace
+
 ENV_RECEIPTS_DIR = "TRAINOPS_RECEIPTS_DIR"
 ANCHOR_KIND = "anchor"  # the audit entry kind of a signed decision (anchors.py)
 # Anchor fields a receipt keeps besides the signed payload: what was decided, on what.
@@ -30,7 +33,6 @@ _KEPT = ("subject", "decision", "call_id", "tool", "pack", "decision_seq", "deci
 
 class Receipt(BaseModel):
     """What one signed decision left outside the workspace."""
-
     workspace_id: str | None = None
     audit_seq: int
     entry_hash: str
@@ -56,7 +58,6 @@ def root() -> Path:
     explicit = os.environ.get(ENV_RECEIPTS_DIR)
     if explicit:
         return Path(explicit).expanduser()
-    from trainops.settings import SettingsError, table
 
     values, sources = table("governance", trusted_only=True)
     configured = values.get("receipts_dir")
@@ -70,8 +71,6 @@ def root() -> Path:
 
 
 def folder(workspace_id: str | None = None) -> Path:
-    from trainops.workspace import workspace_id as this_workspace
-
     return root() / (workspace_id or this_workspace())
 
 

@@ -23,6 +23,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from trainops.settings import table, user_config_path
+
 NAMESPACE = "trainops-approval"
 ENV_ALLOWED_SIGNERS = "TRAINOPS_ALLOWED_SIGNERS"
 ARMOR_BEGIN = "-----BEGIN SSH SIGNATURE-----"
@@ -32,11 +34,8 @@ SSH_KEYGEN_TIMEOUT_S = 120  # a FIDO key's touch or an `ssh-add -c` confirmation
 
 class SigningError(ValueError):
     """A signature could not be made or does not verify; the message names what and the fix."""
-
-
 class Signer(BaseModel):
     """Who signed: the allowed-signers principal, the key, and the exact file that vouched for them."""
-
     model_config = ConfigDict(frozen=True)
 
     principal: str = Field(description="The allowed-signers principal the key is listed under.")
@@ -49,7 +48,6 @@ def allowed_signers_path() -> Path:
     explicit = os.environ.get(ENV_ALLOWED_SIGNERS)
     if explicit:
         return Path(explicit).expanduser()
-    from trainops.settings import table, user_config_path
 
     governance, _sources = table("governance", trusted_only=True)
     configured = governance.get("allowed_signers")

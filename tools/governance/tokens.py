@@ -21,8 +21,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
+from trainops.settings import table
 from trainops.tools.governance import anchors, audit, queue, receipts, signing
 from trainops.tools.governance.queue import call_id, input_hash
+from trainops.workspace import workspace_id
 
 TOKEN_PREFIX = "tok1."
 DEFAULT_TTL_MIN = 15.0
@@ -43,7 +45,6 @@ class TokenRefused(Exception):
 
 class ApprovalPayload(anchors.SignedPayload):
     """What one approver signs."""
-
     purpose: Literal["approve_call"] = "approve_call"
     call_id: str
     tool: str
@@ -90,8 +91,6 @@ def needed_reason(tool: str, inp: BaseModel | dict[str, Any] | None = None) -> s
 
 def max_ttl_min() -> float:
     """`[governance] max_token_ttl_min` from the user's trusted config (default 60)."""
-    from trainops.settings import table
-
     value = table("governance", trusted_only=True)[0].get("max_token_ttl_min", DEFAULT_MAX_TTL_MIN)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"[governance] max_token_ttl_min is {value!r}: give a positive, finite number of minutes")
@@ -280,8 +279,6 @@ def _check_receipts(entries: list[dict[str, Any]]) -> None:
 def _check_bound_here(approvals: list[Approval], entries: list[dict[str, Any]]) -> None:
     """Each approval was signed in this workspace, and its anchor's signed head is this log's entry:
     an anchor copied in from another workspace's log vouches for nothing here."""
-    from trainops.workspace import workspace_id
-
     here = workspace_id()
     for approval in approvals:
         if approval.payload.workspace_id != here:

@@ -18,6 +18,7 @@ from datetime import datetime, time, timedelta, timezone
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from trainops.settings import SettingsError, table
+from trainops.tools.governance import audit, tokens
 
 DAY_NAMES = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 _HOURS = re.compile(r"^(\d{2}):(\d{2})-(\d{2}):(\d{2})$")
@@ -172,8 +173,6 @@ def refusal(tool: str, emergency: bool, now: datetime | None = None) -> str | No
 def emergency_changes(since: float | None) -> list[dict]:
     """Every change-window call that landed as an emergency (from `since`, unix time), read from the
     audit log: its outcome entry (ok, with its input) and the humans the gate recorded as signing it."""
-    from trainops.tools.governance import audit, tokens
-
     entries = audit.read()
     signed = {(e.get("tool"), e.get("input_sha256")): e.get("approver") for e in entries
               if e.get("kind") == "gate" and e.get("decision") == "allowed" and e.get("approver")}

@@ -15,11 +15,17 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
 from trainops.run_folder import RunFiles, RunResult, metrics_since, read_status
-from trainops.tools.base import CallContext
+from trainops.terminal_text import safe_console
 from trainops.tools.calls import call
+from trainops.tools.context import CallContext
 from trainops.tools.jobs.trainer_job import trainer_job
+from trainops.tools.reliability.interruptions import observe
 from trainops.tools.schedulers.base import JobHandle, JobStatus
+from trainops.trainer.config import load_config
+from trainops.trainer.launch import loaded_checkpoint, prepare_run, summarize
 
 if TYPE_CHECKING:
     from trainops.trainer.config import JobConfig
@@ -59,7 +65,6 @@ class JobWatch:
     reads the run's status.json at every call and asks the scheduler (job_status) at most every
     STATE_POLL_S, and says why the job ended, or None while it runs; so a wait for a step, a fault or
     a restart ends at once with the job's own reason instead of waiting out its timeout."""
-
     def __init__(self, job_id: str, scheduler: str, run_dir: str | Path | None, ctx: CallContext | None = None,
                  since: float | None = None):
         self.job_id, self.scheduler, self.run_dir, self.ctx = job_id, scheduler, run_dir, ctx
@@ -107,8 +112,6 @@ def follow(handle: JobHandle, ctx: CallContext | None = None, *, timeout_s: floa
                     status = _with_reason(JobStatus(job_id=handle.job_id, backend=handle.backend,
                                                     state="completed" if ended.status == "ok" else "failed",
                                                     exit_code=ended.exit_code, run_dir=handle.run_dir), ended)
-                    from trainops.tools.reliability.interruptions import observe
-
                     observe(status, handle.backend)  # the job end seen here, not through job_status
                     return status
     except KeyboardInterrupt:
@@ -147,8 +150,6 @@ def launch_run(run_dir: str | Path, nproc: int, *, ctx: CallContext | None = Non
     """Train a prepared run folder on `nproc` local ranks and summarise it. Launching the same
     folder again resumes from its newest good checkpoint (with `[checkpoint] enable`), which is how
     a requeue continues a run; `resumed_from` says which checkpoint this launch loaded."""
-    from trainops.trainer.launch import loaded_checkpoint, summarize
-
     started = time.time()
     handle = call("submit_job", {"scheduler": "local", "spec": trainer_job(run_dir, nproc)}, ctx).handle
     status = follow(handle, ctx, timeout_s=timeout_s, show_progress=show_progress)
@@ -160,8 +161,6 @@ def launch_run(run_dir: str | Path, nproc: int, *, ctx: CallContext | None = Non
 def run_local(cfg: JobConfig, nproc: int, run_id: str | None = None, *, ctx: CallContext | None = None,
               show_progress: bool = False, timeout_s: float | None = None) -> RunResult:
     """Train `cfg` in a new run folder (named `run_id`, or a fresh id) on `nproc` local ranks."""
-    from trainops.trainer.launch import prepare_run
-
     return launch_run(prepare_run(cfg, run_id=run_id), nproc, ctx=ctx, show_progress=show_progress,
                       timeout_s=timeout_s)
 
@@ -180,12 +179,7 @@ def _new_lines(path: Path, offset: int) -> tuple[list[str], int]:
 
 class _Watch:
     """A followed job on the screen: its new log lines above a transient bar of rank 0's steps."""
-
     def __init__(self, handle: JobHandle):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        from trainops.terminal_text import safe_console
-
         self.log, self.log_offset = (Path(handle.log_path) if handle.log_path else None), 0
         self.run_dir, self.metrics_offset, self.step = handle.run_dir, 0, 0
         self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -210,8 +204,6 @@ class _Watch:
 
 def _total_steps(run_dir: str | None) -> int | None:
     """The steps a trainer run is configured for; None (an open-ended bar) for any other job."""
-    from trainops.trainer.config import load_config
-
     if not run_dir or not RunFiles(run_dir).config.is_file():
         return None
     return load_config(RunFiles(run_dir).config).training.steps

@@ -15,7 +15,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trainops.run_folder import MetricsRecord, read_metrics
 from trainops.tools.base import InputCheck, ToolError, tool
+from trainops.tools.changes.tenancy import check_job_paths, check_launch_versions
+from trainops.tools.context import active_call
+from trainops.tools.frameworks import get_adapter
+from trainops.tools.jobs.trainer_job import training_spec
+from trainops.tools.monitoring import get_monitor
 from trainops.tools.monitoring.base import MonitorError, MonitorKind, Sample, Series
+from trainops.tools.reliability.interruptions import observe
+from trainops.tools.schedulers import get_scheduler
 from trainops.tools.schedulers.base import (
     JobHandle,
     JobSpec,
@@ -25,11 +32,11 @@ from trainops.tools.schedulers.base import (
     SchedulerKind,
     TrainingJob,
 )
+from trainops.tools.schedulers.processes import launched_spec, spec_sha256
+from trainops.workspace import run_folder
 
 
 def _scheduler(tool_name: str, kind: str):
-    from trainops.tools.schedulers import get_scheduler
-
     try:
         return get_scheduler(kind)
     except SchedulerError as exc:
@@ -46,8 +53,6 @@ def _run(tool_name: str, fn, *args):
 
 def _confined_run(tool_name: str, run: str) -> Path:
     """A run id or run folder inside the workspace (trainops.workspace.run_folder)."""
-    from trainops.workspace import run_folder
-
     try:
         return run_folder(run)
     except ValueError as exc:
@@ -86,10 +91,6 @@ def submit_job(inp: SubmitJobInput) -> SubmitJobOutput:
     """Submit a job to a scheduler (local, slurm or kubernetes) and return its handle (job id,
     run folder, log path). Give either a JobSpec or a training request (config/preset/overrides/nproc).
     Every folder and data file of the job must lie in the workspace, and for a tenant's job in its root."""
-    from trainops.tools.changes.tenancy import check_job_paths, check_launch_versions
-    from trainops.tools.frameworks import get_adapter
-    from trainops.tools.jobs.trainer_job import training_spec
-
     try:
         if inp.training is not None:
             spec = training_spec(inp.training, inp.name, inp.exclude_nodes, inp.tenant)
@@ -101,7 +102,6 @@ def submit_job(inp: SubmitJobInput) -> SubmitJobOutput:
         check_launch_versions(spec)  # the compatibility matrix and the tenant's framework pin
     except (ValueError, OSError) as exc:
         raise ToolError("submit_job", f"cannot prepare the job: {exc}") from None
-    from trainops.tools.schedulers.processes import spec_sha256
 
     handle = _run("submit_job", _scheduler("submit_job", inp.scheduler).submit, spec)
     return SubmitJobOutput(handle=handle, spec=spec, spec_sha256=spec_sha256(spec))
@@ -120,8 +120,6 @@ def job_status(inp: JobRef) -> JobStatus:
 
 def _observed(scheduler, tool_name: str, verb: str, *args) -> JobStatus:
     """A job-status read; a job end that is not a clean finish goes to the interruption record."""
-    from trainops.tools.reliability.interruptions import observe
-
     status = _run(tool_name, getattr(scheduler, verb), *args)
     observe(status, scheduler)
     return status
@@ -169,16 +167,12 @@ class CancelJobInput(JobRef):
 def _launched_spec(tool_name: str, ref: JobRef) -> JobSpec | None:
     """The spec trainops recorded when it launched the job (None on Kubernetes, whose job labels
     the scheduler checks); a job it did not launch is refused by `_launched_here` first."""
-    from trainops.tools.schedulers.processes import launched_spec
-
     return _run(tool_name, launched_spec, ref.job_id, ref.scheduler)
 
 
 def _launched_here(ref: JobRef) -> str | None:
     """Before the gate queues a stop or a relaunch for a human to sign: the job must have a launch
     record in this workspace (another user's Slurm job, a mistyped id), or the call could never run."""
-    from trainops.tools.schedulers.processes import launched_spec
-
     if ref.scheduler == "kubernetes":
         return None
     try:
@@ -215,10 +209,6 @@ def requeue_job(inp: RequeueJobInput) -> JobHandle:
     folders are checked again first: the job itself can have rewritten its run's config. The job
     can rewrite its record too, so an approved requeue names the spec_sha256 submit_job returned
     and the scheduler relaunches only a record that still has it."""
-    from trainops.tools.base import active_call
-    from trainops.tools.changes.tenancy import check_job_paths, check_launch_versions
-    from trainops.tools.frameworks import get_adapter
-
     spec = _launched_spec("requeue_job", inp)
     if spec is not None:
         try:
@@ -320,8 +310,6 @@ def fold_per_node(samples: list[Sample], how: str) -> dict[str, float]:
 @tool("query_metrics", risk="read", tags=("metrics",))
 def query_metrics(inp: QueryMetricsInput) -> QueryMetricsOutput:
     """A metric of a run, per rank: the latest value or a series over a window."""
-    from trainops.tools.monitoring import get_monitor
-
     # the embedded monitor reads the run folder, resolved and confined here; Prometheus asks by the run label
     run = _confined_run("query_metrics", inp.run) if inp.monitor == "embedded" else inp.run
     mon = _run("query_metrics", get_monitor, inp.monitor, inp.url)

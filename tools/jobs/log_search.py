@@ -13,8 +13,12 @@ import re
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from trainops.run_folder import RunFiles
 from trainops.tools.base import ToolError, tool
-from trainops.tools.schedulers.base import SchedulerError, SchedulerKind
+from trainops.tools.reliability.causes import inert
+from trainops.tools.schedulers import get_scheduler
+from trainops.tools.schedulers.base import SchedulerError, SchedulerKind, read_confined
+from trainops.workspace import run_folder
 
 MAX_LOG_LINE_CHARS = 500
 
@@ -82,18 +86,11 @@ class ReadLogWindowOutput(BaseModel):
 
 
 def _inert(text: str) -> str:
-    from trainops.tools.reliability.causes import inert
-
     return inert(text, MAX_LOG_LINE_CHARS)
 
 
 def _log_lines(tool_name: str, ref: LogRef) -> tuple[str, list[str]]:
     """The log's source label and its lines, read through the scheduler or the confined run folder."""
-    from trainops.run_folder import RunFiles
-    from trainops.tools.schedulers import get_scheduler
-    from trainops.tools.schedulers.base import read_confined
-    from trainops.workspace import run_folder
-
     try:
         if ref.job_id is not None:
             text = get_scheduler(ref.scheduler).logs(ref.job_id, 0, ref.rank)

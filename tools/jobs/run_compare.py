@@ -16,6 +16,7 @@ from trainops.run_folder import RunFiles, read_metrics
 from trainops.tools.base import ToolError, tool
 from trainops.tools.jobs.jobs import RunSummary, _confined_run, summarize_records
 from trainops.tools.reliability.causes import inert
+from trainops.trainer.config import ConfigError, load_config
 
 NOISE_PCT = 5.0
 """A step-time difference below this is not called slower or faster: one run of each is compared,
@@ -53,8 +54,6 @@ def _flat(value: Any, prefix: str = "") -> dict[str, str]:
 
 
 def _settings(tool_name: str, run_dir) -> dict[str, str]:
-    from trainops.trainer.config import ConfigError, load_config
-
     try:
         return _flat(load_config(RunFiles(run_dir).config).model_dump(mode="json"))
     except ConfigError as exc:

@@ -9,20 +9,21 @@ from __future__ import annotations
 from pathlib import Path
 
 from trainops.run_folder import RunFiles
+from trainops.settings import read_toml
+from trainops.tools.changes.tenancy import check_job_paths, tenant_path
 from trainops.tools.schedulers.base import JobSpec, TrainingJob
+from trainops.trainer.config import load_config
+from trainops.trainer.launch import trainer_program
+from trainops.trainer.layout import validate_job_layout
+from trainops.workspace import confine, new_run_id, runs_dir
 
 
 def _new_run_dir(tenant: str | None) -> Path:
-    from trainops.tools.changes.tenancy import tenant_path
-    from trainops.workspace import new_run_id, runs_dir
-
     return (tenant_path(tenant, "runs") if tenant else runs_dir()) / new_run_id()
 
 
 def _init_from(req: TrainingJob) -> str | None:
     """The Hugging Face folder a run starts from (`model.init_from`, an override or in the config TOML)."""
-    from trainops.settings import read_toml
-
     for item in reversed(req.overrides):
         key, _, value = item.partition("=")
         if key.strip() == "model.init_from":
@@ -37,8 +38,6 @@ def trainer_job(run_dir: str | Path, nproc: int, *, name: str = "train", nodes: 
                 exclude_nodes: list[str] | None = None, tenant: str | None = None) -> JobSpec:
     """The job that trains a prepared run folder: torchrun of the trainer's own program
     (trainops.trainer.launch.trainer_program), the one command line every trainer launch uses."""
-    from trainops.trainer.launch import trainer_program
-
     return JobSpec(name=name, command=trainer_program(run_dir), launcher="torchrun", nodes=nodes,
                    procs_per_node=nproc, run_dir=str(run_dir), exclude_nodes=list(exclude_nodes or []),
                    env={"OMP_NUM_THREADS": "1"}, tenant=tenant)
@@ -47,9 +46,6 @@ def trainer_job(run_dir: str | Path, nproc: int, *, name: str = "train", nodes: 
 def check_layout(req: TrainingJob):
     """The request's config, once its layout fits the job's nodes x processes per node (LayoutError,
     a ValueError naming the numbers and the fix, otherwise): checked before any scheduler is asked."""
-    from trainops.trainer.config import load_config
-    from trainops.trainer.layout import validate_job_layout
-
     config = load_config(req.config, req.preset, req.overrides)
     validate_job_layout(config, req.nproc, req.nodes)
     return config
@@ -58,9 +54,6 @@ def check_layout(req: TrainingJob):
 def training_spec(req: TrainingJob, name: str, exclude_nodes: list[str], tenant: str | None = None) -> JobSpec:
     """Check the trainer run's folders, then prepare its run folder (config.toml, logs/) and
     build the torchrun job; a tenant's run folder lies in the tenant's root."""
-    from trainops.tools.changes.tenancy import check_job_paths
-    from trainops.workspace import confine
-
     init_from = _init_from(req)
     if init_from:  # before the config loads: loading it reads the folder's config.json
         confine(init_from, "model.init_from", reading=True, must_exist=True)

@@ -7,22 +7,19 @@ from __future__ import annotations
 from typing import get_args
 
 from trainops.tools.monitoring.base import Monitor, MonitorError, MonitorKind, Sample, Series
+from trainops.tools.monitoring.embedded import EmbeddedMonitor
+from trainops.tools.monitoring.prometheus import PrometheusMonitor
+from trainops.tools.monitoring.replay import replay_monitor
 
 __all__ = ["Monitor", "MonitorError", "Sample", "Series", "get_monitor"]
 
 
 def get_monitor(kind: str, url: str | None = None) -> Monitor:
     """The backend for `kind`; while a recorded scenario is replayed, every kind serves its snapshot."""
-    from trainops.tools.monitoring.replay import replay_monitor
-
     if (replay := replay_monitor(kind)) is not None:
         return replay
     if kind == "embedded":
-        from trainops.tools.monitoring.embedded import EmbeddedMonitor
-
         return EmbeddedMonitor()
     if kind == "prometheus":
-        from trainops.tools.monitoring.prometheus import PrometheusMonitor
-
         return PrometheusMonitor(url)
     raise MonitorError(kind, f"unknown monitor {kind!r}: use {' or '.join(get_args(MonitorKind))}")

@@ -11,7 +11,11 @@ from __future__ import annotations
 import os
 import re
 
+from urllib3.util.retry import Retry
+
+from trainops.settings import SettingsError, table, user_config_path
 from trainops.tools.monitoring.base import AGGREGATES, HEARTBEAT_AGE, MonitorError, Sample, Series
+from trainops.workspace import is_valid_id
 
 KIND = "prometheus"
 DEFAULT_URL = "http://127.0.0.1:9090"
@@ -24,8 +28,6 @@ def _normal(url: str) -> str:
 
 def configured_urls() -> list[str]:
     """The Prometheus servers trainops may query, in order of preference."""
-    from trainops.settings import SettingsError, table, user_config_path
-
     try:
         values, sources = table("monitoring", trusted_only=True)
     except SettingsError as exc:
@@ -40,8 +42,6 @@ def configured_urls() -> list[str]:
 
 def allowed_url(url: str | None) -> str:
     """`url` when it is a configured server (None: the first one); otherwise a MonitorError saying how to add it."""
-    from trainops.settings import user_config_path
-
     urls = configured_urls()
     if url is None:
         return urls[0]
@@ -81,8 +81,6 @@ def _label(value: str) -> str:
 def selector(metric: str, run: str, rank: int | None = None) -> str:
     """`trainops_METRIC{run="RUN"[,rank="R"]}`: the run matcher is always there, so a query sees one
     run's series and nothing else; the name is checked against the grammar, the values escaped."""
-    from trainops.workspace import is_valid_id
-
     if not is_valid_id(run):
         raise MonitorError(KIND, f"run={run!r} is not a run id: use the run id the submit returned")
     if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
@@ -118,7 +116,6 @@ class PrometheusMonitor:
 
     def _client(self):
         from prometheus_api_client import PrometheusConnect
-        from urllib3.util.retry import Retry
 
         # one quick retry: a drill must not spend seconds in the client's default backoff
         return PrometheusConnect(url=self.url, disable_ssl=True, retry=Retry(total=1, backoff_factor=0.1), timeout=10)

@@ -10,11 +10,11 @@ from pathlib import Path
 from trainops.run_folder import read_heartbeats
 from trainops.tools.monitoring.base import AGGREGATES, HEARTBEAT_AGE, Sample, Series
 from trainops.tools.monitoring.embedded import EmbeddedMonitor
+from trainops.tools.schedulers.replay import active_replay
 
 
 class ReplayMonitor(EmbeddedMonitor):
     """EmbeddedMonitor over the frozen run folder, its `now` the snapshot's recorded_at."""
-
     def __init__(self, home: Path, recorded_at: float, kind: str):
         self.home = home
         self.recorded_at = recorded_at
@@ -43,7 +43,5 @@ class ReplayMonitor(EmbeddedMonitor):
 
 def replay_monitor(kind: str) -> ReplayMonitor | None:
     """The replay monitor while a replay is active (trainops.tools.schedulers.replay.replaying), else None."""
-    from trainops.tools.schedulers.replay import active_replay
-
     replay = active_replay()
     return None if replay is None else ReplayMonitor(replay.home, replay.snapshot.recorded_at, kind)

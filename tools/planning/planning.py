@@ -8,15 +8,21 @@ gives the same answer for the same seed.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
+import statistics
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from trainops.run_folder import RecoveryPath
+from trainops.run_folder import RecoveryPath, read_journal
 from trainops.tools.base import ToolError, tool
 from trainops.tools.planning.layout_mapping import MoeShape, TopologyPlan, expert_parallel, map_layout
+from trainops.tools.reliability.drill_records import measured_path_restart, newest_node_drill_restart
+from trainops.trainer.config import load_config
+from trainops.trainer.layout import plan_dry_run
+from trainops.workspace import confine, run_folder
 
 # --- checkpoint interval -------------------------------------------------------------------
 
@@ -100,7 +106,6 @@ class CheckpointIntervalInput(BaseModel):
 
 class WriteOccupancy(BaseModel):
     """The checkpoint plan's load on storage: one checkpoint per Daly interval."""
-
     checkpoint_bytes: int = Field(description="Bytes one checkpoint writes.")
     write_bandwidth_mib_s: float = Field(description="Write bandwidth the occupancy is measured against, MiB/s.")
     basis: str = Field(description="Where bytes and bandwidth come from.")
@@ -162,14 +167,10 @@ def plan_checkpoint_interval(inp: CheckpointIntervalInput) -> CheckpointInterval
     a recommendation (two-phase async checkpoints when the write time nears the MTBF)."""
     source = "given by the caller"
     if inp.restart_from == "newest_node_drill":
-        from trainops.tools.reliability.drill_records import newest_node_drill_restart
-
         measured = newest_node_drill_restart("plan_checkpoint_interval")
         inp = inp.model_copy(update={"restart_s": measured.total_s})
         source = measured.source
     elif inp.restart_from == "measured_path":
-        from trainops.tools.reliability.drill_records import measured_path_restart
-
         measured = measured_path_restart(inp.recovery_path, "plan_checkpoint_interval")
         inp = inp.model_copy(update={"restart_s": measured.total_s})
         source = measured.source
@@ -225,11 +226,6 @@ def write_occupancy(inp: CheckpointIntervalInput, interval_s: float) -> WriteOcc
 def journal_write_rate(run: str) -> tuple[int, float, str]:
     """Median bytes per save and the bandwidth the saves reached (their bytes over their write time),
     from the run's checkpoint journal."""
-    import statistics
-
-    from trainops.run_folder import read_journal
-    from trainops.workspace import run_folder
-
     try:
         folder = run_folder(run, "run")
     except ValueError as exc:
@@ -456,7 +452,6 @@ def plan_effective_training_time(inp: EttrInput) -> EttrOutput:
     multi-node drill's measured ones, and the output says which drill."""
     if inp.restart_from == "given":
         return simulate_ettr(inp)
-    from trainops.tools.reliability.drill_records import measured_path_restart, newest_node_drill_restart
 
     measured = (newest_node_drill_restart("plan_effective_training_time") if inp.restart_from == "newest_node_drill"
                 else measured_path_restart(inp.recovery_path, "plan_effective_training_time"))
@@ -510,8 +505,6 @@ class LayoutOutput(BaseModel):
 
 
 def _plain(obj: Any) -> dict[str, Any]:
-    import dataclasses
-
     if isinstance(obj, BaseModel):
         return obj.model_dump(mode="json")
     if dataclasses.is_dataclass(obj):
@@ -528,13 +521,6 @@ def plan_layout(inp: LayoutInput) -> LayoutOutput:
     groups land on the declared topology (nodes, scale-up domain) with the verdict on tensor
     parallel crossing a domain, and, for a MoE shape, the expert all-to-all bytes per step against
     the declared bandwidth. An impossible layout comes back as valid=false with the reason."""
-    try:
-        from trainops.trainer.config import load_config
-        from trainops.trainer.layout import plan_dry_run
-    except ImportError as exc:
-        raise ToolError("plan_layout", f"the trainer's layout planner is not available ({exc})") from None
-    from trainops.workspace import confine
-
     try:
         # the config is a path the model chose: confined like every other path a tool reads, so no
         # file outside the workspace (its existence, its TOML) reaches the model

@@ -28,11 +28,27 @@ import math
 import os
 import re
 import signal as _signal
+import statistics
 import time
 from pathlib import Path
 from typing import Literal
 
+import psutil
 from pydantic import BaseModel, Field
+
+from trainops.redact import scrub
+from trainops.run_folder import (
+    RunFiles,
+    read_heartbeats,
+    read_journal,
+    read_metrics,
+    read_regular,
+    read_status,
+    this_launch,
+)
+from trainops.terminal_text import visible
+from trainops.tools.reliability.sdc_check import KNOWN_ANSWER_FAILED
+from trainops.tools.schedulers.processes import job_processes, rank_processes
 
 Cause = Literal["hardware", "network", "software", "data", "planned", "unclassified"]
 CAUSES: tuple[str, ...] = ("hardware", "network", "software", "data", "planned", "unclassified")
@@ -54,7 +70,6 @@ IN_PROCESS_STATE = "RECOVERED_IN_PROCESS"
 
 class Evidence(BaseModel):
     """What the job end showed, each field as observed (None: not observed)."""
-
     state: str = Field("", description="The scheduler's terminal state.")
     reason: str = Field("", description="The scheduler's reason for it (Slurm's State/Reason, local exit).")
     exit_code: int | None = None
@@ -96,9 +111,6 @@ class Evidence(BaseModel):
 
 def inert(text: object, limit: int = MAX_LINE_CHARS) -> str:
     """Run text made safe to keep: secrets scrubbed, control/bidi characters escaped, bounded."""
-    from trainops.redact import scrub
-    from trainops.terminal_text import visible
-
     return visible(scrub(str(text)))[:limit]
 
 
@@ -144,8 +156,6 @@ def _signal_of(exit_code: int | None) -> str | None:
 
 
 def _log_errors(name: str, text: str) -> list[str]:
-    from trainops.tools.reliability.sdc_check import KNOWN_ANSWER_FAILED
-
     hits = [ln.strip() for ln in text.splitlines()
             if _EXC.match(ln.strip()) or _NET.search(ln) or KNOWN_ANSWER_FAILED in ln]
     return [f"{name}: {ln}" for ln in hits[-3:]]
@@ -154,8 +164,6 @@ def _log_errors(name: str, text: str) -> list[str]:
 def _error_lines(run_dir: Path, beats: dict, result, until: float | None) -> tuple[list[str], int | None]:
     """The error lines ranks noted on exit, the run's failure line and the tail of each rank log's
     errors in the launch that ended by `until`; and the first rank that noted one."""
-    from trainops.run_folder import RunFiles, read_regular, this_launch
-
     lines, first = [], None
     for rank, beat in beats.items():
         if beat.exit is not None and beat.exit.error:
@@ -208,11 +216,6 @@ def kernel_oom_kills(pids: set[int], path: str = KERNEL_LOG, max_records: int = 
 def witness_ranks(run_dir: str | Path, job_id: str, scheduler: str) -> dict[int, str]:
     """rank -> its process now (running, stopped, gone), for a job trainops is about to end itself;
     {} when no process of the job is visible from here (another host): nothing was seen."""
-    import psutil
-
-    from trainops.run_folder import read_heartbeats
-    from trainops.tools.schedulers.processes import job_processes, rank_processes
-
     try:
         procs = job_processes(job_id, scheduler)
     except Exception:  # noqa: BLE001 - a scheduler that cannot be asked leaves this evidence out
@@ -235,8 +238,6 @@ def witness_ranks(run_dir: str | Path, job_id: str, scheduler: str) -> dict[int,
 def replay_evidence(ev: Evidence, run_dir: str | Path, after: float) -> None:
     """What a later launch of the same run showed: whether the NaN/inf step recurred when it was
     replayed, and the committed checkpoints that failed verification as the restart loaded them."""
-    from trainops.run_folder import read_journal, read_metrics
-
     if ev.nonfinite_loss_step is not None and not ev.nonfinite_repeats:
         step = ev.nonfinite_loss_step
         again = [r for r in read_metrics(run_dir) if r.rank == 0 and r.step == step and r.time > after]
@@ -251,10 +252,6 @@ def replay_evidence(ev: Evidence, run_dir: str | Path, after: float) -> None:
 def _metrics_evidence(run_dir: Path, ev: Evidence, until: float | None = None) -> None:
     """Checksums, the first non-finite loss and whether it repeated, the last step and its time (of
     the records and checkpoints up to `until`, when given)."""
-    import statistics
-
-    from trainops.run_folder import read_journal, read_metrics
-
     records = [r for r in read_metrics(run_dir) if until is None or r.time <= until]
     sums: dict[int, dict[str, set]] = {}
     seen_bad: dict[int, int] = {}
@@ -289,8 +286,6 @@ def gather(status, node_states: dict[str, str] | None = None, job_log: str = "",
     processes and heartbeats as seen just before trainops ended the job (if it did), the kernel log
     and the run folder up to `until` (default: the end). A later launch of the same run rewrites the
     heartbeats and appends steps, so nothing newer than that is this end's evidence."""
-    from trainops.run_folder import read_heartbeats, read_status, this_launch
-
     if until is None and status.ended_at:
         until = status.ended_at + 1.0  # a scheduler's end time may be whole seconds
     job_log = this_launch(job_log or "", until)
@@ -441,8 +436,6 @@ def _classify(ev: Evidence, planned: bool, stale_s: float) -> tuple[Cause, str]:
 
 
 def _known_answer_failures(ev: Evidence) -> list[str]:
-    from trainops.tools.reliability.sdc_check import KNOWN_ANSWER_FAILED
-
     return [ln for ln in ev.error_lines if KNOWN_ANSWER_FAILED in ln]
 
 

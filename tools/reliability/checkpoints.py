@@ -14,13 +14,16 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, model_validator
 
+from trainops.run_folder import read_journal
 from trainops.tools.base import ToolError, tool
-from trainops.trainer.checkpoint_files import CheckpointInfo, CheckpointVerification
+from trainops.tools.reliability.causes import inert
+from trainops.trainer.checkpoint_files import CheckpointInfo, CheckpointVerification, step_dir_name
+from trainops.trainer.checkpoint_files import list_checkpoints as trainer_list
+from trainops.trainer.checkpoint_files import verify_checkpoint as trainer_verify
+from trainops.workspace import check_id, confine, home, runs_dir
 
 
 def _confined(path: str, field: str, tool_name: str) -> Path:
-    from trainops.workspace import confine
-
     try:
         return confine(path, field)
     except ValueError as exc:
@@ -28,8 +31,6 @@ def _confined(path: str, field: str, tool_name: str) -> Path:
 
 
 def _run_checkpoint_folder(run: str, tool_name: str) -> Path:
-    from trainops.workspace import check_id, runs_dir
-
     try:
         check_id("run", run)
     except ValueError as exc:
@@ -61,7 +62,6 @@ class SkippedCheckpoint(BaseModel):
 
 class RunStart(BaseModel):
     """One start of the run from a checkpoint (a resume or a restart), from the run's checkpoint journal."""
-
     time: float = Field(description="Unix seconds the load finished.")
     loaded_step: int = Field(description="The checkpoint step it loaded.")
     loaded: str = Field(description="The folder name of the checkpoint it loaded (step-NNNNNNNN).")
@@ -81,9 +81,6 @@ class ListCheckpointsOutput(BaseModel):
 
 def _starts(run_dir: Path) -> list[RunStart]:
     """Each load of the journal with the fallbacks written since the previous load."""
-    from trainops.run_folder import read_journal
-    from trainops.tools.reliability.causes import inert
-
     journal, starts, after = read_journal(run_dir), [], float("-inf")
     for load in journal.loads:
         skipped = [SkippedCheckpoint(step=f.step, reason=inert(f.reason)) for f in journal.fallbacks
@@ -99,8 +96,6 @@ def list_checkpoints(inp: ListCheckpointsInput) -> ListCheckpointsOutput:
     """List the checkpoints of a run (or a folder): step, committed or partial, size, time, the
     newest committed step a resume would load, and for a run each start's loaded checkpoint and the
     corrupt ones it skipped."""
-    from trainops.trainer.checkpoint_files import list_checkpoints as trainer_list
-
     folder = (_run_checkpoint_folder(inp.run, "list_checkpoints") if inp.run
               else _confined(inp.folder, "folder", "list_checkpoints"))
     entries = trainer_list(folder)
@@ -131,10 +126,6 @@ class VerifyCheckpointInput(BaseModel):
 def verify_checkpoint(inp: VerifyCheckpointInput) -> CheckpointVerification:
     """Verify a checkpoint is complete: committed, every file present, sizes and sha256 checksums
     matching its COMMIT.json. Reports missing and corrupted files by name."""
-    from trainops.trainer.checkpoint_files import list_checkpoints as trainer_list
-    from trainops.trainer.checkpoint_files import step_dir_name
-    from trainops.trainer.checkpoint_files import verify_checkpoint as trainer_verify
-
     if inp.path is not None:
         target = _confined(inp.path, "path", "verify_checkpoint")
     else:
@@ -176,8 +167,6 @@ def measure_checkpoint_io(inp: MeasureIoInput) -> MeasureIoOutput:
     plan_checkpoint_interval (save_s) and restart estimates (load_s)."""
     import torch
     import torch.distributed.checkpoint as dcp
-
-    from trainops.workspace import home
 
     parent = _confined(inp.folder, "folder", "measure_checkpoint_io") if inp.folder else home()
     numel = inp.size_mib * (1 << 20) // 4 // inp.tensors

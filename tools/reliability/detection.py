@@ -13,8 +13,11 @@ from pydantic import BaseModel, Field
 
 from trainops.run_folder import RunFiles, read_faults, read_heartbeats, read_recoveries, read_status
 from trainops.tools.base import ToolError, tool
+from trainops.tools.reliability.causes import inert
 from trainops.tools.reliability.signals import ISOLATION, DetectFaultsInput, Detection, FaultWatch
+from trainops.tools.schedulers import get_scheduler
 from trainops.tools.schedulers.base import TERMINAL_STATES, SchedulerError
+from trainops.workspace import run_folder
 
 # Ranks append their records of one step microseconds to milliseconds apart; a loss anomaly is held
 # this long (at most) for the peers' records of its step, whose checksums may name a corrupted replica.
@@ -76,16 +79,12 @@ def detect_faults(inp: DetectFaultsInput) -> Detection:
     turns NaN or jumps, replica checksums disagree, a rank straggles) or the timeout passes.
     Reports the mechanism, the rank and node, the detection latency from the injection, and
     the isolation to apply (rank, node, replica group or job)."""
-    from trainops.workspace import run_folder
-
     try:
         run_dir = run_folder(inp.run)
     except ValueError as exc:
         raise ToolError("detect_faults", str(exc)) from None
     sched = None
     if inp.job_id:
-        from trainops.tools.schedulers import get_scheduler
-
         sched = get_scheduler(inp.scheduler)
     watch, started = FaultWatch(inp, run_dir), time.time()
     host = os.uname().nodename
@@ -174,9 +173,6 @@ def find_straggler(inp: FindStragglerInput) -> StragglerFinding:
     """Which rank of a run is the straggler, judged from its metrics as detect_faults judges a live
     one: the slowest compute where ranks time it; else, since a synchronous job's peers wait for a
     late rank inside their own step timers, the rank with the shortest timed step."""
-    from trainops.tools.reliability.causes import inert
-    from trainops.workspace import run_folder
-
     try:
         run_dir = run_folder(inp.run)
     except ValueError as exc:

@@ -3,12 +3,14 @@ newest multi-node drill in the workspace (detection + isolation + requeue + chec
 where it came from, so a plan names its evidence instead of an assumed number."""
 from __future__ import annotations
 
+import statistics
 from datetime import datetime, timezone
 
 from pydantic import BaseModel, Field
 
 from trainops.run_folder import RunFiles, read_drill_record, read_recoveries
 from trainops.tools.base import ToolError
+from trainops.workspace import runs_dir
 
 
 class MeasuredRestart(BaseModel):
@@ -22,8 +24,6 @@ class MeasuredRestart(BaseModel):
 def newest_node_drill_restart(tool_name: str) -> MeasuredRestart:
     """From the newest drill record of a multi-node drill (one with a per-node timeline) under the
     workspace's runs; a ToolError saying how to make one when there is none."""
-    from trainops.workspace import runs_dir
-
     records = []
     for run_dir in sorted(p for p in runs_dir().iterdir() if p.is_dir()):
         record = read_drill_record(run_dir)
@@ -45,10 +45,6 @@ def measured_path_restart(path: str, tool_name: str) -> MeasuredRestart:
     """The median detection and recovery of every measured recovery by `path` under the workspace's runs:
     a drill's record (RUN/drill.json, its recovery_path) and, in a run that was no drill, each recovery
     the trainer recorded itself (RUN/recoveries.jsonl); a ToolError naming the path when none was measured."""
-    import statistics
-
-    from trainops.workspace import runs_dir
-
     drills, trainer = [], []
     for run_dir in sorted(p for p in runs_dir().iterdir() if p.is_dir()):
         record = read_drill_record(run_dir)

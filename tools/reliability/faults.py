@@ -19,7 +19,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trainops.run_folder import RunFiles
 from trainops.tools.base import ToolError, tool
+from trainops.tools.sandbox import cluster as sandbox
+from trainops.tools.sandbox import faults as sandbox_faults
+from trainops.tools.schedulers import get_scheduler
 from trainops.tools.schedulers.base import SchedulerError, SchedulerKind
+from trainops.tools.schedulers.processes import job_of_run, job_processes, node_of, rank_processes
+from trainops.trainer.checkpoint_files import list_checkpoints
+from trainops.workspace import confine, run_folder
 
 FaultKind = Literal["kill_rank", "kill_node", "hang", "straggler", "nan", "bitflip", "crash", "corrupt_checkpoint",
                     "drain_node", "node_crash", "power_loss", "partition", "slow_network", "heal_node"]
@@ -75,8 +81,6 @@ class InjectFaultOutput(BaseModel):
 
 
 def _run_dir(run: str) -> Path:
-    from trainops.workspace import run_folder
-
     try:
         return run_folder(run)
     except ValueError as exc:
@@ -85,8 +89,6 @@ def _run_dir(run: str) -> Path:
 
 def _job_ranks(inp: InjectFaultInput, run_dir: Path) -> dict[int, psutil.Process]:
     """rank -> process of the job trainops launched for this run."""
-    from trainops.tools.schedulers.processes import job_of_run, job_processes, rank_processes
-
     try:
         scheduler, job_id = job_of_run(run_dir)
         procs = job_processes(job_id, scheduler)
@@ -130,9 +132,6 @@ def _corrupt_newest_checkpoint(run_dir: Path) -> tuple[float, str]:
     `step-N.tmp/` would be checksummed with the damage in it and committed as sound); every path
     is confined to the workspace (a symlinked checkpoint folder or file pointing elsewhere is
     refused) and the file is opened without following a link."""
-    from trainops.trainer.checkpoint_files import list_checkpoints
-    from trainops.workspace import confine
-
     try:
         folder = confine(run_dir / "checkpoints", "checkpoint folder")
         ckpts = [confine(Path(c.path), "checkpoint") for c in list_checkpoints(folder) if c.committed]
@@ -183,8 +182,6 @@ def inject_fault(inp: InjectFaultInput) -> InjectFaultOutput:
     if inp.kind in NODE_KINDS:
         return _node_fault(inp)
     if inp.kind == "drain_node":
-        from trainops.tools.schedulers import get_scheduler
-
         run_dir = _run_dir(inp.run) if inp.run else None
         try:
             get_scheduler(inp.scheduler).drain(inp.node, "trainops fault drill")
@@ -200,8 +197,6 @@ def inject_fault(inp: InjectFaultInput) -> InjectFaultOutput:
         record_fault(run_dir, {"kind": inp.kind, "time": at, "file": target})
         return InjectFaultOutput(kind=inp.kind, injected_at=at, target=target)
     if inp.kind == "kill_node":
-        from trainops.tools.schedulers.processes import node_of
-
         every_rank = _job_ranks(inp, run_dir)
         node = node_of(_pick_rank(every_rank, inp.rank, run_dir)) if inp.node is None else inp.node
         node = socket.gethostname() if node == "localhost" else node
@@ -228,9 +223,6 @@ def inject_fault(inp: InjectFaultInput) -> InjectFaultOutput:
 def _node_fault(inp: InjectFaultInput) -> InjectFaultOutput:
     """A real node or network fault, only on a node of the `trainops sandbox` that SLURM_CONF names:
     trainops acts on namespaces it made itself, never on a host it did not."""
-    from trainops.tools.sandbox import cluster as sandbox
-    from trainops.tools.sandbox import faults as sandbox_faults
-
     state = sandbox.state_for_slurm_conf(os.environ.get("SLURM_CONF", ""))
     if state is None:
         raise ToolError("inject_fault", f"kind={inp.kind} acts on trainops sandbox nodes only, and SLURM_CONF "

@@ -10,12 +10,13 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import statistics
 import time
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from trainops.run_folder import Heartbeat, read_heartbeats
+from trainops.run_folder import Heartbeat, RunFiles, read_heartbeats, read_recoveries, read_regular, read_status
 from trainops.tools.base import tool
 from trainops.tools.reliability.causes import (
     CAUSES,
@@ -28,6 +29,7 @@ from trainops.tools.reliability.causes import (
     replay_evidence,
     witness_ranks,
 )
+from trainops.workspace import home
 
 log = logging.getLogger(__name__)
 RECORD_NAME = "interruptions.jsonl"
@@ -45,7 +47,6 @@ class Witnessed(BaseModel):
     """A job as trainops saw it just before ending it itself: its record may be written only after a
     restart of the same run rewrote the heartbeats (Slurm holds a job with a lost node COMPLETING), so
     the run folder as it was then is kept, not read again."""
-
     ranks: dict[int, str]
     beats: dict[int, Heartbeat]
     at: float
@@ -58,7 +59,6 @@ _WITNESSED: dict[tuple[str, str], Witnessed] = {}
 
 class LostTime(BaseModel):
     """time lost = detection + isolation + restart + steps redone (seconds)."""
-
     detection_s: float = 0.0
     isolation_s: float = 0.0
     restart_s: float = 0.0
@@ -95,15 +95,11 @@ class Interruption(BaseModel):
 
 
 def record_path() -> Path:
-    from trainops.workspace import home
-
     return home() / RECORD_NAME
 
 
 def read_interruptions(job: str | None = None) -> list[Interruption]:
     """Every record (of one job), oldest first. A corrupt line is skipped with a warning."""
-    from trainops.run_folder import read_regular
-
     data = read_regular(record_path(), MAX_RECORD_FILE) or b""
     out = []
     for n, line in enumerate(data.splitlines(), 1):
@@ -162,8 +158,6 @@ def is_clean(status) -> bool:
 
 
 def _run_status(run_dir: str | None):
-    from trainops.run_folder import read_status
-
     return read_status(run_dir) if run_dir and Path(run_dir).is_dir() else None
 
 
@@ -173,8 +167,6 @@ def _run_failed(run_dir: str | None) -> bool:
 
 
 def _run_finished_ok_since(run_dir: str | None, started_at: float | None) -> bool:
-    from trainops.run_folder import RunFiles
-
     result = _run_status(run_dir)
     if result is None or result.status != "ok" or result.exit_code != 0:
         return False
@@ -250,8 +242,6 @@ def record_in_process_recoveries(status, scheduler: str) -> list[Interruption]:
     """Record each in-process recovery of the job's run (RUN/recoveries.jsonl) once: the job did not
     end, but a rank was lost and the time to the first step after it was not training. Its evidence is
     the supervisor's (gather_in_process); returns the records made now."""
-    from trainops.run_folder import read_recoveries
-
     entries = [e for e in read_recoveries(status.run_dir) if e.path != "requeue"] if status.run_dir else []
     if not entries:
         return []
@@ -295,8 +285,6 @@ def complete_recovery(rec_id: str, detection_s: float, isolation_s: float, resta
     (the NaN step replayed, checkpoints that failed verification on load, nodes the scheduler flagged
     since) and the cause that evidence then supports. The one record is rewritten in place, under the
     record's lock."""
-    from trainops.run_folder import read_regular
-
     with _open_record() as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         lines = (read_regular(record_path(), MAX_RECORD_FILE) or b"").decode(errors="replace").splitlines()
@@ -406,7 +394,6 @@ def ettr_series(window_s: float, job: str | None = None, now: float | None = Non
 class ReliabilityStats(BaseModel):
     """Interruption rate, MTBF and recovery time measured from the record; the declared MTBF only
     when the record holds fewer than two unplanned interruptions that were not drills, labelled so."""
-
     interruptions: int
     unplanned: int
     span_h: float
@@ -421,8 +408,6 @@ class ReliabilityStats(BaseModel):
 
 def reliability(declared_mtbf_h: float = 24.0, job: str | None = None,
                 records: list[Interruption] | None = None) -> ReliabilityStats:
-    import statistics
-
     records = read_interruptions(job) if records is None else records
     unplanned = [r for r in records if not r.planned]
     lost = [r.time_lost_s for r in unplanned]

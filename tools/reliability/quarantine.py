@@ -13,6 +13,8 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from trainops.tools.base import ToolError, tool
+from trainops.trainer.checkpoint_files import list_checkpoints
+from trainops.workspace import confine, run_folder
 
 
 class QuarantineInput(BaseModel):
@@ -30,9 +32,6 @@ class QuarantineOutput(BaseModel):
 def quarantine_checkpoints(inp: QuarantineInput) -> QuarantineOutput:
     """Move a run's committed checkpoints taken at or after `from_step` to RUN/quarantine/ (kept,
     not deleted), so a restart after silent data corruption loads an older, clean one."""
-    from trainops.trainer.checkpoint_files import list_checkpoints
-    from trainops.workspace import confine, run_folder
-
     try:
         run_dir = run_folder(inp.run)
         # each path confined on its own, as corrupt_checkpoint does: a symlinked RUN/checkpoints (or

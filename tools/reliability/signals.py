@@ -30,6 +30,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainops.run_folder import Heartbeat, MetricsRecord, metrics_since, read_heartbeats
+from trainops.tools.reliability.reachability import probe_nodes, slow_outlier
 from trainops.tools.schedulers.base import SchedulerKind
 
 Mechanism = Literal["process_exit", "heartbeat_stale", "loss_anomaly", "checksum_mismatch", "step_time_outlier",
@@ -89,7 +90,6 @@ class DetectFaultsInput(BaseModel):
 
 class FalsePositive(BaseModel):
     """A finding by another signal than the injected fault's, before the fault's own."""
-
     mechanism: Mechanism
     rank: int | None = None
     step: int | None = None
@@ -160,7 +160,6 @@ class FaultWatch:
     exited from the broken collective; the node that does not answer a probe over its waiting
     peers), then the job's own terminal state, then a slow link (`slow_node`, before the straggler
     check because a slow link skews every rank's step time), then a straggler."""
-
     def __init__(self, inp: DetectFaultsInput, run_dir: Path):
         self.inp, self.run_dir = inp, run_dir
         self.offset = 0
@@ -271,8 +270,6 @@ class FaultWatch:
     def probe(self, hosts: set[str]) -> dict[str, float | None]:
         """Connect round trips to the ranks' nodes, at most one round per PROBE_EVERY_S; only for
         a job on more than one node (one host has no network between its ranks)."""
-        from trainops.tools.reliability.reachability import probe_nodes
-
         if len(hosts) > 1 and time.monotonic() - self.probed_at > PROBE_EVERY_S:
             self.rtts, self.probed_at = probe_nodes(sorted(hosts)), time.monotonic()
         return self.rtts if len(hosts) > 1 else {}
@@ -281,8 +278,6 @@ class FaultWatch:
         """Every rank's steps run late against the run's own usual step time (a slow link slows
         the whole collective, so no rank stands out), and one node answers a probe far later
         than the others: that node's link. Returns (a rank on it, its heartbeat, why)."""
-        from trainops.tools.reliability.reachability import slow_outlier
-
         usual = [x.step_time_s for recs in self.by_rank.values() for x in recs[:self.inp.window_steps]
                  if x.step_time_s is not None]
         latest = [recs[-1] for recs in self.by_rank.values()]

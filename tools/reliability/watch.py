@@ -10,10 +10,13 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from trainops.run_folder import read_faults, read_heartbeat, read_heartbeats
 from trainops.tools.base import ToolError, tool
 from trainops.tools.governance.escalation import Escalation, EscalationSignals, checkpoint_save_s, escalations_for
 from trainops.tools.reliability import interruptions
-from trainops.tools.schedulers.base import SchedulerKind
+from trainops.tools.reliability.signals import DetectFaultsInput, FaultWatch
+from trainops.tools.schedulers import get_scheduler
+from trainops.tools.schedulers.base import SchedulerError, SchedulerKind
 
 
 class WatchJobInput(BaseModel):
@@ -52,17 +55,12 @@ class WatchJobOutput(BaseModel):
 
 class _RunReader:
     """The run's metrics, read incrementally (detect_faults's reader), and what they suspect."""
-
     def __init__(self, run_dir: Path):
-        from trainops.tools.reliability.signals import DetectFaultsInput, FaultWatch
-
         self.run_dir = run_dir
         self.watch = FaultWatch(DetectFaultsInput(run=str(run_dir)), run_dir)
 
     def sdc(self) -> SdcSuspect | None:
         """A replica-checksum mismatch, or a NaN/inf loss no injected NaN explains (no code change)."""
-        from trainops.run_folder import read_faults
-
         records = self.watch.ingest()
         if (odd := self.watch.checksum_mismatch()) is not None:
             rec, why = odd
@@ -77,14 +75,10 @@ class _RunReader:
 
     def host_of(self, rank: int) -> str | None:
         """The rank's host from its heartbeat (metrics lines do not carry one)."""
-        from trainops.run_folder import read_heartbeat
-
         beat = read_heartbeat(self.run_dir, rank)
         return beat.host if beat else None
 
     def heartbeat_age_s(self) -> float | None:
-        from trainops.run_folder import read_heartbeats
-
         beats = read_heartbeats(self.run_dir)
         return max(time.time() - b.time for b in beats.values()) if beats else None
 
@@ -92,7 +86,6 @@ class _RunReader:
 class RecordView(BaseModel):
     """What the interruption record says for R-ESC-1 and R-ESC-4: the same view for the SOP, the
     pack and the watch."""
-
     ettr_pct: list[float] = Field(description="ETTR per closed window, oldest first.")
     window_s: float
     cause_distribution: dict[str, int]
@@ -139,9 +132,6 @@ def watch_job(inp: WatchJobInput) -> WatchJobOutput:
     evaluates R-ESC-1..4 (falling effective training time, a gain vanished at scale, suspected
     silent data corruption, checkpoint save too slow for the MTBF).
     Returns when the job ends (with its reason) or a rule fires; hand fired rules to a human."""
-    from trainops.tools.schedulers import get_scheduler
-    from trainops.tools.schedulers.base import SchedulerError
-
     try:
         scheduler = get_scheduler(inp.scheduler)
     except SchedulerError as exc:

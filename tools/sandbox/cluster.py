@@ -27,6 +27,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
 from pydantic import BaseModel, Field, field_validator
 
 from trainops.tools.sandbox import accounting
@@ -39,8 +40,6 @@ SLURMCTLD, SLURMD, MUNGED = "/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbi
 
 class SandboxError(RuntimeError):
     """The sandbox cannot be brought up or used: says what failed and what to do."""
-
-
 class SandboxSpec(BaseModel):
     nodes: int = Field(3, ge=1, le=64, description="number of namespace nodes, n1..nN")
     prefix: str = Field("tos", description="names of namespaces and links start with it (1-6 letters/digits)")
@@ -391,8 +390,6 @@ def down(prefix: str = DEFAULT_PREFIX) -> list[str]:
 
 def _other_slurm_daemons(state: SandboxState) -> bool:
     """Another Slurm (a test suite's, a real one) may use the munged we started: then it stays."""
-    import psutil
-
     for proc in psutil.process_iter(["name", "cmdline"]):
         if proc.info["name"] in ("slurmctld", "slurmd") and str(state.conf) not in " ".join(proc.info["cmdline"] or []):
             return True

@@ -11,6 +11,8 @@ import signal
 import subprocess
 from pathlib import Path
 
+import psutil
+
 from trainops.tools.sandbox.cluster import (
     DEFAULT_PREFIX,
     NODE_IF,
@@ -75,8 +77,6 @@ def crash_node(node: int, power_loss: bool = False, prefix: str = DEFAULT_PREFIX
 
 def _alive(pids: list[int]) -> list[int]:
     """Those of `pids` still running (a zombie waiting for its parent counts as gone)."""
-    import psutil
-
     alive = []
     for pid in pids:
         try:

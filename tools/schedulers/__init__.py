@@ -16,6 +16,10 @@ from trainops.tools.schedulers.base import (
     SchedulerError,
     SchedulerKind,
 )
+from trainops.tools.schedulers.kubernetes import KubernetesScheduler
+from trainops.tools.schedulers.local import LocalScheduler
+from trainops.tools.schedulers.replay import active_replay
+from trainops.tools.schedulers.slurm import SlurmScheduler
 
 __all__ = [
     "JobHandle",
@@ -32,20 +36,12 @@ __all__ = [
 def get_scheduler(kind: str) -> Scheduler:
     """The backend for `kind`; heavy clients are imported only here. While a recorded scenario is
     replayed (trainops.tools.schedulers.replay), every kind is served from its snapshot."""
-    from trainops.tools.schedulers.replay import active_replay
-
     if (replay := active_replay()) is not None:
         return replay.scheduler(kind)
     if kind == "local":
-        from trainops.tools.schedulers.local import LocalScheduler
-
         return LocalScheduler()
     if kind == "slurm":
-        from trainops.tools.schedulers.slurm import SlurmScheduler
-
         return SlurmScheduler()
     if kind == "kubernetes":
-        from trainops.tools.schedulers.kubernetes import KubernetesScheduler
-
         return KubernetesScheduler()
     raise SchedulerError(kind, f"unknown scheduler {kind!r}: use one of {', '.join(get_args(SchedulerKind))}")

@@ -11,6 +11,7 @@ from typing import Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from trainops.run_folder import RunFiles
+from trainops.workspace import check_id, confine
 
 SchedulerKind = Literal["local", "slurm", "kubernetes"]
 JobState = Literal["pending", "running", "completed", "failed", "cancelled", "unknown"]
@@ -23,7 +24,6 @@ _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 class SchedulerError(Exception):
     """A backend failed: the message names the backend, the address or command, and what to do."""
-
     def __init__(self, backend: str, message: str):
         super().__init__(f"{backend} scheduler: {message}")
         self.backend = backend
@@ -33,7 +33,6 @@ class TrainingJob(BaseModel):
     """What to train: the one request model from the CLI and the skills through the tools to the
     framework adapters, which turn it into the JobSpec a scheduler runs. The skills' JobRequest and
     the adapters' FrameworkJob extend it with what only they need."""
-
     config: str | None = Field(None, description="Path to a job config (TOML for trainops/torchtitan, the "
                                                  "framework's own file otherwise); None uses the preset alone.")
     preset: str | None = Field(None, description="Model preset (tiny, small, llama3-1b, ...) when no config is given.")
@@ -45,7 +44,6 @@ class TrainingJob(BaseModel):
 
 class JobSpec(BaseModel):
     """What to run and where, independent of the scheduler that runs it."""
-
     name: str = Field(description="Job name: lower-case letters, digits and '-' (it becomes a Slurm job name and a "
                                   "Kubernetes object name).")
     command: list[str] = Field(description="The program and its arguments. With launcher='torchrun' this is what "
@@ -75,8 +73,6 @@ class JobSpec(BaseModel):
     @field_validator("tenant")
     @classmethod
     def _tenant_ok(cls, v: str | None) -> str | None:
-        from trainops.workspace import check_id
-
         return v if v is None else check_id("tenant", v)
 
     @field_validator("name")
@@ -140,7 +136,6 @@ class JobSpec(BaseModel):
 
 class JobHandle(BaseModel):
     """What a submit returns: enough to find the job again from a later CLI call."""
-
     job_id: str = Field(description="The backend's job id.")
     backend: SchedulerKind
     name: str
@@ -196,7 +191,6 @@ class Scheduler(Protocol):
 class PollingWait:
     """`wait` for a backend whose only view of a job is `status`: poll it until the job is
     terminal or the deadline passes; `poll_s` is the backend's polite polling interval."""
-
     poll_s: float = 0.5
 
     def wait(self, job_id: str, timeout_s: float, poll_s: float | None = None) -> JobStatus:
@@ -218,7 +212,6 @@ def tail_text(text: str, lines: int) -> str:
 def rank_log(run_dir: str | None, rank: int, backend: str, job_id: str) -> str:
     """A rank's own log from the run folder (the trainer writes logs/rank{R}.log). The job can
     replace that file with a link, so it is read only where it resolves inside the workspace."""
-
     if not run_dir:
         raise SchedulerError(backend,
                              f"job {job_id} has no run_dir, so it has no per-rank logs; ask for the job log "
@@ -233,8 +226,6 @@ def rank_log(run_dir: str | None, rank: int, backend: str, job_id: str) -> str:
 
 def read_confined(path, field: str, backend: str) -> str:
     """The text of a file a job could have replaced with a link, when it resolves inside the workspace."""
-    from trainops.workspace import confine
-
     try:
         return confine(path, field).read_text(errors="replace")
     except ValueError as exc:

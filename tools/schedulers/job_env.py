@@ -13,8 +13,11 @@ import fnmatch
 import os
 from collections.abc import Mapping
 
+from trainops.settings import workspace_path
 from trainops.tools.schedulers.base import JobSpec, SchedulerError
 
+# set on a local job's launcher only (processes.py reads it back); the command does not inherit it
+LAUNCHER_MARKER = "TRAINOPS_LOCAL_JOB"
 ALLOWED = (
     "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_*", "TZ", "TERM", "TMPDIR",
     "PYTHONPATH", "PYTHONHASHSEED", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONWARNINGS",
@@ -55,8 +58,6 @@ def check_spec_env(spec: JobSpec, backend: str) -> dict[str, str]:
 def job_environment(spec: JobSpec, backend: str, source: Mapping[str, str] | None = None) -> dict[str, str]:
     """The whole environment of a job started here: the allowed part of `source` (the operator's
     environment), TRAINOPS_HOME as the workspace's absolute path, then the spec's variables."""
-    from trainops.settings import workspace_path
-
     source = os.environ if source is None else source
     env = {key: value for key, value in source.items() if allowed(key)}
     env["TRAINOPS_HOME"] = str(workspace_path())

@@ -14,6 +14,8 @@ import time
 import uuid
 from pathlib import Path
 
+import psutil
+
 from trainops.run_folder import launch_mark, read_regular
 from trainops.tools.schedulers.base import (
     TERMINAL_STATES,
@@ -27,31 +29,26 @@ from trainops.tools.schedulers.base import (
     read_confined,
     tail_text,
 )
-from trainops.tools.schedulers.job_env import job_environment
-from trainops.tools.schedulers.local_runner import LAUNCHER_MARKER
+from trainops.tools.schedulers.job_env import LAUNCHER_MARKER, job_environment
+from trainops.tools.schedulers.processes import local_launchers, local_tree, spec_sha256, stop_processes
 from trainops.trainer.launch import torchrun_argv
+from trainops.workspace import check_id, home, jobs_dir
 
 KIND = "local"
 CANCEL_GRACE_S = 5.0
 
 
 def _jobs() -> Path:
-    from trainops.workspace import jobs_dir
-
     return jobs_dir()
 
 
 def _nodes_file() -> Path:
-    from trainops.workspace import home
-
     return home() / "local_nodes.json"
 
 
 def pid_alive(pid: int, create_time: float | None = None) -> bool:
     """True while `pid` runs (a zombie, or a pid now used by a process created at another time
     than `create_time`, counts as gone)."""
-    import psutil
-
     try:
         waited, _ = os.waitpid(pid, os.WNOHANG)
         if waited == pid:
@@ -66,16 +63,12 @@ def pid_alive(pid: int, create_time: float | None = None) -> bool:
 
 
 def _digest(spec: JobSpec) -> str:
-    from trainops.tools.schedulers.processes import spec_sha256
-
     return spec_sha256(spec)
 
 
 def _launcher_runs(record: dict) -> bool:
     """Whether the job's launcher runs, as the kernel says (processes.local_launchers); a launcher
     this process started and that has exited is reaped first."""
-    from trainops.tools.schedulers.processes import local_launchers
-
     if isinstance(record.get("pid"), int):
         pid_alive(record["pid"])
     return bool(local_launchers(record["job_id"], record))
@@ -96,8 +89,6 @@ class LocalScheduler(PollingWait):
     poll_s = 0.1
 
     def _record_path(self, job_id: str) -> Path:
-        from trainops.workspace import check_id
-
         try:
             check_id("job", job_id)
         except ValueError as exc:
@@ -223,8 +214,6 @@ class LocalScheduler(PollingWait):
         """SIGTERM, up to `grace_s` for a clean exit, then SIGKILL of the job's whole process tree
         (processes.stop_processes says why the tree); grace 0 goes straight to SIGKILL. The tree
         and the process group are the kernel's (processes.local_tree), never the record's pid or pgid."""
-        from trainops.tools.schedulers.processes import local_launchers, local_tree, stop_processes
-
         launchers = local_launchers(record["job_id"])
         stop_processes(local_tree(record["job_id"]), launchers[0].pid if launchers else None, grace_s)
 

@@ -18,7 +18,8 @@ import subprocess
 import sys
 import time
 
-LAUNCHER_MARKER = "TRAINOPS_LOCAL_JOB"
+from trainops.tools.schedulers.job_env import LAUNCHER_MARKER
+from trainops.tools.schedulers.run_status import write_run_status
 
 
 def main(argv: list[str]) -> int:
@@ -37,8 +38,6 @@ def main(argv: list[str]) -> int:
         signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signum))
         rc = child.wait()
     if run_dir:
-        from trainops.tools.schedulers.run_status import write_run_status
-
         write_run_status(run_dir, rc)
     tmp = exit_file + ".tmp"
     with open(tmp, "w", encoding="utf-8") as fh:

@@ -33,8 +33,10 @@ from pathlib import Path
 
 import psutil
 
+from trainops.run_folder import read_worker_events
 from trainops.tools.schedulers.base import JobSpec, SchedulerError, SchedulerKind
-from trainops.tools.schedulers.local_runner import LAUNCHER_MARKER
+from trainops.tools.schedulers.job_env import LAUNCHER_MARKER
+from trainops.workspace import jobs_dir
 
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess)
 
@@ -136,8 +138,6 @@ def _slurm_tree(job_id: str) -> list[psutil.Process]:
 
 def _records(scheduler: SchedulerKind) -> list[tuple[str, dict]]:
     """(job id, record) of every job trainops submitted to `scheduler` in this workspace."""
-    from trainops.workspace import jobs_dir
-
     found = []
     for path in sorted(jobs_dir().glob("*.json")):
         is_slurm = path.stem.startswith("slurm-")
@@ -210,7 +210,6 @@ def _supervised_rank(proc: psutil.Process, env: dict[str, str]) -> str:
     says for this pid; "" for a spare or a process that is not such a worker."""
     if "TRAINOPS_INPROCESS_WORKER" not in env:
         return ""
-    from trainops.run_folder import read_worker_events
 
     try:
         argv = proc.cmdline()

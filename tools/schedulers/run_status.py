@@ -8,12 +8,12 @@ from __future__ import annotations
 import sys
 
 from trainops.run_folder import RunFiles
+from trainops.trainer.launch import summarize
 
 
 def write_run_status(run_dir: str, exit_code: int) -> None:
     if not RunFiles(run_dir).config.exists():
         return
-    from trainops.trainer.launch import summarize
 
     summarize(run_dir, exit_code)
 

@@ -27,6 +27,7 @@ from trainops.tools.schedulers.base import (
     tail_text,
 )
 from trainops.tools.schedulers.job_env import job_environment, shell_filter
+from trainops.tools.schedulers.processes import spec_sha256
 from trainops.tools.schedulers.slurm_pyslurm import PyslurmTransport
 from trainops.tools.schedulers.slurm_transport import (
     KIND,
@@ -39,6 +40,7 @@ from trainops.tools.schedulers.slurm_transport import (
 )
 from trainops.trainer.config import ResilienceConfig
 from trainops.trainer.launch import supervised_resilience, supervisor_argv, torchrun_argv
+from trainops.workspace import jobs_dir
 
 _STATES = {
     "PENDING": "pending", "CONFIGURING": "pending", "REQUEUED": "pending", "REQUEUE_HOLD": "pending",
@@ -185,8 +187,6 @@ def _shell_torchrun(spec: JobSpec) -> str:
 
 
 def _digest(spec: JobSpec) -> str:
-    from trainops.tools.schedulers.processes import spec_sha256
-
     return spec_sha256(spec)
 
 
@@ -198,8 +198,6 @@ class SlurmScheduler(PollingWait):
         self.transport = transport or select_transport()
 
     def _jobs(self) -> Path:
-        from trainops.workspace import jobs_dir
-
         return jobs_dir()
 
     def _record_path(self, job_id: str) -> Path:

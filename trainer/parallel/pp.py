@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.pipelining import PipelineStage, schedules
 
 SCHEDULE_CLASSES = {
     "GPipe": "ScheduleGPipe",
@@ -40,7 +42,6 @@ def split_model(model: nn.Module, layout, pp_rank: int) -> list[tuple[int, nn.Mo
 @dataclass
 class Pipeline:
     """This rank's stages and the schedule that runs them; `step` replaces forward+backward."""
-
     schedule: Any
     stage_indices: list[int]
     model_parts: list[nn.Module]
@@ -52,8 +53,6 @@ class Pipeline:
         """One forward+backward of the local batch (split into micro-batches by the schedule);
         returns the mean micro-batch loss on every pipeline rank. Gradients are averaged over
         micro-batches (`scale_grads`), as gradient accumulation would."""
-        import torch.distributed as dist
-
         losses: list[torch.Tensor] | None = [] if self.has_last else None
         target = labels if self.has_last else None
         if self.has_first:
@@ -80,8 +79,6 @@ def build_pipeline(
     device: torch.device,
 ) -> Pipeline:
     """Split `model` for this rank, parallelize each part, wrap them as stages and build the schedule."""
-    from torch.distributed.pipelining import PipelineStage, schedules
-
     if getattr(getattr(model, "args", None), "tie_embeddings", False):
         raise ValueError("model.tie_embeddings=true cannot be pipelined: the embedding and the output head "
                          "live on different stages; set model.tie_embeddings=false or parallel.pp=1")

@@ -10,19 +10,20 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch._inductor.config as inductor_config
 from torch import nn
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 
 
 def block_plan(sequence_parallel: bool) -> dict[str, Any]:
     """The plan for one `TransformerBlock`, keyed by submodule name."""
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        RowwiseParallel,
-        SequenceParallel,
-    )
-
     if not sequence_parallel:
         return {
             "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(),
@@ -44,9 +45,6 @@ def block_plan(sequence_parallel: bool) -> dict[str, Any]:
 
 def top_plan(model: nn.Module, sequence_parallel: bool) -> dict[str, Any]:
     """Embedding, final norm and output head; absent ones (pipeline stages) are skipped."""
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
-
     hidden = Shard(1) if sequence_parallel else Replicate()
     plan: dict[str, Any] = {}
     if getattr(model, "tok_embeddings", None) is not None:
@@ -62,8 +60,6 @@ def replicate_norms(model: nn.Module, tp_mesh) -> None:
     """Without sequence parallel the norms see full activations; their weights still become
     Replicate DTensors, so every parameter is a DTensor (gradient clipping and the optimizer's
     foreach kernels refuse a mix) while the norm itself computes on plain tensors."""
-    from torch.distributed.tensor import DTensor, Replicate, distribute_module
-
     def to_dtensor(_module, inputs, mesh):
         return tuple(DTensor.from_local(x, mesh, [Replicate()], run_check=False)
                      if isinstance(x, torch.Tensor) and not isinstance(x, DTensor) else x for x in inputs)
@@ -91,7 +87,6 @@ def apply_tp(model: nn.Module, mesh, cfg) -> nn.Module:
     A pipeline stage that is neither first nor last takes and returns the hidden states; with
     sequence parallel those travel between stages as sequence shards (plain local tensors).
     """
-    from torch.distributed.tensor.parallel import parallelize_module
 
     tp_mesh = tp_submesh(mesh)
     sequence_parallel = bool(cfg.parallel.sequence_parallel)
@@ -99,8 +94,6 @@ def apply_tp(model: nn.Module, mesh, cfg) -> nn.Module:
         raise ValueError("model.tie_embeddings=true cannot be tensor-parallel: the embedding splits rows and "
                          "the output head columns of one weight; set model.tie_embeddings=false or parallel.tp=1")
     if getattr(cfg.parallel, "comm_overlap", False):
-        import torch._inductor.config as inductor_config
-
         # async TP: inductor splits the SP all-gather / reduce-scatter and overlaps them with the GEMMs
         inductor_config._micro_pipeline_tp = True
     parallelize_module(model, tp_mesh, top_plan(model, sequence_parallel))

@@ -10,9 +10,17 @@ import os
 from typing import Any, Optional
 
 import typer
+from rich.live import Live
 from rich.markup import escape
+from rich.prompt import Prompt
+from rich.table import Table
+from rich.text import Text
 
+from trainops.agents.providers import ProviderError, load_settings
 from trainops.output import console, emit, fail
+from trainops.terminal_text import shown_name
+from trainops.tools.governance.tokens import approval_prompt
+from trainops.workspace import is_valid_id
 
 ThreadOpt = typer.Option(None, "--thread", help="Thread id to resume or create (letters, digits, _ . -).")
 ProviderOpt = typer.Option(None, "--provider",
@@ -28,7 +36,6 @@ def _approver() -> str:
 
 def _open(thread: str | None, provider: str | None, model: str | None, base_url: str | None, as_json: bool,
           stream_tokens: bool = False):
-    from trainops.agents.providers import ProviderError, load_settings
     from trainops.agents.session import AgentSession
 
     try:
@@ -41,8 +48,6 @@ def _open(thread: str | None, provider: str | None, model: str | None, base_url:
 
 def _drain(events, show, as_json: bool) -> list[dict[str, Any]]:
     """Run the graph, showing each event as it arrives; provider failures become one clean line."""
-    from trainops.agents.providers import ProviderError
-
     seen = []
     try:
         for event in events:
@@ -75,15 +80,11 @@ def _show(event: dict[str, Any]) -> None:
 class _ChatView:
     """Shows events as they arrive; model tokens stream into a transient draft line that gives
     way to the checked answer (the report check runs before an answer is final)."""
-
     def __init__(self) -> None:
         self.live = None
         self.draft = ""
 
     def __call__(self, event: dict[str, Any]) -> None:
-        from rich.live import Live
-        from rich.text import Text
-
         if event["kind"] == "token":
             if self.live is None:
                 self.live = Live(console=console(), transient=True, auto_refresh=False)
@@ -100,8 +101,6 @@ class _ChatView:
 def _show_request(request) -> None:
     """The approval prompt: rendered from the queued call's canonical bytes (what the key signs),
     one field per line, never cut; a call decided outside the thread can only be rejected."""
-    from trainops.tools.governance.tokens import approval_prompt
-
     out = console()
     payload = request.payload
     out.print(f"[bold yellow]approval needed[/] {escape(str(payload.get('tool')))} "
@@ -113,8 +112,6 @@ def _show_request(request) -> None:
 
 
 def _ask_decision(request, approver: str) -> dict[str, Any]:
-    from rich.prompt import Prompt
-
     call = request.call
     choices = ["approve", "edit", "reject"] if call else ["reject"]
     choice = Prompt.ask(f"{escape(str(request.payload.get('tool')))}: {', '.join(choices)}?", choices=choices,
@@ -146,8 +143,6 @@ def chat(
                                                 "(default $TRAINOPS_APPROVER or your login)."),
 ) -> None:
     """Talk to the ops agent; the thread persists, gated actions ask you inline. /exit leaves."""
-    from rich.prompt import Prompt
-
     who = approver or _approver()
     with _open(thread, provider, model, base_url, False, stream_tokens=True) as session:
         view = _ChatView()
@@ -202,8 +197,6 @@ def ask(
     if as_json:
         emit(result, True)
     elif pending:
-        from trainops.tools.governance.tokens import approval_prompt
-
         for request in shown:
             for line in approval_prompt(request.call) if request.call else []:
                 console().print(line, markup=False, highlight=False, soft_wrap=True)
@@ -217,11 +210,6 @@ def threads(as_json: bool = typer.Option(False, "--json", help="Print the thread
     from trainops.agents.threads import list_threads
 
     def render(items) -> None:
-        from rich.table import Table
-
-        from trainops.terminal_text import shown_name
-        from trainops.workspace import is_valid_id
-
         table = Table("thread", "updated", "messages", "pending", "first request")
         for item in items:  # a thread id written into agent.sqlite by hand is shown escaped and marked
             table.add_row(escape(shown_name(item.thread_id, is_valid_id(item.thread_id))), escape(item.updated[:19]),

@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import typer
+from rich.table import Table
 
+from trainops.benchmarks import suite
 from trainops.output import console, emit, fail
+from trainops.tools.base import ToolError
 
 app = typer.Typer()
 
@@ -14,9 +17,6 @@ def bench(
     as_json: bool = typer.Option(False, "--json", help="print the figures as JSON"),
 ) -> None:
     """Run the performance suite and rewrite benchmarks/RESULTS.md (side-by-side ratios)."""
-    from trainops.benchmarks import suite
-    from trainops.tools.base import ToolError
-
     try:
         result = suite.run(quick=quick)
     except (RuntimeError, ToolError) as error:
@@ -27,8 +27,6 @@ def bench(
 
 
 def _render(payload: dict) -> None:
-    from rich.table import Table
-
     table = Table(title=f"benchmarks -> {payload['results']}")
     for column in ("figure", "median", "target", "met"):
         table.add_column(column)

@@ -7,7 +7,9 @@ from typing import Any, Optional
 
 import typer
 
+from trainops.commands.tools import run_tool
 from trainops.output import console, emit, fail
+from trainops.tools.changes.records import list_changes, read_change
 
 app = typer.Typer()
 
@@ -24,8 +26,6 @@ def _render_changes(rows: list[dict[str, Any]]) -> None:
 @app.command("changes")
 def changes(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
     """List the recorded scheduler changes, oldest first, and whether each was rolled back."""
-    from trainops.tools.changes.records import list_changes
-
     emit([record.model_dump(mode="json") for record in list_changes()], as_json, _render_changes)
 
 
@@ -52,9 +52,6 @@ def rollback(
     """Undo a recorded change: run its restore commands (the approver signs exactly these) and check
     the scheduler shows the recorded previous state again, field by field. Without a token the
     rollback is queued for approval and the command says how to approve it."""
-    from trainops.commands.tools import run_tool
-    from trainops.tools.changes.records import read_change
-
     try:
         record = read_change(change_id)
     except ValueError as exc:

@@ -2,11 +2,16 @@
 against a provider (benchmarks/agent_eval). Thin wiring; the agent and LangChain load lazily."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import List, Optional
 
 import typer
+from pydantic import ValidationError
 
+from trainops.agents.providers import AgentSettings, ProviderError, load_settings
+from trainops.benchmarks.agent_eval import recorder, runner, scenario, scripted
+from trainops.benchmarks.agent_eval.scenario import SCENARIOS_DIR, Expected, Never, Scenario
 from trainops.output import console, emit, fail
 
 app = typer.Typer(help="The agent benchmark: recorded scenarios, replayed and scored (pass@1, pass^k).",
@@ -53,11 +58,6 @@ def record(
 ) -> None:
     """Freeze SOURCE into DEST/NAME: the workspace minus checkpoint payloads, the scheduler's job
     and node states now, and scenario.toml (request, tags, expected outcome, must-never-happen)."""
-    from pydantic import ValidationError
-
-    from trainops.benchmarks.agent_eval import recorder
-    from trainops.benchmarks.agent_eval.scenario import SCENARIOS_DIR, Expected, Never, Scenario
-
     try:
         scenario = Scenario(
             name=name, request=request, tags=tags, recorded_from=str(source), max_tool_calls=max_tool_calls,
@@ -88,8 +88,6 @@ def run(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Replay every scenario k times against the provider and score it without a judge model."""
-    from trainops.benchmarks.agent_eval import runner, scenario
-
     try:
         chosen = scenario.load_all(folder or scenario.SCENARIOS_DIR, scenarios)
     except (ValueError, OSError) as exc:
@@ -100,8 +98,6 @@ def run(
     if provider == "scripted":
         result = _run_scripted(model or "", chosen, k, max_steps, progress, as_json)
     else:
-        from trainops.agents.providers import ProviderError, load_settings
-
         try:
             settings = load_settings(provider, model, base_url)
         except ProviderError as exc:
@@ -118,18 +114,11 @@ def publish(k: int = typer.Option(5, "--k", min=1, max=100, help="Runs per scena
             as_json: bool = typer.Option(False, "--json")) -> None:
     """Run the offline policy and the four scripted models on every scenario and rewrite the
     agent-eval section of benchmarks/RESULTS.md."""
-    from trainops.benchmarks.agent_eval import runner
-
     path = runner.publish(k, scripted_k)
     emit({"results": str(path)}, as_json, lambda r: console().print(f"wrote {r['results']}", markup=False))
 
 
 def _run_scripted(name: str, chosen, k: int, max_steps: int, progress, as_json: bool):
-    import os
-
-    from trainops.agents.providers import AgentSettings
-    from trainops.benchmarks.agent_eval import runner, scripted
-
     if name not in scripted.BEHAVIOURS:
         fail(f"--model {name!r}: for --provider scripted use one of {', '.join(scripted.BEHAVIOURS)}",
              as_json=as_json)

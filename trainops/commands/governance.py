@@ -7,13 +7,23 @@ that comes from a file, a tool or a user is printed with rich markup escaped.
 """
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
 from rich.markup import escape
+from rich.table import Table
 
 from trainops.output import console, emit, fail
+from trainops.settings import SettingsError
+from trainops.skills.evidence.checks import decide
+from trainops.tools.governance import queue, tokens, windows
+from trainops.tools.governance.approvals import list_items, verify_pack
+from trainops.tools.governance.audit import AuditUnavailable, canonical_json, read, repair
+from trainops.tools.governance.rules import list_rules
+from trainops.tools.governance.tokens import TokenRefused
+from trainops.tools.governance.verification import verify
 
 app = typer.Typer()
 approvals_app = typer.Typer(help="Pending and decided approvals; `verify PACK` checks a signed decision.")
@@ -29,14 +39,10 @@ KeyOpt = typer.Option(None, "--key", help="Your approver key (private, or .pub w
 
 def _refusals() -> tuple[type[Exception], ...]:
     """What a refused approval raises: a bad input (ValueError, SigningError) or a token refusal."""
-    from trainops.tools.governance.tokens import TokenRefused
-
     return (ValueError, TokenRefused)
 
 
 def _table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
-    from rich.table import Table
-
     table = Table(title=escape(title))
     for col in columns:
         table.add_column(escape(col), overflow="fold")  # folded, never cut with an ellipsis
@@ -54,10 +60,6 @@ def _say(text: str) -> None:
 def rules(as_json: bool = JsonOpt) -> None:
     """List every AGENTS.md rule ID and the code that enforces it; R-CHG-1 also shows the configured
     change windows (`state`) and whether now is inside one."""
-    from trainops.settings import SettingsError
-    from trainops.tools.governance import windows
-    from trainops.tools.governance.rules import list_rules
-
     try:
         change_windows = windows.status()
     except SettingsError as exc:
@@ -100,8 +102,6 @@ def approve(
 def approve_call(pending: str, key: Path | None, ttl_min: float, cosign: str | None, as_json: bool) -> dict[str, Any]:
     """Show the queued call in full, then sign exactly those bytes (computed once); the answer says
     whether more approvers must co-sign."""
-    from trainops.tools.governance import queue, tokens
-
     try:
         shown = queue.signable(pending)
     except _refusals() as exc:
@@ -123,10 +123,6 @@ def approve_call(pending: str, key: Path | None, ttl_min: float, cosign: str | N
 
 
 def _show_token(out: dict[str, Any]) -> None:
-    import shlex
-
-    from trainops.tools.governance.audit import canonical_json
-
     missing = out["approvers_needed"] - out["signatures"]
     _say(f"signed call {out['call_id']} ({out['tool']}, input sha256 {out['input_sha256']}): {out['signatures']} "
          f"of {out['approvers_needed']} approver(s), valid {out['ttl_min']:g} min")
@@ -153,7 +149,6 @@ def reject(
     if pack:
         decide_pack(pack, "rejected", note, key, as_json)
         return
-    from trainops.tools.governance import queue
 
     try:
         item = queue.reject_pending(pending, note, key)
@@ -164,8 +159,6 @@ def reject(
 
 
 def decide_pack(pack: str, decision: str, note: str, key: Path | None, as_json: bool) -> None:
-    from trainops.skills.evidence.checks import decide
-
     try:
         record = decide(pack, decision, note=note, key=key)
     except _refusals() as exc:
@@ -181,7 +174,6 @@ def approvals(ctx: typer.Context, as_json: bool = JsonOpt) -> None:
     that cannot be read is listed as corrupt."""
     if ctx.invoked_subcommand:
         return
-    from trainops.tools.governance.approvals import list_items
 
     emit(list_items(), as_json, _show_approvals)
 
@@ -189,8 +181,6 @@ def approvals(ctx: typer.Context, as_json: bool = JsonOpt) -> None:
 def _show_approvals(items) -> None:
     """Packs and decided calls in a table; each pending call in full below it, one field per line,
     from the bytes an approval of it signs (a queue file edited since it was queued is refused)."""
-    from trainops.tools.governance import queue, tokens
-
     waiting = [i for i in items if i.kind == "call" and i.status == "pending"]
     _table("approvals", ["kind", "id", "status", "by", "detail"],
            [[i.kind, i.id, i.status, i.by, i.detail] for i in items if i not in waiting])
@@ -208,8 +198,6 @@ def _show_approvals(items) -> None:
 @approvals_app.command("verify")
 def approvals_verify(pack: str = typer.Argument(..., help="Evidence pack id."), as_json: bool = JsonOpt) -> None:
     """Check a pack's signed decision against the allowed signers and that no file changed since; exit 1 when not."""
-    from trainops.tools.governance.approvals import verify_pack
-
     try:
         result = verify_pack(pack)
     except ValueError as exc:
@@ -224,8 +212,6 @@ def approvals_verify(pack: str = typer.Argument(..., help="Evidence pack id."), 
 @audit_app.command("verify")
 def audit_verify(as_json: bool = JsonOpt) -> None:
     """Walk the hash chain and check every signed anchor; name the first broken line (exit 1)."""
-    from trainops.tools.governance.verification import verify
-
     report = verify()
     emit(report, as_json, lambda r: console().print(
         f"{'[green]intact[/]' if r.ok else '[red]BROKEN[/]'} {escape(r.path)}: {r.entries} entries; {escape(r.reason)}"
@@ -237,8 +223,6 @@ def audit_verify(as_json: bool = JsonOpt) -> None:
 @audit_app.command("repair")
 def audit_repair(as_json: bool = JsonOpt) -> None:
     """Cut a torn last line (a write cut short) off the log, keep its bytes in a side file, and audit the repair."""
-    from trainops.tools.governance.audit import AuditUnavailable, repair
-
     try:
         entry = repair()
     except (ValueError, AuditUnavailable) as exc:
@@ -251,8 +235,6 @@ def audit_repair(as_json: bool = JsonOpt) -> None:
 def audit_show(tail: int = typer.Option(20, "--tail", min=1, help="How many recent entries."),
                as_json: bool = JsonOpt) -> None:
     """The most recent audit entries."""
-    from trainops.tools.governance.audit import AuditUnavailable, read
-
     try:
         entries = read(tail=tail)
     except AuditUnavailable as exc:

@@ -8,6 +8,9 @@ from typing import Any
 import typer
 
 from trainops.output import console, emit, fail
+from trainops.tools.base import ToolError
+from trainops.tools.calls import call
+from trainops.workspace import confine, home
 
 app = typer.Typer()
 MAX_WINDOW_S = 30 * 86400.0
@@ -31,9 +34,6 @@ def interruptions(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """List the interruption record: each job end that was not a clean finish, its cause and evidence."""
-    from trainops.tools.base import ToolError
-    from trainops.tools.calls import call
-
     try:
         out = call("list_interruptions", {"job_id": job_id})
     except ToolError as exc:
@@ -86,10 +86,6 @@ def ettr(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Effective training time per window from the interruption record, with MTBF and recovery time."""
-    from trainops.tools.base import ToolError
-    from trainops.tools.calls import call
-    from trainops.workspace import confine, home
-
     if not 0 < window_s <= MAX_WINDOW_S:  # nan fails this too
         fail(f"--window {window_s}: one window must be a positive number of seconds, at most {MAX_WINDOW_S:.0f} "
              "(30 days); e.g. --window 3600 for hourly readings", as_json=as_json)

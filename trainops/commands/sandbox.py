@@ -3,8 +3,12 @@ this host (trainops.tools.sandbox.cluster), for trying the multi-node SOP withou
 from __future__ import annotations
 
 import typer
+from pydantic import ValidationError
 
 from trainops.output import console, emit, fail
+from trainops.tools.base import explain
+from trainops.tools.sandbox import cluster as sandbox
+from trainops.tools.sandbox.metrics import EXPORTER_PORT_BASE
 
 app = typer.Typer(help="A real Slurm cluster of network-namespace nodes on this host (root, Linux).",
                   no_args_is_help=True)
@@ -25,11 +29,6 @@ def up(
     as_json: bool = JsonOpt,
 ) -> None:
     """Bring the cluster up (idempotent) and wait until every node is idle."""
-    from pydantic import ValidationError
-
-    from trainops.tools.base import explain
-    from trainops.tools.sandbox import cluster as sandbox
-
     try:
         spec = sandbox.SandboxSpec(nodes=nodes, net=net, cpus_per_node=cpus_per_node, prefix=prefix,
                                    prometheus_port=prometheus_port)
@@ -55,8 +54,6 @@ def _render_up(payload: dict) -> None:
     out.print("then submit with scheduler 'slurm', e.g. trainops tool call submit_job --input "
               "'{\"scheduler\": \"slurm\", \"training\": {\"preset\": \"tiny\", \"nodes\": 2}}'")
     if payload.get("prometheus"):
-        from trainops.tools.sandbox.metrics import EXPORTER_PORT_BASE
-
         out.print(f"Prometheus at {payload['prometheus']} scrapes every node: add \"metrics.prometheus_port_base="
                   f"{EXPORTER_PORT_BASE}\" to the job's overrides and query with monitor 'prometheus'", markup=False)
 
@@ -64,8 +61,6 @@ def _render_up(payload: dict) -> None:
 @app.command("down")
 def down(prefix: str = PrefixOpt, as_json: bool = JsonOpt) -> None:
     """Remove every namespace, link and process the sandbox made, and nothing else."""
-    from trainops.tools.sandbox import cluster as sandbox
-
     try:
         removed = sandbox.down(prefix)
     except sandbox.SandboxError as exc:
@@ -78,8 +73,6 @@ def down(prefix: str = PrefixOpt, as_json: bool = JsonOpt) -> None:
 @app.command("status")
 def status(prefix: str = PrefixOpt, as_json: bool = JsonOpt) -> None:
     """Nodes and their Slurm state, the slurm.conf to use, the namespaces."""
-    from trainops.tools.sandbox import cluster as sandbox
-
     try:
         payload = sandbox.status(prefix)
     except sandbox.SandboxError as exc:

@@ -2,12 +2,31 @@
 the skills (and torch, matplotlib behind them) are imported inside each command."""
 from __future__ import annotations
 
+import webbrowser
+from pathlib import Path
 from typing import List, Optional
 
 import typer
+from pydantic import ValidationError
 from rich.markup import escape
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 from trainops.output import console, emit, fail
+from trainops.run_folder import RunFiles
+from trainops.skills import ablation as skill_ablation
+from trainops.skills import baseline as skill_baseline
+from trainops.skills import drill as skill_drill
+from trainops.skills.drill import DrillRefused
+from trainops.skills.evidence.pack import PackRefused, load
+from trainops.skills.knobs import KnobError, catalogue, parse_arm, plan_order
+from trainops.skills.registry import all_skills, get
+from trainops.skills.request import JobRequest
+from trainops.skills.sop import SopSettings, build_from_runs, run
+from trainops.tools.base import ToolError
+from trainops.tools.frameworks import get_adapter
+from trainops.tools.frameworks.base import FrameworkRefused
+from trainops.workspace import packs_dir
 
 JSON = typer.Option(False, "--json", help="Print JSON for machines.")
 SCHED = typer.Option("local", "--scheduler", help="local, slurm or kubernetes.")
@@ -26,12 +45,6 @@ def _progress(as_json: bool):
 
 def _request(config: Optional[str], sets: Optional[List[str]], nproc: int, scheduler: str, as_json: bool,
              monitor: str = "embedded", framework: str = "trainops", nodes: int = 1):
-    from pathlib import Path
-
-    from trainops.skills.request import JobRequest
-    from trainops.tools.frameworks import get_adapter
-    from trainops.tools.frameworks.base import FrameworkRefused
-
     if monitor != "embedded":
         fail(f"--monitor: {monitor!r} does not feed the SOP's statistics yet (summarize_run reads each run's "
              "metrics.jsonl); use --monitor embedded, and `trainops tool call query_metrics` for Prometheus series",
@@ -53,14 +66,6 @@ def _request(config: Optional[str], sets: Optional[List[str]], nproc: int, sched
 
 def _guard(fn, as_json: bool):
     """Run a skill; refusals and tool errors become one clear line and exit code 2."""
-    from pydantic import ValidationError
-
-    from trainops.skills.drill import DrillRefused
-    from trainops.skills.evidence.pack import PackRefused
-    from trainops.skills.knobs import KnobError
-    from trainops.tools.base import ToolError
-    from trainops.tools.frameworks.base import FrameworkRefused
-
     try:
         return fn()
     except (KnobError, DrillRefused, PackRefused, FrameworkRefused, ToolError, LookupError, ValueError,
@@ -70,8 +75,6 @@ def _guard(fn, as_json: bool):
 
 
 def _table(title: str, headers: list[str], rows: list[list[object]]) -> None:
-    from rich.table import Table
-
     table = Table(title=escape(title))
     for h in headers:
         table.add_column(h)
@@ -98,8 +101,6 @@ def baseline(config: Optional[str] = typer.Argument(None, help="Job config TOML 
              framework: str = FRAMEWORK, nodes: int = NODES):
     """S2: repeats of the unchanged config; median and spread of step time, tokens/s, MFU, labelled from
     the config the runs used and the environment declaration the command makes first."""
-    from trainops.skills import baseline as skill_baseline
-
     req = _request(config, sets, nproc, scheduler, as_json, monitor, framework, nodes)
     summary, _, _ = _guard(lambda: skill_baseline.measure(req, repeats, progress=_progress(as_json)), as_json)
     emit(summary, as_json, lambda s: _table(
@@ -120,9 +121,6 @@ def ablate(config: Optional[str] = typer.Argument(None, help="Job config TOML (d
     """S3/S4: single-variable arms up the rollout ladder, 1 -> 2 -> ... -> --nproc processes, then nodes,
     each rung at the target's per-rank batch against the baseline at that rung; the first rung where the
     gain is gone stops the ladder, reverts, verifies and hands the stop to a human."""
-    from trainops.skills import ablation as skill_ablation
-    from trainops.skills.knobs import catalogue, plan_order
-
     req = _request(config, sets, nproc, scheduler, as_json, monitor, framework, nodes)
     if list_knobs:
         knobs = plan_order(list(catalogue(framework).values()))
@@ -164,8 +162,6 @@ def drill(config: Optional[str] = typer.Argument(None, help="Job config TOML wit
           nproc: int = typer.Option(2, min=1), sets: Optional[List[str]] = SETS, scheduler: str = SCHED,
           monitor: str = MONITOR, as_json: bool = JSON, framework: str = FRAMEWORK, nodes: int = NODES):
     """S5: inject, detect, isolate, restart from the newest good checkpoint; time each phase."""
-    from trainops.skills import drill as skill_drill
-
     req = _request(config, sets, nproc, scheduler, as_json, monitor, framework, nodes)
     for kind in fault:
         if kind not in skill_drill.DRILLS:
@@ -189,10 +185,6 @@ def evidence_build(run_dirs: List[str] = typer.Argument(...,
                                                         help="Run folders (baseline repeats; drills are picked up)."),
                    scheduler: str = SCHED, as_json: bool = JSON):
     """Build, validate and write a pack from finished runs."""
-
-    from trainops.run_folder import RunFiles
-    from trainops.skills.sop import build_from_runs
-
     for run_dir in run_dirs:
         if not RunFiles(run_dir).metrics.exists():
             fail(f"RUNDIR: {run_dir!r} has no metrics.jsonl; pass a finished run folder ($TRAINOPS_HOME/runs/RUN)",
@@ -205,12 +197,6 @@ def evidence_build(run_dirs: List[str] = typer.Argument(...,
 def evidence_show(pack: str = typer.Argument(..., help="Pack id or folder."), as_json: bool = JSON,
                   open_report: bool = typer.Option(False, "--open", help="Open report.html in your web browser.")):
     """Print a pack's report (or its JSON); --open shows report.html in the browser."""
-    import webbrowser
-    from pathlib import Path
-
-    from trainops.skills.evidence.pack import load
-    from trainops.workspace import packs_dir
-
     folder = Path(pack) if Path(pack).is_dir() else packs_dir() / pack
     if not (folder / "evidence.json").exists():
         fail(f"PACK: no pack {pack!r} (looked in {folder}); list them with ls $TRAINOPS_HOME/packs", as_json=as_json)
@@ -234,11 +220,6 @@ def sop(config: Optional[str] = typer.Argument(None, help="Job config TOML (defa
                                             help="Effective-training-time window, seconds (S2 and R-ESC-1)."),
         scheduler: str = SCHED, monitor: str = MONITOR, as_json: bool = JSON, framework: str = FRAMEWORK):
     """S1..S6 end to end; ends with an evidence pack waiting for approval."""
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    from trainops.skills.knobs import parse_arm
-    from trainops.skills.sop import SopSettings, run
-
     _request(config, None, 2, scheduler, as_json, monitor, framework)
     for spec in knob or []:
         _guard(lambda spec=spec: parse_arm([spec], framework), as_json)
@@ -257,8 +238,6 @@ def sop(config: Optional[str] = typer.Argument(None, help="Job config TOML (defa
 @skill.command("list")
 def skill_list(as_json: bool = JSON):
     """Every skill and its step count."""
-    from trainops.skills.registry import all_skills
-
     skills = all_skills()
     data = [{"name": s.name, "steps": len(s.steps), "cli": s.cli, "description": s.description}
             for s in skills.values()]
@@ -269,8 +248,6 @@ def skill_list(as_json: bool = JSON):
 @skill.command("show")
 def skill_show(name: str, as_json: bool = JSON):
     """A skill's SKILL.md, or its steps and their implementations with --json."""
-    from trainops.skills.registry import get
-
     found = _guard(lambda: get(name), as_json)
     emit({"name": found.name, "path": str(found.path), "steps": [s.__dict__ for s in found.steps]}, as_json,
          lambda _d: console().print(found.path.read_text(), markup=False))
@@ -282,8 +259,6 @@ def skill_run(ctx: typer.Context, name: str = typer.Argument(..., help="Skill na
               as_json: bool = JSON):
     """Run a skill as the command its SKILL.md declares (metadata.cli); everything after NAME goes to
     that command, e.g. `trainops skill run ablation --list` is `trainops ablate --list`."""
-    from trainops.skills.registry import get
-
     as_json = as_json or "--json" in ctx.args
     found = _guard(lambda: get(name), as_json)
     path = _guard(found.command, as_json)

@@ -10,8 +10,16 @@ import json
 from typing import Any, Optional
 
 import typer
+from rich.markup import escape
+from rich.table import Table
 
+from trainops.agents.agent_tools import agent_registry
 from trainops.output import console, emit, fail
+from trainops.settings import SettingsError
+from trainops.tools.base import ToolError
+from trainops.tools.calls import call
+from trainops.tools.context import CallContext
+from trainops.tools.governance.gate import needs_approval
 
 JsonOpt = typer.Option(False, "--json", help="Print JSON for machines.")
 
@@ -19,11 +27,6 @@ JsonOpt = typer.Option(False, "--json", help="Print JSON for machines.")
 def run_tool(name: str, payload: dict[str, Any], as_json: bool, approval_token: str | None = None) -> Any:
     """Call a tool as the operator; a ToolError, or a settings file the gate cannot read, becomes one
     clear line and exit code 2."""
-    from trainops.agents.agent_tools import agent_registry
-    from trainops.settings import SettingsError
-    from trainops.tools.base import CallContext, ToolError
-    from trainops.tools.calls import call
-
     try:
         return call(name, payload, CallContext(actor="operator", approval_token=approval_token),
                     registry=agent_registry())
@@ -39,11 +42,7 @@ def _cell(value: Any) -> str:
 
 def render_fields(title: str):
     """A two-column table of a model's top-level fields (nested values as compact JSON)."""
-
     def render(out: Any) -> None:
-        from rich.markup import escape
-        from rich.table import Table
-
         table = Table(title=title, show_header=False)
         table.add_column("field", style="bold")
         table.add_column("value")
@@ -69,10 +68,6 @@ app.add_typer(plan_app, name="plan")
 @tool_app.command("list")
 def tool_list(as_json: bool = JsonOpt) -> None:
     """Every tool with its risk class, who must get a human's approval to call it, and what it does."""
-    from trainops.agents.agent_tools import agent_registry
-    from trainops.tools.base import CallContext
-    from trainops.tools.governance.gate import needs_approval
-
     callers = [CallContext(actor="agent"), CallContext(actor="operator")]
     rows = [
         {"name": s.name, "risk": s.risk, "approval_required": s.approval_required,
@@ -82,9 +77,6 @@ def tool_list(as_json: bool = JsonOpt) -> None:
     ]
 
     def render(items: list[dict[str, Any]]) -> None:
-        from rich.markup import escape
-        from rich.table import Table
-
         table = Table(title=f"{len(items)} tools")
         for column in ("name", "risk", "approval for", "description"):
             table.add_column(column, overflow="fold")
@@ -99,9 +91,6 @@ def tool_list(as_json: bool = JsonOpt) -> None:
 def tool_schema(name: str = typer.Argument(..., help="Tool name (see `trainops tool list`)."),
                 as_json: bool = JsonOpt) -> None:
     """JSON schema of a tool's input and output."""
-    from trainops.agents.agent_tools import agent_registry
-    from trainops.tools.base import ToolError
-
     try:
         spec = agent_registry().spec(name)
     except ToolError as exc:
@@ -281,9 +270,6 @@ def plan_layout(
 
 
 def _render_env(decl: Any) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
     a, s = decl.accelerators, decl.software
     table = Table(title=f"environment declaration ({decl.declared_at:%Y-%m-%d %H:%M:%S} UTC)", show_header=False)
     table.add_column("what", style="bold")
@@ -315,9 +301,6 @@ def _render_env(decl: Any) -> None:
 
 
 def _render_ettr(out: Any) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
     c = console()
     c.print(f"[bold]ETTR {out.ettr:.1%}[/] — {out.failures} failures in {out.wall_h:.0f} h "
             f"(job MTBF {out.job_mtbf_h:.2f} h, checkpoint every {out.checkpoint_interval_min:.1f} min); profile: "
@@ -334,8 +317,6 @@ def _render_ettr(out: Any) -> None:
 
 
 def _render_layout(out: Any) -> None:
-    from rich.table import Table
-
     plan = out.plan
     c = console()
     layout = plan.get("layout", {})

@@ -12,15 +12,24 @@ from pathlib import Path
 from typing import Any, List, Optional
 
 import typer
+from rich.markup import escape
+from rich.table import Table
 
 from trainops.output import console, emit, fail
+from trainops.run_folder import RunFiles
+from trainops.tools.base import ToolError
+from trainops.tools.calls import call
+from trainops.tools.context import CallContext
+from trainops.tools.jobs.follow import launch_run
+from trainops.trainer.checkpoint_files import step_dir_name, verify_checkpoint
+from trainops.trainer.config import ConfigError, load_config
+from trainops.trainer.launch import newest_verified_checkpoint, prepare_resume, prepare_run, resolve_run
+from trainops.trainer.layout import LayoutError, plan_dry_run, validate_layout
 
 app = typer.Typer()
 
 
 def _render_result(result: Any) -> None:
-    from rich.markup import escape
-
     out = console()
     colour = "green" if result.status == "ok" else "red"
     mfu = f"{result.mfu_pct:.2f}% ({result.peak_source})" if result.mfu_pct is not None else "n/a"
@@ -35,8 +44,6 @@ def _render_result(result: Any) -> None:
 
 
 def _render_plan(plan: Any) -> None:
-    from rich.table import Table
-
     layout = plan.layout
     table = Table(title=f"dry run: mesh {dict(zip(plan.mesh_dim_names, plan.mesh_shape, strict=True))}, "
                         f"{plan.n_microbatches} micro-batches per step")
@@ -56,9 +63,6 @@ def _render_plan(plan: Any) -> None:
 
 def refuse_if_running(run_dir: Path) -> None:
     """A resume must not start a second job writing into a run folder a live job still trains in."""
-    from trainops.tools.base import CallContext
-    from trainops.tools.calls import call
-
     jobs = call("list_jobs", {"scheduler": "local"}, CallContext(actor="operator")).jobs
     live = [job.job_id for job in jobs if job.run_dir == str(run_dir) and job.state in ("pending", "running")]
     if live:
@@ -92,11 +96,6 @@ def train(
              "(change settings with --set)", as_json=as_json)
     if init_from and preset:
         fail("--init-from takes the model shape from the checkpoint's config.json: drop --preset", as_json=as_json)
-    from trainops.run_folder import RunFiles
-    from trainops.tools.base import ToolError
-    from trainops.trainer.config import ConfigError, load_config
-    from trainops.trainer.launch import prepare_resume, prepare_run, resolve_run
-    from trainops.trainer.layout import LayoutError, plan_dry_run, validate_layout
 
     try:
         if resume:
@@ -123,8 +122,6 @@ def train(
             run_dir = prepare_run(cfg, run_id=run_id)
     except (ConfigError, LayoutError, ValueError, ToolError) as error:  # a bad run id, a run still training, ...
         fail(str(error), as_json=as_json)
-    from trainops.tools.base import CallContext
-    from trainops.tools.jobs.follow import launch_run
 
     try:
         result = launch_run(run_dir, nproc, ctx=CallContext(actor="operator"), show_progress=not as_json)
@@ -145,11 +142,7 @@ def export(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary for machines."),
 ) -> None:
     """Write a run's checkpoint (any layout) as a Hugging Face Llama folder: config.json + safetensors."""
-    from trainops.run_folder import RunFiles
-    from trainops.trainer.checkpoint_files import step_dir_name, verify_checkpoint
-    from trainops.trainer.config import ConfigError, load_config
     from trainops.trainer.hf import HFFormatError, checkpoint_to_hf
-    from trainops.trainer.launch import newest_verified_checkpoint, resolve_run
 
     try:
         run_dir = resolve_run(run)

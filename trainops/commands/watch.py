@@ -9,6 +9,9 @@ import typer
 from rich.markup import escape
 
 from trainops.output import console, emit, fail
+from trainops.skills.sdc import act_on_watch
+from trainops.tools.base import ToolError
+from trainops.tools.calls import call
 
 app = typer.Typer()
 
@@ -35,10 +38,6 @@ def watch(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Watch a running job and escalate what R-ESC-1..4 say a human must decide."""
-    from trainops.skills.sdc import act_on_watch
-    from trainops.tools.base import ToolError
-    from trainops.tools.calls import call
-
     try:
         watched = call("watch_job", {"job_id": job_id, "scheduler": scheduler, "poll_interval_s": interval_s,
                                      "timeout_s": timeout_s, "ettr_window_s": window_s, "mtbf_h": mtbf_h})

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from trainops.cli import app
-from trainops.tools.base import CallContext, ToolError
+from trainops.tools.base import ToolError
 from trainops.tools.calls import call
 from trainops.tools.changes.records import (
     ChangeRecord,
@@ -27,6 +27,7 @@ from trainops.tools.changes.scheduler_policy import (
     restore_commands,
     shadow_partition,
 )
+from trainops.tools.context import CallContext
 from trainops.tools.governance import queue
 
 runner = CliRunner()

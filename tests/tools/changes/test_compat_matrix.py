@@ -13,8 +13,11 @@ import pytest
 from typer.testing import CliRunner
 
 from trainops.cli import app
-from trainops.tools.base import CallContext, ToolError
+from trainops.tools.base import ToolError
 from trainops.tools.calls import call
+from trainops.tools.changes.compat import Environment, check, installed_environment, load_matrix
+from trainops.tools.changes.tenancy import tenant_root
+from trainops.tools.context import CallContext
 from trainops.tools.governance.gate import GateRefused
 
 runner = CliRunner()
@@ -23,8 +26,6 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def _pin(tenant: str, pins: dict) -> None:
-    from trainops.tools.changes.tenancy import tenant_root
-
     path = tenant_root(tenant) / "framework.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(pins))
@@ -36,8 +37,6 @@ def _plain_job(tenant: str) -> dict:
 
 
 def test_the_shipped_matrix_loads_from_the_installed_package_and_names_its_sources():
-    from trainops.tools.changes.compat import load_matrix
-
     shipped = resources.files("trainops.tools.changes").joinpath("compat_matrix.json")
     assert shipped.is_file()
     matrix = load_matrix()
@@ -51,8 +50,6 @@ def test_the_shipped_matrix_loads_from_the_installed_package_and_names_its_sourc
 
 
 def test_bad_matrix_data_is_one_error_naming_the_file_and_the_field(tmp_path):
-    from trainops.tools.changes.compat import load_matrix
-
     bad = json.loads(resources.files("trainops.tools.changes").joinpath("compat_matrix.json").read_text())
     bad["torch"][2]["cuda"] = "12.4"
     path = tmp_path / "matrix.json"
@@ -65,8 +62,6 @@ def test_bad_matrix_data_is_one_error_naming_the_file_and_the_field(tmp_path):
 
 
 def test_check_names_each_incompatible_pair_and_reports_unknown_versions():
-    from trainops.tools.changes.compat import Environment, check, installed_environment
-
     assert check(installed_environment(("deepspeed", "megatron-core"))).problems == []  # this machine
     (pair,) = check(Environment(torch="2.13.0", cuda="11.8")).problems
     assert pair.startswith("torch 2.13.0 with CUDA 11.8: not a published pair") and "source " in pair
@@ -151,8 +146,6 @@ def test_a_requeue_after_the_pin_moved_is_refused_naming_the_pin():
 
 
 def test_an_nccl_other_than_the_one_its_torch_cuda_wheel_pins_is_named_and_an_unknown_triple_is_said():
-    from trainops.tools.changes.compat import Environment, check
-
     (pair,) = check(Environment(torch="2.8.0", cuda="12.8", nccl="2.21.5")).problems
     assert pair.startswith("NCCL 2.21.5 with torch 2.8.0 and CUDA 12.8: not a published pair; torch 2.8's CUDA "
                            "12.8 wheel pins NCCL 2.27.3 (source torch 2.8.0 manylinux x86_64 wheel on PyPI")

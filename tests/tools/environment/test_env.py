@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import shutil
 import socket
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -40,8 +41,6 @@ def test_software_versions_are_the_running_ones(declaration):
 
 
 def test_framework_defaults_to_the_embedded_trainer_with_its_version(declaration):
-    from importlib.metadata import version
-
     assert declaration.framework.name == "trainops-embedded-trainer"
     assert declaration.framework.version == version("trainops")
 

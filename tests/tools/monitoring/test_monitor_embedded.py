@@ -8,6 +8,7 @@ import pytest
 
 from trainops.tools.base import ToolError
 from trainops.tools.calls import call
+from trainops.tools.monitoring.prometheus import promql
 
 
 def _write_run(workspace, name="r1", steps=6, ranks=2):
@@ -73,8 +74,6 @@ def test_an_unreachable_prometheus_names_the_url(monkeypatch):
 
 
 def test_the_promql_for_heartbeat_age_and_the_run_aggregates():
-    from trainops.tools.monitoring.prometheus import promql
-
     assert promql("heartbeat_age_s", "r1", 0) == 'time() - timestamp(trainops_step{run="r1",rank="0"})'
     assert promql("step_time_spread_s", "r1") == ('max(trainops_step_time_s{run="r1"}) - '
                                                   'min(trainops_step_time_s{run="r1"})')

@@ -5,7 +5,7 @@ import pytest
 
 from trainops.tools.base import ToolError
 from trainops.tools.calls import call
-from trainops.tools.planning.planning import LLAMA3_CAUSE_COUNTS, PROFILES
+from trainops.tools.planning.planning import LLAMA3_CAUSE_COUNTS, PROFILES, daly_waste_fraction
 
 
 @pytest.mark.parametrize(
@@ -117,8 +117,6 @@ def test_a_detection_override_for_an_unknown_cause_is_rejected_with_the_known_on
 
 def test_the_simulator_agrees_with_dalys_closed_form_for_sync_checkpoints():
     """Daly's expected waste, with detection + restart as the restart cost, over a simulated year."""
-    from trainops.tools.planning.planning import daly_waste_fraction
-
     inp = {"checkpoint_mode": "sync", "days": 365, "detection_latency_s": 120, "restart_s": 600,
            "checkpoint_save_s": 60}
     out = call("plan_effective_training_time", inp)

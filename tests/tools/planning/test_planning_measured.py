@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from typer.testing import CliRunner
 
+from trainops.cli import app
 from trainops.tools.base import ToolError
 from trainops.tools.calls import call
 
@@ -58,10 +60,6 @@ def test_a_restart_time_is_given_or_measured_not_both_nor_neither():
 
 
 def test_the_plan_commands_take_the_measured_restart_with_restart_from(workspace):
-    from typer.testing import CliRunner
-
-    from trainops.cli import app
-
     _drill_record(workspace, "new", 2_000.0, 5.2, 11.9)
     runner = CliRunner()
     checkpoint = runner.invoke(app, ["plan", "checkpoint", "--save-s", "2", "--mtbf-h", "5",

@@ -12,8 +12,8 @@ import pytest
 from trainops.skills.drill import DRILLS, drill
 from trainops.skills.evidence.pack import assemble
 from trainops.skills.request import JobRequest
-from trainops.tools.base import CallContext
 from trainops.tools.calls import call
+from trainops.tools.context import CallContext
 from trainops.tools.reliability.interruptions import cause_distribution, read_interruptions
 
 pytestmark = pytest.mark.usefixtures("as_operator")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from trainops.run_folder import RunFiles
 from trainops.tools.base import ToolError
 from trainops.tools.calls import call
 from trainops.trainer.checkpoint import AppState, Checkpointer, step_dir_name
@@ -92,8 +93,6 @@ def test_measure_checkpoint_io_times_a_dcp_save_and_load_and_cleans_up(workspace
 def test_list_checkpoints_says_which_checkpoint_each_start_loaded_and_which_corrupt_one_it_skipped():
     """The question after a restart: which checkpoint did it resume from, and why not the newest. The run's
     own journal answers it (the trainer's load and fallback entries); a reason the job wrote stays inert."""
-    from trainops.run_folder import RunFiles
-
     folder = write_run("r-fell-back", [2, 4])
     corrupt_checkpoint(folder / step_dir_name(4))
     model = torch.nn.Linear(8, 8)

@@ -5,13 +5,19 @@ tests/integration."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
+import threading
 import time
 
 import pytest
 
-from trainops.tools.base import CallContext, ToolError
+from trainops.tools.base import ToolError
 from trainops.tools.calls import call
+from trainops.tools.context import CallContext
+from trainops.tools.schedulers.local import pid_alive
+from trainops.trainer.config import load_config
 
 OPERATOR = CallContext(actor="operator")  # mutate tools called by an operator need no approval token
 
@@ -77,8 +83,6 @@ def test_a_killed_rank_is_detected_as_process_exit_with_its_latency(ranks):
 
 
 def test_killing_a_node_kills_every_rank_it_hosts(ranks):
-    from trainops.tools.schedulers.local import pid_alive
-
     ranks(step_s=(0.02, 0.02, 0.02))
     out = call("inject_fault", {"kind": "kill_node", "run": "drill"}, OPERATOR)
     assert len(out.pids) == 3 and out.target.endswith("ranks [0, 1, 2]")
@@ -101,9 +105,6 @@ def test_a_hung_rank_is_detected_by_its_stale_heartbeat(ranks):
         watch = {"run": "drill", "poll_interval_s": 0.05, "heartbeat_stale_s": 0.5, "timeout_s": 10}
         found = call("detect_faults", watch)
     finally:
-        import os
-        import signal
-
         os.kill(injected.pids[0], signal.SIGCONT)
     assert (found.mechanism, found.rank) == ("heartbeat_stale", 0)
     assert 0.4 <= found.detection_latency_s < 2.5  # the last beat predates the injection by up to a step
@@ -148,8 +149,6 @@ def test_a_grad_spike_waits_for_the_peer_whose_checksum_of_the_same_step_explain
     """The flipped replica reports its step first, with a grad-norm spike; its peer's record of the
     same step (the checksum to compare with) lands a moment later. The spike must not be reported
     as a job-wide loss anomaly before the peer's record is read (seen in CI: 1 drill in ~40)."""
-    import threading
-
     run_dir = workspace / "runs" / "sdc-race"
     run_dir.mkdir(parents=True)
     metrics = run_dir / "metrics.jsonl"
@@ -178,7 +177,6 @@ def test_a_healthy_run_reports_nothing_within_the_timeout(ranks):
 def test_launch_time_faults_return_the_trainer_overrides():
     out = call("inject_fault", {"kind": "straggler", "rank": 1, "slow_ms": 300}, OPERATOR)
     assert out.overrides == ["faults.slow_rank=1", "faults.slow_ms=300"] and out.injected_at is None
-    from trainops.trainer.config import load_config
 
     cfg = load_config(None, "tiny", call("inject_fault", {"kind": "bitflip", "rank": 1, "step": 4}, OPERATOR).overrides)
     assert (cfg.faults.bitflip_step, cfg.faults.bitflip_rank) == (4, 1)

@@ -5,6 +5,7 @@ The jobs here are real local-scheduler jobs (a few lines of Python standing in f
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -12,8 +13,12 @@ import pytest
 from typer.testing import CliRunner
 
 from trainops.cli import app
-from trainops.tools.base import CallContext
+from trainops.run_folder import RunFiles, launch_mark, open_rank_log
 from trainops.tools.calls import call
+from trainops.tools.context import CallContext
+from trainops.tools.reliability.causes import classify, gather
+from trainops.tools.reliability.interruptions import is_clean, record_job_end, reliability, witness
+from trainops.tools.schedulers.base import JobStatus
 
 OPERATOR = CallContext(actor="operator")
 SECRET = "sk-test-abcdefghijklmnop1234"
@@ -93,8 +98,6 @@ def _stale(beat) -> bool:
 def test_drills_stay_out_of_the_measured_mtbf_and_rate_but_count_in_recovery(workspace):
     """An injected fault says how recovery goes, not how often jobs fail: a second SOP run must not
     'measure' its MTBF from the first run's drills."""
-    from trainops.tools.reliability.interruptions import reliability, witness
-
     first = _job(workspace, "raise")
     call("wait_job", {"job_id": first, "timeout_s": 60}, OPERATOR)
     drilled = _job(workspace, "hang")
@@ -160,10 +163,6 @@ def test_an_in_process_recovery_of_a_job_that_went_on_is_recorded_once_with_its_
     ({0: 4.0}, 0),                 # one rank: it is the job
 ])
 def test_a_failing_rank_is_named_from_heartbeats_only_when_one_clearly_stopped_first(workspace, ages, named):
-    from trainops.run_folder import RunFiles
-    from trainops.tools.reliability.causes import gather
-    from trainops.tools.schedulers.base import JobStatus
-
     run_dir = workspace / "runs" / "run-beats"
     (run_dir / "heartbeat").mkdir(parents=True)
     ended = 1_800_000_000.0
@@ -182,12 +181,6 @@ def test_a_failing_rank_is_named_from_heartbeats_only_when_one_clearly_stopped_f
 ])
 def test_a_completed_job_with_a_signal_is_clean_only_when_its_run_finished_ok_in_this_launch(
         workspace, run_status, written_after_start, clean):
-    import os
-
-    from trainops.run_folder import RunFiles
-    from trainops.tools.reliability.interruptions import is_clean, record_job_end
-    from trainops.tools.schedulers.base import JobStatus
-
     run_dir = workspace / "runs" / "run-teardown"
     run_dir.mkdir(parents=True)
     started = time.time() - 60
@@ -203,10 +196,6 @@ def test_a_completed_job_with_a_signal_is_clean_only_when_its_run_finished_ok_in
 
 
 def test_a_job_whose_ranks_all_ran_on_is_placed_on_the_one_node_the_scheduler_lost(workspace):
-    from trainops.run_folder import RunFiles
-    from trainops.tools.reliability.causes import classify, gather
-    from trainops.tools.schedulers.base import JobStatus
-
     run_dir = workspace / "runs" / "run-partition"
     (run_dir / "heartbeat").mkdir(parents=True)
     ended = 1_800_000_000.0
@@ -237,9 +226,6 @@ def test_an_end_recorded_after_the_restart_reads_the_run_as_it_was_when_trainops
     """Slurm holds a job with a lost node COMPLETING, so a drill records its end only after the requeue
     went in under a new id; by then the new launch has rewritten rank 1's heartbeat from the spare node
     and logged later steps. The record must still place rank 1 on the node it ran on, and end at step 3."""
-    from trainops.run_folder import RunFiles
-    from trainops.tools.reliability.interruptions import witness
-
     run_dir = workspace / "runs" / "r-moved"
     run_dir.mkdir(parents=True)
     spec = {"name": "r-moved", "command": [sys.executable, "-c", TWO_RANKS, str(run_dir)], "run_dir": str(run_dir)}
@@ -277,8 +263,6 @@ sys.exit(1)
 
 def test_a_launchs_record_quotes_only_its_own_rank_log_lines_not_an_earlier_attempts(workspace):
     """Rank logs are appended across requeues: the end of a second launch must not quote the first's error."""
-    from trainops.run_folder import RunFiles, open_rank_log
-
     run_dir = workspace / "runs" / "r-again"
     (run_dir / "logs").mkdir(parents=True)
     with open_rank_log(run_dir, 0) as log:  # the first launch, which failed with its own error
@@ -293,10 +277,6 @@ def test_a_launchs_record_quotes_only_its_own_rank_log_lines_not_an_earlier_atte
 
 
 def test_a_job_log_appended_across_requeues_gives_the_record_only_the_ending_launchs_lines(workspace):
-    from trainops.run_folder import launch_mark
-    from trainops.tools.reliability.causes import classify, gather
-    from trainops.tools.schedulers.base import JobStatus
-
     ended = 1_800_000_000.0
     job_log = (launch_mark("job", f"{ended - 100:.3f}") + "ConnectionResetError: [Errno 104] peer reset\n"
                + launch_mark("job", f"{ended - 20:.9f}") + "step 9\nValueError: bad batch\n"

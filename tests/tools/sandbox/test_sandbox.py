@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 
+import psutil
 import pytest
 from typer.testing import CliRunner
 
@@ -48,8 +49,6 @@ def test_up_again_is_idempotent_and_down_removes_only_what_the_sandbox_made(sand
 
 
 def _slurm_processes():
-    import psutil
-
     return [p for p in psutil.process_iter(["name", "cmdline", "status"])
             if p.info["name"] in ("slurmd", "slurmctld", "slurmstepd") and p.info["status"] != psutil.STATUS_ZOMBIE]
 

@@ -2,12 +2,17 @@
 live round trip that runs only when KUBECONFIG points at a reachable cluster."""
 from __future__ import annotations
 
+import json
 import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
 
 import kubernetes_validate
 import pytest
+from kubernetes import client, config
 
-from trainops.tools.schedulers import JobSpec, SchedulerError
+from trainops.tools.schedulers import JobSpec, SchedulerError, get_scheduler
 from trainops.tools.schedulers.kubernetes import job_manifest, service_manifest
 
 K8S_VERSION = "1.30.0"
@@ -55,8 +60,6 @@ def _cluster_reachable() -> tuple[bool, str]:
     if not os.environ.get("KUBECONFIG"):
         return False, "KUBECONFIG is not set: no Kubernetes cluster to test against (not a CI service)"
     try:
-        from kubernetes import client, config
-
         config.load_kube_config()
         client.VersionApi().get_code(_request_timeout=5)
     except Exception as exc:
@@ -68,7 +71,6 @@ def test_a_plain_job_runs_on_a_live_cluster():
     ok, why = _cluster_reachable()
     if not ok:
         pytest.skip(why)
-    from trainops.tools.schedulers import get_scheduler
 
     sched = get_scheduler("kubernetes")
     handle = sched.submit(JobSpec(name="trainops-live-check", command=["python", "-c", "print('ok')"],
@@ -83,12 +85,7 @@ def test_a_plain_job_runs_on_a_live_cluster():
 class _RecordingApiServer:
     """Answers the few API paths a cancel uses and records each request. A stand-in: no
     Kubernetes API server can run on this machine; the real `kubernetes` client talks to it."""
-
     def __init__(self):
-        import json
-        import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
         self.requests: list[tuple[str, str]] = []
         job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "llama-drill", "namespace": "training"},
                "spec": {"completions": 1, "template": {"spec": {"containers": []}}}, "status": {"active": 1}}
@@ -121,10 +118,6 @@ class _RecordingApiServer:
 
 @pytest.mark.parametrize("force", [False, True])
 def test_a_forced_cancel_deletes_the_pods_with_no_grace_period(tmp_path, monkeypatch, force):
-    from urllib.parse import parse_qs, urlsplit
-
-    from trainops.tools.schedulers import get_scheduler
-
     api = _RecordingApiServer()
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(f"""apiVersion: v1

@@ -5,9 +5,12 @@ import socket
 import sys
 import time
 
+import psutil
 import pytest
 from pydantic import ValidationError
 
+from trainops.tools.base import ToolError
+from trainops.tools.calls import call
 from trainops.tools.schedulers import JobSpec, SchedulerError, get_scheduler
 
 
@@ -74,7 +77,6 @@ def test_cancel_gives_a_grace_period_unless_forced(tmp_path, force):
 def test_cancel_leaves_no_torchrun_worker_behind(tmp_path, force):
     """torchrun starts each worker in a session of its own: killing the job's process group alone
     would orphan them, and orphaned ranks train on."""
-
     script = tmp_path / "worker.py"
     script.write_text("import os, pathlib, sys, time\n"
                       f"pathlib.Path({str(tmp_path)!r}, 'pid' + os.environ['RANK']).write_text(str(os.getpid()))\n"
@@ -92,8 +94,6 @@ def test_cancel_leaves_no_torchrun_worker_behind(tmp_path, force):
 
 def _running(pid: int) -> bool:
     """Not exited (a zombie counts as exited); the pid may vanish between two looks."""
-    import psutil
-
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
@@ -138,8 +138,5 @@ def test_a_malformed_spec_names_the_field_and_the_fix():
 
 
 def test_submit_job_with_a_malformed_spec_names_the_field_through_the_tool():
-    from trainops.tools.base import ToolError
-    from trainops.tools.calls import call
-
     with pytest.raises(ToolError, match=r"submit_job: invalid input: .*spec\.procs_per_node.*must be at least 1"):
         call("submit_job", {"spec": {"name": "ok", "command": ["true"], "procs_per_node": 0}})

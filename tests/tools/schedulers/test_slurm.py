@@ -2,13 +2,16 @@
 The live backend is exercised against a real slurmctld in tests/integration."""
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import pytest
 
 from trainops.tools.schedulers import JobSpec, SchedulerError
-from trainops.tools.schedulers.slurm import SlurmScheduler, batch_script
+from trainops.tools.schedulers.slurm import SlurmScheduler, batch_script, sbatch_options
 from trainops.tools.schedulers.slurm_transport import parse_scontrol
+from trainops.trainer.config import load_config
+from trainops.trainer.launch import prepare_run
 
 
 def _spec(**kw) -> JobSpec:
@@ -40,12 +43,6 @@ def test_with_in_process_restart_each_node_runs_its_own_supervisor_step_and_spar
     """The job holds its spare nodes (--nodes 2 + 1), survives a lost node (--no-kill: through
     pyslurm too, which reads no #SBATCH line), and runs one supervisor per node as its own step,
     node 0 leading with the store on the rendezvous port; the script is valid bash."""
-    import subprocess
-
-    from trainops.tools.schedulers.slurm import sbatch_options
-    from trainops.trainer.config import load_config
-    from trainops.trainer.launch import prepare_run
-
     run_dir = prepare_run(load_config(None, "tiny", ["resilience.in_process_restart=true", "resilience.spare_nodes=1"]),
                           run_id="spared")
     spec = _spec(command=["-m", "trainops.trainer.train", "--run-dir", str(run_dir)], run_dir=str(run_dir))

@@ -16,6 +16,7 @@ from trainops.tools.schedulers.slurm_transport import (
     slurm_release,
     transport_choice,
 )
+from trainops.workspace import jobs_dir
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -88,7 +89,6 @@ def test_slurm_runs_the_script_it_was_given_not_what_the_file_says_later(slurm, 
     at submit, so rewriting the file afterwards changes nothing that runs (a run or a requeue)."""
     handle = slurm.submit(JobSpec(name="fixed", command=["sh", "-c", "sleep 2; echo as-submitted"],
                                   workdir=str(tmp_path)))
-    from trainops.workspace import jobs_dir
 
     for script in jobs_dir().glob("slurm-*.sbatch"):
         script.write_text("#!/bin/bash\necho rewritten\n")
