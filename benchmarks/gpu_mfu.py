@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from trainops.benchmarks.harness import GPU_BEGIN, GPU_END, write_section
-from trainops.run_folder import SaveEntry, read_journal, read_metrics
+from trainops.run_records import SaveEntry, read_journal, read_metrics
 from trainops.tools.jobs.follow import run_local
 from trainops.trainer.config import load_config
 

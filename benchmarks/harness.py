@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from trainops.run_folder import read_metrics
+from trainops.run_records import read_metrics
 from trainops.tools.jobs.follow import run_local
 from trainops.trainer.config import load_config
 from trainops.trainer.launch import torchrun_argv
 from trainops.workspace import home
 
 if TYPE_CHECKING:
-    from trainops.run_folder import MetricsRecord
+    from trainops.run_records import MetricsRecord
 
 
 def _results_path() -> Path:

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from trainops.benchmarks.harness import RESULTS_PATH, machine, write_section
-from trainops.run_folder import read_metrics
+from trainops.run_records import read_metrics
 from trainops.tools.jobs.follow import run_local
 from trainops.trainer.config import load_config
 

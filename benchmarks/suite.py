@@ -26,7 +26,7 @@ from trainops.benchmarks.harness import (
 from trainops.benchmarks.harness import trainer_step_time as harness_trainer_step_time
 from trainops.benchmarks.peer import run_and_publish
 from trainops.benchmarks.replica_load import bench_replica_load
-from trainops.run_folder import read_heartbeat, read_journal, read_metrics
+from trainops.run_records import read_heartbeat, read_journal, read_metrics
 from trainops.skills.drill import drill
 from trainops.skills.request import JobRequest
 from trainops.terminal_text import safe_console

@@ -17,7 +17,8 @@ from typing import Protocol
 
 from pydantic import BaseModel
 
-from trainops.run_folder import MetricsRecord, RunFiles, read_metrics
+from trainops.run_folder import RunFiles
+from trainops.run_records import MetricsRecord, read_metrics
 from trainops.settings import read_toml
 from trainops.skills.evidence.bottleneck import BottleneckSplit, RankTiming, TimeShare
 from trainops.tools.base import ToolError

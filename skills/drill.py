@@ -10,10 +10,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from trainops.run_folder import (
+from trainops.run_folder import RunFiles
+from trainops.run_records import (
     FaultRecord,
     LoadEntry,
-    RunFiles,
     read_faults,
     read_heartbeat,
     read_journal,

@@ -9,7 +9,7 @@ import contextlib
 import threading
 import time
 
-from trainops.run_folder import read_heartbeats
+from trainops.run_records import read_heartbeats
 from trainops.tools.base import ToolError
 from trainops.tools.calls import call
 from trainops.tools.context import CallContext

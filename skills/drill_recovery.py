@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from trainops.run_folder import RecoveryPath, read_journal, read_metrics, read_recoveries
+from trainops.run_records import RecoveryPath, read_journal, read_metrics, read_recoveries
 
 REQUEUE_PHASES = ("detect", "cancel", "submit", "queue", "start", "load", "first_step")
 """A requeue: fault -> detected; detected -> the old job's end (scheduler); end -> the requeue asked

@@ -6,7 +6,7 @@ import time
 
 from pydantic import BaseModel
 
-from trainops.run_folder import read_journal
+from trainops.run_records import read_journal
 from trainops.skills.evidence.model import CheckpointPlan, DrillResult, PackEnvironment, ReliabilitySummary
 from trainops.skills.evidence.published import LayoutPlan
 from trainops.skills.request import JobRequest

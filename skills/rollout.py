@@ -9,7 +9,7 @@ import os
 
 from pydantic import BaseModel, Field
 
-from trainops.run_folder import read_faults
+from trainops.run_records import read_faults
 from trainops.skills import labels
 from trainops.skills.baseline import RepeatResult
 from trainops.skills.escalate import hand_to_human

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from trainops.run_folder import read_heartbeat
+from trainops.run_records import read_heartbeat
 from trainops.skills.escalate import hand_to_human
 from trainops.tools.calls import call
 from trainops.tools.context import CallContext, skill_context

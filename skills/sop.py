@@ -7,7 +7,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from trainops.run_folder import RunFiles, read_drill_record
+from trainops.run_folder import RunFiles
+from trainops.run_records import read_drill_record
 from trainops.skills import ablation, baseline, drill, environment, escalate, planning
 from trainops.skills.baseline import Progress
 from trainops.skills.evidence import pack as evidence_pack

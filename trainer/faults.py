@@ -16,7 +16,8 @@ from typing import Any, Literal, Protocol
 
 import torch
 
-from trainops.run_folder import RunFiles, read_faults
+from trainops.run_folder import RunFiles
+from trainops.run_records import read_faults
 from trainops.trainer.checkpoint_files import list_checkpoints
 from trainops.workspace import home
 

@@ -16,7 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from trainops.run_folder import RunFiles, RunResult, read_journal, read_metrics, this_launch
+from trainops.run_folder import RunFiles, this_launch
+from trainops.run_records import RunResult, read_journal, read_metrics
 from trainops.trainer.checkpoint_files import COMMIT_FILE, list_checkpoints, verify_checkpoint
 from trainops.trainer.config import ConfigError, JobConfig, ResilienceConfig, load_config
 from trainops.trainer.layout import validate_layout

@@ -15,7 +15,8 @@ from typing import Any
 import torch
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from trainops.run_folder import Heartbeat, RankExit, RunFiles, read_heartbeat
+from trainops.run_folder import RunFiles
+from trainops.run_records import Heartbeat, RankExit, read_heartbeat
 from trainops.trainer.config import MetricsConfig
 from trainops.trainer.model_args import ModelArgs, count_parameters
 

@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-from trainops.run_folder import LostRank, RecoveryEntry, RunFiles, read_faults, read_heartbeat, read_journal
+from trainops.run_folder import RunFiles
+from trainops.run_records import LostRank, RecoveryEntry, read_faults, read_heartbeat, read_journal
 
 POLL_S = 0.05
 GRACE_S = 2.0

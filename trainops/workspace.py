@@ -5,7 +5,7 @@ Every folder is created on first use, so a fresh checkout needs no set-up step. 
 a tool accepts a path: resolved (symlinks included) inside the workspace or a root the user's
 own config lists under `[governance] roots`, so a poisoned run folder or an over-obedient agent
 cannot point a tool at the rest of the machine. `run_folder` is the one way a run id becomes a
-folder; what lies in a run folder, and how to read it, is trainops/run_folder.py.
+folder; what lies in a run folder is trainops/run_folder.py, and how to read it trainops/run_records.py.
 """
 from __future__ import annotations
 

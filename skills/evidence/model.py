@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from trainops.run_folder import RecoveryPath
+from trainops.run_records import RecoveryPath
 from trainops.skills.evidence.bottleneck import BottleneckSplit
 from trainops.skills.evidence.published import LayoutPlan, MlperfComparison
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from trainops.run_folder import read_metrics
+from trainops.run_records import read_metrics
 from trainops.skills.escalate import escalation_problems, pack_signals
 from trainops.skills.evidence import plots
 from trainops.skills.evidence.model import (

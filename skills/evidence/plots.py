@@ -9,7 +9,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from trainops.run_folder import read_metrics
+from trainops.run_records import read_metrics
 from trainops.skills.evidence.model import EvidencePack
 from trainops.skills.evidence.view import Figure
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from trainops.benchmarks.gpu_mfu import render, summarize_saves
-from trainops.run_folder import SaveEntry
+from trainops.run_records import SaveEntry
 
 REPO = Path(__file__).resolve().parents[2]
 

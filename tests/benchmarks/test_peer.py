@@ -10,7 +10,7 @@ from trainops.benchmarks.harness import iteration_times
 from trainops.benchmarks.peer import TRAINER_SHAPE, deepspeed_step_time, hf_llama_parameters
 from trainops.benchmarks.step_profile import breakdown
 from trainops.benchmarks.suite import sop_time_breakdown
-from trainops.run_folder import MetricsRecord
+from trainops.run_records import MetricsRecord
 from trainops.trainer.config import load_config
 from trainops.trainer.model_args import count_parameters
 

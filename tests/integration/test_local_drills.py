@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trainops.run_folder import read_heartbeats
+from trainops.run_records import read_heartbeats
 from trainops.tools.calls import call
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("as_operator")]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trainops.run_folder import read_recoveries
+from trainops.run_records import read_recoveries
 from trainops.skills.drill import drill
 from trainops.skills.request import JobRequest
 from trainops.tools.base import ToolError

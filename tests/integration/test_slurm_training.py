@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import free_port, wait_for
-from trainops.run_folder import read_heartbeats
+from trainops.run_records import read_heartbeats
 from trainops.skills.drill import drill
 from trainops.skills.request import JobRequest
 from trainops.tools.base import ToolError

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trainops.run_folder import read_metrics
+from trainops.run_records import read_metrics
 from trainops.tools.calls import call
 from trainops.tools.context import operator_session
 from trainops.tools.reliability.signals import DetectFaultsInput, FaultWatch

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from trainops.cli import app
-from trainops.run_folder import LoadEntry
+from trainops.run_records import LoadEntry
 from trainops.skills.drill import DRILLS, DetectionOnlyResult, drill, verify_restored
 from trainops.skills.evidence.model import DrillResult
 from trainops.skills.request import JobRequest

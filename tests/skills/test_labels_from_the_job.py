@@ -13,7 +13,7 @@ import torch
 from typer.testing import CliRunner
 
 from trainops.cli import app
-from trainops.run_folder import read_metrics
+from trainops.run_records import read_metrics
 from trainops.skills.baseline import RepeatResult, summarize
 from trainops.skills.labels import job_labels
 from trainops.skills.request import JobRequest

@@ -11,7 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from trainops.cli import app
-from trainops.run_folder import RecoveryEntry, RunFiles, read_journal, read_metrics, read_recoveries
+from trainops.run_folder import RunFiles
+from trainops.run_records import RecoveryEntry, read_journal, read_metrics, read_recoveries
 from trainops.skills.drill_recovery import REQUEUE_PHASES, RecoveryMarks, in_process_recovery, requeue_recovery
 from trainops.tools.calls import call
 

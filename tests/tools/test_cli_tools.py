@@ -189,7 +189,8 @@ def test_plan_layout_of_a_missing_config_file_says_so():
 def test_loading_the_root_cli_imports_no_heavy_module_and_no_command():
     """`trainops --help` starts fast: torch, LangGraph, LangChain, the run folder's models, the tool
     catalog and every command module load only when a command runs (the lazy group in cli.py)."""
-    heavy = ("torch", "langgraph", "langchain_core", "matplotlib", "trainops.run_folder", "trainops.tools.catalog")
+    heavy = ("torch", "langgraph", "langchain_core", "matplotlib", "trainops.run_folder", "trainops.run_records",
+             "trainops.tools.catalog")
     code = ("import sys, trainops.cli; print(sorted(m for m in sys.modules "
             f"if m in {heavy!r} or m.startswith('trainops.commands.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -107,12 +107,12 @@ def test_the_cycle_finder_finds_a_loop():
 
 
 ORDER = [("trainops.workspace", 0), ("trainops.settings", 0), ("trainops.run_folder", 0),
-         ("trainops.terminal_text", 0), ("trainops.redact", 0), ("trainops.trainer", 1), ("trainops.tools", 2),
-         ("trainops.skills", 3), ("trainops.agents", 4), ("trainops", 5)]
+         ("trainops.run_records", 0), ("trainops.terminal_text", 0), ("trainops.redact", 0), ("trainops.trainer", 1),
+         ("trainops.tools", 2), ("trainops.skills", 3), ("trainops.agents", 4), ("trainops", 5)]
 
 
 def layer(module: str) -> int:
-    """Bottom (0): the workspace, settings, run folder and terminal text; then the trainer, tools, skills,
+    """Bottom (0): the workspace, settings, run folder, its records and terminal text; then the trainer, tools, skills,
     agents; the CLI on top."""
     return next(rank for prefix, rank in ORDER if module == prefix or module.startswith(prefix + "."))
 
@@ -127,7 +127,7 @@ def test_every_import_points_down_the_layers_even_inside_functions():
 
 def test_the_bottom_modules_import_nothing_of_trainops_above_them():
     known = modules()
-    bottom = {"trainops.workspace", "trainops.settings", "trainops.run_folder", "trainops.terminal_text",
-              "trainops.redact"}
+    bottom = {"trainops.workspace", "trainops.settings", "trainops.run_folder", "trainops.run_records",
+              "trainops.terminal_text", "trainops.redact"}
     for module in bottom:
         assert imported(known[module], set(known), module_level_only=False) <= bottom

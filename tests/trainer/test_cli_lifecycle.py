@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from tests.conftest import wait_for
 from trainops.cli import app
-from trainops.run_folder import read_metrics
+from trainops.run_records import read_metrics
 from trainops.tools.calls import call
 from trainops.tools.context import CallContext
 from trainops.tools.jobs.trainer_job import trainer_job

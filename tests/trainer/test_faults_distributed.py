@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from trainops.run_folder import read_metrics
+from trainops.run_records import read_metrics
 from trainops.tools.calls import call
 from trainops.tools.context import CallContext
 from trainops.tools.jobs.follow import launch_run, run_local

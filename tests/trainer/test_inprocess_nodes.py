@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import free_port, wait_for
 from tests.trainer.test_inprocess_restart import BASE, OPERATOR, by_step, workers
-from trainops.run_folder import RECOVERY_PHASES, read_heartbeat, read_journal, read_recoveries
+from trainops.run_records import RECOVERY_PHASES, read_heartbeat, read_journal, read_recoveries
 from trainops.tools.jobs.follow import run_local
 from trainops.trainer.config import load_config
 from trainops.trainer.launch import prepare_run, supervisor_argv, trainer_program

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from trainops.run_folder import RECOVERY_PHASES, read_faults, read_heartbeat, read_metrics, read_recoveries
+from trainops.run_records import RECOVERY_PHASES, read_faults, read_heartbeat, read_metrics, read_recoveries
 from trainops.tools.context import CallContext
 from trainops.tools.jobs.follow import run_local
 from trainops.trainer.config import load_config

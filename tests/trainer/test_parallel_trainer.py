@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainops.run_folder import read_metrics
+from trainops.run_records import read_metrics
 from trainops.tools.context import CallContext
 from trainops.tools.jobs.follow import run_local
 from trainops.trainer.config import load_config

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trainops.run_folder import read_metrics
+from trainops.run_records import read_metrics
 from trainops.tools.context import CallContext
 from trainops.tools.jobs.follow import run_local
 from trainops.trainer.config import load_config

@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from trainops.run_folder import read_journal
+from trainops.run_records import read_journal
 from trainops.tools.base import tool
 from trainops.tools.governance.claims import ScaleResult
 from trainops.tools.planning.planning import CHECKPOINT_TOO_SLOW, checkpoint_overhead

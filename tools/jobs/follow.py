@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from trainops.run_folder import RunFiles, RunResult, metrics_since, read_status
+from trainops.run_folder import RunFiles
+from trainops.run_records import RunResult, metrics_since, read_status
 from trainops.terminal_text import safe_console
 from trainops.tools.calls import call
 from trainops.tools.context import CallContext

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from trainops.run_folder import MetricsRecord, read_metrics
+from trainops.run_records import MetricsRecord, read_metrics
 from trainops.tools.base import InputCheck, ToolError, tool
 from trainops.tools.changes.tenancy import check_job_paths, check_launch_versions
 from trainops.tools.context import active_call

@@ -12,7 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from trainops.run_folder import RunFiles, read_metrics
+from trainops.run_folder import RunFiles
+from trainops.run_records import read_metrics
 from trainops.tools.base import ToolError, tool
 from trainops.tools.jobs.jobs import RunSummary, _confined_run, summarize_records
 from trainops.tools.reliability.causes import inert

@@ -1,5 +1,5 @@
 """Metrics straight from the run folder: its `metrics.jsonl` and `heartbeat/rank{R}.json`, read
-through trainops.run_folder. Needs no service, so every drill can be measured on a laptop. The
+through trainops.run_records. Needs no service, so every drill can be measured on a laptop. The
 caller resolves and confines the run folder (trainops.workspace.run_folder) and passes it in."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import time
 from pathlib import Path
 
-from trainops.run_folder import read_heartbeats, read_metrics
+from trainops.run_records import read_heartbeats, read_metrics
 from trainops.tools.monitoring.base import AGGREGATES, HEARTBEAT_AGE, MonitorError, Sample, Series
 
 KIND = "embedded"

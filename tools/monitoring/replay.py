@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from trainops.run_folder import read_heartbeats
+from trainops.run_records import read_heartbeats
 from trainops.tools.monitoring.base import AGGREGATES, HEARTBEAT_AGE, Sample, Series
 from trainops.tools.monitoring.embedded import EmbeddedMonitor
 from trainops.tools.schedulers.replay import active_replay

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from trainops.run_folder import RecoveryPath, read_journal
+from trainops.run_records import RecoveryPath, read_journal
 from trainops.tools.base import ToolError, tool
 from trainops.tools.planning.layout_mapping import MoeShape, TopologyPlan, expert_parallel, map_layout
 from trainops.tools.reliability.drill_records import measured_path_restart, newest_node_drill_restart

@@ -37,15 +37,8 @@ import psutil
 from pydantic import BaseModel, Field
 
 from trainops.redact import scrub
-from trainops.run_folder import (
-    RunFiles,
-    read_heartbeats,
-    read_journal,
-    read_metrics,
-    read_regular,
-    read_status,
-    this_launch,
-)
+from trainops.run_folder import RunFiles, read_regular, this_launch
+from trainops.run_records import read_heartbeats, read_journal, read_metrics, read_status
 from trainops.terminal_text import visible
 from trainops.tools.reliability.sdc_check import KNOWN_ANSWER_FAILED
 from trainops.tools.schedulers.processes import job_processes, rank_processes
@@ -326,7 +319,7 @@ def gather(status, node_states: dict[str, str] | None = None, job_log: str = "",
 
 
 def gather_in_process(entry, run_dir: str | Path) -> Evidence:
-    """The evidence of an in-process recovery (a trainops.run_folder.RecoveryEntry): the replaced ranks
+    """The evidence of an in-process recovery (a trainops.run_records.RecoveryEntry): the replaced ranks
     as the supervisor, their parent, reaped them (an exit status, or hung and killed by it), every
     rank's last beat at the detection, the kernel log for the lost pids, and the run folder's metrics
     and checkpoints up to the detection. The job went on, so there is no end state."""

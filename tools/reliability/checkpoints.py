@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, model_validator
 
-from trainops.run_folder import read_journal
+from trainops.run_records import read_journal
 from trainops.tools.base import ToolError, tool
 from trainops.tools.reliability.causes import inert
 from trainops.trainer.checkpoint_files import CheckpointInfo, CheckpointVerification, step_dir_name

@@ -8,7 +8,8 @@ from datetime import datetime, timezone
 
 from pydantic import BaseModel, Field
 
-from trainops.run_folder import RunFiles, read_drill_record, read_recoveries
+from trainops.run_folder import RunFiles
+from trainops.run_records import read_drill_record, read_recoveries
 from trainops.tools.base import ToolError
 from trainops.workspace import runs_dir
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from trainops.run_folder import Heartbeat, RunFiles, read_heartbeats, read_recoveries, read_regular, read_status
+from trainops.run_folder import RunFiles, read_regular
+from trainops.run_records import Heartbeat, read_heartbeats, read_recoveries, read_status
 from trainops.tools.base import tool
 from trainops.tools.reliability.causes import (
     CAUSES,

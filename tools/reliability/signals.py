@@ -29,7 +29,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from trainops.run_folder import Heartbeat, MetricsRecord, metrics_since, read_heartbeats
+from trainops.run_records import Heartbeat, MetricsRecord, metrics_since, read_heartbeats
 from trainops.tools.reliability.reachability import probe_nodes, slow_outlier
 from trainops.tools.schedulers.base import SchedulerKind
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from trainops.run_folder import read_faults, read_heartbeat, read_heartbeats
+from trainops.run_records import read_faults, read_heartbeat, read_heartbeats
 from trainops.tools.base import ToolError, tool
 from trainops.tools.governance.escalation import Escalation, EscalationSignals, checkpoint_save_s, escalations_for
 from trainops.tools.reliability import interruptions

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import psutil
 
-from trainops.run_folder import read_worker_events
+from trainops.run_records import read_worker_events
 from trainops.tools.schedulers.base import JobSpec, SchedulerError, SchedulerKind
 from trainops.tools.schedulers.job_env import LAUNCHER_MARKER
 from trainops.workspace import jobs_dir

@@ -10,7 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from trainops.cli import app
-from trainops.run_folder import RecoveryEntry, RunFiles
+from trainops.run_folder import RunFiles
+from trainops.run_records import RecoveryEntry
 from trainops.tools.base import ToolError
 from trainops.tools.calls import call
 
