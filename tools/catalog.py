@@ -18,7 +18,7 @@ from trainops.tools.environment import probes as env_probes
 from trainops.tools.frameworks import checks
 from trainops.tools.governance import escalation
 from trainops.tools.jobs import jobs, log_search, run_compare
-from trainops.tools.planning import planning
+from trainops.tools.planning import checkpoint_interval, effective_training_time, layout
 from trainops.tools.registry import Registry, spec_of
 from trainops.tools.reliability import checkpoints, detection, faults, interruptions, quarantine, watch
 
@@ -27,9 +27,9 @@ def _tool_functions() -> tuple[Callable, ...]:
     """Every tool trainops.tools declares."""
     return (
         env_probes.declare_environment,
-        planning.plan_checkpoint_interval,
-        planning.plan_effective_training_time,
-        planning.plan_layout,
+        checkpoint_interval.plan_checkpoint_interval,
+        effective_training_time.plan_effective_training_time,
+        layout.plan_layout,
         jobs.submit_job,
         jobs.job_status,
         jobs.wait_job,

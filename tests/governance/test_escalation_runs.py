@@ -40,7 +40,7 @@ def test_a_fired_rule_is_queued_for_a_human_with_the_cause_split(workspace):
     pending = [queue.get_pending(item.split("pending approval ")[1].rstrip("]")) for item in items]
     assert [p.tool for p in pending] == ["acknowledge_escalation"] * 2
     assert pending[0].input["cause_distribution"]["hardware"] == 2 and "95.0% -> 60.0% -> 61.0%" in items[0]
-    assert "11.8%" in pending[1].input["detail"]  # the one threshold (tools/planning.CHECKPOINT_TOO_SLOW)
+    assert "11.8%" in pending[1].input["detail"]  # the one threshold (checkpoint_interval.CHECKPOINT_TOO_SLOW)
 
 
 def test_a_pack_whose_arm_vanished_at_scale_is_refused_unless_it_carries_the_escalation(workspace):

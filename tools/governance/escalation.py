@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from trainops.run_records import read_journal
 from trainops.tools.base import tool
 from trainops.tools.governance.claims import ScaleResult
-from trainops.tools.planning.planning import CHECKPOINT_TOO_SLOW, checkpoint_overhead
+from trainops.tools.planning.checkpoint_interval import CHECKPOINT_TOO_SLOW, checkpoint_overhead
 
 CAUSE_CLASSES = ("hardware", "network", "software", "data")
 ETTR_FALLING_READINGS = 3

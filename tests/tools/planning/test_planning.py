@@ -5,7 +5,8 @@ import pytest
 
 from trainops.tools.base import ToolError
 from trainops.tools.calls import call
-from trainops.tools.planning.planning import LLAMA3_CAUSE_COUNTS, PROFILES, daly_waste_fraction
+from trainops.tools.planning.checkpoint_interval import daly_waste_fraction
+from trainops.tools.planning.effective_training_time import LLAMA3_CAUSE_COUNTS, PROFILES
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,100 @@
+"""Whether a parallel layout fits: the trainer's dry run for a config and a world size, then where
+each dimension's groups land on the declared topology (tools/planning/layout_mapping.py)."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from pydantic import BaseModel, Field, model_validator
+
+from trainops.tools.base import ToolError, tool
+from trainops.tools.planning.layout_mapping import MoeShape, TopologyPlan, expert_parallel, map_layout
+from trainops.trainer.config import load_config
+from trainops.trainer.layout import plan_dry_run
+from trainops.workspace import confine
+
+MAX_NPROC = 65536  # a read tool the agent calls freely: the rank grid it builds stays under a second
+
+
+class LayoutInput(BaseModel):
+    config: str | None = Field(None, description="Path to a job config TOML; omit to use a preset.")
+    preset: str | None = Field(None, description="Model preset when no config is given (tiny, small, llama3-8b, ...).")
+    overrides: list[str] = Field(default_factory=list, description="section.key=value overrides, e.g. parallel.tp=2.")
+    nproc: int = Field(gt=0, le=MAX_NPROC, description=f"Number of processes (world size) to plan for, at most "
+                                                      f"{MAX_NPROC}.")
+    nodes: int = Field(1, ge=1, le=MAX_NPROC, description="Nodes the world spreads over, nproc/nodes ranks each (the "
+                                                          "declared topology, not this host).")
+    scale_up_domain: int | None = Field(None, ge=1, le=MAX_NPROC,
+                                        description="Accelerators sharing one scale-up domain (NVLink/NVSwitch), as "
+                                                    "the environment declaration states it; omit on CPU hosts (the "
+                                                    "node is the domain).")
+    moe: MoeShape | None = Field(None, description="Mixture-of-experts shape (experts, top_k, ep, moe_layers) for the "
+                                                   "expert-parallel bandwidth estimate.")
+    inter_node_gbit_s: float | None = Field(None, gt=0, le=1e6, allow_inf_nan=False,
+                                            description="Declared or measured inter-node bandwidth, Gbit/s (for an "
+                                                        "expert-parallel group across nodes).")
+    intra_node_gbit_s: float | None = Field(None, gt=0, le=1e6, allow_inf_nan=False,
+                                            description="Declared scale-up bandwidth inside a node, Gbit/s.")
+
+    @model_validator(mode="after")
+    def _nodes_divide(self) -> LayoutInput:
+        if self.nproc % self.nodes:
+            raise ValueError(f"nodes={self.nodes} does not divide nproc={self.nproc}: every node runs nproc/nodes "
+                             "ranks; pass the world size (nodes x processes per node)")
+        return self
+
+
+class LayoutOutput(BaseModel):
+    valid: bool = Field(description="Whether the layout fits the world size and the model.")
+    error: str | None = Field(None, description="Why the layout is invalid, with the numbers.")
+    plan: dict[str, Any] = Field(default_factory=dict,
+                                 description="The trainer's dry-run plan (mesh, degrees, memory, ...).")
+    topology: TopologyPlan | None = Field(None, description="Where each dimension's groups land on the declared "
+                                                            "topology, the cross-domain verdict, and the "
+                                                            "expert-parallel estimate.")
+
+
+def _plain(obj: Any) -> dict[str, Any]:
+    if isinstance(obj, BaseModel):
+        return obj.model_dump(mode="json")
+    if dataclasses.is_dataclass(obj):
+        return dataclasses.asdict(obj)
+    if isinstance(obj, dict):
+        return obj
+    return {"plan": str(obj)}
+
+
+@tool("plan_layout", risk="read", tags=("planning", "parallel"))
+def plan_layout(inp: LayoutInput) -> LayoutOutput:
+    """Validate a parallel layout (dp_replicate x dp_shard x cp x tp x pp) for a job config and a
+    world size without starting any process: the trainer's dry run, then where each dimension's
+    groups land on the declared topology (nodes, scale-up domain) with the verdict on tensor
+    parallel crossing a domain, and, for a MoE shape, the expert all-to-all bytes per step against
+    the declared bandwidth. An impossible layout comes back as valid=false with the reason."""
+    try:
+        # the config is a path the model chose: confined like every other path a tool reads, so no
+        # file outside the workspace (its existence, its TOML) reaches the model
+        config = confine(inp.config, "config", reading=True, must_exist=True) if inp.config else None
+    except ValueError as exc:
+        raise ToolError("plan_layout", str(exc)) from None
+    try:
+        cfg = load_config(config, inp.preset, inp.overrides)
+    except (OSError, ValueError) as exc:
+        raise ToolError("plan_layout", f"cannot load config {inp.config or inp.preset!r}: {exc}") from None
+    try:
+        plan = plan_dry_run(cfg, inp.nproc)
+    except ValueError as exc:
+        return LayoutOutput(valid=False, error=str(exc))
+    layout = plan.layout
+    topology = map_layout(dict(zip(plan.mesh_dim_names, plan.mesh_shape, strict=True)), inp.nproc, inp.nodes,
+                          inp.scale_up_domain)
+    if inp.moe is not None:
+        args = cfg.model_args()
+        try:
+            topology.expert_parallel = expert_parallel(inp.moe, layout, args.dim, args.n_layers, topology.domain_ranks,
+                                                       topology.ranks_per_node, inp.inter_node_gbit_s,
+                                                       inp.intra_node_gbit_s)
+        except ValueError as exc:
+            return LayoutOutput(valid=False, error=str(exc), plan=_plain(plan), topology=topology)
+    return LayoutOutput(valid=topology.tp_inside_domain, error=None if topology.tp_inside_domain else topology.verdict,
+                        plan=_plain(plan), topology=topology)
