@@ -11,12 +11,13 @@ step after it is done. What it cannot recover (no spare left, every rank failing
 leader's own node lost) ends it non-zero, so the scheduler's requeue takes over.
 
 Across nodes (a Slurm job: one supervisor per node, `--node-index`), node 0's supervisor leads: it
-holds the store and decides; every other node's supervisor is that node's agent, starting its
-workers, beating `beat/NODE` into the store, reporting their exits (`exit/W`) and carrying out kills
-(`kill/W`). `--spare-nodes` trailing nodes hold only warm spares (the hot-spare pool's nodes,
-allocated with the job), so a lost node's ranks move onto a spare node's processes instead of
-waiting for a requeue. An agent whose beats stop is a lost node; an agent that cannot reach the
-leader, or that the leader declared lost (`fenced/NODE`), stops its workers (fencing).
+holds the store and decides; every other node's supervisor is that node's agent (node_agent.py),
+starting its workers (workers.py), beating `beat/NODE` into the store, reporting their exits
+(`exit/W`) and carrying out kills (`kill/W`). `--spare-nodes` trailing nodes hold only warm spares
+(the hot-spare pool's nodes, allocated with the job), so a lost node's ranks move onto a spare
+node's processes instead of waiting for a requeue. An agent whose beats stop is a lost node; an
+agent that cannot reach the leader, or that the leader declared lost (`fenced/NODE`), stops its
+workers (fencing).
 
     python -m trainops.trainer.supervisor --nproc-per-node N --warm-spares S --collective-timeout-s T
         [--nnodes M --node-index I --spare-nodes K --store HOST:PORT] --run-dir RUN
@@ -38,35 +39,17 @@ from pathlib import Path
 
 from trainops.run_folder import RunFiles
 from trainops.run_records import LostRank, RecoveryEntry, read_faults, read_heartbeat, read_journal
+from trainops.trainer.node_agent import NodeAgent
+from trainops.trainer.workers import JOIN_TIMEOUT_S, Worker, signal_workers, start_workers
 
 POLL_S = 0.05
 GRACE_S = 2.0
 """After the first sign of a failure, how long the other ranks get to leave the broken group on
 their own (a dead peer's closed connections fail their collectives within milliseconds; peers of a
 hung rank all reach the same bounded timeout together); a rank still inside after it is hung."""
-BEAT_S = 0.1
 NODE_SILENT_S = 1.0
 """A node whose agent's beat has not changed for this long (on the leader's clock) is lost: its
 ranks are replaced without waiting for the scheduler (Slurm's SlurmdTimeout is seconds more)."""
-FENCE_S = 3.0
-"""An agent whose call to the leader's store fails (closed: the leader is gone), or hangs this long
-(a partition), stops its workers: a cut-off node must not train on beside the ranks that replaced it."""
-JOIN_TIMEOUT_S = 120.0
-SLOTS = 1000
-"""Worker indices are NODE * SLOTS + local slot, unique across the job's nodes."""
-
-
-@dataclass
-class Worker:
-    index: int
-    pid: int
-    node: int = 0
-    host: str = ""
-    process: subprocess.Popen | None = None
-    """The leader's own children; None for a worker another node's agent started."""
-    assignments: int = 0
-    rank: int | None = None
-    ready: bool = False
 
 
 @dataclass
@@ -86,35 +69,6 @@ class Recovery:
     lost_nodes: list[str] = field(default_factory=list)
     admitted: dict[int, str] = field(default_factory=dict)
 
-
-def start_workers(program: list[str], store_address: str, node: int, count: int) -> list[Worker]:
-    """This node's workers (ranks and spares alike: the leader says which is which)."""
-    host, _, port = store_address.rpartition(":")
-    env = {**os.environ, "TRAINOPS_INPROCESS_STORE": store_address, "MASTER_ADDR": host, "MASTER_PORT": port}
-    workers = []
-    for slot in range(count):
-        index = node * SLOTS + slot
-        process = subprocess.Popen([sys.executable, *program], env={**env, "TRAINOPS_INPROCESS_WORKER": str(index)})
-        workers.append(Worker(index, process.pid, node, socket.gethostname(), process))
-    return workers
-
-
-def signal_workers(workers: list[Worker], signum: int) -> None:
-    """Pass the scheduler's signal to this node's own workers, then reap them."""
-    local = [w.process for w in workers if w.process is not None]
-    for process in local:
-        if process.poll() is None:
-            process.send_signal(signum)
-    for process in local:
-        process.wait()
-
-
-def connect(address: str, timeout_s: float = JOIN_TIMEOUT_S):
-    """A client of the leader's store, waiting for the leader to open it (nodes start in any order)."""
-    import torch.distributed as dist
-
-    host, _, port = address.rpartition(":")
-    return dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s))
 
 
 class Supervisor:
@@ -400,54 +354,6 @@ class Supervisor:
             while self._key(f"bye/{node}") is None and time.time() < deadline:
                 time.sleep(POLL_S)
         return code
-
-    def terminate(self, signum: int) -> None:
-        signal_workers(self.workers, signum)
-
-
-class NodeAgent:
-    """Another node's supervisor: starts this node's workers, beats, reports their exits and carries
-    out the leader's kills; stops them all when the leader declares this node lost or cannot be
-    reached (FENCE_S), and leaves once the leader says the job is over."""
-
-    def __init__(self, node: int, count: int, program: list[str], store_address: str):
-        self.node = node
-        self.store = connect(store_address)
-        self.store.set_timeout(timedelta(seconds=FENCE_S))  # a partitioned link fails a call instead of blocking it
-        self.workers = start_workers(program, store_address, node, count)
-        self.reported: set[int] = set()
-        self.store.set(f"agent/{node}", json.dumps({"host": socket.gethostname(), "workers": [
-            {"index": w.index, "pid": w.pid} for w in self.workers]}))
-
-    def run(self) -> int:
-        while True:
-            try:
-                self.store.set(f"beat/{self.node}", str(time.time()))
-                for worker in self.workers:
-                    if worker.index not in self.reported and (code := worker.process.poll()) is not None:
-                        self.store.set(f"exit/{worker.index}", str(code))
-                        self.reported.add(worker.index)
-                    if self.store.check([f"kill/{worker.index}"]):
-                        worker.process.kill()
-                if self.store.check([f"fenced/{self.node}"]):
-                    return self._stop_all("the leader declared this node lost")
-                if self.store.check(["shutdown"]) and len(self.reported) == len(self.workers):
-                    self.store.set(f"bye/{self.node}", "1")
-                    return 0
-            except (RuntimeError, OSError) as error:  # closed (the leader is gone) or silent past FENCE_S (a partition)
-                return self._stop_all(f"the leader's store is unreachable ({type(error).__name__})")
-            time.sleep(BEAT_S)
-
-    def _stop_all(self, why: str) -> int:
-        """Fenced: every worker of this node stops; 1, since the job did not end here as it should."""
-        alive = [w for w in self.workers if w.process.poll() is None]
-        print(f"supervisor (node {self.node}): {why}: stopping {len(alive)} running worker(s)", file=sys.stderr,
-              flush=True)
-        for worker in alive:
-            worker.process.kill()
-        for worker in self.workers:
-            worker.process.wait()
-        return 1
 
     def terminate(self, signum: int) -> None:
         signal_workers(self.workers, signum)

@@ -20,7 +20,7 @@ from trainops.run_records import RECOVERY_PHASES, read_heartbeat, read_journal, 
 from trainops.tools.jobs.follow import run_local
 from trainops.trainer.config import load_config
 from trainops.trainer.launch import prepare_run, supervisor_argv, trainer_program
-from trainops.trainer.supervisor import SLOTS
+from trainops.trainer.workers import SLOTS
 
 STEPS = ["training.steps=24"]
 NODES = ["resilience.in_process_restart=true", "resilience.collective_timeout_s=4", "resilience.spare_nodes=1",
