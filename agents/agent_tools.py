@@ -24,7 +24,7 @@ from trainops.tools.catalog import build_registry
 from trainops.tools.context import skill_context
 from trainops.tools.governance.approvals import list_items
 from trainops.tools.registry import Registry
-from trainops.tools.reliability.causes import inert
+from trainops.tools.reliability.evidence import inert
 from trainops.tools.schedulers.base import SchedulerKind
 from trainops.workspace import run_folder
 

@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from trainops.run_folder import RunFiles
 from trainops.tools.base import ToolError, tool
-from trainops.tools.reliability.causes import inert
+from trainops.tools.reliability.evidence import inert
 from trainops.tools.schedulers import get_scheduler
 from trainops.tools.schedulers.base import SchedulerError, SchedulerKind, read_confined
 from trainops.workspace import run_folder

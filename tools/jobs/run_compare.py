@@ -16,7 +16,7 @@ from trainops.run_folder import RunFiles
 from trainops.run_records import read_metrics
 from trainops.tools.base import ToolError, tool
 from trainops.tools.jobs.jobs import RunSummary, _confined_run, summarize_records
-from trainops.tools.reliability.causes import inert
+from trainops.tools.reliability.evidence import inert
 from trainops.trainer.config import ConfigError, load_config
 
 NOISE_PCT = 5.0

@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from trainops.run_records import read_journal
 from trainops.tools.base import ToolError, tool
-from trainops.tools.reliability.causes import inert
+from trainops.tools.reliability.evidence import inert
 from trainops.trainer.checkpoint_files import CheckpointInfo, CheckpointVerification, step_dir_name
 from trainops.trainer.checkpoint_files import list_checkpoints as trainer_list
 from trainops.trainer.checkpoint_files import verify_checkpoint as trainer_verify

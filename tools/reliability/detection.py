@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 from trainops.run_folder import RunFiles
 from trainops.run_records import read_faults, read_heartbeats, read_recoveries, read_status
 from trainops.tools.base import ToolError, tool
-from trainops.tools.reliability.causes import inert
+from trainops.tools.reliability.evidence import inert
 from trainops.tools.reliability.signals import ISOLATION, DetectFaultsInput, Detection, FaultWatch
 from trainops.tools.schedulers import get_scheduler
 from trainops.tools.schedulers.base import TERMINAL_STATES, SchedulerError

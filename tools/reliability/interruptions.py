@@ -19,11 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from trainops.run_folder import RunFiles, read_regular
 from trainops.run_records import Heartbeat, read_heartbeats, read_recoveries, read_status
 from trainops.tools.base import tool
-from trainops.tools.reliability.causes import (
-    CAUSES,
-    Cause,
+from trainops.tools.reliability.causes import CAUSES, Cause, classify
+from trainops.tools.reliability.evidence import (
     Evidence,
-    classify,
     gather,
     gather_in_process,
     inert,

@@ -16,7 +16,8 @@ from trainops.cli import app
 from trainops.run_folder import RunFiles, launch_mark, open_rank_log
 from trainops.tools.calls import call
 from trainops.tools.context import CallContext
-from trainops.tools.reliability.causes import classify, gather
+from trainops.tools.reliability.causes import classify
+from trainops.tools.reliability.evidence import gather
 from trainops.tools.reliability.interruptions import is_clean, record_job_end, reliability, witness
 from trainops.tools.schedulers.base import JobStatus
 
