@@ -1,15 +1,19 @@
 """Calling a tool: the one way a declared tool runs, through the governance gate.
 
 `run_call` validates the input, passes `gate.before_call`, runs the tool and records the outcome
-with `gate.after_call`; `call` does the same by name, looking the tool up in the registry being
-served (`trainops.tools.catalog.current_registry`) or, given `registry=`, serving that one for
-the call's duration. Declaring a tool (`trainops.tools.base`) needs none of this, so this module
-sits above both the registry and the gate.
+with `gate.after_call`. Product code calls its own tools with `invoke(module.tool_fn, Input(...))`,
+typed in and out, so a renamed tool or field fails where it is written. `call` does the same by
+name, looking the tool up in the registry being served (`trainops.tools.catalog.current_registry`)
+or, given `registry=`, serving that one for the call's duration: only where a name arrives from
+outside (`trainops tool call`, a model's tool calls, scenario replay) and in tests. Declaring a
+tool (`trainops.tools.base`) needs none of this, so this module sits above both the registry and
+the gate.
 """
 from __future__ import annotations
 
 import time
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -17,7 +21,33 @@ from trainops.tools.base import ToolError, ToolSpec, explain
 from trainops.tools.catalog import current_registry
 from trainops.tools.context import CallContext, effective_context, running, serving
 from trainops.tools.governance import gate
-from trainops.tools.registry import Registry
+from trainops.tools.registry import Registry, spec_of
+
+InT = TypeVar("InT", bound=BaseModel)
+OutT = TypeVar("OutT", bound=BaseModel)
+
+
+def invoke(fn: Callable[[InT], OutT], inp: InT, ctx: CallContext | None = None) -> OutT:
+    """Call a declared tool function through the gate (see `run_call`): typed in, typed out. The
+    gate, the audit log and approvals apply exactly as to a call by name."""
+    return run_call(spec_of(fn), inp, ctx)  # type: ignore[return-value]
+
+
+@contextmanager
+def validating(fn: Callable[..., Any]) -> Iterator[None]:
+    """Build `fn`'s Input inside this block from values that came from outside (the command line,
+    a request, a dict assembled at run time): a bad value is then the ToolError `run_call` raises
+    for it, naming the tool, the field and the value seen, not a bare ValidationError."""
+    with _refused_as(spec_of(fn)):
+        yield
+
+
+@contextmanager
+def _refused_as(spec: ToolSpec) -> Iterator[None]:
+    try:
+        yield
+    except ValidationError as exc:
+        raise ToolError(spec.name, f"invalid input: {explain(exc)}") from None
 
 
 def get(name: str) -> ToolSpec:
@@ -40,10 +70,8 @@ def run_call(spec: ToolSpec, inp: BaseModel | dict[str, Any] | None = None,
     """Validate the input, pass the gate, run, record. The only way a tool runs."""
     ctx = effective_context(ctx)
     if not isinstance(inp, spec.Input):
-        try:
+        with _refused_as(spec):
             inp = spec.Input.model_validate(inp or {})
-        except ValidationError as exc:
-            raise ToolError(spec.name, f"invalid input: {explain(exc)}") from None
     approved_call = gate.before_call(spec, inp, ctx)
     started = time.time()
     try:
