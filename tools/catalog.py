@@ -20,7 +20,7 @@ from trainops.tools.governance import escalation
 from trainops.tools.jobs import jobs, log_search, run_compare
 from trainops.tools.planning import checkpoint_interval, effective_training_time, layout
 from trainops.tools.registry import Registry, spec_of
-from trainops.tools.reliability import checkpoints, detection, faults, interruptions, quarantine, watch
+from trainops.tools.reliability import checkpoints, detection, ettr, faults, interruptions, quarantine, watch
 
 
 def _tool_functions() -> tuple[Callable, ...]:
@@ -60,7 +60,7 @@ def _tool_functions() -> tuple[Callable, ...]:
         checks.check_framework_job,
         watch.watch_job,
         interruptions.list_interruptions,
-        interruptions.effective_training_time,
+        ettr.effective_training_time,
         escalation.acknowledge_escalation,
     )
 

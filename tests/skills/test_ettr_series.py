@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 from trainops.cli import app
 from trainops.tools.calls import call
 from trainops.tools.context import CallContext
-from trainops.tools.reliability.interruptions import ettr_series, read_interruptions
+from trainops.tools.reliability.ettr import ettr_series
+from trainops.tools.reliability.interruptions import read_interruptions
 
 OPERATOR = CallContext(actor="operator")
 STEPS, STEP_S = 5, 0.2

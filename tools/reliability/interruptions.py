@@ -4,13 +4,12 @@ It lives in the workspace as `interruptions.jsonl`; every observation of a job e
 wait_job, the launch-and-follow path) passes `observe`, so a job is recorded however it is seen.
 A drill marks its own job (`witness`, just before it ends the job), so its record carries the ranks'
 processes as they were, and completes the record with the restart it measured (`complete_recovery`).
-Effective training time (ETTR) per window is computed from the record and the runs it names."""
+Effective training time (ETTR) per window is measured from it in tools/reliability/ettr.py."""
 from __future__ import annotations
 
 import fcntl
 import logging
 import os
-import statistics
 import time
 from pathlib import Path
 
@@ -345,89 +344,6 @@ def _quietly(read, default):
         return default
 
 
-# --- effective training time ----------------------------------------------------------------
-
-class EttrWindow(BaseModel):
-    start: float
-    end: float
-    productive_s: float
-    wall_s: float
-    ettr_pct: float
-
-
-def _spans(records: list[Interruption]) -> list[tuple[float, float]]:
-    """Each interruption's lost time as an interval ending when training resumed."""
-    out = []
-    for r in records:
-        begin = (r.evidence.last_progress_time or r.time) - r.lost.redo_s
-        out.append((begin, begin + r.time_lost_s))
-    return out
-
-
-def ettr_series(window_s: float, job: str | None = None, now: float | None = None,
-                records: list[Interruption] | None = None) -> list[EttrWindow]:
-    """Per window of `window_s` from the first recorded job start: productive time over wall time,
-    productive = wall - time lost (detection + isolation + restart + steps redone). `records`: the
-    record as the caller already read it."""
-    if not window_s > 0:
-        raise ValueError(f"window_s={window_s!r}: must be a positive number of seconds")
-    records = [r for r in (read_interruptions(job) if records is None else records) if not r.planned]
-    if not records:
-        return []
-    spans = _spans(records)
-    t0 = min(min(r.started_at or r.submitted_at or s[0] for r, s in zip(records, spans, strict=True)),
-             min(s[0] for s in spans))
-    t1 = max(now or 0.0, max(s[1] for s in spans), max(r.time for r in records))
-    windows, start = [], t0
-    while start < t1:
-        end = min(start + window_s, t1)
-        wall = end - start
-        lost = sum(max(0.0, min(end, b) - max(start, a)) for a, b in spans)
-        prod = max(0.0, wall - lost)
-        windows.append(EttrWindow(start=start, end=end, productive_s=round(prod, 3), wall_s=round(wall, 3),
-                                  ettr_pct=round(100.0 * prod / wall, 3) if wall > 0 else 100.0))
-        start = end
-    return windows
-
-
-class ReliabilityStats(BaseModel):
-    """Interruption rate, MTBF and recovery time measured from the record; the declared MTBF only
-    when the record holds fewer than two unplanned interruptions that were not drills, labelled so."""
-    interruptions: int
-    unplanned: int
-    span_h: float
-    interruption_rate_per_day: float | None
-    mtbf_h: float
-    mtbf_source: str
-    mtbf_measured: bool = Field(description="The MTBF comes from the record (two or more interruptions that were "
-                                            "not drills), not the declared figure.")
-    recovery_time_s: float | None = Field(None, description="Median time lost per unplanned interruption.")
-    cause_distribution: dict[str, int]
-
-
-def reliability(declared_mtbf_h: float = 24.0, job: str | None = None,
-                records: list[Interruption] | None = None) -> ReliabilityStats:
-    records = read_interruptions(job) if records is None else records
-    unplanned = [r for r in records if not r.planned]
-    lost = [r.time_lost_s for r in unplanned]
-    # an injected fault says how recovery goes, not how often the fleet fails: drills stay out of MTBF and rate
-    times = sorted(r.time for r in unplanned if not r.drill)
-    drills = sum(1 for r in unplanned if r.drill)
-    span = (times[-1] - times[0]) if len(times) > 1 else 0.0
-    left_out = f", {drills} drill(s) left out" if drills else ""
-    measured = len(times) >= 2 and span > 0
-    if measured:
-        mtbf, source = span / (len(times) - 1) / 3600, f"measured from {len(times)} recorded interruptions{left_out}"
-    else:
-        mtbf, source = declared_mtbf_h, (f"declared (record holds {len(times)} unplanned interruption(s) that were "
-                                         f"not drills{left_out})")
-    return ReliabilityStats(interruptions=len(records), unplanned=len(unplanned), span_h=round(span / 3600, 4),
-                            interruption_rate_per_day=round(len(times) / (span / 86400), 3) if span > 0 else None,
-                            mtbf_h=mtbf, mtbf_source=source, mtbf_measured=measured,
-                            recovery_time_s=statistics.median(lost) if lost else None,
-                            cause_distribution=cause_distribution(records))
-
-
 # --- tools ----------------------------------------------------------------------------------
 
 class InterruptionsInput(BaseModel):
@@ -446,25 +362,3 @@ def list_interruptions(inp: InterruptionsInput) -> InterruptionsOutput:
     verdict, data position), its cause with the reason, planned/drill flags, time and steps lost."""
     records = read_interruptions(inp.job_id)
     return InterruptionsOutput(interruptions=records, cause_distribution=cause_distribution(records))
-
-
-class EttrInput(BaseModel):
-    model_config = ConfigDict(allow_inf_nan=False)
-
-    job_id: str | None = Field(None, max_length=200, description="Only this job; None: every recorded job.")
-    window_s: float = Field(3600.0, gt=0, le=30 * 86400, description="Width of one window in seconds.")
-    declared_mtbf_h: float = Field(24.0, gt=0, le=1e6, description="Used only while the record is too short.")
-
-
-class EttrOutput(BaseModel):
-    windows: list[EttrWindow]
-    reliability: ReliabilityStats
-
-
-@tool("effective_training_time", risk="read", tags=("jobs", "reliability"))
-def effective_training_time(inp: EttrInput) -> EttrOutput:
-    """Effective training time per window (productive time over wall time; time lost = detection +
-    isolation + restart + steps redone) from the interruption record, with the interruption rate,
-    MTBF (measured, or declared when the record is too short, labelled) and recovery time."""
-    return EttrOutput(windows=ettr_series(inp.window_s, inp.job_id),
-                      reliability=reliability(inp.declared_mtbf_h, inp.job_id))

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from trainops.run_records import read_faults, read_heartbeat, read_heartbeats
 from trainops.tools.base import ToolError, tool
 from trainops.tools.governance.escalation import Escalation, EscalationSignals, checkpoint_save_s, escalations_for
-from trainops.tools.reliability import interruptions
+from trainops.tools.reliability import ettr, interruptions
 from trainops.tools.reliability.signals import DetectFaultsInput, FaultWatch
 from trainops.tools.schedulers import get_scheduler
 from trainops.tools.schedulers.base import SchedulerError, SchedulerKind
@@ -89,7 +89,7 @@ class RecordView(BaseModel):
     ettr_pct: list[float] = Field(description="ETTR per closed window, oldest first.")
     window_s: float
     cause_distribution: dict[str, int]
-    stats: interruptions.ReliabilityStats = Field(description="Rate, MTBF (with its source) and recovery time.")
+    stats: ettr.ReliabilityStats = Field(description="Rate, MTBF (with its source) and recovery time.")
 
     @property
     def mtbf_s(self) -> float:
@@ -101,8 +101,8 @@ def record_view(window_s: float, declared_mtbf_h: float, until: float | None = N
     ETTR per window, the cause split and the MTBF with its source. Only closed windows are
     readings: the window still open holds a fraction of its time and would read as noise."""
     every = interruptions.read_interruptions()  # read once: the windows and the MTBF see the whole record
-    windows = interruptions.ettr_series(window_s, now=until or time.time(), records=every)
-    stats = interruptions.reliability(declared_mtbf_h, records=every)
+    windows = ettr.ettr_series(window_s, now=until or time.time(), records=every)
+    stats = ettr.reliability(declared_mtbf_h, records=every)
     records = [r for r in every if until is None or r.time <= until]
     return RecordView(ettr_pct=[w.ettr_pct for w in windows if w.wall_s >= window_s - 1e-3], window_s=window_s,
                       cause_distribution=interruptions.cause_distribution(records), stats=stats)

@@ -17,8 +17,9 @@ from trainops.run_folder import RunFiles, launch_mark, open_rank_log
 from trainops.tools.calls import call
 from trainops.tools.context import CallContext
 from trainops.tools.reliability.causes import classify
+from trainops.tools.reliability.ettr import reliability
 from trainops.tools.reliability.evidence import gather
-from trainops.tools.reliability.interruptions import is_clean, record_job_end, reliability, witness
+from trainops.tools.reliability.interruptions import is_clean, record_job_end, witness
 from trainops.tools.schedulers.base import JobStatus
 
 OPERATOR = CallContext(actor="operator")
