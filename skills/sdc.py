@@ -6,11 +6,11 @@ passed remains to run on), and hand the case with both results to a human (a pen
 Every step is a tool call, so it passes the gate as `skill:sdc-response`."""
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from trainops.run_folder import new_run_folder
 from trainops.run_records import read_heartbeat
 from trainops.skills.escalate import hand_to_human
 from trainops.tools.calls import call
@@ -18,7 +18,6 @@ from trainops.tools.context import CallContext, skill_context
 from trainops.tools.governance.escalation import Escalation, EscalationSignals, escalations_for, human_item
 from trainops.tools.reliability.sdc_check import NodeResult, read_results
 from trainops.tools.reliability.signals import DetectFaultsInput, FaultWatch
-from trainops.workspace import runs_dir
 
 USABLE = ("idle", "allocated", "mixed", "completing")
 CASE_FILE = "sdc-case.json"
@@ -120,8 +119,7 @@ def run_check(kind: str, nodes: list[str], partition: list[str], scheduler: str,
               timeout_s: float) -> CheckRun:
     """Submit the known-answer check on exactly `nodes` (the rest of the partition excluded), wait
     for it, and read each node's answer; a node that wrote none failed."""
-    folder = runs_dir() / f"sdc-{kind}-{time.strftime('%Y%m%d-%H%M%S')}-{time.time_ns() % 10**6:06d}"
-    (folder / "logs").mkdir(parents=True)
+    folder = new_run_folder(prefix=f"sdc-{kind}")
     out = folder / "sdc-check.jsonl"
     spec = {"name": f"sdc-{kind}", "command": ["-m", "trainops.tools.reliability.sdc_check", "--out", str(out)],
             "launcher": "torchrun", "nodes": len(nodes), "procs_per_node": 1, "run_dir": str(folder),

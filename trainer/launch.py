@@ -16,12 +16,12 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from trainops.run_folder import RunFiles, this_launch
+from trainops.run_folder import RunFiles, new_run_folder, this_launch
 from trainops.run_records import RunResult, read_journal, read_metrics
 from trainops.trainer.checkpoint_files import COMMIT_FILE, list_checkpoints, verify_checkpoint
 from trainops.trainer.config import ConfigError, JobConfig, ResilienceConfig, load_config
 from trainops.trainer.layout import validate_layout
-from trainops.workspace import check_id, new_run_id, run_folder, runs_dir
+from trainops.workspace import run_folder, runs_dir
 
 
 def failure_reason(run_dir: str | Path, exit_code: int) -> str | None:
@@ -40,16 +40,11 @@ def failure_reason(run_dir: str | Path, exit_code: int) -> str | None:
 
 def prepare_run(cfg: JobConfig | str | Path | None = None, preset: str | None = None,
                 overrides: list[str] | None = None, *, run_id: str | None = None) -> Path:
-    """Create `runs/RUN/` with config.toml. `cfg` is a JobConfig, or a TOML path (or None) that
-    is loaded with `preset` and `overrides`."""
+    """Create `runs/RUN/` with config.toml (trainops.run_folder.new_run_folder). `cfg` is a JobConfig,
+    or a TOML path (or None) that is loaded with `preset` and `overrides`."""
     if not isinstance(cfg, JobConfig):
         cfg = load_config(cfg, preset, overrides)
-    run_dir = runs_dir() / check_id("run", run_id or new_run_id())
-    if RunFiles(run_dir).config.exists():
-        raise ValueError(f"run id {run_id!r} already exists at {run_dir}: choose another --run-id")
-    RunFiles(run_dir).logs_dir.mkdir(parents=True, exist_ok=True)
-    RunFiles(run_dir).config.write_text(cfg.to_toml())
-    return run_dir
+    return new_run_folder(cfg.to_toml(), run_id=run_id)
 
 
 def torchrun_argv(python: str, nproc_per_node: int, program: list[str], *, nnodes: int | str = 1,

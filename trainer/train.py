@@ -345,7 +345,6 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(parser.parse_args(argv).run_dir)
     cfg = load_config(RunFiles(run_dir).config)
     rank, world_size, device = init_distributed()
-    RunFiles(run_dir).logs_dir.mkdir(parents=True, exist_ok=True)
     log_file = open_rank_log(run_dir, rank)
     sys.stdout, sys.stderr = LogTee(sys.stdout, log_file), LogTee(sys.stderr, log_file)
     note_termination(run_dir, rank)

@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
+
+from trainops.workspace import check_id, runs_dir
 
 
 class RunFiles:
@@ -76,6 +80,28 @@ class RunFiles:
         return self.root / "workers.jsonl"
 
 
+def new_run_folder(config: str | None = None, runs_root: Path | None = None, run_id: str | None = None, *,
+                   prefix: str = "run", check: Callable[[Path], object] | None = None) -> Path:
+    """Make a new run folder, RUN/ with logs/ and (given its text) config.toml: the one function that
+    makes one, whoever launches into it (the trainer, a framework adapter, a known-answer check).
+
+    It goes in `runs_root`: the workspace's `runs/` by default, a tenant's runs folder for a tenant's
+    job (the tenancy tools name it). Its id is `run_id`, checked to be a folder name, or a new
+    `PREFIX-YYYYmmdd-HHMMSS-xxxxxx`, sortable by start time and unique without a lock; an id whose
+    folder already holds a config.toml is refused. `check` vets the folder's path before anything is
+    made, so a job it refuses leaves no folder behind."""
+    run_id = check_id("run", run_id) if run_id else f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+    files = RunFiles((runs_root or runs_dir()) / run_id)
+    if files.config.exists():
+        raise ValueError(f"run id {run_id!r} already exists at {files.root}: choose another --run-id")
+    if check is not None:
+        check(files.root)
+    files.logs_dir.mkdir(parents=True, exist_ok=True)
+    if config is not None:
+        files.config.write_text(config, encoding="utf-8")
+    return files.root
+
+
 LAUNCH_MARK = re.compile(r"^trainops: (?:rank \d+|job) log of a launch at (\d+(?:\.\d+)?)$", re.M)
 """The first line each launch writes into a rank's log (open_rank_log) and the job's log (launch_mark):
 logs are appended across requeues and in-process restarts, and a job end's evidence is its own
@@ -89,7 +115,9 @@ def launch_mark(what: str, stamp: str) -> str:
 
 
 def open_rank_log(run_dir: str | Path, rank: int) -> TextIO:
-    """Rank `rank`'s log opened for appending, line-buffered, with this launch's mark written first."""
+    """Rank `rank`'s log opened for appending, line-buffered, with this launch's mark written first (in
+    a logs/ made again if the run's was removed)."""
+    RunFiles(run_dir).logs_dir.mkdir(parents=True, exist_ok=True)
     log = open(RunFiles(run_dir).rank_log(rank), "a", buffering=1)  # noqa: SIM115 - the rank's stdout for its life
     log.write(launch_mark(f"rank {rank}", f"{time.time():.3f}"))
     return log

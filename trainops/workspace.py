@@ -13,17 +13,11 @@ import os
 import re
 import secrets
 import stat
-import time
 from pathlib import Path
 
 from trainops.settings import SettingsError, table, user_config_path, workspace_path
 
 _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
-
-
-def new_run_id() -> str:
-    """run-YYYYmmdd-HHMMSS-xxxxxx: sortable by start time, unique without a lock."""
-    return f"run-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
 
 
 def is_valid_id(value: object) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trainops.run_folder import RunFiles
+from trainops.run_folder import new_run_folder
 from trainops.tools.frameworks.base import (
     FrameworkKnob,
     FrameworkName,
@@ -16,7 +16,6 @@ from trainops.tools.frameworks.base import (
     parse_value,
     split_override,
 )
-from trainops.workspace import new_run_id, runs_dir
 
 
 def merged(framework: str, defaults: dict[str, dict[str, object]], overrides: list[str],
@@ -71,16 +70,14 @@ class SettingsAdapter(AdapterBase):
 
 
 def new_run_dir(framework: str, settings: dict[str, dict[str, object]]) -> Path:
-    """`$TRAINOPS_HOME/runs/RUN/` with config.toml (flat sections, one key per knob)."""
-    run_dir = runs_dir() / new_run_id()
-    RunFiles(run_dir).logs_dir.mkdir(parents=True)
+    """A new `$TRAINOPS_HOME/runs/RUN/` (trainops.run_folder.new_run_folder) with config.toml: flat
+    sections, one key per knob."""
     lines = [f'framework = "{framework}"', ""]
     for section, values in settings.items():
         lines.append(f"[{section}]")
         lines += [f"{json.dumps(k) if '.' in k else k} = {json.dumps(v)}" for k, v in values.items()]
         lines.append("")
-    RunFiles(run_dir).config.write_text("\n".join(lines), encoding="utf-8")
-    return run_dir
+    return new_run_folder("\n".join(lines))
 
 
 def write_command(run_dir: Path, command: list[str]) -> None:

@@ -6,20 +6,17 @@ Below both the job tools (`submit_job` with a training request) and the trainer'
 adapter (`TrainopsAdapter.build_job`), so neither imports the other."""
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
-from trainops.run_folder import RunFiles
+from trainops.run_folder import new_run_folder
 from trainops.settings import read_toml
 from trainops.tools.changes.tenancy import check_job_paths, tenant_path
 from trainops.tools.schedulers.base import JobSpec, TrainingJob
 from trainops.trainer.config import load_config
 from trainops.trainer.launch import trainer_program
 from trainops.trainer.layout import validate_job_layout
-from trainops.workspace import confine, new_run_id, runs_dir
-
-
-def _new_run_dir(tenant: str | None) -> Path:
-    return (tenant_path(tenant, "runs") if tenant else runs_dir()) / new_run_id()
+from trainops.workspace import confine
 
 
 def _init_from(req: TrainingJob) -> str | None:
@@ -58,9 +55,7 @@ def training_spec(req: TrainingJob, name: str, exclude_nodes: list[str], tenant:
     if init_from:  # before the config loads: loading it reads the folder's config.json
         confine(init_from, "model.init_from", reading=True, must_exist=True)
     config = check_layout(req)
-    run_dir = _new_run_dir(tenant)
-    spec = trainer_job(run_dir, req.nproc, name=name, nodes=req.nodes, exclude_nodes=exclude_nodes, tenant=tenant)
-    check_job_paths(spec, config)
-    RunFiles(run_dir).logs_dir.mkdir(parents=True)
-    RunFiles(run_dir).config.write_text(config.to_toml())
-    return spec
+    job = partial(trainer_job, nproc=req.nproc, name=name, nodes=req.nodes, exclude_nodes=exclude_nodes, tenant=tenant)
+    run_dir = new_run_folder(config.to_toml(), tenant_path(tenant, "runs") if tenant else None,
+                             check=lambda path: check_job_paths(job(path), config))  # refused: no folder made
+    return job(run_dir)
