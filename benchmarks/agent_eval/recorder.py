@@ -12,9 +12,9 @@ import json
 import shutil
 from pathlib import Path
 
+from trainops.benchmarks.agent_eval.replay import SNAPSHOT_FILE, capture
 from trainops.benchmarks.agent_eval.scenario import HOME_TOKEN, SCENARIO_FILE, WORKSPACE, Scenario, dumps, workspace_at
 from trainops.tools.schedulers import get_scheduler
-from trainops.tools.schedulers.replay import SNAPSHOT_FILE, capture
 
 KEPT_TOP = ("interruptions.jsonl", "local_nodes.json", "tenants.json")
 CHECKPOINT_KEPT = ("COMMIT.json",)

@@ -15,13 +15,13 @@ from pydantic import BaseModel, Field
 from trainops.agents.agent_tools import agent_registry
 from trainops.agents.providers import AgentSettings, load_settings
 from trainops.benchmarks.agent_eval import scripted
+from trainops.benchmarks.agent_eval.replay import replaying
 from trainops.benchmarks.agent_eval.scenario import HELD_OUT_DIR, Scenario, load_all, materialize, workspace_at
 from trainops.benchmarks.agent_eval.scoring import Score, fold_corpus, score
 from trainops.benchmarks.harness import RESULTS_PATH, write_section
 from trainops.tools.calls import call
 from trainops.tools.catalog import current_registry
 from trainops.tools.context import operator_session, serving
-from trainops.tools.schedulers.replay import replaying
 
 AgentRun = Callable[[Scenario], dict[str, Any]]
 """One agent run on a scenario whose replay is active: returns its AgentTrace as a dict."""

@@ -10,14 +10,14 @@ import time
 
 import pytest
 
+from trainops.benchmarks.agent_eval import replay as replay_backends
 from trainops.benchmarks.agent_eval.recorder import record
+from trainops.benchmarks.agent_eval.replay import replaying
 from trainops.benchmarks.agent_eval.scenario import Expected, Scenario, load, materialize
 from trainops.skills.drill import drill
 from trainops.skills.request import JobRequest
 from trainops.tools.calls import call
 from trainops.tools.monitoring import embedded
-from trainops.tools.schedulers import replay as replay_scheduler
-from trainops.tools.schedulers.replay import replaying
 
 pytestmark = pytest.mark.usefixtures("as_operator")
 
@@ -81,7 +81,7 @@ def test_a_recorded_drill_replays_every_read_tool_byte_for_byte(workspace, tmp_p
     with monkeypatch.context() as stopped:  # the live answers and the capture, at one instant
         clock = StoppedClock(embedded.time.time())
         stopped.setattr(embedded, "time", clock)
-        stopped.setattr(replay_scheduler, "time", clock)
+        stopped.setattr(replay_backends, "time", clock)
         live = answers(calls)
         folder = record(workspace, SCENARIO, tmp_path / "scenarios")
     logged = [json.loads(a) for (name, _), a in zip(calls, live, strict=True)

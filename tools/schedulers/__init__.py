@@ -1,11 +1,13 @@
 """Job schedulers behind one protocol: `local` (embedded default), `slurm`, `kubernetes`.
 
 `get_scheduler(kind)` is the one way to pick a backend; it lives here, above the backends, which
-import only the contract (`base`)."""
+import only the contract (`base`). A caller that brings its own scheduler puts it in through
+`trainops.tools.backends.backends`, the one seam, never here."""
 from __future__ import annotations
 
 from typing import get_args
 
+from trainops.tools.backends import injected
 from trainops.tools.schedulers.base import (
     JobHandle,
     JobSpec,
@@ -18,7 +20,6 @@ from trainops.tools.schedulers.base import (
 )
 from trainops.tools.schedulers.kubernetes import KubernetesScheduler
 from trainops.tools.schedulers.local import LocalScheduler
-from trainops.tools.schedulers.replay import active_replay
 from trainops.tools.schedulers.slurm import SlurmScheduler
 
 __all__ = [
@@ -34,10 +35,10 @@ __all__ = [
 
 
 def get_scheduler(kind: str) -> Scheduler:
-    """The backend for `kind`; heavy clients are imported only here. While a recorded scenario is
-    replayed (trainops.tools.schedulers.replay), every kind is served from its snapshot."""
-    if (replay := active_replay()) is not None:
-        return replay.scheduler(kind)
+    """The backend for `kind`; heavy clients are imported only here. Inside a `backends(scheduler=...)`
+    block (trainops.tools.backends) the injected provider serves every kind."""
+    if (provider := injected().scheduler) is not None:
+        return provider(kind)
     if kind == "local":
         return LocalScheduler()
     if kind == "slurm":

@@ -1,11 +1,13 @@
-"""The replay scheduler: serves a recorded scenario's scheduler snapshot (job states, node states)
-and the frozen job and rank logs of its workspace, so a tool answers as it did when the scenario was
-recorded. Mutations (submit, cancel, requeue, drain, resume) are never executed: each is appended
-to the replay's `mutations.jsonl` with the gate's decision that let it reach the backend.
+"""The replay backends of the agent benchmark: a recorded scenario's scheduler snapshot (job states,
+node states), its frozen job and rank logs, metrics and heartbeats served so that a tool answers as
+it did when the scenario was recorded, the clock stopped at the recording. Mutations (submit,
+cancel, requeue, drain, resume) are never executed: each is appended to the replay's
+`mutations.jsonl` with the gate's decision that let it reach the backend.
 
-Replay is switched on for a whole process by `replaying(snapshot)` (the agent benchmark does it);
-`trainops.tools.schedulers.get_scheduler` and `trainops.tools.monitoring.get_monitor` then hand out
-the replay backends whatever kind a tool asks for, as the live ones would have answered it."""
+`replaying(home)` puts them in for a block through the product's one seam for it,
+`trainops.tools.backends.backends`: every `get_scheduler(kind)` and `get_monitor(kind)` then hands
+out a replay backend, whatever kind a tool asks for, as the live one would have answered it. The
+recorder (recorder.py) writes the snapshot with `capture`."""
 from __future__ import annotations
 
 import json
@@ -16,6 +18,10 @@ from typing import Iterator
 
 from pydantic import BaseModel, Field
 
+from trainops.run_records import read_heartbeats
+from trainops.tools.backends import backends
+from trainops.tools.monitoring.base import AGGREGATES, HEARTBEAT_AGE, Sample, Series
+from trainops.tools.monitoring.embedded import EmbeddedMonitor
 from trainops.tools.schedulers.base import (
     JobHandle,
     JobSpec,
@@ -28,7 +34,6 @@ from trainops.tools.schedulers.base import (
     tail_text,
 )
 
-KIND = "replay"
 SNAPSHOT_FILE = "scheduler.json"
 MUTATIONS_FILE = "mutations.jsonl"
 
@@ -74,15 +79,11 @@ class Replay:
             return []
         return [json.loads(line) for line in self.mutations_path.read_text().splitlines() if line.strip()]
 
-    def scheduler(self, kind: str) -> "ReplayScheduler":
+    def scheduler(self, kind: str) -> ReplayScheduler:
         return ReplayScheduler(self, kind)
 
-
-_ACTIVE: list[Replay] = []
-
-
-def active_replay() -> Replay | None:
-    return _ACTIVE[-1] if _ACTIVE else None
+    def monitor(self, kind: str) -> ReplayMonitor:
+        return ReplayMonitor(self.home, self.snapshot.recorded_at, kind)
 
 
 @contextmanager
@@ -90,11 +91,8 @@ def replaying(home: Path) -> Iterator[Replay]:
     """Serve the scenario materialized at `home` (its scheduler.json) from every backend until exit."""
     snapshot = SchedulerSnapshot.model_validate_json((home / SNAPSHOT_FILE).read_text())
     replay = Replay(home, snapshot)
-    _ACTIVE.append(replay)
-    try:
+    with backends(scheduler=replay.scheduler, monitor=replay.monitor):
         yield replay
-    finally:
-        _ACTIVE.remove(replay)
 
 
 def _gate_decision(home: Path) -> dict:
@@ -186,3 +184,34 @@ class ReplayScheduler:
         info = self._node(node)
         self._mutate("resume", node=node)
         return info
+
+
+class ReplayMonitor(EmbeddedMonitor):
+    """EmbeddedMonitor over the frozen run folder, its `now` the snapshot's recorded_at. Whatever kind a
+    tool asks for (embedded or prometheus), the values are the run folder's, which is what both
+    exported."""
+
+    def __init__(self, home: Path, recorded_at: float, kind: str):
+        self.home = home
+        self.recorded_at = recorded_at
+        self.kind = kind
+
+    def _run_dir(self, run: Path | str) -> Path:
+        """A Prometheus-style run label names the run folder of the same id."""
+        path = Path(run)
+        return path if path.is_absolute() else self.home / "runs" / str(run)
+
+    def _heartbeat_samples(self, run_dir: Path, rank: int | None) -> list[Sample]:
+        now = self.recorded_at
+        return [Sample(rank=r, time=now, value=now - beat.time, step=beat.step)
+                for r, beat in read_heartbeats(run_dir).items() if rank is None or r == rank]
+
+    def series(self, metric: str, run: Path | str, rank: int | None = None, window_s: float = 300.0) -> list[Series]:
+        run_dir = self._run_dir(run)
+        if metric in AGGREGATES or metric == HEARTBEAT_AGE:
+            return super().series(metric, run_dir, rank, window_s)
+        # the embedded window starts at time.time() - window_s; widen it by the time since recording
+        return super().series(metric, run_dir, rank, window_s + (time.time() - self.recorded_at))
+
+    def instant(self, metric: str, run: Path | str, rank: int | None = None) -> list[Sample]:
+        return super().instant(metric, self._run_dir(run), rank)
