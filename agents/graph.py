@@ -38,7 +38,7 @@ from pydantic import ValidationError
 
 from trainops.agents import action_policy, transcript
 from trainops.agents.agent_tools import agent_registry
-from trainops.agents.answer import FINAL_ANSWER_TOOL, AgentTrace, FinalAnswer, answer_problems, final_answer_schema
+from trainops.agents.answer import FINAL_ANSWER_TOOL, FinalAnswer, answer_problems, final_answer_schema
 from trainops.agents.answer import render as render_answer
 from trainops.agents.prompt import PromptSkill, load_skills, system_prompt
 from trainops.agents.providers import AgentSettings, explain_provider_failure
@@ -123,10 +123,6 @@ def _not_what_was_shown(call: dict, decision: dict) -> str | None:
             f"was shown (pending {decision.get('pending_id')}); nothing was signed or run")
 
 
-def _calls(message: AIMessage) -> list[dict]:
-    return [c for c in message.tool_calls if c["name"] != FINAL_ANSWER_TOOL]
-
-
 def after_model(state: AgentState) -> str:
     """A spent budget stops; a final answer (or plain text) goes to the report rules; calls to the gate."""
     if state.get("stop_reason"):
@@ -161,43 +157,6 @@ def _tool_outputs(messages: list[AnyMessage]) -> dict[str, list[Any]]:
         if isinstance(message, ToolMessage) and message.status == "success" and message.name != FINAL_ANSWER_TOOL:
             outputs.setdefault(message.name, []).append(message.artifact)
     return outputs
-
-
-def _status(message: ToolMessage | None) -> str:
-    if message is None:
-        return "pending"
-    data = message.artifact if isinstance(message.artifact, dict) else {}
-    if message.status == "success":
-        return "ok"
-    kind = data.get("kind")
-    if kind == "pending":
-        return "pending"
-    if kind in ("refused", "gate_refused", "policy_refused", "rejected", "malformed"):
-        return f"refused:{data.get('reason') or kind}"
-    return "error"
-
-
-def trace_of(values: dict[str, Any]) -> AgentTrace:
-    """A run's trace from its final graph state: the calls in order with their outcome, the answer."""
-    messages = values.get("messages", [])
-    results = {m.tool_call_id: m for m in messages if isinstance(m, ToolMessage)}
-    calls = []
-    for message in messages:
-        if isinstance(message, AIMessage):
-            for call in _calls(message):
-                calls.append({"tool": call["name"], "args": call["args"], "status": _status(results.get(call["id"]))})
-            for bad in message.invalid_tool_calls:
-                calls.append({"tool": bad.get("name") or "", "args": {"raw": bad.get("args")},
-                              "status": "refused:malformed"})
-    final = values.get("final")
-    answer = FinalAnswer.model_validate(final) if final else None
-    last = messages[-1] if messages else None
-    reason = values.get("stop_reason") or "error"
-    if answer is None and reason == "answered" and isinstance(last, AIMessage) and last.text:
-        answer = FinalAnswer(verdict="answered", confidence="low", summary=last.text)  # free text, nothing claimed
-    return AgentTrace(answer=answer, stop_reason=reason, tool_calls=calls, tokens_in=values.get("tokens_in", 0),
-                      tokens_out=values.get("tokens_out", 0), cost_usd=None, wall_s=0.0,
-                      detail=values.get("stop_detail", ""))
 
 
 class AgentNodes:

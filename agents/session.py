@@ -16,8 +16,9 @@ from pydantic import BaseModel, Field
 
 from trainops.agents.agent_tools import agent_registry
 from trainops.agents.answer import FINAL_ANSWER_TOOL, AgentTrace
-from trainops.agents.graph import build_graph, trace_of
+from trainops.agents.graph import build_graph
 from trainops.agents.providers import AgentSettings, load_settings, make_chat_model
+from trainops.agents.trace import trace_of
 from trainops.redact import scrub
 from trainops.tools.context import serving
 from trainops.tools.governance import gate_api
