@@ -19,10 +19,11 @@ from trainops.skills import sdc
 from trainops.skills.sdc import CASE_FILE, SdcCase, Suspect
 from trainops.skills.sop import SopResult, SopSettings, run
 from trainops.tools.base import InputCheck, ToolError, tool
-from trainops.tools.calls import call
+from trainops.tools.calls import invoke
 from trainops.tools.catalog import build_registry
 from trainops.tools.context import skill_context
 from trainops.tools.governance.approvals import list_items
+from trainops.tools.jobs import jobs
 from trainops.tools.registry import Registry
 from trainops.tools.reliability.evidence import inert
 from trainops.tools.schedulers.base import SchedulerKind
@@ -119,12 +120,12 @@ def _stopped_run(inp: RespondToSdcInput) -> str:
     stopped: its nodes are what the known-answer checks test."""
     if inp.job_id is not None:
         ctx = skill_context("sdc-response")
-        status = call("job_status", {"job_id": inp.job_id, "scheduler": inp.scheduler}, ctx)
+        status = invoke(jobs.job_status, jobs.JobRef(job_id=inp.job_id, scheduler=inp.scheduler), ctx)
         if status.state == "unknown" or not status.run_dir:
             raise ToolError("respond_to_sdc", f"job_id: the {inp.scheduler} scheduler knows no job {inp.job_id!r} "
                                               "with a run folder; pass the id submit_job returned, or run")
         if not status.finished:
-            call("cancel_job", {"job_id": inp.job_id, "scheduler": inp.scheduler, "force": True}, ctx)
+            invoke(jobs.cancel_job, jobs.CancelJobInput(job_id=inp.job_id, scheduler=inp.scheduler, force=True), ctx)
     try:
         return str(run_folder(inp.run if inp.run is not None else status.run_dir))
     except ValueError as exc:

@@ -20,8 +20,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from trainops.run_folder import RunFiles
 from trainops.run_records import RunResult, metrics_since, read_status
 from trainops.terminal_text import safe_console
-from trainops.tools.calls import call
+from trainops.tools.calls import invoke
 from trainops.tools.context import CallContext
+from trainops.tools.jobs import jobs
 from trainops.tools.jobs.trainer_job import trainer_job
 from trainops.tools.reliability.interruptions import observe
 from trainops.tools.schedulers.base import JobHandle, JobStatus
@@ -79,7 +80,7 @@ class JobWatch:
         if time.monotonic() < self.next_state:
             return None
         self.next_state = time.monotonic() + STATE_POLL_S
-        status = call("job_status", {"job_id": self.job_id, "scheduler": self.scheduler}, self.ctx)
+        status = invoke(jobs.job_status, jobs.JobRef(job_id=self.job_id, scheduler=self.scheduler), self.ctx)
         if not status.finished:
             return None
         return why_ended(self.job_id, status, ended_launch(self.run_dir, self.since))
@@ -101,7 +102,7 @@ def follow(handle: JobHandle, ctx: CallContext | None = None, *, timeout_s: floa
             waiter.join(POLL_S)
             if deadline is not None and time.monotonic() > deadline:
                 deadline = None
-                call("cancel_job", {"job_id": handle.job_id, "scheduler": handle.backend}, ctx)
+                invoke(jobs.cancel_job, jobs.CancelJobInput(job_id=handle.job_id, scheduler=handle.backend), ctx)
             if watch is not None:
                 watch.update()
             ended = ended_launch(handle.run_dir, started)
@@ -109,14 +110,15 @@ def follow(handle: JobHandle, ctx: CallContext | None = None, *, timeout_s: floa
                 # the launch is over (status.json): the scheduler only has to notice; past a grace, stop waiting
                 waiter.join(SCHEDULER_GRACE_S)
                 if waiter.is_alive():
-                    call("cancel_job", {"job_id": handle.job_id, "scheduler": handle.backend, "force": True}, ctx)
+                    invoke(jobs.cancel_job, jobs.CancelJobInput(job_id=handle.job_id, scheduler=handle.backend,
+                                                                force=True), ctx)
                     status = _with_reason(JobStatus(job_id=handle.job_id, backend=handle.backend,
                                                     state="completed" if ended.status == "ok" else "failed",
                                                     exit_code=ended.exit_code, run_dir=handle.run_dir), ended)
                     observe(status, handle.backend)  # the job end seen here, not through job_status
                     return status
     except KeyboardInterrupt:
-        call("cancel_job", {"job_id": handle.job_id, "scheduler": handle.backend}, ctx)
+        invoke(jobs.cancel_job, jobs.CancelJobInput(job_id=handle.job_id, scheduler=handle.backend), ctx)
         raise
     finally:
         if watch is not None:
@@ -137,8 +139,8 @@ def _with_reason(status: JobStatus, ended: RunResult | None) -> JobStatus:
 def _wait(handle: JobHandle, ctx: CallContext | None, outcome: list) -> None:
     try:
         while True:
-            status = call("wait_job", {"job_id": handle.job_id, "scheduler": handle.backend,
-                                       "timeout_s": WAIT_SLICE_S}, ctx)
+            status = invoke(jobs.wait_job, jobs.WaitJobInput(job_id=handle.job_id, scheduler=handle.backend,
+                                                             timeout_s=WAIT_SLICE_S), ctx)
             if status.finished:
                 outcome.append(status)
                 return
@@ -152,7 +154,8 @@ def launch_run(run_dir: str | Path, nproc: int, *, ctx: CallContext | None = Non
     folder again resumes from its newest good checkpoint (with `[checkpoint] enable`), which is how
     a requeue continues a run; `resumed_from` says which checkpoint this launch loaded."""
     started = time.time()
-    handle = call("submit_job", {"scheduler": "local", "spec": trainer_job(run_dir, nproc)}, ctx).handle
+    launch = jobs.SubmitJobInput(scheduler="local", spec=trainer_job(run_dir, nproc))
+    handle = invoke(jobs.submit_job, launch, ctx).handle
     status = follow(handle, ctx, timeout_s=timeout_s, show_progress=show_progress)
     # no exit code: the job's runner itself was killed (power loss, kill -9)
     result = summarize(run_dir, status.exit_code if status.exit_code is not None else -9)

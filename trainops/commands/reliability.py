@@ -9,7 +9,9 @@ import typer
 
 from trainops.output import console, emit, fail
 from trainops.tools.base import ToolError
-from trainops.tools.calls import call
+from trainops.tools.calls import invoke, validating
+from trainops.tools.reliability import ettr as ettr_tool
+from trainops.tools.reliability import interruptions as interruptions_tool
 from trainops.workspace import confine, home
 
 app = typer.Typer()
@@ -35,7 +37,9 @@ def interruptions(
 ) -> None:
     """List the interruption record: each job end that was not a clean finish, its cause and evidence."""
     try:
-        out = call("list_interruptions", {"job_id": job_id})
+        with validating(interruptions_tool.list_interruptions):
+            inp = interruptions_tool.InterruptionsInput(job_id=job_id)
+        out = invoke(interruptions_tool.list_interruptions, inp)
     except ToolError as exc:
         fail(str(exc), as_json=as_json)
     emit(out.model_dump(mode="json"), as_json, _render_interruptions)
@@ -90,7 +94,9 @@ def ettr(
         fail(f"--window {window_s}: one window must be a positive number of seconds, at most {MAX_WINDOW_S:.0f} "
              "(30 days); e.g. --window 3600 for hourly readings", as_json=as_json)
     try:
-        out = call("effective_training_time", {"job_id": job_id, "window_s": window_s, "declared_mtbf_h": mtbf_h})
+        with validating(ettr_tool.effective_training_time):
+            inp = ettr_tool.EttrInput(job_id=job_id, window_s=window_s, declared_mtbf_h=mtbf_h)
+        out = invoke(ettr_tool.effective_training_time, inp)
         target = confine(plot, "--plot") if plot else home() / "ettr.png"
     except (ToolError, ValueError) as exc:
         fail(str(exc), as_json=as_json)

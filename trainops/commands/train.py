@@ -18,8 +18,9 @@ from rich.table import Table
 from trainops.output import console, emit, fail
 from trainops.run_folder import RunFiles
 from trainops.tools.base import ToolError
-from trainops.tools.calls import call
+from trainops.tools.calls import invoke
 from trainops.tools.context import CallContext
+from trainops.tools.jobs import jobs as job_tools
 from trainops.tools.jobs.follow import launch_run
 from trainops.trainer.checkpoint_files import step_dir_name, verify_checkpoint
 from trainops.trainer.config import ConfigError, load_config
@@ -63,7 +64,7 @@ def _render_plan(plan: Any) -> None:
 
 def refuse_if_running(run_dir: Path) -> None:
     """A resume must not start a second job writing into a run folder a live job still trains in."""
-    jobs = call("list_jobs", {"scheduler": "local"}, CallContext(actor="operator")).jobs
+    jobs = invoke(job_tools.list_jobs, job_tools.SchedulerRef(scheduler="local"), CallContext(actor="operator")).jobs
     live = [job.job_id for job in jobs if job.run_dir == str(run_dir) and job.state in ("pending", "running")]
     if live:
         raise ValueError(f"run {run_dir.name} is still training in job {live[0]}: wait for it, or stop it with "

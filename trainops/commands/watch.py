@@ -11,7 +11,8 @@ from rich.markup import escape
 from trainops.output import console, emit, fail
 from trainops.skills.sdc import act_on_watch
 from trainops.tools.base import ToolError
-from trainops.tools.calls import call
+from trainops.tools.calls import invoke, validating
+from trainops.tools.reliability import watch as watch_tool
 
 app = typer.Typer()
 
@@ -39,8 +40,10 @@ def watch(
 ) -> None:
     """Watch a running job and escalate what R-ESC-1..4 say a human must decide."""
     try:
-        watched = call("watch_job", {"job_id": job_id, "scheduler": scheduler, "poll_interval_s": interval_s,
-                                     "timeout_s": timeout_s, "ettr_window_s": window_s, "mtbf_h": mtbf_h})
+        with validating(watch_tool.watch_job):
+            inp = watch_tool.WatchJobInput(job_id=job_id, scheduler=scheduler, poll_interval_s=interval_s,
+                                           timeout_s=timeout_s, ettr_window_s=window_s, mtbf_h=mtbf_h)
+        watched = invoke(watch_tool.watch_job, inp)
         lines = act_on_watch(watched, scheduler)
     except ToolError as exc:
         fail(str(exc), as_json=as_json)
