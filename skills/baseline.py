@@ -15,10 +15,11 @@ from trainops.skills.evidence.model import BaselineSummary, EvidenceRow, PackEnv
 from trainops.skills.request import JobRequest
 from trainops.skills.stats import spread
 from trainops.tools.base import ToolError
-from trainops.tools.calls import call
+from trainops.tools.calls import invoke, validating
 from trainops.tools.context import CallContext, skill_context
 from trainops.tools.frameworks import get_adapter
 from trainops.tools.frameworks.base import FrameworkJob, ParseContext, ingest_log
+from trainops.tools.jobs import jobs
 from trainops.tools.jobs.follow import follow
 from trainops.tools.jobs.jobs import RunSummary
 from trainops.tools.schedulers.base import TrainingJob
@@ -47,23 +48,25 @@ def run_once(req: JobRequest, name: str, ctx: CallContext | None = None) -> Repe
         raise ToolError("submit_job", f"run {name} ({run_dir}) ended {status.state} (exit code {status.exit_code}, "
                         f"{status.reason or 'no reason given'}); read {run_dir}/logs/rank0.log")
     if not RunFiles(run_dir).metrics.exists():  # torchtitan, Megatron-LM: their step lines are the metrics
-
-        log = call("job_logs", {"job_id": job_id, "scheduler": req.scheduler, "tail": 0}, ctx)
+        log = invoke(jobs.job_logs, jobs.JobLogsInput(job_id=job_id, scheduler=req.scheduler, tail=0), ctx)
         ingest_log(get_adapter(req.framework), log.text, run_dir, ParseContext(world_size=req.nproc))
-    summary = call("summarize_run", {"run": run_dir, "skip_steps": req.warmup_steps}, ctx)
+    summary = invoke(jobs.summarize_run, jobs.SummarizeRunInput(run=run_dir, skip_steps=req.warmup_steps), ctx)
     return RepeatResult(job_id=job_id, run_dir=run_dir, summary=summary, started=started, ended=time.time(),
                         world_size=req.nproc * req.nodes)
 
 
-def submit(req: JobRequest, name: str, ctx: CallContext | None = None):
+def submit(req: JobRequest, name: str, ctx: CallContext | None = None) -> jobs.SubmitJobOutput:
     """submit_job for the request: a trainer run, or the framework adapter's JobSpec (validated before launch)."""
     job = req.model_dump(include=set(TrainingJob.model_fields))
     job["preset"] = None if req.config else req.preset
     if req.framework == "trainops":
-        return call("submit_job", {"scheduler": req.scheduler, "name": name, "training": job}, ctx)
-
-    spec = get_adapter(req.framework).build_job(FrameworkJob(name=name, **job))
-    return call("submit_job", {"scheduler": req.scheduler, "spec": spec}, ctx)
+        with validating(jobs.submit_job):  # the scheduler as the caller named it
+            inp = jobs.SubmitJobInput(scheduler=req.scheduler, name=name, training=TrainingJob.model_validate(job))
+    else:
+        spec = get_adapter(req.framework).build_job(FrameworkJob(name=name, **job))
+        with validating(jobs.submit_job):
+            inp = jobs.SubmitJobInput(scheduler=req.scheduler, spec=spec)
+    return invoke(jobs.submit_job, inp, ctx)
 
 
 def repeat(req: JobRequest, name: str, repeats: int, ctx: CallContext | None = None,

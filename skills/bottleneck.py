@@ -22,7 +22,8 @@ from trainops.run_records import MetricsRecord, read_metrics
 from trainops.settings import read_toml
 from trainops.skills.evidence.bottleneck import BottleneckSplit, RankTiming, TimeShare
 from trainops.tools.base import ToolError
-from trainops.tools.calls import call
+from trainops.tools.calls import invoke, validating
+from trainops.tools.jobs import jobs
 
 
 class RepeatResult(Protocol):
@@ -178,7 +179,9 @@ def _repeat_times(result: RepeatResult, scheduler: str) -> _RepeatTimes | None:
     """None for a run with no scheduler job to ask (`trainops evidence build RUNDIR`), one the
     scheduler no longer knows (another workspace, purged from Slurm), or one without step times."""
     try:
-        status = call("job_status", {"job_id": result.job_id, "scheduler": scheduler}) if result.job_id else None
+        with validating(jobs.job_status):
+            ref = jobs.JobRef(job_id=result.job_id, scheduler=scheduler)
+        status = invoke(jobs.job_status, ref) if result.job_id else None
     except ToolError:
         return None
     records: list[MetricsRecord] = [r for r in read_metrics(result.run_dir) if r.step_time_s is not None]

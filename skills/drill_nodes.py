@@ -11,8 +11,10 @@ import time
 
 from trainops.run_records import read_heartbeats
 from trainops.tools.base import ToolError
-from trainops.tools.calls import call
+from trainops.tools.calls import invoke, validating
 from trainops.tools.context import CallContext
+from trainops.tools.jobs import jobs
+from trainops.tools.reliability import faults
 from trainops.tools.reliability.reachability import SLOW_RTT_FLOOR_S, probe_nodes, slurm_node_states
 
 SLURM_POLL_S = 0.5
@@ -170,7 +172,7 @@ class NodeTarget(RankTarget):
     def choose(self, job_id: str, rank: int, scheduler: str, ctx: CallContext, run_dir: str = "") -> dict:
         """The node of the job's highest rank, as its heartbeat names it (a job with spare nodes
         holds them last, and they hold no rank), else the job's last node."""
-        self.before = call("job_status", {"job_id": job_id, "scheduler": scheduler}, ctx).nodes
+        self.before = invoke(jobs.job_status, jobs.JobRef(job_id=job_id, scheduler=scheduler), ctx).nodes
         beats = {r: b.host for r, b in (read_heartbeats(run_dir) if run_dir else {}).items() if b.host in self.before}
         self.node = beats[max(beats)] if beats else self.before[-1]
         return {"node": self.node}
@@ -182,7 +184,7 @@ class NodeTarget(RankTarget):
         self.timeline.add(node, event, at)
 
     def restarted(self, job_id: str, first_step_at: float, scheduler: str, ctx: CallContext) -> str:
-        after = call("job_status", {"job_id": job_id, "scheduler": scheduler}, ctx).nodes
+        after = invoke(jobs.job_status, jobs.JobRef(job_id=job_id, scheduler=scheduler), ctx).nodes
         for node in after:
             self.timeline.add(node, f"first step of the restarted job {job_id}", first_step_at)
         self.replaced = replacement(self.node, self.before, after)
@@ -205,7 +207,7 @@ class NodeTarget(RankTarget):
     def repair(self, injected_at: float, ctx: CallContext) -> str:
         """Slurm's view confirms, then the repair and a health check before the node goes back."""
         confirmation = self._slurm_confirmation(injected_at)
-        call("inject_fault", {"kind": "heal_node", "node": self.node}, ctx)
+        invoke(faults.inject_fault, faults.InjectFaultInput(kind="heal_node", node=self.node), ctx)
         self.timeline.add(self.node, "healed (link up, no rate limit, slurmd running)")
         self.timeline.add(self.node, f"health check: {health_check(self.node)}")
         return "; " + confirmation
@@ -226,7 +228,9 @@ class NodeTarget(RankTarget):
         """Heal the node we injected into, if we did; a node we drained stays drained."""
         if lost := self.timeline.injected_node():
             with contextlib.suppress(ToolError):
-                call("inject_fault", {"kind": "heal_node", "node": lost}, ctx)
+                with validating(faults.inject_fault):
+                    heal = faults.InjectFaultInput(kind="heal_node", node=lost)
+                invoke(faults.inject_fault, heal, ctx)
 
     def node_states(self, injected_at: float) -> dict[str, str]:
         """Each of the job's nodes Slurm flagged not responding or down after the fault (the record

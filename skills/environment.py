@@ -4,8 +4,10 @@ from __future__ import annotations
 import time
 
 from trainops.skills.evidence.model import EvidenceRow, PackEnvironment
-from trainops.tools.calls import call
+from trainops.tools.calls import invoke, validating
 from trainops.tools.context import CallContext
+from trainops.tools.environment import probes
+from trainops.tools.environment.env import EnvInput
 from trainops.workspace import audit_log_path
 
 
@@ -14,8 +16,9 @@ def declare(scheduler: str = "local", ctx: CallContext | None = None,
     """Declare through the `declare_environment` tool and keep the pack's short form of it;
     `framework` other than trainops declares that adapter's framework and its installed version."""
     started = time.time()
-    env = call("declare_environment", {"scheduler": scheduler, "ckpt_test_mib": 16,
-                                       **({"framework": framework} if framework != "trainops" else {})}, ctx)
+    with validating(probes.declare_environment):  # the scheduler and framework as the command line named them
+        inp = EnvInput(scheduler=scheduler, ckpt_test_mib=16, framework=framework if framework != "trainops" else None)
+    env = invoke(probes.declare_environment, inp, ctx)
     decl = PackEnvironment(
         framework=env.framework.name, framework_version=env.framework.version, torch_version=env.software.torch,
         hardware=f"{env.accelerators.model} ({env.hardware_generation})",

@@ -2,11 +2,13 @@
 (the approval queue, R-SEC-4) and a line the pack carries in `awaiting_human`."""
 from __future__ import annotations
 
-from trainops.tools.calls import call
+from trainops.tools.calls import invoke, validating
 from trainops.tools.context import CallContext
 from trainops.tools.governance.escalation import (
+    AcknowledgeEscalationInput,
     Escalation,
     EscalationSignals,
+    acknowledge_escalation,
     carried_rules,
     describe,
     escalations_for,
@@ -25,8 +27,11 @@ def hand_to_human(esc: Escalation, subject: str, ctx: CallContext | None = None,
                   results: list[str] | None = None) -> str | None:
     """Queue the escalation as a pending approval; returns its id (None: the call ran under a
     token, so a human already took it)."""
+    with validating(acknowledge_escalation):
+        inp = AcknowledgeEscalationInput.model_validate({**esc.model_dump(), "subject": subject,
+                                                         "results": results or []})
     try:
-        call("acknowledge_escalation", {**esc.model_dump(), "subject": subject, "results": results or []}, ctx)
+        invoke(acknowledge_escalation, inp, ctx)
     except GateRefused as refused:
         if refused.pending_id is None:
             raise

@@ -4,24 +4,25 @@ from __future__ import annotations
 import statistics
 import time
 
-from pydantic import BaseModel
-
 from trainops.run_records import read_journal
 from trainops.skills.evidence.model import CheckpointPlan, DrillResult, PackEnvironment, ReliabilitySummary
 from trainops.skills.evidence.published import LayoutPlan
 from trainops.skills.request import JobRequest
 from trainops.tools.base import ToolError
-from trainops.tools.calls import call
+from trainops.tools.calls import invoke, validating
 from trainops.tools.context import CallContext
+from trainops.tools.planning import checkpoint_interval, effective_training_time, layout
 from trainops.tools.reliability.watch import record_view
 
 
 def plan_checkpoint(save_s: float, restart_s: float, mtbf_h: float, ctx: CallContext | None = None,
-                    run: str | None = None) -> BaseModel:
+                    run: str | None = None) -> checkpoint_interval.CheckpointIntervalOutput:
     """Young/Daly interval from the measured write cost and the failure rate; with `run`, the
     write-bandwidth occupancy from that run's checkpoint journal too."""
-    return call("plan_checkpoint_interval", {"save_s": save_s, "restart_s": restart_s, "mtbf_h": mtbf_h,
-                                             **({"run": run} if run else {})}, ctx)
+    with validating(checkpoint_interval.plan_checkpoint_interval):  # measured costs, the declared MTBF
+        inp = checkpoint_interval.CheckpointIntervalInput(save_s=save_s, restart_s=restart_s, mtbf_h=mtbf_h,
+                                                          run=run or None)
+    return invoke(checkpoint_interval.plan_checkpoint_interval, inp, ctx)
 
 
 def plan_from_drill(drill: DrillResult, mtbf_h: float, mtbf_basis: str,
@@ -57,14 +58,18 @@ def reliability_summary(declared_mtbf_h: float, ettr_window_s: float) -> Reliabi
                               ettr_pct=view.ettr_pct)
 
 
-def plan_ettr(params: dict, ctx: CallContext | None = None) -> BaseModel:
+def plan_ettr(params: dict, ctx: CallContext | None = None) -> effective_training_time.EttrOutput:
     """Effective training time for a checkpoint policy and failure profile."""
-    return call("plan_effective_training_time", params, ctx)
+    with validating(effective_training_time.plan_effective_training_time):
+        inp = effective_training_time.EttrInput.model_validate(params)
+    return invoke(effective_training_time.plan_effective_training_time, inp, ctx)
 
 
-def plan_layout(params: dict, ctx: CallContext | None = None) -> BaseModel:
+def plan_layout(params: dict, ctx: CallContext | None = None) -> layout.LayoutOutput:
     """Dry-run the parallel layout: degrees divide the world, TP stays inside the scale-up domain."""
-    return call("plan_layout", params, ctx)
+    with validating(layout.plan_layout):
+        inp = layout.LayoutInput.model_validate(params)
+    return invoke(layout.plan_layout, inp, ctx)
 
 
 def layout_plan(req: JobRequest, env: PackEnvironment, moe: dict | None = None,

@@ -13,11 +13,14 @@ from pydantic import BaseModel, Field
 from trainops.run_folder import new_run_folder
 from trainops.run_records import read_heartbeat
 from trainops.skills.escalate import hand_to_human
-from trainops.tools.calls import call
+from trainops.tools.calls import invoke
 from trainops.tools.context import CallContext, skill_context
 from trainops.tools.governance.escalation import Escalation, EscalationSignals, escalations_for, human_item
+from trainops.tools.jobs import jobs
+from trainops.tools.reliability import quarantine
 from trainops.tools.reliability.sdc_check import NodeResult, read_results
 from trainops.tools.reliability.signals import DetectFaultsInput, FaultWatch
+from trainops.tools.schedulers.base import JobSpec
 
 USABLE = ("idle", "allocated", "mixed", "completing")
 CASE_FILE = "sdc-case.json"
@@ -90,8 +93,9 @@ def respond(run_dir: str, suspect: Suspect, scheduler: str = "local", ctx: CallC
     ctx = skill_context("sdc-response", ctx)
     beat = read_heartbeat(run_dir, suspect.rank)  # the rank's own host: metrics lines do not carry one
     suspect = suspect.model_copy(update={"node": beat.host if beat and beat.host else suspect.node})
-    quarantined = call("quarantine_checkpoints", {"run": run_dir, "from_step": suspect.step}, ctx).quarantined_steps
-    nodes = fleet_nodes(call("list_nodes", {"scheduler": scheduler}, ctx).nodes, suspect.node)
+    quarantined = invoke(quarantine.quarantine_checkpoints,
+                         quarantine.QuarantineInput(run=run_dir, from_step=suspect.step), ctx).quarantined_steps
+    nodes = fleet_nodes(invoke(jobs.list_nodes, jobs.SchedulerRef(scheduler=scheduler), ctx).nodes, suspect.node)
     fleet = run_check("fleet", nodes, nodes, scheduler, ctx, timeout_s)
     good = [n for n in nodes if n not in fleet.failed_nodes and n != suspect.node]
     if suspect.node in nodes and good:
@@ -121,11 +125,11 @@ def run_check(kind: str, nodes: list[str], partition: list[str], scheduler: str,
     for it, and read each node's answer; a node that wrote none failed."""
     folder = new_run_folder(prefix=f"sdc-{kind}")
     out = folder / "sdc-check.jsonl"
-    spec = {"name": f"sdc-{kind}", "command": ["-m", "trainops.tools.reliability.sdc_check", "--out", str(out)],
-            "launcher": "torchrun", "nodes": len(nodes), "procs_per_node": 1, "run_dir": str(folder),
-            "exclude_nodes": [n for n in partition if n not in nodes], "env": {"OMP_NUM_THREADS": "1"}}
-    job_id = call("submit_job", {"scheduler": scheduler, "spec": spec}, ctx).handle.job_id
-    status = call("wait_job", {"job_id": job_id, "scheduler": scheduler, "timeout_s": timeout_s}, ctx)
+    spec = JobSpec(name=f"sdc-{kind}", command=["-m", "trainops.tools.reliability.sdc_check", "--out", str(out)],
+                   launcher="torchrun", nodes=len(nodes), procs_per_node=1, run_dir=str(folder),
+                   exclude_nodes=[n for n in partition if n not in nodes], env={"OMP_NUM_THREADS": "1"})
+    job_id = invoke(jobs.submit_job, jobs.SubmitJobInput(scheduler=scheduler, spec=spec), ctx).handle.job_id
+    status = invoke(jobs.wait_job, jobs.WaitJobInput(job_id=job_id, scheduler=scheduler, timeout_s=timeout_s), ctx)
     results = read_results(out)
     answered = {r.host for r in results}
     failed = sorted({r.host for r in results if not r.ok} | {n for n in nodes if n not in answered})
@@ -137,8 +141,8 @@ def drain_failing(failing: list[str], passed: list[str], scheduler: str, ctx: Ca
     if not passed:
         return []
     for node in failing:
-        call("drain_node", {"node": node, "scheduler": scheduler,
-                            "reason": "trainops: failed the known-answer SDC check"}, ctx)
+        invoke(jobs.drain_node, jobs.DrainNodeInput(node=node, scheduler=scheduler,
+                                                    reason="trainops: failed the known-answer SDC check"), ctx)
     return failing
 
 
@@ -150,7 +154,8 @@ def act_on_watch(watched, scheduler: str, ctx: CallContext | None = None) -> lis
     for esc in watched.fired:
         if esc.rule_id == "R-ESC-3" and watched.suspect is not None and watched.run_dir:
             if not watched.ended:  # its nodes are what the tests check
-                call("cancel_job", {"job_id": watched.job_id, "scheduler": scheduler, "force": True}, ctx)
+                invoke(jobs.cancel_job, jobs.CancelJobInput(job_id=watched.job_id, scheduler=scheduler, force=True),
+                       ctx)
             suspect = Suspect.model_validate(watched.suspect.model_dump())
             case = respond(watched.run_dir, suspect, scheduler, ctx)
             lines.append(human_item(case.escalation, case.pending_id))

@@ -15,10 +15,11 @@ from trainops.skills.evidence import pack as evidence_pack
 from trainops.skills.evidence import references
 from trainops.skills.evidence.model import DrillResult, PackEnvironment
 from trainops.skills.request import JobRequest
-from trainops.tools.calls import call
+from trainops.tools.calls import invoke
 from trainops.tools.context import CallContext, skill_context
 from trainops.tools.frameworks import get_adapter
 from trainops.tools.frameworks.base import FrameworkName, SopPlan
+from trainops.tools.jobs import jobs
 from trainops.tools.planning.layout_mapping import MoeShape
 from trainops.trainer.config import ConfigError, load_config
 from trainops.workspace import confine
@@ -138,7 +139,7 @@ def build_from_runs(run_dirs: list[str], scheduler: str = "local", ctx: CallCont
     env, env_row = environment.declare(scheduler, ctx)
     results = []
     for run_dir in run_dirs:
-        summary = call("summarize_run", {"run": run_dir}, ctx)
+        summary = invoke(jobs.summarize_run, jobs.SummarizeRunInput(run=run_dir), ctx)
         stamp = Path(run_dir).stat().st_mtime
         results.append(baseline.RepeatResult(job_id="", run_dir=str(Path(run_dir).resolve()), summary=summary,
                                              started=stamp, ended=stamp))
