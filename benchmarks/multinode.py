@@ -17,9 +17,12 @@ from trainops.benchmarks.suite import median_phases
 from trainops.run_records import read_drill_record, read_heartbeat, read_metrics
 from trainops.skills.drill import drill
 from trainops.skills.request import JobRequest
-from trainops.tools.calls import call
+from trainops.tools.calls import invoke
 from trainops.tools.context import operator_session
+from trainops.tools.jobs import jobs
+from trainops.tools.reliability import detection, faults, signals
 from trainops.tools.sandbox import cluster as sandbox
+from trainops.tools.schedulers.base import TrainingJob
 
 BEGIN, END = "<!-- multinode:begin -->", "<!-- multinode:end -->"
 SPEC = sandbox.SandboxSpec(nodes=3, prefix="tosb", net="10.251.11")
@@ -40,15 +43,15 @@ def bring_up(repeats: int) -> list[float]:
 def cold_start(extra: tuple[str, ...] = ()) -> float:
     """Seconds from submit_job to the first step of a 2-node job (the job is then cancelled)."""
     started = time.time()
-    out = call("submit_job", {"scheduler": "slurm", "name": "cold", "training": {
-        "preset": "tiny", "nproc": 1, "nodes": 2, "overrides": [*JOB, *extra]}})
+    out = invoke(jobs.submit_job, jobs.SubmitJobInput(scheduler="slurm", name="cold", training=TrainingJob(
+        preset="tiny", nproc=1, nodes=2, overrides=[*JOB, *extra])))
     deadline = time.monotonic() + 180
     while not (records := read_metrics(out.handle.run_dir)):
         if time.monotonic() > deadline:
             raise RuntimeError(f"cold start: no step in {out.handle.run_dir} after 180 s")
         time.sleep(0.05)
     first = min(record.time for record in records)
-    call("cancel_job", {"scheduler": "slurm", "job_id": out.handle.job_id, "force": True})
+    invoke(jobs.cancel_job, jobs.CancelJobInput(scheduler="slurm", job_id=out.handle.job_id, force=True))
     return first - started
 
 
@@ -77,19 +80,20 @@ def slow_node_named() -> tuple[bool, float]:
     """One run: a 2-node job's last node gets a 1 Mbit/s link; is that the node detect_faults names,
     and how long after the rate limit? (Detection only: the drill's recovery is timed elsewhere.)"""
     _all_idle()
-    out = call("submit_job", {"scheduler": "slurm", "name": "slow", "training": {
-        "preset": "tiny", "nproc": 1, "nodes": 2, "overrides": ["training.steps=2000", "data.kind=synthetic"]}})
+    out = invoke(jobs.submit_job, jobs.SubmitJobInput(scheduler="slurm", name="slow", training=TrainingJob(
+        preset="tiny", nproc=1, nodes=2, overrides=["training.steps=2000", "data.kind=synthetic"])))
     job_id, run_dir = out.handle.job_id, out.handle.run_dir
     sandbox.wait_until(180, "step 3 on both nodes", lambda: (beat := read_heartbeat(run_dir, 1)) is not None
                        and beat.step >= 3)
-    slow = call("job_status", {"scheduler": "slurm", "job_id": job_id}).nodes[-1]
+    slow = invoke(jobs.job_status, jobs.JobRef(scheduler="slurm", job_id=job_id)).nodes[-1]
     try:
-        injected = call("inject_fault", {"kind": "slow_network", "node": slow, "run": run_dir})
-        found = call("detect_faults", {"run": run_dir, "job_id": job_id, "scheduler": "slurm",
-                                       "poll_interval_s": 0.05, "injected_at": injected.injected_at, "timeout_s": 30})
+        injected = invoke(faults.inject_fault, faults.InjectFaultInput(kind="slow_network", node=slow, run=run_dir))
+        found = invoke(detection.detect_faults, signals.DetectFaultsInput(
+            run=run_dir, job_id=job_id, scheduler="slurm", poll_interval_s=0.05, injected_at=injected.injected_at,
+            timeout_s=30))
     finally:
-        call("cancel_job", {"scheduler": "slurm", "job_id": job_id, "force": True})
-        call("inject_fault", {"kind": "heal_node", "node": slow})
+        invoke(jobs.cancel_job, jobs.CancelJobInput(scheduler="slurm", job_id=job_id, force=True))
+        invoke(faults.inject_fault, faults.InjectFaultInput(kind="heal_node", node=slow))
     return found.node == slow and found.mechanism == "slow_link", found.detection_latency_s or 30.0
 
 

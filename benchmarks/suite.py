@@ -30,8 +30,12 @@ from trainops.run_records import read_heartbeat, read_journal, read_metrics
 from trainops.skills.drill import drill
 from trainops.skills.request import JobRequest
 from trainops.terminal_text import safe_console
-from trainops.tools.calls import call
+from trainops.tools.calls import invoke
+from trainops.tools.jobs import jobs
 from trainops.tools.jobs.follow import run_local
+from trainops.tools.planning import checkpoint_interval
+from trainops.tools.reliability import detection, faults, signals
+from trainops.tools.schedulers.base import TrainingJob
 from trainops.trainer.config import load_config
 
 TRAIN_SHAPE = ["training.global_batch=8", "training.seq_len=128", "data.kind=synthetic"]
@@ -87,21 +91,21 @@ def bench_async_checkpoint(suite: Suite, repeats: int) -> None:
 
 
 def _detect(kind: str, heartbeat_stale_s: float) -> float:
-    sub = call("submit_job", {"name": f"bench-{kind.replace('_', '-')}", "training": {
-        "preset": "tiny", "nproc": 2, "overrides": [*TRAIN_SHAPE, "training.steps=100000", "training.micro_batch=4"]}})
+    sub = invoke(jobs.submit_job, jobs.SubmitJobInput(name=f"bench-{kind.replace('_', '-')}", training=TrainingJob(
+        preset="tiny", nproc=2, overrides=[*TRAIN_SHAPE, "training.steps=100000", "training.micro_batch=4"])))
     run_dir, job_id = sub.handle.run_dir, sub.handle.job_id
     try:
         _wait(lambda: all(read_heartbeat(run_dir, r) for r in (0, 1)), 120)
         time.sleep(1.0)
-        injected = call("inject_fault", {"kind": kind, "run": run_dir, "rank": 1})
-        found = call("detect_faults", {"run": run_dir, "job_id": job_id, "injected_at": injected.injected_at,
-                                       "poll_interval_s": 0.05, "heartbeat_stale_s": heartbeat_stale_s,
-                                       "timeout_s": 30})
+        injected = invoke(faults.inject_fault, faults.InjectFaultInput(kind=kind, run=run_dir, rank=1))
+        found = invoke(detection.detect_faults, signals.DetectFaultsInput(
+            run=run_dir, job_id=job_id, injected_at=injected.injected_at, poll_interval_s=0.05,
+            heartbeat_stale_s=heartbeat_stale_s, timeout_s=30))
         if not found.detected:
             raise RuntimeError(f"{kind} was not detected in {run_dir}")
         return found.detection_latency_s
     finally:
-        call("cancel_job", {"job_id": job_id})
+        invoke(jobs.cancel_job, jobs.CancelJobInput(job_id=job_id))
 
 
 def _wait(predicate: Callable[[], bool], timeout_s: float) -> None:
@@ -130,13 +134,12 @@ def _cold_start(extra: list[str]) -> tuple[float, dict[str, float]]:
     """Submit -> first completed step of a fresh job: what a restart is compared against, with its
     phases from the scheduler's start time (queue: submit -> started; start: started -> first step)."""
     started = time.time()
-    sub = call("submit_job", {"name": "bench-cold", "training": {
-        "preset": "tiny", "nproc": 2, "overrides": [*RECOVERY_JOB[:-2], "training.steps=3", "checkpoint.enable=true",
-                                                    *extra]}})
+    sub = invoke(jobs.submit_job, jobs.SubmitJobInput(name="bench-cold", training=TrainingJob(
+        preset="tiny", nproc=2, overrides=[*RECOVERY_JOB[:-2], "training.steps=3", "checkpoint.enable=true", *extra])))
     _wait(lambda: bool(read_metrics(sub.handle.run_dir)), 120)
     first = read_metrics(sub.handle.run_dir)[0].time
-    running = call("job_status", {"job_id": sub.handle.job_id}).started_at
-    call("wait_job", {"job_id": sub.handle.job_id, "timeout_s": 120})
+    running = invoke(jobs.job_status, jobs.JobRef(job_id=sub.handle.job_id)).started_at
+    invoke(jobs.wait_job, jobs.WaitJobInput(job_id=sub.handle.job_id, timeout_s=120))
     return first - started, {"queue": running - started, "start": first - running}
 
 
@@ -346,7 +349,8 @@ DALY_VECTORS = ((24.0, 117.0), (6.0, 57.0), (0.25, 9.1))  # MTBF h -> Daly's opt
 def bench_planner(suite: Suite) -> None:
     errors = []
     for mtbf_h, expected_min in DALY_VECTORS:
-        out = call("plan_checkpoint_interval", {"save_s": 300, "restart_s": 600, "mtbf_h": mtbf_h})
+        out = invoke(checkpoint_interval.plan_checkpoint_interval,
+                     checkpoint_interval.CheckpointIntervalInput(save_s=300, restart_s=600, mtbf_h=mtbf_h))
         errors.append(abs(out.daly_interval_min - expected_min))
     fig = suite.add(Figure("Daly worked examples: planned vs published interval, absolute error", errors, "min",
                            target="<= 1 min"))
