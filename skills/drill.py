@@ -11,15 +11,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from trainops.run_folder import RunFiles
-from trainops.run_records import (
-    FaultRecord,
-    LoadEntry,
-    read_faults,
-    read_heartbeat,
-    read_journal,
-    read_metrics,
-    supervised_since,
-)
+from trainops.run_records import read_journal, read_metrics, supervised_since
 from trainops.settings import read_toml
 from trainops.skills import sdc
 from trainops.skills.baseline import Progress, command_line, submit
@@ -31,15 +23,19 @@ from trainops.skills.drill_recovery import (
     phases_line,
     requeue_recovery,
 )
+from trainops.skills.drill_restart import Restart, isolate_node, verify_restored
+from trainops.skills.drill_waits import between_writes, fault_fired, heartbeat_step, wait_for, wait_for_restart
 from trainops.skills.evidence.model import DrillResult, EvidenceRow
 from trainops.skills.request import JobRequest
 from trainops.tools.base import ToolError
-from trainops.tools.calls import call
+from trainops.tools.calls import invoke
 from trainops.tools.context import CallContext, skill_context
+from trainops.tools.jobs import jobs
 from trainops.tools.jobs.follow import JobWatch
 from trainops.tools.jobs.trainer_job import check_layout
-from trainops.tools.reliability import interruptions
-from trainops.trainer.checkpoint_files import list_checkpoints
+from trainops.tools.reliability import detection as detection_tool
+from trainops.tools.reliability import faults, interruptions
+from trainops.tools.reliability.signals import DetectFaultsInput, Detection
 
 # drill kind -> inject_fault kind; runtime kinds are injected into the live job, launch-time kinds
 # (LAUNCH_TIME) start the job with the overrides inject_fault returns. A drill's cause is not here:
@@ -103,67 +99,6 @@ def require_checkpoints(req: JobRequest) -> None:
                            "recover from; set [checkpoint] enable = true or pass --set checkpoint.enable=true")
 
 
-def _heartbeat_step(run_dir: str, rank: int = 0) -> int:
-    """The last step `rank` beat at; -1 before its first."""
-    beat = read_heartbeat(run_dir, rank)
-    return beat.step if beat else -1
-
-
-def _wait_for(predicate, timeout_s: float, what: str, job: JobWatch) -> float:
-    """When `predicate` first holds; ends at once, with the job's own reason, when the job ends first."""
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if predicate():
-            return time.time()
-        if (ended := job.ended()) is not None and not predicate():
-            raise ToolError("drill", f"{ended}, while the drill waited for {what}; read {job.run_dir}/logs")
-        time.sleep(0.05)
-    raise ToolError("drill", f"timed out after {timeout_s:.0f} s waiting for {what}")
-
-
-def _between_writes(run_dir: str, timeout_s: float = 10.0) -> None:
-    """Wait (briefly) for a checkpoint write to have just committed, with none in flight, so the
-    corrupted checkpoint is the newest one when the restart looks (a later commit would hide it)."""
-    def newest() -> tuple[int, bool] | None:
-        try:
-            found = list_checkpoints(Path(run_dir) / "checkpoints")
-        except OSError:  # a folder renamed as it was listed: a write just committed
-            return None
-        return (found[-1].step, found[-1].committed) if found else None
-
-    before, deadline = newest(), time.time() + timeout_s
-    while time.time() < deadline:
-        now = newest()
-        if now is not None and now[1] and (before is None or now[0] > before[0]):
-            return
-        time.sleep(0.005)
-
-
-def _fired(run_dir: str, kind: str) -> FaultRecord | None:
-    """The trainer's record of a launch-time fault firing (it carries a step; tool records do not)."""
-    return next((fault for fault in read_faults(run_dir) if fault.kind == kind and fault.step is not None), None)
-
-
-def _first_step_after(run_dir: str, since: float) -> float | None:
-    return next((record.time for record in read_metrics(run_dir) if record.rank == 0 and record.time > since), None)
-
-
-def _wait_for_restart(run_dir: str, since: float, job_id: str, req: JobRequest, ctx: CallContext | None) -> float:
-    """The time of the first step after `since`; fails at once, naming the job's own reason (its new
-    status.json, else the scheduler's), when the restarted job ends without taking one."""
-    job = JobWatch(job_id, req.scheduler, run_dir, ctx, since=since)
-    deadline = time.time() + req.timeout_s
-    while time.time() < deadline:
-        if (first := _first_step_after(run_dir, since)) is not None:
-            return first
-        if (ended := job.ended()) is not None and (first := _first_step_after(run_dir, since)) is None:
-            raise ToolError("requeue_job", f"the restarted {ended} before its first step; read {run_dir}/logs and "
-                                           "the scheduler's log")
-        time.sleep(0.05)
-    raise ToolError("drill", f"timed out after {req.timeout_s:.0f} s waiting for the first step after restart in "
-                             f"{run_dir}")
-
-
 def drill(req: JobRequest, fault: str, inject_step: int = 5, ctx: CallContext | None = None,
           progress: Progress | None = None) -> tuple[DrillResult | DetectionOnlyResult, EvidenceRow]:
     """One drill end to end; returns its result and the evidence row for the pack."""
@@ -185,19 +120,6 @@ def drill(req: JobRequest, fault: str, inject_step: int = 5, ctx: CallContext | 
         except Exception:
             target.undo(ctx)
             raise
-
-
-class _Restart(BaseModel):
-    """What isolating the fault and restarting the job found."""
-    job_id: str = Field(description="the requeued job")
-    drained: str | None
-    quarantined: list[int]
-    isolated_at: float
-    first_step_at: float
-    loaded: LoadEntry | None = Field(description="the checkpoint the restart loaded; None: it started from step 0")
-    intact: bool
-    fell_back: list[int] = Field(description="corrupt checkpoints the restart's checksum check skipped")
-    started_at: float | None = Field(description="the requeued job's start, as the scheduler recorded it")
 
 
 class _Drill:
@@ -227,11 +149,11 @@ class _Drill:
             self.record_end(wait_s=60)
         detector = self.detector(detection, restart)
         detector += self.target.restarted(restart.job_id, restart.first_step_at, sched, self.ctx)
-        status = call("wait_job", {"job_id": restart.job_id, "scheduler": sched, "timeout_s": self.req.timeout_s},
-                      self.ctx)
+        status = invoke(jobs.wait_job, jobs.WaitJobInput(job_id=restart.job_id, scheduler=sched,
+                                                         timeout_s=self.req.timeout_s), self.ctx)
         detector += self.target.repair(injected_at, self.ctx)
         if restart.drained:
-            call("resume_node", {"node": restart.drained, "scheduler": sched}, self.ctx)
+            invoke(jobs.resume_node, jobs.ResumeNodeInput(node=restart.drained, scheduler=sched), self.ctx)
             self.target.note(restart.drained, "resumed (gated resume_node): back in the pool")
         if status.state != "completed":
             raise ToolError("requeue_job", f"drill {self.fault}: the restarted job ended {status.state}; read "
@@ -244,7 +166,7 @@ class _Drill:
         sched = self.req.scheduler
         interruptions.witness(self.job_id, sched, self.run_dir, drill=True)
         # forced: the survivors of a detected failure are stuck in a collective, a grace period only waits on them
-        status = call("cancel_job", {"job_id": self.job_id, "scheduler": sched, "force": True}, self.ctx)
+        status = invoke(jobs.cancel_job, jobs.CancelJobInput(job_id=self.job_id, scheduler=sched, force=True), self.ctx)
         # a forced cancel returns once nothing of the job runs; Slurm may hold a job with a dead node
         # COMPLETING until it declares the node down (~10 s): the restart does not wait for that, the
         # record of the end does (record_end)
@@ -258,9 +180,12 @@ class _Drill:
         dead node, waiting up to `wait_s` after the restart went in under a new id."""
         if self.interruption is not None:
             return
-        ask = {"job_id": self.job_id, "scheduler": self.req.scheduler}
-        status = call("wait_job", {**ask, "timeout_s": wait_s}, self.ctx) if wait_s else call("job_status", ask,
-                                                                                              self.ctx)
+        job_id, sched = self.job_id, self.req.scheduler
+        if wait_s:
+            status = invoke(jobs.wait_job, jobs.WaitJobInput(job_id=job_id, scheduler=sched, timeout_s=wait_s),
+                            self.ctx)
+        else:
+            status = invoke(jobs.job_status, jobs.JobRef(job_id=job_id, scheduler=sched), self.ctx)
         if status.finished:
             self.interruption = interruptions.record_job_end(status, self.req.scheduler)
 
@@ -290,11 +215,11 @@ class _Drill:
         that training went on past the step it resumed from, and that the job then completed."""
         run_dir, sched = self.run_dir, self.req.scheduler
         resumed = recovered.resumed_step or 0
-        _wait_for(lambda: any(m.rank == 0 and m.step > resumed and m.time >= recovered.first_step_at
-                              for m in read_metrics(run_dir)),
-                  self.req.timeout_s, f"a step past {resumed} after the in-process restart in {run_dir}", self.job)
-        status = call("wait_job", {"job_id": self.job_id, "scheduler": sched, "timeout_s": self.req.timeout_s},
-                      self.ctx)
+        wait_for(lambda: any(m.rank == 0 and m.step > resumed and m.time >= recovered.first_step_at
+                             for m in read_metrics(run_dir)),
+                 self.req.timeout_s, f"a step past {resumed} after the in-process restart in {run_dir}", self.job)
+        status = invoke(jobs.wait_job, jobs.WaitJobInput(job_id=self.job_id, scheduler=sched,
+                                                         timeout_s=self.req.timeout_s), self.ctx)
         detector = (detection.mechanism + false_positives(detection) + self.target.admitted(recovered)
                     + self.target.repair(injected_at, self.ctx))
         if status.state != "completed":
@@ -302,17 +227,18 @@ class _Drill:
                                      f"{status.state}; read {run_dir}/logs")
         self.interruption = interruptions.in_process_record(self.job_id, injected_at)  # wait_job recorded it
         loaded = next((load for load in read_journal(run_dir).loads if load.time > injected_at), None)
-        restart = _Restart(job_id=self.job_id, drained=None, quarantined=[], started_at=None,
-                           isolated_at=detection.detected_at + (recovered.phases_s.get("abort") or 0.0),
-                           first_step_at=recovered.first_step_at, loaded=loaded,
-                           intact=verify_restored(run_dir, loaded, self.ctx) if recovered.checkpoint else False,
-                           fell_back=[e.step for e in read_journal(run_dir).fallbacks if e.time > injected_at])
+        restart = Restart(job_id=self.job_id, drained=None, quarantined=[], started_at=None,
+                          isolated_at=detection.detected_at + (recovered.phases_s.get("abort") or 0.0),
+                          first_step_at=recovered.first_step_at, loaded=loaded,
+                          intact=verify_restored(run_dir, loaded, self.ctx) if recovered.checkpoint else False,
+                          fell_back=[e.step for e in read_journal(run_dir).fallbacks if e.time > injected_at])
         return self.finish(injected_at, last_step, detection, restart, detector, recovered)
 
     def start(self) -> None:
         """Launch the job; a launch-time fault goes in with its overrides, to fire at `inject_step`."""
         if self.fault in LAUNCH_TIME:
-            planned = call("inject_fault", {"kind": self.kind, "rank": self.rank, "step": self.inject_step}, self.ctx)
+            planned = invoke(faults.inject_fault, faults.InjectFaultInput(kind=self.kind, rank=self.rank,
+                                                                          step=self.inject_step), self.ctx)
             self.launch = self.req.with_overrides([*LAUNCH_TIME[self.fault][1], *planned.overrides])
         self.say(f"drill {self.fault}: launching")
         self.submitted_at = time.time()
@@ -325,38 +251,39 @@ class _Drill:
         """(when, at which step) the trainer fired the launch-time fault, from its own record."""
         fired_kind = LAUNCH_TIME[self.fault][0]
         self.say(f"drill {self.fault}: waiting for the trainer to fire {self.kind}")
-        _wait_for(lambda: _fired(self.run_dir, fired_kind) is not None, self.req.timeout_s,
-                  f"the trainer to fire {fired_kind} (faults.jsonl) in {self.run_dir}", self.job)
-        fired = _fired(self.run_dir, fired_kind)
+        wait_for(lambda: fault_fired(self.run_dir, fired_kind) is not None, self.req.timeout_s,
+                 f"the trainer to fire {fired_kind} (faults.jsonl) in {self.run_dir}", self.job)
+        fired = fault_fired(self.run_dir, fired_kind)
         return fired.time, fired.step
 
     def inject(self) -> tuple[float, int]:
         """Inject a runtime fault once the job is past `inject_step` with a committed checkpoint:
         (when, the last step any rank reached)."""
         run_dir = self.run_dir
-        _wait_for(lambda: _heartbeat_step(run_dir) >= self.inject_step and bool(read_journal(run_dir).saves),
-                  self.req.timeout_s, f"step {self.inject_step} and a committed checkpoint in {run_dir}", self.job)
+        wait_for(lambda: heartbeat_step(run_dir) >= self.inject_step and bool(read_journal(run_dir).saves),
+                 self.req.timeout_s, f"step {self.inject_step} and a committed checkpoint in {run_dir}", self.job)
         self.say(f"drill {self.fault}: injecting {self.kind}")
         where = self.target.choose(self.job_id, self.rank, self.req.scheduler, self.ctx, run_dir)
-        injected_at = self.inject_once({"kind": self.kind, "run": run_dir, **where})
+        injected_at = self.inject_once(faults.InjectFaultInput(kind=self.kind, run=run_dir, **where))
         self.target.injected(self.kind, injected_at)
-        last_step = max(_heartbeat_step(run_dir, r) for r in range(self.req.nproc * self.req.nodes))
+        last_step = max(heartbeat_step(run_dir, r) for r in range(self.req.nproc * self.req.nodes))
         if self.kind == "corrupt_checkpoint":  # the damage shows when the job restarts
-            call("inject_fault", {"kind": "kill_rank", "run": run_dir, "rank": self.rank}, self.ctx)
+            kill = faults.InjectFaultInput(kind="kill_rank", run=run_dir, rank=self.rank)
+            invoke(faults.inject_fault, kill, self.ctx)
         return injected_at, last_step
 
-    def inject_once(self, args: dict) -> float:
+    def inject_once(self, inp: faults.InjectFaultInput) -> float:
         """inject_fault; a checkpoint corruption first waits for a write to have just committed, so
         the damaged checkpoint is the newest one the restart reaches (inject_fault corrupts only a
         committed one)."""
         if self.kind == "corrupt_checkpoint":
-            _between_writes(self.run_dir)
-        return call("inject_fault", args, self.ctx).injected_at
+            between_writes(self.run_dir)
+        return invoke(faults.inject_fault, inp, self.ctx).injected_at
 
-    def detect(self, injected_at: float):
-        detection = call("detect_faults", {"run": self.run_dir, "job_id": self.job_id, "scheduler": self.req.scheduler,
-                                           "poll_interval_s": 0.05, "injected_at": injected_at, "timeout_s": 60,
-                                           "fault_kind": self.kind}, self.ctx)
+    def detect(self, injected_at: float) -> Detection:
+        watch = DetectFaultsInput(run=self.run_dir, job_id=self.job_id, scheduler=self.req.scheduler,
+                                  poll_interval_s=0.05, injected_at=injected_at, timeout_s=60, fault_kind=self.kind)
+        detection = invoke(detection_tool.detect_faults, watch, self.ctx)
         if not detection.detected:
             raise ToolError("detect_faults", f"drill {self.fault}: its own signal ({', '.join(detection.expected)}) "
                                              f"was not seen in {self.run_dir}: {detection.evidence}"
@@ -367,7 +294,7 @@ class _Drill:
                          detection.detected_at)
         return detection
 
-    def restart(self, detection) -> _Restart:
+    def restart(self, detection: Detection) -> Restart:
         """Isolate what the detector blames (drain its node where a spare exists; quarantine the
         checkpoints a silent corruption may have reached), requeue, and wait for the first step."""
         sched, run_dir = self.req.scheduler, self.run_dir
@@ -380,19 +307,18 @@ class _Drill:
         # Slurm requeues a job held COMPLETING by a dead node under a new id, whose end is recorded after
         # the restart; every other scheduler reuses the id, so the end must be on record before
         self.record_end(wait_s=0.0 if sched == "slurm" else 60.0)
-        requeued = call("requeue_job", {"job_id": self.job_id, "scheduler": sched, "spec_sha256": self.spec_sha256},
-                        self.ctx).job_id
-        first_step_at = _wait_for_restart(run_dir, isolated, requeued, self.req, self.ctx)
-        started_at = call("job_status", {"job_id": requeued, "scheduler": sched}, self.ctx).started_at
+        requeue = jobs.RequeueJobInput(job_id=self.job_id, scheduler=sched, spec_sha256=self.spec_sha256)
+        requeued = invoke(jobs.requeue_job, requeue, self.ctx).job_id
+        first_step_at = wait_for_restart(run_dir, isolated, requeued, self.req, self.ctx)
+        started_at = invoke(jobs.job_status, jobs.JobRef(job_id=requeued, scheduler=sched), self.ctx).started_at
         journal = read_journal(run_dir)
         loaded = next((load for load in journal.loads if load.time > isolated), None)
-        return _Restart(job_id=requeued, drained=drained, quarantined=quarantined, isolated_at=isolated,
-                        started_at=started_at,
-                        first_step_at=first_step_at, loaded=loaded,
-                        intact=verify_restored(run_dir, loaded, self.ctx, excluded=set(quarantined)),
-                        fell_back=[e.step for e in journal.fallbacks if e.time > isolated])
+        return Restart(job_id=requeued, drained=drained, quarantined=quarantined, isolated_at=isolated,
+                       started_at=started_at, first_step_at=first_step_at, loaded=loaded,
+                       intact=verify_restored(run_dir, loaded, self.ctx, excluded=set(quarantined)),
+                       fell_back=[e.step for e in journal.fallbacks if e.time > isolated])
 
-    def detector(self, detection, restart: _Restart) -> str:
+    def detector(self, detection, restart: Restart) -> str:
         """What caught the fault and what the drill did about it, in one line."""
         line = f"{detection.mechanism}: {detection.evidence}" if self.fault in LAUNCH_TIME else detection.mechanism
         line += false_positives(detection)
@@ -404,7 +330,7 @@ class _Drill:
             line += f"; the restart's checksum check skipped corrupt step(s) {restart.fell_back}"
         return line
 
-    def finish(self, injected_at: float, last_step: int, detection, restart: _Restart, detector: str,
+    def finish(self, injected_at: float, last_step: int, detection, restart: Restart, detector: str,
                recovered: MeasuredRecovery | None = None) -> tuple[DrillResult, EvidenceRow]:
         """The drill's result, written to RUN/drill.json, and its evidence row; a requeue's path and
         phases are read back from the records (the marks kept in drill.json say which)."""
@@ -443,7 +369,7 @@ class _Drill:
                                window_start=self.started, window_end=time.time())
         return result, evidence
 
-    def complete(self, detection, restart: _Restart, injected_at: float, recovered: MeasuredRecovery | None = None):
+    def complete(self, detection, restart: Restart, injected_at: float, recovered: MeasuredRecovery | None = None):
         """The record of the drill's job end (or in-process recovery), completed with the recovery the
         drill measured (isolation: detected -> isolated; restart: isolated -> first step) and what the
         restart showed. In process, the supervisor's own phases from its detection: abort, then the rest."""
@@ -483,36 +409,6 @@ def _detection_only(req: JobRequest, fault: str, run_dir: str, step: int, detect
                            f"{result.isolation_granularity}; recovery not measured: {result.recovery} ({result.note})",
                            window_start=started, window_end=time.time())
     return result, evidence
-
-
-def isolate_node(detection, scheduler: str, ctx: CallContext | None = None) -> str | None:
-    """Drain the faulty node when the scheduler has another idle node to restart on (a hot
-    spare); with no spare the restart reuses the node. Returns the drained node, if any; the
-    drill resumes it afterwards."""
-    if detection.isolation != "node" or not detection.node:
-        return None
-    nodes = call("list_nodes", {"scheduler": scheduler}, ctx).nodes
-    if not any(n.name != detection.node and n.state == "idle" for n in nodes):
-        return None
-    call("drain_node", {"node": detection.node, "scheduler": scheduler, "reason": "trainops fault drill"}, ctx)
-    return detection.node
-
-
-def verify_restored(run_dir: str, used: LoadEntry | None, ctx: CallContext | None = None,
-                    excluded: set[int] = frozenset()) -> bool:
-    """The restart loaded a committed checkpoint (`used`; None: it started from step 0) that
-    verified (by the trainer as it loaded, else here), and no newer committed save was skipped over
-    unless it failed verification or was quarantined (`excluded`): the async writer lost nothing it
-    had committed."""
-    if used is None:
-        return False
-    # verified: checked at the moment of loading; keep-N may have pruned it since
-    complete = used.verified or (Path(used.path).exists()
-                                 and call("verify_checkpoint", {"path": used.path}, ctx).complete)
-    journal = read_journal(run_dir)
-    skipped = {e.step for e in journal.fallbacks} | set(excluded)
-    newer = [e for e in journal.saves if e.step > used.step and e.time < used.time and e.step not in skipped]
-    return complete and not newer
 
 
 def run_drills(req: JobRequest, faults: list[str], ctx: CallContext | None = None,
