@@ -2,6 +2,7 @@
 gated and recorded, and the same tools as LangChain structured tools."""
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -13,10 +14,13 @@ from pydantic import BaseModel
 
 from trainops.agents.agent_tools import agent_registry
 from trainops.tools.base import ToolError, tool
-from trainops.tools.calls import call
+from trainops.tools.calls import call, invoke, validating
 from trainops.tools.catalog import build_registry, tool_registry
 from trainops.tools.context import CallContext
+from trainops.tools.governance import escalation
+from trainops.tools.governance.gate import GateRefused
 from trainops.tools.langchain import as_langchain_tools
+from trainops.tools.planning import checkpoint_interval
 
 
 def registry():
@@ -83,6 +87,41 @@ def test_the_gate_records_a_failed_call_as_not_ok(workspace):
         call("list_checkpoints", {"run": "ghost"})
     failed = [e for e in audit_entries(workspace) if e.get("tool") == "list_checkpoints"]
     assert failed and failed[-1]["ok"] is False and "ghost" in failed[-1]["error"]
+
+
+# --- typed calls ---------------------------------------------------------------------------------
+
+
+def test_invoke_takes_the_tools_input_and_returns_its_output_typed(workspace):
+    out = invoke(checkpoint_interval.plan_checkpoint_interval,
+                 checkpoint_interval.CheckpointIntervalInput(save_s=300, restart_s=600, mtbf_h=24),
+                 CallContext(actor="operator").for_skill("checkpoint-plan"))
+    assert isinstance(out, checkpoint_interval.CheckpointIntervalOutput)
+    assert out.daly_interval_min == pytest.approx(116.7, abs=0.1)
+    entries = [e for e in audit_entries(workspace) if e.get("tool") == "plan_checkpoint_interval"]
+    assert entries[-1]["ok"] and entries[-1]["actor"] == "skill:checkpoint-plan for operator"
+
+
+def test_invoke_passes_the_gate_so_a_gated_tool_still_needs_a_human(workspace):
+    esc = escalation.AcknowledgeEscalationInput(rule_id="R-ESC-3", action="fleet_and_colocated_sdc_tests",
+                                                subject="run r1", detail="replica checksums disagree")
+    with pytest.raises(GateRefused) as refused:
+        invoke(escalation.acknowledge_escalation, esc, CallContext(actor="operator").for_skill("sdc-response"))
+    assert refused.value.pending_id is not None
+
+
+def test_invoke_refuses_a_function_that_is_not_a_declared_tool():
+    with pytest.raises(TypeError, match="is not a tool"):
+        invoke(len, PlainInput())  # type: ignore[arg-type]
+
+
+def test_an_input_built_from_outside_values_is_refused_as_a_call_by_name_refuses_it():
+    with pytest.raises(ToolError) as typed:
+        with validating(checkpoint_interval.plan_checkpoint_interval):
+            checkpoint_interval.CheckpointIntervalInput(save_s=300, restart_s=600, mtbf_h="soon")
+    with pytest.raises(ToolError) as by_name:
+        call("plan_checkpoint_interval", DALY_24H | {"mtbf_h": "soon"})
+    assert str(typed.value) == str(by_name.value)
 
 
 # --- LangChain ------------------------------------------------------------------------------
@@ -182,3 +221,67 @@ def test_a_function_that_is_not_a_declared_tool_is_refused_by_the_registry():
 
 class PlainInput(BaseModel):
     x: int = 0
+
+
+# --- calls by name stay at the boundary --------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+PRODUCT = ("agents", "benchmarks", "skills", "tools", "trainer", "trainops")
+BY_NAME = {"call", "get"}  # trainops.tools.calls' lookups by name
+BOUNDARY = {
+    "trainops/commands/tools.py",  # `trainops tool call NAME`: the name comes from the command line
+    "agents/graph.py",  # a model's tool calls
+    "agents/diagnose.py", "agents/act.py", "agents/checkpoint_question.py",  # build a model's calls by name
+    "benchmarks/agent_eval/",  # scenario replay
+}
+"""Where a tool's name arrives from outside; everywhere else product code calls its tools typed
+(`trainops.tools.calls.invoke`), so a renamed tool or field fails where it is written."""
+
+
+def calls_by_literal_name(source: str) -> list[str]:
+    """`call("name", ...)` / `calls.get("name")` of trainops.tools.calls with a string literal for
+    the name, as `line: code`, however the module imported it."""
+    tree = ast.parse(source)
+    direct, modules = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "trainops.tools.calls":
+            direct |= {alias.asname or alias.name for alias in node.names if alias.name in BY_NAME}
+        elif isinstance(node, ast.ImportFrom) and node.module == "trainops.tools":
+            modules |= {alias.asname or alias.name for alias in node.names if alias.name == "calls"}
+        elif isinstance(node, ast.Import):
+            modules |= {alias.asname or alias.name for alias in node.names if alias.name == "trainops.tools.calls"}
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)):
+            continue
+        func = node.func
+        by_name = (isinstance(func, ast.Name) and func.id in direct) or (
+            isinstance(func, ast.Attribute) and func.attr in BY_NAME and ast.unparse(func.value) in modules)
+        if by_name:
+            found.append((node.lineno, f"{node.lineno}: {ast.unparse(node)[:80]}"))
+    return [hit for _line, hit in sorted(found)]
+
+
+def test_the_finder_sees_a_call_by_name_however_calls_was_imported():
+    assert calls_by_literal_name('from trainops.tools.calls import call as c\nc("job_status", {})')
+    assert calls_by_literal_name('from trainops.tools import calls\ncalls.call("job_status", {})')
+    assert calls_by_literal_name('import trainops.tools.calls\ntrainops.tools.calls.get("job_status")')
+    assert not calls_by_literal_name('from trainops.tools.calls import call\ncall(name, {})')
+    assert not calls_by_literal_name('def call(name): ...\ncall("job_status")')
+
+
+def test_the_boundary_allow_list_names_modules_that_exist():
+    assert all((REPO / entry).exists() for entry in BOUNDARY)
+
+
+def test_product_code_calls_its_own_tools_typed_not_by_name():
+    offenders = []
+    for folder in PRODUCT:
+        for path in sorted((REPO / folder).rglob("*.py")):
+            relative = path.relative_to(REPO).as_posix()
+            if any(relative == entry or (entry.endswith("/") and relative.startswith(entry)) for entry in BOUNDARY):
+                continue
+            offenders += [f"{relative}:{hit}" for hit in calls_by_literal_name(path.read_text(encoding="utf-8"))]
+    assert not offenders, ("call a tool with invoke(module.tool_fn, ToolInput(...), ctx), not by name outside the "
+                           "boundary:\n" + "\n".join(offenders))
