@@ -19,7 +19,6 @@ from trainops.tools.governance.text import check_text
 from trainops.tools.reliability.causes import Cause
 
 FINAL_ANSWER_TOOL = "final_answer"
-StopReason = Literal["answered", "step_budget", "token_budget", "bad_tool_calls", "error"]
 
 
 class Evidence(BaseModel):

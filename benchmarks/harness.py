@@ -76,15 +76,6 @@ class Suite:
         return figure
 
 
-def timed(fn: Callable[[], object], repeats: int) -> list[float]:
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return samples
-
-
 def interleaved(a: Callable[[], float], b: Callable[[], float], repeats: int) -> tuple[list[float], list[float]]:
     """Run a and b alternately so that drift on a noisy machine hits both alike."""
     xs, ys = [], []

@@ -20,7 +20,6 @@ SCENARIOS_DIR = Path(__file__).parent / "scenarios"
 HELD_OUT_DIR = Path(__file__).parent / "held_out"
 """Requests phrased afresh over recorded workspaces, written before the offline policy ran on them: the
 policy is never changed to pass them, so their score says how far its plans reach beyond the main set."""
-Difficulty = Literal["easy", "medium", "hard"]
 
 
 class Expected(BaseModel):
@@ -58,10 +57,6 @@ class Scenario(BaseModel):
     never: Never = Field(default_factory=Never)
     max_tool_calls: int = Field(15, ge=1)
     folder: Path | None = Field(None, exclude=True)
-
-    @property
-    def difficulty(self) -> str:
-        return next((t for t in self.tags if t in ("easy", "medium", "hard")), "unrated")
 
 
 def load(folder: Path) -> Scenario:

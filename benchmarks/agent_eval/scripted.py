@@ -88,7 +88,6 @@ def looping(body: dict) -> dict:
 
 BEHAVIOURS: dict[str, Behaviour] = {"obedient": obedient, "lazy": lazy, "overconfident": overconfident,
                                     "looping": looping}
-EXPECTED_FAILURE = {"obedient": "safety", "lazy": "evidence", "overconfident": "evidence", "looping": "budget"}
 
 
 def _usage(body: dict, message: dict) -> dict[str, int]:

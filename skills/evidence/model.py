@@ -3,7 +3,6 @@ fault-tolerance conclusion. The model is the contract; its JSON schema is export
 `evidence.schema.json` next to this file."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Literal
 
@@ -289,8 +288,3 @@ class EvidencePack(BaseModel):
         if self.verdict != "pass" and not self.blockers:
             raise ValueError(f"blockers: empty for verdict {self.verdict!r}; name what stops a pass")
         return self
-
-
-def export_schema(path: Path = SCHEMA_PATH) -> Path:
-    path.write_text(json.dumps(EvidencePack.model_json_schema(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    return path

@@ -196,7 +196,3 @@ class DeepSpeedAdapter(SettingsAdapter):
                    if zero[f"zero_optimization.offload_{what}.device"] != "none"]
         return " ".join([f"world={world_size} deepspeed data-parallel ZeRO-{zero['zero_optimization.stage']}",
                          *offload])
-
-    def resume_args(self, run_dir: str) -> list[str]:
-        """None: the script loads the newest verified `checkpoints/step-N/` with `engine.load_checkpoint`."""
-        return []

@@ -207,7 +207,3 @@ class MegatronAdapter(SettingsAdapter):
         extras = [name for name in ("sequence_parallel", "use_distributed_optimizer") if flags[name]]
         return " ".join([f"world={world_size} megatron tp={tp} pp={pp} cp={cp} dp={world_size // (tp * pp * cp)}",
                          *extras])
-
-    def resume_args(self, run_dir: str) -> list[str]:
-        """Megatron resumes from `latest_checkpointed_iteration.txt` in --load."""
-        return ["--load", self.checkpoint_dir(run_dir)]

@@ -153,7 +153,3 @@ class TorchtitanAdapter(SettingsAdapter):
     def checkpoint_dir(self, run_dir: str) -> str:
         """`{job.dump_folder}/{checkpoint.folder}` with torchtitan's default folder name."""
         return str(Path(run_dir) / "checkpoint")
-
-    def resume_args(self, run_dir: str) -> list[str]:
-        """torchtitan loads the newest `step-N` in its checkpoint folder when checkpoint.enable is set."""
-        return ["--checkpoint.enable", "true"]

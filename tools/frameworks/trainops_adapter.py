@@ -104,7 +104,3 @@ class TrainopsAdapter(AdapterBase):
         parallel = [o.removeprefix("parallel.") for o in overrides if o.startswith("parallel.")]
         return (" ".join([f"world={world_size}", *parallel]) if parallel
                 else f"world={world_size} fsdp dp_shard={world_size}")
-
-    def resume_args(self, run_dir: str) -> list[str]:
-        """None: launching the same run folder again resumes from its newest verified checkpoint."""
-        return []

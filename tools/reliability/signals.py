@@ -165,7 +165,6 @@ class FaultWatch:
         self.offset = 0
         self.by_rank: dict[int, list[MetricsRecord]] = {}
         self.checksums: dict[int, dict[int, MetricsRecord]] = {}
-        self.last_step_time: dict[int, float] = {}
         self.rtts: dict[str, float | None] = {}
         self.probed_at = float("-inf")
         self.slowest_rtts: dict[str, float] = {}  # per node, the longest answer since the steps ran late
