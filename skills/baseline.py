@@ -59,6 +59,7 @@ def submit(req: JobRequest, name: str, ctx: CallContext | None = None) -> jobs.S
     """submit_job for the request: a trainer run, or the framework adapter's JobSpec (validated before launch)."""
     job = req.model_dump(include=set(TrainingJob.model_fields))
     job["preset"] = None if req.config else req.preset
+    job["job_config"] = req.job_config  # the config its command loaded, passed on typed (not in the dump)
     if req.framework == "trainops":
         with validating(jobs.submit_job):  # the scheduler as the caller named it
             inp = jobs.SubmitJobInput(scheduler=req.scheduler, name=name, training=TrainingJob.model_validate(job))

@@ -111,7 +111,7 @@ def _adapter(framework: str, settings: dict, world: int, run_dir: Path) -> Shape
 def shape_of_request(req: JobRequest, world: int) -> Shape:
     """The job a request would launch, read the way a run's config is (before any run exists)."""
     if req.framework == "trainops":
-        return _trainer(load_config(req.config, req.preset, req.overrides), world)
+        return _trainer(req.trainer_config(), world)
 
     preset = [f"model.preset={req.preset}"] if req.preset and req.framework != "torchtitan" else []
     return _adapter(req.framework, get_adapter(req.framework).settings([*preset, *req.overrides]), world,

@@ -83,7 +83,7 @@ def layout_plan(req: JobRequest, env: PackEnvironment, moe: dict | None = None,
               f"the job: {req.nodes} node(s) x {req.nproc} process(es)")
     params = {"config": req.config, "preset": None if req.config else req.preset, "overrides": req.overrides,
               "nproc": world, "nodes": req.nodes, "scale_up_domain": env.scale_up_domain,
-              "inter_node_gbit_s": env.inter_node_gbit_s, **({"moe": moe} if moe else {})}
+              "inter_node_gbit_s": env.inter_node_gbit_s, "job_config": req.job_config, **({"moe": moe} if moe else {})}
     try:
         out = plan_layout(params, ctx)
     except ToolError as exc:

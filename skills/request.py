@@ -7,6 +7,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from trainops.tools.schedulers.base import TrainingJob
+from trainops.trainer.config import load_config, with_overrides
 
 
 class JobRequest(TrainingJob):
@@ -23,5 +24,17 @@ class JobRequest(TrainingJob):
                            description="whose job this is: trainops, deepspeed, torchtitan or megatron "
                                        "(trainops.tools.frameworks)")
 
-    def with_overrides(self, extra: list[str], nproc: int | None = None) -> "JobRequest":
-        return self.model_copy(update={"overrides": [*self.overrides, *extra], "nproc": nproc or self.nproc})
+    def loaded(self) -> JobRequest:
+        """The request with its trainer config loaded and validated, the one time its command does it;
+        every step passes that typed config on (another framework's job keeps its own files)."""
+        if self.framework != "trainops" or self.job_config is not None:
+            return self
+        return self.model_copy(update={"job_config": load_config(self.config, None if self.config else self.preset,
+                                                                 self.overrides)})
+
+    def with_overrides(self, extra: list[str], nproc: int | None = None) -> JobRequest:
+        """The request with `extra` overrides after its own; a loaded config becomes the variant they
+        make (trainops.trainer.config.with_overrides), so it stays the config of exactly these overrides."""
+        config = None if self.job_config is None else with_overrides(self.job_config, extra)
+        return self.model_copy(update={"overrides": [*self.overrides, *extra], "nproc": nproc or self.nproc,
+                                       "job_config": config})

@@ -91,7 +91,7 @@ def run(settings: SopSettings, ctx: CallContext | None = None, progress: Progres
     say = progress or (lambda _msg: None)
     started = time.time()
     ctx = skill_context("training-efficiency-ablation-and-fault-sop", ctx)
-    req = settings.request()
+    req = settings.request().loaded()  # the one load of the job's config; every step passes it on
     say("S1 environment declaration")
     env, env_row = environment.declare(settings.scheduler, ctx, framework=settings.framework)
     req = req.model_copy(update={"framework_version": f"{env.framework} {env.framework_version}, torch "

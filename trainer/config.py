@@ -3,15 +3,28 @@
 Every field is documented and typed; modes are `Literal`s. Any mistake (an unknown section
 or key, a value of the wrong type or outside the allowed set) becomes a `ConfigError` that
 names `section.key`, the value seen and what is allowed, before a process is started.
+
+A command loads its config once (`load_config`) and passes the typed `JobConfig` on; a variant
+of it (an ablation arm, a drill's settings) is `with_overrides`, validated without reading the
+file again, and travels in a request as a `LoadedConfig`.
 """
 from __future__ import annotations
 
 import tomllib
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.json_schema import SkipJsonSchema
 
 from trainops.run_folder import read_regular
 from trainops.trainer.model_args import PRESETS, ModelArgs
@@ -360,10 +373,34 @@ def load_config(path: str | Path | None = None, preset: str | None = None,
                 _check_key(section, key, str(file))
     if preset is not None:
         data.setdefault("model", {})["preset"] = preset
-    for override in overrides or []:
+    return _validated(data, overrides or [])
+
+
+def with_overrides(config: JobConfig, overrides: list[str]) -> JobConfig:
+    """`config` with `section.key=value` overrides applied, validated as `load_config` validates a
+    file: a variant of a config loaded once, its file not read again (the same config as loading
+    `config.to_toml()` with the overrides)."""
+    if not overrides:
+        return config
+    return _validated(config.model_dump(exclude_none=True), overrides)
+
+
+def _validated(data: dict[str, dict[str, Any]], overrides: list[str]) -> JobConfig:
+    for override in overrides:
         section, key, value = _parse_override(override)
         data.setdefault(section, {})[key] = value
     try:
         return JobConfig.model_validate(data)
     except ValidationError as err:
         raise _explain(err, data) from None
+
+
+def _loaded_only(value: Any) -> Any:
+    if value is None or isinstance(value, JobConfig):
+        return value
+    raise ValueError("is the config trainops loaded itself, never a caller's data: give config, preset and overrides")
+
+
+LoadedConfig = Annotated[SkipJsonSchema[JobConfig | None], BeforeValidator(_loaded_only)]
+"""A request's field for the `JobConfig` its caller already loaded (the typed object only, hidden from
+the JSON schema a model sees): the config of exactly that request's config, preset and overrides."""

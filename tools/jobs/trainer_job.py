@@ -13,14 +13,16 @@ from trainops.run_folder import new_run_folder
 from trainops.settings import read_toml
 from trainops.tools.changes.tenancy import check_job_paths, tenant_path
 from trainops.tools.schedulers.base import JobSpec, TrainingJob
-from trainops.trainer.config import load_config
 from trainops.trainer.launch import trainer_program
 from trainops.trainer.layout import validate_job_layout
 from trainops.workspace import confine
 
 
 def _init_from(req: TrainingJob) -> str | None:
-    """The Hugging Face folder a run starts from (`model.init_from`, an override or in the config TOML)."""
+    """The Hugging Face folder a run starts from (`model.init_from`: in the config its command loaded, an
+    override, or in the config TOML)."""
+    if req.job_config is not None:
+        return req.job_config.model.init_from
     for item in reversed(req.overrides):
         key, _, value = item.partition("=")
         if key.strip() == "model.init_from":
@@ -41,9 +43,10 @@ def trainer_job(run_dir: str | Path, nproc: int, *, name: str = "train", nodes: 
 
 
 def check_layout(req: TrainingJob):
-    """The request's config, once its layout fits the job's nodes x processes per node (LayoutError,
-    a ValueError naming the numbers and the fix, otherwise): checked before any scheduler is asked."""
-    config = load_config(req.config, req.preset, req.overrides)
+    """The request's config (as its command loaded it, else loaded now), once its layout fits the job's
+    nodes x processes per node (LayoutError, a ValueError naming the numbers and the fix, otherwise):
+    checked before any scheduler is asked."""
+    config = req.trainer_config()
     validate_job_layout(config, req.nproc, req.nodes)
     return config
 
@@ -52,7 +55,7 @@ def training_spec(req: TrainingJob, name: str, exclude_nodes: list[str], tenant:
     """Check the trainer run's folders, then prepare its run folder (config.toml, logs/) and
     build the torchrun job; a tenant's run folder lies in the tenant's root."""
     init_from = _init_from(req)
-    if init_from:  # before the config loads: loading it reads the folder's config.json
+    if init_from:  # confined before the config loads (loading reads its config.json) and before any run
         confine(init_from, "model.init_from", reading=True, must_exist=True)
     config = check_layout(req)
     job = partial(trainer_job, nproc=req.nproc, name=name, nodes=req.nodes, exclude_nodes=exclude_nodes, tenant=tenant)

@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from trainops.tools.base import ToolError, tool
 from trainops.tools.planning.layout_mapping import MoeShape, TopologyPlan, expert_parallel, map_layout
-from trainops.trainer.config import load_config
+from trainops.trainer.config import JobConfig, LoadedConfig, load_config
 from trainops.trainer.layout import plan_dry_run
 from trainops.workspace import confine
 
@@ -35,6 +35,9 @@ class LayoutInput(BaseModel):
                                                         "expert-parallel group across nodes).")
     intra_node_gbit_s: float | None = Field(None, gt=0, le=1e6, allow_inf_nan=False,
                                             description="Declared scale-up bandwidth inside a node, Gbit/s.")
+    job_config: LoadedConfig = Field(None, exclude=True,
+                                     description="The config of config/preset/overrides as a skill's command "
+                                                 "loaded it; None: loaded here.")
 
     @model_validator(mode="after")
     def _nodes_divide(self) -> LayoutInput:
@@ -54,6 +57,20 @@ class LayoutOutput(BaseModel):
                                                             "expert-parallel estimate.")
 
 
+def _load(inp: LayoutInput) -> JobConfig:
+    """The config a call names (config, preset, overrides), its path confined first."""
+    try:
+        # the config is a path the model chose: confined like every other path a tool reads, so no
+        # file outside the workspace (its existence, its TOML) reaches the model
+        config = confine(inp.config, "config", reading=True, must_exist=True) if inp.config else None
+    except ValueError as exc:
+        raise ToolError("plan_layout", str(exc)) from None
+    try:
+        return load_config(config, inp.preset, inp.overrides)
+    except (OSError, ValueError) as exc:
+        raise ToolError("plan_layout", f"cannot load config {inp.config or inp.preset!r}: {exc}") from None
+
+
 def _plain(obj: Any) -> dict[str, Any]:
     if isinstance(obj, BaseModel):
         return obj.model_dump(mode="json")
@@ -71,16 +88,7 @@ def plan_layout(inp: LayoutInput) -> LayoutOutput:
     groups land on the declared topology (nodes, scale-up domain) with the verdict on tensor
     parallel crossing a domain, and, for a MoE shape, the expert all-to-all bytes per step against
     the declared bandwidth. An impossible layout comes back as valid=false with the reason."""
-    try:
-        # the config is a path the model chose: confined like every other path a tool reads, so no
-        # file outside the workspace (its existence, its TOML) reaches the model
-        config = confine(inp.config, "config", reading=True, must_exist=True) if inp.config else None
-    except ValueError as exc:
-        raise ToolError("plan_layout", str(exc)) from None
-    try:
-        cfg = load_config(config, inp.preset, inp.overrides)
-    except (OSError, ValueError) as exc:
-        raise ToolError("plan_layout", f"cannot load config {inp.config or inp.preset!r}: {exc}") from None
+    cfg = inp.job_config if inp.job_config is not None else _load(inp)
     try:
         plan = plan_dry_run(cfg, inp.nproc)
     except ValueError as exc:

@@ -11,6 +11,7 @@ from typing import Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from trainops.run_folder import RunFiles
+from trainops.trainer.config import JobConfig, LoadedConfig, load_config
 from trainops.workspace import check_id, confine
 
 SchedulerKind = Literal["local", "slurm", "kubernetes"]
@@ -40,6 +41,16 @@ class TrainingJob(BaseModel):
                                  description="section.key=value overrides, e.g. training.steps=20.")
     nproc: int = Field(1, ge=1, le=1024, description="Processes (ranks) per node.")
     nodes: int = Field(1, ge=1, le=65536, description="Number of nodes.")
+    job_config: LoadedConfig = Field(None, exclude=True,
+                                     description="The trainer config of this request, loaded once by the command "
+                                                 "that made it (JobRequest.loaded); None: loaded where it is needed.")
+
+    def trainer_config(self) -> JobConfig:
+        """The embedded trainer's config for this request: the one its command loaded, else loaded now
+        from config, preset and overrides."""
+        if self.job_config is not None:
+            return self.job_config
+        return load_config(self.config, self.preset, self.overrides)
 
 
 class JobSpec(BaseModel):

@@ -101,7 +101,7 @@ def baseline(config: Optional[str] = typer.Argument(None, help="Job config TOML 
              framework: str = FRAMEWORK, nodes: int = NODES):
     """S2: repeats of the unchanged config; median and spread of step time, tokens/s, MFU, labelled from
     the config the runs used and the environment declaration the command makes first."""
-    req = _request(config, sets, nproc, scheduler, as_json, monitor, framework, nodes)
+    req = _guard(_request(config, sets, nproc, scheduler, as_json, monitor, framework, nodes).loaded, as_json)
     summary, _, _ = _guard(lambda: skill_baseline.measure(req, repeats, progress=_progress(as_json)), as_json)
     emit(summary, as_json, lambda s: _table(
         f"baseline: {s.model}, {s.parallel_layout}, {s.precision}, {s.labels.framework} "
@@ -130,6 +130,7 @@ def ablate(config: Optional[str] = typer.Argument(None, help="Job config TOML (d
                                                        for k in ks]))
     if not knob:
         fail("--knob: no arm given; pass --knob NAME=VALUE (see trainops ablate --list)", as_json=as_json)
+    req = _guard(req.loaded, as_json)  # the one load of the job's config; every step passes it on
     rows = _guard(lambda: skill_ablation.ablate(req, knob, repeats, progress=_progress(as_json))[0], as_json)
     emit(rows, as_json, _ladder_table)
 
@@ -166,6 +167,7 @@ def drill(config: Optional[str] = typer.Argument(None, help="Job config TOML wit
     for kind in fault:
         if kind not in skill_drill.DRILLS:
             fail(f"--fault: unknown fault {kind!r}; use one of {', '.join(skill_drill.DRILLS)}", as_json=as_json)
+    req = _guard(req.loaded, as_json)  # the one load of the job's config; every step passes it on
     _guard(lambda: skill_drill.require_checkpoints(req), as_json)
     results = _guard(lambda: skill_drill.run_drills(req, fault, progress=_progress(as_json))[0], as_json)
     emit(results, as_json, lambda rs: _table("drills", ["fault", "detection", "isolation", "recovery",
