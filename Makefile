@@ -23,8 +23,11 @@ demo: $(STAMP)
 	$(BIN)/trainops sop --quick
 
 # --durations: the slowest tests, so a suite drifting towards CI's time limit shows where.
+# -n 3 --dist loadgroup: most tests wait on processes, jobs and timeouts rather than compute, so three
+# workers share the 2 cores; the real-service tests stay on one worker (tests/conftest.py).
+TEST_WORKERS ?= 3
 test: $(STAMP)
-	$(BIN)/python -m pytest --durations=25 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
 test-quick: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow and not services" $(PYTEST_ARGS)

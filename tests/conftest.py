@@ -18,6 +18,23 @@ from trainops.tools.context import operator_session
 from trainops.tools.sandbox import accounting
 from trainops.tools.sandbox import cluster as sandbox
 
+# Real services share host-wide state: munged and its key, Slurm's and MariaDB's ports, the sandbox's
+# namespaces, /24 and Prometheus port. Their tests run one after another on one pytest-xdist worker
+# (`--dist loadgroup`, the Makefile's `make test`); every other test is spread over the workers.
+SERVICE_FIXTURES = {"slurm", "slurm_cluster", "prometheus", "prometheus_server", "slurm_accounting",
+                    "_accounting_service", "sandbox_cluster"}
+HOST_WIDE_MODULES = ("tests/integration/", "tests/tools/sandbox/", "tests/tools/environment/test_env_slurm.py",
+                     "tests/tools/environment/test_env_multinode.py", "tests/tools/schedulers/test_slurm_transports.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    root = Path(str(config.rootpath))
+    for item in items:
+        module = Path(str(item.path)).relative_to(root).as_posix()
+        if (item.get_closest_marker("services") or SERVICE_FIXTURES & set(item.fixturenames)
+                or module.startswith(HOST_WIDE_MODULES)):
+            item.add_marker(pytest.mark.xdist_group("services"))
+
 
 @pytest.fixture(autouse=True)
 def workspace(tmp_path, monkeypatch):
