@@ -1,11 +1,9 @@
-"""The agent's structured final answer, the report rules it must pass, and the trace of one scored run.
+"""The agent's structured final answer and the report rules it must pass.
 
 A model ends a request by calling `final_answer` with a `FinalAnswer`; `answer_problems` holds it
 against what the tools of that run returned before anyone sees it (a cause stated with medium or
 high confidence needs evidence, every quote must be found in a tool's output, an inconclusive
-verdict says what to collect next). `AgentTrace` is what one non-interactive run did
-(`trainops.agents.session.run_agent`): gated calls are queued for a human, never approved, and end
-as "pending".
+verdict says what to collect next).
 """
 from __future__ import annotations
 
@@ -45,20 +43,6 @@ class FinalAnswer(BaseModel):
     next_to_collect: list[str] = Field(default_factory=list, description="For inconclusive: what to gather next.")
     confidence: Literal["low", "medium", "high"]
     summary: str
-
-
-class AgentTrace(BaseModel):
-    """What one agent run did, for scoring."""
-    answer: FinalAnswer | None
-    stop_reason: str
-    tool_calls: list[dict[str, Any]] = Field(default_factory=list,
-                                             description="{tool, args, status} in order; status ok, "
-                                                         "refused:<reason>, error or pending.")
-    tokens_in: int = 0
-    tokens_out: int = 0
-    cost_usd: float | None = None
-    wall_s: float = 0.0
-    detail: str = Field("", description="Why the run stopped, in words, when it did not answer.")
 
 
 def final_answer_schema() -> dict[str, Any]:

@@ -20,8 +20,9 @@ to the model; calls the gate lets the agent make go to `tools`; every call the g
 human waits in `human_approval`, which `interrupt()`s for approve / edit / reject. An approval
 mints the gate's token for that exact input; the call then runs. `report_check` passes
 the final answer through the governance text rules before anyone sees it. Tool results go
-back to the model wrapped as data, never as instructions. Non-interactive (`run_agent`), a gated
-call is queued for a human and the model is told it is pending; nothing is approved.
+back to the model wrapped as data, never as instructions. Non-interactive (the agent benchmark's
+`run_agent`, benchmarks/agent_eval/agent_run.py), a gated call is queued for a human and the
+model is told it is pending; nothing is approved.
 """
 from __future__ import annotations
 
@@ -379,7 +380,8 @@ def build_graph(llm, checkpointer=None, settings: AgentSettings | None = None,
                 skills: list[PromptSkill] | None = None, *, interactive: bool = True, max_steps: int = 25,
                 max_tokens: int | None = None, max_bad_calls: int = 3):
     """Compile the agent around any LangChain chat model that supports `bind_tools`. Interactive (chat,
-    ask), a gated call pauses for a human; otherwise (run_agent) it is queued and reported pending."""
+    ask), a gated call pauses for a human; otherwise (the benchmark's run_agent) it is queued and reported
+    pending."""
     specs = agent_registry()
     # schemas and risk labels only: calls run below
     bound = llm.bind_tools([*as_langchain_tools(registry=specs), final_answer_schema()])

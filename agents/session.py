@@ -9,17 +9,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
 from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, ToolMessage
-from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.types import Command
 from pydantic import BaseModel, Field
 
 from trainops.agents.agent_tools import agent_registry
-from trainops.agents.answer import FINAL_ANSWER_TOOL, AgentTrace
+from trainops.agents.answer import FINAL_ANSWER_TOOL
 from trainops.agents.graph import build_graph
 from trainops.agents.providers import AgentSettings, load_settings, make_chat_model
-from trainops.agents.trace import trace_of
-from trainops.redact import scrub
 from trainops.tools.context import serving
 from trainops.tools.governance import gate_api
 from trainops.workspace import agent_db_path, check_id
@@ -201,21 +198,3 @@ class AgentSession:
                              agent_overhead_pct=100 * (wall_s - tool_s) / wall_s if wall_s else 0.0)
         if not self.pending():
             yield {"kind": "answer", "text": self.answer()}
-
-
-def run_agent(request: str, *, llm=None, settings=None, max_steps: int = 12, max_tokens: int = 60000) -> AgentTrace:
-    """One non-interactive agent run on a fresh thread: gated calls are queued, not approved (they end
-    as "pending"); the run stops at an accepted final answer or a budget, and says which."""
-    started = time.perf_counter()
-    settings = settings or load_settings()
-    graph = build_graph(llm or make_chat_model(settings), InMemorySaver(), settings, interactive=False,
-                        max_steps=max_steps, max_tokens=max_tokens)
-    config = {"configurable": {"thread_id": "eval-" + new_thread_id()}, "recursion_limit": 8 * max_steps + 20}
-    try:
-        state = graph.invoke({"messages": [("human", request)]}, config)
-    except Exception as exc:  # a provider or graph failure is the run's outcome, not a crash of the benchmark
-        values = graph.get_state(config).values
-        trace = trace_of(values)
-        return trace.model_copy(update={"stop_reason": "error", "detail": scrub(f"{type(exc).__name__}: {exc}"),
-                                        "wall_s": time.perf_counter() - started})
-    return trace_of(state).model_copy(update={"wall_s": time.perf_counter() - started})

@@ -20,7 +20,6 @@ from safetensors.torch import save_file
 
 from trainops.trainer.model import Transformer
 from trainops.trainer.model_args import Llama3RopeScaling, ModelArgs
-from trainops.trainer.weights import materialize
 
 CONFIG_FILE, WEIGHTS_FILE, INDEX_FILE = "config.json", "model.safetensors", "model.safetensors.index.json"
 DEFAULT_SHARD_BYTES = 5 * 10**9  # transformers' default max_shard_size, "5GB"
@@ -242,18 +241,6 @@ def export_hf(model: Transformer, folder: str | Path, dtype: torch.dtype = torch
                                                     indent=2) + "\n")
     (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
     return folder
-
-
-def import_hf(folder: str | Path) -> Transformer:
-    """Build an fp32 `Transformer` from an HF Llama folder (one safetensors file or an index of shards).
-
-    fp32 because these become master weights; mixed precision casts per op. (Casting the
-    module with `.to(dtype)` would also drop the imaginary part of the complex RoPE buffer.)"""
-    checkpoint = HFCheckpoint(folder)
-    with torch.device("meta"):
-        model = Transformer(checkpoint.args)
-    materialize(model, torch.device("cpu"), checkpoint.tensor)
-    return model
 
 
 def checkpoint_to_hf(checkpoint: str | Path, args: ModelArgs, folder: str | Path,

@@ -124,8 +124,8 @@ def run_suite(scenarios: list[Scenario], agent: AgentRun, k: int, provider: str,
 
 
 def agent_run(settings, max_steps: int = 12, max_tokens: int = 60000) -> AgentRun:
-    """The project's agent (trainops.agents.answer.run_agent) on `settings`' provider."""
-    from trainops.agents.session import run_agent
+    """The project's agent (agent_run.run_agent) on `settings`' provider."""
+    from trainops.benchmarks.agent_eval.agent_run import run_agent
 
     def run(scenario: Scenario) -> dict[str, Any]:
         return run_agent(scenario.request, settings=settings, max_steps=max_steps,

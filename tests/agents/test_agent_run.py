@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.agents.conftest import ScriptedOpenAI
-from trainops.agents.session import run_agent
+from trainops.benchmarks.agent_eval.agent_run import run_agent
 from trainops.cli import app
 from trainops.tools.base import ToolError
 from trainops.tools.calls import call

@@ -17,6 +17,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from typer.testing import CliRunner
 
 from tests.conftest import wait_for
+from tests.trainer.hf_import import import_hf
 from trainops.cli import app
 from trainops.run_records import read_metrics
 from trainops.tools.calls import call
@@ -25,7 +26,6 @@ from trainops.tools.jobs.trainer_job import trainer_job
 from trainops.trainer.checkpoint_files import list_checkpoints
 from trainops.trainer.config import load_config
 from trainops.trainer.data import DataLoader
-from trainops.trainer.hf import import_hf
 from trainops.trainer.launch import prepare_run
 
 runner = CliRunner()

@@ -14,9 +14,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from tests.trainer.hf_import import import_hf
 from trainops.trainer.checkpoint import AppState, Checkpointer
 from trainops.trainer.config import load_config
-from trainops.trainer.hf import HFFormatError, args_from_hf_config, checkpoint_to_hf, export_hf, hf_config, import_hf
+from trainops.trainer.hf import HFFormatError, args_from_hf_config, checkpoint_to_hf, export_hf, hf_config
 from trainops.trainer.model import Transformer
 from trainops.trainer.model_args import PRESETS
 

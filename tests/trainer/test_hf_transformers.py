@@ -13,7 +13,8 @@ import torch
 from safetensors import safe_open
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from trainops.trainer.hf import INDEX_FILE, WEIGHTS_FILE, HFFormatError, args_from_hf_config, export_hf, import_hf
+from tests.trainer.hf_import import import_hf
+from trainops.trainer.hf import INDEX_FILE, WEIGHTS_FILE, HFFormatError, args_from_hf_config, export_hf
 from trainops.trainer.model import Transformer
 from trainops.trainer.model_args import PRESETS, Llama3RopeScaling, ModelArgs
 
