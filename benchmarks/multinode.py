@@ -15,7 +15,7 @@ import time
 from trainops.benchmarks.harness import Figure, Suite, ratios, render, write_section
 from trainops.benchmarks.suite import median_phases
 from trainops.run_records import read_drill_record, read_heartbeat, read_metrics
-from trainops.skills.drill import drill
+from trainops.skills.drill.drill import drill
 from trainops.skills.request import JobRequest
 from trainops.tools.calls import invoke
 from trainops.tools.context import operator_session

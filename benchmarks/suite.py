@@ -27,7 +27,7 @@ from trainops.benchmarks.harness import trainer_step_time as harness_trainer_ste
 from trainops.benchmarks.peer import run_and_publish
 from trainops.benchmarks.replica_load import bench_replica_load
 from trainops.run_records import read_heartbeat, read_journal, read_metrics
-from trainops.skills.drill import drill
+from trainops.skills.drill.drill import drill
 from trainops.skills.request import JobRequest
 from trainops.terminal_text import safe_console
 from trainops.tools.calls import invoke

@@ -9,8 +9,9 @@ from pydantic import BaseModel, Field
 
 from trainops.run_folder import RunFiles
 from trainops.run_records import read_drill_record
-from trainops.skills import ablation, baseline, drill, environment, escalate, planning
+from trainops.skills import ablation, baseline, environment, escalate, planning
 from trainops.skills.baseline import Progress
+from trainops.skills.drill import drill
 from trainops.skills.evidence import pack as evidence_pack
 from trainops.skills.evidence import references
 from trainops.skills.evidence.model import DrillResult, PackEnvironment

@@ -14,7 +14,7 @@ from trainops.benchmarks.agent_eval import replay as replay_backends
 from trainops.benchmarks.agent_eval.recorder import record
 from trainops.benchmarks.agent_eval.replay import replaying
 from trainops.benchmarks.agent_eval.scenario import Expected, Scenario, load, materialize
-from trainops.skills.drill import drill
+from trainops.skills.drill.drill import drill
 from trainops.skills.request import JobRequest
 from trainops.tools.calls import call
 from trainops.tools.monitoring import embedded

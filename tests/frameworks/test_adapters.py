@@ -8,7 +8,7 @@ from importlib.metadata import version
 import pytest
 from deepspeed.runtime.config import DeepSpeedConfig
 
-from trainops.skills.drill import DRILLS
+from trainops.skills.drill.drill import DRILLS
 from trainops.skills.knobs import CATALOGUE, CATEGORY_ORDER, catalogue, parse_arm
 from trainops.skills.sop import SopSettings
 from trainops.tools.calls import call

@@ -13,7 +13,7 @@ import pytest
 from trainops.run_folder import this_launch
 from trainops.skills.ablation import run_arm
 from trainops.skills.baseline import run_once, summarize
-from trainops.skills.drill import drill
+from trainops.skills.drill.drill import drill
 from trainops.skills.request import JobRequest
 from trainops.tools.calls import call
 from trainops.tools.context import operator_session

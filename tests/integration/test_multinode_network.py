@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from trainops.skills.drill import drill
+from trainops.skills.drill.drill import drill
 from trainops.skills.request import JobRequest
 from trainops.tools.calls import call
 from trainops.tools.context import CallContext

@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import free_port, wait_for
 from trainops.run_records import read_heartbeats
-from trainops.skills.drill import drill
+from trainops.skills.drill.drill import drill
 from trainops.skills.request import JobRequest
 from trainops.tools.base import ToolError
 from trainops.tools.calls import call

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from trainops.cli import app
 from trainops.skills.ablation import check_single_variable
-from trainops.skills.drill import require_checkpoints
+from trainops.skills.drill.drill import require_checkpoints
 from trainops.skills.request import JobRequest
 from trainops.tools.base import ToolError
 from trainops.tools.calls import call

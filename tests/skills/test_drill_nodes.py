@@ -6,8 +6,8 @@ import socket
 
 import pytest
 
-from trainops.skills.drill import DrillRefused, drill
-from trainops.skills.drill_nodes import NodeTimeline, replacement
+from trainops.skills.drill.drill import DrillRefused, drill
+from trainops.skills.drill.nodes import NodeTimeline, replacement
 from trainops.skills.request import JobRequest
 from trainops.tools.reliability.reachability import connect_rtt_s, slow_outlier
 

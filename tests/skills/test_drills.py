@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from trainops.cli import app
 from trainops.run_records import LoadEntry
-from trainops.skills.drill import DRILLS, DetectionOnlyResult, drill
-from trainops.skills.drill_restart import verify_restored
+from trainops.skills.drill.drill import DRILLS, DetectionOnlyResult, drill
+from trainops.skills.drill.restart import verify_restored
 from trainops.skills.evidence.model import DrillResult
 from trainops.skills.request import JobRequest
 from trainops.tools.calls import call

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from trainops.cli import app
 from trainops.run_folder import RunFiles
 from trainops.run_records import RecoveryEntry, read_journal, read_metrics, read_recoveries
-from trainops.skills.drill_recovery import REQUEUE_PHASES, RecoveryMarks, in_process_recovery, requeue_recovery
+from trainops.skills.drill.recovery import REQUEUE_PHASES, RecoveryMarks, in_process_recovery, requeue_recovery
 from trainops.tools.calls import call
 
 pytestmark = pytest.mark.usefixtures("as_operator")

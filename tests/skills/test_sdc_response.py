@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trainops.skills.drill import drill
+from trainops.skills.drill.drill import drill
 from trainops.skills.request import JobRequest
 from trainops.skills.sdc import CASE_FILE, SdcCase, fleet_nodes, run_check
 from trainops.tools.context import CallContext

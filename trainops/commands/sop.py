@@ -16,8 +16,8 @@ from trainops.output import console, emit, fail
 from trainops.run_folder import RunFiles
 from trainops.skills import ablation as skill_ablation
 from trainops.skills import baseline as skill_baseline
-from trainops.skills import drill as skill_drill
-from trainops.skills.drill import DrillRefused
+from trainops.skills.drill import drill as skill_drill
+from trainops.skills.drill.drill import DrillRefused
 from trainops.skills.evidence.pack import PackRefused, load
 from trainops.skills.knobs import KnobError, catalogue, parse_arm, plan_order
 from trainops.skills.registry import all_skills, get

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from trainops.skills.drill import DRILLS, drill
+from trainops.skills.drill.drill import DRILLS, drill
 from trainops.skills.evidence.pack import assemble
 from trainops.skills.request import JobRequest
 from trainops.tools.calls import call

@@ -1,8 +1,8 @@
 """A drill's restart (S5), the part that is the same whatever the fault: drain the node the detector
 blames where a hot spare can take its place, then check that the checkpoint the requeued job loaded
 is the newest good one (the async writer lost nothing it had committed), and what the restart
-found. The phases that use these, in order, are `trainops.skills.drill`'s; the waits between them
-are `trainops.skills.drill_waits`'. Every step that changes the world is a tool call, so it passes
+found. The phases that use these, in order, are `trainops.skills.drill.drill`'s; the waits between them
+are `trainops.skills.drill.waits`'. Every step that changes the world is a tool call, so it passes
 the gate as the drill's caller."""
 from __future__ import annotations
 

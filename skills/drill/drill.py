@@ -15,16 +15,16 @@ from trainops.run_records import read_journal, read_metrics, supervised_since
 from trainops.settings import read_toml
 from trainops.skills import sdc
 from trainops.skills.baseline import Progress, command_line, submit
-from trainops.skills.drill_nodes import NodeTarget, RankTarget
-from trainops.skills.drill_recovery import (
+from trainops.skills.drill.nodes import NodeTarget, RankTarget
+from trainops.skills.drill.recovery import (
     MeasuredRecovery,
     RecoveryMarks,
     in_process_recovery,
     phases_line,
     requeue_recovery,
 )
-from trainops.skills.drill_restart import Restart, isolate_node, verify_restored
-from trainops.skills.drill_waits import between_writes, fault_fired, heartbeat_step, wait_for, wait_for_restart
+from trainops.skills.drill.restart import Restart, isolate_node, verify_restored
+from trainops.skills.drill.waits import between_writes, fault_fired, heartbeat_step, wait_for, wait_for_restart
 from trainops.skills.evidence.model import DrillResult, EvidenceRow
 from trainops.skills.request import JobRequest
 from trainops.tools.base import ToolError
