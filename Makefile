@@ -30,7 +30,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
 test-quick: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow and not services" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not slow and not services" $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/trainops bench

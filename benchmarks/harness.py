@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from trainops.run_records import MetricsRecord
 
 
-def _results_path() -> Path:
+def results_path() -> Path:
     """benchmarks/RESULTS.md in a source checkout (the published figures live in the repository);
     from an installed wheel, $TRAINOPS_HOME/bench/RESULTS.md, never a file inside site-packages.
     `TRAINOPS_BENCH_RESULTS` names another file."""
@@ -40,7 +40,6 @@ def _results_path() -> Path:
     return folder / "RESULTS.md"
 
 
-RESULTS_PATH = _results_path()
 SUITE_BEGIN = "<!-- suite:begin -->"
 SUITE_END = "<!-- suite:end -->"
 GPU_BEGIN = "<!-- gpu:begin -->"  # benchmarks/gpu_mfu.py owns this section
@@ -196,9 +195,10 @@ def render(suite: Suite, title: str = "## Suite (`make bench`)", begin: str = SU
     return "\n".join(lines)
 
 
-def write_section(block: str, begin: str, end: str, path: Path = RESULTS_PATH) -> Path:
+def write_section(block: str, begin: str, end: str, path: Path | None = None) -> Path:
     """Replace the `begin`..`end` section of RESULTS.md with `block` (appended when absent),
     keeping the sections other scripts own."""
+    path = path or results_path()
     text = path.read_text() if path.exists() else "# Benchmark results\n\n"
     if begin in text:
         text = re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _: block, text, flags=re.S)
@@ -208,6 +208,6 @@ def write_section(block: str, begin: str, end: str, path: Path = RESULTS_PATH) -
     return path
 
 
-def publish(suite: Suite, path: Path = RESULTS_PATH) -> Path:
+def publish(suite: Suite, path: Path | None = None) -> Path:
     """Rewrite the suite's section of RESULTS.md."""
     return write_section(render(suite), SUITE_BEGIN, SUITE_END, path)

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from trainops.benchmarks.harness import RESULTS_PATH, machine, write_section
+from trainops.benchmarks.harness import machine, results_path, write_section
 from trainops.run_records import read_metrics
 from trainops.tools.jobs.follow import run_local
 from trainops.trainer.config import load_config
@@ -86,7 +86,8 @@ def render(new_rows: list[str], old_rows: list[str], steps: int) -> str:
         "|---|---|---|---|---|---|---|---|---|", *rows, END])
 
 
-def existing_rows(path: Path = RESULTS_PATH) -> list[str]:
+def existing_rows(path: Path | None = None) -> list[str]:
+    path = path or results_path()
     text = path.read_text() if path.exists() else ""
     match = re.search(re.escape(BEGIN) + r"(.*?)" + re.escape(END), text, flags=re.S)
     if not match:
@@ -109,7 +110,7 @@ def main() -> None:
             rows.append(row(preset, name, nproc, result))
             print(f"{preset:6s} {name:30s} {result}", flush=True)
     write_section(render(rows, existing_rows(), args.steps), BEGIN, END)
-    print(f"wrote {RESULTS_PATH}")
+    print(f"wrote {results_path()}")
 
 
 if __name__ == "__main__":

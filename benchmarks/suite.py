@@ -13,13 +13,13 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from trainops.benchmarks.harness import RESULTS_PATH as RESULTS
 from trainops.benchmarks.harness import (
     Figure,
     Suite,
     interleaved,
     publish,
     ratios,
+    results_path,
     single_thread_env,
     torchrun_step_time,
 )
@@ -31,6 +31,7 @@ from trainops.skills.drill.drill import drill
 from trainops.skills.request import JobRequest
 from trainops.terminal_text import safe_console
 from trainops.tools.calls import invoke
+from trainops.tools.context import operator_session
 from trainops.tools.jobs import jobs
 from trainops.tools.jobs.follow import run_local
 from trainops.tools.planning import checkpoint_interval
@@ -357,7 +358,6 @@ def bench_planner(suite: Suite) -> None:
     fig.passed = max(errors) <= 1.0
 
 
-RESULTS_PATH = RESULTS
 
 
 def run(quick: bool = False) -> Suite:
@@ -394,8 +394,6 @@ def run(quick: bool = False) -> Suite:
 
 
 if __name__ == "__main__":
-    from trainops.tools.context import operator_session
-
     with operator_session():  # a human runs the suite, as with `trainops bench`
         run(quick="--quick" in sys.argv)
-    print(RESULTS)
+    print(results_path())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from trainops.tools.jobs.trainer_job import confine_init_from
 from trainops.tools.schedulers.base import TrainingJob
 from trainops.trainer.config import load_config, with_overrides
 
@@ -29,6 +30,7 @@ class JobRequest(TrainingJob):
         every step passes that typed config on (another framework's job keeps its own files)."""
         if self.framework != "trainops" or self.job_config is not None:
             return self
+        confine_init_from(self)  # loading reads its config.json: confined first, as submit_job does
         return self.model_copy(update={"job_config": load_config(self.config, None if self.config else self.preset,
                                                                  self.overrides)})
 

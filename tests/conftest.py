@@ -27,13 +27,12 @@ HOST_WIDE_MODULES = ("tests/integration/", "tests/tools/sandbox/", "tests/tools/
                      "tests/tools/environment/test_env_multinode.py", "tests/tools/schedulers/test_slurm_transports.py")
 
 
-def pytest_collection_modifyitems(config, items):
-    root = Path(str(config.rootpath))
-    for item in items:
-        module = Path(str(item.path)).relative_to(root).as_posix()
-        if (item.get_closest_marker("services") or SERVICE_FIXTURES & set(item.fixturenames)
-                or module.startswith(HOST_WIDE_MODULES)):
-            item.add_marker(pytest.mark.xdist_group("services"))
+def pytest_itemcollected(item):
+    """Runs as each test is collected, so the group is there before pytest-xdist reads it."""
+    module = Path(str(item.path)).relative_to(Path(str(item.config.rootpath))).as_posix()
+    if (item.get_closest_marker("services") or SERVICE_FIXTURES & set(item.fixturenames)
+            or module.startswith(HOST_WIDE_MODULES)):
+        item.add_marker(pytest.mark.xdist_group("services"))
 
 
 @pytest.fixture(autouse=True)
@@ -140,6 +139,34 @@ def wait_for(condition, timeout_s: float, what: str, poll_s: float = 0.05) -> No
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(poll_s)
+
+
+def shm_segments() -> set[str]:
+    """trainops' shared-memory buffers on this host now."""
+    return {p.name for p in Path("/dev/shm").glob("trainops-*")}
+
+
+def leaked_shm_segments(before: set[str], grace_s: float = 10.0) -> set[str]:
+    """The buffers made since `before` that no live process maps: what a finished job left behind.
+    A buffer another test's live job maps is that job's (tests run side by side under xdist); one
+    being removed gets `grace_s` to go."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        leaked = shm_segments() - before - _mapped_shm()
+        if not leaked or time.monotonic() > deadline:
+            return leaked
+        time.sleep(0.2)
+
+
+def _mapped_shm() -> set[str]:
+    names = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:  # the process ended, or is not ours to read
+            continue
+        names.update(line.rsplit("/", 1)[-1] for line in text.splitlines() if "/dev/shm/trainops-" in line)
+    return names
 
 
 @pytest.fixture(scope="session")

@@ -31,8 +31,11 @@ _STACK: list[Backends] = []
 
 
 def injected() -> Backends:
-    """The innermost open block's providers (none outside every block)."""
-    return _STACK[-1] if _STACK else Backends()
+    """For each concern, the innermost open block that put a provider for it (none outside every
+    block): a nested block that puts only a scheduler leaves the outer block's monitor in place."""
+    scheduler = next((b.scheduler for b in reversed(_STACK) if b.scheduler is not None), None)
+    monitor = next((b.monitor for b in reversed(_STACK) if b.monitor is not None), None)
+    return Backends(scheduler=scheduler, monitor=monitor)
 
 
 @contextmanager

@@ -23,7 +23,6 @@ from torch.nn.parallel import DistributedDataParallel
 from trainops.trainer.config import AUTO_COMPILE_MIN_STEPS, JobConfig
 from trainops.trainer.layout import MESH_DIM_NAMES, Layout
 from trainops.trainer.model import initial_weight
-from trainops.trainer.parallel import apply_tp
 from trainops.trainer.shared_memory_comm import (
     SharedMemoryAllGather,
     SharedMemoryReduceScatter,
@@ -187,6 +186,9 @@ def parallelize(model: nn.Module, cfg: JobConfig, info: MeshInfo, full_value: Fu
     pending = is_meta(model)
     fill = full_value or seeded_init(cfg, model.args)
     if cfg.parallel.tp > 1:
+        # tensor parallel's plans load torch._inductor (~0.5 s of CPU per process): only a tp > 1 run pays it
+        from trainops.trainer.parallel.tp import apply_tp  # noqa: PLC0415
+
         apply_tp(model, info.mesh["tp"], cfg)
     apply_activation_checkpointing(model, cfg.training.activation_checkpointing)
     if cfg.training.compile is True:  # resolved once per rank by train() (compile_blocks); auto stays eager

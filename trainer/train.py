@@ -37,7 +37,6 @@ from trainops.trainer.metrics import (
     peak_memory_gib,
 )
 from trainops.trainer.model import Transformer
-from trainops.trainer.parallel import build_pipeline, merged_view
 from trainops.trainer.parallelize import build_mesh, compile_blocks, parallelize, replica_group, seeded_init
 from trainops.trainer.replica_load import replica_groups
 
@@ -207,6 +206,9 @@ def build_model(cfg: JobConfig, model_args, layout, mesh_info, device: torch.dev
     full_value = initial_values(cfg, model_args)
     if layout.pp == 1:
         return parallelize(model, cfg, mesh_info, full_value), None
+
+    # pipelining loads torch._dynamo and sympy (~1 s of CPU per process): only a pp > 1 run pays it
+    from trainops.trainer.parallel.pp import build_pipeline, merged_view  # noqa: PLC0415
 
     # the schedule runs forward+backward over this rank's stages
     pipe = build_pipeline(model, layout, mesh_info.mesh["pp"],

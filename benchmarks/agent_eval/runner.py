@@ -18,7 +18,7 @@ from trainops.benchmarks.agent_eval import scripted
 from trainops.benchmarks.agent_eval.replay import replaying
 from trainops.benchmarks.agent_eval.scenario import HELD_OUT_DIR, Scenario, load_all, materialize, workspace_at
 from trainops.benchmarks.agent_eval.scoring import Score, fold_corpus, score
-from trainops.benchmarks.harness import RESULTS_PATH, write_section
+from trainops.benchmarks.harness import write_section
 from trainops.tools.calls import call
 from trainops.tools.catalog import current_registry
 from trainops.tools.context import operator_session, serving
@@ -195,4 +195,4 @@ def publish(k: int, scripted_k: int = 1, max_steps: int = 12) -> Path:
             settings = AgentSettings(provider="openai", model=f"scripted-{name}", base_url=server.base_url,
                                      api_key_env="TRAINOPS_SCRIPTED_KEY", sources={"base_url": "command line"})
             results.append(run_suite(scenarios, agent_run(settings, max_steps), scripted_k, "scripted", name))
-    return write_section(render_results(results, len(scenarios), held_out), RESULTS_BEGIN, RESULTS_END, RESULTS_PATH)
+    return write_section(render_results(results, len(scenarios), held_out), RESULTS_BEGIN, RESULTS_END)

@@ -42,6 +42,13 @@ def test_the_innermost_block_wins_and_the_outer_one_returns_after_it():
         assert get_scheduler("local").kind == "outer"
 
 
+def test_a_nested_block_that_puts_one_concern_leaves_the_outer_blocks_other_one_in_place():
+    with backends(scheduler=lambda kind: Asked("outer"), monitor=lambda kind: Asked("outer monitor")):
+        with backends(scheduler=lambda kind: Asked("inner")):
+            assert get_scheduler("local").kind == "inner"
+            assert get_monitor("embedded").kind == "outer monitor"  # not the live monitor mid-replay
+
+
 def test_no_product_backend_module_mentions_replay():
     mentions = sorted(str(path.relative_to(REPO)) for folder in ("tools/schedulers", "tools/monitoring")
                       for path in (REPO / folder).rglob("*.py") if "replay" in path.read_text(encoding="utf-8").lower())

@@ -24,7 +24,7 @@ from trainops.trainer.checkpoint import AppState, Checkpointer
 from trainops.trainer.config import load_config
 from trainops.trainer.layout import validate_layout
 from trainops.trainer.model import Transformer
-from trainops.trainer.parallel import build_pipeline, merged_view
+from trainops.trainer.parallel.pp import build_pipeline, merged_view
 from trainops.trainer.parallelize import build_mesh, parallelize
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))

@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.conftest import leaked_shm_segments, shm_segments
 from trainops.run_records import RECOVERY_PHASES, read_faults, read_heartbeat, read_metrics, read_recoveries
 from trainops.tools.context import CallContext
 from trainops.tools.jobs.follow import run_local
@@ -26,10 +27,6 @@ BASE = ["model.n_layers=2", "training.seq_len=32", "training.global_batch=8", "t
         "training.steps=6", "checkpoint.enable=true", "checkpoint.interval=2"]
 IN_PROCESS = ["resilience.in_process_restart=true", "resilience.collective_timeout_s=4"]
 OPERATOR = CallContext(actor="operator")
-
-
-def shm_segments() -> set[str]:
-    return {p.name for p in Path("/dev/shm").glob("trainops-*")}
 
 
 def workers(run_dir: str | Path) -> list[dict]:
@@ -52,7 +49,7 @@ def assert_nothing_left(run_dir: str | Path, shm_before: set[str]) -> None:
                     if str(run_dir) in " ".join(p.info["cmdline"] or [])]) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert left == []
-    assert shm_segments() - shm_before == set()
+    assert leaked_shm_segments(shm_before) == set()
     port = next(e["store_port"] for e in events if e["event"] == "started")
     listening = {c.laddr.port for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
     assert port not in listening

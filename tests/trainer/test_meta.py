@@ -16,7 +16,7 @@ from trainops.trainer.config import load_config
 from trainops.trainer.layout import plan_dry_run, validate_layout
 from trainops.trainer.model import Transformer, initial_weight
 from trainops.trainer.model_args import PRESETS
-from trainops.trainer.parallel import split_model
+from trainops.trainer.parallel.pp import split_model
 from trainops.trainer.weights import is_meta, local_slice, materialize
 
 GIB = 2**30
@@ -61,7 +61,7 @@ def test_llama3_70b_pipeline_split_on_meta_takes_seconds_and_little_memory():
         from trainops.trainer.config import load_config
         from trainops.trainer.layout import validate_layout
         from trainops.trainer.model import Transformer
-        from trainops.trainer.parallel import split_model
+        from trainops.trainer.parallel.pp import split_model
         cfg = load_config(None, "llama3-70b", ["parallel.pp=8", "training.micro_batch=1", "training.global_batch=8"])
         layout = validate_layout(cfg, 8, plan_only=True)
         with torch.device("meta"):

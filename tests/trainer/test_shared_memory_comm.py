@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import leaked_shm_segments, shm_segments
 from trainops.run_records import read_metrics
 from trainops.tools.context import CallContext
 from trainops.tools.jobs.follow import run_local
@@ -18,21 +19,14 @@ from trainops.trainer.launch import torchrun_argv
 pytestmark = pytest.mark.slow
 OPERATOR = CallContext(actor="operator")  # the test launches as an operator at a terminal would
 WORKER = Path(__file__).with_name("shared_memory_worker.py")
-SHM = Path("/dev/shm")
-
-
-def leftovers() -> set[Path]:
-    return set(SHM.glob("trainops-*"))
-
-
 @pytest.fixture(scope="module", params=[2, 3], ids=["2 ranks", "3 ranks"])
 def seen(request, tmp_path_factory):
     out = tmp_path_factory.mktemp("shm") / "seen.json"
-    before = leftovers()
+    before = shm_segments()
     done = subprocess.run(torchrun_argv(sys.executable, request.param, [str(WORKER), str(out)]),
                           capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    return {**json.loads(out.read_text()), "world": request.param, "left": leftovers() - before}
+    return {**json.loads(out.read_text()), "world": request.param, "left": leaked_shm_segments(before)}
 
 
 def test_reduce_scatter_and_all_gather_match_gloo(seen):

@@ -38,7 +38,7 @@ RULES: dict[str, Rule] = {r.id: r for r in [
     Rule(id="R-ENV-2", title="MFU figures cite the measured run they come from",
          enforcement=f"{_C}:MfuClaim._declared", where="claim model"),
     Rule(id="R-TOOL-1", title="Tools are called only through the gate with validated, typed input",
-         enforcement="trainops.tools.calls:call", where="action gate"),
+         enforcement="trainops.tools.calls:run_call", where="action gate"),
     Rule(id="R-ABL-1", title="An ablation arm changes exactly one setting against its baseline",
          enforcement=f"{_C}:AblationArm._single_variable", where="claim model"),
     Rule(id="R-ABL-2", title="A small-scale reproduction precedes the target scale",

@@ -51,12 +51,16 @@ def check_layout(req: TrainingJob):
     return config
 
 
+
+def confine_init_from(req: TrainingJob) -> None:
+    """`model.init_from` confined before any config load reads its config.json, and before any run."""
+    if init_from := _init_from(req):
+        confine(init_from, "model.init_from", reading=True, must_exist=True)
+
 def training_spec(req: TrainingJob, name: str, exclude_nodes: list[str], tenant: str | None = None) -> JobSpec:
     """Check the trainer run's folders, then prepare its run folder (config.toml, logs/) and
     build the torchrun job; a tenant's run folder lies in the tenant's root."""
-    init_from = _init_from(req)
-    if init_from:  # confined before the config loads (loading reads its config.json) and before any run
-        confine(init_from, "model.init_from", reading=True, must_exist=True)
+    confine_init_from(req)
     config = check_layout(req)
     job = partial(trainer_job, nproc=req.nproc, name=name, nodes=req.nodes, exclude_nodes=exclude_nodes, tenant=tenant)
     run_dir = new_run_folder(config.to_toml(), tenant_path(tenant, "runs") if tenant else None,

@@ -3,6 +3,7 @@ each dimension's groups land on the declared topology (tools/planning/layout_map
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field, model_validator
@@ -57,14 +58,21 @@ class LayoutOutput(BaseModel):
                                                             "expert-parallel estimate.")
 
 
-def _load(inp: LayoutInput) -> JobConfig:
-    """The config a call names (config, preset, overrides), its path confined first."""
+def _config_path(inp: LayoutInput) -> Path | None:
+    """The config path a call names, confined: a path the model chose is confined like every other
+    path a tool reads, so no file outside the workspace (its existence, its TOML) reaches the model.
+    Checked even when the caller hands the config in already loaded, so the refusal is the same."""
     try:
-        # the config is a path the model chose: confined like every other path a tool reads, so no
-        # file outside the workspace (its existence, its TOML) reaches the model
-        config = confine(inp.config, "config", reading=True, must_exist=True) if inp.config else None
+        return confine(inp.config, "config", reading=True, must_exist=True) if inp.config else None
     except ValueError as exc:
         raise ToolError("plan_layout", str(exc)) from None
+
+
+def _load(inp: LayoutInput) -> JobConfig:
+    """The config a call names (config, preset, overrides), its path confined first."""
+    config = _config_path(inp)
+    if inp.job_config is not None:
+        return inp.job_config
     try:
         return load_config(config, inp.preset, inp.overrides)
     except (OSError, ValueError) as exc:
@@ -88,7 +96,7 @@ def plan_layout(inp: LayoutInput) -> LayoutOutput:
     groups land on the declared topology (nodes, scale-up domain) with the verdict on tensor
     parallel crossing a domain, and, for a MoE shape, the expert all-to-all bytes per step against
     the declared bandwidth. An impossible layout comes back as valid=false with the reason."""
-    cfg = inp.job_config if inp.job_config is not None else _load(inp)
+    cfg = _load(inp)
     try:
         plan = plan_dry_run(cfg, inp.nproc)
     except ValueError as exc:

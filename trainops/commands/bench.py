@@ -5,6 +5,7 @@ import typer
 from rich.table import Table
 
 from trainops.benchmarks import suite
+from trainops.benchmarks.harness import results_path
 from trainops.output import console, emit, fail
 from trainops.tools.base import ToolError
 
@@ -23,7 +24,7 @@ def bench(
         fail(f"benchmark failed: {error}", as_json=as_json)
     figures = [{"name": f.name, "median": f.median, "unit": f.unit, "samples": f.samples, "target": f.target,
                 "met": f.passed, "note": f.note} for f in result.figures]
-    emit({"results": str(suite.RESULTS_PATH), "figures": figures}, as_json, _render)
+    emit({"results": str(results_path()), "figures": figures}, as_json, _render)
 
 
 def _render(payload: dict) -> None:
