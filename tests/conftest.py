@@ -26,6 +26,11 @@ SERVICE_FIXTURES = {"slurm", "slurm_cluster", "prometheus", "prometheus_server",
 HOST_WIDE_MODULES = ("tests/integration/", "tests/tools/sandbox/", "tests/tools/environment/test_env_slurm.py",
                      "tests/tools/environment/test_env_multinode.py", "tests/tools/schedulers/test_slurm_transports.py")
 
+# Tests that judge a measured speed-up (the rollout ladder's gain or no gain): beside other tests'
+# training runs the measurement is noise, so `make test` runs them alone, after the parallel pass.
+QUIET_MODULES = ("tests/skills/test_rollout_ladder.py", "tests/skills/test_scaling_named_right.py",
+                 "tests/integration/test_ladder_on_nodes.py")
+
 
 def pytest_itemcollected(item):
     """Runs as each test is collected, so the group is there before pytest-xdist reads it."""
@@ -33,6 +38,8 @@ def pytest_itemcollected(item):
     if (item.get_closest_marker("services") or SERVICE_FIXTURES & set(item.fixturenames)
             or module.startswith(HOST_WIDE_MODULES)):
         item.add_marker(pytest.mark.xdist_group("services"))
+    if module in QUIET_MODULES:
+        item.add_marker(pytest.mark.quiet)
 
 
 @pytest.fixture(autouse=True)

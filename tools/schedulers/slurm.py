@@ -107,6 +107,11 @@ def sbatch_options(spec: JobSpec, log_path: str) -> list[tuple[str, str]]:
     return [(flag, sbatch_value(field, value)[1:-1]) for flag, field, value in options]
 
 
+
+# sbatch options that are switches: `--no-kill="on"` is refused ("Invalid --no-kill specification");
+# pyslurm takes them as a field set to "on" (slurm_pyslurm.py)
+SWITCHES = {"no-kill"}
+
 def batch_script(spec: JobSpec, log_path: str) -> str:
     """The sbatch script for a JobSpec: #SBATCH lines, the job's clean environment (sbatch
     exports nothing of the submitting shell, the script unsets what pyslurm carried, then sets the
@@ -114,7 +119,8 @@ def batch_script(spec: JobSpec, log_path: str) -> str:
     launcher per node, c10d rendezvous on the first node; with in-process restart, one supervisor
     step per node instead)."""
     resilience = _supervised(spec)
-    lines = ["#!/bin/bash", *(f'#SBATCH --{flag}="{value}"' for flag, value in sbatch_options(spec, log_path)),
+    lines = ["#!/bin/bash", *(f"#SBATCH --{flag}" if flag in SWITCHES else f'#SBATCH --{flag}="{value}"'
+                              for flag, value in sbatch_options(spec, log_path)),
              "#SBATCH --ntasks-per-node=1", "#SBATCH --open-mode=append", "#SBATCH --requeue", "#SBATCH --export=NONE",
              "set -euo pipefail", f'echo "{launch_mark("job", "$(date +%s.%N)").strip()}"',
              *shell_filter(slurm=True)]

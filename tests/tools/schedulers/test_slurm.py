@@ -48,6 +48,8 @@ def test_with_in_process_restart_each_node_runs_its_own_supervisor_step_and_spar
     spec = _spec(command=["-m", "trainops.trainer.train", "--run-dir", str(run_dir)], run_dir=str(run_dir))
     assert ("nodes", "3") in sbatch_options(spec, "/l") and ("no-kill", "on") in sbatch_options(spec, "/l")
     script = batch_script(spec, "/logs/job.log")
+    # sbatch itself reads the #SBATCH lines on the CLI transport: a switch with a value is refused
+    assert "#SBATCH --no-kill\n" in script and "--no-kill=" not in script
     steps = [line.strip() for line in script.splitlines() if line.strip().startswith("srun")]
     assert len(steps) == 2 and all("-m trainops.trainer.supervisor" in step for step in steps)
     agents, leader = steps
