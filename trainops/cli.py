@@ -48,7 +48,7 @@ COMMANDS = (
     Entry("sop", "sop", "S1..S6 end to end; ends with an evidence pack waiting for approval."),
     Entry("evidence", "sop", "Evidence packs: build from runs, show."),
     Entry("skill", "sop", "Skills: list, show, run a SKILL.md step by step."),
-    Entry("rules", "governance", "List every AGENTS.md rule ID and the code that enforces it; R-CHG-1 also shows "
+    Entry("rules", "rules", "List every AGENTS.md rule ID and the code that enforces it; R-CHG-1 also shows "
                                  "the configured change windows (`state`) and whether now is inside one."),
     Entry("approve", "governance", "Approve an evidence pack, or sign a single-use token for one queued gated "
                                    "call."),

@@ -13,6 +13,7 @@ from typing import Any, Callable, NoReturn
 
 import typer
 from rich.markup import escape
+from rich.table import Table
 
 from trainops.redact import scrub
 from trainops.terminal_text import safe_console
@@ -57,3 +58,18 @@ def fail(message: str, *, as_json: bool = False, code: int = 2) -> NoReturn:
 def console(**kwargs: Any):
     """The console every command prints through (stdout; `stderr=True` for progress and errors)."""
     return safe_console(**kwargs)
+
+
+def table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
+    """A table whose every cell may be untrusted text: markup escaped, long cells folded, never cut."""
+    shown = Table(title=escape(title))
+    for column in columns:
+        shown.add_column(escape(column), overflow="fold")
+    for row in rows:
+        shown.add_row(*(escape("" if value is None else str(value)) for value in row))
+    console().print(shown)
+
+
+def say(text: str) -> None:
+    """Print a line that may carry untrusted text: no markup, no highlighting."""
+    console().print(text, markup=False, highlight=False, soft_wrap=True)

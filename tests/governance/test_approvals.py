@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from tests.conftest import make_ssh_key
 from tests.skills import conftest as factories
 from trainops.cli import app
-from trainops.commands import governance
+from trainops.commands import governance, rules
 from trainops.skills.evidence.checks import decide
 from trainops.skills.evidence.pack import assemble, write
 from trainops.tools.governance import audit, signing, verification
@@ -147,7 +147,7 @@ def test_markup_in_a_queued_calls_text_is_printed_as_text(approvers):
 
 
 def test_governance_commands_are_plain_functions_a_test_can_call(capsys, workspace):
-    governance.rules(as_json=True)
+    rules.rules(as_json=True)
     assert "R-SEC-6" in {rule["id"] for rule in json.loads(capsys.readouterr().out)}
     with pytest.raises(typer.Exit) as stopped:
         governance.audit_verify(as_json=True)

@@ -13,15 +13,12 @@ from typing import Any, Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
-from trainops.output import console, emit, fail
-from trainops.settings import SettingsError
+from trainops.output import console, emit, fail, say, table
 from trainops.skills.evidence.checks import decide
-from trainops.tools.governance import queue, tokens, windows
+from trainops.tools.governance import queue, tokens
 from trainops.tools.governance.approvals import list_items, verify_pack
 from trainops.tools.governance.audit import AuditUnavailable, canonical_json, read, repair
-from trainops.tools.governance.rules import list_rules
 from trainops.tools.governance.tokens import TokenRefused
 from trainops.tools.governance.verification import verify
 
@@ -40,38 +37,6 @@ KeyOpt = typer.Option(None, "--key", help="Your approver key (private, or .pub w
 def _refusals() -> tuple[type[Exception], ...]:
     """What a refused approval raises: a bad input (ValueError, SigningError) or a token refusal."""
     return (ValueError, TokenRefused)
-
-
-def _table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
-    table = Table(title=escape(title))
-    for col in columns:
-        table.add_column(escape(col), overflow="fold")  # folded, never cut with an ellipsis
-    for row in rows:
-        table.add_row(*(escape("" if v is None else str(v)) for v in row))
-    console().print(table)
-
-
-def _say(text: str) -> None:
-    """Print a line that may carry untrusted text: no markup, no highlighting."""
-    console().print(text, markup=False, highlight=False, soft_wrap=True)
-
-
-@app.command("rules")
-def rules(as_json: bool = JsonOpt) -> None:
-    """List every AGENTS.md rule ID and the code that enforces it; R-CHG-1 also shows the configured
-    change windows (`state`) and whether now is inside one."""
-    try:
-        change_windows = windows.status()
-    except SettingsError as exc:
-        fail(str(exc), as_json=as_json)
-    listed = [{**r.model_dump(), **({"state": change_windows} if r.id == "R-CHG-1" else {})} for r in list_rules()]
-
-    def show(rows: list[dict[str, Any]]) -> None:
-        _table("AGENTS.md rules", ["id", "title", "enforcement", "where"],
-               [[r["id"], r["title"], r["enforcement"], r["where"]] for r in rows])
-        _say(f"R-CHG-1: {change_windows['summary']}")
-
-    emit(listed, as_json, show)
 
 
 @app.command("approve")
@@ -107,9 +72,9 @@ def approve_call(pending: str, key: Path | None, ttl_min: float, cosign: str | N
     except _refusals() as exc:
         fail(str(exc), as_json=as_json)
     if not as_json:
-        _say(f"approving call {shown.call_id}:")
+        say(f"approving call {shown.call_id}:")
         for line in tokens.approval_prompt(shown):
-            _say(line)
+            say(line)
     try:
         token = tokens.approve(shown, key, ttl_min=ttl_min, cosign=cosign)
     except _refusals() as exc:
@@ -124,13 +89,13 @@ def approve_call(pending: str, key: Path | None, ttl_min: float, cosign: str | N
 
 def _show_token(out: dict[str, Any]) -> None:
     missing = out["approvers_needed"] - out["signatures"]
-    _say(f"signed call {out['call_id']} ({out['tool']}, input sha256 {out['input_sha256']}): {out['signatures']} "
+    say(f"signed call {out['call_id']} ({out['tool']}, input sha256 {out['input_sha256']}): {out['signatures']} "
          f"of {out['approvers_needed']} approver(s), valid {out['ttl_min']:g} min")
     if missing > 0:
-        _say(f"{missing} more approver(s) must co-sign:\n"
+        say(f"{missing} more approver(s) must co-sign:\n"
              f"  trainops approve --pending {out['call_id']} --cosign {out['token']}")
     else:
-        _say(f"run it with\n  trainops tool call {out['tool']} --input {shlex.quote(canonical_json(out['input']))} "
+        say(f"run it with\n  trainops tool call {out['tool']} --input {shlex.quote(canonical_json(out['input']))} "
              f"--approval-token {out['token']}")
 
 
@@ -154,7 +119,7 @@ def reject(
         item = queue.reject_pending(pending, note, key)
     except _refusals() as exc:
         fail(str(exc), as_json=as_json)
-    emit(item, as_json, lambda i: _say(f"rejected call {i.id} ({i.tool}) by {i.approver}: {i.note}; "
+    emit(item, as_json, lambda i: say(f"rejected call {i.id} ({i.tool}) by {i.approver}: {i.note}; "
                                        "every token minted for it is revoked"))
 
 
@@ -164,7 +129,7 @@ def decide_pack(pack: str, decision: str, note: str, key: Path | None, as_json: 
     except _refusals() as exc:
         fail(str(exc), as_json=as_json)
     shown = record.model_dump(mode="json", exclude={"files", "signature"})
-    emit(shown, as_json, lambda r: _say(f"{r['decision']} {r['pack']} by {r.get('by') or r.get('principal')}; "
+    emit(shown, as_json, lambda r: say(f"{r['decision']} {r['pack']} by {r.get('by') or r.get('principal')}; "
                                         f"signed content {r['content_hash'][:16]}"))
 
 
@@ -182,17 +147,17 @@ def _show_approvals(items) -> None:
     """Packs and decided calls in a table; each pending call in full below it, one field per line,
     from the bytes an approval of it signs (a queue file edited since it was queued is refused)."""
     waiting = [i for i in items if i.kind == "call" and i.status == "pending"]
-    _table("approvals", ["kind", "id", "status", "by", "detail"],
+    table("approvals", ["kind", "id", "status", "by", "detail"],
            [[i.kind, i.id, i.status, i.by, i.detail] for i in items if i not in waiting])
     for item in waiting:
         try:
             shown = queue.signable(item.id)
         except ValueError as exc:
-            _say(f"pending call {item.id}: refused, not approvable: {exc}")
+            say(f"pending call {item.id}: refused, not approvable: {exc}")
             continue
-        _say(f"pending call {shown.call_id} (approve with `trainops approve --pending {shown.call_id}`):")
+        say(f"pending call {shown.call_id} (approve with `trainops approve --pending {shown.call_id}`):")
         for line in tokens.approval_prompt(shown):
-            _say(line)
+            say(line)
 
 
 @approvals_app.command("verify")
@@ -227,7 +192,7 @@ def audit_repair(as_json: bool = JsonOpt) -> None:
         entry = repair()
     except (ValueError, AuditUnavailable) as exc:
         fail(str(exc), as_json=as_json)
-    emit(entry, as_json, lambda e: _say(f"repaired: line {e['torn_line']} ({e['torn_problem']}) moved to "
+    emit(entry, as_json, lambda e: say(f"repaired: line {e['torn_line']} ({e['torn_problem']}) moved to "
                                         f"{e['side_file']}; recorded as entry {e['seq']}"))
 
 
@@ -239,7 +204,7 @@ def audit_show(tail: int = typer.Option(20, "--tail", min=1, help="How many rece
         entries = read(tail=tail)
     except AuditUnavailable as exc:
         fail(str(exc), as_json=as_json)
-    emit(entries, as_json, lambda es: _table(
+    emit(entries, as_json, lambda es: table(
         "audit log", ["seq", "kind", "tool/subject", "decision/ok", "actor/approver"],
         [[e["seq"], e["kind"], e.get("tool") or e.get("pack") or e.get("subject"),
           e.get("decision", e.get("ok")),

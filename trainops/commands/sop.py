@@ -10,9 +10,8 @@ import typer
 from pydantic import ValidationError
 from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from trainops.output import console, emit, fail
+from trainops.output import console, emit, fail, table
 from trainops.run_folder import RunFiles
 from trainops.skills import ablation as skill_ablation
 from trainops.skills import baseline as skill_baseline
@@ -74,15 +73,6 @@ def _guard(fn, as_json: bool):
         fail(first or f"{type(exc).__name__} with no message", as_json=as_json)
 
 
-def _table(title: str, headers: list[str], rows: list[list[object]]) -> None:
-    table = Table(title=escape(title))
-    for h in headers:
-        table.add_column(h)
-    for row in rows:
-        table.add_row(*[escape(str(c)) for c in row])
-    console().print(table)
-
-
 app = typer.Typer()
 
 
@@ -103,7 +93,7 @@ def baseline(config: Optional[str] = typer.Argument(None, help="Job config TOML 
     the config the runs used and the environment declaration the command makes first."""
     req = _guard(_request(config, sets, nproc, scheduler, as_json, monitor, framework, nodes).loaded, as_json)
     summary, _, _ = _guard(lambda: skill_baseline.measure(req, repeats, progress=_progress(as_json)), as_json)
-    emit(summary, as_json, lambda s: _table(
+    emit(summary, as_json, lambda s: table(
         f"baseline: {s.model}, {s.parallel_layout}, {s.precision}, {s.labels.framework} "
         f"{s.labels.framework_version} on {s.labels.hardware}, {s.repeats} repeats", ["metric", "median", "spread"],
         [[n, f"{m.median:.4f}", f"{m.spread_pct:.1f}%"] for n, m in
@@ -124,7 +114,7 @@ def ablate(config: Optional[str] = typer.Argument(None, help="Job config TOML (d
     req = _request(config, sets, nproc, scheduler, as_json, monitor, framework, nodes)
     if list_knobs:
         knobs = plan_order(list(catalogue(framework).values()))
-        return emit(knobs, as_json, lambda ks: _table("ablation knobs (plan order)",
+        return emit(knobs, as_json, lambda ks: table("ablation knobs (plan order)",
                                                       ["knob", "category", "values", "expected effect"],
                                                       [[k.name, k.category, "|".join(k.values), k.expected_effect]
                                                        for k in ks]))
@@ -137,7 +127,7 @@ def ablate(config: Optional[str] = typer.Argument(None, help="Job config TOML (d
 
 def _ladder_table(rows) -> None:
     """One line per rung; a stopped ladder's reason, rollback and human item beneath the table."""
-    _table("ablation ladder", ["knob", "value", "rung", "MFU change", "noise band", "verdict"],
+    table("ablation ladder", ["knob", "value", "rung", "MFU change", "noise band", "verdict"],
            [[r.knob, r.value, r.scale, f"{r.mfu_change_pct:.1f}%", f"±{r.noise_band_pct:.1f}%",
              r.verdict + (" (gain gone: ladder stopped)" if r.stop else "")] for r in rows])
     out = console()
@@ -170,7 +160,7 @@ def drill(config: Optional[str] = typer.Argument(None, help="Job config TOML wit
     req = _guard(req.loaded, as_json)  # the one load of the job's config; every step passes it on
     _guard(lambda: skill_drill.require_checkpoints(req), as_json)
     results = _guard(lambda: skill_drill.run_drills(req, fault, progress=_progress(as_json))[0], as_json)
-    emit(results, as_json, lambda rs: _table("drills", ["fault", "detection", "isolation", "recovery",
+    emit(results, as_json, lambda rs: table("drills", ["fault", "detection", "isolation", "recovery",
                                                         "steps lost", "checkpoint"],
                                              [_drill_row(d) for d in rs]))
 
@@ -243,7 +233,7 @@ def skill_list(as_json: bool = JSON):
     skills = all_skills()
     data = [{"name": s.name, "steps": len(s.steps), "cli": s.cli, "description": s.description}
             for s in skills.values()]
-    emit(data, as_json, lambda d: _table("skills", ["name", "steps", "command", "description"],
+    emit(data, as_json, lambda d: table("skills", ["name", "steps", "command", "description"],
                                          [[x["name"], x["steps"], x["cli"], x["description"][:90]] for x in d]))
 
 
