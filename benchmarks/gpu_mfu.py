@@ -21,6 +21,7 @@ import torch
 
 from trainops.benchmarks.harness import GPU_BEGIN, GPU_END, write_section
 from trainops.run_records import SaveEntry, read_journal, read_metrics
+from trainops.tools.context import operator_session
 from trainops.tools.jobs.follow import run_local
 from trainops.trainer.config import load_config
 
@@ -175,7 +176,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from trainops.tools.context import operator_session
-
     with operator_session():  # a human runs the benchmark, as with `trainops bench`
         main()

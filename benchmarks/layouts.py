@@ -20,6 +20,7 @@ from pathlib import Path
 
 from trainops.benchmarks.harness import machine, results_path, write_section
 from trainops.run_records import read_metrics
+from trainops.tools.context import operator_session
 from trainops.tools.jobs.follow import run_local
 from trainops.trainer.config import load_config
 
@@ -114,7 +115,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from trainops.tools.context import operator_session
-
     with operator_session():  # a human runs the benchmark, as with `trainops bench`
         main()

@@ -26,6 +26,7 @@ from pathlib import Path
 from trainops.benchmarks.harness import CRASHED_RUNS, Figure, Suite, ratios, render, torchrun_step_time, write_section
 from trainops.benchmarks.harness import trainer_step_time as harness_trainer_step_time
 from trainops.benchmarks.peer_deepspeed import CLIP, LR, MICRO_BATCH, SEQ_LEN, SHAPE, WEIGHT_DECAY, hf_llama
+from trainops.tools.context import operator_session
 
 BEGIN, END = "<!-- peer:begin -->", "<!-- peer:end -->"
 NPROC = 2
@@ -153,7 +154,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from trainops.tools.context import operator_session
-
     with operator_session():  # a human runs the benchmark, as with `trainops bench`
         raise SystemExit(main())

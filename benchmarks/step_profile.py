@@ -15,6 +15,7 @@ from pathlib import Path
 
 from trainops.benchmarks.harness import run_trainer, torchrun_step_time
 from trainops.benchmarks.peer import TRAINER_SHAPE
+from trainops.tools.context import operator_session
 
 CATEGORIES = ("compute", "communication", "optimizer", "clipping and duties", "Python between operators")
 _RULES = (  # (name prefix, category): the outermost matching event decides
@@ -88,7 +89,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from trainops.tools.context import operator_session
-
     with operator_session():  # a human runs the benchmark, as with `trainops bench`
         raise SystemExit(main())
