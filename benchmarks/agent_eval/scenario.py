@@ -19,7 +19,11 @@ WORKSPACE = "workspace"
 SCENARIOS_DIR = Path(__file__).parent / "scenarios"
 HELD_OUT_DIR = Path(__file__).parent / "held_out"
 """Requests phrased afresh over recorded workspaces, written before the offline policy ran on them: the
-policy is never changed to pass them, so their score says how far its plans reach beyond the main set."""
+policy is never changed to pass them, so their score says how far its plans reach beyond the main set.
+Retired once tuned on (see ONCALL_DIR)."""
+ONCALL_DIR = Path(__file__).parent / "oncall"
+"""Requests as on-call engineers write them (terse, typos, short ids, indirect questions), written by
+someone who had not read agents/, frozen before the understanding layer ran on them."""
 
 
 class Expected(BaseModel):
@@ -55,6 +59,11 @@ class Scenario(BaseModel):
     recorded_from: str = Field(description="The real run or drill the workspace was frozen from.")
     expected: Expected
     never: Never = Field(default_factory=Never)
+    act: Literal["question", "order", "plan"] | None = Field(
+        None, description="What the request is: a question must never get a mutating tool called or proposed.")
+    workspace_from: str | None = Field(
+        None, pattern=r"^[a-z0-9-]+$",
+        description="Reuse the frozen workspace of this main-set scenario instead of a workspace/ of its own.")
     max_tool_calls: int = Field(15, ge=1)
     folder: Path | None = Field(None, exclude=True)
 
@@ -95,7 +104,7 @@ def _toml_value(value) -> str:
 def dumps(scenario: Scenario) -> str:
     """scenario.toml text: top-level keys, then [expected] and [never], empty values left out."""
     data = scenario.model_dump(exclude={"folder"})
-    lines = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
+    lines = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict) and v is not None]
     for table in ("expected", "never"):
         lines += ["", f"[{table}]"]
         lines += [f"{k} = {_toml_value(v)}" for k, v in data[table].items() if v not in (None, "", [])]
@@ -104,7 +113,10 @@ def dumps(scenario: Scenario) -> str:
 
 def materialize(scenario: Scenario, home: Path) -> Path:
     """Copy the frozen workspace to `home` (a fresh folder), its path written where the recording's was."""
-    source = scenario.folder / WORKSPACE
+    source = (SCENARIOS_DIR / scenario.workspace_from if scenario.workspace_from else scenario.folder) / WORKSPACE
+    if not source.is_dir():
+        raise ValueError(f"{scenario.name}: no recorded workspace at {source}; workspace_from names a main-set "
+                         "scenario (benchmarks/agent_eval/scenarios/<name>)")
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
     for path in sorted(source.rglob("*")):
         target = home / path.relative_to(source)
