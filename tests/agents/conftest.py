@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable
@@ -30,8 +31,25 @@ def tool_call(name: str, args: dict[str, Any], call_id: str = "call_1") -> dict[
                             "function": {"name": name, "arguments": json.dumps(args)}}]}
 
 
-def text(content: str) -> dict[str, Any]:
-    return {"role": "assistant", "content": content}
+def text(content: str, finish_reason: str = "stop") -> dict[str, Any]:
+    return {"role": "assistant", "content": content, "finish_reason": finish_reason}
+
+
+@dataclass
+class HttpReply:
+    """A scripted HTTP answer other than a completion: an error status and its body, after a delay."""
+    status: int = 200
+    body: Any = None
+    delay_s: float = 0.0
+
+
+def null_content_problem(body: dict) -> str | None:
+    """What llama.cpp's server answers (HTTP 500) to an assistant message with tool calls and
+    `content: null`, or None when every message is well formed."""
+    for message in body.get("messages", []):
+        if message.get("role") == "assistant" and message.get("tool_calls") and message.get("content") is None:
+            return "Expected 'content' to be a string or an array"
+    return None
 
 
 class ScriptedOpenAI:
@@ -39,8 +57,8 @@ class ScriptedOpenAI:
     tool_call = staticmethod(tool_call)
     text = staticmethod(text)
 
-    def __init__(self) -> None:
-        self.script: list[dict[str, Any] | Callable[[dict], dict]] = []
+    def __init__(self, reject_null_content: bool = True) -> None:
+        self.script: list[dict[str, Any] | HttpReply | Callable[[dict], dict]] = []
         self.requests: list[dict[str, Any]] = []
         stub = self
 
@@ -52,16 +70,26 @@ class ScriptedOpenAI:
                     self.send_response(404 if stub.script else 500)
                     self.end_headers()
                     return
+                if reject_null_content and (problem := null_content_problem(body)):
+                    self._error(500, {"error": {"code": 500, "message": problem, "type": "server_error"}})
+                    return
                 reply = stub.script.pop(0)
-                message = reply(body) if callable(reply) else reply
+                if isinstance(reply, HttpReply):
+                    time.sleep(reply.delay_s)
+                    if reply.status != 200:
+                        self._error(reply.status, reply.body)
+                        return
+                    reply = reply.body
+                message = dict(reply(body) if callable(reply) else reply)
+                finish = message.pop("finish_reason", None) or ("tool_calls" if message.get("tool_calls") else "stop")
                 if body.get("stream"):
-                    self._stream(body, message)
+                    self._stream(body, message, finish)
                     return
                 payload = {"id": f"chatcmpl-{len(stub.requests)}", "object": "chat.completion",
                            "created": int(time.time()),
                            "model": body.get("model", "scripted"),
                            "choices": [{"index": 0, "message": message,
-                                        "finish_reason": "tool_calls" if message.get("tool_calls") else "stop"}],
+                                        "finish_reason": finish}],
                            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
                 data = json.dumps(payload).encode()
                 self.send_response(200)
@@ -70,17 +98,25 @@ class ScriptedOpenAI:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def _stream(self, body: dict, message: dict) -> None:
+            def _error(self, status: int, payload: Any) -> None:
+                data = (payload if isinstance(payload, str) else json.dumps(payload)).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _stream(self, body: dict, message: dict, finish: str) -> None:
                 """Server-sent events as OpenAI streams them: deltas, a finish chunk, [DONE]."""
                 base = {"id": f"chatcmpl-{len(stub.requests)}", "object": "chat.completion.chunk",
                         "created": int(time.time()), "model": body.get("model", "scripted")}
                 if message.get("tool_calls"):
                     calls = [{**c, "index": i} for i, c in enumerate(message["tool_calls"])]
-                    deltas, finish = [{"role": "assistant", "content": None, "tool_calls": calls}], "tool_calls"
+                    deltas = [{"role": "assistant", "content": None, "tool_calls": calls}]
                 else:
                     words = message["content"].split(" ")
                     deltas = [{"role": "assistant", "content": ""}] + [{"content": w + " "} for w in words[:-1]]
-                    deltas, finish = deltas + [{"content": words[-1]}], "stop"
+                    deltas = deltas + [{"content": words[-1]}]
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.end_headers()

@@ -218,5 +218,6 @@ def test_a_server_error_is_one_line_naming_the_endpoint(scripted_openai, openai_
     scripted_openai.script = []  # the stub answers 500 when its script is empty
     with AgentSession("err", openai_settings) as session:
         with pytest.raises(ProviderError,
-                           match=rf"the openai endpoint at base_url={scripted_openai.base_url} answered with an error"):
+                           match=rf"the openai endpoint at base_url={scripted_openai.base_url} answered with a server "
+                                 r"error \(HTTP 500\)"):
             list(session.ask("hello"))
