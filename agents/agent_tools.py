@@ -23,6 +23,7 @@ from trainops.tools.calls import invoke
 from trainops.tools.catalog import build_registry
 from trainops.tools.context import skill_context
 from trainops.tools.governance.approvals import list_items
+from trainops.tools.ids import JobId, NodeName, RunRef
 from trainops.tools.jobs import jobs
 from trainops.tools.registry import Registry
 from trainops.tools.reliability.evidence import inert
@@ -83,16 +84,17 @@ def run_sop(inp: RunSopInput) -> SopResult:
 class RespondToSdcInput(BaseModel):
     model_config = ConfigDict(allow_inf_nan=False)
 
-    run: str | None = Field(None, description="The suspect run: its id under $TRAINOPS_HOME/runs or its folder; its "
+    run: RunRef | None = Field(None, description="The suspect run: its id under $TRAINOPS_HOME/runs or its folder; its "
                                               "job must already be stopped.")
-    job_id: str | None = Field(None, description="Or the suspect job (the id a submit returned): its run folder comes "
-                                                 "from the scheduler, and a job still running is stopped first.")
+    job_id: JobId | None = Field(None, description="Or the suspect job (the id a submit returned): its run folder "
+                                                   "comes from the scheduler, and a job still running is stopped "
+                                                   "first.")
     rank: int | None = Field(None, ge=0, le=1_048_575, description="The suspect rank, with step; omit both to read "
                                                                    "them from the run's replica checksums.")
     step: int | None = Field(None, ge=0, description="The step the corruption was first seen at: checkpoints from "
                                                      "it on are quarantined.")
-    node: str | None = Field(None, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
-                             description="The suspect node, if known (the rank's heartbeat host wins).")
+    node: NodeName | None = Field(None,
+                                  description="The suspect node, if known (the rank's heartbeat host wins).")
     scheduler: SchedulerKind = "local"
     timeout_s: float = Field(300.0, gt=0, le=3600, description="Wait at most this long for each check job.")
 
@@ -152,7 +154,7 @@ def respond_to_sdc(inp: RespondToSdcInput) -> SdcCase:
 
 
 class SdcCaseInput(BaseModel):
-    run: str = Field(min_length=1, max_length=200, description="Run id under $TRAINOPS_HOME/runs (or its folder) "
+    run: RunRef = Field(max_length=200, description="Run id under $TRAINOPS_HOME/runs (or its folder) "
                                                                "whose suspected silent data corruption was answered.")
 
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from trainops.tools.base import ToolError, tool
 from trainops.tools.changes.records import record_change
-from trainops.tools.changes.tenancy import TenantId, _check_tenant_id
+from trainops.tools.ids import TenantId, check_tenant_id
 from trainops.tools.schedulers.slurm import cluster_name
 
 TOOL = "set_tenant_quota"
@@ -100,7 +100,7 @@ def _parse_tres(text: str) -> dict[str, int]:
 
 def current_state(target: str) -> dict[str, Any]:
     """The tenant's account (its users, QOS list, default QOS) and its QOS's limits, read from sacctmgr now."""
-    tenant = _check_tenant_id(target)
+    tenant = check_tenant_id(target)
     qos_rows = _rows(["show", "qos", "where", f"name={tenant}", "format=name,grptres,grpjobs,priority"])
     assoc_rows = _rows(["show", "assoc", "where", f"account={tenant}", f"cluster={cluster()}",
                         "format=account,user,qos,defaultqos"])
@@ -141,7 +141,7 @@ def restore_commands(target: str, previous: dict[str, Any]) -> list[list[str]]:
     `previous` alone (so a rollback can check the stored commands against it): an account or QOS
     that did not exist is deleted (the account with its users), the user `set_tenant_quota` adds
     is removed again, the rest get their recorded QOS list and limits back."""
-    tenant, name, user = _check_tenant_id(target), cluster(), getpass.getuser()
+    tenant, name, user = check_tenant_id(target), cluster(), getpass.getuser()
     commands = []
     if not previous["account_record"]:  # the account did not exist anywhere: remove it whole
         commands.append(["sacctmgr", "-i", "delete", "account", f"name={tenant}"])

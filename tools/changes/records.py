@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from trainops.tools.base import InputCheck, ToolError, tool
 from trainops.tools.context import active_call
+from trainops.tools.ids import SafeId
 from trainops.workspace import home
 
 ChangeKind = Literal["partition_policy", "tenant_quota"]
@@ -146,7 +147,7 @@ def state_differences(expected: dict[str, Any], actual: dict[str, Any]) -> list[
 
 
 class RollbackInput(BaseModel):
-    change_id: str = Field(description="The recorded change to undo, e.g. chg-20260101T120000-a1b2c3.")
+    change_id: SafeId = Field(description="The recorded change to undo, e.g. chg-20260101T120000-a1b2c3.")
     commands: list[list[str]] = Field(description="The exact restore commands to run (argv lists), as the change "
                                                   "record stores them; the approver signs these.")
 

@@ -275,7 +275,8 @@ def compare_replays(before: Replay, after: Replay) -> Comparison:
 class PolicyInput(BaseModel):
     scope: Literal["global", "partition"] = Field(description="What the policy applies to: one partition; 'global' "
                                                               "is forbidden.")
-    target: str = Field("", description="The Slurm partition to change (empty for global).")
+    target: str = Field("", pattern=r"^(|[A-Za-z0-9][A-Za-z0-9_.-]{0,127})$",
+                        description="The Slurm partition to change (empty for global).")
     settings: dict[str, StrictStr | StrictInt] = Field(
         description=f"Partition settings to set, e.g. {{'PriorityTier': 10, 'MaxTime': '02:00:00'}}; keys: "
                     f"{', '.join(SETTINGS)}.")

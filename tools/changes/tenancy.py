@@ -13,14 +13,15 @@ import json
 import logging
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Callable, Iterator, Literal
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal
 
-from pydantic import AfterValidator, BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator
 
 from trainops.run_folder import RunFiles
 from trainops.settings import SettingsError, read_toml
 from trainops.tools.base import InputCheck, tool
 from trainops.tools.changes import compat
+from trainops.tools.ids import TenantId, check_tenant_id
 from trainops.tools.schedulers.base import JobSpec
 from trainops.trainer.config import load_config
 from trainops.workspace import confine, home, shared_data_roots
@@ -31,26 +32,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 TenantKind = Literal["data", "checkpoints", "runs"]
-# A tenant id names a folder, a Slurm account and a Prometheus label: one strict form for all three.
-TENANT_ID = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
-
-
-def tenant_id_problem(value: object) -> str | None:
-    """Why `value` is not a tenant id (matched in full: no newline, path or control character), or None."""
-    if isinstance(value, str) and TENANT_ID.fullmatch(value):
-        return None
-    return (f"tenant id {value!r} is not valid: use 1 to 63 lowercase letters, digits, '_' or '-', starting with "
-            "a letter or digit (e.g. 'acme', 'team-a')")
-
-
-def _check_tenant_id(value: str) -> str:
-    problem = tenant_id_problem(value)
-    if problem:
-        raise ValueError(problem)
-    return value
-
-
-TenantId = Annotated[str, AfterValidator(_check_tenant_id)]
 
 
 def tenant_ids(inp: BaseModel) -> Iterator[str]:
@@ -67,7 +48,7 @@ def _tenants_root() -> Path:
 
 
 def tenant_root(tenant: str) -> Path:
-    return _tenants_root() / _check_tenant_id(tenant)
+    return _tenants_root() / check_tenant_id(tenant)
 
 
 def tenant_path(tenant: str, kind: TenantKind) -> Path:

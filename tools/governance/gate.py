@@ -23,9 +23,10 @@ from pydantic import BaseModel
 
 from trainops.settings import SettingsError, table
 from trainops.tools.base import ToolError
-from trainops.tools.changes.tenancy import check_tenant_path, tenant_id_problem, tenant_ids
+from trainops.tools.changes.tenancy import check_tenant_path, tenant_ids
 from trainops.tools.context import active_call
 from trainops.tools.governance import audit, queue, tokens, windows
+from trainops.tools.ids import tenant_id_problem
 
 
 class GateRefused(ToolError):

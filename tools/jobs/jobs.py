@@ -18,6 +18,7 @@ from trainops.tools.base import InputCheck, ToolError, tool
 from trainops.tools.changes.tenancy import check_job_paths, check_launch_versions
 from trainops.tools.context import active_call
 from trainops.tools.frameworks import get_adapter
+from trainops.tools.ids import JobId, NodeName, RunRef, TenantId
 from trainops.tools.jobs.trainer_job import training_spec
 from trainops.tools.monitoring import get_monitor
 from trainops.tools.monitoring.base import MonitorError, MonitorKind, Sample, Series
@@ -61,16 +62,16 @@ def _confined_run(tool_name: str, run: str) -> Path:
 
 class SubmitJobInput(BaseModel):
     scheduler: SchedulerKind = "local"
-    tenant: str | None = Field(None,
-                               description="Tenant the job runs for: a training run's folder goes under the tenant's "
-                                           "root, and every folder and data file of the job must lie there (or, for "
-                                           "data, in a shared data root) (R-SEC-3).")
+    tenant: TenantId | None = Field(None,
+                                    description="Tenant the job runs for: a training run's folder goes under the "
+                                                "tenant's root, and every folder and data file of the job must lie "
+                                                "there (or, for data, in a shared data root) (R-SEC-3).")
     spec: JobSpec | None = Field(None, description="A framework-agnostic job to run as is.")
     training: TrainingJob | None = Field(None,
                                              description="Or: a trainer run; trainops prepares the run folder and the "
                                                          "command.")
     name: str = Field("train", description="Job name for a training request.")
-    exclude_nodes: list[str] = Field(default_factory=list, description="Nodes a training request must avoid.")
+    exclude_nodes: list[NodeName] = Field(default_factory=list, description="Nodes a training request must avoid.")
 
     @model_validator(mode="after")
     def _one_of(self) -> "SubmitJobInput":
@@ -108,7 +109,7 @@ def submit_job(inp: SubmitJobInput) -> SubmitJobOutput:
 
 
 class JobRef(BaseModel):
-    job_id: str = Field(description="The job id a submit returned.")
+    job_id: JobId = Field(description="The job id a submit returned.")
     scheduler: SchedulerKind = "local"
 
 
@@ -252,7 +253,7 @@ def list_nodes(inp: SchedulerRef) -> NodeList:
 
 
 class DrainNodeInput(SchedulerRef):
-    node: str = Field(description="Node name as the scheduler knows it.")
+    node: NodeName = Field(description="Node name as the scheduler knows it.")
     reason: str = Field("drained by trainops", min_length=1, description="Why (kept by the scheduler).")
 
 
@@ -263,7 +264,7 @@ def drain_node(inp: DrainNodeInput) -> NodeInfo:
 
 
 class ResumeNodeInput(SchedulerRef):
-    node: str = Field(description="Node name as the scheduler knows it.")
+    node: NodeName = Field(description="Node name as the scheduler knows it.")
 
 
 @tool("resume_node", risk="mutate", tags=("nodes",))
@@ -275,7 +276,7 @@ def resume_node(inp: ResumeNodeInput) -> NodeInfo:
 class QueryMetricsInput(BaseModel):
     model_config = ConfigDict(allow_inf_nan=False)
 
-    run: str = Field(description="Run id (folder under $TRAINOPS_HOME/runs) or run folder path; the `run` label in "
+    run: RunRef = Field(description="Run id (folder under $TRAINOPS_HOME/runs) or run folder path; the `run` label in "
                                  "Prometheus.")
     metric: str = Field(description="Record name: loss, grad_norm, step_time_s, tokens_per_s, mfu_pct, peak_mem_gib, "
                                     "data_wait_s, heartbeat_age_s, ...")
@@ -320,7 +321,7 @@ def query_metrics(inp: QueryMetricsInput) -> QueryMetricsOutput:
 
 
 class SummarizeRunInput(BaseModel):
-    run: str = Field(description="Run id or run folder path.")
+    run: RunRef = Field(description="Run id or run folder path.")
     skip_steps: int = Field(2, ge=0, le=1_000_000,
                             description="Warm-up steps left out (compile, allocator, first collectives).")
 

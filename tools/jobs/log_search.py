@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from trainops.run_folder import RunFiles
 from trainops.tools.base import ToolError, tool
+from trainops.tools.ids import JobId, RunRef
 from trainops.tools.reliability.evidence import inert
 from trainops.tools.schedulers import get_scheduler
 from trainops.tools.schedulers.base import SchedulerError, SchedulerKind, read_confined
@@ -24,9 +25,9 @@ MAX_LOG_LINE_CHARS = 500
 
 
 class LogRef(BaseModel):
-    job_id: str | None = Field(None, max_length=200, description="The job whose log to read (the id a submit "
+    job_id: JobId | None = Field(None, max_length=200, description="The job whose log to read (the id a submit "
                                                                  "returned).")
-    run: str | None = Field(None, max_length=500, description="Or a run id under $TRAINOPS_HOME/runs (or its "
+    run: RunRef | None = Field(None, max_length=500, description="Or a run id under $TRAINOPS_HOME/runs (or its "
                                                               "folder): its rank logs; needs rank.")
     rank: int | None = Field(None, ge=0, le=1_048_575, description="A rank's own log; None = the job's combined log.")
     scheduler: SchedulerKind = "local"

@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 from trainops.run_folder import RunFiles
 from trainops.run_records import read_metrics
 from trainops.tools.base import ToolError, tool
+from trainops.tools.ids import RunRef
 from trainops.tools.jobs.jobs import RunSummary, _confined_run, summarize_records
 from trainops.tools.reliability.evidence import inert
 from trainops.trainer.config import ConfigError, load_config
@@ -25,8 +26,8 @@ and single runs on a shared host spread by a few percent (the baseline's repeats
 
 
 class CompareRunsInput(BaseModel):
-    baseline: str = Field(description="The run to compare against (run id or run folder), e.g. the faster one.")
-    candidate: str = Field(description="The other run (run id or run folder).")
+    baseline: RunRef = Field(description="The run to compare against (run id or run folder), e.g. the faster one.")
+    candidate: RunRef = Field(description="The other run (run id or run folder).")
     skip_steps: int = Field(2, ge=0, le=1_000_000, description="Warm-up steps left out of both summaries.")
 
 

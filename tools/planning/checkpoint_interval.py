@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trainops.run_records import RecoveryPath, read_journal
 from trainops.tools.base import ToolError, tool
+from trainops.tools.ids import RunRef
 from trainops.tools.planning.inputs import (
     RECOVERY_PATH_DOC,
     RESTART_FROM_DOC,
@@ -48,7 +49,7 @@ class CheckpointIntervalInput(BaseModel):
     write_bandwidth_mib_s: float | None = Field(None, gt=0, le=1e9,
                                                 description="Measured checkpoint write bandwidth, MiB/s (trainops env "
                                                             "measures it); omit with `run`.")
-    run: str | None = Field(None, description="A run whose checkpoint journal gives both: the median bytes per save "
+    run: RunRef | None = Field(None, description="A run whose checkpoint journal gives both: the median bytes per save "
                                               "and the bandwidth its saves reached (bytes over write time).")
 
     @model_validator(mode="after")

@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from trainops.run_records import read_journal
 from trainops.tools.base import ToolError, tool
+from trainops.tools.ids import RunRef
 from trainops.tools.reliability.evidence import inert
 from trainops.trainer.checkpoint_files import CheckpointInfo, CheckpointVerification, step_dir_name
 from trainops.trainer.checkpoint_files import list_checkpoints as trainer_list
@@ -43,7 +44,7 @@ def _run_checkpoint_folder(run: str, tool_name: str) -> Path:
 
 
 class ListCheckpointsInput(BaseModel):
-    run: str | None = Field(None, description="Run id under $TRAINOPS_HOME/runs (its checkpoints/ folder).")
+    run: RunRef | None = Field(None, description="Run id under $TRAINOPS_HOME/runs (its checkpoints/ folder).")
     folder: str | None = Field(None,
                                description="A checkpoint folder inside the workspace (or a [governance] root), when "
                                            "not a run's.")
@@ -109,7 +110,7 @@ class VerifyCheckpointInput(BaseModel):
     path: str | None = Field(None,
                              description="Checkpoint folder (step-NNNNNNNN) to verify, inside the workspace or a "
                                          "[governance] root.")
-    run: str | None = Field(None, description="Run id; verifies its checkpoint at `step`, or the newest one.")
+    run: RunRef | None = Field(None, description="Run id; verifies its checkpoint at `step`, or the newest one.")
     step: int | None = Field(None, ge=0, le=10**12,
                              description="Step of the run's checkpoint to verify (default: newest).")
 

@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 from trainops.run_folder import RunFiles
 from trainops.run_records import read_faults, read_heartbeats, read_recoveries, read_status
 from trainops.tools.base import ToolError, tool
+from trainops.tools.ids import RunRef
 from trainops.tools.reliability.evidence import inert
 from trainops.tools.reliability.signals import ISOLATION, DetectFaultsInput, Detection, FaultWatch
 from trainops.tools.schedulers import get_scheduler
@@ -154,7 +155,7 @@ def detect_faults(inp: DetectFaultsInput) -> Detection:
 
 
 class FindStragglerInput(BaseModel):
-    run: str = Field(description="Run id or run folder (inside the workspace).")
+    run: RunRef = Field(description="Run id or run folder (inside the workspace).")
     straggler_ratio: float = Field(1.5, gt=1, le=1e6, description="How far the suspect's median must sit from its "
                                                                    "peers' (detect_faults' threshold).")
     window_steps: int = Field(8, ge=3, le=100_000, description="The newest steps each rank's median is taken over.")

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trainops.run_folder import RunFiles
 from trainops.tools.base import ToolError, tool
+from trainops.tools.ids import NodeName, RunRef
 from trainops.tools.sandbox import cluster as sandbox
 from trainops.tools.sandbox import faults as sandbox_faults
 from trainops.tools.schedulers import get_scheduler
@@ -44,12 +45,12 @@ class InjectFaultInput(BaseModel):
                                         "process on the node SIGKILLed), power_loss (link down, then the same), "
                                         "partition (link down, processes alive), slow_network (tbf rate limit on the "
                                         "node's link), heal_node (link up, no limit, slurmd restarted).")
-    run: str | None = Field(None,
-                            description="Run id or run folder inside the workspace (needed for every kind except "
+    run: RunRef | None = Field(None,
+                               description="Run id or run folder inside the workspace (needed for every kind except "
                                         "drain_node).")
     rank: int = Field(0, ge=0, le=1_048_575, description="Target rank (kill_rank, hang, straggler, bitflip, crash).")
-    node: str | None = Field(None,
-                             description="Target node (kill_node, drain_node); kill_node defaults to the node of "
+    node: NodeName | None = Field(None,
+                                  description="Target node (kill_node, drain_node); kill_node defaults to the node of "
                                          "`rank`.")
     step: int = Field(5, ge=0, le=1_000_000_000, description="Step at which a launch-time fault fires.")
     slow_ms: int = Field(200, ge=1, le=600_000, description="Extra milliseconds per step for a straggler.")

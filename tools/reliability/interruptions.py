@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from trainops.run_folder import RunFiles, read_regular
 from trainops.run_records import Heartbeat, read_heartbeats, read_recoveries, read_status
 from trainops.tools.base import tool
+from trainops.tools.ids import JobId
 from trainops.tools.reliability.causes import CAUSES, Cause, classify
 from trainops.tools.reliability.evidence import (
     Evidence,
@@ -347,7 +348,7 @@ def _quietly(read, default):
 # --- tools ----------------------------------------------------------------------------------
 
 class InterruptionsInput(BaseModel):
-    job_id: str | None = Field(None, max_length=200, description="Only this job's records; None: all.")
+    job_id: JobId | None = Field(None, max_length=200, description="Only this job's records; None: all.")
 
 
 class InterruptionsOutput(BaseModel):

@@ -13,12 +13,13 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from trainops.tools.base import ToolError, tool
+from trainops.tools.ids import RunRef
 from trainops.trainer.checkpoint_files import list_checkpoints
 from trainops.workspace import confine, run_folder
 
 
 class QuarantineInput(BaseModel):
-    run: str = Field(description="Run id under $TRAINOPS_HOME/runs, or the run folder a submit returned.")
+    run: RunRef = Field(description="Run id under $TRAINOPS_HOME/runs, or the run folder a submit returned.")
     from_step: int = Field(ge=0, description="Quarantine every committed checkpoint taken at or after this step.")
 
 

@@ -30,6 +30,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainops.run_records import Heartbeat, MetricsRecord, metrics_since, read_heartbeats
+from trainops.tools.ids import JobId, RunRef
 from trainops.tools.reliability.reachability import probe_nodes, slow_outlier
 from trainops.tools.schedulers.base import SchedulerKind
 
@@ -55,8 +56,8 @@ SIGNALS: dict[str, tuple[Mechanism, ...]] = {
 class DetectFaultsInput(BaseModel):
     model_config = ConfigDict(allow_inf_nan=False)
 
-    run: str = Field(description="Run id or run folder (inside the workspace) to watch.")
-    job_id: str | None = Field(None, description="The run's job, to watch its state too.")
+    run: RunRef = Field(description="Run id or run folder (inside the workspace) to watch.")
+    job_id: JobId | None = Field(None, description="The run's job, to watch its state too.")
     scheduler: SchedulerKind = "local"
     poll_interval_s: float = Field(0.1, ge=0.05, le=60, description="Seconds between polls (down to 0.05).")
     timeout_s: float = Field(60.0, gt=0, le=86400,

@@ -11,6 +11,7 @@ from typing import Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from trainops.run_folder import RunFiles
+from trainops.tools.ids import NodeName, SafeId
 from trainops.trainer.config import JobConfig, LoadedConfig, load_config
 from trainops.workspace import check_id, confine
 
@@ -67,19 +68,19 @@ class JobSpec(BaseModel):
     procs_per_node: int = Field(1, description="Processes (ranks) per node.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables for the job.")
     time_limit_min: int | None = Field(None, description="Wall-clock limit in minutes; None means the backend default.")
-    partition: str | None = Field(None,
-                                  description="Slurm partition (or Kubernetes namespace); None means the default.")
-    exclude_nodes: list[str] = Field(default_factory=list,
-                                     description="Nodes the job must not run on (isolation after a fault).")
+    partition: SafeId | None = Field(None,
+                                     description="Slurm partition (or Kubernetes namespace); None means the default.")
+    exclude_nodes: list[NodeName] = Field(default_factory=list,
+                                          description="Nodes the job must not run on (isolation after a fault).")
     workdir: str | None = Field(None, description="Working directory for the job; None means the current directory.")
     run_dir: str | None = Field(None,
                                 description="The training run folder, if the job is a trainer run (per-rank logs, "
                                             "heartbeats, metrics).")
     image: str | None = Field(None, description="Container image with the trainer installed (kubernetes only).")
     rdzv_port: int = Field(29500, description="TCP port of the torchrun c10d rendezvous on the first node.")
-    tenant: str | None = Field(None,
-                               description="Tenant the job runs for: its folders must lie in that tenant's root "
-                                           "(R-SEC-3).")
+    tenant: SafeId | None = Field(None,
+                                  description="Tenant the job runs for: its folders must lie in that tenant's root "
+                                              "(R-SEC-3).")
 
     @field_validator("tenant")
     @classmethod
