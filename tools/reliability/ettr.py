@@ -9,6 +9,7 @@ import statistics
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainops.tools.base import tool
+from trainops.tools.ids import JobId
 from trainops.tools.reliability.interruptions import Interruption, cause_distribution, read_interruptions
 
 
@@ -96,7 +97,7 @@ def reliability(declared_mtbf_h: float = 24.0, job: str | None = None,
 class EttrInput(BaseModel):
     model_config = ConfigDict(allow_inf_nan=False)
 
-    job_id: str | None = Field(None, max_length=200, description="Only this job; None: every recorded job.")
+    job_id: JobId | None = Field(None, max_length=200, description="Only this job; None: every recorded job.")
     window_s: float = Field(3600.0, gt=0, le=30 * 86400, description="Width of one window in seconds.")
     declared_mtbf_h: float = Field(24.0, gt=0, le=1e6, description="Used only while the record is too short.")
 

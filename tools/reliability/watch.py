@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from trainops.run_records import read_faults, read_heartbeat, read_heartbeats
 from trainops.tools.base import ToolError, tool
 from trainops.tools.governance.escalation import Escalation, EscalationSignals, checkpoint_save_s, escalations_for
+from trainops.tools.ids import JobId
 from trainops.tools.reliability import ettr, interruptions
 from trainops.tools.reliability.signals import DetectFaultsInput, FaultWatch
 from trainops.tools.schedulers import get_scheduler
@@ -22,7 +23,7 @@ from trainops.tools.schedulers.base import SchedulerError, SchedulerKind
 class WatchJobInput(BaseModel):
     model_config = ConfigDict(allow_inf_nan=False)
 
-    job_id: str = Field(description="The job id a submit returned.")
+    job_id: JobId = Field(description="The job id a submit returned.")
     scheduler: SchedulerKind = "local"
     poll_interval_s: float = Field(1.0, ge=0.05, le=600, description="Seconds between polls (down to 0.05).")
     timeout_s: float = Field(3600.0, gt=0, le=7 * 86400, description="Stop watching after this long (at most 7 days).")
