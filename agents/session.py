@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 
 from trainops.agents.agent_tools import agent_registry
 from trainops.agents.answer import FINAL_ANSWER_TOOL
+from trainops.agents.answer_flag import AnswerFlag, answer_flag
 from trainops.agents.graph import build_graph
 from trainops.agents.providers import AgentSettings, load_settings, make_chat_model
 from trainops.tools.context import serving
@@ -68,9 +69,11 @@ class AgentSession:
         self.settings = settings or load_settings()
         self.thread_id = check_id("thread", thread_id) if thread_id else new_thread_id()
         self._conn = sqlite3.connect(str(agent_db_path()), check_same_thread=False)
-        self.graph = build_graph(llm or make_chat_model(self.settings), SqliteSaver(self._conn), self.settings)
-        # the graph's step budget (25 model turns) stops a run long before this limit of graph steps
-        self.config = {"configurable": {"thread_id": self.thread_id}, "recursion_limit": 200}
+        self.graph = build_graph(llm or make_chat_model(self.settings), SqliteSaver(self._conn), self.settings,
+                                 max_steps=self.settings.max_turns, max_tokens=self.settings.max_tokens)
+        # the turn budget (at most 200 model turns) stops a run before this limit of graph steps
+        self.config = {"configurable": {"thread_id": self.thread_id},
+                       "recursion_limit": 8 * self.settings.max_turns + 20}
         self.timing: Timing | None = None
         self.stream_tokens = stream_tokens
 
@@ -160,6 +163,10 @@ class AgentSession:
     def final_answer(self) -> dict[str, Any] | None:
         """The last request's structured answer (agents/answer.FinalAnswer), when the model gave one."""
         return self.graph.get_state(self.config).values.get("final")
+
+    def answer_flag(self) -> AnswerFlag | None:
+        """What is wrong with the last request's answer (empty, free text, cut off), or None."""
+        return answer_flag(self.graph.get_state(self.config).values, self.settings.provider)
 
     def stop_reason(self) -> str | None:
         """Why the last request ended: answered, or the budget that stopped it."""

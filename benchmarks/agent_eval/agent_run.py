@@ -13,6 +13,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from pydantic import BaseModel, Field
 
 from trainops.agents.answer import FINAL_ANSWER_TOOL, FinalAnswer
+from trainops.agents.answer_flag import AnswerFlag, answer_flag
 from trainops.agents.graph import build_graph
 from trainops.agents.providers import load_settings, make_chat_model
 from trainops.agents.session import new_thread_id
@@ -31,6 +32,11 @@ class AgentTrace(BaseModel):
     cost_usd: float | None = None
     wall_s: float = 0.0
     detail: str = Field("", description="Why the run stopped, in words, when it did not answer.")
+    answer_flag: AnswerFlag | None = Field(None, description="The answer could not stand: empty, free text "
+                                                             "(no structured final_answer) or truncated.")
+    prompt_tokens_per_turn: list[int] = Field(default_factory=list,
+                                              description="Prompt tokens of each model turn, as the provider "
+                                                          "reported them.")
 
 
 def _calls(message: AIMessage) -> list[dict]:
@@ -51,7 +57,7 @@ def _status(message: ToolMessage | None) -> str:
     return "error"
 
 
-def trace_of(values: dict[str, Any]) -> AgentTrace:
+def trace_of(values: dict[str, Any], provider: str = "offline") -> AgentTrace:
     """A run's trace from its final graph state: the calls in order with their outcome, the answer."""
     messages = values.get("messages", [])
     results = {m.tool_call_id: m for m in messages if isinstance(m, ToolMessage)}
@@ -71,7 +77,9 @@ def trace_of(values: dict[str, Any]) -> AgentTrace:
         answer = FinalAnswer(verdict="answered", confidence="low", summary=last.text)  # free text, nothing claimed
     return AgentTrace(answer=answer, stop_reason=reason, tool_calls=calls, tokens_in=values.get("tokens_in", 0),
                       tokens_out=values.get("tokens_out", 0), cost_usd=None, wall_s=0.0,
-                      detail=values.get("stop_detail", ""))
+                      detail=values.get("stop_detail", ""), answer_flag=answer_flag(values, provider),
+                      prompt_tokens_per_turn=[int((m.usage_metadata or {}).get("input_tokens", 0)) for m in messages
+                                              if isinstance(m, AIMessage) and m.usage_metadata])
 
 
 def run_agent(request: str, *, llm=None, settings=None, max_steps: int = 12, max_tokens: int = 60000) -> AgentTrace:
@@ -86,7 +94,7 @@ def run_agent(request: str, *, llm=None, settings=None, max_steps: int = 12, max
         state = graph.invoke({"messages": [("human", request)]}, config)
     except Exception as exc:  # a provider or graph failure is the run's outcome, not a crash of the benchmark
         values = graph.get_state(config).values
-        trace = trace_of(values)
+        trace = trace_of(values, settings.provider)
         return trace.model_copy(update={"stop_reason": "error", "detail": scrub(f"{type(exc).__name__}: {exc}"),
                                         "wall_s": time.perf_counter() - started})
-    return trace_of(state).model_copy(update={"wall_s": time.perf_counter() - started})
+    return trace_of(state, settings.provider).model_copy(update={"wall_s": time.perf_counter() - started})

@@ -136,6 +136,10 @@ def score(scenario: Scenario, trace: dict[str, Any], mutations: list[dict], corp
                f"verdict {answer.get('verdict')!r} at {confidence!r} confidence where the evidence is inconclusive")
         _check(checks, "says_what_to_collect", "action", bool(answer.get("next_to_collect")))
 
+    if flag := trace.get("answer_flag"):
+        _check(checks, "structured_answer", "evidence", False,
+               f"answer_flag={flag}: the final answer was empty, free text (no structured final_answer) or cut off "
+               "at the model's output limit")
     stop = str(trace.get("stop_reason", ""))
     _check(checks, "within_budget", "budget", stop not in BUDGET_STOPS and len(calls) <= scenario.max_tool_calls,
            f"stop_reason={stop}, {len(calls)} tool calls (max {scenario.max_tool_calls})")

@@ -111,3 +111,10 @@ def test_an_sop_answer_is_checked_for_the_number_the_tool_computed():
     assert score(scenario, answered, [], corpus).failed() == []
     answered["answer"]["summary"] = "Checkpoint every hour."
     assert score(scenario, answered, [], corpus).failed() == ["answer:39.2"]
+
+
+@pytest.mark.parametrize("flag", ["empty", "free_text", "truncated"])
+def test_an_answer_that_cannot_stand_fails_its_scenario(flag):
+    result = score(SCENARIO, variant(answer_flag=flag), [], CORPUS)
+    assert result.failed() == ["structured_answer"]
+    assert flag in next(c.detail for c in result.checks if c.name == "structured_answer")

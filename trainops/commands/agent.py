@@ -16,6 +16,7 @@ from rich.prompt import Prompt
 from rich.table import Table
 from rich.text import Text
 
+from trainops.agents.answer_flag import FLAG_MEANING
 from trainops.agents.providers import ProviderError, load_settings
 from trainops.output import console, emit, fail
 from trainops.terminal_text import shown_name
@@ -28,6 +29,7 @@ ProviderOpt = typer.Option(None, "--provider",
                                 "overrides TRAINOPS_PROVIDER and trainops.toml.")
 ModelOpt = typer.Option(None, "--model", help="Model name for the provider.")
 BaseUrlOpt = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1.")
+BUDGET_STOPS = ("step_budget", "token_budget", "bad_tool_calls")
 
 
 def _approver() -> str:
@@ -189,6 +191,7 @@ def ask(
             "answer": next((e["text"] for e in events if e["kind"] == "answer"), None),
             "final_answer": session.final_answer(),
             "stop_reason": session.stop_reason(),
+            "answer_flag": session.answer_flag(),
             "tool_calls": [{"tool": e["tool"], "status": e["status"]} for e in events if e["kind"] == "tool_result"],
             "pending_approvals": pending,
             "resume": f"trainops chat --thread {session.thread_id}" if pending else None,
@@ -196,12 +199,16 @@ def ask(
         }
     if as_json:
         emit(result, True)
+    elif result["answer_flag"]:
+        console().print(f"[red]not an answer to rely on: {FLAG_MEANING[result['answer_flag']]}[/]")
     elif pending:
         for request in shown:
             for line in approval_prompt(request.call) if request.call else []:
                 console().print(line, markup=False, highlight=False, soft_wrap=True)
         console().print(f"[yellow]{len(pending)} action(s) wait for approval; decide with "
                         f"`{escape(result['resume'])}`[/]")
+    if result["answer_flag"] or result["stop_reason"] in BUDGET_STOPS:
+        raise typer.Exit(1)  # no answer a script can rely on: empty, free text, cut off, or a budget spent
 
 
 @app.command()
