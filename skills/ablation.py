@@ -38,7 +38,8 @@ def _row(knob: Knob, value: str, base: list[RepeatResult], arm: list[RepeatResul
     return AblationRow(knob=knob.name, value=value, baseline_value=_setting(base[0].run_dir, knob.overrides[0]),
                        category=knob.category, scale=rung.label, scale_kind=kind, mfu_change_pct=change,
                        noise_band_pct=band, beyond_noise=verdict != "within-noise", verdict=verdict,
-                       source_run=median_run.run_dir, labels=job, world_size=rung.world)
+                       source_run=median_run.run_dir, baseline_run=base[0].run_dir, labels=job,
+                       world_size=rung.world)
 
 
 def run_arm(req: JobRequest, spec: str, baselines: dict[int, list[RepeatResult]], repeats: int,

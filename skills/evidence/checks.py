@@ -35,21 +35,21 @@ def evidence_problems(folder: Path) -> list[str]:
 
 
 def _ablation_problems(pack) -> list[str]:
-    """R-ABL-1 on the configs the runs used: each arm against the baseline, exactly one setting apart."""
+    """R-ABL-1 on the configs the runs used: each arm against the baseline of its own rung of the
+    ladder (`baseline_run`: same scale, processes and nodes), exactly one setting apart."""
     problems = []
-    baseline_run = pack.baseline.run_dirs[0] if pack.baseline and pack.baseline.run_dirs else None
     for row in pack.ablations:
         name = f"{row.knob}={row.value}"
-        configs = [_run_config(run) for run in (baseline_run, row.source_run)]
+        configs = [_run_config(run) for run in (row.baseline_run, row.source_run)]
         if None in configs:
-            problems.append(f"R-ABL-1: ablation arm {name} cannot be checked: the config.toml of its baseline run "
-                            f"({baseline_run}) or arm run ({row.source_run}) is missing; keep the run folders "
-                            "with the pack")
+            problems.append(f"R-ABL-1: ablation arm {name} at {row.scale} cannot be checked: the config.toml of its "
+                            f"baseline run ({row.baseline_run}) or arm run ({row.source_run}) is missing; keep the "
+                            "run folders with the pack")
             continue
         try:
             AblationArm(name=name, baseline_config=configs[0], arm_config=configs[1])
         except ValidationError as exc:
-            problems += [f"ablation arm {name}: {e['msg']}" for e in exc.errors()]
+            problems += [f"ablation arm {name} at {row.scale}: {e['msg']}" for e in exc.errors()]
     return problems
 
 

@@ -145,6 +145,8 @@ class AblationRow(BaseModel):
                                                        "scaling figure")
     labels: JobLabels | None = Field(default=None, description="the arm's labels at this scale, from its run")
     source_run: str = Field(description="run folder of the arm's median repeat")
+    baseline_run: str = Field(description="run folder of the baseline at this rung (its first repeat): the config "
+                                          "the arm changes exactly one setting of (R-ABL-1)")
     reference: str = Field(default="", description="published comparison, with source and scale difference")
 
     @model_validator(mode="after")

@@ -46,7 +46,8 @@ def test_a_fired_rule_is_queued_for_a_human_with_the_cause_split(workspace):
 def test_a_pack_whose_arm_vanished_at_scale_is_refused_unless_it_carries_the_escalation(workspace):
     row = AblationRow(knob="parallel.tp", value="2", baseline_value="1", category="parallelism", scale="8 procs",
                       scale_kind="target", mfu_change_pct=-0.5, noise_band_pct=2.0, beyond_noise=False,
-                      verdict="within-noise", vanished_at_scale=True, source_run="runs/arm-2")
+                      verdict="within-noise", vanished_at_scale=True, source_run="runs/arm-2",
+                      baseline_run="runs/base-2")
     env = PackEnvironment(framework="trainops-trainer", framework_version="0.1.0", torch_version="2.13.0",
                           hardware="cpu:x86_64", device_count=2, backend="gloo", scheduler="local")
     pack = assemble("vanished", env, None, [row], [], [])
@@ -60,7 +61,8 @@ def test_a_pack_whose_arm_vanished_at_scale_is_refused_unless_it_carries_the_esc
 def test_a_ladder_stop_already_handed_over_is_carried_not_queued_twice(workspace):
     row = AblationRow(knob="parallel.tp", value="2", baseline_value="1", category="parallelism", scale="2 procs",
                       scale_kind="target", mfu_change_pct=-4.0, noise_band_pct=2.0, beyond_noise=True,
-                      verdict="regression", vanished_at_scale=True, source_run="runs/arm-2")
+                      verdict="regression", vanished_at_scale=True, source_run="runs/arm-2",
+                      baseline_run="runs/base-2")
     stop = LadderStop(rung="2 processes", reason="gain gone", topology_hint="the first collectives",
                       reverted_to="1", verification_change_pct=0.3, verification_band_pct=2.0,
                       verification_matches=True)

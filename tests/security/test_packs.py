@@ -53,7 +53,8 @@ def _pack(workspace, pack_id: str = "pack-1", arm_overrides: tuple[str, ...] | N
         arm = _run(workspace, f"{pack_id}-arm", arm_overrides)
         ablations.append(AblationRow(knob="micro_batch", value="8", baseline_value="4", category="batch",
                                      scale="2 procs", scale_kind="target", mfu_change_pct=12.0, noise_band_pct=5.0,
-                                     beyond_noise=True, verdict="gain", source_run=arm))
+                                     beyond_noise=True, verdict="gain", source_run=arm,
+                                     baseline_run=base))
     env = PackEnvironment(framework="trainops-trainer", framework_version="0.1.0", torch_version="2.13.0",
                                  hardware="cpu:x86_64", device_count=2, backend="gloo", scheduler="local")
     baseline = BaselineSummary(model="tiny", parallel_layout="dp_shard=2", precision="fp32", repeats=3,
@@ -72,6 +73,24 @@ def test_a_pack_trainops_wrote_is_approved_signed_by_the_approvers_key_and_verif
     verified = verify_pack(pack)
     assert (verified.ok, verified.decision, verified.by, verified.decisions) == (True, "approved", "alice", 1)
     assert verification.verify().ok
+
+
+@pytest.mark.rule("R-ABL-1", case="compliant")
+def test_an_arm_on_a_lower_rung_is_checked_against_the_baseline_of_that_rung(workspace, approvers):
+    """The ladder's first rung runs at half the target's global batch (weak scaling): its arm differs
+    from the target baseline in two settings, from its own rung's baseline in one."""
+    target, rung = _run(workspace, "base-2p"), _run(workspace, "base-1p", ["training.global_batch=4"])
+    arm = _run(workspace, "arm-1p", ["training.global_batch=4", "training.micro_batch=2"])
+    row = AblationRow(knob="micro_batch", value="2", baseline_value="4", category="batch", scale="1 process",
+                      scale_kind="small", mfu_change_pct=12.0, noise_band_pct=5.0, beyond_noise=True,
+                      verdict="gain", source_run=arm, baseline_run=rung)
+    env = PackEnvironment(framework="trainops-trainer", framework_version="0.1.0", torch_version="2.13.0",
+                          hardware="cpu:x86_64", device_count=2, backend="gloo", scheduler="local")
+    baseline = BaselineSummary(model="tiny", parallel_layout="dp_shard=2", precision="fp32", repeats=3,
+                               warmup_steps_excluded=1, step_time_s=SPREAD, tokens_per_s=SPREAD, mfu_pct=SPREAD,
+                               peak_source="measured GEMM", data_wait_share_pct=1.0, run_dirs=[target])
+    pack = evidence_pack.write(evidence_pack.assemble("rungs", env, baseline, [row], [], [])).name
+    assert decide(pack, "approved", key=approvers.alice.key).decision == "approved"
 
 
 def test_a_two_variable_ablation_is_refused_naming_the_rule(workspace, approvers):

@@ -54,7 +54,7 @@ def ablation(change: float = 12.0, band: float = 5.0, verdict: str = "gain", van
     return AblationRow(knob="data_kind", value="synthetic", baseline_value="text", category="data-pipeline",
                        scale="tiny, 2 procs", scale_kind="small", mfu_change_pct=change, noise_band_pct=band,
                        beyond_noise=verdict != "within-noise", verdict=verdict, vanished_at_scale=vanished,
-                       source_run="runs/arm-1")
+                       source_run="runs/arm-1", baseline_run="runs/base-1")
 
 
 def drill(intact: bool = True) -> DrillResult:
@@ -74,10 +74,11 @@ def factories():
 @pytest.fixture(scope="session")
 def quick_sop(tmp_path_factory) -> dict:
     """`trainops sop --quick --json` for real (torchrun on the local scheduler, 2 gloo processes), run
-    once per session: the SOP takes minutes on 2 cores, and its pack is read, not changed."""
+    once per session: the SOP takes minutes on 2 cores, and its pack is read, not changed (an approval
+    adds a decision beside it). Its output, and `home`: the workspace it ran in."""
     home = tmp_path_factory.mktemp("quick-sop-home")
     env = {**os.environ, "TRAINOPS_HOME": str(home), "OMP_NUM_THREADS": "1"}
     done = subprocess.run([str(Path(sys.executable).parent / "trainops"), "sop", "--quick", "--json"], env=env,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    return json.loads(done.stdout)
+    return {**json.loads(done.stdout), "home": str(home)}
