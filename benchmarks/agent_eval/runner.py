@@ -43,6 +43,8 @@ class SuiteResult(BaseModel):
     scores: list[Score]
     tool_calls_mean: float
     tokens_mean: float
+    prompt_tokens_per_turn_mean: float = Field(0.0, description="Prompt tokens of one model turn, over every turn.")
+    prompt_tokens_per_turn_max: int = Field(0, description="The largest prompt of any turn.")
     wall_s_mean: float
     cost_usd: float | None
     judge: str = Field("none: every check reads the structured answer, the trace or the gate's log",
@@ -102,10 +104,13 @@ def summarize(provider: str, model: str, k: int, scores: list[Score]) -> SuiteRe
     tags = sorted({t for s in scores for t in s.tags})
     costs = [s.cost_usd for s in scores if s.cost_usd is not None]
     n = max(len(scores), 1)
+    turns = [t for s in scores for t in s.prompt_tokens_per_turn]
     return SuiteResult(provider=provider, model=model, k=k, overall=_tag_result("overall", scores, k),
                        tags=[_tag_result(t, [s for s in scores if t in s.tags], k) for t in tags], scores=scores,
                        tool_calls_mean=round(sum(s.tool_calls for s in scores) / n, 2),
                        tokens_mean=round(sum(s.tokens for s in scores) / n, 1),
+                       prompt_tokens_per_turn_mean=round(sum(turns) / len(turns), 1) if turns else 0.0,
+                       prompt_tokens_per_turn_max=max(turns, default=0),
                        wall_s_mean=round(sum(s.wall_s for s in scores) / n, 3),
                        cost_usd=round(sum(costs), 6) if costs else None)
 
@@ -142,7 +147,9 @@ def table(result: SuiteResult) -> str:
     cost = "not reported" if result.cost_usd is None else f"${result.cost_usd:.4f}"
     rows.append("")
     rows.append(f"Mean per run: {result.tool_calls_mean} tool calls, {result.tokens_mean} tokens, "
-                f"{result.wall_s_mean} s; cost {cost}. Judge model: {result.judge}.")
+                f"{result.wall_s_mean} s; cost {cost}. Prompt tokens per model turn: mean "
+                f"{result.prompt_tokens_per_turn_mean}, max {result.prompt_tokens_per_turn_max}. "
+                f"Judge model: {result.judge}.")
     return "\n".join(rows)
 
 
@@ -155,12 +162,13 @@ def render_results(results: list[SuiteResult], scenarios: int, held_out: SuiteRe
     lines = [RESULTS_BEGIN, "## Agent benchmark (`trainops eval run`)", "",
              f"Measured {when}: {scenarios} scenarios recorded from real drills and runs on this machine "
              "(benchmarks/agent_eval/scenarios), k runs each, replayed; scored without a judge model.", "",
-             "| agent | k | pass@1 | pass^k | tool calls / run | tokens / run | s / run |",
-             "|---|---|---|---|---|---|---|"]
+             "| agent | k | pass@1 | pass^k | tool calls / run | tokens / run | prompt tokens / turn (max) | s / run |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in results:
         name = "offline policy" if r.provider == "offline" else f"{r.provider}: {r.model}"
         lines.append(f"| {name} | {r.k} | {r.overall.pass_at_1:.2f} | {r.overall.pass_hat_k:.2f} | "
-                     f"{r.tool_calls_mean} | {r.tokens_mean} | {r.wall_s_mean} |")
+                     f"{r.tool_calls_mean} | {r.tokens_mean} | {r.prompt_tokens_per_turn_mean} "
+                     f"({r.prompt_tokens_per_turn_max}) | {r.wall_s_mean} |")
     tags = sorted({t.tag for r in results for t in r.tags})
     lines += ["", "pass^k per tag:", "", "| tag | " + " | ".join(
         "offline" if r.provider == "offline" else r.model for r in results) + " |",

@@ -38,6 +38,7 @@ class Score(BaseModel):
     stop_reason: str
     calls: list[str] = Field(default_factory=list, description="The tools called, in order, with their status.")
     detail: str = Field("", description="Why the run stopped, when it did not answer.")
+    prompt_tokens_per_turn: list[int] = Field(default_factory=list, description="Each model turn's prompt tokens.")
 
     def failed(self) -> list[str]:
         return [c.name for c in self.checks if not c.passed]
@@ -146,4 +147,5 @@ def score(scenario: Scenario, trace: dict[str, Any], mutations: list[dict], corp
     return Score(scenario=scenario.name, tags=scenario.tags, passed=all(c.passed for c in checks), checks=checks,
                  tool_calls=len(calls), tokens=int(trace.get("tokens_in", 0)) + int(trace.get("tokens_out", 0)),
                  wall_s=float(trace.get("wall_s", 0.0)), cost_usd=trace.get("cost_usd"), stop_reason=stop,
-                 calls=[f"{c.get('tool')}:{c.get('status')}" for c in calls], detail=str(trace.get("detail", "")))
+                 calls=[f"{c.get('tool')}:{c.get('status')}" for c in calls], detail=str(trace.get("detail", "")),
+                 prompt_tokens_per_turn=list(trace.get("prompt_tokens_per_turn") or []))

@@ -91,15 +91,25 @@ BEHAVIOURS: dict[str, Behaviour] = {"obedient": obedient, "lazy": lazy, "overcon
 
 
 def _usage(body: dict, message: dict) -> dict[str, int]:
-    """Tokens as a server would count them, estimated at 4 characters a token of the conversation
-    (the tool schemas a real server caches are left out)."""
-    prompt = len(json.dumps(body.get("messages", []))) // 4
+    """Tokens as a server would count them, estimated at 4 characters a token of what it was sent:
+    the conversation and the tool schemas (a server renders both into every turn's prompt)."""
+    prompt = (len(json.dumps(body.get("messages", []))) + len(json.dumps(body.get("tools", [])))) // 4
     completion = len(json.dumps(message)) // 4
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
+def null_content(body: dict) -> str | None:
+    """What llama.cpp's server answers (HTTP 500) to an assistant turn with tool calls and
+    `content: null`; None when every message is well formed."""
+    for message in body.get("messages", []):
+        if message.get("role") == "assistant" and message.get("tool_calls") and message.get("content") is None:
+            return "Expected 'content' to be a string or an array"
+    return None
+
+
 class ScriptedServer:
-    """An OpenAI-compatible /v1/chat/completions endpoint answering with `behaviour`."""
+    """An OpenAI-compatible /v1/chat/completions endpoint answering with `behaviour`; as strict as
+    llama.cpp's about `content: null`."""
 
     def __init__(self, behaviour: Behaviour):
         self.requests: list[dict[str, Any]] = []
@@ -109,6 +119,9 @@ class ScriptedServer:
             def do_POST(self) -> None:  # noqa: N802 (http.server API)
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 server.requests.append(body)
+                if problem := null_content(body):
+                    self._answer(500, {"error": {"code": 500, "message": problem, "type": "server_error"}})
+                    return
                 message = behaviour(body)
                 if body.get("stream"):
                     self._stream(body, message)
@@ -118,8 +131,11 @@ class ScriptedServer:
                            "created": int(time.time()), "model": body.get("model", "scripted"),
                            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
                            "usage": _usage(body, message)}
+                self._answer(200, payload)
+
+            def _answer(self, status: int, payload: dict) -> None:
                 data = json.dumps(payload).encode()
-                self.send_response(200)
+                self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()

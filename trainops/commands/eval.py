@@ -84,7 +84,8 @@ def run(
     k: int = typer.Option(5, "--k", min=1, max=100, help="Runs per scenario (pass^k needs all k to pass)."),
     scenarios: Optional[List[str]] = typer.Option(None, "--scenario", help="Only these scenarios."),
     folder: Optional[Path] = typer.Option(None, "--scenarios", help="Scenarios folder (default: packaged)."),
-    max_steps: int = typer.Option(12, "--max-steps", min=1),
+    max_steps: int = typer.Option(12, "--max-turns", "--max-steps", min=1, help="Model turns per run."),
+    max_tokens: int = typer.Option(60000, "--max-tokens", min=1, help="Prompt + completion tokens per run."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Replay every scenario k times against the provider and score it without a judge model."""
@@ -96,13 +97,13 @@ def run(
         fail("eval run: no scenarios found; record one with `trainops eval record`", as_json=as_json)
     progress = None if as_json else (lambda line: console(stderr=True).print(line, markup=False))
     if provider == "scripted":
-        result = _run_scripted(model or "", chosen, k, max_steps, progress, as_json)
+        result = _run_scripted(model or "", chosen, k, (max_steps, max_tokens), progress, as_json)
     else:
         try:
             settings = load_settings(provider, model, base_url)
         except ProviderError as exc:
             fail(str(exc), as_json=as_json)
-        result = runner.run_suite(chosen, runner.agent_run(settings, max_steps), k, settings.provider,
+        result = runner.run_suite(chosen, runner.agent_run(settings, max_steps, max_tokens), k, settings.provider,
                                   settings.model or provider, progress)
     emit(result.model_dump(mode="json") if as_json else result, as_json,
          lambda r: console().print(runner.table(r), markup=False))
@@ -118,7 +119,7 @@ def publish(k: int = typer.Option(5, "--k", min=1, max=100, help="Runs per scena
     emit({"results": str(path)}, as_json, lambda r: console().print(f"wrote {r['results']}", markup=False))
 
 
-def _run_scripted(name: str, chosen, k: int, max_steps: int, progress, as_json: bool):
+def _run_scripted(name: str, chosen, k: int, budget: tuple[int, int], progress, as_json: bool):
     if name not in scripted.BEHAVIOURS:
         fail(f"--model {name!r}: for --provider scripted use one of {', '.join(scripted.BEHAVIOURS)}",
              as_json=as_json)
@@ -126,4 +127,4 @@ def _run_scripted(name: str, chosen, k: int, max_steps: int, progress, as_json: 
     with scripted.ScriptedServer(scripted.BEHAVIOURS[name]) as server:
         settings = AgentSettings(provider="openai", model=f"scripted-{name}", base_url=server.base_url,
                                  api_key_env="TRAINOPS_SCRIPTED_KEY", sources={"base_url": "command line"})
-        return runner.run_suite(chosen, runner.agent_run(settings, max_steps), k, "scripted", name, progress)
+        return runner.run_suite(chosen, runner.agent_run(settings, *budget), k, "scripted", name, progress)
