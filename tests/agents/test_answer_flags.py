@@ -57,3 +57,13 @@ def test_the_benchmark_trace_carries_the_flag_and_per_turn_prompt_tokens(scripte
     trace = run_agent("plan the checkpoint interval", settings=openai_settings)
     assert trace.answer_flag == "truncated"
     assert trace.prompt_tokens_per_turn == [1, 1]  # the scripted server reports 1 prompt token a turn
+
+
+@pytest.mark.parametrize("variable, value, stop", [("TRAINOPS_MAX_TURNS", "2", "step_budget"),
+                                                   ("TRAINOPS_MAX_TOKENS", "3", "token_budget")])
+def test_a_budget_from_the_settings_stops_ask_and_it_exits_non_zero(scripted_openai, monkeypatch, variable, value,
+                                                                     stop):
+    monkeypatch.setenv(variable, value)  # the scripted server reports 2 tokens a turn
+    scripted_openai.script = [tool_call("list_jobs", {}, f"c{i}") for i in range(5)]
+    code, out = ask_json(scripted_openai, f"budget-{stop.replace('_', '-')}")
+    assert code == 1 and out["stop_reason"] == stop and len(scripted_openai.requests) == 2
