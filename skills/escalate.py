@@ -54,7 +54,7 @@ def pack_signals(pack) -> EscalationSignals:
                              vanished_arms=[f"{r.knob}={r.value}" for r in pack.ablations if r.vanished_at_scale],
                              checkpoint_save_s=plan.save_stall_s if plan else None,
                              mtbf_s=plan.mtbf_h * 3600 if plan else None,
-                             mtbf_source=plan.mtbf_basis if plan else "declared")
+                             mtbf_source=plan.mtbf_basis if plan else "no checkpoint plan")
 
 
 def escalation_problems(pack) -> list[str]:

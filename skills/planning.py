@@ -48,9 +48,10 @@ def plan_from_drill(drill: DrillResult, mtbf_h: float, mtbf_basis: str,
                           write_occupancy_pct=100 * occupancy.occupancy_fraction if occupancy else None)
 
 
-def reliability_summary(declared_mtbf_h: float, ettr_window_s: float) -> ReliabilitySummary:
+def reliability_summary(declared_mtbf_h: float | None, ettr_window_s: float) -> ReliabilitySummary:
     """S2's reliability block from the interruption record as it stands: the interruption rate,
-    the MTBF (measured, or the declared one while the record is too short, labelled so), the
+    the MTBF (measured; while the record is too short, the operator's declared one, or without one
+    the assumed default, labelled so), the
     recovery time and the ETTR readings the escalation rules read (tools/watch.record_view)."""
     now = time.time()
     view = record_view(ettr_window_s, declared_mtbf_h, until=now)

@@ -37,8 +37,9 @@ class SopSettings(BaseModel):
     knobs: list[str] = Field(default_factory=list,
                              description="arms NAME=VALUE; empty uses the framework's default plan")
     faults: list[str] = Field(default_factory=list, description="drill kinds; empty uses the framework's default set")
-    mtbf_h: float = Field(24.0, gt=0, description="declared job MTBF, hours: used only while the interruption "
-                                                  "record is too short to measure one")
+    mtbf_h: float | None = Field(None, gt=0, description="declared job MTBF, hours: used only while the "
+                                 "interruption record is too short to measure one; None: the assumed default, "
+                                 "labelled so")
     ettr_window_s: float = Field(3600.0, gt=0, le=30 * 86400,
                                  description="width of one effective-training-time window (seconds) for S2 and "
                                              "R-ESC-1")
@@ -129,8 +130,7 @@ def _mtbf_basis(rel) -> str:
     """The checkpoint plan's MTBF basis: S2's figure and where it comes from."""
     if rel.mtbf_measured:
         return f"the interruption record (S2): {rel.mtbf_source}"
-    return (f"declared by the operator (--mtbf-h), not measured: the interruption record holds {rel.unplanned} "
-            "unplanned interruption(s), too few to measure one")
+    return f"not measured: {rel.mtbf_source}, too few to measure one"
 
 
 def build_from_runs(run_dirs: list[str], scheduler: str = "local", ctx: CallContext | None = None) -> Path:
@@ -149,7 +149,7 @@ def build_from_runs(run_dirs: list[str], scheduler: str = "local", ctx: CallCont
     records = [read_drill_record(r) for r in run_dirs]
     drills = [DrillResult.model_validate(record.model_dump()) for record in records if record is not None]
     summary = baseline.summarize(req, results).model_copy(
-        update={"reliability": planning.reliability_summary(24.0, escalate.ETTR_WINDOW_S)})
+        update={"reliability": planning.reliability_summary(None, escalate.ETTR_WINDOW_S)})
     pack = evidence_pack.assemble(f"runs-{time.strftime('%Y%m%d-%H%M%S')}", env, summary, [], drills, [env_row],
                                   references=reference_notes(env, req.nproc, summary.model),
                                   mlperf=references.mlperf(env))

@@ -72,8 +72,11 @@ class ReliabilitySummary(BaseModel):
     span_h: float = Field(ge=0, description="hours from the first to the last unplanned interruption")
     interruption_rate_per_day: float | None = Field(description="unplanned interruptions per day; None: too few")
     mtbf_h: float = Field(gt=0, description="mean time between failures, hours")
-    mtbf_source: str = Field(description="measured from N recorded interruptions, or declared (and why)")
-    mtbf_measured: bool = Field(description="the MTBF comes from the record, not the declared figure")
+    mtbf_source: str = Field(description="measured from N recorded interruptions, or declared by the operator, or "
+                                         "the assumed default (and why)")
+    mtbf_measured: bool = Field(description="the MTBF comes from the record, not a declared or assumed figure")
+    mtbf_level: Literal["measured", "declared", "assumed default"] = Field(
+        description="the MTBF's evidence level: from the record, the operator's --mtbf-h, or the assumed default")
     recovery_time_s: float | None = Field(description="median time lost per unplanned interruption; None: none")
     cause_distribution: dict[str, int] = Field(description="interruptions per cause, from the record")
     ettr_window_s: float = Field(gt=0, description="width of one effective-training-time window")
@@ -213,7 +216,8 @@ class CheckpointPlan(BaseModel):
     restart_path: str = Field(default="", description="the recovery path that restart time is of")
     restart_source: str = Field(default="", description="where restart_s was read from")
     mtbf_h: float = Field(gt=0, description="job mean time between failures used, hours")
-    mtbf_basis: str = Field(description="where the MTBF comes from (declared by the operator, not measured here)")
+    mtbf_basis: str = Field(description="where the MTBF comes from: measured, declared by the operator, or the "
+                                        "assumed default")
     young_interval_min: float
     daly_interval_min: float
     expected_waste_pct: float = Field(description="expected share of wall time lost at the Daly interval")

@@ -181,14 +181,15 @@ def _baseline(pack: EvidencePack) -> Section | None:
 
 def _reliability(rel: ReliabilitySummary | None) -> list[str]:
     """S2's interruption rate, MTBF and recovery time from the interruption record, the MTBF's
-    source beside it (declared only while the record is too short)."""
+    source beside it (declared or an assumed default only while the record is too short)."""
     if rel is None:
         return ["**Reliability.** not measured: the interruption record was not read for this pack."]
     rate = ("not measured (fewer than two unplanned interruptions)" if rel.interruption_rate_per_day is None
             else f"{rel.interruption_rate_per_day:g} per day over {rel.span_h:g} h")
     recovery = ("not measured (no unplanned interruption)" if rel.recovery_time_s is None
                 else f"{rel.recovery_time_s:.1f} s, the median time lost per unplanned interruption")
-    kind = "" if rel.mtbf_measured else "; the declared figure, not measured"
+    kind = {"measured": "", "declared": "; the declared figure, not measured",
+            "assumed default": "; an assumed default, not measured"}[rel.mtbf_level]
     causes = ", ".join(f"{md_text(cause)} {count}" for cause, count in rel.cause_distribution.items())
     ettr = ", ".join(f"{v:.1f}%" for v in rel.ettr_pct) or "no closed window yet"
     return [f"**Reliability** (interruption record, {rel.interruptions} interruption(s), {rel.unplanned} unplanned). "

@@ -104,7 +104,7 @@ def test_trainops_ettr_json_gives_the_series_and_a_png(two_failures, workspace):
     assert out["plot"] == str(plot) and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     one = json.loads(CliRunner().invoke(app, ["ettr", "--window", "0.5", "--job", two_failures[1], "--json"]).stdout)
     assert [w["ettr_pct"] for w in one["windows"]] == [w.ettr_pct for w in ettr_series(0.5, job=two_failures[1])]
-    assert one["reliability"]["unplanned"] == 1 and one["reliability"]["mtbf_source"].startswith("declared")
+    assert one["reliability"]["unplanned"] == 1 and one["reliability"]["mtbf_source"].startswith("assumed default")
 
 
 @pytest.mark.parametrize("window", ["0", "-5", "nan", "1e9"])
@@ -118,12 +118,14 @@ def test_a_bad_window_is_refused_naming_the_field(workspace, window):
 
 @pytest.mark.slow
 def test_the_quick_sop_states_s2_reliability_and_plans_checkpoints_on_its_mtbf(quick_sop):
-    """The SOP reads the record at S2 (fresh workspace: too short, so the declared MTBF, labelled)
-    and its checkpoint plan uses that MTBF with its source as the basis."""
+    """The SOP reads the record at S2 (fresh workspace: too short, and no --mtbf-h, so the assumed
+    default MTBF, labelled so and never "declared") and its checkpoint plan uses that MTBF with its
+    source as the basis."""
     pack = json.loads((Path(quick_sop["pack_dir"]) / "evidence.json").read_text())
     rel, plan = pack["baseline"]["reliability"], pack["checkpoint_plan"]
-    assert rel["mtbf_measured"] is False and rel["mtbf_source"].startswith("declared")
+    assert rel["mtbf_measured"] is False and rel["mtbf_source"].startswith("assumed default of 24 h, set with --mtbf-h")
     assert plan["mtbf_h"] == rel["mtbf_h"] == 24.0 and "not measured" in plan["mtbf_basis"]
     assert rel["ettr_window_s"] == 3600.0
     report = (Path(quick_sop["pack_dir"]) / "report.md").read_text()
-    assert "**Reliability**" in report and "the declared figure, not measured" in report
+    assert "**Reliability**" in report and "assumed default of 24 h, set with --mtbf-h" in report
+    assert "declared by the operator" not in report

@@ -5,6 +5,7 @@ tools/planning/effective_training_time.py."""
 from __future__ import annotations
 
 import statistics
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -57,8 +58,9 @@ def ettr_series(window_s: float, job: str | None = None, now: float | None = Non
 
 
 class ReliabilityStats(BaseModel):
-    """Interruption rate, MTBF and recovery time measured from the record; the declared MTBF only
-    when the record holds fewer than two unplanned interruptions that were not drills, labelled so."""
+    """Interruption rate, MTBF and recovery time measured from the record; the declared (or assumed
+    default) MTBF only when the record holds fewer than two unplanned interruptions that were not
+    drills, labelled so."""
     interruptions: int
     unplanned: int
     span_h: float
@@ -66,12 +68,27 @@ class ReliabilityStats(BaseModel):
     mtbf_h: float
     mtbf_source: str
     mtbf_measured: bool = Field(description="The MTBF comes from the record (two or more interruptions that were "
-                                            "not drills), not the declared figure.")
+                                            "not drills), not a declared or assumed figure.")
+    mtbf_level: MtbfLevel = Field(description="The MTBF's evidence level: measured from the record, declared by "
+                                              "the operator (--mtbf-h), or the assumed default.")
     recovery_time_s: float | None = Field(None, description="Median time lost per unplanned interruption.")
     cause_distribution: dict[str, int]
 
 
-def reliability(declared_mtbf_h: float = 24.0, job: str | None = None,
+MtbfLevel = Literal["measured", "declared", "assumed default"]
+DEFAULT_MTBF_H = 24.0
+"""The MTBF assumed while the record is too short to measure one and the operator declared none."""
+
+
+def mtbf_stand_in(declared_mtbf_h: float | None) -> tuple[float, MtbfLevel, str]:
+    """The MTBF used while the record cannot measure one, and what it is: the operator's figure
+    (--mtbf-h) is "declared"; without one it is the default, "assumed", never called declared."""
+    if declared_mtbf_h is None:
+        return DEFAULT_MTBF_H, "assumed default", f"assumed default of {DEFAULT_MTBF_H:g} h, set with --mtbf-h"
+    return declared_mtbf_h, "declared", f"declared by the operator (--mtbf-h {declared_mtbf_h:g})"
+
+
+def reliability(declared_mtbf_h: float | None = None, job: str | None = None,
                 records: list[Interruption] | None = None) -> ReliabilityStats:
     records = read_interruptions(job) if records is None else records
     unplanned = [r for r in records if not r.planned]
@@ -82,14 +99,15 @@ def reliability(declared_mtbf_h: float = 24.0, job: str | None = None,
     span = (times[-1] - times[0]) if len(times) > 1 else 0.0
     left_out = f", {drills} drill(s) left out" if drills else ""
     measured = len(times) >= 2 and span > 0
+    level: MtbfLevel = "measured"
     if measured:
         mtbf, source = span / (len(times) - 1) / 3600, f"measured from {len(times)} recorded interruptions{left_out}"
     else:
-        mtbf, source = declared_mtbf_h, (f"declared (record holds {len(times)} unplanned interruption(s) that were "
-                                         f"not drills{left_out})")
+        mtbf, level, basis = mtbf_stand_in(declared_mtbf_h)
+        source = f"{basis} (record holds {len(times)} unplanned interruption(s) that were not drills{left_out})"
     return ReliabilityStats(interruptions=len(records), unplanned=len(unplanned), span_h=round(span / 3600, 4),
                             interruption_rate_per_day=round(len(times) / (span / 86400), 3) if span > 0 else None,
-                            mtbf_h=mtbf, mtbf_source=source, mtbf_measured=measured,
+                            mtbf_h=mtbf, mtbf_source=source, mtbf_measured=measured, mtbf_level=level,
                             recovery_time_s=statistics.median(lost) if lost else None,
                             cause_distribution=cause_distribution(records))
 
@@ -99,7 +117,8 @@ class EttrInput(BaseModel):
 
     job_id: JobId | None = Field(None, max_length=200, description="Only this job; None: every recorded job.")
     window_s: float = Field(3600.0, gt=0, le=30 * 86400, description="Width of one window in seconds.")
-    declared_mtbf_h: float = Field(24.0, gt=0, le=1e6, description="Used only while the record is too short.")
+    declared_mtbf_h: float | None = Field(None, gt=0, le=1e6, description="The operator's MTBF in hours, used only "
+                                          "while the record is too short; None: the assumed default, labelled so.")
 
 
 class EttrOutput(BaseModel):

@@ -29,8 +29,8 @@ class WatchJobInput(BaseModel):
     timeout_s: float = Field(3600.0, gt=0, le=7 * 86400, description="Stop watching after this long (at most 7 days).")
     ettr_window_s: float = Field(3600.0, gt=0, le=30 * 86400,
                                  description="Width of one effective-training-time window for R-ESC-1.")
-    mtbf_h: float = Field(24.0, gt=0, le=1e6, description="Declared MTBF (hours), used while the interruption "
-                                                          "record is too short to measure one.")
+    mtbf_h: float | None = Field(None, gt=0, le=1e6, description="Declared MTBF (hours), used while the "
+                                 "interruption record is too short to measure one; None: the assumed default.")
 
 
 class SdcSuspect(BaseModel):
@@ -97,7 +97,7 @@ class RecordView(BaseModel):
         return self.stats.mtbf_h * 3600
 
 
-def record_view(window_s: float, declared_mtbf_h: float, until: float | None = None) -> RecordView:
+def record_view(window_s: float, declared_mtbf_h: float | None, until: float | None = None) -> RecordView:
     """From the workspace's whole interruption record (every job of the footprint, up to `until`):
     ETTR per window, the cause split and the MTBF with its source. Only closed windows are
     readings: the window still open holds a fraction of its time and would read as noise."""

@@ -85,7 +85,8 @@ def plot_ettr(windows: list[dict[str, Any]], path: Path) -> Path:
 def ettr(
     window_s: float = typer.Option(3600.0, "--window", help="Window width in seconds."),
     job_id: str | None = typer.Option(None, "--job", help="Only this job."),
-    mtbf_h: float = typer.Option(24.0, "--mtbf-h", help="Declared MTBF (h), used while the record is too short."),
+    mtbf_h: float | None = typer.Option(None, "--mtbf-h", help="Declared MTBF (h), used while the record is too "
+                                                                "short (default: an assumed 24 h, labelled so)."),
     plot: Path | None = typer.Option(None, "--plot", help="PNG path (default: WORKSPACE/ettr.png)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:

@@ -205,9 +205,10 @@ def sop(config: Optional[str] = typer.Argument(None, help="Job config TOML (defa
         fault: Optional[List[str]] = typer.Option(None, "--fault",
                                                   help="Drill kinds (default: the framework's; trainops: crash, full "
                                                        "run crash, hang, bitflip)."),
-        mtbf_h: float = typer.Option(24.0, "--mtbf-h", min=0.001,
-                                     help="Declared job MTBF, hours: used only while the interruption record is "
-                                          "too short to measure one."),
+        mtbf_h: Optional[float] = typer.Option(None, "--mtbf-h", min=0.001,
+                                               help="Declared job MTBF, hours: used only while the interruption "
+                                                    "record is too short to measure one (default: an assumed 24 h, "
+                                                    "labelled so)."),
         ettr_window_s: float = typer.Option(3600.0, "--ettr-window", min=1.0, max=30 * 86400.0,
                                             help="Effective-training-time window, seconds (S2 and R-ESC-1)."),
         scheduler: str = SCHED, monitor: str = MONITOR, as_json: bool = JSON, framework: str = FRAMEWORK):

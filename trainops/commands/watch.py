@@ -35,7 +35,8 @@ def watch(
     interval_s: float = typer.Option(1.0, "--interval", help="Seconds between polls."),
     timeout_s: float = typer.Option(3600.0, "--timeout", help="Stop watching after this many seconds."),
     window_s: float = typer.Option(3600.0, "--ettr-window", help="Effective-training-time window, seconds."),
-    mtbf_h: float = typer.Option(24.0, "--mtbf-h", help="Declared MTBF (h) while the interruption record is short."),
+    mtbf_h: float | None = typer.Option(None, "--mtbf-h", help="Declared MTBF (h) while the interruption record is "
+                                                                "short (default: an assumed 24 h, labelled so)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Watch a running job and escalate what R-ESC-1..4 say a human must decide."""
