@@ -290,8 +290,10 @@ def read_scheduler(kind: SchedulerKind) -> SchedulerDeclaration:
         raise ToolError("declare_environment", str(exc)) from None
     shadow_only = _shadow_only_nodes(nodes) if kind == "slurm" else set()
     training = [n for n in nodes if n.name not in shadow_only]
+    # the local scheduler's one node is the host every job runs on: idle or not, nothing can replace it
+    spares = [] if kind == "local" else [n.name for n in training if n.state == "idle"]
     return SchedulerDeclaration(kind=kind, version=version, partitions=partitions, nodes=[n.name for n in training],
-                     hot_spare_nodes=[n.name for n in training if n.state == "idle"],
+                     hot_spare_nodes=spares,
                      shadow_nodes=[n.name for n in nodes if n.name in shadow_only],
                      cpus_per_node={n.name: n.cpus for n in training if n.cpus}, transport=transport)
 

@@ -288,7 +288,9 @@ def _render_env(decl: Any) -> None:
         ("framework", f"{decl.framework.name} {decl.framework.version}"),
         ("scheduler",
          f"{decl.scheduler.kind} ({decl.scheduler.version}); partitions {', '.join(decl.scheduler.partitions)}"),
-        ("hot spares", ", ".join(decl.scheduler.hot_spare_nodes) or "none"),
+        ("hot spares", ", ".join(decl.scheduler.hot_spare_nodes)
+         or ("none (the local scheduler has one node, the one the job runs on)" if decl.scheduler.kind == "local"
+             else "none")),
         ("checkpoint write",
          f"{decl.checkpoint_storage.write_bandwidth_mib_s:.0f} MiB/s ({decl.checkpoint_storage.test_size_mib} MiB "
          f"to {decl.checkpoint_storage.path}, {decl.checkpoint_storage.filesystem}, fsync'd)"),

@@ -45,10 +45,11 @@ def test_framework_defaults_to_the_embedded_trainer_with_its_version(declaration
     assert declaration.framework.version == version("trainops")
 
 
-def test_local_scheduler_reports_this_host_and_it_is_idle(declaration):
+def test_local_scheduler_reports_this_host_and_no_hot_spare(declaration):
+    """The one local node is where the job runs, not a spare that could replace it."""
     assert declaration.scheduler.kind == "local"
     assert declaration.scheduler.nodes == [socket.gethostname()]
-    assert declaration.scheduler.hot_spare_nodes == [socket.gethostname()]
+    assert declaration.scheduler.hot_spare_nodes == []
 
 
 def test_checkpoint_write_bandwidth_is_measured(declaration):
