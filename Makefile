@@ -4,6 +4,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 
 .PHONY: demo test test-quick bench clean
 
@@ -19,8 +20,19 @@ $(STAMP): pyproject.toml
 	$(PIP) install -e ".[test]"
 	touch $(STAMP)
 
-demo: $(STAMP)
+# The demo needs trainops and torch only: no test tools (transformers, deepspeed, megatron-core...).
+$(DEMO_STAMP): pyproject.toml
+	@echo "installing trainops and torch into $(VENV) (minutes the first time)"
+	$(PY) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+	$(PIP) install "$(TORCH_SPEC)"
+	$(PIP) install -e .
+	touch $(DEMO_STAMP)
+
+# A venv that `make test` installed already has everything the demo needs.
+demo: $(if $(wildcard $(STAMP)),$(STAMP),$(DEMO_STAMP))
 	$(BIN)/trainops sop --quick
+	@echo "trainops is installed in $(VENV): run it as $(BIN)/trainops, or 'source $(BIN)/activate' first"
 
 # --durations: the slowest tests, so a suite drifting towards CI's time limit shows where.
 # -n 3 --dist loadgroup: most tests wait on processes, jobs and timeouts rather than compute, so three

@@ -15,6 +15,7 @@ from trainops.skills.drill import drill
 from trainops.skills.evidence import pack as evidence_pack
 from trainops.skills.evidence import references
 from trainops.skills.evidence.model import DrillResult, PackEnvironment
+from trainops.skills.evidence.view import DECISION_COMMANDS, SIGNING_NOTE
 from trainops.skills.request import JobRequest
 from trainops.tools.calls import invoke
 from trainops.tools.context import CallContext, skill_context
@@ -75,11 +76,49 @@ class SopSettings(BaseModel):
                           overrides=[] if self.config else [f"{plan.steps_key}={steps}", *plan.job])
 
 
+class Headline(BaseModel):
+    """The figures the SOP ends on, read from the pack it wrote (the report's own values)."""
+    mfu_pct: float | None = Field(description="baseline MFU, median over the repeats, percent")
+    step_time_s: float | None = Field(description="baseline step time, median over the repeats, seconds")
+    step_time_spread_pct: float | None = Field(description="(high - low) / median of the repeats' step time, percent")
+    recovery_time_s: float | None = Field(description="the first drill's detection -> first step after restart, s")
+    recovery_fault: str = Field("", description="the fault that drill injected")
+    expected_waste_pct: float | None = Field(description="expected share of wall time lost at the Daly interval")
+
+    def lines(self) -> list[str]:
+        def show(value: float | None, text: str) -> str:
+            return "not measured" if value is None else text
+        return [f"MFU {show(self.mfu_pct, f'{self.mfu_pct:.2f}%')} (baseline median); step time "
+                f"{show(self.step_time_s, f'{self.step_time_s:.3f} s')}"
+                + ("" if self.step_time_spread_pct is None else f", spread {self.step_time_spread_pct:.1f}%"),
+                f"recovery {show(self.recovery_time_s, f'{self.recovery_time_s:.1f} s')}"
+                + (f" ({self.recovery_fault} drill)" if self.recovery_fault else "")
+                + f"; expected waste {show(self.expected_waste_pct, f'{self.expected_waste_pct:.2f}%')} "
+                  "(checkpoints at the Daly interval)"]
+
+
 class SopResult(BaseModel):
     pack_dir: str
     verdict: str
     blockers: list[str]
     elapsed_s: float
+    pack_id: str = Field(description="the pack a human approves or rejects")
+    report_html: str = Field(description="the report to read before deciding")
+    approve_command: str = Field(description="the command that approves the pack with the approver's SSH key")
+    signing_note: str = Field(SIGNING_NOTE, description="which key that command signs with")
+    headline: Headline
+
+
+def headline(pack) -> Headline:
+    """The SOP's closing figures, from the pack as written."""
+    base, plan = pack.baseline, pack.checkpoint_plan
+    drills = pack.fault_tolerance.drills if pack.fault_tolerance else []
+    return Headline(mfu_pct=base.mfu_pct.median if base else None,
+                    step_time_s=base.step_time_s.median if base else None,
+                    step_time_spread_pct=base.step_time_s.spread_pct if base else None,
+                    recovery_time_s=drills[0].recovery_time_s if drills else None,
+                    recovery_fault=drills[0].fault if drills else "",
+                    expected_waste_pct=plan.expected_waste_pct if plan else None)
 
 
 def reference_notes(env: PackEnvironment | None, world: int, model: str) -> list[str]:
@@ -123,7 +162,9 @@ def run(settings: SopSettings, ctx: CallContext | None = None, progress: Progres
     pack = escalate.carry_fired(pack, ctx)  # R-ESC-1..4 on every SOP run: a fired rule goes to a human
     folder = evidence_pack.write(pack)
     return SopResult(pack_dir=str(folder), verdict=pack.verdict, blockers=pack.blockers,
-                     elapsed_s=time.time() - started)
+                     elapsed_s=time.time() - started, pack_id=pack.pack_id, report_html=str(folder / "report.html"),
+                     approve_command=DECISION_COMMANDS["approve"].format(pack_id=pack.pack_id),
+                     headline=headline(pack))
 
 
 def _mtbf_basis(rel) -> str:

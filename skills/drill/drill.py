@@ -194,8 +194,9 @@ class _Drill:
         record (RUN/recoveries.jsonl) instead of cancelling. None: it is off, or the job ended or
         stayed stuck without one (no spare, a lost node), so the requeue takes over."""
         if not supervised_since(self.run_dir, self.submitted_at):
-            self.say(f"drill {self.fault}: the job runs without trainops' supervisor (resilience.in_process_restart: "
-                     "off or not applicable), so the requeue recovers it")
+            self.say(f"drill {self.fault}: recovery by requeue, as this job is set up (in-process restart, "
+                     "resilience.in_process_restart, is off or does not apply): trainops cancels the job and "
+                     "resubmits it from its newest checkpoint")
             return None
         resilience = read_toml(RunFiles(self.run_dir).config).get("resilience", {})
         patience = min(self.req.timeout_s, 2 * float(resilience.get("collective_timeout_s", 60.0)) + 30)

@@ -160,7 +160,7 @@ def plan_checkpoint_interval(inp: CheckpointIntervalInput) -> CheckpointInterval
         )
     else:
         escalation = "none"
-        advice = f"checkpoint every {daly / 60:.1f} min (Daly); expected waste {waste:.1%}"
+        advice = f"checkpoint every {daly / 60:.1f} min (Daly); expected waste {waste:.2%}"  # as the report rounds it
     occupancy = write_occupancy(inp, daly)
     if occupancy is not None:
         advice += (f"; checkpoints occupy {occupancy.occupancy_fraction:.2%} of the write bandwidth "

@@ -221,11 +221,30 @@ def sop(config: Optional[str] = typer.Argument(None, help="Job config TOML (defa
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), disable=as_json,
                   transient=False, console=console()) as bar:
         task = bar.add_task("SOP", total=None)
-        result = _guard(lambda: run(settings, progress=lambda msg: bar.update(task, description=escape(msg))), as_json)
-    emit(result, as_json, lambda r: console().print(
-        f"verdict: [bold]{r.verdict}[/] ({escape('; '.join(r.blockers) or 'no blockers')})\n"
-        f"pack: {escape(r.pack_dir)} — "
-        f"awaiting approval (trainops approve {escape(r.pack_dir.rsplit('/', 1)[-1])})\nelapsed: {r.elapsed_s:.0f} s"))
+        result = _guard(lambda: run(settings, progress=None if as_json else _reporter(bar, task)),
+                        as_json)
+    emit(result, as_json, _closing)
+
+
+def _reporter(bar: Progress, task):
+    """Every progress message printed whole above the live line (it wraps; the live line would cut it at
+    the terminal's width), and the spinner's label kept at the SOP step it is in."""
+    def report(msg: str) -> None:
+        bar.console.print(f"» {msg}", markup=False, highlight=False)
+        if msg[:1] == "S" and msg[1:2].isdigit():
+            bar.update(task, description=escape(msg))
+    return report
+
+
+def _closing(r) -> None:
+    """Where the human starts: the figures, the verdict, the report to read and the command to sign."""
+    out = console()
+    for line in r.headline.lines():
+        out.print(line, markup=False, highlight=False)
+    out.print(f"verdict: [bold]{r.verdict}[/] ({escape('; '.join(r.blockers) or 'no blockers')})", highlight=False)
+    out.print(f"pack {r.pack_id}, awaiting your decision\nread:    {r.report_html}\napprove: {r.approve_command}\n"
+              f"         ({r.signing_note} Reject with trainops reject {r.pack_id} --note REASON.)\n"
+              f"elapsed: {r.elapsed_s:.0f} s", markup=False, highlight=False, soft_wrap=False)
 
 
 @skill.command("list")
