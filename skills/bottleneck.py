@@ -1,13 +1,15 @@
-"""The baseline's four-way bottleneck split: compute, exposed communication, data loading and
-scheduling fragmentation, each a share of wall time (the scheduler's submit -> end of each repeat).
+"""The baseline's bottleneck split: compute, exposed communication, data loading, scheduling
+fragmentation and process start-up, each a share of wall time (the scheduler's submit -> end of
+each repeat).
 
-Scheduling fragmentation is the scheduler's own times against the trainer's: queue wait
-(submitted -> started) and allocated-but-idle time (started -> first step begins, last step ends
--> job ended). Inside the steps, data loading is the trainer's measured `data_wait_s`;
-communication is the step-time fraction the profiled trace shows as EXPOSED (a collective in
-progress while nothing computes, MegaScale's measure of what overlap failed to hide), applied to
-the repeats' step time; compute is the rest of the step time. The remainder is host work between
-steps (the metrics record, checkpoint saves)."""
+Scheduling fragmentation is the scheduler-side wait alone: queue wait (submitted -> started).
+Process start-up is the job's own time on its nodes, read from the scheduler's times against the
+trainer's: started -> first step begins, last step ends -> job ended. Inside the steps, data
+loading is the trainer's measured `data_wait_s`; communication is the step-time fraction the
+profiled trace shows as EXPOSED (a collective in progress while nothing computes, MegaScale's
+measure of what overlap failed to hide), applied to the repeats' step time; compute is the rest
+of the step time. The remainder is host work between steps (the metrics record, checkpoint
+saves)."""
 from __future__ import annotations
 
 import json
@@ -204,7 +206,7 @@ def _share(seconds: float | None, wall_s: float, method: str) -> TimeShare:
 
 def split(scheduler: str, warmup_steps: int, results: list[RepeatResult],
           profiled: RepeatResult | None = None) -> BottleneckSplit | None:
-    """The four shares over the repeats' wall time; communication from the profiled run's traces
+    """The five shares over the repeats' wall time; communication from the profiled run's traces
     (else any repeat's), the per-rank views from the last repeat. None when a repeat has no
     scheduler times (`_repeat_times`): without them wall time and fragmentation are unknown."""
     times = [_repeat_times(r, scheduler) for r in results]
@@ -234,9 +236,10 @@ def split(scheduler: str, warmup_steps: int, results: list[RepeatResult],
         compute=_share(compute, wall, f"step_time_s less data_wait_s less exposed communication ({per_rank})"),
         communication=_share(comm, wall, comm_method),
         data_loading=_share(data, wall, f"data_wait_s, the step's wait for its batch ({per_rank})"),
-        scheduling=_share(max(0.0, queue) + idle, wall,
-                          f"{scheduler} scheduler job times (job_status): queue wait submitted -> started "
-                          f"{max(0.0, queue):.2f} s, allocated but idle started -> first step and last step -> "
-                          f"ended {idle:.2f} s"),
-        remainder=_share(remainder, wall, "wall time less the four: host work between steps (metrics record, "
+        scheduling=_share(max(0.0, queue), wall, f"{scheduler} scheduler job times (job_status): queue wait "
+                                                 f"submitted -> started, {max(0.0, queue):.2f} s"),
+        startup=_share(idle, wall, f"{scheduler} scheduler job times against the first and last step in "
+                                   f"metrics.jsonl: started -> first step begins and last step -> ended, {idle:.2f} s "
+                                   "(process launch, imports, model build, shut-down)"),
+        remainder=_share(remainder, wall, "wall time less the five: host work between steps (metrics record, "
                                           "checkpoint saves), measured as what is left"))

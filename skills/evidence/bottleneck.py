@@ -1,5 +1,6 @@
-"""The baseline's four-way bottleneck split (the seed's classes: compute, communication, data
-loading, scheduling fragmentation), each a share of the jobs' wall time with how it was measured.
+"""The baseline's bottleneck split (the seed's classes: compute, communication, data loading,
+scheduling fragmentation; and process start-up, which is the job's own time, not the scheduler's),
+each a share of the jobs' wall time with how it was measured.
 A contract module: it imports nothing above it; trainops.skills.bottleneck computes it."""
 from __future__ import annotations
 
@@ -34,9 +35,11 @@ class BottleneckSplit(BaseModel):
     compute: TimeShare
     communication: TimeShare = Field(description="exposed communication: collectives not overlapped by compute")
     data_loading: TimeShare
-    scheduling: TimeShare = Field(description="queue wait plus allocated-but-idle time (start -> first step, "
-                                              "last step -> end), from the scheduler's times")
-    remainder: TimeShare = Field(description="what the four leave: host work between steps (metrics, "
+    scheduling: TimeShare = Field(description="scheduling fragmentation: the scheduler-side wait, submitted -> "
+                                              "started (queue wait), from the scheduler's times")
+    startup: TimeShare = Field(description="process start-up and shut-down: started -> first step begins (launcher, "
+                                           "imports, model build) and last step -> job end, on the job's own nodes")
+    remainder: TimeShare = Field(description="what the five leave: host work between steps (metrics, "
                                              "checkpoint saves)")
     queue_wait_s: float = Field(ge=0, description="scheduler submit -> start, summed over the repeats")
     idle_allocated_s: float = Field(ge=0, description="start -> first step plus last step -> end, summed")

@@ -199,11 +199,12 @@ def _reliability(rel: ReliabilitySummary | None) -> list[str]:
 
 
 def _bottleneck(split: BottleneckSplit | None) -> list[Table]:
-    """The four-way split of wall time, each class with its method, and the remainder they leave."""
+    """The split of wall time, each class with its method, and the remainder they leave."""
     if split is None:
         return []
     rows = [("compute", split.compute), ("communication (exposed)", split.communication),
-            ("data loading", split.data_loading), ("scheduling fragmentation", split.scheduling),
+            ("data loading", split.data_loading), ("scheduling fragmentation (queue wait)", split.scheduling),
+            ("process start-up and shut-down", split.startup),
             ("remainder", split.remainder)]
     return [Table(["where the wall time went", "share of wall time", "seconds", "method"],
                   [[Cell(name), number(share.share_pct, 1, "%"), number(share.seconds, 2, " s"), Cell(share.method)]

@@ -73,13 +73,15 @@ def test_a_two_process_baseline_splits_its_wall_time_four_ways_and_packs_both_vi
     summary = BaselineSummary.model_validate(json.loads(result.output))
     split = summary.bottleneck
     shares = {"compute": split.compute, "communication": split.communication, "data": split.data_loading,
-              "scheduling": split.scheduling}
+              "scheduling": split.scheduling, "start-up": split.startup}
     for name, share in shares.items():
         assert share.share_pct is not None and 0 <= share.share_pct <= 100, (name, share)
         assert share.method and not share.method.startswith("not measured"), (name, share.method)
     assert split.communication.share_pct > 0  # two FSDP ranks wait for their gathers and reductions
-    assert split.scheduling.share_pct > 0 and split.idle_allocated_s > 0
+    assert split.scheduling.share_pct >= 0 and split.startup.share_pct > 0 and split.idle_allocated_s > 0
     assert "local scheduler job times (job_status)" in split.scheduling.method
+    assert split.scheduling.seconds == pytest.approx(split.queue_wait_s)  # fragmentation: the scheduler's wait only
+    assert split.startup.seconds == pytest.approx(split.idle_allocated_s)
     record = json.loads(next((workspace / "jobs").glob("baseline-1-*.json")).read_text())  # the scheduler's own
     assert split.queue_wait_s == pytest.approx(record["started_at"] - record["submitted_at"])
     total = sum(s.share_pct for s in shares.values()) + split.remainder.share_pct
