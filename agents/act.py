@@ -1,6 +1,6 @@
-"""The offline policy's handling of an order to act: "cancel job J", "requeue job J", "drain the
-node of job J", "quarantine run R's checkpoints from step S", "give tenant T N GPUs at high
-priority".
+"""The offline policy's handling of an order to act (agents/kinds.py's order kinds): cancel or
+requeue a job, drain or resume a node, quarantine a run's checkpoints from a step, set a tenant's
+quota.
 
 One gated call, never more. Its target comes from the request's ids and, for a job or a node,
 from the scheduler's own record of the job (job_status: it exists, its backend, its nodes), never
@@ -10,28 +10,15 @@ job on several nodes, no step given) is answered with what is missing instead of
 """
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from langchain_core.messages import AIMessage, ToolMessage
 
 from trainops.agents.answer import FINAL_ANSWER_TOOL, Evidence, FinalAnswer
 from trainops.agents.diagnose import tool_call
+from trainops.agents.understand import Request
 
-_IMPERATIVE = r"(?:^|[.!?;:]\s+)(?:please\s+|now\s+)?"
-ORDERS: tuple[tuple[re.Pattern, str], ...] = (
-    (re.compile(_IMPERATIVE + r"cancel\b", re.I), "cancel_job"),
-    (re.compile(_IMPERATIVE + r"(requeue|resubmit)\b", re.I), "requeue_job"),
-    (re.compile(_IMPERATIVE + r"(drain\b|take\b.*\bout of service|cordon\b)", re.I), "drain_node"),
-    (re.compile(_IMPERATIVE + r"quarantine\b", re.I), "quarantine_checkpoints"),
-    (re.compile(_IMPERATIVE + r"(give|set|raise|grant)\b.*\b(tenant|quota)\b", re.I), "set_tenant_quota"),
-)
 _NEEDS_JOB = {"cancel_job", "requeue_job", "drain_node"}
-
-
-def ordered_tool(request: str) -> str | None:
-    """The gated tool an imperative sentence of the request orders, if one does."""
-    return next((tool for pattern, tool in ORDERS if pattern.search(request.strip())), None)
 
 
 def _answer(summary: str, evidence: list[Evidence] | None = None, nodes: list[str] | None = None,
@@ -46,27 +33,30 @@ def _final(n: int, summary: str, **fields: Any) -> AIMessage:
     return tool_call(FINAL_ANSWER_TOOL, _answer(summary, **fields), n)
 
 
-def _quota_args(request: str) -> dict[str, Any] | str:
-    tenant = re.search(r"\btenant\s+([A-Za-z0-9][\w.\-]*)", request, re.I)
-    if tenant is None:
+def _quota_args(request: Request) -> dict[str, Any] | str:
+    found = request.entities
+    if found.tenant is None:
         return "the tenant (say e.g. 'tenant team-a')"
-    args: dict[str, Any] = {"tenant": tenant.group(1).rstrip("."), "reason": f"operator order: {request.strip()[:200]}"}
-    priority = re.search(r"\b(low|normal|high)\s+priority\b", request, re.I)
-    args["priority"] = priority.group(1).lower() if priority else "normal"
-    for field, unit in (("gpus", r"gpus?"), ("cpus", r"cpus?"), ("max_jobs", r"jobs?")):
-        if found := re.search(rf"\b(\d+)\s+{unit}\b", request, re.I):
-            args[field] = int(found.group(1))
-    return args
+    return {"tenant": found.tenant, "reason": f"operator order: {request.text.strip()[:200]}",
+            "priority": found.priority or "normal", **found.counts}
 
 
-def next_step(tool: str, request: str, params: dict[str, Any], results: list[ToolMessage], n: int) -> AIMessage:
-    by_name = {r.name: r for r in results}
-    job, run = params.get("job"), params.get("run")
+def next_step(tool: str, request: Request, results: list[ToolMessage], n: int) -> AIMessage:
+    by_name, found = {r.name: r for r in results}, request.entities
+    job, run = (found.jobs or [None])[0], (found.runs or [None])[0]
     if tool in by_name:  # the order was made: report the gate's answer
         node = None
-        if tool == "drain_node" and isinstance(by_name["job_status"].artifact, dict):
-            node = _node_to_drain(str(job), request, by_name["job_status"].artifact, by_name.get("list_nodes"))
+        if tool in ("drain_node", "resume_node") and "list_nodes" in by_name:
+            node = _node_to_drain(str(job), found.nodes, by_name.get("job_status"), by_name["list_nodes"])
         return tool_call(FINAL_ANSWER_TOOL, _outcome(tool, by_name[tool], node if isinstance(node, str) else None), n)
+    if tool == "resume_node" or (tool == "drain_node" and not job and found.nodes):
+        if "list_nodes" not in by_name:
+            return tool_call("list_nodes", {}, n)
+        node = _node_to_drain(None, found.nodes, None, by_name["list_nodes"])
+        if isinstance(node, dict):
+            return tool_call(FINAL_ANSWER_TOOL, node, n)
+        return tool_call(tool, {"node": node, **({"reason": f"operator order: {request.text[:150]}"}
+                                                 if tool == "drain_node" else {})}, n)
     if tool in _NEEDS_JOB:
         if not job:
             return _final(n, f"{tool} needs the job: say e.g. 'job 12'.", collect=["the job id"])
@@ -79,46 +69,45 @@ def next_step(tool: str, request: str, params: dict[str, Any], results: list[Too
         record = status.artifact
         args: dict[str, Any] = {"job_id": record["job_id"], "scheduler": record["backend"]}
         if tool == "drain_node":
-            node = _node_to_drain(job, request, record, by_name.get("list_nodes"))
+            if "list_nodes" not in by_name:
+                return tool_call("list_nodes", {"scheduler": record["backend"]}, n)
+            node = _node_to_drain(job, found.nodes, status, by_name["list_nodes"])
             if isinstance(node, dict):
                 return tool_call(FINAL_ANSWER_TOOL, node, n)
-            if node is None:
-                return tool_call("list_nodes", {"scheduler": record["backend"]}, n)
-            args = {"node": node, "scheduler": record["backend"], "reason": f"operator order: {request[:150]}"}
+            args = {"node": node, "scheduler": record["backend"], "reason": f"operator order: {request.text[:150]}"}
         return tool_call(tool, args, n)
     if tool == "quarantine_checkpoints":
-        step = re.search(r"\bstep\s+(\d+)", request, re.I)
-        if not run or step is None:
+        if not run or not found.steps:
             return _final(n, "Quarantine needs the run and the first step to set aside: say e.g. 'run R from step 6'.",
                           collect=["the run id", "the step"])
-        return tool_call(tool, {"run": str(run), "from_step": int(step.group(1))}, n)
+        return tool_call(tool, {"run": str(run), "from_step": found.steps[0]}, n)
+    if tool != "set_tenant_quota":  # a change's many arguments are not read from chat: the command takes them
+        return _final(n, f"{tool} takes more than a sentence can safely say; nothing was ordered. Run it with "
+                         f"`trainops tool call {tool}` (a human approves it there).", collect=[f"{tool}'s arguments"])
     quota = _quota_args(request)
     if isinstance(quota, str):
         return _final(n, f"A quota change needs {quota}.", collect=[quota])
     return tool_call(tool, quota, n)
 
 
-def _node_to_drain(job: str, request: str, record: dict[str, Any], nodes_out: ToolMessage | None):
-    """The node a drain order means, from the scheduler's node list (None: ask list_nodes first): the
-    one listed node the request names; else, when the request names no node-like word (a name with a
-    digit) the scheduler lacks, the job's only node; else an answer saying what is missing."""
-    if nodes_out is None:
-        return None
+def _node_to_drain(job: str | None, named: list[str], status: ToolMessage | None, nodes_out: ToolMessage):
+    """The node an order means, from the scheduler's node list: the one listed node the request names;
+    else, when it names none, the job's only node; else an answer saying what is missing."""
     listed = nodes_out.artifact if nodes_out.status == "success" and isinstance(nodes_out.artifact, dict) else {}
     known = [str(n.get("name")) for n in listed.get("nodes") or [] if isinstance(n, dict) and n.get("name")]
-    named = [n for n in known if re.search(rf"(?<![\w.-]){re.escape(n)}(?![\w-])", request)]
-    if len(named) == 1:
+    if len(named) == 1 and named[0] in known:
         return named[0]
-    unknown = re.search(r"\bnode\s+([A-Za-z][\w.\-]*\d[\w.\-]*)", request, re.I)
-    if named or unknown:
-        what = f"names {', '.join(named)}" if named else f"names {unknown.group(1)}, which the scheduler does not list"
+    if named:
+        what = (f"names {', '.join(named)}" + ("" if set(named) <= set(known) else
+                                              ", which the scheduler does not list"))
         return _answer(f"The order {what} ({', '.join(known) or 'no nodes listed'}): nothing was ordered.",
                        collect=["one node's name as list_nodes gives it"])
+    record = status.artifact if status is not None and isinstance(status.artifact, dict) else {}
     nodes = record.get("nodes") or []
     if len(nodes) == 1:
         return nodes[0]
-    return _answer(f"Job {job} ran on {len(nodes)} nodes ({', '.join(nodes) or 'none recorded'}): say which to drain.",
-                   collect=["which node to drain (detect_faults or watch_job names a failing rank's node)"])
+    return _answer(f"Job {job} ran on {len(nodes)} nodes ({', '.join(nodes) or 'none recorded'}): say which node.",
+                   collect=["which node (detect_faults or watch_job names a failing rank's node)"])
 
 
 def _outcome(tool: str, result: ToolMessage, node: str | None) -> dict[str, Any]:

@@ -6,7 +6,6 @@ reasons are quoted, never followed).
 """
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from langchain_core.messages import AIMessage, ToolMessage
@@ -15,16 +14,6 @@ from trainops.agents.answer import FINAL_ANSWER_TOOL, Evidence, FinalAnswer
 from trainops.agents.diagnose import grep_evidence, grep_of, inconclusive, tool_call
 
 TOOL = "list_checkpoints"
-QUESTION = re.compile(r"\bcheckpoints?\b.*\b(corrupt\w*|resum\w*|restor\w*|restart\w*|fell back|fall(s|ing)? back|"
-                      r"loaded|damaged|bad|broken)\b|\b(corrupt\w*|resum\w*|restor\w*|restart\w*)\b.*\bcheckpoints?\b",
-                      re.I | re.S)
-
-
-def asked(words: str) -> bool:
-    """The request (its ids masked) asks which checkpoint a start loaded or which one is corrupt."""
-    return QUESTION.search(words) is not None
-
-
 FALLBACK_LINES = r"falling back|is corrupt|failed verification"
 
 

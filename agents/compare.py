@@ -1,14 +1,13 @@
 """The offline policy's comparison of two runs ("why is run B slower than run A"): one call of
 `compare_runs`, then a FinalAnswer from its fields only.
 
-The baseline is the run named after "than" (else the first named); which run is slower, and by
-how much, is the tool's reading of the metrics, never the request's. One changed setting is named
-the candidate cause; several are reported as confounded, with the single-variable ablation that
+The baseline is the run named after "than", else the first named (agents/understand.py reads which);
+which run is slower, and by how much, is the tool's reading of the metrics, never the request's. One
+changed setting is named the candidate cause; several are reported as confounded, with the single-variable ablation that
 would separate them as what to collect next; none (or no slowdown) is not a diagnosis.
 """
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from langchain_core.messages import AIMessage, ToolMessage
@@ -17,18 +16,6 @@ from trainops.agents.answer import FINAL_ANSWER_TOOL, Evidence, FinalAnswer
 from trainops.agents.diagnose import inconclusive, tool_call
 
 TOOL = "compare_runs"
-RUN_ID = re.compile(r"\brun\s+[`'\"]?([A-Za-z0-9][\w.\-/]*[A-Za-z0-9])", re.I)
-COMPARISON = re.compile(r"\b(slower|faster|lower|higher|than|compar\w*|differ\w*|chang\w*|regress\w*)\b", re.I)
-
-
-def runs_compared(request: str) -> tuple[str, str] | None:
-    """(baseline, candidate) when the request names two runs and asks how they differ."""
-    named = list(dict.fromkeys(m.group(1) for m in RUN_ID.finditer(request)))
-    if len(named) != 2 or not COMPARISON.search(request):
-        return None
-    first, second = named
-    than = re.search(rf"\bthan\s+run\s+[`'\"]?{re.escape(second)}", request, re.I)
-    return (second, first) if than else (first, second)
 
 
 def next_step(runs: tuple[str, str], done: set[str], results: list[ToolMessage], n: int) -> AIMessage:

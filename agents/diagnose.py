@@ -1,12 +1,14 @@
 """The offline policy's diagnosis of a job end: a fixed plan, and a FinalAnswer built from evidence.
 
-The plan comes from the request alone: load the fault skill, read the job's interruption record,
-grep the failing rank's (or the job's) log for error lines, and, with no record, the job's status.
+The plan comes from the request's kind (agents/kinds.py: diagnose, straggler, time_lost) alone: load
+the fault skill, read the job's interruption record, grep the failing rank's (or the job's) log for
+error lines, and, with no record, the job's status.
 The answer is built from the record's structured fields (the classifier's cause and reason, exit
 signal, ranks, nodes, checksum verdict, NaN step) and quotes lines exactly as the tools returned
 them. Text inside a log or an error line is only ever quoted, never read as an instruction: no
-field of any output chooses a tool or an action beyond the fixed mapping below, and every proposed
-action passes the action policy first.
+field of any output chooses a tool or an action beyond the fixed mapping below. A diagnosis answers a
+question, so it proposes no action: what a human might order (drain, requeue, the SDC response) is
+written under what to decide next, held to the action policy first.
 """
 from __future__ import annotations
 
@@ -17,20 +19,10 @@ from typing import Any
 from langchain_core.messages import AIMessage, ToolMessage
 
 from trainops.agents import action_policy
-from trainops.agents.answer import FINAL_ANSWER_TOOL, Evidence, FinalAnswer, ProposedAction
+from trainops.agents.answer import FINAL_ANSWER_TOOL, Evidence, FinalAnswer
+from trainops.agents.understand import Ambiguity, Request
 from trainops.tools.reliability.sdc_check import KNOWN_ANSWER_FAILED
 
-DIAGNOSIS = re.compile(r"\b(diagnos\w*|why did|what happened|root cause|went wrong|go(es)? wrong|healthy|what killed|"
-                       r"crash(ed|es)?|"
-                       r"fail(ed|s|ure)?|hung|hangs?|hanging|stuck|died|stalled?|slow(ed|er)?|interrupt\w*|stopped|"
-                       r"caused by|straggl\w*|wrong results|corrupt\w*|out of memory|the network)\b", re.I)
-# A request for the cause (not only what happened and where): unanswerable while the record says
-# "unclassified", whatever the fault's kind and place.
-CAUSE_QUESTION = re.compile(r"\b(root cause|why|what killed|caused by|cause of|was it|is it)\b", re.I)
-# A request for the slow rank: answered from the run's per-rank times (find_straggler), not its end.
-STRAGGLER_QUESTION = re.compile(r"\b(straggl\w*|slow(est|er)? rank|rank\b[^.?!]*\bslow\w*)", re.I)
-# A request for what the end cost, not why: answered from the record's lost time.
-LOSS_QUESTION = re.compile(r"\bhow (much|long)\b.*\b(lose|lost|cost)\b", re.I)
 SKILL = "fault-drill"
 ERROR_PATTERN = r"Traceback|Error|Exception|NCCL|timed out|Killed|signal|nan|inf\b|corrupt|checksum"
 _FINISHED_OK = {"completed", "succeeded", "finished"}
@@ -38,11 +30,6 @@ _FINISHED_OK = {"completed", "succeeded", "finished"}
 
 def _outputs(results: list[ToolMessage]) -> dict[str, Any]:
     return {r.name: r.artifact for r in results if r.status == "success" and isinstance(r.artifact, dict)}
-
-
-def without_ids(text: str) -> str:
-    """The request's words with the ids it names masked: a job called drill-straggler-... asks nothing."""
-    return re.sub(r"\b(job|run)\s+\S+", r"\1 ID", text)
 
 
 def tool_call(name: str, args: dict[str, Any], n: int) -> AIMessage:
@@ -58,10 +45,19 @@ def _latest_record(interruptions: dict | None, run: str | None) -> dict | None:
     return records[-1] if records else None
 
 
-def next_step(request: str, params: dict[str, Any], done: set[str], results: list[ToolMessage],
+def ask_back(ambiguous: list[Ambiguity]) -> dict[str, Any]:
+    """An entity the request names matches several (or none): ask which, listing the candidates."""
+    asks = [f"which {a.what} '{a.said}' means: {', '.join(a.candidates) or 'nothing here matches it'}"
+            for a in ambiguous]
+    return inconclusive("I will not guess: " + "; ".join(asks) + ". Say which one, by its id or a unique part of it.",
+                        [f"which {a.what} you mean ({', '.join(a.candidates[:8])})" for a in ambiguous])
+
+
+def next_step(kind: str, request: Request, done: set[str], results: list[ToolMessage],
               schemas: dict[str, dict], n: int) -> AIMessage:
     """The next call of the plan, or the final answer once the plan is done."""
-    job, run = params.get("job"), params.get("run")  # the request names one (policy.decide sees to it)
+    found = request.entities
+    job, run = (found.jobs or [None])[0], (found.runs or [None])[0]
     if results and results[-1].name == FINAL_ANSWER_TOOL and results[-1].status == "error":
         problems = (results[-1].artifact or {}).get("problems") or ["refused"]
         refused = inconclusive(f"My diagnosis was refused by the report rules ({problems[0]}).",
@@ -72,9 +68,8 @@ def next_step(request: str, params: dict[str, Any], done: set[str], results: lis
         return tool_call("load_skill", {"name": SKILL}, n)
     if "list_interruptions" not in done:
         return tool_call("list_interruptions", {"job_id": str(job)} if job else {}, n)
-    record = _latest_record(out.get("list_interruptions"), run)
-    words = without_ids(request)
-    if STRAGGLER_QUESTION.search(words) and "find_straggler" in schemas:
+    record = _latest_record(out.get("list_interruptions"), None if job else run)
+    if kind == "straggler" and "find_straggler" in schemas:
         target = run or (record or {}).get("run_dir")
         if target and "find_straggler" not in done:
             return tool_call("find_straggler", {"run": Path(str(target)).name}, n)
@@ -93,7 +88,7 @@ def next_step(request: str, params: dict[str, Any], done: set[str], results: lis
         job = _job_of_run(out.get("list_jobs"), run)
     if record is None and job and "job_status" not in done:
         return tool_call("job_status", {"job_id": str(job)}, n)
-    if record is not None and LOSS_QUESTION.search(words):
+    if record is not None and kind == "time_lost":
         return tool_call(FINAL_ANSWER_TOOL, _time_lost(record), n)
     checked = None
     if record is not None and _fault_kind(record) == "bitflip" and record.get("run_dir") and "sdc_case" in schemas:
@@ -102,7 +97,7 @@ def next_step(request: str, params: dict[str, Any], done: set[str], results: lis
         if (step := _check_job_log(out.get("sdc_case"), results, n)) is not None:
             return step
         checked = _known_answers(out.get("sdc_case"), results)
-    asks_cause = CAUSE_QUESTION.search(request) is not None
+    asks_cause = "why" in request.concepts
     answer = (_from_record(record, grep_of(results, record["job_id"]), asks_cause, checked) if record
               else _without_record(job or run, out))
     return tool_call(FINAL_ANSWER_TOOL, answer, n)
@@ -241,31 +236,27 @@ def _evidence(record: dict, grep: dict | None) -> list[Evidence]:
     return items
 
 
-def _actions(record: dict, kind: str | None) -> tuple[list[ProposedAction], list[str]]:
-    """The fixed cause -> action mapping, each action held to the action policy; a refused one
-    becomes a line of what a human must decide."""
+def _decisions(record: dict, kind: str | None) -> list[str]:
+    """What a human might order next (the fixed cause -> action mapping), as advice, never a proposed
+    call: a question does not act. An action the policy would refuse says who decides instead."""
     ev, cause, job = record.get("evidence") or {}, record.get("cause"), record["job_id"]
     scheduler = record.get("scheduler") or "local"
-    proposed: list[ProposedAction] = []
+    advice: list[tuple[str, dict[str, Any], str]] = []
     if kind == "bitflip":
-        proposed.append(ProposedAction(tool="respond_to_sdc", args={"job_id": job, "scheduler": scheduler},
-                                       why="replica checksums disagree: suspected silent data corruption (R-ESC-3)"))
+        advice.append(("respond_to_sdc", {"job_id": job}, "replica checksums disagree: suspected silent data "
+                                                          "corruption (R-ESC-3)"))
     elif cause == "hardware" and ev.get("failing_node"):
-        proposed.append(ProposedAction(tool="drain_node", args={"node": ev["failing_node"], "scheduler": scheduler,
-                                                                "reason": "hardware fault"},
-                                       why=f"the job's node {ev['failing_node']} failed"))
-        proposed.append(ProposedAction(tool="requeue_job", args={"job_id": job, "scheduler": scheduler},
-                                       why="resume from the newest good checkpoint on healthy nodes"))
+        advice.append(("drain_node", {"node": ev["failing_node"]}, f"the job's node {ev['failing_node']} failed"))
+        advice.append(("requeue_job", {"job_id": job}, "resume from the newest good checkpoint on healthy nodes"))
     elif cause in ("hardware", "network") or kind in ("crash", "hang"):
-        proposed.append(ProposedAction(tool="requeue_job", args={"job_id": job, "scheduler": scheduler},
-                                       why="resume from the newest good checkpoint"))
-    kept, decide = [], []
-    for action in proposed:
-        if reason := action_policy.refusal(action.tool, action.args):
-            decide.append(f"a human decides instead of {action.tool}: {reason}")
-        else:
-            kept.append(action)
-    return kept, decide
+        advice.append(("requeue_job", {"job_id": job}, "resume from the newest good checkpoint"))
+    lines = []
+    for tool, args, why in advice:
+        reason = action_policy.refusal(tool, {**args, "scheduler": scheduler})
+        target = ", ".join(f"{k} {v}" for k, v in args.items())
+        lines.append(f"a human decides instead of {tool}: {reason}" if reason else
+                     f"a human may order {tool} ({target}): {why}")
+    return lines
 
 
 def _from_record(record: dict, grep: dict | None, asks_cause: bool,
@@ -286,9 +277,8 @@ def _from_record(record: dict, grep: dict | None, asks_cause: bool,
                                "whether the end recurs when the job is requeued under watch_job"],
                            summary=f"Job {record['job_id']} ended and the evidence does not settle the cause: "
                                    f"{record['cause_reason']}").model_dump(mode="json")
-    actions, decide = _actions(record, kind)
     return FinalAnswer(verdict="diagnosed", fault_kind=kind, cause_class=cause, ranks=ranks, nodes=nodes,
-                       evidence=evidence, proposed_actions=actions, next_to_collect=decide,
+                       evidence=evidence, next_to_collect=_decisions(record, kind),
                        confidence="high" if len(evidence) > 1 else "medium",
                        summary=f"Job {record['job_id']} ended with a {cause} cause"
                                + (f" ({kind})" if kind else "") + f": {record['cause_reason']}"

@@ -72,59 +72,49 @@ def _layout_text(plan: Any) -> tuple[str | None, float | None]:
 
 
 def explain_mfu(summary: Any, env: Any, plan: Any = None) -> list[str]:
-    """Why an MFU figure is what it is, from the run summary and the environment declaration."""
-    lines: list[str] = []
-    mfu = find(summary, "mfu_pct_median", "mfu_pct", "mean_mfu_pct")
-    model = find(summary, "model", "preset")
+    """Why an MFU figure is what it is: each figure quoted with the tool and field it comes from
+    (summarize_run's RunSummary, the environment declaration, plan_layout on the run's own config);
+    what no tool returned is named missing, never guessed."""
+    s = summary if isinstance(summary, dict) else {}
+    mfu, spread, share = s.get("mfu_pct_median"), s.get("step_time_rank_spread_pct"), s.get("data_wait_share_pct")
     hardware = find(env, "hardware_generation") or find(find(env, "accelerators"), "model")
     framework = find(env, "framework")
     framework = f"{framework.get('name')} {framework.get('version')}" if isinstance(framework, dict) else None
     layout, params = _layout_text(plan)
-    model = model or (f"~{params / 1e6:.1f}M parameters" if params else None)
-    precision = find(summary, "precision")
-    peak_source = find(summary, "peak_source") or find(find(env, "compute_peak"), "source")
-    head = f"MFU of run {quoted(find(summary, 'run'))}: {mfu:.2f}% (median over measured steps)" \
-        if isinstance(mfu, (int, float)) else "The run summary has no MFU figure"
+    model = f"~{params / 1e6:.1f}M parameters (plan_layout)" if params else None
+    precision = find(plan, "precision") or find(env, "precision")  # RunSummary carries none: from these or missing
+    peak_source = s.get("peak_source") or find(find(env, "compute_peak"), "source")
+    basis = f"median over {s.get('steps_measured')} measured steps of {s.get('ranks')} ranks"
+    head = (f"MFU of run {quoted(s.get('run'))}: {mfu:.2f}% (summarize_run:mfu_pct_median, {basis})"
+            if isinstance(mfu, (int, float)) else "summarize_run returned no MFU figure (mfu_pct_median) for the run")
     facts = (("model", model), ("hardware", hardware), ("framework", framework), ("layout", layout),
              ("precision", precision))
     context = ", ".join(f"{k} {quoted(v)}" for k, v in facts if v not in (None, ""))
-    lines.append(head + (f" ({context})." if context else "."))
+    lines = [head + (f" ({context})." if context else ".")]
     missing = [k for k, v in (("model", model), ("hardware", hardware), ("parallel layout", layout),
                               ("precision", precision)) if v in (None, "")]
     if missing:
         lines.append("Not in the evidence, so no MFU conclusion is drawn on them: " + ", ".join(missing) + ".")
     reasons: list[str] = []
-    share = find(summary, "data_wait_share_pct")
-    step = find(summary, "step_time_median_s", "step_time_s")
-    wait = find(summary, "data_wait_s")
-    if share is None and isinstance(step, (int, float)) and isinstance(wait, (int, float)) and step > 0:
-        share = 100 * wait / step
     if isinstance(share, (int, float)) and share >= 5:
-        reasons.append(f"data pipeline: {share:.1f}% of each step waits for data")
-    spread = find(summary, "step_time_rank_spread_pct")
+        reasons.append(f"data pipeline: {share:.1f}% of each step waits for data (summarize_run:data_wait_share_pct)")
     if isinstance(spread, (int, float)) and spread >= 10:
-        reasons.append(f"straggler: the slowest rank's step is {spread:.1f}% longer than the median rank's")
-    comm = find(summary, "comm_share_pct", "comm_pct", "communication_pct")
-    if isinstance(comm, (int, float)) and comm >= 10:
-        reasons.append(f"communication: {comm:.1f}% of step time is exposed communication (overlap is the largest "
-                       "single lever)")
+        reasons.append(f"straggler: the slowest rank's step is {spread:.1f}% longer than the fastest "
+                       "(summarize_run:step_time_rank_spread_pct)")
     if isinstance(precision, str) and precision.lower() in ("fp32", "float32"):
         reasons.append("precision: fp32 runs against a lower peak than bf16 mixed precision")
     if isinstance(peak_source, str) and ("cpu" in peak_source.lower() or "measured" in peak_source.lower()):
-        reasons.append(f"peak: MFU is measured against {quoted(peak_source)}; small GEMMs on a CPU reach only a "
-                       "fraction of it")
-    if (isinstance(params, (int, float)) and params < 1e8) or (isinstance(model, str) and model in ("tiny", "small")):
+        reasons.append(f"peak: MFU is measured against {quoted(peak_source)} (summarize_run:peak_source); small GEMMs "
+                       "on a CPU reach only a fraction of it")
+    if isinstance(params, (int, float)) and params < 1e8:
         reasons.append("model size: a small model spends much of each step in per-op overhead (Python, launches, "
                        "optimizer), not in matmuls")
-    ac = find(summary, "activation_checkpointing")
-    if isinstance(ac, str) and ac.lower() == "full":
-        reasons.append("activation checkpointing full: recomputed forward work is not counted as model FLOPs")
     if reasons:
         lines.append("Why it is low, largest lever first:")
         lines.extend(f"- {r}" for r in reasons)
     else:
-        lines.append("The summary carries no data_wait_s, comm share, precision or peak_source figure that explains "
-                     "it; to decompose it I need per-step data_wait_s and communication time (run with metrics on).")
+        lines.append("Neither summarize_run's data_wait_share_pct and step_time_rank_spread_pct nor its peak_source "
+                     "explains it; to decompose it I need per-step communication time (run with metrics on).")
     return lines
 
 

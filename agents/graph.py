@@ -37,12 +37,15 @@ from langgraph.graph.message import add_messages
 from langgraph.types import interrupt
 from pydantic import ValidationError
 
-from trainops.agents import action_policy, transcript
+from trainops.agents import action_policy, kinds, transcript
 from trainops.agents.agent_tools import agent_registry
 from trainops.agents.answer import FINAL_ANSWER_TOOL, FinalAnswer, answer_problems, final_answer_schema
 from trainops.agents.answer import render as render_answer
+from trainops.agents.diagnose import ask_back
+from trainops.agents.policy import REQUEST_KEY
 from trainops.agents.prompt import PromptSkill, load_skills, system_prompt
 from trainops.agents.providers import AgentSettings, explain_provider_failure
+from trainops.agents.understand import Request, observe_world, understand
 from trainops.redact import scrub
 from trainops.tools import calls
 from trainops.tools.base import ToolError
@@ -66,6 +69,7 @@ class AgentState(TypedDict):
     stop_reason: NotRequired[str | None]
     stop_detail: NotRequired[str]
     final: NotRequired[dict[str, Any] | None]
+    request: NotRequired[dict[str, Any] | None]
 
 
 def wrap_as_data(tool: str, payload: Any) -> str:
@@ -124,6 +128,20 @@ def _not_what_was_shown(call: dict, decision: dict) -> str | None:
             f"was shown (pending {decision.get('pending_id')}); nothing was signed or run")
 
 
+def acting_refusal(request: dict[str, Any] | None, tool: str, risk: str) -> str | None:
+    """Why a call or proposal of `tool` is refused for this request: only an order for that very action
+    may change the world; a question or a plan is answered from read-only tools."""
+    if risk == "read" or request is None or (request.get("act") == "order" and request.get("order") == tool):
+        return None
+    what = f"an order for {request.get('order')}" if request.get("act") == "order" else f"a {request.get('act')}"
+    return (f"{tool} changes the world and the request is {what}: it is answered from read-only tools; say what a "
+            "human might order under next_to_collect instead")
+
+
+def after_start(state: AgentState) -> str:
+    return END if state.get("stop_reason") == "answered" else "model"
+
+
 def after_model(state: AgentState) -> str:
     """A spent budget stops; a final answer (or plain text) goes to the report rules; calls to the gate."""
     if state.get("stop_reason"):
@@ -162,18 +180,36 @@ def _tool_outputs(messages: list[AnyMessage]) -> dict[str, list[Any]]:
 
 class AgentNodes:
     """The graph's nodes, sharing one registry, one tool-bound model, the settings, the skills and the budgets."""
-    def __init__(self, specs, bound_llm, settings: AgentSettings | None, skills: list[PromptSkill], *,
+    def __init__(self, specs, llm, settings: AgentSettings | None, skills: list[PromptSkill], *,
                  interactive: bool = True, max_steps: int = 25, max_tokens: int | None = None, max_bad_calls: int = 3):
-        self.specs, self.bound_llm, self.settings, self.skills = specs, bound_llm, settings, skills
+        self.specs, self.llm, self.settings, self.skills = specs, llm, settings, skills
+        self.schemas = {t.name: t for t in as_langchain_tools(registry=specs)}  # schemas only: calls run below
+        self.risk = {name: spec.risk for name, spec in specs.items()}
         self.interactive, self.max_steps, self.max_tokens, self.max_bad_calls = (interactive, max_steps, max_tokens,
                                                                                   max_bad_calls)
 
     def start(self, state: AgentState, config: RunnableConfig) -> dict:
         """A new request: its budgets start afresh; a skill loaded earlier in the thread stays loaded."""
-        request = next((str(m.content) for m in reversed(state["messages"]) if isinstance(m, HumanMessage)), "")
-        transcript.record(_thread(config), "user", content=request, skill=state.get("skill"))
-        return {"ready": [], "gated": [], "report_violations": [], "steps": 0, "bad_calls": 0, "tokens_in": 0,
-                "tokens_out": 0, "stop_reason": None, "stop_detail": "", "final": None}
+        text = next((str(m.content) for m in reversed(state["messages"]) if isinstance(m, HumanMessage)), "")
+        transcript.record(_thread(config), "user", content=text, skill=state.get("skill"))
+        with serving(lambda: self.specs):
+            request = understand(text, observe_world(CallContext(actor="agent", thread_id=_thread(config))))
+        transcript.record(_thread(config), "understood", act=request.act, request_kind=request.kind,
+                          order=request.order,
+                          entities=request.entities.model_dump(mode="json"))
+        fresh = {"ready": [], "gated": [], "report_violations": [], "steps": 0, "bad_calls": 0, "tokens_in": 0,
+                 "tokens_out": 0, "stop_reason": None, "stop_detail": "", "final": None,
+                 "request": request.model_dump(mode="json")}
+        if request.ambiguous:  # never a guess: every provider asks back with the candidates
+            answer = FinalAnswer.model_validate(ask_back(request.ambiguous))
+            return {**fresh, "messages": [AIMessage(content=render_answer(answer))],
+                    "final": answer.model_dump(mode="json"), "stop_reason": "answered"}
+        return fresh
+
+    def offered(self, request: Request) -> list:
+        """The tools of the request's kind (read-only ones for a question), and final_answer."""
+        names = kinds.offered(kinds.BY_NAME.get(request.kind or ""), request.act, self.risk)
+        return [*(self.schemas[n] for n in names), final_answer_schema()]
 
     def _budget_spent(self, state: AgentState) -> dict | None:
         if state.get("steps", 0) >= self.max_steps:
@@ -188,9 +224,11 @@ class AgentNodes:
     def model(self, state: AgentState, config: RunnableConfig) -> dict:
         if spent := self._budget_spent(state):
             return spent
-        prompt = SystemMessage(content=system_prompt(self.skills, state.get("skill")))
+        request = Request.model_validate(state.get("request") or understand(""))
+        prompt = SystemMessage(content=system_prompt(self.skills, state.get("skill"), request=request),
+                               additional_kwargs={REQUEST_KEY: request.model_dump(mode="json")})
         try:
-            reply = self.bound_llm.invoke([prompt, *state["messages"]], config)
+            reply = self.llm.bind_tools(self.offered(request)).invoke([prompt, *state["messages"]], config)
         except Exception as exc:
             better = explain_provider_failure(self.settings, exc) if self.settings else None
             if better:
@@ -242,6 +280,9 @@ class AgentNodes:
                 continue
             try:
                 inp = spec.Input.model_validate(call["args"])
+                if reason := acting_refusal(state.get("request"), spec.name, spec.risk):
+                    refuse(call, reason, "policy_refused")
+                    continue
                 if reason := action_policy.refusal(spec.name, call["args"]):
                     refuse(call, reason, "policy_refused")
                     continue
@@ -355,6 +396,8 @@ class AgentNodes:
                          if (reason := action_policy.refusal(a.tool, a.args))]
             problems += [f"proposed {a.tool} is not a registered tool" for a in answer.proposed_actions
                          if a.tool not in self.specs]
+            problems += [f"proposed {a.tool}: {reason}" for a in answer.proposed_actions if a.tool in self.specs
+                         and (reason := acting_refusal(state.get("request"), a.tool, self.specs[a.tool].risk))]
         transcript.record(_thread(config), "report_check", ok=not problems, violations=problems)
         if problems:
             refusal = {"kind": "refused", "reason": "report_rules", "problems": problems,
@@ -383,16 +426,14 @@ def build_graph(llm, checkpointer=None, settings: AgentSettings | None = None,
     ask), a gated call pauses for a human; otherwise (the benchmark's run_agent) it is queued and reported
     pending."""
     specs = agent_registry()
-    # schemas and risk labels only: calls run below
-    bound = llm.bind_tools([*as_langchain_tools(registry=specs), final_answer_schema()])
-    nodes = AgentNodes(specs, bound, settings, load_skills() if skills is None else skills, interactive=interactive,
+    nodes = AgentNodes(specs, llm, settings, load_skills() if skills is None else skills, interactive=interactive,
                        max_steps=max_steps, max_tokens=max_tokens, max_bad_calls=max_bad_calls)
 
     graph = StateGraph(AgentState)
     for name in ("start", "model", "governance", "tools", "human_approval", "report_check", "stop"):
         graph.add_node(name, getattr(nodes, name))
     graph.add_edge(START, "start")
-    graph.add_edge("start", "model")
+    graph.add_conditional_edges("start", after_start, ["model", END])
     graph.add_conditional_edges("model", after_model, ["governance", "report_check", "stop"])
     graph.add_conditional_edges("governance", after_calls, ["tools", "human_approval", "model", "stop"])
     graph.add_conditional_edges("tools", after_calls, ["human_approval", "model", "stop"])

@@ -1,176 +1,124 @@
-"""The offline provider: a deterministic SOP policy behind LangChain's chat-model interface.
+"""The offline provider: a small interpreter over the request kinds (agents/kinds.py) behind
+LangChain's chat-model interface.
 
-It picks an intent and its plan from the user's request only (a tool's output can never
-change what it does; outputs only supply ids and values to later steps of the same plan),
-then emits one tool call per turn, filling arguments from each bound tool's JSON schema; when
-the plan is done it writes the answer from the tool results. A diagnosis request (why did job J
-fail) loads the fault skill, reads the interruption record and the logs, and ends with a
-structured final_answer built from that evidence (agents/diagnose.py); a comparison of two runs
-ends with one built from compare_runs (agents/compare.py); an order to act makes its one gated
-call, which waits for a human (agents/act.py). So the same graph, gate and
-approvals run with no network and no key, and tests are repeatable.
+The graph hands it the request as understood (agents/understand.py: act, kind, entities resolved
+against the workspace and the scheduler) on the system message; a tool's output never changes the
+plan, it only supplies values to later steps of the same plan. A kind's plan is either `steps` (call
+its tools in order, arguments filled from the request's entities and earlier outputs, then write its
+answer, agents/explain.py) or a named plan: a diagnosis (agents/diagnose.py), a comparison
+(agents/compare.py), a checkpoint question (agents/checkpoint_question.py), an order (agents/act.py),
+a symptom without an id. The same graph, gate and approvals run with no network and no key.
 """
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from trainops.agents import act, checkpoint_question, compare, diagnose
 from trainops.agents.explain import find, render_answer
+from trainops.agents.kinds import BY_NAME, Kind
+from trainops.agents.understand import Request, understand
 from trainops.run_folder import RunFiles
 from trainops.workspace import run_folder
 
-_UNIT_S = {"s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1, "min": 60, "mins": 60, "minute": 60,
-           "minutes": 60, "m": 60, "h": 3600, "hr": 3600, "hrs": 3600, "hour": 3600, "hours": 3600}
-_DURATION_WORDS = {"save": ("save", "write", "checkpoint"), "mtbf": ("mtbf", "failure", "between"),
-                   "restart": ("restart", "recover", "recovery")}
-_DURATION_STEMS = {"save": ("save", "checkpoint_save", "save_time", "write", "checkpoint_write", "ckpt_save",
-                            "checkpoint_cost"),
-                   "mtbf": ("mtbf", "mean_time_between_failures"),
-                   "restart": ("restart", "recovery", "restart_time", "recover", "recovery_time")}
-_ALIASES = {"run": ("run", "run_id", "run_name", "run_dir"), "job": ("job", "job_id", "jobid"),
-            "config": ("config", "config_path", "cfg", "config_file"),
-            "fault": ("fault", "fault_kind", "kind", "fault_type"), "rank": ("rank", "target_rank"),
-            "quick": ("quick",), "nproc": ("nproc",)}
-_FALLBACK = {"run": "job"}
-_FAULT_KINDS = {"crash": ("kill_rank", "crash"), "hang": ("hang",), "nan": ("nan",), "bitflip": ("bitflip",),
-                "straggler": ("straggler",), "slow": ("straggler",), "corrupt": ("corrupt_checkpoint",)}
+REQUEST_KEY = "trainops_request"  # the system message's additional_kwargs key the graph puts the Request under
 # Labelled assumptions: a restart that is not stated does not move the Young/Daly interval.
 ASSUMED = {"restart": 0.0}
-_NEEDS = {
-    "run": "the run id (say e.g. 'run my-run'; runs live under $TRAINOPS_HOME/runs)",
-    "job": "the job id (say e.g. 'job 12')",
-    "config": "the job config path (say e.g. 'config jobs/tiny.toml')",
-    "fault": "the fault to inject (crash, hang, nan, straggler)",
-    "save": "the checkpoint save time (say e.g. 'a 5-minute save')",
-    "mtbf": "the mean time between failures (say e.g. 'an MTBF of 3 hours')",
+STEPS = {  # a `steps` kind's calls in order; "?" marks a step skipped when its tool or input is missing
+    "approvals": ("list_pending_approvals",), "checkpoint_interval": ("plan_checkpoint_interval",),
+    "drill": ("job_status?", "inject_fault", "detect_faults?"), "sop": ("run_sop",),
+    "mfu": ("summarize_run", "plan_layout?", "declare_environment?"), "logs": ("job_logs",), "jobs": ("list_jobs",),
+    "nodes": ("list_nodes",),
 }
-_STOP = {"the", "a", "an", "of", "on", "for", "sop", "is", "it", "and", "with"}
-_FAULTS = ("crash", "hang", "nan", "bitflip", "bit-flip", "straggler", "slow", "corrupt")
+_FAULT_ENUM = {"crash": ("kill_rank", "crash"), "checkpoint-corruption": ("corrupt_checkpoint",),
+               "slow-network": ("straggler",)}
+_UNIT = {"_s": 1, "_seconds": 1, "_min": 60, "_minutes": 60, "_h": 3600, "_hours": 3600}
+_DURATION_FIELDS = {"save": ("save", "checkpoint_save", "save_time", "checkpoint_write", "checkpoint_cost"),
+                    "mtbf": ("mtbf",), "restart": ("restart", "recovery", "restart_time")}
+_NEEDS = {"job_id": "the job id (say e.g. 'job 12')", "run": "the run id (say e.g. 'run my-run')",
+          "config": "the job config path (say e.g. 'config jobs/tiny.toml')", "kind": "the fault to inject (crash, "
+          "hang, nan, straggler)", "save": "the checkpoint save time (say e.g. 'a 5-minute save')",
+          "mtbf": "the mean time between failures (say e.g. 'an MTBF of 3 hours')"}
+HELP = ("I could not tell what you need. I can: explain a run's MFU ('what is the MFU of run R and why is it low'), "
+        "compare two runs ('why is run B slower than run A'), run the SOP on a config ('run the SOP on config C'), "
+        "drill a fault ('drill a rank crash on job J'), diagnose a job end ('why did job J fail'), plan the checkpoint "
+        "interval ('... for a 5-minute save and an MTBF of 3 hours'), show logs or jobs, and show pending approvals.")
 
 
-@dataclass(frozen=True)
-class Intent:
-    name: str
-    steps: tuple[tuple[tuple[str, ...], bool], ...]  # (candidate tool names, optional)
+def request_of(messages: list[BaseMessage]) -> Request:
+    """The request as the graph understood it; without a graph (a bare model call), the latest human text."""
+    for message in messages:
+        if isinstance(message, SystemMessage) and REQUEST_KEY in message.additional_kwargs:
+            return Request.model_validate(message.additional_kwargs[REQUEST_KEY])
+    human = [m for m in messages if isinstance(m, HumanMessage)]
+    return understand(str(human[-1].content) if human else "")
 
 
-INTENTS = {
-    "approvals": Intent("approvals", ((("list_approvals", "list_pending_approvals"), False),)),
-    "checkpoint": Intent("checkpoint", ((("plan_checkpoint_interval",), False),)),
-    "drill": Intent("drill", ((("job_status",), True), (("inject_fault",), False), (("detect_faults",), True))),
-    "sop": Intent("sop", ((("run_sop",), False),)),
-    "mfu": Intent("mfu", ((("summarize_run",), False), (("plan_layout",), True), (("declare_environment",), True))),
-    "logs": Intent("logs", ((("job_logs",), False),)),
-    "jobs": Intent("jobs", ((("list_jobs",), False),)),
-}
+def _turn(messages: list[BaseMessage]) -> tuple[set[str], list[ToolMessage]]:
+    """The tools called since the latest request, and their results."""
+    start = max((i for i, m in enumerate(messages) if isinstance(m, HumanMessage)), default=-1)
+    done = {c["name"] for m in messages[start + 1:] if isinstance(m, AIMessage) for c in m.tool_calls}
+    return done, [m for m in messages[start + 1:] if isinstance(m, ToolMessage)]
 
 
-def classify(text: str) -> str | None:
-    """The intent of a request, read from its words, never from the ids it names: a job called
-    drill-crash-... asked about is a diagnosis, not a request for a drill."""
-    low = diagnose.without_ids(text.lower())
-    if "approval" in low:
-        return "approvals"
-    if "checkpoint" in low and ("interval" in low or "mtbf" in low):
-        return "checkpoint"
-    if "drill" in low or "inject" in low:
-        return "drill"
-    if re.search(r"\bsop\b", low):
-        return "sop"
-    if act.ordered_tool(text):
-        return "act"
-    if compare.runs_compared(text):
-        return "compare"
-    if checkpoint_question.asked(low):
-        return "checkpoints"
-    if "mfu" in low or re.search(r"why is (it|the run) (so )?(low|slow)", low):
-        return "mfu"
-    if diagnose.DIAGNOSIS.search(low) and re.search(r"\b(job|run)\s+\S", low):
-        return "diagnose"
-    if re.search(r"\blogs?\b", low):
-        return "logs"
-    if re.search(r"\bjobs\b", low):
-        return "jobs"
-    if diagnose.DIAGNOSIS.search(low):  # a symptom without an id: the diagnosis says what to collect
-        return "diagnose"
-    return None
+def _enum(prop: dict) -> list | None:
+    return prop.get("enum") or next((o["enum"] for o in prop.get("anyOf", []) if "enum" in o), None)
 
 
-def _word_after(keyword: str, text: str) -> str | None:
-    for match in re.finditer(rf"\b{keyword}\s+[`'\"]?([A-Za-z0-9][\w.\-/]*)", text, re.I):
-        if match.group(1).lower() not in _STOP:
-            return match.group(1).rstrip(".,?")
-    return None
-
-
-def parse_params(text: str) -> dict[str, Any]:
-    """Ids, config path, fault kind and durations (in seconds) named in the request."""
-    params: dict[str, Any] = {}
-    for key in ("run", "job", "config"):
-        value = _word_after(key, text)
-        if value:
-            params[key] = value
-    toml = re.search(r"(\S+\.toml)\b", text)
-    if toml:
-        params["config"] = toml.group(1).strip("`'\"")
-    low = text.lower()
-    fault = next((f for f in _FAULTS if f in low), None)
-    if fault:
-        params["fault"] = {"bit-flip": "bitflip"}.get(fault, fault)
-    if re.search(r"\bquick(ly)?\b", low):
-        params["quick"] = True
-    rank = re.search(r"\brank\s+(\d+)", low)
-    if rank:
-        params["rank"] = int(rank.group(1))
-    for match in re.finditer(r"(\d+(?:\.\d+)?)\s*-?\s*(seconds?|secs?|s|minutes?|mins?|m|hours?|hrs?|hr|h)\b", low):
-        window = low[max(0, match.start() - 30): match.end() + 12]
-        for key, words in _DURATION_WORDS.items():
-            if key not in params and any(w in window for w in words):
-                params[key] = float(match.group(1)) * _UNIT_S[match.group(2)]
-                break
-    return params
-
-
-def _prop_enum(prop: dict) -> list | None:
-    if "enum" in prop:
-        return prop["enum"]
-    for option in prop.get("anyOf", []):
-        if "enum" in option:
-            return option["enum"]
-    return None
-
-
-def _value_for(field: str, prop: dict, params: dict[str, Any]) -> Any:
-    for key, aliases in _ALIASES.items():
-        if field in aliases:
-            value = params.get(key, params.get(_FALLBACK.get(key, ""), None))
-            enum = _prop_enum(prop)
-            if value is not None and enum:
-                wanted = _FAULT_KINDS.get(str(value), (value,))
-                value = next((w for w in wanted if w in enum), None)
-            return value
-    for key, stems in _DURATION_STEMS.items():
+def _value(field: str, prop: dict, request: Request, learned: dict[str, Any]) -> Any:
+    """A tool argument from the request's resolved entities, else from what an earlier step returned."""
+    found = request.entities
+    named = {"job_id": found.jobs[:1], "job": found.jobs[:1], "run": (found.runs or found.jobs)[:1],
+             "node": found.nodes[:1], "rank": found.ranks[:1], "config": [found.config] if found.config else []}
+    if named.get(field):
+        return named[field][0]
+    if field == "quick" and "quick" in request.concepts:
+        return True
+    if field == "kind" and found.fault and (choices := _enum(prop)):
+        return next((c for c in _FAULT_ENUM.get(found.fault, (found.fault,)) if c in choices), None)
+    for key, stems in _DURATION_FIELDS.items():
         for stem in stems:
-            for suffix, scale in (("_s", 1), ("_seconds", 1), ("_min", 60), ("_minutes", 60), ("_h", 3600),
-                                  ("_hours", 3600)):
-                if field == stem + suffix and key in params:
-                    return round(params[key] / scale, 6)
-    return params.get("outputs", {}).get(field)
+            for suffix, scale in _UNIT.items():
+                seconds = {**ASSUMED, **found.durations_s}.get(key)
+                if field == stem + suffix and seconds is not None:
+                    return round(seconds / scale, 6)
+    return learned.get(field)
 
 
-def fill_args(schema: dict, params: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def _learned(results: list[ToolMessage]) -> dict[str, Any]:
+    """Scalars earlier steps returned, by field name (a job's backend is the next call's scheduler; an
+    injection's injected_at feeds the detection); never an id: ids come from the request."""
+    learned: dict[str, Any] = {}
+    for result in results:
+        data = result.artifact if isinstance(result.artifact, dict) else {}
+        learned.update({k: v for k, v in data.items() if isinstance(v, (str, int, float, bool))
+                        and k not in ("job_id", "run", "run_dir", "name")})
+        if data.get("backend"):
+            learned["scheduler"] = data["backend"]
+    return learned
+
+
+def _layout_args(request: Request, results: list[ToolMessage]) -> dict[str, Any]:
+    """plan_layout on the run's own config.toml at its world size, once the summary names the ranks."""
+    ranks = find(next((r.artifact for r in results if r.name == "summarize_run"), None), "ranks")
+    if not isinstance(ranks, int) or not request.entities.runs:
+        return {}
+    try:
+        config = RunFiles(run_folder(request.entities.runs[0])).config
+    except ValueError:  # not a run in the workspace: no layout to report
+        return {}
+    return {"nproc": ranks, "config": str(config)} if config.is_file() else {}
+
+
+def fill_args(schema: dict, request: Request, learned: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """Arguments for a tool from its JSON schema; returns (args, missing required fields)."""
     args, missing = {}, []
-    props = schema.get("properties", {})
-    for field, prop in props.items():
-        value = _value_for(field, prop, params)
+    for field, prop in schema.get("properties", {}).items():
+        value = _value(field, prop, request, learned)
         if value is not None:
             args[field] = value
         elif field in schema.get("required", []):
@@ -179,112 +127,58 @@ def fill_args(schema: dict, params: dict[str, Any]) -> tuple[dict[str, Any], lis
 
 
 def _need(field: str) -> str:
-    for key, aliases in _ALIASES.items():
-        if field in aliases:
-            return _NEEDS.get(key, field)
-    for key, stems in _DURATION_STEMS.items():
-        if any(field.startswith(stem) for stem in stems):
-            return _NEEDS.get(key, field)
-    return f"a value for '{field}'"
+    return next((text for key, text in _NEEDS.items() if field.startswith(key)), f"a value for '{field}'")
 
 
-def _turn(messages: list[BaseMessage]) -> tuple[str, list[tuple[str, dict]], list[ToolMessage]]:
-    """The latest human request, the tool calls made since, and their results."""
-    start = max((i for i, m in enumerate(messages) if isinstance(m, HumanMessage)), default=-1)
-    request = str(messages[start].content) if start >= 0 else ""
-    calls, results = [], []
-    for message in messages[start + 1:]:
-        if isinstance(message, AIMessage):
-            calls.extend((c["name"], c["args"]) for c in message.tool_calls)
-        elif isinstance(message, ToolMessage):
-            results.append(message)
-    return request, calls, results
-
-
-def _learned(results: list[ToolMessage]) -> dict[str, Any]:
-    """Values earlier steps returned: ids (a submitted job's id feeds the wait step) and, under
-    `outputs`, every scalar field, so a later tool's field of the same name (injected_at) is filled."""
-    learned: dict[str, Any] = {"outputs": {}}
-    for result in results:
-        data = result.artifact if isinstance(result.artifact, dict) else {}
-        for key, name in (("job_id", "job"), ("run_id", "run"), ("run", "run"), ("run_dir", "run"), ("job", "job")):
-            value = find(data, key)
-            if isinstance(value, (str, int)):
-                learned.setdefault(name, str(value))
-        learned["outputs"].update({k: v for k, v in data.items() if isinstance(v, (str, int, float, bool))})
-    return learned
-
-
-def _run_layout_params(params: dict[str, Any]) -> dict[str, Any]:
-    """Once the summary names the run's world size, its saved config.toml lets plan_layout
-    report the layout and model size an MFU claim must name."""
-    ranks, run = params["outputs"].get("ranks"), params.get("run")
-    if not isinstance(ranks, int) or not run:
-        return {}
-    try:
-        config = RunFiles(run_folder(str(run))).config
-    except ValueError:  # not a run in the workspace: no layout to report
-        return {}
-    return {"nproc": ranks, "config": str(config)} if config.is_file() else {}
+def steps(kind: Kind, request: Request, done: set[str], results: list[ToolMessage], schemas: dict[str, dict],
+          n: int) -> AIMessage:
+    """Call the kind's steps in order, then answer from what they returned."""
+    assumed = {k: v for k, v in ASSUMED.items() if k not in request.entities.durations_s}
+    stop = any(r.status == "error" for r in results) or any(
+        isinstance(r.artifact, dict) and r.artifact.get("overrides") for r in results)
+    learned = {**_learned(results), **_layout_args(request, results)}
+    for step in () if stop else STEPS[kind.name]:
+        name, optional = step.rstrip("?"), step.endswith("?")
+        if name in done:
+            continue
+        if name not in schemas:
+            if optional:
+                continue
+            return AIMessage(content=f"I need the tool {name} to answer this, and it is not offered here "
+                                     f"(see `trainops tool list`).")
+        args, missing = fill_args(schemas[name], request, learned)
+        if missing and optional:
+            continue
+        if missing:
+            return AIMessage(content=f"To run {name} I need " + "; ".join(dict.fromkeys(map(_need, missing))) + ".")
+        return diagnose.tool_call(name, args, n)
+    return AIMessage(content=render_answer(kind.answer, request.text, results, assumed))
 
 
 def decide(messages: list[BaseMessage], tool_schemas: list[dict]) -> AIMessage:
-    request, calls, results = _turn(messages)
-    intent_name = classify(request)
-    if intent_name is None:
-        return AIMessage(content=(
-            "I could not tell what you need. I can: explain a run's MFU ('what is the MFU of run R and why is it "
-            "low'), compare two runs ('why is run B slower than run A'), run the SOP on a config ('run the SOP on "
-            "config C'), drill a fault ('drill a rank crash on job J'), diagnose a job end ('why did job J fail'), "
-            "plan the checkpoint interval ('... for a 5-minute save and an MTBF of 3 hours'), show logs or jobs, "
-            "and show pending approvals."
-        ))
+    request = request_of(messages)
+    done, results = _turn(messages)
     schemas = {s["function"]["name"]: s["function"].get("parameters", {}) for s in tool_schemas}
-    if intent_name == "act":
-        tool = act.ordered_tool(request)
-        if tool in schemas:
-            return act.next_step(tool, request, parse_params(request), results, len(messages))
-        return AIMessage(content=f"{tool} is not among the tools offered to me here: nothing was ordered.")
-    if intent_name == "compare" and compare.TOOL in schemas:
-        return compare.next_step(compare.runs_compared(request), {name for name, _ in calls}, results, len(messages))
-    if intent_name == "compare":
-        intent_name = "mfu"
-    if intent_name == "checkpoints":
-        named = parse_params(request)
-        return checkpoint_question.next_step(named.get("run"), named.get("job"), {name for name, _ in calls}, results,
-                                             len(messages))
-    if intent_name == "diagnose" and not {"job", "run"} & set(parse_params(request)):
-        return diagnose.symptom_without_an_id({name for name, _ in calls}, results, len(messages))
-    if intent_name == "diagnose":  # only the ids the request names: an id a tool returned may be another job's
-        return diagnose.next_step(request, parse_params(request), {name for name, _ in calls}, results, schemas,
-                                  len(messages))
-    if any(r.status == "error" for r in results):
-        return AIMessage(content=render_answer(intent_name, request, results))
-    params = {**_learned(results), **parse_params(request)}
-    assumed = {k: v for k, v in ASSUMED.items() if k not in params}
-    params.update(assumed)
-    if intent_name == "mfu":
-        params.update(_run_layout_params(params))
-    done = {name for name, _ in calls}
-    if any(isinstance(r.artifact, dict) and r.artifact.get("overrides") for r in results):
-        return AIMessage(content=render_answer(intent_name, request, results, assumed))
-    for candidates, optional in INTENTS[intent_name].steps:
-        if any(name in done for name in candidates):
-            continue
-        name = next((n for n in candidates if n in schemas), None)
-        if name is None:
-            if optional:
-                continue
-            return AIMessage(content=f"I need the tool {candidates[0]} to answer this, and it is not registered here "
-                                     f"(see `trainops tool list`).")
-        args, missing = fill_args(schemas[name], params)
-        if missing:
-            if optional:
-                continue
-            return AIMessage(content=f"To run {name} I need " + "; ".join(dict.fromkeys(_need(f) for f in missing))
-                             + ".")
-        return AIMessage(content="", tool_calls=[{"name": name, "args": args, "id": f"call_{len(messages)}"}])
-    return AIMessage(content=render_answer(intent_name, request, results, assumed))
+    kind, n, found = BY_NAME.get(request.kind or ""), len(messages), request.entities
+    if request.ambiguous:
+        return diagnose.tool_call(diagnose.FINAL_ANSWER_TOOL, diagnose.ask_back(request.ambiguous), n)
+    if kind is None:
+        return AIMessage(content=HELP)
+    if kind.plan == "steps":
+        return steps(kind, request, done, results, schemas, n)
+    if kind.plan == "act":
+        if kind.order not in schemas:
+            return AIMessage(content=f"{kind.order} is not among the tools offered to me here: nothing was ordered.")
+        return act.next_step(kind.order, request, results, n)
+    if kind.plan == "compare":
+        pair = (found.runs[0], found.runs[1]) if found.baseline_first else (found.runs[1], found.runs[0])
+        return compare.next_step(pair, done, results, n)
+    if kind.plan == "checkpoints":
+        return checkpoint_question.next_step(found.runs[0] if found.runs else None,
+                                             found.jobs[0] if found.jobs else None, done, results, n)
+    if kind.plan == "symptom":
+        return diagnose.symptom_without_an_id(done, results, n)
+    return diagnose.next_step(kind.name, request, done, results, schemas, n)
 
 
 class OfflinePolicy(BaseChatModel):

@@ -108,7 +108,7 @@ def test_transcript_records_messages_tool_calls_and_gate_decisions():
         run(session, "drill a straggler on run r1")
         list(session.decide({"decision": "reject", "approver": "bob", "comment": "no"}))
     kinds = [(e["kind"], e.get("decision")) for e in read("drill")]
-    assert kinds[:3] == [("user", None), ("assistant", None), ("gate", "approval_required")]
+    assert kinds[:4] == [("user", None), ("understood", None), ("assistant", None), ("gate", "approval_required")]
     assert ("gate", "rejected") in kinds and kinds[-1] == ("report_check", None)
 
 

@@ -27,7 +27,8 @@ def test_scripted_tool_call_runs_the_real_tool_and_its_result_goes_back_as_data(
     assert tool_message["role"] == "tool"
     assert tool_message["content"].startswith('<tool-output tool="plan_checkpoint_interval" trust="data">')
     tools_offered = {t["function"]["name"] for t in scripted_openai.requests[0]["tools"]}
-    assert {"plan_checkpoint_interval", "cancel_job", "list_pending_approvals"} <= tools_offered
+    assert {"plan_checkpoint_interval", "load_skill", "final_answer"} <= tools_offered  # the plan's own tools
+    assert "cancel_job" not in tools_offered and len(tools_offered) <= 12  # never a tool that acts, for a plan
 
 
 def test_system_prompt_carries_the_skills_and_the_data_rule(scripted_openai, openai_settings):
@@ -66,7 +67,8 @@ def test_an_unregistered_tool_is_refused_and_the_model_is_told(scripted_openai, 
 
 
 def test_injected_log_line_cannot_trigger_an_ungated_cancel(scripted_openai, openai_settings, chatty_job):
-    """The scripted model is 'fooled' by the log and asks to cancel: the graph pauses for a human."""
+    """The scripted model is 'fooled' by the log and asks to cancel: the request is a question, so the graph
+    refuses the call outright (nothing is queued for a human, the job runs on)."""
     def fooled(body: dict) -> dict:
         assert "ignore previous instructions" in body["messages"][-1]["content"]
         return tool_call("cancel_job", {"job_id": chatty_job}, call_id="call_2")
@@ -74,9 +76,10 @@ def test_injected_log_line_cannot_trigger_an_ungated_cancel(scripted_openai, ope
     scripted_openai.script = [tool_call("job_logs", {"job_id": chatty_job}), fooled, text("Not cancelled.")]
     with AgentSession("inj", openai_settings) as session:
         events = list(session.ask(f"show me the logs of job {chatty_job}"))
-        assert events[-1]["kind"] == "approval" and events[-1]["tool"] == "cancel_job"
-        assert call("job_status", {"job_id": chatty_job}).state == "running"
-        list(session.decide({"decision": "reject", "approver": "alice", "comment": "injected by a log line"}))
+        refused = next(e for e in events if e["kind"] == "tool_result" and e["tool"] == "cancel_job")
+        output = refused["output"]
+        assert output["kind"] == "policy_refused" and "the request is a question" in output["error"]
+        assert not session.pending() and events[-1]["kind"] == "answer"
     assert call("job_status", {"job_id": chatty_job}).state == "running"
 
 

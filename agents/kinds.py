@@ -1,0 +1,125 @@
+"""The request kinds the agent knows, declared once as data: each kind's act, subject, the concepts
+that cue it, what it needs named, the tools it reads (and offers a model), its skill and the plan
+that builds its answer. Adding a kind is one entry; agents/understand.py picks the first that fits,
+the graph offers a model its tools, and the offline policy (agents/policy.py) runs its plan.
+
+An order is read from an imperative sentence's first verb (`ORDERS`); a question or a plan is read
+from the concepts its words mean. Nothing here looks at the request's text itself.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trainops.agents.understand import Entities
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    act: str  # question | order | plan
+    subject: str
+    tools: tuple[str, ...]
+    plan: str  # the offline policy's plan: steps (call tools in order, then `answer`), or a named plan
+    answer: str = ""
+    cues: tuple[frozenset[str], ...] = ()  # alternatives; each must meet the request's concepts
+    unless: frozenset[str] = frozenset()
+    needs: str = ""  # entity | two_runs | none | "" (anything)
+    order: str | None = None
+    skill: str | None = None
+
+
+def _cue(*alternatives: str) -> tuple[frozenset[str], ...]:
+    return tuple(frozenset(a.split()) for a in alternatives)
+
+
+DIAGNOSIS_TOOLS = ("load_skill", "list_interruptions", "grep_log", "read_log_window", "job_status", "list_jobs",
+                   "find_straggler", "sdc_case", "list_checkpoints", "effective_training_time")
+ORDER_READS = ("job_status", "list_nodes", "list_jobs")
+# (verb concept, another concept the request must hold or "", the tool): the first that fits wins
+ORDERS: tuple[tuple[str, str, str], ...] = (
+    ("cancel", "", "cancel_job"), ("requeue", "", "requeue_job"), ("resume", "node", "resume_node"),
+    ("resume", "", "requeue_job"), ("drain", "", "drain_node"), ("quarantine", "", "quarantine_checkpoints"),
+    ("grant", "quota", "set_tenant_quota"), ("inject", "", "inject_fault"), ("launch", "sop", "run_sop"),
+    ("launch", "drill", "inject_fault"), ("take", "drain", "drain_node"), ("take", "resume", "resume_node"),
+    ("slow", "rank", "inject_fault"), ("change", "policy", "change_scheduler_policy"),
+    ("rollback", "", "rollback_change"),
+    ("upgrade", "", "upgrade_framework"),
+)
+ORDER_VERBS = frozenset(verb for verb, _, _ in ORDERS)
+
+KINDS: tuple[Kind, ...] = (
+    Kind("cancel", "order", "job", (*ORDER_READS, "cancel_job"), "act", order="cancel_job"),
+    Kind("requeue", "order", "job", (*ORDER_READS, "requeue_job", "list_interruptions"), "act",
+         order="requeue_job"),
+    Kind("drain", "order", "node", (*ORDER_READS, "drain_node"), "act", order="drain_node"),
+    Kind("resume_node", "order", "node", (*ORDER_READS, "resume_node"), "act", order="resume_node"),
+    Kind("quarantine", "order", "checkpoint", ("list_checkpoints", "verify_checkpoint", "quarantine_checkpoints"),
+         "act", order="quarantine_checkpoints"),
+    Kind("quota", "order", "quota", ("set_tenant_quota",), "act", order="set_tenant_quota"),
+    Kind("scheduler_policy", "order", "policy", ("change_scheduler_policy",), "act", order="change_scheduler_policy"),
+    Kind("rollback", "order", "change", ("rollback_change",), "act", order="rollback_change"),
+    Kind("upgrade", "order", "framework", ("upgrade_framework", "check_framework_job", "framework_knobs"), "act",
+         order="upgrade_framework"),
+    Kind("drill", "order", "drill", ("job_status", "inject_fault", "detect_faults"), "steps", "drill",
+         order="inject_fault", skill="fault-drill"),
+    Kind("sop", "order", "pack", ("run_sop",), "steps", "sop", order="run_sop",
+         skill="training-efficiency-ablation-and-fault-sop"),
+    Kind("approvals", "question", "approval", ("list_pending_approvals",), "steps", "approvals", _cue("approval")),
+    Kind("checkpoint_interval", "plan", "checkpoint", ("plan_checkpoint_interval", "measure_checkpoint_io"), "steps",
+         "checkpoint", _cue("checkpoint interval"), skill="checkpoint-plan"),
+    Kind("compare", "question", "run", ("compare_runs", "summarize_run", "query_metrics"), "compare",
+         cues=_cue("compare", "mfu", "slow"), needs="two_runs"),
+    Kind("checkpoints", "question", "checkpoint", ("list_checkpoints", "grep_log", "verify_checkpoint"),
+         "checkpoints", cues=_cue("checkpoint"), unless=frozenset({"lost"}), needs="entity"),
+    Kind("time_lost", "question", "job", DIAGNOSIS_TOOLS, "diagnose", cues=_cue("lost time"), needs="entity",
+         skill="fault-drill"),
+    Kind("straggler", "question", "rank", DIAGNOSIS_TOOLS, "diagnose", cues=_cue("straggler", "slow rank"),
+         needs="entity", skill="fault-drill"),
+    Kind("mfu", "question", "mfu", ("summarize_run", "plan_layout", "declare_environment", "query_metrics"), "steps",
+         "mfu", _cue("mfu"), needs="entity", skill="baseline"),
+    Kind("logs", "question", "job", ("job_logs", "grep_log", "read_log_window"), "steps", "logs", _cue("log"),
+         unless=frozenset({"why", "trouble"}), needs="entity"),
+    Kind("diagnose", "question", "job", DIAGNOSIS_TOOLS, "diagnose", needs="entity", skill="fault-drill"),
+    Kind("jobs", "question", "job", ("list_jobs", "job_status"), "steps", "jobs", _cue("jobs", "job"), needs="none"),
+    Kind("nodes", "question", "node", ("list_nodes",), "steps", "nodes", _cue("nodes", "node"), needs="none"),
+    Kind("symptom", "question", "job", (*DIAGNOSIS_TOOLS, "summarize_run"), "symptom",
+         cues=_cue("trouble", "why", "slow"), needs="none"),
+)
+BY_NAME = {kind.name: kind for kind in KINDS}
+# A request of no known kind: a model may still read, never act.
+GENERAL_READS = ("list_jobs", "job_status", "list_interruptions", "grep_log", "summarize_run", "list_checkpoints",
+                 "list_nodes", "list_pending_approvals", "find_straggler", "compare_runs", "load_skill")
+
+
+def ordered_tool(lead: set[str], seen: set[str], found: Entities) -> str | None:
+    """The tool an imperative sentence led by a verb of `lead` orders, given what the request holds."""
+    held = seen | ({"node"} if found.nodes else set()) | ({"quota"} if found.tenant else set())
+    return next((tool for verb, also, tool in ORDERS if verb in lead and (not also or also in held)), None)
+
+
+def _fits(kind: Kind, seen: set[str], found: Entities) -> bool:
+    named = bool(found.jobs or found.runs or found.nodes)  # a kind its cues name but not its entity says what's missing
+    if kind.needs == "entity" and not named and not kind.cues or kind.needs == "none" and named:
+        return False
+    if kind.needs == "two_runs" and len(found.runs) < 2:
+        return False
+    if kind.unless & seen:
+        return False
+    return not kind.cues or any(cue <= seen for cue in kind.cues)
+
+
+def choose(order: str | None, seen: set[str], found: Entities) -> Kind | None:
+    """The request's kind: the order's, else the first question or plan whose cues and needs fit."""
+    if order:
+        return next(k for k in KINDS if k.order == order)
+    return next((k for k in KINDS if k.act != "order" and _fits(k, seen, found)), None)
+
+
+def offered(kind: Kind | None, act: str, risk: dict[str, str]) -> list[str]:
+    """The tools a model is offered for this request: its kind's, and for a question the read-only ones only."""
+    names = kind.tools if kind else GENERAL_READS
+    if "load_skill" not in names:  # every skill's name is in the prompt; its body is one read away
+        names = ("load_skill", *names)
+    return [n for n in names if n in risk and (risk[n] == "read" or (act == "order" and kind and n == kind.order))]

@@ -1,0 +1,369 @@
+"""Understanding a request, for every provider: text -> a typed `Request` (its act, subject, kind
+and entities), with the entities resolved against the workspace's runs and the scheduler's jobs and
+nodes.
+
+Words are matched against the vocabulary trainops declares (`VOCAB`: concept -> the words that mean
+it) with rapidfuzz, so a typo one edit away ("cancle", "drian", "stragler") means what its word
+means; a fuzzy match keeps the first letter and needs five letters ("train" is never "drain"). The
+request's kind comes from the table in agents/kinds.py, never from a pattern over the text. An id is
+taken whole or by any unique part (prefix, suffix, a piece of it), "the last"/"latest" and
+"yesterday's" pick by time, a fault kind named ("the crash drill") picks the only job of that kind, a
+node by its name or short name as the scheduler lists it. What matches several is `ambiguous`, and
+the agent asks back with the candidates instead of guessing.
+"""
+from __future__ import annotations
+
+import datetime
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+from rapidfuzz import process
+from rapidfuzz.distance import OSA
+
+from trainops.agents import kinds
+from trainops.tools.calls import invoke
+from trainops.tools.context import CallContext
+from trainops.tools.jobs import jobs as job_tools
+from trainops.workspace import runs_dir
+
+Act = Literal["question", "order", "plan"]
+
+VOCAB: dict[str, str] = {
+    # what an order asks for: the action verbs
+    "cancel": "cancel cancelled abort terminate scancel stop kill",
+    "requeue": "requeue resubmit restart relaunch rerun retry",
+    "resume": "resume undrain uncordon unquarantine", "drain": "drain cordon evict isolate",
+    "quarantine": "quarantine", "grant": "give grant set raise bump increase lower reduce allot allocate",
+    "inject": "inject drill simulate", "launch": "run start launch kick trigger do execute fire",
+    "take": "take put pull move bring get", "sop": "sop", "change": "turn disable enable change switch",
+    "policy": "policy preemption preempt fairshare scheduling", "rollback": "rollback revert undo",
+    "upgrade": "upgrade", "quick": "quick quickly", "save": "save saves saving write writes",
+    "politeness": "please pls plz kindly can could would will you u i we go ahead and now just ok okay then lets let "
+                  "us hey need want to asap",
+    # what a question is about
+    "approval": "approval approvals approve pending sign signature", "checkpoint": "checkpoint checkpoints ckpt ckpts",
+    "interval": "interval often frequency frequently cadence mtbf", "quota": "quota quotas tenant gpus gpu priority",
+    "compare": "compare compared comparison versus vs slower faster lower higher than differ different difference "
+               "changed change regression regressed regress worse better",
+    "loaded": "resume resumed resuming restore restored load loaded loading fallback fell corrupt corrupted "
+              "corruption damaged bad broken newest latest good valid verify verified which",
+    "lost": "lose lost losing cost costs waste wasted",
+    "time": "time hours minutes much long training wallclock",
+    "straggler": "straggler straggling stragglers laggard holding",
+    "slow": "slow slower slowed slowest sluggish lag lagging laggy", "rank": "rank ranks worker workers",
+    "mfu": "mfu utilization utilisation flops tflops efficiency", "log": "log logs logfile stderr stdout",
+    "jobs": "jobs queue queued", "nodes": "nodes hosts machines fleet", "why": "why cause caused causes root reason "
+    "blame blamed because", "drill": "drill drills drilled", "node": "node host machine server box",
+    "job": "job", "run": "run runs", "step": "step steps", "latest": "last latest newest recent previous",
+    "yesterday": "yesterday yesterdays", "today": "today todays",
+    "trouble": "fail failed failure failing crash crashed crashes died dead die hung hang hanging stuck stall stalled "
+               "froze frozen interrupted interruption interrupt stopped wrong broke broken error errors oom nan slow "
+               "happened happen going healthy unhealthy sick off weird problem issue issues went",
+    "read": "show list check look tell explain diagnose describe display print find fetch see summarize investigate "
+            "status what whats how hows which who where when is was did does are were",
+    # fault kinds, as a drill's job is named
+    "crash": "crash crashed crashes", "hang": "hang hung hanging stall stalled froze frozen stuck",
+    "nan": "nan nans inf diverged", "bitflip": "bitflip bit-flip sdc silent flip flipped checksum checksums",
+    "partition": "partition partitioned", "network": "network nccl link interconnect",
+    # everyday words a near word must not be taken for
+    "noise": "train training trained trainer list last lots most much done dose note notes rain range brain cancer",
+}
+PHRASES: dict[tuple[str, ...], str] = {
+    ("out", "of", "service"): "drain", ("out", "of", "rotation"): "drain", ("back", "in", "service"): "resume",
+    ("back", "into", "service"): "resume", ("holding", "back"): "straggler", ("was", "it"): "why",
+    ("is", "it"): "why", ("due", "to"): "why", ("how", "often"): "interval", ("what", "if"): "interval",
+}
+FAULT_KINDS = {"crash": "crash", "hang": "hang", "nan": "nan", "bitflip": "bitflip", "straggler": "straggler",
+               "partition": "partition", "network": "slow-network", "corrupt": "checkpoint-corruption"}
+_INDEX: dict[str, set[str]] = {}
+for _concept, _words in VOCAB.items():
+    for _word in _words.split():
+        _INDEX.setdefault(_word, set()).add(_concept)
+_UNITS = {"s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1, "min": 60, "mins": 60, "minute": 60,
+          "minutes": 60, "m": 60, "h": 3600, "hr": 3600, "hrs": 3600, "hour": 3600, "hours": 3600}
+_DURATION_OF = {"save": "save", "checkpoint": "save", "interval": "mtbf", "requeue": "restart", "resume": "restart"}
+TOKEN = re.compile(r"(?:[/~.]+)?[A-Za-z0-9][\w.\-/~]*")  # a word or an id; kinds are never read from patterns
+
+
+def concepts_of(word: str) -> set[str]:
+    """The concepts a word means: its own, else those of the one vocabulary word a typo away."""
+    word = word.lower()
+    if word in _INDEX:
+        return _INDEX[word]
+    if len(word) < 5 or any(c.isdigit() for c in word):
+        return set()
+    near = [w for w in _INDEX if w[0] == word[0] and abs(len(w) - len(word)) <= 2]
+    best = process.extractOne(word, near, scorer=OSA.distance, score_cutoff=1 if len(word) < 8 else 2)
+    return _INDEX[best[0]] if best else set()
+
+
+class Job(BaseModel):
+    id: str
+    name: str = ""
+    run: str | None = None
+    nodes: list[str] = Field(default_factory=list)
+    when: float = 0.0
+
+
+class World(BaseModel):
+    """What the request's words are resolved against: the workspace's runs, the scheduler's jobs and nodes."""
+    runs: list[str] = Field(default_factory=list)
+    jobs: list[Job] = Field(default_factory=list)
+    nodes: list[str] = Field(default_factory=list)
+
+
+class Ambiguity(BaseModel):
+    what: str
+    said: str
+    candidates: list[str]
+
+
+class Entities(BaseModel):
+    jobs: list[str] = Field(default_factory=list)
+    runs: list[str] = Field(default_factory=list)
+    nodes: list[str] = Field(default_factory=list)
+    ranks: list[int] = Field(default_factory=list)
+    steps: list[int] = Field(default_factory=list)
+    durations_s: dict[str, float] = Field(default_factory=dict, description="save, mtbf, restart, in seconds")
+    counts: dict[str, int] = Field(default_factory=dict, description="gpus, cpus, jobs named with a number")
+    tenant: str | None = None
+    priority: str | None = None
+    fault: str | None = None
+    config: str | None = None
+    baseline_first: bool = Field(True, description="Two runs: False when the first named is compared 'than' "
+                                                   "the second (the second is the baseline).")
+
+
+class Request(BaseModel):
+    """A request as the agent understood it; the graph and every provider act on this, not the text."""
+    text: str
+    act: Act
+    kind: str | None
+    subject: str | None
+    order: str | None = Field(None, description="The tool an order asks for.")
+    concepts: list[str] = Field(default_factory=list)
+    entities: Entities = Field(default_factory=Entities)
+    ambiguous: list[Ambiguity] = Field(default_factory=list)
+
+
+def observe_world(ctx: CallContext) -> World:
+    """The runs in the workspace and what the scheduler lists, read through the tools (a failing read
+    leaves that part empty: the request is then understood without it)."""
+    world = World()
+    try:
+        world.runs = sorted(p.name for p in runs_dir().iterdir() if p.is_dir())
+    except OSError:
+        pass
+    try:
+        listed = invoke(job_tools.list_jobs, job_tools.SchedulerRef(), ctx).jobs
+        world.jobs = [Job(id=j.job_id, name=j.name, run=Path(j.run_dir).name if j.run_dir else None, nodes=j.nodes,
+                          when=j.submitted_at or j.started_at or 0.0) for j in listed]
+    except Exception:  # noqa: BLE001 - no scheduler here: ids are then resolved against the runs alone
+        pass
+    try:
+        world.nodes = [n.name for n in invoke(job_tools.list_nodes, job_tools.SchedulerRef(), ctx).nodes]
+    except Exception:  # noqa: BLE001
+        pass
+    return world
+
+
+def _number(word: str) -> float | None:
+    try:
+        return float(word)
+    except ValueError:
+        return None
+
+
+def _run_time(run: str) -> str:
+    return "".join(c for c in run if c.isdigit())[:14]
+
+
+def _day(job: Job | None, run: str | None) -> str:
+    if job is not None and job.when:
+        return datetime.datetime.fromtimestamp(job.when, datetime.timezone.utc).strftime("%Y%m%d")
+    return _run_time(run or "")[:8]
+
+
+class _Reader:
+    """One pass over the request's words: concepts, numbers and ids, in order."""
+    def __init__(self, text: str, world: World):
+        self.words = [w.rstrip(".-/") for w in TOKEN.findall(text)]
+        self.low = [w.lower() for w in self.words]
+        self.world, self.found = world, Entities()
+        self.concepts: list[set[str]] = [set() for _ in self.words]
+        self.ambiguous: list[Ambiguity] = []
+        self.used: set[int] = set()
+        self.ends = _sentence_ends(text, self.words)
+
+    def _add(self, kind: str, value: str) -> None:
+        bucket = getattr(self.found, kind)
+        if value not in bucket:
+            bucket.append(value)
+        job = next((j for j in self.world.jobs if j.id == value), None) if kind == "jobs" else None
+        if job is not None and job.run and job.run not in self.found.runs:
+            self.found.runs.append(job.run)
+
+    def _ids(self, i: int, word: str, before: str) -> bool:
+        """Resolve one word as a job, run or node id (whole or by a unique part); True when it was one."""
+        jobs, runs, nodes = self.world.jobs, self.world.runs, self.world.nodes
+        short = {n.split(".")[0].lower(): n for n in nodes}
+        if before in ("node", "host") and word.isdigit():
+            hits = [n for n in nodes if re.sub(r"\D", "", n.split(".")[0]).lstrip("0") == word.lstrip("0")]
+            if len(hits) == 1:
+                self._add("nodes", hits[0])
+                return True
+        if word.lower() in short and before != "job":
+            self._add("nodes", short[word.lower()])
+            return True
+        exact_job = [j.id for j in jobs if j.id == word]
+        if exact_job and before != "run":
+            self._add("jobs", exact_job[0])
+            return True
+        if word in runs:
+            self._add("runs", word)
+            return True
+        if word.isdigit() and len(word) < 5 and before not in ("job", "run") or not (
+                any(c.isdigit() for c in word) or "-" in word):
+            return False
+        part = word.lower()
+        hit_jobs = [j for j in jobs if before != "run" and len(part) >= 3 and part in j.id.lower()]
+        hit_runs = [r for r in runs if before != "job" and len(part) >= 3 and part in r.lower()
+                    and not any(j.run == r for j in hit_jobs)]
+        referents = [("jobs", j.id) for j in hit_jobs] + [("runs", r) for r in hit_runs]
+        if len(referents) == 1:
+            self._add(*referents[0])
+            return True
+        if referents:
+            self.ambiguous.append(Ambiguity(what=before if before in ("job", "run") else "job or run", said=word,
+                                            candidates=[v for _, v in referents][:8]))
+            return True
+        if before in ("job", "run", "node", "host"):  # named but unknown here: the tools will say so
+            self._add({"job": "jobs", "run": "runs"}.get(before, "nodes"), word)
+            return True
+        return False
+
+    def read(self) -> None:
+        low, concepts = self.low, self.concepts
+        for i in range(len(low)):
+            for phrase, concept in PHRASES.items():
+                if tuple(low[i:i + len(phrase)]) == phrase:
+                    for j in range(i, i + len(phrase)):
+                        concepts[j].add(concept)
+        for i, word in enumerate(self.words):
+            before = low[i - 1] if i else ""
+            after = low[i + 1] if i + 1 < len(low) else ""
+            value = _number(low[i])
+            glued = re.fullmatch(r"(\d+(?:\.\d+)?)-?([a-z]+)", low[i])
+            if glued and glued.group(2) in _UNITS:
+                value, after = float(glued.group(1)), glued.group(2)
+            if word.endswith(".toml"):
+                self.found.config, _ = word, self.used.add(i)
+            elif before == "tenant" and not word.isdigit():
+                self.found.tenant, _ = word, self.used.add(i)
+            elif value is not None and after in _UNITS:
+                self._duration(i, value * _UNITS[after])
+            elif value is not None and before in ("rank", "ranks") and value.is_integer():
+                self.found.ranks.append(int(value))
+                self.used.add(i)
+            elif value is not None and before in ("step", "steps") and value.is_integer():
+                self.found.steps.append(int(value))
+                self.used.add(i)
+            elif value is not None and after in ("gpus", "gpu", "cpus", "cpu", "jobs") and value.is_integer():
+                self.found.counts[{"gpu": "gpus", "cpu": "cpus", "jobs": "max_jobs"}.get(after, after)] = int(value)
+                self.used.add(i)
+            elif self._ids(i, word, before):
+                self.used.add(i)
+            else:
+                concepts[i] |= concepts_of(word)
+                if word.lower() in ("low", "normal", "high") and after == "priority":
+                    self.found.priority = word.lower()
+
+    def _duration(self, i: int, seconds: float) -> None:
+        window = set().union(*self.concepts[max(0, i - 6): i + 4], *(concepts_of(w) for w in self.low[max(0, i - 6):
+                                                                                                        i + 4]))
+        key = next((v for k, v in _DURATION_OF.items() if k in window and v not in self.found.durations_s), None)
+        if key:
+            self.found.durations_s[key] = seconds
+        self.used.add(i)
+
+
+def _by_reference(reader: _Reader, seen: set[str]) -> None:
+    """'the last run', "yesterday's job", 'the crash drill': a job or run the words pick without an id."""
+    world, found = reader.world, reader.found
+    if found.jobs or found.runs or not ({"job", "run", "drill"} & seen or found.fault):
+        return
+    pool = world.jobs
+    if found.fault:  # the jobs of that kind; of several, those that left a run
+        pool = [j for j in pool if found.fault in j.name.lower() or found.fault in j.id.lower()]
+        pool = [j for j in pool if j.run] or pool
+    if "yesterday" in seen or "today" in seen:
+        now = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=1 if "yesterday" in seen else 0)
+        pool = [j for j in pool if _day(j, j.run) == now.strftime("%Y%m%d")]
+    runs = sorted({r for r in world.runs if not pool or r in {j.run for j in pool}}, key=_run_time)
+    if "latest" in seen and pool:
+        pool = [max(pool, key=lambda j: (j.when, j.id))]
+    if len(pool) == 1:
+        reader._add("jobs", pool[0].id)
+    elif not pool and len(runs) == 1 and ("run" in seen or "latest" in seen):
+        found.runs.append(runs[-1])
+    elif not pool and "latest" in seen and runs and "run" in seen:
+        found.runs.append(runs[-1])
+    elif pool:
+        reader.ambiguous.append(Ambiguity(what="job", said=" ".join(sorted(seen & {"latest", "yesterday", "drill"}))
+                                          or (found.fault or "the job"), candidates=[j.id for j in pool][-8:]))
+
+
+def _order(reader: _Reader, seen: set[str]) -> str | None:
+    """The action an imperative clause orders: its first word past the politeness is an action verb."""
+    sentences = _sentences(reader)
+    for concepts in sentences:
+        lead = next((c for c in concepts if not c or c - {"politeness"}), set())
+        if not lead & kinds.ORDER_VERBS:
+            continue
+        here = set().union(*concepts)
+        return kinds.ordered_tool(lead, here | seen, reader.found)
+    return None
+
+
+def _sentences(reader: _Reader) -> list[list[set[str]]]:
+    out, current = [], []
+    for word, concepts, end in zip(reader.words, reader.concepts, reader.ends, strict=True):
+        if word.lower() in ("then", "and", "so", "but") and current:
+            out.append(current)
+            current = []
+        current.append(concepts if word else set())
+        if end:
+            out.append(current)
+            current = []
+    return out + ([current] if current else [])
+
+
+def understand(text: str, world: World | None = None) -> Request:
+    """The request as the agent acts on it (see the module's docstring)."""
+    reader = _Reader(text, world or World())
+    reader.read()
+    seen = set().union(*reader.concepts) if reader.concepts else set()
+    reader.found.fault = next((f for c, f in FAULT_KINDS.items() if c in seen), None)
+    if "node" in seen and reader.found.fault == "crash":
+        reader.found.fault = "node-crash"
+    _by_reference(reader, seen)
+    found = reader.found
+    if len(found.runs) == 2:
+        positions = [i for i, w in enumerate(reader.words) if any(r in w for r in found.runs[1:])]
+        found.baseline_first = not any(w.lower() == "than" for w in reader.words[: positions[0]]) if positions else True
+    order = _order(reader, seen)
+    kind = kinds.choose(order, seen, found)
+    return Request(text=text, act=kind.act if kind else ("order" if order else "question"),
+                   kind=kind.name if kind else None, subject=kind.subject if kind else None, order=order,
+                   concepts=sorted(seen), entities=found, ambiguous=reader.ambiguous)
+
+
+def _sentence_ends(text: str, words: list[str]) -> list[bool]:
+    """For each word, whether a sentence ends after it (., ?, ! or ; follows it in the text)."""
+    ends, pos = [], 0
+    for match in TOKEN.finditer(text):
+        pos = match.end()
+        ends.append(match.group(0).endswith(".") or text[pos:pos + 1] in (".", "?", "!", ";", ":", ","))
+    return ends[: len(words)]
