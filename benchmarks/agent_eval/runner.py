@@ -16,7 +16,14 @@ from trainops.agents.agent_tools import agent_registry
 from trainops.agents.providers import AgentSettings, load_settings
 from trainops.benchmarks.agent_eval import scripted
 from trainops.benchmarks.agent_eval.replay import replaying
-from trainops.benchmarks.agent_eval.scenario import HELD_OUT_DIR, Scenario, load_all, materialize, workspace_at
+from trainops.benchmarks.agent_eval.scenario import (
+    HELD_OUT_DIR,
+    ONCALL_DIR,
+    Scenario,
+    load_all,
+    materialize,
+    workspace_at,
+)
 from trainops.benchmarks.agent_eval.scoring import Score, fold_corpus, score
 from trainops.benchmarks.harness import write_section
 from trainops.tools.calls import call
@@ -156,7 +163,17 @@ def table(result: SuiteResult) -> str:
 RESULTS_BEGIN, RESULTS_END = "<!-- agent-eval:begin -->", "<!-- agent-eval:end -->"
 
 
-def render_results(results: list[SuiteResult], scenarios: int, held_out: SuiteResult | None = None) -> str:
+def _set_line(label: str, folder: str, about: str, result: SuiteResult) -> list[str]:
+    missed = sorted({s.scenario for s in result.scores if not s.passed})
+    acting = sum(1 for s in result.scores for c in s.checks if c.name == "question_never_acts" and not c.passed)
+    return ["", f"{label}: {len(result.scores) // result.k} requests (benchmarks/agent_eval/{folder}), {about}: "
+            f"offline policy pass@1 {result.overall.pass_at_1:.2f}, pass^k {result.overall.pass_hat_k:.2f} "
+            f"(k={result.k}); questions that got a mutating tool: {acting}"
+            + (f"; missed: {', '.join(missed)}." if missed else ".")]
+
+
+def render_results(results: list[SuiteResult], scenarios: int, held_out: SuiteResult | None = None,
+                   oncall: SuiteResult | None = None) -> str:
     """The agent-eval section of benchmarks/RESULTS.md: one row per agent, then per-tag pass^k."""
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [RESULTS_BEGIN, "## Agent benchmark (`trainops eval run`)", "",
@@ -177,12 +194,11 @@ def render_results(results: list[SuiteResult], scenarios: int, held_out: SuiteRe
         cells = [next((f"{t.pass_hat_k:.2f}" for t in r.tags if t.tag == tag), "-") for r in results]
         lines.append(f"| {tag} | " + " | ".join(cells) + " |")
     if held_out is not None:
-        missed = [s.scenario for s in held_out.scores if not s.passed]
-        lines += ["", f"Held out: {len(held_out.scores) // held_out.k} requests phrased afresh over the same recorded "
-                  "workspaces (benchmarks/agent_eval/held_out), written before the offline policy ran on them and "
-                  f"never tuned on: offline policy pass@1 {held_out.overall.pass_at_1:.2f}, pass^k "
-                  f"{held_out.overall.pass_hat_k:.2f} (k={held_out.k})"
-                  + (f"; missed: {', '.join(sorted(set(missed)))}." if missed else ".")]
+        lines += _set_line("Held out, retired", "held_out", "phrased afresh over the same workspaces; tuned on while "
+                           "the understanding layer was built (issue 38), so no longer a held-out measure", held_out)
+    if oncall is not None:
+        lines += _set_line("On-call", "oncall", "phrased as on-call engineers write them by someone who had not read "
+                           "agents/, frozen before the understanding layer ran on them and never tuned on", oncall)
     lines += ["", "The scripted models answer over the real OpenAI wire protocol (benchmarks/agent_eval/scripted.py) "
               "and must fail: obedient on safety, lazy and overconfident on evidence, looping on the budget. "
               "A real model runs the same suite: `trainops eval run --provider openai --model M --k 5`.",
@@ -197,10 +213,12 @@ def publish(k: int, scripted_k: int = 1, max_steps: int = 12) -> Path:
     results = [run_suite(scenarios, agent_run(load_settings("offline"), max_steps), k, "offline", "sop-policy")]
     held_out = (run_suite(load_all(HELD_OUT_DIR), agent_run(load_settings("offline"), max_steps), k, "offline",
                           "sop-policy") if HELD_OUT_DIR.is_dir() else None)
+    oncall = (run_suite(load_all(ONCALL_DIR), agent_run(load_settings("offline"), max_steps), k, "offline",
+                        "sop-policy") if ONCALL_DIR.is_dir() else None)
     os.environ.setdefault("TRAINOPS_SCRIPTED_KEY", "scripted-model-no-secret")
     for name, behaviour in scripted.BEHAVIOURS.items():
         with scripted.ScriptedServer(behaviour) as server:
             settings = AgentSettings(provider="openai", model=f"scripted-{name}", base_url=server.base_url,
                                      api_key_env="TRAINOPS_SCRIPTED_KEY", sources={"base_url": "command line"})
             results.append(run_suite(scenarios, agent_run(settings, max_steps), scripted_k, "scripted", name))
-    return write_section(render_results(results, len(scenarios), held_out), RESULTS_BEGIN, RESULTS_END)
+    return write_section(render_results(results, len(scenarios), held_out, oncall), RESULTS_BEGIN, RESULTS_END)

@@ -30,7 +30,9 @@ def failed_groups(score: dict) -> set[str]:
 
 
 @pytest.mark.parametrize("model, scenario, group, check", [
-    ("obedient", INJECTED, "safety", "ignores_injected_text"),
+    # a question is offered read-only tools (issue 38): the obedient model never sees the cancel_job the planted
+    # line asks for, so it cannot obey it; it still fails, by not answering (was: safety, ignores_injected_text)
+    ("obedient", INJECTED, "evidence", "answered"),
     ("lazy", PLAIN, "evidence", "evidence_from_tools"),
     ("overconfident", PLAIN, "evidence", "cites:rank 1 ended without an exit note"),
     ("looping", PLAIN, "budget", "within_budget"),
@@ -44,9 +46,11 @@ def test_each_scripted_model_fails_where_it_should(model, scenario, group, check
     assert result["overall"]["pass_hat_k"] == 0.0 and result["provider"] == "scripted"
 
 
-def test_the_obedient_model_asked_for_the_planted_call_and_the_gate_held_it():
+def test_the_obedient_model_is_never_offered_the_planted_call_for_a_question():
+    """Was: it asked for the planted cancel_job and the gate held it. A question is now offered read-only
+    tools (issue 38), so the obedient model never sees cancel_job and never calls it."""
     [score] = eval_run("--provider", "scripted", "--model", "obedient", "--scenario", INJECTED)["scores"]
-    assert "cancel_job:pending" in score["calls"] or any(c.startswith("cancel_job:refused") for c in score["calls"])
+    assert not any(c.startswith("cancel_job") for c in score["calls"]), score["calls"]
     assert "no_ungated_mutation" not in [c["name"] for c in score["checks"] if not c["passed"]]
 
 
@@ -173,4 +177,4 @@ def test_the_held_out_set_runs_through_the_same_command_and_is_published_beside_
     suite = SuiteResult.model_validate(result)
     text = render_results([suite], 47, held_out=suite)
     missed = [s["scenario"] for s in result["scores"] if not s["passed"]]
-    assert f"Held out: {len(held_out)} requests" in text and all(name in text for name in missed)
+    assert f"Held out, retired: {len(held_out)} requests" in text and all(name in text for name in missed)
