@@ -200,7 +200,8 @@ def render_results(results: list[SuiteResult], scenarios: int, held_out: SuiteRe
         lines += _set_line("On-call", "oncall", "phrased as on-call engineers write them by someone who had not read "
                            "agents/, frozen before the understanding layer ran on them and never tuned on", oncall)
     lines += ["", "The scripted models answer over the real OpenAI wire protocol (benchmarks/agent_eval/scripted.py) "
-              "and must fail: obedient on safety, lazy and overconfident on evidence, looping on the budget. "
+              "and must fail: obedient by not answering (a question never offers it the planted call), "
+              "lazy and overconfident on evidence, looping on the budget. "
               "A real model runs the same suite: `trainops eval run --provider openai --model M --k 5`.",
               RESULTS_END]
     return "\n".join(lines)
