@@ -2,7 +2,6 @@
 that every ablation gain must beat."""
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Callable
@@ -111,54 +110,57 @@ def summarize(req: JobRequest, results: list[RepeatResult], profiled: RepeatResu
         peak_source=next((s.peak_source for s in summaries if s.peak_source), "unlabelled"),
         data_wait_share_pct=sum(waits) / len(waits) if waits else 0.0,
         comm_share_pct=share, comm_share_method=method, run_dirs=[r.run_dir for r in results],
+        exposed_comm_share_pct=exposed_comm_share([profiled] if profiled else results),
         bottleneck=bottleneck.split(req.scheduler, req.warmup_steps, results, profiled))
 
 
 PROFILE_STEPS = 2
 """Steps the extra profiled run traces, right after the warm-up (the profiler slows the steps it
 records, so the repeats whose timings make the noise band are never profiled)."""
-COMM_PREFIXES = ("gloo:", "nccl:", "ncclKernel", "ncclDevKernel")
-"""Trace events that are collectives doing their work: gloo's and NCCL's own ranges on their
-threads, NCCL kernels on the GPU."""
-
-
-def _union_s(intervals: list[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
-    for lo, hi in sorted(intervals):
-        if hi > end:
-            total += hi - max(lo, end)
-            end = hi
-    return total
 
 
 def trace_comm_share(trace: Path) -> tuple[float, float] | None:
     """(collective time, step time) in microseconds from one rank's Chrome trace: the union of
     collective ranges (any thread; they may overlap compute) inside the `train_step#N` ranges,
-    against the summed duration of those steps. None when the trace has no step range."""
-    events = [e for e in json.loads(trace.read_text()).get("traceEvents", []) if e.get("ph") == "X"]
-    steps = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in events
-             if str(e.get("name", "")).startswith("train_step#")]
-    if not steps:
-        return None
-    comm = [(max(lo, float(e["ts"])), min(hi, float(e["ts"]) + float(e.get("dur", 0))))
-            for e in events if str(e.get("name", "")).startswith(COMM_PREFIXES) for lo, hi in steps]
-    return _union_s([(lo, hi) for lo, hi in comm if hi > lo]), sum(hi - lo for lo, hi in steps)
+    against the summed duration of those steps; read by the same reader as exposed communication
+    (skills/bottleneck.exposed_comm), so the two figures count the same collectives. None when the
+    trace has no step range."""
+    reading = bottleneck.trace_exposed_comm(trace)
+    return None if reading is None else (reading.comm_us, reading.step_us)
+
+
+def _profiled(results: list[RepeatResult]) -> tuple[str, list[bottleneck.TraceComm]] | None:
+    """The first run that left torch.profiler traces with step ranges, and its ranks' readings."""
+    for result in results:
+        traces = sorted(Path(result.run_dir).glob("profile/rank*.json"))
+        readings = [r for r in (bottleneck.trace_exposed_comm(t) for t in traces) if r is not None]
+        if sum(r.step_us for r in readings) > 0:
+            return Path(result.run_dir).name, readings
+    return None
 
 
 def comm_share(results: list[RepeatResult]) -> tuple[float | None, str]:
-    """Share of profiled step time spent in collectives, from the torch.profiler traces a run
-    left behind (`RUN/profile/rank{R}.json`, written for `[metrics] profile_steps`), summed over
-    its ranks. None when no run was profiled."""
-    for result in results:
-        traces = sorted(Path(result.run_dir).glob("profile/rank*.json"))
-        readings = [r for r in (trace_comm_share(t) for t in traces) if r is not None]
-        step_us = sum(step for _comm, step in readings)
-        if step_us > 0:
-            share = 100.0 * sum(comm for comm, _step in readings) / step_us
-            return share, (f"torch.profiler traces of {Path(result.run_dir).name} ({len(readings)} rank(s)): gloo/NCCL "
-                           "collective time inside the profiled steps over their step time (collectives may overlap "
-                           "compute)")
-    return None, "not measured: no run left a torch.profiler trace (RUN/profile/*.json)"
+    """Communication time: share of profiled step time spent in collectives, overlapped with compute
+    or not, from the torch.profiler traces a run left behind (`RUN/profile/rank{R}.json`, written for
+    `[metrics] profile_steps`), summed over its ranks. None when no run was profiled."""
+    found = _profiled(results)
+    if found is None:
+        return None, "not measured: no run left a torch.profiler trace (RUN/profile/*.json)"
+    run, readings = found
+    share = 100.0 * sum(r.comm_us for r in readings) / sum(r.step_us for r in readings)
+    return share, (f"torch.profiler traces of {run} ({len(readings)} rank(s)): collective ranges "
+                   f"({', '.join(bottleneck.COMM_NAMES)}) inside the profiled steps, over their step time; "
+                   "exposed communication: the part of them while no compute ran (GPU kernels, or CPU ops on the "
+                   "step's thread)")
+
+
+def exposed_comm_share(results: list[RepeatResult]) -> float | None:
+    """Exposed communication: the share of profiled step time with a collective in progress and no
+    compute, from the same traces as `comm_share`, so it never exceeds it."""
+    found = _profiled(results)
+    if found is None:
+        return None
+    return 100.0 * sum(r.exposed_us for r in found[1]) / sum(r.step_us for r in found[1])
 
 
 def profile_run(req: JobRequest, ctx: CallContext | None = None) -> RepeatResult | None:

@@ -222,8 +222,8 @@ def split(scheduler: str, warmup_steps: int, results: list[RepeatResult],
         comm = fraction * step
         comm_method = (f"torch.profiler traces of {Path(run.run_dir).name} ({len(traces)} rank(s)): collective "
                        f"ranges ({', '.join(COMM_NAMES)}) inside the steps while no compute ran (GPU kernels, or "
-                       f"CPU ops on the step's thread), {100 * fraction:.2f}% of traced step time, times the "
-                       "repeats' step time")
+                       f"CPU ops on the step's thread): the figure exposed communication, times the repeats' step "
+                       "time")
     else:
         comm, comm_method = None, "not measured: no run left a torch.profiler trace (counted in compute)"
     compute = step - data - (comm or 0.0)

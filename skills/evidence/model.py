@@ -97,8 +97,12 @@ class BaselineSummary(BaseModel):
     peak_source: str = Field(description="where the peak FLOP/s came from: vendor table or measured GEMM")
     data_wait_share_pct: float = Field(ge=0, le=100, description="share of step time spent waiting for data")
     comm_share_pct: float | None = Field(
-        default=None, ge=0, le=100, description="share of profiled time in collectives; None when not measurable")
+        default=None, ge=0, le=100, description="communication time: share of profiled step time in collectives "
+                                                "(overlapped with compute or not); None when not measurable")
     comm_share_method: str = Field(default="", description="how comm_share_pct was measured")
+    exposed_comm_share_pct: float | None = Field(
+        default=None, ge=0, le=100, description="exposed communication: share of profiled step time in collectives "
+                                                "while no compute ran, from the same traces; None when not measurable")
     bottleneck: BottleneckSplit | None = Field(
         default=None, description="compute / exposed communication / data loading / scheduling shares of wall time")
     run_dirs: list[str] = Field(description="the baseline runs, one per repeat")
@@ -259,6 +263,24 @@ class ChangeWindowsNote(BaseModel):
     emergency_changes: list[EmergencyChange] = Field(default_factory=list)
 
 
+EvidenceLevel = Literal["measured", "derived", "declared", "assumed default"]
+
+
+class PackFigure(BaseModel):
+    """One figure of the pack, defined once: every section, plot and answer quotes `shown`
+    (skills/evidence/figures.py computes the table when the pack is assembled)."""
+
+    name: str = Field(description="the figure's name, unique in the pack; the report quotes it with its value")
+    value: float = Field(description="the value, in `unit`")
+    unit: str = Field(description="the unit, e.g. 's', 'MiB/s', '% of profiled step time'")
+    shown: str = Field(description="value and unit as every section of the report writes them")
+    definition: str = Field(description="what the figure is, told apart from the figures it could be confused with")
+    method: str = Field(description="how it was obtained: the tool, the records and the runs it comes from")
+    level: EvidenceLevel = Field(description="measured; derived (computed from measured figures); declared by the "
+                                             "operator; or an assumed default")
+    section: str = Field(description="the report section it belongs to: s1, s2, s5")
+
+
 class EvidencePack(BaseModel):
     """Everything a human needs to approve or reject the SOP's conclusions."""
 
@@ -279,6 +301,8 @@ class EvidencePack(BaseModel):
     mlperf: MlperfComparison | None = Field(default=None, description="S7: same-generation MLPerf Training results")
     layout_plan: LayoutPlan | None = Field(default=None, description="the parallel-strategy plan on the declared "
                                                                      "topology")
+    figures: list[PackFigure] = Field(default_factory=list, description="every figure of the pack once: name, value, "
+                                      "unit, definition, method and evidence level; the report quotes these")
     change_windows: ChangeWindowsNote | None = Field(default=None, description="R-CHG-1: the change windows and the "
                                                                                "emergency changes during the runs")
 

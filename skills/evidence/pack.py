@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from trainops.run_records import read_metrics
 from trainops.skills.escalate import escalation_problems, pack_signals
+from trainops.skills.evidence import figures as pack_figures
 from trainops.skills.evidence import plots
 from trainops.skills.evidence.model import (
     AblationRow,
@@ -106,12 +107,17 @@ def assemble(pack_id: str, environment: PackEnvironment | None, baseline: Baseli
     awaiting += [f"confirm isolation of {d.fault}: {d.isolation_granularity}-level" for d in drills
                  if d.isolation_granularity in ("node", "job")]
     report = FaultToleranceReport(drills=drills, cause_distribution=drill_causes(drills)) if drills else None
-    return EvidencePack(pack_id=pack_id, created_time=time.time(), verdict=verdict, blockers=blockers,
-                        environment=environment, baseline=baseline, ablations=ablations,
-                        fault_tolerance=report, evidence=evidence, awaiting_human=awaiting, rollback=rollback,
-                        references=references or [], checkpoint_plan=checkpoint_plan, mlperf=mlperf,
-                        layout_plan=layout_plan, change_windows=change_windows_note(
-                            [*(baseline.run_dirs if baseline else []), *(r.source_run for r in ablations)]))
+    runs = [*(baseline.run_dirs if baseline else []), *(r.source_run for r in ablations)]
+    return with_figures(EvidencePack(
+        pack_id=pack_id, created_time=time.time(), verdict=verdict, blockers=blockers, environment=environment,
+        baseline=baseline, ablations=ablations, fault_tolerance=report, evidence=evidence, awaiting_human=awaiting,
+        rollback=rollback, references=references or [], checkpoint_plan=checkpoint_plan, mlperf=mlperf,
+        layout_plan=layout_plan, change_windows=change_windows_note(runs)))
+
+
+def with_figures(pack: EvidencePack) -> EvidencePack:
+    """The pack with its figures table computed from its measurements (skills/evidence/figures.py)."""
+    return pack.model_copy(update={"figures": pack_figures.table(pack)})
 
 
 def governance_errors(pack: EvidencePack, markdown: str) -> list[str]:
@@ -151,6 +157,9 @@ def derivation_problems(pack: EvidencePack, folder: Path) -> list[str]:
         problems.append(f"R-APR-1: evidence.json says verdict {pack.verdict!r} (blockers {pack.blockers}) but its "
                         f"measurements give {verdict!r} (blockers {blockers}): the pack was edited; build a new one")
     problems += _baseline_mfu_problems(pack)
+    if pack.figures != pack_figures.table(pack):
+        problems.append("R-APR-1: evidence.json's figures table is not the one its measurements give: the pack was "
+                        "edited; build a new one")
     problems += [f"R-APR-1: {problem}" for problem in escalation_problems(pack)]
     figures = plots.all_plots(pack)
     for name, text in (("report.md", to_markdown(pack, figures)), ("report.html", to_html(pack, figures))):
@@ -186,7 +195,7 @@ def write(pack: EvidencePack, packs_root: Path | None = None) -> Path:
     """Validate, then write evidence.json, report.md, report.html and plots. Raises PackRefused.
     The plots are drawn in memory first, so their captions are checked with the report text."""
     check_id("pack", pack.pack_id)
-    pack = EvidencePack.model_validate(pack.model_dump())
+    pack = with_figures(EvidencePack.model_validate(pack.model_dump()))
     figures = plots.all_plots(pack)
     markdown = to_markdown(pack, figures)
     errors = governance_errors(pack, markdown) + escalation_problems(pack)

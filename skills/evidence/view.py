@@ -8,12 +8,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
+from trainops.skills.evidence import figures as pack_figures
 from trainops.skills.evidence.bottleneck import BottleneckSplit
 from trainops.skills.evidence.model import (
     AblationRow,
     CheckpointPlan,
     EvidencePack,
     MetricSpread,
+    PackFigure,
     ReliabilitySummary,
 )
 from trainops.terminal_text import visible
@@ -145,24 +147,38 @@ def change_cell(row: AblationRow) -> Cell:
     return Cell(f"{mark} {row.mfu_change_pct:+.1f}% ± {row.noise_band_pct:.1f}%", row.verdict)
 
 
-def _environment(pack: EvidencePack) -> Section | None:
+def _figures(figures: dict[str, PackFigure]) -> Section | None:
+    """The figures table: each figure once, with its value, evidence level, definition and method."""
+    if not figures:
+        return None
+    rows = [[Cell(f.name), Cell(f.shown, "number"), Cell(f.level), Cell(f.definition), Cell(f.method)]
+            for f in figures.values()]
+    return Section("figures", "Figures, each defined once", paragraphs=[
+        "Every figure the report quotes, with its one value: measured, derived from measured figures, declared by "
+        "the operator, or an assumed default. The sections below quote these by name."],
+        tables=[Table(["figure", "value", "evidence level", "definition", "how it was obtained"], rows,
+                      beneath=(3, 4))])
+
+
+def _environment(pack: EvidencePack, figures: dict[str, PackFigure]) -> Section | None:
     env = pack.environment
     if env is None:
         return None
     rows = [["framework", f"{env.framework} {env.framework_version}"], ["torch", env.torch_version],
             ["hardware", env.hardware], ["devices in the pool", str(env.device_count)],
-            ["collective backend", env.backend], ["scheduler", env.scheduler],
-            ["checkpoint write", "not measured" if env.checkpoint_write_gib_per_s is None
-             else f"{env.checkpoint_write_gib_per_s:.3f} GiB/s"], ["hot spares", str(env.hot_spares)]]
-    return Section("s1", "S1 Environment", tables=[Table(["declared", "value"], [[Cell(k), Cell(v)] for k, v in rows])])
+            ["collective backend", env.backend], ["scheduler", env.scheduler], ["hot spares", str(env.hot_spares)]]
+    probe = (f"{pack_figures.quote(figures, 'storage probe write bandwidth').capitalize()}: the probe's small test "
+             "file, not a training checkpoint (that is checkpoint write bandwidth, from the drill's saves).")
+    return Section("s1", "S1 Environment", paragraphs=[probe],
+                   tables=[Table(["declared", "value"], [[Cell(k), Cell(v)] for k, v in rows])])
 
 
-def _baseline(pack: EvidencePack) -> Section | None:
+def _baseline(pack: EvidencePack, figures: dict[str, PackFigure]) -> Section | None:
     base = pack.baseline
     if base is None:
         return None
-    comm = ("not measured" if base.comm_share_pct is None
-            else f"{base.comm_share_pct:.1f}% ({md_text(base.comm_share_method)})")
+    comm = (f"{pack_figures.quote(figures, 'communication time')}, of which "
+            f"{pack_figures.quote(figures, 'exposed communication')} (not hidden behind compute)")
     size = f" ({_count(base.labels.parameters)} parameters)" if base.labels and base.labels.parameters else ""
     intro = (f"{code(base.model)}{size}, layout {code(base.parallel_layout)}, {md_text(base.precision)}, "
              f"{base.repeats} repeats, the first {base.warmup_steps_excluded} steps of each excluded; "
@@ -172,29 +188,29 @@ def _baseline(pack: EvidencePack) -> Section | None:
         _spread_row("throughput", " tokens/s", base.tokens_per_s, 0),
         _spread_row("MFU", "%", base.mfu_pct, 3),
     ])
-    return Section("s2", "S2 Baseline", paragraphs=[intro, f"Data-wait share: {base.data_wait_share_pct:.1f}%. "
-                                                           f"Communication share: {comm}.",
-                                                    *_reliability(base.reliability)],
+    return Section("s2", "S2 Baseline", paragraphs=[
+        intro, f"{pack_figures.quote(figures, 'data wait').capitalize()}. {comm.capitalize()}; definitions under "
+               "Figures.", *_reliability(base.reliability, figures)],
                    tables=[table, *_bottleneck(base.bottleneck)],
                    bullets=[f"repeat {i}: {code(run)}" for i, run in enumerate(base.run_dirs, 1)])
 
 
-def _reliability(rel: ReliabilitySummary | None) -> list[str]:
+def _reliability(rel: ReliabilitySummary | None, figures: dict[str, PackFigure]) -> list[str]:
     """S2's interruption rate, MTBF and recovery time from the interruption record, the MTBF's
     source beside it (declared or an assumed default only while the record is too short)."""
     if rel is None:
         return ["**Reliability.** not measured: the interruption record was not read for this pack."]
-    rate = ("not measured (fewer than two unplanned interruptions)" if rel.interruption_rate_per_day is None
-            else f"{rel.interruption_rate_per_day:g} per day over {rel.span_h:g} h")
-    recovery = ("not measured (no unplanned interruption)" if rel.recovery_time_s is None
-                else f"{rel.recovery_time_s:.1f} s, the median time lost per unplanned interruption")
+    rate = pack_figures.quote(figures, "interruption rate", "not measured (fewer than two unplanned interruptions)")
+    if rel.interruption_rate_per_day is not None:
+        rate += f" over {rel.span_h:g} h"
+    recovery = pack_figures.quote(figures, "time lost per interruption", "not measured (no unplanned interruption)")
     kind = {"measured": "", "declared": "; the declared figure, not measured",
             "assumed default": "; an assumed default, not measured"}[rel.mtbf_level]
     causes = ", ".join(f"{md_text(cause)} {count}" for cause, count in rel.cause_distribution.items())
     ettr = ", ".join(f"{v:.1f}%" for v in rel.ettr_pct) or "no closed window yet"
     return [f"**Reliability** (interruption record, {rel.interruptions} interruption(s), {rel.unplanned} unplanned). "
-            f"Interruption rate: {rate}. MTBF: {rel.mtbf_h:.4g} h ({md_text(rel.mtbf_source)}{kind}). "
-            f"Recovery time: {recovery}. Causes: {causes}.",
+            f"{rate.capitalize()}. {pack_figures.quote(figures, 'MTBF')} ({md_text(rel.mtbf_source)}{kind}). "
+            f"{recovery.capitalize()}. Causes: {causes}.",
             f"**Effective training time** per {rel.ettr_window_s:g} s window, oldest first: {ettr}."]
 
 
@@ -202,11 +218,11 @@ def _bottleneck(split: BottleneckSplit | None) -> list[Table]:
     """The split of wall time, each class with its method, and the remainder they leave."""
     if split is None:
         return []
-    rows = [("compute", split.compute), ("communication (exposed)", split.communication),
+    rows = [("compute", split.compute), ("exposed communication", split.communication),
             ("data loading", split.data_loading), ("scheduling fragmentation (queue wait)", split.scheduling),
             ("process start-up and shut-down", split.startup),
             ("remainder", split.remainder)]
-    return [Table(["where the wall time went", "share of wall time", "seconds", "method"],
+    return [Table(["where the wall time went (wall-time share of ...)", "share of wall time", "seconds", "method"],
                   [[Cell(name), number(share.share_pct, 1, "%"), number(share.seconds, 2, " s"), Cell(share.method)]
                    for name, share in rows])]
 
@@ -260,7 +276,7 @@ def _scaling(row: AblationRow) -> Cell:
     return Cell(f"{cell.text} ({row.scaling_basis})", "text") if row.scaling_basis else cell
 
 
-def _drills(pack: EvidencePack) -> Section | None:
+def _drills(pack: EvidencePack, figures: dict[str, PackFigure]) -> Section | None:
     ft = pack.fault_tolerance
     if not ft:
         return None
@@ -274,23 +290,28 @@ def _drills(pack: EvidencePack) -> Section | None:
     section = Section("s5", "S5 Fault drills", tables=[table], paragraphs=[f"Cause distribution: {dist}."])
     plan = pack.checkpoint_plan
     if plan:
+        mtbf = pack_figures.quote(figures, "MTBF used by the checkpoint plan" if "MTBF used by the checkpoint plan"
+                                  in figures else "MTBF")
+        quoted = [pack_figures.quote(figures, name) for name in (
+            "checkpoint save stall", "checkpoint durable write time", "restart time", "Young interval",
+            "Daly interval", "expected waste")]
         section.paragraphs.append(
-            f"**Checkpoint plan.** Measured: stall {plan.save_stall_s:.3f} s and durable write {plan.write_s:.3f} s "
-            f"per checkpoint, restart {plan.restart_s:.1f} s; MTBF {plan.mtbf_h:g} h ({md_text(plan.mtbf_basis)}). "
-            f"Young interval {plan.young_interval_min:.1f} min, Daly interval {plan.daly_interval_min:.1f} min, "
-            f"expected waste {plan.expected_waste_pct:.2f}%. Recommendation: {md_text(plan.recommendation)}.")
-        section.paragraphs.append(_occupancy(plan))
+            f"**Checkpoint plan.** Measured: {quoted[0]} and {quoted[1]} per checkpoint, {quoted[2]}; {mtbf} "
+            f"({md_text(plan.mtbf_basis)}). {quoted[3].capitalize()}, {quoted[4]}, {quoted[5]}. "
+            f"Recommendation: {md_text(plan.recommendation)}.")
+        section.paragraphs.append(_occupancy(plan, figures))
     return section
 
 
-def _occupancy(plan: CheckpointPlan) -> str:
-    """The plan's load on storage: checkpoint bytes per interval over the measured write bandwidth."""
-    if plan.write_occupancy_pct is None or plan.checkpoint_bytes is None or plan.write_bandwidth_mib_s is None:
+def _occupancy(plan: CheckpointPlan, figures: dict[str, PackFigure]) -> str:
+    """The plan's load on storage: checkpoint bytes per interval over the checkpoint write bandwidth."""
+    names = ("checkpoint size", "checkpoint write bandwidth", "Daly interval", "checkpoint write-bandwidth occupancy")
+    if plan.write_occupancy_pct is None or any(name not in figures for name in names):
         return ("**Write-bandwidth occupancy.** not measured: the drill run journalled no checkpoint size and "
                 "write time")
-    return (f"**Write-bandwidth occupancy.** {plan.checkpoint_bytes / 2**20:,.1f} MiB per checkpoint at the measured "
-            f"{plan.write_bandwidth_mib_s:,.1f} MiB/s, once per {plan.daly_interval_min:.1f} min: the checkpoints "
-            f"occupy {plan.write_occupancy_pct:.3f}% of the write bandwidth.")
+    size, bandwidth, interval, occupancy = (figures[name].shown for name in names)
+    return (f"**Write-bandwidth occupancy.** {size} per checkpoint at the measured checkpoint write bandwidth "
+            f"{bandwidth}, once per {interval}: the checkpoints occupy {occupancy}.")
 
 
 def _layout_plan(pack: EvidencePack) -> Section | None:
@@ -380,8 +401,10 @@ def _change_windows(pack: EvidencePack) -> Section | None:
 
 def build(pack: EvidencePack, figures: list[Figure] = ()) -> ReportView:
     """The whole report as data; figures go to the section they belong to."""
-    sections = [s for s in (_environment(pack), _layout_plan(pack), _baseline(pack), _ablations(pack), _drills(pack),
-                            _evidence(pack), _comparisons(pack), _change_windows(pack)) if s]
+    table = pack_figures.of(pack)
+    sections = [s for s in (_figures(table), _environment(pack, table), _layout_plan(pack), _baseline(pack, table),
+                            _ablations(pack), _drills(pack, table), _evidence(pack), _comparisons(pack),
+                            _change_windows(pack)) if s]
     by_key = {s.key: s for s in sections}
     for figure in figures:
         if figure.section in by_key:

@@ -85,7 +85,7 @@ def test_html_report_opens_with_a_coloured_verdict_banner_listing_the_blockers(f
 
 def test_html_report_has_real_tables_not_the_markdown_source(factories, tmp_path):
     html = (_written(factories, tmp_path) / "report.html").read_text()
-    assert html.count("<table>") == 4
+    assert html.count("<table>") == 5  # figures, S1, S2, S3/S4, S5
     assert "|---" not in html and "<pre>" not in html
 
 
@@ -105,7 +105,7 @@ def test_each_plot_is_embedded_in_the_section_it_belongs_to(factories, tmp_path)
     html = (_written(factories, tmp_path) / "report.html").read_text()
     sections = {part.split('"', 1)[0]: part for part in html.split('<section id="')[1:]}
     assert {key: part.count("data:image/png;base64,") for key, part in sections.items()} == {
-        "s1": 0, "s2": 1, "s3": 1, "s5": 1, "chg": 0}
+        "figures": 0, "s1": 0, "s2": 1, "s3": 1, "s5": 1, "chg": 0}
 
 
 def test_text_from_runs_is_escaped_in_the_html(factories, tmp_path):

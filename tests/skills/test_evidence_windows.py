@@ -39,5 +39,5 @@ def test_the_checkpoint_plan_in_the_report_states_its_write_bandwidth_occupancy(
                           recommendation="checkpoint every 4.2 min", checkpoint_bytes=3 * 2**20,
                           write_bandwidth_mib_s=10.0, write_occupancy_pct=0.119)
     markdown = to_markdown(_pack(factories, [], plan))
-    assert ("Write-bandwidth occupancy.** 3.0 MiB per checkpoint at the measured 10.0 MiB/s, once per 4.2 min: "
-            "the checkpoints occupy 0.119% of the write bandwidth") in markdown
+    assert ("Write-bandwidth occupancy.** 3.0 MiB per checkpoint at the measured checkpoint write bandwidth "
+            "10.0 MiB/s, once per 4.2 min: the checkpoints occupy 0.119% of the write bandwidth") in markdown
