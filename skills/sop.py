@@ -158,7 +158,7 @@ def run(settings: SopSettings, ctx: CallContext | None = None, progress: Progres
         drills, [env_row, *evidence, *arm_evidence, *drill_evidence],
         rollback=f"keep the baseline configuration ({baseline.command_line(req)}); adopt no arm until a human approves",
         references=reference_notes(env, world, summary.model), checkpoint_plan=ckpt_plan,
-        mlperf=references.mlperf(env), layout_plan=layout)
+        mlperf=references.mlperf(env, world), layout_plan=layout)
     pack = escalate.carry_fired(pack, ctx)  # R-ESC-1..4 on every SOP run: a fired rule goes to a human
     folder = evidence_pack.write(pack)
     return SopResult(pack_dir=str(folder), verdict=pack.verdict, blockers=pack.blockers,
@@ -193,7 +193,7 @@ def build_from_runs(run_dirs: list[str], scheduler: str = "local", ctx: CallCont
         update={"reliability": planning.reliability_summary(None, escalate.ETTR_WINDOW_S)})
     pack = evidence_pack.assemble(f"runs-{time.strftime('%Y%m%d-%H%M%S')}", env, summary, [], drills, [env_row],
                                   references=reference_notes(env, req.nproc, summary.model),
-                                  mlperf=references.mlperf(env))
+                                  mlperf=references.mlperf(env, req.nproc))
     return evidence_pack.write(escalate.carry_fired(pack, ctx))
 
 

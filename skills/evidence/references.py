@@ -18,6 +18,10 @@ from trainops.tools.governance.claims import ExternalComparison
 DATA_PATH = Path(__file__).with_name("published.json")
 GENERATIONS = ("Blackwell", "Hopper", "Ada Lovelace", "Ampere", "Volta", "CDNA 3")
 NO_SAME_GENERATION = "no same-generation result"
+SCALE_FACTOR = 10
+"""A reference system is comparable only with a GPU run within this factor of its accelerator
+count: beyond it the difference says more about scale than about the change measured."""
+LLAMA3_GPUS = 16_384
 
 
 @lru_cache(maxsize=1)
@@ -34,9 +38,33 @@ def devices(env: PackEnvironment | None, world: int) -> str:
     return f"{world} {one if world == 1 else many}"
 
 
+def _kind(env: PackEnvironment | None) -> str:
+    if env is None:
+        return "cpu"
+    return env.accelerator_kind or ("gpu" if env.backend == "nccl" else "cpu")
+
+
+def not_comparable(env: PackEnvironment | None, world: int, theirs: str, their_count: int) -> str | None:
+    """Why a system of `their_count` accelerators is not comparable with this run, in one line
+    ("1 CPU process vs MegaScale's 12,288 GPUs: not comparable (this run has no GPUs)"); None when it is."""
+    if _kind(env) != "gpu":
+        why = "this run has no GPUs"
+    elif world * SCALE_FACTOR < their_count:
+        why = f"more than {SCALE_FACTOR}x this run's scale"
+    else:
+        return None
+    return f"{devices(env, world)} vs {theirs}: not comparable ({why})"
+
+
+def _megascale_line(env: PackEnvironment | None, world: int) -> str | None:
+    mega = published()["megascale"]
+    why = not_comparable(env, world, f"MegaScale's {mega['gpus']:,} GPUs", mega["gpus"])
+    return None if why is None else f"MegaScale: {why}"
+
+
 def generation(env: PackEnvironment | None) -> str | None:
     """The accelerator generation named in the declared hardware; None on a CPU or an unknown one."""
-    if env is None or (env.accelerator_kind or ("gpu" if env.backend == "nccl" else "cpu")) != "gpu":
+    if _kind(env) != "gpu":
         return None
     return next((g for g in GENERATIONS if re.search(rf"\b{g}\b", env.hardware, re.IGNORECASE)), None)
 
@@ -54,6 +82,8 @@ def megascale_reference(row: AblationRow, env: PackEnvironment | None, world: in
     mega = published()["megascale"]
     ranks = re.search(r"\d+", row.scale)
     world = int(ranks.group()) if ranks else world  # the arm's own scale (small arms run fewer ranks)
+    if (why := _megascale_line(env, world)) is not None:
+        return why
     item = next((i for i in mega["items"] if row.category in i["categories"]), None)
     source = f"{mega['source']}, {mega['url']}"
     if item is None:
@@ -73,13 +103,19 @@ def annotate(rows: list[AblationRow], env: PackEnvironment | None, world: int, m
     return [r.model_copy(update={"reference": megascale_reference(r, env, world, model)}) for r in rows]
 
 
-def mlperf(env: PackEnvironment | None) -> MlperfComparison:
-    """S7: the shipped MLPerf Training results of the run's hardware generation."""
+def mlperf(env: PackEnvironment | None, world: int) -> MlperfComparison:
+    """S7: the shipped MLPerf Training results of the run's hardware generation, those within
+    SCALE_FACTOR of the run's GPU count; when none is, the verdict says why in one line."""
     gen = generation(env)
     rows = [MlperfResult.model_validate(r) for r in published()["mlperf_training"]]
-    same = [r for r in rows if gen is not None and r.generation == gen]
+    generation_rows = [r for r in rows if gen is not None and r.generation == gen]
+    same = [r for r in generation_rows if not_comparable(env, world, "", r.accelerators) is None]
     hardware = env.hardware if env else "undeclared hardware"
-    if same:
+    if generation_rows and not same:
+        counts = sorted(r.accelerators for r in generation_rows)
+        span = f"{counts[0]:,}" + (f" to {counts[-1]:,}" if counts[-1] != counts[0] else "")
+        verdict = not_comparable(env, world, f"the same-generation ({gen}) results' {span} accelerators", counts[0])
+    elif same:
         verdict = f"{len(same)} same-generation ({gen}) result(s) in the shipped table"
     elif gen:
         verdict = f"{NO_SAME_GENERATION}: no {gen} row in the shipped table (this run used {hardware})"
@@ -90,22 +126,26 @@ def mlperf(env: PackEnvironment | None) -> MlperfComparison:
 
 
 def headline_notes(env: PackEnvironment | None, world: int, model: str) -> list[str]:
-    """The pack's reference lines: MegaScale's headline and the S7 MLPerf line, worded for the
-    hardware the run used."""
+    """The pack's reference lines: MegaScale's headline, the S7 MLPerf line and Llama 3's, each a
+    comparison where the run's hardware and scale make it one, else one line saying why not."""
     mega = published()["megascale"]
-    comparison = mlperf(env)
-    headline = ExternalComparison(metric="MFU", ours=devices(env, world), source=mega["source"],
-                                  theirs=f"{mega['mfu_pct']}% against {mega['baseline_mfu_pct']}% for "
-                                         f"{mega['baseline_framework']}",
-                                  scale_difference=_difference(env, world, model))
-    notes = [f"{headline.source} reports MFU {headline.theirs}, communication overlap the largest single item; "
-             f"{headline.scale_difference} ({mega['url']})"]
+    comparison = mlperf(env, world)
+    notes = [_megascale_line(env, world)]
+    if notes[0] is None:
+        headline = ExternalComparison(metric="MFU", ours=devices(env, world), source=mega["source"],
+                                      theirs=f"{mega['mfu_pct']}% against {mega['baseline_mfu_pct']}% for "
+                                             f"{mega['baseline_framework']}",
+                                      scale_difference=_difference(env, world, model))
+        notes = [f"{headline.source} reports MFU {headline.theirs}, communication overlap the largest single item; "
+                 f"{headline.scale_difference} ({mega['url']})"]
     if comparison.same_generation:
         notes += [f"{r.round} ({r.published}), {r.benchmark}: {r.submitter}, {r.accelerators:,} {r.accelerator}, "
                   f"{r.time_to_train_min:g} min time to train; this run: {devices(env, world)}; source: {r.source}, "
                   f"{r.url}" for r in comparison.same_generation]
     else:
         notes.append(f"MLPerf Training: {comparison.verdict}")
-    notes.append("Llama 3 (arXiv 2407.21783) reports 419 unexpected interruptions in 54 days on 16,384 H100 and "
-                 f"effective training time above 90%; our drills measure single faults on {devices(env, world)}")
+    llama = not_comparable(env, world, f"Llama 3's {LLAMA3_GPUS:,} H100 GPUs", LLAMA3_GPUS)
+    notes.append(f"Llama 3: {llama}" if llama else
+                 f"Llama 3 (arXiv 2407.21783) reports 419 unexpected interruptions in 54 days on {LLAMA3_GPUS:,} H100 "
+                 f"and effective training time above 90%; our drills measure single faults on {devices(env, world)}")
     return notes

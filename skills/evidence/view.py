@@ -243,8 +243,21 @@ def _ablations(pack: EvidencePack) -> Section | None:
     return Section("s3", "S3/S4 Ablations, one variable per arm", tables=[table], paragraphs=[
         "A change counts only beyond the run-to-run noise band measured at the same scale: "
         "▲ gain, ▼ regression, ≈ within noise."],
-        bullets=[f"{code(f'{r.knob}={r.value}')} against the published breakdown: {md_text(r.reference)}"
-                 for r in pack.ablations if r.reference] + _ladder_lines(pack.ablations))
+        bullets=_reference_lines(pack.ablations, pack.references) + _ladder_lines(pack.ablations))
+
+
+def _reference_lines(rows: list[AblationRow], pack_references: list[str]) -> list[str]:
+    """Each arm against the published breakdown; a 'not comparable' line once, however many arms share
+    it, and not at all when S7 already says it."""
+    lines, seen = [], set(pack_references)
+    for r in (r for r in rows if r.reference):
+        if " not comparable " in r.reference:
+            if r.reference not in seen:
+                lines.append(f"Published breakdown: {md_text(r.reference)}")
+            seen.add(r.reference)
+        else:
+            lines.append(f"{code(f'{r.knob}={r.value}')} against the published breakdown: {md_text(r.reference)}")
+    return lines
 
 
 def _ladder_lines(rows: list[AblationRow]) -> list[str]:
@@ -351,8 +364,8 @@ def _comparisons(pack: EvidencePack) -> Section | None:
                       bullets=[f"Reference: {md_text(ref)}" for ref in pack.references])
     if pack.mlperf is not None:
         m = pack.mlperf
-        section.paragraphs.append(f"**MLPerf Training, same generation.** {md_text(m.verdict)}. "
-                                  f"{md_text(m.comparable)}")
+        section.paragraphs.append(f"**MLPerf Training, same generation.** {md_text(m.verdict)}."
+                                  + (f" {md_text(m.comparable)}" if m.same_generation else ""))
         if m.same_generation:
             headers = ["round", "benchmark", "submitter", "accelerators", "time to train", "source"]
             section.tables.append(Table(headers, [

@@ -15,16 +15,19 @@ from trainops.workspace import packs_dir, runs_dir
 
 def _overlap_arm(factories):
     return factories.ablation().model_copy(update={"category": "communication-overlap", "knob": "comm_overlap",
-                                                   "value": "true", "scale": "2 procs"})
+                                                   "value": "true", "scale": "2048 procs"})
 
 
 def test_a_published_table_without_its_source_is_refused_where_the_sop_compares(factories, monkeypatch):
+    """At a scale where MegaScale is comparable (a CPU run gets a 'not comparable' line, no comparison)."""
+    gpus = factories.environment().model_copy(update={"hardware": "NVIDIA H100 (Hopper)", "backend": "nccl",
+                                                      "accelerator_kind": "gpu"})
     table = references.published()
     monkeypatch.setattr(references, "published", lambda: {**table, "megascale": {**table["megascale"], "source": ""}})
     with pytest.raises(ValidationError, match="R-EVD-3: ExternalComparison lacks source"):
-        references.annotate([_overlap_arm(factories)], factories.environment(), 2, "tiny")
+        references.annotate([_overlap_arm(factories)], gpus, 2048, "llama3-70b")
     with pytest.raises(ValidationError, match="R-EVD-3"):
-        references.headline_notes(factories.environment(), 2, "tiny")
+        references.headline_notes(gpus, 2048, "llama3-70b")
 
 
 def _vanished_pack(factories, tmp_path, awaiting: list[str]):

@@ -1,7 +1,9 @@
 """Comparisons with sources (issue 24, item 6): each ablation row carries the matching MegaScale
 item with the scale and hardware difference; S7 sets the baseline against shipped MLPerf Training
 results of the same hardware generation, source and round named, or says there is none; the
-wording follows the hardware the run used."""
+wording follows the hardware the run used. A reference system appears only where the run's
+hardware and scale make it comparable (GPUs, within a factor of ten of its accelerator count);
+otherwise one line says why not (issue 39, item 3)."""
 from __future__ import annotations
 
 import json
@@ -31,24 +33,54 @@ def test_each_mlperf_row_names_its_round_and_a_source_url():
 
 def test_an_ablation_row_carries_the_matching_megascale_item_with_the_scale_difference(factories):
     row = factories.ablation().model_copy(update={"category": "communication-overlap", "knob": "comm_overlap",
-                                                  "value": "true", "scale": "2 procs"})
-    (annotated,) = references.annotate([row], factories.environment(), 2, "tiny")
+                                                  "value": "true", "scale": "2048 procs"})
+    (annotated,) = references.annotate([row], _gpu(factories), 2048, "llama3-70b")
     assert "3D parallel communication overlap +6.2 MFU points" in annotated.reference
-    assert "MegaScale 175B-parameter LLM on 12,288 GPUs, this run tiny on 2 CPU processes" in annotated.reference
+    assert "MegaScale 175B-parameter LLM on 12,288 GPUs, this run llama3-70b on 2048 GPUs" in annotated.reference
     assert "arXiv 2402.15627" in annotated.reference
 
 
 def test_an_arm_no_published_item_matches_says_so(factories):
-    row = factories.ablation().model_copy(update={"category": "memory", "knob": "activation_checkpointing"})
-    (annotated,) = references.annotate([row], factories.environment(), 2, "tiny")
+    row = factories.ablation().model_copy(update={"category": "memory", "knob": "activation_checkpointing",
+                                                  "scale": "2048 procs"})
+    (annotated,) = references.annotate([row], _gpu(factories), 2048, "llama3-70b")
     assert annotated.reference.startswith("no item of MegaScale's breakdown matches a memory arm")
 
 
-def test_a_gpu_run_is_worded_in_gpus_and_compared_with_same_generation_mlperf(factories):
+def test_a_cpu_arm_gets_one_line_saying_megascale_is_not_comparable(factories):
+    row = factories.ablation().model_copy(update={"category": "communication-overlap", "scale": "tiny, 1 procs"})
+    (annotated,) = references.annotate([row], factories.environment(), 2, "tiny")
+    assert annotated.reference == ("MegaScale: 1 CPU process vs MegaScale's 12,288 GPUs: not comparable "
+                                   "(this run has no GPUs)")
+
+
+def test_a_small_gpu_run_is_not_compared_with_systems_ten_times_its_scale(factories):
     notes = sop.reference_notes(_gpu(factories), 8, "llama3-8b")
+    assert notes == [
+        "MegaScale: 8 GPUs vs MegaScale's 12,288 GPUs: not comparable (more than 10x this run's scale)",
+        "MLPerf Training: 8 GPUs vs the same-generation (Hopper) results' 3,584 to 11,616 accelerators: not "
+        "comparable (more than 10x this run's scale)",
+        "Llama 3: 8 GPUs vs Llama 3's 16,384 H100 GPUs: not comparable (more than 10x this run's scale)"]
+    assert references.mlperf(_gpu(factories), 8).same_generation == []
+
+
+def test_a_cpu_pack_reports_each_reference_system_in_one_line(factories):
+    run = factories.write_run(runs_dir() / "base-1")
+    env = factories.environment()
+    rows = references.annotate([factories.ablation(), factories.ablation(change=13.0)], env, 2, "tiny")
+    pack = assemble("pack-cpu", env, factories.baseline([str(run)]), rows, [], [],
+                    references=sop.reference_notes(env, 2, "tiny"), mlperf=references.mlperf(env, 2))
+    markdown = to_markdown(pack)
+    assert markdown.count("MegaScale's 12,288 GPUs: not comparable") == 1  # the arms share one line
+    assert "MFU points" not in markdown and "communication overlap the largest" not in markdown
+    assert "reports no MFU" not in markdown and "Llama 3's 16,384 H100 GPUs: not comparable" in markdown
+
+
+def test_a_gpu_run_is_worded_in_gpus_and_compared_with_same_generation_mlperf(factories):
+    notes = sop.reference_notes(_gpu(factories), 4096, "llama3-70b")
     assert not any("CPU process" in n for n in notes)
-    assert any("this run llama3-8b on 8 GPUs" in n for n in notes)
-    comparison = references.mlperf(_gpu(factories))
+    assert any("this run llama3-70b on 4096 GPUs" in n for n in notes)
+    comparison = references.mlperf(_gpu(factories), 4096)
     assert comparison.generation == "Hopper" and comparison.same_generation
     assert {r.generation for r in comparison.same_generation} == {"Hopper"}
     assert any("MLPerf Training v4.0 (2024-06), GPT-3 175B: NVIDIA (Eos), 11,616 H100, 3.4 min" in n for n in notes)
@@ -56,7 +88,7 @@ def test_a_gpu_run_is_worded_in_gpus_and_compared_with_same_generation_mlperf(fa
 
 
 def test_a_cpu_run_has_no_same_generation_result(factories):
-    comparison = references.mlperf(factories.environment())
+    comparison = references.mlperf(factories.environment(), 2)
     assert comparison.generation is None and comparison.same_generation == []
     assert comparison.verdict.startswith("no same-generation result")
     assert "MLPerf Training: no same-generation result" in "\n".join(sop.reference_notes(factories.environment(), 2,
@@ -64,16 +96,17 @@ def test_a_cpu_run_has_no_same_generation_result(factories):
 
 
 def test_a_generation_without_rows_says_there_is_none(factories):
-    comparison = references.mlperf(_gpu(factories, "NVIDIA A100-SXM4-80GB (Ampere (NVIDIA A100-SXM4-80GB, sm_80))"))
+    comparison = references.mlperf(_gpu(factories, "NVIDIA A100-SXM4-80GB (Ampere (NVIDIA A100-SXM4-80GB, sm_80))"),
+                                   4096)
     assert comparison.generation == "Ampere" and comparison.verdict.startswith("no same-generation result")
 
 
 def test_the_report_has_an_s7_section_with_the_mlperf_table_and_the_row_references(factories):
     run = factories.write_run(runs_dir() / "base-1")
     env = _gpu(factories)
-    rows = references.annotate([factories.ablation()], env, 8, "tiny")
+    rows = references.annotate([factories.ablation().model_copy(update={"scale": "4096 procs"})], env, 4096, "tiny")
     pack = assemble("pack-s7", env, factories.baseline([str(run)]), rows, [], [],
-                    references=sop.reference_notes(env, 8, "tiny"), mlperf=references.mlperf(env))
+                    references=sop.reference_notes(env, 4096, "tiny"), mlperf=references.mlperf(env, 4096))
     markdown = to_markdown(pack)
     s7 = markdown[markdown.index("## S7 Comparisons with published results"):]
     assert "MLPerf Training v4.0" in s7 and "blogs.nvidia.com" in s7 and "time to train" in s7
