@@ -250,7 +250,9 @@ def _decisions(record: dict, kind: str | None) -> list[str]:
         advice.append(("requeue_job", {"job_id": job}, "resume from the newest good checkpoint on healthy nodes"))
     elif cause in ("hardware", "network") or kind in ("crash", "hang"):
         advice.append(("requeue_job", {"job_id": job}, "resume from the newest good checkpoint"))
-    lines = []
+    if record.get("requeue_helps") is False:  # the record's cause says a plain requeue cannot help
+        advice = [a for a in advice if a[0] != "requeue_job"]
+    lines = [f"next step for a {cause} cause: {record['next_step']}"] if record.get("next_step") else []
     for tool, args, why in advice:
         reason = action_policy.refusal(tool, {**args, "scheduler": scheduler})
         target = ", ".join(f"{k} {v}" for k, v in args.items())
@@ -279,7 +281,7 @@ def _from_record(record: dict, grep: dict | None, asks_cause: bool,
                                    f"{record['cause_reason']}").model_dump(mode="json")
     return FinalAnswer(verdict="diagnosed", fault_kind=kind, cause_class=cause, ranks=ranks, nodes=nodes,
                        evidence=evidence, next_to_collect=_decisions(record, kind),
-                       confidence="high" if len(evidence) > 1 else "medium",
+                       confidence=record.get("confidence") or ("high" if len(evidence) > 1 else "medium"),
                        summary=f"Job {record['job_id']} ended with a {cause} cause"
                                + (f" ({kind})" if kind else "") + f": {record['cause_reason']}"
                        ).model_dump(mode="json")

@@ -14,7 +14,8 @@ from trainops.skills.evidence.published import LayoutPlan, MlperfComparison
 
 Verdict = Literal["pass", "fail", "partial"]
 Isolation = Literal["rank", "node", "replica_group", "switch", "rack", "job"]
-Cause = Literal["hardware", "network", "software", "data", "planned", "unclassified"]  # tools/interruption_causes
+Cause = Literal["hardware", "network", "software", "data", "planned", "hung-peer", "gpu-memory", "host-memory",
+                "storage", "configuration", "injected", "unclassified"]  # tools/reliability/causes.py
 FaultKind = Literal["crash", "node-loss", "hang", "checkpoint-corruption", "nan", "bitflip", "node-crash", "power-loss",
                     "partition", "slow-network"]
 

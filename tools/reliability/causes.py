@@ -1,30 +1,39 @@
 """The cause a job end's evidence supports (tools/reliability/evidence.py gathers it), by rules over
-that evidence alone. A drill's name and the faults.jsonl kind are never read: a drill's injected
-fault acts like the real one, and its record says what the evidence says, or "unclassified" with
-the evidence.
+that evidence alone, with how sure it is, the line that names it, the next step and whether a plain
+requeue can help (`diagnose`; `classify` is its cause and reason). A drill's name and the
+faults.jsonl kind are never read: that a fault was injected comes from trainops' own record of the
+injection (tools/reliability/interruptions.py), and the evidence's own reading is kept beside it.
 
-The rules, first match wins (classify):
+The rules, first match wins:
 - an operator's cancel of a healthy job -> planned;
 - replica checksums disagree at one step -> hardware (suspected silent data corruption);
 - a known-answer GEMM/collective check (tools/reliability/sdc_check.py) computed wrong results -> hardware;
 - a node the scheduler calls down / not responding whose ranks were still running -> network
   (unreachable, not dead: a partition);
 - processes ended (SIGKILL, or no word) with their node down / not responding -> hardware;
-- the kernel's OOM killer ended a rank -> software (the job's memory use outgrew the node);
+- the kernel's OOM killer ended a rank -> host-memory;
 - a NaN/inf loss at a step that recurs when a later launch replays that step -> data;
+- a declared failure signature (tools/reliability/signatures.py) specific enough to name a cause,
+  the most specific first, other than a collective timeout -> its cause;
 - a rank gone without an exit note while its peers ran on a live node -> its peers' connection
   errors are consequences; nothing says what killed it -> unclassified, stating what was seen;
-- connection resets / collective timeouts between live nodes -> network;
-- a rank's heartbeat stalled while its process lived on a live node, no error -> unclassified
-  stating the stall;
+- a rank's heartbeat stalled while its process lived on a live node -> hung-peer, naming that rank;
+- a collective timeout (no network evidence outranked it) -> hung-peer, naming the rank that did
+  not arrive when the log's ranks say which;
+- connection resets / refusals between live nodes -> network;
 - a NaN/inf that did not recur on replay -> not the data there: unclassified, stating it;
+- a class hint (a less specific signature) -> its cause, at low confidence;
 - a Python exception in a rank or the run's failure line (not the launcher's report of a
   child's failure) -> software;
-- otherwise unclassified with what was seen."""
+- otherwise unclassified with what was seen and what to collect.
+"high" confidence only for a specific signature (or trainops' own witnessed evidence) that no
+other specific line contradicts; the contradicting causes are listed as alternatives."""
 from __future__ import annotations
 
 import re
 from typing import Literal
+
+from pydantic import BaseModel, Field
 
 from trainops.tools.reliability.evidence import (
     EXCEPTION_LINE,
@@ -34,9 +43,33 @@ from trainops.tools.reliability.evidence import (
     Evidence,
 )
 from trainops.tools.reliability.sdc_check import KNOWN_ANSWER_FAILED
+from trainops.tools.reliability.signature_match import (
+    TRUST_SPECIFICITY,
+    SignatureHit,
+    missing_ranks,
+    signature,
+    waiting_ranks,
+)
 
-Cause = Literal["hardware", "network", "software", "data", "planned", "unclassified"]
-CAUSES: tuple[str, ...] = ("hardware", "network", "software", "data", "planned", "unclassified")
+Cause = Literal["hardware", "network", "software", "data", "planned", "hung-peer", "gpu-memory", "host-memory",
+                "storage", "configuration", "injected", "unclassified"]
+CAUSES: tuple[str, ...] = ("hardware", "network", "software", "data", "planned", "hung-peer", "gpu-memory",
+                           "host-memory", "storage", "configuration", "injected", "unclassified")
+Confidence = Literal["high", "medium", "low"]
+COLLECT = ("collect: the failing rank's full log around its last step, the node's kernel log (OOM kills, Xid, "
+           "ECC, NVLink), the scheduler's state and reason for the job and its nodes")
+
+
+class Diagnosis(BaseModel):
+    """The cause the evidence supports, how sure, the line that names it and what to do next."""
+    cause: Cause
+    reason: str
+    sub_cause: str = ""
+    confidence: Confidence = "low"
+    quote: str = Field("", description="The line that names the problem, as logged.")
+    next_step: str = COLLECT
+    requeue_helps: bool | None = Field(None, description="Whether a plain requeue can help (None: not known).")
+    alternatives: list[str] = Field(default_factory=list, description="Causes other specific lines point to.")
 _LAUNCHER = re.compile(r"ChildFailedError|torch\.distributed\.elastic|torchrun|failed \(exitcode", re.I)
 
 
@@ -60,61 +93,135 @@ def stalled_rank(ev: Evidence, stale_s: float) -> int | None:
 
 
 def classify(ev: Evidence, planned: bool = False, stale_s: float = 5.0) -> tuple[Cause, str]:
-    """The cause the evidence supports and the evidence it used; "unclassified" says what was seen.
-    The rules and their order are the module's docstring."""
-    cause, reason = _classify(ev, planned, stale_s)
+    """The cause the evidence supports and the evidence it used (diagnose's cause and reason)."""
+    found = diagnose(ev, planned, stale_s)
+    return found.cause, found.reason
+
+
+def diagnose(ev: Evidence, planned: bool = False, stale_s: float = 5.0) -> Diagnosis:
+    """The cause the evidence supports, with its confidence, quote and next step; "unclassified"
+    says what was seen. The rules and their order are the module's docstring."""
+    found = _diagnose(ev, planned, stale_s)
     if ev.corrupt_checkpoints:
-        reason += (f"; on restart committed checkpoint(s) {ev.corrupt_checkpoints} failed verification (changed "
-                   "after their commit) and the restart fell back to an older one")
-    return cause, reason
+        found.reason += (f"; on restart committed checkpoint(s) {ev.corrupt_checkpoints} failed verification "
+                         "(changed after their commit) and the restart fell back to an older one")
+    return found
 
 
-def _classify(ev: Evidence, planned: bool, stale_s: float) -> tuple[Cause, str]:
+def _witnessed(cause: Cause, reason: str, step: str, requeue: bool | None, sub: str = "") -> Diagnosis:
+    """A verdict from what trainops or the scheduler witnessed (not a job's text)."""
+    return Diagnosis(cause=cause, reason=reason, sub_cause=sub, confidence="high", next_step=step,
+                     requeue_helps=requeue)
+
+
+def _diagnose(ev: Evidence, planned: bool, stale_s: float) -> Diagnosis:  # noqa: PLR0911 - one return per rule
     if planned:
-        return "planned", f"ended by an operator ({ev.state}: {ev.reason or 'cancelled'})"
+        return _witnessed("planned", f"ended by an operator ({ev.state}: {ev.reason or 'cancelled'})",
+                          "nothing to fix; requeue when wanted", True, "cancelled")
     if ev.checksum_verdict == "disagree":
-        return "hardware", f"replica checksums disagree ({ev.checksum_detail}): suspected silent data corruption"
+        return _witnessed("hardware", f"replica checksums disagree ({ev.checksum_detail}): suspected silent data "
+                          "corruption", "respond to the suspected SDC: known-answer checks fleet-wide and co-located",
+                          False, "sdc")
     if wrong := _known_answer_failures(ev):
-        return "hardware", f"a known-answer GEMM/collective check computed wrong results: {wrong[-1]}"
+        return _witnessed("hardware", f"a known-answer GEMM/collective check computed wrong results: {wrong[-1]}",
+                          "drain the node the check convicted, then requeue on healthy nodes", True, "sdc")
     down = {n: s for n, s in ev.node_states.items() if NODE_DOWN.search(s)}
     node_fail = re.search(r"NODE_FAIL|node.*(down|fail|lost|not responding)", ev.reason, re.I)
     alive = sorted(r for r, st in ev.ranks_at_end.items() if st == "running" and ev.rank_nodes.get(r) in down)
     if alive:
         nodes = ", ".join(f"{n} {s}" for n, s in down.items() if n in {ev.rank_nodes[r] for r in alive})
-        return "network", (f"the scheduler lost {nodes} while rank(s) {alive} there still ran: the node is "
-                           "unreachable, not dead (a partition)")
+        return _witnessed("network", f"the scheduler lost {nodes} while rank(s) {alive} there still ran: the node is "
+                          "unreachable, not dead (a partition)", "requeue excluding the unreachable node", True,
+                          "partition")
     if (down or node_fail) and (ev.signal in ("SIGKILL", None) or node_fail):
         nodes = ", ".join(f"{n} {s}" for n, s in down.items()) or ev.reason
-        return "hardware", f"processes ended ({ev.signal or ev.state}) with the node down: {nodes}"
+        return _witnessed("hardware", f"processes ended ({ev.signal or ev.state}) with the node down: {nodes}",
+                          "drain the node and requeue on healthy nodes from the last good checkpoint", True,
+                          "node-failure")
     if ev.oom_kills:
-        return "software", f"the kernel's OOM killer ended a rank (the job's memory use): {ev.oom_kills[-1]}"
+        return _witnessed("host-memory", f"the kernel's OOM killer ended a rank (the job's host memory use): "
+                          f"{ev.oom_kills[-1]}", signature("oom-killer").next_step, False, "oom-kill")
     if ev.nonfinite_loss_step is not None and ev.nonfinite_repeats:
-        return "data", (f"non-finite loss at data position step {ev.nonfinite_loss_step} recurs on replay"
-                        + (f" ({ev.replay})" if ev.replay else ""))
+        return _witnessed("data", f"non-finite loss at data position step {ev.nonfinite_loss_step} recurs on replay"
+                          + (f" ({ev.replay})" if ev.replay else ""), "skip or fix the data at that position",
+                          False, "nan-recurs")
+    trusted = [h for h in ev.signatures if h.specificity >= TRUST_SPECIFICITY]
+    if trusted and trusted[0].cause != "hung-peer":
+        return _from_signature(ev, trusted[0], trusted)
+    return _without_a_named_cause(ev, stale_s, trusted)
+
+
+def _without_a_named_cause(ev: Evidence, stale_s: float, trusted: list[SignatureHit]) -> Diagnosis:
     nodes = ", ".join(f"{n} ({s})" for n, s in ev.node_states.items()) or ev.failing_node or "unknown"
     kernel = ("no OOM kill in the kernel log" if ev.kernel_log_read else "the kernel log was not readable")
     lost = lost_ranks(ev)
     if lost:
-        return "unclassified", _lost_reason(ev, lost, nodes, kernel)
-    net = [ln for ln in ev.error_lines if NETWORK_ERROR.search(ln)]
-    if net:
-        return "network", f"connection failure between live nodes ({nodes}): {net[-1]}"
+        return Diagnosis(cause="unclassified", reason=_lost_reason(ev, lost, nodes, kernel))
     if (stalled := stalled_rank(ev, stale_s)) is not None and not _exceptions(ev):
         state = ev.ranks_at_end.get(stalled, "")
         peers = ("no error line of its own (its peers' bounded collectives then timed out)"
-                 if ev.state == IN_PROCESS_STATE else "no error line and no collective timeout")
-        return "unclassified", (f"rank {stalled}'s heartbeat stalled {ev.heartbeat_age_s.get(stalled, 0.0):.1f} s "
-                                f"before the end while its process lived{f' ({state})' if state else ''} on live "
-                                f"node(s) {nodes}; {peers}; nothing says why it stalled")
+                 if ev.state == IN_PROCESS_STATE or trusted else "no error line and no collective timeout")
+        return Diagnosis(cause="hung-peer", sub_cause="stalled-rank", confidence="high" if trusted else "medium",
+                         reason=(f"rank {stalled} did not arrive: its heartbeat stalled "
+                                 f"{ev.heartbeat_age_s.get(stalled, 0.0):.1f} s before the end while its process "
+                                 f"lived{f' ({state})' if state else ''} on live node(s) {nodes}; {peers}; nothing "
+                                 "says why it stalled"),
+                         next_step=f"read rank {stalled}'s stack (py-spy dump, the flight recorder) and fix the code "
+                                   "path it was in; a requeue meets the same stall", requeue_helps=False)
+    if trusted:
+        return _from_signature(ev, trusted[0], trusted)
+    net = [ln for ln in ev.error_lines if NETWORK_ERROR.search(ln)]
+    if net:
+        return Diagnosis(cause="network", confidence="medium", quote=net[-1], sub_cause="connection",
+                         reason=f"connection failure between live nodes ({nodes}): {net[-1]}",
+                         next_step="find the rank that failed first, then check the link between the nodes")
     if ev.nonfinite_loss_step is not None and ev.nonfinite_repeats is False:
         replay = ev.replay or "a later launch replayed it"
-        return "unclassified", (f"non-finite loss at step {ev.nonfinite_loss_step} did not recur when {replay}; "
-                                "not the data at that position; replica checksums "
-                                f"{ev.checksum_verdict or 'not compared'}; nothing else says what caused it")
-    if exc := _exceptions(ev):
-        where = f"rank {ev.failing_rank}" if ev.failing_rank is not None else "the trainer"
-        return "software", f"a Python exception in {where}: {exc[-1]}"
-    return "unclassified", "no rule matched the evidence: " + "; ".join(_seen(ev))
+        return Diagnosis(cause="unclassified", reason=(
+            f"non-finite loss at step {ev.nonfinite_loss_step} did not recur when {replay}; not the data at that "
+            f"position; replica checksums {ev.checksum_verdict or 'not compared'}; nothing else says what caused it"))
+    hints = [h for h in ev.signatures if h.specificity == TRUST_SPECIFICITY - 1]
+    if hints:
+        return _from_signature(ev, hints[0], hints, confidence="low")
+    raised = [h for h in ev.signatures if h.name == "exception"]
+    if (exc := _exceptions(ev)) or raised:
+        rank = ev.failing_rank if ev.failing_rank is not None else raised[0].rank if raised else None
+        where = f"rank {rank} of {_job(ev)}" if rank is not None else _job(ev)
+        line = raised[-1].line if raised else exc[-1]
+        return Diagnosis(cause="software", sub_cause="exception", confidence="medium", quote=line,
+                         reason=f"a Python exception in {where}: {exc[-1] if exc else line}",
+                         next_step="read the exception and the code path it names; a requeue repeats it",
+                         requeue_helps=False)
+    return Diagnosis(cause="unclassified", reason="no rule matched the evidence: " + "; ".join(_seen(ev)))
+
+
+def _job(ev: Evidence) -> str:
+    return ev.framework or "the job (its log names no framework)"
+
+
+def _from_signature(ev: Evidence, top: SignatureHit, hits: list[SignatureHit],
+                    confidence: Confidence | None = None) -> Diagnosis:
+    """A verdict from the most specific declared signature: contradicting specific lines lower the
+    confidence and are listed; a hardware suspicion from a job's text is labelled as such."""
+    sig = signature(top.name)
+    others = sorted({h.cause for h in hits if h.cause != top.cause and h.specificity >= TRUST_SPECIFICITY})
+    where = f" (rank {top.rank})" if top.rank is not None else ""
+    reason = f"{_job(ev)}{where}: {sig.implies}: {top.line}"
+    if top.cause == "hung-peer":
+        waiting = waiting_ranks(ev.signatures)
+        missing = missing_ranks(waiting)
+        reason = (f"{_job(ev)}: {sig.implies}; rank(s) {waiting or 'unnamed'} reported the timeout"
+                  + (f", rank {', '.join(map(str, missing))} did not (inferred from which ranks reported): the likely "
+                     "missing rank" if missing else "; the log does not say which rank did not arrive")
+                  + f": {top.line}")
+    if top.cause == "hardware":
+        reason += "; from the job's own text only: a hypothesis until trainops' check on the node agrees"
+    sure = confidence or ("high" if top.specificity >= TRUST_SPECIFICITY and not others
+                          and top.cause != "hung-peer" else "medium")
+    if others:
+        reason += f"; other lines point to {', '.join(others)}"
+    return Diagnosis(cause=top.cause, sub_cause=top.sub_cause, confidence=sure, quote=top.line, reason=reason,
+                     next_step=sig.next_step, requeue_helps=sig.requeue_helps, alternatives=others)
 
 
 def _known_answer_failures(ev: Evidence) -> list[str]:
@@ -123,7 +230,7 @@ def _known_answer_failures(ev: Evidence) -> list[str]:
 
 def _exceptions(ev: Evidence) -> list[str]:
     """Exception lines of a rank or the run; the launcher's report of a child's failure is not one."""
-    return [ln for ln in ev.error_lines if not _LAUNCHER.search(ln)
+    return [ln for ln in ev.error_lines if not _LAUNCHER.search(ln) and "Traceback (most recent" not in ln
             and (EXCEPTION_LINE.search(ln.split(": ", 1)[-1]) or "Error" in ln)]
 
 

@@ -21,6 +21,16 @@ from trainops.run_folder import RunFiles, read_regular, this_launch
 from trainops.run_records import read_heartbeats, read_journal, read_metrics, read_status
 from trainops.terminal_text import visible
 from trainops.tools.reliability.sdc_check import KNOWN_ANSWER_FAILED
+from trainops.tools.reliability.signature_match import (
+    TRUST_SPECIFICITY,
+    SignatureHit,
+    framework_of,
+    match_lines,
+    missing_ranks,
+    ranked,
+    split_lines,
+    waiting_ranks,
+)
 from trainops.tools.schedulers.processes import job_processes, rank_processes
 
 MAX_ERROR_LINES = 8
@@ -76,6 +86,12 @@ class Evidence(BaseModel):
     replay: str = Field("", description="What a later launch of the same run showed at the NaN/inf step.")
     corrupt_checkpoints: list[int] = Field(default_factory=list, description="Committed checkpoints that failed "
                                            "verification when the restart loaded them.")
+    signatures: list[SignatureHit] = Field(default_factory=list, description="Lines of the job's and ranks' logs "
+                                           "that declared failure signatures matched, most specific first "
+                                           "(tools/reliability/signatures.py).")
+    framework: str | None = Field(None, description="The framework the log's own markers name, as a reason reads it.")
+    failing_device: int | None = Field(None, description="The local device the most specific line names "
+                                                         "(GPU N, cuda:N, torchrun's [defaultN], NCCL's [N]).")
 
 
 def inert(text: object, limit: int = MAX_LINE_CHARS) -> str:
@@ -144,6 +160,28 @@ def _error_lines(run_dir: Path, beats: dict, result, until: float | None) -> tup
         lines += _log_errors(path.stem, this_launch((read_regular(path, 4 << 20) or b"").decode(errors="replace"),
                                                     until))
     return [inert(ln) for ln in dict.fromkeys(lines)][-MAX_ERROR_LINES:], first
+
+
+def _rank_log_texts(run_dir: Path, until: float | None) -> list[str]:
+    return [this_launch((read_regular(path, 4 << 20) or b"").decode(errors="replace"), until)
+            for path in sorted(RunFiles(run_dir).root.glob("logs/rank*.log"))[:64]]
+
+
+def _signature_evidence(ev: Evidence, texts: list[str]) -> None:
+    """The declared signatures the logs match, the framework they name, and the rank and device the
+    most specific line's prefixes name where trainops' own record named none. For a collective timeout
+    the failing rank is the one that did not arrive (a rank below the waiting ones that reported none)."""
+    ev.signatures = ranked(match_lines([ln for text in texts for ln in split_lines(text)], clean=inert))
+    ev.framework = framework_of("\n".join(texts))
+    trusted = [h for h in ev.signatures if h.specificity >= TRUST_SPECIFICITY]
+    if not trusted:
+        return
+    top = trusted[0]
+    if ev.failing_rank is None:
+        missing = missing_ranks(waiting_ranks(ev.signatures)) if top.cause == "hung-peer" else []
+        ev.failing_rank = missing[0] if len(missing) == 1 else top.rank if top.cause != "hung-peer" else None
+    if ev.failing_device is None and top.cause != "hung-peer":
+        ev.failing_device = top.device
 
 
 def _launcher_exits(job_log: str) -> dict[int, int]:
@@ -268,6 +306,7 @@ def gather(status, node_states: dict[str, str] | None = None, job_log: str = "",
     ev.signal = _signal_of(ev.exit_code) or _reason_signal(status.reason)
     ev.error_lines = [inert(ln) for ln in _log_errors("job log", job_log)]
     if run_dir is None or not run_dir.is_dir():
+        _signature_evidence(ev, [job_log])
         return ev
     end = status.ended_at or time.time()
     if beats is None:
@@ -286,6 +325,7 @@ def gather(status, node_states: dict[str, str] | None = None, job_log: str = "",
     if ev.failing_rank is not None and ev.failing_rank in beats and beats[ev.failing_rank].host:
         ev.failing_node = inert(beats[ev.failing_rank].host)
     _place_on_a_down_node(ev)
+    _signature_evidence(ev, [job_log, *_rank_log_texts(run_dir, until)])
     ev.kernel_log_read, ev.oom_kills = kernel_oom_kills({b.pid for b in beats.values() if b.pid})
     _metrics_evidence(run_dir, ev, until)
     if beats:

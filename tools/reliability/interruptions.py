@@ -19,8 +19,9 @@ from trainops.run_folder import RunFiles, read_regular
 from trainops.run_records import Heartbeat, read_heartbeats, read_recoveries, read_status
 from trainops.tools.base import tool
 from trainops.tools.ids import JobId
-from trainops.tools.reliability.causes import CAUSES, Cause, classify
+from trainops.tools.reliability.causes import CAUSES, Cause, Confidence, Diagnosis, diagnose
 from trainops.tools.reliability.evidence import (
+    TRUST_SPECIFICITY,
     Evidence,
     gather,
     gather_in_process,
@@ -82,6 +83,13 @@ class Interruption(BaseModel):
                                            "could write does not).")
     cause: Cause
     cause_reason: str = Field(description="The evidence the classifier used.")
+    sub_cause: str = Field("", description="The finer cause (ecc, oom, preemption, collective-timeout, ...).")
+    confidence: Confidence = Field("low", description="high: a specific signature or trainops' own witnessed "
+                                                      "evidence, nothing against it; medium; low.")
+    quote: str = Field("", description="The line that names the problem, as logged.")
+    next_step: str = Field("", description="What fits the cause (tools/reliability/signatures.py).")
+    requeue_helps: bool | None = Field(None, description="Whether a plain requeue can help; None: not known.")
+    alternatives: list[str] = Field(default_factory=list, description="Causes other specific lines point to.")
     evidence: Evidence
     lost: LostTime = Field(default_factory=LostTime)
     time_lost_s: float = 0.0
@@ -138,9 +146,10 @@ def _stale_s(ev: Evidence) -> float:
 
 
 def healthy(ev: Evidence) -> bool:
-    """Nothing went wrong before the end: no error line, no NaN/inf, replicas agree, every rank
-    still beating (a cancel of a run in this state is an operator's planned stop)."""
+    """Nothing went wrong before the end: no error line, no line a failure signature names, no NaN/inf,
+    replicas agree, every rank still beating (a cancel of a run in this state is an operator's planned stop)."""
     return (all(st == "running" for st in ev.ranks_at_end.values()) and not ev.error_lines
+            and not any(h.specificity >= TRUST_SPECIFICITY for h in ev.signatures)
             and ev.nonfinite_loss_step is None and ev.checksum_verdict != "disagree"
             and ev.exit_code in (None, 0, -15, 143) and max(ev.heartbeat_age_s.values(), default=0.0) <= _stale_s(ev))
 
@@ -196,17 +205,24 @@ def build(status, scheduler: str, node_states: dict[str, str] | None = None,
     ev = (gather(status, node_states, job_log, ranks_at_end=seen.ranks, beats=seen.beats,
                  until=seen.at + WITNESS_GRACE_S) if seen else gather(status, node_states, job_log))
     planned = status.state in _PLANNED_STATES and healthy(ev)
-    cause, reason = classify(ev, planned=planned, stale_s=_stale_s(ev))
+    found = diagnose(ev, planned=planned, stale_s=_stale_s(ev))
     lost, steps = _lost(ev, detected_at)
     return Interruption(id=record_id(scheduler, status), job_id=status.job_id, run_dir=status.run_dir,
                         scheduler=scheduler, name=inert(status.name), submitted_at=status.submitted_at,
                         started_at=status.started_at, ended_at=status.ended_at, detected_at=detected_at,
-                        planned=planned, drill=drill, cause=cause, cause_reason=_reason(reason), evidence=ev,
-                        lost=lost, time_lost_s=_total(lost), steps_lost=steps)
+                        planned=planned, drill=drill, evidence=ev, lost=lost, time_lost_s=_total(lost),
+                        steps_lost=steps, **_verdict(found))
 
 
 def _reason(text: str) -> str:
     return inert(text, MAX_REASON_CHARS)
+
+
+def _verdict(found: Diagnosis) -> dict:
+    """The record's cause fields from a diagnosis."""
+    return {"cause": found.cause, "cause_reason": _reason(found.reason), "sub_cause": found.sub_cause,
+            "confidence": found.confidence, "quote": found.quote, "next_step": found.next_step,
+            "requeue_helps": found.requeue_helps, "alternatives": found.alternatives}
 
 
 def _total(lost: LostTime) -> float:
@@ -267,14 +283,14 @@ def in_process_record(job_id: str, since: float) -> Interruption | None:
 def _in_process_record(key: str, status, scheduler: str, entry) -> Interruption:
     ev = gather_in_process(entry, status.run_dir)
     detected_at = entry.time - entry.total_s
-    cause, reason = classify(ev, stale_s=_stale_s(ev))
+    found = diagnose(ev, stale_s=_stale_s(ev))
     lost, _ = _lost(ev, detected_at)
     steps = max(0, ev.last_step - entry.resumed_step) if ev.last_step is not None else 0  # redone from the resume
     lost.redo_s, lost.restart_s = steps * (ev.step_time_s or 0.0), max(0.0, entry.total_s)
     return Interruption(id=key, job_id=status.job_id, run_dir=status.run_dir, scheduler=scheduler,
                         name=inert(status.name), submitted_at=status.submitted_at, started_at=status.started_at,
-                        detected_at=detected_at, cause=cause, cause_reason=_reason(reason), evidence=ev, lost=lost,
-                        time_lost_s=_total(lost), steps_lost=steps)
+                        detected_at=detected_at, evidence=ev, lost=lost, time_lost_s=_total(lost), steps_lost=steps,
+                        **_verdict(found))
 
 
 def complete_recovery(rec_id: str, detection_s: float, isolation_s: float, restart_s: float,
@@ -296,11 +312,11 @@ def complete_recovery(rec_id: str, detection_s: float, isolation_s: float, resta
         ev.node_states.update({inert(k): inert(v) for k, v in (node_states or {}).items()})
         if rec.run_dir and Path(rec.run_dir).is_dir():
             replay_evidence(ev, rec.run_dir, rec.ended_at or rec.detected_at)
-        cause, reason = classify(ev, planned=rec.planned, stale_s=_stale_s(ev))
+        found = diagnose(ev, planned=rec.planned, stale_s=_stale_s(ev))
         lost = rec.lost.model_copy(update={"detection_s": max(0.0, detection_s), "isolation_s": max(0.0, isolation_s),
                                            "restart_s": max(0.0, restart_s)})
-        done = rec.model_copy(update={"evidence": ev, "cause": cause, "cause_reason": _reason(reason),
-                                      "lost": lost, "time_lost_s": _total(lost), "drill": True})
+        done = rec.model_copy(update={"evidence": ev, **_verdict(found), "lost": lost, "time_lost_s": _total(lost),
+                                      "drill": True})
         fh.seek(0)
         fh.truncate()  # every other line as it was, even one that does not parse
         kept = (done.model_dump_json() if i == rec_id else ln for ln, i in zip(lines, ids, strict=True))

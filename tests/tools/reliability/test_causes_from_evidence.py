@@ -25,7 +25,7 @@ DRILL_JOB = ["training.steps=12", "training.seq_len=64", "training.global_batch=
 EXPECTED = {
     "crash": ("unclassified", ["rank 1", "without an exit note", "peers ran on", "no OOM kill"]),
     "node-loss": ("unclassified", ["every rank", "without an exit note", "node", "up"]),
-    "hang": ("unclassified", ["rank 1", "heartbeat stalled", "process lived", "no error line"]),
+    "hang": ("hung-peer", ["rank 1 did not arrive", "heartbeat stalled", "process lived", "no error line"]),
     "nan": ("unclassified", ["non-finite loss at step 5", "did not recur", "replayed"]),
     "bitflip": ("hardware", ["replica checksums disagree", "silent data corruption"]),
     "checkpoint-corruption": ("unclassified", ["rank 1", "peers ran on", "failed verification"]),

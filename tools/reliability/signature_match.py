@@ -1,0 +1,95 @@
+"""The generic matcher over the declared failure signatures (signatures.py): every line of a log
+against every signature, hits ranked by specificity (then by where they appear: a root cause is
+printed before the errors it sets off), and the rank, device and host a foreign log's prefixes
+name (torchrun's `[default0]:`, `[Rank 1]`, `[rank3]:`, Lightning's `[rank: 0]`, NCCL's
+`host:pid:tid [dev]`, DeepSpeed's `host: `, `GPU 4`, `cuda:2`)."""
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, Field
+
+from trainops.tools.reliability.signatures import FRAMEWORKS, SIGNATURES, Signature
+
+MAX_HITS = 8
+MAX_SCAN_LINES = 2000
+TRUST_SPECIFICITY = 3
+"""A hit this specific (or more) names a cause; below it, the record says what it saw."""
+
+_RANK = [re.compile(p, re.I) for p in (r"\[Rank (\d+)\]", r"\[rank(\d+)\]:", r"\[rank: ?(\d+)\]",
+                                       r"\bglobal_rank[=: ]+(\d+)", r"(?<![\w-])rank[ =:]+(\d+)\b")]
+_DEVICE = [re.compile(p) for p in (r"^\[default(\d+)\]:", r"^\S+:\d+:\d+ \[(\d+)\] NCCL", r"\bGPU ?(\d+)\b",
+                                   r"\bcuda:(\d+)", r"\bdevice[ =:]+(\d+)\b")]
+_HOST = [re.compile(p) for p in (r"^([A-Za-z][\w-]*\d[\w.-]*):\d+:\d+ \[\d+\] NCCL", r"^([A-Za-z][\w-]*\d[\w.-]*): ",
+                                 r"\bON ([A-Za-z][\w.-]+) CANCELLED", r"\bhostname=([A-Za-z][\w.-]+)")]
+
+
+class SignatureHit(BaseModel):
+    """One line a declared signature matched, and what the line's prefixes name."""
+    name: str
+    cause: str
+    sub_cause: str
+    specificity: int
+    line: str = Field(description="The line as logged (bounded, made safe by the caller).")
+    index: int = Field(description="Its position among the lines scanned.")
+    rank: int | None = None
+    device: int | None = None
+    host: str | None = None
+
+
+def signature(name: str) -> Signature:
+    return next(s for s in SIGNATURES if s.name == name)
+
+
+def _first(patterns: list[re.Pattern], line: str) -> str | None:
+    for pat in patterns:
+        if (m := pat.search(line)) is not None:
+            return m.group(1)
+    return None
+
+
+def split_lines(text: str) -> list[str]:
+    """Log lines, a progress bar's carriage returns splitting too; the last MAX_SCAN_LINES."""
+    return [ln for ln in re.split(r"[\r\n]+", text or "") if ln.strip()][-MAX_SCAN_LINES:]
+
+
+def match_lines(lines: list[str], clean=str) -> list[SignatureHit]:
+    """Every (line, signature) hit, most specific first, then earliest; `clean` makes a line safe to keep."""
+    hits = []
+    for index, line in enumerate(lines):
+        for sig in SIGNATURES:
+            if sig.pattern.search(line):
+                rank, device = _first(_RANK, line), _first(_DEVICE, line)
+                hits.append(SignatureHit(name=sig.name, cause=sig.cause, sub_cause=sig.sub_cause,
+                                         specificity=sig.specificity, line=clean(line.strip()), index=index,
+                                         rank=int(rank) if rank else None, device=int(device) if device else None,
+                                         host=clean(h) if (h := _first(_HOST, line)) else None))
+    return sorted(hits, key=lambda h: (-h.specificity, h.index))
+
+
+def ranked(hits: list[SignatureHit]) -> list[SignatureHit]:
+    """The hits to keep: the most specific of each signature first, bounded, so one repeated line
+    does not crowd out a second kind of evidence."""
+    seen, kept = set(), []
+    for hit in sorted(hits, key=lambda h: (-h.specificity, h.index)):
+        if hit.name in seen and len(kept) < MAX_HITS // 2:
+            continue
+        seen.add(hit.name)
+        kept.append(hit)
+    return kept[:MAX_HITS]
+
+
+def framework_of(text: str) -> str | None:
+    """The framework whose markers the log shows (its name as a reason reads it), or None."""
+    return next((name for name, pat in FRAMEWORKS if pat.search(text or "")), None)
+
+
+def waiting_ranks(hits: list[SignatureHit]) -> list[int]:
+    """The ranks that report a collective timeout: they arrived and waited."""
+    return sorted({h.rank for h in hits if h.cause == "hung-peer" and h.rank is not None})
+
+
+def missing_ranks(waiting: list[int]) -> list[int]:
+    """Ranks below the highest waiting one that did not report the timeout: the ones that did not
+    arrive (inferred from the log alone: a rank whose lines are absent from it is not told apart)."""
+    return sorted(set(range(max(waiting) + 1)) - set(waiting)) if waiting else []
