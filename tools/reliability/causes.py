@@ -216,7 +216,7 @@ def _from_signature(ev: Evidence, top: SignatureHit, hits: list[SignatureHit],
                   + f": {top.line}")
     if top.cause == "hardware":
         reason += "; from the job's own text only: a hypothesis until trainops' check on the node agrees"
-    sure = confidence or ("high" if top.specificity >= TRUST_SPECIFICITY and not others
+    sure = confidence or ("high" if top.specificity >= TRUST_SPECIFICITY and not others and sig.settles
                           and top.cause != "hung-peer" else "medium")
     if others:
         reason += f"; other lines point to {', '.join(others)}"

@@ -27,12 +27,15 @@ class Signature:
     next_step: str
     requeue_helps: bool
     source: str
+    settles: bool = True
+    """False where the source's own text names a family of causes (NCCL's ncclSystemError: 'a system call,
+    e.g. socket or malloc, or an external library call failed'): never 'high' on its own."""
 
 
 def _sig(name: str, pattern: str, cause: str, sub_cause: str, specificity: int, implies: str, next_step: str,
-         requeue_helps: bool, source: str) -> Signature:
+         requeue_helps: bool, source: str, settles: bool = True) -> Signature:
     return Signature(name, re.compile(pattern, re.I), cause, sub_cause, specificity, implies, next_step,
-                     requeue_helps, source)
+                     requeue_helps, source, settles)
 
 
 _CHECK_NODE = ("run trainops' known-answer check job on that node and read its kernel log (a job trainops submits "
@@ -175,7 +178,7 @@ SIGNATURES: tuple[Signature, ...] = (
          "NCCL reported a system or network error (its own text: a system call, e.g. socket or malloc, or a remote "
          "peer failed; a family of causes, not one)",
          "rerun with NCCL_DEBUG=INFO to see the failing call; check interfaces, ports and firewall between nodes",
-         False, "NCCL ncclResult_t: ncclSystemError, ncclRemoteError"),
+         False, "NCCL ncclResult_t: ncclSystemError, ncclRemoteError", settles=False),
     _sig("conn-reset", r"Connection reset by peer|No route to host|Network is unreachable|ECONNRESET",
          "network", "connection-reset", 2, "a connection between ranks was reset or unreachable",
          "check which rank ended first (its error is the cause); then the link between the nodes", False,
