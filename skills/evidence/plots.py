@@ -7,6 +7,7 @@ band is drawn as a band, and every drill phase carries its duration."""
 from __future__ import annotations
 
 import io
+import statistics
 from pathlib import Path
 
 from trainops.run_records import read_metrics
@@ -17,6 +18,9 @@ MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 LINESTYLES = ("-", "--", ":", "-.")
 PHASE_COLOURS = {"detection": "#d97706", "isolation": "#7c3aed", "recovery": "#2563eb"}
 VERDICT_COLOURS = {"gain": "#1a7f37", "regression": "#cf222e", "within-noise": "#8c959f"}
+STEP_TIME_BAND_PCT = 25.0
+"""The step-time colour scales are fixed at ± this much of the median step time, so run-to-run
+noise of a few tenths of a percent stays one colour and only a real straggler stands out."""
 
 
 def _pyplot():
@@ -31,13 +35,31 @@ def _pyplot():
     return plt
 
 
-def _png(plt, fig) -> bytes:
+def _png(plt, fig, tight: bool = True) -> bytes:
     """The figure as PNG bytes, then freed (pyplot keeps every open figure alive)."""
     buffer = io.BytesIO()
-    fig.tight_layout()
+    if tight:
+        fig.tight_layout()
     fig.savefig(buffer, format="png", dpi=100)
     plt.close(fig)
     return buffer.getvalue()
+
+
+def share_ceiling(values: list[float]) -> float:
+    """The top of a share's axis, from zero: 100% when the values reach a fifth of it, else a round
+    ceiling above them that the axis label names, so a share is never drawn on a range chosen by
+    its noise."""
+    top = max(values, default=0.0)
+    if top >= 20:
+        return 100.0
+    for ceiling in (0.1, 0.2, 0.5, 1, 2, 5, 10, 20):
+        if top <= ceiling * 0.9:
+            return float(ceiling)
+    return 100.0
+
+
+def _versus_median(values: list[float], median: float) -> list[float]:
+    return [100.0 * (v / median - 1.0) if median else float("nan") for v in values]
 
 
 def _identical(series: list[list[float]]) -> bool:
@@ -72,11 +94,13 @@ def curves(pack: EvidencePack) -> Figure | None:
     same_loss, same_mfu = _identical([v for _, _, v in loss]), _identical([v for _, _, v in mfu])
     ax_loss.set(title="loss per step" + (" (identical in every repeat)" if same_loss else ""),
                 ylabel="training loss (cross-entropy, nats)")
+    top = share_ceiling([v for _, _, values in mfu for v in values if v is not None])
+    ax_mfu.set_ylim(0, top)
     ax_mfu.set(title="MFU per step" + (" (identical in every repeat)" if same_mfu else ""),
-               ylabel=f"MFU (% of peak: {base.peak_source})")
+               ylabel=f"MFU (% of peak, axis 0-{top:g}%; peak: {base.peak_source})")
     ax_loss.legend(fontsize=8, title="repeat (run folder)", title_fontsize=8)
-    caption = ("Look for: MFU settling after the shaded warm-up steps, and how far the repeats sit apart, "
-               "which is the noise band every ablation is judged against.")
+    caption = ("Look for: MFU settling after the shaded warm-up steps, and how far the repeats sit apart (the noise "
+               "band every ablation is judged against).")
     identical = [name for name, same in (("loss", same_loss), ("MFU", same_mfu)) if same]
     if identical:
         caption += (f" The {' and '.join(identical)} curves of all {len(loss)} repeats are identical, so their lines "
@@ -106,13 +130,14 @@ def ablation_bars(pack: EvidencePack) -> Figure | None:
     ax.set_ylim(-reach * 1.3, reach * 1.3)
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xticks(list(positions), [f"{r.knob}={r.value}\n{r.scale_kind} scale" for r in rows], fontsize=8)
-    ax.set(title="MFU change of each arm against its baseline", ylabel="MFU change vs baseline median (%)")
+    ax.set(title="MFU change of each arm against its baseline", ylabel="MFU change vs baseline median (%)",
+           xlabel="arm (knob=value, scale)")
     ax.legend(handles=[Patch(color="#8c959f", alpha=0.25, label="baseline noise band (run-to-run spread)"),
                        *[Patch(color=colour, label=verdict) for verdict, colour in VERDICT_COLOURS.items()]],
               fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(axis="y", alpha=0.3)
-    caption = ("Look for: bars that leave the grey band. Only those are real changes; a bar inside the band "
-               "is run-to-run noise whatever its sign.")
+    caption = ("Look for: bars that leave the grey band, the only real changes (a bar inside it is run-to-run noise "
+               "whatever its sign).")
     return Figure("s3", "ablation", caption, _png(plt, fig))
 
 
@@ -150,8 +175,8 @@ def ladder(pack: EvidencePack) -> Figure | None:
                ylabel="MFU change vs the rung's baseline (%)")
         ax.legend(fontsize=7, loc="lower left")
         ax.grid(axis="y", alpha=0.3)
-    caption = ("Look for: where a point falls back into the grey band. That rung is where the gain was gone; the "
-               "ladder stopped there, reverted the setting and verified the baseline at that rung.")
+    caption = ("Look for: the rung where a point falls back into the grey band, where the gain was gone and the "
+               "ladder stopped, reverted and verified the baseline.")
     return Figure("s3", "ladder", caption, _png(plt, fig))
 
 
@@ -178,78 +203,80 @@ def drill_timeline(pack: EvidencePack) -> Figure | None:
     ax.set_ylim(-0.5, len(drills) - 0.2)
     ax.invert_yaxis()
     ax.set_xlim(0, span * 1.02)
-    ax.set(title="drill timeline from fault injection", xlabel="time since injection (s)")
+    ax.set(title="drill timeline from fault injection", xlabel="time since injection (s)",
+           ylabel="drill (fault injected)")
     ax.legend(fontsize=8, loc="lower left", bbox_to_anchor=(1.0, 0.0), title="phase", title_fontsize=8)
     ax.grid(axis="x", alpha=0.3)
-    caption = ("Look for: which phase dominates each drill. Detection is how fast the fault was noticed, isolation "
-               "how fast the faulty unit was excluded, recovery from isolation to the first completed step after the "
-               "restart (the table's recovery time counts from detection).")
+    caption = ("Look for: the phase that dominates each drill (recovery here runs from isolation to the first step "
+               "after the restart; the table's recovery time counts from detection).")
     return Figure("s5", "drill_timeline", caption, _png(plt, fig))
 
 
 def rank_heatmap(pack: EvidencePack) -> Figure | None:
-    """Step time per rank and step (MegaScale's straggler view): a slow rank is a bright row, a
-    slow step on every rank a bright column."""
+    """Step time per rank and step (MegaScale's straggler view) against the median step time after
+    the warm-up, on a fixed ±STEP_TIME_BAND_PCT scale: a slow rank is a red row, a slow step on
+    every rank a red column, and noise stays pale."""
     split = pack.baseline.bottleneck if pack.baseline else None
     records = [r for r in read_metrics(split.ranks_run) if r.step_time_s is not None] if split else []
     if not records:
         return None
     plt = _pyplot()
     ranks, steps = sorted({r.rank for r in records}), sorted({r.step for r in records})
+    warmup = pack.baseline.warmup_steps_excluded
+    measured = [r.step_time_s for r in records if r.step > warmup] or [r.step_time_s for r in records]
+    median = statistics.median(measured)
     grid = [[float("nan")] * len(steps) for _ in ranks]
     for r in records:
-        grid[ranks.index(r.rank)][steps.index(r.step)] = r.step_time_s * 1e3
-    warmup = pack.baseline.warmup_steps_excluded
-    measured = [r.step_time_s * 1e3 for r in records if r.step > warmup] or [r.step_time_s * 1e3 for r in records]
+        grid[ranks.index(r.rank)][steps.index(r.step)] = _versus_median([r.step_time_s], median)[0]
     fig, ax = plt.subplots(figsize=(11, 1.8 + 0.35 * len(ranks)))
-    image = ax.imshow(grid, aspect="auto", cmap="viridis", interpolation="nearest", vmin=min(measured),
-                      vmax=max(measured), extent=(steps[0] - 0.5, steps[-1] + 0.5, len(ranks) - 0.5, -0.5))
-    fig.colorbar(image, ax=ax, label="step time (ms)", extend="max")
+    image = ax.imshow(grid, aspect="auto", cmap="RdBu_r", interpolation="nearest", vmin=-STEP_TIME_BAND_PCT,
+                      vmax=STEP_TIME_BAND_PCT, extent=(steps[0] - 0.5, steps[-1] + 0.5, len(ranks) - 0.5, -0.5))
+    fig.colorbar(image, ax=ax, extend="both", label="vs median step time (%)")
     if warmup:
-        ax.axvline(warmup + 0.5, color="#cf222e", linestyle="--", linewidth=1.5, label="end of warm-up")
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.12, 1.0))
+        ax.axvline(warmup + 0.5, color="#1f2328", linestyle="--", linewidth=1.5, label="end of warm-up")
+        ax.legend(fontsize=8, loc="upper right", framealpha=0.9)
     ax.set_xticks(steps if len(steps) <= 30 else steps[::max(1, len(steps) // 30)])
     ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
-    ax.set(title=f"step time per rank and step ({Path(split.ranks_run).name})", xlabel="training step (count)")
-    caption = ("Look for: a row brighter than the others (a straggler rank slows every step) against a bright "
-               "column (a step slow on all ranks: data, a checkpoint). The colours span the steps after the "
-               "warm-up (dashed line); slower warm-up steps show at the top colour.")
+    ax.set(title=f"step time per rank and step ({Path(split.ranks_run).name}) against the median "
+                 f"{median * 1e3:.1f} ms, scale fixed at ±{STEP_TIME_BAND_PCT:g}%", xlabel="training step (count)",
+           ylabel="rank (index)")
+    caption = (f"Look for: a red row (a straggler rank slows every step) or a red column (a step slow on all ranks: "
+               f"data, a checkpoint); the scale is fixed at ±{STEP_TIME_BAND_PCT:g}% of the median step time.")
     return Figure("s2", "rank_step_heatmap", caption, _png(plt, fig))
 
 
 def layout_view(pack: EvidencePack) -> Figure | None:
-    """The dp x tp grid of each pipeline stage, each cell a rank coloured by its median step time and
-    labelled with its exposed communication share, so time spent in one parallel group shows."""
+    """The dp x tp grid of each pipeline stage, each cell a rank coloured by its median step time
+    against the median over ranks (fixed ±STEP_TIME_BAND_PCT) and labelled with its exposed
+    communication, so time spent in one parallel group shows."""
     split = pack.baseline.bottleneck if pack.baseline else None
     if not split or not split.ranks:
         return None
     plt = _pyplot()
     dp, tp, pp = split.layout["dp"], split.layout["tp"], split.layout["pp"]
-    fig, axes = plt.subplots(1, pp, figsize=(min(11, 2.5 + 3.2 * pp), 2.0 + 0.6 * dp), squeeze=False,
+    fig, axes = plt.subplots(1, pp, figsize=(min(11, 4.5 + 3.2 * pp), 2.4 + 0.6 * dp), squeeze=False,
                              layout="constrained")
-    times = [r.step_time_median_s * 1e3 for r in split.ranks]
-    low, high = min(times), max(times)
+    median = statistics.median(r.step_time_median_s for r in split.ranks)
     for stage, ax in enumerate(axes[0]):
         grid = [[float("nan")] * tp for _ in range(dp)]
         for r in split.ranks:
             if r.pp == stage:
-                grid[r.dp][r.tp] = r.step_time_median_s * 1e3
-                comm = "comm n/a" if r.exposed_comm_share_pct is None else f"comm {r.exposed_comm_share_pct:.0f}%"
-                ax.text(r.tp, r.dp, f"rank {r.rank}\n{r.step_time_median_s * 1e3:.0f} ms\n{comm}", ha="center",
+                grid[r.dp][r.tp] = _versus_median([r.step_time_median_s], median)[0]
+                comm = ("exposed comm n/a" if r.exposed_comm_share_pct is None
+                        else f"exposed comm {r.exposed_comm_share_pct:.0f}%")
+                ax.text(r.tp, r.dp, f"rank {r.rank}\n{r.step_time_median_s * 1e3:.1f} ms\n{comm}", ha="center",
                         va="center", fontsize=8, bbox={"facecolor": "white", "alpha": 0.8, "linewidth": 0})
-        image = ax.imshow(grid, cmap="viridis", vmin=low, vmax=high if high > low else low + 1e-9)
+        image = ax.imshow(grid, cmap="RdBu_r", aspect="auto", vmin=-STEP_TIME_BAND_PCT, vmax=STEP_TIME_BAND_PCT)
         ax.set_xticks(range(tp), [f"tp {i}" for i in range(tp)])
         ax.set_yticks(range(dp), [f"dp {i}" for i in range(dp)])
         ax.set_title(f"pipeline stage {stage}", fontsize=9)
-    fig.colorbar(image, ax=list(axes[0]), label="median step time (ms)")
-    fig.suptitle(f"layout dp={dp} x tp={tp} x pp={pp}: median step time per rank", fontsize=10)
-    caption = ("Look for: a slow cell or a slow row/column of cells, which names the parallel group (a dp "
-               "replica, a tp group, a pipeline stage) where the time goes; each cell gives its rank's exposed "
-               "communication share of step time from the profiled trace.")
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100)
-    plt.close(fig)
-    return Figure("s2", "layout_view", caption, buffer.getvalue())
+        ax.set(xlabel="tensor-parallel coordinate (index)", ylabel="data-parallel coordinate (index)")
+    fig.colorbar(image, ax=list(axes[0]), extend="both", label="vs median over ranks (%)")
+    fig.suptitle(f"layout dp={dp} x tp={tp} x pp={pp}: median step time per rank against the median over ranks "
+                 f"{median * 1e3:.1f} ms\n(scale fixed at ±{STEP_TIME_BAND_PCT:g}%)", fontsize=10)
+    caption = ("Look for: a red cell, row or column, the parallel group (dp replica, tp group, pipeline stage) where "
+               "the time goes; each cell gives its rank's exposed communication.")
+    return Figure("s2", "layout_view", caption, _png(plt, fig, tight=False))
 
 
 def all_plots(pack: EvidencePack) -> list[Figure]:
