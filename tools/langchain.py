@@ -15,6 +15,7 @@ from trainops.tools.calls import run_call
 from trainops.tools.catalog import tool_registry
 from trainops.tools.context import CallContext
 from trainops.tools.governance.gate import needs_approval
+from trainops.tools.versions import envelope
 
 if TYPE_CHECKING:
     from langchain_core.tools import StructuredTool
@@ -50,7 +51,7 @@ def as_langchain_tools(
                 if ctx.principal != "agent":
                     raise ToolError(name, f"ctx_factory returned actor {ctx.label!r}: LangChain tools serve a model, "
                                           "so their context is the agent's; return CallContext(actor='agent', ...)")
-                return run_call(spec, kwargs, ctx).model_dump(mode="json")
+                return envelope(run_call(spec, kwargs, ctx), kwargs)  # the output, with the versions it was made by
             except ToolError as exc:
                 raise ToolException(str(exc)) from exc
 

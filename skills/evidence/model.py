@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field, model_validator
 from trainops.run_records import RecoveryPath
 from trainops.skills.evidence.bottleneck import BottleneckSplit
 from trainops.skills.evidence.published import LayoutPlan, MlperfComparison
+from trainops.tools.versions import SoftwareVersions
 
 Verdict = Literal["pass", "fail", "partial"]
 Isolation = Literal["rank", "node", "replica_group", "switch", "rack", "job"]
@@ -304,6 +305,9 @@ class EvidencePack(BaseModel):
                                                                      "topology")
     figures: list[PackFigure] = Field(default_factory=list, description="every figure of the pack once: name, value, "
                                       "unit, definition, method and evidence level; the report quotes these")
+    versions: SoftwareVersions | None = Field(default=None, description="trainops (and its git commit), torch and "
+                                              "the scheduler the pack was built with; torch and the scheduler as the "
+                                              "environment declared them")
     change_windows: ChangeWindowsNote | None = Field(default=None, description="R-CHG-1: the change windows and the "
                                                                                "emergency changes during the runs")
 

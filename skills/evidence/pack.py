@@ -35,6 +35,7 @@ from trainops.tools.governance.pack_checks import record_written
 from trainops.tools.governance.text import validate_report_text
 from trainops.tools.jobs.jobs import summarize_records
 from trainops.tools.reliability.interruptions import cause_distribution, read_interruptions
+from trainops.tools.versions import SoftwareVersions, current
 from trainops.workspace import check_id, packs_dir, run_folder
 
 MIN_REPEATS = 3
@@ -112,7 +113,15 @@ def assemble(pack_id: str, environment: PackEnvironment | None, baseline: Baseli
         pack_id=pack_id, created_time=time.time(), verdict=verdict, blockers=blockers, environment=environment,
         baseline=baseline, ablations=ablations, fault_tolerance=report, evidence=evidence, awaiting_human=awaiting,
         rollback=rollback, references=references or [], checkpoint_plan=checkpoint_plan, mlperf=mlperf,
-        layout_plan=layout_plan, change_windows=change_windows_note(runs)))
+        layout_plan=layout_plan, change_windows=change_windows_note(runs), versions=run_versions(environment)))
+
+
+def run_versions(environment: PackEnvironment | None) -> SoftwareVersions:
+    """trainops' version and commit now; torch and the scheduler as the environment declared them."""
+    if environment is None:
+        return current()
+    kind = environment.scheduler.split()[0] if environment.scheduler.split() else "local"
+    return current(kind).model_copy(update={"torch": environment.torch_version, "scheduler": environment.scheduler})
 
 
 def with_figures(pack: EvidencePack) -> EvidencePack:

@@ -20,6 +20,7 @@ from trainops.tools.base import ToolError
 from trainops.tools.calls import call
 from trainops.tools.context import CallContext
 from trainops.tools.governance.gate import needs_approval
+from trainops.tools.versions import envelope
 
 JsonOpt = typer.Option(False, "--json", help="Print JSON for machines.")
 
@@ -46,7 +47,7 @@ def render_fields(title: str):
         table = Table(title=title, show_header=False)
         table.add_column("field", style="bold")
         table.add_column("value")
-        for key, value in out.model_dump(mode="json").items():
+        for key, value in (out if isinstance(out, dict) else out.model_dump(mode="json")).items():
             table.add_row(key, escape(_cell(value)))
         console().print(table)
 
@@ -125,7 +126,7 @@ def tool_call(
         fail(f"--input must be a JSON object, got {type(payload).__name__}: wrap the fields in {{...}}",
              as_json=as_json)
     out = run_tool(name, payload, as_json, approval_token)
-    emit(out, as_json, render_fields(name))
+    emit(envelope(out, payload), as_json, render_fields(name))
 
 
 MAX_INPUT_CHARS = 1 << 20
