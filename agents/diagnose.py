@@ -1,8 +1,9 @@
 """The offline policy's diagnosis of a job end: a fixed plan, and a FinalAnswer built from evidence.
 
 The plan comes from the request's kind (agents/kinds.py: diagnose, straggler, time_lost) alone: load
-the fault skill, read the job's interruption record, grep the failing rank's (or the job's) log for
-error lines, and, with no record, the job's status.
+the fault skill, read the job's interruption record, the kind's own reads (find_straggler) and its
+answer, grep the failing rank's (or the job's) log for error lines, and, with no record, the job's
+status. A checkpoint question after a restart reads the run's checkpoint journal the same way.
 The answer is built from the record's structured fields (the classifier's cause and reason, exit
 signal, ranks, nodes, checksum verdict, NaN step) and quotes lines exactly as the tools returned
 them. Text inside a log or an error line is only ever quoted, never read as an instruction: no
@@ -14,32 +15,29 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
-
-from langchain_core.messages import AIMessage, ToolMessage
+from typing import TYPE_CHECKING, Any
 
 from trainops.agents import action_policy
-from trainops.agents.answer import FINAL_ANSWER_TOOL, Evidence, FinalAnswer
-from trainops.agents.understand import Ambiguity, Request
+from trainops.agents.answer import Evidence
+from trainops.agents.explain import Next, final, grep_evidence, inconclusive, outputs
 from trainops.tools.reliability.sdc_check import KNOWN_ANSWER_FAILED
+
+if TYPE_CHECKING:
+    from langchain_core.messages import ToolMessage
+
+    from trainops.agents.kinds import Kind
+    from trainops.agents.understand import Ambiguity, Request
 
 SKILL = "fault-drill"
 ERROR_PATTERN = r"Traceback|Error|Exception|NCCL|timed out|Killed|signal|nan|inf\b|corrupt|checksum"
+FALLBACK_LINES = r"falling back|is corrupt|failed verification"
 _FINISHED_OK = {"completed", "succeeded", "finished"}
 
 
-def _outputs(results: list[ToolMessage]) -> dict[str, Any]:
-    return {r.name: r.artifact for r in results if r.status == "success" and isinstance(r.artifact, dict)}
-
-
-def tool_call(name: str, args: dict[str, Any], n: int) -> AIMessage:
-    """One call of an offline plan (diagnosis, comparison, order) as the model would make it."""
-    return AIMessage(content="", tool_calls=[{"name": name, "args": args, "id": f"call_{n}"}])
-
-
-def _latest_record(interruptions: dict | None, run: str | None) -> dict | None:
+def _record(request: Request, out: dict[str, Any]) -> dict | None:
     """The newest record of the job asked about, or of the run named: never another run's."""
-    records = (interruptions or {}).get("interruptions") or []
+    records = (out.get("list_interruptions") or {}).get("interruptions") or []
+    run = None if request.entities.jobs else (request.entities.runs or [None])[0]
     if run:
         records = [r for r in records if Path(str(r.get("run_dir") or "")).name == Path(run).name]
     return records[-1] if records else None
@@ -53,54 +51,66 @@ def ask_back(ambiguous: list[Ambiguity]) -> dict[str, Any]:
                         [f"which {a.what} you mean ({', '.join(a.candidates[:8])})" for a in ambiguous])
 
 
-def next_step(kind: str, request: Request, done: set[str], results: list[ToolMessage],
-              schemas: dict[str, dict], n: int) -> AIMessage:
+def plan(kind: Kind, request: Request, done: dict[str, dict], results: list[ToolMessage],
+         schemas: dict[str, dict]) -> Next:
     """The next call of the plan, or the final answer once the plan is done."""
-    found = request.entities
+    found, out = request.entities, outputs(results)
     job, run = (found.jobs or [None])[0], (found.runs or [None])[0]
-    if results and results[-1].name == FINAL_ANSWER_TOOL and results[-1].status == "error":
-        problems = (results[-1].artifact or {}).get("problems") or ["refused"]
-        refused = inconclusive(f"My diagnosis was refused by the report rules ({problems[0]}).",
-                               ["a human review of the job's record and logs"])
-        return tool_call(FINAL_ANSWER_TOOL, refused, n)
-    out = _outputs(results)
     if "load_skill" not in done and "load_skill" in schemas:
-        return tool_call("load_skill", {"name": SKILL}, n)
+        return "load_skill", {"name": SKILL}
     if "list_interruptions" not in done:
-        return tool_call("list_interruptions", {"job_id": str(job)} if job else {}, n)
-    record = _latest_record(out.get("list_interruptions"), None if job else run)
-    if kind == "straggler" and "find_straggler" in schemas:
+        return "list_interruptions", {"job_id": str(job)} if job else {}
+    record = _record(request, out)
+    for step in kind.steps:  # the kind's own read of the job's run, answered from at once
         target = run or (record or {}).get("run_dir")
-        if target and "find_straggler" not in done:
-            return tool_call("find_straggler", {"run": Path(str(target)).name}, n)
-        if "find_straggler" in done:
-            return tool_call(FINAL_ANSWER_TOOL, _straggler_answer(out.get("find_straggler"), job or run), n)
+        if step in done:
+            return kind.answer(request, out)
+        if step in schemas and target:
+            return step, {"run": Path(str(target)).name}
     if record is not None and "grep_log" not in done and "grep_log" in schemas:
         ev = record.get("evidence") or {}
         args = {"job_id": record["job_id"], "scheduler": record.get("scheduler") or "local",
                 "pattern": ERROR_PATTERN, "max_matches": 5, "max_bytes": 4000}
         if ev.get("failing_rank") is not None and record.get("run_dir"):
             args["rank"] = ev["failing_rank"]
-        return tool_call("grep_log", args, n)
+        return "grep_log", args
     if record is None and job is None and run:  # a run named, no record of it: its job, from the scheduler
         if "list_jobs" not in done:
-            return tool_call("list_jobs", {}, n)
+            return "list_jobs", {}
         job = _job_of_run(out.get("list_jobs"), run)
     if record is None and job and "job_status" not in done:
-        return tool_call("job_status", {"job_id": str(job)}, n)
-    if record is not None and kind == "time_lost":
-        return tool_call(FINAL_ANSWER_TOOL, _time_lost(record), n)
+        return "job_status", {"job_id": str(job)}
+    if record is not None and kind.answer and not kind.steps:
+        return kind.answer(request, out)
     checked = None
     if record is not None and _fault_kind(record) == "bitflip" and record.get("run_dir") and "sdc_case" in schemas:
         if "sdc_case" not in done:  # which node computed wrong results is the known-answer checks' answer
-            return tool_call("sdc_case", {"run": Path(str(record["run_dir"])).name}, n)
-        if (step := _check_job_log(out.get("sdc_case"), results, n)) is not None:
+            return "sdc_case", {"run": Path(str(record["run_dir"])).name}
+        if (step := _check_job_log(out.get("sdc_case"), results)) is not None:
             return step
         checked = _known_answers(out.get("sdc_case"), results)
     asks_cause = "why" in request.concepts
-    answer = (_from_record(record, grep_of(results, record["job_id"]), asks_cause, checked) if record
-              else _without_record(job or run, out))
-    return tool_call(FINAL_ANSWER_TOOL, answer, n)
+    return (_from_record(record, grep_of(results, record["job_id"]), asks_cause, checked) if record
+            else _without_record(job or run, out))
+
+
+def checkpoints(kind: Kind, request: Request, done: dict[str, dict], results: list[ToolMessage],
+                schemas: dict[str, dict]) -> Next:
+    """list_checkpoints for the run; with a corrupt checkpoint skipped and a job named, the job log's own
+    line of the fallback; then the answer from the run's journal (agents/explain.checkpoints)."""
+    found, out = request.entities, outputs(results)
+    if not found.runs:
+        return inconclusive("The request names no run, and a run's checkpoint journal is what says which "
+                            "checkpoint it loaded.", ["the run id (list_jobs shows each job's run folder)"])
+    if "list_checkpoints" not in done:
+        return "list_checkpoints", {"run": found.runs[0]}
+    if "list_checkpoints" not in out:
+        return inconclusive(f"list_checkpoints could not read run {found.runs[0]}'s checkpoints.",
+                            ["the run's folder name under $TRAINOPS_HOME/runs"])
+    skipped = any(start.get("skipped") for start in out["list_checkpoints"].get("starts") or [])
+    if skipped and found.jobs and "grep_log" not in done:
+        return "grep_log", {"job_id": found.jobs[0], "pattern": FALLBACK_LINES, "max_matches": 3, "max_bytes": 2000}
+    return kind.answer(request, out)
 
 
 def _failed_checks(case: dict | None) -> list[dict]:
@@ -116,18 +126,12 @@ def grep_of(results: list[ToolMessage], job_id: str) -> dict | None:
                 None)
 
 
-def grep_evidence(grep: dict | None, most: int = 2) -> list[Evidence]:
-    """The first `most` non-blank lines a grep_log call matched, each cited with its source and line."""
-    return [Evidence(source=f"grep_log:{grep.get('source')} line {m['line']}", quote=m["text"])
-            for m in (grep or {}).get("matches", [])[:most] if m.get("text", "").strip()]
-
-
-def _check_job_log(case: dict | None, results: list[ToolMessage], n: int) -> AIMessage | None:
+def _check_job_log(case: dict | None, results: list[ToolMessage]) -> Next | None:
     """A grep of each convicting check job's log for its own failure line, once."""
     for check in _failed_checks(case):
         if grep_of(results, check["job_id"]) is None:
-            return tool_call("grep_log", {"job_id": check["job_id"], "pattern": re.escape(KNOWN_ANSWER_FAILED),
-                                          "max_matches": 3, "max_bytes": 2000}, n)
+            return "grep_log", {"job_id": check["job_id"], "pattern": re.escape(KNOWN_ANSWER_FAILED),
+                                "max_matches": 3, "max_bytes": 2000}
     return None
 
 
@@ -142,34 +146,29 @@ def _known_answers(case: dict | None, results: list[ToolMessage]) -> tuple[list[
     return nodes, evidence
 
 
-def _straggler_answer(found: dict[str, Any] | None, subject: str | None) -> dict[str, Any]:
+def straggler(request: Request, out: dict[str, Any]) -> dict[str, Any]:
+    found, subject = out.get("find_straggler"), (request.entities.jobs or request.entities.runs or [None])[0]
     if not found:
         return inconclusive(f"find_straggler could not judge {subject}'s ranks.",
                             ["query_metrics step_time_s per rank over the run", "watch_job while the job runs"])
     medians = ", ".join(f"rank {r} {m:.4f} s" for r, m in found.get("rank_medians_s", {}).items())
+    cited = [Evidence(source="find_straggler:reason", quote=str(found["reason"]))]
     if found.get("straggler") is None:
-        return FinalAnswer(verdict="healthy", confidence="medium",
-                           evidence=[Evidence(source="find_straggler:reason", quote=str(found["reason"]))],
-                           summary=f"No straggler in {found['run']}: {found['reason']} ({medians})."
-                           ).model_dump(mode="json")
+        return final("healthy", f"No straggler in {found['run']}: {found['reason']} ({medians}).", evidence=cited)
     rank, node = int(found["straggler"]), found.get("node")
-    return FinalAnswer(verdict="diagnosed", fault_kind="straggler", ranks=[rank], nodes=[node] if node else [],
-                       evidence=[Evidence(source="find_straggler:reason", quote=str(found["reason"]))],
-                       confidence="medium",
-                       summary=f"Rank {rank}" + (f" on {node}" if node else "")
-                               + f" is the straggler of {found['run']}: {found['reason']} (median {found['field']}: "
-                               f"{medians}).").model_dump(mode="json")
+    return final("diagnosed", f"Rank {rank}" + (f" on {node}" if node else "") + f" is the straggler of "
+                 f"{found['run']}: {found['reason']} (median {found['field']}: {medians}).",
+                 fault_kind="straggler", ranks=[rank], nodes=[node] if node else [], evidence=cited)
 
 
-def _time_lost(record: dict[str, Any]) -> dict[str, Any]:
+def time_lost(request: Request, out: dict[str, Any]) -> dict[str, Any]:
+    record = _record(request, out) or {}
     lost, parts = record.get("time_lost_s"), record.get("lost") or {}
     phases = ", ".join(f"{k.removesuffix('_s')} {v:.2f} s" for k, v in parts.items() if isinstance(v, (int, float)))
-    return FinalAnswer(verdict="answered", confidence="medium",
-                       evidence=[Evidence(source="list_interruptions:time_lost_s", quote=str(lost))],
-                       summary=f"Job {record['job_id']} lost {lost} s of training to that end"
-                               + (f" ({phases})" if phases else "") + f" and {record.get('steps_lost', 0)} step(s) "
-                               "redone; the interruption record's effective_training_time sets it against the window."
-                       ).model_dump(mode="json")
+    return final("answered", f"Job {record.get('job_id')} lost {lost} s of training to that end"
+                 + (f" ({phases})" if phases else "") + f" and {record.get('steps_lost', 0)} step(s) redone; the "
+                 "interruption record's effective_training_time sets it against the window.",
+                 evidence=[Evidence(source="list_interruptions:time_lost_s", quote=str(lost))])
 
 
 def _job_of_run(listed: dict | None, run: str) -> str | None:
@@ -177,13 +176,9 @@ def _job_of_run(listed: dict | None, run: str) -> str | None:
     return str(jobs[-1]["job_id"]) if jobs else None
 
 
-def symptom_without_an_id(done: set[str], results: list[ToolMessage], n: int) -> AIMessage:
-    """A symptom ("training feels slow") naming no job or run: look at what the workspace holds (its
-    jobs and the interruption record), then say what would settle it instead of guessing a cause."""
-    for tool in ("list_jobs", "list_interruptions"):
-        if tool not in done:
-            return tool_call(tool, {}, n)
-    out = _outputs(results)
+def symptom(request: Request, out: dict[str, Any]) -> dict[str, Any]:
+    """A symptom ("training feels slow") naming no job or run: from what the workspace holds (its jobs
+    and the interruption record), say what would settle it instead of guessing a cause."""
     jobs = (out.get("list_jobs") or {}).get("jobs") or []
     ends = (out.get("list_interruptions") or {}).get("interruptions") or []
     seen = [Evidence(source="list_jobs:job_id", quote=str(j["job_id"])) for j in jobs[-3:]
@@ -191,16 +186,11 @@ def symptom_without_an_id(done: set[str], results: list[ToolMessage], n: int) ->
     seen += [Evidence(source="list_interruptions:cause_reason", quote=str(e["cause_reason"])) for e in ends[-2:]]
     summary = (f"The request names no job or run. The scheduler knows {len(jobs)} job(s) and the interruption "
                f"record holds {len(ends)} bad end(s); nothing here says which job is slow, or that any is.")
-    return tool_call(FINAL_ANSWER_TOOL, inconclusive(summary, [
+    return inconclusive(summary, [
         "the slow job's or run's id, to read its record, logs and metrics",
         "a baseline on this cluster (trainops baseline) to hold step time and MFU against",
         "compare_runs between the slow run and a run from before it seemed slow",
-        "the environment declaration (trainops env): hardware, interconnect, versions"], seen), n)
-
-
-def inconclusive(summary: str, collect: list[str], evidence: list[Evidence] | None = None) -> dict[str, Any]:
-    return FinalAnswer(verdict="inconclusive", confidence="low", summary=summary, next_to_collect=collect,
-                       evidence=evidence or []).model_dump(mode="json")
+        "the environment declaration (trainops env): hardware, interconnect, versions"], seen)
 
 
 def _fault_kind(record: dict) -> str | None:
@@ -272,29 +262,25 @@ def _from_record(record: dict, grep: dict | None, asks_cause: bool,
     ranks = sorted({r for r in [ev.get("failing_rank"), *(ev.get("silent_ranks") or [])] if r is not None})
     nodes = checked[0] if checked else [ev["failing_node"]] if ev.get("failing_node") else []
     if cause == "unclassified" and (asks_cause or kind is None or not ranks):
-        return FinalAnswer(verdict="inconclusive", fault_kind=kind, ranks=ranks, nodes=nodes, evidence=evidence,
-                           confidence="low", next_to_collect=[
-                               "the failing rank's full log around its last step (read_log_window)",
-                               "the node's kernel log and the scheduler's node state at the end",
-                               "whether the end recurs when the job is requeued under watch_job"],
-                           summary=f"Job {record['job_id']} ended and the evidence does not settle the cause: "
-                                   f"{record['cause_reason']}").model_dump(mode="json")
-    return FinalAnswer(verdict="diagnosed", fault_kind=kind, cause_class=cause, ranks=ranks, nodes=nodes,
-                       evidence=evidence, next_to_collect=_decisions(record, kind),
-                       confidence=record.get("confidence") or ("high" if len(evidence) > 1 else "medium"),
-                       summary=f"Job {record['job_id']} ended with a {cause} cause"
-                               + (f" ({kind})" if kind else "") + f": {record['cause_reason']}"
-                       ).model_dump(mode="json")
+        return final("inconclusive", f"Job {record['job_id']} ended and the evidence does not settle the cause: "
+                                     f"{record['cause_reason']}", "low", fault_kind=kind, ranks=ranks, nodes=nodes,
+                     evidence=evidence, next_to_collect=[
+                         "the failing rank's full log around its last step (read_log_window)",
+                         "the node's kernel log and the scheduler's node state at the end",
+                         "whether the end recurs when the job is requeued under watch_job"])
+    return final("diagnosed", f"Job {record['job_id']} ended with a {cause} cause" + (f" ({kind})" if kind else "")
+                 + f": {record['cause_reason']}",
+                 record.get("confidence") or ("high" if len(evidence) > 1 else "medium"), fault_kind=kind,
+                 cause_class=cause, ranks=ranks, nodes=nodes, evidence=evidence,
+                 next_to_collect=_decisions(record, kind))
 
 
 def _without_record(subject: str, out: dict[str, Any]) -> dict[str, Any]:
     status = out.get("job_status") or {}
     state = str(status.get("state") or "")
     if state.lower() in _FINISHED_OK:
-        return FinalAnswer(verdict="healthy", confidence="medium",
-                           evidence=[Evidence(source="job_status:state", quote=state)],
-                           summary=f"Job {subject} finished ({state}) and the interruption record holds no bad end "
-                                   "for it.").model_dump(mode="json")
+        return final("healthy", f"Job {subject} finished ({state}) and the interruption record holds no bad end "
+                                "for it.", evidence=[Evidence(source="job_status:state", quote=state)])
     seen = [Evidence(source="job_status:state", quote=state)] if state else []
     return inconclusive(f"The interruption record holds no end of {subject}" + (f"; its state is {state}" if state
                                                                                else "") + ".",

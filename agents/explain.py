@@ -1,14 +1,30 @@
-"""The offline policy's answers: turn tool results into a short report that names its
-evidence, and say plainly which figure was missing instead of guessing it.
+"""The offline policy's answers, one builder per request kind (agents/kinds.py names each kind's):
+each turns what the kind's tools returned into a short report that names its evidence, and says
+plainly which figure was missing instead of guessing it. A builder takes the request and the
+outputs by tool name, and returns text or a final_answer's arguments.
 """
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from langchain_core.messages import ToolMessage
+from trainops.agents.answer import Evidence, FinalAnswer
+
+if TYPE_CHECKING:
+    from langchain_core.messages import ToolMessage
+
+    from trainops.agents.understand import Request
+
+# What a plan does next: call a tool (name, args), answer with a final_answer's arguments, or answer in text.
+Next = tuple[str, dict[str, Any]] | dict[str, Any] | str
+# Labelled assumptions: a restart that is not stated does not move the Young/Daly interval.
+ASSUMED = {"restart": 0.0}
+
+
+def outputs(results: list[ToolMessage]) -> dict[str, Any]:
+    """What each tool that succeeded returned, by its name (the latest call's)."""
+    return {r.name: r.artifact for r in results if r.status == "success" and isinstance(r.artifact, dict)}
 
 
 def find(data: Any, *names: str) -> Any:
@@ -26,15 +42,19 @@ def find(data: Any, *names: str) -> Any:
     return None
 
 
-def parse_tool_output(message: ToolMessage) -> Any:
-    """The data a tool returned: the artifact when present, else the JSON inside the wrapper."""
-    if message.artifact is not None:
-        return message.artifact
-    match = re.search(r"<tool-output[^>]*>\n?(.*)\n?</tool-output>", str(message.content), re.S)
-    try:
-        return json.loads(match.group(1) if match else str(message.content))
-    except json.JSONDecodeError:
-        return str(message.content)
+def final(verdict: str, summary: str, confidence: str = "medium", **fields: Any) -> dict[str, Any]:
+    """A final_answer's arguments, held to its model (agents/answer.py)."""
+    return FinalAnswer(verdict=verdict, summary=summary, confidence=confidence, **fields).model_dump(mode="json")
+
+
+def inconclusive(summary: str, collect: list[str], evidence: list[Evidence] | None = None) -> dict[str, Any]:
+    return final("inconclusive", summary, "low", next_to_collect=collect, evidence=evidence or [])
+
+
+def grep_evidence(grep: dict | None, most: int = 2) -> list[Evidence]:
+    """The first `most` non-blank lines a grep_log call matched, each cited with its source and line."""
+    return [Evidence(source=f"grep_log:{grep.get('source')} line {m['line']}", quote=m["text"])
+            for m in (grep or {}).get("matches", [])[:most] if m.get("text", "").strip()]
 
 
 def _compact(data: Any, limit: int = 1200) -> str:
@@ -55,6 +75,13 @@ def quoted(value: Any, limit: int = 300) -> str:
     text = json.dumps(text, ensure_ascii=False)[1:-1].replace("`", "\\u0060")
     text = "".join(ch if ch.isprintable() else f"\\u{ord(ch):04x}" for ch in text)
     return f"`{text if len(text) <= limit else text[:limit] + ' ...'}`"
+
+
+def stopped(tool: str, data: Any) -> str:
+    """The answer when a step's tool failed or was refused: the plan stops there and says why."""
+    reason = data.get("error") if isinstance(data, dict) else data
+    verb = "was not run" if isinstance(data, dict) and data.get("kind") in ("rejected", "refused") else "failed"
+    return f"Stopped: {tool} {verb}: {quoted(reason, 2000)}"
 
 
 def _layout_text(plan: Any) -> tuple[str | None, float | None]:
@@ -118,75 +145,115 @@ def explain_mfu(summary: Any, env: Any, plan: Any = None) -> list[str]:
     return lines
 
 
-def _fault_lines(data: Any) -> list[str]:
-    figures = [(label, find(data, *names)) for label, names in (
-        ("detection latency", ("detection_latency_s",)),
-        ("isolation granularity", ("isolation_granularity", "isolation")),
-        ("recovery time", ("recovery_time_s", "recovery_s")))]
-    lines = [f"- {label}: {quoted(value)}" for label, value in figures if value is not None]
-    absent = [label for label, value in figures if value is None]
-    if absent:
-        lines.append("- not measured yet (a fault-tolerance conclusion needs all three): " + ", ".join(absent))
-    return lines
+def mfu(request: Request, out: dict[str, Any]) -> str:
+    return "\n".join(explain_mfu(out.get("summarize_run"), out.get("declare_environment"), out.get("plan_layout")))
 
 
-def render_answer(intent: str, request: str, results: list[ToolMessage], assumed: dict | None = None) -> str:
-    failed = [r for r in results if r.status == "error"]
-    if failed:
-        first = failed[0]
-        data = parse_tool_output(first)
-        reason = data.get("error") if isinstance(data, dict) else data
-        verb = "was not run" if isinstance(data, dict) and data.get("kind") in ("rejected", "refused") else "failed"
-        return f"Stopped: {first.name} {verb}: {quoted(reason, 2000)}"
-    by_tool = {r.name: parse_tool_output(r) for r in results}
-    if intent == "mfu":
-        return "\n".join(explain_mfu(by_tool.get("summarize_run"), by_tool.get("declare_environment"),
-                                      by_tool.get("plan_layout")))
-    if intent == "drill":
-        injected = by_tool.get("inject_fault") or {}
-        if isinstance(injected, dict) and injected.get("overrides"):
-            flags = " ".join("--set " + str(o) for o in injected["overrides"])
-            return (f"{quoted(injected.get('kind'))} is a launch-time fault ({quoted(injected.get('target'))}): "
-                    f"start the run with {quoted(flags)}, then ask me to detect faults on it.")
-        lines = [f"Fault injected: {_compact(injected, 300)}"]
-        if "detect_faults" in by_tool:
-            lines.append("Detection:")
-            lines.extend(_fault_lines(by_tool["detect_faults"]))
-        return "\n".join(lines)
-    if intent == "checkpoint":
-        plan = by_tool.get("plan_checkpoint_interval")
-        daly, young = find(plan, "daly_interval_min"), find(plan, "young_interval_min")
-        head = (f"Checkpoint every {daly:.1f} min (Daly; Young's first-order optimum {young:.1f} min)."
-                if isinstance(daly, (int, float)) and isinstance(young, (int, float)) else "Checkpoint plan:")
-        lines = [head]
-        if find(plan, "recommendation"):
-            lines.append(quoted(find(plan, "recommendation"), 1000))
-        lines.extend(f"Assumed {k} time {v:g} s (not stated; say e.g. 'a 2-minute restart' to include it in the waste "
-                     "estimate)."
-                     for k, v in (assumed or {}).items() if k == "restart")
-        lines.append("Evidence: " + _compact(plan))
-        return "\n".join(lines)
-    if intent == "sop":
-        result = by_tool.get("run_sop") or {}
-        blockers = result.get("blockers") or []
-        pack = Path(str(result.get("pack_dir"))).name
-        return "\n".join([
-            f"Verdict: {quoted(result.get('verdict'))}"
-            + (f"; blockers: {'; '.join(quoted(b) for b in blockers)}" if blockers else ""),
-            f"Evidence pack: {quoted(result.get('pack_dir'))} (SOP took {result.get('elapsed_s', 0):.0f} s).",
-            f"A human decides it: trainops approve {quoted(pack)} (signed with their SSH key), or trainops reject "
-            f"{quoted(pack)} "
-            "--note WHY.",
-        ])
-    if intent == "approvals":
-        items = find(next(iter(by_tool.values()), None), "items") or []
-        if not items:
-            return "Nothing waits for approval."
-        return f"{len(items)} item(s) wait for a human decision:\n" + "\n".join(
-            f"- {quoted(i.get('kind'))} {quoted(i.get('id'))}: {quoted(i.get('detail'))}"
-            for i in items if isinstance(i, dict))
-    if intent == "logs":
-        text = find(by_tool.get("job_logs"), "text", "log")
-        text = text if isinstance(text, str) else _compact(by_tool.get("job_logs"))
-        return "Job log (quoted as data, not acted on):\n" + "\n".join("> " + line for line in text.splitlines())
-    return "\n".join(f"{r.name}: {_compact(parse_tool_output(r))}" for r in results) or "Nothing to report."
+def drill(request: Request, out: dict[str, Any]) -> str:
+    injected = out.get("inject_fault") or {}
+    if injected.get("overrides"):
+        flags = " ".join("--set " + str(o) for o in injected["overrides"])
+        return (f"{quoted(injected.get('kind'))} is a launch-time fault ({quoted(injected.get('target'))}): "
+                f"start the run with {quoted(flags)}, then ask me to detect faults on it.")
+    lines = [f"Fault injected: {_compact(injected, 300)}"]
+    if "detect_faults" in out:
+        figures = [(label, find(out["detect_faults"], *names)) for label, names in (
+            ("detection latency", ("detection_latency_s",)),
+            ("isolation granularity", ("isolation_granularity", "isolation")),
+            ("recovery time", ("recovery_time_s", "recovery_s")))]
+        lines.append("Detection:")
+        lines.extend(f"- {label}: {quoted(value)}" for label, value in figures if value is not None)
+        if absent := [label for label, value in figures if value is None]:
+            lines.append("- not measured yet (a fault-tolerance conclusion needs all three): " + ", ".join(absent))
+    return "\n".join(lines)
+
+
+def checkpoint_interval(request: Request, out: dict[str, Any]) -> str:
+    plan = out.get("plan_checkpoint_interval")
+    daly, young = find(plan, "daly_interval_min"), find(plan, "young_interval_min")
+    lines = [f"Checkpoint every {daly:.1f} min (Daly; Young's first-order optimum {young:.1f} min)."
+             if isinstance(daly, (int, float)) and isinstance(young, (int, float)) else "Checkpoint plan:"]
+    if find(plan, "recommendation"):
+        lines.append(quoted(find(plan, "recommendation"), 1000))
+    lines.extend(f"Assumed {k} time {v:g} s (not stated; say e.g. 'a 2-minute restart' to include it in the waste "
+                 "estimate)." for k, v in ASSUMED.items() if k not in request.entities.durations_s)
+    lines.append("Evidence: " + _compact(plan))
+    return "\n".join(lines)
+
+
+def sop(request: Request, out: dict[str, Any]) -> str:
+    result = out.get("run_sop") or {}
+    blockers = result.get("blockers") or []
+    pack = quoted(Path(str(result.get("pack_dir"))).name)
+    return "\n".join([
+        f"Verdict: {quoted(result.get('verdict'))}" + (f"; blockers: {'; '.join(quoted(b) for b in blockers)}"
+                                                      if blockers else ""),
+        f"Evidence pack: {quoted(result.get('pack_dir'))} (SOP took {result.get('elapsed_s', 0):.0f} s).",
+        f"A human decides it: trainops approve {pack} (signed with their SSH key), or trainops reject {pack} "
+        "--note WHY.",
+    ])
+
+
+def approvals(request: Request, out: dict[str, Any]) -> str:
+    items = find(out.get("list_pending_approvals"), "items") or []
+    if not items:
+        return "Nothing waits for approval."
+    return f"{len(items)} item(s) wait for a human decision:\n" + "\n".join(
+        f"- {quoted(i.get('kind'))} {quoted(i.get('id'))}: {quoted(i.get('detail'))}"
+        for i in items if isinstance(i, dict))
+
+
+def logs(request: Request, out: dict[str, Any]) -> str:
+    text = find(out.get("job_logs"), "text", "log")
+    text = text if isinstance(text, str) else _compact(out.get("job_logs"))
+    return "Job log (quoted as data, not acted on):\n" + "\n".join("> " + line for line in text.splitlines())
+
+
+def listing(request: Request, out: dict[str, Any]) -> str:
+    return "\n".join(f"{tool}: {_compact(data)}" for tool, data in out.items()) or "Nothing to report."
+
+
+def compare(request: Request, out: dict[str, Any]) -> dict[str, Any]:
+    """Which run is slower, and by how much, is compare_runs' reading of the metrics, never the
+    request's. One changed setting is named the candidate cause; several are reported as confounded,
+    with the single-variable ablation that would separate them as what to collect next; none (or no
+    slowdown) is not a diagnosis."""
+    compared = out["compare_runs"]
+    changed, slower, finding = compared.get("changed") or [], compared.get("slower"), str(compared.get("finding"))
+    cited = [Evidence(source="compare_runs:finding", quote=finding)]
+    cited += [Evidence(source="compare_runs:changed", quote=str(c["text"])) for c in changed]
+    if slower is None:
+        return final("answered", f"No slowdown to explain: {finding}.", evidence=cited)
+    if not changed:
+        return inconclusive(f"Not the config: {finding}.",
+                            ["watch_job on a repeat of the slower run, for a straggler rank or data wait",
+                             "query_metrics step_time_s per rank on both runs"], cited)
+    collect = [] if len(changed) == 1 else [f"an ablation of {c['key']} alone against the baseline (trainops ablate)"
+                                            for c in changed]
+    return final("diagnosed", f"MFU regression: {finding}.", "high" if len(changed) == 1 else "medium",
+                 fault_kind="mfu-regression", evidence=cited, next_to_collect=collect)
+
+
+def checkpoints(request: Request, out: dict[str, Any]) -> dict[str, Any]:
+    """Which checkpoint the run's latest start loaded, from its journal as list_checkpoints returned it:
+    the corrupt ones it skipped are quoted with their reasons (and the job log's own fallback line),
+    never followed."""
+    listed, run = out["list_checkpoints"], request.entities.runs[0]
+    starts, newest = listed.get("starts") or [], listed.get("newest_committed_step")
+    if not starts:
+        return final("answered", f"Run {run} has not started from a checkpoint: its journal records no load. Its "
+                                 f"newest committed checkpoint is step {newest}, which a resume would verify and load.",
+                     evidence=[Evidence(source="list_checkpoints:newest_committed_step", quote=str(newest))])
+    last, skipped = starts[-1], [s for start in starts for s in start.get("skipped") or []]
+    evidence = [Evidence(source="list_checkpoints:starts.loaded", quote=str(last["loaded"]))]
+    evidence += [Evidence(source="list_checkpoints:starts.skipped.reason", quote=str(s["reason"])) for s in skipped]
+    evidence += grep_evidence(out.get("grep_log"))
+    summary = (f"The latest start of run {run} loaded the checkpoint of step {last['loaded_step']}"
+               + (" (verified against its commit record)" if last.get("verified") else "") + ".")
+    if not skipped:
+        return final("answered", summary + " No checkpoint failed verification on the way.", evidence=evidence)
+    summary += " It did not load a newer one because verification failed: " + "; ".join(
+        f"step {s['step']}: {s['reason']}" for s in skipped) + "."
+    return final("diagnosed", summary, "high", fault_kind="checkpoint-corruption", evidence=evidence,
+                 next_to_collect=["a human decides whether to quarantine the corrupt checkpoint(s) "
+                                  f"{sorted({s['step'] for s in skipped})} (quarantine_checkpoints, gated)"])

@@ -1,15 +1,20 @@
 """The request kinds the agent knows, declared once as data: each kind's act, subject, the concepts
-that cue it, what it needs named, the tools it reads (and offers a model), its skill and the plan
-that builds its answer. Adding a kind is one entry; agents/understand.py picks the first that fits,
-the graph offers a model its tools, and the offline policy (agents/policy.py) runs its plan.
+that cue it, what it needs named, the tools it reads (and offers a model), its skill, and how the
+offline policy answers it: the steps it calls and the answer it builds from them (agents/explain.py),
+or a plan of its own (agents/diagnose.py); an order with neither is one gated call of its tool.
+Adding a kind is one entry; agents/understand.py picks the first that fits, the graph offers a
+model its tools, and the offline policy (agents/policy.py) interprets the rest.
 
 An order is read from an imperative sentence's first verb (`ORDERS`); a question or a plan is read
 from the concepts its words mean. Nothing here looks at the request's text itself.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from trainops.agents import diagnose, explain
 
 if TYPE_CHECKING:
     from trainops.agents.understand import Entities
@@ -21,8 +26,9 @@ class Kind:
     act: str  # question | order | plan
     subject: str
     tools: tuple[str, ...]
-    plan: str  # the offline policy's plan: steps (call tools in order, then `answer`), or a named plan
-    answer: str = ""
+    steps: tuple[str, ...] = ()  # called in order; "?" marks a step skipped when its tool or input is missing
+    answer: Callable | None = None  # (request, outputs by tool) -> text or a final_answer's arguments
+    plan: Callable | None = None  # (kind, request, calls made, results, schemas) -> the next call or the answer
     cues: tuple[frozenset[str], ...] = ()  # alternatives; each must meet the request's concepts
     unless: frozenset[str] = frozenset()
     needs: str = ""  # entity | two_runs | none | "" (anything)
@@ -50,42 +56,47 @@ ORDERS: tuple[tuple[str, str, str], ...] = (
 ORDER_VERBS = frozenset(verb for verb, _, _ in ORDERS)
 
 KINDS: tuple[Kind, ...] = (
-    Kind("cancel", "order", "job", (*ORDER_READS, "cancel_job"), "act", order="cancel_job"),
-    Kind("requeue", "order", "job", (*ORDER_READS, "requeue_job", "list_interruptions"), "act",
-         order="requeue_job"),
-    Kind("drain", "order", "node", (*ORDER_READS, "drain_node"), "act", order="drain_node"),
-    Kind("resume_node", "order", "node", (*ORDER_READS, "resume_node"), "act", order="resume_node"),
+    Kind("cancel", "order", "job", (*ORDER_READS, "cancel_job"), order="cancel_job"),
+    Kind("requeue", "order", "job", (*ORDER_READS, "requeue_job", "list_interruptions"), order="requeue_job"),
+    Kind("drain", "order", "node", (*ORDER_READS, "drain_node"), order="drain_node"),
+    Kind("resume_node", "order", "node", (*ORDER_READS, "resume_node"), order="resume_node"),
     Kind("quarantine", "order", "checkpoint", ("list_checkpoints", "verify_checkpoint", "quarantine_checkpoints"),
-         "act", order="quarantine_checkpoints"),
-    Kind("quota", "order", "quota", ("set_tenant_quota",), "act", order="set_tenant_quota"),
-    Kind("scheduler_policy", "order", "policy", ("change_scheduler_policy",), "act", order="change_scheduler_policy"),
-    Kind("rollback", "order", "change", ("rollback_change",), "act", order="rollback_change"),
-    Kind("upgrade", "order", "framework", ("upgrade_framework", "check_framework_job", "framework_knobs"), "act",
+         order="quarantine_checkpoints"),
+    Kind("quota", "order", "quota", ("set_tenant_quota",), order="set_tenant_quota"),
+    Kind("scheduler_policy", "order", "policy", ("change_scheduler_policy",), order="change_scheduler_policy"),
+    Kind("rollback", "order", "change", ("rollback_change",), order="rollback_change"),
+    Kind("upgrade", "order", "framework", ("upgrade_framework", "check_framework_job", "framework_knobs"),
          order="upgrade_framework"),
-    Kind("drill", "order", "drill", ("job_status", "inject_fault", "detect_faults"), "steps", "drill",
-         order="inject_fault", skill="fault-drill"),
-    Kind("sop", "order", "pack", ("run_sop",), "steps", "sop", order="run_sop",
+    Kind("drill", "order", "drill", ("job_status", "inject_fault", "detect_faults"),
+         ("job_status?", "inject_fault", "detect_faults?"), explain.drill, order="inject_fault", skill="fault-drill"),
+    Kind("sop", "order", "pack", ("run_sop",), ("run_sop",), explain.sop, order="run_sop",
          skill="training-efficiency-ablation-and-fault-sop"),
-    Kind("approvals", "question", "approval", ("list_pending_approvals",), "steps", "approvals", _cue("approval")),
-    Kind("checkpoint_interval", "plan", "checkpoint", ("plan_checkpoint_interval", "measure_checkpoint_io"), "steps",
-         "checkpoint", _cue("checkpoint interval"), skill="checkpoint-plan"),
-    Kind("compare", "question", "run", ("compare_runs", "summarize_run", "query_metrics"), "compare",
-         cues=_cue("compare", "mfu", "slow"), needs="two_runs"),
+    Kind("approvals", "question", "approval", ("list_pending_approvals",), ("list_pending_approvals",),
+         explain.approvals, cues=_cue("approval")),
+    Kind("checkpoint_interval", "plan", "checkpoint", ("plan_checkpoint_interval", "measure_checkpoint_io"),
+         ("plan_checkpoint_interval",), explain.checkpoint_interval, cues=_cue("checkpoint interval"),
+         skill="checkpoint-plan"),
+    Kind("compare", "question", "run", ("compare_runs", "summarize_run", "query_metrics"), ("compare_runs",),
+         explain.compare, cues=_cue("compare", "mfu", "slow"), needs="two_runs"),
     Kind("checkpoints", "question", "checkpoint", ("list_checkpoints", "grep_log", "verify_checkpoint"),
-         "checkpoints", cues=_cue("checkpoint"), unless=frozenset({"lost"}), needs="entity"),
-    Kind("time_lost", "question", "job", DIAGNOSIS_TOOLS, "diagnose", cues=_cue("lost time"), needs="entity",
-         skill="fault-drill"),
-    Kind("straggler", "question", "rank", DIAGNOSIS_TOOLS, "diagnose", cues=_cue("straggler", "slow rank"),
-         needs="entity", skill="fault-drill"),
-    Kind("mfu", "question", "mfu", ("summarize_run", "plan_layout", "declare_environment", "query_metrics"), "steps",
-         "mfu", _cue("mfu"), needs="entity", skill="baseline"),
-    Kind("logs", "question", "job", ("job_logs", "grep_log", "read_log_window"), "steps", "logs", _cue("log"),
-         unless=frozenset({"why", "trouble"}), needs="entity"),
-    Kind("diagnose", "question", "job", DIAGNOSIS_TOOLS, "diagnose", needs="entity", skill="fault-drill"),
-    Kind("jobs", "question", "job", ("list_jobs", "job_status"), "steps", "jobs", _cue("jobs", "job"), needs="none"),
-    Kind("nodes", "question", "node", ("list_nodes",), "steps", "nodes", _cue("nodes", "node"), needs="none"),
-    Kind("symptom", "question", "job", (*DIAGNOSIS_TOOLS, "summarize_run"), "symptom",
-         cues=_cue("trouble", "why", "slow"), needs="none"),
+         answer=explain.checkpoints, plan=diagnose.checkpoints, cues=_cue("checkpoint"), unless=frozenset({"lost"}),
+         needs="entity"),
+    Kind("time_lost", "question", "job", DIAGNOSIS_TOOLS, answer=diagnose.time_lost, plan=diagnose.plan,
+         cues=_cue("lost time"), needs="entity", skill="fault-drill"),
+    Kind("straggler", "question", "rank", DIAGNOSIS_TOOLS, ("find_straggler",), diagnose.straggler, diagnose.plan,
+         _cue("straggler", "slow rank"), needs="entity", skill="fault-drill"),
+    Kind("mfu", "question", "mfu", ("summarize_run", "plan_layout", "declare_environment", "query_metrics"),
+         ("summarize_run", "plan_layout?", "declare_environment?"), explain.mfu, cues=_cue("mfu"), needs="entity",
+         skill="baseline"),
+    Kind("logs", "question", "job", ("job_logs", "grep_log", "read_log_window"), ("job_logs",), explain.logs,
+         cues=_cue("log"), unless=frozenset({"why", "trouble"}), needs="entity"),
+    Kind("diagnose", "question", "job", DIAGNOSIS_TOOLS, plan=diagnose.plan, needs="entity", skill="fault-drill"),
+    Kind("jobs", "question", "job", ("list_jobs", "job_status"), ("list_jobs",), explain.listing,
+         cues=_cue("jobs", "job"), needs="none"),
+    Kind("nodes", "question", "node", ("list_nodes",), ("list_nodes",), explain.listing, cues=_cue("nodes", "node"),
+         needs="none"),
+    Kind("symptom", "question", "job", (*DIAGNOSIS_TOOLS, "summarize_run"), ("list_jobs", "list_interruptions"),
+         diagnose.symptom, cues=_cue("trouble", "why", "slow"), needs="none"),
 )
 BY_NAME = {kind.name: kind for kind in KINDS}
 # A request of no known kind: a model may still read, never act.

@@ -3,11 +3,11 @@ LangChain's chat-model interface.
 
 The graph hands it the request as understood (agents/understand.py: act, kind, entities resolved
 against the workspace and the scheduler) on the system message; a tool's output never changes the
-plan, it only supplies values to later steps of the same plan. A kind's plan is either `steps` (call
-its tools in order, arguments filled from the request's entities and earlier outputs, then write its
-answer, agents/explain.py) or a named plan: a diagnosis (agents/diagnose.py), a comparison
-(agents/compare.py), a checkpoint question (agents/checkpoint_question.py), an order (agents/act.py),
-a symptom without an id. The same graph, gate and approvals run with no network and no key.
+plan, it only supplies values to later steps of the same plan. A kind is answered by its `steps`
+(call its tools in order, arguments filled from the request's entities and earlier outputs, then
+build its `answer`), by a `plan` of its own (a diagnosis, agents/diagnose.py), or, for an order with
+neither, by one gated call of the ordered tool (`order`). The same graph, gate and approvals run
+with no network and no key.
 """
 from __future__ import annotations
 
@@ -18,22 +18,15 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
-from trainops.agents import act, checkpoint_question, compare, diagnose
-from trainops.agents.explain import find, render_answer
+from trainops.agents.answer import FINAL_ANSWER_TOOL
+from trainops.agents.diagnose import ask_back
+from trainops.agents.explain import ASSUMED, Next, final, find, inconclusive, outputs, stopped
 from trainops.agents.kinds import BY_NAME, Kind
 from trainops.agents.understand import Request, understand
 from trainops.run_folder import RunFiles
 from trainops.workspace import run_folder
 
 REQUEST_KEY = "trainops_request"  # the system message's additional_kwargs key the graph puts the Request under
-# Labelled assumptions: a restart that is not stated does not move the Young/Daly interval.
-ASSUMED = {"restart": 0.0}
-STEPS = {  # a `steps` kind's calls in order; "?" marks a step skipped when its tool or input is missing
-    "approvals": ("list_pending_approvals",), "checkpoint_interval": ("plan_checkpoint_interval",),
-    "drill": ("job_status?", "inject_fault", "detect_faults?"), "sop": ("run_sop",),
-    "mfu": ("summarize_run", "plan_layout?", "declare_environment?"), "logs": ("job_logs",), "jobs": ("list_jobs",),
-    "nodes": ("list_nodes",),
-}
 _FAULT_ENUM = {"crash": ("kill_rank", "crash"), "checkpoint-corruption": ("corrupt_checkpoint",),
                "slow-network": ("straggler",)}
 _UNIT = {"_s": 1, "_seconds": 1, "_min": 60, "_minutes": 60, "_h": 3600, "_hours": 3600}
@@ -42,7 +35,9 @@ _DURATION_FIELDS = {"save": ("save", "checkpoint_save", "save_time", "checkpoint
 _NEEDS = {"job_id": "the job id (say e.g. 'job 12')", "run": "the run id (say e.g. 'run my-run')",
           "config": "the job config path (say e.g. 'config jobs/tiny.toml')", "kind": "the fault to inject (crash, "
           "hang, nan, straggler)", "save": "the checkpoint save time (say e.g. 'a 5-minute save')",
-          "mtbf": "the mean time between failures (say e.g. 'an MTBF of 3 hours')"}
+          "mtbf": "the mean time between failures (say e.g. 'an MTBF of 3 hours')",
+          "tenant": "the tenant (say e.g. 'tenant team-a')", "from_step": "the first step to set aside (say e.g. "
+          "'from step 6')", "node": "the node (say e.g. 'node n2')"}
 HELP = ("I could not tell what you need. I can: explain a run's MFU ('what is the MFU of run R and why is it low'), "
         "compare two runs ('why is run B slower than run A'), run the SOP on a config ('run the SOP on config C'), "
         "drill a fault ('drill a rank crash on job J'), diagnose a job end ('why did job J fail'), plan the checkpoint "
@@ -58,10 +53,10 @@ def request_of(messages: list[BaseMessage]) -> Request:
     return understand(str(human[-1].content) if human else "")
 
 
-def _turn(messages: list[BaseMessage]) -> tuple[set[str], list[ToolMessage]]:
-    """The tools called since the latest request, and their results."""
+def _turn(messages: list[BaseMessage]) -> tuple[dict[str, dict], list[ToolMessage]]:
+    """The calls made since the latest request (each tool's latest arguments), and their results."""
     start = max((i for i, m in enumerate(messages) if isinstance(m, HumanMessage)), default=-1)
-    done = {c["name"] for m in messages[start + 1:] if isinstance(m, AIMessage) for c in m.tool_calls}
+    done = {c["name"]: c["args"] for m in messages[start + 1:] if isinstance(m, AIMessage) for c in m.tool_calls}
     return done, [m for m in messages[start + 1:] if isinstance(m, ToolMessage)]
 
 
@@ -72,10 +67,16 @@ def _enum(prop: dict) -> list | None:
 def _value(field: str, prop: dict, request: Request, learned: dict[str, Any]) -> Any:
     """A tool argument from the request's resolved entities, else from what an earlier step returned."""
     found = request.entities
+    runs = found.runs if found.baseline_first else found.runs[::-1]
     named = {"job_id": found.jobs[:1], "job": found.jobs[:1], "run": (found.runs or found.jobs)[:1],
-             "node": found.nodes[:1], "rank": found.ranks[:1], "config": [found.config] if found.config else []}
+             "node": found.nodes[:1], "rank": found.ranks[:1], "config": [found.config] if found.config else [],
+             "baseline": runs[:1], "candidate": runs[1:2], "from_step": found.steps[:1],
+             "tenant": [found.tenant] if found.tenant else [], "priority": [found.priority or "normal"],
+             "reason": [f"operator order: {request.text.strip()[:150]}"]}
     if named.get(field):
         return named[field][0]
+    if field in found.counts:
+        return found.counts[field]
     if field == "quick" and "quick" in request.concepts:
         return True
     if field == "kind" and found.fault and (choices := _enum(prop)):
@@ -93,8 +94,7 @@ def _learned(results: list[ToolMessage]) -> dict[str, Any]:
     """Scalars earlier steps returned, by field name (a job's backend is the next call's scheduler; an
     injection's injected_at feeds the detection); never an id: ids come from the request."""
     learned: dict[str, Any] = {}
-    for result in results:
-        data = result.artifact if isinstance(result.artifact, dict) else {}
+    for data in outputs(results).values():
         learned.update({k: v for k, v in data.items() if isinstance(v, (str, int, float, bool))
                         and k not in ("job_id", "run", "run_dir", "name")})
         if data.get("backend"):
@@ -102,9 +102,9 @@ def _learned(results: list[ToolMessage]) -> dict[str, Any]:
     return learned
 
 
-def _layout_args(request: Request, results: list[ToolMessage]) -> dict[str, Any]:
+def _layout_args(request: Request, out: dict[str, Any]) -> dict[str, Any]:
     """plan_layout on the run's own config.toml at its world size, once the summary names the ranks."""
-    ranks = find(next((r.artifact for r in results if r.name == "summarize_run"), None), "ranks")
+    ranks = find(out.get("summarize_run"), "ranks")
     if not isinstance(ranks, int) or not request.entities.runs:
         return {}
     try:
@@ -126,59 +126,121 @@ def fill_args(schema: dict, request: Request, learned: dict[str, Any]) -> tuple[
     return args, missing
 
 
-def _need(field: str) -> str:
-    return next((text for key, text in _NEEDS.items() if field.startswith(key)), f"a value for '{field}'")
+def _needs(missing: list[str]) -> str:
+    return "; ".join(dict.fromkeys(next((text for key, text in _NEEDS.items() if field.startswith(key)),
+                                        f"a value for '{field}'") for field in missing))
 
 
-def steps(kind: Kind, request: Request, done: set[str], results: list[ToolMessage], schemas: dict[str, dict],
-          n: int) -> AIMessage:
-    """Call the kind's steps in order, then answer from what they returned."""
-    assumed = {k: v for k, v in ASSUMED.items() if k not in request.entities.durations_s}
-    stop = any(r.status == "error" for r in results) or any(
-        isinstance(r.artifact, dict) and r.artifact.get("overrides") for r in results)
-    learned = {**_learned(results), **_layout_args(request, results)}
-    for step in () if stop else STEPS[kind.name]:
+def steps(kind: Kind, request: Request, done: dict[str, dict], results: list[ToolMessage],
+          schemas: dict[str, dict]) -> Next:
+    """Call the kind's steps in order, then answer from what they returned; a failed step stops the plan."""
+    if failed := next((r for r in results if r.status == "error"), None):
+        return stopped(failed.name, failed.artifact)
+    out = outputs(results)
+    learned = {**_learned(results), **_layout_args(request, out)}
+    for step in () if any(data.get("overrides") for data in out.values()) else kind.steps:
         name, optional = step.rstrip("?"), step.endswith("?")
-        if name in done:
+        if name in done or (optional and name not in schemas):
             continue
         if name not in schemas:
-            if optional:
-                continue
-            return AIMessage(content=f"I need the tool {name} to answer this, and it is not offered here "
-                                     f"(see `trainops tool list`).")
+            return f"I need the tool {name} to answer this, and it is not offered here (see `trainops tool list`)."
         args, missing = fill_args(schemas[name], request, learned)
-        if missing and optional:
-            continue
-        if missing:
-            return AIMessage(content=f"To run {name} I need " + "; ".join(dict.fromkeys(map(_need, missing))) + ".")
-        return diagnose.tool_call(name, args, n)
-    return AIMessage(content=render_answer(kind.answer, request.text, results, assumed))
+        if missing and not optional:
+            return f"To run {name} I need {_needs(missing)}."
+        if not missing:
+            return name, args
+    return kind.answer(request, out)
+
+
+def order(kind: Kind, request: Request, done: dict[str, dict], results: list[ToolMessage],
+          schemas: dict[str, dict]) -> Next:
+    """An order: one gated call, never more. Its target comes from the request's ids and, for a job or a
+    node, from the scheduler's own record (job_status: it exists, its backend, its nodes; list_nodes),
+    never from text in a log or an output. The gate then queues the call for a human; the answer says
+    what waits, under which id. Nothing is approved or run here, and an order whose target is unclear (a
+    job on several nodes, no step given) is answered with what is missing instead of a guess."""
+    tool, found, out = kind.order or "", request.entities, outputs(results)
+    job = found.jobs[0] if found.jobs else None
+    if tool in done:
+        return _outcome(tool, next(r for r in results if r.name == tool), done[tool].get("node"))
+    if tool not in schemas:
+        return f"{tool} is not among the tools offered to me here: nothing was ordered."
+    if tool in ("cancel_job", "requeue_job") or (tool == "drain_node" and (job or not found.nodes)):
+        if job is None:
+            return inconclusive(f"{tool} needs the job: say e.g. 'job 12'.", ["the job id"])
+        if "job_status" not in done:
+            return "job_status", {"job_id": job}
+        if "job_status" not in out:
+            return inconclusive(f"The scheduler does not know job {job}: nothing was ordered.",
+                                ["list_jobs, for the job's id"])
+    learned = _learned(results)
+    if tool in ("drain_node", "resume_node"):
+        if "list_nodes" not in done:
+            return "list_nodes", {k: v for k, v in learned.items() if k == "scheduler"}
+        node = _node_to_drain(found.nodes, out.get("job_status"), out.get("list_nodes"))
+        if isinstance(node, dict):
+            return node
+        learned["node"] = node
+    args, missing = fill_args(schemas[tool], request, learned)
+    if missing:  # a change's many arguments are not read from chat: the command takes them
+        return inconclusive(f"{tool} needs {_needs(missing)}: nothing was ordered. Say it, or run "
+                            f"`trainops tool call {tool}` (a human approves it there).", [_needs([m]) for m in missing])
+    return tool, args
+
+
+def _node_to_drain(named: list[str], job: dict | None, listed: dict | None) -> str | dict[str, Any]:
+    """The node an order means, from the scheduler's node list: the one listed node the request names;
+    else, when it names none, the job's only node; else an answer saying what is missing."""
+    known = [str(n.get("name")) for n in (listed or {}).get("nodes") or [] if isinstance(n, dict) and n.get("name")]
+    if len(named) == 1 and named[0] in known:
+        return named[0]
+    if named:
+        what = f"names {', '.join(named)}" + ("" if set(named) <= set(known) else ", which the scheduler does not list")
+        return inconclusive(f"The order {what} ({', '.join(known) or 'no nodes listed'}): nothing was ordered.",
+                            ["one node's name as list_nodes gives it"])
+    nodes = (job or {}).get("nodes") or []
+    if len(nodes) == 1:
+        return nodes[0]
+    listed_nodes = ", ".join(nodes) or "none recorded"
+    return inconclusive(f"Job {(job or {}).get('job_id')} ran on {len(nodes)} nodes ({listed_nodes}): say which node.",
+                        ["which node (detect_faults or watch_job names a failing rank's node)"])
+
+
+def _outcome(tool: str, result: ToolMessage, node: str | None) -> dict[str, Any]:
+    """The gate's answer to the order. Its target is the call's own argument, confirmed by the scheduler:
+    nothing to quote."""
+    data = result.artifact if isinstance(result.artifact, dict) else {}
+    nodes, target = [node] if node else [], f" of node {node}" if node else ""
+    if data.get("kind") == "pending":
+        return final("answered", f"{tool}{target} is queued for a human's approval as {data['pending_id']}; nothing "
+                                 f"has run. A human signs it with `trainops approve --pending {data['pending_id']}` "
+                                 "or rejects it.", nodes=nodes)
+    if result.status == "success":
+        return final("answered", f"{tool} ran: the gate allowed it without a human for this caller.", nodes=nodes)
+    reason = str(data.get("error") or data.get("reason") or "refused")[:300]
+    return final("inconclusive", f"{tool} was not run: {reason}", "low", nodes=nodes,
+                 next_to_collect=["what the refusal names"])
 
 
 def decide(messages: list[BaseMessage], tool_schemas: list[dict]) -> AIMessage:
     request = request_of(messages)
     done, results = _turn(messages)
     schemas = {s["function"]["name"]: s["function"].get("parameters", {}) for s in tool_schemas}
-    kind, n, found = BY_NAME.get(request.kind or ""), len(messages), request.entities
+    kind = BY_NAME.get(request.kind or "")
     if request.ambiguous:
-        return diagnose.tool_call(diagnose.FINAL_ANSWER_TOOL, diagnose.ask_back(request.ambiguous), n)
-    if kind is None:
-        return AIMessage(content=HELP)
-    if kind.plan == "steps":
-        return steps(kind, request, done, results, schemas, n)
-    if kind.plan == "act":
-        if kind.order not in schemas:
-            return AIMessage(content=f"{kind.order} is not among the tools offered to me here: nothing was ordered.")
-        return act.next_step(kind.order, request, results, n)
-    if kind.plan == "compare":
-        pair = (found.runs[0], found.runs[1]) if found.baseline_first else (found.runs[1], found.runs[0])
-        return compare.next_step(pair, done, results, n)
-    if kind.plan == "checkpoints":
-        return checkpoint_question.next_step(found.runs[0] if found.runs else None,
-                                             found.jobs[0] if found.jobs else None, done, results, n)
-    if kind.plan == "symptom":
-        return diagnose.symptom_without_an_id(done, results, n)
-    return diagnose.next_step(kind.name, request, done, results, schemas, n)
+        step: Next = ask_back(request.ambiguous)
+    elif kind is None:
+        step = HELP
+    elif results and results[-1].name == FINAL_ANSWER_TOOL and results[-1].status == "error":
+        problems = (results[-1].artifact or {}).get("problems") or ["refused"]
+        step = inconclusive(f"My answer was refused by the report rules ({problems[0]}).",
+                            ["a human review of the job's record and logs"])
+    else:
+        step = (kind.plan or (steps if kind.steps else order))(kind, request, done, results, schemas)
+    if isinstance(step, str):
+        return AIMessage(content=step)
+    name, args = step if isinstance(step, tuple) else (FINAL_ANSWER_TOOL, step)
+    return AIMessage(content="", tool_calls=[{"name": name, "args": args, "id": f"call_{len(messages)}"}])
 
 
 class OfflinePolicy(BaseChatModel):
@@ -191,5 +253,5 @@ class OfflinePolicy(BaseChatModel):
         return self.bind(tools=[convert_to_openai_tool(t) for t in tools], **kwargs)
 
     def _generate(self, messages, stop=None, run_manager=None, tools=None, **kwargs) -> ChatResult:
-        message = decide(list(messages), tools or [])
+        message = decide(list(messages), tool_schemas=tools or [])
         return ChatResult(generations=[ChatGeneration(message=message)])

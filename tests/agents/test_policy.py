@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 from langchain_core.messages import ToolMessage
 
-from trainops.agents.act import next_step
-from trainops.agents.explain import explain_mfu, render_answer
-from trainops.agents.policy import fill_args
+from trainops.agents import explain
+from trainops.agents.explain import explain_mfu
+from trainops.agents.kinds import BY_NAME
+from trainops.agents.policy import fill_args, order
 from trainops.agents.understand import Job, World, concepts_of, understand
 from trainops.tools.governance.text import check_text
 
@@ -87,8 +88,7 @@ def test_the_sop_answer_leads_with_the_verdict_and_names_the_pack_to_decide():
     """Rendering only: a real SOP run takes minutes (measured in the report), so its result is built here."""
     result = {"pack_dir": "/w/packs/sop-1", "verdict": "partial", "blockers": ["drill hang: recovery not measured"],
               "elapsed_s": 120.4}
-    message = ToolMessage(content="", tool_call_id="c1", name="run_sop", status="success", artifact=result)
-    text = render_answer("sop", "run the SOP", [message])
+    text = explain.sop(understand("run the SOP", WORLD), {"run_sop": result})
     assert text.splitlines()[0] == "Verdict: partial; blockers: drill hang: recovery not measured"
     assert "trainops approve sop-1 (signed with their SSH key)" in text and "trainops reject sop-1 --note WHY" in text
     assert check_text(text) == []
@@ -109,32 +109,37 @@ def _status(nodes: list[str]) -> ToolMessage:
 
 NODES = ToolMessage(content="", name="list_nodes", tool_call_id="c1", status="success",
                     artifact={"nodes": [{"name": n, "state": "idle"} for n in ("n1", "n2", "n3")]})
+SCHEMAS = {"drain_node": {"properties": {"scheduler": {}, "node": {}, "reason": {}}, "required": ["node"]},
+           "set_tenant_quota": {"properties": {"tenant": {}, "gpus": {}, "priority": {}, "reason": {}},
+                                "required": ["tenant", "priority", "reason"]}}
+
+
+def next_step(tool: str, request, results: list[ToolMessage]):
+    """The order plan's next step after `results` (each result's call counted as made)."""
+    kind = next(k for k in BY_NAME.values() if k.order == tool)
+    return order(kind, request, {r.name: {} for r in results}, results, SCHEMAS)
 
 
 def test_a_drain_order_for_a_job_on_several_nodes_asks_which_instead_of_guessing():
-    [made] = next_step("drain_node", understand("drain the node of job 4", WORLD), [_status(["n1", "n3"]), NODES],
-                       2).tool_calls
-    assert made["name"] == "final_answer" and made["args"]["verdict"] == "inconclusive"
-    assert "2 nodes (n1, n3)" in made["args"]["summary"]
+    made = next_step("drain_node", understand("drain the node of job 4", WORLD), [_status(["n1", "n3"]), NODES])
+    assert made["verdict"] == "inconclusive" and "2 nodes (n1, n3)" in made["summary"]
 
 
 def test_a_drain_order_naming_a_node_drains_it_only_once_the_scheduler_lists_it():
     world = WORLD.model_copy(update={"nodes": ["n1", "n2", "n3"]})
-    order = understand("Node n2 died under job 4. Drain it.", world)
-    [ask] = next_step("drain_node", order, [_status(["n1", "n3"])], 1).tool_calls
-    assert ask["name"] == "list_nodes"  # the node is read from the scheduler's list, never from the words alone
-    [made] = next_step("drain_node", order, [_status(["n1", "n3"]), NODES], 2).tool_calls
-    assert (made["name"], made["args"]["node"], made["args"]["scheduler"]) == ("drain_node", "n2", "slurm")
+    drain = understand("Node n2 died under job 4. Drain it.", world)
+    ask, _ = next_step("drain_node", drain, [_status(["n1", "n3"])])
+    assert ask == "list_nodes"  # the node is read from the scheduler's list, never from the words alone
+    made, args = next_step("drain_node", drain, [_status(["n1", "n3"]), NODES])
+    assert (made, args["node"], args["scheduler"]) == ("drain_node", "n2", "slurm")
     unknown = understand("Node n9 died under job 4. Drain it.", world)
-    [refused] = next_step("drain_node", unknown, [_status(["n1", "n3"]), NODES], 2).tool_calls
-    assert refused["name"] == "final_answer" and "n9, which the scheduler does not list" in refused["args"]["summary"]
-    [one] = next_step("drain_node", understand("drain the node of job 4", world), [_status(["n3"]), NODES],
-                      2).tool_calls
-    assert (one["name"], one["args"]["node"]) == ("drain_node", "n3")  # no node named: the job's only node
+    refused = next_step("drain_node", unknown, [_status(["n1", "n3"]), NODES])
+    assert "n9, which the scheduler does not list" in refused["summary"]
+    one, args = next_step("drain_node", understand("drain the node of job 4", world), [_status(["n3"]), NODES])
+    assert (one, args["node"]) == ("drain_node", "n3")  # no node named: the job's only node
 
 
 def test_the_quota_order_takes_tenant_size_and_priority_from_the_request():
-    order = understand("Give tenant team-a 64 GPUs at high priority.", WORLD)
-    [made] = next_step("set_tenant_quota", order, [], 0).tool_calls
-    assert {k: made["args"][k] for k in ("tenant", "gpus", "priority")} == {"tenant": "team-a", "gpus": 64,
-                                                                          "priority": "high"}
+    made, args = next_step("set_tenant_quota", understand("Give tenant team-a 64 GPUs at high priority.", WORLD), [])
+    assert made == "set_tenant_quota"
+    assert {k: args[k] for k in ("tenant", "gpus", "priority")} == {"tenant": "team-a", "gpus": 64, "priority": "high"}

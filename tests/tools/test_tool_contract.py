@@ -231,7 +231,7 @@ BY_NAME = {"call", "get"}  # trainops.tools.calls' lookups by name
 BOUNDARY = {
     "trainops/commands/tools.py",  # `trainops tool call NAME`: the name comes from the command line
     "agents/graph.py",  # a model's tool calls
-    "agents/diagnose.py", "agents/act.py", "agents/checkpoint_question.py",  # build a model's calls by name
+    "agents/diagnose.py", "agents/policy.py",  # build a model's calls by name
     "benchmarks/agent_eval/",  # scenario replay
 }
 """Where a tool's name arrives from outside; everywhere else product code calls its tools typed
