@@ -76,10 +76,10 @@ def plan(kind: Kind, request: Request, done: dict[str, dict], results: list[Tool
         return "grep_log", args
     if record is None and job is None and run:  # a run named, no record of it: its job, from the scheduler
         if "list_jobs" not in done:
-            return "list_jobs", {}
+            return "list_jobs", found.scheduler_arg
         job = _job_of_run(out.get("list_jobs"), run)
     if record is None and job and "job_status" not in done:
-        return "job_status", {"job_id": str(job)}
+        return "job_status", {"job_id": str(job), **found.scheduler_arg}
     if record is not None and kind.answer and not kind.steps:
         return kind.answer(request, out)
     checked = None
@@ -109,7 +109,8 @@ def checkpoints(kind: Kind, request: Request, done: dict[str, dict], results: li
                             ["the run's folder name under $TRAINOPS_HOME/runs"])
     skipped = any(start.get("skipped") for start in out["list_checkpoints"].get("starts") or [])
     if skipped and found.jobs and "grep_log" not in done:
-        return "grep_log", {"job_id": found.jobs[0], "pattern": FALLBACK_LINES, "max_matches": 3, "max_bytes": 2000}
+        return "grep_log", {"job_id": found.jobs[0], **found.scheduler_arg, "pattern": FALLBACK_LINES,
+                            "max_matches": 3, "max_bytes": 2000}
     return kind.answer(request, out)
 
 

@@ -72,7 +72,8 @@ def _value(field: str, prop: dict, request: Request, learned: dict[str, Any]) ->
              "node": found.nodes[:1], "rank": found.ranks[:1], "config": [found.config] if found.config else [],
              "baseline": runs[:1], "candidate": runs[1:2], "from_step": found.steps[:1],
              "tenant": [found.tenant] if found.tenant else [], "priority": [found.priority or "normal"],
-             "reason": [f"operator order: {request.text.strip()[:150]}"]}
+             "reason": [f"operator order: {request.text.strip()[:150]}"],
+             "scheduler": list(found.scheduler_arg.values())}
     if named.get(field):
         return named[field][0]
     if field in found.counts:
@@ -169,14 +170,14 @@ def order(kind: Kind, request: Request, done: dict[str, dict], results: list[Too
         if job is None:
             return inconclusive(f"{tool} needs the job: say e.g. 'job 12'.", ["the job id"])
         if "job_status" not in done:
-            return "job_status", {"job_id": job}
+            return "job_status", {"job_id": job, **found.scheduler_arg}
         if "job_status" not in out:
             return inconclusive(f"The scheduler does not know job {job}: nothing was ordered.",
                                 ["list_jobs, for the job's id"])
     learned = _learned(results)
     if tool in ("drain_node", "resume_node"):
         if "list_nodes" not in done:
-            return "list_nodes", {k: v for k, v in learned.items() if k == "scheduler"}
+            return "list_nodes", {"scheduler": learned["scheduler"]} if "scheduler" in learned else found.scheduler_arg
         node = _node_to_drain(found.nodes, out.get("job_status"), out.get("list_nodes"))
         if isinstance(node, dict):
             return node

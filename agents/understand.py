@@ -8,13 +8,17 @@ means; a fuzzy match keeps the first letter and needs five letters ("train" is n
 request's kind comes from the table in agents/kinds.py, never from a pattern over the text. An id is
 taken whole or by any unique part (prefix, suffix, a piece of it), "the last"/"latest" and
 "yesterday's" pick by time, a fault kind named ("the crash drill") picks the only job of that kind, a
-node by its name or short name as the scheduler lists it. What matches several is `ambiguous`, and
-the agent asks back with the candidates instead of guessing.
+node by its name or short name as the scheduler lists it. The jobs and nodes are those of every
+scheduler the session uses (local, and Slurm or Kubernetes where configured), read through the gated
+read tools, so a Slurm or Kubernetes job id resolves like a local one and carries its scheduler into
+the calls that follow. What matches several is `ambiguous`, and the agent asks back with the
+candidates instead of guessing.
 """
 from __future__ import annotations
 
 import datetime
 import re
+from contextlib import suppress
 from pathlib import Path
 from typing import Literal
 
@@ -26,6 +30,7 @@ from trainops.agents import kinds
 from trainops.tools.calls import invoke
 from trainops.tools.context import CallContext
 from trainops.tools.jobs import jobs as job_tools
+from trainops.tools.schedulers import session_kinds
 from trainops.workspace import runs_dir
 
 Act = Literal["question", "order", "plan"]
@@ -103,15 +108,15 @@ class Job(BaseModel):
     id: str
     name: str = ""
     run: str | None = None
-    nodes: list[str] = Field(default_factory=list)
+    scheduler: str = "local"
     when: float = 0.0
 
 
 class World(BaseModel):
-    """What the request's words are resolved against: the workspace's runs, the scheduler's jobs and nodes."""
+    """What the request's words are resolved against: the workspace's runs, the schedulers' jobs and nodes."""
     runs: list[str] = Field(default_factory=list)
     jobs: list[Job] = Field(default_factory=list)
-    nodes: list[str] = Field(default_factory=list)
+    nodes: dict[str, str] = Field(default_factory=dict, description="node name -> the scheduler that lists it")
 
 
 class Ambiguity(BaseModel):
@@ -132,8 +137,14 @@ class Entities(BaseModel):
     priority: str | None = None
     fault: str | None = None
     config: str | None = None
+    scheduler: str = Field("local", description="The scheduler of the first job or node named (its tools' scheduler).")
     baseline_first: bool = Field(True, description="Two runs: False when the first named is compared 'than' "
                                                    "the second (the second is the baseline).")
+
+    @property
+    def scheduler_arg(self) -> dict[str, str]:
+        """The scheduler argument of a call about these entities: none for a local one (the tools' default)."""
+        return {} if self.scheduler == "local" else {"scheduler": self.scheduler}
 
 
 class Request(BaseModel):
@@ -149,23 +160,20 @@ class Request(BaseModel):
 
 
 def observe_world(ctx: CallContext) -> World:
-    """The runs in the workspace and what the scheduler lists, read through the tools (a failing read
-    leaves that part empty: the request is then understood without it)."""
+    """The runs in the workspace and what each scheduler the session uses lists (`session_kinds`), read
+    through the tools; a failing read leaves that part empty (no Slurm here: ids are resolved without it)."""
     world = World()
-    try:
+    with suppress(OSError):
         world.runs = sorted(p.name for p in runs_dir().iterdir() if p.is_dir())
-    except OSError:
-        pass
-    try:
-        listed = invoke(job_tools.list_jobs, job_tools.SchedulerRef(), ctx).jobs
-        world.jobs = [Job(id=j.job_id, name=j.name, run=Path(j.run_dir).name if j.run_dir else None, nodes=j.nodes,
-                          when=j.submitted_at or j.started_at or 0.0) for j in listed]
-    except Exception:  # noqa: BLE001 - no scheduler here: ids are then resolved against the runs alone
-        pass
-    try:
-        world.nodes = [n.name for n in invoke(job_tools.list_nodes, job_tools.SchedulerRef(), ctx).nodes]
-    except Exception:  # noqa: BLE001
-        pass
+    for kind in session_kinds():
+        ref = job_tools.SchedulerRef(scheduler=kind)
+        with suppress(Exception):  # the same job listed twice (one injected backend serves every kind) is one
+            world.jobs += [Job(id=j.job_id, name=j.name, run=Path(j.run_dir).name if j.run_dir else None,
+                               scheduler=j.backend, when=j.submitted_at or j.started_at or 0.0)
+                           for j in invoke(job_tools.list_jobs, ref, ctx).jobs
+                           if not any((j.job_id, j.backend) == (k.id, k.scheduler) for k in world.jobs)]
+        with suppress(Exception):
+            world.nodes = {n.name: kind for n in invoke(job_tools.list_nodes, ref, ctx).nodes} | world.nodes
     return world
 
 
@@ -189,19 +197,24 @@ def _day(job: Job | None, run: str | None) -> str:
 class _Reader:
     """One pass over the request's words: concepts, numbers and ids, in order."""
     def __init__(self, text: str, world: World):
-        self.words = [w.rstrip(".-/") for w in TOKEN.findall(text)]
+        tokens = list(TOKEN.finditer(text))
+        self.words = [t.group(0).rstrip(".-/") for t in tokens]
         self.low = [w.lower() for w in self.words]
         self.world, self.found = world, Entities()
         self.concepts: list[set[str]] = [set() for _ in self.words]
         self.ambiguous: list[Ambiguity] = []
         self.used: set[int] = set()
-        self.ends = _sentence_ends(text, self.words)
+        # whether a sentence ends after each word: it ends with a dot, or ., ?, !, ;, : or a comma follows it
+        self.ends = [t.group(0).endswith(".") or text[t.end():t.end() + 1] in (".", "?", "!", ";", ":", ",")
+                     for t in tokens]
 
     def _add(self, kind: str, value: str) -> None:
         bucket = getattr(self.found, kind)
+        job = next((j for j in self.world.jobs if j.id == value), None) if kind == "jobs" else None
+        if kind != "runs" and not (self.found.jobs or self.found.nodes):  # the first job or node named: its own
+            self.found.scheduler = job.scheduler if job else self.world.nodes.get(value, "local")
         if value not in bucket:
             bucket.append(value)
-        job = next((j for j in self.world.jobs if j.id == value), None) if kind == "jobs" else None
         if job is not None and job.run and job.run not in self.found.runs:
             self.found.runs.append(job.run)
 
@@ -217,9 +230,13 @@ class _Reader:
         if word.lower() in short and before != "job":
             self._add("nodes", short[word.lower()])
             return True
-        exact_job = [j.id for j in jobs if j.id == word]
+        exact_job = [j for j in jobs if j.id == word]
+        if len(exact_job) > 1 and before != "run":  # the same id on two schedulers: ask which
+            self.ambiguous.append(Ambiguity(what="job", said=word, candidates=[f"{j.scheduler} job {j.id}"
+                                                                               for j in exact_job]))
+            return True
         if exact_job and before != "run":
-            self._add("jobs", exact_job[0])
+            self._add("jobs", word)
             return True
         if word in runs:
             self._add("runs", word)
@@ -306,9 +323,7 @@ def _by_reference(reader: _Reader, seen: set[str]) -> None:
         pool = [max(pool, key=lambda j: (j.when, j.id))]
     if len(pool) == 1:
         reader._add("jobs", pool[0].id)
-    elif not pool and len(runs) == 1 and ("run" in seen or "latest" in seen):
-        found.runs.append(runs[-1])
-    elif not pool and "latest" in seen and runs and "run" in seen:
+    elif not pool and runs and ({"run", "latest"} <= seen or len(runs) == 1 and {"run", "latest"} & seen):
         found.runs.append(runs[-1])
     elif pool:
         reader.ambiguous.append(Ambiguity(what="job", said=" ".join(sorted(seen & {"latest", "yesterday", "drill"}))
@@ -358,12 +373,3 @@ def understand(text: str, world: World | None = None) -> Request:
     return Request(text=text, act=kind.act if kind else ("order" if order else "question"),
                    kind=kind.name if kind else None, subject=kind.subject if kind else None, order=order,
                    concepts=sorted(seen), entities=found, ambiguous=reader.ambiguous)
-
-
-def _sentence_ends(text: str, words: list[str]) -> list[bool]:
-    """For each word, whether a sentence ends after it (., ?, ! or ; follows it in the text)."""
-    ends, pos = [], 0
-    for match in TOKEN.finditer(text):
-        pos = match.end()
-        ends.append(match.group(0).endswith(".") or text[pos:pos + 1] in (".", "?", "!", ";", ":", ","))
-    return ends[: len(words)]

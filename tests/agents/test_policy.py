@@ -10,15 +10,21 @@ from trainops.agents import explain
 from trainops.agents.explain import explain_mfu
 from trainops.agents.kinds import BY_NAME
 from trainops.agents.policy import fill_args, order
-from trainops.agents.understand import Job, World, concepts_of, understand
+from trainops.agents.understand import Job, World, concepts_of, observe_world, understand
+from trainops.tools.backends import backends
+from trainops.tools.context import CallContext
 from trainops.tools.governance.text import check_text
+from trainops.tools.schedulers import session_kinds
+from trainops.tools.schedulers.local import LocalScheduler
+from trainops.tools.schedulers.slurm import SlurmScheduler
+from trainops.tools.schedulers.slurm_transport import SlurmJob, SlurmNode
 
 CRASH, CKPT = "drill-crash-20261202-133205-2e52bc", "drill-checkpoint-corruption-20261202-133417-adfc26"
 WORLD = World(runs=["run-20261202-133205-560cf2", "run-20261202-133417-bf6e4c", "run-a", "run-b"],
-              jobs=[Job(id=CRASH, name="drill-crash", run="run-20261202-133205-560cf2", nodes=["n1"], when=1.0),
+              jobs=[Job(id=CRASH, name="drill-crash", run="run-20261202-133205-560cf2", when=1.0),
                     Job(id=CKPT, name="drill-checkpoint-corruption", run="run-20261202-133417-bf6e4c", when=2.0),
-                    Job(id="4", name="drill-node-crash", nodes=["n1", "n3"], when=3.0)],
-              nodes=["n1", "n2.cluster.local", "n3"])
+                    Job(id="4", name="drill-node-crash", when=3.0)],
+              nodes={"n1": "local", "n2.cluster.local": "local", "n3": "local"})
 
 
 @pytest.mark.parametrize("text, act, kind, order", [
@@ -110,6 +116,7 @@ def _status(nodes: list[str]) -> ToolMessage:
 NODES = ToolMessage(content="", name="list_nodes", tool_call_id="c1", status="success",
                     artifact={"nodes": [{"name": n, "state": "idle"} for n in ("n1", "n2", "n3")]})
 SCHEMAS = {"drain_node": {"properties": {"scheduler": {}, "node": {}, "reason": {}}, "required": ["node"]},
+           "cancel_job": {"properties": {"job_id": {}, "scheduler": {}, "force": {}}, "required": ["job_id"]},
            "set_tenant_quota": {"properties": {"tenant": {}, "gpus": {}, "priority": {}, "reason": {}},
                                 "required": ["tenant", "priority", "reason"]}}
 
@@ -126,7 +133,7 @@ def test_a_drain_order_for_a_job_on_several_nodes_asks_which_instead_of_guessing
 
 
 def test_a_drain_order_naming_a_node_drains_it_only_once_the_scheduler_lists_it():
-    world = WORLD.model_copy(update={"nodes": ["n1", "n2", "n3"]})
+    world = WORLD.model_copy(update={"nodes": {"n1": "slurm", "n2": "slurm", "n3": "slurm"}})
     drain = understand("Node n2 died under job 4. Drain it.", world)
     ask, _ = next_step("drain_node", drain, [_status(["n1", "n3"])])
     assert ask == "list_nodes"  # the node is read from the scheduler's list, never from the words alone
@@ -143,3 +150,44 @@ def test_the_quota_order_takes_tenant_size_and_priority_from_the_request():
     made, args = next_step("set_tenant_quota", understand("Give tenant team-a 64 GPUs at high priority.", WORLD), [])
     assert made == "set_tenant_quota"
     assert {k: args[k] for k in ("tenant", "gpus", "priority")} == {"tenant": "team-a", "gpus": 64, "priority": "high"}
+
+
+class SlurmCli:
+    """The Slurm CLI's answers (squeue, sinfo, scontrol show hostnames) for a cluster of four nodes."""
+
+    def jobs(self) -> list[SlurmJob]:
+        return [SlurmJob(job_id=job_id, name=name, state="FAILED", exit_code=1, exit_signal=0, nodelist="n[1-2]",
+                         reason="NonZeroExitCode", started_at=None, ended_at=None, submitted_at=when)
+                for job_id, name, when in (("4187", "drill-crash", 1.0), ("4203", "drill-hang", 2.0))]
+
+    def hostnames(self, nodelist: str) -> list[str]:
+        return ["n1", "n2"] if nodelist else []
+
+    def nodes(self) -> list[SlurmNode]:
+        return [SlurmNode(name=f"n{i}.cluster.local", state="idle") for i in range(1, 5)]
+
+
+def test_slurm_job_ids_resolve_through_the_sessions_scheduler_and_carry_it_into_the_order(workspace):
+    """Production resolved ids on the local scheduler alone: a Slurm job id, whole or by a unique part,
+    resolves through the Slurm backend's own list_jobs (called through the gated read tool), and the
+    order's scheduler reads go to Slurm."""
+    slurm = SlurmScheduler(transport=SlurmCli())
+    with backends(scheduler=lambda kind: slurm if kind == "slurm" else LocalScheduler()):
+        world = observe_world(CallContext(actor="agent"))
+    assert {(j.id, j.scheduler) for j in world.jobs} >= {("4187", "slurm"), ("4203", "slurm")}
+    assert world.nodes["n3.cluster.local"] == "slurm"
+    found = understand("why did 4187 fail", world).entities
+    assert (found.jobs, found.scheduler) == (["4187"], "slurm")
+    assert understand("what happened to job 203", world).entities.jobs == ["4203"]  # a unique suffix
+    assert understand("drain n3", world).entities.nodes == ["n3.cluster.local"]  # the scheduler's own name
+    cancel = understand("cancel job 4187", world)
+    assert next_step("cancel_job", cancel, []) == ("job_status", {"job_id": "4187", "scheduler": "slurm"})
+
+
+def test_the_session_asks_slurm_only_where_a_cluster_is_configured(workspace, monkeypatch):
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("SLURM_CONF", str(workspace / "slurm.conf"))
+    assert session_kinds() == ["local", "slurm"]
+    with backends(scheduler=lambda kind: LocalScheduler()):
+        assert session_kinds() == ["local", "slurm", "kubernetes"]  # an injected provider serves every kind

@@ -5,6 +5,8 @@ import only the contract (`base`). A caller that brings its own scheduler puts i
 `trainops.tools.backends.backends`, the one seam, never here."""
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import get_args
 
 from trainops.tools.backends import injected
@@ -21,6 +23,7 @@ from trainops.tools.schedulers.base import (
 from trainops.tools.schedulers.kubernetes import KubernetesScheduler
 from trainops.tools.schedulers.local import LocalScheduler
 from trainops.tools.schedulers.slurm import SlurmScheduler
+from trainops.workspace import jobs_dir
 
 __all__ = [
     "JobHandle",
@@ -31,6 +34,7 @@ __all__ = [
     "Scheduler",
     "SchedulerError",
     "get_scheduler",
+    "session_kinds",
 ]
 
 
@@ -46,3 +50,17 @@ def get_scheduler(kind: str) -> Scheduler:
     if kind == "kubernetes":
         return KubernetesScheduler()
     raise SchedulerError(kind, f"unknown scheduler {kind!r}: use one of {', '.join(get_args(SchedulerKind))}")
+
+
+def session_kinds() -> list[str]:
+    """The scheduler kinds this session uses, in the order to ask them: local always; Slurm where a
+    cluster is configured (SLURM_CONF, /etc/slurm/slurm.conf) or this workspace launched Slurm jobs;
+    Kubernetes where a kubeconfig is named (KUBECONFIG) or trainops runs in a pod. A kind that is not
+    configured is never asked: its client would wait out a timeout on every request. Inside a
+    `backends` block, every kind: the injected provider decides what serves each."""
+    if injected().scheduler is not None:
+        return list(get_args(SchedulerKind))
+    slurm = (os.environ.get("SLURM_CONF") or Path("/etc/slurm/slurm.conf").is_file()
+             or any(jobs_dir().glob("slurm-*.json")))
+    kubernetes = os.environ.get("KUBECONFIG") or os.environ.get("KUBERNETES_SERVICE_HOST")
+    return ["local", *(["slurm"] if slurm else []), *(["kubernetes"] if kubernetes else [])]
