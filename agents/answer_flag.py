@@ -40,7 +40,7 @@ def answer_flag(values: dict[str, Any], provider: str) -> AnswerFlag | None:
     if last is not None and _cut_off(last):
         return "truncated"
     text = getattr(last, "text", "") if last is not None else ""
-    if callable(text):  # older LangChain messages expose text() as a method
+    if not isinstance(text, str):  # older LangChain messages expose text() as a method only
         text = text()
     if not str(text or "").strip():
         return "empty"

@@ -32,12 +32,26 @@ QUIET_MODULES = ("tests/skills/test_rollout_ladder.py", "tests/skills/test_scali
                  "tests/integration/test_ladder_on_nodes.py")
 
 
+def _shared_run(item) -> str | None:
+    """The group of a test that reads a module- or session-scoped fixture of ours (a real SOP, a trained
+    layout): pytest-xdist sets such a fixture up once per worker that runs one of its tests, so spread
+    over three workers its training ran three times; grouped, it runs once."""
+    info = getattr(item, "_fixtureinfo", None)
+    for name in sorted(info.names_closure if info else ()):
+        defs = info.name2fixturedefs.get(name) or ()
+        if defs and defs[-1].baseid and defs[-1].scope in ("module", "session"):
+            return name if defs[-1].scope == "session" else defs[-1].baseid
+    return None
+
+
 def pytest_itemcollected(item):
     """Runs as each test is collected, so the group is there before pytest-xdist reads it."""
     module = Path(str(item.path)).relative_to(Path(str(item.config.rootpath))).as_posix()
     if (item.get_closest_marker("services") or SERVICE_FIXTURES & set(item.fixturenames)
             or module.startswith(HOST_WIDE_MODULES)):
         item.add_marker(pytest.mark.xdist_group("services"))
+    elif (shared := _shared_run(item)) is not None:
+        item.add_marker(pytest.mark.xdist_group(shared))
     if module in QUIET_MODULES:
         item.add_marker(pytest.mark.quiet)
 

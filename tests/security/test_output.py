@@ -52,7 +52,7 @@ def test_the_approval_prompt_shows_a_models_concealed_arguments(model):
 def test_a_model_answer_and_tool_arguments_with_a_stray_closing_tag_do_not_crash(model):
     model.script = [model.tool_call("list_jobs", {"scheduler": "local", "note": "[/]"}), model.text("done [/] [bold]")]
     result = _cli("ask", "list jobs")
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1 and "not an answer to rely on" in result.output, result.output  # free text
     assert "done [/] [bold]" in result.output and '"note": "[/]"' in result.output
 
 

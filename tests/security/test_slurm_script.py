@@ -8,6 +8,7 @@ import shutil
 import subprocess
 
 import pytest
+from pydantic import ValidationError
 
 from trainops.tools.schedulers.base import JobSpec, SchedulerError
 from trainops.tools.schedulers.slurm import SlurmScheduler, batch_script
@@ -15,6 +16,12 @@ from trainops.tools.schedulers.slurm import SlurmScheduler, batch_script
 
 def _spec(**kw) -> JobSpec:
     return JobSpec(**{"name": "drill", "command": ["true"], **kw})
+
+
+def _unchecked_spec(**kw) -> JobSpec:
+    """A spec that skipped JobSpec's own field patterns (built in code, or a model changed after validation):
+    the batch script must still refuse what would add a line to it."""
+    return JobSpec.model_construct(**{"name": "drill", "command": ["true"], **kw})
 
 
 @pytest.mark.parametrize("field, value", [
@@ -27,13 +34,20 @@ def _spec(**kw) -> JobSpec:
 ])
 def test_a_value_with_a_newline_control_character_or_quote_is_refused_naming_the_field(field, value):
     with pytest.raises(SchedulerError, match=rf"slurm scheduler: {field}=.* contains"):
-        batch_script(_spec(**{field: value}), "/logs/job.log")
+        batch_script(_unchecked_spec(**{field: value}), "/logs/job.log")
+
+
+@pytest.mark.parametrize("field, value", [("partition", "debug\ntouch /tmp/pwned"), ("partition", 'debug" --wrap="id'),
+                                          ("exclude_nodes", ["n01", "n02\ncurl evil"])])
+def test_a_scheduler_name_field_with_a_newline_or_quote_is_refused_at_the_spec_naming_the_field(field, value):
+    with pytest.raises(ValidationError, match=field):
+        _spec(**{field: value})
 
 
 def test_the_scheduler_refuses_an_injected_partition_before_anything_reaches_sbatch(workspace):
     marker = workspace / "pwned"
     with pytest.raises(SchedulerError, match="partition=.* contains '\\\\n'"):
-        SlurmScheduler().submit(_spec(partition=f"debug\ntouch {marker}"))
+        SlurmScheduler().submit(_unchecked_spec(partition=f"debug\ntouch {marker}"))
     assert not marker.exists() and not list(workspace.rglob("*.sbatch"))
 
 

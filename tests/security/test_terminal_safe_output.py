@@ -122,9 +122,9 @@ def test_ask_shows_a_poisoned_log_and_the_models_echo_of_it_as_text(model, noisy
                                                          "reason": f"trial {OSC52_AND_CLEAR}"}),
                     model.text(f"Waiting{BIDI}.")]
     answered = _cli("ask", "what does the job log say?")
-    assert answered.exit_code == 0, answered.output
+    assert answered.exit_code == 1, answered.output  # a free-text answer is flagged, and still shown inert
     assert _raw(answered.output) == [] and "The log says: step 1\\x1b]52;c;" in answered.output
-    gated = _cli("ask", "cancel it")
+    gated = _cli("ask", "set the quota of acme to 4 GPUs")
     assert gated.exit_code == 0, gated.output
     assert _raw(gated.output) == [] and "approval needed" in gated.output
 
@@ -141,7 +141,7 @@ def test_an_error_line_and_a_progress_console_show_sequences_as_text(capsys):
 def test_a_thread_id_written_into_the_agent_database_is_listed_escaped_and_marked(model, workspace):
     model.script = [model.text("ok")]
     asked = _cli("ask", "hello", "--json")
-    assert asked.exit_code == 0, asked.output
+    assert asked.exit_code == 1 and json.loads(asked.output)["answer_flag"] == "free_text", asked.output
     with sqlite3.connect(workspace / "agent.sqlite") as db:
         for table in ("checkpoints", "writes"):
             db.execute(f"UPDATE {table} SET thread_id = ?", (f"t{UP_AND_ERASE}",))
