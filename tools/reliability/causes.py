@@ -41,14 +41,15 @@ from trainops.tools.reliability.evidence import (
     NETWORK_ERROR,
     NODE_DOWN,
     Evidence,
+    reported_timeout,
 )
 from trainops.tools.reliability.sdc_check import KNOWN_ANSWER_FAILED
 from trainops.tools.reliability.signature_match import (
     TRUST_SPECIFICITY,
     SignatureHit,
     missing_ranks,
+    named_cause,
     signature,
-    waiting_ranks,
 )
 
 Cause = Literal["hardware", "network", "software", "data", "planned", "hung-peer", "gpu-memory", "host-memory",
@@ -145,10 +146,26 @@ def _diagnose(ev: Evidence, planned: bool, stale_s: float) -> Diagnosis:  # noqa
         return _witnessed("data", f"non-finite loss at data position step {ev.nonfinite_loss_step} recurs on replay"
                           + (f" ({ev.replay})" if ev.replay else ""), "skip or fix the data at that position",
                           False, "nan-recurs")
+    if (ended := _scheduler_ended(ev)) is not None:
+        return ended
     trusted = [h for h in ev.signatures if h.specificity >= TRUST_SPECIFICITY]
-    if trusted and trusted[0].cause != "hung-peer":
-        return _from_signature(ev, trusted[0], trusted)
+    if (named := named_cause(trusted)) is not None:
+        return _from_signature(ev, named, trusted)
     return _without_a_named_cause(ev, stale_s, trusted)
+
+
+_SCHEDULER_ENDS = {"PREEMPTED": ("preemption", "the scheduler preempted the job", "slurm-preempted"),
+                   "TIMEOUT": ("time-limit", "the job reached its time limit", "slurm-time-limit")}
+"""The scheduler's own job state (Slurm's, as its backend reports it: 'STATE: reason') that ends a
+job for a planned reason: witnessed, unlike the same words in the job's output."""
+
+
+def _scheduler_ended(ev: Evidence) -> Diagnosis | None:
+    state = ev.reason.split(":", 1)[0].strip()
+    if state not in _SCHEDULER_ENDS:
+        return None
+    sub, what, sig = _SCHEDULER_ENDS[state]
+    return _witnessed("planned", f"{what} (the scheduler's job state {ev.reason})", signature(sig).next_step, True, sub)
 
 
 def _without_a_named_cause(ev: Evidence, stale_s: float, trusted: list[SignatureHit]) -> Diagnosis:
@@ -171,6 +188,8 @@ def _without_a_named_cause(ev: Evidence, stale_s: float, trusted: list[Signature
     if trusted:
         return _from_signature(ev, trusted[0], trusted)
     net = [ln for ln in ev.error_lines if NETWORK_ERROR.search(ln)]
+    if frames := [h for h in ev.signatures if h.cause == "hung-peer"]:  # a timeout with no network evidence
+        return _from_signature(ev, frames[0], frames, confidence="low")
     if net:
         return Diagnosis(cause="network", confidence="medium", quote=net[-1], sub_cause="connection",
                          reason=f"connection failure between live nodes ({nodes}): {net[-1]}",
@@ -208,20 +227,25 @@ def _from_signature(ev: Evidence, top: SignatureHit, hits: list[SignatureHit],
     where = f" (rank {top.rank})" if top.rank is not None else ""
     reason = f"{_job(ev)}{where}: {sig.implies}: {top.line}"
     if top.cause == "hung-peer":
-        waiting = waiting_ranks(ev.signatures)
-        missing = missing_ranks(waiting)
+        waiting = reported_timeout(ev)
+        missing = missing_ranks(waiting, ev.world_size)
         reason = (f"{_job(ev)}: {sig.implies}; rank(s) {waiting or 'unnamed'} reported the timeout"
                   + (f", rank {', '.join(map(str, missing))} did not (inferred from which ranks reported): the likely "
-                     "missing rank" if missing else "; the log does not say which rank did not arrive")
+                     "missing rank" if missing else "; the log does not say which rank did not arrive"
+                     + ("" if ev.world_size else " (the job's world size is not known)"))
                   + f": {top.line}")
     if top.cause == "hardware":
         reason += "; from the job's own text only: a hypothesis until trainops' check on the node agrees"
     sure = confidence or ("high" if top.specificity >= TRUST_SPECIFICITY and not others and sig.settles
-                          and top.cause != "hung-peer" else "medium")
+                          and top.cause != "hung-peer" and not sig.job_writable else "medium")
+    requeue = sig.requeue_helps
+    if sig.job_writable:  # the scheduler's words in the job's own output: the job could have printed them
+        reason += "; read from the job's output, not the scheduler's job state"
+        requeue = None
     if others:
         reason += f"; other lines point to {', '.join(others)}"
     return Diagnosis(cause=top.cause, sub_cause=top.sub_cause, confidence=sure, quote=top.line, reason=reason,
-                     next_step=sig.next_step, requeue_helps=sig.requeue_helps, alternatives=others)
+                     next_step=sig.next_step, requeue_helps=requeue, alternatives=others)
 
 
 def _known_answer_failures(ev: Evidence) -> list[str]:

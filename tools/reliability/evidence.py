@@ -27,6 +27,7 @@ from trainops.tools.reliability.signature_match import (
     framework_of,
     match_lines,
     missing_ranks,
+    named_cause,
     ranked,
     split_lines,
     waiting_ranks,
@@ -36,8 +37,11 @@ from trainops.tools.schedulers.processes import job_processes, rank_processes
 MAX_ERROR_LINES = 8
 MAX_LINE_CHARS = 300
 NETWORK_ERROR = re.compile(r"connection (reset|refused|closed)|broken pipe|ECONNRESET|EPIPE|no route to host|"
-                           r"network is unreachable|peer closed|socket timeout|gloo.*(timed out|timeout)|"
-                           r"nccl.*(timeout|remote)|Timed out waiting|collective.*timed out", re.I)
+                           r"network is unreachable|peer closed|ncclRemoteError|remote process exited", re.I)
+"""A connection failure between ranks; a timeout is not one (a hung or slow peer, unless network evidence)."""
+TIMEOUT_LINE = re.compile(r"socket timeout|gloo.*(timed out|timeout)|nccl.*timeout|Timed out waiting|"
+                          r"collective.*timed out", re.I)
+"""A timeout line, kept among a log's error lines (its cause is the signatures', never 'network' from it)."""
 EXCEPTION_LINE = re.compile(r"^(Traceback \(most recent call last\)|[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b[:]?)")
 NODE_DOWN = re.compile(r"down|drain|not.?responding|\*$|fail", re.I)  # Slurm's '*' suffix: not responding
 _OOM = re.compile(r"(Out of memory|oom-kill|Memory cgroup out of memory).*?(?:Killed process |pid=)(\d+)", re.I)
@@ -92,6 +96,10 @@ class Evidence(BaseModel):
     framework: str | None = Field(None, description="The framework the log's own markers name, as a reason reads it.")
     failing_device: int | None = Field(None, description="The local device the most specific line names "
                                                          "(GPU N, cuda:N, torchrun's [defaultN], NCCL's [N]).")
+    timeout_ranks: list[int] = Field(default_factory=list, description="The ranks whose lines report a collective "
+                                     "timeout (every matching line, not only the ranked ones).")
+    world_size: int | None = Field(None, description="The job's ranks, where known (its heartbeats, its spec): "
+                                   "without it no missing rank is inferred from which ranks reported a timeout.")
 
 
 def inert(text: object, limit: int = MAX_LINE_CHARS) -> str:
@@ -142,7 +150,8 @@ def _signal_of(exit_code: int | None) -> str | None:
 
 def _log_errors(name: str, text: str) -> list[str]:
     hits = [ln.strip() for ln in text.splitlines()
-            if EXCEPTION_LINE.match(ln.strip()) or NETWORK_ERROR.search(ln) or KNOWN_ANSWER_FAILED in ln]
+            if EXCEPTION_LINE.match(ln.strip()) or NETWORK_ERROR.search(ln) or TIMEOUT_LINE.search(ln)
+            or KNOWN_ANSWER_FAILED in ln]
     return [f"{name}: {ln}" for ln in hits[-3:]]
 
 
@@ -171,17 +180,24 @@ def _signature_evidence(ev: Evidence, texts: list[str]) -> None:
     """The declared signatures the logs match, the framework they name, and the rank and device the
     most specific line's prefixes name where trainops' own record named none. For a collective timeout
     the failing rank is the one that did not arrive (a rank below the waiting ones that reported none)."""
-    ev.signatures = ranked(match_lines([ln for text in texts for ln in split_lines(text)], clean=inert))
+    every = match_lines([ln for text in texts for ln in split_lines(text)], clean=inert)
+    ev.signatures = ranked(every)
+    ev.timeout_ranks = waiting_ranks(every)  # from every hit: ranked() keeps one line per signature
     ev.framework = framework_of("\n".join(texts))
     trusted = [h for h in ev.signatures if h.specificity >= TRUST_SPECIFICITY]
     if not trusted:
         return
-    top = trusted[0]
+    top = named_cause(trusted) or trusted[0]
     if ev.failing_rank is None:
-        missing = missing_ranks(waiting_ranks(ev.signatures)) if top.cause == "hung-peer" else []
+        missing = missing_ranks(reported_timeout(ev), ev.world_size) if top.cause == "hung-peer" else []
         ev.failing_rank = missing[0] if len(missing) == 1 else top.rank if top.cause != "hung-peer" else None
     if ev.failing_device is None and top.cause != "hung-peer":
         ev.failing_device = top.device
+
+
+def reported_timeout(ev: Evidence) -> list[int]:
+    """The ranks that reported a collective timeout: they arrived and waited."""
+    return sorted(set(ev.timeout_ranks) | set(waiting_ranks(ev.signatures)))
 
 
 def _launcher_exits(job_log: str) -> dict[int, int]:
@@ -312,6 +328,8 @@ def gather(status, node_states: dict[str, str] | None = None, job_log: str = "",
     if beats is None:
         beats = {r: b for r, b in read_heartbeats(run_dir).items() if until is None or b.time <= until}
     ev.heartbeat_age_s = {r: round(max(0.0, end - b.time), 3) for r, b in beats.items() if b.time}
+    if ev.world_size is None and beats and set(beats) == set(range(len(beats))):  # every rank 0..n-1 beat
+        ev.world_size = len(beats)
     run_lines, ev.failing_rank = _error_lines(run_dir, beats, result, until)
     ev.error_lines = list(dict.fromkeys(run_lines + ev.error_lines))[-MAX_ERROR_LINES:]
     noted = {r for r, b in beats.items() if b.exit is not None}

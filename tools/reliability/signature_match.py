@@ -89,7 +89,18 @@ def waiting_ranks(hits: list[SignatureHit]) -> list[int]:
     return sorted({h.rank for h in hits if h.cause == "hung-peer" and h.rank is not None})
 
 
-def missing_ranks(waiting: list[int]) -> list[int]:
-    """Ranks below the highest waiting one that did not report the timeout: the ones that did not
-    arrive (inferred from the log alone: a rank whose lines are absent from it is not told apart)."""
-    return sorted(set(range(max(waiting) + 1)) - set(waiting)) if waiting else []
+def missing_ranks(waiting: list[int], world_size: int | None = None) -> list[int]:
+    """The one rank that did not report the timeout, where the world size is known (heartbeats, the
+    job's spec) and every other rank of it reported: the one that did not arrive. Otherwise []: a
+    rank absent from the log may be on another node's log, or one of several that stalled; the log
+    does not tell."""
+    if not world_size or not waiting or len(set(waiting)) < world_size - 1:
+        return []
+    absent = sorted(set(range(world_size)) - set(waiting))
+    return absent if len(absent) == 1 else []
+
+
+def named_cause(trusted: list[SignatureHit]) -> SignatureHit | None:
+    """The first trusted hit that is not a collective timeout: a timeout is the symptom, a specific
+    line printed before or after it (an OOM, a full disk, a shape mismatch) the cause."""
+    return next((h for h in trusted if h.cause != "hung-peer"), None)

@@ -30,12 +30,20 @@ class Signature:
     settles: bool = True
     """False where the source's own text names a family of causes (NCCL's ncclSystemError: 'a system call,
     e.g. socket or malloc, or an external library call failed'): never 'high' on its own."""
+    job_writable: bool = False
+    """True where the line is one the scheduler prints into the job's own output, which the job could print as
+    well: on that text alone never 'high' and no requeue decided (the scheduler's own job state decides it)."""
 
 
 def _sig(name: str, pattern: str, cause: str, sub_cause: str, specificity: int, implies: str, next_step: str,
-         requeue_helps: bool, source: str, settles: bool = True) -> Signature:
-    return Signature(name, re.compile(pattern, re.I), cause, sub_cause, specificity, implies, next_step,
-                     requeue_helps, source, settles)
+         requeue_helps: bool, source: str, settles: bool = True, exact_case: bool = False) -> Signature:
+    return Signature(name, re.compile(pattern, 0 if exact_case else re.I), cause, sub_cause, specificity, implies,
+                     next_step, requeue_helps, source, settles, job_writable=exact_case)
+
+
+def _slurm_end(due_to: str) -> str:
+    """slurmstepd's own line for a job or step the scheduler ended, exactly as it prints it (capitals)."""
+    return rf"\*\*\* (?:JOB|STEP) [\d.]+ ON \S+ CANCELLED AT \S+{due_to} \*\*\*"
 
 
 _CHECK_NODE = ("run trainops' known-answer check job on that node and read its kernel log (a job trainops submits "
@@ -155,8 +163,8 @@ SIGNATURES: tuple[Signature, ...] = (
          "fp16 gradients overflowed at every loss scale down to the minimum",
          "switch to bf16, lower the learning rate, or clip gradients; find the step's data", False,
          "DeepSpeed / fairseq / apex dynamic loss scaler"),
-    _sig("nan-loss", r"\bloss[^\n]{0,40}\b(nan|inf)\b|\b(nan|inf)\b[^\n]{0,20}\bloss|NaN or Inf found|"
-         r"Loss is (nan|inf)|FloatingPointError|non-finite loss|Detected NaN", "data", "nan-loss", 3,
+    _sig("nan-loss", r"\bloss\b\s*[:=]?\s*(nan|[+-]?inf)\b|\bloss (is|became|was) (nan|[+-]?inf)\b|"
+         r"\b(nan|inf) loss\b|NaN or Inf found|FloatingPointError|non-finite loss|Detected NaN", "data", "nan-loss", 3,
          "the loss became NaN or inf", "lower the learning rate (and scale it with the batch), clip gradients, "
          "and replay the step's data to see whether it recurs", False, "framework NaN guards"),
     _sig("grad-overflow", r"OVERFLOW! Rank \d+ Skipping step|Gradient overflow\.\s+Skipping step", "data",
@@ -165,7 +173,8 @@ SIGNATURES: tuple[Signature, ...] = (
          "DeepSpeed loss_scaler; apex amp"),
     # --- network ------------------------------------------------------------------------------
     _sig("nccl-ib", r"NET/IB[^\n]*(error|port error|catastrophic|failed)|ibv_\w+ failed|IBV_EVENT_\w+|"
-         r"local catastrophic error|port error|link down|NET/IB : Got async event", "network", "infiniband", 4,
+         r"local catastrophic error|NET/IB[^\n]*\b(port error|link down)\b|NET/IB : Got async event",
+         "network", "infiniband", 4,
          "an InfiniBand port or HCA error on the node", "check the node's IB link (ibstat, the switch port); "
          "exclude the node and requeue once the link is healthy", False, "NCCL NET/IB; libibverbs"),
     _sig("nccl-socket", r"NCCL_SOCKET_IFNAME|no socket interface found|NET/Socket[^\n]*(failed|error)|"
@@ -200,19 +209,23 @@ SIGNATURES: tuple[Signature, ...] = (
          "hung-peer", "collective-timeout", 1, "a NCCL timeout frame (no message of its own)",
          "find the rank that did not arrive at the collective", False, "PyTorch ProcessGroupNCCL"),
     # --- scheduler ----------------------------------------------------------------------------
-    _sig("slurm-preempted", r"DUE TO PREEMPTION|\bPREEMPTED\b|job is preempted", "planned", "preemption",
+    # slurmstepd's exact lines only, case-sensitive (a job's own "preempted"/"requeued" is not the scheduler's);
+    # being text in the job's output, they are capped below 'high' and decide no requeue (job_writable)
+    _sig("slurm-preempted", _slurm_end(" DUE TO PREEMPTION"), "planned", "preemption",
          4, "the scheduler preempted the job", "requeue from the last good checkpoint (the job did nothing wrong)",
-         True, "Slurm job state PREEMPTED; slurmstepd; submitit"),
-    _sig("slurm-time-limit", r"DUE TO TIME LIMIT|Job has timed out|\bJobState=TIMEOUT", "planned",
+         True, "Slurm job state PREEMPTED; slurmstepd", exact_case=True),
+    _sig("slurm-time-limit", _slurm_end(" DUE TO TIME LIMIT"), "planned",
          "time-limit", 4, "the job reached its time limit", "requeue from the last good checkpoint, with a longer "
-         "limit or more frequent checkpoints", True, "Slurm job state TIMEOUT; slurmstepd"),
-    _sig("slurm-requeued", r"Requeued job|job requeued|requeued by|\bREQUEUED\b", "planned", "requeue", 3,
-         "the scheduler (or the job's launcher on its signal) requeued the job",
-         "nothing to fix: the requeued job resumes from its last checkpoint", True, "Slurm / submitit requeue"),
-    _sig("slurm-node-fail", r"DUE TO NODE FAILURE|\bNODE_FAIL\b", "hardware", "node-failure", 4,
-         "the scheduler lost the node under the job", _CHECK_NODE, True, "Slurm job state NODE_FAIL"),
-    _sig("slurm-cancelled", r"CANCELLED AT \S+ \*\*\*|scancel", "planned", "cancelled", 2,
-         "someone cancelled the job", "ask who cancelled it before requeueing", True, "Slurm job state CANCELLED"),
+         "limit or more frequent checkpoints", True, "Slurm job state TIMEOUT; slurmstepd", exact_case=True),
+    _sig("slurm-requeued", _slurm_end(" DUE TO JOB REQUEUE"), "planned", "requeue", 3,
+         "the scheduler requeued the job", "nothing to fix: the requeued job resumes from its last checkpoint",
+         True, "Slurm requeue; slurmstepd", exact_case=True),
+    _sig("slurm-node-fail", _slurm_end(" DUE TO NODE FAILURE"), "hardware", "node-failure", 4,
+         "the scheduler lost the node under the job", _CHECK_NODE, True, "Slurm job state NODE_FAIL; slurmstepd",
+         exact_case=True),
+    _sig("slurm-cancelled", _slurm_end(""), "planned", "cancelled", 2,
+         "someone cancelled the job", "ask who cancelled it before requeueing", True, "Slurm job state CANCELLED",
+         exact_case=True),
     # --- software ----------------------------------------------------------------------------
     _sig("no-kernel-image", r"no kernel image is available|not compatible with the current PyTorch installation|"
          r"sm_\d+ is not compatible|unsupported gpu architecture", "software", "cuda-arch", 3,

@@ -11,7 +11,7 @@ import pytest
 from trainops.tools.calls import call
 from trainops.tools.context import CallContext
 from trainops.tools.reliability.causes import CAUSES, diagnose
-from trainops.tools.reliability.evidence import Evidence, inert
+from trainops.tools.reliability.evidence import Evidence, _signature_evidence, inert
 from trainops.tools.reliability.interruptions import read_interruptions
 from trainops.tools.reliability.signature_match import match_lines, ranked, split_lines
 from trainops.tools.reliability.signatures import SIGNATURES
@@ -46,8 +46,10 @@ def test_a_collective_timeout_is_a_hung_peer_and_names_the_rank_that_did_not_arr
     log = "\n".join(f"[E ProcessGroupNCCL.cpp:475] [Rank {r}] Watchdog caught collective operation timeout: "
                     "WorkNCCL(SeqNum=7, OpType=ALLREDUCE) ran for 1800301 milliseconds before timing out."
                     for r in (1, 3, 2))
-    d = _diagnosed(log + "\nslurmstepd: error: Failed to send MESSAGE_TASK_EXIT: Connection refused")
-    assert d.cause == "hung-peer" and "rank 0" in d.reason and d.confidence != "high"
+    ev = Evidence(state="failed", exit_code=1, world_size=4)  # the world size known (heartbeats, the job's spec)
+    _signature_evidence(ev, [log + "\nslurmstepd: error: Failed to send MESSAGE_TASK_EXIT: Connection refused"])
+    d = diagnose(ev)
+    assert d.cause == "hung-peer" and "rank 0" in d.reason and d.confidence != "high" and ev.failing_rank == 0
     assert d.requeue_helps is False and "same time again" in d.next_step
 
 
@@ -62,8 +64,8 @@ def test_network_evidence_turns_a_timeout_into_network():
 def test_the_schedulers_preemption_line_beats_a_teardown_connection_refused():
     log = ("slurmstepd: error: *** JOB 42 ON gpu-3 CANCELLED AT 2024-05-01T10:00:00 DUE TO PREEMPTION ***\n"
            "slurmstepd: error: Failed to send MESSAGE_TASK_EXIT: Connection refused\n")
-    d = _diagnosed(log)
-    assert (d.cause, d.sub_cause, d.requeue_helps) == ("planned", "preemption", True)
+    d = _diagnosed(log)  # the job's output alone: planned, but not 'high' and no requeue decided on it
+    assert (d.cause, d.sub_cause, d.requeue_helps, d.confidence) == ("planned", "preemption", None, "medium")
 
 
 @pytest.mark.parametrize(("line", "cause"), [
