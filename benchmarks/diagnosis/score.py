@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import tempfile
 from collections import Counter
 from dataclasses import dataclass
@@ -73,11 +74,28 @@ def quotes_naming_line(case: Case, record: Interruption) -> bool:
     return want in quoted
 
 
+_REQUEUE_WORD = re.compile(r"\brequeue(?:s|d|ing)?\b(?!_job)", re.I)
+_NOT_A_REQUEUE = re.compile(r"\ba requeue (?:waits|repeats|meets|cannot|can't|won't|will not|does not|doesn't|"
+                            r"would not|helps? nothing)\b|\bno requeue\b", re.I)
+
+
+def recommends_requeue(lines: list[str], requeue_helps: bool) -> bool:
+    """The answer offers a requeue: a human may order requeue_job, or (where the case's thread says a
+    requeue cannot help) any next-step line that tells the reader to requeue, a conditional one too
+    ('requeue once the link is healthy'); a line saying a requeue will not help is not one."""
+    if any("requeue_job" in line and "a human may order" in line for line in lines):
+        return True
+    if requeue_helps:
+        return False
+    return any(_REQUEUE_WORD.search(_NOT_A_REQUEUE.sub("", line)) for line in lines
+               if not line.startswith("a human decides instead of"))
+
+
 def score(case: Case, record: Interruption | None) -> Scored:
     if record is None:
         return Scored(case, "no record", "", False, False, "trainops saw a clean finish")
     answer = diagnose._from_record(record.model_dump(mode="json"), None, True)
-    offered = any("requeue_job" in line and "a human may order" in line for line in answer.get("next_to_collect", []))
+    offered = recommends_requeue(answer.get("next_to_collect", []), case.requeue_helps)
     return Scored(case, record.cause, answer.get("confidence", ""), offered, quotes_naming_line(case, record),
                   record.cause_reason)
 
