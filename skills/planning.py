@@ -26,7 +26,7 @@ def plan_checkpoint(save_s: float, restart_s: float, mtbf_h: float, ctx: CallCon
 
 
 def plan_from_drill(drill: DrillResult, mtbf_h: float, mtbf_basis: str,
-                    ctx: CallContext | None = None) -> CheckpointPlan:
+                    ctx: CallContext | None = None, mtbf_level: str | None = None) -> CheckpointPlan:
     """The interval for this job: save cost from the drill run's checkpoint journal, restart cost
     from the drill's measured recovery by the path the job took there (the job's own settings, so
     the path it will take), the MTBF S2 states (with its source as the basis)."""
@@ -40,7 +40,7 @@ def plan_from_drill(drill: DrillResult, mtbf_h: float, mtbf_basis: str,
     return CheckpointPlan(save_stall_s=stall, write_s=write_s, restart_s=drill.recovery_time_s, mtbf_h=mtbf_h,
                           restart_path=path, restart_source=f"measured: the {drill.fault} drill's {path} recovery "
                           f"(detection to its first step after restart) in {drill.drill_record}",
-                          mtbf_basis=mtbf_basis, young_interval_min=out.young_interval_min,
+                          mtbf_basis=mtbf_basis, mtbf_level=mtbf_level, young_interval_min=out.young_interval_min,
                           daly_interval_min=out.daly_interval_min, expected_waste_pct=100 * out.expected_waste_fraction,
                           recommendation=out.recommendation,
                           checkpoint_bytes=occupancy.checkpoint_bytes if occupancy else None,

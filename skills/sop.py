@@ -150,7 +150,7 @@ def run(settings: SopSettings, ctx: CallContext | None = None, progress: Progres
     results, drill_evidence = drill.run_drills(drill_req, settings.drills(), ctx, say)
     drills = [d for d in results if not isinstance(d, drill.DetectionOnlyResult)]  # the pack's drills recovered
     ckpt_plan = planning.plan_from_drill(drills[0], reliability.mtbf_h, _mtbf_basis(reliability),
-                                         ctx) if drills else None
+                                         ctx, mtbf_level=reliability.mtbf_level) if drills else None
     say("S6 evidence pack")
     world = req.nproc * req.nodes
     pack = evidence_pack.assemble(

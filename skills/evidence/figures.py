@@ -117,8 +117,8 @@ def _plan(out: _Table, pack: EvidencePack) -> None:
             f"{f' ({plan.restart_path})' if plan.restart_path else ''}", plan.restart_source or "the drill",
             "measured")
     if rel is None or rel.mtbf_h != plan.mtbf_h:
-        level: EvidenceLevel = ("measured" if plan.mtbf_basis.startswith("the interruption record") else
-                                "declared" if "declared" in plan.mtbf_basis else "assumed default")
+        # the typed level; a plan written before it had one claims nothing it cannot show
+        level: EvidenceLevel = plan.mtbf_level or "assumed default"
         out.add("s5", "MTBF used by the checkpoint plan", plan.mtbf_h, "h", 1,
                 "mean time between failures the checkpoint interval is planned with", plan.mtbf_basis, level)
     out.add("s5", "Young interval", plan.young_interval_min, "min", 1,

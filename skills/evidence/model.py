@@ -224,6 +224,8 @@ class CheckpointPlan(BaseModel):
     mtbf_h: float = Field(gt=0, description="job mean time between failures used, hours")
     mtbf_basis: str = Field(description="where the MTBF comes from: measured, declared by the operator, or the "
                                         "assumed default")
+    mtbf_level: Literal["measured", "declared", "assumed default"] | None = Field(
+        default=None, description="the MTBF's evidence level, typed (S2's mtbf_level); None: a plan written before it")
     young_interval_min: float
     daly_interval_min: float
     expected_waste_pct: float = Field(description="expected share of wall time lost at the Daly interval")

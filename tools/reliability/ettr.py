@@ -92,7 +92,8 @@ def reliability(declared_mtbf_h: float | None = None, job: str | None = None,
                 records: list[Interruption] | None = None) -> ReliabilityStats:
     records = read_interruptions(job) if records is None else records
     unplanned = [r for r in records if not r.planned]
-    lost = [r.time_lost_s for r in unplanned]
+    # time lost per interruption is the fleet's, not a drill's recovery: drills stay out of it too
+    lost = [r.time_lost_s for r in unplanned if not r.drill]
     # an injected fault says how recovery goes, not how often the fleet fails: drills stay out of MTBF and rate
     times = sorted(r.time for r in unplanned if not r.drill)
     drills = sum(1 for r in unplanned if r.drill)
