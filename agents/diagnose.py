@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from trainops.agents import action_policy
 from trainops.agents.answer import Evidence
 from trainops.agents.explain import Next, final, grep_evidence, inconclusive, outputs
+from trainops.tools.reliability.evidence import NODE_DOWN
 from trainops.tools.reliability.sdc_check import KNOWN_ANSWER_FAILED
 
 if TYPE_CHECKING:
@@ -227,6 +228,14 @@ def _evidence(record: dict, grep: dict | None) -> list[Evidence]:
     return items
 
 
+def _witnessed_hardware(record: dict) -> bool:
+    """A hardware verdict trainops or the scheduler witnessed (the node down, a known-answer check, replica
+    checksums), not one read from a signature in the job's own log."""
+    node = (record.get("evidence") or {}).get("failing_node")
+    state = ((record.get("evidence") or {}).get("node_states") or {}).get(node, "")
+    return record.get("sub_cause") in ("node-failure", "sdc") or bool(NODE_DOWN.search(state))
+
+
 def _decisions(record: dict, kind: str | None) -> list[str]:
     """What a human might order next (the fixed cause -> action mapping), as advice, never a proposed
     call: a question does not act. An action the policy would refuse says who decides instead."""
@@ -236,6 +245,9 @@ def _decisions(record: dict, kind: str | None) -> list[str]:
     if kind == "bitflip":
         advice.append(("respond_to_sdc", {"job_id": job}, "replica checksums disagree: suspected silent data "
                                                           "corruption (R-ESC-3)"))
+    elif cause == "hardware" and ev.get("failing_node") and not _witnessed_hardware(record):
+        advice.append(("", {"node": ev["failing_node"]}, f"node {ev['failing_node']}: a hardware fault suspected from "
+                                                         "the job's own log; run the node check first"))
     elif cause == "hardware" and ev.get("failing_node"):
         advice.append(("drain_node", {"node": ev["failing_node"]}, f"the job's node {ev['failing_node']} failed"))
         advice.append(("requeue_job", {"job_id": job}, "resume from the newest good checkpoint on healthy nodes"))
@@ -244,7 +256,8 @@ def _decisions(record: dict, kind: str | None) -> list[str]:
     if record.get("requeue_helps") is False:  # the record's cause says a plain requeue cannot help
         advice = [a for a in advice if a[0] != "requeue_job"]
     lines = [f"next step for a {cause} cause: {record['next_step']}"] if record.get("next_step") else []
-    for tool, args, why in advice:
+    lines += [why for tool, _, why in advice if not tool]
+    for tool, args, why in (a for a in advice if a[0]):
         reason = action_policy.refusal(tool, {**args, "scheduler": scheduler})
         target = ", ".join(f"{k} {v}" for k, v in args.items())
         lines.append(f"a human decides instead of {tool}: {reason}" if reason else

@@ -3,8 +3,8 @@ and entities), with the entities resolved against the workspace's runs and the s
 nodes.
 
 Words are matched against the vocabulary trainops declares (`VOCAB`: concept -> the words that mean
-it) with rapidfuzz, so a typo one edit away ("cancle", "drian", "stragler") means what its word
-means; a fuzzy match keeps the first letter and needs five letters ("train" is never "drain"). The
+it) with rapidfuzz, so a typo ("stragler") means what its word means, but never an order's verb (an order
+is read only from its exact verb, uninflected, with an object, in a sentence not asked with "?"). The
 request's kind comes from the table in agents/kinds.py, never from a pattern over the text. An id is
 taken whole or by any unique part (prefix, suffix, a piece of it), "the last"/"latest" and
 "yesterday's" pick by time, a fault kind named ("the crash drill") picks the only job of that kind, a
@@ -27,6 +27,7 @@ from rapidfuzz import process
 from rapidfuzz.distance import OSA
 
 from trainops.agents import kinds
+from trainops.run_records import read_drill_record
 from trainops.tools.calls import invoke
 from trainops.tools.context import CallContext
 from trainops.tools.jobs import jobs as job_tools
@@ -37,9 +38,9 @@ Act = Literal["question", "order", "plan"]
 
 VOCAB: dict[str, str] = {
     # what an order asks for: the action verbs
-    "cancel": "cancel cancelled abort terminate scancel stop kill",
+    "cancel": "cancel abort terminate scancel stop kill",
     "requeue": "requeue resubmit restart relaunch rerun retry",
-    "resume": "resume undrain uncordon unquarantine", "drain": "drain cordon evict isolate",
+    "resume": "resume undrain uncordon", "unquarantine": "unquarantine", "drain": "drain cordon evict isolate",
     "quarantine": "quarantine", "grant": "give grant set raise bump increase lower reduce allot allocate",
     "inject": "inject drill simulate", "launch": "run start launch kick trigger do execute fire",
     "take": "take put pull move bring get", "sop": "sop", "change": "turn disable enable change switch",
@@ -63,7 +64,8 @@ VOCAB: dict[str, str] = {
     "blame blamed because", "drill": "drill drills drilled", "node": "node host machine server box",
     "job": "job", "run": "run runs", "step": "step steps", "latest": "last latest newest recent previous",
     "yesterday": "yesterday yesterdays", "today": "today todays",
-    "trouble": "fail failed failure failing crash crashed crashes died dead die hung hang hanging stuck stall stalled "
+    "trouble": "cancelled canceled fail failed failure failing crash crashed crashes died dead die hung hang "
+               "hanging stuck stall stalled "
                "froze frozen interrupted interruption interrupt stopped wrong broke broken error errors oom nan slow "
                "happened happen going healthy unhealthy sick off weird problem issue issues went",
     "read": "show list check look tell explain diagnose describe display print find fetch see summarize investigate "
@@ -92,6 +94,19 @@ _DURATION_OF = {"save": "save", "checkpoint": "save", "interval": "mtbf", "reque
 TOKEN = re.compile(r"(?:[/~.]+)?[A-Za-z0-9][\w.\-/~]*")  # a word or an id; kinds are never read from patterns
 
 
+def _inflected(word: str) -> bool:
+    """A past tense, participle or gerund ("cancelled", "drained", "killing"): it reports, it never orders."""
+    return len(word) >= 5 and word.endswith("ed") or len(word) >= 6 and word.endswith("ing")
+
+
+def order_verbs(word: str) -> set[str]:
+    """The order verbs a word is: only its own vocabulary word or a declared synonym, never inflected. A
+    near word ("restarted", "requeued", "cancle") or an inflected form ("slowed") keeps its concepts for
+    what a question is about, but it never leads an order."""
+    word = word.lower()
+    return set() if _inflected(word) else _INDEX.get(word, set()) & kinds.ORDER_VERBS
+
+
 def concepts_of(word: str) -> set[str]:
     """The concepts a word means: its own, else those of the one vocabulary word a typo away."""
     word = word.lower()
@@ -117,6 +132,7 @@ class World(BaseModel):
     runs: list[str] = Field(default_factory=list)
     jobs: list[Job] = Field(default_factory=list)
     nodes: dict[str, str] = Field(default_factory=dict, description="node name -> the scheduler that lists it")
+    drills: list[str] = Field(default_factory=list, description="The runs that hold a drill record.")
 
 
 class Ambiguity(BaseModel):
@@ -165,6 +181,7 @@ def observe_world(ctx: CallContext) -> World:
     world = World()
     with suppress(OSError):
         world.runs = sorted(p.name for p in runs_dir().iterdir() if p.is_dir())
+        world.drills = [r for r in world.runs if read_drill_record(runs_dir() / r) is not None]
     for kind in session_kinds():
         ref = job_tools.SchedulerRef(scheduler=kind)
         with suppress(Exception):  # the same job listed twice (one injected backend serves every kind) is one
@@ -207,6 +224,8 @@ class _Reader:
         # whether a sentence ends after each word: it ends with a dot, or ., ?, !, ;, : or a comma follows it
         self.ends = [t.group(0).endswith(".") or text[t.end():t.end() + 1] in (".", "?", "!", ";", ":", ",")
                      for t in tokens]
+        # the mark that closes each word's sentence, if one follows the word: ".", "?", "!" or ";"
+        self.stops = ["." if t.group(0).endswith(".") else text[t.end():].lstrip(" ")[:1] for t in tokens]
 
     def _add(self, kind: str, value: str) -> None:
         bucket = getattr(self.found, kind)
@@ -226,6 +245,9 @@ class _Reader:
             hits = [n for n in nodes if re.sub(r"\D", "", n.split(".")[0]).lstrip("0") == word.lstrip("0")]
             if len(hits) == 1:
                 self._add("nodes", hits[0])
+                return True
+            if hits:  # "node 3" and several nodes numbered 3: ask which
+                self.ambiguous.append(Ambiguity(what="node", said=f"{before} {word}", candidates=sorted(hits)[:8]))
                 return True
         if word.lower() in short and before != "job":
             self._add("nodes", short[word.lower()])
@@ -312,43 +334,95 @@ def _by_reference(reader: _Reader, seen: set[str]) -> None:
     if found.jobs or found.runs or not ({"job", "run", "drill"} & seen or found.fault):
         return
     pool = world.jobs
+    if "drill" in seen:  # a drill: a job whose run holds a drill record, or a job the drill command named
+        pool = [j for j in pool if j.run in world.drills or j.name.lower().startswith("drill")]
     if found.fault:  # the jobs of that kind; of several, those that left a run
         pool = [j for j in pool if found.fault in j.name.lower() or found.fault in j.id.lower()]
         pool = [j for j in pool if j.run] or pool
+    day = ""
     if "yesterday" in seen or "today" in seen:
         now = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=1 if "yesterday" in seen else 0)
-        pool = [j for j in pool if _day(j, j.run) == now.strftime("%Y%m%d")]
-    runs = sorted({r for r in world.runs if not pool or r in {j.run for j in pool}}, key=_run_time)
+        day = now.strftime("%Y%m%d")
+        pool = [j for j in pool if _day(j, j.run) == day]
+    runs = sorted({r for r in world.runs if (r in {j.run for j in pool} if pool else
+                                               not day or _day(None, r) == day)}, key=_run_time)
+    if day and not pool and not runs:  # nothing from that day: say so, never fall back to the latest overall
+        said = "yesterday" if "yesterday" in seen else "today"
+        reader.ambiguous.append(Ambiguity(what="job or run from " + said, said=said, candidates=[]))
+        return
     if "latest" in seen and pool:
         pool = [max(pool, key=lambda j: (j.when, j.id))]
     if len(pool) == 1:
         reader._add("jobs", pool[0].id)
-    elif not pool and runs and ({"run", "latest"} <= seen or len(runs) == 1 and {"run", "latest"} & seen):
+    elif not pool and runs and ({"run", "latest"} <= seen or len(runs) == 1 and {"run", "latest"} & seen
+                                  or day and "run" in seen and len(runs) == 1):
         found.runs.append(runs[-1])
     elif pool:
         reader.ambiguous.append(Ambiguity(what="job", said=" ".join(sorted(seen & {"latest", "yesterday", "drill"}))
                                           or (found.fault or "the job"), candidates=[j.id for j in pool][-8:]))
 
 
+# what may follow an order's verb as its object: a pronoun or determiner, a word for what is acted on
+OBJECT_WORDS = frozenset("it that this these those them the a an my our their its all every each both any some "
+                         "everything tenant".split())
+OBJECT_CONCEPTS = frozenset({"job", "jobs", "node", "nodes", "run", "step", "rank", "checkpoint", *FAULT_KINDS})
+# what, after the word that follows a verb, makes the two a noun ("kill count on", "cordon status of")
+PREPOSITIONS = frozenset("on of for in at from with about since per by over under after before during yet already "
+                         "so".split())
+PLEASE = frozenset({"please", "pls", "plz", "kindly"})
+
+
 def _order(reader: _Reader, seen: set[str]) -> str | None:
-    """The action an imperative clause orders: its first word past the politeness is an action verb."""
-    sentences = _sentences(reader)
-    for concepts in sentences:
-        lead = next((c for c in concepts if not c or c - {"politeness"}), set())
-        if not lead & kinds.ORDER_VERBS:
+    """The action an imperative clause orders: its first word past the politeness is an action verb
+    followed by its object, in a sentence that does not ask ("?") unless it asks as a request does."""
+    for clause in _clauses(reader):
+        lead = next((i for i in clause if not reader.concepts[i] or reader.concepts[i] - {"politeness"}), None)
+        if lead is None or not (verbs := order_verbs(reader.low[lead])):
             continue
-        here = set().union(*concepts)
-        return kinds.ordered_tool(lead, here | seen, reader.found)
+        if _asks(reader, clause) or not _has_object(reader, lead, clause):
+            continue
+        here = set().union(*(reader.concepts[i] for i in clause))
+        return kinds.ordered_tool(verbs, here | seen, reader.found)
     return None
 
 
-def _sentences(reader: _Reader) -> list[list[set[str]]]:
-    out, current = [], []
-    for word, concepts, end in zip(reader.words, reader.concepts, reader.ends, strict=True):
-        if word.lower() in ("then", "and", "so", "but") and current:
+def _request_form(low: list[str], i: int) -> bool:
+    """'please ...', 'pls ...', 'can/could/would/will you ...' opening at word i."""
+    return low[i] in PLEASE or low[i] in ("can", "could", "would", "will") and low[i + 1:i + 2] in (["you"], ["u"])
+
+
+def _asks(reader: _Reader, clause: list[int]) -> bool:
+    """The clause's sentence ends with '?' and neither it nor the clause opens with a request form."""
+    end = next((j for j in range(clause[-1], len(reader.stops)) if reader.stops[j] in (".", "?", "!", ";")), None)
+    if end is None or reader.stops[end] != "?":
+        return False
+    start = next((j + 1 for j in range(clause[0] - 1, -1, -1) if reader.stops[j] in (".", "?", "!", ";")), 0)
+    return not (_request_form(reader.low, clause[0]) or _request_form(reader.low, start))
+
+
+def _has_object(reader: _Reader, verb: int, clause: list[int]) -> bool:
+    """The verb is followed, in its clause, by what it acts on: an id, a pronoun or determiner, a word for
+    a job, node, run, step, rank, checkpoint or fault; or another word that is not a noun compound with
+    the verb (followed by a preposition or nothing: "kill count on ...", "cordon status", "stop.")."""
+    if verb + 1 not in clause:
+        return False
+    nxt, word = verb + 1, reader.low[verb + 1]
+    if (nxt in reader.used or word in OBJECT_WORDS or reader.concepts[nxt] & OBJECT_CONCEPTS
+            or any(c.isdigit() or c == "-" for c in word)):
+        return True
+    return nxt + 1 in clause and reader.low[nxt + 1] not in PREPOSITIONS
+
+
+def _clauses(reader: _Reader) -> list[list[int]]:
+    """The request's clauses, as word indexes: split at a sentence mark, a comma or colon, and before
+    'then', 'and', 'so', 'but'."""
+    out: list[list[int]] = []
+    current: list[int] = []
+    for i, (word, end) in enumerate(zip(reader.low, reader.ends, strict=True)):
+        if word in ("then", "and", "so", "but") and current:
             out.append(current)
             current = []
-        current.append(concepts if word else set())
+        current.append(i)
         if end:
             out.append(current)
             current = []

@@ -10,7 +10,7 @@ from trainops.agents import explain
 from trainops.agents.explain import explain_mfu
 from trainops.agents.kinds import BY_NAME
 from trainops.agents.policy import fill_args, order
-from trainops.agents.understand import Job, World, concepts_of, observe_world, understand
+from trainops.agents.understand import Job, World, concepts_of, observe_world, order_verbs, understand
 from trainops.tools.backends import backends
 from trainops.tools.context import CallContext
 from trainops.tools.governance.text import check_text
@@ -28,9 +28,10 @@ WORLD = World(runs=["run-20261202-133205-560cf2", "run-20261202-133417-bf6e4c", 
 
 
 @pytest.mark.parametrize("text, act, kind, order", [
-    ("cancle 2e52bc pls", "order", "cancel", "cancel_job"),  # a typo, a suffix of the id
+    ("cancel 2e52bc pls", "order", "cancel", "cancel_job"),  # a suffix of the id
+    ("cancle 2e52bc pls", "question", "diagnose", None),  # a near word never orders: it reads
     ("can u requeue the crash job", "order", "requeue", "requeue_job"),
-    ("job 4 died, drian n2", "order", "drain", "drain_node"),  # a clause after a comma, a typo, a short name
+    ("job 4 died, drain n2", "order", "drain", "drain_node"),  # a clause after a comma, a short name
     ("take n3 out of service", "order", "drain", "drain_node"),
     ("how did the crash drill go?", "question", "diagnose", None),  # a question about a drill never acts
     ("what did the crash drill show, should we requeue?", "question", "diagnose", None),
@@ -68,6 +69,7 @@ def test_an_ambiguous_part_is_asked_back_with_its_candidates_never_guessed():
 
 def test_near_words_need_five_letters_and_the_first_letter():
     assert "drain" in concepts_of("drian") and "straggler" in concepts_of("stragler")
+    assert not order_verbs("drian") and not order_verbs("drained") and order_verbs("drain") == {"drain"}
     assert "drain" not in concepts_of("train") and "log" not in concepts_of("lots")
 
 
