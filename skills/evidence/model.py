@@ -193,7 +193,9 @@ class DrillResult(BaseModel):
     steps_lost: int = Field(ge=0)
     checkpoint_used: str = Field(description="checkpoint folder the restart loaded")
     async_checkpoint_intact: bool = Field(description="the restored checkpoint verified complete")
-    cause: Cause = Field(description="the cause the interruption record gives the drill's job end, from its evidence")
+    cause: Cause = Field(description="what the drill's job end reads from its evidence alone (the interruption "
+                                     "record's cause); the fault itself was injected by trainops, as its drill "
+                                     "record says")
     job_id: str = Field("", description="the drill's job")
     interruption_id: str = Field("", description="the interruption record of the drill's job end")
     detector: str = Field(description="which signal caught it: exit code, heartbeat, loss check, step-time outlier")

@@ -295,12 +295,15 @@ def _drills(pack: EvidencePack, figures: dict[str, PackFigure]) -> Section | Non
         return None
     rows = [[Cell(d.fault, "code"), number(d.detection_latency_s, 3, " s"), Cell(d.isolation_granularity),
              number(d.recovery_time_s, 1, " s"), number(d.steps_lost, 0), Cell(d.checkpoint_used, "path"),
-             Cell("yes") if d.async_checkpoint_intact else Cell("NO: failed verification", "bad"), Cell(d.cause),
+             Cell("yes") if d.async_checkpoint_intact else Cell("NO: failed verification", "bad"),
+             Cell(f"injected by trainops; evidence reads {d.cause}"),
              Cell(d.detector), Cell(d.drill_record, "path")] for d in ft.drills]
     table = Table(["fault", "detection latency", "isolation", "recovery time", "steps lost", "checkpoint used",
                    "checkpoint intact", "cause", "detector", "drill record"], rows, beneath=(5, 9))
     dist = ", ".join(f"{md_text(cause)} {count}" for cause, count in sorted(ft.cause_distribution.items()))
-    section = Section("s5", "S5 Fault drills", tables=[table], paragraphs=[f"Cause distribution: {dist}."])
+    section = Section("s5", "S5 Fault drills", tables=[table], paragraphs=[
+        f"Every fault here was injected by trainops (its drill record); what the job's evidence alone reads, "
+        f"which is how well the detectors would name it unannounced: {dist}."])
     plan = pack.checkpoint_plan
     if plan:
         mtbf = pack_figures.quote(figures, "MTBF used by the checkpoint plan" if "MTBF used by the checkpoint plan"

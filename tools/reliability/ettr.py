@@ -110,7 +110,7 @@ def reliability(declared_mtbf_h: float | None = None, job: str | None = None,
                             interruption_rate_per_day=round(len(times) / (span / 86400), 3) if span > 0 else None,
                             mtbf_h=mtbf, mtbf_source=source, mtbf_measured=measured, mtbf_level=level,
                             recovery_time_s=statistics.median(lost) if lost else None,
-                            cause_distribution=cause_distribution(records))
+                            cause_distribution=cause_distribution(records, drills_as_injected=True))
 
 
 class EttrInput(BaseModel):

@@ -122,11 +122,13 @@ def read_interruptions(job: str | None = None) -> list[Interruption]:
     return out
 
 
-def cause_distribution(records: list[Interruption]) -> dict[str, int]:
-    """Interruptions per cause, every cause named (0 where none)."""
+def cause_distribution(records: list[Interruption], drills_as_injected: bool = False) -> dict[str, int]:
+    """Interruptions per cause, every cause named (0 where none). With `drills_as_injected`, a drill's
+    job end counts as injected, from trainops' own mark of the drill (`witness`), whatever its evidence
+    reads; without, each counts as its evidence reads (how a drill checks the detectors)."""
     counts = dict.fromkeys(CAUSES, 0)
     for rec in records:
-        counts[rec.cause] += 1
+        counts["injected" if drills_as_injected and rec.drill else rec.cause] += 1
     return counts
 
 
