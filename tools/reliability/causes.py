@@ -146,6 +146,8 @@ def _diagnose(ev: Evidence, planned: bool, stale_s: float) -> Diagnosis:  # noqa
         return _witnessed("data", f"non-finite loss at data position step {ev.nonfinite_loss_step} recurs on replay"
                           + (f" ({ev.replay})" if ev.replay else ""), "skip or fix the data at that position",
                           False, "nan-recurs")
+    if ev.nonfinite_loss_step is not None and ev.nonfinite_repeats is False:
+        return _did_not_recur(ev)  # trainops' own replay outranks the job's 'loss nan' line
     if (ended := _scheduler_ended(ev)) is not None:
         return ended
     trusted = [h for h in ev.signatures if h.specificity >= TRUST_SPECIFICITY]
@@ -166,6 +168,13 @@ def _scheduler_ended(ev: Evidence) -> Diagnosis | None:
         return None
     sub, what, sig = _SCHEDULER_ENDS[state]
     return _witnessed("planned", f"{what} (the scheduler's job state {ev.reason})", signature(sig).next_step, True, sub)
+
+
+def _did_not_recur(ev: Evidence) -> Diagnosis:
+    replay = ev.replay or "a later launch replayed it"
+    return Diagnosis(cause="unclassified", reason=(
+        f"non-finite loss at step {ev.nonfinite_loss_step} did not recur when {replay}; not the data at that "
+        f"position; replica checksums {ev.checksum_verdict or 'not compared'}; nothing else says what caused it"))
 
 
 def _without_a_named_cause(ev: Evidence, stale_s: float, trusted: list[SignatureHit]) -> Diagnosis:
@@ -194,11 +203,6 @@ def _without_a_named_cause(ev: Evidence, stale_s: float, trusted: list[Signature
         return Diagnosis(cause="network", confidence="medium", quote=net[-1], sub_cause="connection",
                          reason=f"connection failure between live nodes ({nodes}): {net[-1]}",
                          next_step="find the rank that failed first, then check the link between the nodes")
-    if ev.nonfinite_loss_step is not None and ev.nonfinite_repeats is False:
-        replay = ev.replay or "a later launch replayed it"
-        return Diagnosis(cause="unclassified", reason=(
-            f"non-finite loss at step {ev.nonfinite_loss_step} did not recur when {replay}; not the data at that "
-            f"position; replica checksums {ev.checksum_verdict or 'not compared'}; nothing else says what caused it"))
     hints = [h for h in ev.signatures if h.specificity == TRUST_SPECIFICITY - 1]
     if hints:
         return _from_signature(ev, hints[0], hints, confidence="low")
