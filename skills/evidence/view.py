@@ -154,8 +154,9 @@ def _figures(figures: dict[str, PackFigure]) -> Section | None:
     rows = [[Cell(f.name), Cell(f.shown, "number"), Cell(f.level), Cell(f.definition), Cell(f.method)]
             for f in figures.values()]
     return Section("figures", "Figures, each defined once", paragraphs=[
-        "Every figure the report quotes, with its one value: measured, derived from measured figures, declared by "
-        "the operator, or an assumed default. The sections below quote these by name."],
+        "Every figure the report quotes, with its one value and its evidence level: measured, derived from measured "
+        "figures, given on the command line (declared), or an assumed default. The sections below quote these by "
+        "name."],
         tables=[Table(["figure", "value", "evidence level", "definition", "how it was obtained"], rows,
                       beneath=(3, 4))])
 
