@@ -119,16 +119,6 @@ PROFILE_STEPS = 2
 records, so the repeats whose timings make the noise band are never profiled)."""
 
 
-def trace_comm_share(trace: Path) -> tuple[float, float] | None:
-    """(collective time, step time) in microseconds from one rank's Chrome trace: the union of
-    collective ranges (any thread; they may overlap compute) inside the `train_step#N` ranges,
-    against the summed duration of those steps; read by the same reader as exposed communication
-    (skills/bottleneck.exposed_comm), so the two figures count the same collectives. None when the
-    trace has no step range."""
-    reading = bottleneck.trace_exposed_comm(trace)
-    return None if reading is None else (reading.comm_us, reading.step_us)
-
-
 def _profiled(results: list[RepeatResult]) -> tuple[str, list[bottleneck.TraceComm]] | None:
     """The first run that left torch.profiler traces with step ranges, and its ranks' readings."""
     for result in results:

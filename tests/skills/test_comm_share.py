@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from trainops.skills.baseline import comm_share, profile_run, trace_comm_share
+from trainops.skills.baseline import comm_share, profile_run
+from trainops.skills.bottleneck import trace_exposed_comm
 from trainops.skills.request import JobRequest
 from trainops.trainer.config import ConfigError, load_config
 
@@ -42,11 +43,12 @@ def test_collective_time_is_the_union_of_ranges_inside_the_steps_over_step_time(
         ("nccl:all_reduce", 290, 30),  # runs past the step's end: 10 inside it
         ("gloo:all_reduce", 150, 20),  # between steps (a checkpoint, the loss print): not step time
         ("aten::mm", 0, 90)])
-    assert trace_comm_share(trace) == (40.0, 200.0)
+    reading = trace_exposed_comm(trace)  # what comm_share and exposed communication both read
+    assert (reading.comm_us, reading.step_us) == (40.0, 200.0)
 
 
 def test_a_trace_without_step_ranges_gives_no_reading(tmp_path):
-    assert trace_comm_share(_trace(tmp_path / "rank0.json", [("gloo:all_reduce", 0, 10)])) is None
+    assert trace_exposed_comm(_trace(tmp_path / "rank0.json", [("gloo:all_reduce", 0, 10)])) is None
 
 
 @pytest.mark.slow

@@ -93,12 +93,6 @@ def stalled_rank(ev: Evidence, stale_s: float) -> int | None:
     return None
 
 
-def classify(ev: Evidence, planned: bool = False, stale_s: float = 5.0) -> tuple[Cause, str]:
-    """The cause the evidence supports and the evidence it used (diagnose's cause and reason)."""
-    found = diagnose(ev, planned, stale_s)
-    return found.cause, found.reason
-
-
 def diagnose(ev: Evidence, planned: bool = False, stale_s: float = 5.0) -> Diagnosis:
     """The cause the evidence supports, with its confidence, quote and next step; "unclassified"
     says what was seen. The rules and their order are the module's docstring."""

@@ -16,7 +16,7 @@ from trainops.cli import app
 from trainops.run_folder import RunFiles, launch_mark, open_rank_log
 from trainops.tools.calls import call
 from trainops.tools.context import CallContext
-from trainops.tools.reliability.causes import classify
+from trainops.tools.reliability.causes import diagnose
 from trainops.tools.reliability.ettr import reliability
 from trainops.tools.reliability.evidence import gather
 from trainops.tools.reliability.interruptions import is_clean, record_job_end, witness
@@ -207,7 +207,7 @@ def test_a_job_whose_ranks_all_ran_on_is_placed_on_the_one_node_the_scheduler_lo
     ev = gather(status, node_states={"n1": "idle", "n2": "idle+completing+not_responding"},
                 ranks_at_end={0: "running", 1: "running"})
     assert (ev.failing_node, ev.failing_rank) == ("n2", 1)
-    assert classify(ev)[0] == "network"  # its rank still ran: unreachable, not dead
+    assert diagnose(ev).cause == "network"  # its rank still ran: unreachable, not dead
 
 
 TWO_RANKS = r"""
@@ -286,4 +286,4 @@ def test_a_job_log_appended_across_requeues_gives_the_record_only_the_ending_lau
     status = JobStatus(job_id="9", backend="slurm", state="failed", exit_code=1, ended_at=ended)
     ev = gather(status, job_log=job_log)
     assert ev.error_lines == ["job log: ValueError: bad batch"]
-    assert classify(ev)[0] == "software"  # not the first attempt's network error
+    assert diagnose(ev).cause == "software"  # not the first attempt's network error
