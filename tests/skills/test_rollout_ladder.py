@@ -87,14 +87,14 @@ def test_a_gain_that_holds_climbs_to_the_target(operator):
 def test_a_gain_that_vanishes_at_a_rung_stops_there_reverts_and_goes_to_a_human(operator, workspace):
     """A straggler on rank 1 ([faults] slow_rank = 1, in baseline and arm alike) only exists from 2
     processes on: there every step of the job waits 15 s for it (the slowest rank sets the job's step
-    time), and micro_batch 1 -> 4's tens of milliseconds are gone inside the rung's noise band. The
-    ladder stops at 2 processes, reruns the baseline value there, and queues R-ESC-2 for a human."""
-    four_per_rank_at_4 = [*SHORT, "training.steps=3", "training.seq_len=16", "training.global_batch=16",
-                          "training.micro_batch=1"]
-    req = JobRequest(overrides=[*four_per_rank_at_4, "faults.slow_rank=1", "faults.slow_ms=15000"], nproc=4,
+    time), and micro_batch 1 -> 2 saves one accumulation pass (~25 ms), a sixth of the rung's 1% noise
+    floor. The ladder stops at 2 processes, reruns the baseline value there, and queues R-ESC-2."""
+    two_per_rank = [*SHORT, "training.steps=3", "training.seq_len=16", "training.global_batch=8",
+                    "training.micro_batch=1"]
+    req = JobRequest(overrides=[*two_per_rank, "faults.slow_rank=1", "faults.slow_ms=15000"], nproc=4,
                      warmup_steps=1)
     said: list[str] = []
-    rows, _ = ablate(req, ["micro_batch=4"], repeats=1, progress=said.append)
+    rows, _ = ablate(req, ["micro_batch=2"], repeats=1, progress=said.append)
     assert [r.world_size for r in rows] == [1, 2], "the ladder climbed past the rung where the gain was gone"
     small, stopped = rows
     assert small.verdict == "gain" and small.stop is None
