@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from trainops.run_folder import RunFiles
 from trainops.skills.evidence.model import EvidencePack
-from trainops.skills.evidence.pack import derivation_problems, governance_errors
+from trainops.skills.evidence.pack import derivation_notes, derivation_problems, governance_errors
 from trainops.tools.governance import approvals
 from trainops.tools.governance.claims import AblationArm, resolve_run
 from trainops.tools.governance.pack_checks import EVIDENCE_FILE, REPORT_FILE
@@ -21,6 +21,16 @@ from trainops.tools.governance.pack_checks import EVIDENCE_FILE, REPORT_FILE
 def decide(pack: str, decision: approvals.Verdict, note: str = "", key: Path | None = None) -> approvals.Decision:
     """Sign and record a decision on a pack, with these validators run first on an approval."""
     return approvals.decide(pack, decision, note=note, key=key, evidence_problems=evidence_problems)
+
+
+def approval_notes(pack: str) -> list[str]:
+    """What an approval of this pack did not compare, and why, for the approver to read beside the
+    decision (a pack an older trainops wrote carries no figures table to re-derive)."""
+    try:
+        evidence = EvidencePack.model_validate_json((approvals.pack_dir(pack) / EVIDENCE_FILE).read_bytes())
+    except (ValidationError, ValueError, OSError):
+        return []  # approval itself refuses an unreadable pack, naming why
+    return derivation_notes(evidence)
 
 
 def evidence_problems(folder: Path) -> list[str]:

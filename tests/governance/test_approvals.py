@@ -13,6 +13,7 @@ from tests.conftest import make_ssh_key
 from tests.skills import conftest as factories
 from trainops.cli import app
 from trainops.commands import governance, rules
+from trainops.skills.evidence import pack as pack_module
 from trainops.skills.evidence.checks import decide
 from trainops.skills.evidence.pack import assemble, write
 from trainops.tools.governance import audit, signing, verification
@@ -152,3 +153,30 @@ def test_governance_commands_are_plain_functions_a_test_can_call(capsys, workspa
     with pytest.raises(typer.Exit) as stopped:
         governance.audit_verify(as_json=True)
     assert stopped.value.exit_code == 1 and "no audit log" in json.loads(capsys.readouterr().out)["reason"]
+
+
+def test_approving_a_pack_written_before_the_figures_table_says_what_was_not_compared(workspace, tmp_path, approvers,
+                                                                                       monkeypatch):
+    """Packs an older trainops wrote (no figures table: write() is made to skip it, as that version did)
+    are approvable, and `trainops approve` tells the approver, in its text and its JSON, that no table
+    was compared; a pack with a table gets no such note."""
+    run = factories.write_run(runs_dir() / "base-1")
+    record = tmp_path / "drill.json"
+    record.write_text("{}")
+    drill = factories.drill().model_copy(update={"drill_record": str(record)})
+
+    def a_pack(pack_id):
+        return assemble(pack_id, factories.environment(), factories.baseline([str(run)]), [], [drill], [])
+
+    with monkeypatch.context() as old_trainops:
+        old_trainops.setattr(pack_module, "with_figures", lambda pack: pack)
+        for pack_id in ("old-a", "old-b"):
+            write(a_pack(pack_id).model_copy(update={"figures": []}))
+    shown = _cli("approve", "old-a", "--key", approvers.alice.key, "--json")
+    assert shown.exit_code == 0, shown.output
+    assert any("built before the figures table" in n for n in json.loads(shown.output)["notes"])
+    text = _cli("approve", "old-b", "--key", approvers.alice.key)
+    assert text.exit_code == 0 and "note: evidence.json was built before the figures table" in text.output
+    write(a_pack("new"))
+    plain = _cli("approve", "new", "--key", approvers.alice.key)
+    assert plain.exit_code == 0 and "note:" not in plain.output and "approved new" in plain.output

@@ -15,7 +15,7 @@ import typer
 from rich.markup import escape
 
 from trainops.output import console, emit, fail, say, table
-from trainops.skills.evidence.checks import decide
+from trainops.skills.evidence.checks import approval_notes, decide
 from trainops.tools.governance import queue, tokens
 from trainops.tools.governance.approvals import list_items, verify_pack
 from trainops.tools.governance.audit import AuditUnavailable, canonical_json, read, repair
@@ -129,8 +129,15 @@ def decide_pack(pack: str, decision: str, note: str, key: Path | None, as_json: 
     except _refusals() as exc:
         fail(str(exc), as_json=as_json)
     shown = record.model_dump(mode="json", exclude={"files", "signature"})
-    emit(shown, as_json, lambda r: say(f"{r['decision']} {r['pack']} by {r.get('by') or r.get('principal')}; "
-                                        f"signed content {r['content_hash'][:16]}"))
+    shown["notes"] = approval_notes(pack) if decision == "approved" else []
+    emit(shown, as_json, _show_decision)
+
+
+def _show_decision(shown: dict[str, Any]) -> None:
+    say(f"{shown['decision']} {shown['pack']} by {shown.get('by') or shown.get('principal')}; "
+        f"signed content {shown['content_hash'][:16]}")
+    for note in shown["notes"]:
+        say(f"note: {note}")
 
 
 @approvals_app.callback(invoke_without_command=True)
