@@ -223,6 +223,10 @@ class ResilienceConfig(_Section):
     collective_timeout_s: float = Field(
         60.0, gt=0, le=3600, description="in-process restart: a collective (or a rank's heartbeat) silent for "
         "this long counts as a hang; the rank is killed and replaced")
+    process_group_timeout_s: float | None = Field(
+        None, gt=0, le=86400, description="without in-process restart: how long a rank waits in a collective "
+        "for a peer before it fails with a timeout (the process group's timeout), so a hung rank ends the job "
+        "instead of holding it; None: torch's default (30 min for gloo)")
 
     def in_process(self, ranks: int, gpus_here: int | None) -> tuple[bool, str]:
         """Whether a launch of `ranks` ranks runs under the supervisor, and why. `gpus_here`: the GPUs of

@@ -192,12 +192,12 @@ class MetricsLogger:
         return record
 
 
-def note_exit(run_dir: str | Path, rank: int, error: str) -> None:
+def note_exit(run_dir: str | Path, rank: int, error: str, stopped_by: str | None = None, where: str = "") -> None:
     """Add how this rank ended to its heartbeat. A rank that exits saying why (often a peer's
     failure seen as a broken collective) is collateral; one that vanished without a word was
     killed: detection names the latter as the root cause."""
     beat = read_heartbeat(run_dir, rank) or Heartbeat(step=0, pid=os.getpid(), host=socket.gethostname())
-    beat.exit = RankExit(time=time.time(), error=error[:300])
+    beat.exit = RankExit(time=time.time(), error=error[:300], stopped_by=stopped_by, where=where[:300])
     path = RunFiles(run_dir).heartbeat(rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".exit.tmp")

@@ -14,6 +14,7 @@ import time
 import traceback
 from collections.abc import Callable
 from contextlib import nullcontext
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -58,8 +59,9 @@ class LogTee:
         self.log_file.flush()
 
 
-def init_distributed() -> tuple[int, int, torch.device]:
-    """Join torchrun's process group (or form a group of one when run directly)."""
+def init_distributed(timeout_s: float | None = None) -> tuple[int, int, torch.device]:
+    """Join torchrun's process group (or form a group of one when run directly); `timeout_s` bounds
+    a collective's wait for a peer (None: torch's default)."""
     if "RANK" not in os.environ:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
@@ -67,7 +69,8 @@ def init_distributed() -> tuple[int, int, torch.device]:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1",
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     backend, device = rank_device()
-    dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+    dist.init_process_group(backend, device_id=device if device.type == "cuda" else None,
+                            timeout=timedelta(seconds=timeout_s) if timeout_s else None)
     return dist.get_rank(), dist.get_world_size(), device
 
 
@@ -332,7 +335,8 @@ def note_termination(run_dir: Path, rank: int) -> None:
     the broken collective) would look as killed as the rank that was, and detection could name
     the wrong one; and a rank waiting for a dead peer to map its new buffer would leave it behind."""
     def on_sigterm(signum: int, frame) -> None:
-        note_exit(run_dir, rank, "SIGTERM: stopped by its launcher or scheduler")
+        note_exit(run_dir, rank, "SIGTERM: stopped by its launcher or scheduler", stopped_by="SIGTERM",
+                  where=frames_of(frame))
         if (shared_memory := sys.modules.get("trainops.trainer.shared_memory_comm")) is not None:
             shared_memory.unlink_unmapped()  # a buffer caught between its making and its peers' mapping
         signal.signal(signum, signal.SIG_DFL)
@@ -341,12 +345,23 @@ def note_termination(run_dir: Path, rank: int) -> None:
     signal.signal(signal.SIGTERM, on_sigterm)
 
 
+def frames_of(frame, depth: int = 3) -> str:
+    """The innermost `depth` frames of a stack, innermost first ('on_step_start faults.py:153 < train
+    train.py:297'): what a rank stopped by its launcher was doing, e.g. a hung rank that never reached the
+    collective its peers timed out in."""
+    seen = []
+    while frame is not None and len(seen) < depth:
+        seen.append(f"{frame.f_code.co_name} {Path(frame.f_code.co_filename).name}:{frame.f_lineno}")
+        frame = frame.f_back
+    return " < ".join(seen)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--run-dir", required=True, help="run folder holding config.toml")
     run_dir = Path(parser.parse_args(argv).run_dir)
     cfg = load_config(RunFiles(run_dir).config)
-    rank, world_size, device = init_distributed()
+    rank, world_size, device = init_distributed(cfg.resilience.process_group_timeout_s)
     log_file = open_rank_log(run_dir, rank)
     sys.stdout, sys.stderr = LogTee(sys.stdout, log_file), LogTee(sys.stderr, log_file)
     note_termination(run_dir, rank)

@@ -104,6 +104,9 @@ class RankExit(BaseModel):
 
     time: float
     error: str = ""
+    stopped_by: str | None = Field(None, description="The signal its launcher or scheduler stopped it with (a "
+                                   "teardown, not an error of its own); None: it ended by itself.")
+    where: str = Field("", description="What it was doing when stopped: its innermost frames, as it saw them.")
 
 
 class Heartbeat(BaseModel):

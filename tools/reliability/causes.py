@@ -76,9 +76,11 @@ _LAUNCHER = re.compile(r"ChildFailedError|torch\.distributed\.elastic|torchrun|f
 
 def lost_ranks(ev: Evidence) -> list[int]:
     """Ranks that ended without an exit note: seen gone just before the end, else silent while their
-    peers noted theirs, else reported by the launcher killed by a signal (a negative exit code)."""
+    peers noted theirs, else reported by the launcher killed by a signal (a negative exit code) and
+    noting nothing (a rank that noted its launcher's SIGTERM was torn down, not lost)."""
     gone = [r for r, st in ev.ranks_at_end.items() if st == "gone" and r not in ev.noted_ranks]
-    return gone or ev.silent_ranks or sorted(r for r, code in ev.rank_exit_codes.items() if code < 0)
+    return gone or ev.silent_ranks or sorted(r for r, code in ev.rank_exit_codes.items()
+                                             if code < 0 and r not in ev.noted_ranks)
 
 
 def stalled_rank(ev: Evidence, stale_s: float) -> int | None:
@@ -231,6 +233,8 @@ def _from_signature(ev: Evidence, top: SignatureHit, hits: list[SignatureHit],
                   + (f", rank {', '.join(map(str, missing))} did not (inferred from which ranks reported): the likely "
                      "missing rank" if missing else "; the log does not say which rank did not arrive"
                      + ("" if ev.world_size else " (the job's world size is not known)"))
+                  + "".join(f"; rank {r} was in {ev.stopped_doing[r]} when its launcher stopped it"
+                            for r in missing if r in ev.stopped_doing)
                   + f": {top.line}")
     if top.cause == "hardware":
         reason += "; from the job's own text only: a hypothesis until trainops' check on the node agrees"

@@ -100,6 +100,9 @@ class Evidence(BaseModel):
                                      "timeout (every matching line, not only the ranked ones).")
     world_size: int | None = Field(None, description="The job's ranks, where known (its heartbeats, its spec): "
                                    "without it no missing rank is inferred from which ranks reported a timeout.")
+    stopped_doing: dict[int, str] = Field(default_factory=dict, description="rank -> what it was doing (its "
+                                          "innermost frames) when its launcher or scheduler stopped it, as it "
+                                          "noted on its way out.")
 
 
 def inert(text: object, limit: int = MAX_LINE_CHARS) -> str:
@@ -155,14 +158,20 @@ def _log_errors(name: str, text: str) -> list[str]:
     return [f"{name}: {ln}" for ln in hits[-3:]]
 
 
+def _failed_itself(note) -> bool:
+    """A rank's exit note is a failure of its own: not its launcher's stop (a teardown), not a
+    collective that timed out waiting for a peer (the peer is the one that failed)."""
+    return note.stopped_by is None and not any(h.cause == "hung-peer" for h in match_lines([note.error]))
+
+
 def _error_lines(run_dir: Path, beats: dict, result, until: float | None) -> tuple[list[str], int | None]:
     """The error lines ranks noted on exit, the run's failure line and the tail of each rank log's
-    errors in the launch that ended by `until`; and the first rank that noted one."""
+    errors in the launch that ended by `until`; and the first rank that noted a failure of its own."""
     lines, first = [], None
     for rank, beat in beats.items():
         if beat.exit is not None and beat.exit.error:
             lines.append(f"rank {rank}: {beat.exit.error}")
-            first = rank if first is None else first
+            first = rank if first is None and _failed_itself(beat.exit) else first
     if result is not None and result.failure:
         lines.append(result.failure)
     for path in sorted(RunFiles(run_dir).root.glob("logs/rank*.log"))[:64]:
@@ -334,6 +343,8 @@ def gather(status, node_states: dict[str, str] | None = None, job_log: str = "",
     ev.error_lines = list(dict.fromkeys(run_lines + ev.error_lines))[-MAX_ERROR_LINES:]
     noted = {r for r, b in beats.items() if b.exit is not None}
     ev.noted_ranks = sorted(noted)
+    ev.stopped_doing = {r: inert(b.exit.where) for r, b in beats.items()
+                        if b.exit and b.exit.stopped_by and b.exit.where}
     ev.rank_nodes = {r: inert(b.host) for r, b in beats.items() if b.host}
     ev.silent_ranks = sorted(set(beats) - noted) if noted else []
     gone = [r for r, st in ev.ranks_at_end.items() if st == "stopped" or (st == "gone" and r not in noted)]
