@@ -84,7 +84,7 @@ def plan(kind: Kind, request: Request, done: dict[str, dict], results: list[Tool
     if record is not None and kind.answer and not kind.steps:
         return kind.answer(request, out)
     checked = None
-    if record is not None and _fault_kind(record) == "bitflip" and record.get("run_dir") and "sdc_case" in schemas:
+    if record is not None and record.get("fault_kind") == "bitflip" and record.get("run_dir") and "sdc_case" in schemas:
         if "sdc_case" not in done:  # which node computed wrong results is the known-answer checks' answer
             return "sdc_case", {"run": Path(str(record["run_dir"])).name}
         if (step := _check_job_log(out.get("sdc_case"), results)) is not None:
@@ -195,28 +195,6 @@ def symptom(request: Request, out: dict[str, Any]) -> dict[str, Any]:
         "the environment declaration (trainops env): hardware, interconnect, versions"], seen)
 
 
-def _fault_kind(record: dict) -> str | None:
-    ev, cause = record.get("evidence") or {}, record.get("cause")
-    reason = str(record.get("cause_reason") or "").lower()
-    if ev.get("checksum_verdict") == "disagree":
-        return "bitflip"
-    if ev.get("corrupt_checkpoints"):
-        return "checkpoint-corruption"
-    if ev.get("nonfinite_loss_step") is not None:
-        return "nan"
-    down = any(re.search(r"down|not.?responding|fail", str(s), re.I) for s in (ev.get("node_states") or {}).values())
-    if cause == "network" and down:
-        return "partition"
-    if cause == "hardware" and down:
-        return "node-crash"
-    if "stall" in reason or "heartbeat" in reason:
-        return "hang"
-    gone = [rank for rank, state in (ev.get("ranks_at_end") or {}).items() if state == "gone"]
-    if ev.get("silent_ranks") or ev.get("signal") == "SIGKILL" or gone:
-        return "crash"
-    return None
-
-
 def _evidence(record: dict, grep: dict | None) -> list[Evidence]:
     ev = record.get("evidence") or {}
     items = [Evidence(source=f"list_interruptions:{record['id']} cause_reason", quote=str(record["cause_reason"]))]
@@ -272,7 +250,7 @@ def _from_record(record: dict, grep: dict | None, asks_cause: bool,
     `checked`: the nodes known-answer checks convicted after a suspected SDC, and their lines."""
     ev, cause = record.get("evidence") or {}, record.get("cause")
     evidence = _evidence(record, grep) + (checked[1] if checked else [])
-    kind = _fault_kind(record)
+    kind = record.get("fault_kind")
     ranks = sorted({r for r in [ev.get("failing_rank"), *(ev.get("silent_ranks") or [])] if r is not None})
     nodes = checked[0] if checked else [ev["failing_node"]] if ev.get("failing_node") else []
     if cause == "unclassified" and (asks_cause or kind is None or not ranks):

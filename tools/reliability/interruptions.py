@@ -10,10 +10,11 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import re
 import time
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field
 
 from trainops.run_folder import RunFiles, read_regular
 from trainops.run_records import Heartbeat, read_heartbeats, read_recoveries, read_status
@@ -36,6 +37,7 @@ RECORD_NAME = "interruptions.jsonl"
 MAX_RECORD_FILE = 64 << 20
 MAX_REASON_CHARS = 700
 _PLANNED_STATES = {"cancelled"}
+_DOWN = re.compile(r"down|not.?responding|fail", re.I)
 IN_PROCESS_MARK = "#gen"
 """An in-process recovery's record id: the job's launch id, then this and the recovery's generation."""
 STALE_MIN_S, STALE_STEPS = 5.0, 5  # a rank silent longer than this (and 5 steps) at the end had stalled
@@ -99,6 +101,27 @@ class Interruption(BaseModel):
     def time(self) -> float:
         """When the interruption happened (its end, else its detection)."""
         return self.ended_at or self.detected_at
+
+    @computed_field(description="What kind of fault the evidence shows, in the words a final answer uses (bitflip, "
+                                "checkpoint-corruption, nan, partition, node-crash, hang, crash); None: it does not "
+                                "say. Named here so every reader, a model included, reads it, not re-derives it.")
+    @property
+    def fault_kind(self) -> str | None:
+        ev, reason = self.evidence, self.cause_reason.lower()
+        if ev.checksum_verdict == "disagree":
+            return "bitflip"
+        if ev.corrupt_checkpoints:
+            return "checkpoint-corruption"
+        if ev.nonfinite_loss_step is not None:
+            return "nan"
+        down = any(_DOWN.search(str(state)) for state in ev.node_states.values())
+        if down and self.cause in ("network", "hardware"):
+            return "partition" if self.cause == "network" else "node-crash"
+        if "stall" in reason or "heartbeat" in reason:
+            return "hang"
+        if ev.silent_ranks or ev.signal == "SIGKILL" or "gone" in ev.ranks_at_end.values():
+            return "crash"
+        return None
 
 
 def record_path() -> Path:
