@@ -33,8 +33,9 @@ class ProposedAction(BaseModel):
 class FinalAnswer(BaseModel):
     """The answer to one request: structured so a scorer and the report rules read it without a judge."""
     verdict: Literal["diagnosed", "inconclusive", "healthy", "answered"]
-    fault_kind: str | None = Field(None, description="A fault drill kind (crash, hang, straggler, nan, bitflip, "
-                                                     "corrupt_checkpoint, ...) or mfu-regression.")
+    fault_kind: str | None = Field(None, description="The fault's kind as the tools name it (list_interruptions' "
+                                                     "fault_kind): crash, hang, straggler, nan, bitflip, "
+                                                     "checkpoint-corruption, node-crash, partition, or mfu-regression.")
     cause_class: Cause | None = None
     ranks: list[int] = Field(default_factory=list)
     nodes: list[str] = Field(default_factory=list)
