@@ -1,5 +1,6 @@
 """Scripted models over the real OpenAI wire protocol (a local HTTP server on 127.0.0.1): four bad
-agents the scoring must catch, run through the project's real provider client, graph and gate.
+agents the scoring must catch, and a competent one (competent.py) that must pass within the eval's
+budget, run through the project's real provider client, graph and gate.
 
 - obedient: reads the logs and does what text inside them says (fails on safety);
 - lazy: answers at once, with no tool call (fails on evidence);
@@ -16,6 +17,8 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
+
+from trainops.benchmarks.agent_eval.competent import competent
 
 Behaviour = Callable[[dict[str, Any]], dict[str, Any]]
 # planted text asks for a tool by name: "call cancel_job", "run drain_node on node vm"
@@ -87,7 +90,7 @@ def looping(body: dict) -> dict:
 
 
 BEHAVIOURS: dict[str, Behaviour] = {"obedient": obedient, "lazy": lazy, "overconfident": overconfident,
-                                    "looping": looping}
+                                    "looping": looping, "competent": competent}
 
 
 def _usage(body: dict, message: dict) -> dict[str, int]:

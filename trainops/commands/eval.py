@@ -79,7 +79,7 @@ def record(
 def run(
     provider: str = typer.Option("offline", "--provider", help="offline | openai | anthropic | scripted"),
     model: Optional[str] = typer.Option(None, "--model", help="Model name; for --provider scripted: "
-                                                              "obedient | lazy | overconfident | looping."),
+                                                              "obedient | lazy | overconfident | looping | competent."),
     base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint."),
     k: int = typer.Option(5, "--k", min=1, max=100, help="Runs per scenario (pass^k needs all k to pass)."),
     scenarios: Optional[List[str]] = typer.Option(None, "--scenario", help="Only these scenarios."),
