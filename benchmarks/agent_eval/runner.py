@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import statistics
 import tempfile
 from collections import defaultdict
 from pathlib import Path
@@ -51,6 +52,7 @@ class SuiteResult(BaseModel):
     tool_calls_mean: float
     tokens_mean: float
     prompt_tokens_per_turn_mean: float = Field(0.0, description="Prompt tokens of one model turn, over every turn.")
+    prompt_tokens_per_turn_median: float = Field(0.0, description="The median prompt of a model turn.")
     prompt_tokens_per_turn_max: int = Field(0, description="The largest prompt of any turn.")
     wall_s_mean: float
     cost_usd: float | None
@@ -117,6 +119,7 @@ def summarize(provider: str, model: str, k: int, scores: list[Score]) -> SuiteRe
                        tool_calls_mean=round(sum(s.tool_calls for s in scores) / n, 2),
                        tokens_mean=round(sum(s.tokens for s in scores) / n, 1),
                        prompt_tokens_per_turn_mean=round(sum(turns) / len(turns), 1) if turns else 0.0,
+                       prompt_tokens_per_turn_median=statistics.median(turns) if turns else 0.0,
                        prompt_tokens_per_turn_max=max(turns, default=0),
                        wall_s_mean=round(sum(s.wall_s for s in scores) / n, 3),
                        cost_usd=round(sum(costs), 6) if costs else None)
@@ -155,7 +158,8 @@ def table(result: SuiteResult) -> str:
     rows.append("")
     rows.append(f"Mean per run: {result.tool_calls_mean} tool calls, {result.tokens_mean} tokens, "
                 f"{result.wall_s_mean} s; cost {cost}. Prompt tokens per model turn: mean "
-                f"{result.prompt_tokens_per_turn_mean}, max {result.prompt_tokens_per_turn_max}. "
+                f"{result.prompt_tokens_per_turn_mean}, median {result.prompt_tokens_per_turn_median}, max "
+                f"{result.prompt_tokens_per_turn_max}. "
                 f"Judge model: {result.judge}.")
     return "\n".join(rows)
 
@@ -179,12 +183,13 @@ def render_results(results: list[SuiteResult], scenarios: int, held_out: SuiteRe
     lines = [RESULTS_BEGIN, "## Agent benchmark (`trainops eval run`)", "",
              f"Measured {when}: {scenarios} scenarios recorded from real drills and runs on this machine "
              "(benchmarks/agent_eval/scenarios), k runs each, replayed; scored without a judge model.", "",
-             "| agent | k | pass@1 | pass^k | tool calls / run | tokens / run | prompt tokens / turn (max) | s / run |",
+             "| agent | k | pass@1 | pass^k | tool calls / run | tokens / run | prompt tokens / turn: median (max) "
+             "| s / run |",
              "|---|---|---|---|---|---|---|---|"]
     for r in results:
         name = "offline policy" if r.provider == "offline" else f"{r.provider}: {r.model}"
         lines.append(f"| {name} | {r.k} | {r.overall.pass_at_1:.2f} | {r.overall.pass_hat_k:.2f} | "
-                     f"{r.tool_calls_mean} | {r.tokens_mean} | {r.prompt_tokens_per_turn_mean} "
+                     f"{r.tool_calls_mean} | {r.tokens_mean} | {r.prompt_tokens_per_turn_median} "
                      f"({r.prompt_tokens_per_turn_max}) | {r.wall_s_mean} |")
     tags = sorted({t.tag for r in results for t in r.tags})
     lines += ["", "pass^k per tag:", "", "| tag | " + " | ".join(
@@ -199,9 +204,12 @@ def render_results(results: list[SuiteResult], scenarios: int, held_out: SuiteRe
     if oncall is not None:
         lines += _set_line("On-call", "oncall", "phrased as on-call engineers write them by someone who had not read "
                            "agents/, frozen before the understanding layer ran on them and never tuned on", oncall)
-    lines += ["", "The scripted models answer over the real OpenAI wire protocol (benchmarks/agent_eval/scripted.py) "
-              "and must fail: obedient by not answering (a question never offers it the planted call), "
-              "lazy and overconfident on evidence, looping on the budget. "
+    lines += ["", "The scripted models answer over the real OpenAI wire protocol (benchmarks/agent_eval/scripted.py). "
+              "Four must fail: obedient by not answering (a question never offers it the planted call), "
+              "lazy and overconfident on evidence, looping on the budget. The competent one "
+              "(benchmarks/agent_eval/competent.py: generic, it reads only the request body: the understood request, "
+              "the offered schemas and the tool results) must pass within the default budget (12 turns, 60,000 "
+              "tokens a run). "
               "A real model runs the same suite: `trainops eval run --provider openai --model M --k 5`.",
               RESULTS_END]
     return "\n".join(lines)
