@@ -51,6 +51,7 @@ _STATES = {
     "BOOT_FAIL": "failed", "DEADLINE": "failed", "SPECIAL_EXIT": "failed",
 }
 COMPLETING_GRACE_S = 2.0  # a forcibly killed job's steps report back well within this from a live node
+KILL_LANDS_S = 2  # a SIGKILL sent through slurmctld reaches a live node's processes well within this
 _NODE_STATES = {"idle": "idle", "allocated": "allocated", "mixed": "mixed", "down": "down",
                 "drained": "drained", "draining": "draining", "drain": "drained"}
 
@@ -283,6 +284,7 @@ class SlurmScheduler(PollingWait):
             self.transport.cancel(job_id)
             return self.wait(job_id, 30, poll_s=0.3)
         self.transport.kill_steps_and_batch(job_id)
+        self._until_not_running(job_id)
         try:  # after a forced kill the job may be over already
             self.transport.cancel(job_id)
         except SchedulerError:
@@ -298,6 +300,19 @@ class SlurmScheduler(PollingWait):
                     break
             time.sleep(0.1)
         return self.status(job_id)
+
+    def _until_not_running(self, job_id: str) -> None:
+        """The SIGKILLs are delivered through slurmctld and slurmd, asynchronously: the plain `scancel`
+        that files the cancel also sends SIGTERM, so it waits until the batch is seen dead (else, on a
+        busy host, a forced cancel ran the job's SIGTERM handler). Kills again after a second; gives up
+        after two, as a job on a node that died cannot be seen to die (nor run a handler)."""
+        for attempt in range(1, KILL_LANDS_S * 10 + 1):
+            job = self.transport.job(job_id)
+            if job is None or job.state != "RUNNING":
+                return
+            if attempt == 10:
+                self.transport.kill_steps_and_batch(job_id)
+            time.sleep(0.1)
 
     def _held_by_a_dead_node(self, job: SlurmJob) -> bool:
         """COMPLETING with a node Slurm already knows does not answer (its `*`)."""
