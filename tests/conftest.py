@@ -47,11 +47,12 @@ def _shared_run(item) -> str | None:
 def pytest_itemcollected(item):
     """Runs as each test is collected, so the group is there before pytest-xdist reads it."""
     module = Path(str(item.path)).relative_to(Path(str(item.config.rootpath))).as_posix()
-    if (item.get_closest_marker("services") or SERVICE_FIXTURES & set(item.fixturenames)
-            or module.startswith(HOST_WIDE_MODULES)):
-        item.add_marker(pytest.mark.xdist_group("services"))
-    elif (shared := _shared_run(item)) is not None:
+    host_wide = SERVICE_FIXTURES & set(item.fixturenames) or module.startswith(HOST_WIDE_MODULES)
+    shared = None if host_wide else _shared_run(item)
+    if shared is not None:  # e.g. Chromium reading the quick SOP's pack: a real program, no host-wide state
         item.add_marker(pytest.mark.xdist_group(shared))
+    elif host_wide or item.get_closest_marker("services"):
+        item.add_marker(pytest.mark.xdist_group("services"))
     if module in QUIET_MODULES:
         item.add_marker(pytest.mark.quiet)
 
