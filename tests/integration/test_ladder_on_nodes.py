@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.services, pytest.mark.slow]
 # rank 1 (only at the node rung) waits 12 s before every step, putting that pass at a fifth of the
 # 1% noise floor. (With 4 per rank and 8 s, three saved passes came within 10% of the floor, and a
 # slower host once called the node rung a gain.)
-JOB = ["training.seq_len=16", "training.global_batch=4", "training.steps=3", "data.kind=synthetic",
+JOB = ["training.seq_len=16", "training.global_batch=4", "training.steps=2", "data.kind=synthetic",
        "training.micro_batch=1", "faults.slow_rank=1", "faults.slow_ms=12000"]
 
 

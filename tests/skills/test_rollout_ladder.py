@@ -89,7 +89,7 @@ def test_a_gain_that_vanishes_at_a_rung_stops_there_reverts_and_goes_to_a_human(
     processes on: there every step of the job waits 15 s for it (the slowest rank sets the job's step
     time), and micro_batch 1 -> 2 saves one accumulation pass (~25 ms), a sixth of the rung's 1% noise
     floor. The ladder stops at 2 processes, reruns the baseline value there, and queues R-ESC-2."""
-    two_per_rank = [*SHORT, "training.steps=3", "training.seq_len=16", "training.global_batch=8",
+    two_per_rank = [*SHORT, "training.steps=2", "training.seq_len=16", "training.global_batch=8",
                     "training.micro_batch=1"]
     req = JobRequest(overrides=[*two_per_rank, "faults.slow_rank=1", "faults.slow_ms=15000"], nproc=4,
                      warmup_steps=1)
