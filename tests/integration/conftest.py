@@ -72,7 +72,10 @@ def write_slurm_conf(state_dir: Path) -> Path:
         f"SlurmctldPidFile={state_dir}/slurmctld.pid", f"SlurmdPidFile={state_dir}/slurmd.pid",
         f"SlurmctldLogFile={state_dir}/slurmctld.log", f"SlurmdLogFile={state_dir}/slurmd.log",
         f"NodeName={host} CPUs={os.cpu_count()} RealMemory={int(mem_mb * 0.8)} State=UNKNOWN",
-        f"PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP",
+        # a job in `urgent` preempts (cancels) one in `debug` it needs the cores of: Slurm's PREEMPTED end
+        "PreemptType=preempt/partition_prio", "PreemptMode=CANCEL",
+        f"PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP PriorityTier=1",
+        f"PartitionName=urgent Nodes={host} MaxTime=INFINITE State=UP PriorityTier=2",
     ]) + "\n")
     (state_dir / "ctld").mkdir(exist_ok=True)
     (state_dir / "d").mkdir(exist_ok=True)

@@ -5,7 +5,8 @@ faults.jsonl kind are never read: that a fault was injected comes from trainops'
 injection (tools/reliability/interruptions.py), and the evidence's own reading is kept beside it.
 
 The rules, first match wins:
-- an operator's cancel of a healthy job -> planned;
+- an operator's cancel of a healthy job -> planned (preemption or time limit where the scheduler's own
+  state says so: Slurm calls a preempted job cancelled too);
 - replica checksums disagree at one step -> hardware (suspected silent data corruption);
 - a known-answer GEMM/collective check (tools/reliability/sdc_check.py) computed wrong results -> hardware;
 - a node the scheduler calls down / not responding whose ranks were still running -> network
@@ -112,9 +113,10 @@ def _witnessed(cause: Cause, reason: str, step: str, requeue: bool | None, sub: 
 
 
 def _diagnose(ev: Evidence, planned: bool, stale_s: float) -> Diagnosis:  # noqa: PLR0911 - one return per rule
-    if planned:
-        return _witnessed("planned", f"ended by an operator ({ev.state}: {ev.reason or 'cancelled'})",
-                          "nothing to fix; requeue when wanted", True, "cancelled")
+    if planned:  # a healthy job's cancel: an operator's, unless the scheduler's own state names another end
+        return scheduler_ended(ev) or _witnessed("planned", f"ended by an operator ({ev.state}: "
+                                                 f"{ev.reason or 'cancelled'})", "nothing to fix; requeue when wanted",
+                                                 True, "cancelled")
     if ev.checksum_verdict == "disagree":
         return _witnessed("hardware", f"replica checksums disagree ({ev.checksum_detail}): suspected silent data "
                           "corruption", "respond to the suspected SDC: known-answer checks fleet-wide and co-located",
@@ -144,7 +146,7 @@ def _diagnose(ev: Evidence, planned: bool, stale_s: float) -> Diagnosis:  # noqa
                           False, "nan-recurs")
     if ev.nonfinite_loss_step is not None and ev.nonfinite_repeats is False:
         return _did_not_recur(ev)  # trainops' own replay outranks the job's 'loss nan' line
-    if (ended := _scheduler_ended(ev)) is not None:
+    if (ended := scheduler_ended(ev)) is not None:
         return ended
     trusted = [h for h in ev.signatures if h.specificity >= TRUST_SPECIFICITY]
     if (named := named_cause(trusted)) is not None:
@@ -158,7 +160,8 @@ _SCHEDULER_ENDS = {"PREEMPTED": ("preemption", "the scheduler preempted the job"
 job for a planned reason: witnessed, unlike the same words in the job's output."""
 
 
-def _scheduler_ended(ev: Evidence) -> Diagnosis | None:
+def scheduler_ended(ev: Evidence) -> Diagnosis | None:
+    """The planned end the scheduler's own job state names (Slurm's PREEMPTED, TIMEOUT), or None."""
     state = ev.reason.split(":", 1)[0].strip()
     if state not in _SCHEDULER_ENDS:
         return None

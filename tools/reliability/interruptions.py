@@ -20,7 +20,7 @@ from trainops.run_folder import RunFiles, read_regular
 from trainops.run_records import Heartbeat, read_heartbeats, read_recoveries, read_status
 from trainops.tools.base import tool
 from trainops.tools.ids import JobId
-from trainops.tools.reliability.causes import CAUSES, Cause, Confidence, Diagnosis, diagnose
+from trainops.tools.reliability.causes import CAUSES, Cause, Confidence, Diagnosis, diagnose, scheduler_ended
 from trainops.tools.reliability.evidence import (
     TRUST_SPECIFICITY,
     Evidence,
@@ -229,8 +229,9 @@ def build(status, scheduler: str, node_states: dict[str, str] | None = None,
     drill = seen is not None and seen.drill
     ev = (gather(status, node_states, job_log, ranks_at_end=seen.ranks, beats=seen.beats,
                  until=seen.at + WITNESS_GRACE_S) if seen else gather(status, node_states, job_log))
-    planned = status.state in _PLANNED_STATES and healthy(ev)
-    found = diagnose(ev, planned=planned, stale_s=_stale_s(ev))
+    cancelled = status.state in _PLANNED_STATES and healthy(ev)
+    found = diagnose(ev, planned=cancelled, stale_s=_stale_s(ev))
+    planned = cancelled and scheduler_ended(ev) is None  # an operator's stop; Slurm calls a preemption cancelled too
     lost, steps = _lost(ev, detected_at)
     return Interruption(id=record_id(scheduler, status), job_id=status.job_id, run_dir=status.run_dir,
                         scheduler=scheduler, name=inert(status.name), submitted_at=status.submitted_at,

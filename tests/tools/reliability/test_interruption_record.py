@@ -287,3 +287,16 @@ def test_a_job_log_appended_across_requeues_gives_the_record_only_the_ending_lau
     ev = gather(status, job_log=job_log)
     assert ev.error_lines == ["job log: ValueError: bad batch"]
     assert diagnose(ev).cause == "software"  # not the first attempt's network error
+
+
+@pytest.mark.parametrize(("state", "reason", "sub"), [("cancelled", "PREEMPTED: None", "preemption"),
+                                                      ("failed", "TIMEOUT: TimeLimit", "time-limit"),
+                                                      ("cancelled", "CANCELLED: None", "cancelled")])
+def test_a_quiet_job_the_scheduler_ended_gets_the_end_its_state_names(workspace, state, reason, sub):
+    """Slurm calls a preempted job cancelled: with no line in its log (slurmstepd's unread), a healthy
+    preempted job was read as an operator's cancel. Only the operator's stays out of the unplanned count."""
+    now = time.time()
+    status = JobStatus(job_id="7", backend="slurm", state=state, reason=reason, started_at=now - 30, ended_at=now)
+    rec = record_job_end(status, "slurm", job_log="")
+    assert (rec.cause, rec.sub_cause, rec.confidence) == ("planned", sub, "high"), rec.cause_reason
+    assert rec.planned == (sub == "cancelled") and ("operator" in rec.cause_reason) == (sub == "cancelled")
