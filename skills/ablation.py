@@ -7,8 +7,9 @@ from __future__ import annotations
 from typing import Callable
 
 from trainops.skills import labels, rollout
+from trainops.skills.ablation_design import ranked_specs
 from trainops.skills.baseline import Progress, RepeatResult, command_line, declared, repeat, stamped
-from trainops.skills.evidence.model import AblationRow, EvidenceRow, LadderStop, PackEnvironment
+from trainops.skills.evidence.model import AblationRow, BaselineSummary, EvidenceRow, LadderStop, PackEnvironment
 from trainops.skills.knobs import Knob, overrides_for, parse_arm, plan_order
 from trainops.skills.request import JobRequest
 from trainops.skills.rollout import Rung, processes
@@ -196,31 +197,35 @@ def baseline_at(req: JobRequest, repeats: int, ctx: CallContext | None = None,
 
 def ablate(req: JobRequest, specs: list[str], repeats: int, ctx: CallContext | None = None,
            progress: Progress | None = None, measured: list[RepeatResult] | None = None,
-           env: PackEnvironment | None = None) -> tuple[list[AblationRow], list[EvidenceRow]]:
+           env: PackEnvironment | None = None, summary: BaselineSummary | None = None
+           ) -> tuple[list[AblationRow], list[EvidenceRow]]:
     """S3/S4: check the arms (before anything is declared or written), declare the environment
     (unless given), measure the baselines at both scales (reusing `measured`), then run every arm
-    at each scale, highest expected gain first."""
+    at each scale, highest expected gain first (from `summary`, S2's split, when given)."""
     ctx = skill_context("ablation", ctx)
     check_arms(req, specs)
     env = declared(req, env, ctx)
     req = stamped(req, env)
     baselines = {req.nproc * req.nodes: measured} if measured else {}
     measure = baseline_at(req, repeats, ctx, progress)
-    return run_plan(req, specs, baselines, repeats, ctx, progress, env, measure)
+    return run_plan(req, specs, baselines, repeats, ctx, progress, env, measure, summary)
 
 
 def run_plan(req: JobRequest, specs: list[str], baselines: dict[int, list[RepeatResult]], repeats: int,
              ctx: CallContext | None = None, progress: Progress | None = None, env: PackEnvironment | None = None,
-             measure: Callable[[Rung], list[RepeatResult]] | None = None
+             measure: Callable[[Rung], list[RepeatResult]] | None = None, summary: BaselineSummary | None = None
              ) -> tuple[list[AblationRow], list[EvidenceRow]]:
-    """Every arm, highest expected gain first (communication overlap, kernels, data pipeline, batch)."""
+    """Every arm, highest expected gain first: ranked by the design from S2's measured split
+    (skills.ablation_design) when `summary` is at hand; before any baseline, in category order
+    (communication overlap, kernels, data pipeline, batch)."""
     ctx = skill_context("ablation", ctx)
     env = declared(req, env, ctx)
     parsed = {parse_arm([s], req.framework)[0].name: s for s in specs}
-    ordered = plan_order([parse_arm([s], req.framework)[0] for s in specs])
+    ordered = (ranked_specs(summary, specs, req.framework) if summary else
+               [parsed[k.name] for k in plan_order([parse_arm([s], req.framework)[0] for s in specs])])
     rows, evidence = [], []
-    for knob in ordered:
-        r, e = run_arm(req, parsed[knob.name], baselines, repeats, ctx, progress, env, measure)
+    for spec in ordered:
+        r, e = run_arm(req, spec, baselines, repeats, ctx, progress, env, measure)
         rows += r
         evidence += e
     return rows, evidence

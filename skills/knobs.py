@@ -69,5 +69,6 @@ def overrides_for(knob: Knob, value: str) -> list[str]:
 
 
 def plan_order(knobs: list[Knob]) -> list[Knob]:
-    """The ablation plan, highest expected gain first."""
+    """The category order, the plan before a baseline is measured; with S2's summary at hand
+    skills.ablation_design ranks the arms by the measured split instead."""
     return sorted(knobs, key=lambda k: CATEGORY_ORDER.index(k.category))

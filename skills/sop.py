@@ -9,12 +9,13 @@ from pydantic import BaseModel, Field
 
 from trainops.run_folder import RunFiles
 from trainops.run_records import read_drill_record
-from trainops.skills import ablation, baseline, environment, escalate, planning
+from trainops.skills import ablation, ablation_design, baseline, environment, escalate, planning
 from trainops.skills.baseline import Progress
 from trainops.skills.drill import drill
 from trainops.skills.evidence import pack as evidence_pack
 from trainops.skills.evidence import references
-from trainops.skills.evidence.model import DrillResult, PackEnvironment
+from trainops.skills.evidence.design import DesignedArm
+from trainops.skills.evidence.model import BaselineSummary, DrillResult, PackEnvironment
 from trainops.skills.evidence.view import DECISION_COMMANDS, SIGNING_NOTE
 from trainops.skills.request import JobRequest
 from trainops.tools.calls import invoke
@@ -56,9 +57,14 @@ class SopSettings(BaseModel):
     def repeats(self) -> int:
         return 2 if self.quick else 3
 
-    def plan(self) -> list[str]:
-        arms = list(self._plan().arms)
-        return self.knobs or (arms[:1] if self.quick else arms)
+    def candidates(self) -> list[str]:
+        """The arms S3 ranks: the user's, else the framework's default plan."""
+        return self.knobs or list(self._plan().arms)
+
+    def plan(self, design: list[DesignedArm]) -> list[str]:
+        """The arms S4 runs in the design's order; the quick SOP keeps the first-ranked default arm."""
+        arms = [arm.arm for arm in design]
+        return arms if self.knobs or not self.quick else arms[:1]
 
     def drills(self) -> list[str]:
         faults = list(self._plan().faults)
@@ -143,8 +149,12 @@ def run(settings: SopSettings, ctx: CallContext | None = None, progress: Progres
     summary, base_runs, evidence = baseline.measure(req, settings.repeats(), ctx, say)
     reliability = planning.reliability_summary(settings.mtbf_h, settings.ettr_window_s)
     summary = summary.model_copy(update={"reliability": reliability})
-    say("S3/S4 ablation: small-scale baseline, then each arm")
-    rows, arm_evidence = ablation.ablate(req, settings.plan(), settings.repeats(), ctx, say, measured=base_runs)
+    design = design_arms(settings, summary)
+    say("S3 ablation design from the baseline's split: " + "; ".join(
+        f"{a.rank}. {a.arm} ({a.figure.text})" for a in design))
+    say("S4 ablation: small-scale baseline, then each arm")
+    rows, arm_evidence = ablation.ablate(req, settings.plan(design), settings.repeats(), ctx, say, measured=base_runs,
+                                         summary=summary)
     say("S5 fault drills")
     drill_req = req.with_overrides(settings.drill_overrides())
     results, drill_evidence = drill.run_drills(drill_req, settings.drills(), ctx, say)
@@ -158,13 +168,18 @@ def run(settings: SopSettings, ctx: CallContext | None = None, progress: Progres
         drills, [env_row, *evidence, *arm_evidence, *drill_evidence],
         rollback=f"keep the baseline configuration ({baseline.command_line(req)}); adopt no arm until a human approves",
         references=reference_notes(env, world, summary.model), checkpoint_plan=ckpt_plan,
-        mlperf=references.mlperf(env, world), layout_plan=layout)
+        mlperf=references.mlperf(env, world), layout_plan=layout, ablation_design=design)
     pack = escalate.carry_fired(pack, ctx)  # R-ESC-1..4 on every SOP run: a fired rule goes to a human
     folder = evidence_pack.write(pack)
     return SopResult(pack_dir=str(folder), verdict=pack.verdict, blockers=pack.blockers,
                      elapsed_s=time.time() - started, pack_id=pack.pack_id, report_html=str(folder / "report.html"),
                      approve_command=DECISION_COMMANDS["approve"].format(pack_id=pack.pack_id),
                      headline=headline(pack))
+
+
+def design_arms(settings: SopSettings, summary: BaselineSummary) -> list[DesignedArm]:
+    """S3: the candidate arms ranked from S2's measured split (skills.ablation_design)."""
+    return ablation_design.design(ablation_design.split_of(summary), settings.candidates(), settings.framework)
 
 
 def _mtbf_basis(rel) -> str:

@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from trainops.run_records import RecoveryPath
 from trainops.skills.evidence.bottleneck import BottleneckSplit
+from trainops.skills.evidence.design import DesignedArm
 from trainops.skills.evidence.published import LayoutPlan, MlperfComparison
 from trainops.tools.versions import SoftwareVersions
 
@@ -314,6 +315,9 @@ class EvidencePack(BaseModel):
                                               "environment declared them")
     change_windows: ChangeWindowsNote | None = Field(default=None, description="R-CHG-1: the change windows and the "
                                                                                "emergency changes during the runs")
+    ablation_design: list[DesignedArm] = Field(default_factory=list, description="S3: the candidate arms ranked by "
+                                               "expected gain from the baseline's measured split, each with the "
+                                               "figure it acts on, its bound and why")
 
     @model_validator(mode="after")
     def _consistent(self) -> "EvidencePack":

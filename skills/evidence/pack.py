@@ -15,6 +15,7 @@ from trainops.run_records import read_metrics
 from trainops.skills.escalate import escalation_problems, pack_signals
 from trainops.skills.evidence import figures as pack_figures
 from trainops.skills.evidence import plots
+from trainops.skills.evidence.design import DesignedArm
 from trainops.skills.evidence.model import (
     AblationRow,
     BaselineSummary,
@@ -100,7 +101,7 @@ def assemble(pack_id: str, environment: PackEnvironment | None, baseline: Baseli
              ablations: list[AblationRow], drills: list[DrillResult], evidence: list[EvidenceRow],
              rollback: str = "", references: list[str] | None = None,
              checkpoint_plan: CheckpointPlan | None = None, mlperf: MlperfComparison | None = None,
-             layout_plan: LayoutPlan | None = None) -> EvidencePack:
+             layout_plan: LayoutPlan | None = None, ablation_design: list[DesignedArm] | None = None) -> EvidencePack:
     verdict, blockers = decide(baseline, ablations, drills)
     awaiting = ["approve or reject the pack with a signed decision (trainops approve / trainops reject)"]
     awaiting += [f"decide whether to adopt {r.knob}={r.value} at target scale" for r in ablations
@@ -113,7 +114,8 @@ def assemble(pack_id: str, environment: PackEnvironment | None, baseline: Baseli
         pack_id=pack_id, created_time=time.time(), verdict=verdict, blockers=blockers, environment=environment,
         baseline=baseline, ablations=ablations, fault_tolerance=report, evidence=evidence, awaiting_human=awaiting,
         rollback=rollback, references=references or [], checkpoint_plan=checkpoint_plan, mlperf=mlperf,
-        layout_plan=layout_plan, change_windows=change_windows_note(runs), versions=run_versions(environment)))
+        layout_plan=layout_plan, change_windows=change_windows_note(runs), versions=run_versions(environment),
+        ablation_design=ablation_design or []))
 
 
 def run_versions(environment: PackEnvironment | None) -> SoftwareVersions:

@@ -241,7 +241,13 @@ def _ablations(pack: EvidencePack) -> Section | None:
                      Cell(verdict, "bad" if r.vanished_at_scale else r.verdict), Cell(r.source_run, "path")])
     table = Table(["knob", "value", "category", "scale", "MFU change ± noise band", "weak-scaling efficiency",
                    "verdict", "source run"], rows, beneath=(7,))
-    return Section("s3", "S3/S4 Ablations, one variable per arm", tables=[table], paragraphs=[
+    design = [Table(["rank", "arm", "acts on", "saves at most", "why"], [
+        [Cell(str(a.rank), "number"), Cell(a.arm, "code"), Cell(a.figure.text),
+         Cell("none, costs speed") if a.category == "memory" else number(a.bound_pct, 1, "%"), Cell(a.reason)]
+        for a in pack.ablation_design], beneath=(4,))] if pack.ablation_design else []
+    return Section("s3", "S3/S4 Ablations, one variable per arm", tables=[*design, table], paragraphs=[
+        *(["S3 ranks the arms by the most step time each could save, from the baseline's measured split "
+           "(Amdahl); S4 runs them in that order."] if design else []),
         "A change counts only beyond the run-to-run noise band measured at the same scale: "
         "▲ gain, ▼ regression, ≈ within noise."],
         bullets=_reference_lines(pack.ablations, pack.references) + _ladder_lines(pack.ablations))

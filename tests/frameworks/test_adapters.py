@@ -213,11 +213,12 @@ def test_each_framework_sop_plan_is_runnable_in_its_own_vocabulary(name):
 
 def test_sop_settings_take_the_frameworks_plan_and_its_drill_checkpoints():
     quick = SopSettings(framework="deepspeed", quick=True)
-    assert (quick.plan(), quick.drills()) == (["overlap_comm=true"], ["crash"])
+    assert (quick.candidates(), quick.drills()) == (["overlap_comm=true", "zero_stage=2"], ["crash"])
     assert "checkpoint.mode=async" not in quick.drill_overrides()  # DeepSpeed saves synchronously here
     assert quick.request().framework == "deepspeed" and "training.steps=10" in quick.request().overrides
     full = SopSettings()
-    assert (full.plan(), full.drills()) == (["data_parallel=ddp", "data_kind=synthetic"], ["crash", "hang", "bitflip"])
+    assert (full.candidates(), full.drills()) == (["data_parallel=ddp", "data_kind=synthetic"],
+                                                  ["crash", "hang", "bitflip"])
     assert "checkpoint.mode=async" in full.drill_overrides()
     with pytest.raises(ValueError, match="framework"):
         SopSettings(framework="jax")
