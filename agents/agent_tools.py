@@ -1,6 +1,7 @@
 """The agent's own tools, which sit above the tools layer: `run_sop` runs the SOP skill and
 `respond_to_sdc` the SDC response and `sdc_case` reads the case it wrote (skills may call tools,
 tools may not call skills),
+`ablation_design` ranks a recorded baseline's candidate arms (S3),
 `list_pending_approvals` reads the agent's own thread store next to governance's queue, and
 `load_skill` hands the model a skill's full text (it sees only names and descriptions before).
 `AGENT_TOOLS` lists them; `agent_registry()` is the one registry the CLI and the agent both use:
@@ -16,12 +17,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from trainops.agents.prompt import load_skills
 from trainops.run_folder import read_regular
 from trainops.skills import sdc
+from trainops.skills.ablation_design import MeasuredSplit, design, split_of_runs
+from trainops.skills.evidence.design import DesignedArm
+from trainops.skills.knobs import KnobError
 from trainops.skills.sdc import CASE_FILE, SdcCase, Suspect
 from trainops.skills.sop import SopResult, SopSettings, run
 from trainops.tools.base import InputCheck, ToolError, tool
 from trainops.tools.calls import invoke
 from trainops.tools.catalog import build_registry
 from trainops.tools.context import skill_context
+from trainops.tools.frameworks import get_adapter
+from trainops.tools.frameworks.base import FrameworkName
 from trainops.tools.governance.approvals import list_items
 from trainops.tools.ids import JobId, NodeName, RunRef
 from trainops.tools.jobs import jobs
@@ -189,6 +195,36 @@ def sdc_case(inp: SdcCaseInput) -> SdcCase:
                                     f"({str(exc).splitlines()[0]}); run respond_to_sdc again") from None
 
 
+class AblationDesignInput(BaseModel):
+    runs: list[RunRef] = Field(min_length=1, max_length=16, description="The baseline's runs, one per repeat: run ids "
+                                                                        "under $TRAINOPS_HOME/runs (or their folders).")
+    framework: FrameworkName = Field("trainops", description="Whose knobs: trainops, deepspeed, torchtitan or "
+                                                             "megatron.")
+    knobs: list[str] = Field(default_factory=list, max_length=32, description="Candidate arms NAME=VALUE; empty: the "
+                                                                              "framework's default SOP arms.")
+    memory_bound: bool = Field(False, description="Memory is the problem (an out-of-memory end, peak memory at the "
+                                                  "device's): arms that trade speed for memory rank first, not last.")
+
+
+class AblationDesignOutput(BaseModel):
+    split: MeasuredSplit = Field(description="The baseline's step-time figures the ranking reads.")
+    arms: list[DesignedArm] = Field(description="The arms by expected gain, highest first.")
+
+
+@tool("ablation_design", risk="read", tags=("sop", "ablation", "agent"))
+def ablation_design(inp: AblationDesignInput) -> AblationDesignOutput:
+    """S3: rank candidate ablation arms by expected gain from a recorded baseline's measured split
+    (exposed communication, data loading, compute against MFU), each with the figure it acts on, the
+    most step time it could save (Amdahl) and why. Reads the runs; launches nothing."""
+    try:
+        run_dirs = [str(run_folder(run)) for run in inp.runs]
+        specs = inp.knobs or list(get_adapter(inp.framework).sop_plan.arms)
+        split = split_of_runs(run_dirs)
+        return AblationDesignOutput(split=split, arms=design(split, specs, inp.framework, inp.memory_bound))
+    except (ValueError, KnobError) as exc:
+        raise ToolError("ablation_design", str(exc)) from None
+
+
 class LoadSkillInput(BaseModel):
     name: str = Field(min_length=1, max_length=100, description="A skill's name, as the system prompt lists it.")
 
@@ -210,7 +246,7 @@ def load_skill(inp: LoadSkillInput) -> LoadSkillOutput:
     return LoadSkillOutput(name=skill.name, description=skill.description, body=skill.body)
 
 
-AGENT_TOOLS = (run_sop, respond_to_sdc, sdc_case, list_pending_approvals, load_skill)
+AGENT_TOOLS = (run_sop, respond_to_sdc, sdc_case, ablation_design, list_pending_approvals, load_skill)
 
 
 @cache

@@ -37,6 +37,7 @@ ALLOWED_IN_WORKSPACE = {
 def read_inputs(job_id: str) -> dict[str, dict]:
     """A valid, small input for every read tool. A new read tool without one fails the coverage test."""
     return {
+        "ablation_design": {"runs": [RUN, OTHER_RUN]},
         "check_framework_job": {"framework": "deepspeed", "knobs": {}, "world_size": 2},
         "compare_runs": {"baseline": RUN, "candidate": OTHER_RUN},
         "declare_environment": {"ckpt_test_mib": 1},

@@ -2,16 +2,23 @@
 could save, not by a fixed category order; every arm carries the figure it acts on and why."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from trainops.agents.agent_tools import agent_registry
 from trainops.skills import ablation
 from trainops.skills.ablation_design import design, split_of
 from trainops.skills.evidence.model import MetricSpread
 from trainops.skills.evidence.pack import assemble, load, write
 from trainops.skills.request import JobRequest
 from trainops.skills.sop import SopSettings, design_arms
+from trainops.tools.base import ToolError
+from trainops.tools.calls import call
+from trainops.tools.context import CallContext
 from trainops.workspace import runs_dir
 
+OPERATOR = CallContext(actor="operator")
 ARMS = ["activation_checkpointing=selective", "micro_batch=4", "data_kind=synthetic", "pp_schedule=1F1B",
         "compile=true", "data_parallel=ddp"]
 
@@ -92,3 +99,31 @@ def test_the_pack_carries_the_design_and_its_report_passes_the_text_rules(factor
     report = (folder / "report.md").read_text()
     assert "exposed communication 31.0% of step time" in report and "none, costs speed" in report
     assert designed[0].reason in report
+
+
+def _recorded(factories, workspace, name: str, data_wait_s: float, exposed_us: float) -> str:
+    """A recorded baseline run: metrics with the step's data wait, and one rank's profiler trace with
+    `exposed_us` of collectives no compute hid in a 1000 us step."""
+    run_dir = factories.write_run(workspace / "runs" / name)
+    metrics = run_dir / "metrics.jsonl"
+    metrics.write_text(metrics.read_text().replace('"data_wait_s": 0.01', f'"data_wait_s": {data_wait_s}'))
+    events = [{"ph": "X", "name": "train_step#3", "ts": 0, "dur": 1000, "tid": 1, "cat": "user_annotation"},
+              {"ph": "X", "name": "gloo:all_reduce", "ts": 0, "dur": exposed_us, "tid": 1, "cat": "cpu_op"},
+              {"ph": "X", "name": "aten::mm", "ts": exposed_us, "dur": 1000 - exposed_us, "tid": 1, "cat": "cpu_op"}]
+    (run_dir / "profile").mkdir()
+    (run_dir / "profile" / "rank0.json").write_text(json.dumps({"traceEvents": events}))
+    return name
+
+
+def test_the_read_tool_designs_from_recorded_run_folders(factories, workspace):
+    comm = _recorded(factories, workspace, "comm-bound", data_wait_s=0.002, exposed_us=400)
+    data = _recorded(factories, workspace, "data-bound", data_wait_s=0.05, exposed_us=20)
+    by_comm = call("ablation_design", {"runs": [comm]}, OPERATOR, registry=agent_registry())
+    by_data = call("ablation_design", {"runs": [data]}, OPERATOR, registry=agent_registry())
+    assert by_comm.split.exposed_comm_pct == pytest.approx(40.0) and by_data.split.data_wait_pct > 30
+    assert by_comm.arms[0].arm == "data_parallel=ddp" and by_data.arms[0].arm == "data_kind=synthetic"
+    assert by_comm.arms[0].figure.text == "exposed communication 40.0% of step time"
+    with pytest.raises(ToolError, match="unknown knob 'warp'"):
+        call("ablation_design", {"runs": [comm], "knobs": ["warp=1"]}, OPERATOR, registry=agent_registry())
+    with pytest.raises(ToolError, match="outside the workspace"):
+        call("ablation_design", {"runs": ["../../etc"]}, OPERATOR, registry=agent_registry())
