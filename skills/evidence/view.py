@@ -247,7 +247,7 @@ def _ablations(pack: EvidencePack) -> Section | None:
         for a in pack.ablation_design], beneath=(4,))] if pack.ablation_design else []
     return Section("s3", "S3/S4 Ablations, one variable per arm", tables=[*design, table], paragraphs=[
         *(["S3 ranks the arms by the most step time each could save, from the baseline's measured split "
-           "(Amdahl); S4 runs them in that order."] if design else []),
+           "(Amdahl); S4 runs them in that order, and the table after it holds the arms that ran."] if design else []),
         "A change counts only beyond the run-to-run noise band measured at the same scale: "
         "▲ gain, ▼ regression, ≈ within noise."],
         bullets=_reference_lines(pack.ablations, pack.references) + _ladder_lines(pack.ablations))
