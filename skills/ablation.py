@@ -220,9 +220,11 @@ def run_plan(req: JobRequest, specs: list[str], baselines: dict[int, list[Repeat
     (communication overlap, kernels, data pipeline, batch)."""
     ctx = skill_context("ablation", ctx)
     env = declared(req, env, ctx)
-    parsed = {parse_arm([s], req.framework)[0].name: s for s in specs}
-    ordered = (ranked_specs(summary, specs, req.framework) if summary else
-               [parsed[k.name] for k in plan_order([parse_arm([s], req.framework)[0] for s in specs])])
+    if summary:
+        ordered = ranked_specs(summary, specs, req.framework)
+    else:
+        parsed = {parse_arm([s], req.framework)[0].name: s for s in specs}
+        ordered = [parsed[k.name] for k in plan_order([parse_arm([s], req.framework)[0] for s in specs])]
     rows, evidence = [], []
     for spec in ordered:
         r, e = run_arm(req, spec, baselines, repeats, ctx, progress, env, measure)

@@ -72,7 +72,7 @@ def _figures(split: MeasuredSplit) -> dict[str, DesignFigure]:
         "batch": kernels,
         "parallelism": _figure("pipeline bubble and layout balance", None,
                                "the baseline's split has no pipeline-bubble or per-layout figure"),
-        "memory": _figure("peak memory against the device's", None, "the baseline ran, so memory did not stop it"),
+        "memory": _figure("peak memory against the device's", None, "the baseline's split has no memory figure"),
     }
 
 
@@ -89,8 +89,8 @@ def _bound(category: str, figure: DesignFigure, mfu: float | None) -> float | No
 def _reason(knob: Knob, figure: DesignFigure, bound: float | None, mfu: float | None, memory_bound: bool) -> str:
     if knob.category == "memory":
         return ("trades speed for memory: ranks first because memory is the problem" if memory_bound else
-                "trades speed for memory: it saves no step time and may cost some; last, since memory did not stop "
-                "the baseline")
+                "trades speed for memory: it saves no step time and may cost some; last, since memory is not what "
+                "limits this baseline")
     if bound is None:
         return f"acts on {figure.name}, which was not measured ({figure.method}): ranks after the measured arms"
     if knob.category == "communication-overlap":
