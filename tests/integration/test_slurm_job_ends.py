@@ -1,19 +1,21 @@
-"""Scheduler ends of real Slurm jobs, not drills (issue 44, done-when 2): a job past its time limit and
-a job preempted by one in a higher-priority partition, each asked "what happened to job ID?" through
-`trainops ask`, get their own cause from Slurm's own job state. The jobs' own text is no witness: the
-timed-out job prints slurmstepd's preemption line and a connection error, and still reads as a time
-limit; the preempted job prints nothing, and is not an operator's cancel."""
+"""Scheduler ends of real Slurm jobs, not drills (issue 44, done-when 2): a job past its time limit, a
+job preempted by one in a higher-priority partition and a job whose node was killed, each asked "what
+happened to job ID?" through `trainops ask`, get their own cause from Slurm's own job state. The jobs'
+own text is no witness: the timed-out job prints slurmstepd's preemption line and a connection error,
+and still reads as a time limit; the preempted job prints nothing, and is not an operator's cancel."""
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from tests.conftest import wait_for
 from trainops.cli import app
+from trainops.run_records import read_heartbeats
 from trainops.tools.calls import call
 from trainops.tools.reliability.interruptions import read_interruptions
 
@@ -64,3 +66,27 @@ def test_a_preempted_job_is_a_preemption_not_an_operator_s_cancel(slurm, workspa
     assert "preempted" in answer["summary"] and "operator" not in said, said
     assert answer["proposed_actions"] == [], said
     assert call("wait_job", {"job_id": urgent, "scheduler": "slurm", "timeout_s": 60}).state == "completed"
+
+
+def test_a_job_whose_node_was_killed_is_a_node_failure_on_that_node(sandbox_cluster, workspace):
+    """Slurm requeues a job whose node failed and it may then finish clean: the lost launch is still an
+    interruption, read from Slurm's accounting (its NODE_FAIL row) and the node's state, not the log."""
+    out = call("submit_job", {"scheduler": "slurm", "name": "nodekill", "training": {
+        "preset": "tiny", "nproc": 1, "nodes": 2, "overrides": [
+            "training.steps=300", "data.kind=synthetic", "checkpoint.enable=true", "checkpoint.interval=5",
+            "resilience.in_process_restart=false"]}})
+    job, run_dir = out.handle.job_id, out.handle.run_dir
+    wait_for(lambda: len(beats := read_heartbeats(run_dir)) == 2 and min(b.step for b in beats.values()) >= 2, 180,
+             "both ranks past step 2")
+    call("inject_fault", {"kind": "node_crash", "node": "n2", "run": Path(run_dir).name})
+    try:
+        status = call("wait_job", {"job_id": job, "scheduler": "slurm", "timeout_s": 240})
+        assert status.state == "completed" and "n2" not in status.nodes, status  # requeued by Slurm, on n1 and n3
+        (rec,) = read_interruptions(job)
+        assert (rec.cause, rec.sub_cause, rec.evidence.failing_node) == ("hardware", "node-failure", "n2"), rec
+        assert rec.evidence.reason.startswith("NODE_FAIL") and rec.started_at < status.started_at
+        answer, said = _ask(job)
+        assert (answer["verdict"], answer["cause_class"], answer["nodes"]) == ("diagnosed", "hardware", ["n2"]), said
+        assert "node_fail" in said and "network" not in said and answer["proposed_actions"] == [], said
+    finally:
+        call("inject_fault", {"kind": "heal_node", "node": "n2"})

@@ -134,7 +134,8 @@ def _diagnose(ev: Evidence, planned: bool, stale_s: float) -> Diagnosis:  # noqa
                           "partition")
     if (down or node_fail) and (ev.signal in ("SIGKILL", None) or node_fail):
         nodes = ", ".join(f"{n} {s}" for n, s in down.items()) or ev.reason
-        return _witnessed("hardware", f"processes ended ({ev.signal or ev.state}) with the node down: {nodes}",
+        said = f" (the scheduler's job state {ev.reason})" if node_fail and down else ""
+        return _witnessed("hardware", f"processes ended ({ev.signal or ev.state}) with the node down: {nodes}{said}",
                           "drain the node and requeue on healthy nodes from the last good checkpoint", True,
                           "node-failure")
     if ev.oom_kills:
@@ -155,13 +156,14 @@ def _diagnose(ev: Evidence, planned: bool, stale_s: float) -> Diagnosis:  # noqa
 
 
 _SCHEDULER_ENDS = {"PREEMPTED": ("preemption", "the scheduler preempted the job", "slurm-preempted"),
-                   "TIMEOUT": ("time-limit", "the job reached its time limit", "slurm-time-limit")}
+                   "TIMEOUT": ("time-limit", "the job reached its time limit", "slurm-time-limit"),
+                   "REQUEUED": ("requeue", "the scheduler requeued the job", "slurm-requeued")}
 """The scheduler's own job state (Slurm's, as its backend reports it: 'STATE: reason') that ends a
 job for a planned reason: witnessed, unlike the same words in the job's output."""
 
 
 def scheduler_ended(ev: Evidence) -> Diagnosis | None:
-    """The planned end the scheduler's own job state names (Slurm's PREEMPTED, TIMEOUT), or None."""
+    """The planned end the scheduler's own job state names (Slurm's PREEMPTED, TIMEOUT, REQUEUED), or None."""
     state = ev.reason.split(":", 1)[0].strip()
     if state not in _SCHEDULER_ENDS:
         return None

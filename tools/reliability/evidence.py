@@ -126,11 +126,12 @@ def _clearly_stalest(ages: dict[int, float]) -> int | None:
 
 def _place_on_a_down_node(ev: Evidence) -> None:
     """No rank stopped first, but the scheduler marks exactly one of the job's nodes down or not
-    responding (a partition: its ranks still ran): that node is the failing one, and its rank when it
-    held one rank."""
+    responding (a partition: its ranks still ran; or a launch a requeue ended, whose heartbeats the
+    next launch rewrote): that node is the failing one, and its rank when it held one rank."""
     if ev.failing_node is not None:
         return
-    down = sorted({n for n in ev.rank_nodes.values() if NODE_DOWN.search(ev.node_states.get(n, ""))})
+    nodes = set(ev.rank_nodes.values()) or set(ev.node_states)  # no beat of this launch left: its nodes
+    down = sorted({n for n in nodes if NODE_DOWN.search(ev.node_states.get(n, ""))})
     if len(down) != 1:
         return
     ev.failing_node = down[0]

@@ -366,6 +366,8 @@ def observe(status, scheduler) -> None:
         record_in_process_recoveries(status, kind)
     except (OSError, ValueError, ValidationError) as exc:
         log.warning("interruption record: in-process recoveries of job %s not recorded: %s", status.job_id, exc)
+    if status.finished:
+        _record_earlier_launches(status, scheduler, kind)
     if not status.finished or is_clean(status):
         return
     try:
@@ -377,6 +379,25 @@ def observe(status, scheduler) -> None:
         record_job_end(status, kind, nodes if status.nodes else {}, job_log)
     except (OSError, ValueError, ValidationError) as exc:
         log.warning("interruption record: job %s not recorded: %s", status.job_id, exc)
+
+
+def _record_earlier_launches(status, scheduler, kind: str) -> None:
+    """A job the scheduler requeued itself (a node failure, a preemption) ended one launch unseen and
+    may since have finished clean: each earlier launch the scheduler's accounting keeps is recorded as
+    its own end, with its own nodes' states and its part of the job log."""
+    earlier = getattr(scheduler, "earlier_launches", None)
+    launches = _quietly(lambda: earlier(status.job_id, status), []) if earlier else []
+    known = {r.id for r in read_interruptions(status.job_id)} if launches else set()
+    launches = [past for past in launches if record_id(kind, past) not in known]
+    if not launches:
+        return
+    states = _quietly(lambda: {n.name: n.state for n in scheduler.list_nodes()}, {})
+    job_log = _quietly(lambda: scheduler.logs(status.job_id, 400), "")
+    for launch in launches:
+        try:
+            record_job_end(launch, kind, {n: s for n, s in states.items() if n in launch.nodes}, job_log)
+        except (OSError, ValueError, ValidationError) as exc:
+            log.warning("interruption record: an earlier launch of job %s not recorded: %s", status.job_id, exc)
 
 
 def _quietly(read, default):

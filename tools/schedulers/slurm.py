@@ -34,6 +34,7 @@ from trainops.tools.schedulers.slurm_transport import (
     CliTransport,
     SlurmJob,
     SlurmTransport,
+    accounted_launches,
     controller_address,
     start_now,
     transport_choice,
@@ -259,6 +260,21 @@ class SlurmScheduler(PollingWait):
                          submitted_at=job.submitted_at, started_at=job.started_at,
                          ended_at=job.ended_at if state in TERMINAL_STATES else None,
                          run_dir=record["spec"].get("run_dir") if record else None)
+
+    def earlier_launches(self, job_id: str, current: JobStatus) -> list[JobStatus]:
+        """The job's launches before `current`, which a requeue ended (Slurm's own after a node failure or a
+        preemption, an operator's `scontrol requeue`, trainops' requeue_job), from Slurm's accounting: each
+        as its own end, the state Slurm recorded for it as the reason; [] without accounting."""
+        record = self._record(job_id)
+        return [JobStatus(job_id=job_id, backend=KIND, name=job.name,  # a REQUEUED launch is over: cancelled by it
+                          state=state if (state := _STATES.get(job.state)) in TERMINAL_STATES else "cancelled",
+                          exit_code=-job.exit_signal if job.exit_signal else job.exit_code,
+                          nodes=self.transport.hostnames(job.nodelist),
+                          reason=f"{job.state}: a launch before the job's requeue (Slurm's accounting)",
+                          submitted_at=job.submitted_at, started_at=job.started_at, ended_at=job.ended_at,
+                          run_dir=record["spec"].get("run_dir") if record else None)
+                for job in accounted_launches(job_id) if job.started_at and job.ended_at
+                and (current.started_at is None or job.started_at < current.started_at)]
 
     def logs(self, job_id: str, tail: int = 100, rank: int | None = None) -> str:
         record = self._record(job_id)

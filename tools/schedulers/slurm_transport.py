@@ -140,6 +140,30 @@ def _epoch(value: str | None) -> float | None:
         return None
 
 
+_LAUNCH_FIELDS = "JobID,JobName,State,ExitCode,Submit,Start,End,NodeList"
+
+
+def accounted_launches(job_id: str) -> list[SlurmJob]:
+    """Every launch of the job as Slurm's accounting recorded it (`sacct --duplicates`: a job Slurm
+    requeued, after a node failure or a preemption, keeps its id and gets one row per launch), oldest
+    first; [] where accounting is not enabled. Whatever the transport, sacct is the one reader of it."""
+    out = run_cli(["sacct", "-j", job_id, "--duplicates", "-X", "-P", "-n", f"--format={_LAUNCH_FIELDS}"],
+                  check=False)
+    found = []
+    for line in out.stdout.splitlines() if out.returncode == 0 else []:
+        parts = line.split("|")
+        if len(parts) != len(_LAUNCH_FIELDS.split(",")) or parts[0] != job_id:
+            continue
+        _, name, state, exit_code, submitted, started, ended, nodelist = parts
+        code, _, sig = exit_code.partition(":")
+        found.append(SlurmJob(job_id=job_id, name=name, state=state.split()[0] if state else "UNKNOWN",
+                              exit_code=int(code or 0) if code.isdigit() else 0,
+                              exit_signal=int(sig) if sig.isdigit() else 0,
+                              nodelist="" if nodelist in ("", "None assigned") else nodelist, reason="None",
+                              started_at=_epoch(started), ended_at=_epoch(ended), submitted_at=_epoch(submitted)))
+    return sorted(found, key=lambda j: j.started_at or 0.0)
+
+
 class CliTransport:
     """`sbatch --parsable`, `scontrol`, `squeue --json`, `sinfo --json`, `scancel`."""
 

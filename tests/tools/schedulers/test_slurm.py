@@ -9,7 +9,7 @@ import pytest
 
 from trainops.tools.schedulers import JobSpec, SchedulerError
 from trainops.tools.schedulers.slurm import SlurmScheduler, batch_script, sbatch_options
-from trainops.tools.schedulers.slurm_transport import parse_scontrol
+from trainops.tools.schedulers.slurm_transport import accounted_launches, parse_scontrol
 from trainops.trainer.config import load_config
 from trainops.trainer.launch import prepare_run
 
@@ -85,3 +85,18 @@ def test_a_missing_slurm_conf_is_refused_at_once_naming_the_path(monkeypatch, tm
     monkeypatch.setenv("SLURM_CONF", str(tmp_path / "missing.conf"))
     with pytest.raises(SchedulerError, match=r"slurm scheduler: SLURM_CONF=.*missing.conf does not exist"):
         SlurmScheduler().list_nodes()
+
+
+def test_the_launches_of_a_job_slurm_requeued_are_read_from_its_accounting(monkeypatch):
+    """`sacct --duplicates` keeps one row per launch of a requeued job (the one record of the launch a
+    node failure ended); without accounting there are none."""
+    rows = ("7|train|NODE_FAIL|0:0|2026-12-07T01:47:00|2026-12-07T01:47:10|2026-12-07T01:47:38|n[1-2]\n"
+            "7|train|CANCELLED by 0|0:15|2026-12-07T01:47:38|2026-12-07T01:47:50|2026-12-07T01:49:20|n[1,3]\n"
+            "70|other|FAILED|1:0|2026-12-07T01:40:00|2026-12-07T01:40:01|2026-12-07T01:40:02|n1\n")
+    answers = iter([subprocess.CompletedProcess([], 0, rows, ""),
+                    subprocess.CompletedProcess([], 1, "", "Slurm accounting storage is disabled")])
+    monkeypatch.setattr("trainops.tools.schedulers.slurm_transport.run_cli", lambda args, check=True: next(answers))
+    first, second = accounted_launches("7")
+    assert (first.state, first.nodelist, second.state, second.exit_signal) == ("NODE_FAIL", "n[1-2]", "CANCELLED", 15)
+    assert first.started_at < first.ended_at <= second.started_at
+    assert accounted_launches("7") == []
