@@ -233,6 +233,9 @@ def _decisions(record: dict, kind: str | None) -> list[str]:
         advice.append(("requeue_job", {"job_id": job}, "resume from the newest good checkpoint"))
     if record.get("requeue_helps") is False:  # the record's cause says a plain requeue cannot help
         advice = [a for a in advice if a[0] != "requeue_job"]
+    if ev.get("requeued"):  # the scheduler's accounting: the job already ran again after this end
+        advice = [a for a in advice if a[0] != "requeue_job"] + [
+            ("", {}, "the scheduler already requeued the job after this end: there is no requeue left to order")]
     lines = [f"next step for a {cause} cause: {record['next_step']}"] if record.get("next_step") else []
     lines += [why for tool, _, why in advice if not tool]
     for tool, args, why in (a for a in advice if a[0]):

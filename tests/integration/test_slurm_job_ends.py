@@ -88,5 +88,7 @@ def test_a_job_whose_node_was_killed_is_a_node_failure_on_that_node(sandbox_clus
         answer, said = _ask(job)
         assert (answer["verdict"], answer["cause_class"], answer["nodes"]) == ("diagnosed", "hardware", ["n2"]), said
         assert "node_fail" in said and "network" not in said and answer["proposed_actions"] == [], said
+        advice = " ".join(answer["next_to_collect"])  # drain the node; no requeue of a job Slurm already requeued
+        assert "drain_node (node n2)" in advice and "requeue_job" not in advice and "already requeued" in advice, said
     finally:
         call("inject_fault", {"kind": "heal_node", "node": "n2"})

@@ -100,6 +100,8 @@ class Evidence(BaseModel):
                                      "timeout (every matching line, not only the ranked ones).")
     world_size: int | None = Field(None, description="The job's ranks, where known (its heartbeats, its spec): "
                                    "without it no missing rank is inferred from which ranks reported a timeout.")
+    requeued: bool = Field(False, description="The scheduler requeued the job after this end (its accounting): it "
+                           "ran again, so a requeue is done, not one to order.")
     stopped_doing: dict[int, str] = Field(default_factory=dict, description="rank -> what it was doing (its "
                                           "innermost frames) when its launcher or scheduler stopped it, as it "
                                           "noted on its way out.")
@@ -322,7 +324,7 @@ def gather(status, node_states: dict[str, str] | None = None, job_log: str = "",
     if until is None and status.ended_at:
         until = status.ended_at + 1.0  # a scheduler's end time may be whole seconds
     job_log = this_launch(job_log or "", until)
-    ev = Evidence(state=status.state, reason=inert(status.reason), exit_code=status.exit_code,
+    ev = Evidence(state=status.state, reason=inert(status.reason), exit_code=status.exit_code, requeued=status.requeued,
                   node_states={inert(k): inert(v) for k, v in (node_states or {}).items()},
                   ranks_at_end=dict(ranks_at_end or {}), rank_exit_codes=_launcher_exits(job_log))
     run_dir = Path(status.run_dir) if status.run_dir else None

@@ -169,6 +169,8 @@ class JobStatus(BaseModel):
     started_at: float | None = None
     ended_at: float | None = None
     run_dir: str | None = None
+    requeued: bool = Field(False, description="This launch ended in a requeue: the job ran again under its id "
+                                              "(a scheduler's accounting of an earlier launch).")
 
     @property
     def finished(self) -> bool:

@@ -272,7 +272,7 @@ class SlurmScheduler(PollingWait):
                           nodes=self.transport.hostnames(job.nodelist),
                           reason=f"{job.state}: a launch before the job's requeue (Slurm's accounting)",
                           submitted_at=job.submitted_at, started_at=job.started_at, ended_at=job.ended_at,
-                          run_dir=record["spec"].get("run_dir") if record else None)
+                          run_dir=record["spec"].get("run_dir") if record else None, requeued=True)
                 for job in accounted_launches(job_id) if job.started_at and job.ended_at
                 and (current.started_at is None or job.started_at < current.started_at)]
 
