@@ -107,7 +107,7 @@ class Interruption(BaseModel):
                                 "say. Named here so every reader, a model included, reads it, not re-derives it.")
     @property
     def fault_kind(self) -> str | None:
-        ev, reason = self.evidence, self.cause_reason.lower()
+        ev = self.evidence
         if ev.checksum_verdict == "disagree":
             return "bitflip"
         if ev.corrupt_checkpoints:
@@ -117,7 +117,8 @@ class Interruption(BaseModel):
         down = any(_DOWN.search(str(state)) for state in ev.node_states.values())
         if down and self.cause in ("network", "hardware"):
             return "partition" if self.cause == "network" else "node-crash"
-        if "stall" in reason or "heartbeat" in reason:
+        # the cause, or a rank trainops itself saw stopped, alive: never words in the reason, which quotes the job
+        if self.cause == "hung-peer" or "stopped" in ev.ranks_at_end.values():
             return "hang"
         if ev.silent_ranks or ev.signal == "SIGKILL" or "gone" in ev.ranks_at_end.values():
             return "crash"

@@ -34,3 +34,4 @@ def test_a_rank_held_before_a_collective_is_a_hung_peer_naming_it(workspace, mon
     assert f"rank {HELD}" in answer["summary"] and "network" not in said, said
     assert not any(a["tool"] == "requeue_job" for a in answer.get("proposed_actions") or []), said
     assert "requeue_job" not in " ".join(answer.get("next_to_collect") or []), said
+    assert answer["fault_kind"] == "hang", said  # from the record's cause; its reason says no 'stall'
