@@ -49,5 +49,6 @@ def test_slurm_declaration_reports_version_partition_and_the_idle_node(slurm_con
     monkeypatch.setenv("SLURM_CONF", str(conf))
     out = call("declare_environment", {"scheduler": "slurm", "ckpt_test_mib": 2, "measure_gemm": False})
     assert out.scheduler.version.startswith("slurm")
-    assert out.scheduler.partitions == ["debug"] and out.scheduler.nodes == [socket.gethostname()]
+    # the test cluster's two partitions (tests/integration/conftest.py: `urgent` preempts `debug`)
+    assert out.scheduler.partitions == ["debug", "urgent"] and out.scheduler.nodes == [socket.gethostname()]
     assert out.scheduler.hot_spare_nodes == [socket.gethostname()]
