@@ -65,7 +65,8 @@ def test_an_in_process_recovery_is_recorded_with_the_cause_its_evidence_supports
     result, rec = _drill_record(fault, "resilience.in_process_restart=true", "resilience.collective_timeout_s=5")
     cause, cited = EXPECTED[fault]
     assert result.recovery_path == "spare-admitted" and rec.id.endswith("#gen1") and rec.ended_at is None
-    assert rec.drill and rec.cause == cause and [c for c in cited if c not in rec.cause_reason] == [], rec.cause_reason
+    assert rec.drill and rec.cause == cause and [c for c in cited if c not in rec.cause_reason] == [], (
+        rec.drill, rec.cause, rec.cause_reason)  # once failed on a loaded host: these tell which part
     assert fault not in rec.cause_reason and DRILLS[fault] not in rec.cause_reason
     assert (result.cause, result.interruption_id) == (rec.cause, rec.id)
     assert rec.lost.restart_s > 0 and rec.time_lost_s >= rec.lost.isolation_s + rec.lost.restart_s
