@@ -10,7 +10,6 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import re
 import time
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from trainops.tools.base import tool
 from trainops.tools.ids import JobId
 from trainops.tools.reliability.causes import CAUSES, Cause, Confidence, Diagnosis, diagnose, scheduler_ended
 from trainops.tools.reliability.evidence import (
+    NODE_DOWN,
     TRUST_SPECIFICITY,
     Evidence,
     gather,
@@ -37,7 +37,6 @@ RECORD_NAME = "interruptions.jsonl"
 MAX_RECORD_FILE = 64 << 20
 MAX_REASON_CHARS = 700
 _PLANNED_STATES = {"cancelled"}
-_DOWN = re.compile(r"down|not.?responding|fail", re.I)
 IN_PROCESS_MARK = "#gen"
 """An in-process recovery's record id: the job's launch id, then this and the recovery's generation."""
 STALE_MIN_S, STALE_STEPS = 5.0, 5  # a rank silent longer than this (and 5 steps) at the end had stalled
@@ -114,7 +113,7 @@ class Interruption(BaseModel):
             return "checkpoint-corruption"
         if ev.nonfinite_loss_step is not None:
             return "nan"
-        down = any(_DOWN.search(str(state)) for state in ev.node_states.values())
+        down = any(NODE_DOWN.search(str(state)) for state in ev.node_states.values())
         if down and self.cause in ("network", "hardware"):
             return "partition" if self.cause == "network" else "node-crash"
         # the cause, or a rank trainops itself saw stopped, alive: never words in the reason, which quotes the job
