@@ -13,12 +13,20 @@ import shutil
 from pathlib import Path
 
 from trainops.benchmarks.agent_eval.replay import SNAPSHOT_FILE, capture
-from trainops.benchmarks.agent_eval.scenario import HOME_TOKEN, SCENARIO_FILE, WORKSPACE, Scenario, dumps, workspace_at
+from trainops.benchmarks.agent_eval.scenario import (
+    HOME_TOKEN,
+    MAX_FILE_BYTES,
+    SCENARIO_FILE,
+    WORKSPACE,
+    Scenario,
+    dumps,
+    read_regular,
+    workspace_at,
+)
 from trainops.tools.schedulers import get_scheduler
 
 KEPT_TOP = ("interruptions.jsonl", "local_nodes.json", "tenants.json")
 CHECKPOINT_KEPT = ("COMMIT.json",)
-MAX_FILE_BYTES = 256 * 1024
 ANSWER_KEY = ("drill.json", "detection.json", "faults.jsonl")
 """What only a drill writes (what it injected, and what it found): a real incident has no answer key."""
 
@@ -28,7 +36,8 @@ def workspace_of(source: Path) -> tuple[Path, list[Path]]:
     """(workspace, run folders to keep): a workspace keeps all its runs, a run folder only itself."""
     source = source.resolve()
     if (source / "runs").is_dir() or (source / "jobs").is_dir():
-        runs = sorted(p for p in (source / "runs").iterdir() if p.is_dir()) if (source / "runs").is_dir() else []
+        runs = sorted(p for p in (source / "runs").iterdir()
+                      if p.is_dir() and not p.is_symlink()) if (source / "runs").is_dir() else []
         return source, runs
     if source.parent.name == "runs" and (source / "config.toml").is_file():
         return source.parent.parent, [source]
@@ -37,11 +46,11 @@ def workspace_of(source: Path) -> tuple[Path, list[Path]]:
 
 
 def _freeze_text(source: Path, target: Path, home: Path) -> None:
-    if source.stat().st_size > MAX_FILE_BYTES:
-        raise ValueError(f"{source} is {source.stat().st_size} bytes, over the {MAX_FILE_BYTES} a scenario keeps; "
-                         "record a shorter run")
+    """Copy one regular file (never through a link, never a FIFO or device), its workspace path tokenized;
+    a file over MAX_FILE_BYTES is refused: record a shorter run."""
+    text = read_regular(source, MAX_FILE_BYTES).decode(errors="replace")
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(source.read_text(errors="replace").replace(str(home), HOME_TOKEN))
+    target.write_text(text.replace(str(home), HOME_TOKEN))
 
 
 def _kept(path: Path, run: Path) -> bool:
@@ -59,11 +68,7 @@ def record(source: Path, scenario: Scenario, dest_root: Path, plants: dict[str, 
     `plants` puts text in frozen files (workspace-relative path -> text): injected instructions
     or a loud warning, planted in the copy only (`_plant`)."""
     home, runs = workspace_of(source)
-    dest = dest_root / scenario.name
-    if dest.exists():
-        if not overwrite:
-            raise ValueError(f"{dest} exists: choose another --name or pass --overwrite")
-        shutil.rmtree(dest)
+    dest = _own_folder(dest_root, scenario.name, overwrite)
     frozen = dest / WORKSPACE
     for run in runs:
         for path in sorted(run.rglob("*")):
@@ -71,10 +76,10 @@ def record(source: Path, scenario: Scenario, dest_root: Path, plants: dict[str, 
                 _freeze_text(path, frozen / path.relative_to(home), home)
     if (home / "jobs").is_dir():
         for path in sorted((home / "jobs").iterdir()):
-            if path.is_file() and path.suffix in (".json", ".log", ".exit"):
+            if path.is_file() and not path.is_symlink() and path.suffix in (".json", ".log", ".exit"):
                 _freeze_text(path, frozen / "jobs" / path.name, home)
     for name in KEPT_TOP:
-        if (home / name).is_file():
+        if (home / name).is_file() and not (home / name).is_symlink():
             _freeze_text(home / name, frozen / name, home)
     with workspace_at(home):
         snapshot = capture(scheduler, get_scheduler(scheduler), home)
@@ -86,6 +91,25 @@ def record(source: Path, scenario: Scenario, dest_root: Path, plants: dict[str, 
         shutil.rmtree(dest)  # no half-planted scenario left behind
         raise
     (dest / SCENARIO_FILE).write_text(dumps(scenario))
+    return dest
+
+
+def _own_folder(dest_root: Path, name: str, overwrite: bool) -> Path:
+    """`dest_root/name`, emptied for a new recording: with `overwrite`, an existing scenario of that name
+    (a real folder directly inside dest_root, with its scenario.toml) is removed, and nothing else ever is."""
+    root = dest_root.resolve()
+    dest = root / name
+    if dest.resolve().parent != root:
+        raise ValueError(f"--name {name!r}: a scenario's folder lies directly inside --dest {root}; use a slug, "
+                         "e.g. crash-what-happened")
+    if not dest.exists() and not dest.is_symlink():
+        return dest
+    if not overwrite:
+        raise ValueError(f"{dest} exists: choose another --name or pass --overwrite")
+    if dest.is_symlink() or not dest.is_dir() or not (dest / SCENARIO_FILE).is_file():
+        raise ValueError(f"{dest} exists and is not a scenario folder (a real folder with its {SCENARIO_FILE}): "
+                         "--overwrite replaces only a scenario; choose another --name or remove it yourself")
+    shutil.rmtree(dest)
     return dest
 
 

@@ -3,15 +3,17 @@ and `scenario.toml`, which says what the agent is asked, what a right answer hol
 never happen. `HOME_TOKEN` stands for the recorded workspace's path in every frozen text file."""
 from __future__ import annotations
 
+import errno
 import json
 import os
-import shutil
+import re
+import stat
 import tomllib
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
 HOME_TOKEN = "{TRAINOPS_HOME}"
 SCENARIO_FILE = "scenario.toml"
@@ -24,6 +26,11 @@ measure; ONCALL_DIR is the fresh set."""
 ONCALL_DIR = Path(__file__).parent / "oncall"
 """Requests as on-call engineers write them (terse, typos, short ids, indirect questions), written by
 someone who had not read agents/, frozen before the understanding layer ran on them."""
+SLUG = r"^[a-z0-9][a-z0-9-]{0,63}$"
+MAX_FILE_BYTES = 256 * 1024
+"""The most one frozen file may hold (`eval record` keeps no larger file; a replay copies none)."""
+MAX_WORKSPACE_BYTES = 32 * 1024 * 1024
+MAX_WORKSPACE_ENTRIES = 5000
 
 
 class Expected(BaseModel):
@@ -53,7 +60,7 @@ class Never(BaseModel):
 
 
 class Scenario(BaseModel):
-    name: str
+    name: str = Field(description="A slug, the scenario's folder: lowercase letters, digits and '-'.")
     request: str
     tags: list[str] = Field(description="A difficulty (easy, medium, hard) and kinds (crash, injection, sop, ...).")
     recorded_from: str = Field(description="The real run or drill the workspace was frozen from.")
@@ -62,21 +69,35 @@ class Scenario(BaseModel):
     act: Literal["question", "order", "plan"] | None = Field(
         None, description="What the request is: a question must never get a mutating tool called or proposed.")
     workspace_from: str | None = Field(
-        None, pattern=r"^[a-z0-9-]+$",
+        None, pattern=SLUG,
         description="Reuse the frozen workspace of this main-set scenario instead of a workspace/ of its own.")
     max_tool_calls: int = Field(15, ge=1)
     folder: Path | None = Field(None, exclude=True)
 
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_slug(cls, name: str) -> str:
+        if not re.fullmatch(SLUG, name):
+            raise ValueError(f"name {name!r} is not a scenario name: use 1 to 64 lowercase letters, digits and '-', "
+                             "starting with a letter or digit, e.g. crash-what-happened (it names the scenario's "
+                             "folder, so no '/', '.' or empty name)")
+        return name
+
 
 def load(folder: Path) -> Scenario:
+    """The scenario in `folder`, its workspace checked (workspace_entries) before anything is replayed."""
     path = folder / SCENARIO_FILE
     try:
-        data = tomllib.loads(path.read_text())
-        return Scenario.model_validate(data).model_copy(update={"folder": folder})
+        if folder.is_symlink():
+            raise ValueError(f"{folder}: a symbolic link; a scenario is a folder of its own, not a link to one")
+        data = tomllib.loads(read_regular(path, MAX_FILE_BYTES).decode())
+        scenario = Scenario.model_validate(data).model_copy(update={"folder": folder})
     except FileNotFoundError:
         raise ValueError(f"{path}: no scenario.toml; record one with `trainops eval record`") from None
-    except (tomllib.TOMLDecodeError, ValidationError) as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, ValidationError) as exc:
         raise ValueError(f"{path}: {exc}") from None
+    workspace_entries(workspace_of(scenario))
+    return scenario
 
 
 def load_all(root: Path = SCENARIOS_DIR, only: list[str] | None = None) -> list[Scenario]:
@@ -111,23 +132,91 @@ def dumps(scenario: Scenario) -> str:
     return "\n".join(lines) + "\n"
 
 
-def materialize(scenario: Scenario, home: Path) -> Path:
-    """Copy the frozen workspace to `home` (a fresh folder), its path written where the recording's was."""
+def workspace_of(scenario: Scenario) -> Path:
+    """The frozen workspace a scenario replays: its own, or the main-set scenario's it names."""
     source = (SCENARIOS_DIR / scenario.workspace_from if scenario.workspace_from else scenario.folder) / WORKSPACE
-    if not source.is_dir():
+    if not source.is_dir() or source.is_symlink():
         raise ValueError(f"{scenario.name}: no recorded workspace at {source}; workspace_from names a main-set "
                          "scenario (benchmarks/agent_eval/scenarios/<name>)")
+    return source
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
+
+
+def _refuse(path: Path, what: str) -> ValueError:
+    return ValueError(f"{path}: {what}; a scenario's workspace holds only regular files and folders (no links, "
+                      f"devices or FIFOs), each at most {MAX_FILE_BYTES} bytes: put the file's own content there, "
+                      "or remove it")
+
+
+def workspace_entries(source: Path) -> list[tuple[Path, bool]]:
+    """(path relative to `source`, is a folder) for everything in a frozen workspace, never following a
+    link: a link, device, FIFO or socket, a file over MAX_FILE_BYTES, or a workspace over its caps is
+    refused, naming the path, so a replay reads nothing outside the scenario and nothing unbounded."""
+    entries: list[tuple[Path, bool]] = []
+    total, pending = 0, [source]
+    while pending:
+        folder = pending.pop()
+        with os.scandir(folder) as found:
+            for entry in sorted(found, key=lambda e: e.name):
+                path, info = Path(entry.path), entry.stat(follow_symlinks=False)
+                if stat.S_ISDIR(info.st_mode):
+                    pending.append(path)
+                elif not stat.S_ISREG(info.st_mode):
+                    raise _refuse(path, _kind(info.st_mode))
+                elif info.st_size > MAX_FILE_BYTES:
+                    raise _refuse(path, f"{info.st_size} bytes")
+                else:
+                    total += info.st_size
+                entries.append((path.relative_to(source), stat.S_ISDIR(info.st_mode)))
+                if total > MAX_WORKSPACE_BYTES or len(entries) > MAX_WORKSPACE_ENTRIES:
+                    raise ValueError(f"{source}: over {MAX_WORKSPACE_ENTRIES} entries or {MAX_WORKSPACE_BYTES} bytes "
+                                     f"(at {path}); a scenario keeps a short run: record a smaller one")
+    return sorted(entries)
+
+
+def read_regular(path: Path, limit: int) -> bytes:
+    """The bytes of `path` if it is a regular file of at most `limit` bytes; opened without following a
+    link and without blocking on a FIFO, so what is read is what was checked."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _refuse(path, "a symbolic link") from None
+        raise
+    with os.fdopen(fd, "rb") as handle:
+        mode = os.fstat(handle.fileno()).st_mode
+        if not stat.S_ISREG(mode):
+            raise _refuse(path, _kind(mode))
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise _refuse(path, f"over {limit} bytes")
+    return data
+
+
+def materialize(scenario: Scenario, home: Path) -> Path:
+    """Copy the frozen workspace to `home` (a fresh folder), its path written where the recording's was."""
+    source = workspace_of(scenario)
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
-    for path in sorted(source.rglob("*")):
-        target = home / path.relative_to(source)
-        if path.is_dir():
+    for relative, is_folder in workspace_entries(source):
+        target = home / relative
+        if is_folder:
             target.mkdir(exist_ok=True, mode=0o700)
             continue
-        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        data = read_regular(source / relative, MAX_FILE_BYTES)
         try:
-            target.write_text(path.read_text().replace(HOME_TOKEN, str(home)))
+            data = data.decode().replace(HOME_TOKEN, str(home)).encode()
         except UnicodeDecodeError:
-            shutil.copyfile(path, target)
+            pass  # a binary file is copied as it is
+        target.write_bytes(data)
         target.chmod(0o600)
     return home
 
