@@ -21,6 +21,7 @@ from trainops.agents import action_policy
 from trainops.agents.answer import Evidence
 from trainops.agents.explain import Next, final, grep_evidence, inconclusive, outputs
 from trainops.tools.reliability.evidence import NODE_DOWN
+from trainops.tools.reliability.next_steps import DETERMINISTIC, NO_REQUEUE
 from trainops.tools.reliability.sdc_check import KNOWN_ANSWER_FAILED
 
 if TYPE_CHECKING:
@@ -228,11 +229,11 @@ def _decisions(record: dict, kind: str | None) -> list[str]:
                                                          "the job's own log; run the node check first"))
     elif cause == "hardware" and ev.get("failing_node"):
         advice.append(("drain_node", {"node": ev["failing_node"]}, f"the job's node {ev['failing_node']} failed"))
-        advice.append(("requeue_job", {"job_id": job}, "resume from the newest good checkpoint on healthy nodes"))
-    elif cause in ("hardware", "network") or kind in ("crash", "hang"):
-        advice.append(("requeue_job", {"job_id": job}, "resume from the newest good checkpoint"))
-    if record.get("requeue_helps") is False:  # the record's cause says a plain requeue cannot help
-        advice = [a for a in advice if a[0] != "requeue_job"]
+    if record.get("requeue_helps") is True:  # the cause class's (next_steps.py): planned, or a witnessed loss
+        healthy = " on healthy nodes" if cause in ("hardware", "network") else ""
+        advice.append(("requeue_job", {"job_id": job}, f"resume from the newest good checkpoint{healthy}"))
+    elif record.get("requeue_helps") is False and cause in DETERMINISTIC:
+        advice.append(("", {}, NO_REQUEUE))
     if ev.get("requeued"):  # the scheduler's accounting: the job already ran again after this end
         advice = [a for a in advice if a[0] != "requeue_job"] + [
             ("", {}, "the scheduler already requeued the job after this end: there is no requeue left to order")]
@@ -262,7 +263,7 @@ def _from_record(record: dict, grep: dict | None, asks_cause: bool,
                      evidence=evidence, next_to_collect=[
                          "the failing rank's full log around its last step (read_log_window)",
                          "the node's kernel log and the scheduler's node state at the end",
-                         "whether the end recurs when the job is requeued under watch_job"])
+                         "what changed since the job's last good run (its config, data, code, image: compare_runs)"])
     return final("diagnosed", f"Job {record['job_id']} ended with a {cause} cause" + (f" ({kind})" if kind else "")
                  + f": {record['cause_reason']}",
                  record.get("confidence") or ("high" if len(evidence) > 1 else "medium"), fault_kind=kind,

@@ -3,6 +3,7 @@ that evidence alone, with how sure it is, the line that names it, the next step 
 requeue can help (`diagnose`; `classify` is its cause and reason). A drill's name and the
 faults.jsonl kind are never read: that a fault was injected comes from trainops' own record of the
 injection (tools/reliability/interruptions.py), and the evidence's own reading is kept beside it.
+Whether a requeue can help is never a rule's own say: it is the cause class's (next_steps.py).
 
 The rules, first match wins:
 - an operator's cancel of a healthy job -> planned (preemption or time limit where the scheduler's own
@@ -44,6 +45,7 @@ from trainops.tools.reliability.evidence import (
     Evidence,
     reported_timeout,
 )
+from trainops.tools.reliability.next_steps import requeue_can_help
 from trainops.tools.reliability.sdc_check import KNOWN_ANSWER_FAILED
 from trainops.tools.reliability.signature_match import (
     TRUST_SPECIFICITY,
@@ -106,45 +108,45 @@ def diagnose(ev: Evidence, planned: bool = False, stale_s: float = 5.0) -> Diagn
     return found
 
 
-def _witnessed(cause: Cause, reason: str, step: str, requeue: bool | None, sub: str = "") -> Diagnosis:
-    """A verdict from what trainops or the scheduler witnessed (not a job's text)."""
+def _witnessed(cause: Cause, reason: str, step: str, sub: str, requeue: bool | None = None) -> Diagnosis:
+    """A verdict from what trainops or the scheduler witnessed (not a job's text); whether a requeue
+    can help is the cause class's (next_steps.py) unless `requeue` says otherwise."""
     return Diagnosis(cause=cause, reason=reason, sub_cause=sub, confidence="high", next_step=step,
-                     requeue_helps=requeue)
+                     requeue_helps=requeue_can_help(cause, sub, witnessed=True) if requeue is None else requeue)
 
 
 def _diagnose(ev: Evidence, planned: bool, stale_s: float) -> Diagnosis:  # noqa: PLR0911 - one return per rule
     if planned:  # a healthy job's cancel: an operator's, unless the scheduler's own state names another end
         return scheduler_ended(ev) or _witnessed("planned", f"ended by an operator ({ev.state}: "
                                                  f"{ev.reason or 'cancelled'})", "nothing to fix; requeue when wanted",
-                                                 True, "cancelled")
+                                                 "cancelled")
     if ev.checksum_verdict == "disagree":
         return _witnessed("hardware", f"replica checksums disagree ({ev.checksum_detail}): suspected silent data "
                           "corruption", "respond to the suspected SDC: known-answer checks fleet-wide and co-located",
-                          False, "sdc")
+                          "sdc", requeue=False)
     if wrong := _known_answer_failures(ev):
         return _witnessed("hardware", f"a known-answer GEMM/collective check computed wrong results: {wrong[-1]}",
-                          "drain the node the check convicted, then requeue on healthy nodes", True, "sdc")
+                          "drain the node the check convicted, then requeue on healthy nodes", "sdc")
     down = {n: s for n, s in ev.node_states.items() if NODE_DOWN.search(s)}
     node_fail = re.search(r"NODE_FAIL|node.*(down|fail|lost|not responding)", ev.reason, re.I)
     alive = sorted(r for r, st in ev.ranks_at_end.items() if st == "running" and ev.rank_nodes.get(r) in down)
     if alive:
         nodes = ", ".join(f"{n} {s}" for n, s in down.items() if n in {ev.rank_nodes[r] for r in alive})
         return _witnessed("network", f"the scheduler lost {nodes} while rank(s) {alive} there still ran: the node is "
-                          "unreachable, not dead (a partition)", "requeue excluding the unreachable node", True,
-                          "partition")
+                          "unreachable, not dead (a partition)", "requeue excluding the unreachable node", "partition")
     if (down or node_fail) and (ev.signal in ("SIGKILL", None) or node_fail):
         nodes = ", ".join(f"{n} {s}" for n, s in down.items()) or ev.reason
         said = f" (the scheduler's job state {ev.reason})" if node_fail and down else ""
         return _witnessed("hardware", f"processes ended ({ev.signal or ev.state}) with the node down: {nodes}{said}",
-                          "drain the node and requeue on healthy nodes from the last good checkpoint", True,
+                          "drain the node and requeue on healthy nodes from the last good checkpoint",
                           "node-failure")
     if ev.oom_kills:
         return _witnessed("host-memory", f"the kernel's OOM killer ended a rank (the job's host memory use): "
-                          f"{ev.oom_kills[-1]}", signature("oom-killer").next_step, False, "oom-kill")
+                          f"{ev.oom_kills[-1]}", signature("oom-killer").next_step, "oom-kill")
     if ev.nonfinite_loss_step is not None and ev.nonfinite_repeats:
         return _witnessed("data", f"non-finite loss at data position step {ev.nonfinite_loss_step} recurs on replay"
                           + (f" ({ev.replay})" if ev.replay else ""), "skip or fix the data at that position",
-                          False, "nan-recurs")
+                          "nan-recurs")
     if ev.nonfinite_loss_step is not None and ev.nonfinite_repeats is False:
         return _did_not_recur(ev)  # trainops' own replay outranks the job's 'loss nan' line
     if (ended := scheduler_ended(ev)) is not None:
@@ -168,7 +170,7 @@ def scheduler_ended(ev: Evidence) -> Diagnosis | None:
     if state not in _SCHEDULER_ENDS:
         return None
     sub, what, sig = _SCHEDULER_ENDS[state]
-    return _witnessed("planned", f"{what} (the scheduler's job state {ev.reason})", signature(sig).next_step, True, sub)
+    return _witnessed("planned", f"{what} (the scheduler's job state {ev.reason})", signature(sig).next_step, sub)
 
 
 def _did_not_recur(ev: Evidence) -> Diagnosis:
@@ -194,7 +196,8 @@ def _without_a_named_cause(ev: Evidence, stale_s: float, trusted: list[Signature
                                  f"lived{f' ({state})' if state else ''} on live node(s) {nodes}; {peers}; nothing "
                                  "says why it stalled"),
                          next_step=f"read rank {stalled}'s stack (py-spy dump, the flight recorder) and fix the code "
-                                   "path it was in; a requeue meets the same stall", requeue_helps=False)
+                                   "path it was in; a requeue meets the same stall",
+                         requeue_helps=requeue_can_help("hung-peer", "stalled-rank", witnessed=True))
     if trusted:
         return _from_signature(ev, trusted[0], trusted)
     net = [ln for ln in ev.error_lines if NETWORK_ERROR.search(ln)]
@@ -203,7 +206,8 @@ def _without_a_named_cause(ev: Evidence, stale_s: float, trusted: list[Signature
     if net:
         return Diagnosis(cause="network", confidence="medium", quote=net[-1], sub_cause="connection",
                          reason=f"connection failure between live nodes ({nodes}): {net[-1]}",
-                         next_step="find the rank that failed first, then check the link between the nodes")
+                         next_step="find the rank that failed first, then check the link between the nodes",
+                         requeue_helps=requeue_can_help("network", "connection", witnessed=False))
     hints = [h for h in ev.signatures if h.specificity == TRUST_SPECIFICITY - 1]
     if hints:
         return _from_signature(ev, hints[0], hints, confidence="low")
@@ -215,7 +219,7 @@ def _without_a_named_cause(ev: Evidence, stale_s: float, trusted: list[Signature
         return Diagnosis(cause="software", sub_cause="exception", confidence="medium", quote=line,
                          reason=f"a Python exception in {where}: {exc[-1] if exc else line}",
                          next_step="read the exception and the code path it names; a requeue repeats it",
-                         requeue_helps=False)
+                         requeue_helps=requeue_can_help("software", "exception", witnessed=False))
     return Diagnosis(cause="unclassified", reason="no rule matched the evidence: " + "; ".join(_seen(ev)))
 
 
@@ -245,10 +249,9 @@ def _from_signature(ev: Evidence, top: SignatureHit, hits: list[SignatureHit],
         reason += "; from the job's own text only: a hypothesis until trainops' check on the node agrees"
     sure = confidence or ("high" if top.specificity >= TRUST_SPECIFICITY and not others and sig.settles
                           and top.cause != "hung-peer" and not sig.job_writable else "medium")
-    requeue = sig.requeue_helps
+    requeue = requeue_can_help(top.cause, top.sub_cause, witnessed=False)  # a line of the job's own text
     if sig.job_writable:  # the scheduler's words in the job's own output: the job could have printed them
         reason += "; read from the job's output, not the scheduler's job state"
-        requeue = None
     if others:
         reason += f"; other lines point to {', '.join(others)}"
     return Diagnosis(cause=top.cause, sub_cause=top.sub_cause, confidence=sure, quote=top.line, reason=reason,

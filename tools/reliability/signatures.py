@@ -2,8 +2,9 @@
 texts their sources print (NVIDIA's Xid catalog and its resolution buckets, the CUDA runtime's
 errors, NCCL's and PyTorch's error texts, Slurm's job states and slurmstepd's lines, the Linux
 OOM killer, errno). Each entry: what it matches, its cause and sub-cause, how specific it is, what
-it implies, the next step, whether a plain requeue can help, and its source. Adding a signature is
-one entry; `match_lines` (signature_match.py) ranks every hit by specificity, never first hit.
+it implies, the next step (what to change), and its source; whether a requeue can help is its
+cause class's (tools/reliability/next_steps.py), never an entry's. Adding a signature is one
+entry; `match_lines` (signature_match.py) ranks every hit by specificity, never first hit.
 
 Specificity: 4 names the cause itself and outranks the symptoms it produces (an ECC error over
 the watchdog abort it caused, a NCCL socket error over the timeout, /dev/shm full over a full
@@ -25,20 +26,19 @@ class Signature:
     specificity: int
     implies: str
     next_step: str
-    requeue_helps: bool
     source: str
     settles: bool = True
     """False where the source's own text names a family of causes (NCCL's ncclSystemError: 'a system call,
     e.g. socket or malloc, or an external library call failed'): never 'high' on its own."""
     job_writable: bool = False
     """True where the line is one the scheduler prints into the job's own output, which the job could print as
-    well: on that text alone never 'high' and no requeue decided (the scheduler's own job state decides it)."""
+    well: on that text alone never 'high' (the scheduler's own job state decides it)."""
 
 
 def _sig(name: str, pattern: str, cause: str, sub_cause: str, specificity: int, implies: str, next_step: str,
-         requeue_helps: bool, source: str, settles: bool = True, exact_case: bool = False) -> Signature:
+         source: str, settles: bool = True, exact_case: bool = False) -> Signature:
     return Signature(name, re.compile(pattern, 0 if exact_case else re.I), cause, sub_cause, specificity, implies,
-                     next_step, requeue_helps, source, settles, job_writable=exact_case)
+                     next_step, source, settles, job_writable=exact_case)
 
 
 def _slurm_end(due_to: str) -> str:
@@ -47,97 +47,97 @@ def _slurm_end(due_to: str) -> str:
 
 
 _CHECK_NODE = ("run trainops' known-answer check job on that node and read its kernel log (a job trainops submits "
-               "there); drain it when the check agrees, then requeue on healthy nodes")
+               "there); drain it when the check agrees (the check's verdict, not this line, decides what runs next)")
 _XID = r"\bXid\b[^\n]*?\b(?:\d{4}:)?[0-9a-f]{2}:[0-9a-f]{2}(?:\.\d)?\)?:?\s*"  # "Xid (PCI:0000:3b:00): 79, ..."
 
 SIGNATURES: tuple[Signature, ...] = (
     # --- GPU hardware: the GPU's own messages -------------------------------------------------
     _sig("cuda-ecc-uncorrectable", r"uncorrectable ECC error", "hardware", "ecc", 4,
-         "the GPU's memory (HBM) reported an uncorrectable ECC error", _CHECK_NODE, False,
+         "the GPU's memory (HBM) reported an uncorrectable ECC error", _CHECK_NODE,
          "CUDA runtime cudaErrorECCUncorrectable; NVIDIA Xid catalog (48/94/95)"),
     _sig("xid-ecc-hbm", _XID + r"(48|63|64|92|94|95)\b", "hardware", "ecc", 4,
-         "the Xid catalog's memory bucket: ECC / row remapping on the GPU's HBM", _CHECK_NODE, False,
+         "the Xid catalog's memory bucket: ECC / row remapping on the GPU's HBM", _CHECK_NODE,
          "NVIDIA Xid catalog: 48 DBE, 63/64 row remapping, 92 high SBE rate, 94/95 contained/uncontained ECC"),
     _sig("xid-off-bus", _XID + r"79\b|fallen off the bus", "hardware", "fallen-off-bus", 4,
-         "the GPU fell off the bus (the Xid catalog: reset the GPU or the node)", _CHECK_NODE, False,
+         "the GPU fell off the bus (the Xid catalog: reset the GPU or the node)", _CHECK_NODE,
          "NVIDIA Xid catalog: 79 GPU has fallen off the bus"),
     _sig("xid-nvlink", _XID + r"74\b|NVLink[^\n]*(error|uncorrectable|fatal|down)|uncorrectable NVLink",
-         "hardware", "nvlink", 4, "an NVLink error between GPUs of the node", _CHECK_NODE, False,
+         "hardware", "nvlink", 4, "an NVLink error between GPUs of the node", _CHECK_NODE,
          "NVIDIA Xid catalog: 74 NVLink error; CUDA runtime cudaErrorNvlinkUncorrectable"),
     _sig("xid-gsp", _XID + r"(119|120|62|61)\b", "hardware", "gpu-firmware", 4,
-         "the GPU's firmware (GSP / microcontroller) stopped answering", _CHECK_NODE, False,
+         "the GPU's firmware (GSP / microcontroller) stopped answering", _CHECK_NODE,
          "NVIDIA Xid catalog: 61/62 internal microcontroller, 119/120 GSP"),
     _sig("xid-application", _XID + r"(13|31|43|45)\b", "software", "xid-application", 2,
          "an Xid the catalog puts in the application bucket (a bad kernel or memory access by the job)",
-         "read the job's own error before suspecting the GPU; rerun with CUDA_LAUNCH_BLOCKING=1", False,
+         "read the job's own error before suspecting the GPU; rerun with CUDA_LAUNCH_BLOCKING=1",
          "NVIDIA Xid catalog: 13/31/43/45 application bucket"),
     _sig("gpu-lost", r"GPU is lost|GPU [^\n]*has fallen off|Unable to determine the device handle for GPU|"
          r"cudaErrorDevicesUnavailable|CUDA_ERROR_DEVICE_UNAVAILABLE", "hardware", "gpu-lost", 4,
-         "the GPU disappeared from the node", _CHECK_NODE, False, "nvidia-smi; CUDA runtime"),
+         "the GPU disappeared from the node", _CHECK_NODE, "nvidia-smi; CUDA runtime"),
     _sig("pcie-aer", r"PCIe Bus Error[^\n]*(Uncorrected|Fatal)|AER:[^\n]*Uncorrected", "hardware", "pcie", 4,
-         "the PCIe link to a device reported an uncorrected error", _CHECK_NODE, False, "Linux PCIe AER"),
+         "the PCIe link to a device reported an uncorrected error", _CHECK_NODE, "Linux PCIe AER"),
     _sig("ecc-any", r"\bECC error|ecc_errors|DCGM_FI_DEV_ECC", "hardware", "ecc", 3,
-         "the GPU reported ECC errors", _CHECK_NODE, False, "CUDA runtime; DCGM"),
+         "the GPU reported ECC errors", _CHECK_NODE, "CUDA runtime; DCGM"),
     # --- GPU memory --------------------------------------------------------------------------
     _sig("cuda-oom", r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError|CUDA_ERROR_OUT_OF_MEMORY|"
          r"cudaErrorMemoryAllocation|CUBLAS_STATUS_ALLOC_FAILED|cuda[^\n]*\bout of memory|"
          r"out of memory[^\n]*\b(gpu|cuda|device)|RESOURCE_EXHAUSTED: OOM", "gpu-memory", "oom", 3,
          "the job asked the GPU for more memory than it had free",
          "lower the micro-batch (or sequence length), or add activation checkpointing / sharding, then resubmit "
-         "with that change: the same job runs out of memory at the same point", False,
+         "with that change: the same job runs out of memory at the same point",
          "PyTorch CUDA caching allocator; CUDA runtime cudaErrorMemoryAllocation; cuBLAS; TensorFlow"),
     # --- host memory -------------------------------------------------------------------------
     _sig("shm-full", r"/dev/shm[^\n]*(No space|full|failed|error)|(No space|full|failed|error)[^\n]*/dev/shm|"
          r"unable to write to file </torch_|shared memory segment|insufficient shared memory|shm_open",
          "host-memory", "shm", 4, "the node's shared memory (/dev/shm) is too small for the job",
          "give the job more shared memory (a container's --shm-size / --ipc=host), or fewer DataLoader workers",
-         False, "PyTorch DataLoader; NCCL shared-memory transport"),
+         "PyTorch DataLoader; NCCL shared-memory transport"),
     _sig("dataloader-bus-error", r"DataLoader worker[^\n]*(Bus error|bus error)|Bus error[^\n]*DataLoader",
          "host-memory", "shm", 4, "a DataLoader worker died of a bus error: shared memory ran out",
-         "give the job more shared memory (--shm-size / --ipc=host), or fewer DataLoader workers", False,
+         "give the job more shared memory (--shm-size / --ipc=host), or fewer DataLoader workers",
          "PyTorch DataLoader's worker error text"),
     _sig("dataloader-killed", r"DataLoader worker \(pid[^\n]*killed by signal: Killed", "host-memory",
          "oom-kill-dataloader-worker", 4, "the kernel killed a DataLoader worker: host memory ran out",
-         "fewer DataLoader workers or a smaller prefetch, or a node with more memory", False,
+         "fewer DataLoader workers or a smaller prefetch, or a node with more memory",
          "PyTorch DataLoader's worker error text"),
     _sig("oom-killer", r"Out of memory: Kill|oom-kill|oom_kill|Memory cgroup out of memory|"
          r"cgroup out-of-memory handler|OUT_OF_MEMORY", "host-memory", "oom-kill", 4,
          "the kernel's OOM killer ended the job's processes: host memory ran out",
          "lower the job's host memory use (workers, caching, pinned buffers) or ask the scheduler for more memory",
-         False, "Linux OOM killer; Slurm slurmstepd oom-kill / OUT_OF_MEMORY state"),
+         "Linux OOM killer; Slurm slurmstepd oom-kill / OUT_OF_MEMORY state"),
     _sig("host-alloc", r"\bMemoryError\b|std::bad_alloc|Cannot allocate memory|DefaultCPUAllocator: "
          r"(can't|not enough)|\[Errno 12\]", "host-memory", "host-oom", 3,
          "the job could not allocate host memory",
-         "lower host memory use (the step that allocated: loading, saving, caching) or use a larger node", False,
+         "lower host memory use (the step that allocated: loading, saving, caching) or use a larger node",
          "Python MemoryError; C++ std::bad_alloc; errno ENOMEM; PyTorch CPU allocator"),
     _sig("bus-error", r"\bBus error\b", "host-memory", "shm", 2, "a bus error (often shared memory exhausted)",
-         "check /dev/shm on the node and the job's shared-memory size", False, "POSIX SIGBUS"),
+         "check /dev/shm on the node and the job's shared-memory size", "POSIX SIGBUS"),
     _sig("killed", r"^\s*Killed\s*$|exit code 137|exitcode\s*:\s*-9\b", "host-memory", "killed", 1,
          "a process was killed with SIGKILL (often the OOM killer)",
-         "read the node's kernel log for an OOM kill at that time", False, "shell / torchrun"),
+         "read the node's kernel log for an OOM kill at that time", "shell / torchrun"),
     # --- storage -----------------------------------------------------------------------------
     _sig("disk-full", r"No space left on device|\[Errno 28\]|ENOSPC|Disk quota exceeded|\[Errno 122\]",
          "storage", "disk-full", 3, "the file system the job writes to is full",
          "free space (or raise the quota) where the job writes; the checkpoint written then may be truncated: "
-         "resume from the previous good one in the journal", False, "errno ENOSPC / EDQUOT"),
+         "resume from the previous good one in the journal", "errno ENOSPC / EDQUOT"),
     _sig("checkpoint-truncated", r"PytorchStreamReader failed|failed finding central directory|"
          r"unexpected EOF|Ran out of input|file might be corrupted|not a zip file|invalid load key",
          "storage", "truncated-checkpoint", 3, "a checkpoint file is truncated or unreadable",
-         "resume from the previous good checkpoint in the journal, and find why the write was cut", False,
+         "resume from the previous good checkpoint in the journal, and find why the write was cut",
          "PyTorch serialization (zip container); pickle"),
     _sig("write-failed", r"PytorchStreamWriter failed|unexpected pos|file write failed|Input/output error|"
          r"\[Errno 5\]|Read-only file system|\[Errno 30\]", "storage", "write-failed", 3,
-         "a write to storage failed", "check the file system the job writes to (space, health, mount)", False,
+         "a write to storage failed", "check the file system the job writes to (space, health, mount)",
          "PyTorch serialization; errno EIO / EROFS"),
     # --- configuration -----------------------------------------------------------------------
     _sig("state-dict-shape", r"size mismatch for|Error\(s\) in loading state_dict|Missing key\(s\) in state_dict|"
          r"Unexpected key\(s\) in state_dict|shape[^\n]*(does not match|mismatch)", "configuration",
          "shape-mismatch", 3, "the checkpoint's shapes do not fit the model this job built",
          "make the model's config match the checkpoint (the field the shapes name), or convert the checkpoint",
-         False, "PyTorch load_state_dict error text"),
+         "PyTorch load_state_dict error text"),
     _sig("vocab-index", r"srcIndex < srcSelectDimSize|index out of range in self|indexSelect", "configuration",
          "vocab-mismatch", 3, "a token or class id is larger than the embedding or output layer",
-         "make the vocabulary / number of classes in the config match the data and tokenizer", False,
+         "make the vocabulary / number of classes in the config match the data and tokenizer",
          "PyTorch embedding / index_select device-side assertion"),
     _sig("parallel-size", r"world.?size[^\n]*(mismatch|does not match|not match|!=|not equal)|"
          r"(divisible|divides)[^\n]*world.?size|world.?size[^\n]*divisible|"
@@ -145,56 +145,56 @@ SIGNATURES: tuple[Signature, ...] = (
          r"not enough GPUs|invalid device ordinal|Duplicate GPU detected", "configuration", "parallel-size", 3,
          "the parallel layout does not fit the world size or the GPUs the job has",
          "set the parallel sizes so that their product divides the world size, or launch the world the checkpoint "
-         "was saved with (or convert the checkpoint)", False, "PyTorch / Megatron / DeepSpeed layout checks; NCCL"),
+         "was saved with (or convert the checkpoint)", "PyTorch / Megatron / DeepSpeed layout checks; NCCL"),
     _sig("not-divisible", r"(is not|must be|should be)[^\n]*(divisible|a multiple of)|not divisible by",
          "configuration", "not-divisible", 3, "a size in the config is not a multiple of what it must divide into",
-         "change the named size (batch, heads, hidden) so that it divides evenly", False, "framework config checks"),
+         "change the named size (batch, heads, hidden) so that it divides evenly", "framework config checks"),
     _sig("shape-op", r"mat1 and mat2 shapes cannot be multiplied|The size of tensor a [^\n]*must match|"
          r"shape '\[[^\n]*is invalid for input of size", "configuration", "shape-mismatch", 3,
          "two tensors' shapes disagree: a model dimension and the data or checkpoint differ",
-         "make the named dimension agree in the config", False, "PyTorch shape errors"),
+         "make the named dimension agree in the config", "PyTorch shape errors"),
     _sig("device-assert", r"device-side assert triggered|Assertion `[^`]+` failed", "configuration",
          "device-assert", 2, "a device-side assertion failed (an index or value outside what the model accepts)",
-         "rerun with CUDA_LAUNCH_BLOCKING=1 to find the assertion; check vocabulary and label ranges", False,
+         "rerun with CUDA_LAUNCH_BLOCKING=1 to find the assertion; check vocabulary and label ranges",
          "CUDA device-side assertions"),
     # --- numerics / data ---------------------------------------------------------------------
     _sig("loss-scale-min", r"(Minimum|min) loss scale reached|loss scale[^\n]*(minimum|already at)|"
          r"Current loss scale already at minimum", "data", "fp16-overflow", 3,
          "fp16 gradients overflowed at every loss scale down to the minimum",
-         "switch to bf16, lower the learning rate, or clip gradients; find the step's data", False,
+         "switch to bf16, lower the learning rate, or clip gradients; find the step's data",
          "DeepSpeed / fairseq / apex dynamic loss scaler"),
     _sig("nan-loss", r"\bloss\b\s*[:=]?\s*(nan|[+-]?inf)\b|\bloss (is|became|was) (nan|[+-]?inf)\b|"
          r"\b(nan|inf) loss\b|NaN or Inf found|FloatingPointError|non-finite loss|Detected NaN", "data", "nan-loss", 3,
          "the loss became NaN or inf", "lower the learning rate (and scale it with the batch), clip gradients, "
-         "and replay the step's data to see whether it recurs", False, "framework NaN guards"),
+         "and replay the step's data to see whether it recurs", "framework NaN guards"),
     _sig("grad-overflow", r"OVERFLOW! Rank \d+ Skipping step|Gradient overflow\.\s+Skipping step", "data",
          "fp16-overflow", 2, "fp16 gradients overflowed and steps were skipped (routine once, a problem when it "
-         "repeats down to the minimum scale)", "switch to bf16 or lower the learning rate if it repeats", False,
+         "repeats down to the minimum scale)", "switch to bf16 or lower the learning rate if it repeats",
          "DeepSpeed loss_scaler; apex amp"),
     # --- network ------------------------------------------------------------------------------
     _sig("nccl-ib", r"NET/IB[^\n]*(error|port error|catastrophic|failed)|ibv_\w+ failed|IBV_EVENT_\w+|"
          r"local catastrophic error|NET/IB[^\n]*\b(port error|link down)\b|NET/IB : Got async event",
          "network", "infiniband", 4,
          "an InfiniBand port or HCA error on the node", "check the node's IB link (ibstat, the switch port); "
-         "exclude the node and requeue once the link is healthy", False, "NCCL NET/IB; libibverbs"),
+         "exclude the node until the link is healthy", "NCCL NET/IB; libibverbs"),
     _sig("nccl-socket", r"NCCL_SOCKET_IFNAME|no socket interface found|NET/Socket[^\n]*(failed|error)|"
          r"Bootstrap[^\n]*(failed|error|no socket)|socketStartConnect|ncclSocket\w+ failed|bootstrap[^\n]*-> 2",
          "network", "socket-interface", 4, "NCCL could not open its sockets on the interface it chose",
-         "set NCCL_SOCKET_IFNAME (and GLOO_SOCKET_IFNAME) to the interface the nodes reach each other on", False,
+         "set NCCL_SOCKET_IFNAME (and GLOO_SOCKET_IFNAME) to the interface the nodes reach each other on",
          "NCCL bootstrap / socket transport"),
     _sig("nccl-system", r"ncclSystemError|ncclRemoteError|unhandled system error|remote process exited or "
          r"there was a network error", "network", "nccl-system-error", 3,
          "NCCL reported a system or network error (its own text: a system call, e.g. socket or malloc, or a remote "
          "peer failed; a family of causes, not one)",
          "rerun with NCCL_DEBUG=INFO to see the failing call; check interfaces, ports and firewall between nodes",
-         False, "NCCL ncclResult_t: ncclSystemError, ncclRemoteError", settles=False),
+         "NCCL ncclResult_t: ncclSystemError, ncclRemoteError", settles=False),
     _sig("conn-reset", r"Connection reset by peer|No route to host|Network is unreachable|ECONNRESET",
          "network", "connection-reset", 2, "a connection between ranks was reset or unreachable",
-         "check which rank ended first (its error is the cause); then the link between the nodes", False,
+         "check which rank ended first (its error is the cause); then the link between the nodes",
          "errno ECONNRESET / EHOSTUNREACH / ENETUNREACH"),
     _sig("conn-refused", r"Connection refused|Broken pipe|Connection closed by peer", "network", "teardown", 1,
          "a peer's socket was gone (often the teardown after another rank failed)",
-         "find the first rank that failed", False, "errno ECONNREFUSED / EPIPE"),
+         "find the first rank that failed", "errno ECONNREFUSED / EPIPE"),
     # --- hung or slow peer -------------------------------------------------------------------
     _sig("collective-timeout", r"Watchdog caught collective operation timeout|ran for \d+ milli ?seconds before "
          r"timing out|collective operation timeout|barrier[^\n]*timed out|Timed out waiting[^\n]*(rank|barrier|"
@@ -203,47 +203,47 @@ SIGNATURES: tuple[Signature, ...] = (
          "a collective timed out: the ranks that report it waited, one rank did not arrive",
          "find what the missing rank was doing (its stack: py-spy dump, or the flight recorder) and fix that code "
          "path (work only one rank does before a collective, e.g. preprocessing or an evaluation on rank 0), or "
-         "raise the collective timeout; a requeue waits the same time again", False,
+         "raise the collective timeout; a requeue waits the same time again",
          "PyTorch ProcessGroupNCCL watchdog; c10d store; gloo"),
     _sig("timeout-frame", r"checkTimeout|ProcessGroupNCCL[^\n]*(timeout|Timeout)|NCCL[^\n]*timeout",
          "hung-peer", "collective-timeout", 1, "a NCCL timeout frame (no message of its own)",
-         "find the rank that did not arrive at the collective", False, "PyTorch ProcessGroupNCCL"),
+         "find the rank that did not arrive at the collective", "PyTorch ProcessGroupNCCL"),
     # --- scheduler ----------------------------------------------------------------------------
     # slurmstepd's exact lines only, case-sensitive (a job's own "preempted"/"requeued" is not the scheduler's);
     # being text in the job's output, they are capped below 'high' and decide no requeue (job_writable)
     _sig("slurm-preempted", _slurm_end(" DUE TO PREEMPTION"), "planned", "preemption",
          4, "the scheduler preempted the job", "requeue from the last good checkpoint (the job did nothing wrong)",
-         True, "Slurm job state PREEMPTED; slurmstepd", exact_case=True),
+         "Slurm job state PREEMPTED; slurmstepd", exact_case=True),
     _sig("slurm-time-limit", _slurm_end(" DUE TO TIME LIMIT"), "planned",
          "time-limit", 4, "the job reached its time limit", "requeue from the last good checkpoint, with a longer "
-         "limit or more frequent checkpoints", True, "Slurm job state TIMEOUT; slurmstepd", exact_case=True),
+         "limit or more frequent checkpoints", "Slurm job state TIMEOUT; slurmstepd", exact_case=True),
     _sig("slurm-requeued", _slurm_end(" DUE TO JOB REQUEUE"), "planned", "requeue", 3,
          "the scheduler requeued the job", "nothing to fix: the requeued job resumes from its last checkpoint",
-         True, "Slurm requeue; slurmstepd", exact_case=True),
+         "Slurm requeue; slurmstepd", exact_case=True),
     _sig("slurm-node-fail", _slurm_end(" DUE TO NODE FAILURE"), "hardware", "node-failure", 4,
-         "the scheduler lost the node under the job", _CHECK_NODE, True, "Slurm job state NODE_FAIL; slurmstepd",
+         "the scheduler lost the node under the job", _CHECK_NODE, "Slurm job state NODE_FAIL; slurmstepd",
          exact_case=True),
     _sig("slurm-cancelled", _slurm_end(""), "planned", "cancelled", 2,
-         "someone cancelled the job", "ask who cancelled it before requeueing", True, "Slurm job state CANCELLED",
+         "someone cancelled the job", "ask who cancelled it before requeueing", "Slurm job state CANCELLED",
          exact_case=True),
     # --- software ----------------------------------------------------------------------------
     _sig("no-kernel-image", r"no kernel image is available|not compatible with the current PyTorch installation|"
          r"sm_\d+ is not compatible|unsupported gpu architecture", "software", "cuda-arch", 3,
          "the installed framework has no kernels for this GPU's architecture",
-         "install a build compiled for this GPU (its CUDA arch)", False,
+         "install a build compiled for this GPU (its CUDA arch)",
          "CUDA runtime cudaErrorNoKernelImageForDevice"),
     _sig("import-api", r"ModuleNotFoundError|ImportError|got an unexpected keyword argument|has no attribute|"
          r"can't set attribute|takes \d+ positional argument", "software", "dependency-api", 2,
          "the code and an installed library disagree (a missing module or a changed API)",
-         "pin the library version the code was written for, or update the code", False, "Python"),
+         "pin the library version the code was written for, or update the code", "Python"),
     _sig("no-destroy-pg", r"destroy_process_group\(\) was not called|process group has NOT been destroyed",
          "software", "teardown-missing-destroy-process-group", 2,
          "the program exited without destroying its process group", "call destroy_process_group() before exit",
-         False, "PyTorch ProcessGroupNCCL destructor warning"),
+         "PyTorch ProcessGroupNCCL destructor warning"),
     _sig("exception", r"^\s*(?:\S+:\s*)?[A-Za-z_][\w.]*(Error|Exception)\b:", "software", "exception", 1,
-         "a Python exception", "read the exception and the code path it names", False, "Python"),
+         "a Python exception", "read the exception and the code path it names", "Python"),
     _sig("traceback", r"Traceback \(most recent call last\)|Fatal Python error", "software", "traceback", 0,
-         "a traceback header (it names nothing)", "read the line the traceback ends with", False, "Python"),
+         "a traceback header (it names nothing)", "read the line the traceback ends with", "Python"),
 )
 
 FRAMEWORKS: tuple[tuple[str, re.Pattern], ...] = tuple((name, re.compile(pat, re.I)) for name, pat in (
