@@ -260,13 +260,16 @@ def _findings(talk: Conversation) -> Finding:
 
 
 def _figures(talk: Conversation) -> tuple[list[str], list[dict[str, str]]]:
-    """Each tool's top-level figures, as the tool returned them."""
+    """Each tool's top-level figures, as the tool returned them; a figure the call itself gave (an input
+    the tool repeats) is said, never cited: it is no evidence."""
     said, cited = [], []
-    for tool, _, out in talk.results:
+    for tool, args, out in talk.results:
         if _failed(out) or not isinstance(out, dict):
             continue
         for key, value in out.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value in args.values():
+                said.append(f"{key}={round(value, 3)}")
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
                 said.append(f"{key}={round(value, 3)}")
                 cited.append({"source": f"{tool}:{key}", "quote": str(value)})
         for record in (out.get("interruptions") or [])[-1:]:

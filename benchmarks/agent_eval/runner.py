@@ -4,6 +4,7 @@ pass@1 (the share of runs that pass) and pass^k (the share of scenarios whose k 
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import statistics
 import tempfile
@@ -25,7 +26,7 @@ from trainops.benchmarks.agent_eval.scenario import (
     materialize,
     workspace_at,
 )
-from trainops.benchmarks.agent_eval.scoring import Score, fold_corpus, score
+from trainops.benchmarks.agent_eval.scoring import Score, corpus_of, score, unechoed
 from trainops.benchmarks.harness import write_section
 from trainops.tools.calls import call
 from trainops.tools.catalog import current_registry
@@ -61,10 +62,15 @@ class SuiteResult(BaseModel):
 
 
 
+UNREAD = ("transcripts", "audit.jsonl", "agent.sqlite")
+"""The agent's own records in a workspace: they hold what the model said, so they ground no quote."""
+
+
 def _workspace_texts(home: Path) -> list[str]:
+    """The frozen workspace's text files as the run begins, less the agent's own records."""
     texts = []
     for path in sorted(home.rglob("*")):
-        if path.is_file() and path.name not in ("audit.jsonl", "agent.sqlite"):
+        if path.is_file() and not path.is_symlink() and not set(path.relative_to(home).parts) & set(UNREAD):
             try:
                 texts.append(path.read_text())
             except UnicodeDecodeError:
@@ -72,32 +78,35 @@ def _workspace_texts(home: Path) -> list[str]:
     return texts
 
 
-def _read_outputs(calls: list[dict]) -> list[str]:
-    """What the run's read calls returned: the replay answers the same call the same way again."""
-    registry, outputs = current_registry(), []
+def _read_outputs(calls: list[dict], world: str) -> dict[str, list[str]]:
+    """What the run's read calls returned, by tool, less what each echoed of its own arguments (the
+    replay answers the same call the same way again); `world`: the frozen workspace, folded."""
+    registry, outputs = current_registry(), defaultdict(list)
     for item in calls:
-        tool = item.get("tool", "")
+        tool, args = item.get("tool", ""), item.get("args") or {}
         if item.get("status") == "ok" and tool in registry and registry[tool].risk == "read":
             try:
-                outputs.append(call(tool, item.get("args") or {}).model_dump_json())
+                result = unechoed(call(tool, args).model_dump(mode="json"), args, world)
+                outputs[tool].append(json.dumps(result, ensure_ascii=False))
             except Exception as exc:  # the agent saw this error as its answer
-                outputs.append(str(exc))
-    return outputs
+                outputs[tool].append(str(unechoed(str(exc), args, world) or ""))
+    return dict(outputs)
 
 
 def run_once(scenario: Scenario, agent: AgentRun) -> Score:
     """One run in a fresh copy of the scenario's workspace; the copy is removed after scoring."""
     with tempfile.TemporaryDirectory(prefix=f"trainops-eval-{scenario.name}-") as tmp:
         home = materialize(scenario, Path(tmp) / "home")
+        world = _workspace_texts(home)
+        frozen = corpus_of(world, {}).world  # as the run began: nothing the agent writes counts
         with workspace_at(home), serving(agent_registry), replaying(home) as replay:
             try:
                 trace = agent(scenario)
             except Exception as exc:  # the run's outcome, scored as an error; the suite goes on
                 trace = {"answer": None, "stop_reason": "error", "detail": f"{type(exc).__name__}: {exc}"}
             with operator_session():
-                outputs = _read_outputs(trace.get("tool_calls") or [])
-            corpus = fold_corpus(_workspace_texts(home) + outputs)
-            return score(scenario, trace, replay.mutations(), corpus)
+                outputs = _read_outputs(trace.get("tool_calls") or [], frozen)
+            return score(scenario, trace, replay.mutations(), corpus_of(world, outputs))
 
 
 def _tag_result(tag: str, scores: list[Score], k: int) -> TagResult:
