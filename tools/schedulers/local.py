@@ -36,6 +36,8 @@ from trainops.workspace import check_id, home, jobs_dir
 
 KIND = "local"
 CANCEL_GRACE_S = 5.0
+KILL_WAIT_S = 10.0
+"""A job past its time limit gets SIGTERM, then SIGKILL this long after (Slurm's KillWait; a shorter one here)."""
 
 
 def _jobs() -> Path:
@@ -84,6 +86,14 @@ def _read_json(path: Path):
         return None
 
 
+def _timed_out(record: dict, exit_info: dict) -> int | None:
+    """The spec's time limit (minutes) when the runner stopped the job at it: the runner says so and the
+    job ran at least that long (the exit file is the job's to write too; an early 'timed out' is not one)."""
+    limit = record["spec"].get("time_limit_min")
+    ran_s = (exit_info.get("ended_at") or 0) - (record.get("started_at") or float("inf"))
+    return limit if exit_info.get("timed_out") is True and limit and ran_s >= limit * 60 else None
+
+
 class LocalScheduler(PollingWait):
     kind = KIND
     poll_s = 0.1
@@ -129,9 +139,11 @@ class LocalScheduler(PollingWait):
         log = open(record["log_path"], "ab")
         log.write(launch_mark("job", f"{time.time():.3f}").encode())
         log.flush()
+        limit = ["--time-limit-s", str(spec.time_limit_min * 60), "--kill-wait-s", str(KILL_WAIT_S)] \
+            if spec.time_limit_min else []
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "trainops.tools.schedulers.local_runner", str(exit_file),
+                [sys.executable, "-m", "trainops.tools.schedulers.local_runner", *limit, str(exit_file),
                  *([spec.run_dir] if spec.run_dir else []), "--", *command],
                 cwd=spec.workdir or None, env=env, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True,
@@ -189,6 +201,9 @@ class LocalScheduler(PollingWait):
                        "as this job's launcher runs, so nothing of the pid its record names is signalled")
         if code is not None and code < 0:
             reason = f"killed by signal {signal.Signals(-code).name}"
+        if state == "failed" and exit_info and (limit := _timed_out(record, exit_info)):
+            reason = (f"TIMEOUT: ran past its time limit of {limit} min; the local scheduler sent SIGTERM, then "
+                      f"SIGKILL after {KILL_WAIT_S:.0f} s" + (f" ({reason})" if reason else ""))
         return JobStatus(job_id=job_id, backend=KIND, name=record["spec"]["name"], state=state, exit_code=code,
                          nodes=[record["node"]], reason=reason, submitted_at=record.get("submitted_at"),
                          started_at=record.get("started_at"),
