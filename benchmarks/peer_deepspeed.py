@@ -43,6 +43,9 @@ def main() -> None:
     import torch
     import torch.nn.functional as F
 
+    from trainops.tools.frameworks.deepspeed_train import skip_inference_kernel_build
+
+    skip_inference_kernel_build()
     deepspeed.init_distributed(dist_backend="gloo")
     rank = torch.distributed.get_rank()
     torch.manual_seed(0)

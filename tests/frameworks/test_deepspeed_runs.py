@@ -47,6 +47,15 @@ def test_baseline_trains_on_two_ranks_and_reports_trainops_metrics(baseline):
     assert status["status"] == "ok" and status["steps_completed"] == 6
 
 
+def test_a_cpu_job_never_builds_deepspeeds_inference_only_kernel(baseline):
+    """DeepSpeed's CPU backend compiles its shared-memory all-reduce (deepspeed_shm_comm: ~100 s of g++
+    the first time on a machine, a load per rank after) though only inference uses it."""
+    home = Path(baseline.run_dir).parent.parent
+    job_logs = "".join(log.read_text(errors="replace") for log in (home / "jobs").glob("ds-baseline-*.log"))
+    assert "world=2" in (Path(baseline.run_dir) / "logs" / "rank0.log").read_text()
+    assert job_logs and "deepspeed_shm_comm" not in job_logs
+
+
 def test_baseline_summary_names_the_deepspeed_layout(baseline):
     assert summarize(_request(), [baseline]).parallel_layout.startswith("world=2 deepspeed data-parallel ZeRO-1 dp=2")
 

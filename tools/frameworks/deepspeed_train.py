@@ -18,6 +18,7 @@ import tomllib
 from pathlib import Path
 
 import deepspeed
+import deepspeed.ops
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -99,6 +100,15 @@ def resume(engine, run_dir: Path) -> int:
     return step
 
 
+def skip_inference_kernel_build() -> None:
+    """DeepSpeed's CPU backend compiles its shared-memory all-reduce kernel (deepspeed_shm_comm) when the
+    process group starts, though only its inference all-reduce uses it: training's collectives go through
+    torch.distributed. That build is ~100 s of g++ the first time on a machine, and a build killed midway
+    leaves a lock on which every later DeepSpeed job waits forever. Marked incompatible, the kernel is
+    skipped as on a platform without it."""
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", required=True)
@@ -107,6 +117,7 @@ def main(argv: list[str]) -> int:
     ds_config = json.loads((run_dir / "ds_config.json").read_text(encoding="utf-8"))
     training, ckpt = settings["training"], settings["checkpoint"]
 
+    skip_inference_kernel_build()
     deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     log = open_rank_log(run_dir, rank)
