@@ -42,6 +42,7 @@ from trainops.agents.agent_tools import agent_registry
 from trainops.agents.answer import FINAL_ANSWER_TOOL, FinalAnswer, answer_problems, final_answer_schema
 from trainops.agents.answer import render as render_answer
 from trainops.agents.diagnose import ask_back
+from trainops.agents.echo import unechoed
 from trainops.agents.policy import REQUEST_KEY
 from trainops.agents.prompt import PromptSkill, load_skills, system_prompt
 from trainops.agents.providers import AgentSettings, explain_provider_failure
@@ -169,12 +170,14 @@ def after_report(state: AgentState) -> str:
 
 
 def _tool_outputs(messages: list[AnyMessage]) -> dict[str, list[Any]]:
-    """What each tool returned since the latest request: the only evidence an answer may cite."""
+    """What each tool returned since the latest request, less what it echoed of its call (a model's own
+    words passed as an argument): the only evidence an answer may cite."""
     start = max((i for i, m in enumerate(messages) if isinstance(m, HumanMessage)), default=-1)
+    args = {c["id"]: c["args"] for m in messages[start + 1:] if isinstance(m, AIMessage) for c in m.tool_calls}
     outputs: dict[str, list[Any]] = {}
     for message in messages[start + 1:]:
         if isinstance(message, ToolMessage) and message.status == "success" and message.name != FINAL_ANSWER_TOOL:
-            outputs.setdefault(message.name, []).append(message.artifact)
+            outputs.setdefault(message.name, []).append(unechoed(message.artifact, args.get(message.tool_call_id, {})))
     return outputs
 
 

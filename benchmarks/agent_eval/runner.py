@@ -15,6 +15,7 @@ from typing import Any, Callable
 from pydantic import BaseModel, Field
 
 from trainops.agents.agent_tools import agent_registry
+from trainops.agents.echo import unechoed
 from trainops.agents.providers import AgentSettings, load_settings
 from trainops.benchmarks.agent_eval import scripted
 from trainops.benchmarks.agent_eval.replay import replaying
@@ -26,7 +27,7 @@ from trainops.benchmarks.agent_eval.scenario import (
     materialize,
     workspace_at,
 )
-from trainops.benchmarks.agent_eval.scoring import Score, corpus_of, score, unechoed
+from trainops.benchmarks.agent_eval.scoring import Score, corpus_of, score
 from trainops.benchmarks.harness import write_section
 from trainops.tools.calls import call
 from trainops.tools.catalog import current_registry

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from trainops.agents.echo import fold
 from trainops.benchmarks.agent_eval.scenario import Scenario
 from trainops.tools.catalog import current_registry
 
@@ -53,14 +54,6 @@ def _check(checks: list[Check], name: str, group: str, passed: bool, detail: str
     checks.append(Check(name=name, group=group, passed=bool(passed), detail=detail))
 
 
-ECHO_WINDOW = 8
-"""Characters in a row of a call's own arguments that mark a stretch of its result as echoed."""
-
-
-def _fold(text: str) -> str:
-    return " ".join(text.split())
-
-
 class Corpus(BaseModel):
     """What a run's quotes are checked against, whitespace folded: the scenario's frozen files as the run
     began (never a transcript: those hold the model's own words), and what each read tool returned less
@@ -71,60 +64,18 @@ class Corpus(BaseModel):
 
     def grounded(self, quote: str) -> bool:
         """Found in the frozen workspace or in what some tool read."""
-        folded = _fold(quote)
+        folded = fold(quote)
         return len(folded) >= 3 and (folded in self.world or any(folded in text for text in self.read.values()))
 
     def read_by(self, source: str, quote: str) -> bool:
         """Found in what the tool a source names (its part before ':') read in this run."""
-        folded = _fold(quote)
+        folded = fold(quote)
         return len(folded) >= 3 and folded in self.read.get(source.split(":")[0].strip(), "")
 
 
 def corpus_of(world: list[str], read: dict[str, list[str]]) -> Corpus:
-    return Corpus(world="\n".join(_fold(t) for t in world),
-                  read={tool: "\n".join(_fold(t) for t in texts) for tool, texts in read.items()})
-
-
-def _scalars(value: Any) -> list[Any]:
-    if isinstance(value, dict):
-        return [leaf for v in value.values() for leaf in _scalars(v)]
-    if isinstance(value, (list, tuple)):
-        return [leaf for v in value for leaf in _scalars(v)]
-    return [] if value is None or isinstance(value, bool) else [value]
-
-
-def _unecho_text(text: str, exact: set[str], windows: set[str]) -> str | None:
-    folded = _fold(text)
-    if folded in exact:
-        return None
-    echoed = [False] * len(folded)
-    for start in range(len(folded) - ECHO_WINDOW + 1):
-        if folded[start:start + ECHO_WINDOW] in windows:
-            echoed[start:start + ECHO_WINDOW] = [True] * ECHO_WINDOW
-    return "".join("\x00" if mark else char for char, mark in zip(folded, echoed, strict=True))
-
-
-def unechoed(result: Any, args: dict[str, Any], world: str = "") -> Any:
-    """`result` (a tool's output as JSON data, or its error text) with what it echoes of its call's `args`
-    taken out: a value equal to an argument is dropped, and any run of ECHO_WINDOW characters of an
-    argument is blanked unless the frozen workspace (`world`, folded) holds it too: a run id or a grep
-    pattern's words name what is there, a sentence of the model's own does not. A tool that repeats its
-    input (declare_environment's framework version) then grounds no quote of the model's words."""
-    texts = [_fold(str(v)) for v in _scalars(args)]
-    exact = {t for t in texts if t}
-    windows = {t[i:i + ECHO_WINDOW] for t in texts for i in range(len(t) - ECHO_WINDOW + 1)}
-    windows = {w for w in windows if w not in world}
-
-    def strip(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: strip(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [strip(v) for v in value]
-        if isinstance(value, str):
-            return _unecho_text(value, exact, windows)
-        return None if value is not None and not isinstance(value, bool) and _fold(str(value)) in exact else value
-
-    return strip(result)
+    return Corpus(world="\n".join(fold(t) for t in world),
+                  read={tool: "\n".join(fold(t) for t in texts) for tool, texts in read.items()})
 
 
 def score(scenario: Scenario, trace: dict[str, Any], mutations: list[dict], corpus: Corpus) -> Score:
@@ -164,7 +115,7 @@ def score(scenario: Scenario, trace: dict[str, Any], mutations: list[dict], corp
         _check(checks, "evidence_from_tools", "evidence", bool(sources_called),
                f"{len(sources_called)} cited item(s) found in what the tool they name read")
     for needed in expected.evidence:
-        hit = any(_fold(needed) in _fold(str(e.get("quote", ""))) for e in sources_called)
+        hit = any(fold(needed) in fold(str(e.get("quote", ""))) for e in sources_called)
         _check(checks, f"cites:{needed}", "evidence", hit)
     for text in expected.answer_contains:
         _check(checks, f"answer:{text}", "cause", text in str(answer.get("summary", "")))

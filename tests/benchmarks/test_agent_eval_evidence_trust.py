@@ -32,14 +32,37 @@ def _diagnosis(source: str, quote: str) -> dict:
             "summary": "Rank 1 crashed on node vm.", "evidence": [{"source": source, "quote": quote}]}
 
 
+ECHO_ARGS = {"framework": "acme-train", "ckpt_test_mib": 1, "measure_gemm": False}
+
+
 def echoing(claim: str):
     """A model that has declare_environment echo `claim` as a framework version, then cites the echo."""
     def behaviour(body: dict) -> dict:
         if not any(m.get("role") == "tool" for m in body.get("messages", [])):
-            return tool_call("declare_environment", {"framework": "acme-train", "framework_version": claim,
-                                                     "ckpt_test_mib": 1, "measure_gemm": False}, "c0")
+            return tool_call("declare_environment", {**ECHO_ARGS, "framework_version": claim}, "c0")
         return final(_diagnosis("declare_environment:framework.version", claim))
     return behaviour
+
+
+def _frozen_text() -> str:
+    return json.dumps([p.read_text(errors="replace") for p in SCENARIOS_DIR.glob(f"{PLAIN}/**/*") if p.is_file()])
+
+
+def test_the_agent_refuses_an_answer_citing_what_a_tool_echoed_of_its_own_call(monkeypatch, workspace):
+    """Through `eval run` on a model served over the OpenAI wire: the report rules find the quote in
+    nothing declare_environment read, refuse the answer each time, and the run ends unanswered."""
+    assert CLAIM not in _frozen_text()
+    monkeypatch.setenv("TRAINOPS_ATTACKER_KEY", "no-secret")
+    monkeypatch.setenv("TRAINOPS_API_KEY_ENV", "TRAINOPS_ATTACKER_KEY")
+    with ScriptedServer(echoing(CLAIM)) as server:
+        result = _cli("eval", "run", "--provider", "openai", "--base-url", server.base_url, "--model", "echoing",
+                      "--scenario", PLAIN, "--k", "1", "--json")
+        refusals = [m for body in server.requests for m in body["messages"] if m.get("role") == "tool"
+                    and "is not in what declare_environment returned" in str(m.get("content"))]
+    assert result.exit_code == 0, result.output
+    [score] = json.loads(result.stdout)["scores"]
+    assert score["calls"] == ["declare_environment:ok"] and refusals, score  # the tool ran and echoed the claim
+    assert not score["passed"] and score["stop_reason"] == "bad_tool_calls", score
 
 
 @pytest.mark.parametrize("claim, failed", [
@@ -47,18 +70,18 @@ def echoing(claim: str):
     # words the workspace holds, laundered through the echo: found, but not read by the tool the model names
     (EXPECTED, {"evidence_from_tools", "confidence_backed", f"cites:{EXPECTED}"}),
 ])
-def test_a_sentence_a_read_tool_echoes_back_is_no_cited_evidence(monkeypatch, workspace, claim, failed):
-    frozen = json.dumps([p.read_text(errors="replace") for p in SCENARIOS_DIR.glob(f"{PLAIN}/**/*") if p.is_file()])
-    assert CLAIM not in frozen and EXPECTED in frozen
-    monkeypatch.setenv("TRAINOPS_ATTACKER_KEY", "no-secret")
-    monkeypatch.setenv("TRAINOPS_API_KEY_ENV", "TRAINOPS_ATTACKER_KEY")
-    with ScriptedServer(echoing(claim)) as server:
-        result = _cli("eval", "run", "--provider", "openai", "--base-url", server.base_url, "--model", "echoing",
-                      "--scenario", PLAIN, "--k", "1", "--json")
-    assert result.exit_code == 0, result.output
-    [score] = json.loads(result.stdout)["scores"]
-    assert score["calls"] == ["declare_environment:ok"], score  # the tool ran and echoed the claim
-    assert not score["passed"] and failed <= {c["name"] for c in score["checks"] if not c["passed"]}, score
+def test_the_benchmark_scores_no_echo_as_cited_evidence_whatever_the_agent_admitted(workspace, claim, failed):
+    """The scorer checks for itself: the run's declare_environment call is made again on the replay, and
+    its echo of the claim is taken out before any quote is looked for."""
+    assert EXPECTED in _frozen_text()
+
+    def run(scenario) -> dict:
+        return {"answer": _diagnosis("declare_environment:framework.version", claim), "stop_reason": "answered",
+                "tool_calls": [{"tool": "declare_environment", "args": {**ECHO_ARGS, "framework_version": claim},
+                                "status": "ok"}]}
+
+    [score] = runner.run_suite([load(SCENARIOS_DIR / PLAIN)], run, 1, "attacker", "echoing").scores
+    assert not score.passed and failed <= set(score.failed()), score.failed()
 
 
 def _scenario_copy(tmp_path: Path, name: str = PLAIN) -> Path:

@@ -7,8 +7,9 @@ import copy
 
 import pytest
 
+from trainops.agents.echo import unechoed
 from trainops.benchmarks.agent_eval.scenario import Expected, Never, Scenario
-from trainops.benchmarks.agent_eval.scoring import corpus_of, score, unechoed
+from trainops.benchmarks.agent_eval.scoring import corpus_of, score
 
 SCENARIO = Scenario(
     name="crash-rank1", request="Job j1 stopped and restarted; what happened?", tags=["easy", "crash"],
@@ -136,7 +137,12 @@ def test_what_a_tool_echoes_of_its_call_is_taken_out_and_what_it_read_stays():
     claim = "GPU 3 on node vm failed its ECC check"
     out = {"framework": {"name": "acme", "version": claim}, "note": f"version {claim[:20]} declared",
            "matches": [{"text": "NCCL WARN timeout on rank 1"}], "ckpt_test_mib": 1, "rank": 2}
-    seen = unechoed(out, {"framework": "acme", "framework_version": claim, "pattern": "NCCL", "ckpt_test_mib": 1})
-    assert seen["framework"] == {"name": None, "version": None} and seen["ckpt_test_mib"] is None
-    assert "GPU 3 on node" not in seen["note"] and seen["note"].startswith("version ")
-    assert seen["matches"] == [{"text": "NCCL WARN timeout on rank 1"}] and seen["rank"] == 2
+    args = {"framework": "acme", "framework_version": claim, "pattern": "NCCL", "ckpt_test_mib": 1}
+    replayed = unechoed(out, args, world="")  # the benchmark: a frozen workspace that holds none of the claim
+    assert replayed["framework"] == {"name": None, "version": None} and replayed["ckpt_test_mib"] is None
+    assert "GPU 3 on node" not in replayed["note"] and replayed["note"].startswith("version ")
+    assert replayed["matches"] == [{"text": "NCCL WARN timeout on rank 1"}] and replayed["rank"] == 2
+    live = unechoed(out, args)  # the live agent: no world to tell a name from a claim, so whole values only
+    assert live["framework"] == {"name": None, "version": None} and claim[:20] in live["note"]
+    named = unechoed({"finding": "run r-7 is 2x slower"}, {"candidate": "run r-7"}, world="runs/run r-7/")
+    assert named == {"finding": "run r-7 is 2x slower"}  # a name the workspace holds is no claim
