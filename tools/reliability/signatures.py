@@ -146,13 +146,16 @@ SIGNATURES: tuple[Signature, ...] = (
          "the parallel layout does not fit the world size or the GPUs the job has",
          "set the parallel sizes so that their product divides the world size, or launch the world the checkpoint "
          "was saved with (or convert the checkpoint)", "PyTorch / Megatron / DeepSpeed layout checks; NCCL"),
-    _sig("not-divisible", r"(is not|must be|should be)[^\n]*(divisible|a multiple of)|not divisible by",
-         "configuration", "not-divisible", 3, "a size in the config is not a multiple of what it must divide into",
-         "change the named size (batch, heads, hidden) so that it divides evenly", "framework config checks"),
+    _sig("not-divisible", r"(is not|must be|should be)[^\n]*(divisible|a multiple of)|not divisible by|"
+         r"^\s*(?:\[\w+\]:\s*)?assert\s[^\n]*%[^\n]*==\s*0\b", "configuration", "not-divisible", 3,
+         "a size in the config is not a multiple of what it must divide into",
+         "change the named size (batch, heads, hidden) so that it divides evenly",
+         "framework config checks; a Python traceback's source line of a failed `assert a % b == 0`"),
     _sig("shape-op", r"mat1 and mat2 shapes cannot be multiplied|The size of tensor a [^\n]*must match|"
-         r"shape '\[[^\n]*is invalid for input of size", "configuration", "shape-mismatch", 3,
+         r"shape '\[[^\n]*is invalid for input of size|cannot reshape array of size \d+ into shape",
+         "configuration", "shape-mismatch", 3,
          "two tensors' shapes disagree: a model dimension and the data or checkpoint differ",
-         "make the named dimension agree in the config", "PyTorch shape errors"),
+         "make the named dimension agree in the config", "PyTorch shape errors; NumPy reshape"),
     _sig("device-assert", r"device-side assert triggered|Assertion `[^`]+` failed", "configuration",
          "device-assert", 2, "a device-side assertion failed (an index or value outside what the model accepts)",
          "rerun with CUDA_LAUNCH_BLOCKING=1 to find the assertion; check vocabulary and label ranges",
@@ -167,10 +170,11 @@ SIGNATURES: tuple[Signature, ...] = (
          r"\b(nan|inf) loss\b|NaN or Inf found|FloatingPointError|non-finite loss|Detected NaN", "data", "nan-loss", 3,
          "the loss became NaN or inf", "lower the learning rate (and scale it with the batch), clip gradients, "
          "and replay the step's data to see whether it recurs", "framework NaN guards"),
-    _sig("grad-overflow", r"OVERFLOW! Rank \d+ Skipping step|Gradient overflow\.\s+Skipping step", "data",
+    _sig("grad-overflow", r"OVERFLOW! Rank \d+ Skipping step|Gradient overflow\.\s+Skipping step|"
+         r"overflow detected, setting loss scale to", "data",
          "fp16-overflow", 2, "fp16 gradients overflowed and steps were skipped (routine once, a problem when it "
          "repeats down to the minimum scale)", "switch to bf16 or lower the learning rate if it repeats",
-         "DeepSpeed loss_scaler; apex amp"),
+         "DeepSpeed loss_scaler; apex amp; fairseq FP16 optimizer"),
     # --- network ------------------------------------------------------------------------------
     _sig("nccl-ib", r"NET/IB[^\n]*(error|port error|catastrophic|failed)|ibv_\w+ failed|IBV_EVENT_\w+|"
          r"local catastrophic error|NET/IB[^\n]*\b(port error|link down)\b|NET/IB : Got async event",
@@ -186,7 +190,8 @@ SIGNATURES: tuple[Signature, ...] = (
          r"there was a network error", "network", "nccl-system-error", 3,
          "NCCL reported a system or network error (its own text: a system call, e.g. socket or malloc, or a remote "
          "peer failed; a family of causes, not one)",
-         "rerun with NCCL_DEBUG=INFO to see the failing call; check interfaces, ports and firewall between nodes",
+         "rerun with NCCL_DEBUG=INFO to see the failing call; check interfaces, ports and firewall between nodes; "
+         "where the nodes reach each other, the NCCL version (an upgrade fixed known system-error bugs)",
          "NCCL ncclResult_t: ncclSystemError, ncclRemoteError", settles=False),
     _sig("conn-reset", r"Connection reset by peer|No route to host|Network is unreachable|ECONNRESET",
          "network", "connection-reset", 2, "a connection between ranks was reset or unreachable",

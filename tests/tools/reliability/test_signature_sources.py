@@ -1,0 +1,41 @@
+"""Signatures for error texts a class already covered from one source but missed from another
+(issue 44 item 1): Python's own source line of a failed divisibility assert, NumPy's reshape error
+beside PyTorch's, fairseq's loss-scaler overflow beside DeepSpeed's and apex's. Texts are written
+from each source's message format, not copied from the benchmark's cases."""
+from __future__ import annotations
+
+import pytest
+
+from trainops.tools.reliability.causes import diagnose
+from trainops.tools.reliability.evidence import Evidence, inert
+from trainops.tools.reliability.signature_match import match_lines, ranked, split_lines
+
+
+def _diagnosed(log: str):
+    hits = ranked(match_lines(split_lines(log), clean=inert))
+    return diagnose(Evidence(state="failed", exit_code=1, signatures=hits))
+
+
+@pytest.mark.parametrize("assert_line", ["    assert cfg.hidden_size % cfg.num_heads == 0",
+                                         "[rank1]:     assert global_batch % (micro_batch * dp) == 0, 'batch'"])
+def test_a_failed_divisibility_assert_is_configuration_quoting_the_assert(assert_line):
+    log = ("Traceback (most recent call last):\n  File \"model.py\", line 40, in __init__\n"
+           f"{assert_line}\nAssertionError\n")
+    d = _diagnosed(log)
+    assert (d.cause, d.sub_cause) == ("configuration", "not-divisible") and d.quote == assert_line.strip(), d
+    assert d.requeue_helps is False
+
+
+def test_a_modulo_that_is_not_an_assert_is_not_a_divisibility_check():
+    assert not any(h.name == "not-divisible" for h in match_lines(["    ok = step % log_every == 0"]))
+
+
+def test_numpys_reshape_error_is_a_shape_mismatch_like_pytorchs():
+    d = _diagnosed("ValueError: cannot reshape array of size 12 into shape (5,newaxis)\n")
+    assert (d.cause, d.sub_cause) == ("configuration", "shape-mismatch"), d
+
+
+def test_fairseqs_overflow_warnings_are_a_low_confidence_numerics_hint():
+    log = "\n".join(f"| WARNING: overflow detected, setting loss scale to: {2.0 ** -k}" for k in range(1, 6))
+    d = _diagnosed(log + "\nTraceback (most recent call last):\n")
+    assert (d.cause, d.sub_cause, d.confidence) == ("data", "fp16-overflow", "low"), d
