@@ -101,6 +101,10 @@ AUTO_COMPILE_MIN_STEPS = 1000
 """`training.compile = "auto"` compiles runs at least this long: compiling takes seconds (CPU, small
 models) to a minute, and the fused kernels save 4-15 % of a step, so short runs (the SOP's probes,
 ablation arms, drills) stay eager and long ones gain."""
+RESTORE_TIMEOUT_S = 600.0
+"""resilience.restore_timeout_s's default: a group generation's join, model build, checkpoint load and
+first step, bounded as torch bounds a NCCL collective by default (10 min) and torchelastic a rendezvous's
+join; a rank hung there is found after it, one hung in training after collective_timeout_s."""
 
 
 class TrainingConfig(_Section):
@@ -221,8 +225,13 @@ class ResilienceConfig(_Section):
         "job (nodes of the hot-spare pool), each holding as many spares as a node holds ranks; a lost node's ranks "
         "move onto one instead of waiting for a requeue")
     collective_timeout_s: float = Field(
-        60.0, gt=0, le=3600, description="in-process restart: a collective (or a rank's heartbeat) silent for "
-        "this long counts as a hang; the rank is killed and replaced")
+        60.0, gt=0, le=3600, description="in-process restart: once every rank of a group generation has done "
+        "its first step, a collective silent for this long counts as a hang; the rank is killed and replaced")
+    restore_timeout_s: float = Field(
+        RESTORE_TIMEOUT_S, gt=0, le=86400, description="in-process restart: how long the ranks of a new group "
+        "generation may take to join it, build the model, load the checkpoint and do their first step, each "
+        "waiting for the slowest (a spare admitted on a busy host, rank 0 verifying a large checkpoint, a cold "
+        "compile); a slow restore is not a hang. Never shorter than collective_timeout_s")
     process_group_timeout_s: float | None = Field(
         None, gt=0, le=86400, description="without in-process restart: how long a rank waits in a collective "
         "for a peer before it fails with a timeout (the process group's timeout), so a hung rank ends the job "

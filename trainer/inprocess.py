@@ -2,8 +2,10 @@
 
 Every worker imports torch and the trainer once, then waits in the supervisor's TCPStore for an
 assignment: a rank, the world size and a group generation. A warm spare is a worker that has no
-assignment yet. When a collective fails (a peer died, or a bounded gloo timeout of
-`resilience.collective_timeout_s` ran out on a hung one), the worker leaves it: it destroys the
+assignment yet. A generation's ranks restore (join the group, build the model, load the checkpoint,
+do a first step) under `resilience.restore_timeout_s`, each waiting for the slowest; once all have
+done their first step, a peer silent for `resilience.collective_timeout_s` is hung. When a collective
+fails (a peer died, or the bounded gloo timeout ran out on a hung one), the worker leaves it: it destroys the
 process group, drops the model, tells the supervisor, and waits for the next assignment in the
 same process, with its modules and imports kept. Each generation's group lives under its own
 store prefix, so nothing of a broken group is reused. A worker takes its device as a torchrun rank
@@ -32,7 +34,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from trainops.run_folder import RunFiles, open_rank_log
-from trainops.trainer.config import load_config
+from trainops.trainer.config import RESTORE_TIMEOUT_S, load_config
 from trainops.trainer.metrics import note_exit
 from trainops.trainer.train import LogTee, NonFiniteLoss, exit_now, note_termination, rank_device, train
 
@@ -101,7 +103,8 @@ def serve(run_dir: Path) -> int:
         sys.stdout, sys.stderr = LogTee(streams[0], log_file), LogTee(streams[1], log_file)
         note_termination(run_dir, rank)
         try:
-            outcome, detail = _train_generation(store, run_dir, rank, world, generation, timeout_s, train)
+            outcome, detail = _train_generation(store, run_dir, rank, world, generation, timeout_s, train,
+                                                restore_timeout_s=job["restore_timeout_s"])
         except NonFiniteLoss as error:  # the weights diverged: a restart would only repeat it
             print(f"rank {rank} failed: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
             note_exit(run_dir, rank, f"{type(error).__name__}: {error}")
@@ -116,16 +119,24 @@ def serve(run_dir: Path) -> int:
 
 
 def _train_generation(store, run_dir: Path, rank: int, world: int, generation: int, timeout_s: float,
-                      train) -> tuple[str, str]:
+                      train, restore_timeout_s: float = RESTORE_TIMEOUT_S) -> tuple[str, str]:
     """Join generation `generation`'s group as `rank` and train: ("done", "") or ("failed", why).
-    Whatever happens, the group is destroyed and the model released before it returns."""
+    Until every rank has done its first step, a collective waits up to `restore_timeout_s` (a peer
+    still joining, loading or compiling is slow, not hung); from then on `timeout_s`. Whatever
+    happens, the group is destroyed and the model released before it returns."""
     backend, device = rank_device()
-    dist.init_process_group(backend, store=dist.PrefixStore(f"gen{generation}/", store), rank=rank,
-                            world_size=world, timeout=timedelta(seconds=timeout_s),
-                            device_id=device if device.type == "cuda" else None)
+    try:
+        dist.init_process_group(backend, store=dist.PrefixStore(f"gen{generation}/", store), rank=rank,
+                                world_size=world, timeout=timedelta(seconds=max(restore_timeout_s, timeout_s)),
+                                device_id=device if device.type == "cuda" else None)
+    except RuntimeError as error:  # a peer did not join within the deadline: this one stays, for the next
+        return "failed", _left(rank, generation, error)
     store.set(f"joined/{generation}/{rank}", str(time.time()))
 
     def progress(event: str, step: int) -> None:
+        if event == "first_step":  # every rank restored and stepped: a silent peer is hung from here on
+            dist.barrier()
+            dist.distributed_c10d._set_pg_timeout(timedelta(seconds=timeout_s))
         if rank == 0:
             store.set(f"{event}/{generation}", json.dumps({"time": time.time(), "step": step}))
 
@@ -133,17 +144,21 @@ def _train_generation(store, run_dir: Path, rank: int, world: int, generation: i
         train(load_config(RunFiles(run_dir).config), run_dir, rank, world, device, progress)
         return "done", ""
     except Exception as error:  # a broken collective: leave it, keep the process
-
         if isinstance(error, NonFiniteLoss):
             raise
-        why = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"[:500]
-        print(f"rank {rank} left generation {generation}'s group: {why}", file=sys.stderr, flush=True)
-        return "failed", why
+        return "failed", _left(rank, generation, error)
     finally:
         if device.type == "cuda":  # NCCL's communicators may still wait on the dead peer: abort them first
             dist.distributed_c10d._abort_process_group()
         dist.destroy_process_group()
         gc.collect()  # the old model, optimizer and shared-memory mappings go with the failed generation
+
+
+def _left(rank: int, generation: int, error: Exception) -> str:
+    """Why `rank` left the group: the error's first line, also on its log."""
+    why = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"[:500]
+    print(f"rank {rank} left generation {generation}'s group: {why}", file=sys.stderr, flush=True)
+    return why
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -109,7 +109,8 @@ def supervisor_argv(python: str, nproc_per_node: int, program: list[str], resili
     run_dir = program[3]
     argv = [python, "-m", "trainops.trainer.supervisor", "--nproc-per-node", str(nproc_per_node),
             "--warm-spares", str(resilience.warm_spares),
-            "--collective-timeout-s", f"{resilience.collective_timeout_s:g}"]
+            "--collective-timeout-s", f"{resilience.collective_timeout_s:g}",
+            "--restore-timeout-s", f"{resilience.restore_timeout_s:g}"]
     if store is not None:
         argv += ["--nnodes", str(nnodes), "--spare-nodes", str(resilience.spare_nodes), "--node-index", node_index,
                  "--store", store]

@@ -20,7 +20,7 @@ agent that cannot reach the leader, or that the leader declared lost (`fenced/NO
 workers (fencing).
 
     python -m trainops.trainer.supervisor --nproc-per-node N --warm-spares S --collective-timeout-s T
-        [--nnodes M --node-index I --spare-nodes K --store HOST:PORT] --run-dir RUN
+        [--restore-timeout-s R] [--nnodes M --node-index I --spare-nodes K --store HOST:PORT] --run-dir RUN
         -- -m trainops.trainer.inprocess --run-dir RUN
 """
 from __future__ import annotations
@@ -39,6 +39,7 @@ from pathlib import Path
 
 from trainops.run_folder import RunFiles
 from trainops.run_records import LostRank, RecoveryEntry, read_faults, read_heartbeat, read_journal
+from trainops.trainer.config import RESTORE_TIMEOUT_S
 from trainops.trainer.node_agent import NodeAgent
 from trainops.trainer.workers import JOIN_TIMEOUT_S, Worker, signal_workers, start_workers
 
@@ -75,10 +76,12 @@ class Supervisor:
     """Node 0's supervisor: the store, the ranks' assignment and every recovery."""
 
     def __init__(self, run_dir: Path, nproc: int, spares: int, timeout_s: float, program: list[str], *,
-                 nnodes: int = 1, spare_nodes: int = 0, store_address: str | None = None):
+                 nnodes: int = 1, spare_nodes: int = 0, store_address: str | None = None,
+                 restore_timeout_s: float = RESTORE_TIMEOUT_S):
         import torch.distributed as dist
 
         self.run_dir, self.nproc, self.timeout_s = run_dir, nproc, timeout_s
+        self.restore_timeout_s = max(restore_timeout_s, timeout_s)
         self.nnodes, self.world = nnodes, nproc * nnodes
         host, _, port = (store_address or "127.0.0.1:0").rpartition(":")
         self.store = dist.TCPStore(host if store_address is None else "0.0.0.0", int(port), is_master=True,
@@ -131,7 +134,8 @@ class Supervisor:
         for rank, worker in sorted(self.ranks.items()):
             mates = sorted(r for r, w in self.ranks.items() if w.node == worker.node)
             job = {"rank": rank, "world_size": self.world, "generation": self.generation, "timeout_s": self.timeout_s,
-                   "local_rank": mates.index(rank), "local_world_size": len(mates), "node": worker.node}
+                   "restore_timeout_s": self.restore_timeout_s, "local_rank": mates.index(rank),
+                   "local_world_size": len(mates), "node": worker.node}
             self.store.set(f"assign/{worker.index}/{worker.assignments}", json.dumps(job))
             worker.assignments += 1
             self._note_worker(worker, "assigned", rank=rank, generation=self.generation)
@@ -260,7 +264,9 @@ class Supervisor:
             self._reap(self.ranks[rank])
         failed = sorted({*failed, *hung})
         if hung and not trigger.startswith(tuple(f"rank {r} exited" for r in failed)):
-            trigger = f"{trigger}; rank(s) {hung} hung past the {self.timeout_s:g} s collective timeout, killed"
+            clock = (f"the {self.timeout_s:g} s collective timeout" if self._key(f"first_step/{self.generation}")
+                     else f"the {self.restore_timeout_s:g} s restore deadline (before the generation's first step)")
+            trigger = f"{trigger}; rank(s) {hung} hung past {clock}, killed"
         aborted = time.time()
         lost = [self._lost_rank(rank, beats[rank], hung) for rank in failed]
         if not failed:
@@ -369,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nproc-per-node", type=int, required=True)
     parser.add_argument("--warm-spares", type=int, default=1)
     parser.add_argument("--collective-timeout-s", type=float, default=60.0)
+    parser.add_argument("--restore-timeout-s", type=float, default=RESTORE_TIMEOUT_S,
+                        help="a generation's join, checkpoint load and first step (at least the collective timeout)")
     parser.add_argument("--nnodes", type=int, default=1, help="nodes holding ranks")
     parser.add_argument("--spare-nodes", type=int, default=0, help="trailing nodes holding only warm spares")
     parser.add_argument("--node-index", type=int, default=0, help="this node's place in the job's node list")
@@ -383,7 +391,8 @@ def main(argv: list[str] | None = None) -> int:
         launcher: Supervisor | NodeAgent = NodeAgent(args.node_index, count, program, args.store)
     else:
         launcher = Supervisor(Path(args.run_dir), args.nproc_per_node, args.warm_spares, args.collective_timeout_s,
-                              program, nnodes=args.nnodes, spare_nodes=args.spare_nodes, store_address=args.store)
+                              program, nnodes=args.nnodes, spare_nodes=args.spare_nodes, store_address=args.store,
+                              restore_timeout_s=args.restore_timeout_s)
 
     def on_signal(signum: int, frame) -> None:
         launcher.terminate(signum)

@@ -60,6 +60,7 @@ def test_torchrun_argv_hands_an_in_process_run_to_the_supervisor(tmp_path):
     off = prepare_run(load_config(None, "tiny", ["resilience.in_process_restart=false"]), run_id="off")
     argv = torchrun_argv(sys.executable, 2, trainer_program(on))
     assert argv[1:3] == ["-m", "trainops.trainer.supervisor"] and argv[argv.index("--warm-spares") + 1] == "2"
+    assert argv[argv.index("--restore-timeout-s") + 1] == "600"  # joining and restoring are not the 4 s hang clock
     assert argv[argv.index("--") + 1:] == ["-m", "trainops.trainer.inprocess", "--run-dir", str(on)]  # the worker
     assert "torch.distributed.run" in torchrun_argv(sys.executable, 2, trainer_program(off))
     assert "torch.distributed.run" in torchrun_argv(sys.executable, 1, trainer_program(on))  # one rank: nothing to keep
