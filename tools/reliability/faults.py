@@ -119,13 +119,17 @@ def record_fault(run_dir: Path, entry: dict) -> None:
 
 
 def _signal(procs: list[psutil.Process], sig: signal.Signals) -> float:
-    """psutil checks each process is still the one found (same pid and create time) before it signals."""
+    """Signal each process; the injection's time, read before the first signal: a supervisor that sees
+    the rank die at once must not appear to detect it before it was injected (on a loaded host this
+    process may lose the CPU between the signal and a clock read after it). psutil checks each process
+    is still the one found (same pid and create time) before it signals."""
+    at = time.time()
     for proc in procs:
         try:
             proc.send_signal(sig)
         except psutil.NoSuchProcess:
             raise ToolError("inject_fault", f"pid {proc.pid} is not running; the rank has already exited") from None
-    return time.time()
+    return at
 
 
 def _corrupt_newest_checkpoint(run_dir: Path) -> tuple[float, str]:

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 
+import psutil
 import pytest
 
 from trainops.tools.base import ToolError
@@ -80,6 +81,27 @@ def test_a_killed_rank_is_detected_as_process_exit_with_its_latency(ranks):
     assert found.injected_at == pytest.approx(injected.injected_at)
     assert 0 <= found.detection_latency_s < 2.0
     assert json.loads((run_dir / "faults.jsonl").read_text().splitlines()[-1])["kind"] == "kill_rank"
+
+
+def test_an_injection_time_is_no_later_than_the_fault_it_injected(ranks, monkeypatch):
+    """A supervisor sees a SIGKILLed rank gone at once and times its detection then; a drill that read
+    its clock after the signal, having lost the CPU in between (a loaded host), had injected the fault
+    after it was detected, and found no in-process recovery detected since (a CI failure). Here the
+    drill loses the CPU right after its signal, while a watcher sees the rank gone."""
+    ranks()
+    seen_gone: list[float] = []
+    send_signal = psutil.Process.send_signal
+
+    def signal_then_lose_the_cpu(proc: psutil.Process, sig: int) -> None:
+        send_signal(proc, sig)
+        while proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+            time.sleep(0.005)
+        seen_gone.append(time.time())  # the supervisor's detection, as early as it can be
+        time.sleep(0.2)
+
+    monkeypatch.setattr(psutil.Process, "send_signal", signal_then_lose_the_cpu)
+    injected = call("inject_fault", {"kind": "kill_rank", "run": "drill", "rank": 1}, OPERATOR)
+    assert injected.injected_at <= seen_gone[0]
 
 
 def test_killing_a_node_kills_every_rank_it_hosts(ranks):
