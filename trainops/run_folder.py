@@ -15,9 +15,10 @@ import re
 import secrets
 import stat
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
+from typing import NamedTuple, TextIO
 
 from trainops.workspace import check_id, runs_dir
 
@@ -132,7 +133,31 @@ def this_launch(text: str, until: float | None = None) -> str:
 
 MAX_LINE_BYTES = 1 << 20  # a metrics or journal line is a few hundred bytes; a longer one is garbage
 MAX_RECORD_BYTES = 1 << 20  # a heartbeat or status file, rewritten whole
+MAX_SCAN_BYTES = 32 << 20
+"""A line reader scans at most the newest this many bytes of what was appended since its offset."""
+MAX_KEPT_LINES, MAX_KEPT_BYTES = 20_000, 4 << 20
+"""Of what it scanned, it keeps at most the newest this many lines and bytes (a parsed metrics record
+costs some 2 KiB: 20,000 of them about 40 MiB, whatever the file's size)."""
+MAX_TEXT_BYTES = 16 << 20
+"""A log is read as its newest this many bytes."""
 _CHUNK = 8 << 20
+
+
+class Lines(NamedTuple):
+    """What one bounded read of a line file found: its kept lines, the offset to read from next, and
+    what it left out (bytes before the newest MAX_SCAN_BYTES; older complete lines past the keep caps)."""
+    lines: list[bytes]
+    offset: int
+    skipped_bytes: int = 0
+    dropped_lines: int = 0
+
+    def cut(self, name: str) -> str:
+        """What the read left out, in a sentence naming the file; "" when it read everything."""
+        parts = ([f"its first {self.skipped_bytes:,} bytes not read (a read scans the newest "
+                  f"{MAX_SCAN_BYTES >> 20} MiB)"] if self.skipped_bytes else []) + \
+                ([f"{self.dropped_lines:,} older lines not read (a read keeps the newest {MAX_KEPT_LINES:,} lines, "
+                  f"{MAX_KEPT_BYTES >> 20} MiB)"] if self.dropped_lines else [])
+        return f"{name}: {'; '.join(parts)}" if parts else ""
 
 
 def open_regular(path: str | Path) -> int | None:
@@ -160,25 +185,67 @@ def read_regular(path: str | Path, limit: int = MAX_RECORD_BYTES) -> bytes | Non
     return None if len(data) > limit else data
 
 
-def complete_lines(path: Path, offset: int = 0) -> tuple[list[bytes], int]:
-    """The newline-terminated lines of a regular file `path` from byte `offset`, and the offset after
-    the last one (a line still being written is left for the next read); a missing file, or one that
-    is not a regular file, has none. A line over MAX_LINE_BYTES is dropped, read in bounded chunks."""
+def read_tail(path: str | Path, limit: int = MAX_TEXT_BYTES) -> tuple[bytes, int] | None:
+    """The newest `limit` bytes of a regular file, from the first line that starts in them, and the
+    number of bytes before them not read; None when it is missing or not a regular file."""
     fd = open_regular(path)
     if fd is None:
-        return [], offset
-    lines: list[bytes] = []
+        return None
     with os.fdopen(fd, "rb") as fh:
+        skipped = max(0, os.fstat(fh.fileno()).st_size - limit)
+        fh.seek(skipped)
+        data = fh.read(limit)
+    if skipped:
+        start = data.find(b"\n") + 1 if b"\n" in data else len(data)
+        skipped, data = skipped + start, data[start:]
+    return data, skipped
+
+
+TEXT_CUT_NOTE = "trainops: the first {skipped:,} bytes of this log were not read (a read takes its newest {cap} MiB)"
+TEXT_CUT = re.compile(r"^trainops: the first [\d,]+ bytes of this log were not read \(")
+"""The first line of a log read cut short: a reader (grep_log) reports the cut from it."""
+
+
+def bounded_text(path: str | Path) -> str | None:
+    """A log's text, its newest MAX_TEXT_BYTES (after TEXT_CUT_NOTE's line when older bytes were left
+    unread); None when it is missing or not a regular file."""
+    read = read_tail(path, MAX_TEXT_BYTES)
+    if read is None:
+        return None
+    data, skipped = read
+    text = data.decode(errors="replace")
+    return f"{TEXT_CUT_NOTE.format(skipped=skipped, cap=MAX_TEXT_BYTES >> 20)}\n{text}" if skipped else text
+
+
+def complete_lines(path: Path, offset: int = 0) -> Lines:
+    """The newline-terminated lines of a regular file `path` from byte `offset`, and the offset after
+    the last one (a line still being written is left for the next read); a missing file, or one that
+    is not a regular file, has none. Bounded whatever the file holds: it scans the newest MAX_SCAN_BYTES
+    appended since `offset`, up to the size it had when the read began, keeps the newest MAX_KEPT_LINES
+    (MAX_KEPT_BYTES) of them, drops a line over MAX_LINE_BYTES, and says what it left out."""
+    fd = open_regular(path)
+    if fd is None:
+        return Lines([], offset)
+    kept: deque[bytes] = deque()
+    kept_bytes = dropped = 0
+    with os.fdopen(fd, "rb") as fh:
+        end = os.fstat(fh.fileno()).st_size
+        skipped = max(0, end - offset - MAX_SCAN_BYTES)
+        offset += skipped
         fh.seek(offset)
-        pending, oversized = b"", False
-        while chunk := fh.read(_CHUNK):
+        pending, oversized = b"", skipped > 0  # a scan that starts mid-file starts mid-line
+        while (want := end - offset - len(pending)) > 0 and (chunk := fh.read(min(_CHUNK, want))):
             parts = (pending + chunk).split(b"\n")
             pending = parts.pop()
             for part in parts:
                 if not oversized and len(part) <= MAX_LINE_BYTES:
-                    lines.append(part)
+                    kept.append(part)
+                    kept_bytes += len(part)
+                    while len(kept) > MAX_KEPT_LINES or kept_bytes > MAX_KEPT_BYTES:
+                        kept_bytes -= len(kept.popleft())
+                        dropped += 1
                 offset += len(part) + 1
                 oversized = False
             if len(pending) > MAX_LINE_BYTES:  # skip the rest of an oversized line without holding it
                 offset, pending, oversized = offset + len(pending), b"", True
-    return lines, offset
+    return Lines(list(kept), offset, skipped, dropped)

@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
@@ -85,16 +85,25 @@ class MetricsRecord(BaseModel):
         return {name: getattr(self, name) for name in self.model_fields_set}
 
 
-def metrics_since(run_dir: str | Path, offset: int = 0) -> tuple[list[MetricsRecord], int]:
-    """The records appended to `metrics.jsonl` after byte `offset`, and the offset to read from next:
-    a watcher reads each line once."""
-    lines, offset = complete_lines(RunFiles(run_dir).metrics, offset)
-    return _parsed(lines, MetricsRecord.model_validate_json), offset
+class MetricsRead(NamedTuple):
+    """The records one bounded read of `metrics.jsonl` found, the offset to read from next, and what it
+    left out ("" when nothing: see run_folder.complete_lines for the caps)."""
+    records: list[MetricsRecord]
+    offset: int
+    cut: str
+
+
+def metrics_since(run_dir: str | Path, offset: int = 0) -> MetricsRead:
+    """The records appended to `metrics.jsonl` after byte `offset` (the newest, within the read caps),
+    and the offset to read from next: a watcher reads each line once."""
+    read = complete_lines(RunFiles(run_dir).metrics, offset)
+    return MetricsRead(_parsed(read.lines, MetricsRecord.model_validate_json), read.offset, read.cut("metrics.jsonl"))
 
 
 def read_metrics(run_dir: str | Path) -> list[MetricsRecord]:
-    """Every record of `metrics.jsonl`, in the order written (all ranks; a resumed run repeats steps)."""
-    return metrics_since(run_dir)[0]
+    """The records of `metrics.jsonl` in the order written (all ranks; a resumed run repeats steps): the
+    newest, within the read caps."""
+    return metrics_since(run_dir).records
 
 
 # --- heartbeat/rank{R}.json --------------------------------------------------------------------

@@ -197,7 +197,7 @@ class _Watch:
             for line in lines:  # a job's own log: its escape sequences print as text (safe_console)
                 self.bar.console.print(line, highlight=False, markup=False, soft_wrap=True)
         if self.run_dir:
-            records, self.metrics_offset = metrics_since(self.run_dir, self.metrics_offset)
+            records, self.metrics_offset, _ = metrics_since(self.run_dir, self.metrics_offset)
             self.step = max([self.step, *(r.step for r in records if r.rank == 0)])
             self.bar.update(self.task, completed=self.step)
 

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from trainops.run_records import MetricsRecord, read_metrics
+from trainops.run_records import MetricsRecord, metrics_since
 from trainops.tools.base import InputCheck, ToolError, tool
 from trainops.tools.changes.tenancy import check_job_paths, check_launch_versions
 from trainops.tools.context import active_call
@@ -340,13 +340,15 @@ class RunSummary(BaseModel):
     peak_source: str | None = Field(None,
                                     description="Where the MFU peak came from (vendor table or measured GEMM), as the "
                                                 "trainer labelled it.")
+    not_read: str = Field("", description="What of metrics.jsonl was left unread (its older part, past the read "
+                                          "caps): the statistics are of the newest records; empty when all was read.")
 
 
 def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def summarize_records(run: str, records: list[MetricsRecord], skip_steps: int) -> RunSummary:
+def summarize_records(run: str, records: list[MetricsRecord], skip_steps: int, not_read: str = "") -> RunSummary:
     by_step: dict[int, list[MetricsRecord]] = {}
     for rec in records:
         by_step.setdefault(rec.step, []).append(rec)
@@ -376,7 +378,7 @@ def summarize_records(run: str, records: list[MetricsRecord], skip_steps: int) -
         tokens_per_s_median=_median(tps) if measured else None, mfu_pct_median=_median(mfu),
         data_wait_share_pct=100.0 * wait_s / total_s if total_s > 0 else None,
         final_loss=losses[0] if losses else None,
-        peak_source=next((r.peak_source for r in records if r.peak_source), None),
+        peak_source=next((r.peak_source for r in records if r.peak_source), None), not_read=not_read,
     )
 
 
@@ -385,8 +387,8 @@ def summarize_run(inp: SummarizeRunInput) -> RunSummary:
     """Median step time, per-rank step-time spread, tokens/s, MFU (warm-up steps excluded),
     data-wait share and final loss of a run, from its metrics.jsonl."""
     run_dir = _confined_run("summarize_run", inp.run)
-    records = read_metrics(run_dir)
+    records, _, not_read = metrics_since(run_dir)
     if not records:
         raise ToolError("summarize_run",
                         f"{run_dir / 'metrics.jsonl'} has no records yet; wait for the run to take a step")
-    return summarize_records(inp.run, records, inp.skip_steps)
+    return summarize_records(inp.run, records, inp.skip_steps, not_read)

@@ -13,7 +13,7 @@ import re
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from trainops.run_folder import RunFiles
+from trainops.run_folder import TEXT_CUT, RunFiles
 from trainops.tools.base import ToolError, tool
 from trainops.tools.ids import JobId, RunRef
 from trainops.tools.reliability.evidence import inert
@@ -22,6 +22,8 @@ from trainops.tools.schedulers.base import SchedulerError, SchedulerKind, read_c
 from trainops.workspace import run_folder
 
 MAX_LOG_LINE_CHARS = 500
+NOT_READ = ("What of the log was left unread: a log is read as its newest part (run_folder.MAX_TEXT_BYTES), and its "
+            "line numbers count from the first line read; empty when all of it was read.")
 
 
 class LogRef(BaseModel):
@@ -69,7 +71,9 @@ class GrepLogOutput(BaseModel):
     total_lines: int
     total_matches: int
     matches: list[LogLine]
-    truncated: bool = Field(description="True when matches were left out by max_matches or max_bytes.")
+    truncated: bool = Field(description="True when matches were left out by max_matches or max_bytes, or the log's "
+                                        "start was not read.")
+    not_read: str = Field("", description=NOT_READ)
 
 
 class ReadLogWindowInput(LogRef):
@@ -84,14 +88,16 @@ class ReadLogWindowOutput(BaseModel):
     total_lines: int
     lines: list[LogLine]
     truncated: bool
+    not_read: str = Field("", description=NOT_READ)
 
 
 def _inert(text: str) -> str:
     return inert(text, MAX_LOG_LINE_CHARS)
 
 
-def _log_lines(tool_name: str, ref: LogRef) -> tuple[str, list[str]]:
-    """The log's source label and its lines, read through the scheduler or the confined run folder."""
+def _log_lines(tool_name: str, ref: LogRef) -> tuple[str, list[str], str]:
+    """The log's source label, its lines and what of it was not read, read through the scheduler or the
+    confined run folder."""
     try:
         if ref.job_id is not None:
             text = get_scheduler(ref.scheduler).logs(ref.job_id, 0, ref.rank)
@@ -105,7 +111,9 @@ def _log_lines(tool_name: str, ref: LogRef) -> tuple[str, list[str]]:
             source = f"run {ref.run} rank {ref.rank}"
     except (SchedulerError, ValueError) as exc:
         raise ToolError(tool_name, str(exc)) from None
-    return source, text.splitlines()
+    lines = text.splitlines()
+    cut = lines.pop(0) if lines and TEXT_CUT.match(lines[0]) else ""
+    return source, lines, cut
 
 
 def _bounded(numbered: list[tuple[int, str]], max_bytes: int) -> tuple[list[LogLine], bool]:
@@ -124,21 +132,22 @@ def grep_log(inp: GrepLogInput) -> GrepLogOutput:
     """Search a job's log or one rank's log for a regular expression; returns the matching lines with
     their line numbers, at most max_matches lines and max_bytes bytes (truncated says so). Read the
     lines around a hit with read_log_window."""
-    source, lines = _log_lines("grep_log", inp)
+    source, lines, cut_start = _log_lines("grep_log", inp)
     regex = re.compile(inp.pattern, re.I if inp.ignore_case else 0)
     hits = [(n, line) for n, line in enumerate(lines, 1) if regex.search(line)]
     matches, cut = _bounded(hits[:inp.max_matches], inp.max_bytes)
     return GrepLogOutput(source=source, total_lines=len(lines), total_matches=len(hits), matches=matches,
-                         truncated=cut or len(hits) > inp.max_matches)
+                         truncated=cut or len(hits) > inp.max_matches or bool(cut_start), not_read=cut_start)
 
 
 @tool("read_log_window", risk="read", tags=("jobs", "logs"))
 def read_log_window(inp: ReadLogWindowInput) -> ReadLogWindowOutput:
     """Read the lines of a job's or rank's log around one line (before/after it), at most max_bytes bytes."""
-    source, lines = _log_lines("read_log_window", inp)
+    source, lines, cut_start = _log_lines("read_log_window", inp)
     if inp.line > len(lines):
         raise ToolError("read_log_window", f"line: {source} has {len(lines)} lines, not {inp.line}; pass a line "
                                            "number grep_log returned")
     first, last = max(1, inp.line - inp.before), min(len(lines), inp.line + inp.after)
     window, cut = _bounded([(n, lines[n - 1]) for n in range(first, last + 1)], inp.max_bytes)
-    return ReadLogWindowOutput(source=source, total_lines=len(lines), lines=window, truncated=cut)
+    return ReadLogWindowOutput(source=source, total_lines=len(lines), lines=window, truncated=cut or bool(cut_start),
+                               not_read=cut_start)

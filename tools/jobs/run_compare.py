@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from trainops.run_folder import RunFiles
-from trainops.run_records import read_metrics
+from trainops.run_records import metrics_since
 from trainops.tools.base import ToolError, tool
 from trainops.tools.ids import RunRef
 from trainops.tools.jobs.jobs import RunSummary, _confined_run, summarize_records
@@ -64,10 +64,10 @@ def _settings(tool_name: str, run_dir) -> dict[str, str]:
 
 
 def _summary(tool_name: str, run: str, run_dir, skip_steps: int) -> RunSummary:
-    records = read_metrics(run_dir)
+    records, _, not_read = metrics_since(run_dir)
     if not records:
         raise ToolError(tool_name, f"{run_dir / 'metrics.jsonl'} has no records yet; wait for the run to take a step")
-    return summarize_records(run, records, skip_steps)
+    return summarize_records(run, records, skip_steps, not_read)
 
 
 def _finding(changed: list[SettingChange], slower: str | None, ratio: float | None) -> str:

@@ -168,6 +168,8 @@ class StragglerFinding(BaseModel):
     straggler: int | None = Field(description="The straggling rank; None when no rank stands out.")
     node: str | None = Field(description="The straggler's node, from its heartbeat.")
     reason: str
+    not_read: str = Field("", description="What of metrics.jsonl was left unread (its older part, past the read "
+                                          "caps): the medians are of the newest records; empty when all was read.")
 
 
 @tool("find_straggler", risk="read", tags=("metrics",))
@@ -191,8 +193,9 @@ def find_straggler(inp: FindStragglerInput) -> StragglerFinding:
     if found is None:
         return StragglerFinding(run=run_dir.name, field=field, rank_medians_s=medians, straggler=None, node=None,
                                 reason=f"no rank's median {field} stands {inp.straggler_ratio:g}x apart from its "
-                                       "peers' over the window")
+                                       "peers' over the window", not_read=watch.cut)
     record, why = found
     beat = read_heartbeats(run_dir).get(record.rank)
     return StragglerFinding(run=run_dir.name, field=field, rank_medians_s=medians, straggler=record.rank,
-                            node=inert(record.host or (beat.host if beat else None) or "") or None, reason=why)
+                            node=inert(record.host or (beat.host if beat else None) or "") or None, reason=why,
+                            not_read=watch.cut)

@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 
 from trainops.redact import scrub
 from trainops.run_folder import RunFiles, read_regular, this_launch
-from trainops.run_records import read_heartbeats, read_journal, read_metrics, read_status
+from trainops.run_records import metrics_since, read_heartbeats, read_journal, read_metrics, read_status
 from trainops.terminal_text import visible
 from trainops.tools.reliability.sdc_check import KNOWN_ANSWER_FAILED
 from trainops.tools.reliability.signature_match import (
@@ -105,6 +105,9 @@ class Evidence(BaseModel):
     stopped_doing: dict[int, str] = Field(default_factory=dict, description="rank -> what it was doing (its "
                                           "innermost frames) when its launcher or scheduler stopped it, as it "
                                           "noted on its way out.")
+    not_taken: list[str] = Field(default_factory=list, description="What the job wrote that was not taken as "
+                                 "written: a figure outside the job's wall clock (the value seen, what was used), "
+                                 "or a file's older part past the read caps (tools/reliability/job_numbers.py).")
 
 
 def inert(text: object, limit: int = MAX_LINE_CHARS) -> str:
@@ -287,7 +290,9 @@ def replay_evidence(ev: Evidence, run_dir: str | Path, after: float) -> None:
 def _metrics_evidence(run_dir: Path, ev: Evidence, until: float | None = None) -> None:
     """Checksums, the first non-finite loss and whether it repeated, the last step and its time (of
     the records and checkpoints up to `until`, when given)."""
-    records = [r for r in read_metrics(run_dir) if until is None or r.time <= until]
+    read = metrics_since(run_dir)
+    records = [r for r in read.records if until is None or r.time <= until]
+    ev.not_taken += [read.cut] if read.cut else []
     sums: dict[int, dict[str, set]] = {}
     seen_bad: dict[int, int] = {}
     for rec in records:

@@ -29,6 +29,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from trainops.run_folder import MAX_KEPT_LINES
 from trainops.run_records import Heartbeat, MetricsRecord, metrics_since, read_heartbeats
 from trainops.tools.ids import JobId, RunRef
 from trainops.tools.reliability.reachability import probe_nodes, slow_outlier
@@ -39,6 +40,9 @@ Mechanism = Literal["process_exit", "heartbeat_stale", "loss_anomaly", "checksum
 PROBE_EVERY_S = 0.25
 Isolation = Literal["rank", "node", "replica_group", "job"]
 ANOMALY_MIN_HISTORY = 8  # steps of grad-norm history before a jump is judged at all
+MIN_HISTORY, MAX_CHECKSUM_STEPS = 64, 1000
+"""A watch keeps each rank's newest records (MAX_KEPT_LINES across ranks, at least MIN_HISTORY a rank) and the
+newest checksum steps: a long watch, or a job writing records for a million ranks, holds a bounded history."""
 SIGNALS: dict[str, tuple[Mechanism, ...]] = {
     # a drill tool's kind (tools/reliability/faults.py) or the trainer's own faults.jsonl kind -> its signals
     "kill_rank": ("process_exit",), "crash": ("process_exit",), "kill_node": ("process_exit",),
@@ -163,7 +167,7 @@ class FaultWatch:
     check because a slow link skews every rank's step time), then a straggler."""
     def __init__(self, inp: DetectFaultsInput, run_dir: Path):
         self.inp, self.run_dir = inp, run_dir
-        self.offset = 0
+        self.offset, self.cut = 0, ""
         self.by_rank: dict[int, list[MetricsRecord]] = {}
         self.checksums: dict[int, dict[int, MetricsRecord]] = {}
         self.rtts: dict[str, float | None] = {}
@@ -193,11 +197,19 @@ class FaultWatch:
         return Detection(expected=list(self.expected), false_positives=self.false_positives, **fields)
 
     def ingest(self) -> list[MetricsRecord]:
-        records, self.offset = metrics_since(self.run_dir, self.offset)
+        """The records appended since the last poll (the newest, within the read caps; `cut` says what a
+        read left out), kept in a bounded history: each rank its newest, the newest checksum steps."""
+        records, self.offset, cut = metrics_since(self.run_dir, self.offset)
+        self.cut = cut or self.cut
         for rec in records:
             self.by_rank.setdefault(rec.rank, []).append(rec)
             if rec.param_checksum is not None:
                 self.checksums.setdefault(rec.step, {})[rec.rank] = rec
+        per_rank = max(MIN_HISTORY, MAX_KEPT_LINES // max(1, len(self.by_rank)))
+        for history in self.by_rank.values():
+            del history[:-per_rank]
+        for step in sorted(self.checksums)[:-MAX_CHECKSUM_STEPS]:
+            del self.checksums[step]
         return records
 
     def loss_anomaly(self, records: list[MetricsRecord]) -> tuple[MetricsRecord, str] | None:

@@ -10,7 +10,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from trainops.run_folder import RunFiles
+from trainops.run_folder import RunFiles, bounded_text
 from trainops.tools.ids import NodeName, SafeId
 from trainops.trainer.config import JobConfig, LoadedConfig, load_config
 from trainops.workspace import check_id, confine
@@ -239,8 +239,14 @@ def rank_log(run_dir: str | None, rank: int, backend: str, job_id: str) -> str:
 
 
 def read_confined(path, field: str, backend: str) -> str:
-    """The text of a file a job could have replaced with a link, when it resolves inside the workspace."""
+    """The text of a log a job could have replaced with a link, a named pipe or a device: read when it
+    resolves inside the workspace and is a regular file, as its newest MAX_TEXT_BYTES (bounded_text)."""
     try:
-        return confine(path, field).read_text(errors="replace")
+        confined = confine(path, field)
     except ValueError as exc:
         raise SchedulerError(backend, str(exc)) from None
+    text = bounded_text(confined)
+    if text is None:
+        raise SchedulerError(backend, f"{field} at {confined} is not a regular file (a named pipe, device or folder "
+                                      "was put in its place); it was not read")
+    return text

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainops.run_folder import launch_mark
+from trainops.run_folder import bounded_text, launch_mark
 from trainops.tools.schedulers.base import (
     TERMINAL_STATES,
     JobHandle,
@@ -285,7 +285,7 @@ class SlurmScheduler(PollingWait):
             path = Path(record["handle"]["log_path"])
         else:
             path = Path(self._job(job_id).stdout)
-        return tail_text(path.read_text(errors="replace") if path.is_file() else "", tail)
+        return tail_text(bounded_text(path) or "", tail)  # a regular file only, its newest MAX_TEXT_BYTES
 
     def cancel(self, job_id: str, force: bool = False) -> JobStatus:
         """`scancel`: SIGTERM, KillWait, SIGKILL. `force` first SIGKILLs every step and the batch
