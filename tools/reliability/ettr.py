@@ -4,6 +4,7 @@ interruption rate, MTBF and recovery time. The planner's estimate for a job not 
 tools/planning/effective_training_time.py."""
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Literal
 
@@ -22,38 +23,69 @@ class EttrWindow(BaseModel):
     ettr_pct: float
 
 
+MIN_WINDOW_S = 0.1
+"""A window finer than this measures the record's timestamp rounding, not training."""
+MAX_WINDOWS = 10_000
+"""A series holds at most the newest this many windows, whatever span the record's times claim."""
+
+
 def _spans(records: list[Interruption]) -> list[tuple[float, float]]:
-    """Each interruption's lost time as an interval ending when training resumed."""
-    out = []
+    """Each interruption's lost time as an interval ending when training resumed, overlaps merged (a
+    second of wall clock is lost once), in time order."""
+    intervals = []
     for r in records:
         begin = (r.evidence.last_progress_time or r.time) - r.lost.redo_s
-        out.append((begin, begin + r.time_lost_s))
-    return out
+        intervals.append((begin, begin + r.time_lost_s))
+    merged: list[tuple[float, float]] = []
+    for begin, end in sorted(intervals):
+        if merged and begin <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((begin, end))
+    return merged
+
+
+def _extent(records: list[Interruption], spans: list[tuple[float, float]], now: float | None) -> tuple[float, float]:
+    """From the first recorded job start (or lost span) to `now`, the last span's end or the last record."""
+    t0 = min(min(r.started_at or r.submitted_at or r.time for r in records), spans[0][0])
+    return t0, max(now or 0.0, max(end for _, end in spans), max(r.time for r in records))
+
+
+def windows_left_out(window_s: float, records: list[Interruption], now: float | None = None) -> int:
+    """How many of the oldest windows a series of `window_s` leaves out (MAX_WINDOWS)."""
+    records = [r for r in records if not r.planned]
+    if not records:
+        return 0
+    t0, t1 = _extent(records, _spans(records), now)
+    return max(0, math.ceil((t1 - t0) / window_s) - MAX_WINDOWS)
 
 
 def ettr_series(window_s: float, job: str | None = None, now: float | None = None,
                 records: list[Interruption] | None = None) -> list[EttrWindow]:
     """Per window of `window_s` from the first recorded job start: productive time over wall time,
-    productive = wall - time lost (detection + isolation + restart + steps redone). `records`: the
-    record as the caller already read it."""
-    if not window_s > 0:
-        raise ValueError(f"window_s={window_s!r}: must be a positive number of seconds")
+    productive = wall - time lost (detection + isolation + restart + steps redone); the newest
+    MAX_WINDOWS windows when the record spans more. `records`: the record as the caller already read it."""
+    if not window_s >= MIN_WINDOW_S:  # nan fails this too
+        raise ValueError(f"window_s={window_s!r}: a window must be at least {MIN_WINDOW_S:g} s; e.g. 3600 for hourly")
     records = [r for r in (read_interruptions(job) if records is None else records) if not r.planned]
     if not records:
         return []
     spans = _spans(records)
-    t0 = min(min(r.started_at or r.submitted_at or s[0] for r, s in zip(records, spans, strict=True)),
-             min(s[0] for s in spans))
-    t1 = max(now or 0.0, max(s[1] for s in spans), max(r.time for r in records))
-    windows, start = [], t0
-    while start < t1:
-        end = min(start + window_s, t1)
+    t0, t1 = _extent(records, spans, now)
+    t0 += max(0, math.ceil((t1 - t0) / window_s) - MAX_WINDOWS) * window_s  # whole windows: the newest kept
+    count = math.ceil((t1 - t0) / window_s)
+    lost = [0.0] * count
+    for a, b in spans:  # disjoint spans: each adds to the windows it overlaps only
+        for i in range(max(0, int((a - t0) // window_s)), min(count, int((b - t0) // window_s) + 1)):
+            start = t0 + i * window_s
+            lost[i] += max(0.0, min(b, start + window_s, t1) - max(a, start))
+    windows = []
+    for i in range(count):
+        start, end = t0 + i * window_s, min(t0 + (i + 1) * window_s, t1)
         wall = end - start
-        lost = sum(max(0.0, min(end, b) - max(start, a)) for a, b in spans)
-        prod = max(0.0, wall - lost)
+        prod = max(0.0, wall - lost[i])
         windows.append(EttrWindow(start=start, end=end, productive_s=round(prod, 3), wall_s=round(wall, 3),
                                   ettr_pct=round(100.0 * prod / wall, 3) if wall > 0 else 100.0))
-        start = end
     return windows
 
 
@@ -117,13 +149,14 @@ class EttrInput(BaseModel):
     model_config = ConfigDict(allow_inf_nan=False)
 
     job_id: JobId | None = Field(None, max_length=200, description="Only this job; None: every recorded job.")
-    window_s: float = Field(3600.0, gt=0, le=30 * 86400, description="Width of one window in seconds.")
+    window_s: float = Field(3600.0, ge=MIN_WINDOW_S, le=30 * 86400, description="Width of one window in seconds.")
     declared_mtbf_h: float | None = Field(None, gt=0, le=1e6, description="The operator's MTBF in hours, used only "
                                           "while the record is too short; None: the assumed default, labelled so.")
 
 
 class EttrOutput(BaseModel):
-    windows: list[EttrWindow]
+    windows: list[EttrWindow] = Field(description=f"The newest {MAX_WINDOWS:,} windows at most, oldest first.")
+    windows_left_out: int = Field(0, description="Older windows the record's span holds that the series leaves out.")
     reliability: ReliabilityStats
 
 
@@ -132,5 +165,7 @@ def effective_training_time(inp: EttrInput) -> EttrOutput:
     """Effective training time per window (productive time over wall time; time lost = detection +
     isolation + restart + steps redone) from the interruption record, with the interruption rate,
     MTBF (measured, or declared when the record is too short, labelled) and recovery time."""
-    return EttrOutput(windows=ettr_series(inp.window_s, inp.job_id),
-                      reliability=reliability(inp.declared_mtbf_h, inp.job_id))
+    records = read_interruptions(inp.job_id)
+    return EttrOutput(windows=ettr_series(inp.window_s, now=None, records=records),
+                      windows_left_out=windows_left_out(inp.window_s, records),
+                      reliability=reliability(inp.declared_mtbf_h, records=records))

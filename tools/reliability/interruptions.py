@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -30,6 +31,7 @@ from trainops.tools.reliability.evidence import (
     replay_evidence,
     witness_ranks,
 )
+from trainops.tools.reliability.job_numbers import bound_evidence, bound_redo, wall_clock
 from trainops.workspace import home
 
 log = logging.getLogger(__name__)
@@ -155,14 +157,14 @@ def cause_distribution(records: list[Interruption], drills_as_injected: bool = F
     return counts
 
 
-def _lost(ev: Evidence, detected_at: float) -> tuple[LostTime, int]:
+def _lost(ev: Evidence, detected_at: float, wall_s: float) -> tuple[LostTime, int]:
     """What the end cost: detection (last progress -> detected) and the steps since the last commit
-    redone at the median step time; a drill adds isolation and restart (complete_recovery)."""
+    redone at the median step time, within the wall clock; a drill adds isolation and restart."""
     lost = LostTime()
     if ev.last_progress_time:
         lost.detection_s = max(0.0, detected_at - ev.last_progress_time)
     steps = max(0, (ev.last_step or 0) - (ev.committed_step or 0)) if ev.last_step is not None else 0
-    lost.redo_s = steps * (ev.step_time_s or 0.0)
+    lost.redo_s = bound_redo(ev, steps, ev.step_time_s, wall_s)
     return lost, steps
 
 
@@ -229,10 +231,11 @@ def build(status, scheduler: str, node_states: dict[str, str] | None = None,
     drill = seen is not None and seen.drill
     ev = (gather(status, node_states, job_log, ranks_at_end=seen.ranks, beats=seen.beats,
                  until=seen.at + WITNESS_GRACE_S) if seen else gather(status, node_states, job_log))
+    wall_s = bound_evidence(ev, status.started_at or status.submitted_at, status.ended_at or detected_at)
     cancelled = status.state in _PLANNED_STATES and healthy(ev)
     found = diagnose(ev, planned=cancelled, stale_s=_stale_s(ev))
     planned = cancelled and scheduler_ended(ev) is None  # an operator's stop; Slurm calls a preemption cancelled too
-    lost, steps = _lost(ev, detected_at)
+    lost, steps = _lost(ev, detected_at, wall_s)
     return Interruption(id=record_id(scheduler, status), job_id=status.job_id, run_dir=status.run_dir,
                         scheduler=scheduler, name=inert(status.name), submitted_at=status.submitted_at,
                         started_at=status.started_at, ended_at=status.ended_at, detected_at=detected_at,
@@ -255,6 +258,19 @@ def _total(lost: LostTime) -> float:
     return round(lost.detection_s + lost.isolation_s + lost.restart_s + lost.redo_s, 3)
 
 
+def _bare_record(status, scheduler: str, exc: Exception) -> Interruption:
+    """The record of a job end from the scheduler's status alone, when what the run folder held could
+    not make one: marked so, and still counted by the restart budget and the MTBF."""
+    ev = Evidence(state=status.state, reason=inert(status.reason), exit_code=status.exit_code,
+                  not_taken=[_reason(f"the run folder's evidence was left out, it did not make a valid record: {exc}")])
+    times = {k: t if t is not None and math.isfinite(t) else None
+             for k, t in (("submitted_at", status.submitted_at), ("started_at", status.started_at),
+                          ("ended_at", status.ended_at))}
+    return Interruption(id=record_id(scheduler, status), job_id=status.job_id, run_dir=status.run_dir,
+                        scheduler=scheduler, name=inert(status.name), detected_at=time.time(), evidence=ev, **times,
+                        **_verdict(diagnose(ev)))
+
+
 def _open_record():
     fd = os.open(record_path(), os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
     return os.fdopen(fd, "a+")
@@ -273,7 +289,10 @@ def record_job_end(status, scheduler: str, node_states: dict[str, str] | None = 
         if known is not None:
             _WITNESSED.pop((scheduler, status.job_id), None)
             return known
-        rec = build(status, scheduler, node_states, job_log=job_log)
+        try:
+            rec = build(status, scheduler, node_states, job_log=job_log)
+        except (ValidationError, ValueError, ArithmeticError) as exc:  # the end is recorded all the same
+            rec = _bare_record(status, scheduler, exc)
         fh.write(rec.model_dump_json() + "\n")
         fh.flush()
     return rec
@@ -308,11 +327,14 @@ def in_process_record(job_id: str, since: float) -> Interruption | None:
 
 def _in_process_record(key: str, status, scheduler: str, entry) -> Interruption:
     ev = gather_in_process(entry, status.run_dir)
-    detected_at = entry.time - entry.total_s
+    start, now = wall_clock(status.started_at or status.submitted_at, time.time())
+    detected_at = min(max(entry.time - entry.total_s, start), now)  # the job goes on: its wall clock ends now
+    wall_s = bound_evidence(ev, start, detected_at)
     found = diagnose(ev, stale_s=_stale_s(ev))
-    lost, _ = _lost(ev, detected_at)
+    lost, _ = _lost(ev, detected_at, wall_s)
     steps = max(0, ev.last_step - entry.resumed_step) if ev.last_step is not None else 0  # redone from the resume
-    lost.redo_s, lost.restart_s = steps * (ev.step_time_s or 0.0), max(0.0, entry.total_s)
+    lost.redo_s = bound_redo(ev, steps, ev.step_time_s, wall_s)
+    lost.restart_s = min(max(0.0, entry.total_s), now - detected_at)
     return Interruption(id=key, job_id=status.job_id, run_dir=status.run_dir, scheduler=scheduler,
                         name=inert(status.name), submitted_at=status.submitted_at, started_at=status.started_at,
                         detected_at=detected_at, evidence=ev, lost=lost, time_lost_s=_total(lost), steps_lost=steps,

@@ -27,7 +27,7 @@ class WatchJobInput(BaseModel):
     scheduler: SchedulerKind = "local"
     poll_interval_s: float = Field(1.0, ge=0.05, le=600, description="Seconds between polls (down to 0.05).")
     timeout_s: float = Field(3600.0, gt=0, le=7 * 86400, description="Stop watching after this long (at most 7 days).")
-    ettr_window_s: float = Field(3600.0, gt=0, le=30 * 86400,
+    ettr_window_s: float = Field(3600.0, ge=ettr.MIN_WINDOW_S, le=30 * 86400,
                                  description="Width of one effective-training-time window for R-ESC-1.")
     mtbf_h: float | None = Field(None, gt=0, le=1e6, description="Declared MTBF (hours), used while the "
                                  "interruption record is too short to measure one; None: the assumed default.")

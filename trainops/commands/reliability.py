@@ -52,6 +52,9 @@ def _render_ettr(result: dict[str, Any]) -> None:
                   f"({w['productive_s']:.1f} of {w['wall_s']:.1f} s)", highlight=False)
     if not result["windows"]:
         out.print("no unplanned interruptions recorded: no ETTR series yet", highlight=False)
+    if result["windows_left_out"]:
+        out.print(f"{result['windows_left_out']:,} older windows left out: the series shows the newest "
+                  f"{len(result['windows']):,}; pass a wider --window to see the whole record", highlight=False)
     rel = result["reliability"]
     rate = rel["interruption_rate_per_day"]
     out.print(f"interruptions {rel['unplanned']} unplanned of {rel['interruptions']}; rate "
@@ -91,9 +94,10 @@ def ettr(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Effective training time per window from the interruption record, with MTBF and recovery time."""
-    if not 0 < window_s <= MAX_WINDOW_S:  # nan fails this too
-        fail(f"--window {window_s}: one window must be a positive number of seconds, at most {MAX_WINDOW_S:.0f} "
-             "(30 days); e.g. --window 3600 for hourly readings", as_json=as_json)
+    if not ettr_tool.MIN_WINDOW_S <= window_s <= MAX_WINDOW_S:  # nan fails this too
+        fail(f"--window {window_s:g}: one window must be a positive number of seconds, at least "
+             f"{ettr_tool.MIN_WINDOW_S:g} and at most {MAX_WINDOW_S:.0f} (30 days); e.g. --window 3600 for hourly "
+             "readings", as_json=as_json)
     try:
         with validating(ettr_tool.effective_training_time):
             inp = ettr_tool.EttrInput(job_id=job_id, window_s=window_s, declared_mtbf_h=mtbf_h)
