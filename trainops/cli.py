@@ -67,6 +67,8 @@ COMMANDS = (
                                  "recovery time."),
     Entry("changes", "changes", "List the recorded scheduler changes, oldest first, and whether each was rolled "
                                 "back."),
+    Entry("known-issue", "changes", "Record a known issue against a version: S1, the evidence pack and the agent "
+                                    "show it beside any declaration with that version."),
     Entry("rollback", "changes", "Undo a recorded change: run its restore commands (the approver signs exactly "
                                  "these) and check the scheduler shows the recorded previous state again, field by "
                                  "field. Without a token the rollback is queued for approval and the command says "

@@ -12,6 +12,8 @@ from trainops.run_records import RecoveryPath
 from trainops.skills.evidence.bottleneck import BottleneckSplit
 from trainops.skills.evidence.design import DesignedArm
 from trainops.skills.evidence.published import LayoutPlan, MlperfComparison
+from trainops.tools.changes.framework import SinceApproved
+from trainops.tools.changes.known_issues import KnownIssue
 from trainops.tools.versions import SoftwareVersions
 
 Verdict = Literal["pass", "fail", "partial"]
@@ -318,6 +320,11 @@ class EvidencePack(BaseModel):
     ablation_design: list[DesignedArm] = Field(default_factory=list, description="S3: the candidate arms ranked by "
                                                "expected gain from the baseline's measured split, each with the "
                                                "figure it acts on, its bound and why")
+    since_approved: SinceApproved | None = Field(default=None, description="K-IN-3: the declared versions against "
+                                                 "the newest approved pack's; an upgrade makes its figures another "
+                                                 "environment's")
+    known_issues: list[KnownIssue] = Field(default_factory=list, description="people's notes (trainops known-issue) "
+                                           "about a declared version, quoted")
 
     @model_validator(mode="after")
     def _consistent(self) -> "EvidencePack":

@@ -31,6 +31,7 @@ from trainops.skills.evidence.model import (
 from trainops.skills.evidence.published import LayoutPlan, MlperfComparison
 from trainops.skills.evidence.render import to_html, to_markdown
 from trainops.skills.stats import spread
+from trainops.tools.changes import framework, known_issues
 from trainops.tools.governance import claims, escalation, windows
 from trainops.tools.governance.pack_checks import record_written
 from trainops.tools.governance.text import validate_report_text
@@ -115,7 +116,17 @@ def assemble(pack_id: str, environment: PackEnvironment | None, baseline: Baseli
         baseline=baseline, ablations=ablations, fault_tolerance=report, evidence=evidence, awaiting_human=awaiting,
         rollback=rollback, references=references or [], checkpoint_plan=checkpoint_plan, mlperf=mlperf,
         layout_plan=layout_plan, change_windows=change_windows_note(runs), versions=run_versions(environment),
-        ablation_design=ablation_design or []))
+        ablation_design=ablation_design or [], **version_history(environment)))
+
+
+def version_history(environment: PackEnvironment | None) -> dict:
+    """K-IN-3: what changed since the newest approved pack, and the known issues of these versions."""
+    if environment is None:
+        return {}
+    versions = known_issues.declared_versions(environment.framework, environment.framework_version,
+                                              environment.torch_version, environment.scheduler)
+    return {"since_approved": framework.since_approved(versions),
+            "known_issues": known_issues.known_issues(versions)}
 
 
 def run_versions(environment: PackEnvironment | None) -> SoftwareVersions:

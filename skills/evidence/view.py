@@ -170,8 +170,19 @@ def _environment(pack: EvidencePack, figures: dict[str, PackFigure]) -> Section 
             ["collective backend", env.backend], ["scheduler", env.scheduler], ["hot spares", str(env.hot_spares)]]
     probe = (f"{pack_figures.quote(figures, 'storage probe write bandwidth').capitalize()}: the probe's small test "
              "file, not a training checkpoint (that is checkpoint write bandwidth, from the drill's saves).")
-    return Section("s1", "S1 Environment", paragraphs=[probe],
+    return Section("s1", "S1 Environment", paragraphs=[probe, *_since_approved(pack)],
                    tables=[Table(["declared", "value"], [[Cell(k), Cell(v)] for k, v in rows])])
+
+
+def _since_approved(pack: EvidencePack) -> list[str]:
+    """K-IN-3: versions changed since the newest approved pack, and people's known issues, quoted."""
+    lines = []
+    if pack.since_approved and pack.since_approved.pack:
+        moved = "; ".join(f"{c.component} {c.before} -> {c.after}" for c in pack.since_approved.changes)
+        lines.append(f"Since the newest approved pack {code(pack.since_approved.pack)}: " + (
+            f"{md_text(moved)}; its figures were measured in another environment." if moved else "no version changed."))
+    return lines + [f"Known issue of {md_text(i.component)} {md_text(i.versions)} (noted by {md_text(i.added_by)}): "
+                    f"{md_text(i.text)}" for i in pack.known_issues]
 
 
 def _baseline(pack: EvidencePack, figures: dict[str, PackFigure]) -> Section | None:

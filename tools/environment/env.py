@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from trainops.tools.changes.known_issues import KnownIssue
 from trainops.tools.environment.interconnect import InterconnectMeasurement
 from trainops.tools.frameworks.base import known_frameworks
 from trainops.tools.schedulers.base import SchedulerKind
@@ -96,6 +97,9 @@ class EnvironmentDeclaration(BaseModel):
     compute_peak: ComputePeak
     inter_node_all_reduce: InterconnectMeasurement | None = Field(
         None, description="Measured across two of the scheduler's nodes when asked (measure_interconnect).")
+    known_issues: list[KnownIssue] = Field(default_factory=list,
+                                           description="People's notes (trainops known-issue) about a declared "
+                                                       "version: quoted, never acted on.")
     notes: list[str] = Field(default_factory=list,
                              description="What could not be read, and what was declared rather than measured.")
 

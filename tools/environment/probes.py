@@ -21,6 +21,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from trainops.tools.base import ToolError, tool
+from trainops.tools.changes import known_issues
 from trainops.tools.changes.scheduler_policy import configured_shadow_partition
 from trainops.tools.environment.env import (
     SINGLE_HOST_INTERCONNECT,
@@ -342,17 +343,21 @@ def declare_environment(inp: EnvInput) -> EnvironmentDeclaration:
         interconnect = (f"between nodes {', '.join(measured.nodes)}: all-reduce {measured.latency_us:.0f} us, "
                         f"{measured.bandwidth_gbit_s:.2f} Gbit/s (measured, {measured.backend}); within a node: "
                         f"{interconnect}")
+    software, framework = read_software(), declared_framework(inp)
+    versions = known_issues.declared_versions(framework.name, framework.version, software.torch,
+                                                   f"{scheduler.kind} {scheduler.version}")
     return EnvironmentDeclaration(
         declared_at=datetime.now(timezone.utc),
         host=host,
         accelerators=acc,
         hardware_generation=generation,
         interconnect=interconnect,
-        software=read_software(),
-        framework=declared_framework(inp),
+        software=software,
+        framework=framework,
         scheduler=scheduler,
         checkpoint_storage=measure_checkpoint_write(folder, inp.ckpt_test_mib),
         compute_peak=compute_peak(acc, inp, notes),
         inter_node_all_reduce=measured,
+        known_issues=known_issues.known_issues(versions),
         notes=notes,
     )
