@@ -220,7 +220,11 @@ def _without_a_named_cause(ev: Evidence, stale_s: float, trusted: list[Signature
                          reason=f"a Python exception in {where}: {exc[-1] if exc else line}",
                          next_step="read the exception and the code path it names; a requeue repeats it",
                          requeue_helps=requeue_can_help("software", "exception", witnessed=False))
-    return Diagnosis(cause="unclassified", reason="no rule matched the evidence: " + "; ".join(_seen(ev)))
+    generic = [h for h in ev.signatures if 0 < h.specificity < TRUST_SPECIFICITY - 1]
+    seen = _seen(ev) + [f"a generic line ({signature(h.name).implies}), not enough alone: {h.line}"
+                        for h in generic[:1]]
+    return Diagnosis(cause="unclassified", reason="no rule matched the evidence: " + "; ".join(seen),
+                     quote=generic[0].line if generic else "")
 
 
 def _job(ev: Evidence) -> str:

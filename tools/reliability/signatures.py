@@ -112,9 +112,11 @@ SIGNATURES: tuple[Signature, ...] = (
          "Python MemoryError; C++ std::bad_alloc; errno ENOMEM; PyTorch CPU allocator"),
     _sig("bus-error", r"\bBus error\b", "host-memory", "shm", 2, "a bus error (often shared memory exhausted)",
          "check /dev/shm on the node and the job's shared-memory size", "POSIX SIGBUS"),
-    _sig("killed", r"^\s*Killed\s*$|exit code 137|exitcode\s*:\s*-9\b", "host-memory", "killed", 1,
+    _sig("killed", r"^\s*Killed\s*$|exit code 137|exitcode\s*:\s*-9\b|\b(?:ba|da|z)?sh: line \d+: +\d+ Killed\b",
+         "host-memory", "killed", 1,
          "a process was killed with SIGKILL (often the OOM killer)",
-         "read the node's kernel log for an OOM kill at that time", "shell / torchrun"),
+         "read the node's kernel log for an OOM kill at that time", "shell (bash's 'line N: PID Killed' job report) / "
+         "torchrun"),
     # --- storage -----------------------------------------------------------------------------
     _sig("disk-full", r"No space left on device|\[Errno 28\]|ENOSPC|Disk quota exceeded|\[Errno 122\]",
          "storage", "disk-full", 3, "the file system the job writes to is full",

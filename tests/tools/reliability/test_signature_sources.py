@@ -39,3 +39,9 @@ def test_fairseqs_overflow_warnings_are_a_low_confidence_numerics_hint():
     log = "\n".join(f"| WARNING: overflow detected, setting loss scale to: {2.0 ** -k}" for k in range(1, 6))
     d = _diagnosed(log + "\nTraceback (most recent call last):\n")
     assert (d.cause, d.sub_cause, d.confidence) == ("data", "fp16-overflow", "low"), d
+
+
+def test_an_end_with_only_a_generic_line_stays_unclassified_and_quotes_what_it_saw():
+    d = _diagnosed("epoch 5/5 loss 2.1\n/bin/bash: line 12:  4242 Killed                  python train.py\n")
+    assert d.cause == "unclassified" and d.quote.startswith("/bin/bash: line 12:  4242 Killed"), d
+    assert "not enough alone" in d.reason and "OOM killer" in d.reason
