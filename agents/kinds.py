@@ -1,7 +1,7 @@
 """The request kinds the agent knows, declared once as data: each kind's act, subject, the concepts
 that cue it, what it needs named, the tools it reads (and offers a model), its skill, and how the
 offline policy answers it: the steps it calls and the answer it builds from them (agents/explain.py),
-or a plan of its own (agents/diagnose.py); an order with neither is one gated call of its tool.
+or a plan of its own (agents/diagnose.py); an order's steps end in one gated call of its tool.
 Adding a kind is one entry; agents/understand.py picks the first that fits, the graph offers a
 model its tools, and the offline policy (agents/policy.py) interprets the rest.
 
@@ -56,10 +56,13 @@ ORDERS: tuple[tuple[str, str, str], ...] = (
 ORDER_VERBS = frozenset(verb for verb, _, _ in ORDERS)
 
 KINDS: tuple[Kind, ...] = (
-    Kind("cancel", "order", "job", (*ORDER_READS, "cancel_job"), order="cancel_job"),
-    Kind("requeue", "order", "job", (*ORDER_READS, "requeue_job", "list_interruptions"), order="requeue_job"),
-    Kind("drain", "order", "node", (*ORDER_READS, "drain_node"), order="drain_node"),
-    Kind("resume_node", "order", "node", (*ORDER_READS, "resume_node"), order="resume_node"),
+    Kind("cancel", "order", "job", (*ORDER_READS, "cancel_job"), ("job_status", "cancel_job"), order="cancel_job"),
+    Kind("requeue", "order", "job", (*ORDER_READS, "requeue_job", "list_interruptions"), ("job_status", "requeue_job"),
+         order="requeue_job"),
+    Kind("drain", "order", "node", (*ORDER_READS, "drain_node"), ("job_status?", "list_nodes", "drain_node"),
+         order="drain_node"),
+    Kind("resume_node", "order", "node", (*ORDER_READS, "resume_node"), ("list_nodes", "resume_node"),
+         order="resume_node"),
     Kind("quarantine", "order", "checkpoint", ("list_checkpoints", "verify_checkpoint", "quarantine_checkpoints"),
          order="quarantine_checkpoints"),
     Kind("quota", "order", "quota", ("set_tenant_quota",), order="set_tenant_quota"),

@@ -5,8 +5,8 @@ The graph hands it the request as understood (agents/understand.py: act, kind, e
 against the workspace and the scheduler) on the system message; a tool's output never changes the
 plan, it only supplies values to later steps of the same plan. A kind is answered by its `steps`
 (call its tools in order, arguments filled from the request's entities and earlier outputs, then
-build its `answer`), by a `plan` of its own (a diagnosis, agents/diagnose.py), or, for an order with
-neither, by one gated call of the ordered tool (`order`). The same graph, gate and approvals run
+build its `answer`; an order's steps end in one gated call of the ordered tool), or by a `plan` of its
+own (a diagnosis, agents/diagnose.py). The same graph, gate and approvals run
 with no network and no key.
 """
 from __future__ import annotations
@@ -134,59 +134,41 @@ def _needs(missing: list[str]) -> str:
 
 def steps(kind: Kind, request: Request, done: dict[str, dict], results: list[ToolMessage],
           schemas: dict[str, dict]) -> Next:
-    """Call the kind's steps in order, then answer from what they returned; a failed step stops the plan."""
+    """Call the kind's steps in order, then answer from what they returned; a failed step stops the plan.
+    An order's steps end in its one gated call, its target read from the request's ids and, for a job or
+    a node, from the scheduler's own record (job_status: it exists, its backend, its nodes; list_nodes),
+    never from text in a log or an output. The gate then queues the call for a human; the answer says
+    what waits, under which id. Nothing is approved or run here, and an order whose target is unclear (a
+    job on several nodes, no step given) is answered with what is missing instead of a guess."""
+    gated = kind.order if kind.answer is None else None  # an order answered by the gate's reply to its call
+    if gated in done:
+        return _outcome(gated, next(r for r in results if r.name == gated), done[gated].get("node"))
     if failed := next((r for r in results if r.status == "error"), None):
-        return stopped(failed.name, failed.artifact)
+        text = stopped(failed.name, failed.artifact)
+        return inconclusive(f"{text}; nothing was ordered.", ["list_jobs, for the job's id"]) if gated else text
     out = outputs(results)
     learned = {**_learned(results), **_layout_args(request, out)}
-    for step in () if any(data.get("overrides") for data in out.values()) else kind.steps:
+    if "list_nodes" in out and gated:
+        node = _node_to_drain(request.entities.nodes, out.get("job_status"), out["list_nodes"])
+        if isinstance(node, dict):
+            return node
+        learned["node"] = node
+    for step in () if any(data.get("overrides") for data in out.values()) else kind.steps or (kind.order,):
         name, optional = step.rstrip("?"), step.endswith("?")
         if name in done or (optional and name not in schemas):
             continue
         if name not in schemas:
             return f"I need the tool {name} to answer this, and it is not offered here (see `trainops tool list`)."
         args, missing = fill_args(schemas[name], request, learned)
+        if missing and not optional and gated:  # a change's many arguments are not read from chat
+            return inconclusive(f"To run {name} I need {_needs(missing)}: nothing was ordered. Say it, or run "
+                                f"`trainops tool call {gated}` (a human approves it there).",
+                                [_needs([m]) for m in missing])
         if missing and not optional:
             return f"To run {name} I need {_needs(missing)}."
         if not missing:
             return name, args
     return kind.answer(request, out)
-
-
-def order(kind: Kind, request: Request, done: dict[str, dict], results: list[ToolMessage],
-          schemas: dict[str, dict]) -> Next:
-    """An order: one gated call, never more. Its target comes from the request's ids and, for a job or a
-    node, from the scheduler's own record (job_status: it exists, its backend, its nodes; list_nodes),
-    never from text in a log or an output. The gate then queues the call for a human; the answer says
-    what waits, under which id. Nothing is approved or run here, and an order whose target is unclear (a
-    job on several nodes, no step given) is answered with what is missing instead of a guess."""
-    tool, found, out = kind.order or "", request.entities, outputs(results)
-    job = found.jobs[0] if found.jobs else None
-    if tool in done:
-        return _outcome(tool, next(r for r in results if r.name == tool), done[tool].get("node"))
-    if tool not in schemas:
-        return f"{tool} is not among the tools offered to me here: nothing was ordered."
-    if tool in ("cancel_job", "requeue_job") or (tool == "drain_node" and (job or not found.nodes)):
-        if job is None:
-            return inconclusive(f"{tool} needs the job: say e.g. 'job 12'.", ["the job id"])
-        if "job_status" not in done:
-            return "job_status", {"job_id": job, **found.scheduler_arg}
-        if "job_status" not in out:
-            return inconclusive(f"The scheduler does not know job {job}: nothing was ordered.",
-                                ["list_jobs, for the job's id"])
-    learned = _learned(results)
-    if tool in ("drain_node", "resume_node"):
-        if "list_nodes" not in done:
-            return "list_nodes", {"scheduler": learned["scheduler"]} if "scheduler" in learned else found.scheduler_arg
-        node = _node_to_drain(found.nodes, out.get("job_status"), out.get("list_nodes"))
-        if isinstance(node, dict):
-            return node
-        learned["node"] = node
-    args, missing = fill_args(schemas[tool], request, learned)
-    if missing:  # a change's many arguments are not read from chat: the command takes them
-        return inconclusive(f"{tool} needs {_needs(missing)}: nothing was ordered. Say it, or run "
-                            f"`trainops tool call {tool}` (a human approves it there).", [_needs([m]) for m in missing])
-    return tool, args
 
 
 def _node_to_drain(named: list[str], job: dict | None, listed: dict | None) -> str | dict[str, Any]:
@@ -202,8 +184,8 @@ def _node_to_drain(named: list[str], job: dict | None, listed: dict | None) -> s
     nodes = (job or {}).get("nodes") or []
     if len(nodes) == 1:
         return nodes[0]
-    listed_nodes = ", ".join(nodes) or "none recorded"
-    return inconclusive(f"Job {(job or {}).get('job_id')} ran on {len(nodes)} nodes ({listed_nodes}): say which node.",
+    ran = f"Job {job.get('job_id')} ran on {len(nodes)} nodes ({', '.join(nodes) or 'none recorded'}): " if job else ""
+    return inconclusive(f"{ran}say which node: nothing was ordered.",
                         ["which node (detect_faults or watch_job names a failing rank's node)"])
 
 
@@ -237,7 +219,7 @@ def decide(messages: list[BaseMessage], tool_schemas: list[dict]) -> AIMessage:
         step = inconclusive(f"My answer was refused by the report rules ({problems[0]}).",
                             ["a human review of the job's record and logs"])
     else:
-        step = (kind.plan or (steps if kind.steps else order))(kind, request, done, results, schemas)
+        step = (kind.plan or steps)(kind, request, done, results, schemas)
     if isinstance(step, str):
         return AIMessage(content=step)
     name, args = step if isinstance(step, tuple) else (FINAL_ANSWER_TOOL, step)

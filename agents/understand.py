@@ -3,23 +3,22 @@ and entities), with the entities resolved against the workspace's runs and the s
 nodes.
 
 Words are matched against the vocabulary trainops declares (`VOCAB`: concept -> the words that mean
-it) with rapidfuzz, so a typo ("stragler") means what its word means, but never an order's verb (an order
-is read only from its exact verb, uninflected, with an object, in a sentence not asked with "?"). The
-request's kind comes from the table in agents/kinds.py, never from a pattern over the text. An id is
-taken whole or by any unique part (prefix, suffix, a piece of it), "the last"/"latest" and
-"yesterday's" pick by time, a fault kind named ("the crash drill") picks the only job of that kind, a
-node by its name or short name as the scheduler lists it. The jobs and nodes are those of every
-scheduler the session uses (local, and Slurm or Kubernetes where configured), read through the gated
-read tools, so a Slurm or Kubernetes job id resolves like a local one and carries its scheduler into
-the calls that follow. What matches several is `ambiguous`, and the agent asks back with the
-candidates instead of guessing.
+it) with rapidfuzz, so a typo ("stragler") means what its word means, but never an order's verb (an
+order is read only from its exact verb, uninflected, with an object, in a sentence not asked with "?").
+The kind comes from the table in agents/kinds.py, never from a pattern over the text. An id is taken
+whole or by any unique part; "the last"/"latest" and "yesterday's" pick by time, a fault kind named
+("the crash drill") the only job of that kind, a node its name or short name. Jobs and nodes are those
+of every scheduler the session uses (local, and Slurm or Kubernetes where configured), read through the
+gated read tools, so a Slurm job id carries its scheduler into the calls that follow. What matches
+several is `ambiguous`: the agent asks back with the candidates instead of guessing.
 """
 from __future__ import annotations
 
 import datetime
-import re
+import itertools
 from contextlib import suppress
 from pathlib import Path
+from string import ascii_lowercase
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -91,7 +90,17 @@ for _concept, _words in VOCAB.items():
 _UNITS = {"s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1, "min": 60, "mins": 60, "minute": 60,
           "minutes": 60, "m": 60, "h": 3600, "hr": 3600, "hrs": 3600, "hour": 3600, "hours": 3600}
 _DURATION_OF = {"save": "save", "checkpoint": "save", "interval": "mtbf", "requeue": "restart", "resume": "restart"}
-TOKEN = re.compile(r"(?:[/~.]+)?[A-Za-z0-9][\w.\-/~]*")  # a word or an id; kinds are never read from patterns
+
+
+def tokens(text: str) -> list[tuple[str, int]]:
+    """Each word or id (letters, digits and _ . - / ~; a leading _ or - dropped) and the offset it ends at."""
+    out, end = [], 0
+    for wordlike, group in itertools.groupby(text, lambda c: c.isalnum() or c in "_.-/~"):
+        run = "".join(group)
+        end += len(run)
+        if wordlike and any(c.isalnum() for c in run):
+            out.append((run.lstrip("_-"), end))
+    return out
 
 
 def _inflected(word: str) -> bool:
@@ -214,18 +223,15 @@ def _day(job: Job | None, run: str | None) -> str:
 class _Reader:
     """One pass over the request's words: concepts, numbers and ids, in order."""
     def __init__(self, text: str, world: World):
-        tokens = list(TOKEN.finditer(text))
-        self.words = [t.group(0).rstrip(".-/") for t in tokens]
+        spans = tokens(text)
+        self.words = [word.rstrip(".-/") for word, _ in spans]
         self.low = [w.lower() for w in self.words]
         self.world, self.found = world, Entities()
         self.concepts: list[set[str]] = [set() for _ in self.words]
         self.ambiguous: list[Ambiguity] = []
         self.used: set[int] = set()
-        # whether a sentence ends after each word: it ends with a dot, or ., ?, !, ;, : or a comma follows it
-        self.ends = [t.group(0).endswith(".") or text[t.end():t.end() + 1] in (".", "?", "!", ";", ":", ",")
-                     for t in tokens]
-        # the mark that closes each word's sentence, if one follows the word: ".", "?", "!" or ";"
-        self.stops = ["." if t.group(0).endswith(".") else text[t.end():].lstrip(" ")[:1] for t in tokens]
+        # the mark that follows each word, if any: a sentence's (SENTENCE_MARKS), a clause's (":", ",")
+        self.stops = ["." if word.endswith(".") else text[end:].lstrip(" ")[:1] for word, end in spans]
 
     def _add(self, kind: str, value: str) -> None:
         bucket = getattr(self.found, kind)
@@ -242,7 +248,7 @@ class _Reader:
         jobs, runs, nodes = self.world.jobs, self.world.runs, self.world.nodes
         short = {n.split(".")[0].lower(): n for n in nodes}
         if before in ("node", "host") and word.isdigit():
-            hits = [n for n in nodes if re.sub(r"\D", "", n.split(".")[0]).lstrip("0") == word.lstrip("0")]
+            hits = [n for n in nodes if "".join(filter(str.isdigit, n.split(".")[0])).lstrip("0") == word.lstrip("0")]
             if len(hits) == 1:
                 self._add("nodes", hits[0])
                 return True
@@ -294,9 +300,9 @@ class _Reader:
             before = low[i - 1] if i else ""
             after = low[i + 1] if i + 1 < len(low) else ""
             value = _number(low[i])
-            glued = re.fullmatch(r"(\d+(?:\.\d+)?)-?([a-z]+)", low[i])
-            if glued and glued.group(2) in _UNITS:
-                value, after = float(glued.group(1)), glued.group(2)
+            head = low[i].rstrip(ascii_lowercase)  # "5-minute", "3h": a number glued to its unit
+            if low[i][len(head):] in _UNITS and (glued := _number(head.rstrip("-"))) is not None:
+                value, after = glued, low[i][len(head):]
             if word.endswith(".toml"):
                 self.found.config, _ = word, self.used.add(i)
             elif before == "tenant" and not word.isdigit():
@@ -369,7 +375,8 @@ OBJECT_CONCEPTS = frozenset({"job", "jobs", "node", "nodes", "run", "step", "ran
 # what, after the word that follows a verb, makes the two a noun ("kill count on", "cordon status of")
 PREPOSITIONS = frozenset("on of for in at from with about since per by over under after before during yet already "
                          "so".split())
-PLEASE = frozenset({"please", "pls", "plz", "kindly"})
+PLEASE, MODALS = frozenset({"please", "pls", "plz", "kindly"}), frozenset({"can", "could", "would", "will"})
+SENTENCE_MARKS = (".", "?", "!", ";")
 
 
 def _order(reader: _Reader, seen: set[str]) -> str | None:
@@ -386,18 +393,15 @@ def _order(reader: _Reader, seen: set[str]) -> str | None:
     return None
 
 
-def _request_form(low: list[str], i: int) -> bool:
-    """'please ...', 'pls ...', 'can/could/would/will you ...' opening at word i."""
-    return low[i] in PLEASE or low[i] in ("can", "could", "would", "will") and low[i + 1:i + 2] in (["you"], ["u"])
-
-
 def _asks(reader: _Reader, clause: list[int]) -> bool:
     """The clause's sentence ends with '?' and neither it nor the clause opens with a request form."""
-    end = next((j for j in range(clause[-1], len(reader.stops)) if reader.stops[j] in (".", "?", "!", ";")), None)
+    end = next((j for j in range(clause[-1], len(reader.stops)) if reader.stops[j] in SENTENCE_MARKS), None)
     if end is None or reader.stops[end] != "?":
         return False
-    start = next((j + 1 for j in range(clause[0] - 1, -1, -1) if reader.stops[j] in (".", "?", "!", ";")), 0)
-    return not (_request_form(reader.low, clause[0]) or _request_form(reader.low, start))
+    start = next((j + 1 for j in range(clause[0] - 1, -1, -1) if reader.stops[j] in SENTENCE_MARKS), 0)
+    low = reader.low  # a request form opens it: 'please', 'pls', 'can/could/would/will you'
+    return not any(low[i] in PLEASE or low[i] in MODALS and low[i + 1:i + 2] in (["you"], ["u"])
+                   for i in (clause[0], start))
 
 
 def _has_object(reader: _Reader, verb: int, clause: list[int]) -> bool:
@@ -416,17 +420,14 @@ def _has_object(reader: _Reader, verb: int, clause: list[int]) -> bool:
 def _clauses(reader: _Reader) -> list[list[int]]:
     """The request's clauses, as word indexes: split at a sentence mark, a comma or colon, and before
     'then', 'and', 'so', 'but'."""
-    out: list[list[int]] = []
-    current: list[int] = []
-    for i, (word, end) in enumerate(zip(reader.low, reader.ends, strict=True)):
-        if word in ("then", "and", "so", "but") and current:
-            out.append(current)
-            current = []
-        current.append(i)
-        if end:
-            out.append(current)
-            current = []
-    return out + ([current] if current else [])
+    out: list[list[int]] = [[]]
+    for i, word in enumerate(reader.low):
+        if word in ("then", "and", "so", "but") and out[-1]:
+            out.append([])
+        out[-1].append(i)
+        if reader.stops[i] in SENTENCE_MARKS + (":", ","):
+            out.append([])
+    return [clause for clause in out if clause]
 
 
 def understand(text: str, world: World | None = None) -> Request:

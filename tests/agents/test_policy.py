@@ -9,7 +9,7 @@ from langchain_core.messages import ToolMessage
 from trainops.agents import explain
 from trainops.agents.explain import explain_mfu
 from trainops.agents.kinds import BY_NAME
-from trainops.agents.policy import fill_args, order
+from trainops.agents.policy import fill_args, steps
 from trainops.agents.understand import Job, World, concepts_of, observe_world, order_verbs, understand
 from trainops.tools.backends import backends
 from trainops.tools.context import CallContext
@@ -117,16 +117,17 @@ def _status(nodes: list[str]) -> ToolMessage:
 
 NODES = ToolMessage(content="", name="list_nodes", tool_call_id="c1", status="success",
                     artifact={"nodes": [{"name": n, "state": "idle"} for n in ("n1", "n2", "n3")]})
-SCHEMAS = {"drain_node": {"properties": {"scheduler": {}, "node": {}, "reason": {}}, "required": ["node"]},
+SCHEMAS = {"job_status": {"properties": {"job_id": {}, "scheduler": {}}, "required": ["job_id"]},
+           "list_nodes": {"properties": {"scheduler": {}}}, "drain_node": {"properties": {"scheduler": {}, "node": {}, "reason": {}}, "required": ["node"]},
            "cancel_job": {"properties": {"job_id": {}, "scheduler": {}, "force": {}}, "required": ["job_id"]},
            "set_tenant_quota": {"properties": {"tenant": {}, "gpus": {}, "priority": {}, "reason": {}},
                                 "required": ["tenant", "priority", "reason"]}}
 
 
 def next_step(tool: str, request, results: list[ToolMessage]):
-    """The order plan's next step after `results` (each result's call counted as made)."""
+    """The order's next step after `results` (each result's call counted as made)."""
     kind = next(k for k in BY_NAME.values() if k.order == tool)
-    return order(kind, request, {r.name: {} for r in results}, results, SCHEMAS)
+    return steps(kind, request, {r.name: {} for r in results}, results, SCHEMAS)
 
 
 def test_a_drain_order_for_a_job_on_several_nodes_asks_which_instead_of_guessing():
