@@ -54,12 +54,15 @@ def split_lines(text: str) -> list[str]:
 
 
 def match_lines(lines: list[str], clean=str) -> list[SignatureHit]:
-    """Every (line, signature) hit, most specific first, then earliest; `clean` makes a line safe to keep."""
-    hits = []
+    """Every (line, signature) hit, most specific first, then earliest; `clean` makes a line safe to keep.
+    A signature that counts only `twice` hits on the second copy of the same matched text."""
+    hits, seen_once = [], set()
     for index, line in enumerate(lines):
         for sig in SIGNATURES:
-            if sig.pattern.search(line):
-                rank, device = _first(_RANK, line), _first(_DEVICE, line)
+            if (m := sig.pattern.search(line)) and sig.twice and (sig.name, m.group(0)) not in seen_once:
+                seen_once.add((sig.name, m.group(0)))  # one copy says nothing; the second is the evidence
+            elif m:  # a twice hit names no failing rank: the rank it repeats was started twice, not failed
+                rank, device = (None, None) if sig.twice else (_first(_RANK, line), _first(_DEVICE, line))
                 hits.append(SignatureHit(name=sig.name, cause=sig.cause, sub_cause=sig.sub_cause,
                                          specificity=sig.specificity, line=clean(line.strip()), index=index,
                                          rank=int(rank) if rank else None, device=int(device) if device else None,

@@ -33,12 +33,15 @@ class Signature:
     job_writable: bool = False
     """True where the line is one the scheduler prints into the job's own output, which the job could print as
     well: on that text alone never 'high' (the scheduler's own job state decides it)."""
+    twice: bool = False
+    """True where one line says nothing and the same line printed twice is the evidence (a rank announcing
+    itself: two processes announcing the same global rank); the second copy is the hit."""
 
 
 def _sig(name: str, pattern: str, cause: str, sub_cause: str, specificity: int, implies: str, next_step: str,
-         source: str, settles: bool = True, exact_case: bool = False) -> Signature:
+         source: str, settles: bool = True, exact_case: bool = False, twice: bool = False) -> Signature:
     return Signature(name, re.compile(pattern, 0 if exact_case else re.I), cause, sub_cause, specificity, implies,
-                     next_step, source, settles, job_writable=exact_case)
+                     next_step, source, settles, job_writable=exact_case, twice=twice)
 
 
 def _slurm_end(due_to: str) -> str:
@@ -148,6 +151,12 @@ SIGNATURES: tuple[Signature, ...] = (
          "the parallel layout does not fit the world size or the GPUs the job has",
          "set the parallel sizes so that their product divides the world size, or launch the world the checkpoint "
          "was saved with (or convert the checkpoint)", "PyTorch / Megatron / DeepSpeed layout checks; NCCL"),
+    _sig("duplicate-global-rank", r"\bGLOBAL_RANK: \d+, MEMBER: \d+/\d+", "configuration", "parallel-size", 3,
+         "two processes announced the same global rank: the launch started more copies of the world than the job "
+         "expects (the scheduler's nodes / tasks per node do not match the job's num_nodes and devices)",
+         "make the scheduler's nodes and tasks per node match the job's num_nodes and devices per node",
+         "PyTorch Lightning's per-process DDP init line ('initializing ddp' / 'Initializing distributed')",
+         settles=False, twice=True),
     _sig("not-divisible", r"(is not|must be|should be)[^\n]*(divisible|a multiple of)|not divisible by|"
          r"^\s*(?:\[\w+\]:\s*)?assert\s[^\n]*%[^\n]*==\s*0\b", "configuration", "not-divisible", 3,
          "a size in the config is not a multiple of what it must divide into",

@@ -45,3 +45,18 @@ def test_an_end_with_only_a_generic_line_stays_unclassified_and_quotes_what_it_s
     d = _diagnosed("epoch 5/5 loss 2.1\n/bin/bash: line 12:  4242 Killed                  python train.py\n")
     assert d.cause == "unclassified" and d.quote.startswith("/bin/bash: line 12:  4242 Killed"), d
     assert "not enough alone" in d.reason and "OOM killer" in d.reason
+
+
+def _announcements(ranks: list[int], world: int) -> str:
+    return "\n".join(f"Initializing distributed: GLOBAL_RANK: {r}, MEMBER: {r + 1}/{world}" for r in ranks)
+
+
+def test_the_same_global_rank_announced_twice_is_a_launch_that_does_not_match_the_world():
+    d = _diagnosed(_announcements([0, 1, 2, 3, 0, 1, 2, 3], world=8) + "\nTraceback (most recent call last):\n")
+    assert (d.cause, d.sub_cause) == ("configuration", "parallel-size") and d.confidence == "medium", d
+    assert "GLOBAL_RANK: 0, MEMBER: 1/8" in d.quote and "(rank " not in d.reason
+
+
+def test_each_global_rank_announced_once_is_no_evidence():
+    assert not any(h.name == "duplicate-global-rank" for h in match_lines(split_lines(_announcements(
+        list(range(8)), world=8))))
