@@ -1,7 +1,8 @@
 """The agent's own tools, which sit above the tools layer: `run_sop` runs the SOP skill and
 `respond_to_sdc` the SDC response and `sdc_case` reads the case it wrote (skills may call tools,
 tools may not call skills),
-`ablation_design` ranks a recorded baseline's candidate arms (S3),
+`ablation_design` ranks a recorded baseline's candidate arms (S3), the SOP's step tools
+(skills.sop_steps, skills.sop_pack: `sop_declare`, `sop_baseline`, `sop_arm`, `sop_drill`, `sop_pack`),
 `list_pending_approvals` reads the agent's own thread store next to governance's queue, and
 `load_skill` hands the model a skill's full text (it sees only names and descriptions before).
 `AGENT_TOOLS` lists them; `agent_registry()` is the one registry the CLI and the agent both use:
@@ -10,9 +11,8 @@ from __future__ import annotations
 
 import json
 from functools import cache
-from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from trainops.agents.prompt import load_skills
 from trainops.run_folder import read_regular
@@ -21,7 +21,9 @@ from trainops.skills.ablation_design import MeasuredSplit, design, split_of_runs
 from trainops.skills.evidence.design import DesignedArm
 from trainops.skills.knobs import KnobError
 from trainops.skills.sdc import CASE_FILE, SdcCase, Suspect
-from trainops.skills.sop import SopResult, SopSettings, run
+from trainops.skills.sop import run
+from trainops.skills.sop_pack import SopResult, sop_pack
+from trainops.skills.sop_steps import STEP_TOOLS, SopDeclareInput
 from trainops.tools.base import InputCheck, ToolError, tool
 from trainops.tools.calls import invoke
 from trainops.tools.catalog import build_registry
@@ -69,14 +71,8 @@ def list_pending_approvals(inp: PendingInput) -> PendingOutput:
     return PendingOutput(items=items, count_pending=sum(1 for i in items if i.status == "pending"))
 
 
-class RunSopInput(SopSettings):
-    @field_validator("config")
-    @classmethod
-    def _config_exists(cls, value: str | None) -> str | None:
-        if value is not None and not Path(value).is_file():
-            raise ValueError(f"config={value!r} is not a file: pass a job config TOML path, or omit config for the "
-                             "embedded tiny defaults")
-        return value
+class RunSopInput(SopDeclareInput):
+    """The whole SOP's settings, checked as its S1 step checks them."""
 
 
 @tool("run_sop", risk="mutate", tags=("sop", "agent"))
@@ -246,7 +242,8 @@ def load_skill(inp: LoadSkillInput) -> LoadSkillOutput:
     return LoadSkillOutput(name=skill.name, description=skill.description, body=skill.body)
 
 
-AGENT_TOOLS = (run_sop, respond_to_sdc, sdc_case, ablation_design, list_pending_approvals, load_skill)
+AGENT_TOOLS = (run_sop, *STEP_TOOLS, sop_pack, respond_to_sdc, sdc_case, ablation_design, list_pending_approvals,
+               load_skill)
 
 
 @cache

@@ -4,7 +4,7 @@ whole step, for `trainops ablate` and the SOP alike: check the arms, run the pla
 rung's baseline when the ladder first reaches it."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from trainops.skills import labels, rollout
 from trainops.skills.ablation_design import ranked_specs
@@ -43,6 +43,15 @@ def _row(knob: Knob, value: str, base: list[RepeatResult], arm: list[RepeatResul
                        world_size=rung.world)
 
 
+class RungResult(NamedTuple):
+    """One arm at one rung: the arm's rows so far (this rung's last), its evidence and runs, and
+    whether the ladder ends here."""
+    rows: list[AblationRow]
+    evidence: list[EvidenceRow]
+    runs: list[RepeatResult]
+    stopped: bool
+
+
 def run_arm(req: JobRequest, spec: str, baselines: dict[int, list[RepeatResult]], repeats: int,
             ctx: CallContext | None = None, progress: Progress | None = None, env: PackEnvironment | None = None,
             measure: Callable[[Rung], list[RepeatResult]] | None = None) -> tuple[list[AblationRow], list[EvidenceRow]]:
@@ -52,43 +61,57 @@ def run_arm(req: JobRequest, spec: str, baselines: dict[int, list[RepeatResult]]
     The first rung where a gain is gone stops the climb and rolls back."""
     env = declared(req, env, ctx)
     req = stamped(req, env)
-    knob, value = parse_arm([spec], req.framework)
+    knob, _ = parse_arm([spec], req.framework)
     rungs = [r for r in rollout.valid_rungs(knob, req) if measure or r.world in baselines]
-    say = progress or (lambda _msg: None)
-    note = rollout.start_note(knob, rollout.valid_rungs(knob, req))
-    if note:
-        say(note)
     rows, evidence, arms = [], [], {}
-    for index, rung in enumerate(rungs):
-        rung_req = weak_scaled(req, rung.nproc, rung.nodes)
-        arm_req = rung_req.with_overrides(overrides_for(knob, value))
-        if req.framework != "trainops":  # the framework's own flag prerequisites, before launch
-
-            get_adapter(req.framework).validate({knob.name: value}, overrides=req.overrides, world_size=rung.world)
-        say(f"ladder {knob.name}={value}: rung {index + 1}/{len(rungs)}, {rung.label}")
+    for rung in rungs:
         if rung.world not in baselines:
             baselines[rung.world] = measure(rung)
-        arm = arms[rung.world] = repeat(arm_req, f"arm-{knob.name.replace('_', '-')}-{rung.world}p", repeats, ctx,
-                                        progress)
-        check_single_variable(baselines[rung.world][0].run_dir, arm[0].run_dir, f"{knob.name}={value}")
-        kind = "target" if rung == rungs[-1] and rung.world == req.nproc * req.nodes else "small"
-        row = _row(knob, value, baselines[rung.world], arm, rung, kind, req, env)
-        if index == 0 and note:
-            row = row.model_copy(update={"ladder_note": note})
-        evidence += [EvidenceRow(tool="submit_job+summarize_run", version=req.framework_version,
-                                 command=command_line(arm_req), log_path=f"{r.run_dir}/metrics.jsonl",
-                                 value=f"MFU {r.summary.mfu_pct_median:.3f}%", window_start=r.started,
-                                 window_end=r.ended) for r in arm]
-        say(f"ladder {knob.name}={value} at {rung.label}: {row.mfu_change_pct:+.1f}% against "
-            f"±{row.noise_band_pct:.1f}%: {row.verdict}")
-        if row.verdict != "gain":
-            rows.append(_stopped(knob, value, row, rows, rung, rungs[index - 1] if index else None, rung_req,
-                                 baselines[rung.world], arm, ctx, progress, env))
-            return rows, evidence
-        rows.append(row)
-    if len(rows) >= 2:
-        rows[-1] = judge_scale(knob, [rows[0], rows[-1]], {w: arms[w] for w in (min(arms), max(arms))}, req)
+        step = climb_rung(req, spec, rung, baselines[rung.world], rows, arms, repeats, ctx, progress, env)
+        rows, evidence, arms[rung.world] = step.rows, evidence + step.evidence, step.runs
+        if step.stopped:
+            break
     return rows, evidence
+
+
+def climb_rung(req: JobRequest, spec: str, rung: Rung, base: list[RepeatResult], below: list[AblationRow],
+               arms_below: dict[int, list[RepeatResult]], repeats: int, ctx: CallContext | None,
+               progress: Progress | None, env: PackEnvironment) -> RungResult:
+    """The arm `spec` at `rung` against that rung's baseline `base`, after the rungs `below` (their
+    rows, and their arm runs by world size in `arms_below`) all gained. The first rung notes what
+    the ladder skipped; a rung without a gain ends the ladder (rolled back after a gain below); the
+    target rung after a small one is judged by weak-scaling efficiency (judge_scale)."""
+    knob, value = parse_arm([spec], req.framework)
+    valid = rollout.valid_rungs(knob, req)
+    say = progress or (lambda _msg: None)
+    note = rollout.start_note(knob, valid) if not below else ""
+    if note:
+        say(note)
+    rung_req = weak_scaled(req, rung.nproc, rung.nodes)
+    arm_req = rung_req.with_overrides(overrides_for(knob, value))
+    if req.framework != "trainops":  # the framework's own flag prerequisites, before launch
+        get_adapter(req.framework).validate({knob.name: value}, overrides=req.overrides, world_size=rung.world)
+    say(f"ladder {knob.name}={value}: rung {valid.index(rung) + 1}/{len(valid)}, {rung.label}")
+    arm = repeat(arm_req, f"arm-{knob.name.replace('_', '-')}-{rung.world}p", repeats, ctx, progress)
+    check_single_variable(base[0].run_dir, arm[0].run_dir, f"{knob.name}={value}")
+    kind = "target" if rung.world == req.nproc * req.nodes else "small"
+    row = _row(knob, value, base, arm, rung, kind, req, env)
+    if note:
+        row = row.model_copy(update={"ladder_note": note})
+    evidence = [EvidenceRow(tool="submit_job+summarize_run", version=req.framework_version,
+                            command=command_line(arm_req), log_path=f"{r.run_dir}/metrics.jsonl",
+                            value=f"MFU {r.summary.mfu_pct_median:.3f}%", window_start=r.started,
+                            window_end=r.ended) for r in arm]
+    say(f"ladder {knob.name}={value} at {rung.label}: {row.mfu_change_pct:+.1f}% against "
+        f"±{row.noise_band_pct:.1f}%: {row.verdict}")
+    if row.verdict != "gain":
+        previous = next((r for r in reversed(valid) if r.world < rung.world and r.world in arms_below), None)
+        stopped = _stopped(knob, value, row, below, rung, previous, rung_req, base, arm, ctx, progress, env)
+        return RungResult([*below, stopped], evidence, arm, True)
+    if below and kind == "target":
+        runs = {**arms_below, rung.world: arm}
+        row = judge_scale(knob, [below[0], row], {w: runs[w] for w in (min(runs), max(runs))}, req)
+    return RungResult([*below, row], evidence, arm, False)
 
 
 def _stopped(knob: Knob, value: str, row: AblationRow, below: list[AblationRow], rung: Rung, previous: Rung | None,

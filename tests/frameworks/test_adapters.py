@@ -10,7 +10,7 @@ from deepspeed.runtime.config import DeepSpeedConfig
 
 from trainops.skills.drill.drill import DRILLS
 from trainops.skills.knobs import CATALOGUE, CATEGORY_ORDER, catalogue, parse_arm
-from trainops.skills.sop import SopSettings
+from trainops.skills.sop_session import SopSettings
 from trainops.tools.calls import call
 from trainops.tools.frameworks import get_adapter
 from trainops.tools.frameworks.base import FrameworkJob, FrameworkRefused, known_frameworks

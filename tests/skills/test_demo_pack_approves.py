@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from trainops.commands.sop import _closing
-from trainops.skills.sop import Headline, SopResult
+from trainops.skills.sop_pack import Headline, SopResult
 
 TRAINOPS = str(Path(sys.executable).parent / "trainops")
 

@@ -21,7 +21,8 @@ from trainops.skills.evidence.pack import PackRefused, load
 from trainops.skills.knobs import KnobError, catalogue, parse_arm, plan_order
 from trainops.skills.registry import all_skills, get
 from trainops.skills.request import JobRequest
-from trainops.skills.sop import SopSettings, build_from_runs, run
+from trainops.skills.sop import build_from_runs, run
+from trainops.skills.sop_session import SopSettings
 from trainops.tools.base import ToolError
 from trainops.tools.frameworks import get_adapter
 from trainops.tools.frameworks.base import FrameworkRefused

@@ -1,0 +1,189 @@
+"""An SOP session: the record trainops writes of which SOP steps ran, with which results.
+
+`$TRAINOPS_HOME/sop-sessions/ID.json` holds the settings the session was declared with and every
+step's typed result (the declaration, each rung's baseline runs and S2's summary, each arm's rows
+and runs, the drills, the pack); every write is bound to the audit chain (tools.governance.written)
+and a session whose bytes are not the ones trainops last wrote is refused, so the pack (S6) is
+built from what the steps measured, never from figures someone typed. The order rules read it:
+what each step needs first (`missing`) is the one place the SOP's order is written down.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from typing import Literal
+
+from pydantic import BaseModel, Field, ValidationError
+
+from trainops.run_folder import read_regular
+from trainops.skills.baseline import RepeatResult
+from trainops.skills.evidence.design import DesignedArm
+from trainops.skills.evidence.model import (
+    AblationRow,
+    BaselineSummary,
+    DrillResult,
+    EvidenceRow,
+    PackEnvironment,
+)
+from trainops.skills.evidence.published import LayoutPlan
+from trainops.skills.request import JobRequest
+from trainops.tools.frameworks import get_adapter
+from trainops.tools.frameworks.base import FrameworkName, SopPlan
+from trainops.tools.governance.written import bind, unbound
+from trainops.tools.planning.layout_mapping import MoeShape
+from trainops.workspace import check_id, home
+
+SESSION_KIND = "sop_session_written"
+MAX_SESSION_BYTES = 16 << 20
+Step = Literal["S1", "S2", "S3", "S4", "S5", "S6"]
+
+
+class SopSettings(BaseModel):
+    """How much of the SOP to run; `quick` trades repeats and arms for time. Arms, drills and the
+    small job default to the framework adapter's `sop_plan` (trainops.tools.frameworks)."""
+    config: str | None = Field(None,
+                               description="job config (TOML; for megatron the pretrain_gpt.py path); None uses the "
+                                           "embedded defaults")
+    quick: bool = Field(False, description="fewer repeats, one arm, one drill (~2 minutes on 2 CPU cores)")
+    scheduler: str = Field("local", description="local, slurm or kubernetes")
+    knobs: list[str] = Field(default_factory=list,
+                             description="arms NAME=VALUE; empty uses the framework's default plan")
+    faults: list[str] = Field(default_factory=list, description="drill kinds; empty uses the framework's default set")
+    mtbf_h: float | None = Field(None, gt=0, description="declared job MTBF, hours: used only while the "
+                                 "interruption record is too short to measure one; None: the assumed default, "
+                                 "labelled so")
+    ettr_window_s: float = Field(3600.0, gt=0, le=30 * 86400,
+                                 description="width of one effective-training-time window (seconds) for S2 and "
+                                             "R-ESC-1")
+    framework: FrameworkName = Field("trainops",
+                                     description="whose job: trainops (embedded trainer), deepspeed, torchtitan or "
+                                                 "megatron")
+    moe: MoeShape | None = Field(None, description="a mixture-of-experts shape to budget expert parallelism for in "
+                                                   "the parallel-strategy plan (on paper)")
+
+    def _plan(self) -> SopPlan:
+        return get_adapter(self.framework).sop_plan
+
+    def repeats(self) -> int:
+        return 2 if self.quick else 3
+
+    def candidates(self) -> list[str]:
+        """The arms S3 ranks: the user's, else the framework's default plan."""
+        return self.knobs or list(self._plan().arms)
+
+    def plan(self, design: list[DesignedArm]) -> list[str]:
+        """The arms S4 runs in the design's order; the quick SOP keeps the first-ranked default arm."""
+        arms = [arm.arm for arm in design]
+        return arms if self.knobs or not self.quick else arms[:1]
+
+    def drills(self) -> list[str]:
+        faults = list(self._plan().faults)
+        return self.faults or (faults[:1] if self.quick else faults)
+
+    def drill_overrides(self) -> list[str]:
+        """Checkpoint often and stop at step 12, so a fault at step 5 has a checkpoint to return to."""
+        return [*self._plan().drill, f"{self._plan().steps_key}=12"]
+
+    def request(self) -> JobRequest:
+        steps = 10 if self.quick else 20
+        plan = self._plan()
+        return JobRequest(config=self.config, preset=None if self.config else "tiny", scheduler=self.scheduler,
+                          framework=self.framework,
+                          overrides=[] if self.config else [f"{plan.steps_key}={steps}", *plan.job])
+
+
+class StepLog(BaseModel):
+    """One step call as it landed: which step, by which tool, what it found and the runs it launched."""
+    step: Step
+    tool: str
+    at: float = Field(description="Unix seconds when the step's result was recorded")
+    result: str = Field(description="the step's finding in one line")
+    runs: list[str] = Field(default_factory=list, description="run ids the step launched")
+
+
+class ArmRung(BaseModel):
+    """One arm at one rung of its ladder (S4): the row it earned and the runs behind it."""
+    arm: str = Field(description="NAME=VALUE")
+    world: int = Field(ge=1, description="ranks at this rung")
+    row: AblationRow
+    runs: list[RepeatResult]
+    evidence: list[EvidenceRow]
+    stopped: bool = Field(description="the ladder ends here (no gain, or the gain gone and rolled back)")
+
+
+class SopSession(BaseModel):
+    """Every step's typed result, as trainops recorded it."""
+    session_id: str
+    created: float
+    settings: SopSettings
+    environment: PackEnvironment | None = None
+    environment_row: EvidenceRow | None = None
+    framework_version: str = "undeclared"
+    layout: LayoutPlan | None = None
+    baselines: dict[int, list[RepeatResult]] = Field(default_factory=dict, description="baseline runs by world size")
+    summary: BaselineSummary | None = Field(None, description="S2 at the target scale, with its bottleneck split")
+    baseline_evidence: list[EvidenceRow] = Field(default_factory=list)
+    arms: list[ArmRung] = Field(default_factory=list)
+    drills: list[DrillResult] = Field(default_factory=list, description="drills that recovered")
+    drill_evidence: list[EvidenceRow] = Field(default_factory=list)
+    pack: str | None = None
+    steps: list[StepLog] = Field(default_factory=list)
+
+    def request(self) -> JobRequest:
+        """The job every step launches, loaded once per step and stamped with S1's versions."""
+        req = self.settings.request().loaded()
+        return req.model_copy(update={"framework_version": self.framework_version})
+
+    def target_world(self) -> int:
+        req = self.settings.request()
+        return req.nproc * req.nodes
+
+    def rungs_of(self, arm: str) -> list[ArmRung]:
+        return sorted((a for a in self.arms if a.arm == arm), key=lambda a: a.world)
+
+    def logged(self, step: Step, tool: str, result: str, runs: list[str] = ()) -> SopSession:
+        log = StepLog(step=step, tool=tool, at=time.time(), result=result,
+                      runs=[os.path.basename(r) for r in runs])
+        return self.model_copy(update={"steps": [*self.steps, log]})
+
+
+def sessions_dir():
+    folder = home() / "sop-sessions"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return folder
+
+
+def start(settings: SopSettings) -> SopSession:
+    return SopSession(session_id=f"sop-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}",
+                      created=time.time(), settings=settings)
+
+
+def save(session: SopSession) -> SopSession:
+    """Write the session (atomically) and bind its bytes to the audit chain."""
+    data = session.model_dump_json(indent=1).encode("utf-8")
+    path = sessions_dir() / f"{session.session_id}.json"
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+    last = session.steps[-1].step if session.steps else None
+    bind(SESSION_KIND, session.session_id, data, step=last)
+    return session
+
+
+def load(session_id: str) -> SopSession:
+    """The session as trainops last wrote it; a missing, edited or hand-made one is a ValueError
+    naming the fix."""
+    check_id("session", session_id)
+    data = read_regular(sessions_dir() / f"{session_id}.json", MAX_SESSION_BYTES)
+    if data is None:
+        raise ValueError(f"session: no SOP session {session_id!r} in {sessions_dir()}; start one with sop_declare "
+                         "(S1)")
+    problem = unbound(SESSION_KIND, session_id, data)
+    if problem:
+        raise ValueError(f"session: {problem}; its results are not evidence: start a new session with sop_declare")
+    try:
+        return SopSession.model_validate_json(data)
+    except ValidationError as exc:
+        raise ValueError(f"session: {session_id} is not an SOP session trainops wrote ({exc.errors()[0]['msg']}); "
+                         "start a new session with sop_declare") from None

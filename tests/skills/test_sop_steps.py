@@ -1,0 +1,116 @@
+"""The SOP's steps as tools, its order as rules (issue 40 items 1-2): every refusal goes through the
+real command path, `trainops tool call NAME --input JSON`, as the operator; each names the rule and
+the step to run first. The SOP session is a trainops-written record bound to the audit chain."""
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from trainops.cli import app
+from trainops.skills.baseline import RepeatResult
+from trainops.skills.evidence.model import EvidenceRow
+from trainops.skills.sop_session import SESSION_KIND, ArmRung, SopSettings, load, save, sessions_dir, start
+from trainops.tools.governance import audit
+from trainops.tools.jobs.jobs import RunSummary
+from trainops.workspace import audit_log_path, runs_dir
+
+
+def tool_call(name: str, payload: dict):
+    return CliRunner().invoke(app, ["tool", "call", name, "--input", json.dumps(payload), "--json"])
+
+
+def refused(name: str, payload: dict, rule: str) -> str:
+    """The call's refusal (exit 2), which names `rule`; the gate audited it before anything ran."""
+    result = tool_call(name, payload)
+    assert result.exit_code == 2, result.output
+    assert f"refused (invalid_input, {rule})" in result.output, result.output
+    entry = [e for e in audit.read() if e.get("kind") == "gate" and e.get("tool") == name][-1]
+    assert entry["decision"] == "refused" and entry["rule_id"] == rule
+    assert not [e for e in audit.read() if e.get("kind") == "intent" and e.get("tool") == name]
+    return " ".join(result.output.split())
+
+
+def declared(factories, **update):
+    """A session whose S1 ran (written through the session module, as sop_declare writes it)."""
+    return save(start(SopSettings(quick=True)).model_copy(update={
+        "environment": factories.environment(), "framework_version": "trainops 0.1.0, torch 2.13.0",
+        "environment_row": EvidenceRow(tool="declare_environment", version="0.1.0", command="trainops env --json",
+                                       log_path=str(audit_log_path()), value="cpu", window_start=1.0,
+                                       window_end=2.0), **update})
+        .logged("S1", "sop_declare", "declared"))
+
+
+def recorded_runs(factories, name: str, count: int = 2) -> list[RepeatResult]:
+    """Baseline repeats as S2 records them, over run folders shaped like the trainer's."""
+    out = []
+    for i in range(count):
+        run = factories.write_run(runs_dir() / f"{name}-{i + 1}")
+        summary = RunSummary(run=str(run), ranks=2, steps_measured=4, step_time_median_s=0.1,
+                             step_time_rank_spread_pct=1.0, tokens_per_s_median=1000.0, mfu_pct_median=2.0,
+                             data_wait_share_pct=10.0, final_loss=4.4)
+        out.append(RepeatResult(job_id=f"{name}-{i}", run_dir=str(run), summary=summary, started=1.0, ended=2.0,
+                                world_size=2))
+    return out
+
+
+def test_no_baseline_and_no_arm_before_s1_declare(workspace):
+    text = refused("sop_baseline", {"session": "sop-never-declared"}, "R-ENV-1")
+    assert "no SOP session 'sop-never-declared'" in text and "start one with sop_declare (S1)" in text
+    assert "sop_declare" in refused("sop_arm", {"session": "sop-never-declared", "arm": "data_kind=synthetic"},
+                                    "R-ENV-1")
+
+
+def test_two_knobs_in_one_arm_are_refused_before_anything_else(workspace):
+    text = refused("sop_arm", {"session": "any", "arm": "data_kind=synthetic,micro_batch=4"}, "R-ABL-1")
+    assert "exactly one variable, got 2 (data_kind=synthetic, micro_batch=4)" in text
+
+
+def test_after_a_real_s1_an_arm_needs_its_rungs_baseline_and_the_small_rung_first(workspace):
+    """sop_declare for real through the CLI, then the two order rules of S4 on the session it wrote."""
+    result = tool_call("sop_declare", {"quick": True})
+    assert result.exit_code == 0, result.output
+    session = json.loads(result.output)["session_id"]
+    assert [s.step for s in load(session).steps] == ["S1"]
+    text = refused("sop_arm", {"session": session, "arm": "data_kind=synthetic"}, "R-ABL-1")
+    assert "no baseline at 1 process" in text and "run sop_baseline with world=1 first" in text
+    text = refused("sop_arm", {"session": session, "arm": "data_kind=synthetic", "world": 2}, "R-ABL-2")
+    assert "before its smaller rung: run sop_arm with arm=data_kind=synthetic world=1 (1 process) first" in text
+
+
+def test_the_target_rung_waits_for_a_small_rung_that_gained_and_stops_after_one_that_did_not(workspace, factories):
+    small = ArmRung(arm="data_kind=synthetic", world=1, row=factories.ablation(verdict="within-noise", change=1.0),
+                    runs=recorded_runs(factories, "arm"), evidence=[], stopped=True)
+    session = declared(factories, arms=[small], baselines={1: recorded_runs(factories, "b1"),
+                                                           2: recorded_runs(factories, "b2")})
+    text = refused("sop_arm", {"session": session.session_id, "arm": "data_kind=synthetic", "world": 2}, "R-ABL-2")
+    assert "stopped at 1 process (within-noise): its ladder ends there" in text
+    text = refused("sop_arm", {"session": session.session_id, "arm": "data_kind=synthetic", "world": 1}, "R-ABL-2")
+    assert "already ran at 1 process" in text
+
+
+def test_the_session_is_bound_to_the_audit_chain_and_an_edited_or_hand_made_one_is_refused(workspace, factories):
+    session = declared(factories)
+    path = sessions_dir() / f"{session.session_id}.json"
+    written = [e for e in audit.read() if e.get("kind") == SESSION_KIND][-1]
+    assert written["record"] == session.session_id
+    assert written["content_hash"] == audit.sha256_hex(path.read_bytes())
+    path.write_text(path.read_text().replace('"device_count": 2', '"device_count": 512'))
+    assert "was edited after trainops wrote it" in refused("sop_baseline", {"session": session.session_id}, "R-ENV-1")
+    (sessions_dir() / "sop-typed-by-hand.json").write_text(path.read_text().replace(session.session_id,
+                                                                                    "sop-typed-by-hand"))
+    assert "made or copied in by hand" in refused("sop_pack", {"session": "sop-typed-by-hand"}, "R-ENV-1")
+
+
+def test_the_pack_is_built_from_the_session_alone_and_without_drills_is_partial_naming_s5(workspace, factories):
+    runs = recorded_runs(factories, "base", count=3)
+    session = declared(factories, baselines={2: runs}, summary=factories.baseline([r.run_dir for r in runs]))
+    typed = tool_call("sop_pack", {"session": session.session_id, "summary": {"mfu_pct": 99.0}})
+    assert typed.exit_code == 2 and "summary: Extra inputs are not permitted" in typed.output
+    result = tool_call("sop_pack", {"session": session.session_id})
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert out["verdict"] == "partial" and "no fault drill run (S5)" in out["blockers"]
+    assert out["headline"]["mfu_pct"] == 2.0 and out["session_id"] == session.session_id
+    assert [s.step for s in load(session.session_id).steps] == ["S1", "S6"]
+    assert load(session.session_id).pack == out["pack_id"]

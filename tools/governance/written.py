@@ -1,0 +1,28 @@
+"""Records trainops writes and reads back later (an SOP session), bound to the audit chain.
+
+Each time trainops writes such a record it appends an entry of the record's kind naming it and the
+sha256 of the bytes written; a reader takes the record only when its bytes hash to the newest such
+entry. As with a pack's `pack_written` entry this is a tripwire, not proof: anything that can
+append to the log can append an entry; what it stops is a record edited or dropped in by hand (a
+step result a model or a script typed) being read as trainops' own.
+"""
+from __future__ import annotations
+
+from trainops.tools.governance import audit
+
+
+def bind(kind: str, name: str, data: bytes, **fields) -> dict:
+    """Audit that trainops wrote `data` as record `name` of `kind`; returns the entry."""
+    return audit.append(kind, record=name, content_hash=audit.sha256_hex(data), **fields)
+
+
+def unbound(kind: str, name: str, data: bytes) -> str | None:
+    """Why `data` is not the record trainops last wrote as `name`, or None when it is."""
+    written = [e for e in audit.read() if e.get("kind") == kind and e.get("record") == name]
+    if not written:
+        return (f"the audit log has no record of trainops writing {kind.removesuffix('_written')} {name!r}: it was "
+                "made or copied in by hand")
+    if written[-1].get("content_hash") != audit.sha256_hex(data):
+        return (f"{kind.removesuffix('_written')} {name!r} was edited after trainops wrote it (audit entry "
+                f"{written[-1].get('seq')})")
+    return None
