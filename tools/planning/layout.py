@@ -9,6 +9,14 @@ from typing import Any
 from pydantic import BaseModel, Field, model_validator
 
 from trainops.tools.base import ToolError, tool
+from trainops.tools.planning.layout_alternatives import (
+    LayoutOption,
+    PipelineCost,
+    alternatives,
+    pipeline_cost,
+    size,
+    tp_bytes,
+)
 from trainops.tools.planning.layout_mapping import MoeShape, TopologyPlan, expert_parallel, map_layout
 from trainops.trainer.config import JobConfig, LoadedConfig, load_config
 from trainops.trainer.layout import plan_dry_run
@@ -56,6 +64,11 @@ class LayoutOutput(BaseModel):
     topology: TopologyPlan | None = Field(None, description="Where each dimension's groups land on the declared "
                                                             "topology, the cross-domain verdict, and the "
                                                             "expert-parallel estimate.")
+    alternatives: list[LayoutOption] = Field(default_factory=list,
+                                             description="When tp crosses a scale-up domain: the layouts that keep it "
+                                                         "inside, each with its cost (K-FM-1).")
+    pipeline: PipelineCost | None = Field(None, description="With pp > 1: its bubble at this many micro-batches, and "
+                                                            "whether it pays at this scale (K-STEP-5).")
 
 
 def _config_path(inp: LayoutInput) -> Path | None:
@@ -112,5 +125,22 @@ def plan_layout(inp: LayoutInput) -> LayoutOutput:
                                                        inp.intra_node_gbit_s)
         except ValueError as exc:
             return LayoutOutput(valid=False, error=str(exc), plan=_plain(plan), topology=topology)
+    options = [] if topology.tp_inside_domain else alternatives(cfg, inp.nproc, topology.domain_ranks,
+                                                                 inp.intra_node_gbit_s, inp.inter_node_gbit_s)
+    if options:
+        topology.verdict += "; " + _instead(cfg, plan, inp, options)
     return LayoutOutput(valid=topology.tp_inside_domain, error=None if topology.tp_inside_domain else topology.verdict,
-                        plan=_plain(plan), topology=topology)
+                        plan=_plain(plan), topology=topology, alternatives=options,
+                        pipeline=pipeline_cost(layout.pp, plan.n_microbatches, inp.nodes))
+
+
+def _instead(cfg: JobConfig, plan, inp: LayoutInput, options: list[LayoutOption]) -> str:
+    """The cross-domain verdict's numbers: what tp costs now, and the layouts that fit instead."""
+    now = tp_bytes(cfg, cfg.parallel.tp, max(len(r.layers) for r in plan.ranks), plan.n_microbatches)
+    link = (f", {round(now * 8 / (inp.inter_node_gbit_s * 1e9), 4)} s at {inp.inter_node_gbit_s} Gbit/s"
+            if inp.inter_node_gbit_s else "")
+    fitting = [o.summary for o in options if o.fits][:3]
+    return (f"now tp moves {size(now)} per rank per step across domains{link}; "
+            + ("instead: " + "; ".join(fitting) if fitting else
+               "no smaller tp fits this model and batch: " + "; ".join(f"{o.summary} ({o.why_not})"
+                                                                       for o in options[:2])))

@@ -113,8 +113,7 @@ def map_layout(mesh: dict[str, int], world: int, nodes: int, scale_up_domain: in
                    f"nodes: {crossing}")
     else:
         verdict = (f"fail: tp={tp} crosses scale-up domains of {domain} rank(s) ({basis}): tensor parallel "
-                   f"all-reduces every layer and must stay on the scale-up fabric; use tp <= {domain} dividing "
-                   f"{domain}, and scale across domains with pp or dp")
+                   "all-reduces every layer and must stay on the scale-up fabric")
     return TopologyPlan(nodes=nodes, ranks_per_node=per_node, domain_ranks=domain, domain_basis=basis,
                         mapping=mapping, tp_inside_domain=inside, verdict=verdict)
 
