@@ -207,12 +207,11 @@ def _evidence(record: dict, grep: dict | None) -> list[Evidence]:
     return items
 
 
-def _witnessed_hardware(record: dict) -> bool:
-    """A hardware verdict trainops or the scheduler witnessed (the node down, a known-answer check, replica
-    checksums), not one read from a signature in the job's own log."""
-    node = (record.get("evidence") or {}).get("failing_node")
-    state = ((record.get("evidence") or {}).get("node_states") or {}).get(node, "")
-    return record.get("sub_cause") in ("node-failure", "sdc") or bool(NODE_DOWN.search(state))
+def _down_nodes(record: dict) -> list[str]:
+    """The job's nodes the scheduler itself marks down or not responding (its node states, never a host
+    the job's heartbeat or log names): the only nodes a hardware verdict may put up for draining."""
+    states = (record.get("evidence") or {}).get("node_states") or {}
+    return sorted(node for node, state in states.items() if NODE_DOWN.search(str(state)))
 
 
 def _decisions(record: dict, kind: str | None) -> list[str]:
@@ -224,11 +223,12 @@ def _decisions(record: dict, kind: str | None) -> list[str]:
     if kind == "bitflip":
         advice.append(("respond_to_sdc", {"job_id": job}, "replica checksums disagree: suspected silent data "
                                                           "corruption (R-ESC-3)"))
-    elif cause == "hardware" and ev.get("failing_node") and not _witnessed_hardware(record):
+    elif cause == "hardware" and record.get("sub_cause") == "node-failure" and _down_nodes(record):
+        advice += [("drain_node", {"node": node}, f"the scheduler marks the job's node {node} down")
+                   for node in _down_nodes(record)]
+    elif cause == "hardware" and ev.get("failing_node"):
         advice.append(("", {"node": ev["failing_node"]}, f"node {ev['failing_node']}: a hardware fault suspected from "
                                                          "the job's own log; run the node check first"))
-    elif cause == "hardware" and ev.get("failing_node"):
-        advice.append(("drain_node", {"node": ev["failing_node"]}, f"the job's node {ev['failing_node']} failed"))
     if record.get("requeue_helps") is True:  # the cause class's (next_steps.py): planned, or a witnessed loss
         healthy = " on healthy nodes" if cause in ("hardware", "network") else ""
         advice.append(("requeue_job", {"job_id": job}, f"resume from the newest good checkpoint{healthy}"))

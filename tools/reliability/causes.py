@@ -9,7 +9,6 @@ The rules, first match wins:
 - an operator's cancel of a healthy job -> planned (preemption or time limit where the scheduler's own
   state says so: Slurm calls a preempted job cancelled too);
 - replica checksums disagree at one step -> hardware (suspected silent data corruption);
-- a known-answer GEMM/collective check (tools/reliability/sdc_check.py) computed wrong results -> hardware;
 - a node the scheduler calls down / not responding whose ranks were still running -> network
   (unreachable, not dead: a partition);
 - processes ended (SIGKILL, or no word) with their node down / not responding -> hardware;
@@ -27,6 +26,8 @@ The rules, first match wins:
 - a class hint (a less specific signature) -> its cause, at low confidence;
 - a Python exception in a rank or the run's failure line (not the launcher's report of a
   child's failure) -> software;
+- the known-answer check's failure line in the job's own output -> unclassified, the line quoted:
+  any job can print it; only the check job trainops ran and read (skills/sdc.py) convicts a node;
 - otherwise unclassified with what was seen and what to collect.
 "high" confidence only for a specific signature (or trainops' own witnessed evidence) that no
 other specific line contradicts; the contradicting causes are listed as alternatives."""
@@ -62,6 +63,8 @@ CAUSES: tuple[str, ...] = ("hardware", "network", "software", "data", "planned",
 Confidence = Literal["high", "medium", "low"]
 COLLECT = ("collect: the failing rank's full log around its last step, the node's kernel log (OOM kills, Xid, "
            "ECC, NVLink), the scheduler's state and reason for the job and its nodes")
+CHECK_THE_NODES = ("run trainops' known-answer check on the job's nodes as the scheduler names them (respond_to_sdc), "
+                   "and read the nodes' kernel logs")
 
 
 class Diagnosis(BaseModel):
@@ -124,9 +127,6 @@ def _diagnose(ev: Evidence, planned: bool, stale_s: float) -> Diagnosis:  # noqa
         return _witnessed("hardware", f"replica checksums disagree ({ev.checksum_detail}): suspected silent data "
                           "corruption", "respond to the suspected SDC: known-answer checks fleet-wide and co-located",
                           "sdc", requeue=False)
-    if wrong := _known_answer_failures(ev):
-        return _witnessed("hardware", f"a known-answer GEMM/collective check computed wrong results: {wrong[-1]}",
-                          "drain the node the check convicted, then requeue on healthy nodes", "sdc")
     down = {n: s for n, s in ev.node_states.items() if NODE_DOWN.search(s)}
     node_fail = re.search(r"NODE_FAIL|node.*(down|fail|lost|not responding)", ev.reason, re.I)
     alive = sorted(r for r, st in ev.ranks_at_end.items() if st == "running" and ev.rank_nodes.get(r) in down)
@@ -220,6 +220,11 @@ def _without_a_named_cause(ev: Evidence, stale_s: float, trusted: list[Signature
                          reason=f"a Python exception in {where}: {exc[-1] if exc else line}",
                          next_step="read the exception and the code path it names; a requeue repeats it",
                          requeue_helps=requeue_can_help("software", "exception", witnessed=False))
+    if claims := _known_answer_failures(ev):
+        return Diagnosis(cause="unclassified", quote=claims[-1], reason=(
+            f"the job's output carries the known-answer check's failure line ({claims[-1]}); any job can print "
+            "it, and a host it names is the job's word: only trainops' own check job, read from its scheduler log, "
+            "convicts a node"), next_step=CHECK_THE_NODES)
     generic = [h for h in ev.signatures if 0 < h.specificity < TRUST_SPECIFICITY - 1]
     seen = _seen(ev) + [f"a generic line ({signature(h.name).implies}), not enough alone: {h.line}"
                         for h in generic[:1]]

@@ -67,7 +67,8 @@ class Evidence(BaseModel):
     node_states: dict[str, str] = Field(default_factory=dict, description="node -> state after the end.")
     silent_ranks: list[int] = Field(default_factory=list, description="Ranks that left no exit note while others "
                                     "did: killed, not failed (their peers' errors are the consequence).")
-    rank_nodes: dict[int, str] = Field(default_factory=dict, description="rank -> the host its heartbeat names.")
+    rank_nodes: dict[int, str] = Field(default_factory=dict, description="rank -> its node: one the scheduler "
+                                       "allocated the job (its heartbeat's host only where it names one of those).")
     noted_ranks: list[int] = Field(default_factory=list, description="Ranks that noted their exit (an error, or "
                                    "the SIGTERM of their launcher) in their heartbeat.")
     checksum_verdict: Literal["agree", "disagree"] | None = Field(
@@ -353,14 +354,14 @@ def gather(status, node_states: dict[str, str] | None = None, job_log: str = "",
     ev.noted_ranks = sorted(noted)
     ev.stopped_doing = {r: inert(b.exit.where) for r, b in beats.items()
                         if b.exit and b.exit.stopped_by and b.exit.where}
-    ev.rank_nodes = {r: inert(b.host) for r, b in beats.items() if b.host}
+    ev.rank_nodes = _rank_nodes(ev, beats, [inert(n) for n in status.nodes])
     ev.silent_ranks = sorted(set(beats) - noted) if noted else []
     gone = [r for r, st in ev.ranks_at_end.items() if st == "stopped" or (st == "gone" and r not in noted)]
     ev.failing_rank = next(iter(gone or ev.silent_ranks), ev.failing_rank)
     if ev.failing_rank is None:
         ev.failing_rank = _clearly_stalest(ev.heartbeat_age_s)
-    if ev.failing_rank is not None and ev.failing_rank in beats and beats[ev.failing_rank].host:
-        ev.failing_node = inert(beats[ev.failing_rank].host)
+    if ev.failing_rank is not None:
+        ev.failing_node = ev.rank_nodes.get(ev.failing_rank)
     _place_on_a_down_node(ev)
     _signature_evidence(ev, [job_log, *_rank_log_texts(run_dir, until)])
     ev.kernel_log_read, ev.oom_kills = kernel_oom_kills({b.pid for b in beats.values() if b.pid})
@@ -369,6 +370,20 @@ def gather(status, node_states: dict[str, str] | None = None, job_log: str = "",
         last_beat = max(b.time for b in beats.values())
         ev.last_progress_time = max(ev.last_progress_time or 0.0, last_beat) or None
     return ev
+
+
+def _rank_nodes(ev: Evidence, beats: dict, allocated: list[str]) -> dict[int, str]:
+    """rank -> node, from the scheduler's allocation: on a one-node job every rank ran there; across
+    nodes a heartbeat's host counts only where it is one of the allocated nodes. A host the job named
+    outside its allocation is quoted in `not_taken`, never a node of the record."""
+    claims = {r: inert(b.host) for r, b in beats.items() if b.host}
+    for rank, host in claims.items():
+        if host not in allocated:
+            ev.not_taken.append(inert(f"rank {rank}'s heartbeat names host {host!r}, not a node the scheduler "
+                                      f"allocated the job ({', '.join(allocated) or 'none known'}): quoted, not used"))
+    if len(allocated) == 1:
+        return dict.fromkeys(beats, allocated[0])
+    return {r: host for r, host in claims.items() if host in allocated}
 
 
 def gather_in_process(entry, run_dir: str | Path) -> Evidence:

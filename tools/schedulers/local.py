@@ -1,7 +1,8 @@
 """The embedded scheduler: jobs are detached sessions on this machine, indexed by
 `$TRAINOPS_HOME/jobs/<id>.json`, so a job outlives the CLI call that started it. The job can
-rewrite that record: which processes are the job's is asked of the kernel (processes.py), and
-a requeue relaunches the spec only while it still has the digest submit recorded and returned."""
+rewrite that record: which processes are the job's is asked of the kernel (processes.py), the node
+it ran on is this host (never a name in the record), and a requeue relaunches the spec only while
+it still has the digest submit recorded and returned."""
 from __future__ import annotations
 
 import json
@@ -178,7 +179,7 @@ class LocalScheduler(PollingWait):
                                  "scheduler='slurm'")
         job_id = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         record = {"job_id": job_id, "spec": spec.model_dump(), "submitted_at": time.time(),
-                  "log_path": str(_jobs() / f"{job_id}.log"), "node": host}
+                  "log_path": str(_jobs() / f"{job_id}.log")}
         return self._handle(self._launch(record))
 
     def status(self, job_id: str) -> JobStatus:
@@ -205,7 +206,7 @@ class LocalScheduler(PollingWait):
             reason = (f"TIMEOUT: ran past its time limit of {limit} min; the local scheduler sent SIGTERM, then "
                       f"SIGKILL after {KILL_WAIT_S:.0f} s" + (f" ({reason})" if reason else ""))
         return JobStatus(job_id=job_id, backend=KIND, name=record["spec"]["name"], state=state, exit_code=code,
-                         nodes=[record["node"]], reason=reason, submitted_at=record.get("submitted_at"),
+                         nodes=[socket.gethostname()], reason=reason, submitted_at=record.get("submitted_at"),
                          started_at=record.get("started_at"),
                          ended_at=exit_info["ended_at"] if exit_info else record.get("cancelled_at"),
                          run_dir=record["spec"].get("run_dir"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import time
 
@@ -70,7 +71,9 @@ def test_a_failed_job_is_recorded_once_with_its_evidence_and_a_clean_one_not(wor
     assert [r.job_id for r in out.interruptions] == [failed]
     rec = out.interruptions[0]
     assert rec.cause == "software" and "ValueError" in rec.cause_reason, (rec.cause_reason, rec.evidence.error_lines)
-    assert rec.evidence.exit_code == 1 and rec.evidence.failing_rank == 0 and rec.evidence.failing_node == "node-a"
+    assert rec.evidence.exit_code == 1 and rec.evidence.failing_rank == 0
+    assert rec.evidence.failing_node == socket.gethostname()  # the scheduler's node; the beat's "node-a" is quoted
+    assert any("'node-a'" in note and "not used" in note for note in rec.evidence.not_taken)
     assert rec.evidence.last_step == 3 and not rec.planned and not rec.drill
     text = json.dumps(rec.model_dump(mode="json"))
     assert SECRET not in text and "\x1b" not in text and "\\u001b" not in text
@@ -171,7 +174,8 @@ def test_a_failing_rank_is_named_from_heartbeats_only_when_one_clearly_stopped_f
     ended = 1_800_000_000.0
     for rank, age in ages.items():
         RunFiles(run_dir).heartbeat(rank).write_text(json.dumps({"step": 3, "time": ended - age, "host": "vm"}))
-    status = JobStatus(job_id="j1", backend="local", state="cancelled", ended_at=ended, run_dir=str(run_dir))
+    status = JobStatus(job_id="j1", backend="local", state="cancelled", ended_at=ended, run_dir=str(run_dir),
+                       nodes=["vm"])
     ev = gather(status)
     assert ev.failing_rank == named and ev.failing_node == ("vm" if named is not None else None)
 
@@ -204,7 +208,8 @@ def test_a_job_whose_ranks_all_ran_on_is_placed_on_the_one_node_the_scheduler_lo
     ended = 1_800_000_000.0
     for rank, host in ((0, "n1"), (1, "n2")):
         RunFiles(run_dir).heartbeat(rank).write_text(json.dumps({"step": 6, "time": ended - 0.2, "host": host}))
-    status = JobStatus(job_id="5", backend="slurm", state="cancelled", ended_at=ended, run_dir=str(run_dir))
+    status = JobStatus(job_id="5", backend="slurm", state="cancelled", ended_at=ended, run_dir=str(run_dir),
+                       nodes=["n1", "n2"])
     ev = gather(status, node_states={"n1": "idle", "n2": "idle+completing+not_responding"},
                 ranks_at_end={0: "running", 1: "running"})
     assert (ev.failing_node, ev.failing_rank) == ("n2", 1)
@@ -228,7 +233,8 @@ time.sleep(60)
 def test_an_end_recorded_after_the_restart_reads_the_run_as_it_was_when_trainops_ended_the_job(workspace):
     """Slurm holds a job with a lost node COMPLETING, so a drill records its end only after the requeue
     went in under a new id; by then the new launch has rewritten rank 1's heartbeat from the spare node
-    and logged later steps. The record must still place rank 1 on the node it ran on, and end at step 3."""
+    and logged later steps. The record must still read rank 1's beat as it was (host n2, not n3: on the one
+    local node both are the job's word, quoted), and end at step 3."""
     run_dir = workspace / "runs" / "r-moved"
     run_dir.mkdir(parents=True)
     spec = {"name": "r-moved", "command": [sys.executable, "-c", TWO_RANKS, str(run_dir)], "run_dir": str(run_dir)}
@@ -247,7 +253,9 @@ def test_an_end_recorded_after_the_restart_reads_the_run_as_it_was_when_trainops
             fh.write(json.dumps(row) + "\n")
     call("cancel_job", {"job_id": job, "force": True}, OPERATOR)
     rec = call("list_interruptions", {}, OPERATOR).interruptions[0]
-    assert rec.evidence.rank_nodes == {0: "n1", 1: "n2"}
+    assert rec.evidence.rank_nodes == {0: socket.gethostname(), 1: socket.gethostname()}
+    quoted = " ".join(rec.evidence.not_taken)
+    assert "'n2'" in quoted and "'n3'" not in quoted, quoted
     assert rec.evidence.last_step == 3 and rec.evidence.heartbeat_age_s.keys() == {0, 1}
 
 
