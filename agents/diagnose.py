@@ -88,9 +88,9 @@ def plan(kind: Kind, request: Request, done: dict[str, dict], results: list[Tool
     if record is not None and record.get("fault_kind") == "bitflip" and record.get("run_dir") and "sdc_case" in schemas:
         if "sdc_case" not in done:  # which node computed wrong results is the known-answer checks' answer
             return "sdc_case", {"run": Path(str(record["run_dir"])).name}
-        if (step := _check_job_log(out.get("sdc_case"), results)) is not None:
-            return step
         checked = _known_answers(out.get("sdc_case"), results)
+        if checked and isinstance(checked[0], str):  # a check job's log still to read
+            return checked
     asks_cause = "why" in request.concepts
     return (_from_record(record, grep_of(results, record["job_id"]), asks_cause, checked) if record
             else _without_record(job or run, out))
@@ -116,12 +116,6 @@ def checkpoints(kind: Kind, request: Request, done: dict[str, dict], results: li
     return kind.answer(request, out)
 
 
-def _failed_checks(case: dict | None) -> list[dict]:
-    """The SDC case's known-answer check jobs that convicted a node."""
-    return [c for c in ((case or {}).get("fleet"), (case or {}).get("colocated"))
-            if c and c.get("job_id") and c.get("failed_nodes")]
-
-
 def grep_of(results: list[ToolMessage], job_id: str) -> dict | None:
     """The grep_log result of `job_id`'s own log (not a check job's)."""
     return next((r.artifact for r in results if r.name == "grep_log" and r.status == "success"
@@ -129,24 +123,16 @@ def grep_of(results: list[ToolMessage], job_id: str) -> dict | None:
                 None)
 
 
-def _check_job_log(case: dict | None, results: list[ToolMessage]) -> Next | None:
-    """A grep of each convicting check job's log for its own failure line, once."""
-    for check in _failed_checks(case):
-        if grep_of(results, check["job_id"]) is None:
-            return "grep_log", {"job_id": check["job_id"], "pattern": re.escape(KNOWN_ANSWER_FAILED),
-                                "max_matches": 3, "max_bytes": 2000}
-    return None
-
-
-def _known_answers(case: dict | None, results: list[ToolMessage]) -> tuple[list[str], list[Evidence]] | None:
-    """(the nodes the known-answer checks convicted, their log lines as evidence); None when none did."""
-    checks = _failed_checks(case)
-    if not checks:
-        return None
-    nodes, evidence = sorted({node for c in checks for node in c["failed_nodes"]}), []
-    for check in checks:
-        evidence += grep_evidence(grep_of(results, check["job_id"]))
-    return nodes, evidence
+def _known_answers(case: dict | None, results: list[ToolMessage]) -> Next | tuple[list[str], list[Evidence]] | None:
+    """After a suspected SDC: a grep of each known-answer check job that convicted a node for its own failure
+    line, once; then (the nodes the checks convicted, those lines as evidence); None when none did."""
+    checks = [c for c in ((case or {}).get("fleet"), (case or {}).get("colocated"))
+              if c and c.get("job_id") and c.get("failed_nodes")]
+    if unread := [c["job_id"] for c in checks if grep_of(results, c["job_id"]) is None]:
+        return "grep_log", {"job_id": unread[0], "pattern": re.escape(KNOWN_ANSWER_FAILED), "max_matches": 3,
+                            "max_bytes": 2000}
+    return (sorted({node for c in checks for node in c["failed_nodes"]}),
+            [e for c in checks for e in grep_evidence(grep_of(results, c["job_id"]))]) if checks else None
 
 
 def straggler(request: Request, out: dict[str, Any]) -> dict[str, Any]:

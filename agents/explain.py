@@ -114,12 +114,10 @@ def explain_mfu(summary: Any, env: Any, plan: Any = None) -> list[str]:
     basis = f"median over {s.get('steps_measured')} measured steps of {s.get('ranks')} ranks"
     head = (f"MFU of run {quoted(s.get('run'))}: {mfu:.2f}% (summarize_run:mfu_pct_median, {basis})"
             if isinstance(mfu, (int, float)) else "summarize_run returned no MFU figure (mfu_pct_median) for the run")
-    facts = (("model", model), ("hardware", hardware), ("framework", framework), ("layout", layout),
-             ("precision", precision))
-    context = ", ".join(f"{k} {quoted(v)}" for k, v in facts if v not in (None, ""))
+    facts = {"model": model, "hardware": hardware, "framework": framework, "layout": layout, "precision": precision}
+    context = ", ".join(f"{k} {quoted(v)}" for k, v in facts.items() if v not in (None, ""))
     lines = [head + (f" ({context})." if context else ".")]
-    missing = [k for k, v in (("model", model), ("hardware", hardware), ("parallel layout", layout),
-                              ("precision", precision)) if v in (None, "")]
+    missing = [k.replace("layout", "parallel layout") for k, v in facts.items() if v in (None, "") and k != "framework"]
     if missing:
         lines.append("Not in the evidence, so no MFU conclusion is drawn on them: " + ", ".join(missing) + ".")
     reasons: list[str] = []

@@ -29,9 +29,10 @@ from trainops.workspace import run_folder
 REQUEST_KEY = "trainops_request"  # the system message's additional_kwargs key the graph puts the Request under
 _FAULT_ENUM = {"crash": ("kill_rank", "crash"), "checkpoint-corruption": ("corrupt_checkpoint",),
                "slow-network": ("straggler",)}
-_UNIT = {"_s": 1, "_seconds": 1, "_min": 60, "_minutes": 60, "_h": 3600, "_hours": 3600}
-_DURATION_FIELDS = {"save": ("save", "checkpoint_save", "save_time", "checkpoint_write", "checkpoint_cost"),
-                    "mtbf": ("mtbf",), "restart": ("restart", "recovery", "restart_time")}
+_UNIT = {"s": 1, "seconds": 1, "min": 60, "minutes": 60, "h": 3600, "hours": 3600}
+_DURATION_OF = {"save": "save", "checkpoint_save": "save", "save_time": "save", "checkpoint_write": "save",
+                "checkpoint_cost": "save", "mtbf": "mtbf", "restart": "restart", "recovery": "restart",
+                "restart_time": "restart"}  # a field's name without its unit -> the duration it takes
 _NEEDS = {"job_id": "the job id (say e.g. 'job 12')", "run": "the run id (say e.g. 'run my-run')",
           "config": "the job config path (say e.g. 'config jobs/tiny.toml')", "kind": "the fault to inject (crash, "
           "hang, nan, straggler)", "save": "the checkpoint save time (say e.g. 'a 5-minute save')",
@@ -82,12 +83,10 @@ def _value(field: str, prop: dict, request: Request, learned: dict[str, Any]) ->
         return True
     if field == "kind" and found.fault and (choices := _enum(prop)):
         return next((c for c in _FAULT_ENUM.get(found.fault, (found.fault,)) if c in choices), None)
-    for key, stems in _DURATION_FIELDS.items():
-        for stem in stems:
-            for suffix, scale in _UNIT.items():
-                seconds = {**ASSUMED, **found.durations_s}.get(key)
-                if field == stem + suffix and seconds is not None:
-                    return round(seconds / scale, 6)
+    stem, _, unit = field.rpartition("_")
+    seconds = {**ASSUMED, **found.durations_s}.get(_DURATION_OF.get(stem, ""))
+    if seconds is not None and unit in _UNIT:
+        return round(seconds / _UNIT[unit], 6)
     return learned.get(field)
 
 

@@ -243,28 +243,27 @@ class _Reader:
         if job is not None and job.run and job.run not in self.found.runs:
             self.found.runs.append(job.run)
 
+    def _pick(self, hits: list[tuple[str, str]], what: str, said: str, shown: list[str] | None = None) -> bool:
+        """One referent the words match: take it; several: ask which, never a guess. True when any matched."""
+        if len(hits) == 1:
+            self._add(*hits[0])
+        elif hits:
+            self.ambiguous.append(Ambiguity(what=what, said=said, candidates=(shown or [v for _, v in hits])[:8]))
+        return bool(hits)
+
     def _ids(self, i: int, word: str, before: str) -> bool:
         """Resolve one word as a job, run or node id (whole or by a unique part); True when it was one."""
         jobs, runs, nodes = self.world.jobs, self.world.runs, self.world.nodes
         short = {n.split(".")[0].lower(): n for n in nodes}
-        if before in ("node", "host") and word.isdigit():
-            hits = [n for n in nodes if "".join(filter(str.isdigit, n.split(".")[0])).lstrip("0") == word.lstrip("0")]
-            if len(hits) == 1:
-                self._add("nodes", hits[0])
-                return True
-            if hits:  # "node 3" and several nodes numbered 3: ask which
-                self.ambiguous.append(Ambiguity(what="node", said=f"{before} {word}", candidates=sorted(hits)[:8]))
-                return True
+        if before in ("node", "host") and word.isdigit() and self._pick(  # "node 3": the node numbered 3
+                [("nodes", n) for n in sorted(nodes) if "".join(filter(str.isdigit, n.split(".")[0])).lstrip("0")
+                 == word.lstrip("0")], "node", f"{before} {word}"):
+            return True
         if word.lower() in short and before != "job":
             self._add("nodes", short[word.lower()])
             return True
-        exact_job = [j for j in jobs if j.id == word]
-        if len(exact_job) > 1 and before != "run":  # the same id on two schedulers: ask which
-            self.ambiguous.append(Ambiguity(what="job", said=word, candidates=[f"{j.scheduler} job {j.id}"
-                                                                               for j in exact_job]))
-            return True
-        if exact_job and before != "run":
-            self._add("jobs", word)
+        exact = [j for j in jobs if j.id == word and before != "run"]  # the same id on two schedulers: ask which
+        if self._pick([("jobs", j.id) for j in exact], "job", word, [f"{j.scheduler} job {j.id}" for j in exact]):
             return True
         if word in runs:
             self._add("runs", word)
@@ -276,13 +275,8 @@ class _Reader:
         hit_jobs = [j for j in jobs if before != "run" and len(part) >= 3 and part in j.id.lower()]
         hit_runs = [r for r in runs if before != "job" and len(part) >= 3 and part in r.lower()
                     and not any(j.run == r for j in hit_jobs)]
-        referents = [("jobs", j.id) for j in hit_jobs] + [("runs", r) for r in hit_runs]
-        if len(referents) == 1:
-            self._add(*referents[0])
-            return True
-        if referents:
-            self.ambiguous.append(Ambiguity(what=before if before in ("job", "run") else "job or run", said=word,
-                                            candidates=[v for _, v in referents][:8]))
+        if self._pick([("jobs", j.id) for j in hit_jobs] + [("runs", r) for r in hit_runs],
+                      before if before in ("job", "run") else "job or run", word):
             return True
         if before in ("job", "run", "node", "host"):  # named but unknown here: the tools will say so
             self._add({"job": "jobs", "run": "runs"}.get(before, "nodes"), word)
