@@ -18,6 +18,7 @@ from trainops.cli import app
 from trainops.run_folder import new_run_folder
 from trainops.tools.base import ToolError
 from trainops.tools.calls import call
+from trainops.tools.jobs.follow import follow
 from trainops.tools.schedulers import JobSpec, get_scheduler
 from trainops.trainer.config import load_config
 
@@ -73,6 +74,26 @@ def test_a_fifo_in_place_of_a_rank_log_is_refused_by_grep_log_and_read_log_windo
         for ref in ({"run": run.name}, {"job_id": _job([sys.executable, "-c", "raise SystemExit(2)"], run)}):
             with pytest.raises(ToolError, match="not a regular file"):
                 call(tool, {**ref, "rank": 0, **extra})
+
+
+@pytest.mark.timeout(60)
+def test_following_a_job_that_replaces_its_log_with_a_fifo_does_not_hang():
+    local = get_scheduler("local")
+    handle = local.submit(JobSpec(name="hostile", command=[sys.executable, "-c", REPLACE_STDOUT_WITH_FIFO.replace(
+        "sys.exit(3)", "import time; time.sleep(2); sys.exit(3)")]))
+    assert follow(handle, show_progress=True, timeout_s=30).state == "failed"
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_log_longer_than_the_read_cap_still_gives_its_last_error_as_evidence():
+    run = new_run_folder(None, run_id="r-long-log")
+    write = ("import sys; log = open(sys.argv[1] + '/logs/rank0.log', 'w'); "
+             "[log.write(f'step {n} loss 2.5 ' + 'x' * 100 + '\\n') for n in range(60_000)]; "
+             "log.write('Traceback (most recent call last):\\nValueError: batch 60001 has no tokens\\n'); sys.exit(1)")
+    job = _job([sys.executable, "-c", write, str(run)], run)
+    assert (run / "logs" / "rank0.log").stat().st_size > 6 << 20
+    [record] = call("list_interruptions", {"job_id": job}).interruptions
+    assert any("batch 60001 has no tokens" in line for line in record.evidence.error_lines), record.evidence
 
 
 def _peak_rss_mib(tool: str, payload: dict) -> tuple[float, dict]:

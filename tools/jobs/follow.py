@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from trainops.run_folder import RunFiles
+from trainops.run_folder import RunFiles, complete_lines
 from trainops.run_records import RunResult, metrics_since, read_status
 from trainops.terminal_text import safe_console
 from trainops.tools.calls import invoke
@@ -170,15 +170,10 @@ def run_local(cfg: JobConfig, nproc: int, run_id: str | None = None, *, ctx: Cal
 
 
 def _new_lines(path: Path, offset: int) -> tuple[list[str], int]:
-    """Complete lines appended to `path` since byte `offset`, and the new offset."""
-    try:
-        with path.open("rb") as handle:
-            handle.seek(offset)
-            data = handle.read()
-    except OSError:  # not written yet
-        return [], offset
-    complete = data[: data.rfind(b"\n") + 1]
-    return complete.decode(errors="replace").splitlines(), offset + len(complete)
+    """Complete lines appended to the job's log since byte `offset` (the newest, within the read caps;
+    none from a FIFO the job put in its place), and the new offset."""
+    read = complete_lines(path, offset)
+    return [line.decode(errors="replace") for line in read.lines], read.offset
 
 
 class _Watch:

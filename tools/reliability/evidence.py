@@ -17,7 +17,7 @@ import psutil
 from pydantic import BaseModel, Field
 
 from trainops.redact import scrub
-from trainops.run_folder import RunFiles, read_regular, this_launch
+from trainops.run_folder import RunFiles, read_tail, this_launch
 from trainops.run_records import metrics_since, read_heartbeats, read_journal, read_metrics, read_status
 from trainops.terminal_text import visible
 from trainops.tools.reliability.sdc_check import KNOWN_ANSWER_FAILED
@@ -35,6 +35,7 @@ from trainops.tools.reliability.signature_match import (
 from trainops.tools.schedulers.processes import job_processes, rank_processes
 
 MAX_ERROR_LINES = 8
+RANK_LOG_BYTES = 4 << 20
 MAX_LINE_CHARS = 300
 NETWORK_ERROR = re.compile(r"connection (reset|refused|closed)|broken pipe|ECONNRESET|EPIPE|no route to host|"
                            r"network is unreachable|peer closed|ncclRemoteError|remote process exited", re.I)
@@ -182,14 +183,19 @@ def _error_lines(run_dir: Path, beats: dict, result, until: float | None) -> tup
     if result is not None and result.failure:
         lines.append(result.failure)
     for path in sorted(RunFiles(run_dir).root.glob("logs/rank*.log"))[:64]:
-        lines += _log_errors(path.stem, this_launch((read_regular(path, 4 << 20) or b"").decode(errors="replace"),
-                                                    until))
+        lines += _log_errors(path.stem, this_launch(_rank_log_tail(path), until))
     return [inert(ln) for ln in dict.fromkeys(lines)][-MAX_ERROR_LINES:], first
 
 
 def _rank_log_texts(run_dir: Path, until: float | None) -> list[str]:
-    return [this_launch((read_regular(path, 4 << 20) or b"").decode(errors="replace"), until)
+    return [this_launch(_rank_log_tail(path), until)
             for path in sorted(RunFiles(run_dir).root.glob("logs/rank*.log"))[:64]]
+
+
+def _rank_log_tail(path: Path) -> str:
+    """A rank log's newest RANK_LOG_BYTES: a long log still shows how it ended ("" for a FIFO or device)."""
+    read = read_tail(path, RANK_LOG_BYTES)
+    return read[0].decode(errors="replace") if read else ""
 
 
 def _signature_evidence(ev: Evidence, texts: list[str]) -> None:
