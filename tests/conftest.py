@@ -59,10 +59,11 @@ def pytest_itemcollected(item):
 
 @pytest.fixture(autouse=True)
 def workspace(tmp_path, monkeypatch):
-    """A fresh $TRAINOPS_HOME (and receipts folder) per test, so tests never share state."""
+    """A fresh $TRAINOPS_HOME (and receipts and record-keys folders) per test, so tests never share state."""
     home = tmp_path / "trainops-home"
     monkeypatch.setenv("TRAINOPS_HOME", str(home))
     monkeypatch.setenv("TRAINOPS_RECEIPTS_DIR", str(tmp_path / "receipts"))
+    monkeypatch.setenv("TRAINOPS_KEYS_DIR", str(tmp_path / "keys"))
     return home
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from trainops.record_keys import RECORD_KEY_ENV, run_key
 from trainops.run_folder import RunFiles, new_run_folder, this_launch
 from trainops.run_records import RunResult, read_journal, read_metrics
 from trainops.trainer.checkpoint_files import COMMIT_FILE, list_checkpoints, verify_checkpoint
@@ -102,12 +103,24 @@ def local_gpus() -> int:
     return min(devices, len(chosen)) if "-1" not in chosen else 0
 
 
+SUPERVISOR = "trainops.trainer.supervisor"
+
+
+def record_key_env(argv: list[str], run_dir: str | None) -> dict[str, str]:
+    """The environment that hands the supervisor `argv` starts its run's key (trainops/record_keys.py),
+    made here at launch; {} for any other command: a job launched without the supervisor holds no key."""
+    if argv[1:3] != ["-m", SUPERVISOR] or not run_dir:
+        return {}
+    key = run_key(run_dir, create=True)
+    return {RECORD_KEY_ENV: key.hex()} if key else {}
+
+
 def supervisor_argv(python: str, nproc_per_node: int, program: list[str], resilience: ResilienceConfig, *,
                     nnodes: int = 1, node_index: str = "0", store: str | None = None) -> list[str]:
     """One node's supervisor: node 0 leads (holds the store at `store`, HOST:PORT), every other
     node's is its agent; `node_index` may be a shell variable a batch script expands."""
     run_dir = program[3]
-    argv = [python, "-m", "trainops.trainer.supervisor", "--nproc-per-node", str(nproc_per_node),
+    argv = [python, "-m", SUPERVISOR, "--nproc-per-node", str(nproc_per_node),
             "--warm-spares", str(resilience.warm_spares),
             "--collective-timeout-s", f"{resilience.collective_timeout_s:g}",
             "--restore-timeout-s", f"{resilience.restore_timeout_s:g}"]

@@ -7,8 +7,10 @@ process exits, or a survivor reports that its collective broke, it waits a short
 other ranks to leave the broken group, kills any that did not (a hung rank), admits a spare with
 the dead rank's rank in a new group generation, and lets the job continue from its newest
 verified checkpoint. Each recovery appends a RecoveryEntry to RUN/recoveries.jsonl once the first
-step after it is done. What it cannot recover (no spare left, every rank failing alike, the
-leader's own node lost) ends it non-zero, so the scheduler's requeue takes over.
+step after it is done, sealed with the run's key trainops launched it with (trainops/record_keys.py:
+the ranks never get the key, so a line a job writes there is not read). What it cannot recover (no
+spare left, every rank failing alike, the leader's own node lost) ends it non-zero, so the
+scheduler's requeue takes over.
 
 Across nodes (a Slurm job: one supervisor per node, `--node-index`), node 0's supervisor leads: it
 holds the store and decides; every other node's supervisor is that node's agent (node_agent.py),
@@ -37,6 +39,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
+from trainops.record_keys import RECORD_KEY_ENV
 from trainops.run_folder import RunFiles
 from trainops.run_records import LostRank, RecoveryEntry, read_faults, read_heartbeat, read_journal
 from trainops.trainer.config import RESTORE_TIMEOUT_S
@@ -77,10 +80,10 @@ class Supervisor:
 
     def __init__(self, run_dir: Path, nproc: int, spares: int, timeout_s: float, program: list[str], *,
                  nnodes: int = 1, spare_nodes: int = 0, store_address: str | None = None,
-                 restore_timeout_s: float = RESTORE_TIMEOUT_S):
+                 restore_timeout_s: float = RESTORE_TIMEOUT_S, record_key: bytes = b""):
         import torch.distributed as dist
 
-        self.run_dir, self.nproc, self.timeout_s = run_dir, nproc, timeout_s
+        self.run_dir, self.nproc, self.timeout_s, self.record_key = run_dir, nproc, timeout_s, record_key
         self.restore_timeout_s = max(restore_timeout_s, timeout_s)
         self.nnodes, self.world = nnodes, nproc * nnodes
         host, _, port = (store_address or "127.0.0.1:0").rpartition(":")
@@ -340,6 +343,8 @@ class Supervisor:
                               total_s=round(first["time"] - recovery.detected, 4), lost=recovery.lost,
                               beats=recovery.beats, host=socket.gethostname(), lost_nodes=recovery.lost_nodes,
                               admitted_on=recovery.admitted)
+        if self.record_key:  # trainops launched this supervisor: its readers take only sealed records
+            entry = entry.sealed(self.record_key)
         with RunFiles(self.run_dir).recoveries.open("a") as fh:
             fh.write(entry.model_dump_json() + "\n")
 
@@ -365,8 +370,18 @@ class Supervisor:
         signal_workers(self.workers, signum)
 
 
+def _take_record_key() -> bytes:
+    """The run's key trainops put in this process's environment (trainops/record_keys.py), taken out
+    of it before any worker starts: the ranks never inherit it. b"" when launched without one."""
+    try:
+        return bytes.fromhex(os.environ.pop(RECORD_KEY_ENV, ""))
+    except ValueError:
+        return b""
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    record_key = _take_record_key()
     if "--" not in argv:
         sys.stderr.write(__doc__ or "")
         return 2
@@ -392,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         launcher = Supervisor(Path(args.run_dir), args.nproc_per_node, args.warm_spares, args.collective_timeout_s,
                               program, nnodes=args.nnodes, spare_nodes=args.spare_nodes, store_address=args.store,
-                              restore_timeout_s=args.restore_timeout_s)
+                              restore_timeout_s=args.restore_timeout_s, record_key=record_key)
 
     def on_signal(signum: int, frame) -> None:
         launcher.terminate(signum)

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
+from trainops.record_keys import run_key, seal, sealed_with
 from trainops.run_folder import RunFiles, complete_lines, read_regular
 
 T = TypeVar("T")
@@ -280,6 +281,11 @@ class RecoveryEntry(BaseModel):
     lost_nodes: list[str] = Field(default_factory=list, description="Nodes that went silent with the lost ranks.")
     admitted_on: dict[int, str] = Field(default_factory=dict, description="rank -> the node of the spare that "
                                         "took it (a lost node's ranks move onto a spare node).")
+    mac: str = Field("", description="The supervisor's seal of every other field under its run's key "
+                                     "(trainops/record_keys.py); a line without a valid one is not read.")
+
+    def sealed(self, key: bytes) -> RecoveryEntry:
+        return self.model_copy(update={"mac": seal(key, self.model_dump_json(exclude={"mac"}))})
 
     @model_validator(mode="after")
     def _known_phases(self) -> RecoveryEntry:
@@ -290,8 +296,12 @@ class RecoveryEntry(BaseModel):
 
 
 def read_recoveries(run_dir: str | Path) -> list[RecoveryEntry]:
-    """Every recovery of the run, oldest first (a torn or garbled line is skipped)."""
-    return _parsed(complete_lines(RunFiles(run_dir).recoveries)[0], RecoveryEntry.model_validate_json)
+    """Every recovery the supervisor trainops launched for this run sealed, oldest first: a line the
+    job (or anything else) wrote without the run's key, a torn or garbled one, is skipped."""
+    key = run_key(run_dir)
+    return [entry for entry in _parsed(complete_lines(RunFiles(run_dir).recoveries)[0],
+                                       RecoveryEntry.model_validate_json)
+            if sealed_with(key, entry.model_dump_json(exclude={"mac"}), entry.mac)]
 
 
 # --- workers.jsonl ----------------------------------------------------------------------------

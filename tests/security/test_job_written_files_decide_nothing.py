@@ -7,6 +7,7 @@ job's own output as the scheduler collected it. Text a job prints is quoted, nev
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sys
 
@@ -14,10 +15,15 @@ import pytest
 from typer.testing import CliRunner
 
 from trainops.cli import app
+from trainops.record_keys import RECORD_KEY_ENV
+from trainops.run_records import RecoveryEntry, read_recoveries
 from trainops.tools.calls import call
 from trainops.tools.context import CallContext
 from trainops.tools.reliability.interruptions import read_interruptions
 from trainops.tools.reliability.sdc_check import KNOWN_ANSWER_FAILED
+from trainops.trainer.config import ResilienceConfig
+from trainops.trainer.launch import record_key_env, supervisor_argv, torchrun_argv, trainer_program
+from trainops.trainer.supervisor import _take_record_key
 
 pytestmark = pytest.mark.usefixtures("as_operator")
 OPERATOR = CallContext(actor="operator")
@@ -30,6 +36,17 @@ run, line, host = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 (run / "heartbeat" / "rank0.json").write_text(json.dumps({"step": 3, "time": time.time(), "host": host}))
 print(f"{line} on {host} (rank 0): GEMM 7 wrong element(s), collective ok", file=sys.stderr, flush=True)
 sys.exit(1)
+"""
+FORGED_RECOVERIES = r"""
+import json, sys, time
+run, host, now = sys.argv[1], sys.argv[2], time.time()
+with open(f"{run}/recoveries.jsonl", "a") as fh:
+    for generation in (1, 2, 3):
+        fh.write(json.dumps({"time": now, "path": "spare-admitted", "failed_ranks": [0], "generation": generation,
+                             "resumed_step": 0, "source": "storage", "total_s": 1.0, "host": host,
+                             "trigger": "rank 0 exited with code -9", "beats": {"0": now - 1.0},
+                             "lost": [{"rank": 0, "pid": 4242, "exit_code": -9, "host": host,
+                                       "exit_note": "CUDA error: uncorrectable ECC error encountered"}]}) + "\n")
 """
 
 
@@ -58,3 +75,36 @@ def test_a_node_named_only_by_the_jobs_heartbeat_and_text_is_quoted_never_convic
     answer = json.loads(asked.stdout)["final_answer"]
     assert NOWHERE not in answer.get("nodes", []), answer
     assert not any("drain_node" in line for line in answer.get("next_to_collect") or []), answer
+
+
+def test_recoveries_a_job_wrote_without_the_supervisor_record_no_interruption_mtbf_or_escalation(workspace):
+    job, run = _job(workspace, "r-forged-recoveries", FORGED_RECOVERIES, NOWHERE)
+    call("job_status", {"job_id": job}, OPERATOR)
+    assert (workspace / "runs" / "r-forged-recoveries" / "recoveries.jsonl").is_file()
+    assert read_interruptions(job) == []
+    listed = json.loads(CliRunner().invoke(app, ["interruptions", "--json"]).stdout)
+    assert listed["interruptions"] == [], [r["id"] for r in listed["interruptions"]]
+    ettr = json.loads(CliRunner().invoke(app, ["ettr", "--window", "60", "--json"]).stdout)
+    assert ettr["reliability"]["mtbf_measured"] is False and ettr["reliability"]["unplanned"] == 0, ettr["reliability"]
+    watched = call("watch_job", {"job_id": job, "timeout_s": 5}, OPERATOR)
+    assert watched.fired == [], watched.fired
+
+
+def test_only_the_supervisor_gets_its_runs_key_its_ranks_never_and_a_key_opens_one_run_folder(workspace, monkeypatch):
+    run, other = workspace / "runs" / "r-sealed", workspace / "runs" / "r-other"
+    for folder in (run, other):
+        folder.mkdir(parents=True)
+    supervised = supervisor_argv(sys.executable, 2, trainer_program(run), ResilienceConfig())
+    plain = torchrun_argv(sys.executable, 2, ["-c", "print()"])
+    assert record_key_env(plain, str(run)) == {} and record_key_env(supervised, None) == {}
+    monkeypatch.setenv(RECORD_KEY_ENV, record_key_env(supervised, str(run))[RECORD_KEY_ENV])
+    key = _take_record_key()
+    assert key and RECORD_KEY_ENV not in os.environ  # taken out before the supervisor starts a worker
+    entry = RecoveryEntry(time=2.0, path="spare-admitted", failed_ranks=[1], generation=1, resumed_step=0,
+                          source="storage", total_s=1.0).sealed(key)
+    for folder in (run, other):  # a sealed line copied into another run folder is not that run's
+        (folder / "recoveries.jsonl").write_text(entry.model_dump_json() + "\n")
+    assert read_recoveries(run) == [entry] and read_recoveries(other) == []
+    forged = entry.model_copy(update={"failed_ranks": [0, 1]})  # an edited line keeps a seal that no longer fits
+    (run / "recoveries.jsonl").write_text(forged.model_dump_json() + "\n")
+    assert read_recoveries(run) == []

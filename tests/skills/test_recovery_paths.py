@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from trainops.cli import app
+from trainops.record_keys import run_key
 from trainops.run_folder import RunFiles
 from trainops.run_records import RecoveryEntry, read_journal, read_metrics, read_recoveries
 from trainops.skills.drill.recovery import REQUEUE_PHASES, RecoveryMarks, in_process_recovery, requeue_recovery
@@ -89,6 +90,9 @@ def test_an_in_process_recovery_is_read_from_the_trainers_record_and_an_edited_l
     entry = RecoveryEntry(time=1010.0, path="in-process", failed_ranks=[1], trigger="rank 1 exited with code -9",
                           generation=1, resumed_step=4, source="storage", checkpoint=str(run_dir / "step-4"),
                           phases_s={"detect": 0.1, "abort": 0.2, "admit": 0.3, "load": 0.4}, total_s=1.5)
+    RunFiles(run_dir).recoveries.write_text(entry.model_dump_json() + "\n")  # as a job writes it: not read
+    assert in_process_recovery(str(run_dir), since=1000.0) is None
+    entry = entry.sealed(run_key(run_dir, create=True))  # as the supervisor trainops launched writes it
     RunFiles(run_dir).recoveries.write_text(entry.model_dump_json() + "\n")
 
     found = in_process_recovery(str(run_dir), since=1000.0)

@@ -107,7 +107,8 @@ def test_the_cycle_finder_finds_a_loop():
 
 
 ORDER = [("trainops.workspace", 0), ("trainops.settings", 0), ("trainops.run_folder", 0),
-         ("trainops.run_records", 0), ("trainops.terminal_text", 0), ("trainops.redact", 0), ("trainops.trainer", 1),
+         ("trainops.run_records", 0), ("trainops.record_keys", 0), ("trainops.terminal_text", 0),
+         ("trainops.redact", 0), ("trainops.trainer", 1),
          ("trainops.tools", 2), ("trainops.skills", 3), ("trainops.agents", 4), ("trainops", 5)]
 
 
@@ -128,6 +129,6 @@ def test_every_import_points_down_the_layers_even_inside_functions():
 def test_the_bottom_modules_import_nothing_of_trainops_above_them():
     known = modules()
     bottom = {"trainops.workspace", "trainops.settings", "trainops.run_folder", "trainops.run_records",
-              "trainops.terminal_text", "trainops.redact"}
+              "trainops.record_keys", "trainops.terminal_text", "trainops.redact"}
     for module in bottom:
         assert imported(known[module], set(known), module_level_only=False) <= bottom

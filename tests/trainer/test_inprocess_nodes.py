@@ -19,7 +19,7 @@ from tests.trainer.test_inprocess_restart import BASE, OPERATOR, by_step, worker
 from trainops.run_records import RECOVERY_PHASES, read_heartbeat, read_journal, read_recoveries
 from trainops.tools.jobs.follow import run_local
 from trainops.trainer.config import load_config
-from trainops.trainer.launch import prepare_run, supervisor_argv, trainer_program
+from trainops.trainer.launch import prepare_run, record_key_env, supervisor_argv, trainer_program
 from trainops.trainer.workers import SLOTS
 
 STEPS = ["training.steps=24"]
@@ -36,7 +36,8 @@ def start_nodes(run_dir, nnodes: int) -> list[subprocess.Popen]:
         argv = supervisor_argv(sys.executable, 1, trainer_program(run_dir), cfg.resilience, nnodes=nnodes,
                                node_index=str(index), store=store)
         log = open(run_dir / "logs" / f"node{index}.log", "a")
-        nodes.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        env = {**os.environ, **record_key_env(argv, str(run_dir))}  # as a launch hands node 0 its run's key
+        nodes.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env))
     return nodes
 
 

@@ -32,7 +32,7 @@ from trainops.tools.schedulers.base import (
 )
 from trainops.tools.schedulers.job_env import LAUNCHER_MARKER, job_environment
 from trainops.tools.schedulers.processes import local_launchers, local_tree, spec_sha256, stop_processes
-from trainops.trainer.launch import torchrun_argv
+from trainops.trainer.launch import record_key_env, torchrun_argv
 from trainops.workspace import check_id, home, jobs_dir
 
 KIND = "local"
@@ -136,7 +136,8 @@ class LocalScheduler(PollingWait):
             command = list(spec.command)
         exit_file = _jobs() / f"{record['job_id']}.exit"
         exit_file.unlink(missing_ok=True)
-        env = {"OMP_NUM_THREADS": "1", **job_environment(spec, KIND), LAUNCHER_MARKER: record["job_id"]}
+        env = {"OMP_NUM_THREADS": "1", **job_environment(spec, KIND), LAUNCHER_MARKER: record["job_id"],
+               **record_key_env(command, spec.run_dir)}
         log = open(record["log_path"], "ab")
         log.write(launch_mark("job", f"{time.time():.3f}").encode())
         log.flush()

@@ -40,7 +40,7 @@ from trainops.tools.schedulers.slurm_transport import (
     transport_choice,
 )
 from trainops.trainer.config import ResilienceConfig
-from trainops.trainer.launch import supervised_resilience, supervisor_argv, torchrun_argv
+from trainops.trainer.launch import record_key_env, supervised_resilience, supervisor_argv, torchrun_argv
 from trainops.workspace import jobs_dir
 
 _STATES = {
@@ -171,7 +171,10 @@ def _supervised_lines(spec: JobSpec, resilience: ResilienceConfig) -> list[str]:
                 text = text.replace(shlex.quote(variable), f'"{variable}"')
         return text
 
+    keyed = record_key_env(supervisor_argv(sys.executable, spec.procs_per_node, spec.command, resilience),
+                           spec.run_dir)
     return [
+        *(f"export {name}={shlex.quote(value)}" for name, value in keyed.items()),  # each supervisor takes it out
         'nodes=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))',
         'head_node="${nodes[0]}"',
         'for index in $(seq 1 $((${#nodes[@]} - 1))); do',

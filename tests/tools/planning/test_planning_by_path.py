@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from trainops.cli import app
+from trainops.record_keys import run_key
 from trainops.run_folder import RunFiles
 from trainops.run_records import RecoveryEntry
 from trainops.tools.base import ToolError
@@ -29,8 +30,8 @@ def _trainer_recovery(workspace, run: str, detect_s: float, total_s: float) -> N
     folder.mkdir(parents=True, exist_ok=True)
     entry = RecoveryEntry(time=2_000.0, path="spare-admitted", failed_ranks=[1], generation=1, resumed_step=4,
                           source="storage", phases_s={"detect": detect_s}, total_s=total_s)
-    with RunFiles(folder).recoveries.open("a") as fh:
-        fh.write(entry.model_dump_json() + "\n")
+    with RunFiles(folder).recoveries.open("a") as fh:  # sealed as the supervisor trainops launched seals it
+        fh.write(entry.sealed(run_key(folder, create=True)).model_dump_json() + "\n")
 
 
 def _plan(path: str):

@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from trainops.cli import app
+from trainops.record_keys import run_key
 from trainops.run_folder import RunFiles, launch_mark, open_rank_log
 from trainops.tools.calls import call
 from trainops.tools.context import CallContext
@@ -126,7 +127,8 @@ def test_drills_stay_out_of_the_measured_mtbf_and_rate_but_count_in_recovery(wor
 
 RECOVERING = r"""
 import json, os, sys, time
-run_dir, secret = sys.argv[1], sys.argv[2]
+from trainops.run_records import RecoveryEntry
+run_dir, secret, key = sys.argv[1], sys.argv[2], bytes.fromhex(sys.argv[3])
 time.sleep(3.5)  # every time below falls inside the job's run: a figure from before its start is not taken
 now = time.time()
 with open(f"{run_dir}/metrics.jsonl", "a") as fh:
@@ -138,15 +140,16 @@ entry = {"time": now, "path": "spare-admitted", "failed_ranks": [1], "generation
          "phases_s": {"detect": 0.1, "abort": 0.2, "admit": 0.1, "load": 0.8, "first_step": 0.4}, "host": "node-a",
          "lost": [{"rank": 1, "pid": 2**22 + 1, "exit_code": -9, "last_beat": now - 1.9}],
          "beats": {"0": now - 1.6, "1": now - 1.9}}
-with open(f"{run_dir}/recoveries.jsonl", "a") as fh:
-    fh.write(json.dumps(entry) + "\n")
+with open(f"{run_dir}/recoveries.jsonl", "a") as fh:  # sealed as the supervisor trainops launched seals it
+    fh.write(RecoveryEntry.model_validate(entry).sealed(key).model_dump_json() + "\n")
 """
 
 
 def test_an_in_process_recovery_of_a_job_that_went_on_is_recorded_once_with_its_cause(workspace):
     run_dir = workspace / "runs" / "r-recovered"
     run_dir.mkdir(parents=True)
-    spec = {"name": "r-recovered", "command": [sys.executable, "-c", RECOVERING, str(run_dir), SECRET],
+    key = run_key(run_dir, create=True).hex()  # the job stands in for the supervisor: it gets the run's key
+    spec = {"name": "r-recovered", "command": [sys.executable, "-c", RECOVERING, str(run_dir), SECRET, key],
             "run_dir": str(run_dir)}
     job = call("submit_job", {"spec": spec}, OPERATOR).handle.job_id
     assert call("wait_job", {"job_id": job, "timeout_s": 60}, OPERATOR).state == "completed"

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from trainops.record_keys import RECORD_KEY_ENV
 from trainops.tools.schedulers import JobSpec, SchedulerError
 from trainops.tools.schedulers.slurm import SlurmScheduler, batch_script, sbatch_options
 from trainops.tools.schedulers.slurm_transport import accounted_launches, parse_scontrol
@@ -58,10 +59,12 @@ def test_with_in_process_restart_each_node_runs_its_own_supervisor_step_and_spar
     for step in steps:
         assert '--nnodes 2 --spare-nodes 1' in step and '--store "$head_node:29500"' in step
     assert "torch.distributed.run" not in script
+    assert script.count(f"export {RECORD_KEY_ENV}=") == 1  # the run's key for its supervisors (record_keys.py)
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
     off = _spec(command=["-m", "trainops.trainer.train", "--run-dir", str(prepare_run(load_config(None, "tiny"),
                                                                                            run_id="plain"))])
     assert ("nodes", "2") in sbatch_options(off, "/l") and "no-kill" not in dict(sbatch_options(off, "/l"))
+    assert RECORD_KEY_ENV not in batch_script(off, "/l")  # no supervisor: no key
 
 
 def test_a_plain_command_runs_once_without_srun():
