@@ -2,7 +2,8 @@
 `respond_to_sdc` the SDC response and `sdc_case` reads the case it wrote (skills may call tools,
 tools may not call skills),
 `ablation_design` ranks a recorded baseline's candidate arms (S3), the SOP's step tools
-(skills.sop_steps, skills.sop_pack: `sop_declare`, `sop_baseline`, `sop_arm`, `sop_drill`, `sop_pack`),
+(skills.sop_steps, skills.sop_pack: `sop_declare`, `sop_baseline`, `sop_design`, `sop_arm`, `sop_drill`,
+`sop_pack`),
 `list_pending_approvals` reads the agent's own thread store next to governance's queue, and
 `load_skill` hands the model a skill's full text (it sees only names and descriptions before).
 `AGENT_TOOLS` lists them; `agent_registry()` is the one registry the CLI and the agent both use:

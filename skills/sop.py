@@ -25,7 +25,7 @@ from trainops.skills.evidence import references
 from trainops.skills.evidence.model import DrillResult
 from trainops.skills.knobs import parse_arm
 from trainops.skills.request import JobRequest
-from trainops.skills.sop_pack import SopResult, design_arms, reference_notes
+from trainops.skills.sop_pack import SopResult, reference_notes
 from trainops.skills.sop_session import SopSettings
 from trainops.skills.sop_steps import SKILL
 from trainops.tools.calls import invoke
@@ -44,10 +44,8 @@ def run(settings: SopSettings, ctx: CallContext | None = None, progress: Progres
     ablation.check_arms(req, settings.knobs)  # a bad arm is refused before anything is declared or launched
     with sop_steps.reporting(progress):
         session = invoke(sop_steps.sop_declare, sop_steps.SopDeclareInput(**settings.model_dump()), ctx).session_id
-        summary = invoke(sop_steps.sop_baseline, sop_steps.SopBaselineInput(session=session), ctx).summary
-        design = design_arms(settings, summary)
-        sop_steps.say("S3 ablation design from the baseline's split: " + "; ".join(
-            f"{a.rank}. {a.arm} ({a.figure.text})" for a in design))
+        invoke(sop_steps.sop_baseline, sop_steps.SopBaselineInput(session=session), ctx)
+        design = invoke(sop_steps.sop_design, sop_steps.SopDesignInput(session=session), ctx).arms
         for arm in settings.plan(design):
             _climb(session, arm, req, ctx)
         sop_steps.say("S5 fault drills")

@@ -8,14 +8,13 @@ import time
 
 from pydantic import BaseModel, Field
 
-from trainops.skills import ablation_design, escalate, planning
+from trainops.skills import escalate, planning
 from trainops.skills.baseline import command_line
 from trainops.skills.evidence import pack as evidence_pack
 from trainops.skills.evidence import references
-from trainops.skills.evidence.design import DesignedArm
-from trainops.skills.evidence.model import BaselineSummary, PackEnvironment
+from trainops.skills.evidence.model import PackEnvironment
 from trainops.skills.evidence.view import DECISION_COMMANDS, SIGNING_NOTE
-from trainops.skills.sop_session import SopSettings, save
+from trainops.skills.sop_session import save
 from trainops.skills.sop_steps import SKILL, STEP_INPUT, SessionId, declared_first, say, session_of
 from trainops.tools.base import InputCheck, tool
 from trainops.tools.context import skill_context
@@ -73,11 +72,6 @@ def reference_notes(env: PackEnvironment | None, world: int, model: str) -> list
     return references.headline_notes(env, world, model)
 
 
-def design_arms(settings: SopSettings, summary: BaselineSummary) -> list[DesignedArm]:
-    """S3: the candidate arms ranked from S2's measured split (skills.ablation_design)."""
-    return ablation_design.design(ablation_design.split_of(summary), settings.candidates(), settings.framework)
-
-
 def _mtbf_basis(rel) -> str:
     """The checkpoint plan's MTBF basis: S2's figure and where it comes from."""
     if rel.mtbf_measured:
@@ -113,7 +107,7 @@ def sop_pack(inp: SopPackInput) -> SopResult:
          *session.drill_evidence],
         rollback=f"keep the baseline configuration ({command_line(req)}); adopt no arm until a human approves",
         references=reference_notes(env, world, model), checkpoint_plan=plan, mlperf=references.mlperf(env, world),
-        layout_plan=session.layout, ablation_design=design_arms(session.settings, summary) if summary else None)
+        layout_plan=session.layout, ablation_design=session.design or None)
     pack = escalate.carry_fired(pack, ctx)  # R-ESC-1..4 on every SOP run: a fired rule goes to a human
     folder = evidence_pack.write(pack)
     save(session.model_copy(update={"pack": pack.pack_id}).logged("S6", "sop_pack", f"pack {pack.pack_id}: "

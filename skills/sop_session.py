@@ -124,6 +124,7 @@ class SopSession(BaseModel):
     baselines: dict[int, list[RepeatResult]] = Field(default_factory=dict, description="baseline runs by world size")
     summary: BaselineSummary | None = Field(None, description="S2 at the target scale, with its bottleneck split")
     baseline_evidence: list[EvidenceRow] = Field(default_factory=list)
+    design: list[DesignedArm] = Field(default_factory=list, description="S3: the arms ranked from S2's split")
     arms: list[ArmRung] = Field(default_factory=list)
     drills: list[DrillResult] = Field(default_factory=list, description="drills that recovered")
     drill_evidence: list[EvidenceRow] = Field(default_factory=list)

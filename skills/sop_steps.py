@@ -1,5 +1,5 @@
-"""The SOP's steps as typed tools (issue 40): S1 `sop_declare`, S2 `sop_baseline`, S4 `sop_arm`,
-S5 `sop_drill` (S6 `sop_pack` is skills.sop_pack). Each step reads and extends one SOP session
+"""The SOP's steps as typed tools (issue 40): S1 `sop_declare`, S2 `sop_baseline`, S3 `sop_design`,
+S4 `sop_arm`, S5 `sop_drill` (S6 `sop_pack` is skills.sop_pack). Each step reads and extends one SOP session
 (skills.sop_session) and returns its figures and the runs it launched; `trainops sop`, `trainops
 tool call` and the agent call the same tools through the same gate.
 
@@ -18,9 +18,11 @@ from typing import Callable, Iterator
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from trainops.skills import ablation, baseline, environment, planning, rollout
+from trainops.skills import ablation, ablation_design, baseline, environment, planning, rollout
+from trainops.skills.ablation_design import MeasuredSplit
 from trainops.skills.baseline import Progress
 from trainops.skills.drill import drill
+from trainops.skills.evidence.design import DesignedArm
 from trainops.skills.evidence.model import AblationRow, BaselineSummary, DrillResult, PackEnvironment
 from trainops.skills.evidence.published import LayoutPlan
 from trainops.skills.knobs import KnobError, parse_arm
@@ -212,7 +214,54 @@ def sop_baseline(inp: SopBaselineInput) -> SopBaselineOutput:
     session = save(session.model_copy(update={"baselines": {**session.baselines, world: results}})
                    .logged("S2", "sop_baseline", found, runs))
     return SopBaselineOutput(session_id=session.session_id, world=world, runs=[Path(r).name for r in runs],
-                             summary=summary, next_step="ablation_design on these runs (S3), then sop_arm (S4)")
+                             summary=summary, next_step="sop_design (S3), then sop_arm (S4)")
+
+
+def design_arms(settings: SopSettings, summary: BaselineSummary, knobs: list[str] = (),
+                memory_bound: bool = False) -> list[DesignedArm]:
+    """S3: the candidate arms (`knobs`, else the session's) ranked from S2's measured split."""
+    return ablation_design.design(ablation_design.split_of(summary), list(knobs) or settings.candidates(),
+                                  settings.framework, memory_bound)
+
+
+class SopDesignInput(BaseModel):
+    model_config = STEP_INPUT
+
+    session: str = SessionId
+    knobs: list[str] = Field(default_factory=list, max_length=32,
+                             description="Candidate arms NAME=VALUE; empty: the session's (its knobs, else the "
+                                         "framework's default SOP arms).")
+    memory_bound: bool = Field(False, description="Memory is the problem: arms that trade speed for memory first.")
+
+
+class SopDesignOutput(BaseModel):
+    session_id: str
+    split: MeasuredSplit = Field(description="S2's step-time figures the ranking reads.")
+    arms: list[DesignedArm] = Field(description="The arms by expected gain, highest first, each with its figure, "
+                                                "bound and reason.")
+    next_step: str
+
+
+@tool("sop_design", risk="mutate", tags=("sop", "ablation"), checks=(InputCheck("R-ENV-1", declared_first),))
+def sop_design(inp: SopDesignInput) -> SopDesignOutput:
+    """S3 of the SOP: rank candidate arms by expected gain from the session's own S2 split (exposed
+    communication, data loading, compute against MFU), each with the figure it acts on, the most it
+    could save and why; records the design in the session. Needs S2. Launches nothing."""
+    session = session_of("sop_design", inp.session)
+    if session.summary is None:
+        raise ToolError("sop_design", f"session {session.session_id} has no baseline at the target scale: run "
+                                      "sop_baseline first (S3 ranks the arms from S2's measured split)")
+    split = ablation_design.split_of(session.summary)
+    try:
+        arms = design_arms(session.settings, session.summary, inp.knobs, inp.memory_bound)
+    except KnobError as exc:
+        raise ToolError("sop_design", str(exc)) from None
+    say("S3 ablation design from the baseline's split: " + "; ".join(
+        f"{a.rank}. {a.arm} ({a.figure.text})" for a in arms))
+    session = save(session.model_copy(update={"design": arms}).logged(
+        "S3", "sop_design", "; ".join(f"{a.rank}. {a.arm}" for a in arms)))
+    return SopDesignOutput(session_id=session.session_id, split=split, arms=arms,
+                           next_step=f"sop_arm arm={arms[0].arm} (S4), its smallest rung first")
 
 
 class SopArmInput(BaseModel):
@@ -311,4 +360,4 @@ def sop_drill(inp: SopDrillInput) -> SopDrillOutput:
                           next_step="another drill, or sop_pack (S6)")
 
 
-STEP_TOOLS: tuple[Callable, ...] = (sop_declare, sop_baseline, sop_arm, sop_drill)
+STEP_TOOLS: tuple[Callable, ...] = (sop_declare, sop_baseline, sop_design, sop_arm, sop_drill)

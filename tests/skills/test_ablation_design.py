@@ -12,8 +12,8 @@ from trainops.skills.ablation_design import design, split_of
 from trainops.skills.evidence.model import MetricSpread
 from trainops.skills.evidence.pack import assemble, load, write
 from trainops.skills.request import JobRequest
-from trainops.skills.sop_pack import design_arms
 from trainops.skills.sop_session import SopSettings
+from trainops.skills.sop_steps import design_arms
 from trainops.tools.base import ToolError
 from trainops.tools.calls import call
 from trainops.tools.context import CallContext

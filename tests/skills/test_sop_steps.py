@@ -4,7 +4,9 @@ the step to run first. The SOP session is a trainops-written record bound to the
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from trainops.cli import app
@@ -114,3 +116,36 @@ def test_the_pack_is_built_from_the_session_alone_and_without_drills_is_partial_
     assert out["headline"]["mfu_pct"] == 2.0 and out["session_id"] == session.session_id
     assert [s.step for s in load(session.session_id).steps] == ["S1", "S6"]
     assert load(session.session_id).pack == out["pack_id"]
+
+
+def test_s3_designs_from_the_sessions_own_baseline_and_records_it(workspace, factories):
+    bare = declared(factories)
+    result = tool_call("sop_design", {"session": bare.session_id})
+    assert result.exit_code == 2 and "run sop_baseline first" in result.output
+    runs = recorded_runs(factories, "base", count=3)
+    summary = factories.baseline([r.run_dir for r in runs]).model_copy(update={"exposed_comm_share_pct": 31.0,
+                                                                              "data_wait_share_pct": 2.0})
+    session = declared(factories, baselines={2: runs}, summary=summary)
+    result = tool_call("sop_design", {"session": session.session_id})
+    assert result.exit_code == 0, result.output
+    arms = json.loads(result.output)["arms"]
+    assert arms[0]["arm"] == "data_parallel=ddp" and "exposed communication 31.0%" in arms[0]["figure"]["text"]
+    recorded = load(session.session_id)
+    assert [a.arm for a in recorded.design] == [a["arm"] for a in arms]
+    assert [s.step for s in recorded.steps] == ["S1", "S3"]
+
+
+@pytest.mark.slow
+def test_trainops_sop_quick_walks_the_step_tools_in_order_on_one_session(quick_sop):
+    """The real `trainops sop --quick`: its audit log holds each step as its own call, S1 to S6 in
+    order, and its session records every step with the pack it ended on."""
+    home = Path(quick_sop["home"])
+    entries = [json.loads(line) for line in (home / "audit.jsonl").read_text().splitlines()]
+    calls = [e["tool"] for e in entries if e.get("kind") == "tool_call" and e.get("tool", "").startswith("sop_")]
+    order = ["sop_declare", "sop_baseline", "sop_design", "sop_arm", "sop_drill", "sop_pack"]
+    assert [tool for i, tool in enumerate(calls) if tool not in calls[:i]] == order
+    assert calls.index("sop_pack") == len(calls) - 1
+    session = json.loads((home / "sop-sessions" / f"{quick_sop['session_id']}.json").read_text())
+    assert [s["step"] for s in session["steps"]][0] == "S1" and session["steps"][-1]["step"] == "S6"
+    assert {"S2", "S3", "S4", "S5"} <= {s["step"] for s in session["steps"]}
+    assert session["pack"] == quick_sop["pack_id"] and session["design"][0]["arm"] == session["arms"][0]["arm"]
