@@ -9,11 +9,16 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from trainops.agents.agent_tools import agent_registry
 from trainops.cli import app
 from trainops.skills.baseline import RepeatResult
 from trainops.skills.evidence.model import EvidenceRow
 from trainops.skills.sop_session import SESSION_KIND, ArmRung, SopSettings, load, save, sessions_dir, start
+from trainops.tools.calls import call
+from trainops.tools.context import CallContext
 from trainops.tools.governance import audit
+from trainops.tools.governance.gate import GateRefused
+from trainops.tools.governance.queue import pending_calls
 from trainops.tools.jobs.jobs import RunSummary
 from trainops.workspace import audit_log_path, runs_dir
 
@@ -133,6 +138,19 @@ def test_s3_designs_from_the_sessions_own_baseline_and_records_it(workspace, fac
     recorded = load(session.session_id)
     assert [a.arm for a in recorded.design] == [a["arm"] for a in arms]
     assert [s.step for s in recorded.steps] == ["S1", "S3"]
+
+
+def test_an_agents_step_out_of_order_is_a_tool_error_before_any_approval_is_asked(workspace, factories):
+    """sop_arm is a mutate tool, so an agent's call waits for a human; one that breaks the order is
+    refused first, as an error the model reads, and nothing is queued for a human to sign."""
+    session = declared(factories)
+    for arm, rule in (("data_kind=synthetic,micro_batch=4", "R-ABL-1"), ("data_kind=synthetic", "R-ABL-1")):
+        with pytest.raises(GateRefused) as refusal:
+            call("sop_arm", {"session": session.session_id, "arm": arm}, CallContext(actor="agent"),
+                 registry=agent_registry())
+        assert refusal.value.rule_id == rule and refusal.value.pending_id is None
+    assert "run sop_baseline with world=1 first" in str(refusal.value)
+    assert not pending_calls()
 
 
 @pytest.mark.slow
