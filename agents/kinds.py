@@ -5,7 +5,7 @@ or a plan of its own (agents/diagnose.py); an order's steps end in one gated cal
 Adding a kind is one entry; agents/understand.py picks the first that fits, the graph offers a
 model its tools, and the offline policy (agents/policy.py) interprets the rest.
 
-An order is read from an imperative sentence's first verb (`ORDERS`); a question or a plan is read
+An order is read from an imperative sentence's first verb (its kind's `verbs`); a question or a plan is read
 from the concepts its words mean. Nothing here looks at the request's text itself.
 """
 from __future__ import annotations
@@ -34,6 +34,7 @@ class Kind:
     needs: str = ""  # entity | two_runs | none | "" (anything)
     order: str | None = None
     skill: str | None = None
+    verbs: tuple[str, ...] = ()  # an order's: "verb concept[ another concept the request must hold]"
 
 
 def _cue(*alternatives: str) -> tuple[frozenset[str], ...]:
@@ -43,37 +44,28 @@ def _cue(*alternatives: str) -> tuple[frozenset[str], ...]:
 DIAGNOSIS_TOOLS = ("load_skill", "list_interruptions", "grep_log", "read_log_window", "job_status", "list_jobs",
                    "find_straggler", "sdc_case", "list_checkpoints", "effective_training_time")
 ORDER_READS = ("job_status", "list_nodes", "list_jobs")
-# (verb concept, another concept the request must hold or "", the tool): the first that fits wins
-ORDERS: tuple[tuple[str, str, str], ...] = (
-    ("cancel", "", "cancel_job"), ("requeue", "", "requeue_job"), ("resume", "node", "resume_node"),
-    ("resume", "", "requeue_job"), ("drain", "", "drain_node"), ("quarantine", "", "quarantine_checkpoints"),
-    ("grant", "quota", "set_tenant_quota"), ("inject", "", "inject_fault"), ("launch", "sop", "run_sop"),
-    ("launch", "drill", "inject_fault"), ("take", "drain", "drain_node"), ("take", "resume", "resume_node"),
-    ("slow", "rank", "inject_fault"), ("change", "policy", "change_scheduler_policy"),
-    ("rollback", "", "rollback_change"),
-    ("upgrade", "", "upgrade_framework"),
-)
-ORDER_VERBS = frozenset(verb for verb, _, _ in ORDERS)
-
 KINDS: tuple[Kind, ...] = (
-    Kind("cancel", "order", "job", (*ORDER_READS, "cancel_job"), ("job_status", "cancel_job"), order="cancel_job"),
+    Kind("cancel", "order", "job", (*ORDER_READS, "cancel_job"), ("job_status", "cancel_job"), order="cancel_job",
+         verbs=("cancel",)),
     Kind("requeue", "order", "job", (*ORDER_READS, "requeue_job", "list_interruptions"), ("job_status", "requeue_job"),
-         order="requeue_job"),
+         order="requeue_job", verbs=("requeue", "resume")),
     Kind("drain", "order", "node", (*ORDER_READS, "drain_node"), ("job_status?", "list_nodes", "drain_node"),
-         order="drain_node"),
+         order="drain_node", verbs=("drain", "take drain")),
     Kind("resume_node", "order", "node", (*ORDER_READS, "resume_node"), ("list_nodes", "resume_node"),
-         order="resume_node"),
+         order="resume_node", verbs=("resume node", "take resume")),
     Kind("quarantine", "order", "checkpoint", ("list_checkpoints", "verify_checkpoint", "quarantine_checkpoints"),
-         order="quarantine_checkpoints"),
-    Kind("quota", "order", "quota", ("set_tenant_quota",), order="set_tenant_quota"),
-    Kind("scheduler_policy", "order", "policy", ("change_scheduler_policy",), order="change_scheduler_policy"),
-    Kind("rollback", "order", "change", ("rollback_change",), order="rollback_change"),
+         order="quarantine_checkpoints", verbs=("quarantine",)),
+    Kind("quota", "order", "quota", ("set_tenant_quota",), order="set_tenant_quota", verbs=("grant quota",)),
+    Kind("scheduler_policy", "order", "policy", ("change_scheduler_policy",), order="change_scheduler_policy",
+         verbs=("change policy",)),
+    Kind("rollback", "order", "change", ("rollback_change",), order="rollback_change", verbs=("rollback",)),
     Kind("upgrade", "order", "framework", ("upgrade_framework", "check_framework_job", "framework_knobs"),
-         order="upgrade_framework"),
-    Kind("drill", "order", "drill", ("job_status", "inject_fault", "detect_faults"),
-         ("job_status?", "inject_fault", "detect_faults?"), explain.drill, order="inject_fault", skill="fault-drill"),
+         order="upgrade_framework", verbs=("upgrade",)),
     Kind("sop", "order", "pack", ("run_sop",), ("run_sop",), explain.sop, order="run_sop",
-         skill="training-efficiency-ablation-and-fault-sop"),
+         skill="training-efficiency-ablation-and-fault-sop", verbs=("launch sop",)),
+    Kind("drill", "order", "drill", ("job_status", "inject_fault", "detect_faults"),
+         ("job_status?", "inject_fault", "detect_faults?"), explain.drill, order="inject_fault", skill="fault-drill",
+         verbs=("inject", "launch drill", "slow rank")),
     Kind("approvals", "question", "approval", ("list_pending_approvals",), ("list_pending_approvals",),
          explain.approvals, cues=_cue("approval")),
     Kind("checkpoint_interval", "plan", "checkpoint", ("plan_checkpoint_interval", "measure_checkpoint_io"),
@@ -102,15 +94,19 @@ KINDS: tuple[Kind, ...] = (
          diagnose.symptom, cues=_cue("trouble", "why", "slow"), needs="none"),
 )
 BY_NAME = {kind.name: kind for kind in KINDS}
+ORDER_VERBS = frozenset(verb.split()[0] for kind in KINDS for verb in kind.verbs)
 # A request of no known kind: a model may still read, never act.
 GENERAL_READS = ("list_jobs", "job_status", "list_interruptions", "grep_log", "summarize_run", "list_checkpoints",
                  "list_nodes", "list_pending_approvals", "find_straggler", "compare_runs", "load_skill")
 
 
 def ordered_tool(lead: set[str], seen: set[str], found: Entities) -> str | None:
-    """The tool an imperative sentence led by a verb of `lead` orders, given what the request holds."""
+    """The tool an imperative sentence led by a verb of `lead` orders, given what the request holds: a
+    verb with the other concept it needs before a bare one ("resume node n2" before "resume job 4")."""
     held = seen | ({"node"} if found.nodes else set()) | ({"quota"} if found.tenant else set())
-    return next((tool for verb, also, tool in ORDERS if verb in lead and (not also or also in held)), None)
+    fits = [(kind.order, also) for kind in KINDS for verb, *also in map(str.split, kind.verbs)
+            if verb in lead and set(also) <= held]
+    return next((tool for tool, _ in sorted(fits, key=lambda fit: not fit[1])), None)
 
 
 def _fits(kind: Kind, seen: set[str], found: Entities) -> bool:
