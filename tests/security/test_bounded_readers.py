@@ -19,6 +19,7 @@ from trainops.run_folder import new_run_folder
 from trainops.tools.base import ToolError
 from trainops.tools.calls import call
 from trainops.tools.jobs.follow import follow
+from trainops.tools.reliability import interruptions
 from trainops.tools.schedulers import JobSpec, get_scheduler
 from trainops.trainer.config import load_config
 
@@ -94,6 +95,18 @@ def test_a_rank_log_longer_than_the_read_cap_still_gives_its_last_error_as_evide
     assert (run / "logs" / "rank0.log").stat().st_size > 6 << 20
     [record] = call("list_interruptions", {"job_id": job}).interruptions
     assert any("batch 60001 has no tokens" in line for line in record.evidence.error_lines), record.evidence
+
+
+def test_an_interruption_record_past_its_read_cap_still_holds_its_newest_ends(monkeypatch):
+    """A long-lived workspace's record outgrows the read cap: its newest ends (the restart budget's)
+    are still read, so an end is neither lost nor recorded twice, rather than the record reading empty."""
+    monkeypatch.setattr(interruptions, "MAX_RECORD_FILE", 4 << 10)
+    jobs = [_job([sys.executable, "-c", "raise SystemExit(2)"]) for _ in range(3)]
+    size = interruptions.record_path().stat().st_size
+    assert size > 4 << 10
+    assert [r.job_id for r in interruptions.read_interruptions(jobs[-1])] == [jobs[-1]]
+    call("job_status", {"job_id": jobs[-1]})
+    assert interruptions.record_path().stat().st_size == size  # seen again: recorded once
 
 
 def _peak_rss_mib(tool: str, payload: dict) -> tuple[float, dict]:

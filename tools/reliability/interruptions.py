@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field
 
-from trainops.run_folder import RunFiles, read_regular
+from trainops.run_folder import RunFiles, read_regular, read_tail
 from trainops.run_records import Heartbeat, read_heartbeats, read_recoveries, read_status
 from trainops.tools.base import tool
 from trainops.tools.ids import JobId
@@ -131,8 +131,8 @@ def record_path() -> Path:
 
 
 def read_interruptions(job: str | None = None) -> list[Interruption]:
-    """Every record (of one job), oldest first. A corrupt line is skipped with a warning."""
-    data = read_regular(record_path(), MAX_RECORD_FILE) or b""
+    """Every record (of one job) in the newest MAX_RECORD_FILE bytes, oldest first; a corrupt line is skipped."""
+    data, _ = read_tail(record_path(), MAX_RECORD_FILE) or (b"", 0)
     out = []
     for n, line in enumerate(data.splitlines(), 1):
         if not line.strip():
