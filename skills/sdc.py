@@ -18,11 +18,13 @@ from trainops.tools.context import CallContext, skill_context
 from trainops.tools.governance.escalation import Escalation, EscalationSignals, escalations_for, human_item
 from trainops.tools.jobs import jobs
 from trainops.tools.reliability import quarantine
-from trainops.tools.reliability.sdc_check import NodeResult, read_results
+from trainops.tools.reliability.sdc_check import NodeResult, results_in
 from trainops.tools.reliability.signals import DetectFaultsInput, FaultWatch
 from trainops.tools.schedulers.base import JobSpec
 
 USABLE = ("idle", "allocated", "mixed", "completing")
+CHECK_LOG_LINES = 2000
+"""The check job's log lines read for its answers: one line per node, beside the launcher's own."""
 CASE_FILE = "sdc-case.json"
 """RUN/sdc-case.json: the case as handed to the human."""
 
@@ -55,7 +57,8 @@ class CheckRun(BaseModel):
         return (f"{self.kind} test job {self.job_id} on {', '.join(self.nodes)}: {self.state}; failed: "
                 f"{', '.join(self.failed_nodes) or 'none'}"
                 + "".join(f"; {r.host} GEMM {r.gemm_wrong_elements} wrong element(s), collective "
-                          f"{'ok' if r.collective_ok else 'wrong'}" for r in self.results if not r.ok))
+                          f"{'ok' if r.collective_ok else 'wrong'}" for r in self.results if not r.ok)
+                + (f"; {self.note}" if self.note else ""))
 
 
 class SdcCase(BaseModel):
@@ -122,18 +125,35 @@ def respond(run_dir: str, suspect: Suspect, scheduler: str = "local", ctx: CallC
 def run_check(kind: str, nodes: list[str], partition: list[str], scheduler: str, ctx: CallContext,
               timeout_s: float) -> CheckRun:
     """Submit the known-answer check on exactly `nodes` (the rest of the partition excluded), wait
-    for it, and read each node's answer; a node that wrote none failed."""
+    for it, and read each node's answer from the check job's own log as the scheduler collected it
+    (never a file in a folder another job can write); a node that gave none failed."""
     folder = new_run_folder(prefix=f"sdc-{kind}")
-    out = folder / "sdc-check.jsonl"
-    spec = JobSpec(name=f"sdc-{kind}", command=["-m", "trainops.tools.reliability.sdc_check", "--out", str(out)],
+    spec = JobSpec(name=f"sdc-{kind}", command=["-m", "trainops.tools.reliability.sdc_check"],
                    launcher="torchrun", nodes=len(nodes), procs_per_node=1, run_dir=str(folder),
                    exclude_nodes=[n for n in partition if n not in nodes], env={"OMP_NUM_THREADS": "1"})
     job_id = invoke(jobs.submit_job, jobs.SubmitJobInput(scheduler=scheduler, spec=spec), ctx).handle.job_id
     status = invoke(jobs.wait_job, jobs.WaitJobInput(job_id=job_id, scheduler=scheduler, timeout_s=timeout_s), ctx)
-    results = read_results(out)
-    answered = {r.host for r in results}
-    failed = sorted({r.host for r in results if not r.ok} | {n for n in nodes if n not in answered})
-    return CheckRun(kind=kind, job_id=job_id, nodes=nodes, state=status.state, results=results, failed_nodes=failed)
+    log = invoke(jobs.job_logs, jobs.JobLogsInput(job_id=job_id, scheduler=scheduler, tail=CHECK_LOG_LINES), ctx)
+    results, failed, note = verdict(results_in(log.text), nodes, status.nodes)
+    return CheckRun(kind=kind, job_id=job_id, nodes=nodes, state=status.state, results=results, failed_nodes=failed,
+                    note=note)
+
+
+def verdict(results: list[NodeResult], nodes: list[str], allocated: list[str]) -> tuple[list[NodeResult], list[str],
+                                                                                         str]:
+    """(the answers taken, the nodes that failed, a note) from a check job's result lines: only a node the
+    scheduler allocated the check (among those it was to run on) answers, one answer per rank; a node
+    with a wrong answer or none failed. More answers for a rank than one is not the check's own output
+    alone: nothing is convicted, and the note says to run the check again."""
+    taken = [r for r in results if r.host in allocated and r.host in nodes]
+    ranks = [r.rank for r in taken]
+    if len(set(ranks)) != len(ranks) or len(taken) > len(nodes):
+        return taken, [], (f"the check job's log holds {len(taken)} answers from {len(set(ranks))} rank(s) for "
+                           f"{len(nodes)} node(s): not one answer per rank; no node convicted, run the check again")
+    outside = sorted({r.host for r in results} - {r.host for r in taken})
+    note = f"answers naming {', '.join(outside)} (not a node the check ran on) left out" if outside else ""
+    answered = {r.host for r in taken}
+    return taken, sorted({r.host for r in taken if not r.ok} | {n for n in nodes if n not in answered}), note
 
 
 def drain_failing(failing: list[str], passed: list[str], scheduler: str, ctx: CallContext) -> list[str]:

@@ -17,10 +17,11 @@ from typer.testing import CliRunner
 from trainops.cli import app
 from trainops.record_keys import RECORD_KEY_ENV
 from trainops.run_records import RecoveryEntry, read_recoveries
+from trainops.skills.sdc import run_check, verdict
 from trainops.tools.calls import call
 from trainops.tools.context import CallContext
 from trainops.tools.reliability.interruptions import read_interruptions
-from trainops.tools.reliability.sdc_check import KNOWN_ANSWER_FAILED
+from trainops.tools.reliability.sdc_check import KNOWN_ANSWER_FAILED, NodeResult
 from trainops.trainer.config import ResilienceConfig
 from trainops.trainer.launch import record_key_env, supervisor_argv, torchrun_argv, trainer_program
 from trainops.trainer.supervisor import _take_record_key
@@ -47,6 +48,20 @@ with open(f"{run}/recoveries.jsonl", "a") as fh:
                              "trigger": "rank 0 exited with code -9", "beats": {"0": now - 1.0},
                              "lost": [{"rank": 0, "pid": 4242, "exit_code": -9, "host": host,
                                        "exit_note": "CUDA error: uncorrectable ECC error encountered"}]}) + "\n")
+"""
+APPENDER = r"""
+import json, sys, time
+from pathlib import Path
+runs, host = Path(sys.argv[1]), sys.argv[2]
+line = {"rank": 0, "host": host, "gemm_ok": False, "gemm_wrong_elements": 9, "collective_ok": True,
+        "emulated_defect": False}
+deadline = time.time() + 120
+while time.time() < deadline:
+    for folder in runs.glob("sdc-fleet-*"):
+        with open(folder / "sdc-check.jsonl", "a") as fh:
+            fh.write(json.dumps(line) + "\n")
+        sys.exit(0)
+    time.sleep(0.05)
 """
 
 
@@ -108,3 +123,28 @@ def test_only_the_supervisor_gets_its_runs_key_its_ranks_never_and_a_key_opens_o
     forged = entry.model_copy(update={"failed_ranks": [0, 1]})  # an edited line keeps a seal that no longer fits
     (run / "recoveries.jsonl").write_text(forged.model_dump_json() + "\n")
     assert read_recoveries(run) == []
+
+
+@pytest.mark.timeout(240)
+def test_a_line_another_job_appends_to_the_sdc_checks_results_convicts_no_node(workspace):
+    host = socket.gethostname()
+    spec = {"name": "appender", "command": [sys.executable, "-c", APPENDER, str(workspace / "runs"), host]}
+    appender = call("submit_job", {"spec": spec}, OPERATOR).handle.job_id  # another job, running beside the check
+    check = run_check("fleet", [host], [host], "local", OPERATOR, 180)
+    # it found the check's folder and appended its line there
+    assert call("wait_job", {"job_id": appender, "timeout_s": 130}, OPERATOR).state == "completed"
+    assert check.state == "completed" and check.failed_nodes == [], check.line()
+    assert [(r.host, r.ok) for r in check.results] == [(host, True)]
+
+
+def test_a_check_log_with_a_second_answer_for_a_rank_or_a_host_outside_the_check_convicts_no_node():
+    def answer(rank: int, host: str, ok: bool) -> NodeResult:
+        return NodeResult(rank=rank, host=host, gemm_ok=ok, gemm_wrong_elements=0 if ok else 3, collective_ok=True,
+                          emulated_defect=False)
+
+    nodes = ["n1", "n2"]
+    assert verdict([answer(0, "n1", True), answer(1, "n2", False)], nodes, nodes)[1] == ["n2"]  # the check's own
+    taken, failed, note = verdict([answer(0, "n1", True), answer(1, "n2", True), answer(1, "n2", False)], nodes, nodes)
+    assert failed == [] and "not one answer per rank" in note
+    taken, failed, note = verdict([answer(0, "n1", True), answer(1, "n2", True), answer(2, "n9", False)], nodes, nodes)
+    assert failed == [] and [r.host for r in taken] == ["n1", "n2"] and "n9" in note

@@ -3,11 +3,13 @@ every node of the partition (fleet-wide) and on the suspect beside a known-good 
 
 Each rank multiplies two integer-valued float32 matrices whose exact product is known (computed
 in int64), then all-reduces a known vector with its peers: a wrong element or a wrong sum is a
-failing node. One JSON line per rank goes to `--out`. On this project's sandbox the defective
-chip is emulated: a host the bit-flip fault marked (trainer.faults.mark_host_defective) gets one
-flipped exponent bit in its product, as a faulty ALU would; nothing else differs.
+failing node. Each rank prints one result line (RESULT_MARK, then its JSON) to its standard output,
+which the scheduler collects into the check job's own log: the verdict is read from there
+(skills/sdc.py), never from a file in a folder any job can write. On this project's sandbox the
+defective chip is emulated: a host the bit-flip fault marked (trainer.faults.mark_host_defective)
+gets one flipped exponent bit in its product, as a faulty ALU would; nothing else differs.
 
-    torchrun ... -m trainops.tools.reliability.sdc_check --out RUN/sdc-check.jsonl
+    torchrun ... -m trainops.tools.reliability.sdc_check
 """
 from __future__ import annotations
 
@@ -15,12 +17,13 @@ import argparse
 import os
 import socket
 import sys
-from pathlib import Path
 
 from pydantic import BaseModel
 
 KNOWN_ANSWER_FAILED = "sdc_check: known-answer check failed"
-"""The line a failing check prints: tools/interruption_causes reads it as a hardware finding."""
+"""The line a failing check prints for a person to read; in a job's output it convicts nothing
+(tools/reliability/causes.py quotes it): any job can print it."""
+RESULT_MARK = "sdc_check result: "
 GEMM_N = 256
 
 
@@ -37,16 +40,15 @@ class NodeResult(BaseModel):
         return self.gemm_ok and self.collective_ok
 
 
-def read_results(path: str | Path) -> list[NodeResult]:
-    """The ranks' results (a missing or torn line is skipped: a rank that wrote none failed)."""
+def results_in(log_text: str) -> list[NodeResult]:
+    """The ranks' result lines in a check job's log, as the scheduler collected it (a torn or garbled
+    line is skipped: a rank that printed none failed)."""
     results = []
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return []
-    for line in lines:
+    for line in log_text.splitlines():
+        if RESULT_MARK not in line:
+            continue
         try:
-            results.append(NodeResult.model_validate_json(line))
+            results.append(NodeResult.model_validate_json(line.split(RESULT_MARK, 1)[1]))
         except ValueError:
             continue
     return results
@@ -81,9 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from trainops.trainer.faults import defect_marker
 
-    args = argparse.ArgumentParser(prog="sdc_check")
-    args.add_argument("--out", required=True)
-    out = Path(args.parse_args(argv).out)
+    argparse.ArgumentParser(prog="sdc_check", description=__doc__).parse_args(argv)
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     host = socket.gethostname()
     defective = defect_marker(host).is_file()
@@ -93,11 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     collective_ok = _collective(rank, world) if world > 1 else True
     result = NodeResult(rank=rank, host=host, gemm_ok=wrong == 0, gemm_wrong_elements=wrong,
                         collective_ok=collective_ok, emulated_defect=defective)
-    with out.open("a", encoding="utf-8") as fh:
-        fh.write(result.model_dump_json() + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    if not result.ok:  # the line the interruption record's classifier reads as a hardware finding
+    print(RESULT_MARK + result.model_dump_json(), flush=True)  # one write: a whole line in the job's log
+    if not result.ok:
         print(f"{KNOWN_ANSWER_FAILED} on {host} (rank {rank}): GEMM {wrong} wrong element(s), collective "
               f"{'ok' if collective_ok else 'wrong'}", file=sys.stderr, flush=True)
     if world > 1:
