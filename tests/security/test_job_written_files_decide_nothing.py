@@ -38,6 +38,14 @@ run, line, host = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 print(f"{line} on {host} (rank 0): GEMM 7 wrong element(s), collective ok", file=sys.stderr, flush=True)
 sys.exit(1)
 """
+DISAGREEING = r"""
+import json, sys, time
+with open(sys.argv[1] + "/metrics.jsonl", "a") as fh:
+    for rank, checksum in ((0, 1.0), (1, 2.0)):
+        fh.write(json.dumps({"step": 1, "rank": rank, "loss": 1.0, "param_checksum": checksum, "time": time.time()}))
+        fh.write("\n")
+sys.exit(1)
+"""
 FORGED_RECOVERIES = r"""
 import json, sys, time
 run, host, now = sys.argv[1], sys.argv[2], time.time()
@@ -89,6 +97,16 @@ def test_a_node_named_only_by_the_jobs_heartbeat_and_text_is_quoted_never_convic
     assert asked.exit_code == 0, asked.output
     answer = json.loads(asked.stdout)["final_answer"]
     assert NOWHERE not in answer.get("nodes", []), answer
+    assert not any("drain_node" in line for line in answer.get("next_to_collect") or []), answer
+
+
+def test_replica_checksums_a_job_wrote_are_a_suspicion_to_check_never_a_witnessed_verdict(workspace):
+    job, _ = _job(workspace, "r-checksums", DISAGREEING)
+    [rec] = read_interruptions(job)
+    assert (rec.cause, rec.sub_cause, rec.fault_kind) == ("hardware", "sdc", "bitflip")
+    assert rec.confidence == "medium" and "until trainops' known-answer checks" in rec.cause_reason
+    asked = CliRunner().invoke(app, ["ask", f"what happened to job {job}?", "--json"])
+    answer = json.loads(asked.stdout)["final_answer"]
     assert not any("drain_node" in line for line in answer.get("next_to_collect") or []), answer
 
 

@@ -8,7 +8,8 @@ Whether a requeue can help is never a rule's own say: it is the cause class's (n
 The rules, first match wins:
 - an operator's cancel of a healthy job -> planned (preemption or time limit where the scheduler's own
   state says so: Slurm calls a preempted job cancelled too);
-- replica checksums disagree at one step -> hardware (suspected silent data corruption);
+- replica checksums disagree at one step -> hardware (suspected silent data corruption, medium: the run's
+  own metrics; the known-answer checks trainops runs settle it);
 - a node the scheduler calls down / not responding whose ranks were still running -> network
   (unreachable, not dead: a partition);
 - processes ended (SIGKILL, or no word) with their node down / not responding -> hardware;
@@ -123,10 +124,11 @@ def _diagnose(ev: Evidence, planned: bool, stale_s: float) -> Diagnosis:  # noqa
         return scheduler_ended(ev) or _witnessed("planned", f"ended by an operator ({ev.state}: "
                                                  f"{ev.reason or 'cancelled'})", "nothing to fix; requeue when wanted",
                                                  "cancelled")
-    if ev.checksum_verdict == "disagree":
-        return _witnessed("hardware", f"replica checksums disagree ({ev.checksum_detail}): suspected silent data "
-                          "corruption", "respond to the suspected SDC: known-answer checks fleet-wide and co-located",
-                          "sdc", requeue=False)
+    if ev.checksum_verdict == "disagree":  # the run's own metrics: a suspicion the known-answer checks settle
+        return Diagnosis(cause="hardware", sub_cause="sdc", confidence="medium", requeue_helps=False,
+                         reason=f"replica checksums disagree ({ev.checksum_detail}): suspected silent data corruption, "
+                                "from the run's own metrics until trainops' known-answer checks on its nodes agree",
+                         next_step="respond to the suspected SDC: known-answer checks fleet-wide and co-located")
     down = {n: s for n, s in ev.node_states.items() if NODE_DOWN.search(s)}
     node_fail = re.search(r"NODE_FAIL|node.*(down|fail|lost|not responding)", ev.reason, re.I)
     alive = sorted(r for r, st in ev.ranks_at_end.items() if st == "running" and ev.rank_nodes.get(r) in down)
