@@ -151,16 +151,19 @@ def read_heartbeats(run_dir: str | Path) -> dict[int, Heartbeat]:
 # --- checkpoints.jsonl ------------------------------------------------------------------------
 
 class SaveEntry(BaseModel):
-    """A checkpoint committed (COMMIT.json written, the folder renamed), journalled by rank 0."""
+    """A checkpoint committed (COMMIT.json written, the folder renamed), journalled by rank 0. Its times
+    are finite and not negative, or the line is not a save (a job's NaN or -1 would reach R-ESC-4)."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
 
     event: Literal["save"]
     step: int
     path: str = ""
     time: float = Field(0.0, description="Unix seconds of the commit.")
-    write_s: float = Field(0.0, description="From the save's start to its commit.")
-    stall_s: float = Field(description="How long training waited for the save; where a journal does not say, "
+    write_s: float = Field(0.0, ge=0, description="From the save's start to its commit.")
+    stall_s: float = Field(ge=0, description="How long training waited for the save; where a journal does not say, "
                                        "the whole write (a sync save) stalled it.")
-    wait_previous_s: float = Field(0.0, description="Part of the stall spent waiting for the previous background "
+    wait_previous_s: float = Field(0.0, ge=0, description="Part of the stall spent waiting for the previous background "
                                                     "write to finish.")
     size_bytes: int = 0
     mode: str | None = None

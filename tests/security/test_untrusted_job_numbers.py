@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import pytest
 from typer.testing import CliRunner
@@ -90,3 +91,22 @@ def test_ettr_with_a_window_finer_than_its_floor_is_one_error_naming_the_flag(wo
     result = CliRunner().invoke(app, ["ettr", "--window", window])
     assert result.exit_code == 2, result.output
     assert "--window" in result.output and "at least" in result.output and "Traceback" not in result.output
+
+
+SAVES = ("import json, sys, time; open(sys.argv[1] + '/checkpoints.jsonl', 'w').write(json.dumps({'event': 'save', "
+         "'step': 1, 'time': time.time(), 'stall_s': float(sys.argv[2])}) + '\\n'); time.sleep(3)")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("stall_s", ["-1", "nan", "1e300"])
+def test_a_checkpoint_stall_the_job_made_up_neither_silences_watch_job_nor_fires_r_esc_4(workspace, stall_s):
+    run = workspace / "runs" / "r-saves"
+    run.mkdir(parents=True)
+    spec = {"name": "saves", "command": [sys.executable, "-c", SAVES, str(run), stall_s], "run_dir": str(run)}
+    job = call("submit_job", {"spec": spec}, OPERATOR).handle.job_id
+    while not (run / "checkpoints.jsonl").exists():
+        time.sleep(0.05)
+    watched = call("watch_job", {"job_id": job, "timeout_s": 0.5}, OPERATOR)
+    assert "R-ESC-4" not in [f.rule_id for f in watched.fired] and watched.signals.checkpoint_save_s is None
+    if stall_s == "1e300":
+        assert any("checkpoint_save_s=1e+300" in note for note in watched.not_taken), watched.not_taken

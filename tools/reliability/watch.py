@@ -15,6 +15,7 @@ from trainops.tools.base import ToolError, tool
 from trainops.tools.governance.escalation import Escalation, EscalationSignals, checkpoint_save_s, escalations_for
 from trainops.tools.ids import JobId
 from trainops.tools.reliability import ettr, interruptions
+from trainops.tools.reliability.job_numbers import wall_clock
 from trainops.tools.reliability.signals import DetectFaultsInput, FaultWatch
 from trainops.tools.schedulers import get_scheduler
 from trainops.tools.schedulers.base import SchedulerError, SchedulerKind
@@ -52,6 +53,8 @@ class WatchJobOutput(BaseModel):
     cause_distribution: dict[str, int] = Field(default_factory=dict, description="From the interruption record.")
     suspect: SdcSuspect | None = Field(None, description="The rank and node a replica-checksum mismatch names.")
     heartbeat_age_s: float | None = Field(None, description="Age of the stalest rank heartbeat at the last poll.")
+    not_taken: list[str] = Field(default_factory=list, description="Figures the job wrote that the rules did not "
+                                 "take: out of range for its wall clock (the value seen).")
 
 
 class _RunReader:
@@ -109,15 +112,21 @@ def record_view(window_s: float, declared_mtbf_h: float | None, until: float | N
                       cause_distribution=interruptions.cause_distribution(records), stats=stats)
 
 
-def evaluate(inp: WatchJobInput, run_dir: Path | None, reader: _RunReader | None):
-    """One poll's signals and fired escalations."""
+def evaluate(inp: WatchJobInput, run_dir: Path | None, reader: _RunReader | None, started_at: float | None):
+    """One poll's signals and fired escalations, and the job's figures not taken (a checkpoint stall
+    longer than the job has run)."""
     suspect = reader.sdc() if reader else None
     view = record_view(inp.ettr_window_s, inp.mtbf_h)
+    save_s, not_taken = checkpoint_save_s([str(run_dir)]) if run_dir else None, []
+    start, now = wall_clock(started_at, time.time())
+    if save_s is not None and save_s > now - start:
+        not_taken.append(f"checkpoint_save_s={save_s:g} (checkpoints.jsonl's median stall) is longer than the job "
+                         f"has run ({now - start:.3f} s): not used for R-ESC-4")
+        save_s = None
     signals = EscalationSignals(ettr_history_pct=view.ettr_pct, sdc_suspected=suspect is not None,
-                                sdc_evidence=_suspect_line(suspect),
-                                checkpoint_save_s=checkpoint_save_s([str(run_dir)]) if run_dir else None,
+                                sdc_evidence=_suspect_line(suspect), checkpoint_save_s=save_s,
                                 mtbf_s=view.mtbf_s, mtbf_source=view.stats.mtbf_source)
-    return signals, escalations_for(signals, view.cause_distribution), view.cause_distribution, suspect
+    return signals, escalations_for(signals, view.cause_distribution), view.cause_distribution, suspect, not_taken
 
 
 def _suspect_line(suspect: SdcSuspect | None) -> str:
@@ -151,10 +160,10 @@ def watch_job(inp: WatchJobInput) -> WatchJobOutput:
         run_dir = Path(status.run_dir) if status.run_dir else None
         if reader is None and run_dir is not None and run_dir.is_dir():
             reader = _RunReader(run_dir)
-        signals, fired, causes, suspect = evaluate(inp, run_dir, reader)
+        signals, fired, causes, suspect, not_taken = evaluate(inp, run_dir, reader, status.started_at)
         if fired or status.finished or time.time() >= deadline:
             return WatchJobOutput(job_id=inp.job_id, run_dir=str(run_dir) if run_dir else None,
                                   ended=status.finished, state=status.state, reason=status.reason, polls=polls,
                                   signals=signals, fired=fired, cause_distribution=causes, suspect=suspect,
-                                  heartbeat_age_s=reader.heartbeat_age_s() if reader else None)
+                                  heartbeat_age_s=reader.heartbeat_age_s() if reader else None, not_taken=not_taken)
         time.sleep(inp.poll_interval_s)
