@@ -299,7 +299,8 @@ class _Drill:
         """Isolate what the detector blames (drain its node where a spare exists; quarantine the
         checkpoints a silent corruption may have reached), requeue, and wait for the first step."""
         sched, run_dir = self.req.scheduler, self.run_dir
-        drained = isolate_node(detection, sched, self.ctx)
+        job_nodes = invoke(jobs.job_status, jobs.JobRef(job_id=self.job_id, scheduler=sched), self.ctx).nodes
+        drained = isolate_node(detection, job_nodes, sched, self.ctx)
         if drained:
             self.target.note(drained, "drained (gated drain_node)")
         quarantined = (sdc.respond(run_dir, sdc.Suspect.of(detection), sched, self.ctx).quarantined

@@ -31,11 +31,14 @@ class Restart(BaseModel):
     started_at: float | None = Field(description="the requeued job's start, as the scheduler recorded it")
 
 
-def isolate_node(detection: Detection, scheduler: str, ctx: CallContext | None = None) -> str | None:
+def isolate_node(detection: Detection, job_nodes: list[str], scheduler: str,
+                 ctx: CallContext | None = None) -> str | None:
     """Drain the faulty node when the scheduler has another idle node to restart on (a hot
-    spare); with no spare the restart reuses the node. Returns the drained node, if any; the
-    drill resumes it afterwards."""
-    if detection.isolation != "node" or not detection.node:
+    spare); with no spare the restart reuses the node. Only one of `job_nodes` (the drilled job's
+    nodes as the scheduler names them) is drained: the detector's node may come from a host the job
+    wrote into its heartbeat or metrics. Returns the drained node, if any; the drill resumes it
+    afterwards."""
+    if detection.isolation != "node" or detection.node not in job_nodes:
         return None
     nodes = invoke(jobs.list_nodes, jobs.SchedulerRef(scheduler=scheduler), ctx).nodes
     if not any(n.name != detection.node and n.state == "idle" for n in nodes):

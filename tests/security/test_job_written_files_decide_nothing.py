@@ -17,11 +17,13 @@ from typer.testing import CliRunner
 from trainops.cli import app
 from trainops.record_keys import RECORD_KEY_ENV
 from trainops.run_records import RecoveryEntry, read_recoveries
+from trainops.skills.drill.restart import isolate_node
 from trainops.skills.sdc import run_check, verdict
 from trainops.tools.calls import call
 from trainops.tools.context import CallContext
 from trainops.tools.reliability.interruptions import read_interruptions
 from trainops.tools.reliability.sdc_check import KNOWN_ANSWER_FAILED, NodeResult
+from trainops.tools.reliability.signals import Detection
 from trainops.trainer.config import ResilienceConfig
 from trainops.trainer.launch import record_key_env, supervisor_argv, torchrun_argv, trainer_program
 from trainops.trainer.supervisor import _take_record_key
@@ -108,6 +110,15 @@ def test_replica_checksums_a_job_wrote_are_a_suspicion_to_check_never_a_witnesse
     asked = CliRunner().invoke(app, ["ask", f"what happened to job {job}?", "--json"])
     answer = json.loads(asked.stdout)["final_answer"]
     assert not any("drain_node" in line for line in answer.get("next_to_collect") or []), answer
+
+
+def test_a_drill_drains_only_a_node_the_scheduler_ran_the_job_on(monkeypatch):
+    """The detector's node comes from the run's heartbeats or metrics: a host there that is not one of the
+    job's nodes (an innocent node, with an idle spare beside it) is never drained."""
+    drained = []
+    monkeypatch.setattr("trainops.skills.drill.restart.invoke", lambda tool, inp, ctx=None: drained.append(inp))
+    lost = Detection(detected=True, mechanism="process_exit", node="innocent", isolation="node")
+    assert isolate_node(lost, ["n1"], "slurm", OPERATOR) is None and drained == []
 
 
 def test_recoveries_a_job_wrote_without_the_supervisor_record_no_interruption_mtbf_or_escalation(workspace):
