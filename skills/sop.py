@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Callable
+
+from pydantic import BaseModel
 
 from trainops.run_folder import RunFiles
 from trainops.run_records import read_drill_record
@@ -26,8 +29,9 @@ from trainops.skills.evidence.model import DrillResult
 from trainops.skills.knobs import parse_arm
 from trainops.skills.request import JobRequest
 from trainops.skills.sop_pack import SopResult, reference_notes
-from trainops.skills.sop_session import SopSettings
+from trainops.skills.sop_session import SopSession, SopSettings
 from trainops.skills.sop_steps import SKILL
+from trainops.tools.base import ToolError
 from trainops.tools.calls import invoke
 from trainops.tools.context import CallContext, skill_context
 from trainops.tools.jobs import jobs
@@ -35,35 +39,55 @@ from trainops.trainer.config import ConfigError, load_config
 from trainops.workspace import confine
 
 
-def run(settings: SopSettings, ctx: CallContext | None = None, progress: Progress | None = None) -> SopResult:
+def run(settings: SopSettings, ctx: CallContext | None = None, progress: Progress | None = None,
+        resume: str | None = None) -> SopResult:
     """S1..S6 in order, each step a tool call through the gate on one SOP session (skills.sop_steps),
-    the choices the offline plan's: S3 ranks the arms from S2's split, each arm climbs its ladder
-    (its rung's baseline first), the drills, the pack; any refusal or failed run stops the SOP."""
+    the next call chosen by the offline plan (`next_step`) from what the session recorded; `resume`
+    continues that session from its last finished step, under the settings it was declared with.
+    Any refusal or failed run stops the SOP with its message; the session keeps what finished."""
     ctx = skill_context(SKILL, ctx)
-    req = settings.request().loaded()
-    ablation.check_arms(req, settings.knobs)  # a bad arm is refused before anything is declared or launched
     with sop_steps.reporting(progress):
-        session = invoke(sop_steps.sop_declare, sop_steps.SopDeclareInput(**settings.model_dump()), ctx).session_id
-        invoke(sop_steps.sop_baseline, sop_steps.SopBaselineInput(session=session), ctx)
-        design = invoke(sop_steps.sop_design, sop_steps.SopDesignInput(session=session), ctx).arms
-        for arm in settings.plan(design):
-            _climb(session, arm, req, ctx)
-        sop_steps.say("S5 fault drills")
-        for fault in settings.drills():
-            invoke(sop_steps.sop_drill, sop_steps.SopDrillInput(session=session, fault=fault), ctx)
-        return invoke(sop_pack.sop_pack, sop_pack.SopPackInput(session=session), ctx)
+        if resume is None:
+            req = settings.request().loaded()
+            ablation.check_arms(req, settings.knobs)  # a bad arm is refused before anything is declared or launched
+            resume = invoke(sop_steps.sop_declare, sop_steps.SopDeclareInput(**settings.model_dump()),
+                            ctx).session_id
+        try:
+            session = sop_session.load(resume)
+        except ValueError as exc:
+            raise ToolError("run_sop", str(exc)) from None
+        if session.pack is not None:
+            raise ToolError("run_sop", f"session {resume} is finished: its pack is {session.pack}")
+        while (step := next_step(session)) is not None:
+            out = invoke(*step, ctx)
+            session = sop_session.load(resume)
+        return out
 
 
-def _climb(session: str, arm: str, req: JobRequest, ctx: CallContext) -> None:
-    """S4 for one arm: each rung of its ladder, the rung's baseline first where S2 did not measure it,
-    until the ladder stops or reaches the target."""
-    sop_steps.say(f"S4 ablation: {arm}, small scale first")
-    for rung in rollout.valid_rungs(parse_arm([arm], req.framework)[0], req):
-        if rung.world not in sop_session.load(session).baselines:
-            invoke(sop_steps.sop_baseline, sop_steps.SopBaselineInput(session=session, world=rung.world), ctx)
-        step = invoke(sop_steps.sop_arm, sop_steps.SopArmInput(session=session, arm=arm, world=rung.world), ctx)
-        if step.stopped:
-            return
+def next_step(session: SopSession) -> tuple[Callable, BaseModel] | None:
+    """The offline plan: the next step call for this session, None once its pack is written. S2 at
+    the target, S3, then each arm S3 ranked (the quick SOP: the first) up its ladder, each rung's
+    baseline first, until its ladder stops or reaches the target; each drill; the pack."""
+    sid, settings = session.session_id, session.settings
+    if session.summary is None:
+        return sop_steps.sop_baseline, sop_steps.SopBaselineInput(session=sid)
+    if not session.design:
+        return sop_steps.sop_design, sop_steps.SopDesignInput(session=sid)
+    req = settings.request()
+    for arm in settings.plan(session.design):
+        done = {a.world: a for a in session.rungs_of(arm)}
+        for rung in rollout.valid_rungs(parse_arm([arm], req.framework)[0], req):
+            if rung.world in done and done[rung.world].stopped:
+                break
+            if rung.world in done:
+                continue
+            if rung.world not in session.baselines:
+                return sop_steps.sop_baseline, sop_steps.SopBaselineInput(session=sid, world=rung.world)
+            return sop_steps.sop_arm, sop_steps.SopArmInput(session=sid, arm=arm, world=rung.world)
+    fault = next((f for f in settings.drills() if f not in session.drilled), None)
+    if fault is not None:
+        return sop_steps.sop_drill, sop_steps.SopDrillInput(session=sid, fault=fault)
+    return None if session.pack else (sop_pack.sop_pack, sop_pack.SopPackInput(session=sid))
 
 
 def build_from_runs(run_dirs: list[str], scheduler: str = "local", ctx: CallContext | None = None) -> Path:

@@ -128,6 +128,7 @@ class SopSession(BaseModel):
     arms: list[ArmRung] = Field(default_factory=list)
     drills: list[DrillResult] = Field(default_factory=list, description="drills that recovered")
     drill_evidence: list[EvidenceRow] = Field(default_factory=list)
+    drilled: list[str] = Field(default_factory=list, description="faults drilled (S5), recovered or detection only")
     pack: str | None = None
     steps: list[StepLog] = Field(default_factory=list)
 

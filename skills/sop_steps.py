@@ -354,7 +354,8 @@ def sop_drill(inp: SopDrillInput) -> SopDrillOutput:
                                                   if recovered else ", detection only"))
     session = save(session.model_copy(update={
         "drills": [*session.drills, *([recovered] if recovered else [])],
-        "drill_evidence": [*session.drill_evidence, row]}).logged("S5", "sop_drill", found, [result.run_dir]))
+        "drill_evidence": [*session.drill_evidence, row], "drilled": [*session.drilled, inp.fault]})
+        .logged("S5", "sop_drill", found, [result.run_dir]))
     return SopDrillOutput(session_id=session.session_id, recovered=recovered,
                           detection_only=None if recovered else result,
                           next_step="another drill, or sop_pack (S6)")

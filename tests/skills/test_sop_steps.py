@@ -13,7 +13,10 @@ from trainops.agents.agent_tools import agent_registry
 from trainops.cli import app
 from trainops.skills.baseline import RepeatResult
 from trainops.skills.evidence.model import EvidenceRow
+from trainops.skills.sop import next_step
+from trainops.skills.sop_pack import sop_pack
 from trainops.skills.sop_session import SESSION_KIND, ArmRung, SopSettings, load, save, sessions_dir, start
+from trainops.skills.sop_steps import design_arms, sop_baseline, sop_drill
 from trainops.tools.calls import call
 from trainops.tools.context import CallContext
 from trainops.tools.governance import audit
@@ -151,6 +154,43 @@ def test_an_agents_step_out_of_order_is_a_tool_error_before_any_approval_is_aske
         assert refusal.value.rule_id == rule and refusal.value.pending_id is None
     assert "run sop_baseline with world=1 first" in str(refusal.value)
     assert not pending_calls()
+
+
+def stopped_after_s4(factories):
+    """A session as `trainops sop --quick` leaves it when killed after S4: declared, baseline, design,
+    and the first-ranked arm's ladder ended at its small rung."""
+    runs = recorded_runs(factories, "base", count=3)
+    summary = factories.baseline([r.run_dir for r in runs])
+    design = design_arms(SopSettings(quick=True), summary)
+    arm = ArmRung(arm=design[0].arm, world=1, row=factories.ablation(verdict="within-noise", change=1.0),
+                  runs=recorded_runs(factories, "arm"), evidence=[], stopped=True)
+    return declared(factories, baselines={2: runs, 1: recorded_runs(factories, "b1")}, summary=summary,
+                    design=design, arms=[arm])
+
+
+def test_the_offline_plan_reads_the_next_step_from_the_session(workspace, factories):
+    session = stopped_after_s4(factories)
+    step, inp = next_step(session)
+    assert step is sop_drill and inp.fault == "crash"
+    drilled = save(session.model_copy(update={"drilled": ["crash"]}))
+    assert next_step(drilled)[0] is sop_pack
+    assert next_step(drilled.model_copy(update={"pack": "sop-1"})) is None
+    fresh = declared(factories)
+    assert next_step(fresh)[0] is sop_baseline
+
+
+@pytest.mark.slow
+def test_an_sop_killed_after_s4_resumes_at_s5_without_rerunning_a_step(workspace, factories):
+    """`trainops sop --resume ID` on a session stopped after S4: one drill (real, ~40 s) and the pack;
+    no declaration, baseline, design or arm runs again, and the pack holds the recorded arm."""
+    session = stopped_after_s4(factories)
+    result = CliRunner().invoke(app, ["sop", "--resume", session.session_id, "--json"])
+    assert result.exit_code == 0, result.output
+    calls = [e["tool"] for e in audit.read() if e.get("kind") == "tool_call" and e["tool"].startswith("sop_")]
+    assert calls == ["sop_drill", "sop_pack"]
+    resumed = load(session.session_id)
+    assert [s.step for s in resumed.steps] == ["S1", "S5", "S6"] and resumed.drilled == ["crash"]
+    assert json.loads(result.output)["pack_id"] == resumed.pack
 
 
 @pytest.mark.slow

@@ -212,8 +212,12 @@ def sop(config: Optional[str] = typer.Argument(None, help="Job config TOML (defa
                                                     "labelled so)."),
         ettr_window_s: float = typer.Option(3600.0, "--ettr-window", min=1.0, max=30 * 86400.0,
                                             help="Effective-training-time window, seconds (S2 and R-ESC-1)."),
+        resume: Optional[str] = typer.Option(None, "--resume",
+                                             help="Continue SOP session ID (sop-sessions/ID.json) from its last "
+                                                  "finished step, with the settings it was declared with."),
         scheduler: str = SCHED, monitor: str = MONITOR, as_json: bool = JSON, framework: str = FRAMEWORK):
-    """S1..S6 end to end; ends with an evidence pack waiting for approval."""
+    """S1..S6 end to end, each step its own tool call on one SOP session; ends with an evidence pack
+    waiting for approval. --resume continues a session without rerunning its finished steps."""
     _request(config, None, 2, scheduler, as_json, monitor, framework)
     for spec in knob or []:
         _guard(lambda spec=spec: parse_arm([spec], framework), as_json)
@@ -222,7 +226,7 @@ def sop(config: Optional[str] = typer.Argument(None, help="Job config TOML (defa
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), disable=as_json,
                   transient=False, console=console()) as bar:
         task = bar.add_task("SOP", total=None)
-        result = _guard(lambda: run(settings, progress=None if as_json else _reporter(bar, task)),
+        result = _guard(lambda: run(settings, progress=None if as_json else _reporter(bar, task), resume=resume),
                         as_json)
     emit(result, as_json, _closing)
 
