@@ -106,12 +106,13 @@ def local_gpus() -> int:
 SUPERVISOR = "trainops.trainer.supervisor"
 
 
-def record_key_env(argv: list[str], run_dir: str | None) -> dict[str, str]:
-    """The environment that hands the supervisor `argv` starts its run's key (trainops/record_keys.py),
-    made here at launch; {} for any other command: a job launched without the supervisor holds no key."""
-    if argv[1:3] != ["-m", SUPERVISOR] or not run_dir:
+def record_key_env(argv: list[str]) -> dict[str, str]:
+    """The environment that hands the supervisor trainops built `argv` for (`supervisor_argv`) the key
+    of the run folder it writes (its --run-dir; trainops/record_keys.py), made here at launch; {} for
+    any other command: a job launched without the supervisor holds no key."""
+    if argv[1:3] != ["-m", SUPERVISOR] or "--run-dir" not in argv[:argv.index("--") if "--" in argv else None]:
         return {}
-    key = run_key(run_dir, create=True)
+    key = run_key(argv[argv.index("--run-dir") + 1], create=True)
     return {RECORD_KEY_ENV: key.hex()} if key else {}
 
 

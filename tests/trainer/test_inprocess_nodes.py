@@ -36,7 +36,7 @@ def start_nodes(run_dir, nnodes: int) -> list[subprocess.Popen]:
         argv = supervisor_argv(sys.executable, 1, trainer_program(run_dir), cfg.resilience, nnodes=nnodes,
                                node_index=str(index), store=store)
         log = open(run_dir / "logs" / f"node{index}.log", "a")
-        env = {**os.environ, **record_key_env(argv, str(run_dir))}  # as a launch hands node 0 its run's key
+        env = {**os.environ, **record_key_env(argv)}  # as a launch hands node 0 its run's key
         nodes.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env))
     return nodes
 

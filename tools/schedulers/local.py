@@ -130,14 +130,15 @@ class LocalScheduler(PollingWait):
             raise SchedulerError(KIND,
                                  f"nodes={spec.nodes}: the local scheduler has one node ({socket.gethostname()}); use "
                                  "nodes=1 or scheduler='slurm'")
-        if spec.launcher == "torchrun":
+        if spec.launcher == "torchrun":  # trainops builds the command: the supervisor's, with its run's key
             command = torchrun_argv(sys.executable, spec.procs_per_node, spec.command)
-        else:
-            command = list(spec.command)
+            keyed = record_key_env(command)
+        else:  # the spec's own command, whatever it names, gets no key
+            command, keyed = list(spec.command), {}
         exit_file = _jobs() / f"{record['job_id']}.exit"
         exit_file.unlink(missing_ok=True)
         env = {"OMP_NUM_THREADS": "1", **job_environment(spec, KIND), LAUNCHER_MARKER: record["job_id"],
-               **record_key_env(command, spec.run_dir)}
+               **keyed}
         log = open(record["log_path"], "ab")
         log.write(launch_mark("job", f"{time.time():.3f}").encode())
         log.flush()

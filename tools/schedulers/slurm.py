@@ -171,8 +171,7 @@ def _supervised_lines(spec: JobSpec, resilience: ResilienceConfig) -> list[str]:
                 text = text.replace(shlex.quote(variable), f'"{variable}"')
         return text
 
-    keyed = record_key_env(supervisor_argv(sys.executable, spec.procs_per_node, spec.command, resilience),
-                           spec.run_dir)
+    keyed = record_key_env(supervisor_argv(sys.executable, spec.procs_per_node, spec.command, resilience))
     return [
         *(f"export {name}={shlex.quote(value)}" for name, value in keyed.items()),  # each supervisor takes it out
         'nodes=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))',
