@@ -39,10 +39,10 @@ class LayoutOption(BaseModel):
     moved_to: str = Field(description="where the tp factor went: pp or dp")
     fits: bool = Field(description="whether the trainer's dry run accepts it for this model and batch")
     why_not: str | None = None
-    tp_bytes_per_step: int = 0
+    tp_bytes_per_step: int = Field(0, description=TP_FORMULA)
     tp_seconds: float | None = Field(None, description="at the declared scale-up bandwidth; None: not declared")
     bubble_fraction: float | None = None
-    extra_dp_bytes_per_step: int = Field(0, description="gradient bytes per rank per step the larger dp adds")
+    extra_dp_bytes_per_step: int = Field(0, description="what the larger dp adds to " + DP_FORMULA)
     extra_dp_seconds: float | None = Field(None, description="at the declared inter-node bandwidth (overlappable "
                                                              "with the backward pass)")
     summary: str
