@@ -216,8 +216,10 @@ def sop(config: Optional[str] = typer.Argument(None, help="Job config TOML (defa
                                              help="Continue SOP session ID (sop-sessions/ID.json) from its last "
                                                   "finished step, with the settings it was declared with."),
         scheduler: str = SCHED, monitor: str = MONITOR, as_json: bool = JSON, framework: str = FRAMEWORK):
-    """S1..S6 end to end, each step its own tool call on one SOP session; ends with an evidence pack
-    waiting for approval. --resume continues a session without rerunning its finished steps."""
+    """S1..S6 end to end; ends with an evidence pack waiting for approval.
+
+    Each step is its own tool call on one SOP session; --resume continues a session without rerunning
+    its finished steps."""
     _request(config, None, 2, scheduler, as_json, monitor, framework)
     for spec in knob or []:
         _guard(lambda spec=spec: parse_arm([spec], framework), as_json)
