@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainops.agents import diagnose
-from trainops.benchmarks.diagnosis.replay import Case, load_cases, replay
+from trainops.benchmarks.diagnosis.replay import CASES, Case, load_cases, replay
 from trainops.benchmarks.harness import write_section
 from trainops.tools.context import operator_session
 from trainops.tools.reliability.interruptions import Interruption
@@ -139,12 +139,21 @@ def details(scored: list[Scored]) -> list[str]:
     return lines
 
 
-def render(scored: list[Scored], label: str) -> str:
-    body = [BEGIN, "## Diagnosis on real failure logs (`python -m trainops.benchmarks.diagnosis.score`)", "",
-            f"{label} {len(scored)} frozen cases from public threads (benchmarks/diagnosis/cases), each replayed "
+def markers(folder: Path) -> tuple[str, str]:
+    """RESULTS.md's section for a case set: the first set keeps its own, each further set gets one."""
+    return (BEGIN, END) if folder == CASES else (f"<!-- diagnosis:{folder.name}:begin -->",
+                                                 f"<!-- diagnosis:{folder.name}:end -->")
+
+
+def render(scored: list[Scored], label: str, folder: Path = CASES) -> str:
+    begin, end = markers(folder)
+    where = folder.relative_to(CASES.parent.parent.parent) if folder.is_relative_to(CASES.parent) else folder
+    title = "real failure logs" if folder == CASES else f"real failure logs, set {folder.name}"
+    body = [begin, f"## Diagnosis on {title} (`python -m trainops.benchmarks.diagnosis.score`)", "",
+            f"{label} {len(scored)} frozen cases from public threads ({where}), each replayed "
             "through submit_job on the local scheduler; scored on the interruption record and the offline "
             "agent's answer from it (benchmarks/diagnosis/score.py says how).", "", *table(scored), "",
-            "<details><summary>per case</summary>", "", *details(scored), "", "</details>", END]
+            "<details><summary>per case</summary>", "", *details(scored), "", "</details>", end]
     return "\n".join(body)
 
 
@@ -153,12 +162,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--case", action="append", default=[], help="Only these slugs (repeatable).")
     parser.add_argument("--label", default="Measured on", help="The line that opens the section.")
     parser.add_argument("--no-write", action="store_true", help="Print the tables; leave RESULTS.md alone.")
+    parser.add_argument("--set", type=Path, default=CASES, dest="folder",
+                        help="The case set's folder (default: benchmarks/diagnosis/cases, retired; a fresh one beside "
+                             "it, e.g. benchmarks/diagnosis/fresh-2026-12-07).")
     args = parser.parse_args(argv)
-    cases = [c for c in load_cases() if not args.case or c.slug in args.case]
+    folder = args.folder.resolve()
+    cases = [c for c in load_cases(folder) if not args.case or c.slug in args.case]
     scored = run_all(cases)
     print("\n".join(table(scored) + [""] + details(scored)))
     if not args.no_write:
-        print(write_section(render(scored, args.label), BEGIN, END))
+        print(write_section(render(scored, args.label, folder), *markers(folder)))
     return 0
 
 
