@@ -87,6 +87,12 @@ def _read_json(path: Path):
         return None
 
 
+def _exit_info(record: dict) -> dict | None:
+    """What the job's runner recorded at its end; None while it runs, or for what the runner does not write."""
+    exit_info = _read_json(Path(record["exit_file"]))
+    return exit_info if isinstance(exit_info, dict) and isinstance(exit_info.get("exit_code"), int) else None
+
+
 def _timed_out(record: dict, exit_info: dict) -> int | None:
     """The spec's time limit (minutes) when the runner stopped the job at it: the runner says so and the
     job ran at least that long (the exit file is the job's to write too; an early 'timed out' is not one)."""
@@ -186,10 +192,10 @@ class LocalScheduler(PollingWait):
 
     def status(self, job_id: str) -> JobStatus:
         record = self._load(job_id)
-        exit_info = _read_json(Path(record["exit_file"]))
-        if not (isinstance(exit_info, dict) and isinstance(exit_info.get("exit_code"), int)):
-            exit_info = None  # not written yet, or not what the runner writes
+        exit_info = _exit_info(record)
         alive = exit_info is None and _launcher_runs(record)
+        if exit_info is None and not alive:  # the runner may have written it and exited between the two looks
+            exit_info = _exit_info(record)
         if record.get("cancelled"):
             state, code = "cancelled", exit_info["exit_code"] if exit_info else None
         elif exit_info is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import socket
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -12,6 +13,7 @@ from pydantic import ValidationError
 from trainops.tools.base import ToolError
 from trainops.tools.calls import call
 from trainops.tools.schedulers import JobSpec, SchedulerError, get_scheduler
+from trainops.tools.schedulers import local as local_scheduler
 
 
 def _spec(code: str, **kw) -> JobSpec:
@@ -24,6 +26,25 @@ def test_a_job_runs_to_completion_and_its_log_is_readable():
     status = sched.wait(handle.job_id, timeout_s=30)
     assert status.state == "completed" and status.exit_code == 0
     assert "hello from the job" in sched.logs(handle.job_id)
+
+
+def test_a_runner_that_ends_between_the_two_looks_is_read_as_its_recorded_end(monkeypatch):
+    """status() reads the exit file, then asks the kernel whether the runner still runs: a runner that
+    writes its exit file and exits between those two looks (a busy host) is the job it recorded, not one
+    that died without recording."""
+    sched = get_scheduler("local")
+    handle = sched.submit(_spec("print('done')"))
+    sched.wait(handle.job_id, timeout_s=30)
+    exit_file = Path(sched._load(handle.job_id)["exit_file"])
+    recorded = exit_file.read_text()
+    exit_file.unlink()
+
+    def runner_finishes_now(record):
+        exit_file.write_text(recorded)  # written just after the first look; the runner has exited
+        return False
+
+    monkeypatch.setattr(local_scheduler, "_launcher_runs", runner_finishes_now)
+    assert (sched.status(handle.job_id).state, sched.status(handle.job_id).exit_code) == ("completed", 0)
 
 
 def test_a_failing_command_reports_failed_with_its_exit_code():
