@@ -26,8 +26,16 @@ TENANT_ID = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 """A tenant id names a folder, a Slurm account and a Prometheus label: one strict form for all three."""
 
 
+SLURM_OWN_NAMES = frozenset({"root", "normal", "slurm", "default", "all", "none", "unknown"})
+"""Accounts and QOS Slurm creates or reserves itself (the root account, the default QOS 'normal'): a tenant
+named so would rewrite limits every user's jobs run under, and its rollback would delete Slurm's own."""
+
+
 def tenant_id_problem(value: object) -> str | None:
     """Why `value` is not a tenant id (matched in full: no newline, path or control character), or None."""
+    if isinstance(value, str) and value in SLURM_OWN_NAMES:
+        return (f"tenant id {value!r} names one of Slurm's own accounts or QOS ({', '.join(sorted(SLURM_OWN_NAMES))}): "
+                "a tenant needs a name of its own, e.g. 'team-a'")
     if isinstance(value, str) and TENANT_ID.fullmatch(value):
         return None
     return (f"tenant id {value!r} is not valid: use 1 to 63 lowercase letters, digits, '_' or '-', starting with "

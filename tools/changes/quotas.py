@@ -28,17 +28,22 @@ QOS_PRIORITY = {"low": 10, "normal": 100, "high": 1000}
 LIMITED_TRES = ("cpu", "gres/gpu")
 """The TRES this tool sets; a rollback clears the ones the previous state did not limit."""
 SACCTMGR_TIMEOUT_S = 30
+SLURM_MAX_COUNT = 0xFFFFFFFD
+"""The largest count Slurm stores as itself: a uint32 field whose two top values mean INFINITE and NO_VAL
+(GrpJobs=4294967296 wrapped to 0, no job may run)."""
 
 
 class QuotaInput(BaseModel):
     tenant: TenantId = Field(description="Tenant id = Slurm account (and QOS) name: lowercase letters, digits, '_' "
                                          "and '-' (e.g. 'acme'). Created in Slurm if missing.")
-    cpus: int | None = Field(None, ge=0, description="CPUs the tenant's running jobs may hold together "
-                                                     "(QOS GrpTRES cpu); None: no CPU limit.")
-    gpus: int | None = Field(None, ge=0, description="GPUs the tenant's running jobs may hold together "
-                                                     "(QOS GrpTRES gres/gpu); None: no GPU limit.")
-    max_jobs: int | None = Field(None, ge=1, description="Jobs of the tenant that may run at once (QOS GrpJobs); "
-                                                         "None: no job limit.")
+    cpus: int | None = Field(None, ge=0, le=SLURM_MAX_COUNT, description="CPUs the tenant's running jobs may hold "
+                                                                         "together (QOS GrpTRES cpu); None: no CPU "
+                                                                         "limit.")
+    gpus: int | None = Field(None, ge=0, le=SLURM_MAX_COUNT, description="GPUs the tenant's running jobs may hold "
+                                                                         "together (QOS GrpTRES gres/gpu); None: no "
+                                                                         "GPU limit.")
+    max_jobs: int | None = Field(None, ge=1, le=SLURM_MAX_COUNT, description="Jobs of the tenant that may run at once "
+                                                                             "(QOS GrpJobs); None: no job limit.")
     priority: Literal["low", "normal", "high"] = Field(description="Scheduling priority class (the QOS priority: "
                                                                    "low 10, normal 100, high 1000).")
     reason: str = Field(min_length=3, description="Why the change is needed; shown to the approver.")
