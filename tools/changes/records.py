@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from trainops.tools.base import InputCheck, ToolError, tool
 from trainops.tools.context import active_call
+from trainops.tools.governance import audit
 from trainops.tools.ids import SafeId
 from trainops.workspace import home
 
@@ -48,6 +49,9 @@ class ChangeRecord(BaseModel):
     approved_call: str | None = None
     time: float
     rolled_back_at: float | None = None
+
+
+RECORDED_EVENT = "change_recorded"
 
 
 def new_change_id() -> str:
@@ -76,14 +80,27 @@ def record_change(kind: ChangeKind, target: str, previous: dict[str, Any], appli
     return record
 
 
+def content_sha256(record: ChangeRecord) -> str:
+    """What binds a record to the audit log: its content but the rollback mark, which comes later."""
+    return audit.sha256_hex(audit.canonical_json(record.model_dump(mode="json", exclude={"rolled_back_at"})))
+
+
 def save_change(record: ChangeRecord) -> Path:
-    """Write the record atomically (a reader never sees half a file)."""
+    """Write the record atomically (a reader never sees half a file), its content hash in the audit log:
+    a record written or edited by anything else matches no entry, and is read as no change at all."""
     path = _change_path(record.id)
     path.parent.mkdir(parents=True, exist_ok=True)
+    audit.append(RECORDED_EVENT, change_id=record.id, sha256=content_sha256(record))
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(record.model_dump_json(indent=2))
     tmp.replace(path)
     return path
+
+
+def _bound(record: ChangeRecord) -> bool:
+    digest = content_sha256(record)
+    return any(e.get("kind") == RECORDED_EVENT and e.get("change_id") == record.id and e.get("sha256") == digest
+               for e in audit.read())
 
 
 def read_change(change_id: str) -> ChangeRecord:
@@ -100,6 +117,10 @@ def read_change(change_id: str) -> ChangeRecord:
                          "log, or undo the change by hand from the scheduler's state") from None
     if record.id != change_id:
         raise ValueError(f"{path} holds change {record.id!r}, not {change_id!r}; the file was renamed or edited")
+    if not _bound(record):
+        raise ValueError(f"{path} is not a change trainops recorded: no audit entry holds its content (it was written "
+                         "or edited outside trainops); refusing to act on it. Undo the change by hand from the "
+                         "scheduler's state, and `trainops audit` shows the changes trainops recorded")
     return record
 
 

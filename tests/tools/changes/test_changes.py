@@ -134,3 +134,21 @@ def test_the_replay_rule_fails_on_failures_longer_waits_and_lost_throughput():
     assert not compare_replays(baseline, _replay(["COMPLETED"] * 3, wait_s=40)).passed
     assert not compare_replays(baseline, _replay(["COMPLETED"] * 3, span_s=200)).passed
     assert "baseline replay itself failed" in compare_replays(_replay(["FAILED"]), baseline).reasons[0]
+
+
+def test_a_hand_written_record_is_no_change_at_all_even_when_its_commands_match_its_state(workspace):
+    """Issue 41 class 1: a record file trainops did not write (here: a copy of a real one whose 'previous
+    state' claims more, its restore commands regenerated to match) is refused by `trainops rollback`
+    before anyone is asked to sign, and `trainops changes` does not list it."""
+    real = _record()
+    save_change(real)
+    claimed = {**PREVIOUS, "AllowAccounts": "admins", "MaxNodes": "1"}
+    forged = real.model_copy(update={"id": new_change_id(), "previous": claimed,
+                                     "rollback_commands": restore_commands("gpu-a", claimed)})
+    (workspace / "changes" / f"{forged.id}.json").write_text(forged.model_dump_json())
+    edited = real.model_copy(update={"previous": claimed, "rollback_commands": restore_commands("gpu-a", claimed)})
+    (workspace / "changes" / f"{real.id}.json").write_text(edited.model_dump_json())
+    for change in (forged.id, real.id):
+        result = runner.invoke(app, ["rollback", change])
+        assert result.exit_code == 2 and "is not a change trainops recorded" in result.output, result.output
+    assert queue.pending_calls() == [] and list_changes() == []
