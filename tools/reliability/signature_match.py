@@ -55,10 +55,15 @@ def split_lines(text: str) -> list[str]:
 
 def match_lines(lines: list[str], clean=str) -> list[SignatureHit]:
     """Every (line, signature) hit, most specific first, then earliest; `clean` makes a line safe to keep.
-    A signature that counts only `twice` hits on the second copy of the same matched text."""
+    A signature that counts only `twice` hits on the second copy of the same matched text; one with `last_of`
+    only on the last line of that kind."""
     hits, seen_once = [], set()
+    last = {sig.name: max((i for i, ln in enumerate(lines) if sig.last_of.search(ln)), default=-1)
+            for sig in SIGNATURES if sig.last_of is not None}
     for index, line in enumerate(lines):
         for sig in SIGNATURES:
+            if sig.last_of is not None and index != last[sig.name]:
+                continue
             if (m := sig.pattern.search(line)) and sig.twice and (sig.name, m.group(0)) not in seen_once:
                 seen_once.add((sig.name, m.group(0)))  # one copy says nothing; the second is the evidence
             elif m:  # a twice hit names no failing rank: the rank it repeats was started twice, not failed

@@ -10,7 +10,8 @@ Specificity: 4 names the cause itself and outranks the symptoms it produces (an 
 the watchdog abort it caused, a NCCL socket error over the timeout, /dev/shm full over a full
 disk, the scheduler's own line over the SIGTERM it sent); 3 a specific error text; 2 a class
 hint (a device-side assert, a bare bus error); 1 generic (a teardown `Connection refused`, a
-frame name, a bare `Killed`). The classifier trusts 3 and above; below that it says what it saw."""
+frame name, a cancel line naming no reason). The classifier trusts 3 and above; a hint (2) names a cause
+at low confidence, and below that it says what it saw."""
 from __future__ import annotations
 
 import re
@@ -36,12 +37,17 @@ class Signature:
     twice: bool = False
     """True where one line says nothing and the same line printed twice is the evidence (a rank announcing
     itself: two processes announcing the same global rank); the second copy is the hit."""
+    last_of: re.Pattern | None = None
+    """Where set, only the log's last line of this kind can hit: a progress bar passes every elapsed time on its
+    way, and only where it stood when the job ended says anything."""
 
 
 def _sig(name: str, pattern: str, cause: str, sub_cause: str, specificity: int, implies: str, next_step: str,
-         source: str, settles: bool = True, exact_case: bool = False, twice: bool = False) -> Signature:
+         source: str, settles: bool = True, exact_case: bool = False, twice: bool = False,
+         last_of: str | None = None) -> Signature:
     return Signature(name, re.compile(pattern, 0 if exact_case else re.I), cause, sub_cause, specificity, implies,
-                     next_step, source, settles, job_writable=exact_case, twice=twice)
+                     next_step, source, settles, job_writable=exact_case, twice=twice,
+                     last_of=re.compile(last_of) if last_of else None)
 
 
 def _slurm_end(due_to: str) -> str:
@@ -51,6 +57,10 @@ def _slurm_end(due_to: str) -> str:
 
 _CHECK_NODE = ("run trainops' known-answer check job on that node and read its kernel log (a job trainops submits "
                "there); drain it when the check agrees (the check's verdict, not this line, decides what runs next)")
+_NCCL_TRACE = r"NCCL INFO \S+\.(?:cc|h|cu|cpp):\d+ -> "
+"""NCCL's error trace: each function an error passes through prints 'file.cc:LINE -> N', N its ncclResult_t."""
+_PROGRESS_BAR = r"\d+%\|[^\n]*\[\d+:\d\d(?::\d\d)?<"
+"""tqdm's progress line: '46%|####      | 31/67 [29:02<35:12, 58.67s/it]' (elapsed < remaining)."""
 _XID = r"\bXid\b[^\n]*?\b(?:\d{4}:)?[0-9a-f]{2}:[0-9a-f]{2}(?:\.\d)?\)?:?\s*"  # "Xid (PCI:0000:3b:00): 79, ..."
 
 SIGNATURES: tuple[Signature, ...] = (
@@ -116,12 +126,17 @@ SIGNATURES: tuple[Signature, ...] = (
     _sig("bus-error", r"\bBus error\b", "host-memory", "shm", 2, "a bus error (often shared memory exhausted)",
          "check /dev/shm on the node and the job's shared-memory size", "POSIX SIGBUS"),
     _sig("killed", r"^\s*Killed\s*$|exit code 137|exitcode\s*:\s*-9\b|\b(?:ba|da|z)?sh: line \d+: +\d+ Killed\b",
-         "host-memory", "killed", 1,
-         "a process was killed with SIGKILL (often the OOM killer)",
-         "read the node's kernel log for an OOM kill at that time", "shell (bash's 'line N: PID Killed' job report) / "
-         "torchrun"),
+         "host-memory", "killed", 2,
+         "a training process was killed with SIGKILL and nothing in the log names who sent it (no scheduler end, "
+         "no launcher stop): on a host the usual sender is the kernel's OOM killer, a suspicion until the node's "
+         "kernel log shows it",
+         "read the node's kernel log at that time (dmesg: 'Out of memory: Killed process PID'); if it is there, lower "
+         "the job's host memory use (workers, caching, data held in RAM) or ask for more memory",
+         "Linux: SIGKILL is what the OOM killer sends, and a shell reports it as 'Killed' (bash's 'line N: PID "
+         "Killed'); torchrun reports a child's SIGKILL as 'failed (exitcode: -9)' / exit code 137 (128+9)"),
     # --- storage -----------------------------------------------------------------------------
-    _sig("disk-full", r"No space left on device|\[Errno 28\]|ENOSPC|Disk quota exceeded|\[Errno 122\]",
+    _sig("disk-full", r"No space left on|\[Errno 28\]|\berrno[ =:]*28\b|ENOSPC|Disk quota exceeded|\[Errno 122\]|"
+         r"not enough space on the disk",
          "storage", "disk-full", 3, "the file system the job writes to is full",
          "free space (or raise the quota) where the job writes; the checkpoint written then may be truncated: "
          "resume from the previous good one in the journal", "errno ENOSPC / EDQUOT"),
@@ -134,6 +149,13 @@ SIGNATURES: tuple[Signature, ...] = (
          r"\[Errno 5\]|Read-only file system|\[Errno 30\]", "storage", "write-failed", 3,
          "a write to storage failed", "check the file system the job writes to (space, health, mount)",
          "PyTorch serialization; errno EIO / EROFS"),
+    _sig("write-open-failed", r"\bFile \S+ cannot be opened\b", "storage", "write-failed", 3,
+         "the checkpoint writer could not open its file (a full disk or quota, a missing directory, no write "
+         "permission, a read-only mount)",
+         "check the file system the job writes checkpoints to: free space and quota (df), that the directory exists "
+         "and is writable; the checkpoint was not written, so resume from the previous good one",
+         "PyTorch serialization: PyTorchStreamWriter's 'File <name> cannot be opened.' (caffe2/serialize/"
+         "inline_container.cc), raised by torch.save"),
     # --- configuration -----------------------------------------------------------------------
     _sig("state-dict-shape", r"size mismatch for|Error\(s\) in loading state_dict|Missing key\(s\) in state_dict|"
          r"Unexpected key\(s\) in state_dict|shape[^\n]*(does not match|mismatch)", "configuration",
@@ -177,10 +199,15 @@ SIGNATURES: tuple[Signature, ...] = (
          "fp16 gradients overflowed at every loss scale down to the minimum",
          "switch to bf16, lower the learning rate, or clip gradients; find the step's data",
          "DeepSpeed / fairseq / apex dynamic loss scaler"),
-    _sig("nan-loss", r"\bloss\b\s*[:=]?\s*(nan|[+-]?inf)\b|\bloss (is|became|was) (nan|[+-]?inf)\b|"
-         r"\b(nan|inf) loss\b|NaN or Inf found|FloatingPointError|non-finite loss|Detected NaN", "data", "nan-loss", 3,
+    _sig("nan-loss", r"\b(?:\w+_)?loss(?!_?scale)(?:_\w+)?\b['\"]?\s*[:=]?\s*(nan|[+-]?inf)\b|"
+         r"\bloss (is|became|was) (nan|[+-]?inf)|\b(nan|inf) loss\b|NaN or Inf found|FloatingPointError|"
+         r"non-finite loss|Detected NaN|Tensor had (NaN|Inf) values|returned (nan|inf) values in its|"
+         r"diverged with loss", "data", "nan-loss", 3,
          "the loss became NaN or inf", "lower the learning rate (and scale it with the batch), clip gradients, "
-         "and replay the step's data to see whether it recurs", "framework NaN guards"),
+         "and replay the step's data to see whether it recurs",
+         "framework NaN guards and loss lines: Keras/TF 'loss: nan', tf.debugging.check_numerics 'Tensor had NaN "
+         "values', TF 'Model diverged with loss = NaN', detectron2 'Loss became infinite or NaN', torch autograd "
+         "anomaly mode 'returned nan values in its 0th output', a logger's '<name>_loss: nan'"),
     _sig("grad-overflow", r"OVERFLOW! Rank \d+ Skipping step|Gradient overflow\.\s+Skipping step|"
          r"overflow detected, setting loss scale to", "data",
          "fp16-overflow", 2, "fp16 gradients overflowed and steps were skipped (routine once, a problem when it "
@@ -204,6 +231,13 @@ SIGNATURES: tuple[Signature, ...] = (
          "rerun with NCCL_DEBUG=INFO to see the failing call; check interfaces, ports and firewall between nodes; "
          "where the nodes reach each other, the NCCL version (an upgrade fixed known system-error bugs)",
          "NCCL ncclResult_t: ncclSystemError, ncclRemoteError", settles=False),
+    _sig("nccl-result-trace", _NCCL_TRACE + r"[26]\b|NCCL Error [26]\b", "network", "nccl-system-error", 3,
+         "NCCL's error trace carries result 2 (ncclSystemError: a system call such as a socket failed) or 6 "
+         "(ncclRemoteError: a peer failed or the network did)",
+         "rerun with NCCL_DEBUG=INFO and NCCL_DEBUG_SUBSYS=INIT,NET to see the failing call; check which interfaces "
+         "NCCL uses (NCCL_SOCKET_IFNAME) and that the nodes reach each other on them",
+         "NCCL's 'file.cc:LINE -> N' error trace, N an ncclResult_t (2 ncclSystemError, 6 ncclRemoteError)",
+         settles=False),
     _sig("conn-reset", r"Connection reset by peer|No route to host|Network is unreachable|ECONNRESET",
          "network", "connection-reset", 2, "a connection between ranks was reset or unreachable",
          "check which rank ended first (its error is the cause); then the link between the nodes",
@@ -221,12 +255,34 @@ SIGNATURES: tuple[Signature, ...] = (
          "path (work only one rank does before a collective, e.g. preprocessing or an evaluation on rank 0), or "
          "raise the collective timeout; a requeue waits the same time again",
          "PyTorch ProcessGroupNCCL watchdog; c10d store; gloo"),
+    _sig("store-wait", r"retrieving ncclUniqueId from \[\d+\] via c10d key-value store|store->get\([^)]*\) got "
+         r"error|Timed out after \d+ seconds waiting for clients|Wait timeout after \d+ ?ms, keys:",
+         "hung-peer", "store-wait", 3,
+         "a rank waited in the c10d store for a key another rank writes (the NCCL id rank 0 publishes, a barrier's "
+         "count): that rank had not reached the collective",
+         "find what the awaited rank (rank 0 for the NCCL id) was doing: work only it does before its first "
+         "collective (preprocessing, tokenizing, an evaluation); do that work before the process group or on every "
+         "rank, or raise the timeout; a requeue waits the same time again",
+         "PyTorch ProcessGroupNCCL ('retrieving ncclUniqueId from [0] via c10d key-value store ... store->get got "
+         "error'); c10d TCPStore ('Wait timeout after Nms, keys:', 'Timed out after N seconds waiting for clients')"),
+    _sig("progress-at-timeout", r"\d+%\|[^\n]*\[(?:09|10|29|30):[0-5]\d<", "hung-peer", "rank-busy-at-timeout", 2,
+         "the job ended while its last progress bar (work a rank may be doing alone: preprocessing, tokenizing, an "
+         "evaluation) had run about as long as PyTorch's default collective timeout (30 min; 10 min for NCCL in "
+         "recent releases): the other ranks likely timed out waiting for this one",
+         "do that work before the process group starts or on every rank (or cache its result), or raise the "
+         "collective timeout (init_process_group's timeout, the trainer's ddp_timeout); a requeue waits the same "
+         "time again",
+         "tqdm's progress line ('[elapsed<remaining'); PyTorch init_process_group's timeout default (30 minutes; 10 "
+         "minutes for NCCL in recent releases) and Hugging Face TrainingArguments.ddp_timeout (1800 s)",
+         last_of=_PROGRESS_BAR),
     _sig("timeout-frame", r"checkTimeout|ProcessGroupNCCL[^\n]*(timeout|Timeout)|NCCL[^\n]*timeout",
          "hung-peer", "collective-timeout", 1, "a NCCL timeout frame (no message of its own)",
          "find the rank that did not arrive at the collective", "PyTorch ProcessGroupNCCL"),
     # --- scheduler ----------------------------------------------------------------------------
     # slurmstepd's exact lines only, case-sensitive (a job's own "preempted"/"requeued" is not the scheduler's);
-    # being text in the job's output, they are capped below 'high' and decide no requeue (job_writable)
+    # being text in the job's output, they are capped below 'high' and decide no requeue (job_writable); a cancel
+    # line naming no reason names no end at all (a scancel, a preemption and srun's teardown after a failed task all
+    # print it): 'planned' without a DUE TO comes only from the scheduler's own job state (causes.scheduler_ended)
     _sig("slurm-preempted", _slurm_end(" DUE TO PREEMPTION"), "planned", "preemption",
          4, "the scheduler preempted the job", "requeue from the last good checkpoint (the job did nothing wrong)",
          "Slurm job state PREEMPTED; slurmstepd", exact_case=True),
@@ -239,10 +295,25 @@ SIGNATURES: tuple[Signature, ...] = (
     _sig("slurm-node-fail", _slurm_end(" DUE TO NODE FAILURE"), "hardware", "node-failure", 4,
          "the scheduler lost the node under the job", _CHECK_NODE, "Slurm job state NODE_FAIL; slurmstepd",
          exact_case=True),
-    _sig("slurm-cancelled", _slurm_end(""), "planned", "cancelled", 2,
-         "someone cancelled the job", "ask who cancelled it before requeueing", "Slurm job state CANCELLED",
+    _sig("slurm-cancelled", _slurm_end(""), "unclassified", "step-ended", 1,
+         "the scheduler ended the step and the line names no reason: a user's scancel, a preemption, or srun tearing "
+         "the step down after one task failed all print it; only the scheduler's job state (sacct State, Reason) "
+         "says which", "read the job's state and reason from the scheduler's accounting (sacct -j JOB -o "
+         "State,Reason,ExitCode) and the first task that failed", "Slurm slurmstepd's step end line",
          exact_case=True),
     # --- software ----------------------------------------------------------------------------
+    _sig("nccl-argcheck", r"NCCL WARN \w+ : invalid \w+", "software", "nccl-invalid-usage", 3,
+         "NCCL's argument check rejected the call it was given: the calling framework's code and this NCCL version "
+         "disagree, not the network or the GPU",
+         "use the framework and NCCL versions released together (or the framework's fix for that call)",
+         "NCCL's argument checks (argcheck.cc: '<op> : invalid root/type/redop/count'), result 4 ncclInvalidArgument "
+         "('a programming error in the application')"),
+    _sig("nccl-invalid-usage", r"ncclInvalidArgument|ncclInvalidUsage|NCCL Error [45]\b|"
+         r"NCCL error[^\n]*invalid (argument|usage)|" + _NCCL_TRACE + r"[45]\b", "software", "nccl-invalid-usage", 2,
+         "NCCL rejected a call as invalid (its result code names the family; the WARN or 'Last error' line beside "
+         "it names the reason, e.g. two ranks on one GPU)",
+         "read NCCL's WARN / 'Last error' line (rerun with NCCL_DEBUG=WARN) for what it rejected",
+         "NCCL ncclResult_t 4 ncclInvalidArgument / 5 ncclInvalidUsage ('a programming error in the application')"),
     _sig("no-kernel-image", r"no kernel image is available|not compatible with the current PyTorch installation|"
          r"sm_\d+ is not compatible|unsupported gpu architecture", "software", "cuda-arch", 3,
          "the installed framework has no kernels for this GPU's architecture",

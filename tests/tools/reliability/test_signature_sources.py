@@ -42,9 +42,16 @@ def test_fairseqs_overflow_warnings_are_a_low_confidence_numerics_hint():
 
 
 def test_an_end_with_only_a_generic_line_stays_unclassified_and_quotes_what_it_saw():
+    line = "slurmstepd: error: *** STEP 77.0 ON n3 CANCELLED AT 2025-02-01T10:00:00 ***"
+    d = _diagnosed(f"epoch 5/5 loss 2.1\n{line}\n")
+    assert d.cause == "unclassified" and d.quote == line, d
+    assert "not enough alone" in d.reason and "sacct" in d.reason
+
+
+def test_a_shells_killed_report_is_a_host_memory_hint_not_a_verdict():
     d = _diagnosed("epoch 5/5 loss 2.1\n/bin/bash: line 12:  4242 Killed                  python train.py\n")
-    assert d.cause == "unclassified" and d.quote.startswith("/bin/bash: line 12:  4242 Killed"), d
-    assert "not enough alone" in d.reason and "OOM killer" in d.reason
+    assert (d.cause, d.confidence) == ("host-memory", "low") and d.quote.startswith("/bin/bash: line 12:  4242"), d
+    assert "OOM killer" in d.reason and "kernel log" in d.next_step
 
 
 def _announcements(ranks: list[int], world: int) -> str:
