@@ -28,6 +28,7 @@ from trainops.skills.evidence.model import (
 )
 from trainops.skills.evidence.published import LayoutPlan
 from trainops.skills.request import JobRequest
+from trainops.tools.context import effective_context
 from trainops.tools.frameworks import get_adapter
 from trainops.tools.frameworks.base import FrameworkName, SopPlan
 from trainops.tools.governance.written import bind, unbound
@@ -100,6 +101,9 @@ class StepLog(BaseModel):
     at: float = Field(description="Unix seconds when the step's result was recorded")
     result: str = Field(description="the step's finding in one line")
     runs: list[str] = Field(default_factory=list, description="run ids the step launched")
+    by: str = Field("", description="who called the step, as the audit log names the caller: the offline plan "
+                                    "(skill:... for the operator or agent that ran `trainops sop`), the operator, "
+                                    "the agent")
 
 
 class ArmRung(BaseModel):
@@ -145,7 +149,7 @@ class SopSession(BaseModel):
         return sorted((a for a in self.arms if a.arm == arm), key=lambda a: a.world)
 
     def logged(self, step: Step, tool: str, result: str, runs: list[str] = ()) -> SopSession:
-        log = StepLog(step=step, tool=tool, at=time.time(), result=result,
+        log = StepLog(step=step, tool=tool, at=time.time(), result=result, by=effective_context(None).label,
                       runs=[os.path.basename(r) for r in runs])
         return self.model_copy(update={"steps": [*self.steps, log]})
 

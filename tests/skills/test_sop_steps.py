@@ -81,7 +81,7 @@ def test_after_a_real_s1_an_arm_needs_its_rungs_baseline_and_the_small_rung_firs
     result = tool_call("sop_declare", {"quick": True})
     assert result.exit_code == 0, result.output
     session = json.loads(result.output)["session_id"]
-    assert [s.step for s in load(session).steps] == ["S1"]
+    assert [(s.step, s.by) for s in load(session).steps] == [("S1", "operator")]
     text = refused("sop_arm", {"session": session, "arm": "data_kind=synthetic"}, "R-ABL-1")
     assert "no baseline at 1 process" in text and "run sop_baseline with world=1 first" in text
     text = refused("sop_arm", {"session": session, "arm": "data_kind=synthetic", "world": 2}, "R-ABL-2")
@@ -207,3 +207,4 @@ def test_trainops_sop_quick_walks_the_step_tools_in_order_on_one_session(quick_s
     assert [s["step"] for s in session["steps"]][0] == "S1" and session["steps"][-1]["step"] == "S6"
     assert {"S2", "S3", "S4", "S5"} <= {s["step"] for s in session["steps"]}
     assert session["pack"] == quick_sop["pack_id"] and session["design"][0]["arm"] == session["arms"][0]["arm"]
+    assert {s["by"] for s in session["steps"]} == {"skill:training-efficiency-ablation-and-fault-sop for operator"}
