@@ -31,7 +31,7 @@ from trainops.skills.request import JobRequest
 from trainops.tools.context import effective_context
 from trainops.tools.frameworks import get_adapter
 from trainops.tools.frameworks.base import FrameworkName, SopPlan
-from trainops.tools.governance.written import bind, unbound
+from trainops.tools.governance.written import unbound, write_bound
 from trainops.tools.planning.layout_mapping import MoeShape
 from trainops.workspace import check_id, home
 
@@ -167,13 +167,9 @@ def start(settings: SopSettings) -> SopSession:
 
 def save(session: SopSession) -> SopSession:
     """Write the session (atomically) and bind its bytes to the audit chain."""
-    data = session.model_dump_json(indent=1).encode("utf-8")
-    path = sessions_dir() / f"{session.session_id}.json"
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
     last = session.steps[-1].step if session.steps else None
-    bind(SESSION_KIND, session.session_id, data, step=last)
+    write_bound(sessions_dir() / f"{session.session_id}.json", SESSION_KIND, session.session_id,
+                session.model_dump_json(indent=1).encode("utf-8"), step=last)
     return session
 
 

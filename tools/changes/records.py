@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import re
 import secrets
 import subprocess
@@ -23,7 +22,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from trainops.tools.base import InputCheck, ToolError, tool
 from trainops.tools.context import active_call
-from trainops.tools.governance import audit
+from trainops.tools.governance.written import unbound, write_bound
 from trainops.tools.ids import SafeId
 from trainops.workspace import home
 
@@ -51,7 +50,7 @@ class ChangeRecord(BaseModel):
     rolled_back_at: float | None = None
 
 
-RECORDED_EVENT = "change_recorded"
+RECORDED_KIND = "change_written"
 
 
 def new_change_id() -> str:
@@ -80,27 +79,10 @@ def record_change(kind: ChangeKind, target: str, previous: dict[str, Any], appli
     return record
 
 
-def content_sha256(record: ChangeRecord) -> str:
-    """What binds a record to the audit log: its content but the rollback mark, which comes later."""
-    return audit.sha256_hex(audit.canonical_json(record.model_dump(mode="json", exclude={"rolled_back_at"})))
-
-
 def save_change(record: ChangeRecord) -> Path:
-    """Write the record atomically (a reader never sees half a file), its content hash in the audit log:
-    a record written or edited by anything else matches no entry, and is read as no change at all."""
-    path = _change_path(record.id)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    audit.append(RECORDED_EVENT, change_id=record.id, sha256=content_sha256(record))
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(record.model_dump_json(indent=2))
-    tmp.replace(path)
-    return path
-
-
-def _bound(record: ChangeRecord) -> bool:
-    digest = content_sha256(record)
-    return any(e.get("kind") == RECORDED_EVENT and e.get("change_id") == record.id and e.get("sha256") == digest
-               for e in audit.read())
+    """Write the record atomically, bound to the audit log (tools/governance/written.py): a record written
+    or edited by anything else matches no entry, and is read as no change at all."""
+    return write_bound(_change_path(record.id), RECORDED_KIND, record.id, record.model_dump_json(indent=2).encode())
 
 
 def read_change(change_id: str) -> ChangeRecord:
@@ -108,8 +90,9 @@ def read_change(change_id: str) -> ChangeRecord:
     path = _change_path(change_id)
     if not path.is_file():
         raise ValueError(f"no change {change_id!r}: {path} does not exist; `trainops changes` lists the recorded ones")
+    data = path.read_bytes()
     try:
-        record = ChangeRecord.model_validate_json(path.read_bytes())
+        record = ChangeRecord.model_validate_json(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "the file"
@@ -117,10 +100,9 @@ def read_change(change_id: str) -> ChangeRecord:
                          "log, or undo the change by hand from the scheduler's state") from None
     if record.id != change_id:
         raise ValueError(f"{path} holds change {record.id!r}, not {change_id!r}; the file was renamed or edited")
-    if not _bound(record):
-        raise ValueError(f"{path} is not a change trainops recorded: no audit entry holds its content (it was written "
-                         "or edited outside trainops); refusing to act on it. Undo the change by hand from the "
-                         "scheduler's state, and `trainops audit` shows the changes trainops recorded")
+    if why := unbound(RECORDED_KIND, change_id, data):
+        raise ValueError(f"{path} is not a change trainops recorded: {why}; refusing to act on it. Undo the change by "
+                         "hand from the scheduler's state; `trainops audit` shows the changes trainops recorded")
     return record
 
 

@@ -8,12 +8,27 @@ step result a model or a script typed) being read as trainops' own.
 """
 from __future__ import annotations
 
+import os
+import secrets
+from pathlib import Path
+
 from trainops.tools.governance import audit
 
 
 def bind(kind: str, name: str, data: bytes, **fields) -> dict:
     """Audit that trainops wrote `data` as record `name` of `kind`; returns the entry."""
     return audit.append(kind, record=name, content_hash=audit.sha256_hex(data), **fields)
+
+
+def write_bound(path: Path, kind: str, name: str, data: bytes, **fields) -> Path:
+    """Write `data` to `path` atomically (a reader never sees half a file), then bind it: a crash
+    between the two leaves a record that reads as not trainops', never one bound to other bytes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+    bind(kind, name, data, **fields)
+    return path
 
 
 def unbound(kind: str, name: str, data: bytes) -> str | None:
