@@ -249,7 +249,8 @@ def _from_signature(ev: Evidence, top: SignatureHit, hits: list[SignatureHit],
     if top.cause == "hung-peer":
         waiting = reported_timeout(ev)
         missing = missing_ranks(waiting, ev.world_size)
-        reason = (f"{_job(ev)}: {sig.implies}; rank(s) {waiting or 'unnamed'} reported the timeout"
+        reason = (f"{_job(ev)}: {sig.implies}; "
+                  + (f"rank(s) {waiting} reported the timeout" if waiting else "no line names the rank that waited")
                   + (f", rank {', '.join(map(str, missing))} did not (inferred from which ranks reported): the likely "
                      "missing rank" if missing else "; the log does not say which rank did not arrive"
                      + ("" if ev.world_size else " (the job's world size is not known)"))

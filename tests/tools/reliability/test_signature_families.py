@@ -181,6 +181,7 @@ def test_a_job_ended_with_its_last_progress_bar_at_the_default_timeout_is_a_low_
     d = _diagnosed("\n".join([_bar("12:00"), _bar(elapsed), STEP_CANCELLED]))
     assert (d.cause, d.sub_cause, d.confidence) == ("hung-peer", "rank-busy-at-timeout", "low"), d
     assert d.requeue_helps is False and elapsed in d.quote
+    assert "no line names the rank that waited" in d.reason and "unnamed" not in d.reason, d.reason
 
 
 @pytest.mark.parametrize("elapsed", ["44:10", "03:15"])
