@@ -118,7 +118,8 @@ def _status(nodes: list[str]) -> ToolMessage:
 NODES = ToolMessage(content="", name="list_nodes", tool_call_id="c1", status="success",
                     artifact={"nodes": [{"name": n, "state": "idle"} for n in ("n1", "n2", "n3")]})
 SCHEMAS = {"job_status": {"properties": {"job_id": {}, "scheduler": {}}, "required": ["job_id"]},
-           "list_nodes": {"properties": {"scheduler": {}}}, "drain_node": {"properties": {"scheduler": {}, "node": {}, "reason": {}}, "required": ["node"]},
+           "list_nodes": {"properties": {"scheduler": {}}},
+           "drain_node": {"properties": {"scheduler": {}, "node": {}, "reason": {}}, "required": ["node"]},
            "cancel_job": {"properties": {"job_id": {}, "scheduler": {}, "force": {}}, "required": ["job_id"]},
            "set_tenant_quota": {"properties": {"tenant": {}, "gpus": {}, "priority": {}, "reason": {}},
                                 "required": ["tenant", "priority", "reason"]}}
