@@ -180,8 +180,8 @@ def test_invalid_tool_input_is_refused_naming_the_field():
 def test_valid_call_passes_the_gate_and_is_audited(slurm_accounting, approvers):
     _call("set_tenant_quota", QUOTA, _token("set_tenant_quota", QUOTA, approvers.alice, approvers.bob))
     kinds = [(e["kind"], e.get("decision")) for e in audit.read()]
-    assert kinds[-5:] == [("anchor", "token_issued"), ("token_spent", None), ("gate", "allowed"), ("intent", None),
-                          ("tool_call", None)]
+    assert kinds[-6:] == [("anchor", "token_issued"), ("token_spent", None), ("gate", "allowed"), ("intent", None),
+                          ("change_written", None), ("tool_call", None)]  # the change record, bound as it is written
     assert audit.read()[-1]["input"]["gpus"] == 16
 
 
