@@ -147,7 +147,7 @@ def markers(folder: Path) -> tuple[str, str]:
 
 def render(scored: list[Scored], label: str, folder: Path = CASES) -> str:
     begin, end = markers(folder)
-    where = folder.relative_to(CASES.parent.parent.parent) if folder.is_relative_to(CASES.parent) else folder
+    where = folder.relative_to(CASES.parents[2]) if folder.is_relative_to(CASES.parents[2]) else folder
     title = "real failure logs" if folder == CASES else f"real failure logs, set {folder.name}"
     body = [begin, f"## Diagnosis on {title} (`python -m trainops.benchmarks.diagnosis.score`)", "",
             f"{label} {len(scored)} frozen cases from public threads ({where}), each replayed "

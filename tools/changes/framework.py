@@ -51,23 +51,17 @@ def pack_versions(evidence: dict) -> dict[str, str]:
 def approved_packs() -> list[tuple[float, str, dict[str, str]]]:
     """(approved at, pack id, its versions) of each pack whose newest decision is an approval that
     verifies (signature, chain, content unchanged), oldest first."""
-    root = packs_dir()
     approved = []
-    for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        check = approvals.verify_pack(folder.name) if _decided(folder.name) else None
-        if check is None or not check.ok or check.decision != "approved":
+    for folder in sorted(p for p in packs_dir().iterdir() if p.is_dir() and not p.name.startswith(".")):
+        check = approvals.verify_pack(folder.name)
+        if not check.ok or check.decision != "approved":
             continue
-        chain = approvals.load_chain(folder.name, check_signatures=False)
         try:
             evidence = json.loads((folder / EVIDENCE_FILE).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        approved.append((chain[-1][0].issued_at, folder.name, pack_versions(evidence)))
+        approved.append((check.decided_at, folder.name, pack_versions(evidence)))
     return sorted(approved)
-
-
-def _decided(pack_id: str) -> bool:
-    return approvals.decisions_dir(pack_id).is_dir()
 
 
 def differences(before: dict[str, str], after: dict[str, str]) -> list[VersionChange]:

@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from trainops.tools.base import InputCheck, ToolError, tool
 from trainops.tools.context import active_call
-from trainops.tools.governance.written import unbound, write_bound
+from trainops.tools.governance.written import newest_written, unbound, write_bound
 from trainops.tools.ids import SafeId
 from trainops.workspace import home
 
@@ -85,8 +85,9 @@ def save_change(record: ChangeRecord) -> Path:
     return write_bound(_change_path(record.id), RECORDED_KIND, record.id, record.model_dump_json(indent=2).encode())
 
 
-def read_change(change_id: str) -> ChangeRecord:
-    """The stored record; a ValueError naming the file and the fix when it is missing or bad."""
+def read_change(change_id: str, newest: dict[str, dict] | None = None) -> ChangeRecord:
+    """The stored record; a ValueError naming the file and the fix when it is missing or bad (`newest`:
+    the audit's entries of change records, read once by a caller that reads many)."""
     path = _change_path(change_id)
     if not path.is_file():
         raise ValueError(f"no change {change_id!r}: {path} does not exist; `trainops changes` lists the recorded ones")
@@ -100,7 +101,7 @@ def read_change(change_id: str) -> ChangeRecord:
                          "log, or undo the change by hand from the scheduler's state") from None
     if record.id != change_id:
         raise ValueError(f"{path} holds change {record.id!r}, not {change_id!r}; the file was renamed or edited")
-    if why := unbound(RECORDED_KIND, change_id, data):
+    if why := unbound(RECORDED_KIND, change_id, data, newest):
         raise ValueError(f"{path} is not a change trainops recorded: {why}; refusing to act on it. Undo the change by "
                          "hand from the scheduler's state; `trainops audit` shows the changes trainops recorded")
     return record
@@ -110,9 +111,11 @@ def list_changes() -> list[ChangeRecord]:
     """Every readable record, oldest first (an unreadable one is skipped; read_change names its problem)."""
     records = []
     folder = _changes_dir()
-    for path in sorted(folder.glob("chg-*.json")) if folder.is_dir() else []:
+    paths = sorted(folder.glob("chg-*.json")) if folder.is_dir() else []
+    newest = newest_written(RECORDED_KIND) if paths else {}
+    for path in paths:
         try:
-            records.append(read_change(path.stem))
+            records.append(read_change(path.stem, newest))
         except ValueError:
             continue
     return sorted(records, key=lambda record: record.time)

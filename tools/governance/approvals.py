@@ -236,6 +236,7 @@ class PackVerification(BaseModel):
     decision: str | None = None
     by: str | None = None
     decisions: int = Field(0, description="Length of the decision chain.")
+    decided_at: float | None = Field(None, description="When the latest decision was signed.")
     reason: str
     changed: list[str] = Field(default_factory=list, description="Entries added, removed or edited since the decision.")
 
@@ -251,7 +252,8 @@ def verify_pack(pack: str) -> PackVerification:
     if not chain:
         return PackVerification(pack=folder.name, ok=False, reason="no decision yet")
     last = chain[-1][0]
-    base = dict(pack=folder.name, decision=last.decision, by=last.principal, decisions=len(chain))
+    base = dict(pack=folder.name, decision=last.decision, by=last.principal, decisions=len(chain),
+                decided_at=last.issued_at)
     changed = changed_entries(last.files, content_entries(folder))
     if changed:
         return PackVerification(**base, ok=False, changed=changed,

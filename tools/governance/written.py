@@ -31,13 +31,19 @@ def write_bound(path: Path, kind: str, name: str, data: bytes, **fields) -> Path
     return path
 
 
-def unbound(kind: str, name: str, data: bytes) -> str | None:
-    """Why `data` is not the record trainops last wrote as `name`, or None when it is."""
-    written = [e for e in audit.read() if e.get("kind") == kind and e.get("record") == name]
-    if not written:
+def newest_written(kind: str) -> dict[str, dict]:
+    """The newest audit entry of each record of `kind`, by name: one read of the log for any number of records."""
+    return {e.get("record"): e for e in audit.read() if e.get("kind") == kind}
+
+
+def unbound(kind: str, name: str, data: bytes, newest: dict[str, dict] | None = None) -> str | None:
+    """Why `data` is not the record trainops last wrote as `name`, or None when it is (`newest`:
+    newest_written(kind), when the caller checks several records)."""
+    entry = (newest_written(kind) if newest is None else newest).get(name)
+    if entry is None:
         return (f"the audit log has no record of trainops writing {kind.removesuffix('_written')} {name!r}: it was "
                 "made or copied in by hand")
-    if written[-1].get("content_hash") != audit.sha256_hex(data):
+    if entry.get("content_hash") != audit.sha256_hex(data):
         return (f"{kind.removesuffix('_written')} {name!r} was edited after trainops wrote it (audit entry "
-                f"{written[-1].get('seq')})")
+                f"{entry.get('seq')})")
     return None

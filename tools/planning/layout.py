@@ -14,6 +14,7 @@ from trainops.tools.planning.layout_alternatives import (
     PipelineCost,
     alternatives,
     pipeline_cost,
+    seconds_at,
     size,
     tp_bytes,
 )
@@ -137,8 +138,8 @@ def plan_layout(inp: LayoutInput) -> LayoutOutput:
 def _instead(cfg: JobConfig, plan, inp: LayoutInput, options: list[LayoutOption]) -> str:
     """The cross-domain verdict's numbers: what tp costs now, and the layouts that fit instead."""
     now = tp_bytes(cfg, cfg.parallel.tp, max(len(r.layers) for r in plan.ranks), plan.n_microbatches)
-    link = (f", {round(now * 8 / (inp.inter_node_gbit_s * 1e9), 4)} s at {inp.inter_node_gbit_s} Gbit/s"
-            if inp.inter_node_gbit_s else "")
+    took = seconds_at(now, inp.inter_node_gbit_s)
+    link = f", {took} s at {inp.inter_node_gbit_s} Gbit/s" if took is not None else ""
     fitting = [o.summary for o in options if o.fits][:3]
     return (f"now tp moves {size(now)} per rank per step across domains{link}; "
             + ("instead: " + "; ".join(fitting) if fitting else

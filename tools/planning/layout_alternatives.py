@@ -65,7 +65,7 @@ def size(nbytes: float) -> str:
     return f"{nbytes / 1e9:.1f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.1f} MB"
 
 
-def _seconds(nbytes: int, gbit_s: float | None) -> float | None:
+def seconds_at(nbytes: int, gbit_s: float | None) -> float | None:
     return None if gbit_s is None or nbytes == 0 else round(nbytes * 8 / (gbit_s * 1e9), 4)
 
 
@@ -102,14 +102,14 @@ def _option(cfg: JobConfig, nproc: int, tp: int, moved_to: str, intra_gbit_s: fl
     layers = max(len(r.layers) for r in plan.ranks)
     nbytes = tp_bytes(trial, tp, layers, micro)
     option = LayoutOption(tp=tp, pp=lay.pp, dp=lay.dp, moved_to=moved_to, fits=True, tp_bytes_per_step=nbytes,
-                          tp_seconds=_seconds(nbytes, intra_gbit_s), summary="")
+                          tp_seconds=seconds_at(nbytes, intra_gbit_s), summary="")
     if moved_to == "pp":
         option.bubble_fraction = bubble(lay.pp, micro)
         cost = f"pipeline bubble {option.bubble_fraction:.0%} of the step"
     else:
         params = count_parameters(trial.model_args())["total"]
         option.extra_dp_bytes_per_step = max(gradient_bytes(params, tp, lay.pp, lay.dp) - now_dp_bytes, 0)
-        option.extra_dp_seconds = _seconds(option.extra_dp_bytes_per_step, inter_gbit_s)
+        option.extra_dp_seconds = seconds_at(option.extra_dp_bytes_per_step, inter_gbit_s)
         cost = (f"+{size(option.extra_dp_bytes_per_step)} gradient all-reduce per rank per step between nodes"
                 + (f" ({option.extra_dp_seconds} s, overlappable)" if option.extra_dp_seconds is not None else ""))
     seconds = f", {option.tp_seconds} s" if option.tp_seconds is not None else ""
