@@ -64,7 +64,8 @@ def test_a_hung_trainer_rank_is_detected_by_its_heartbeat(workspace):
 def test_an_injected_nan_is_a_loss_anomaly_at_its_step(workspace):
     overrides = call("inject_fault", {"kind": "nan", "step": 4}).overrides
     job_id, run_dir = _start(20, *overrides)
-    found = call("detect_faults", {"run": str(run_dir), "job_id": job_id, "poll_interval_s": 0.05, "timeout_s": 180})
+    found = call("detect_faults", {"run": str(run_dir), "job_id": job_id, "poll_interval_s": 0.05, "timeout_s": 180,
+                                   "fault_kind": "nan"})
     assert (found.mechanism, found.step, found.isolation) == ("loss_anomaly", 4, "job")
     assert 0 <= found.detection_latency_s < 2.0
     assert call("wait_job", {"job_id": job_id, "timeout_s": 60}).state == "failed"
@@ -82,9 +83,12 @@ def test_a_straggler_rank_is_named_from_the_step_time_spread(workspace):
 
 def test_a_flipped_bit_on_one_replica_is_a_checksum_mismatch_in_its_replica_group(workspace):
     """DDP replicas hold identical parameters after every step; the bit flipped on rank 1 after
-    step 4 must show as that rank's checksum disagreeing with its group, at step 4."""
+    step 4 must show as that rank's checksum disagreeing with its group, at step 4. The fault is
+    scheduled, so faults.jsonl names it only once it fires: the watch is told its kind, as the drill
+    tells it, or a loaded host's step-time spread before step 4 would count as the finding."""
     overrides = call("inject_fault", {"kind": "bitflip", "rank": 1, "step": 4}).overrides
     job_id, run_dir = _start(12, "parallel.data_parallel=ddp", *overrides)
-    found = call("detect_faults", {"run": str(run_dir), "job_id": job_id, "poll_interval_s": 0.05, "timeout_s": 180})
+    found = call("detect_faults", {"run": str(run_dir), "job_id": job_id, "poll_interval_s": 0.05, "timeout_s": 180,
+                                   "fault_kind": "bitflip"})
     assert (found.mechanism, found.rank, found.step, found.isolation) == ("checksum_mismatch", 1, 4, "replica_group")
     call("wait_job", {"job_id": job_id, "timeout_s": 120})
