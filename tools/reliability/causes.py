@@ -48,6 +48,7 @@ from trainops.tools.reliability.evidence import (
     reported_timeout,
 )
 from trainops.tools.reliability.next_steps import requeue_can_help
+from trainops.tools.reliability.oom_advice import oom_next_step
 from trainops.tools.reliability.sdc_check import KNOWN_ANSWER_FAILED
 from trainops.tools.reliability.signature_match import (
     TRUST_SPECIFICITY,
@@ -266,8 +267,9 @@ def _from_signature(ev: Evidence, top: SignatureHit, hits: list[SignatureHit],
         reason += "; read from the job's output, not the scheduler's job state"
     if others:
         reason += f"; other lines point to {', '.join(others)}"
+    step = oom_next_step(top.line, ev.recipe, sig.next_step) if top.name == "cuda-oom" else sig.next_step
     return Diagnosis(cause=top.cause, sub_cause=top.sub_cause, confidence=sure, quote=top.line, reason=reason,
-                     next_step=sig.next_step, requeue_helps=requeue, alternatives=others)
+                     next_step=step, requeue_helps=requeue, alternatives=others)
 
 
 def _known_answer_failures(ev: Evidence) -> list[str]:

@@ -20,6 +20,7 @@ from trainops.redact import scrub
 from trainops.run_folder import RunFiles, read_tail, this_launch
 from trainops.run_records import metrics_since, read_heartbeats, read_journal, read_metrics, read_status
 from trainops.terminal_text import visible
+from trainops.tools.reliability.oom_advice import recipe_of
 from trainops.tools.reliability.sdc_check import KNOWN_ANSWER_FAILED
 from trainops.tools.reliability.signature_match import (
     TRUST_SPECIFICITY,
@@ -107,6 +108,8 @@ class Evidence(BaseModel):
     stopped_doing: dict[int, str] = Field(default_factory=dict, description="rank -> what it was doing (its "
                                           "innermost frames) when its launcher or scheduler stopped it, as it "
                                           "noted on its way out.")
+    recipe: dict[str, int | str] = Field(default_factory=dict, description="The run's batch recipe from its "
+                                         "config.toml (oom_advice.recipe_of: bounded; empty without a run folder).")
     not_taken: list[str] = Field(default_factory=list, description="What the job wrote that was not taken as "
                                  "written: a figure outside the job's wall clock (the value seen, what was used), "
                                  "or a file's older part past the read caps (tools/reliability/job_numbers.py).")
@@ -370,6 +373,7 @@ def gather(status, node_states: dict[str, str] | None = None, job_log: str = "",
         ev.failing_node = ev.rank_nodes.get(ev.failing_rank)
     _place_on_a_down_node(ev)
     _signature_evidence(ev, [job_log, *_rank_log_texts(run_dir, until)])
+    ev.recipe = recipe_of(run_dir)
     ev.kernel_log_read, ev.oom_kills = kernel_oom_kills({b.pid for b in beats.values() if b.pid})
     _metrics_evidence(run_dir, ev, until)
     if beats:
