@@ -1,14 +1,16 @@
 """S6 of the SOP as a tool: `sop_pack` writes the evidence pack from one SOP session's own records
 (skills.sop_session): the declaration, S2's summary, the arms' rows, the drills and the evidence
 rows the steps recorded. Its input is the session id and nothing else, so no figure a caller types
-reaches a pack; a step that did not run is a blocker of the pack's verdict ("partial")."""
+reaches a pack; a step that did not run is a blocker of the pack's verdict ("partial"). The pack also
+lists each step's call with its audit line, and who chose each arm, drill and rollout stop
+(skills.sop_trail): a step the audit log does not hold as the session records it is a blocker too."""
 from __future__ import annotations
 
 import time
 
 from pydantic import BaseModel, Field
 
-from trainops.skills import escalate, planning
+from trainops.skills import escalate, planning, sop_trail
 from trainops.skills.baseline import command_line
 from trainops.skills.evidence import pack as evidence_pack
 from trainops.skills.evidence import references
@@ -101,13 +103,15 @@ def sop_pack(inp: SopPackInput) -> SopResult:
     arm_rows = [a.row for a in session.arms]
     model = summary.model if summary else req.preset or "unknown"
     annotated = references.annotate(arm_rows, env, world, model) if summary else arm_rows
+    trail = sop_trail.for_pack(session)  # each step against the audit line of its call; S6 is this call
     pack = evidence_pack.assemble(
         f"sop-{time.strftime('%Y%m%d-%H%M%S')}", env, summary, annotated, session.drills,
         [session.environment_row, *session.baseline_evidence, *(e for a in session.arms for e in a.evidence),
          *session.drill_evidence],
         rollback=f"keep the baseline configuration ({command_line(req)}); adopt no arm until a human approves",
         references=reference_notes(env, world, model), checkpoint_plan=plan, mlperf=references.mlperf(env, world),
-        layout_plan=session.layout, ablation_design=session.design or None)
+        layout_plan=session.layout, ablation_design=session.design or None, sop_steps=trail,
+        choices=sop_trail.choices(session, trail))
     pack = escalate.carry_fired(pack, ctx)  # R-ESC-1..4 on every SOP run: a fired rule goes to a human
     folder = evidence_pack.write(pack)
     save(session.model_copy(update={"pack": pack.pack_id}).logged("S6", "sop_pack", f"pack {pack.pack_id}: "

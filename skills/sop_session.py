@@ -31,6 +31,7 @@ from trainops.skills.request import JobRequest
 from trainops.tools.context import effective_context
 from trainops.tools.frameworks import get_adapter
 from trainops.tools.frameworks.base import FrameworkName, SopPlan
+from trainops.tools.governance.gate import open_intent
 from trainops.tools.governance.written import unbound, write_bound
 from trainops.tools.planning.layout_mapping import MoeShape
 from trainops.workspace import check_id, home
@@ -104,6 +105,8 @@ class StepLog(BaseModel):
     by: str = Field("", description="who called the step, as the audit log names the caller: the offline plan "
                                     "(skill:... for the operator or agent that ran `trainops sop`), the operator, "
                                     "the agent")
+    call: str = Field("", description="the audit entry (intent hash) of the gated call that ran the step; empty: "
+                                      "it ran outside the gate, so the pack flags it")
 
 
 class ArmRung(BaseModel):
@@ -150,7 +153,7 @@ class SopSession(BaseModel):
 
     def logged(self, step: Step, tool: str, result: str, runs: list[str] = ()) -> SopSession:
         log = StepLog(step=step, tool=tool, at=time.time(), result=result, by=effective_context(None).label,
-                      runs=[os.path.basename(r) for r in runs])
+                      runs=[os.path.basename(r) for r in runs], call=open_intent() or "")
         return self.model_copy(update={"steps": [*self.steps, log]})
 
 
@@ -166,10 +169,11 @@ def start(settings: SopSettings) -> SopSession:
 
 
 def save(session: SopSession) -> SopSession:
-    """Write the session (atomically) and bind its bytes to the audit chain."""
-    last = session.steps[-1].step if session.steps else None
+    """Write the session (atomically) and bind its bytes to the audit chain, naming the last step and
+    the call it ran in (what the pack checks each step against)."""
+    last = session.steps[-1] if session.steps else None
     write_bound(sessions_dir() / f"{session.session_id}.json", SESSION_KIND, session.session_id,
-                session.model_dump_json(indent=1).encode("utf-8"), step=last)
+                session.model_dump_json(indent=1).encode("utf-8"), step=last and last.step, call=last and last.call)
     return session
 
 

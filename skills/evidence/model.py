@@ -12,6 +12,7 @@ from trainops.run_records import RecoveryPath
 from trainops.skills.evidence.bottleneck import BottleneckSplit
 from trainops.skills.evidence.design import DesignedArm
 from trainops.skills.evidence.published import LayoutPlan, MlperfComparison
+from trainops.skills.evidence.steps import PackChoice, PackStep
 from trainops.tools.changes.framework import SinceApproved
 from trainops.tools.changes.known_issues import KnownIssue
 from trainops.tools.versions import SoftwareVersions
@@ -325,6 +326,10 @@ class EvidencePack(BaseModel):
                                                  "environment's")
     known_issues: list[KnownIssue] = Field(default_factory=list, description="people's notes (trainops known-issue) "
                                            "about a declared version, quoted")
+    sop_steps: list[PackStep] = Field(default_factory=list, description="S1..S6 as the session recorded them, each "
+                                      "with the audit line of its call (empty: a pack built from runs, or before)")
+    choices: list[PackChoice] = Field(default_factory=list, description="the arms, their order, the drills and the "
+                                      "rollout stops: who chose each (planner, model, human) and the reason given")
 
     @model_validator(mode="after")
     def _consistent(self) -> "EvidencePack":

@@ -30,6 +30,7 @@ from trainops.skills.evidence.model import (
 )
 from trainops.skills.evidence.published import LayoutPlan, MlperfComparison
 from trainops.skills.evidence.render import to_html, to_markdown
+from trainops.skills.evidence.steps import PackChoice, PackStep
 from trainops.skills.stats import spread
 from trainops.tools.changes import framework, known_issues
 from trainops.tools.governance import claims, escalation, windows
@@ -47,10 +48,13 @@ MIN_REPEATS = 3
 class PackRefused(ValueError):
     """Governance or the model refused the pack; nothing was written."""
 def decide(baseline: BaselineSummary | None, ablations: list[AblationRow],
-           drills: list[DrillResult]) -> tuple[str, list[str]]:
+           drills: list[DrillResult], steps: list[PackStep] = ()) -> tuple[str, list[str]]:
     """Verdict and blockers from the measurements: fail when a recovery broke, partial when a
-    part of the SOP is missing or no change beat the noise, pass otherwise."""
-    failures, gaps = [], []
+    part of the SOP is missing, a step's call is not in the audit log as recorded, or no change
+    beat the noise; pass otherwise."""
+    failures = []
+    gaps = [f"step {s.step} ({s.tool}) is not in the audit log as the session records it: {s.note}"
+            for s in steps if not s.audited]
     if baseline is None:
         gaps.append("no baseline measured (S2)")
     elif baseline.repeats < MIN_REPEATS:
@@ -102,8 +106,9 @@ def assemble(pack_id: str, environment: PackEnvironment | None, baseline: Baseli
              ablations: list[AblationRow], drills: list[DrillResult], evidence: list[EvidenceRow],
              rollback: str = "", references: list[str] | None = None,
              checkpoint_plan: CheckpointPlan | None = None, mlperf: MlperfComparison | None = None,
-             layout_plan: LayoutPlan | None = None, ablation_design: list[DesignedArm] | None = None) -> EvidencePack:
-    verdict, blockers = decide(baseline, ablations, drills)
+             layout_plan: LayoutPlan | None = None, ablation_design: list[DesignedArm] | None = None,
+             sop_steps: list[PackStep] = (), choices: list[PackChoice] = ()) -> EvidencePack:
+    verdict, blockers = decide(baseline, ablations, drills, list(sop_steps))
     awaiting = ["approve or reject the pack with a signed decision (trainops approve / trainops reject)"]
     awaiting += [f"decide whether to adopt {r.knob}={r.value} at target scale" for r in ablations
                  if r.scale_kind == "target" and r.verdict == "gain"]
@@ -116,7 +121,8 @@ def assemble(pack_id: str, environment: PackEnvironment | None, baseline: Baseli
         baseline=baseline, ablations=ablations, fault_tolerance=report, evidence=evidence, awaiting_human=awaiting,
         rollback=rollback, references=references or [], checkpoint_plan=checkpoint_plan, mlperf=mlperf,
         layout_plan=layout_plan, change_windows=change_windows_note(runs), versions=run_versions(environment),
-        ablation_design=ablation_design or [], **version_history(environment)))
+        ablation_design=ablation_design or [], sop_steps=list(sop_steps), choices=list(choices),
+        **version_history(environment)))
 
 
 def version_history(environment: PackEnvironment | None) -> dict:
@@ -174,7 +180,7 @@ def derivation_problems(pack: EvidencePack, folder: Path) -> list[str]:
     log can append a `pack_written` entry), is what shows a pack was not edited by hand."""
     problems = []
     drills = pack.fault_tolerance.drills if pack.fault_tolerance else []
-    verdict, blockers = decide(pack.baseline, pack.ablations, drills)
+    verdict, blockers = decide(pack.baseline, pack.ablations, drills, pack.sop_steps)
     if (verdict, blockers) != (pack.verdict, pack.blockers):
         problems.append(f"R-APR-1: evidence.json says verdict {pack.verdict!r} (blockers {pack.blockers}) but its "
                         f"measurements give {verdict!r} (blockers {blockers}): the pack was edited; build a new one")

@@ -16,7 +16,8 @@ from markdown_it import MarkdownIt
 from markupsafe import Markup
 
 from trainops.skills.evidence.model import EvidencePack
-from trainops.skills.evidence.view import Cell, Figure, build, code, md_text
+from trainops.skills.evidence.steps_view import report_view
+from trainops.skills.evidence.view import Cell, Figure, code, md_text
 from trainops.terminal_text import visible
 
 VERDICT_MEANING = {
@@ -73,9 +74,9 @@ def _template(name: str):
 
 def to_markdown(pack: EvidencePack, figures: list[Figure] = ()) -> str:
     """report.md; figures are linked from `plots/` next to it."""
-    return _template("report.md.j2").render(view=build(pack, figures))
+    return _template("report.md.j2").render(view=report_view(pack, figures))
 
 
 def to_html(pack: EvidencePack, figures: list[Figure] = ()) -> str:
     """report.html: one self-contained file, plots embedded as data URIs, no script, no network."""
-    return _template("report.html.j2").render(view=build(pack, figures), meaning=VERDICT_MEANING)
+    return _template("report.html.j2").render(view=report_view(pack, figures), meaning=VERDICT_MEANING)

@@ -208,3 +208,39 @@ def test_trainops_sop_quick_walks_the_step_tools_in_order_on_one_session(quick_s
     assert {"S2", "S3", "S4", "S5"} <= {s["step"] for s in session["steps"]}
     assert session["pack"] == quick_sop["pack_id"] and session["design"][0]["arm"] == session["arms"][0]["arm"]
     assert {s["by"] for s in session["steps"]} == {"skill:training-efficiency-ablation-and-fault-sop for operator"}
+
+
+@pytest.mark.slow
+def test_trainops_sop_quick_pack_lists_each_step_call_and_who_chose_each_arm_and_drill(quick_sop):
+    """Issue 40 item 3 on the real `trainops sop --quick`: the audit log holds S1..S6 as separate step
+    calls in order; the pack lists each with the audit line of its call (S6's outcome comes after the
+    pack), and names who chose each arm and drill (the offline planner) and the reason given."""
+    home, planner = Path(quick_sop["home"]), "skill:training-efficiency-ablation-and-fault-sop for operator"
+    entries = [json.loads(line) for line in (home / "audit.jsonl").read_text().splitlines()]
+    intents = [e for e in entries if e.get("kind") == "intent" and e.get("tool", "").startswith("sop_")]
+    step_of = {"sop_declare": "S1", "sop_baseline": "S2", "sop_design": "S3", "sop_arm": "S4", "sop_drill": "S5",
+               "sop_pack": "S6"}
+    in_log = [step_of[e["tool"]] for e in intents]
+    assert [step for i, step in enumerate(in_log) if step not in in_log[:i]] == ["S1", "S2", "S3", "S4", "S5", "S6"]
+    assert in_log.count("S1") == in_log.count("S6") == 1 and in_log[-2:] == ["S5", "S6"]
+    pack = json.loads((home / "packs" / quick_sop["pack_id"] / "evidence.json").read_text())
+    steps = pack["sop_steps"]
+    assert [s["step"] for s in steps] == in_log and all(s["audited"] for s in steps), steps
+    assert [s["audit_hash"] for s in steps] == [e["hash"] for e in intents]
+    assert [s["audit_seq"] for s in steps] == [e["seq"] for e in intents]
+    assert {s["called_by"] for s in steps} == {planner}
+    outcomes = {e["intent"]: e["seq"] for e in entries if e.get("kind") == "tool_call" and e.get("intent")}
+    assert [s["outcome_seq"] for s in steps[:-1]] == [outcomes[e["hash"]] for e in intents[:-1]]
+    assert steps[-1]["outcome_seq"] is None and outcomes[intents[-1]["hash"]] > intents[-1]["seq"]
+    arms = [c for c in pack["choices"] if c["kind"] == "arm"]
+    first = pack["ablation_design"][0]
+    assert (arms[0]["subject"], arms[0]["order"], arms[0]["chosen_by"]) == (first["arm"], 1, "planner")
+    assert arms[0]["reason"] == f"S3 ranked it 1 of {len(pack['ablation_design'])}: {first['reason']}"
+    assert [a["subject"] for a in arms] == [a["arm"] for a in pack["ablation_design"]]
+    assert all(a["order"] is None and a["reason"].endswith("(the quick SOP runs the first-ranked arm only)")
+               for a in arms[1:])
+    drills = [c for c in pack["choices"] if c["kind"] == "drill"]
+    assert [(d["order"], d["chosen_by"], d["caller"]) for d in drills] == [(1, "planner", planner)]
+    assert drills[0]["audit_seq"] == next(s["audit_seq"] for s in steps if s["step"] == "S5")
+    report = (home / "packs" / quick_sop["pack_id"] / "report.md").read_text()
+    assert "SOP trail" in report and "offline planner" in report and "NOT AUDITED" not in report

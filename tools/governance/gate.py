@@ -174,6 +174,13 @@ def _require_audit(spec) -> None:
 _OPEN_INTENTS: ContextVar[tuple[str | None, ...]] = ContextVar("open_intents", default=())
 
 
+def open_intent() -> str | None:
+    """The intent id (audit entry hash) of the innermost call now running, None outside the gate or
+    for a read: what a step records so its result can be matched to the audit line of its call."""
+    open_intents = _OPEN_INTENTS.get()
+    return open_intents[-1] if open_intents else None
+
+
 def _write_intent(spec, inp: BaseModel, ctx) -> None:
     """Fail-closed audit (R-SEC-5): a call that changes the world acts only once its intent is
     written; the last step of before_call, so every intent opened is closed by after_call."""
