@@ -24,6 +24,29 @@ _HOST = [re.compile(p) for p in (r"^([A-Za-z][\w-]*\d[\w.-]*):\d+:\d+ \[\d+\] NC
                                  r"\bON ([A-Za-z][\w.-]+) CANCELLED", r"\bhostname=([A-Za-z][\w.-]+)")]
 
 
+_FRAME = re.compile(r'^\s*File "[^"]*", line \d+')
+_EXCEPTION = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)*"  # a rank's prefix, then a (dotted) exception name
+                        r"(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt)\b:? ")
+TRACEBACK_REACH = 40
+"""How many lines past a traceback's source line its exception line may sit (frames below it)."""
+
+
+def _quoted(lines: list[str], index: int) -> str:
+    """The text to quote for a hit on lines[index]: a traceback's own exception line where the hit is a
+    source line inside its frames (the code that raised is not the message: `raise X('loss became NaN')`
+    reads better as `X: loss became NaN`), and a line ending in a colon with the line that completes it
+    (`Error(s) in loading state_dict for M:` says nothing without the `size mismatch for ...` after it)."""
+    line = lines[index].strip()
+    if index and _FRAME.search(lines[index - 1]) and not _EXCEPTION.search(line):
+        after = lines[index + 1:index + 1 + TRACEBACK_REACH]
+        raised = next((ln.strip() for ln in after if _EXCEPTION.search(ln) and not _FRAME.search(ln)), None)
+        if raised:
+            return f"{raised} (raised at: {line})"
+    if line.endswith(":") and index + 1 < len(lines) and not _FRAME.search(lines[index + 1]):
+        return f"{line} {lines[index + 1].strip()}"
+    return line
+
+
 class SignatureHit(BaseModel):
     """One line a declared signature matched, and what the line's prefixes name."""
     name: str
@@ -69,7 +92,7 @@ def match_lines(lines: list[str], clean=str) -> list[SignatureHit]:
             elif m:  # a twice hit names no failing rank: the rank it repeats was started twice, not failed
                 rank, device = (None, None) if sig.twice else (_first(_RANK, line), _first(_DEVICE, line))
                 hits.append(SignatureHit(name=sig.name, cause=sig.cause, sub_cause=sig.sub_cause,
-                                         specificity=sig.specificity, line=clean(line.strip()), index=index,
+                                         specificity=sig.specificity, line=clean(_quoted(lines, index)), index=index,
                                          rank=int(rank) if rank else None, device=int(device) if device else None,
                                          host=clean(h) if (h := _first(_HOST, line)) else None))
     return sorted(hits, key=lambda h: (-h.specificity, h.index))
