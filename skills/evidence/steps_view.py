@@ -8,7 +8,7 @@ import time
 from trainops.skills.evidence.model import EvidencePack
 from trainops.skills.evidence.view import Cell, Figure, ReportView, Section, Table, build, md_text
 
-WHO = {"planner": "offline planner", "model": "model", "human": "human steer"}
+WHO = {"planner": "offline planner", "model": "model", "human": "human steer", "unrecorded": "not on record"}
 
 
 def _seq(seq: int | None) -> Cell:
