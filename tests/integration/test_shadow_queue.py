@@ -12,8 +12,9 @@ from typer.testing import CliRunner
 from trainops.cli import app
 from trainops.tools.base import ToolError
 from trainops.tools.calls import call
+from trainops.tools.changes.readback import partition_not_applied
 from trainops.tools.changes.records import list_changes, read_change, save_change
-from trainops.tools.changes.scheduler_policy import SETTINGS
+from trainops.tools.changes.scheduler_policy import SETTINGS, _fail_and_roll_back, current_state, restore_commands
 from trainops.tools.context import CallContext
 from trainops.tools.governance import tokens
 from trainops.tools.governance.gate import GateRefused
@@ -105,3 +106,29 @@ def test_a_change_whose_shadow_replay_fails_is_refused_and_the_target_left_untou
         assert "3 job(s) failed after the change" in str(refused.value) and "left untouched" in str(refused.value)
         assert _partition("sandbox") == before_target and _partition("shadow") == before_shadow
     assert list_changes() == []
+
+
+def test_a_setting_slurm_stores_otherwise_than_approved_never_lands(sandbox_cluster, approvers):
+    """scontrol exits 0 for PreemptMode=GANG and stores OFF (no gang scheduling on this cluster): read back
+    on the shadow, the change stops there with both fields named, and neither partition keeps it."""
+    before_target, before_shadow = _partition("sandbox"), _partition("shadow")
+    change = _policy({"PreemptMode": "GANG", "PriorityTier": 5})
+    with pytest.raises(ToolError, match="did not store the approved settings on the shadow") as refused:
+        call("change_scheduler_policy", change,
+             CallContext(actor="operator", approval_token=_approved("change_scheduler_policy", change, approvers)))
+    assert "PreemptMode approved GANG, Slurm shows 'OFF'" in str(refused.value)
+    assert "PriorityTier" not in str(refused.value)  # stored as asked: not named
+    assert _partition("sandbox") == before_target and _partition("shadow") == before_shadow
+    assert list_changes() == []
+
+
+def test_a_target_that_read_back_otherwise_is_rolled_back_and_the_error_says_so(sandbox_cluster):
+    """The target's own read-back (a partition can differ from its shadow): what differed, the rollback,
+    and the partition's read-back after it, all in the error."""
+    previous = current_state("sandbox")
+    subprocess.run(["scontrol", "update", "PartitionName=sandbox", "PreemptMode=GANG", "PriorityTier=9"], check=True)
+    with pytest.raises(ToolError, match="FAILED: Slurm did not store what was approved") as failed:
+        _fail_and_roll_back("sandbox", previous, restore_commands("sandbox", previous),
+                            partition_not_applied({"PreemptMode": "GANG"}, current_state("sandbox")))
+    assert "the partition reads back exactly as before" in str(failed.value)
+    assert current_state("sandbox") == previous

@@ -18,7 +18,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from trainops.tools.base import ToolError, tool
-from trainops.tools.changes.records import record_change
+from trainops.tools.changes.readback import quota_not_applied
+from trainops.tools.changes.records import record_change, state_differences
 from trainops.tools.ids import TenantId, check_tenant_id
 from trainops.tools.schedulers.slurm import cluster_name
 
@@ -185,6 +186,14 @@ def _apply(inp: QuotaInput, before: dict[str, Any]) -> None:
         _sacctmgr(["-i", "add", "user", user, f"account={tenant}", f"cluster={name}"])
 
 
+def approved_state(inp: QuotaInput) -> dict[str, Any]:
+    """The fields of current_state that the approved quota sets, as sacctmgr must then show them."""
+    tres = {key: value for key, value in (("cpu", inp.cpus), ("gres/gpu", inp.gpus)) if value is not None}
+    return {"account": True, "qos": True, "account_qos": [inp.tenant], "default_qos": inp.tenant,
+            "users": [getpass.getuser()], "grp_tres": tres, "grp_jobs": inp.max_jobs,
+            "priority": QOS_PRIORITY[inp.priority]}
+
+
 @tool(TOOL, risk="mutate", approval_required=True, tags=("tenant-governance", "change-window"))
 def set_tenant_quota(inp: QuotaInput) -> QuotaOutput:
     """Set a tenant's quota and priority in Slurm's accounting: the tenant becomes (or stays) a Slurm
@@ -193,9 +202,17 @@ def set_tenant_quota(inp: QuotaInput) -> QuotaOutput:
     commands that undo it (`trainops rollback CHANGE`). Needs a human approval token for this exact
     change; without one the call is queued as a pending approval."""
     before = current_state(inp.tenant)
+    rollback = restore_commands(inp.tenant, before)
     _apply(inp, before)
     after = current_state(inp.tenant)
-    rollback = restore_commands(inp.tenant, before)
+    if missed := quota_not_applied(approved_state(inp), after):
+        for argv in rollback:
+            _sacctmgr(argv[1:])
+        left = state_differences(before, current_state(inp.tenant))
+        raise ToolError(TOOL, f"the quota change for tenant {inp.tenant} FAILED: sacctmgr did not store what was "
+                              f"approved ({'; '.join(missed)}); it was rolled back, and "
+                              + (f"the tenant is NOT as before: {'; '.join(left)}" if left else
+                                 "the tenant reads back exactly as before"))
     record = record_change("tenant_quota", inp.tenant, before, after, rollback, {"reason": inp.reason})
     return QuotaOutput(tenant=inp.tenant, change_id=record.id, previous=before, current=after,
                        rollback_commands=rollback)

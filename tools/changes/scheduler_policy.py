@@ -26,6 +26,7 @@ from pydantic import BaseModel, Field, StrictInt, StrictStr, field_validator
 
 from trainops.settings import table
 from trainops.tools.base import InputCheck, ToolError, tool
+from trainops.tools.changes.readback import partition_not_applied
 from trainops.tools.changes.records import record_change, state_differences
 from trainops.tools.governance.claims import SchedulerChange
 from trainops.tools.jobs.trainer_job import training_spec
@@ -58,8 +59,9 @@ def _max_nodes(value: str) -> str | None:
 
 
 def _oversubscribe(value: str) -> str | None:
-    ok = re.fullmatch(r"NO|EXCLUSIVE|(YES|FORCE)(:\d+)?", value.upper())
-    return None if ok else "NO, EXCLUSIVE, YES[:N] or FORCE[:N] (e.g. FORCE:2)"
+    ok = re.fullmatch(r"NO|EXCLUSIVE|(YES|FORCE)(:0*[1-9]\d*)?", value.upper())
+    return None if ok else ("NO, EXCLUSIVE, YES[:N] or FORCE[:N] with N >= 1 (e.g. FORCE:2; Slurm stores FORCE:0 as "
+                            "EXCLUSIVE: write EXCLUSIVE if that is meant)")
 
 
 def _preempt_mode(value: str) -> str | None:
@@ -332,6 +334,10 @@ def _shadow_replay(shadow: str, settings: dict[str, str]) -> Comparison:
     before = replay(shadow)
     _update(shadow, settings)
     try:
+        if missed := partition_not_applied(settings, current_state(shadow)):
+            raise ToolError(TOOL, f"Slurm did not store the approved settings on the shadow partition {shadow} "
+                                  f"({'; '.join(missed)}): nothing was replayed and the target was left untouched; "
+                                  "the shadow is put back as it was")
         after = replay(shadow)
     finally:
         for argv in restore_commands(shadow, shadow_before):
@@ -341,6 +347,18 @@ def _shadow_replay(shadow: str, settings: dict[str, str]) -> Comparison:
     if left:
         raise ToolError(TOOL, f"the shadow partition {shadow} did not return to its previous state: {'; '.join(left)}")
     return compare_replays(before, after)
+
+
+def _fail_and_roll_back(target: str, previous: dict[str, Any], rollback: list[list[str]], missed: list[str]) -> None:
+    """A change Slurm stored otherwise than approved failed: the partition gets its previous settings
+    back, and the error says what differed and whether the read-back after the rollback matches."""
+    for argv in rollback:
+        _scontrol(argv[1:])
+    left = state_differences(previous, current_state(target))
+    raise ToolError(TOOL, f"the change to partition {target} FAILED: Slurm did not store what was approved "
+                          f"({'; '.join(missed)}); it was rolled back, and "
+                          + (f"the partition is NOT as before: {'; '.join(left)}" if left else
+                             "the partition reads back exactly as before"))
 
 
 @tool(TOOL, risk="mutate", approval_required=True, tags=("tenant-governance", "change-window"),
@@ -362,6 +380,8 @@ def change_scheduler_policy(inp: PolicyInput) -> PolicyOutput:
                               f"left untouched: {'; '.join(comparison.reasons)} (the rule: {PASS_RULE})")
     _update(inp.target, settings)
     applied = current_state(inp.target)
+    if missed := partition_not_applied(settings, applied):
+        _fail_and_roll_back(inp.target, previous, rollback, missed)
     record = record_change("partition_policy", inp.target, previous, applied, rollback,
                            {"settings": settings, "impact": inp.change.impact, "shadow_partition": shadow,
                             "comparison": comparison.model_dump()})
