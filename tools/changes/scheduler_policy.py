@@ -155,7 +155,8 @@ def shadow_partition() -> str:
 class RegressionJob(BaseModel):
     name: str
     preset: str
-    nproc: int = 1
+    nproc: int = Field(1, ge=1, le=64)
+    nodes: int = Field(1, ge=1, le=8, description="A multi-node job, so a MaxNodes cut cannot pass the replay.")
     overrides: list[str] = []
 
 
@@ -205,7 +206,8 @@ def replay(partition: str) -> Replay:
     jobs, scheduler = regression_set(), SlurmScheduler()
     started, submitted, results = time.time(), {}, {}
     for index, job in enumerate(jobs.job):
-        spec = training_spec(TrainingJob(preset=job.preset, nproc=job.nproc, overrides=job.overrides), job.name, [])
+        spec = training_spec(TrainingJob(preset=job.preset, nproc=job.nproc, nodes=job.nodes,
+                                               overrides=job.overrides), job.name, [])
         # the set runs at once, often on one node: each job's torchrun rendezvous gets a port of its own
         spec = spec.model_copy(update={"partition": partition, "time_limit_min": jobs.time_limit_min,
                                        "rdzv_port": REGRESSION_RDZV_PORT + index})

@@ -55,9 +55,10 @@ class SandboxSpec(BaseModel):
     prometheus_port: int = Field(0, ge=0, le=65535,
                                  description="start a Prometheus on 127.0.0.1:PORT scraping every node's trainer "
                                              "exporters (jobs set metrics.prometheus_port_base=17900); 0: none")
-    shadow_nodes: int = Field(1, ge=0, le=8,
+    shadow_nodes: int = Field(2, ge=0, le=8,
                               description="extra nodes n(N+1).. forming the 'shadow' partition where scheduler "
-                                          "policy changes are replayed first (change_scheduler_policy); 0: none")
+                                          "policy changes are replayed first (change_scheduler_policy; two, so its "
+                                          "regression set holds a two-node job); 0: none")
 
     @field_validator("prefix")
     @classmethod

@@ -18,7 +18,7 @@ def test_a_multi_node_declaration_measures_all_reduce_between_two_nodes(sandbox_
     assert out.scheduler.nodes == ["n1", "n2", "n3"]
     assert out.scheduler.cpus_per_node == {"n1": 2, "n2": 2, "n3": 2}
     assert out.scheduler.hot_spare_nodes == ["n1", "n2", "n3"]
-    assert out.scheduler.shadow_nodes == ["n4"], "the shadow partition's node is listed apart, never a spare"
+    assert out.scheduler.shadow_nodes == ["n4", "n5"], "the shadow partition's nodes are listed apart, never spares"
     measured = out.inter_node_all_reduce
     assert measured is not None and len(set(measured.nodes)) == 2, measured
     assert measured.latency_us > 0 and measured.bandwidth_gbit_s > 0 and measured.message_mib == 16

@@ -23,8 +23,9 @@ def _srun(state, *args: str) -> list[str]:
 
 
 def test_up_brings_three_idle_nodes_that_run_a_two_node_job_on_their_own_addresses(sandbox_cluster):
-    # n4 is the shadow partition's node of its own
-    assert sandbox.node_states(sandbox_cluster) == {"n1": "idle", "n2": "idle", "n3": "idle", "n4": "idle"}
+    # n4 and n5 are the shadow partition's nodes of its own
+    assert sandbox.node_states(sandbox_cluster) == {"n1": "idle", "n2": "idle", "n3": "idle", "n4": "idle",
+                                                    "n5": "idle"}
     assert _srun(sandbox_cluster, "-N2", "hostname") == ["n1", "n2"]
     addresses = _srun(sandbox_cluster, "-N3", "sh", "-c", "ip -4 -o addr show tos0 | awk '{print $4}'")
     assert addresses == ["10.251.8.11/24", "10.251.8.12/24", "10.251.8.13/24"]
