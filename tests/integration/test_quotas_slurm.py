@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from trainops.cli import app
 from trainops.tools.calls import call
-from trainops.tools.changes.quotas import current_state
+from trainops.tools.changes.quotas import cluster, current_state
 from trainops.tools.changes.records import read_change
 from trainops.tools.context import CallContext
 from trainops.tools.governance import tokens
@@ -135,3 +135,36 @@ def test_rollback_restores_the_exact_previous_account_and_qos(sandbox_cluster, a
     assert refused.value.pending_id is None
     assert _rollback(first.change_id, approvers).restored  # before the first change: no account, no QOS
     assert _sacctmgr("show", "qos", "where", "name=qroll") == "" and current_state("qroll") == first.previous
+
+
+@pytest.mark.parametrize("kind", ["account", "qos"])
+def test_a_tenant_id_naming_an_account_or_qos_trainops_did_not_make_is_refused_before_anyone_signs(sandbox_cluster,
+                                                                                                   kind):
+    """An administrator's own account (or QOS) of that name: a quota would rewrite its limits and the first
+    change's rollback would delete it. Slurm keeps who made it (the description only its administrators
+    write); the gate refuses the call before it is queued, and the account is left as it was."""
+    name = f"legacy-{kind}"
+    _sacctmgr("-i", "add", kind, name, *([f"cluster={cluster()}"] if kind == "account" else []),
+              "description=the physics group's")
+    shown = _sacctmgr("show", kind, "where", f"name={name}", "format=name,description" if kind == "qos"
+                      else "format=account,description")
+    with pytest.raises(GateRefused, match="that trainops did not make") as refused:
+        call("set_tenant_quota", {"tenant": name, "cpus": 2, "priority": "high", "reason": "take it over"},
+             CallContext(actor="operator"))
+    assert refused.value.rule_id == "R-SEC-3" and refused.value.pending_id is None
+    assert _sacctmgr("show", kind, "where", f"name={name}", "format=name,description" if kind == "qos"
+                     else "format=account,description") == shown
+
+
+def test_an_account_made_after_the_approval_is_still_not_taken_over(sandbox_cluster, approvers):
+    """The gate checks ownership again when the signed call runs: an administrator's account made between
+    the signatures and the run is refused, token or not, and keeps its own limits."""
+    inp = {"tenant": "late", "cpus": 2, "priority": "high", "reason": "a quota for late"}
+    with pytest.raises(GateRefused) as info:
+        call("set_tenant_quota", inp, CallContext(actor="agent"))
+    pending = info.value.pending_id
+    token = tokens.approve(pending, approvers.bob.key, cosign=tokens.approve(pending, approvers.alice.key))
+    _sacctmgr("-i", "add", "account", "late", f"cluster={cluster()}", "description=made by hand")
+    with pytest.raises(GateRefused, match="R-SEC-3.*that trainops did not make"):
+        call("set_tenant_quota", inp, CallContext(actor="agent", approval_token=token))
+    assert _sacctmgr("show", "qos", "where", "name=late") == ""

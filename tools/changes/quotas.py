@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from trainops.tools.base import ToolError, tool
+from trainops.tools.base import InputCheck, ToolError, tool
 from trainops.tools.changes.readback import quota_not_applied
 from trainops.tools.changes.records import record_change, state_differences
 from trainops.tools.ids import TenantId, check_tenant_id
@@ -29,6 +29,8 @@ QOS_PRIORITY = {"low": 10, "normal": 100, "high": 1000}
 LIMITED_TRES = ("cpu", "gres/gpu")
 """The TRES this tool sets; a rollback clears the ones the previous state did not limit."""
 SACCTMGR_TIMEOUT_S = 30
+OWNED = "trainops tenant {tenant}"
+"""The description trainops gives each account and QOS it makes: its mark of ownership, kept by Slurm."""
 SLURM_MAX_COUNT = 0xFFFFFFFD
 """The largest count Slurm stores as itself: a uint32 field whose two top values mean INFINITE and NO_VAL
 (GrpJobs=4294967296 wrapped to 0, no job may run)."""
@@ -170,7 +172,7 @@ def restore_commands(target: str, previous: dict[str, Any]) -> list[list[str]]:
 def _apply(inp: QuotaInput, before: dict[str, Any]) -> None:
     tenant, name, user = inp.tenant, cluster(), getpass.getuser()
     if not before["qos"]:
-        _sacctmgr(["-i", "add", "qos", tenant])
+        _sacctmgr(["-i", "add", "qos", tenant, f"description={OWNED.format(tenant=tenant)}"])
     tres = {key: value for key, value in (("cpu", inp.cpus), ("gres/gpu", inp.gpus)) if value is not None}
     if "gres/gpu" in tres and "gres/gpu" not in known_tres():
         raise ToolError(TOOL, "this cluster's accounting does not count GPUs: add AccountingStorageTRES=gres/gpu "
@@ -178,12 +180,32 @@ def _apply(inp: QuotaInput, before: dict[str, Any]) -> None:
     _sacctmgr(["-i", "modify", "qos", "where", f"name={tenant}", "set",
                *_qos_settings(tres, inp.max_jobs, QOS_PRIORITY[inp.priority])])
     if not before["account"]:
-        _sacctmgr(["-i", "add", "account", tenant, f"cluster={name}", f"description=trainops tenant {tenant}"])
+        _sacctmgr(["-i", "add", "account", tenant, f"cluster={name}", f"description={OWNED.format(tenant=tenant)}"])
     # the tenant's QOS is its account's only one: a job cannot pick another QOS to escape the quota
     _sacctmgr(["-i", "modify", "account", "where", f"name={tenant}", f"cluster={name}", "set",
                *_account_settings([tenant], tenant)])
     if user not in before["users"]:
         _sacctmgr(["-i", "add", "user", user, f"account={tenant}", f"cluster={name}"])
+
+
+def not_owned(inp: QuotaInput) -> str | None:
+    """Why the tenant's name may not be taken: an account or QOS of that name that Slurm holds and trainops
+    did not make (its description, which only Slurm's administrators can write, is not trainops' mark).
+    Its limits are someone else's; a quota would rewrite them, and the rollback of the first change would
+    delete them."""
+    try:
+        marks = {kind: {row[0]: row[1] for row in _rows(["show", kind, "where", f"name={inp.tenant}",
+                                                          f"format={column},description"])}
+                 for kind, column in (("account", "account"), ("qos", "name"))}
+    except ToolError:  # no accounting to ask: the call itself fails on it (the gate asks again when it runs)
+        return None
+    mine = OWNED.format(tenant=inp.tenant)
+    foreign = [kind for kind, rows in marks.items() if inp.tenant in rows and rows[inp.tenant] != mine]
+    if foreign:
+        return (f"tenant {inp.tenant!r} names an existing Slurm {' and '.join(foreign)} that trainops did not make "
+                f"(its description is not {mine!r}): its limits belong to someone else; choose a tenant id of its "
+                "own, or have a Slurm administrator set that description if it is meant to be trainops'")
+    return None
 
 
 def approved_state(inp: QuotaInput) -> dict[str, Any]:
@@ -194,7 +216,8 @@ def approved_state(inp: QuotaInput) -> dict[str, Any]:
             "priority": QOS_PRIORITY[inp.priority]}
 
 
-@tool(TOOL, risk="mutate", approval_required=True, tags=("tenant-governance", "change-window"))
+@tool(TOOL, risk="mutate", approval_required=True, tags=("tenant-governance", "change-window"),
+      checks=(InputCheck("R-SEC-3", not_owned),))
 def set_tenant_quota(inp: QuotaInput) -> QuotaOutput:
     """Set a tenant's quota and priority in Slurm's accounting: the tenant becomes (or stays) a Slurm
     account whose only QOS carries the limits (cpus and/or gpus as GrpTRES, max_jobs as GrpJobs) and
