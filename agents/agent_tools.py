@@ -1,6 +1,5 @@
-"""The agent's own tools, which sit above the tools layer: `run_sop` runs the SOP skill and
-`respond_to_sdc` the SDC response and `sdc_case` reads the case it wrote (skills may call tools,
-tools may not call skills),
+"""The agent's own tools, which sit above the tools layer (skills may call tools, tools may not call
+skills): `respond_to_sdc` runs the SDC response and `sdc_case` reads the case it wrote,
 `ablation_design` ranks a recorded baseline's candidate arms (S3), the SOP's step tools
 (skills.sop_steps, skills.sop_pack: `sop_declare`, `sop_baseline`, `sop_design`, `sop_arm`, `sop_drill`,
 `sop_pack`),
@@ -22,9 +21,8 @@ from trainops.skills.ablation_design import MeasuredSplit, design, split_of_runs
 from trainops.skills.evidence.design import DesignedArm
 from trainops.skills.knobs import KnobError
 from trainops.skills.sdc import CASE_FILE, SdcCase, Suspect
-from trainops.skills.sop import run
-from trainops.skills.sop_pack import SopResult, sop_pack
-from trainops.skills.sop_steps import STEP_TOOLS, SopDeclareInput
+from trainops.skills.sop_pack import sop_pack
+from trainops.skills.sop_steps import STEP_TOOLS
 from trainops.tools.base import InputCheck, ToolError, tool
 from trainops.tools.calls import invoke
 from trainops.tools.catalog import build_registry
@@ -70,18 +68,6 @@ def list_pending_approvals(inp: PendingInput) -> PendingOutput:
                                  f"resume with `trainops chat --thread {t.thread_id}`")
               for t in list_threads() if t.pending_approvals]
     return PendingOutput(items=items, count_pending=sum(1 for i in items if i.status == "pending"))
-
-
-class RunSopInput(SopDeclareInput):
-    """The whole SOP's settings, checked as its S1 step checks them."""
-
-
-@tool("run_sop", risk="mutate", tags=("sop", "agent"))
-def run_sop(inp: RunSopInput) -> SopResult:
-    """Run the whole SOP on a job config: S1 environment declaration, S2 baseline, S3/S4 single-variable
-    ablations (small scale first), S5 fault drills, S6 evidence pack. Launches training jobs (quick: about
-    2 minutes on 2 CPU cores). Returns the pack folder, verdict and blockers; a human then approves the pack."""
-    return run(inp)  # the skill acts for whoever called this tool (the agent), under that call's approval
 
 
 class RespondToSdcInput(BaseModel):
@@ -243,7 +229,7 @@ def load_skill(inp: LoadSkillInput) -> LoadSkillOutput:
     return LoadSkillOutput(name=skill.name, description=skill.description, body=skill.body)
 
 
-AGENT_TOOLS = (run_sop, *STEP_TOOLS, sop_pack, respond_to_sdc, sdc_case, ablation_design, list_pending_approvals,
+AGENT_TOOLS = (*STEP_TOOLS, sop_pack, respond_to_sdc, sdc_case, ablation_design, list_pending_approvals,
                load_skill)
 
 

@@ -6,7 +6,6 @@ outputs by tool name, and returns text or a final_answer's arguments.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainops.agents.answer import Evidence, FinalAnswer
@@ -177,19 +176,6 @@ def checkpoint_interval(request: Request, out: dict[str, Any]) -> str:
                  "estimate)." for k, v in ASSUMED.items() if k not in request.entities.durations_s)
     lines.append("Evidence: " + _compact(plan))
     return "\n".join(lines)
-
-
-def sop(request: Request, out: dict[str, Any]) -> str:
-    result = out.get("run_sop") or {}
-    blockers = result.get("blockers") or []
-    pack = quoted(Path(str(result.get("pack_dir"))).name)
-    return "\n".join([
-        f"Verdict: {quoted(result.get('verdict'))}" + (f"; blockers: {'; '.join(quoted(b) for b in blockers)}"
-                                                      if blockers else ""),
-        f"Evidence pack: {quoted(result.get('pack_dir'))} (SOP took {result.get('elapsed_s', 0):.0f} s).",
-        f"A human decides it: trainops approve {pack} (signed with their SSH key), or trainops reject {pack} "
-        "--note WHY.",
-    ])
 
 
 def approvals(request: Request, out: dict[str, Any]) -> str:

@@ -132,7 +132,7 @@ def _not_what_was_shown(call: dict, decision: dict) -> str | None:
 def acting_refusal(request: dict[str, Any] | None, tool: str, risk: str) -> str | None:
     """Why a call or proposal of `tool` is refused for this request: only an order for that very action
     may change the world; a question or a plan is answered from read-only tools."""
-    if risk == "read" or request is None or (request.get("act") == "order" and request.get("order") == tool):
+    if risk == "read" or request is None or kinds.may_act(request, tool):
         return None
     what = f"an order for {request.get('order')}" if request.get("act") == "order" else f"a {request.get('act')}"
     return (f"{tool} changes the world and the request is {what}: it is answered from read-only tools; say what a "

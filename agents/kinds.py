@@ -1,7 +1,8 @@
 """The request kinds the agent knows, declared once as data: each kind's act, subject, the concepts
 that cue it, what it needs named, the tools it reads (and offers a model), its skill, and how the
 offline policy answers it: the steps it calls and the answer it builds from them (agents/explain.py),
-or a plan of its own (agents/diagnose.py); an order's steps end in one gated call of its tool.
+or a plan of its own (agents/diagnose.py, agents/sop_walk.py); an order's steps end in one gated call of
+its tool, or (the SOP) walk its tool and the further steps it `acts` with, each through the gate.
 Adding a kind is one entry; agents/understand.py picks the first that fits, the graph offers a
 model its tools, and the offline policy (agents/policy.py) interprets the rest.
 
@@ -14,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from trainops.agents import diagnose, explain
+from trainops.agents import diagnose, explain, sop_walk
 
 if TYPE_CHECKING:
     from trainops.agents.understand import Entities
@@ -35,6 +36,11 @@ class Kind:
     order: str | None = None
     skill: str | None = None
     verbs: tuple[str, ...] = ()  # an order's: "verb concept[ another concept the request must hold]"
+    acts: tuple[str, ...] = ()  # an order's further tools that change the world, each through the gate
+
+    def acting(self) -> tuple[str, ...]:
+        """The tools this kind may call that change the world: its order's and its further steps'."""
+        return (self.order, *self.acts) if self.order else ()
 
 
 def _cue(*alternatives: str) -> tuple[frozenset[str], ...]:
@@ -61,7 +67,7 @@ KINDS: tuple[Kind, ...] = (
     Kind("rollback", "order", "change", ("rollback_change",), order="rollback_change", verbs=("rollback",)),
     Kind("upgrade", "order", "framework", ("upgrade_framework", "check_framework_job", "framework_knobs"),
          order="upgrade_framework", verbs=("upgrade",)),
-    Kind("sop", "order", "pack", ("run_sop",), ("run_sop",), explain.sop, order="run_sop",
+    Kind("sop", "order", "pack", sop_walk.STEPS, plan=sop_walk.plan, order=sop_walk.DECLARE, acts=sop_walk.STEPS[1:],
          skill="training-efficiency-ablation-and-fault-sop", verbs=("launch sop",)),
     Kind("drill", "order", "drill", ("job_status", "inject_fault", "detect_faults"),
          ("job_status?", "inject_fault", "detect_faults?"), explain.drill, order="inject_fault", skill="fault-drill",
@@ -132,4 +138,12 @@ def offered(kind: Kind | None, act: str, risk: dict[str, str]) -> list[str]:
     names = kind.tools if kind else GENERAL_READS
     if "load_skill" not in names:  # every skill's name is in the prompt; its body is one read away
         names = ("load_skill", *names)
-    return [n for n in names if n in risk and (risk[n] == "read" or (act == "order" and kind and n == kind.order))]
+    return [n for n in names if n in risk and (risk[n] == "read" or (act == "order" and kind and n in kind.acting()))]
+
+
+def may_act(request: dict | None, tool: str) -> bool:
+    """Whether a request (as the graph stores it) orders `tool`: its order's tool, or a later step
+    of the same order (the SOP's S2..S6 after its S1)."""
+    kind = BY_NAME.get((request or {}).get("kind") or "")
+    return bool(request and request.get("act") == "order" and kind and tool in kind.acting()
+                and request.get("order") == kind.order)

@@ -18,6 +18,7 @@ from trainops.agents.answer import FINAL_ANSWER_TOOL
 from trainops.agents.answer_flag import AnswerFlag, answer_flag
 from trainops.agents.graph import build_graph
 from trainops.agents.providers import AgentSettings, load_settings, make_chat_model
+from trainops.agents.sop_walk import landed
 from trainops.tools.context import serving
 from trainops.tools.governance import gate_api
 from trainops.workspace import agent_db_path, check_id
@@ -61,7 +62,8 @@ class AgentSession:
     """Send requests and approval decisions to one thread; events stream as the graph runs.
 
     Events are dicts with `kind`: `tool_call` (tool, args), `tool_result` (tool, status,
-    output), `approval` (tool, args, risk, ...: the graph is paused for a human), `answer`
+    output, and for an SOP step its `finding` in one line as the session recorded it), `approval`
+    (tool, args, risk, ...: the graph is paused for a human), `answer`
     (text, after the governance report check) and, with `stream_tokens`, `token` (a draft
     chunk of the model's text as it streams, not yet checked: show it transiently)."""
     def __init__(self, thread_id: str | None = None, settings: AgentSettings | None = None, llm=None,
@@ -198,8 +200,9 @@ class AgentSession:
                                 yield {"kind": "tool_call", "tool": call["name"], "args": call["args"]}
                     elif isinstance(message, ToolMessage) and message.name != FINAL_ANSWER_TOOL:
                         tool_s += message.response_metadata.get("elapsed_s", 0.0)
+                        finding = landed(message.name, message.artifact) if message.status == "success" else None
                         yield {"kind": "tool_result", "tool": message.name, "status": message.status,
-                               "output": message.artifact}
+                               "output": message.artifact, **({"finding": finding} if finding else {})}
         wall_s = time.perf_counter() - started
         self.timing = Timing(wall_s=wall_s, tool_s=tool_s, agent_overhead_s=wall_s - tool_s,
                              agent_overhead_pct=100 * (wall_s - tool_s) / wall_s if wall_s else 0.0)

@@ -315,7 +315,7 @@ def bench_sop_overhead(suite: Suite) -> None:
 
 def _throwaway_approver(folder: Path) -> Path:
     """A fresh approver key listed in an allowed-signers file named by $TRAINOPS_ALLOWED_SIGNERS, so
-    the benchmark can approve the agent's run_sop the way a human would: with a signature."""
+    the benchmark can approve the agent's sop_declare the way a human would: with a signature."""
     key = folder / "bench-approver"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "bench", "-f", str(key)], check=True)
     signers = folder / "allowed_signers"

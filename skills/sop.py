@@ -55,9 +55,9 @@ def run(settings: SopSettings, ctx: CallContext | None = None, progress: Progres
         try:
             session = sop_session.load(resume)
         except ValueError as exc:
-            raise ToolError("run_sop", str(exc)) from None
+            raise ToolError("sop", str(exc)) from None
         if session.pack is not None:
-            raise ToolError("run_sop", f"session {resume} is finished: its pack is {session.pack}")
+            raise ToolError("sop", f"session {resume} is finished: its pack is {session.pack}")
         while (step := next_step(session)) is not None:
             out = invoke(*step, ctx)
             session = sop_session.load(resume)

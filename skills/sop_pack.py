@@ -16,6 +16,7 @@ from trainops.skills.evidence import pack as evidence_pack
 from trainops.skills.evidence import references
 from trainops.skills.evidence.model import PackEnvironment
 from trainops.skills.evidence.view import DECISION_COMMANDS, SIGNING_NOTE
+from trainops.skills.sop_approval import declaration_approval
 from trainops.skills.sop_session import save
 from trainops.skills.sop_steps import SKILL, STEP_INPUT, SessionId, declared_first, say, session_of
 from trainops.tools.base import InputCheck, tool
@@ -87,7 +88,8 @@ class SopPackInput(BaseModel):
     session: str = SessionId
 
 
-@tool("sop_pack", risk="mutate", tags=("sop", "evidence"), checks=(InputCheck("R-ENV-1", declared_first),))
+@tool("sop_pack", risk="mutate", tags=("sop", "evidence"), checks=(InputCheck("R-ENV-1", declared_first),),
+      approval_from=declaration_approval)
 def sop_pack(inp: SopPackInput) -> SopResult:
     """S6 of the SOP: write the evidence pack from the session's own records (never figures passed in):
     the declaration, the baseline and its split, the arms' rows, the drills, the checkpoint plan. A step

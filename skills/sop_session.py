@@ -138,6 +138,8 @@ class SopSession(BaseModel):
     drilled: list[str] = Field(default_factory=list, description="faults drilled (S5), recovered or detection only")
     pack: str | None = None
     steps: list[StepLog] = Field(default_factory=list)
+    approved_call: str | None = Field(None, description="the call id of the human approval its S1 declaration ran "
+                                                        "under; None: declared without one (skills.sop_approval)")
 
     def request(self) -> JobRequest:
         """The job every step launches, loaded once per step and stamped with S1's versions."""

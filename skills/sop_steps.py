@@ -27,6 +27,7 @@ from trainops.skills.evidence.model import AblationRow, BaselineSummary, DrillRe
 from trainops.skills.evidence.published import LayoutPlan
 from trainops.skills.knobs import KnobError, parse_arm
 from trainops.skills.rollout import Rung
+from trainops.skills.sop_approval import approval_of_declaration, declaration_approval
 from trainops.skills.sop_session import ArmRung, SopSession, SopSettings, load, save, start
 from trainops.tools.base import InputCheck, ToolError, tool
 from trainops.tools.context import skill_context
@@ -155,6 +156,7 @@ def sop_declare(inp: SopDeclareInput) -> SopDeclareOutput:
     layout = planning.layout_plan(req, env, settings.moe.model_dump() if settings.moe else None, ctx)
     session = start(settings).model_copy(update={
         "environment": env, "environment_row": row, "layout": layout,
+        "approved_call": approval_of_declaration(inp.model_dump(mode="json")),
         "framework_version": f"{env.framework} {env.framework_version}, torch {env.torch_version}"})
     session = save(session.logged("S1", "sop_declare", f"{env.hardware}, {env.framework} {env.framework_version}; "
                                   f"layout {'valid' if layout.valid else 'invalid: ' + str(layout.error)}"))
@@ -184,7 +186,8 @@ class SopBaselineOutput(BaseModel):
     next_step: str
 
 
-@tool("sop_baseline", risk="mutate", tags=("sop",), checks=(InputCheck("R-ENV-1", declared_first),))
+@tool("sop_baseline", risk="mutate", tags=("sop",), checks=(InputCheck("R-ENV-1", declared_first),),
+      approval_from=declaration_approval)
 def sop_baseline(inp: SopBaselineInput) -> SopBaselineOutput:
     """S2 of the SOP: run the session's job `repeats` times at the target scale (plus one short
     profiled run) and summarise MFU, step time, their noise band and the bottleneck split; with
@@ -242,7 +245,8 @@ class SopDesignOutput(BaseModel):
     next_step: str
 
 
-@tool("sop_design", risk="mutate", tags=("sop", "ablation"), checks=(InputCheck("R-ENV-1", declared_first),))
+@tool("sop_design", risk="mutate", tags=("sop", "ablation"), checks=(InputCheck("R-ENV-1", declared_first),),
+      approval_from=declaration_approval)
 def sop_design(inp: SopDesignInput) -> SopDesignOutput:
     """S3 of the SOP: rank candidate arms by expected gain from the session's own S2 split (exposed
     communication, data loading, compute against MFU), each with the figure it acts on, the most it
@@ -285,7 +289,8 @@ class SopArmOutput(BaseModel):
 
 @tool("sop_arm", risk="mutate", tags=("sop", "ablation"),
       checks=(InputCheck("R-ABL-1", _one_variable), InputCheck("R-ENV-1", declared_first),
-              InputCheck("R-ABL-2", _small_rung_first), InputCheck("R-ABL-1", _rung_baseline)))
+              InputCheck("R-ABL-2", _small_rung_first), InputCheck("R-ABL-1", _rung_baseline)),
+      approval_from=declaration_approval)
 def sop_arm(inp: SopArmInput) -> SopArmOutput:
     """S4 of the SOP: one single-variable arm at one rung of its rollout ladder, against the baseline of
     that rung: the smallest valid rung first, a larger one only after the one below gained; where the
@@ -335,7 +340,8 @@ class SopDrillOutput(BaseModel):
     next_step: str
 
 
-@tool("sop_drill", risk="mutate", tags=("sop", "drill"), checks=(InputCheck("R-ENV-1", declared_first),))
+@tool("sop_drill", risk="mutate", tags=("sop", "drill"), checks=(InputCheck("R-ENV-1", declared_first),),
+      approval_from=declaration_approval)
 def sop_drill(inp: SopDrillInput) -> SopDrillOutput:
     """S5 of the SOP: one fault drill on the session's job: inject, then measure detection latency,
     isolation granularity and recovery time from a checkpoint. Needs S1. Launches a job and injects

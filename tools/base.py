@@ -54,13 +54,16 @@ class ToolSpec:
     approval_required: bool = False
     tags: tuple[str, ...] = ()
     checks: tuple[InputCheck, ...] = ()
+    approval_from: Callable[[Any], str | None] | None = None
 
 
 def tool(name: str, *, risk: Risk, approval_required: bool = False, tags: tuple[str, ...] = (),
-         checks: tuple[InputCheck, ...] = ()):
+         checks: tuple[InputCheck, ...] = (), approval_from: Callable[[Any], str | None] | None = None):
     """Declare `fn(inp: Input) -> Output` a tool (its docstring is the model-facing description),
     with the input `checks` the gate applies to it; `fn.tool_spec` carries the declaration for
-    `trainops.tools.registry`. Nothing is registered."""
+    `trainops.tools.registry`. Nothing is registered. `approval_from(inp)` names the call id of an
+    earlier human approval this input runs under (an SOP step on a session whose declaration a human
+    approved); the gate checks that a human's token for that call was spent before it counts."""
 
     def declare(fn: Callable[[Any], BaseModel]) -> Callable[[Any], BaseModel]:
         hints = get_type_hints(fn)
@@ -77,6 +80,7 @@ def tool(name: str, *, risk: Risk, approval_required: bool = False, tags: tuple[
             approval_required=approval_required or risk == "irreversible",
             tags=tags,
             checks=checks,
+            approval_from=approval_from,
         )
         return fn
 

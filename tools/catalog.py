@@ -1,8 +1,8 @@
 """The catalog of trainops' tools, built explicitly: every tool of `trainops.tools` is listed here, once.
 
 Adding a tool is one line in `_tool_functions`. Layers above add their own tools the same way:
-`build_registry(extra=...)` takes more declared functions (the agent passes `run_sop` and
-`list_pending_approvals`), so the CLI and the agent build the same registry whatever ran
+`build_registry(extra=...)` takes more declared functions (the agent passes the SOP's step tools
+and `list_pending_approvals`), so the CLI and the agent build the same registry whatever ran
 before, and nothing registers itself on import. Calling a tool is not this module's concern
 (`trainops.tools.calls`); which registry is served is `trainops.tools.context`'s.
 """

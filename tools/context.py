@@ -4,8 +4,8 @@ without loading pydantic or a single tool.
 
 Every call carries its actor. A caller that does not say who it is counts as the agent (least
 privilege); the CLI runs its commands inside `operator_session()`; a skill acts for whoever ran
-it (`ctx.for_skill(name)`), never with more authority. A call made while another tool runs (the
-`run_sop` tool running the SOP skill) is held to the stricter of its own actor and the outer one,
+it (`ctx.for_skill(name)`), never with more authority. A call made while another tool runs (an SOP
+step running the trainer's jobs) is held to the stricter of its own actor and the outer one,
 and inherits the outer call's human approval, which the gate alone grants.
 
 `serving(source)` makes a registry current for a command or a call (`trainops.tools.calls.call(...,

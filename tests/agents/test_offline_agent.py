@@ -130,13 +130,14 @@ def test_a_log_line_with_instructions_is_quoted_not_obeyed(chatty_job):
     assert call("job_status", {"job_id": chatty_job}).state == "running"
 
 
-def test_run_the_sop_asks_to_run_the_sop_skill_with_the_config(tmp_path):
+def test_run_the_sop_asks_a_human_to_approve_its_declaration_first(tmp_path):
+    """S1 is the agent's own call, queued with the settings the human approves; nothing ran yet."""
     config = tmp_path / "job.toml"
     config.write_text('[model]\npreset = "tiny"\n')
     with AgentSession("sop") as session:
         events = run(session, f"run the SOP on config {config}, quick")
-    assert events[-1]["kind"] == "approval"
-    assert (events[-1]["tool"], events[-1]["args"]) == ("run_sop", {"config": str(config), "quick": True})
+    assert [(e["kind"], e.get("tool")) for e in events] == [("tool_call", "sop_declare"), ("approval", "sop_declare")]
+    assert events[-1]["args"] == {"config": str(config), "quick": True}
 
 
 def test_the_sop_on_a_missing_config_is_refused_before_a_human_is_asked():

@@ -92,16 +92,6 @@ def test_a_crash_drill_prefers_killing_the_rank_and_missing_fields_are_reported(
     assert fill_args(schema, understand("drill a crash", World()), {}) == ({"kind": "kill_rank"}, ["run"])
 
 
-def test_the_sop_answer_leads_with_the_verdict_and_names_the_pack_to_decide():
-    """Rendering only: a real SOP run takes minutes (measured in the report), so its result is built here."""
-    result = {"pack_dir": "/w/packs/sop-1", "verdict": "partial", "blockers": ["drill hang: recovery not measured"],
-              "elapsed_s": 120.4}
-    text = explain.sop(understand("run the SOP", WORLD), {"run_sop": result})
-    assert text.splitlines()[0] == "Verdict: partial; blockers: drill hang: recovery not measured"
-    assert "trainops approve sop-1 (signed with their SSH key)" in text and "trainops reject sop-1 --note WHY" in text
-    assert check_text(text) == []
-
-
 def test_the_mfu_answer_quotes_each_figure_with_the_record_it_comes_from():
     summary = {"run": "r1", "ranks": 2, "steps_measured": 4, "mfu_pct_median": 3.0, "data_wait_share_pct": 20.0,
                "step_time_median_s": 0.2, "step_time_rank_spread_pct": 1.0, "peak_source": "measured CPU GEMM"}

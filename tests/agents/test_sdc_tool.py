@@ -1,5 +1,5 @@
 """The agent's SDC response tool (issue 25 item 6): `respond_to_sdc` runs skills/sdc.respond through
-the gate like run_sop (risk mutate: the agent waits for a human), refuses a run outside the
+the gate like the SOP steps (risk mutate: the agent waits for a human), refuses a run outside the
 workspace before anything is queued, and on a real trainer run whose replica was bit-flipped names
 the suspect from the run's own checksums, tests the node and hands the case to a human."""
 from __future__ import annotations

@@ -108,7 +108,7 @@ def test_a_python_call_that_names_no_actor_is_the_agent_and_is_refused(sleeper):
 
 def test_the_agents_own_mutating_tool_is_refused_before_it_runs_anything(workspace):
     with pytest.raises(GateRefused, match="needs a human approval"):
-        call("run_sop", {"quick": True}, registry=agent_registry())
+        call("sop_declare", {"quick": True}, registry=agent_registry())
     assert not any((workspace / "runs").glob("*"))
 
 
@@ -274,14 +274,14 @@ def test_a_non_boolean_operator_approval_setting_is_an_error_naming_it(sleeper, 
 
 
 def test_a_queued_call_of_the_agents_own_tool_can_be_approved_at_the_cli(approvers, workspace):
-    """`trainops approve` knows run_sop because every command serves the registry the agent uses."""
+    """`trainops approve` knows sop_declare because every command serves the registry the agent uses."""
     with pytest.raises(GateRefused) as refused:
-        call("run_sop", {"quick": True}, registry=agent_registry())
+        call("sop_declare", {"quick": True}, registry=agent_registry())
     result = runner.invoke(app, ["approve", "--pending", refused.value.pending_id, "--key", str(approvers.alice.key),
                                  "--json"])
     assert result.exit_code == 0, result.output
     token = json.loads(result.stdout)["token"]
-    assert tokens.decode(token)["tool"] == "run_sop"
+    assert tokens.decode(token)["tool"] == "sop_declare"
 
 
 def test_tool_list_says_whose_calls_wait_for_a_human(tmp_path, monkeypatch):

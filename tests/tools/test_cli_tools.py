@@ -36,7 +36,7 @@ def test_a_fresh_cli_lists_the_agents_own_tools_too():
     done = subprocess.run([str(Path(sys.executable).parent / "trainops"), "tool", "list", "--json"],
                           capture_output=True, text=True, timeout=60)
     rows = {r["name"]: r for r in json.loads(done.stdout)}
-    assert rows["run_sop"]["risk"] == "mutate" and rows["list_pending_approvals"]["risk"] == "read"
+    assert rows["sop_declare"]["risk"] == "mutate" and rows["list_pending_approvals"]["risk"] == "read"
 
 
 def test_tool_list_renders_a_table_for_people():

@@ -180,11 +180,11 @@ def test_the_registry_is_the_same_whatever_was_imported_before():
     before = set(tool_registry())
 
     assert set(build_registry()) == set(tool_registry()) == before
-    assert not {"run_sop", "list_pending_approvals"} & before
+    assert not {"sop_declare", "list_pending_approvals"} & before
 
 
 def test_the_agent_registry_is_every_tool_plus_the_agents_own():
-    assert set(agent_registry()) == set(tool_registry()) | {"run_sop", "respond_to_sdc", "sdc_case",
+    assert set(agent_registry()) == set(tool_registry()) | {"respond_to_sdc", "sdc_case",
                                                                   "ablation_design", "list_pending_approvals",
                                                                   "load_skill", "sop_declare", "sop_baseline",
                                                                   "sop_design", "sop_arm", "sop_drill", "sop_pack"}

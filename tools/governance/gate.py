@@ -11,8 +11,11 @@ queued, so no human is asked to sign a call that cannot run; then, when
 `approval_rule` says a human must decide (irreversible and approval-gated tools always; any
 `mutate` tool the agent calls, or the operator too where `[governance] operator_needs_approval`),
 a signed single-use token bound to this exact call (R-SEC-1, R-SEC-4) — a call without one is
-queued as a pending approval. The steps of a human-approved call (what `run_sop` does) run under
-that approval. Every decision and every call lands in the hash-chained audit log (R-SEC-5).
+queued as a pending approval. Calls nested inside a human-approved call run under that approval;
+so does a call whose tool names the earlier approval its input belongs to (`approval_from`: an SOP
+step on a session whose S1 declaration a human approved), once the audit log shows a human's token
+for that call was spent. Neither covers an approval-gated or irreversible tool. Every decision and
+every call lands in the hash-chained audit log (R-SEC-5).
 """
 from __future__ import annotations
 
@@ -93,17 +96,24 @@ def approval_rule(spec, ctx) -> str | None:
 
 def needs_approval(spec, ctx) -> bool:
     """Whether this call, by this caller, waits for a human-signed token (ignoring a grant inherited
-    from an approved outer call: see `before_call`)."""
+    from an earlier approval: see `inherited_approval`)."""
     return approval_rule(spec, ctx) is not None
 
 
-def _inherited_approval(spec) -> str | None:
-    """The call id of the human-approved call this one runs inside, when that approval covers it:
-    the steps of an approved `run_sop`, never another approval-gated or irreversible tool."""
-    active = active_call()
-    if active is None or active.approved_call is None or spec.approval_required or spec.risk == "irreversible":
+def inherited_approval(spec, inp: BaseModel) -> str | None:
+    """The call id of the human approval this call runs under without a token of its own, never for
+    an approval-gated or irreversible tool: the approved call it runs inside (a skill's steps), else
+    the earlier approval its tool's `approval_from` names for this input, which counts only where the
+    audit log shows a human's token for that very call was spent (a claim in a record is not one)."""
+    if spec.approval_required or spec.risk == "irreversible":
         return None
-    return active.approved_call
+    active = active_call()
+    if active is not None and active.approved_call is not None:
+        return active.approved_call
+    claimed = spec.approval_from(inp) if spec.approval_from is not None else None
+    if claimed and any(e.get("kind") == "token_spent" and e.get("call_id") == claimed for e in audit.read()):
+        return claimed
+    return None
 
 
 def check_input(spec, inp: BaseModel, ctx) -> None:
@@ -138,8 +148,8 @@ def before_call(spec, inp: BaseModel, ctx) -> str | None:
     rule_id = approval_rule(spec, ctx)
     if rule_id is None:
         _write_intent(spec, inp, ctx)
-        return _inherited_approval(spec)
-    if not ctx.approval_token and (inherited := _inherited_approval(spec)):
+        return inherited_approval(spec, inp)
+    if not ctx.approval_token and (inherited := inherited_approval(spec, inp)):
         audit.append("gate", tool=spec.name, risk=spec.risk, actor=ctx.label, decision="allowed", rule_id=rule_id,
                      under_approved_call=inherited, input_sha256=tokens.input_hash(inp))
         _write_intent(spec, inp, ctx)
@@ -170,7 +180,7 @@ def _require_audit(spec) -> None:
 
 
 # The intent ids of the calls now running in this context, innermost last: a tool that calls
-# tools (run_sop) nests, and each after_call closes the intent its before_call opened.
+# tools (a skill's step) nests, and each after_call closes the intent its before_call opened.
 _OPEN_INTENTS: ContextVar[tuple[str | None, ...]] = ContextVar("open_intents", default=())
 
 

@@ -26,9 +26,11 @@ SignableCall = queue.SignableCall
 
 def check(spec: ToolSpec, inp: BaseModel, ctx: CallContext) -> str | None:
     """Raise `Refused` for what the gate refuses outright (forbidden, invalid input, another
-    tenant's path); otherwise the AGENTS.md rule under which a human must approve, or None."""
+    tenant's path); otherwise the AGENTS.md rule under which a human must approve, or None (also
+    where the call runs under an earlier human approval: an SOP step of an approved declaration)."""
     gate.check_input(spec, inp, ctx)
-    return gate.approval_rule(spec, ctx)
+    rule_id = gate.approval_rule(spec, ctx)
+    return None if rule_id and gate.inherited_approval(spec, inp) else rule_id
 
 
 def pend(spec: ToolSpec, inp: BaseModel, ctx: CallContext) -> str:

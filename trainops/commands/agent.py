@@ -70,7 +70,8 @@ def _show(event: dict[str, Any]) -> None:
                   highlight=False)
     elif kind == "tool_result":
         mark = "[green]✓[/]" if event["status"] == "success" else "[red]✗[/]"
-        detail = "" if event["status"] == "success" else f" {(event['output'] or {}).get('error', '')}"
+        detail = f"  {event['finding']}" if event.get("finding") else ""
+        detail = detail if event["status"] == "success" else f" {(event['output'] or {}).get('error', '')}"
         out.print(f"{mark} {escape(event['tool'] + detail)}", highlight=False)
     elif kind == "approval":  # the call itself is shown only from the queue, checked: _show_request
         out.print(f"[bold yellow]approval needed[/] {escape(str(event['tool']))} (risk {escape(str(event['risk']))})"
