@@ -8,6 +8,10 @@ before it (`needs`), so a step called out of order is refused before anything la
 approval is asked for, naming the step to run first: no step before S1 (R-ENV-1), one knob per
 arm (R-ABL-1), no arm without the baseline of its own rung (R-ABL-1), no rung above the smallest
 before the one below it gained (R-ABL-2).
+
+Called by the agent, `sop_declare` waits for a human; each later step names that approval to the
+gate (`approval_from`, skills.sop_approval), so the steps of a human-approved declaration run under
+it, inside the declared plan only.
 """
 from __future__ import annotations
 

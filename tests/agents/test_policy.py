@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 from langchain_core.messages import ToolMessage
 
-from trainops.agents import explain
+from trainops.agents import sop_walk
 from trainops.agents.explain import explain_mfu
 from trainops.agents.kinds import BY_NAME
 from trainops.agents.policy import fill_args, steps
 from trainops.agents.understand import Job, World, concepts_of, observe_world, order_verbs, understand
+from trainops.skills.sop_session import SopSession, SopSettings, StepLog
 from trainops.tools.backends import backends
 from trainops.tools.context import CallContext
 from trainops.tools.governance.text import check_text
@@ -90,6 +91,20 @@ def test_duration_fields_are_filled_in_the_unit_their_name_states():
 def test_a_crash_drill_prefers_killing_the_rank_and_missing_fields_are_reported():
     schema = {"properties": {"kind": {"enum": ["crash", "kill_rank", "hang"]}, "run": {}}, "required": ["kind", "run"]}
     assert fill_args(schema, understand("drill a crash", World()), {}) == ({"kind": "kill_rank"}, ["run"])
+
+
+def test_the_sop_answer_leads_with_the_verdict_lists_each_step_and_names_the_pack_to_decide():
+    """Rendering only: a real walk takes minutes (tests/skills/test_agent_walks_the_sop.py)."""
+    steps = [StepLog(step="S2", tool="sop_baseline", at=1.0, result="MFU 15.624%, step 0.0584 s over 2 repeats"),
+             StepLog(step="S6", tool="sop_pack", at=2.0, result="pack sop-1: partial")]
+    session = SopSession(session_id="sop-x", created=0.0, settings=SopSettings(quick=True), steps=steps)
+    pack = {"verdict": "partial", "blockers": ["drill hang: recovery not measured"], "pack_id": "sop-1",
+            "report_html": "/w/packs/sop-1/report.html", "approve_command": "trainops approve sop-1"}
+    text = sop_walk.answer(session, pack)
+    assert text.splitlines()[0] == "Verdict: partial; blockers: drill hang: recovery not measured"
+    assert "  S2  sop_baseline  MFU 15.624%, step 0.0584 s over 2 repeats" in text
+    assert "trainops approve sop-1 (signed with their SSH key)" in text and "trainops reject sop-1 --note WHY" in text
+    assert check_text(text) == []
 
 
 def test_the_mfu_answer_quotes_each_figure_with_the_record_it_comes_from():
