@@ -37,6 +37,7 @@ from trainops.run_folder import RunFiles, open_rank_log
 from trainops.trainer.config import RESTORE_TIMEOUT_S, load_config
 from trainops.trainer.metrics import note_exit
 from trainops.trainer.train import LogTee, NonFiniteLoss, exit_now, note_termination, rank_device, train
+from trainops.trainer.workers import STORE_SECRET_ENV, secured
 
 STORE_ENV = "TRAINOPS_INPROCESS_STORE"
 WORKER_ENV = "TRAINOPS_INPROCESS_WORKER"
@@ -52,9 +53,11 @@ warm spare admitted into a broken group does not spend the recovery importing (m
 a cold spare's load phase 5.5 s, a warm one's 1.0 s)."""
 
 
-def store_from_env() -> dist.TCPStore:
+def store_from_env() -> dist.Store:
+    """The supervisor's store, under the job's secret namespace (workers.STORE_SECRET_ENV)."""
     host, _, port = os.environ[STORE_ENV].rpartition(":")
-    return dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=30))
+    return secured(dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=30)),
+                   os.environ.get(STORE_SECRET_ENV, ""))
 
 
 def await_key(store: dist.TCPStore, key: str) -> str | None:

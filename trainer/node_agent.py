@@ -10,7 +10,7 @@ import sys
 import time
 from datetime import timedelta
 
-from trainops.trainer.workers import JOIN_TIMEOUT_S, signal_workers, start_workers
+from trainops.trainer.workers import JOIN_TIMEOUT_S, secured, signal_workers, start_workers
 
 BEAT_S = 0.1
 FENCE_S = 3.0
@@ -31,11 +31,11 @@ class NodeAgent:
     out the leader's kills; stops them all when the leader declares this node lost or cannot be
     reached (FENCE_S), and leaves once the leader says the job is over."""
 
-    def __init__(self, node: int, count: int, program: list[str], store_address: str):
+    def __init__(self, node: int, count: int, program: list[str], store_address: str, secret: str = ""):
         self.node = node
-        self.store = connect(store_address)
+        self.store = secured(connect(store_address), secret)
         self.store.set_timeout(timedelta(seconds=FENCE_S))  # a partitioned link fails a call instead of blocking it
-        self.workers = start_workers(program, store_address, node, count)
+        self.workers = start_workers(program, store_address, node, count, secret)
         self.reported: set[int] = set()
         self.store.set(f"agent/{node}", json.dumps({"host": socket.gethostname(), "workers": [
             {"index": w.index, "pid": w.pid} for w in self.workers]}))

@@ -44,7 +44,7 @@ from trainops.run_folder import RunFiles
 from trainops.run_records import LostRank, RecoveryEntry, read_faults, read_heartbeat, read_journal
 from trainops.trainer.config import RESTORE_TIMEOUT_S
 from trainops.trainer.node_agent import NodeAgent
-from trainops.trainer.workers import JOIN_TIMEOUT_S, Worker, signal_workers, start_workers
+from trainops.trainer.workers import JOIN_TIMEOUT_S, Worker, secured, signal_workers, start_workers, store_secret
 
 POLL_S = 0.05
 GRACE_S = 2.0
@@ -87,14 +87,17 @@ class Supervisor:
         self.restore_timeout_s = max(restore_timeout_s, timeout_s)
         self.nnodes, self.world = nnodes, nproc * nnodes
         host, _, port = (store_address or "127.0.0.1:0").rpartition(":")
-        self.store = dist.TCPStore(host if store_address is None else "0.0.0.0", int(port), is_master=True,
-                                   wait_for_workers=False, timeout=timedelta(seconds=30))
+        listener = dist.TCPStore(host if store_address is None else "0.0.0.0", int(port), is_master=True,
+                                 wait_for_workers=False, timeout=timedelta(seconds=30))
+        self.port = listener.port
+        secret = store_secret(record_key, nnodes + spare_nodes)
+        self.store = secured(listener, secret)
         self.generation = 0
-        self.workers = start_workers(program, f"{host}:{self.store.port}", 0, nproc + spares)
+        self.workers = start_workers(program, f"{host}:{self.port}", 0, nproc + spares, secret)
         self.lost_nodes: set[int] = set()
         self._beats: dict[int, tuple[str, float]] = {}
         for worker in self.workers:
-            self._note_worker(worker, "started", store_port=self.store.port)
+            self._note_worker(worker, "started", store_port=self.port)
         self._join_agents(range(1, nnodes + spare_nodes))
         self.ranks: dict[int, Worker] = {}
         self.generation_started = time.time()
@@ -118,7 +121,7 @@ class Supervisor:
             for entry in agent["workers"]:
                 worker = Worker(entry["index"], entry["pid"], node, agent["host"])
                 self.workers.append(worker)
-                self._note_worker(worker, "started", store_port=self.store.port)
+                self._note_worker(worker, "started", store_port=self.port)
 
     def _note_worker(self, worker: Worker, event: str, **detail) -> None:
         """RUN/workers.jsonl: which process holds which rank, on which host, when (a drill's and a
@@ -403,7 +406,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--node-index above 0 needs --store HOST:PORT (node 0's address)")
     if args.node_index:
         count = args.nproc_per_node + (args.warm_spares if args.node_index < args.nnodes else 0)
-        launcher: Supervisor | NodeAgent = NodeAgent(args.node_index, count, program, args.store)
+        launcher: Supervisor | NodeAgent = NodeAgent(args.node_index, count, program, args.store,
+                                                     store_secret(record_key, args.nnodes + args.spare_nodes))
     else:
         launcher = Supervisor(Path(args.run_dir), args.nproc_per_node, args.warm_spares, args.collective_timeout_s,
                               program, nnodes=args.nnodes, spare_nodes=args.spare_nodes, store_address=args.store,
