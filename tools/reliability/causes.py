@@ -88,7 +88,7 @@ def lost_ranks(ev: Evidence) -> list[int]:
     noting nothing (a rank that noted its launcher's SIGTERM was torn down, not lost)."""
     gone = [r for r, st in ev.ranks_at_end.items() if st == "gone" and r not in ev.noted_ranks]
     return gone or ev.silent_ranks or sorted(r for r, code in ev.rank_exit_codes.items()
-                                             if code < 0 and r not in ev.noted_ranks)
+                                             if code < 0 and r not in ev.noted_ranks and r not in ev.torn_down_ranks)
 
 
 def stalled_rank(ev: Evidence, stale_s: float) -> int | None:
@@ -249,12 +249,14 @@ def _from_signature(ev: Evidence, top: SignatureHit, hits: list[SignatureHit],
     reason = f"{_job(ev)}{where}: {sig.implies}: {top.line}"
     if top.cause == "hung-peer":
         waiting = reported_timeout(ev)
-        missing = missing_ranks(waiting, ev.world_size)
+        missing = missing_ranks(waiting, ev.world_size, ev.torn_down_ranks)
+        stopped = "; the launcher stopped it while it still ran" if set(missing) <= set(ev.torn_down_ranks) else ""
+        named = (f", rank {', '.join(map(str, missing))} did not (inferred from which ranks reported{stopped}): the "
+                 "likely missing rank" if missing else "; the log does not say which rank did not arrive"
+                 + ("" if ev.world_size else " (the job's world size is not known)"))
         reason = (f"{_job(ev)}: {sig.implies}; "
                   + (f"rank(s) {waiting} reported the timeout" if waiting else "no line names the rank that waited")
-                  + (f", rank {', '.join(map(str, missing))} did not (inferred from which ranks reported): the likely "
-                     "missing rank" if missing else "; the log does not say which rank did not arrive"
-                     + ("" if ev.world_size else " (the job's world size is not known)"))
+                  + named
                   + "".join(f"; rank {r} was in {ev.stopped_doing[r]} when its launcher stopped it"
                             for r in missing if r in ev.stopped_doing)
                   + f": {top.line}")

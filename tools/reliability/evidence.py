@@ -48,6 +48,8 @@ EXCEPTION_LINE = re.compile(r"^(Traceback \(most recent call last\)|[A-Za-z_][\w
 NODE_DOWN = re.compile(r"down|drain|not.?responding|\*$|fail", re.I)  # Slurm's '*' suffix: not responding
 _OOM = re.compile(r"(Out of memory|oom-kill|Memory cgroup out of memory).*?(?:Killed process |pid=)(\d+)", re.I)
 _TORCHRUN_RANK = re.compile(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+_TORCHRUN_TEARDOWN = re.compile(r"Sending process \d+ closing signal SIGTERM")
+"""torchrun's line as it stops the ranks still running once one has failed."""
 KERNEL_LOG = "/dev/kmsg"
 IN_PROCESS_STATE = "RECOVERED_IN_PROCESS"
 """The state of an in-process recovery's evidence: the job went on, a rank was replaced."""
@@ -87,6 +89,9 @@ class Evidence(BaseModel):
                                          "just before ending the job itself: running, stopped or gone.")
     rank_exit_codes: dict[int, int] = Field(default_factory=dict, description="rank -> exit code, from the "
                                             "launcher's failure report in the job log.")
+    torn_down_ranks: list[int] = Field(default_factory=list, description="Ranks the launcher itself stopped "
+                                       "with SIGTERM after a peer failed (torchrun's teardown): alive at the end, "
+                                       "not lost.")
     oom_kills: list[str] = Field(default_factory=list, description="Kernel log lines of the OOM killer ending a "
                                  "rank's pid.")
     kernel_log_read: bool = Field(False, description="The kernel log could be read for OOM kills.")
@@ -214,7 +219,8 @@ def _signature_evidence(ev: Evidence, texts: list[str]) -> None:
         return
     top = named_cause(trusted) or trusted[0]
     if ev.failing_rank is None:
-        missing = missing_ranks(reported_timeout(ev), ev.world_size) if top.cause == "hung-peer" else []
+        missing = missing_ranks(reported_timeout(ev), ev.world_size, ev.torn_down_ranks) \
+            if top.cause == "hung-peer" else []
         ev.failing_rank = missing[0] if len(missing) == 1 else top.rank if top.cause != "hung-peer" else None
     if ev.failing_device is None and top.cause != "hung-peer":
         ev.failing_device = top.device
@@ -342,6 +348,8 @@ def gather(status, node_states: dict[str, str] | None = None, job_log: str = "",
     ev = Evidence(state=status.state, reason=inert(status.reason), exit_code=status.exit_code, requeued=status.requeued,
                   node_states={inert(k): inert(v) for k, v in (node_states or {}).items()},
                   ranks_at_end=dict(ranks_at_end or {}), rank_exit_codes=_launcher_exits(job_log))
+    if _TORCHRUN_TEARDOWN.search(job_log):
+        ev.torn_down_ranks = sorted(r for r, code in ev.rank_exit_codes.items() if code == -_signal.SIGTERM)
     run_dir = Path(status.run_dir) if status.run_dir else None
     result = read_status(run_dir) if run_dir and run_dir.is_dir() else None
     if result is not None and ev.exit_code in (None, 0):

@@ -120,15 +120,19 @@ def waiting_ranks(hits: list[SignatureHit]) -> list[int]:
     return sorted({h.rank for h in hits if h.cause == "hung-peer" and h.rank is not None})
 
 
-def missing_ranks(waiting: list[int], world_size: int | None = None) -> list[int]:
-    """The one rank that did not report the timeout, where the world size is known (heartbeats, the
-    job's spec) and every other rank of it reported: the one that did not arrive. Otherwise []: a
+def missing_ranks(waiting: list[int], world_size: int | None = None, torn_down: list[int] = ()) -> list[int]:
+    """The one rank that did not report the timeout: where the world size is known (heartbeats, the
+    job's spec) and every other rank of it reported, or the one rank the launcher stopped while it
+    still ran (torchrun's teardown) that reported none: the one that did not arrive. Otherwise []: a
     rank absent from the log may be on another node's log, or one of several that stalled; the log
     does not tell."""
-    if not world_size or not waiting or len(set(waiting)) < world_size - 1:
+    if not waiting:
         return []
-    absent = sorted(set(range(world_size)) - set(waiting))
-    return absent if len(absent) == 1 else []
+    if world_size and len(set(waiting)) >= world_size - 1:
+        absent = sorted(set(range(world_size)) - set(waiting))
+        return absent if len(absent) == 1 else []
+    stopped = sorted(set(torn_down) - set(waiting))
+    return stopped if len(stopped) == 1 else []
 
 
 def named_cause(trusted: list[SignatureHit]) -> SignatureHit | None:
