@@ -14,7 +14,7 @@ import secrets
 import time
 from typing import Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from trainops.run_folder import read_regular
 from trainops.skills.baseline import RepeatResult
@@ -33,6 +33,8 @@ from trainops.tools.frameworks import get_adapter
 from trainops.tools.frameworks.base import FrameworkName, SopPlan
 from trainops.tools.governance.gate import open_intent
 from trainops.tools.governance.written import unbound, write_bound
+from trainops.tools.ids import SafeId
+from trainops.tools.monitoring.base import MonitorKind
 from trainops.tools.planning.layout_mapping import MoeShape
 from trainops.workspace import check_id, home
 
@@ -63,6 +65,24 @@ class SopSettings(BaseModel):
                                                  "megatron")
     moe: MoeShape | None = Field(None, description="a mixture-of-experts shape to budget expert parallelism for in "
                                                    "the parallel-strategy plan (on paper)")
+    nodes: int = Field(1, ge=1, le=64, description="nodes the job runs on, each with the job's ranks per node; more "
+                                                   "than one needs scheduler='slurm'")
+    partition: SafeId | None = Field(None, description="Slurm partition the job runs in (S1 refuses one `sinfo` does "
+                                                       "not list); None: the cluster's default")
+    monitor: MonitorKind = Field("embedded", description="where step metrics are watched: embedded (each run's "
+                                                         "metrics.jsonl) or prometheus (S1 checks it answers)")
+
+    @model_validator(mode="after")
+    def _cluster_needs_slurm(self) -> SopSettings:
+        """nodes > 1 and a partition only mean something to a Slurm cluster: refused elsewhere, naming the fix."""
+        if self.nodes > 1 and self.scheduler != "slurm":
+            raise ValueError(f"nodes={self.nodes} needs scheduler='slurm' (got {self.scheduler!r}): the "
+                             f"{self.scheduler} scheduler runs a job on one node; use scheduler='slurm' (`trainops "
+                             "sandbox up` makes a Slurm cluster on this host) or nodes=1")
+        if self.partition is not None and self.scheduler != "slurm":
+            raise ValueError(f"partition={self.partition!r} needs scheduler='slurm' (got {self.scheduler!r}): only "
+                             "Slurm has partitions; use scheduler='slurm' or omit partition")
+        return self
 
     def _plan(self) -> SopPlan:
         return get_adapter(self.framework).sop_plan
@@ -91,7 +111,7 @@ class SopSettings(BaseModel):
         steps = 10 if self.quick else 20
         plan = self._plan()
         return JobRequest(config=self.config, preset=None if self.config else "tiny", scheduler=self.scheduler,
-                          framework=self.framework,
+                          framework=self.framework, nodes=self.nodes,
                           overrides=[] if self.config else [f"{plan.steps_key}={steps}", *plan.job])
 
 

@@ -149,20 +149,31 @@ class SopDeclareOutput(BaseModel):
 @tool("sop_declare", risk="mutate", tags=("sop",))
 def sop_declare(inp: SopDeclareInput) -> SopDeclareOutput:
     """S1 of the SOP: start an SOP session for a job and declare its environment (hardware, versions,
-    scheduler, measured checkpoint bandwidth) and parallel-strategy plan. Every later step names the
-    session it returns. Writes the session record; launches no training job."""
+    scheduler, measured checkpoint bandwidth; on Slurm the partition and its nodes, the all-reduce
+    bandwidth measured between nodes, the idle spares beyond the job's nodes and the shadow partition;
+    the monitor, checked to answer) and parallel-strategy plan. Every later step names the session it
+    returns. Writes the session record; launches no training job (on several nodes, one short 2-node
+    all-reduce job measures the interconnect)."""
     ctx = skill_context(SKILL)
     settings = SopSettings.model_validate(inp.model_dump())
     req = settings.request().loaded()
-    say("S1 environment declaration")
-    env, row = environment.declare(settings.scheduler, ctx, framework=settings.framework)
+    try:
+        monitor = environment.check_monitor(settings.monitor)
+    except ValueError as exc:
+        raise ToolError("sop_declare", str(exc)) from None
+    say("S1 environment declaration" + (f" on {settings.nodes} nodes: measuring the interconnect between them"
+                                        if settings.nodes > 1 else ""))
+    env, row = environment.declare(settings.scheduler, ctx, framework=settings.framework,
+                                   partition=settings.partition, job_nodes=settings.nodes, monitor=monitor)
     say("S1 parallel-strategy plan on the declared topology")
     layout = planning.layout_plan(req, env, settings.moe.model_dump() if settings.moe else None, ctx)
     session = start(settings).model_copy(update={
         "environment": env, "environment_row": row, "layout": layout,
         "approved_call": approval_of_declaration(inp.model_dump(mode="json")),
         "framework_version": f"{env.framework} {env.framework_version}, torch {env.torch_version}"})
+    cluster = "".join(f"; {k} {v}" for k, v in env.placement_rows())
     session = save(session.logged("S1", "sop_declare", f"{env.hardware}, {env.framework} {env.framework_version}; "
+                                  f"hot spares {', '.join(env.hot_spare_nodes) or 'none'}{cluster}; "
                                   f"layout {'valid' if layout.valid else 'invalid: ' + str(layout.error)}"))
     return SopDeclareOutput(session_id=session.session_id, environment=env, layout=layout,
                             next_step=f"sop_baseline session={session.session_id} (S2)")

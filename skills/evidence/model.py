@@ -43,6 +43,48 @@ class PackEnvironment(BaseModel):
     scale_up_domain: int | None = Field(default=None, description="accelerators per scale-up domain (NVLink), "
                                                                   "declared; None on CPU hosts")
     inter_node_gbit_s: float | None = Field(default=None, description="measured inter-node bandwidth, Gbit/s")
+    inter_node_latency_us: float | None = Field(default=None, description="measured inter-node all-reduce latency")
+    inter_node_measured_on: list[str] = Field(default_factory=list,
+                                              description="the nodes the inter-node all-reduce job ran on")
+    partition: str | None = Field(default=None, description="the scheduler partition the job runs in; None: the "
+                                                            "scheduler has no partitions (local)")
+    partition_nodes: list[str] = Field(default_factory=list, description="that partition's nodes, as the scheduler "
+                                                                         "reports them")
+    partition_cpus: int | None = Field(default=None, description="CPUs of those nodes together, as the scheduler "
+                                                                 "reports them")
+    job_nodes: int = Field(default=1, ge=1, description="nodes the job asks for")
+    hot_spare_nodes: list[str] = Field(default_factory=list,
+                                       description="the hot-spare pool: idle nodes of the job's partition beyond the "
+                                                   "job's own, from the scheduler (none on the local scheduler)")
+    shadow_partition: str | None = Field(default=None,
+                                         description="the shadow / non-production partition the scheduler has "
+                                                     "(K-PRE-3): its name, or 'none'; None: not checked")
+    monitor: str = Field(default="embedded", description="where step metrics come from: embedded (each run's "
+                                                         "metrics.jsonl) or the Prometheus S1 checked")
+
+    def declared_rows(self) -> list[list[str]]:
+        """The report's S1 table: what was declared, each as `name, value`."""
+        spares = ", ".join(self.hot_spare_nodes) if self.hot_spare_nodes else "none"
+        rows = [["framework", f"{self.framework} {self.framework_version}"], ["torch", self.torch_version],
+                ["hardware", self.hardware], ["devices in the pool", str(self.device_count)],
+                ["collective backend", self.backend], ["scheduler", self.scheduler],
+                ["hot spares", f"{self.hot_spares} ({spares})" if self.hot_spares else "0"]]
+        return rows + self.placement_rows()
+
+    def placement_rows(self) -> list[list[str]]:
+        """Where the job runs (partition, its nodes, the measured interconnect, the shadow partition) and
+        what watches it."""
+        rows = []
+        if self.partition:
+            rows += [["partition", f"{self.partition}: {', '.join(self.partition_nodes)} "
+                                   f"({self.partition_cpus or '?'} CPUs); the job takes {self.job_nodes}"]]
+        if self.inter_node_gbit_s is not None:
+            rows += [["inter-node all-reduce", f"{self.inter_node_gbit_s:.2f} Gbit/s, "
+                                               f"{self.inter_node_latency_us or 0:.0f} us between "
+                                               f"{', '.join(self.inter_node_measured_on)} (measured)"]]
+        if self.shadow_partition is not None:
+            rows += [["shadow partition", self.shadow_partition]]
+        return rows + [["monitor", self.monitor]]
 
 
 class JobLabels(BaseModel):

@@ -165,9 +165,7 @@ def _environment(pack: EvidencePack, figures: dict[str, PackFigure]) -> Section 
     env = pack.environment
     if env is None:
         return None
-    rows = [["framework", f"{env.framework} {env.framework_version}"], ["torch", env.torch_version],
-            ["hardware", env.hardware], ["devices in the pool", str(env.device_count)],
-            ["collective backend", env.backend], ["scheduler", env.scheduler], ["hot spares", str(env.hot_spares)]]
+    rows = env.declared_rows()
     probe = (f"{pack_figures.quote(figures, 'storage probe write bandwidth').capitalize()}: the probe's small test "
              "file, not a training checkpoint (that is checkpoint write bandwidth, from the drill's saves).")
     return Section("s1", "S1 Environment", paragraphs=[probe, *_since_approved(pack)],

@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field, model_validator
 from trainops.tools.changes.known_issues import KnownIssue
 from trainops.tools.environment.interconnect import InterconnectMeasurement
 from trainops.tools.frameworks.base import known_frameworks
+from trainops.tools.ids import SafeId
 from trainops.tools.schedulers.base import SchedulerKind
 
 SINGLE_HOST_INTERCONNECT = "loopback/shared-memory (single host)"
@@ -57,6 +58,13 @@ class SchedulerDeclaration(BaseModel):
     kind: SchedulerKind
     version: str = Field(description="Scheduler version as it reports itself.")
     partitions: list[str] = Field(description="Partitions (Slurm) or node pools; 'local' for the local scheduler.")
+    default_partition: str | None = Field(None, description="The partition a job that names none runs in (Slurm's "
+                                                            "`sinfo` marks it '*'); None where there is none.")
+    partition_nodes: dict[str, list[str]] = Field(default_factory=dict,
+                                                  description="Each partition's nodes, as the scheduler reports them.")
+    shadow_partition: str | None = Field(None, description="The shadow / non-production partition the scheduler has, "
+                                                           "where policy changes are replayed first (K-PRE-3, "
+                                                           "R-SCH-1); None: it has none.")
     nodes: list[str] = Field(description="Nodes the scheduler reports that training jobs can use (the shadow "
                                          "partition's nodes are listed apart).")
     hot_spare_nodes: list[str] = Field(description="Idle training nodes as the scheduler reports them: the pool that "
@@ -118,6 +126,10 @@ class EnvInput(BaseModel):
                                               "(trainops, deepspeed, torchtitan, megatron) reports its installed "
                                               "version; any other name needs framework_version.")
     framework_version: str | None = Field(None, description="Version of `framework`.")
+    partition: SafeId | None = Field(None,
+                                     description="Slurm partition the job will run in: refused unless `sinfo` lists "
+                                                 "it; the interconnect measurement runs on its nodes. None: the "
+                                                 "default partition.")
     measure_interconnect: bool = Field(False,
                                        description="Measure inter-node all-reduce latency and bandwidth: submits a "
                                                    "2-node gloo job through the scheduler (Slurm; ~10 s, its files "
@@ -140,4 +152,11 @@ class EnvInput(BaseModel):
         if self.measure_interconnect and self.scheduler != "slurm":
             raise ValueError(f"measure_interconnect=true needs scheduler='slurm' (got {self.scheduler!r}): the "
                              "measurement is a 2-node job; `trainops sandbox up` makes a Slurm cluster on this host")
+        return self
+
+    @model_validator(mode="after")
+    def _partition_needs_slurm(self) -> EnvInput:
+        if self.partition is not None and self.scheduler != "slurm":
+            raise ValueError(f"partition={self.partition!r} needs scheduler='slurm' (got {self.scheduler!r}): only "
+                             "Slurm has partitions; omit partition or use scheduler='slurm'")
         return self

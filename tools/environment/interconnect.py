@@ -70,8 +70,10 @@ def _worker(result_path: str) -> None:
     dist.destroy_process_group()
 
 
-def measure_all_reduce(scheduler_kind: str, nodes: int = 2, timeout_s: float = 120.0) -> InterconnectMeasurement:
-    """Submit the measurement job on `nodes` nodes, wait for it, and read its figures. Raises
+def measure_all_reduce(scheduler_kind: str, nodes: int = 2, timeout_s: float = 120.0,
+                       partition: str | None = None) -> InterconnectMeasurement:
+    """Submit the measurement job on `nodes` nodes (of `partition`; None: the default), wait for it, and
+    read its figures. Raises
     ValueError naming what went wrong (the caller turns it into its own tool error)."""
     scheduler = get_scheduler(scheduler_kind)
     folder = Path(tempfile.mkdtemp(prefix="interconnect-", dir=home()))  # a shared run folder, as for training
@@ -81,7 +83,7 @@ def measure_all_reduce(scheduler_kind: str, nodes: int = 2, timeout_s: float = 1
         handle = scheduler.submit(JobSpec(name="trainops-allreduce-probe", launcher="torchrun", nodes=nodes,
                                           procs_per_node=1,
                                           command=["-m", "trainops.tools.environment.interconnect", str(result)],
-                                          workdir=str(folder), time_limit_min=5))
+                                          workdir=str(folder), time_limit_min=5, partition=partition))
         status = scheduler.wait(handle.job_id, timeout_s)
         if not result.exists():
             log = scheduler.logs(handle.job_id, tail=20)
@@ -93,13 +95,14 @@ def measure_all_reduce(scheduler_kind: str, nodes: int = 2, timeout_s: float = 1
     return InterconnectMeasurement(**figures, job_id=handle.job_id, seconds=round(time.monotonic() - started, 3))
 
 
-def declare_interconnect(scheduler_kind: str, node_count: int) -> InterconnectMeasurement:
+def declare_interconnect(scheduler_kind: str, node_count: int, partition: str | None = None) -> InterconnectMeasurement:
     """The measurement as declare_environment reports it: a tool error naming the field on failure."""
     if node_count < 2:
-        raise ToolError("declare_environment", f"measure_interconnect: the scheduler has {node_count} node(s) and "
+        where = f"partition {partition!r}" if partition else "the scheduler"
+        raise ToolError("declare_environment", f"measure_interconnect: {where} has {node_count} node(s) and "
                                                "the measurement needs 2; set it false or use a multi-node cluster")
     try:
-        return measure_all_reduce(scheduler_kind)
+        return measure_all_reduce(scheduler_kind, partition=partition)
     except (SchedulerError, ValueError) as exc:
         raise ToolError("declare_environment", f"measure_interconnect: {exc}") from None
 

@@ -279,30 +279,41 @@ def read_scheduler(kind: SchedulerKind) -> SchedulerDeclaration:
     try:
         if kind == "slurm":
             version = run_cli(["sinfo", "-V"]).stdout.strip()
-            partitions = sorted(set(run_cli(["sinfo", "-h", "-o", "%R"]).stdout.split()))
+            listed = run_cli(["sinfo", "-h", "-o", "%P"]).stdout.split()  # the default partition ends in '*'
+            partitions = sorted({p.rstrip("*") for p in listed})
+            default = next((p.rstrip("*") for p in listed if p.endswith("*")), None)
             transport = "{} ({})".format(*transport_choice())
         else:
             import torch
 
-            version, partitions = f"trainops local (torchrun, torch {torch.__version__})", ["local"]
+            version, partitions, default = f"trainops local (torchrun, torch {torch.__version__})", ["local"], None
             transport = "local processes"
         nodes = get_scheduler(kind).list_nodes()
     except SchedulerError as exc:
         raise ToolError("declare_environment", str(exc)) from None
-    shadow_only = _shadow_only_nodes(nodes) if kind == "slurm" else set()
-    training = [n for n in nodes if n.name not in shadow_only]
+    configured = configured_shadow_partition("declare_environment") if kind == "slurm" else None
+    shadow = configured if configured in partitions else None
+    shadow_only = {n.name for n in nodes if shadow is not None and n.partitions and set(n.partitions) == {shadow}}
+    training = [n for n in nodes if n.name not in shadow_only]  # shadow-only nodes are never a training job's spare
     # the local scheduler's one node is the host every job runs on: idle or not, nothing can replace it
     spares = [] if kind == "local" else [n.name for n in training if n.state == "idle"]
-    return SchedulerDeclaration(kind=kind, version=version, partitions=partitions, nodes=[n.name for n in training],
-                     hot_spare_nodes=spares,
-                     shadow_nodes=[n.name for n in nodes if n.name in shadow_only],
-                     cpus_per_node={n.name: n.cpus for n in training if n.cpus}, transport=transport)
+    return SchedulerDeclaration(kind=kind, version=version, partitions=partitions, default_partition=default,
+                                partition_nodes={p: [n.name for n in nodes if p in n.partitions] for p in partitions
+                                                 if kind == "slurm"},
+                                shadow_partition=shadow, nodes=[n.name for n in training], hot_spare_nodes=spares,
+                                shadow_nodes=[n.name for n in nodes if n.name in shadow_only],
+                                cpus_per_node={n.name: n.cpus for n in training if n.cpus}, transport=transport)
 
 
-def _shadow_only_nodes(nodes: list) -> set[str]:
-    """Nodes in the shadow partition and no other: a training job cannot land there, so they are no spares."""
-    shadow = configured_shadow_partition("declare_environment")
-    return {n.name for n in nodes if shadow is not None and n.partitions and set(n.partitions) == {shadow}}
+def partition_of(scheduler: SchedulerDeclaration, partition: str | None) -> str | None:
+    """The partition a job asking for `partition` runs in: refused, naming `sinfo`, where the cluster has none
+    of that name; None for a scheduler without partitions."""
+    if partition is not None and partition not in scheduler.partitions:
+        raise ToolError("declare_environment", f"partition={partition!r} does not exist on this cluster: `sinfo` "
+                                               f"lists {', '.join(scheduler.partitions) or 'no partition'}; name one "
+                                               "of those, or omit partition for the default "
+                                               f"({scheduler.default_partition or 'none'})")
+    return partition or scheduler.default_partition
 
 
 def _read_kubernetes() -> SchedulerDeclaration:
@@ -338,7 +349,9 @@ def declare_environment(inp: EnvInput) -> EnvironmentDeclaration:
     host = socket.gethostname()
     acc, generation, interconnect = read_accelerators(notes)
     scheduler = read_scheduler(inp.scheduler)
-    measured = declare_interconnect(inp.scheduler, len(scheduler.nodes)) if inp.measure_interconnect else None
+    partition = partition_of(scheduler, inp.partition)
+    pool = scheduler.partition_nodes.get(partition, scheduler.nodes) if partition else scheduler.nodes
+    measured = declare_interconnect(inp.scheduler, len(pool), inp.partition) if inp.measure_interconnect else None
     if measured:
         interconnect = (f"between nodes {', '.join(measured.nodes)}: all-reduce {measured.latency_us:.0f} us, "
                         f"{measured.bandwidth_gbit_s:.2f} Gbit/s (measured, {measured.backend}); within a node: "

@@ -44,11 +44,11 @@ def _progress(as_json: bool):
 
 
 def _request(config: Optional[str], sets: Optional[List[str]], nproc: int, scheduler: str, as_json: bool,
-             monitor: str = "embedded", framework: str = "trainops", nodes: int = 1):
-    if monitor != "embedded":
-        fail(f"--monitor: {monitor!r} does not feed the SOP's statistics yet (summarize_run reads each run's "
-             "metrics.jsonl); use --monitor embedded, and `trainops tool call query_metrics` for Prometheus series",
-             as_json=as_json)
+             monitor: str = "embedded", framework: str = "trainops", nodes: int = 1, monitors=("embedded",)):
+    if monitor not in monitors:
+        fail(f"--monitor: {monitor!r} does not feed this command's statistics (summarize_run reads each run's "
+             "metrics.jsonl); use --monitor embedded, `trainops sop --monitor prometheus` to declare and check a "
+             "Prometheus, and `trainops tool call query_metrics` for its series", as_json=as_json)
     if config and not Path(config).is_file():
         fail(f"CONFIG: file {config!r} does not exist; pass a job config TOML or omit it for the tiny preset",
              as_json=as_json)
@@ -215,22 +215,38 @@ def sop(config: Optional[str] = typer.Argument(None, help="Job config TOML (defa
         resume: Optional[str] = typer.Option(None, "--resume",
                                              help="Continue SOP session ID (sop-sessions/ID.json) from its last "
                                                   "finished step, with the settings it was declared with."),
-        scheduler: str = SCHED, monitor: str = MONITOR, as_json: bool = JSON, framework: str = FRAMEWORK):
+        scheduler: str = SCHED, monitor: str = MONITOR, as_json: bool = JSON, framework: str = FRAMEWORK,
+        nodes: int = NODES,
+        partition: Optional[str] = typer.Option(None, "--partition",
+                                                help="Slurm partition the job runs in (default: the cluster's "
+                                                     "default); S1 declares its nodes and idle spares.")):
     """S1..S6 end to end; ends with an evidence pack waiting for approval.
 
     Each step is its own tool call on one SOP session; --resume continues a session without rerunning
-    its finished steps."""
-    _request(config, None, 2, scheduler, as_json, monitor, framework)
+    its finished steps. With --monitor prometheus, S1 checks the Prometheus answers and declares it;
+    the steps' figures are still read from each run's metrics.jsonl."""
+    _request(config, None, 2, scheduler, as_json, monitor, framework, monitors=("embedded", "prometheus"))
     for spec in knob or []:
         _guard(lambda spec=spec: parse_arm([spec], framework), as_json)
-    settings = SopSettings(config=config, quick=quick, scheduler=scheduler, knobs=knob or [], faults=fault or [],
-                           mtbf_h=mtbf_h, ettr_window_s=ettr_window_s, framework=framework)
+    settings = _settings(as_json, config=config, quick=quick, scheduler=scheduler, knobs=knob or [],
+                         faults=fault or [], mtbf_h=mtbf_h, ettr_window_s=ettr_window_s, framework=framework,
+                         nodes=nodes, partition=partition, monitor=monitor)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), disable=as_json,
                   transient=False, console=console()) as bar:
         task = bar.add_task("SOP", total=None)
         result = _guard(lambda: run(settings, progress=None if as_json else _reporter(bar, task), resume=resume),
                         as_json)
     emit(result, as_json, _closing)
+
+
+def _settings(as_json: bool, **fields) -> SopSettings:
+    """The SOP's settings, or the one refusal that names the option and the fix."""
+    try:
+        return SopSettings(**fields)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        option = f"--{str(error['loc'][0]).replace('_', '-')}: " if error["loc"] else ""
+        fail(option + error["msg"].removeprefix("Value error, "), as_json=as_json)
 
 
 def _reporter(bar: Progress, task):
