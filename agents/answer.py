@@ -3,7 +3,10 @@
 A model ends a request by calling `final_answer` with a `FinalAnswer`; `answer_problems` holds it
 against what the tools of that run returned before anyone sees it (a cause stated with medium or
 high confidence needs evidence, every quote must be found in a tool's output, an inconclusive
-verdict says what to collect next).
+verdict says what to collect next). `text_problems` holds any answer's text, free text included, to
+the report rules and to R-ENV-1 as an answer meets it: an MFU figure is stated only when a tool of
+this run returned it (a measured run, after the environment is declared); a model that states one
+before S1 ran, or makes one up, is refused naming the rule.
 """
 from __future__ import annotations
 
@@ -72,7 +75,7 @@ def _norm(text: str) -> str:
 def answer_problems(answer: FinalAnswer, tool_outputs: dict[str, list[Any]]) -> list[str]:
     """Why `answer` may not be shown (empty: it may). `tool_outputs`: tool name -> the outputs it
     returned in this run, so a quote is checked against what the tools said, not what the model says."""
-    problems = [str(v) for v in check_text(answer.summary)]
+    problems = text_problems(answer.summary, tool_outputs)
     if answer.verdict == "diagnosed" and not (answer.cause_class or answer.fault_kind):
         problems.append("verdict diagnosed names neither cause_class nor fault_kind: name what was diagnosed, or "
                         "answer inconclusive")
@@ -96,6 +99,34 @@ def answer_problems(answer: FinalAnswer, tool_outputs: dict[str, list[Any]]) -> 
             problems.append(f"evidence {item.quote[:80]!r} (source {item.source[:60]!r}) is not in any tool output of "
                             "this run: cite a tool you called and its exact words")
     return problems
+
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+_NOT_IN_RANGE = r"(?<![\d.~～〜\-–])"  # a range (40~55%) is a basis-labelled statement (R-EVD-1), not a figure
+_MFU_STATED = re.compile(rf"\bMFU\b[^;,|%\d\n]{{0,40}}{_NOT_IN_RANGE}(?P<a>\d+(?:\.\d+)?)\s?%(?!\s*[~～〜\-–]\d)"
+                         rf"|{_NOT_IN_RANGE}(?P<b>\d+(?:\.\d+)?)\s?%\s+(?:of\s+peak\s+)?MFU\b", re.I)
+
+
+def unmeasured_mfu(text: str, tool_outputs: dict[str, list[Any]]) -> list[str]:
+    """R-ENV-1 on an answer: each MFU figure it states must be one a tool returned in this run (to the
+    digits the answer writes), so no MFU is stated before S1 declared the environment and a run was
+    measured on it. Each figure stated otherwise is a problem naming the rule and the step to run."""
+    measured = [float(n) for n in _NUMBER.findall(json.dumps(tool_outputs, default=str))]
+    problems = []
+    for match in _MFU_STATED.finditer(text):
+        stated = match["a"] or match["b"]
+        digits = len(stated.partition(".")[2])
+        if not any(abs(value - float(stated)) <= 0.5 * 10 ** -digits + 1e-9 for value in measured):
+            problems.append(f"R-ENV-1: the answer states {match.group(0).strip()!r}, an MFU no tool measured in this "
+                            "run: no MFU is stated before the environment is declared (S1, sop_declare) and a run "
+                            "is measured on it (S2, sop_baseline, or summarize_run of a recorded run); quote the "
+                            "figure a tool returned, or state none")
+    return problems
+
+
+def text_problems(text: str, tool_outputs: dict[str, list[Any]]) -> list[str]:
+    """Why an answer's text may not be shown: the report rules (tools.governance.text) and R-ENV-1."""
+    return [str(v) for v in check_text(text)] + unmeasured_mfu(text, tool_outputs)
 
 
 def render(answer: FinalAnswer) -> str:

@@ -39,7 +39,7 @@ from pydantic import ValidationError
 
 from trainops.agents import action_policy, kinds, transcript
 from trainops.agents.agent_tools import agent_registry
-from trainops.agents.answer import FINAL_ANSWER_TOOL, FinalAnswer, answer_problems, final_answer_schema
+from trainops.agents.answer import FINAL_ANSWER_TOOL, FinalAnswer, answer_problems, final_answer_schema, text_problems
 from trainops.agents.answer import render as render_answer
 from trainops.agents.diagnose import ask_back
 from trainops.agents.echo import unechoed
@@ -53,7 +53,6 @@ from trainops.tools.base import ToolError
 from trainops.tools.context import CallContext, serving
 from trainops.tools.governance import gate_api
 from trainops.tools.governance.gate_api import Refused
-from trainops.tools.governance.text import check_text
 from trainops.tools.langchain import as_langchain_tools
 
 
@@ -292,7 +291,8 @@ class AgentNodes:
                 rule_id = gate_api.check(spec, inp, ctx)
             except ValidationError as exc:
                 bad += 1
-                refuse(call, f"invalid input for {spec.name}: {exc.errors()[0]['loc']} {exc.errors()[0]['msg']}")
+                refuse(call, f"invalid input for {spec.name}: {exc.errors()[0]['loc']} {exc.errors()[0]['msg']}"
+                             " (R-TOOL-1: a tool takes its typed input only; fix the field and call again)")
                 continue
             except gate_api.Refused as exc:
                 refuse(call, str(exc))
@@ -374,7 +374,7 @@ class AgentNodes:
         if any(c["name"] == FINAL_ANSWER_TOOL for c in final.tool_calls):
             return self._check_final_answer(state, config, final)
 
-        violations = [str(v) for v in check_text(final.text)]
+        violations = text_problems(final.text, _tool_outputs(state["messages"]))
         transcript.record(_thread(config), "report_check", ok=not violations, violations=violations)
         if not violations:
             return {"report_violations": [], "stop_reason": "answered"}

@@ -6,8 +6,8 @@ tool call` and the agent call the same tools through the same gate.
 The order is a rule on every path: each tool declares, as gate input checks, what must have run
 before it (`needs`), so a step called out of order is refused before anything launches or any
 approval is asked for, naming the step to run first: no step before S1 (R-ENV-1), one knob per
-arm (R-ABL-1), no arm without the baseline of its own rung (R-ABL-1), no rung above the smallest
-before the one below it gained (R-ABL-2).
+arm (R-ABL-1), no design (S3) without S2's baseline and no arm without the baseline of its own rung
+(R-ABL-1), no rung above the smallest before the one below it gained (R-ABL-2).
 
 Called by the agent, `sop_declare` waits for a human; each later step names that approval to the
 gate (`approval_from`, skills.sop_approval), so the steps of a human-approved declaration run under
@@ -124,6 +124,18 @@ def _rung_baseline(inp) -> str | None:
     if rung.world not in session.baselines:
         return (f"no baseline at {rung.label} in session {session.session_id}: run sop_baseline with world="
                 f"{rung.world} first; {arm} is compared with the baseline of its own rung")
+    return None
+
+
+def _target_baseline(inp) -> str | None:
+    """R-ABL-1: S3 designs the arms against the baseline they are measured from: S2 at the target scale."""
+    try:
+        session = load(inp.session)
+    except ValueError:
+        return None
+    if session.summary is None and session.environment is not None:
+        return (f"no baseline at the target scale in session {session.session_id}: run sop_baseline first (S2); S3 "
+                "ranks the arms from its measured split, and every arm is measured against a baseline")
     return None
 
 
@@ -260,7 +272,8 @@ class SopDesignOutput(BaseModel):
     next_step: str
 
 
-@tool("sop_design", risk="mutate", tags=("sop", "ablation"), checks=(InputCheck("R-ENV-1", declared_first),),
+@tool("sop_design", risk="mutate", tags=("sop", "ablation"),
+      checks=(InputCheck("R-ENV-1", declared_first), InputCheck("R-ABL-1", _target_baseline)),
       approval_from=declaration_approval)
 def sop_design(inp: SopDesignInput) -> SopDesignOutput:
     """S3 of the SOP: rank candidate arms by expected gain from the session's own S2 split (exposed
