@@ -348,6 +348,7 @@ def gather(status, node_states: dict[str, str] | None = None, job_log: str = "",
     ev = Evidence(state=status.state, reason=inert(status.reason), exit_code=status.exit_code, requeued=status.requeued,
                   node_states={inert(k): inert(v) for k, v in (node_states or {}).items()},
                   ranks_at_end=dict(ranks_at_end or {}), rank_exit_codes=_launcher_exits(job_log))
+    ev.world_size = getattr(status, "ranks", None)
     if _TORCHRUN_TEARDOWN.search(job_log):
         ev.torn_down_ranks = sorted(r for r, code in ev.rank_exit_codes.items() if code == -_signal.SIGTERM)
     run_dir = Path(status.run_dir) if status.run_dir else None

@@ -42,6 +42,8 @@ class TrainingJob(BaseModel):
                                  description="section.key=value overrides, e.g. training.steps=20.")
     nproc: int = Field(1, ge=1, le=1024, description="Processes (ranks) per node.")
     nodes: int = Field(1, ge=1, le=65536, description="Number of nodes.")
+    partition: SafeId | None = Field(None, description="Slurm partition the job runs in; None: the cluster's "
+                                                       "default. Carried into the JobSpec the scheduler gets.")
     job_config: LoadedConfig = Field(None, exclude=True,
                                      description="The trainer config of this request, loaded once by the command "
                                                  "that made it (JobRequest.loaded); None: loaded where it is needed.")
@@ -171,10 +173,23 @@ class JobStatus(BaseModel):
     run_dir: str | None = None
     requeued: bool = Field(False, description="This launch ended in a requeue: the job ran again under its id "
                                               "(a scheduler's accounting of an earlier launch).")
+    ranks: int | None = Field(None, description="The ranks the launcher starts (nodes x procs_per_node of a torchrun "
+                                                "spec); None where the job starts its own (a plain command).")
 
     @property
     def finished(self) -> bool:
         return self.state in TERMINAL_STATES
+
+
+def spec_ranks(spec: dict | None) -> int | None:
+    """The ranks a recorded spec's launcher starts: nodes x procs_per_node under torchrun, each bounded as
+    JobSpec bounds it (the record is a file; a value out of bounds says nothing); None for a plain command."""
+    if not isinstance(spec, dict) or spec.get("launcher") != "torchrun":
+        return None
+    nodes, procs = spec.get("nodes"), spec.get("procs_per_node")
+    if type(nodes) is not int or type(procs) is not int or not (1 <= nodes <= 65536 and 1 <= procs <= 1024):
+        return None
+    return nodes * procs
 
 
 class NodeInfo(BaseModel):

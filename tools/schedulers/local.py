@@ -28,6 +28,7 @@ from trainops.tools.schedulers.base import (
     SchedulerError,
     rank_log,
     read_confined,
+    spec_ranks,
     tail_text,
 )
 from trainops.tools.schedulers.job_env import LAUNCHER_MARKER, job_environment
@@ -217,7 +218,7 @@ class LocalScheduler(PollingWait):
                          nodes=[socket.gethostname()], reason=reason, submitted_at=record.get("submitted_at"),
                          started_at=record.get("started_at"),
                          ended_at=exit_info["ended_at"] if exit_info else record.get("cancelled_at"),
-                         run_dir=record["spec"].get("run_dir"))
+                         run_dir=record["spec"].get("run_dir"), ranks=spec_ranks(record["spec"]))
 
     def logs(self, job_id: str, tail: int = 100, rank: int | None = None) -> str:
         record = self._load(job_id)

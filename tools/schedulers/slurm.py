@@ -24,6 +24,7 @@ from trainops.tools.schedulers.base import (
     PollingWait,
     SchedulerError,
     rank_log,
+    spec_ranks,
     tail_text,
 )
 from trainops.tools.schedulers.job_env import job_environment, shell_filter
@@ -261,7 +262,8 @@ class SlurmScheduler(PollingWait):
                          nodes=self.transport.hostnames(job.nodelist), reason=f"{job.state}: {job.reason}",
                          submitted_at=job.submitted_at, started_at=job.started_at,
                          ended_at=job.ended_at if state in TERMINAL_STATES else None,
-                         run_dir=record["spec"].get("run_dir") if record else None)
+                         run_dir=record["spec"].get("run_dir") if record else None,
+                         ranks=spec_ranks(record["spec"]) if record else None)
 
     def earlier_launches(self, job_id: str, current: JobStatus) -> list[JobStatus]:
         """The job's launches before `current`, which a requeue ended (Slurm's own after a node failure or a

@@ -66,7 +66,7 @@ def test_in_a_plain_torchrun_job_of_more_ranks_the_one_that_did_not_arrive_is_na
     assert call("wait_job", {"job_id": job, "timeout_s": 120}).state == "failed"
     rec = read_interruptions(job)[-1]
     assert (rec.cause, rec.evidence.failing_rank) == ("hung-peer", held), rec.cause_reason
-    assert held in rec.evidence.torn_down_ranks
+    assert held in rec.evidence.torn_down_ranks and rec.evidence.world_size == ranks  # from the spec's launcher
     assert f"rank {held} did not" in rec.cause_reason
     assert "the launcher stopped it while it still ran" in rec.cause_reason
     assert rec.requeue_helps is False and "network" not in rec.cause_reason.lower()
