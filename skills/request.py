@@ -4,7 +4,7 @@ runs and how the SOP measures it. It lives beside the steps, not in one of them,
 steps and the agent's skills import it from one place."""
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from trainops.tools.jobs.trainer_job import confine_init_from
 from trainops.tools.schedulers.base import TrainingJob
@@ -24,6 +24,15 @@ class JobRequest(TrainingJob):
     framework: str = Field("trainops",
                            description="whose job this is: trainops, deepspeed, torchtitan or megatron "
                                        "(trainops.tools.frameworks)")
+
+    @model_validator(mode="after")
+    def _partition_needs_slurm(self) -> JobRequest:
+        """A partition means something to Slurm only: refused elsewhere, naming the fix, as SopSettings does
+        (whether Slurm lists it is S1's check, skills.environment, and sbatch's at submission)."""
+        if self.partition is not None and self.scheduler != "slurm":
+            raise ValueError(f"partition={self.partition!r} needs scheduler='slurm' (got {self.scheduler!r}): only "
+                             "Slurm has partitions; use scheduler='slurm' or omit partition")
+        return self
 
     def loaded(self) -> JobRequest:
         """The request with its trainer config loaded and validated, the one time its command does it;

@@ -41,6 +41,9 @@ from trainops.workspace import check_id, home
 SESSION_KIND = "sop_session_written"
 MAX_SESSION_BYTES = 16 << 20
 Step = Literal["S1", "S2", "S3", "S4", "S5", "S6"]
+NODE_LOSS = "node-crash"
+"""The node loss a multi-node SOP drills (skills.drill's NODE_DRILLS): a node of the job's partition is
+crashed under it, the job requeued onto a spare from its newest checkpoint."""
 
 
 class SopSettings(BaseModel):
@@ -65,8 +68,9 @@ class SopSettings(BaseModel):
                                                  "megatron")
     moe: MoeShape | None = Field(None, description="a mixture-of-experts shape to budget expert parallelism for in "
                                                    "the parallel-strategy plan (on paper)")
-    nodes: int = Field(1, ge=1, le=64, description="nodes the job runs on, each with the job's ranks per node; more "
-                                                   "than one needs scheduler='slurm'")
+    nodes: int = Field(1, ge=1, le=64, description="nodes the job runs on: one runs 2 ranks, several run one rank "
+                                                   "each (the ladder: 1 process, then the nodes); more than one needs "
+                                                   "scheduler='slurm'")
     partition: SafeId | None = Field(None, description="Slurm partition the job runs in (S1 refuses one `sinfo` does "
                                                        "not list); None: the cluster's default")
     monitor: MonitorKind = Field("embedded", description="where step metrics are watched: embedded (each run's "
@@ -100,8 +104,14 @@ class SopSettings(BaseModel):
         return arms if self.knobs or not self.quick else arms[:1]
 
     def drills(self) -> list[str]:
+        """The user's faults, else the framework's (the quick SOP: its first); a job on several Slurm nodes
+        drills a node loss too (NODE_LOSS), in the quick SOP instead of the first process fault."""
+        if self.faults:
+            return list(self.faults)
         faults = list(self._plan().faults)
-        return self.faults or (faults[:1] if self.quick else faults)
+        if self.nodes > 1:
+            return [NODE_LOSS] if self.quick else [*faults, NODE_LOSS]
+        return faults[:1] if self.quick else faults
 
     def drill_overrides(self) -> list[str]:
         """Checkpoint often and stop at step 12, so a fault at step 5 has a checkpoint to return to."""
@@ -111,7 +121,8 @@ class SopSettings(BaseModel):
         steps = 10 if self.quick else 20
         plan = self._plan()
         return JobRequest(config=self.config, preset=None if self.config else "tiny", scheduler=self.scheduler,
-                          framework=self.framework, nodes=self.nodes,
+                          framework=self.framework, nodes=self.nodes, partition=self.partition,
+                          nproc=2 if self.nodes == 1 else 1,
                           overrides=[] if self.config else [f"{plan.steps_key}={steps}", *plan.job])
 
 
@@ -164,7 +175,9 @@ class SopSession(BaseModel):
     def request(self) -> JobRequest:
         """The job every step launches, loaded once per step and stamped with S1's versions."""
         req = self.settings.request().loaded()
-        return req.model_copy(update={"framework_version": self.framework_version})
+        declared = self.environment.partition if self.environment and req.scheduler == "slurm" else None
+        partition = req.partition or declared  # the partition S1 declared (the default one, read from sinfo)
+        return req.model_copy(update={"framework_version": self.framework_version, "partition": partition})
 
     def target_world(self) -> int:
         req = self.settings.request()

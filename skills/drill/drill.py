@@ -300,7 +300,7 @@ class _Drill:
         checkpoints a silent corruption may have reached), requeue, and wait for the first step."""
         sched, run_dir = self.req.scheduler, self.run_dir
         job_nodes = invoke(jobs.job_status, jobs.JobRef(job_id=self.job_id, scheduler=sched), self.ctx).nodes
-        drained = isolate_node(detection, job_nodes, sched, self.ctx)
+        drained = isolate_node(detection, job_nodes, sched, self.ctx, self.req.partition)
         if drained:
             self.target.note(drained, "drained (gated drain_node)")
         quarantined = (sdc.respond(run_dir, sdc.Suspect.of(detection), sched, self.ctx).quarantined

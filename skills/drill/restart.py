@@ -32,16 +32,17 @@ class Restart(BaseModel):
 
 
 def isolate_node(detection: Detection, job_nodes: list[str], scheduler: str,
-                 ctx: CallContext | None = None) -> str | None:
+                 ctx: CallContext | None = None, partition: str | None = None) -> str | None:
     """Drain the faulty node when the scheduler has another idle node to restart on (a hot
-    spare); with no spare the restart reuses the node. Only one of `job_nodes` (the drilled job's
-    nodes as the scheduler names them) is drained: the detector's node may come from a host the job
-    wrote into its heartbeat or metrics. Returns the drained node, if any; the drill resumes it
-    afterwards."""
+    spare; with `partition`, one of that partition, where the requeued job can run); with no spare the
+    restart reuses the node. Only one of `job_nodes` (the drilled job's nodes as the scheduler names
+    them) is drained: the detector's node may come from a host the job wrote into its heartbeat or
+    metrics. Returns the drained node, if any; the drill resumes it afterwards."""
     if detection.isolation != "node" or detection.node not in job_nodes:
         return None
     nodes = invoke(jobs.list_nodes, jobs.SchedulerRef(scheduler=scheduler), ctx).nodes
-    if not any(n.name != detection.node and n.state == "idle" for n in nodes):
+    if not any(n.name != detection.node and n.state == "idle" and (partition is None or partition in n.partitions)
+               for n in nodes):
         return None
     invoke(jobs.drain_node, jobs.DrainNodeInput(node=detection.node, scheduler=scheduler,
                                                 reason="trainops fault drill"), ctx)

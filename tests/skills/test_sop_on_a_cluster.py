@@ -2,10 +2,13 @@
 slice): the settings refuse what cannot run, naming the field and the fix; S1 declares the job's partition and
 nodes, the all-reduce bandwidth measured between nodes, the hot spares the scheduler really has (idle nodes of
 the partition beyond the job's own; none on one host) and the shadow partition, and checks that the
-Prometheus it names answers. The sandbox test runs S1 for real on a 3-node Slurm cluster with its Prometheus."""
+Prometheus it names answers. The sandbox tests run S1, then the whole quick SOP, for real on a 3-node Slurm
+cluster with its Prometheus: every job in the partition, and a node loss among the drills (next slice)."""
 from __future__ import annotations
 
 import json
+import subprocess
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -14,12 +17,18 @@ from typer.testing import CliRunner
 
 from tests.conftest import free_port
 from trainops.cli import app
+from trainops.skills.drill.restart import isolate_node
 from trainops.skills.environment import placement
-from trainops.skills.sop_session import SopSettings, load, sessions_dir
+from trainops.skills.evidence import pack as evidence_pack
+from trainops.skills.request import JobRequest
+from trainops.skills.sop_session import NODE_LOSS, SopSession, SopSettings, load, sessions_dir
 from trainops.tools.base import ToolError
 from trainops.tools.environment.env import SchedulerDeclaration
 from trainops.tools.environment.probes import partition_of
+from trainops.tools.jobs.trainer_job import training_spec
+from trainops.tools.reliability.signals import Detection
 from trainops.tools.sandbox.metrics import prometheus_url
+from trainops.tools.schedulers.base import NodeInfo
 
 
 def sop(*args: str):
@@ -106,6 +115,43 @@ def test_one_host_declares_no_spare_no_partition_and_says_there_is_no_shadow_par
     assert env.inter_node_gbit_s is None, "one node: no cross-node figure is claimed"
 
 
+def test_a_job_request_carries_its_partition_into_the_spec_and_only_on_slurm(workspace):
+    with pytest.raises(ValidationError, match="partition='gpu' needs scheduler='slurm' \\(got 'local'\\)"):
+        JobRequest(partition="gpu")
+    with pytest.raises(ValidationError, match="partition"):
+        JobRequest(scheduler="slurm", partition="gpu; rm -rf /")
+    req = JobRequest(scheduler="slurm", partition="gpu", nodes=2, nproc=1, overrides=["training.steps=2"])
+    spec = training_spec(req.loaded(), "p", [])
+    assert spec.partition == "gpu" and spec.nodes == 2
+
+
+def test_every_sop_job_runs_in_the_declared_partition_and_a_cluster_drills_a_node_loss():
+    settings = SopSettings(scheduler="slurm", nodes=2, partition="sandbox", quick=True)
+    assert settings.request().partition == "sandbox"
+    assert settings.drills() == [NODE_LOSS], "the quick SOP on a cluster drills the node loss"
+    assert NODE_LOSS in SopSettings(scheduler="slurm", nodes=2).drills()
+    assert SopSettings(quick=True).drills() == ["crash"], "one host: no node to lose"
+    assert SopSettings(scheduler="slurm", nodes=2, quick=True, faults=["hang"]).drills() == ["hang"]
+    default = SopSession.model_construct(session_id="s", settings=SopSettings(scheduler="slurm", nodes=2, quick=True),
+                                         environment=SimpleNamespace(partition="sandbox"), framework_version="v")
+    assert default.request().partition == "sandbox", "no --partition: the default one S1 read from sinfo"
+
+
+def test_a_node_drill_drains_the_lost_node_only_where_its_partition_has_a_spare(monkeypatch):
+    """The shadow partition's idle nodes are no spare for a job of partition sandbox: the restart can't run there."""
+    calls = []
+
+    def fake(tool, inp, ctx=None):
+        calls.append(tool.__name__)
+        return SimpleNamespace(nodes=[NodeInfo(name="n1", state="allocated", partitions=["sandbox"]),
+                                      NodeInfo(name="n2", state="down", partitions=["sandbox"]),
+                                      NodeInfo(name="n4", state="idle", partitions=["shadow"])])
+    monkeypatch.setattr("trainops.skills.drill.restart.invoke", fake)
+    lost = Detection(detected=True, mechanism="process_exit", node="n2", isolation="node")
+    assert isolate_node(lost, ["n1", "n2"], "slurm", None, "sandbox") is None and calls == ["list_nodes"]
+    assert isolate_node(lost, ["n1", "n2"], "slurm", None) == "n2", "no partition named: any idle node is a spare"
+
+
 @pytest.mark.services
 @pytest.mark.slow
 def test_s1_on_slurm_measures_the_interconnect_and_declares_the_real_spares_and_the_shadow_partition(
@@ -129,3 +175,38 @@ def test_s1_on_slurm_measures_the_interconnect_and_declares_the_real_spares_and_
     assert env.checkpoint_write_gib_per_s > 0
     assert session.settings.nodes == 2 and session.target_world() == 2 * session.settings.request().nproc
     assert "partition sandbox" in session.steps[0].result and "shadow partition shadow" in session.steps[0].result
+
+
+@pytest.mark.services
+@pytest.mark.slow
+def test_the_quick_sop_runs_end_to_end_on_two_nodes_of_the_partition_with_a_node_loss_drill(
+        sandbox_cluster, workspace, monkeypatch):
+    """Issue 42 item 1's done-when: `trainops sop --scheduler slurm --nodes 2 --partition sandbox --monitor
+    prometheus --quick` on the sandbox writes a pack whose S1 has the measured interconnect and the real spares,
+    whose drills include a node loss, and every job of which Slurm ran in the partition."""
+    monkeypatch.setenv("TRAINOPS_PROMETHEUS_URL", prometheus_url(sandbox_cluster.spec))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    result = sop("--scheduler", "slurm", "--nodes", "2", "--partition", "sandbox", "--monitor", "prometheus",
+                 "--quick")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    pack = evidence_pack.load(Path(out["pack_dir"]))
+    env = pack.environment
+    assert env.partition == "sandbox" and env.job_nodes == 2
+    assert env.inter_node_gbit_s > 0 and len(set(env.inter_node_measured_on)) == 2
+    assert env.hot_spare_nodes == ["n3"] and env.hot_spares == 1, "n1..n3 idle, the job takes 2: one spare"
+    node_loss = [d for d in pack.fault_tolerance.drills if d.fault == NODE_LOSS]
+    assert node_loss, [d.fault for d in pack.fault_tolerance.drills]
+    assert node_loss[0].detection_latency_s > 0 and node_loss[0].recovery_time_s > 0
+    session = load(out["session_id"])
+    assert [s.step for s in session.steps][:3] == ["S1", "S2", "S3"] and session.steps[-1].step == "S6"
+    ladder = [(a.world, a.row.verdict) for a in session.arms]
+    assert ladder[0][0] == 1, "the arm's small rung (one process) ran first"
+    assert ladder[-1][0] == 2 or session.arms[0].stopped, f"a gain at 1 process climbs to the 2 nodes: {ladder}"
+    assert session.target_world() in session.baselines
+    accounting = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobID,JobName,Partition,NNodes"],
+                                capture_output=True, text=True, check=True).stdout.splitlines()
+    jobs = [line.split("|") for line in accounting if line.strip()]
+    assert len(jobs) >= 6, accounting
+    assert {partition for _, _, partition, _ in jobs} == {"sandbox"}, accounting
+    assert any(int(nodes) == 2 for *_, nodes in jobs), "the target rung ran on two nodes"

@@ -172,7 +172,7 @@ class DeepSpeedAdapter(SettingsAdapter):
         return JobSpec(name=job.name,
                        command=["-m", "trainops.tools.frameworks.deepspeed_train", "--run-dir", str(run_dir)],
                        launcher="torchrun", nodes=job.nodes, procs_per_node=job.nproc, run_dir=str(run_dir),
-                       env={"OMP_NUM_THREADS": "1"})
+                       env={"OMP_NUM_THREADS": "1"}, partition=job.partition)
 
     def parse_log_line(self, line: str, ctx: ParseContext | None = None) -> StepRecord | None:
         """The training script's line (trainops format, MFU included) or DeepSpeed's ThroughputTimer line

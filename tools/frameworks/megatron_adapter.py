@@ -184,7 +184,8 @@ class MegatronAdapter(SettingsAdapter):
         command = [job.config, *command_flags(settings, str(run_dir))]
         write_command(run_dir, command)
         return JobSpec(name=job.name, command=command, launcher="torchrun", nodes=job.nodes, procs_per_node=job.nproc,
-                       run_dir=str(run_dir), env={"OMP_NUM_THREADS": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "1"})
+                       run_dir=str(run_dir), env={"OMP_NUM_THREADS": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "1"},
+                       partition=job.partition)
 
     def parse_log_line(self, line: str, ctx: ParseContext | None = None) -> StepRecord | None:
         """Megatron's per-iteration line; tokens/s from `tokens/sec/gpu` or global batch x seq_len / time / world."""

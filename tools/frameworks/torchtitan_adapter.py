@@ -128,7 +128,7 @@ class TorchtitanAdapter(SettingsAdapter):
         command = ["-m", "torchtitan.train", "--job.config_file", job.config, "--job.dump_folder", str(run_dir), *flags]
         write_command(run_dir, command)
         return JobSpec(name=job.name, command=command, launcher="torchrun", nodes=job.nodes, procs_per_node=job.nproc,
-                       run_dir=str(run_dir), env={"OMP_NUM_THREADS": "1"})
+                       run_dir=str(run_dir), env={"OMP_NUM_THREADS": "1"}, partition=job.partition)
 
     def parse_log_line(self, line: str, ctx: ParseContext | None = None) -> StepRecord | None:
         """torchtitan prints tps, tflops and MFU itself; no step time (it logs every log_freq steps)."""

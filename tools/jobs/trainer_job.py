@@ -34,12 +34,13 @@ def _init_from(req: TrainingJob) -> str | None:
 
 
 def trainer_job(run_dir: str | Path, nproc: int, *, name: str = "train", nodes: int = 1,
-                exclude_nodes: list[str] | None = None, tenant: str | None = None) -> JobSpec:
+                exclude_nodes: list[str] | None = None, tenant: str | None = None,
+                partition: str | None = None) -> JobSpec:
     """The job that trains a prepared run folder: torchrun of the trainer's own program
     (trainops.trainer.launch.trainer_program), the one command line every trainer launch uses."""
     return JobSpec(name=name, command=trainer_program(run_dir), launcher="torchrun", nodes=nodes,
                    procs_per_node=nproc, run_dir=str(run_dir), exclude_nodes=list(exclude_nodes or []),
-                   env={"OMP_NUM_THREADS": "1"}, tenant=tenant)
+                   env={"OMP_NUM_THREADS": "1"}, tenant=tenant, partition=partition)
 
 
 def check_layout(req: TrainingJob):
@@ -62,7 +63,8 @@ def training_spec(req: TrainingJob, name: str, exclude_nodes: list[str], tenant:
     build the torchrun job; a tenant's run folder lies in the tenant's root."""
     confine_init_from(req)
     config = check_layout(req)
-    job = partial(trainer_job, nproc=req.nproc, name=name, nodes=req.nodes, exclude_nodes=exclude_nodes, tenant=tenant)
+    job = partial(trainer_job, nproc=req.nproc, name=name, nodes=req.nodes, exclude_nodes=exclude_nodes, tenant=tenant,
+                  partition=req.partition)
     run_dir = new_run_folder(config.to_toml(), tenant_path(tenant, "runs") if tenant else None,
                              check=lambda path: check_job_paths(job(path), config))  # refused: no folder made
     return job(run_dir)
