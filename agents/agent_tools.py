@@ -2,7 +2,7 @@
 skills): `respond_to_sdc` runs the SDC response and `sdc_case` reads the case it wrote,
 `ablation_design` ranks a recorded baseline's candidate arms (S3), the SOP's step tools
 (skills.sop_steps, skills.sop_pack: `sop_declare`, `sop_baseline`, `sop_design`, `sop_arm`, `sop_drill`,
-`sop_pack`),
+`sop_pack`) and `sop_steer` (skills.sop_steer: a change to the plan between steps),
 `list_pending_approvals` reads the agent's own thread store next to governance's queue, and
 `load_skill` hands the model a skill's full text (it sees only names and descriptions before).
 `AGENT_TOOLS` lists them; `agent_registry()` is the one registry the CLI and the agent both use:
@@ -22,6 +22,7 @@ from trainops.skills.evidence.design import DesignedArm
 from trainops.skills.knobs import KnobError
 from trainops.skills.sdc import CASE_FILE, SdcCase, Suspect
 from trainops.skills.sop_pack import sop_pack
+from trainops.skills.sop_steer import sop_steer
 from trainops.skills.sop_steps import STEP_TOOLS
 from trainops.tools.base import InputCheck, ToolError, tool
 from trainops.tools.calls import invoke
@@ -229,7 +230,7 @@ def load_skill(inp: LoadSkillInput) -> LoadSkillOutput:
     return LoadSkillOutput(name=skill.name, description=skill.description, body=skill.body)
 
 
-AGENT_TOOLS = (*STEP_TOOLS, sop_pack, respond_to_sdc, sdc_case, ablation_design, list_pending_approvals,
+AGENT_TOOLS = (*STEP_TOOLS, sop_pack, sop_steer, respond_to_sdc, sdc_case, ablation_design, list_pending_approvals,
                load_skill)
 
 

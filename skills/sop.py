@@ -67,14 +67,20 @@ def run(settings: SopSettings, ctx: CallContext | None = None, progress: Progres
 def next_step(session: SopSession) -> tuple[Callable, BaseModel] | None:
     """The offline plan: the next step call for this session, None once its pack is written. S2 at
     the target, S3, then each arm S3 ranked (the quick SOP: the first) up its ladder, each rung's
-    baseline first, until its ladder stops or reaches the target; each drill; the pack."""
-    sid, settings = session.session_id, session.settings
+    baseline first, until its ladder stops or reaches the target; each drill; the pack. A steer
+    (skills.sop_steer) adds or skips an arm or drill, skips S4 or S5, or stops early: the pack then."""
+    sid, settings, stop = session.session_id, session.settings, session.stops_after() or "S5"
+    pack = None if session.pack else (sop_pack.sop_pack, sop_pack.SopPackInput(session=sid))
+    if stop == "S1":
+        return pack
     if session.summary is None:
         return sop_steps.sop_baseline, sop_steps.SopBaselineInput(session=sid)
+    if stop == "S2":
+        return pack
     if not session.design:
         return sop_steps.sop_design, sop_steps.SopDesignInput(session=sid)
     req = settings.request()
-    for arm in settings.plan(session.design):
+    for arm in session.arms_to_run() if stop >= "S4" else []:
         done = {a.world: a for a in session.rungs_of(arm)}
         for rung in rollout.valid_rungs(parse_arm([arm], req.framework)[0], req):
             if rung.world in done and done[rung.world].stopped:
@@ -84,10 +90,10 @@ def next_step(session: SopSession) -> tuple[Callable, BaseModel] | None:
             if rung.world not in session.baselines:
                 return sop_steps.sop_baseline, sop_steps.SopBaselineInput(session=sid, world=rung.world)
             return sop_steps.sop_arm, sop_steps.SopArmInput(session=sid, arm=arm, world=rung.world)
-    fault = next((f for f in settings.drills() if f not in session.drilled), None)
+    fault = next((f for f in session.drills_to_run() if f not in session.drilled), None) if stop >= "S5" else None
     if fault is not None:
         return sop_steps.sop_drill, sop_steps.SopDrillInput(session=sid, fault=fault)
-    return None if session.pack else (sop_pack.sop_pack, sop_pack.SopPackInput(session=sid))
+    return pack
 
 
 def build_from_runs(run_dirs: list[str], scheduler: str = "local", ctx: CallContext | None = None) -> Path:

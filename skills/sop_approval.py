@@ -9,7 +9,8 @@ claim counts only when: the session is the record trainops wrote (bound to the a
 call id is the one of a `sop_declare` with exactly the session's settings, the gate finds a human's
 token for that call spent in the audit log (tools.governance.gate.inherited_approval), and the step
 stays inside the declared plan (its arm among the declared or designed ones, its drill among the
-declared drills, the declared repeats). Anything else, a steer included, waits for its own approval.
+declared drills, the declared repeats, or one a human's steer added). Anything else, a steer
+included, waits for its own approval.
 """
 from __future__ import annotations
 
@@ -34,9 +35,10 @@ def _within_plan(session: SopSession, inp) -> bool:
         return False
     if getattr(inp, "knobs", None) and not set(inp.knobs) <= set(settings.candidates()):
         return False
-    if hasattr(inp, "arm") and inp.arm not in {a.arm for a in session.design} | set(settings.candidates()):
+    steered = {s.value for s in session.steers if s.by_a_human and s.change in ("add_arm", "add_drill")}
+    if hasattr(inp, "arm") and inp.arm not in {a.arm for a in session.design} | set(settings.candidates()) | steered:
         return False
-    return not hasattr(inp, "fault") or inp.fault in settings.drills()
+    return not hasattr(inp, "fault") or inp.fault in {*settings.drills(), *steered}
 
 
 def declaration_approval(inp) -> str | None:

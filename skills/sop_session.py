@@ -140,6 +140,24 @@ class StepLog(BaseModel):
                                       "it ran outside the gate, so the pack flags it")
 
 
+SteerChange = Literal["add_arm", "skip_arm", "add_drill", "skip_drill", "skip_step", "stop_after"]
+
+
+class Steer(BaseModel):
+    """A change to the SOP's plan between steps (skills.sop_steer), as it was asked and who asked."""
+    change: SteerChange
+    value: str = Field(description="the arm NAME=VALUE, the drill's fault, or the step S1..S6")
+    reason: str
+    by: str = Field(description="the caller as the audit log names it")
+    at: float
+    approved_call: str | None = Field(None, description="the human approval the steer ran under (an agent's steer "
+                                                        "waits for one); None: an operator's own")
+
+    @property
+    def by_a_human(self) -> bool:
+        return self.approved_call is not None or not self.by.endswith("agent")
+
+
 class ArmRung(BaseModel):
     """One arm at one rung of its ladder (S4): the row it earned and the runs behind it."""
     arm: str = Field(description="NAME=VALUE")
@@ -171,6 +189,28 @@ class SopSession(BaseModel):
     steps: list[StepLog] = Field(default_factory=list)
     approved_call: str | None = Field(None, description="the call id of the human approval its S1 declaration ran "
                                                         "under; None: declared without one (skills.sop_approval)")
+    steers: list[Steer] = Field(default_factory=list, description="changes to the plan asked between steps")
+
+    def _steered(self, change: SteerChange) -> list[str]:
+        return [s.value for s in self.steers if s.change == change]
+
+    def arms_to_run(self) -> list[str]:
+        """S4's arms: the plan's (S3's order), then the ones a steer added, less the ones a steer skipped."""
+        if "S4" in self._steered("skip_step"):
+            return []
+        arms = [*self.settings.plan(self.design), *self._steered("add_arm")]
+        return [a for a in dict.fromkeys(arms) if a not in self._steered("skip_arm")]
+
+    def drills_to_run(self) -> list[str]:
+        """S5's faults: the plan's, then the ones a steer added, less the ones a steer skipped."""
+        if "S5" in self._steered("skip_step"):
+            return []
+        faults = [*self.settings.drills(), *self._steered("add_drill")]
+        return [f for f in dict.fromkeys(faults) if f not in self._steered("skip_drill")]
+
+    def stops_after(self) -> str | None:
+        """The earliest step a steer said to stop after (the pack follows it), None to run them all."""
+        return min(self._steered("stop_after"), default=None)
 
     def request(self) -> JobRequest:
         """The job every step launches, loaded once per step and stamped with S1's versions."""

@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from trainops.skills.evidence.steps import ChosenBy, PackChoice, PackStep
-from trainops.skills.sop_session import SESSION_KIND, SopSession, StepLog
+from trainops.skills.sop_session import SESSION_KIND, SopSession, Steer, StepLog
 from trainops.tools.context import effective_context
 from trainops.tools.governance import audit
 from trainops.tools.governance.gate import open_intent
@@ -104,6 +104,16 @@ def for_pack(session: SopSession) -> list[PackStep]:
     return steps(session, audit.read(), open_intent())
 
 
+def _steer(session: SopSession, change: str, value: str) -> Steer | None:
+    return next((s for s in session.steers if (s.change, s.value) == (change, value)), None)
+
+
+def _steered(steer: Steer) -> tuple[ChosenBy, str]:
+    """Who chose by a steer, and the reason it gave: a human's own, or one a human approved, is the
+    human's; the agent's steer without an approval is the model's."""
+    return ("human" if steer.by_a_human else "model"), f"a steer by {steer.by} added it: {steer.reason}"
+
+
 def _arm_reason(arm: str, session: SopSession, chosen_by: ChosenBy, caller: str) -> str:
     design = {a.arm: a for a in session.design}
     ranked = (f"S3 ranked it {design[arm].rank} of {len(design)}: {design[arm].reason}" if arm in design
@@ -158,8 +168,11 @@ def choices(session: SopSession, rows: list[PackStep]) -> list[PackChoice]:
         chosen_by = chooser(call.called_by)
         if chosen_by == "planner" and arm in session.settings.knobs and declare_call:
             chosen_by = _declarer(declare_call.called_by)
+        reason = _arm_reason(arm, session, chosen_by, call.called_by)
+        if (steer := _steer(session, "add_arm", arm)) is not None and call.called_by:
+            chosen_by, reason = _steered(steer)
         out.append(PackChoice(kind="arm", subject=arm, order=order, chosen_by=chosen_by, caller=call.called_by,
-                              reason=_arm_reason(arm, session, chosen_by, call.called_by), audit_seq=call.audit_seq))
+                              reason=reason, audit_seq=call.audit_seq))
     for designed in (a for a in session.design if a.arm not in first_call):
         why = (" (no sop_arm call ran it)" if designed.arm in session.settings.plan(session.design)
                else " (the quick SOP runs the first-ranked arm only)")
@@ -171,13 +184,18 @@ def choices(session: SopSession, rows: list[PackStep]) -> list[PackChoice]:
         chosen_by = chooser(call.called_by)
         if chosen_by == "planner" and fault in session.settings.faults and declare_call:
             chosen_by = _declarer(declare_call.called_by)
+        reason = _drill_reason(fault, session, chooser(call.called_by), call.called_by)
+        if (steer := _steer(session, "add_drill", fault)) is not None and call.called_by:
+            chosen_by, reason = _steered(steer)
         out.append(PackChoice(kind="drill", subject=fault, order=order, chosen_by=chosen_by, caller=call.called_by,
-                              reason=_drill_reason(fault, session, chooser(call.called_by), call.called_by),
-                              audit_seq=call.audit_seq))
+                              reason=reason, audit_seq=call.audit_seq))
     for rung, call in zip(session.arms, arm_calls, strict=True):
         if rung.stopped:
             out.append(PackChoice(kind="stop", subject=f"{rung.arm} at {rung.row.scale}", order=None,
                                   chosen_by="planner" if call.called_by else "unrecorded", caller=call.called_by,
                                   reason=_stop_reason(rung),
                                   audit_seq=call.audit_seq))
+    for steer in (s for s in session.steers if s.change not in ("add_arm", "add_drill")):
+        out.append(PackChoice(kind="steer", subject=f"{steer.change} {steer.value}", order=None,
+                              chosen_by=_steered(steer)[0], caller=steer.by, reason=steer.reason, audit_seq=None))
     return out

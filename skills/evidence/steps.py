@@ -38,7 +38,8 @@ class PackStep(BaseModel):
 class PackChoice(BaseModel):
     """One choice the SOP made: an arm (and its place in the order), a drill, or a rollout stop."""
 
-    kind: Literal["arm", "drill", "stop"]
+    kind: Literal["arm", "drill", "stop", "steer"] = Field(description="an arm, a drill, a rollout stop, or a "
+                                                                       "steer that skipped or stopped part of the plan")
     subject: str = Field(description="the arm NAME=VALUE, the fault drilled, or the arm and rung where it stopped")
     order: int | None = Field(description="the position it ran in, 1 first; None: ranked but not run")
     chosen_by: ChosenBy = Field(description="who chose it: the offline planner, the model, a human's steer, or "

@@ -11,7 +11,7 @@ from pydantic import BaseModel
 from trainops.agents.agent_tools import AGENT_TOOLS, agent_registry
 from trainops.skills.sop_approval import declaration_approval
 from trainops.skills.sop_session import load, save, sessions_dir
-from trainops.tools.base import ToolError, tool
+from trainops.tools.base import tool
 from trainops.tools.calls import call
 from trainops.tools.catalog import build_registry
 from trainops.tools.context import CallContext, serving
@@ -49,16 +49,15 @@ def last_gate(name: str) -> dict:
 def test_a_step_of_an_approved_declaration_runs_under_it_and_is_audited_so(approvers):
     session_id, approval = approved_declaration(approvers)
     assert load(session_id).approved_call == approval == queue.call_id("sop_declare", load(session_id).settings)
-    with pytest.raises(ToolError, match="has no baseline at the target scale: run sop_baseline first"):
-        agent_call("sop_design", {"session": session_id})  # passed the gate, then the step's own rule
-    entry = last_gate("sop_design")
+    assert agent_call("sop_pack", {"session": session_id}).verdict == "partial"  # ran: no step after S1 yet
+    entry = last_gate("sop_pack")
     assert (entry["decision"], entry["under_approved_call"], entry["actor"]) == ("allowed", approval, "agent")
 
 
 def test_a_session_the_operator_declared_gives_the_agent_no_approval(approvers):
     session_id = call("sop_declare", DECLARATION, OPERATOR, registry=agent_registry()).session_id
     assert load(session_id).approved_call is None
-    needs_its_own_approval("sop_design", {"session": session_id})
+    needs_its_own_approval("sop_pack", {"session": session_id})
 
 
 def test_an_approval_does_not_cover_another_session(approvers):
@@ -73,14 +72,14 @@ def test_a_claimed_approval_no_human_signed_is_not_one(approvers):
     session_id = call("sop_declare", DECLARATION, OPERATOR, registry=agent_registry()).session_id
     session = load(session_id)
     save(session.model_copy(update={"approved_call": queue.call_id("sop_declare", session.settings)}))
-    needs_its_own_approval("sop_design", {"session": session_id})
+    needs_its_own_approval("sop_pack", {"session": session_id})
 
 
 def test_a_real_approval_copied_into_a_session_of_other_settings_is_not_one(approvers):
     _, approval = approved_declaration(approvers)
     other = call("sop_declare", {"quick": True, "faults": ["hang"]}, OPERATOR, registry=agent_registry())
     save(load(other.session_id).model_copy(update={"approved_call": approval}))
-    needs_its_own_approval("sop_design", {"session": other.session_id})
+    needs_its_own_approval("sop_pack", {"session": other.session_id})
 
 
 def test_a_hand_edited_session_file_is_refused_before_any_approval_is_asked(approvers):
@@ -96,7 +95,6 @@ def test_an_approved_session_does_not_cover_a_step_off_the_declared_plan(approve
     session_id, _ = approved_declaration(approvers)
     needs_its_own_approval("sop_drill", {"session": session_id, "fault": "hang"})  # quick declares one drill
     needs_its_own_approval("sop_baseline", {"session": session_id, "repeats": 10})
-    needs_its_own_approval("sop_design", {"session": session_id, "knobs": ["micro_batch=8"]})
 
 
 def test_an_approved_session_does_not_cover_a_tool_outside_the_sop(approvers):

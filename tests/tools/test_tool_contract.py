@@ -187,7 +187,8 @@ def test_the_agent_registry_is_every_tool_plus_the_agents_own():
     assert set(agent_registry()) == set(tool_registry()) | {"respond_to_sdc", "sdc_case",
                                                                   "ablation_design", "list_pending_approvals",
                                                                   "load_skill", "sop_declare", "sop_baseline",
-                                                                  "sop_design", "sop_arm", "sop_drill", "sop_pack"}
+                                                                  "sop_design", "sop_arm", "sop_drill", "sop_pack",
+                                                                  "sop_steer"}
 
 
 def test_a_fresh_process_lists_the_same_tools_as_the_agent_registry():
