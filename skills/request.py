@@ -7,7 +7,7 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 
 from trainops.tools.jobs.trainer_job import confine_init_from
-from trainops.tools.schedulers.base import TrainingJob
+from trainops.tools.schedulers.base import TrainingJob, partition_problem
 from trainops.trainer.config import load_config, with_overrides
 
 
@@ -29,9 +29,8 @@ class JobRequest(TrainingJob):
     def _partition_needs_slurm(self) -> JobRequest:
         """A partition means something to Slurm only: refused elsewhere, naming the fix, as SopSettings does
         (whether Slurm lists it is S1's check, skills.environment, and sbatch's at submission)."""
-        if self.partition is not None and self.scheduler != "slurm":
-            raise ValueError(f"partition={self.partition!r} needs scheduler='slurm' (got {self.scheduler!r}): only "
-                             "Slurm has partitions; use scheduler='slurm' or omit partition")
+        if problem := partition_problem(self.partition, self.scheduler):
+            raise ValueError(problem)
         return self
 
     def loaded(self) -> JobRequest:

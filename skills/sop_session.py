@@ -36,6 +36,7 @@ from trainops.tools.governance.written import unbound, write_bound
 from trainops.tools.ids import SafeId
 from trainops.tools.monitoring.base import MonitorKind
 from trainops.tools.planning.layout_mapping import MoeShape
+from trainops.tools.schedulers.base import partition_problem
 from trainops.workspace import check_id, home
 
 SESSION_KIND = "sop_session_written"
@@ -83,9 +84,8 @@ class SopSettings(BaseModel):
             raise ValueError(f"nodes={self.nodes} needs scheduler='slurm' (got {self.scheduler!r}): the "
                              f"{self.scheduler} scheduler runs a job on one node; use scheduler='slurm' (`trainops "
                              "sandbox up` makes a Slurm cluster on this host) or nodes=1")
-        if self.partition is not None and self.scheduler != "slurm":
-            raise ValueError(f"partition={self.partition!r} needs scheduler='slurm' (got {self.scheduler!r}): only "
-                             "Slurm has partitions; use scheduler='slurm' or omit partition")
+        if problem := partition_problem(self.partition, self.scheduler):
+            raise ValueError(problem)
         return self
 
     def _plan(self) -> SopPlan:
@@ -194,19 +194,21 @@ class SopSession(BaseModel):
     def _steered(self, change: SteerChange) -> list[str]:
         return [s.value for s in self.steers if s.change == change]
 
-    def arms_to_run(self) -> list[str]:
-        """S4's arms: the plan's (S3's order), then the ones a steer added, less the ones a steer skipped."""
-        if "S4" in self._steered("skip_step"):
+    def _planned(self, step: str, planned: list[str], what: str) -> list[str]:
+        """A step's items: the plan's, then the ones a steer added, less the ones a steer skipped; none
+        when a steer skipped the step."""
+        if step in self._steered("skip_step"):
             return []
-        arms = [*self.settings.plan(self.design), *self._steered("add_arm")]
-        return [a for a in dict.fromkeys(arms) if a not in self._steered("skip_arm")]
+        items = dict.fromkeys([*planned, *self._steered(f"add_{what}")])
+        return [item for item in items if item not in self._steered(f"skip_{what}")]
+
+    def arms_to_run(self) -> list[str]:
+        """S4's arms, in S3's order, as steered."""
+        return self._planned("S4", self.settings.plan(self.design), "arm")
 
     def drills_to_run(self) -> list[str]:
-        """S5's faults: the plan's, then the ones a steer added, less the ones a steer skipped."""
-        if "S5" in self._steered("skip_step"):
-            return []
-        faults = [*self.settings.drills(), *self._steered("add_drill")]
-        return [f for f in dict.fromkeys(faults) if f not in self._steered("skip_drill")]
+        """S5's faults, as steered."""
+        return self._planned("S5", self.settings.drills(), "drill")
 
     def stops_after(self) -> str | None:
         """The earliest step a steer said to stop after (the pack follows it), None to run them all."""

@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from trainops.tools.base import InputCheck, ToolError, tool
-from trainops.tools.changes.readback import quota_not_applied
+from trainops.tools.changes.readback import quota_not_applied, roll_back_failed
 from trainops.tools.changes.records import record_change, state_differences
 from trainops.tools.ids import TenantId, check_tenant_id
 from trainops.tools.schedulers.slurm import cluster_name
@@ -229,13 +229,12 @@ def set_tenant_quota(inp: QuotaInput) -> QuotaOutput:
     _apply(inp, before)
     after = current_state(inp.tenant)
     if missed := quota_not_applied(approved_state(inp), after):
-        for argv in rollback:
-            _sacctmgr(argv[1:])
-        left = state_differences(before, current_state(inp.tenant))
-        raise ToolError(TOOL, f"the quota change for tenant {inp.tenant} FAILED: sacctmgr did not store what was "
-                              f"approved ({'; '.join(missed)}); it was rolled back, and "
-                              + (f"the tenant is NOT as before: {'; '.join(left)}" if left else
-                                 "the tenant reads back exactly as before"))
+        def undo() -> list[str]:
+            for argv in rollback:
+                _sacctmgr(argv[1:])
+            return state_differences(before, current_state(inp.tenant))
+
+        raise roll_back_failed(TOOL, f"the quota change for tenant {inp.tenant}", "tenant", "sacctmgr", missed, undo)
     record = record_change("tenant_quota", inp.tenant, before, after, rollback, {"reason": inp.reason})
     return QuotaOutput(tenant=inp.tenant, change_id=record.id, previous=before, current=after,
                        rollback_commands=rollback)

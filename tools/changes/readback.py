@@ -8,7 +8,9 @@ failed change: the caller rolls it back and says so."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
+
+from trainops.tools.base import ToolError
 
 DEFAULT_SHARE = "4"
 """Slurm's job count for OverSubscribe=YES or FORCE given without one."""
@@ -73,3 +75,13 @@ def quota_not_applied(expected: dict[str, Any], shown: dict[str, Any]) -> list[s
         if not ok:
             problems.append(f"{key} approved {want!r}, sacctmgr shows {have!r}")
     return problems
+
+
+def roll_back_failed(tool: str, change: str, subject: str, store: str, missed: list[str],
+                     undo: Callable[[], list[str]]) -> ToolError:
+    """The error for a change `store` stored otherwise than approved, once `undo` (which runs the
+    rollback and returns what still differs from the previous state) has put it back."""
+    left = undo()
+    return ToolError(tool, f"{change} FAILED: {store} did not store what was approved ({'; '.join(missed)}); it was "
+                           "rolled back, and " + (f"the {subject} is NOT as before: {'; '.join(left)}" if left else
+                                                  f"the {subject} reads back exactly as before"))

@@ -26,7 +26,7 @@ from pydantic import BaseModel, Field, StrictInt, StrictStr, field_validator
 
 from trainops.settings import table
 from trainops.tools.base import InputCheck, ToolError, tool
-from trainops.tools.changes.readback import partition_not_applied
+from trainops.tools.changes.readback import partition_not_applied, roll_back_failed
 from trainops.tools.changes.records import record_change, state_differences
 from trainops.tools.governance.claims import SchedulerChange
 from trainops.tools.jobs.trainer_job import training_spec
@@ -354,13 +354,12 @@ def _shadow_replay(shadow: str, settings: dict[str, str]) -> Comparison:
 def _fail_and_roll_back(target: str, previous: dict[str, Any], rollback: list[list[str]], missed: list[str]) -> None:
     """A change Slurm stored otherwise than approved failed: the partition gets its previous settings
     back, and the error says what differed and whether the read-back after the rollback matches."""
-    for argv in rollback:
-        _scontrol(argv[1:])
-    left = state_differences(previous, current_state(target))
-    raise ToolError(TOOL, f"the change to partition {target} FAILED: Slurm did not store what was approved "
-                          f"({'; '.join(missed)}); it was rolled back, and "
-                          + (f"the partition is NOT as before: {'; '.join(left)}" if left else
-                             "the partition reads back exactly as before"))
+    def undo() -> list[str]:
+        for argv in rollback:
+            _scontrol(argv[1:])
+        return state_differences(previous, current_state(target))
+
+    raise roll_back_failed(TOOL, f"the change to partition {target}", "partition", "Slurm", missed, undo)
 
 
 @tool(TOOL, risk="mutate", approval_required=True, tags=("tenant-governance", "change-window"),

@@ -17,7 +17,7 @@ from trainops.tools.changes.known_issues import KnownIssue
 from trainops.tools.environment.interconnect import InterconnectMeasurement
 from trainops.tools.frameworks.base import known_frameworks
 from trainops.tools.ids import SafeId
-from trainops.tools.schedulers.base import SchedulerKind
+from trainops.tools.schedulers.base import SchedulerKind, partition_problem
 
 SINGLE_HOST_INTERCONNECT = "loopback/shared-memory (single host)"
 
@@ -156,7 +156,6 @@ class EnvInput(BaseModel):
 
     @model_validator(mode="after")
     def _partition_needs_slurm(self) -> EnvInput:
-        if self.partition is not None and self.scheduler != "slurm":
-            raise ValueError(f"partition={self.partition!r} needs scheduler='slurm' (got {self.scheduler!r}): only "
-                             "Slurm has partitions; omit partition or use scheduler='slurm'")
+        if problem := partition_problem(self.partition, self.scheduler):
+            raise ValueError(problem)
         return self

@@ -181,6 +181,14 @@ class JobStatus(BaseModel):
         return self.state in TERMINAL_STATES
 
 
+def partition_problem(partition: str | None, scheduler: str) -> str | None:
+    """Why a partition cannot be asked of `scheduler` (only Slurm has partitions), naming the fix; None when it can."""
+    if partition is not None and scheduler != "slurm":
+        return (f"partition={partition!r} needs scheduler='slurm' (got {scheduler!r}): only Slurm has partitions; "
+                "use scheduler='slurm' or omit partition")
+    return None
+
+
 def spec_ranks(spec: dict | None) -> int | None:
     """The ranks a recorded spec's launcher starts: nodes x procs_per_node under torchrun, each bounded as
     JobSpec bounds it (the record is a file; a value out of bounds says nothing); None for a plain command."""
