@@ -38,6 +38,8 @@ from trainops.workspace import check_id, home, jobs_dir
 
 KIND = "local"
 CANCEL_GRACE_S = 5.0
+LAUNCH_VISIBLE_S = 10.0
+"""The longest a launch waits for the kernel to show its launcher (milliseconds, even on a loaded host)."""
 KILL_WAIT_S = 10.0
 """A job past its time limit gets SIGTERM, then SIGKILL this long after (Slurm's KillWait; a shorter one here)."""
 
@@ -76,6 +78,18 @@ def _launcher_runs(record: dict) -> bool:
     if isinstance(record.get("pid"), int):
         pid_alive(record["pid"])
     return bool(local_launchers(record["job_id"], record))
+
+
+def _await_launcher(proc: subprocess.Popen, job_id: str, exit_file: Path) -> None:
+    """Return once the kernel shows the new launcher as this job's, or it has ended. Popen returns as
+    exec closes the launcher's old descriptors, a moment before the kernel sets up its new environment:
+    in that window /proc/PID/environ is empty, the marker unseen, and a status read then took the job
+    for a runner that died without an exit code (seen as 'failed', None on a loaded host)."""
+    deadline = time.monotonic() + LAUNCH_VISIBLE_S
+    while time.monotonic() < deadline and proc.poll() is None and not exit_file.exists():
+        if local_launchers(job_id, {"pid": proc.pid}):
+            return
+        time.sleep(0.005)
 
 
 def _read_json(path: Path):
@@ -164,6 +178,7 @@ class LocalScheduler(PollingWait):
                                  "command and workdir") from None
         finally:
             log.close()
+        _await_launcher(proc, record["job_id"], exit_file)
         record.update(pid=proc.pid, started_at=time.time(), command=command, exit_file=str(exit_file),
                       cancelled=False, spec_sha256=_digest(spec))
         record["attempts"] = record.get("attempts", 0) + 1
