@@ -62,7 +62,8 @@ class AgentSession:
     """Send requests and approval decisions to one thread; events stream as the graph runs.
 
     Events are dicts with `kind`: `tool_call` (tool, args), `tool_result` (tool, status,
-    output, and for an SOP step its `finding` in one line as the session recorded it), `approval`
+    output, and for an SOP step its `finding` in one line and its `figures`, (name, value) rows, as
+    the session recorded them), `approval`
     (tool, args, risk, ...: the graph is paused for a human), `answer`
     (text, after the governance report check) and, with `stream_tokens`, `token` (a draft
     chunk of the model's text as it streams, not yet checked: show it transiently)."""
@@ -200,9 +201,11 @@ class AgentSession:
                                 yield {"kind": "tool_call", "tool": call["name"], "args": call["args"]}
                     elif isinstance(message, ToolMessage) and message.name != FINAL_ANSWER_TOOL:
                         tool_s += message.response_metadata.get("elapsed_s", 0.0)
-                        finding = landed(message.name, message.artifact) if message.status == "success" else None
+                        step = landed(message.name, message.artifact) if message.status == "success" else None
+                        shown = {"finding": step.result, "figures": [(f.name, f.value) for f in step.figures]
+                                 } if step else {}
                         yield {"kind": "tool_result", "tool": message.name, "status": message.status,
-                               "output": message.artifact, **({"finding": finding} if finding else {})}
+                               "output": message.artifact, **shown}
         wall_s = time.perf_counter() - started
         self.timing = Timing(wall_s=wall_s, tool_s=tool_s, agent_overhead_s=wall_s - tool_s,
                              agent_overhead_pct=100 * (wall_s - tool_s) / wall_s if wall_s else 0.0)

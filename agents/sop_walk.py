@@ -4,9 +4,10 @@ First `sop_declare` (S1), which the gate queues for a human like any change the 
 approver sees the declared settings. Once it ran under that approval, each next call is the one
 `skills.sop.next_step` chooses from what the session recorded (the same planner `trainops sop`
 drives), each the agent's own call through the gate, which lets it run under the declaration's
-approval (skills.sop_approval), until `sop_pack` (S6). The answer lists each step's finding as the
-session recorded it, then the pack and the command that approves it. A failed or refused step stops
-the walk with its message; the session keeps what finished (`trainops sop --resume ID`).
+approval (skills.sop_approval), until `sop_pack` (S6). The answer lists each step's finding and its
+figures (a table's rows) as the session recorded them, then the pack and the command that approves
+it. A failed or refused step stops the walk with its message; the session keeps what finished
+(`trainops sop --resume ID`, or "go on" in the same thread: agents/sop_chat.py).
 """
 from __future__ import annotations
 
@@ -40,10 +41,10 @@ def declaration(request: Request) -> dict[str, Any]:
     return args
 
 
-def _session(results: list[ToolMessage]) -> sop_session.SopSession | str:
-    declared = outputs(results).get(DECLARE) or {}
+def session_of(session_id: object) -> sop_session.SopSession | str:
+    """The session as trainops wrote it, or the answer saying why the SOP cannot go on."""
     try:
-        return sop_session.load(str(declared.get("session_id")))
+        return sop_session.load(str(session_id))
     except ValueError as exc:
         return f"The SOP stopped: {exc}."
 
@@ -53,10 +54,15 @@ def plan(kind: Kind, request: Request, done: dict[str, dict], results: list[Tool
     """S1, then the planner's next step on the session S1 started, until the pack; a step that
     failed or waits for a human ends the turn saying so."""
     if failed := next((r for r in results if r.status == "error"), None):
-        return _stopped(failed)
+        return stopped_at(failed)
     if not results:
         return DECLARE, declaration(request)
-    session = _session(results)
+    return walk(session_of((outputs(results).get(DECLARE) or {}).get("session_id")), results, schemas)
+
+
+def walk(session: sop_session.SopSession | str, results: list[ToolMessage], schemas: dict[str, dict]) -> Next:
+    """The planner's next step on the session (skills.sop.next_step, as steered), or, once its pack
+    is written, the answer."""
     if isinstance(session, str):
         return session
     step = next_step(session)
@@ -69,7 +75,7 @@ def plan(kind: Kind, request: Request, done: dict[str, dict], results: list[Tool
     return name, inp.model_dump(mode="json", exclude_defaults=True)
 
 
-def _stopped(failed: ToolMessage) -> Next:
+def stopped_at(failed: ToolMessage) -> Next:
     data = failed.artifact if isinstance(failed.artifact, dict) else {}
     if data.get("kind") == "pending":
         return final("answered", f"{failed.name} is queued for a human's approval as {data['pending_id']}; nothing "
@@ -78,28 +84,35 @@ def _stopped(failed: ToolMessage) -> Next:
     return stopped(failed.name, failed.artifact) + "; the SOP session keeps the steps that finished."
 
 
-def landed(tool: str, output: Any) -> str | None:
-    """A step's finding as its session recorded it (figures in one line): what chat shows as the
-    step's result lands; None for any other tool or output."""
+def landed(tool: str, output: Any) -> sop_session.StepLog | None:
+    """A step's result as its session recorded it (its finding in one line and its figures as rows):
+    what chat shows as the step lands; None for any other tool or output."""
     if tool not in STEPS or not isinstance(output, dict) or not output.get("session_id"):
         return None
-    try:
-        session = sop_session.load(str(output["session_id"]))
-    except ValueError:
+    session = session_of(output["session_id"])
+    if isinstance(session, str):
         return None
-    return next((step.result for step in reversed(session.steps) if step.tool == tool), None)
+    return next((step for step in reversed(session.steps) if step.tool == tool), None)
 
 
 def answer(session: sop_session.SopSession, pack: dict[str, Any]) -> str:
-    """The verdict, each step's finding in the order it ran, the pack and how a human decides it."""
+    """The verdict, each step's finding in the order it ran with its figures as rows, the pack and how
+    a human decides it."""
     blockers = pack.get("blockers") or []
     width = max(len(step.tool) for step in session.steps)
     return "\n".join([
         f"Verdict: {quoted(pack.get('verdict'))}" + (f"; blockers: {'; '.join(quoted(b) for b in blockers)}"
                                                       if blockers else ""),
         f"SOP session {session.session_id}, each step its own call:",
-        *(f"  {step.step}  {step.tool.ljust(width)}  {quoted(step.result)}" for step in session.steps),
+        *(line for step in session.steps for line in (f"  {step.step}  {step.tool.ljust(width)}  {quoted(step.result)}",
+                                                      *figure_rows(step.figures, " " * 6))),
         f"Evidence pack {quoted(pack.get('pack_id'))}: {quoted(pack.get('report_html'))}",
         f"A human decides it: {quoted(pack.get('approve_command'))} (signed with their SSH key), or trainops "
         f"reject {quoted(pack.get('pack_id'))} --note WHY.",
     ])
+
+
+def figure_rows(figures: list[sop_session.StepFigure], indent: str = "") -> list[str]:
+    """A step's figures as the rows of a table: | figure | value |, the names padded to one column."""
+    width = max((len(f.name) for f in figures), default=0)
+    return [f"{indent}| {quoted(f.name).ljust(width)} | {quoted(f.value)} |" for f in figures]

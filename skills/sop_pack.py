@@ -116,8 +116,9 @@ def sop_pack(inp: SopPackInput) -> SopResult:
         choices=sop_trail.choices(session, trail))
     pack = escalate.carry_fired(pack, ctx)  # R-ESC-1..4 on every SOP run: a fired rule goes to a human
     folder = evidence_pack.write(pack)
-    save(session.model_copy(update={"pack": pack.pack_id}).logged("S6", "sop_pack", f"pack {pack.pack_id}: "
-                                                                   f"{pack.verdict}"))
+    save(session.model_copy(update={"pack": pack.pack_id}).logged(
+        "S6", "sop_pack", f"pack {pack.pack_id}: {pack.verdict}",
+        figures=[("verdict", pack.verdict), ("blockers", "; ".join(pack.blockers) or "none"), ("pack", pack.pack_id)]))
     return SopResult(pack_dir=str(folder), verdict=pack.verdict, blockers=pack.blockers,
                      elapsed_s=time.time() - session.created, pack_id=pack.pack_id,
                      report_html=str(folder / "report.html"),

@@ -126,6 +126,12 @@ class SopSettings(BaseModel):
                           overrides=[] if self.config else [f"{plan.steps_key}={steps}", *plan.job])
 
 
+class StepFigure(BaseModel):
+    """One figure of a step's result, a row of the table chat shows as the step lands."""
+    name: str
+    value: str = Field(description="the figure with its unit, as the step measured it")
+
+
 class StepLog(BaseModel):
     """One step call as it landed: which step, by which tool, what it found and the runs it launched."""
     step: Step
@@ -138,6 +144,9 @@ class StepLog(BaseModel):
                                     "the agent")
     call: str = Field("", description="the audit entry (intent hash) of the gated call that ran the step; empty: "
                                       "it ran outside the gate, so the pack flags it")
+    figures: list[StepFigure] = Field(default_factory=list, description="the step's figures, one row each")
+    reason: str = Field("", description="why the caller chose the step's arm or drill, in its own words; empty: "
+                                        "none given")
 
 
 SteerChange = Literal["add_arm", "skip_arm", "add_drill", "skip_drill", "skip_step", "stop_after"]
@@ -228,9 +237,11 @@ class SopSession(BaseModel):
     def rungs_of(self, arm: str) -> list[ArmRung]:
         return sorted((a for a in self.arms if a.arm == arm), key=lambda a: a.world)
 
-    def logged(self, step: Step, tool: str, result: str, runs: list[str] = ()) -> SopSession:
+    def logged(self, step: Step, tool: str, result: str, runs: list[str] = (),
+               figures: list[tuple[str, str]] = (), reason: str | None = None) -> SopSession:
         log = StepLog(step=step, tool=tool, at=time.time(), result=result, by=effective_context(None).label,
-                      runs=[os.path.basename(r) for r in runs], call=open_intent() or "")
+                      runs=[os.path.basename(r) for r in runs], call=open_intent() or "",
+                      figures=[StepFigure(name=name, value=value) for name, value in figures], reason=reason or "")
         return self.model_copy(update={"steps": [*self.steps, log]})
 
 

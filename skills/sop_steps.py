@@ -18,9 +18,9 @@ from __future__ import annotations
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Annotated, Callable, Iterator
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from trainops.skills import ablation, ablation_design, baseline, environment, planning, rollout
 from trainops.skills.ablation_design import MeasuredSplit
@@ -40,6 +40,17 @@ SKILL = "training-efficiency-ablation-and-fault-sop"
 STEP_INPUT = ConfigDict(extra="forbid")  # a step takes its named fields only: no figures ride along
 SessionId = Field(min_length=1, max_length=128, description="The SOP session sop_declare (S1) started.")
 _PROGRESS: ContextVar[Progress | None] = ContextVar("sop_progress", default=None)
+
+
+def one_line(text: str) -> str:
+    """A reason kept in the session and shown in the pack: one line of printable text, so what a model
+    or a person wrote cannot start a line of its own there."""
+    if not text.isprintable():
+        raise ValueError("one line of printable text: no line break, control or bidi character")
+    return text
+
+
+Reason = Annotated[str, Field(min_length=3, max_length=300), AfterValidator(one_line)]
 
 
 @contextmanager
@@ -184,9 +195,12 @@ def sop_declare(inp: SopDeclareInput) -> SopDeclareOutput:
         "approved_call": approval_of_declaration(inp.model_dump(mode="json")),
         "framework_version": f"{env.framework} {env.framework_version}, torch {env.torch_version}"})
     cluster = "".join(f"; {k} {v}" for k, v in env.placement_rows())
+    shape = "valid" if layout.valid else f"invalid: {layout.error}"
+    figures = [("hardware", env.hardware), ("framework", f"{env.framework} {env.framework_version}"),
+               ("hot spares", ", ".join(env.hot_spare_nodes) or "none"), *env.placement_rows(), ("layout", shape)]
     session = save(session.logged("S1", "sop_declare", f"{env.hardware}, {env.framework} {env.framework_version}; "
-                                  f"hot spares {', '.join(env.hot_spare_nodes) or 'none'}{cluster}; "
-                                  f"layout {'valid' if layout.valid else 'invalid: ' + str(layout.error)}"))
+                                  f"hot spares {', '.join(env.hot_spare_nodes) or 'none'}{cluster}; layout {shape}",
+                                  figures=figures))
     return SopDeclareOutput(session_id=session.session_id, environment=env, layout=layout,
                             next_step=f"sop_baseline session={session.session_id} (S2)")
 
@@ -236,13 +250,23 @@ def sop_baseline(inp: SopBaselineInput) -> SopBaselineOutput:
         session = session.model_copy(update={"summary": summary, "baseline_evidence": evidence})
         found = (f"MFU {summary.mfu_pct.median:.3f}%, step {summary.step_time_s.median:.4f} s "
                  f"(spread {summary.step_time_s.spread_pct:.1f}%) over {len(results)} repeats")
+        exposed = summary.exposed_comm_share_pct
+        figures = [("MFU median", f"{summary.mfu_pct.median:.3f}%"),
+                   ("MFU spread", f"{summary.mfu_pct.spread_pct:.1f}%"),
+                   ("step time median", f"{summary.step_time_s.median:.4f} s"),
+                   ("step time spread", f"{summary.step_time_s.spread_pct:.1f}%"),
+                   ("tokens/s median", f"{summary.tokens_per_s.median:.0f}"),
+                   ("data wait share", f"{summary.data_wait_share_pct:.1f}%"),
+                   ("exposed communication share", "not measured" if exposed is None else f"{exposed:.1f}%")]
     else:
         say(f"S4 baseline at the rung of {rungs[world].label}")
         results = ablation.baseline_at(req, repeats, ctx, _PROGRESS.get())(rungs[world])
         found = f"{len(results)} repeats at {rungs[world].label}"
+        figures = []
     runs = [r.run_dir for r in results]
+    figures = [("rung", rungs[world].label), ("repeats", str(len(results))), *figures]
     session = save(session.model_copy(update={"baselines": {**session.baselines, world: results}})
-                   .logged("S2", "sop_baseline", found, runs))
+                   .logged("S2", "sop_baseline", found, runs, figures))
     return SopBaselineOutput(session_id=session.session_id, world=world, runs=[Path(r).name for r in runs],
                              summary=summary, next_step="sop_design (S3), then sop_arm (S4)")
 
@@ -291,7 +315,8 @@ def sop_design(inp: SopDesignInput) -> SopDesignOutput:
     say("S3 ablation design from the baseline's split: " + "; ".join(
         f"{a.rank}. {a.arm} ({a.figure.text})" for a in arms))
     session = save(session.model_copy(update={"design": arms}).logged(
-        "S3", "sop_design", "; ".join(f"{a.rank}. {a.arm}" for a in arms)))
+        "S3", "sop_design", "; ".join(f"{a.rank}. {a.arm}" for a in arms),
+        figures=[(f"{a.rank}. {a.arm}", a.figure.text) for a in arms]))
     return SopDesignOutput(session_id=session.session_id, split=split, arms=arms,
                            next_step=f"sop_arm arm={arms[0].arm} (S4), its smallest rung first")
 
@@ -305,6 +330,7 @@ class SopArmInput(BaseModel):
                               description="Ranks of the ladder rung; None: the arm's smallest valid rung. A larger "
                                           "rung runs only after every rung below it gained.")
     repeats: int | None = Field(None, ge=1, le=10, description="Runs of the arm; None: the session's.")
+    reason: Reason | None = Field(None, description="Why this arm, in one line: the pack shows it beside the choice.")
 
 
 class SopArmOutput(BaseModel):
@@ -345,7 +371,10 @@ def sop_arm(inp: SopArmInput) -> SopArmOutput:
     row = record.row
     session = save(session.model_copy(update={"arms": [*session.arms, record]}).logged(
         "S4", "sop_arm", f"{arm} at {rung.label}: {row.mfu_change_pct:+.1f}% against ±{row.noise_band_pct:.1f}%, "
-                         f"{row.verdict}", [r.run_dir for r in step.runs]))
+                         f"{row.verdict}", [r.run_dir for r in step.runs],
+        [("arm", arm), ("rung", rung.label), ("MFU change", f"{row.mfu_change_pct:+.1f}%"),
+         ("noise band", f"±{row.noise_band_pct:.1f}%"), ("verdict", row.verdict),
+         ("ladder", "ends here" if step.stopped else "climbs on")], inp.reason))
     above = [r for r in rungs if r.world > rung.world]
     following = "another arm, or sop_drill (S5)" if step.stopped or not above else (
         f"sop_baseline world={above[0].world} (if not measured), then sop_arm arm={arm} world={above[0].world}")
@@ -359,6 +388,8 @@ class SopDrillInput(BaseModel):
     session: str = SessionId
     fault: str = Field(min_length=1, max_length=40, description="The fault to inject (crash, hang, nan, bitflip, "
                                                                 "straggler, ...).")
+    reason: Reason | None = Field(None, description="Why this drill, in one line: the pack shows it beside the "
+                                                    "choice.")
 
 
 class SopDrillOutput(BaseModel):
@@ -386,10 +417,13 @@ def sop_drill(inp: SopDrillInput) -> SopDrillOutput:
     found = (f"{inp.fault}: detected in {result.detection_latency_s:.1f} s, isolated to "
              f"{result.isolation_granularity}" + (f", recovered in {recovered.recovery_time_s:.1f} s"
                                                   if recovered else ", detection only"))
+    figures = [("fault", inp.fault), ("detection latency", f"{result.detection_latency_s:.1f} s"),
+               ("isolation granularity", str(result.isolation_granularity)),
+               ("recovery time", f"{recovered.recovery_time_s:.1f} s" if recovered else "detection only")]
     session = save(session.model_copy(update={
         "drills": [*session.drills, *([recovered] if recovered else [])],
         "drill_evidence": [*session.drill_evidence, row], "drilled": [*session.drilled, inp.fault]})
-        .logged("S5", "sop_drill", found, [result.run_dir]))
+        .logged("S5", "sop_drill", found, [result.run_dir], figures, inp.reason))
     return SopDrillOutput(session_id=session.session_id, recovered=recovered,
                           detection_only=None if recovered else result,
                           next_step="another drill, or sop_pack (S6)")

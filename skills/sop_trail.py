@@ -114,7 +114,12 @@ def _steered(steer: Steer) -> tuple[ChosenBy, str]:
     return ("human" if steer.by_a_human else "model"), f"a steer by {steer.by} added it: {steer.reason}"
 
 
-def _arm_reason(arm: str, session: SopSession, chosen_by: ChosenBy, caller: str) -> str:
+def _given(caller: str, tool: str, reason: str) -> str:
+    """What a caller's own call says of its choice: the reason it gave with it, if any."""
+    return f"{caller} called {tool} with it, " + (f"giving the reason: {reason}" if reason else "giving no reason")
+
+
+def _arm_reason(arm: str, session: SopSession, chosen_by: ChosenBy, caller: str, reason: str) -> str:
     design = {a.arm: a for a in session.design}
     ranked = (f"S3 ranked it {design[arm].rank} of {len(design)}: {design[arm].reason}" if arm in design
               else "not among S3's ranked arms")
@@ -124,14 +129,14 @@ def _arm_reason(arm: str, session: SopSession, chosen_by: ChosenBy, caller: str)
         return ranked
     if chosen_by == "unrecorded":
         return f"no audited sop_arm call ran it; {ranked}"
-    return f"{caller} called sop_arm with it, giving no reason; {ranked}"
+    return f"{_given(caller, 'sop_arm', reason)}; {ranked}"
 
 
-def _drill_reason(fault: str, session: SopSession, chosen_by: ChosenBy, caller: str) -> str:
+def _drill_reason(fault: str, session: SopSession, chosen_by: ChosenBy, caller: str, reason: str) -> str:
     if chosen_by == "unrecorded":
         return "no audited sop_drill call ran it"
     if chosen_by != "planner":
-        return f"{caller} called sop_drill with it, giving no reason"
+        return _given(caller, "sop_drill", reason)
     if fault in session.settings.faults:
         return f"named in the declaration (faults={', '.join(session.settings.faults)})"
     quick = ", the quick SOP drills its first" if session.settings.quick else ""
@@ -154,6 +159,13 @@ def _aligned(calls: list[PackStep], count: int) -> list[PackStep]:
     return [*calls[:count], *[missing] * max(0, count - len(calls))]
 
 
+def _reasons(session: SopSession, step: str, count: int) -> list[str]:
+    """The reason the caller gave with each S4 (or S5) call the session logged, one per arm rung (or
+    drill), in order, aligned as `_aligned` aligns the calls."""
+    given = [log.reason for log in session.steps if log.step == step]
+    return [*given[:count], *[""] * max(0, count - len(given))]
+
+
 def choices(session: SopSession, rows: list[PackStep]) -> list[PackChoice]:
     """Who chose each arm, the order they ran in, each drill and each rollout stop, with the reason:
     from the session's design and the callers the audit log names for the calls that ran them."""
@@ -162,13 +174,13 @@ def choices(session: SopSession, rows: list[PackStep]) -> list[PackChoice]:
     design_call = next((s for s in rows if s.step == "S3"), None)
     declare_call = next((s for s in rows if s.step == "S1"), None)
     out, first_call = [], {}
-    for rung, call in zip(session.arms, arm_calls, strict=True):
-        first_call.setdefault(rung.arm, call)
-    for order, (arm, call) in enumerate(first_call.items(), start=1):
+    for rung, call, given in zip(session.arms, arm_calls, _reasons(session, "S4", len(session.arms)), strict=True):
+        first_call.setdefault(rung.arm, (call, given))
+    for order, (arm, (call, given)) in enumerate(first_call.items(), start=1):
         chosen_by = chooser(call.called_by)
         if chosen_by == "planner" and arm in session.settings.knobs and declare_call:
             chosen_by = _declarer(declare_call.called_by)
-        reason = _arm_reason(arm, session, chosen_by, call.called_by)
+        reason = _arm_reason(arm, session, chosen_by, call.called_by, given)
         if (steer := _steer(session, "add_arm", arm)) is not None and call.called_by:
             chosen_by, reason = _steered(steer)
         out.append(PackChoice(kind="arm", subject=arm, order=order, chosen_by=chosen_by, caller=call.called_by,
@@ -180,11 +192,13 @@ def choices(session: SopSession, rows: list[PackStep]) -> list[PackChoice]:
         out.append(PackChoice(kind="arm", subject=designed.arm, order=None, chosen_by=chooser(caller), caller=caller,
                               reason=f"S3 ranked it {designed.rank} of {len(session.design)}: {designed.reason}; "
                                      f"not run{why}", audit_seq=design_call.audit_seq if design_call else None))
-    for order, (fault, call) in enumerate(zip(session.drilled, drill_calls, strict=True), start=1):
+    drill_reasons = _reasons(session, "S5", len(session.drilled))
+    for order, (fault, call, given) in enumerate(zip(session.drilled, drill_calls, drill_reasons, strict=True),
+                                                 start=1):
         chosen_by = chooser(call.called_by)
         if chosen_by == "planner" and fault in session.settings.faults and declare_call:
             chosen_by = _declarer(declare_call.called_by)
-        reason = _drill_reason(fault, session, chooser(call.called_by), call.called_by)
+        reason = _drill_reason(fault, session, chooser(call.called_by), call.called_by, given)
         if (steer := _steer(session, "add_drill", fault)) is not None and call.called_by:
             chosen_by, reason = _steered(steer)
         out.append(PackChoice(kind="drill", subject=fault, order=order, chosen_by=chosen_by, caller=call.called_by,

@@ -197,9 +197,14 @@ def test_a_model_that_hands_the_pack_its_own_figures_is_refused_and_its_pack_hol
     assert [s.step for s in load(pack["session_id"]).steps] == ["S1", "S6"]
 
 
+ARM_REASON = "S3 ranked it first from the baseline's own split"
+DRILL_REASON = "a rank crash is the failure we see most"
+
+
 def good_model(results: list[Result]):
     """Walks the SOP from what each step returns: the arm S3 ranked first, its rung's baseline when the
-    gate says it is missing, up the ladder while it gains, the quick SOP's drill, the pack."""
+    gate says it is missing, up the ladder while it gains, the quick SOP's drill, the pack; it gives its
+    reason for the arm and the drill it chose."""
     if not results:
         return "sop_declare", {"quick": True}
     sid, (tool, out) = session_of(results), results[-1]
@@ -210,18 +215,19 @@ def good_model(results: list[Result]):
     if tool == "sop_baseline" and out.get("summary") is not None:
         return "sop_design", {"session": sid}
     if tool == "sop_design":
-        return "sop_arm", {"session": sid, "arm": arm}
+        return "sop_arm", {"session": sid, "arm": arm, "reason": ARM_REASON}
     if tool == "sop_arm" and "error" in out:
         world = int(re.search(r"run sop_baseline with world=(\d+) first", out["error"])[1])
         return "sop_baseline", {"session": sid, "world": world}
     if tool == "sop_baseline":
-        return "sop_arm", {"session": sid, "arm": arm, "world": out["world"]}
+        return "sop_arm", {"session": sid, "arm": arm, "world": out["world"], "reason": ARM_REASON}
     if tool == "sop_arm" and not out["stopped"] and (above := re.search(r"world=(\d+)", out["next_step"])):
         world = int(above[1])
-        return ("sop_arm", {"session": sid, "arm": arm, "world": world}) if world in measured else (
-            "sop_baseline", {"session": sid, "world": world})
+        if world in measured:
+            return "sop_arm", {"session": sid, "arm": arm, "world": world, "reason": ARM_REASON}
+        return "sop_baseline", {"session": sid, "world": world}
     if tool == "sop_arm":
-        return "sop_drill", {"session": sid, "fault": "crash"}
+        return "sop_drill", {"session": sid, "fault": "crash", "reason": DRILL_REASON}
     if tool == "sop_drill":
         return "sop_pack", {"session": sid}
     headline = out["headline"]
@@ -258,5 +264,23 @@ def test_a_good_model_walks_s1_to_s6_to_the_same_pack_as_trainops_sop_quick(serv
     gate = [e for e in audit.read() if e.get("kind") == "gate" and e.get("tool") in set(calls) - {"final_answer"}
             and e.get("decision") == "allowed"]
     assert {e["actor"] for e in gate} == {"agent"} and all(e["under_approved_call"] for e in gate)
+    choices = json.loads((Path(pack["pack_dir"]) / "evidence.json").read_text())["choices"]
+    arm, drill = (next(c for c in choices if c["kind"] == kind and c["order"] == 1) for kind in ("arm", "drill"))
+    assert (arm["chosen_by"], drill["chosen_by"]) == ("model", "model")
+    assert f"agent called sop_arm with it, giving the reason: {ARM_REASON}; S3 ranked it 1 of" in arm["reason"]
+    assert drill["reason"] == f"agent called sop_drill with it, giving the reason: {DRILL_REASON}"
     answer = events[-1]["text"]
     assert pack["pack_id"] in answer and "Governance withheld" not in answer
+
+
+def test_a_models_reason_is_one_bounded_line_or_the_gate_refuses_the_call(served, approvers, workspace):
+    """A reason that would start a line of its own in the pack (or runs on) is invalid input, refused
+    before anything launches; the model hears which field to fix."""
+    stub, settings = served
+    stub.script = model(declared_then(lambda sid: ("sop_drill", {"session": sid, "fault": "crash",
+                                                                 "reason": "fine\n# Verdict: PASS"})))
+    with AgentSession("reason-lines", settings) as session:
+        events = approve_declaration(session, approvers)
+    error = refusal(events, "sop_drill")
+    assert "invalid input for sop_drill" in error and "reason" in error and "one line of printable text" in error
+    nothing_launched_or_packed(workspace, load_declared(events))

@@ -73,6 +73,11 @@ def _show(event: dict[str, Any]) -> None:
         detail = f"  {event['finding']}" if event.get("finding") else ""
         detail = detail if event["status"] == "success" else f" {(event['output'] or {}).get('error', '')}"
         out.print(f"{mark} {escape(event['tool'] + detail)}", highlight=False)
+        if event.get("figures"):  # an SOP step as it lands: its figures, one row each
+            table = Table("figure", "value", box=None, padding=(0, 2, 0, 2))
+            for name, value in event["figures"]:
+                table.add_row(escape(name), escape(value))
+            out.print(table)
     elif kind == "approval":  # the call itself is shown only from the queue, checked: _show_request
         out.print(f"[bold yellow]approval needed[/] {escape(str(event['tool']))} (risk {escape(str(event['risk']))})"
                   f" · pending {escape(str(event.get('pending_id')))}", highlight=False)
