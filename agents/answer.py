@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from trainops.agents.echo import unechoed
 from trainops.tools.governance.text import check_text
 from trainops.tools.reliability.causes import Cause
 
@@ -122,6 +123,20 @@ def unmeasured_mfu(text: str, tool_outputs: dict[str, list[Any]]) -> list[str]:
                             "is measured on it (S2, sop_baseline, or summarize_run of a recorded run); quote the "
                             "figure a tool returned, or state none")
     return problems
+
+
+def tool_outputs(messages: list) -> dict[str, list[Any]]:
+    """What each tool returned since the latest request, less what it echoed of its call (a model's own
+    words passed as an argument): the only evidence an answer may cite."""
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+
+    start = max((i for i, m in enumerate(messages) if isinstance(m, HumanMessage)), default=-1)
+    args = {c["id"]: c["args"] for m in messages[start + 1:] if isinstance(m, AIMessage) for c in m.tool_calls}
+    outputs: dict[str, list[Any]] = {}
+    for message in messages[start + 1:]:
+        if isinstance(message, ToolMessage) and message.status == "success" and message.name != FINAL_ANSWER_TOOL:
+            outputs.setdefault(message.name, []).append(unechoed(message.artifact, args.get(message.tool_call_id, {})))
+    return outputs
 
 
 def text_problems(text: str, tool_outputs: dict[str, list[Any]]) -> list[str]:

@@ -39,13 +39,20 @@ from pydantic import ValidationError
 
 from trainops.agents import action_policy, kinds, transcript
 from trainops.agents.agent_tools import agent_registry
-from trainops.agents.answer import FINAL_ANSWER_TOOL, FinalAnswer, answer_problems, final_answer_schema, text_problems
+from trainops.agents.answer import (
+    FINAL_ANSWER_TOOL,
+    FinalAnswer,
+    answer_problems,
+    final_answer_schema,
+    text_problems,
+    tool_outputs,
+)
 from trainops.agents.answer import render as render_answer
 from trainops.agents.diagnose import ask_back
-from trainops.agents.echo import unechoed
 from trainops.agents.policy import REQUEST_KEY
 from trainops.agents.prompt import PromptSkill, load_skills, system_prompt
 from trainops.agents.providers import AgentSettings, explain_provider_failure
+from trainops.agents.sop_chat import not_this_threads, thread_sessions
 from trainops.agents.understand import Request, observe_world, understand
 from trainops.redact import scrub
 from trainops.tools import calls
@@ -168,18 +175,6 @@ def after_report(state: AgentState) -> str:
     return "stop"
 
 
-def _tool_outputs(messages: list[AnyMessage]) -> dict[str, list[Any]]:
-    """What each tool returned since the latest request, less what it echoed of its call (a model's own
-    words passed as an argument): the only evidence an answer may cite."""
-    start = max((i for i, m in enumerate(messages) if isinstance(m, HumanMessage)), default=-1)
-    args = {c["id"]: c["args"] for m in messages[start + 1:] if isinstance(m, AIMessage) for c in m.tool_calls}
-    outputs: dict[str, list[Any]] = {}
-    for message in messages[start + 1:]:
-        if isinstance(message, ToolMessage) and message.status == "success" and message.name != FINAL_ANSWER_TOOL:
-            outputs.setdefault(message.name, []).append(unechoed(message.artifact, args.get(message.tool_call_id, {})))
-    return outputs
-
-
 class AgentNodes:
     """The graph's nodes, sharing one registry, one tool-bound model, the settings, the skills and the budgets."""
     def __init__(self, specs, llm, settings: AgentSettings | None, skills: list[PromptSkill], *,
@@ -195,7 +190,8 @@ class AgentNodes:
         text = next((str(m.content) for m in reversed(state["messages"]) if isinstance(m, HumanMessage)), "")
         transcript.record(_thread(config), "user", content=text, skill=state.get("skill"))
         with serving(lambda: self.specs):
-            request = understand(text, observe_world(CallContext(actor="agent", thread_id=_thread(config))))
+            world = observe_world(CallContext(actor="agent", thread_id=_thread(config)))
+            request = understand(text, world.model_copy(update={"sop_sessions": thread_sessions(state["messages"])}))
         transcript.record(_thread(config), "understood", act=request.act, request_kind=request.kind,
                           order=request.order,
                           entities=request.entities.model_dump(mode="json"))
@@ -282,7 +278,8 @@ class AgentNodes:
                 continue
             try:
                 inp = spec.Input.model_validate(call["args"])
-                if reason := acting_refusal(state.get("request"), spec.name, spec.risk):
+                if reason := (acting_refusal(state.get("request"), spec.name, spec.risk)
+                              or not_this_threads(spec.name, call["args"], state["messages"])):
                     refuse(call, reason, "policy_refused")
                     continue
                 if reason := action_policy.refusal(spec.name, call["args"]):
@@ -374,7 +371,7 @@ class AgentNodes:
         if any(c["name"] == FINAL_ANSWER_TOOL for c in final.tool_calls):
             return self._check_final_answer(state, config, final)
 
-        violations = text_problems(final.text, _tool_outputs(state["messages"]))
+        violations = text_problems(final.text, tool_outputs(state["messages"]))
         transcript.record(_thread(config), "report_check", ok=not violations, violations=violations)
         if not violations:
             return {"report_violations": [], "stop_reason": "answered"}
@@ -394,7 +391,7 @@ class AgentNodes:
         except ValidationError as exc:
             problems = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5]]
         else:
-            problems = answer_problems(answer, _tool_outputs(state["messages"]))
+            problems = answer_problems(answer, tool_outputs(state["messages"]))
             problems += [f"proposed {a.tool}: {reason}" for a in answer.proposed_actions
                          if (reason := action_policy.refusal(a.tool, a.args))]
             problems += [f"proposed {a.tool} is not a registered tool" for a in answer.proposed_actions

@@ -1,8 +1,8 @@
 """The request kinds the agent knows, declared once as data: each kind's act, subject, the concepts
 that cue it, what it needs named, the tools it reads (and offers a model), its skill, and how the
 offline policy answers it: the steps it calls and the answer it builds from them (agents/explain.py),
-or a plan of its own (agents/diagnose.py, agents/sop_walk.py); an order's steps end in one gated call of
-its tool, or (the SOP) walk its tool and the further steps it `acts` with, each through the gate.
+or a plan of its own (agents/diagnose.py, agents/sop_walk.py, agents/sop_chat.py); an order's steps end in one
+gated call of its tool, or (the SOP) walk its tool and the further steps it `acts` with, each through the gate.
 Adding a kind is one entry; agents/understand.py picks the first that fits, the graph offers a
 model its tools, and the offline policy (agents/policy.py) interprets the rest.
 
@@ -15,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from trainops.agents import diagnose, explain, sop_walk
+from trainops.agents import diagnose, explain, sop_chat, sop_walk
+from trainops.skills.sop_steps import SKILL as SOP_SKILL
 
 if TYPE_CHECKING:
     from trainops.agents.understand import Entities
@@ -37,6 +38,7 @@ class Kind:
     skill: str | None = None
     verbs: tuple[str, ...] = ()  # an order's: "verb concept[ another concept the request must hold]"
     acts: tuple[str, ...] = ()  # an order's further tools that change the world, each through the gate
+    bare: tuple[str, ...] = ()  # an order's verbs that order it standing alone, with no object ("go on")
 
     def acting(self) -> tuple[str, ...]:
         """The tools this kind may call that change the world: its order's and its further steps'."""
@@ -69,7 +71,12 @@ KINDS: tuple[Kind, ...] = (
          order="upgrade_framework", verbs=("upgrade",)),
     Kind("sop", "order", "pack", (*sop_walk.STEPS, "sop_steer"), plan=sop_walk.plan, order=sop_walk.DECLARE,
          acts=(*sop_walk.STEPS[1:], "sop_steer"),
-         skill="training-efficiency-ablation-and-fault-sop", verbs=("launch sop",)),
+         skill=SOP_SKILL, verbs=("launch sop",)),
+    Kind("sop_steer", "order", "pack", ("sop_steer",), plan=sop_chat.steer, order="sop_steer", skill=SOP_SKILL,
+         verbs=("add arm", "add drill", "skip arm", "skip drill", "skip sopstep", "cancel after sopstep")),
+    Kind("sop_resume", "order", "pack", (*sop_walk.STEPS[1:], "sop_steer"), plan=sop_chat.resume, order=sop_walk.PACK,
+         acts=(*sop_walk.STEPS[1:-1], "sop_steer"), skill=SOP_SKILL, verbs=("proceed sop", "proceed sopstep"),
+         bare=("proceed",)),
     Kind("drill", "order", "drill", ("job_status", "inject_fault", "detect_faults"),
          ("job_status?", "inject_fault", "detect_faults?"), explain.drill, order="inject_fault", skill="fault-drill",
          verbs=("inject", "launch drill", "slow rank")),
@@ -101,17 +108,20 @@ KINDS: tuple[Kind, ...] = (
          diagnose.symptom, cues=_cue("trouble", "why", "slow"), needs="none"),
 )
 BY_NAME = {kind.name: kind for kind in KINDS}
-ORDER_VERBS = frozenset(verb.split()[0] for kind in KINDS for verb in kind.verbs)
+ORDER_VERBS = frozenset(verb.split()[0] for kind in KINDS for verb in (*kind.verbs, *kind.bare))
+BARE_VERBS = frozenset(verb.split()[0] for kind in KINDS for verb in kind.bare)
 # A request of no known kind: a model may still read, never act.
 GENERAL_READS = ("list_jobs", "job_status", "list_interruptions", "grep_log", "summarize_run", "list_checkpoints",
                  "list_nodes", "list_pending_approvals", "find_straggler", "compare_runs", "load_skill")
 
 
-def ordered_tool(lead: set[str], seen: set[str], found: Entities) -> str | None:
+def ordered_tool(lead: set[str], seen: set[str], found: Entities, bare: bool = False) -> str | None:
     """The tool an imperative sentence led by a verb of `lead` orders, given what the request holds: a
-    verb with the other concept it needs before a bare one ("resume node n2" before "resume job 4")."""
-    held = seen | ({"node"} if found.nodes else set()) | ({"quota"} if found.tenant else set())
-    fits = [(kind.order, also) for kind in KINDS for verb, *also in map(str.split, kind.verbs)
+    verb with the other concept it needs before a bare one ("resume node n2" before "resume job 4");
+    a verb with no object ("go on") orders only a kind it orders standing alone."""
+    held = (seen | ({"node"} if found.nodes else set()) | ({"quota"} if found.tenant else set())
+            | ({"arm"} if found.arms else set()))
+    fits = [(kind.order, also) for kind in KINDS for verb, *also in map(str.split, kind.bare if bare else kind.verbs)
             if verb in lead and set(also) <= held]
     return next((tool for tool, _ in sorted(fits, key=lambda fit: not fit[1])), None)
 

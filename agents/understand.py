@@ -26,6 +26,7 @@ from rapidfuzz import process
 from rapidfuzz.distance import OSA
 
 from trainops.agents import kinds
+from trainops.agents.vocabulary import ARMS, FAULT_KINDS, PHRASES, SOP_STEPS, VOCAB
 from trainops.run_records import read_drill_record
 from trainops.tools.calls import invoke
 from trainops.tools.context import CallContext
@@ -34,55 +35,6 @@ from trainops.tools.schedulers import session_kinds
 from trainops.workspace import runs_dir
 
 Act = Literal["question", "order", "plan"]
-
-VOCAB: dict[str, str] = {
-    # what an order asks for: the action verbs
-    "cancel": "cancel abort terminate scancel stop kill",
-    "requeue": "requeue resubmit restart relaunch rerun retry",
-    "resume": "resume undrain uncordon", "unquarantine": "unquarantine", "drain": "drain cordon evict isolate",
-    "quarantine": "quarantine", "grant": "give grant set raise bump increase lower reduce allot allocate",
-    "inject": "inject drill simulate", "launch": "run start launch kick trigger do execute fire",
-    "take": "take put pull move bring get", "sop": "sop", "change": "turn disable enable change switch",
-    "policy": "policy preemption preempt fairshare scheduling", "rollback": "rollback revert undo",
-    "upgrade": "upgrade", "quick": "quick quickly", "save": "save saves saving write writes",
-    "politeness": "please pls plz kindly can could would will you u i we go ahead and now just ok okay then lets let "
-                  "us hey need want to asap",
-    # what a question is about
-    "approval": "approval approvals approve pending sign signature", "checkpoint": "checkpoint checkpoints ckpt ckpts",
-    "interval": "interval often frequency frequently cadence mtbf", "quota": "quota quotas tenant gpus gpu priority",
-    "compare": "compare compared comparison versus vs slower faster lower higher than differ different difference "
-               "changed change regression regressed regress worse better",
-    "loaded": "resume resumed resuming restore restored load loaded loading fallback fell corrupt corrupted "
-              "corruption damaged bad broken newest latest good valid verify verified which",
-    "lost": "lose lost losing cost costs waste wasted",
-    "time": "time hours minutes much long training wallclock",
-    "straggler": "straggler straggling stragglers laggard holding",
-    "slow": "slow slower slowed slowest sluggish lag lagging laggy", "rank": "rank ranks worker workers",
-    "mfu": "mfu utilization utilisation flops tflops efficiency", "log": "log logs logfile stderr stdout",
-    "jobs": "jobs queue queued", "nodes": "nodes hosts machines fleet", "why": "why cause caused causes root reason "
-    "blame blamed because", "drill": "drill drills drilled", "node": "node host machine server box",
-    "job": "job", "run": "run runs", "step": "step steps", "latest": "last latest newest recent previous",
-    "yesterday": "yesterday yesterdays", "today": "today todays",
-    "trouble": "cancelled canceled fail failed failure failing crash crashed crashes died dead die hung hang "
-               "hanging stuck stall stalled "
-               "froze frozen interrupted interruption interrupt stopped wrong broke broken error errors oom nan slow "
-               "happened happen going healthy unhealthy sick off weird problem issue issues went",
-    "read": "show list check look tell explain diagnose describe display print find fetch see summarize investigate "
-            "status what whats how hows which who where when is was did does are were",
-    # fault kinds, as a drill's job is named
-    "crash": "crash crashed crashes", "hang": "hang hung hanging stall stalled froze frozen stuck",
-    "nan": "nan nans inf diverged", "bitflip": "bitflip bit-flip sdc silent flip flipped checksum checksums",
-    "partition": "partition partitioned", "network": "network nccl link interconnect",
-    # everyday words a near word must not be taken for
-    "noise": "train training trained trainer list last lots most much done dose note notes rain range brain cancer",
-}
-PHRASES: dict[tuple[str, ...], str] = {
-    ("out", "of", "service"): "drain", ("out", "of", "rotation"): "drain", ("back", "in", "service"): "resume",
-    ("back", "into", "service"): "resume", ("holding", "back"): "straggler", ("was", "it"): "why",
-    ("is", "it"): "why", ("due", "to"): "why", ("how", "often"): "interval", ("what", "if"): "interval",
-}
-FAULT_KINDS = {"crash": "crash", "hang": "hang", "nan": "nan", "bitflip": "bitflip", "straggler": "straggler",
-               "partition": "partition", "network": "slow-network", "corrupt": "checkpoint-corruption"}
 _INDEX: dict[str, set[str]] = {}
 for _concept, _words in VOCAB.items():
     for _word in _words.split():
@@ -142,6 +94,8 @@ class World(BaseModel):
     jobs: list[Job] = Field(default_factory=list)
     nodes: dict[str, str] = Field(default_factory=dict, description="node name -> the scheduler that lists it")
     drills: list[str] = Field(default_factory=list, description="The runs that hold a drill record.")
+    sop_sessions: list[str] = Field(default_factory=list, description="The SOP sessions this thread's own sop_declare "
+                                                                      "calls started, oldest first.")
 
 
 class Ambiguity(BaseModel):
@@ -162,6 +116,9 @@ class Entities(BaseModel):
     priority: str | None = None
     fault: str | None = None
     config: str | None = None
+    arms: list[str] = Field(default_factory=list, description="SOP arms (NAME=VALUE) named by their words.")
+    sop_steps: list[str] = Field(default_factory=list, description="SOP steps named (S1..S6), in the SOP's order.")
+    sop_session: str | None = Field(None, description="The SOP session the thread's own sop_declare started last.")
     scheduler: str = Field("local", description="The scheduler of the first job or node named (its tools' scheduler).")
     baseline_first: bool = Field(True, description="Two runs: False when the first named is compared 'than' "
                                                    "the second (the second is the baseline).")
@@ -230,6 +187,7 @@ class _Reader:
         self.concepts: list[set[str]] = [set() for _ in self.words]
         self.ambiguous: list[Ambiguity] = []
         self.used: set[int] = set()
+        self.led: dict[int, set[str]] = {}  # the concepts of a phrase that starts at the word ("go on")
         # the mark that follows each word, if any: a sentence's (SENTENCE_MARKS), a clause's (":", ",")
         self.stops = ["." if word.endswith(".") else text[end:].lstrip(" ")[:1] for word, end in spans]
 
@@ -288,6 +246,7 @@ class _Reader:
         for i in range(len(low)):
             for phrase, concept in PHRASES.items():
                 if tuple(low[i:i + len(phrase)]) == phrase:
+                    self.led.setdefault(i, set()).add(concept)
                     for j in range(i, i + len(phrase)):
                         concepts[j].add(concept)
         for i, word in enumerate(self.words):
@@ -375,15 +334,18 @@ SENTENCE_MARKS = (".", "?", "!", ";")
 
 def _order(reader: _Reader, seen: set[str]) -> str | None:
     """The action an imperative clause orders: its first word past the politeness is an action verb
-    followed by its object, in a sentence that does not ask ("?") unless it asks as a request does."""
+    followed by its object (or one that orders standing alone, kinds.BARE_VERBS: "go on"), in a
+    sentence that does not ask ("?") unless it asks as a request does."""
     for clause in _clauses(reader):
         lead = next((i for i in clause if not reader.concepts[i] or reader.concepts[i] - {"politeness"}), None)
-        if lead is None or not (verbs := order_verbs(reader.low[lead])):
+        if lead is None:
             continue
-        if _asks(reader, clause) or not _has_object(reader, lead, clause):
+        verbs = order_verbs(reader.low[lead]) | reader.led.get(lead, set()) & kinds.BARE_VERBS  # "go on"
+        bare = not _has_object(reader, lead, clause)  # then only a verb that orders standing alone
+        if not verbs or _asks(reader, clause) or bare and not verbs & kinds.BARE_VERBS:
             continue
         here = set().union(*(reader.concepts[i] for i in clause))
-        return kinds.ordered_tool(verbs, here | seen, reader.found)
+        return kinds.ordered_tool(verbs, here | seen, reader.found, bare)
     return None
 
 
@@ -434,6 +396,8 @@ def understand(text: str, world: World | None = None) -> Request:
         reader.found.fault = "node-crash"
     _by_reference(reader, seen)
     found = reader.found
+    found.arms, found.sop_steps = [a for a in ARMS if a in seen], [s for s in SOP_STEPS if s in seen]
+    found.sop_session = reader.world.sop_sessions[-1] if reader.world.sop_sessions else None
     if len(found.runs) == 2:
         positions = [i for i, w in enumerate(reader.words) if any(r in w for r in found.runs[1:])]
         found.baseline_first = not any(w.lower() == "than" for w in reader.words[: positions[0]]) if positions else True

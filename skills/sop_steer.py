@@ -9,13 +9,14 @@ the world; the pack lists each steer with who asked and why (skills.sop_trail)."
 from __future__ import annotations
 
 import time
+from typing import Annotated
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 
 from trainops.skills import ablation
 from trainops.skills.drill import drill
 from trainops.skills.sop_session import SopSession, Steer, SteerChange, save
-from trainops.skills.sop_steps import STEP_INPUT, SessionId, declared_first, session_of
+from trainops.skills.sop_steps import STEP_INPUT, SessionId, declared_first, one_line, session_of
 from trainops.tools.base import InputCheck, ToolError, tool
 from trainops.tools.context import active_call, effective_context
 
@@ -29,7 +30,9 @@ class SopSteerInput(BaseModel):
     change: SteerChange = Field(description="add_arm / skip_arm (NAME=VALUE), add_drill / skip_drill (a fault), "
                                             "skip_step (S4: no arm, S5: no drill), stop_after (S1..S5: the pack next)")
     value: str = Field(min_length=1, max_length=200, description="the arm NAME=VALUE, the fault, or the step")
-    reason: str = Field(min_length=3, max_length=500, description="why; shown in the pack beside the choice")
+    reason: Annotated[str, AfterValidator(one_line)] = Field(min_length=3, max_length=500,
+                                                              description="why, in one line; shown in the pack beside "
+                                                                          "the choice")
 
 
 class SopSteerOutput(BaseModel):
