@@ -12,11 +12,13 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.agents.conftest import ScriptedOpenAI
+from tests.skills import conftest as factories
+from tests.skills.test_sop_steps import stopped_after_s4
 from trainops.agents.session import AgentSession
 from trainops.agents.vocabulary import ARMS
 from trainops.cli import app
 from trainops.skills.knobs import parse_arm
-from trainops.skills.sop_session import load
+from trainops.skills.sop_session import load, save
 from trainops.tools.governance import audit
 from trainops.tools.governance.queue import pending_calls
 
@@ -118,6 +120,25 @@ def test_go_on_resumes_the_threads_sop_from_its_next_step_each_result_shown_as_a
     assert "| verdict | partial |" in shown and "| hardware | " in shown, shown  # the answer: each step's rows
     again = ask("resume", "resume")
     assert again["tool_calls"] == [] and f"is finished: its pack is {resumed.pack}" in again["answer"]
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("alice_ssh_agent")
+def test_an_sop_killed_after_s4_goes_on_at_s5_in_its_thread_each_step_landing_as_a_table():
+    """S2..S4 on the thread's session as a `trainops sop --quick` killed after S4 leaves them (the records
+    tests/skills writes): "go on" runs the drill (real, ~40 s) and the pack, under the declaration's
+    approval, and nothing before S5 again."""
+    session = declared_in_chat("after-s4")
+    killed = stopped_after_s4(factories)
+    save(load(session).model_copy(update={k: getattr(killed, k) for k in ("baselines", "summary", "design", "arms")}))
+    shown = chat("after-s4", "go on")
+    assert "approval needed" not in shown, shown
+    steps = [e["tool"] for e in audit.read() if e.get("kind") == "intent" and e["tool"].startswith("sop_")]
+    assert steps == ["sop_declare", "sop_drill", "sop_pack"]
+    assert "✓ sop_drill crash: detected in" in shown and "figure value fault crash detection latency" in shown, shown
+    resumed = load(session)
+    assert [s.step for s in resumed.steps] == ["S1", "S5", "S6"] and resumed.drilled == ["crash"]
+    assert "| detection latency |" in shown and resumed.pack in shown
 
 
 @pytest.mark.usefixtures("alice_ssh_agent")
