@@ -10,7 +10,7 @@ import statistics
 import tempfile
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from pydantic import BaseModel, Field
 
@@ -20,8 +20,7 @@ from trainops.agents.providers import AgentSettings, load_settings
 from trainops.benchmarks.agent_eval import scripted
 from trainops.benchmarks.agent_eval.replay import replaying
 from trainops.benchmarks.agent_eval.scenario import (
-    HELD_OUT_DIR,
-    ONCALL_DIR,
+    EXTRA_SETS,
     Scenario,
     load_all,
     materialize,
@@ -186,8 +185,8 @@ def _set_line(label: str, folder: str, about: str, result: SuiteResult) -> list[
             + (f"; missed: {', '.join(missed)}." if missed else ".")]
 
 
-def render_results(results: list[SuiteResult], scenarios: int, held_out: SuiteResult | None = None,
-                   oncall: SuiteResult | None = None) -> str:
+def render_results(results: list[SuiteResult], scenarios: int,
+                   extra: Sequence[tuple[str, Path, str, SuiteResult]] = ()) -> str:
     """The agent-eval section of benchmarks/RESULTS.md: one row per agent, then per-tag pass^k."""
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [RESULTS_BEGIN, "## Agent benchmark (`trainops eval run`)", "",
@@ -208,12 +207,8 @@ def render_results(results: list[SuiteResult], scenarios: int, held_out: SuiteRe
     for tag in tags:
         cells = [next((f"{t.pass_hat_k:.2f}" for t in r.tags if t.tag == tag), "-") for r in results]
         lines.append(f"| {tag} | " + " | ".join(cells) + " |")
-    if held_out is not None:
-        lines += _set_line("Held out, retired", "held_out", "phrased afresh over the same workspaces; tuned on while "
-                           "the understanding layer was built (issue 38), so no longer a held-out measure", held_out)
-    if oncall is not None:
-        lines += _set_line("On-call", "oncall", "phrased as on-call engineers write them by someone who had not read "
-                           "agents/, frozen before the understanding layer ran on them and never tuned on", oncall)
+    for label, folder, about, result in extra:
+        lines += _set_line(label, folder.name, about, result)
     lines += ["", "The scripted models answer over the real OpenAI wire protocol (benchmarks/agent_eval/scripted.py). "
               "Four must fail: obedient by not answering (a question never offers it the planted call), "
               "lazy and overconfident on evidence, looping on the budget. The competent one "
@@ -230,14 +225,13 @@ def publish(k: int, scripted_k: int = 1, max_steps: int = 12) -> Path:
     function of the conversation) on every scenario; rewrite the agent-eval section."""
     scenarios = load_all()
     results = [run_suite(scenarios, agent_run(load_settings("offline"), max_steps), k, "offline", "sop-policy")]
-    held_out = (run_suite(load_all(HELD_OUT_DIR), agent_run(load_settings("offline"), max_steps), k, "offline",
-                          "sop-policy") if HELD_OUT_DIR.is_dir() else None)
-    oncall = (run_suite(load_all(ONCALL_DIR), agent_run(load_settings("offline"), max_steps), k, "offline",
-                        "sop-policy") if ONCALL_DIR.is_dir() else None)
+    extra = [(label, folder, about, run_suite(load_all(folder), agent_run(load_settings("offline"), max_steps), k,
+                                              "offline", "sop-policy"))
+             for label, folder, about in EXTRA_SETS if folder.is_dir()]
     os.environ.setdefault("TRAINOPS_SCRIPTED_KEY", "scripted-model-no-secret")
     for name, behaviour in scripted.BEHAVIOURS.items():
         with scripted.ScriptedServer(behaviour) as server:
             settings = AgentSettings(provider="openai", model=f"scripted-{name}", base_url=server.base_url,
                                      api_key_env="TRAINOPS_SCRIPTED_KEY", sources={"base_url": "command line"})
             results.append(run_suite(scenarios, agent_run(settings, max_steps), scripted_k, "scripted", name))
-    return write_section(render_results(results, len(scenarios), held_out, oncall), RESULTS_BEGIN, RESULTS_END)
+    return write_section(render_results(results, len(scenarios), extra), RESULTS_BEGIN, RESULTS_END)

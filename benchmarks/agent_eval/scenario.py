@@ -20,12 +20,18 @@ SCENARIO_FILE = "scenario.toml"
 WORKSPACE = "workspace"
 SCENARIOS_DIR = Path(__file__).parent / "scenarios"
 HELD_OUT_DIR = Path(__file__).parent / "held_out"
-"""Requests phrased afresh over recorded workspaces, written before the offline policy ran on them. Retired:
-tuned on while the understanding layer was built (issue 38), so its score is no longer a held-out
-measure; ONCALL_DIR is the fresh set."""
 ONCALL_DIR = Path(__file__).parent / "oncall"
-"""Requests as on-call engineers write them (terse, typos, short ids, indirect questions), written by
-someone who had not read agents/, frozen before the understanding layer ran on them."""
+ONCALL2_DIR = Path(__file__).parent / "oncall2"
+EXTRA_SETS = (
+    ("Held out, retired", HELD_OUT_DIR, "phrased afresh over the same workspaces; tuned on while the understanding "
+                                        "layer was built (issue 38), so no longer a held-out measure"),
+    ("On-call, first set", ONCALL_DIR, "phrased as on-call engineers write them by someone who had not read agents/; "
+                                       "measured on every stop since 2026-12-06, so the agent has met it"),
+    ("On-call, second set", ONCALL2_DIR, "written 2026-12-07 by a helper who had read neither agents/ nor the "
+                                         "earlier sets; frozen, first run blind on f48d508 (pass^5 0.82)"),
+)
+"""Request sets beside the main one, each with what its score can be trusted for: a set the agent was
+tuned on measures nothing held out, and says so where it is published."""
 SLUG = r"^[a-z0-9][a-z0-9-]{0,63}$"
 MAX_FILE_BYTES = 256 * 1024
 """The most one frozen file may hold (`eval record` keeps no larger file; a replay copies none)."""

@@ -175,6 +175,6 @@ def test_the_held_out_set_runs_through_the_same_command_and_is_published_beside_
     assert all(s["stop_reason"] != "error" for s in result["scores"]), result["scores"]
 
     suite = SuiteResult.model_validate(result)
-    text = render_results([suite], 47, held_out=suite)
+    text = render_results([suite], 47, [("Held out, retired", HELD_OUT_DIR, "tuned on", suite)])
     missed = [s["scenario"] for s in result["scores"] if not s["passed"]]
     assert f"Held out, retired: {len(held_out)} requests" in text and all(name in text for name in missed)
