@@ -1,16 +1,7 @@
-"""The model advises, this policy acts: which of the model's calls and proposed actions may go on.
-
-A model's words cannot move these limits: they are constants here, read from the interruption
-record (written by trainops, not the job) and the gate (`gate.approval_rule`, which decides what
-waits for a human). Every call the agent makes and every action its final answer proposes passes
-`refusal` first; a refused call goes back to the model with the reason, and a refused proposal
-sends the answer back to be rewritten.
-
-- Restart budget: a job trainops restarts (`requeue_job`) may end at most MAX_RESTARTS times in
-  RESTART_WINDOW_S; past that a human decides (crash loops burn the fleet and hide the cause).
-- No restart over a suspected silent data corruption (R-ESC-3): the job's latest end with replica
-  checksums that disagree goes to `respond_to_sdc` and a human, never straight back to training.
-- Tools that change the world wait for a human whatever the model says (the gate, R-SEC-4).
+"""The model advises, this policy acts: every call the agent makes and every action its answer proposes
+passes `refusal` first, with limits a model's words cannot move (constants, and the interruption record
+trainops writes). A job may be requeued after at most MAX_RESTARTS ends in RESTART_WINDOW_S, and never over
+a suspected silent data corruption (R-ESC-3); past that a human decides. The gate holds the rest (R-SEC-4).
 """
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
-"""The offline policy's diagnosis of a job end: a fixed plan, and a FinalAnswer built from evidence.
-
-The plan comes from the request's kind (agents/kinds.py: diagnose, straggler, time_lost) alone: load
-the fault skill, read the job's interruption record, the kind's own reads (find_straggler) and its
-answer, grep the failing rank's (or the job's) log for error lines, and, with no record, the job's
-status. A checkpoint question after a restart reads the run's checkpoint journal the same way.
-The answer is built from the record's structured fields (the classifier's cause and reason, exit
-signal, ranks, nodes, checksum verdict, NaN step) and quotes lines exactly as the tools returned
-them. Text inside a log or an error line is only ever quoted, never read as an instruction: no
-field of any output chooses a tool or an action beyond the fixed mapping below. A diagnosis answers a
-question, so it proposes no action: what a human might order (drain, requeue, the SDC response) is
-written under what to decide next, held to the action policy first.
+"""The offline policy's diagnosis of a job end: a fixed plan from the request's kind alone (load the fault
+skill, read the interruption record and the kind's own reads, grep the failing rank's log, else the job's
+status), and a FinalAnswer from the record's structured fields, quoting lines exactly as the tools returned
+them: a log's text is only quoted, never chooses a tool. A diagnosis answers a question, so it proposes no
+action: what a human might order is written under what to decide next, held to the action policy first.
 """
 from __future__ import annotations
 
@@ -98,8 +91,7 @@ def plan(kind: Kind, request: Request, done: dict[str, dict], results: list[Tool
 
 def checkpoints(kind: Kind, request: Request, done: dict[str, dict], results: list[ToolMessage],
                 schemas: dict[str, dict]) -> Next:
-    """list_checkpoints for the run; with a corrupt checkpoint skipped and a job named, the job log's own
-    line of the fallback; then the answer from the run's journal (agents/explain.checkpoints)."""
+    """list_checkpoints for the run; with a corrupt one skipped and a job named, the job log's fallback line."""
     found, out = request.entities, outputs(results)
     if not found.runs:
         return inconclusive("The request names no run, and a run's checkpoint journal is what says which "
@@ -124,8 +116,8 @@ def grep_of(results: list[ToolMessage], job_id: str) -> dict | None:
 
 
 def _known_answers(case: dict | None, results: list[ToolMessage]) -> Next | tuple[list[str], list[Evidence]] | None:
-    """After a suspected SDC: a grep of each known-answer check job that convicted a node for its own failure
-    line, once; then (the nodes the checks convicted, those lines as evidence); None when none did."""
+    """After a suspected SDC: grep each check job that convicted a node for its failure line, once; then (the
+    nodes convicted, those lines as evidence); None when none was."""
     checks = [c for c in ((case or {}).get("fleet"), (case or {}).get("colocated"))
               if c and c.get("job_id") and c.get("failed_nodes")]
     if unread := [c["job_id"] for c in checks if grep_of(results, c["job_id"]) is None]:
@@ -166,8 +158,7 @@ def _job_of_run(listed: dict | None, run: str) -> str | None:
 
 
 def symptom(request: Request, out: dict[str, Any]) -> dict[str, Any]:
-    """A symptom ("training feels slow") naming no job or run: from what the workspace holds (its jobs
-    and the interruption record), say what would settle it instead of guessing a cause."""
+    """A symptom naming no job or run: what the workspace holds, and what would settle it, never a guessed cause."""
     jobs = (out.get("list_jobs") or {}).get("jobs") or []
     ends = (out.get("list_interruptions") or {}).get("interruptions") or []
     seen = [Evidence(source="list_jobs:job_id", quote=str(j["job_id"])) for j in jobs[-3:]
@@ -194,15 +185,14 @@ def _evidence(record: dict, grep: dict | None) -> list[Evidence]:
 
 
 def _down_nodes(record: dict) -> list[str]:
-    """The job's nodes the scheduler itself marks down or not responding (its node states, never a host
-    the job's heartbeat or log names): the only nodes a hardware verdict may put up for draining."""
+    """The job's nodes the scheduler itself marks down (never a host a log names): the only ones to drain."""
     states = (record.get("evidence") or {}).get("node_states") or {}
     return sorted(node for node, state in states.items() if NODE_DOWN.search(str(state)))
 
 
 def _decisions(record: dict, kind: str | None) -> list[str]:
-    """What a human might order next (the fixed cause -> action mapping), as advice, never a proposed
-    call: a question does not act. An action the policy would refuse says who decides instead."""
+    """What a human might order next (a fixed cause -> action mapping), as advice, never a proposed call; an
+    action the policy would refuse says who decides instead."""
     ev, cause, job = record.get("evidence") or {}, record.get("cause"), record["job_id"]
     scheduler = record.get("scheduler") or "local"
     advice: list[tuple[str, dict[str, Any], str]] = []
@@ -235,8 +225,7 @@ def _decisions(record: dict, kind: str | None) -> list[str]:
 
 def _from_record(record: dict, grep: dict | None, asks_cause: bool,
                  checked: tuple[list[str], list[Evidence]] | None = None) -> dict[str, Any]:
-    """What the record settles: the fault's kind and place even when its cause is unclassified;
-    the cause only when the classifier named one (asked for an unclassified cause: inconclusive).
+    """The fault's kind and place even when unclassified; its cause only when the classifier named one.
     `checked`: the nodes known-answer checks convicted after a suspected SDC, and their lines."""
     ev, cause = record.get("evidence") or {}, record.get("cause")
     evidence = _evidence(record, grep) + (checked[1] if checked else [])

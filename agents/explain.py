@@ -1,7 +1,6 @@
-"""The offline policy's answers, one builder per request kind (agents/kinds.py names each kind's):
-each turns what the kind's tools returned into a short report that names its evidence, and says
-plainly which figure was missing instead of guessing it. A builder takes the request and the
-outputs by tool name, and returns text or a final_answer's arguments.
+"""The offline policy's answers, one builder per request kind (agents/kinds.py names each kind's): from the
+request and the outputs by tool name, a short report (text or a final_answer's arguments) that names its
+evidence and says which figure was missing instead of guessing it.
 """
 from __future__ import annotations
 
@@ -57,17 +56,14 @@ def grep_evidence(grep: dict | None, most: int = 2) -> list[Evidence]:
 
 
 def _compact(data: Any, limit: int = 1200) -> str:
-    """Tool data as one line of JSON (a string too: quoted, its newlines escaped), so nothing a job
-    wrote reads as a line of the answer."""
+    """Tool data as one line of JSON, so nothing a job wrote reads as a line of the answer."""
     text = json.dumps(data, default=str, sort_keys=True)
     return text if len(text) <= limit else text[:limit] + " ..."
 
 
 def quoted(value: Any, limit: int = 300) -> str:
-    """A value a tool returned, as it may appear inside a line of the answer: single-line printable
-    text as it is; anything with a newline or control character in a code span, those (and any
-    backtick) escaped. What a job wrote (a `peak_source` with "\\nVerdict: PASS") then never starts a line of
-    the answer of its own."""
+    """A value a tool returned, inside a line of the answer: printable text as it is, else in a code span with
+    its newlines, control characters and backticks escaped, so what a job wrote never starts a line."""
     text = str(value)
     if text.isprintable():
         return text if len(text) <= limit else text[:limit] + " ..."
@@ -98,9 +94,8 @@ def _layout_text(plan: Any) -> tuple[str | None, float | None]:
 
 
 def explain_mfu(summary: Any, env: Any, plan: Any = None) -> list[str]:
-    """Why an MFU figure is what it is: each figure quoted with the tool and field it comes from
-    (summarize_run's RunSummary, the environment declaration, plan_layout on the run's own config);
-    what no tool returned is named missing, never guessed."""
+    """Why an MFU figure is what it is, each figure quoted with the tool and field it comes from (summarize_run,
+    the environment declaration, plan_layout on the run's config); what no tool returned is named missing."""
     s = summary if isinstance(summary, dict) else {}
     mfu, spread, share = s.get("mfu_pct_median"), s.get("step_time_rank_spread_pct"), s.get("data_wait_share_pct")
     hardware = find(env, "hardware_generation") or find(find(env, "accelerators"), "model")
@@ -198,10 +193,8 @@ def listing(request: Request, out: dict[str, Any]) -> str:
 
 
 def compare(request: Request, out: dict[str, Any]) -> dict[str, Any]:
-    """Which run is slower, and by how much, is compare_runs' reading of the metrics, never the
-    request's. One changed setting is named the candidate cause; several are reported as confounded,
-    with the single-variable ablation that would separate them as what to collect next; none (or no
-    slowdown) is not a diagnosis."""
+    """Which run is slower is compare_runs' reading, never the request's. One changed setting is the candidate
+    cause; several are confounded (an ablation of each to collect); none, or no slowdown, is no diagnosis."""
     compared = out["compare_runs"]
     changed, slower, finding = compared.get("changed") or [], compared.get("slower"), str(compared.get("finding"))
     cited = [Evidence(source="compare_runs:finding", quote=finding)]
@@ -219,9 +212,8 @@ def compare(request: Request, out: dict[str, Any]) -> dict[str, Any]:
 
 
 def checkpoints(request: Request, out: dict[str, Any]) -> dict[str, Any]:
-    """Which checkpoint the run's latest start loaded, from its journal as list_checkpoints returned it:
-    the corrupt ones it skipped are quoted with their reasons (and the job log's own fallback line),
-    never followed."""
+    """Which checkpoint the run's latest start loaded (list_checkpoints' journal): the corrupt ones it skipped
+    are quoted with their reasons and the job log's fallback line, never followed."""
     listed, run = out["list_checkpoints"], request.entities.runs[0]
     starts, newest = listed.get("starts") or [], listed.get("newest_committed_step")
     if not starts:

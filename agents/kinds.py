@@ -1,13 +1,7 @@
-"""The request kinds the agent knows, declared once as data: each kind's act, subject, the concepts
-that cue it, what it needs named, the tools it reads (and offers a model), its skill, and how the
-offline policy answers it: the steps it calls and the answer it builds from them (agents/explain.py),
-or a plan of its own (agents/diagnose.py, agents/sop_walk.py, agents/sop_chat.py); an order's steps end in one
-gated call of its tool, or (the SOP) walk its tool and the further steps it `acts` with, each through the gate.
-Adding a kind is one entry; agents/understand.py picks the first that fits, the graph offers a
-model its tools, and the offline policy (agents/policy.py) interprets the rest.
-
-An order is read from an imperative sentence's first verb (its kind's `verbs`); a question or a plan is read
-from the concepts its words mean. Nothing here looks at the request's text itself.
+"""The request kinds the agent knows, declared once as data: act, subject, the concepts that cue it (a
+question or plan) or the verbs that order it, what it needs named, the tools it reads (and offers a model),
+its skill, and how the offline policy (agents/policy.py) answers it: its steps and answer, or a plan of its
+own. Adding a kind is one entry; agents/understand.py picks the first that fits. Nothing here reads text.
 """
 from __future__ import annotations
 
@@ -116,9 +110,8 @@ GENERAL_READS = ("list_jobs", "job_status", "list_interruptions", "grep_log", "s
 
 
 def ordered_tool(lead: set[str], seen: set[str], found: Entities, bare: bool = False) -> str | None:
-    """The tool an imperative sentence led by a verb of `lead` orders, given what the request holds: a
-    verb with the other concept it needs before a bare one ("resume node n2" before "resume job 4");
-    a verb with no object ("go on") orders only a kind it orders standing alone."""
+    """The tool a sentence led by a verb of `lead` orders: a verb with the concept it needs before a bare one
+    ("resume node n2" before "resume job 4"); with no object ("go on"), only a kind it orders standing alone."""
     held = (seen | ({"node"} if found.nodes else set()) | ({"quota"} if found.tenant else set())
             | ({"arm"} if found.arms else set()))
     fits = [(kind.order, also) for kind in KINDS for verb, *also in map(str.split, kind.bare if bare else kind.verbs)
@@ -153,8 +146,7 @@ def offered(kind: Kind | None, act: str, risk: dict[str, str]) -> list[str]:
 
 
 def may_act(request: dict | None, tool: str) -> bool:
-    """Whether a request (as the graph stores it) orders `tool`: its order's tool, or a later step
-    of the same order (the SOP's S2..S6 after its S1)."""
+    """Whether a request (as the graph stores it) orders `tool`: its order's, or a later step of that order."""
     kind = BY_NAME.get((request or {}).get("kind") or "")
     return bool(request and request.get("act") == "order" and kind and tool in kind.acting()
                 and request.get("order") == kind.order)

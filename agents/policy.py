@@ -1,13 +1,8 @@
-"""The offline provider: a small interpreter over the request kinds (agents/kinds.py) behind
-LangChain's chat-model interface.
-
-The graph hands it the request as understood (agents/understand.py: act, kind, entities resolved
-against the workspace and the scheduler) on the system message; a tool's output never changes the
-plan, it only supplies values to later steps of the same plan. A kind is answered by its `steps`
-(call its tools in order, arguments filled from the request's entities and earlier outputs, then
-build its `answer`; an order's steps end in one gated call of the ordered tool), or by a `plan` of its
-own (a diagnosis, agents/diagnose.py). The same graph, gate and approvals run
-with no network and no key.
+"""The offline provider: a small interpreter over the request kinds (agents/kinds.py) behind LangChain's
+chat-model interface, given the request as understood (agents/understand.py) on the system message. A kind
+is answered by its `steps` (its tools in order, arguments from the request's entities and earlier outputs,
+then its `answer`; an order's end in one gated call) or its own `plan`. A tool's output never changes the
+plan, it only supplies values to later steps. The same graph, gate and approvals run with no network or key.
 """
 from __future__ import annotations
 
@@ -74,13 +69,10 @@ def _value(field: str, prop: dict, request: Request, learned: dict[str, Any]) ->
              "baseline": runs[:1], "candidate": runs[1:2], "from_step": found.steps[:1],
              "tenant": [found.tenant] if found.tenant else [], "priority": [found.priority or "normal"],
              "reason": [f"operator order: {request.text.strip()[:150]}"],
-             "scheduler": list(found.scheduler_arg.values())}
+             "scheduler": list(found.scheduler_arg.values()), "quick": [True] if "quick" in request.concepts else [],
+             **{count: [value] for count, value in found.counts.items()}}
     if named.get(field):
         return named[field][0]
-    if field in found.counts:
-        return found.counts[field]
-    if field == "quick" and "quick" in request.concepts:
-        return True
     if field == "kind" and found.fault and (choices := _enum(prop)):
         return next((c for c in _FAULT_ENUM.get(found.fault, (found.fault,)) if c in choices), None)
     stem, _, unit = field.rpartition("_")
@@ -134,11 +126,8 @@ def _needs(missing: list[str]) -> str:
 def steps(kind: Kind, request: Request, done: dict[str, dict], results: list[ToolMessage],
           schemas: dict[str, dict]) -> Next:
     """Call the kind's steps in order, then answer from what they returned; a failed step stops the plan.
-    An order's steps end in its one gated call, its target read from the request's ids and, for a job or
-    a node, from the scheduler's own record (job_status: it exists, its backend, its nodes; list_nodes),
-    never from text in a log or an output. The gate then queues the call for a human; the answer says
-    what waits, under which id. Nothing is approved or run here, and an order whose target is unclear (a
-    job on several nodes, no step given) is answered with what is missing instead of a guess."""
+    An order ends in its one gated call, its target from the request's ids and the scheduler's own record
+    (job_status, list_nodes), never from a log; an unclear target is answered with what is missing."""
     gated = kind.order if kind.answer is None else None  # an order answered by the gate's reply to its call
     if gated in done:
         return _outcome(gated, next(r for r in results if r.name == gated), done[gated].get("node"))
@@ -171,8 +160,7 @@ def steps(kind: Kind, request: Request, done: dict[str, dict], results: list[Too
 
 
 def _node_to_drain(named: list[str], job: dict | None, listed: dict | None) -> str | dict[str, Any]:
-    """The node an order means, from the scheduler's node list: the one listed node the request names;
-    else, when it names none, the job's only node; else an answer saying what is missing."""
+    """The node an order means: the one listed node the request names, else the job's only one, else what's missing."""
     known = [str(n.get("name")) for n in (listed or {}).get("nodes") or [] if isinstance(n, dict) and n.get("name")]
     if len(named) == 1 and named[0] in known:
         return named[0]
@@ -189,8 +177,7 @@ def _node_to_drain(named: list[str], job: dict | None, listed: dict | None) -> s
 
 
 def _outcome(tool: str, result: ToolMessage, node: str | None) -> dict[str, Any]:
-    """The gate's answer to the order. Its target is the call's own argument, confirmed by the scheduler:
-    nothing to quote."""
+    """The gate's answer to the order (its target is the call's own argument: nothing to quote)."""
     data = result.artifact if isinstance(result.artifact, dict) else {}
     nodes, target = [node] if node else [], f" of node {node}" if node else ""
     if data.get("kind") == "pending":

@@ -1,16 +1,10 @@
-"""Understanding a request, for every provider: text -> a typed `Request` (its act, subject, kind
-and entities), with the entities resolved against the workspace's runs and the scheduler's jobs and
-nodes.
+"""Understanding a request, for every provider: text -> a typed `Request` (act, subject, kind, entities).
 
-Words are matched against the vocabulary trainops declares (`VOCAB`: concept -> the words that mean
-it) with rapidfuzz, so a typo ("stragler") means what its word means, but never an order's verb (an
-order is read only from its exact verb, uninflected, with an object, in a sentence not asked with "?").
-The kind comes from the table in agents/kinds.py, never from a pattern over the text. An id is taken
-whole or by any unique part; "the last"/"latest" and "yesterday's" pick by time, a fault kind named
-("the crash drill") the only job of that kind, a node its name or short name. Jobs and nodes are those
-of every scheduler the session uses (local, and Slurm or Kubernetes where configured), read through the
-gated read tools, so a Slurm job id carries its scheduler into the calls that follow. What matches
-several is `ambiguous`: the agent asks back with the candidates instead of guessing.
+Words mean the concepts of agents/vocabulary.py, a typo ("stragler") too (rapidfuzz), but an order is read
+only from an exact, uninflected verb with an object in a sentence not asked with "?"; the kind comes from
+agents/kinds.py. Entities resolve against the workspace's runs and every scheduler's jobs and nodes (read
+through the gated tools): an id whole or by a unique part, "the last"/"yesterday's" by time, "the crash
+drill" the only job of that kind. What matches several is `ambiguous`: asked back, never guessed.
 """
 from __future__ import annotations
 
@@ -42,6 +36,8 @@ for _concept, _words in VOCAB.items():
 _UNITS = {"s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1, "min": 60, "mins": 60, "minute": 60,
           "minutes": 60, "m": 60, "h": 3600, "hr": 3600, "hrs": 3600, "hour": 3600, "hours": 3600}
 _DURATION_OF = {"save": "save", "checkpoint": "save", "interval": "mtbf", "requeue": "restart", "resume": "restart"}
+_NUMBERED = {"rank": "ranks", "ranks": "ranks", "step": "steps", "steps": "steps"}  # the word before -> the list
+_COUNTED = {"gpus": "gpus", "gpu": "gpus", "cpus": "cpus", "cpu": "cpus", "jobs": "max_jobs"}  # the word after
 
 
 def tokens(text: str) -> list[tuple[str, int]]:
@@ -55,17 +51,12 @@ def tokens(text: str) -> list[tuple[str, int]]:
     return out
 
 
-def _inflected(word: str) -> bool:
-    """A past tense, participle or gerund ("cancelled", "drained", "killing"): it reports, it never orders."""
-    return len(word) >= 5 and word.endswith("ed") or len(word) >= 6 and word.endswith("ing")
-
-
 def order_verbs(word: str) -> set[str]:
-    """The order verbs a word is: only its own vocabulary word or a declared synonym, never inflected. A
-    near word ("restarted", "requeued", "cancle") or an inflected form ("slowed") keeps its concepts for
-    what a question is about, but it never leads an order."""
+    """The order verbs a word is: its own vocabulary word, never a near word ("cancle") nor a past tense,
+    participle or gerund ("drained", "killing"): those report, they never order."""
     word = word.lower()
-    return set() if _inflected(word) else _INDEX.get(word, set()) & kinds.ORDER_VERBS
+    inflected = len(word) >= 5 and word.endswith("ed") or len(word) >= 6 and word.endswith("ing")
+    return set() if inflected else _INDEX.get(word, set()) & kinds.ORDER_VERBS
 
 
 def concepts_of(word: str) -> set[str]:
@@ -94,8 +85,7 @@ class World(BaseModel):
     jobs: list[Job] = Field(default_factory=list)
     nodes: dict[str, str] = Field(default_factory=dict, description="node name -> the scheduler that lists it")
     drills: list[str] = Field(default_factory=list, description="The runs that hold a drill record.")
-    sop_sessions: list[str] = Field(default_factory=list, description="The SOP sessions this thread's own sop_declare "
-                                                                      "calls started, oldest first.")
+    sop_sessions: list[str] = Field(default_factory=list, description="The thread's SOP sessions, oldest first")
 
 
 class Ambiguity(BaseModel):
@@ -142,8 +132,8 @@ class Request(BaseModel):
 
 
 def observe_world(ctx: CallContext) -> World:
-    """The runs in the workspace and what each scheduler the session uses lists (`session_kinds`), read
-    through the tools; a failing read leaves that part empty (no Slurm here: ids are resolved without it)."""
+    """The workspace's runs and what each scheduler of the session lists, read through the tools (a failing
+    read leaves that part empty)."""
     world = World()
     with suppress(OSError):
         world.runs = sorted(p.name for p in runs_dir().iterdir() if p.is_dir())
@@ -209,7 +199,7 @@ class _Reader:
             self.ambiguous.append(Ambiguity(what=what, said=said, candidates=(shown or [v for _, v in hits])[:8]))
         return bool(hits)
 
-    def _ids(self, i: int, word: str, before: str) -> bool:
+    def _ids(self, word: str, before: str) -> bool:
         """Resolve one word as a job, run or node id (whole or by a unique part); True when it was one."""
         jobs, runs, nodes = self.world.jobs, self.world.runs, self.world.nodes
         short = {n.split(".")[0].lower(): n for n in nodes}
@@ -256,35 +246,30 @@ class _Reader:
             head = low[i].rstrip(ascii_lowercase)  # "5-minute", "3h": a number glued to its unit
             if low[i][len(head):] in _UNITS and (glued := _number(head.rstrip("-"))) is not None:
                 value, after = glued, low[i][len(head):]
+            whole = value is not None and value.is_integer()
             if word.endswith(".toml"):
-                self.found.config, _ = word, self.used.add(i)
+                self.found.config = word
             elif before == "tenant" and not word.isdigit():
-                self.found.tenant, _ = word, self.used.add(i)
+                self.found.tenant = word
             elif value is not None and after in _UNITS:
                 self._duration(i, value * _UNITS[after])
-            elif value is not None and before in ("rank", "ranks") and value.is_integer():
-                self.found.ranks.append(int(value))
-                self.used.add(i)
-            elif value is not None and before in ("step", "steps") and value.is_integer():
-                self.found.steps.append(int(value))
-                self.used.add(i)
-            elif value is not None and after in ("gpus", "gpu", "cpus", "cpu", "jobs") and value.is_integer():
-                self.found.counts[{"gpu": "gpus", "cpu": "cpus", "jobs": "max_jobs"}.get(after, after)] = int(value)
-                self.used.add(i)
-            elif self._ids(i, word, before):
-                self.used.add(i)
-            else:
+            elif whole and before in _NUMBERED:
+                getattr(self.found, _NUMBERED[before]).append(int(value))
+            elif whole and after in _COUNTED:
+                self.found.counts[_COUNTED[after]] = int(value)
+            elif not self._ids(word, before):
                 concepts[i] |= concepts_of(word)
                 if word.lower() in ("low", "normal", "high") and after == "priority":
                     self.found.priority = word.lower()
+                continue
+            self.used.add(i)
 
     def _duration(self, i: int, seconds: float) -> None:
-        window = set().union(*self.concepts[max(0, i - 6): i + 4], *(concepts_of(w) for w in self.low[max(0, i - 6):
-                                                                                                        i + 4]))
+        near = range(max(0, i - 6), min(i + 4, len(self.low)))
+        window = set().union(*(self.concepts[j] | concepts_of(self.low[j]) for j in near))
         key = next((v for k, v in _DURATION_OF.items() if k in window and v not in self.found.durations_s), None)
         if key:
             self.found.durations_s[key] = seconds
-        self.used.add(i)
 
 
 def _by_reference(reader: _Reader, seen: set[str]) -> None:
@@ -333,9 +318,8 @@ SENTENCE_MARKS = (".", "?", "!", ";")
 
 
 def _order(reader: _Reader, seen: set[str]) -> str | None:
-    """The action an imperative clause orders: its first word past the politeness is an action verb
-    followed by its object (or one that orders standing alone, kinds.BARE_VERBS: "go on"), in a
-    sentence that does not ask ("?") unless it asks as a request does."""
+    """The action an imperative clause orders: its first word past the politeness is an action verb with
+    its object (or one that orders alone: "go on"), in a sentence not asked ("?") unless as a request is."""
     for clause in _clauses(reader):
         lead = next((i for i in clause if not reader.concepts[i] or reader.concepts[i] - {"politeness"}), None)
         if lead is None:
@@ -361,9 +345,8 @@ def _asks(reader: _Reader, clause: list[int]) -> bool:
 
 
 def _has_object(reader: _Reader, verb: int, clause: list[int]) -> bool:
-    """The verb is followed, in its clause, by what it acts on: an id, a pronoun or determiner, a word for
-    a job, node, run, step, rank, checkpoint or fault; or another word that is not a noun compound with
-    the verb (followed by a preposition or nothing: "kill count on ...", "cordon status", "stop.")."""
+    """The verb is followed in its clause by what it acts on: an id, a pronoun, a determiner, an object word,
+    or a word not making a noun compound with it (then a preposition or nothing: "kill count on", "stop.")."""
     if verb + 1 not in clause:
         return False
     nxt, word = verb + 1, reader.low[verb + 1]
@@ -374,8 +357,7 @@ def _has_object(reader: _Reader, verb: int, clause: list[int]) -> bool:
 
 
 def _clauses(reader: _Reader) -> list[list[int]]:
-    """The request's clauses, as word indexes: split at a sentence mark, a comma or colon, and before
-    'then', 'and', 'so', 'but'."""
+    """The clauses, as word indexes: split at a sentence mark, comma or colon, and before then/and/so/but."""
     out: list[list[int]] = [[]]
     for i, word in enumerate(reader.low):
         if word in ("then", "and", "so", "but") and out[-1]:
