@@ -84,8 +84,7 @@ def plan(kind: Kind, request: Request, done: dict[str, dict], results: list[Tool
         checked = _known_answers(out.get("sdc_case"), results)
         if checked and isinstance(checked[0], str):  # a check job's log still to read
             return checked
-    asks_cause = "why" in request.concepts
-    return (_from_record(record, grep_of(results, record["job_id"]), asks_cause, checked) if record
+    return (_from_record(record, grep_of(results, record["job_id"]), "why" in request.concepts, checked) if record
             else _without_record(job or run, out))
 
 
@@ -247,13 +246,12 @@ def _from_record(record: dict, grep: dict | None, asks_cause: bool,
 
 
 def _without_record(subject: str, out: dict[str, Any]) -> dict[str, Any]:
-    status = out.get("job_status") or {}
-    state = str(status.get("state") or "")
+    state = str((out.get("job_status") or {}).get("state") or "")
+    seen = [Evidence(source="job_status:state", quote=state)] if state else []
     if state.lower() in _FINISHED_OK:
         return final("healthy", f"Job {subject} finished ({state}) and the interruption record holds no bad end "
-                                "for it.", evidence=[Evidence(source="job_status:state", quote=state)])
-    seen = [Evidence(source="job_status:state", quote=state)] if state else []
-    return inconclusive(f"The interruption record holds no end of {subject}" + (f"; its state is {state}" if state
-                                                                               else "") + ".",
+                                "for it.", evidence=seen)
+    said = f"; its state is {state}" if state else ""
+    return inconclusive(f"The interruption record holds no end of {subject}{said}.",
                         ["watch_job on the job while it runs, for heartbeat stalls and fired rules",
                          "grep_log on each rank's log for errors"], seen)

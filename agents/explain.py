@@ -129,8 +129,7 @@ def explain_mfu(summary: Any, env: Any, plan: Any = None) -> list[str]:
         reasons.append("model size: a small model spends much of each step in per-op overhead (Python, launches, "
                        "optimizer), not in matmuls")
     if reasons:
-        lines.append("Why it is low, largest lever first:")
-        lines.extend(f"- {r}" for r in reasons)
+        lines += ["Why it is low, largest lever first:", *(f"- {r}" for r in reasons)]
     else:
         lines.append("Neither summarize_run's data_wait_share_pct and step_time_rank_spread_pct nor its peak_source "
                      "explains it; to decompose it I need per-step communication time (run with metrics on).")
@@ -153,8 +152,7 @@ def drill(request: Request, out: dict[str, Any]) -> str:
             ("detection latency", ("detection_latency_s",)),
             ("isolation granularity", ("isolation_granularity", "isolation")),
             ("recovery time", ("recovery_time_s", "recovery_s")))]
-        lines.append("Detection:")
-        lines.extend(f"- {label}: {quoted(value)}" for label, value in figures if value is not None)
+        lines += ["Detection:", *(f"- {label}: {quoted(value)}" for label, value in figures if value is not None)]
         if absent := [label for label, value in figures if value is None]:
             lines.append("- not measured yet (a fault-tolerance conclusion needs all three): " + ", ".join(absent))
     return "\n".join(lines)

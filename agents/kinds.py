@@ -123,9 +123,7 @@ def _fits(kind: Kind, seen: set[str], found: Entities) -> bool:
     named = bool(found.jobs or found.runs or found.nodes)  # a kind its cues name but not its entity says what's missing
     if kind.needs == "entity" and not named and not kind.cues or kind.needs == "none" and named:
         return False
-    if kind.needs == "two_runs" and len(found.runs) < 2:
-        return False
-    if kind.unless & seen:
+    if kind.needs == "two_runs" and len(found.runs) < 2 or kind.unless & seen:
         return False
     return not kind.cues or any(cue <= seen for cue in kind.cues)
 

@@ -108,14 +108,9 @@ def _layout_args(request: Request, out: dict[str, Any]) -> dict[str, Any]:
 
 def fill_args(schema: dict, request: Request, learned: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """Arguments for a tool from its JSON schema; returns (args, missing required fields)."""
-    args, missing = {}, []
-    for field, prop in schema.get("properties", {}).items():
-        value = _value(field, prop, request, learned)
-        if value is not None:
-            args[field] = value
-        elif field in schema.get("required", []):
-            missing.append(field)
-    return args, missing
+    fields = schema.get("properties", {})
+    args = {name: value for name, prop in fields.items() if (value := _value(name, prop, request, learned)) is not None}
+    return args, [field for field in fields if field not in args and field in schema.get("required", [])]
 
 
 def _needs(missing: list[str]) -> str:
@@ -148,14 +143,14 @@ def steps(kind: Kind, request: Request, done: dict[str, dict], results: list[Too
         if name not in schemas:
             return f"I need the tool {name} to answer this, and it is not offered here (see `trainops tool list`)."
         args, missing = fill_args(schemas[name], request, learned)
-        if missing and not optional and gated:  # a change's many arguments are not read from chat
+        if not missing:
+            return name, args
+        if not optional and gated:  # a change's many arguments are not read from chat
             return inconclusive(f"To run {name} I need {_needs(missing)}: nothing was ordered. Say it, or run "
                                 f"`trainops tool call {gated}` (a human approves it there).",
                                 [_needs([m]) for m in missing])
-        if missing and not optional:
+        if not optional:
             return f"To run {name} I need {_needs(missing)}."
-        if not missing:
-            return name, args
     return kind.answer(request, out)
 
 

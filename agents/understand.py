@@ -283,15 +283,14 @@ def _by_reference(reader: _Reader, seen: set[str]) -> None:
     if found.fault:  # the jobs of that kind; of several, those that left a run
         pool = [j for j in pool if found.fault in j.name.lower() or found.fault in j.id.lower()]
         pool = [j for j in pool if j.run] or pool
-    day = ""
-    if "yesterday" in seen or "today" in seen:
-        now = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=1 if "yesterday" in seen else 0)
+    said, day = next((when for when in ("yesterday", "today") if when in seen), ""), ""
+    if said:
+        now = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=int(said == "yesterday"))
         day = now.strftime("%Y%m%d")
         pool = [j for j in pool if _day(j, j.run) == day]
     runs = sorted({r for r in world.runs if (r in {j.run for j in pool} if pool else
                                                not day or _day(None, r) == day)}, key=_run_time)
     if day and not pool and not runs:  # nothing from that day: say so, never fall back to the latest overall
-        said = "yesterday" if "yesterday" in seen else "today"
         reader.ambiguous.append(Ambiguity(what="job or run from " + said, said=said, candidates=[]))
         return
     if "latest" in seen and pool:
