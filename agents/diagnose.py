@@ -63,12 +63,10 @@ def plan(kind: Kind, request: Request, done: dict[str, dict], results: list[Tool
         if step in schemas and target:
             return step, {"run": Path(str(target)).name}
     if record is not None and "grep_log" not in done and "grep_log" in schemas:
-        ev = record.get("evidence") or {}
-        args = {"job_id": record["job_id"], "scheduler": record.get("scheduler") or "local",
-                "pattern": ERROR_PATTERN, "max_matches": 5, "max_bytes": 4000}
-        if ev.get("failing_rank") is not None and record.get("run_dir"):
-            args["rank"] = ev["failing_rank"]
-        return "grep_log", args
+        rank = (record.get("evidence") or {}).get("failing_rank") if record.get("run_dir") else None
+        return "grep_log", {"job_id": record["job_id"], "scheduler": record.get("scheduler") or "local",
+                            "pattern": ERROR_PATTERN, "max_matches": 5, "max_bytes": 4000,
+                            **({} if rank is None else {"rank": rank})}
     if record is None and job is None and run:  # a run named, no record of it: its job, from the scheduler
         if "list_jobs" not in done:
             return "list_jobs", found.scheduler_arg

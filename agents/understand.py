@@ -346,13 +346,12 @@ def _asks(reader: _Reader, clause: list[int]) -> bool:
 def _has_object(reader: _Reader, verb: int, clause: list[int]) -> bool:
     """The verb is followed in its clause by what it acts on: an id, a pronoun, a determiner, an object word,
     or a word not making a noun compound with it (then a preposition or nothing: "kill count on", "stop.")."""
-    if verb + 1 not in clause:
+    nxt = verb + 1
+    if nxt not in clause:
         return False
-    nxt, word = verb + 1, reader.low[verb + 1]
-    if (nxt in reader.used or word in OBJECT_WORDS or reader.concepts[nxt] & OBJECT_CONCEPTS
-            or any(c.isdigit() or c == "-" for c in word)):
-        return True
-    return nxt + 1 in clause and reader.low[nxt + 1] not in PREPOSITIONS
+    return bool(nxt in reader.used or reader.low[nxt] in OBJECT_WORDS or reader.concepts[nxt] & OBJECT_CONCEPTS
+                or any(c.isdigit() or c == "-" for c in reader.low[nxt])
+                or nxt + 1 in clause and reader.low[nxt + 1] not in PREPOSITIONS)
 
 
 def _clauses(reader: _Reader) -> list[list[int]]:
