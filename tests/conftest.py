@@ -18,13 +18,28 @@ from trainops.tools.context import operator_session
 from trainops.tools.sandbox import accounting
 from trainops.tools.sandbox import cluster as sandbox
 
-# Real services share host-wide state: munged and its key, Slurm's and MariaDB's ports, the sandbox's
-# namespaces, /24 and Prometheus port. Their tests run one after another on one pytest-xdist worker
-# (`--dist loadgroup`, the Makefile's `make test`); every other test is spread over the workers.
-SERVICE_FIXTURES = {"slurm", "slurm_cluster", "prometheus", "prometheus_server", "slurm_accounting",
-                    "_accounting_service", "sandbox_cluster"}
-HOST_WIDE_MODULES = ("tests/integration/", "tests/tools/sandbox/", "tests/tools/environment/test_env_slurm.py",
-                     "tests/tools/environment/test_env_multinode.py", "tests/tools/schedulers/test_slurm_transports.py")
+# A real service's tests share its state (a cluster's queue and nodes, an accounting database), so they
+# run one after another on one pytest-xdist worker (`--dist loadgroup`, the Makefile's `make test`): a
+# group per service. Different services run side by side: each has ports, folders and names of its own
+# (the sandbox's prefix, namespaces, /24 and ports; the single-node Slurm's, the accounting's and the
+# test Prometheus's free ports), and munged, which they all use, is started once and left running
+# (tests/integration/conftest.start_munge). Every other test is spread over the workers.
+SERVICE_GROUPS = (("sandbox_cluster", "sandbox"), ("slurm_accounting", "accounting"),
+                  ("_accounting_service", "accounting"), ("slurm", "slurm"), ("slurm_cluster", "slurm"),
+                  ("prometheus", "prometheus"), ("prometheus_server", "prometheus"))
+HOST_WIDE_MODULES = (("tests/tools/sandbox/", "sandbox"), ("tests/integration/test_multinode.py", "sandbox"),
+                     ("tests/integration/test_multinode_network.py", "sandbox"),
+                     ("tests/integration/test_sdc_sandbox.py", "sandbox"),
+                     ("tests/integration/test_shadow_queue.py", "sandbox"),
+                     ("tests/integration/test_quotas_slurm.py", "sandbox"),
+                     ("tests/integration/test_ladder_on_nodes.py", "sandbox"),
+                     ("tests/tools/environment/test_env_multinode.py", "sandbox"),
+                     ("tests/integration/test_slurm_training.py", "slurm"),
+                     ("tests/integration/test_slurm_job_ends.py", "slurm"),
+                     ("tests/tools/environment/test_env_slurm.py", "slurm"),
+                     ("tests/tools/schedulers/test_slurm_transports.py", "slurm"))
+"""A module's tests that reach its service without the fixture (a second cluster of their own, a
+sandbox brought up by hand) go in that service's group."""
 
 # Tests that judge a measured speed-up (the rollout ladder's gain or no gain): beside other tests'
 # training runs the measurement is noise, so `make test` runs them alone, after the parallel pass.
@@ -44,15 +59,22 @@ def _shared_run(item) -> str | None:
     return None
 
 
+def service_group(item, module: str) -> str | None:
+    """The service whose state the test shares, if any: by the fixture it asks for, else by its module."""
+    names = set(item.fixturenames)
+    return (next((group for fixture, group in SERVICE_GROUPS if fixture in names), None)
+            or next((group for prefix, group in HOST_WIDE_MODULES if module.startswith(prefix)), None))
+
+
 def pytest_itemcollected(item):
     """Runs as each test is collected, so the group is there before pytest-xdist reads it."""
     module = Path(str(item.path)).relative_to(Path(str(item.config.rootpath))).as_posix()
-    host_wide = SERVICE_FIXTURES & set(item.fixturenames) or module.startswith(HOST_WIDE_MODULES)
-    shared = None if host_wide else _shared_run(item)
+    service = service_group(item, module)
+    shared = None if service else _shared_run(item)
     if shared is not None:  # e.g. Chromium reading the quick SOP's pack: a real program, no host-wide state
         item.add_marker(pytest.mark.xdist_group(shared))
-    elif host_wide or item.get_closest_marker("services"):
-        item.add_marker(pytest.mark.xdist_group("services"))
+    elif service:
+        item.add_marker(pytest.mark.xdist_group(service))
     if module in QUIET_MODULES:
         item.add_marker(pytest.mark.quiet)
 
@@ -133,6 +155,7 @@ def sandbox_cluster(require_service, monkeypatch):
     require_service(os.geteuid() == 0 and all(shutil.which(t) for t in ("ip", "slurmd", "slurmctld", "munged",
                                                                          "mariadbd", "slurmdbd")),
                     "the sandbox needs root, iproute2 and Debian's slurm-wlm, munge, mariadb-server and slurmdbd")
+    sandbox._start_munge()  # the tests' own munged, left running for the other services' tests: down keeps it
     state = sandbox.up(sandbox.SandboxSpec(nodes=3, prefix="tost", net="10.251.8", prometheus_port=17890))
     monkeypatch.setenv("SLURM_CONF", str(state.conf))
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", sandbox.NODE_IF)
@@ -215,7 +238,7 @@ def _accounting_service(tmp_path_factory):
         "NodeName=tacct1 NodeAddr=127.0.0.1 CPUs=1 State=FUTURE", "PartitionName=p Nodes=tacct1",
     ]) + "\n")
     env = {**os.environ, "SLURM_CONF": str(state.conf)}
-    munged = sandbox._start_munge()
+    sandbox._start_munge()  # left running: the other services' tests use it side by side
     ctld_pid = folder / "state" / "slurmctld.pid"
     try:
         accounting.start_accounting(state, env, sandbox.wait_until, lambda _state: None)
@@ -231,8 +254,6 @@ def _accounting_service(tmp_path_factory):
             os.kill(int(ctld_pid.read_text()), signal.SIGTERM)
             time.sleep(0.5)
         accounting.stop_accounting(state)
-        if munged:
-            os.kill(munged, signal.SIGTERM)
 
 
 @pytest.fixture

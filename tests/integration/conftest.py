@@ -41,8 +41,9 @@ def _munge_ok() -> bool:
     return cred.returncode == 0 and subprocess.run(["unmunge"], input=cred.stdout, capture_output=True).returncode == 0
 
 
-def start_munge() -> int | None:
-    """Reuse a working munged; otherwise create the key if needed and start one (returns its pid)."""
+def start_munge() -> None:
+    """Reuse a working munged; otherwise create the key if needed and start one, left running: the
+    sandbox, the accounting and the single-node Slurm use it side by side (tests/conftest.py)."""
     if _munge_ok():
         return None
     if not MUNGE_KEY.exists():
@@ -54,8 +55,6 @@ def start_munge() -> int | None:
     MUNGE_KEY.chmod(0o400)
     subprocess.run(["/usr/sbin/munged", "--force"], capture_output=True, check=True)
     _wait(_munge_ok, 10, "munged to answer `munge -n | unmunge`")
-    pid = int(Path("/run/munge/munged.pid").read_text()) if Path("/run/munge/munged.pid").exists() else None
-    return pid
 
 
 def write_slurm_conf(state_dir: Path) -> Path:
@@ -135,14 +134,12 @@ def slurm_cluster():
     if missing:
         yield None, f"Slurm/munge binaries not installed ({', '.join(missing)}); run tests/services/install.sh"
         return
-    munged_pid = start_munge()
+    start_munge()
     state_dir = Path(tempfile.mkdtemp(prefix="trainops-slurm-"))
     cluster = SlurmCluster(state_dir)
     cluster.start()
     yield cluster, ""
     cluster.stop()
-    if munged_pid:
-        os.kill(munged_pid, signal.SIGTERM)
     shutil.rmtree(state_dir, ignore_errors=True)
 
 
