@@ -125,16 +125,20 @@ def unmeasured_mfu(text: str, tool_outputs: dict[str, list[Any]]) -> list[str]:
     return problems
 
 
+def _is(message: Any, *types: str) -> bool:
+    """A LangChain message's kind by its `type` (a chunk's too), so this module loads no LangChain."""
+    return getattr(message, "type", None) in types
+
+
 def tool_outputs(messages: list) -> dict[str, list[Any]]:
     """What each tool returned since the latest request, less what it echoed of its call (a model's own
     words passed as an argument): the only evidence an answer may cite."""
-    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
-
-    start = max((i for i, m in enumerate(messages) if isinstance(m, HumanMessage)), default=-1)
-    args = {c["id"]: c["args"] for m in messages[start + 1:] if isinstance(m, AIMessage) for c in m.tool_calls}
+    start = max((i for i, m in enumerate(messages) if _is(m, "human", "HumanMessageChunk")), default=-1)
+    args = {c["id"]: c["args"] for m in messages[start + 1:] if _is(m, "ai", "AIMessageChunk") for c in m.tool_calls}
     outputs: dict[str, list[Any]] = {}
     for message in messages[start + 1:]:
-        if isinstance(message, ToolMessage) and message.status == "success" and message.name != FINAL_ANSWER_TOOL:
+        if (_is(message, "tool", "ToolMessageChunk") and message.status == "success"
+                and message.name != FINAL_ANSWER_TOOL):
             outputs.setdefault(message.name, []).append(unechoed(message.artifact, args.get(message.tool_call_id, {})))
     return outputs
 

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
     from trainops.agents.kinds import Kind
     from trainops.agents.understand import Request
+    from trainops.skills.sop_session import SopSession
 
 STEER = "sop_steer"
 ON_A_SESSION = (*sop_walk.STEPS[1:], STEER)  # the SOP tools that act on a session S1 started
@@ -51,6 +52,11 @@ def not_this_threads(tool: str, args: dict[str, Any], messages: list[BaseMessage
         return None
     return (f"{tool}: session {quoted(args['session'], 80)} was not started in this thread; an SOP is steered and "
             f"walked from the thread whose sop_declare started it (this thread's: {', '.join(own) or 'none'})")
+
+
+def _threads_session(request: Request) -> SopSession | str:
+    """The thread's own SOP session, or the answer saying there is none to steer or go on with."""
+    return sop_walk.session_of(request.entities.sop_session) if request.entities.sop_session else NO_SESSION
 
 
 def change_of(request: Request) -> tuple[str, str] | None:
@@ -79,7 +85,7 @@ def steer(kind: Kind, request: Request, done: dict[str, dict], results: list[Too
     """One sop_steer call on the thread's SOP; then its outcome: the plan as it stands, or why not."""
     if results:
         return _steered(results[-1], done.get(STEER) or {})
-    session = sop_walk.session_of(request.entities.sop_session) if request.entities.sop_session else NO_SESSION
+    session = _threads_session(request)
     if isinstance(session, str):
         return session
     if session.pack is not None:
@@ -116,7 +122,7 @@ def resume(kind: Kind, request: Request, done: dict[str, dict], results: list[To
     """The thread's SOP from its next step to the pack, nothing that finished run again."""
     if failed := next((r for r in results if r.status == "error"), None):
         return sop_walk.stopped_at(failed)
-    session = sop_walk.session_of(request.entities.sop_session) if request.entities.sop_session else NO_SESSION
+    session = _threads_session(request)
     if not results and not isinstance(session, str) and session.pack is not None:
         return (f"SOP session {session.session_id} is finished: its pack is {session.pack}. To run the SOP again, ask "
                 "me to run it (a new session).")

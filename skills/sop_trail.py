@@ -151,19 +151,23 @@ def _stop_reason(rung) -> str:
             f"±{row.noise_band_pct:.1f}%; nothing to roll out, the ladder ends here")
 
 
+def _padded(items: list, count: int, filler) -> list:
+    """`count` items in order, `filler` standing in for the ones missing at the end."""
+    return [*items[:count], *[filler] * max(0, count - len(items))]
+
+
 def _aligned(calls: list[PackStep], count: int) -> list[PackStep]:
     """One step row per arm rung (or drill), in order; a rung the session holds without a step call
     of its own gets an unaudited row, so its choice shows as unrecorded rather than vanishing."""
     missing = PackStep(step="S4", tool="", at=0.0, result="", called_by="", audit_seq=None, audit_hash="",
                        outcome_seq=None, audited=False)
-    return [*calls[:count], *[missing] * max(0, count - len(calls))]
+    return _padded(calls, count, missing)
 
 
 def _reasons(session: SopSession, step: str, count: int) -> list[str]:
     """The reason the caller gave with each S4 (or S5) call the session logged, one per arm rung (or
     drill), in order, aligned as `_aligned` aligns the calls."""
-    given = [log.reason for log in session.steps if log.step == step]
-    return [*given[:count], *[""] * max(0, count - len(given))]
+    return _padded([log.reason for log in session.steps if log.step == step], count, "")
 
 
 def choices(session: SopSession, rows: list[PackStep]) -> list[PackChoice]:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-MUNGE_KEY = Path("/etc/munge/munge.key")
+from trainops.tools.sandbox import cluster as sandbox
 
 
 def _free_port() -> int:
@@ -34,27 +34,10 @@ def _wait(predicate, timeout_s: float, what: str) -> None:
         time.sleep(0.2)
 
 
-def _munge_ok() -> bool:
-    if not shutil.which("munge"):
-        return False
-    cred = subprocess.run(["munge", "-n"], capture_output=True)
-    return cred.returncode == 0 and subprocess.run(["unmunge"], input=cred.stdout, capture_output=True).returncode == 0
-
-
 def start_munge() -> None:
-    """Reuse a working munged; otherwise create the key if needed and start one, left running: the
-    sandbox, the accounting and the single-node Slurm use it side by side (tests/conftest.py)."""
-    if _munge_ok():
-        return None
-    if not MUNGE_KEY.exists():
-        MUNGE_KEY.parent.mkdir(parents=True, exist_ok=True)
-        MUNGE_KEY.write_bytes(os.urandom(1024))
-    Path("/run/munge").mkdir(parents=True, exist_ok=True)
-    shutil.chown(MUNGE_KEY, "munge", "munge")
-    shutil.chown("/run/munge", "munge", "munge")
-    MUNGE_KEY.chmod(0o400)
-    subprocess.run(["/usr/sbin/munged", "--force"], capture_output=True, check=True)
-    _wait(_munge_ok, 10, "munged to answer `munge -n | unmunge`")
+    """A working munged, started (with its key) if none answers and left running: the sandbox, the
+    accounting and the single-node Slurm use it side by side (tests/conftest.py)."""
+    sandbox._start_munge()
 
 
 def write_slurm_conf(state_dir: Path) -> Path:
