@@ -46,63 +46,81 @@ def ask_back(ambiguous: list[Ambiguity]) -> dict[str, Any]:
                         [f"which {a.what} you mean ({', '.join(a.candidates[:8])})" for a in ambiguous])
 
 
+def _first_read(reads: tuple[tuple[str, Any, Any], ...], done: dict[str, dict]) -> Next | None:
+    """The first declared read not made yet whose condition holds: (tool, its arguments, built only then)."""
+    return next(((tool, args()) for tool, when, args in reads if when and tool not in done), None)
+
+
 def plan(kind: Kind, request: Request, done: dict[str, dict], results: list[ToolMessage],
          schemas: dict[str, dict]) -> Next:
-    """The next call of the plan, or the final answer once the plan is done."""
+    """The next read of the declared plan; once a kind's own read is done, its answer; else the record's."""
     found, out = request.entities, outputs(results)
-    job, run = (found.jobs or [None])[0], (found.runs or [None])[0]
-    if "load_skill" not in done and "load_skill" in schemas:
-        return "load_skill", {"name": SKILL}
-    if "list_interruptions" not in done:
-        return "list_interruptions", {"job_id": str(job)} if job else {}
-    record = _record(request, out)
-    for step in kind.steps:  # the kind's own read of the job's run, answered from at once
-        target = run or (record or {}).get("run_dir")
-        if step in done:
-            return kind.answer(request, out)
-        if step in schemas and target:
-            return step, {"run": Path(str(target)).name}
-    if record is not None and "grep_log" not in done and "grep_log" in schemas:
-        rank = (record.get("evidence") or {}).get("failing_rank") if record.get("run_dir") else None
-        return "grep_log", {"job_id": record["job_id"], "scheduler": record.get("scheduler") or "local",
-                            "pattern": ERROR_PATTERN, "max_matches": 5, "max_bytes": 4000,
-                            **({} if rank is None else {"rank": rank})}
-    if record is None and job is None and run:  # a run named, no record of it: its job, from the scheduler
-        if "list_jobs" not in done:
-            return "list_jobs", found.scheduler_arg
-        job = _job_of_run(out.get("list_jobs"), run)
-    if record is None and job and "job_status" not in done:
-        return "job_status", {"job_id": str(job), **found.scheduler_arg}
-    if record is not None and kind.answer and not kind.steps:
+    job, run, record = (found.jobs or [None])[0], (found.runs or [None])[0], _record(request, out)
+    if record is None and job is None and run and "list_jobs" in done:  # a run named, no record: its job
+        jobs = [j for j in out.get("list_jobs", {}).get("jobs") or [] if Path(str(j.get("run_dir") or "")).name
+                == Path(run).name]
+        job = str(jobs[-1]["job_id"]) if jobs else None
+    target, ev = run or (record or {}).get("run_dir"), (record or {}).get("evidence") or {}
+    rank = ev.get("failing_rank") if (record or {}).get("run_dir") else None
+    if any(step in done for step in kind.steps):
         return kind.answer(request, out)
-    checked = None
-    if record is not None and record.get("fault_kind") == "bitflip" and record.get("run_dir") and "sdc_case" in schemas:
-        if "sdc_case" not in done:  # which node computed wrong results is the known-answer checks' answer
-            return "sdc_case", {"run": Path(str(record["run_dir"])).name}
-        checked = _known_answers(out.get("sdc_case"), results)
-        if checked and isinstance(checked[0], str):  # a check job's log still to read
-            return checked
+    bitflip = record is not None and record.get("fault_kind") == "bitflip" and record.get("run_dir")
+    call = _first_read((
+        ("load_skill", "load_skill" in schemas, lambda: {"name": SKILL}),
+        ("list_interruptions", True, lambda: {"job_id": str(job)} if job else {}),
+        *((step, step in schemas and target, lambda: {"run": Path(str(target)).name}) for step in kind.steps),
+        ("grep_log", record is not None and "grep_log" in schemas, lambda: {
+            "job_id": record["job_id"], "scheduler": record.get("scheduler") or "local", "pattern": ERROR_PATTERN,
+            "max_matches": 5, "max_bytes": 4000, **({} if rank is None else {"rank": rank})}),
+        ("list_jobs", record is None and job is None and run, lambda: found.scheduler_arg),
+        ("job_status", record is None and job, lambda: {"job_id": str(job), **found.scheduler_arg}),
+        ("sdc_case", bitflip and "sdc_case" in schemas and not (kind.answer and not kind.steps),
+         lambda: {"run": Path(str(record["run_dir"])).name})), done)
+    if call or record is not None and kind.answer and not kind.steps:
+        return call or kind.answer(request, out)
+    checked = _known_answers(out.get("sdc_case"), results) if "sdc_case" in done else None
+    if checked and isinstance(checked[0], str):  # a check job's log still to read
+        return checked
     return (_from_record(record, grep_of(results, record["job_id"]), "why" in request.concepts, checked) if record
             else _without_record(job or run, out))
 
 
 def checkpoints(kind: Kind, request: Request, done: dict[str, dict], results: list[ToolMessage],
                 schemas: dict[str, dict]) -> Next:
-    """list_checkpoints for the run; with a corrupt one skipped and a job named, the job log's fallback line."""
+    """Which checkpoint the run's latest start loaded (list_checkpoints' journal): the corrupt ones it skipped
+    are quoted with their reasons and, when a job is named, the job log's fallback line; never followed."""
     found, out = request.entities, outputs(results)
     if not found.runs:
         return inconclusive("The request names no run, and a run's checkpoint journal is what says which "
                             "checkpoint it loaded.", ["the run id (list_jobs shows each job's run folder)"])
-    if "list_checkpoints" not in done:
-        return "list_checkpoints", {"run": found.runs[0]}
-    if "list_checkpoints" not in out:
-        return inconclusive(f"list_checkpoints could not read run {found.runs[0]}'s checkpoints.",
-                            ["the run's folder name under $TRAINOPS_HOME/runs"])
-    skipped = any(start.get("skipped") for start in out["list_checkpoints"].get("starts") or [])
-    if skipped and found.jobs and "grep_log" not in done:
-        return "grep_log", {"job_id": found.jobs[0], **found.scheduler_arg, "pattern": FALLBACK_LINES,
-                            "max_matches": 3, "max_bytes": 2000}
-    return kind.answer(request, out)
+    run, starts = found.runs[0], out.get("list_checkpoints", {}).get("starts") or []
+    skipped = [s for start in starts for s in start.get("skipped") or []]
+    call = _first_read((
+        ("list_checkpoints", True, lambda: {"run": run}),
+        ("grep_log", skipped and found.jobs, lambda: {"job_id": found.jobs[0], **found.scheduler_arg,
+                                                      "pattern": FALLBACK_LINES, "max_matches": 3, "max_bytes": 2000})),
+        done)
+    if call or "list_checkpoints" not in out:
+        return call or inconclusive(f"list_checkpoints could not read run {run}'s checkpoints.",
+                                    ["the run's folder name under $TRAINOPS_HOME/runs"])
+    newest = out["list_checkpoints"].get("newest_committed_step")
+    if not starts:
+        return final("answered", f"Run {run} has not started from a checkpoint: its journal records no load. Its "
+                                 f"newest committed checkpoint is step {newest}, which a resume would verify and load.",
+                     evidence=[Evidence(source="list_checkpoints:newest_committed_step", quote=str(newest))])
+    last = starts[-1]
+    evidence = [Evidence(source="list_checkpoints:starts.loaded", quote=str(last["loaded"]))]
+    evidence += [Evidence(source="list_checkpoints:starts.skipped.reason", quote=str(s["reason"])) for s in skipped]
+    evidence += grep_evidence(out.get("grep_log"))
+    summary = (f"The latest start of run {run} loaded the checkpoint of step {last['loaded_step']}"
+               + (" (verified against its commit record)" if last.get("verified") else "") + ".")
+    if not skipped:
+        return final("answered", summary + " No checkpoint failed verification on the way.", evidence=evidence)
+    summary += " It did not load a newer one because verification failed: " + "; ".join(
+        f"step {s['step']}: {s['reason']}" for s in skipped) + "."
+    return final("diagnosed", summary, "high", fault_kind="checkpoint-corruption", evidence=evidence,
+                 next_to_collect=["a human decides whether to quarantine the corrupt checkpoint(s) "
+                                  f"{sorted({s['step'] for s in skipped})} (quarantine_checkpoints, gated)"])
 
 
 def grep_of(results: list[ToolMessage], job_id: str) -> dict | None:
@@ -149,11 +167,6 @@ def time_lost(request: Request, out: dict[str, Any]) -> dict[str, Any]:
                  evidence=[Evidence(source="list_interruptions:time_lost_s", quote=str(lost))])
 
 
-def _job_of_run(listed: dict | None, run: str) -> str | None:
-    jobs = [j for j in (listed or {}).get("jobs") or [] if Path(str(j.get("run_dir") or "")).name == Path(run).name]
-    return str(jobs[-1]["job_id"]) if jobs else None
-
-
 def symptom(request: Request, out: dict[str, Any]) -> dict[str, Any]:
     """A symptom naming no job or run: what the workspace holds, and what would settle it, never a guessed cause."""
     jobs = (out.get("list_jobs") or {}).get("jobs") or []
@@ -170,63 +183,48 @@ def symptom(request: Request, out: dict[str, Any]) -> dict[str, Any]:
         "the environment declaration (trainops env): hardware, interconnect, versions"], seen)
 
 
-def _evidence(record: dict, grep: dict | None) -> list[Evidence]:
-    ev = record.get("evidence") or {}
-    items = [Evidence(source=f"list_interruptions:{record['id']} cause_reason", quote=str(record["cause_reason"]))]
-    if ev.get("signal"):
-        items.append(Evidence(source="list_interruptions:evidence.signal", quote=str(ev["signal"])))
-    items += [Evidence(source="list_interruptions:evidence.error_lines", quote=line)
-              for line in (ev.get("error_lines") or [])[:2] if line.strip()]
-    items += grep_evidence(grep)
-    return items
-
-
-def _down_nodes(record: dict) -> list[str]:
-    """The job's nodes the scheduler itself marks down (never a host a log names): the only ones to drain."""
-    states = (record.get("evidence") or {}).get("node_states") or {}
-    return sorted(node for node, state in states.items() if NODE_DOWN.search(str(state)))
-
-
 def _decisions(record: dict, kind: str | None) -> list[str]:
     """What a human might order next (a fixed cause -> action mapping), as advice, never a proposed call; an
-    action the policy would refuse says who decides instead."""
+    order the policy would refuse says who decides instead. Only nodes the scheduler itself marks down are
+    drained, never a host a log names."""
     ev, cause, job = record.get("evidence") or {}, record.get("cause"), record["job_id"]
-    scheduler = record.get("scheduler") or "local"
-    advice: list[tuple[str, dict[str, Any], str]] = []
+    down = sorted(node for node, state in (ev.get("node_states") or {}).items() if NODE_DOWN.search(str(state)))
+    notes = [f"next step for a {cause} cause: {record['next_step']}"] if record.get("next_step") else []
+    orders: list[tuple[str, dict[str, Any], str]] = []
     if kind == "bitflip":
-        advice.append(("respond_to_sdc", {"job_id": job}, "replica checksums disagree: suspected silent data "
+        orders.append(("respond_to_sdc", {"job_id": job}, "replica checksums disagree: suspected silent data "
                                                           "corruption (R-ESC-3)"))
-    elif cause == "hardware" and record.get("sub_cause") == "node-failure" and _down_nodes(record):
-        advice += [("drain_node", {"node": node}, f"the scheduler marks the job's node {node} down")
-                   for node in _down_nodes(record)]
+    elif cause == "hardware" and record.get("sub_cause") == "node-failure" and down:
+        orders += [("drain_node", {"node": node}, f"the scheduler marks the job's node {node} down") for node in down]
     elif cause == "hardware" and ev.get("failing_node"):
-        advice.append(("", {"node": ev["failing_node"]}, f"node {ev['failing_node']}: a hardware fault suspected from "
-                                                         "the job's own log; run the node check first"))
-    if record.get("requeue_helps") is True:  # the cause class's (next_steps.py): planned, or a witnessed loss
+        notes.append(f"node {ev['failing_node']}: a hardware fault suspected from the job's own log; run the node "
+                     "check first")
+    if record.get("requeue_helps") is True and not ev.get("requeued"):  # the cause class's (next_steps.py)
         healthy = " on healthy nodes" if cause in ("hardware", "network") else ""
-        advice.append(("requeue_job", {"job_id": job}, f"resume from the newest good checkpoint{healthy}"))
+        orders.append(("requeue_job", {"job_id": job}, f"resume from the newest good checkpoint{healthy}"))
     elif record.get("requeue_helps") is False and cause in DETERMINISTIC:
-        advice.append(("", {}, NO_REQUEUE))
+        notes.append(NO_REQUEUE)
     if ev.get("requeued"):  # the scheduler's accounting: the job already ran again after this end
-        advice = [a for a in advice if a[0] != "requeue_job"] + [
-            ("", {}, "the scheduler already requeued the job after this end: there is no requeue left to order")]
-    lines = [f"next step for a {cause} cause: {record['next_step']}"] if record.get("next_step") else []
-    lines += [why for tool, _, why in advice if not tool]
-    for tool, args, why in (a for a in advice if a[0]):
-        reason = action_policy.refusal(tool, {**args, "scheduler": scheduler})
+        notes.append("the scheduler already requeued the job after this end: there is no requeue left to order")
+    for tool, args, why in orders:
+        reason = action_policy.refusal(tool, {**args, "scheduler": record.get("scheduler") or "local"})
         target = ", ".join(f"{k} {v}" for k, v in args.items())
-        lines.append(f"a human decides instead of {tool}: {reason}" if reason else
+        notes.append(f"a human decides instead of {tool}: {reason}" if reason else
                      f"a human may order {tool} ({target}): {why}")
-    return lines
+    return notes
 
 
 def _from_record(record: dict, grep: dict | None, asks_cause: bool,
                  checked: tuple[list[str], list[Evidence]] | None = None) -> dict[str, Any]:
     """The fault's kind and place even when unclassified; its cause only when the classifier named one.
     `checked`: the nodes known-answer checks convicted after a suspected SDC, and their lines."""
-    ev, cause = record.get("evidence") or {}, record.get("cause")
-    evidence = _evidence(record, grep) + (checked[1] if checked else [])
-    kind = record.get("fault_kind")
+    ev, cause, kind = record.get("evidence") or {}, record.get("cause"), record.get("fault_kind")
+    evidence = [Evidence(source=f"list_interruptions:{record['id']} cause_reason", quote=str(record["cause_reason"]))]
+    if ev.get("signal"):
+        evidence.append(Evidence(source="list_interruptions:evidence.signal", quote=str(ev["signal"])))
+    evidence += [Evidence(source="list_interruptions:evidence.error_lines", quote=line)
+                 for line in (ev.get("error_lines") or [])[:2] if line.strip()]
+    evidence += grep_evidence(grep) + (checked[1] if checked else [])
     ranks = sorted({r for r in [ev.get("failing_rank"), *(ev.get("silent_ranks") or [])] if r is not None})
     nodes = checked[0] if checked else [ev["failing_node"]] if ev.get("failing_node") else []
     if cause == "unclassified" and (asks_cause or kind is None or not ranks):

@@ -207,27 +207,3 @@ def compare(request: Request, out: dict[str, Any]) -> dict[str, Any]:
                                             for c in changed]
     return final("diagnosed", f"MFU regression: {finding}.", "high" if len(changed) == 1 else "medium",
                  fault_kind="mfu-regression", evidence=cited, next_to_collect=collect)
-
-
-def checkpoints(request: Request, out: dict[str, Any]) -> dict[str, Any]:
-    """Which checkpoint the run's latest start loaded (list_checkpoints' journal): the corrupt ones it skipped
-    are quoted with their reasons and the job log's fallback line, never followed."""
-    listed, run = out["list_checkpoints"], request.entities.runs[0]
-    starts, newest = listed.get("starts") or [], listed.get("newest_committed_step")
-    if not starts:
-        return final("answered", f"Run {run} has not started from a checkpoint: its journal records no load. Its "
-                                 f"newest committed checkpoint is step {newest}, which a resume would verify and load.",
-                     evidence=[Evidence(source="list_checkpoints:newest_committed_step", quote=str(newest))])
-    last, skipped = starts[-1], [s for start in starts for s in start.get("skipped") or []]
-    evidence = [Evidence(source="list_checkpoints:starts.loaded", quote=str(last["loaded"]))]
-    evidence += [Evidence(source="list_checkpoints:starts.skipped.reason", quote=str(s["reason"])) for s in skipped]
-    evidence += grep_evidence(out.get("grep_log"))
-    summary = (f"The latest start of run {run} loaded the checkpoint of step {last['loaded_step']}"
-               + (" (verified against its commit record)" if last.get("verified") else "") + ".")
-    if not skipped:
-        return final("answered", summary + " No checkpoint failed verification on the way.", evidence=evidence)
-    summary += " It did not load a newer one because verification failed: " + "; ".join(
-        f"step {s['step']}: {s['reason']}" for s in skipped) + "."
-    return final("diagnosed", summary, "high", fault_kind="checkpoint-corruption", evidence=evidence,
-                 next_to_collect=["a human decides whether to quarantine the corrupt checkpoint(s) "
-                                  f"{sorted({s['step'] for s in skipped})} (quarantine_checkpoints, gated)"])
