@@ -200,36 +200,29 @@ class _Reader:
         return bool(hits)
 
     def _ids(self, word: str, before: str) -> bool:
-        """Resolve one word as a job, run or node id (whole or by a unique part); True when it was one."""
-        jobs, runs, nodes = self.world.jobs, self.world.runs, self.world.nodes
+        """Resolve one word as a job, run or node id by the first lookup that applies and matches; True when one
+        did (of several referents, _pick asks which)."""
+        jobs, runs, nodes, part = self.world.jobs, self.world.runs, self.world.nodes, word.lower()
         short = {n.split(".")[0].lower(): n for n in nodes}
-        if before in ("node", "host") and word.isdigit() and self._pick(  # "node 3": the node numbered 3
-                [("nodes", n) for n in sorted(nodes) if "".join(filter(str.isdigit, n.split(".")[0])).lstrip("0")
-                 == word.lstrip("0")], "node", f"{before} {word}"):
-            return True
-        if word.lower() in short and before != "job":
-            self._add("nodes", short[word.lower()])
-            return True
         exact = [j for j in jobs if j.id == word and before != "run"]  # the same id on two schedulers: ask which
-        if self._pick([("jobs", j.id) for j in exact], "job", word, [f"{j.scheduler} job {j.id}" for j in exact]):
-            return True
-        if word in runs:
-            self._add("runs", word)
-            return True
-        if word.isdigit() and len(word) < 5 and before not in ("job", "run") or not (
-                any(c.isdigit() for c in word) or "-" in word):
-            return False
-        part = word.lower()
+        partial = (any(c.isdigit() for c in word) or "-" in word) and not (
+            word.isdigit() and len(word) < 5 and before not in ("job", "run"))  # a unique part of a long id
         hit_jobs = [j for j in jobs if before != "run" and len(part) >= 3 and part in j.id.lower()]
         hit_runs = [r for r in runs if before != "job" and len(part) >= 3 and part in r.lower()
                     and not any(j.run == r for j in hit_jobs)]
-        if self._pick([("jobs", j.id) for j in hit_jobs] + [("runs", r) for r in hit_runs],
-                      before if before in ("job", "run") else "job or run", word):
-            return True
-        if before in ("job", "run", "node", "host"):  # named but unknown here: the tools will say so
-            self._add({"job": "jobs", "run": "runs"}.get(before, "nodes"), word)
-            return True
-        return False
+        lookups = (  # (applies, the referents it matches, what is asked back, as said, the candidates shown)
+            (before in ("node", "host") and word.isdigit(), [("nodes", n) for n in sorted(nodes) if "".join(  # node 3
+                filter(str.isdigit, n.split(".")[0])).lstrip("0") == word.lstrip("0")], "node", f"{before} {word}",
+             None),
+            (part in short and before != "job", [("nodes", short.get(part))], "node", word, None),
+            (True, [("jobs", j.id) for j in exact], "job", word, [f"{j.scheduler} job {j.id}" for j in exact]),
+            (word in runs, [("runs", word)], "run", word, None),
+            (partial, [("jobs", j.id) for j in hit_jobs] + [("runs", r) for r in hit_runs],
+             before if before in ("job", "run") else "job or run", word, None),
+            (partial and before in ("job", "run", "node", "host"),  # named but unknown here: the tools will say so
+             [({"job": "jobs", "run": "runs"}.get(before, "nodes"), word)], before, word, None))
+        return any(applies and self._pick(referents, what, said, shown)
+                   for applies, referents, what, said, shown in lookups)
 
     def read(self) -> None:
         low, concepts = self.low, self.concepts
