@@ -6,6 +6,7 @@ plan, it only supplies values to later steps. The same graph, gate and approvals
 """
 from __future__ import annotations
 
+from contextlib import suppress
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
@@ -56,10 +57,6 @@ def _turn(messages: list[BaseMessage]) -> tuple[dict[str, dict], list[ToolMessag
     return done, [m for m in messages[start + 1:] if isinstance(m, ToolMessage)]
 
 
-def _enum(prop: dict) -> list | None:
-    return prop.get("enum") or next((o["enum"] for o in prop.get("anyOf", []) if "enum" in o), None)
-
-
 def _value(field: str, prop: dict, request: Request, learned: dict[str, Any]) -> Any:
     """A tool argument from the request's resolved entities, else from what an earlier step returned."""
     found = request.entities
@@ -73,7 +70,8 @@ def _value(field: str, prop: dict, request: Request, learned: dict[str, Any]) ->
              **{count: [value] for count, value in found.counts.items()}}
     if named.get(field):
         return named[field][0]
-    if field == "kind" and found.fault and (choices := _enum(prop)):
+    choices = prop.get("enum") or next((o["enum"] for o in prop.get("anyOf", []) if "enum" in o), None)
+    if field == "kind" and found.fault and choices:
         return next((c for c in _FAULT_ENUM.get(found.fault, (found.fault,)) if c in choices), None)
     stem, _, unit = field.rpartition("_")
     seconds = {**ASSUMED, **found.durations_s}.get(_DURATION_OF.get(stem, ""))
@@ -82,28 +80,22 @@ def _value(field: str, prop: dict, request: Request, learned: dict[str, Any]) ->
     return learned.get(field)
 
 
-def _learned(results: list[ToolMessage]) -> dict[str, Any]:
+def _learned(request: Request, out: dict[str, Any]) -> dict[str, Any]:
     """Scalars earlier steps returned, by field name (a job's backend is the next call's scheduler; an
-    injection's injected_at feeds the detection); never an id: ids come from the request."""
+    injection's injected_at feeds the detection), never an id: ids come from the request. Once the summary
+    names the ranks, plan_layout's arguments too: the run's own config.toml at its world size."""
     learned: dict[str, Any] = {}
-    for data in outputs(results).values():
+    for data in out.values():
         learned.update({k: v for k, v in data.items() if isinstance(v, (str, int, float, bool))
                         and k not in ("job_id", "run", "run_dir", "name")})
         if data.get("backend"):
             learned["scheduler"] = data["backend"]
-    return learned
-
-
-def _layout_args(request: Request, out: dict[str, Any]) -> dict[str, Any]:
-    """plan_layout on the run's own config.toml at its world size, once the summary names the ranks."""
     ranks = find(out.get("summarize_run"), "ranks")
-    if not isinstance(ranks, int) or not request.entities.runs:
-        return {}
-    try:
-        config = RunFiles(run_folder(request.entities.runs[0])).config
-    except ValueError:  # not a run in the workspace: no layout to report
-        return {}
-    return {"nproc": ranks, "config": str(config)} if config.is_file() else {}
+    if isinstance(ranks, int) and request.entities.runs:
+        with suppress(ValueError):  # not a run in the workspace: no layout to report
+            config = RunFiles(run_folder(request.entities.runs[0])).config
+            learned |= {"nproc": ranks, "config": str(config)} if config.is_file() else {}
+    return learned
 
 
 def fill_args(schema: dict, request: Request, learned: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -130,7 +122,7 @@ def steps(kind: Kind, request: Request, done: dict[str, dict], results: list[Too
         text = stopped(failed.name, failed.artifact)
         return inconclusive(f"{text}; nothing was ordered.", ["list_jobs, for the job's id"]) if gated else text
     out = outputs(results)
-    learned = {**_learned(results), **_layout_args(request, out)}
+    learned = _learned(request, out)
     if "list_nodes" in out and gated:
         node = _node_to_drain(request.entities.nodes, out.get("job_status"), out["list_nodes"])
         if isinstance(node, dict):
