@@ -18,14 +18,13 @@ from trainops.agents.answer import FINAL_ANSWER_TOOL
 from trainops.agents.diagnose import ask_back
 from trainops.agents.explain import ASSUMED, Next, final, find, inconclusive, outputs, stopped
 from trainops.agents.kinds import BY_NAME, Kind
-from trainops.agents.understand import Request, understand
+from trainops.agents.understand import UNITS, Request, understand
 from trainops.run_folder import RunFiles
 from trainops.workspace import run_folder
 
 REQUEST_KEY = "trainops_request"  # the system message's additional_kwargs key the graph puts the Request under
 _FAULT_ENUM = {"crash": ("kill_rank", "crash"), "checkpoint-corruption": ("corrupt_checkpoint",),
                "slow-network": ("straggler",)}
-_UNIT = {"s": 1, "seconds": 1, "min": 60, "minutes": 60, "h": 3600, "hours": 3600}
 _DURATION_OF = {"save": "save", "checkpoint_save": "save", "save_time": "save", "checkpoint_write": "save",
                 "checkpoint_cost": "save", "mtbf": "mtbf", "restart": "restart", "recovery": "restart",
                 "restart_time": "restart"}  # a field's name without its unit -> the duration it takes
@@ -75,8 +74,8 @@ def _value(field: str, prop: dict, request: Request, learned: dict[str, Any]) ->
         return next((c for c in _FAULT_ENUM.get(found.fault, (found.fault,)) if c in choices), None)
     stem, _, unit = field.rpartition("_")
     seconds = {**ASSUMED, **found.durations_s}.get(_DURATION_OF.get(stem, ""))
-    if seconds is not None and unit in _UNIT:
-        return round(seconds / _UNIT[unit], 6)
+    if seconds is not None and unit in UNITS:
+        return round(seconds / UNITS[unit], 6)
     return learned.get(field)
 
 
@@ -137,12 +136,10 @@ def steps(kind: Kind, request: Request, done: dict[str, dict], results: list[Too
         args, missing = fill_args(schemas[name], request, learned)
         if not missing:
             return name, args
-        if not optional and gated:  # a change's many arguments are not read from chat
+        if not optional:  # a change's many arguments are not read from chat: what is missing, nothing ordered
             return inconclusive(f"To run {name} I need {_needs(missing)}: nothing was ordered. Say it, or run "
                                 f"`trainops tool call {gated}` (a human approves it there).",
-                                [_needs([m]) for m in missing])
-        if not optional:
-            return f"To run {name} I need {_needs(missing)}."
+                                [_needs([m]) for m in missing]) if gated else f"To run {name} I need {_needs(missing)}."
     return kind.answer(request, out)
 
 

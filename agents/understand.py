@@ -33,8 +33,8 @@ _INDEX: dict[str, set[str]] = {}
 for _concept, _words in VOCAB.items():
     for _word in _words.split():
         _INDEX.setdefault(_word, set()).add(_concept)
-_UNITS = {"s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1, "min": 60, "mins": 60, "minute": 60,
-          "minutes": 60, "m": 60, "h": 3600, "hr": 3600, "hrs": 3600, "hour": 3600, "hours": 3600}
+UNITS = {"s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1, "min": 60, "mins": 60, "minute": 60,
+         "minutes": 60, "m": 60, "h": 3600, "hr": 3600, "hrs": 3600, "hour": 3600, "hours": 3600}
 _DURATION_OF = {"save": "save", "checkpoint": "save", "interval": "mtbf", "requeue": "restart", "resume": "restart"}
 _NUMBERED = {"rank": "ranks", "ranks": "ranks", "step": "steps", "steps": "steps"}  # the word before -> the list
 _COUNTED = {"gpus": "gpus", "gpu": "gpus", "cpus": "cpus", "cpu": "cpus", "jobs": "max_jobs"}  # the word after
@@ -237,15 +237,15 @@ class _Reader:
             after = low[i + 1] if i + 1 < len(low) else ""
             value = _number(low[i])
             head = low[i].rstrip(ascii_lowercase)  # "5-minute", "3h": a number glued to its unit
-            if low[i][len(head):] in _UNITS and (glued := _number(head.rstrip("-"))) is not None:
+            if low[i][len(head):] in UNITS and (glued := _number(head.rstrip("-"))) is not None:
                 value, after = glued, low[i][len(head):]
             whole = value is not None and value.is_integer()
             if word.endswith(".toml"):
                 self.found.config = word
             elif before == "tenant" and not word.isdigit():
                 self.found.tenant = word
-            elif value is not None and after in _UNITS:
-                self._duration(i, value * _UNITS[after])
+            elif value is not None and after in UNITS:
+                self._duration(i, value * UNITS[after])
             elif whole and before in _NUMBERED:
                 getattr(self.found, _NUMBERED[before]).append(int(value))
             elif whole and after in _COUNTED:
