@@ -98,17 +98,17 @@ def explain_mfu(summary: Any, env: Any, plan: Any = None) -> list[str]:
     the environment declaration, plan_layout on the run's config); what no tool returned is named missing."""
     s = summary if isinstance(summary, dict) else {}
     mfu, spread, share = s.get("mfu_pct_median"), s.get("step_time_rank_spread_pct"), s.get("data_wait_share_pct")
-    hardware = find(env, "hardware_generation") or find(find(env, "accelerators"), "model")
-    framework = find(env, "framework")
-    framework = f"{framework.get('name')} {framework.get('version')}" if isinstance(framework, dict) else None
-    layout, params = _layout_text(plan)
-    model = f"~{params / 1e6:.1f}M parameters (plan_layout)" if params else None
+    framework, (layout, params) = find(env, "framework"), _layout_text(plan)
     precision = find(plan, "precision") or find(env, "precision")  # RunSummary carries none: from these or missing
     peak_source = s.get("peak_source") or find(find(env, "compute_peak"), "source")
+    facts = {"model": f"~{params / 1e6:.1f}M parameters (plan_layout)" if params else None,
+             "hardware": find(env, "hardware_generation") or find(find(env, "accelerators"), "model"),
+             "framework": f"{framework.get('name')} {framework.get('version')}"
+             if isinstance(framework, dict) else None,
+             "layout": layout, "precision": precision}
     basis = f"median over {s.get('steps_measured')} measured steps of {s.get('ranks')} ranks"
     head = (f"MFU of run {quoted(s.get('run'))}: {mfu:.2f}% (summarize_run:mfu_pct_median, {basis})"
             if isinstance(mfu, (int, float)) else "summarize_run returned no MFU figure (mfu_pct_median) for the run")
-    facts = {"model": model, "hardware": hardware, "framework": framework, "layout": layout, "precision": precision}
     context = ", ".join(f"{k} {quoted(v)}" for k, v in facts.items() if v not in (None, ""))
     lines = [head + (f" ({context})." if context else ".")]
     missing = [k.replace("layout", "parallel layout") for k, v in facts.items() if v in (None, "") and k != "framework"]
