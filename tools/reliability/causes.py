@@ -17,6 +17,8 @@ The rules, first match wins:
 - a NaN/inf loss at a step that recurs when a later launch replays that step -> data;
 - a declared failure signature (tools/reliability/signatures.py) specific enough to name a cause,
   the most specific first, other than a collective timeout -> its cause;
+  a scheduler's end line in the job's output that the log goes on past with the job's own failure
+  offers no requeue (that failure ends the next run too);
 - a rank gone without an exit note while its peers ran on a live node -> its peers' connection
   errors are consequences; nothing says what killed it -> unclassified, stating what was seen;
 - a rank's heartbeat stalled while its process lived on a live node -> hung-peer, naming that rank;
@@ -267,11 +269,31 @@ def _from_signature(ev: Evidence, top: SignatureHit, hits: list[SignatureHit],
     requeue = requeue_can_help(top.cause, top.sub_cause, witnessed=False)  # a line of the job's own text
     if sig.job_writable:  # the scheduler's words in the job's own output: the job could have printed them
         reason += "; read from the job's output, not the scheduler's job state"
+    if top.cause == "planned" and (later := failed_after(ev, top)) is not None:
+        reason += f"; the log goes on after that line and fails: {later.line}"
+        requeue = False
     if others:
         reason += f"; other lines point to {', '.join(others)}"
     step = oom_next_step(top.line, ev.recipe, sig.next_step) if top.name == "cuda-oom" else sig.next_step
+    if top.cause == "planned" and requeue is False:
+        step = ("the job (or a restart of it in the same log) failed after the scheduler's end line: read that "
+                "failure and fix it first, a requeue meets it again; the scheduler's accounting (sacct -j JOB -o "
+                "JobID,State,Reason) says which run ended how")
     return Diagnosis(cause=top.cause, sub_cause=top.sub_cause, confidence=sure, quote=top.line, reason=reason,
                      next_step=step, requeue_helps=requeue, alternatives=others)
+
+
+_END_ECHOES = frozenset({"planned", "network", "unclassified"})
+"""Causes of lines that echo a scheduler's end (the cancel lines, peers' sockets closing as the step is torn down)."""
+_SIGNAL_REPORT = re.compile(r"signal|SIGTERM|SIGKILL|Terminated", re.I)
+
+
+def failed_after(ev: Evidence, end: SignatureHit) -> SignatureHit | None:
+    """The job's own failure printed after a scheduler's end line, or None: a planned end is the log's last word
+    but for its teardown; a failure after it (a restart's, or the job's own while it went on) is what ended the
+    run, and a requeue meets it again. A traceback that reports the signal the end sent is the end's own."""
+    after = [h for h in ev.signatures if h.index > end.index and h.cause not in _END_ECHOES and h.name != "killed"]
+    return None if not after or any(_SIGNAL_REPORT.search(h.line) for h in after) else after[0]
 
 
 def _known_answer_failures(ev: Evidence) -> list[str]:

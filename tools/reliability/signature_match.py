@@ -17,6 +17,7 @@ TRUST_SPECIFICITY = 3
 """A hit this specific (or more) names a cause; below it, the record says what it saw."""
 
 _RANK = [re.compile(p, re.I) for p in (r"\[Rank (\d+)\]", r"\[rank(\d+)\]:", r"\[rank: ?(\d+)\]",
+                                       r"\[(?:\d+,)?(\d+)\]<std(?:out|err)>:",
                                        r"\bglobal_rank[=: ]+(\d+)", r"(?<![\w-])rank[ =:]+(\d+)\b")]
 _DEVICE = [re.compile(p) for p in (r"^\[default(\d+)\]:", r"^\S+:\d+:\d+ \[(\d+)\] NCCL", r"\bGPU ?(\d+)\b",
                                    r"\bcuda:(\d+)", r"\bdevice[ =:]+(\d+)\b")]
@@ -29,19 +30,52 @@ _EXCEPTION = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)*"  # a rank's prefix, then a (
                         r"(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt)\b:? ")
 TRACEBACK_REACH = 40
 """How many lines past a traceback's source line its exception line may sit (frames below it)."""
+QUOTE_FROM_REACH = 8
+"""How many lines above a hit a signature's `quote_from` line may sit (an error's trace below its WARN)."""
+WRAP_REACH = 3
+"""How many lines a message wrapped at a terminal's or a rich box's width may run over."""
+WRAP_WIDTH = 60
+"""A line broken at a width is at least this long (terminals and rich's boxes wrap at 70 columns or more)."""
+_ENDS_MID_SENTENCE = re.compile(r"[\w,*+=(/-]\s*$")
+_CONTINUES = re.compile(r"^\s*[a-z0-9]")
+_NEW_RECORD = re.compile(r"^\s*(?:[\w.]+:\s|\d{4}-\d\d-\d\d|\S+:\d+:\d+ \[)")
+"""A line that opens a record of its own ('name: message', a timestamp, NCCL's 'host:pid:tid [dev]')."""
 
 
-def _quoted(lines: list[str], index: int) -> str:
-    """The text to quote for a hit on lines[index]: a traceback's own exception line where the hit is a
+def _wrapped_from(lines: list[str], index: int) -> int | None:
+    """Where the exception message that lines[index] continues begins, or None: a message wrapped over
+    lines (a rich traceback box, a terminal's width) reads as one only from its exception line on."""
+    if not _CONTINUES.search(lines[index]) or _NEW_RECORD.search(lines[index]):
+        return None
+    for start in range(index - 1, max(index - 1 - WRAP_REACH, -1), -1):
+        if len(lines[start].strip()) < WRAP_WIDTH or not _ENDS_MID_SENTENCE.search(lines[start]):
+            return None
+        if _EXCEPTION.search(lines[start]) and not _FRAME.search(lines[start]):
+            return start
+        if not _CONTINUES.search(lines[start]) or _NEW_RECORD.search(lines[start]):
+            return None
+    return None
+
+
+def _quoted(lines: list[str], index: int, quote_from: re.Pattern | None = None) -> str:
+    """The text to quote for a hit on lines[index]: the line `quote_from` names at or above it (NCCL's
+    WARN above its `-> N` trace); a traceback's own exception line where the hit is a
     source line inside its frames (the code that raised is not the message: `raise X('loss became NaN')`
-    reads better as `X: loss became NaN`), and a line ending in a colon with the line that completes it
+    reads better as `X: loss became NaN`); an exception message wrapped over lines, from its exception line
+    to the hit; and a line ending in a colon with the line that completes it
     (`Error(s) in loading state_dict for M:` says nothing without the `size mismatch for ...` after it)."""
+    if quote_from is not None:
+        above = range(index, max(index - 1 - QUOTE_FROM_REACH, -1), -1)
+        if (start := next((i for i in above if quote_from.search(lines[i])), None)) is not None:
+            return lines[start].strip()
     line = lines[index].strip()
     if index and _FRAME.search(lines[index - 1]) and not _EXCEPTION.search(line):
         after = lines[index + 1:index + 1 + TRACEBACK_REACH]
         raised = next((ln.strip() for ln in after if _EXCEPTION.search(ln) and not _FRAME.search(ln)), None)
         if raised:
             return f"{raised} (raised at: {line})"
+    if (start := _wrapped_from(lines, index)) is not None:
+        return " ".join(ln.strip() for ln in lines[start:index + 1])
     if line.endswith(":") and index + 1 < len(lines) and not _FRAME.search(lines[index + 1]):
         return f"{line} {lines[index + 1].strip()}"
     return line
@@ -92,7 +126,8 @@ def match_lines(lines: list[str], clean=str) -> list[SignatureHit]:
             elif m:  # a twice hit names no failing rank: the rank it repeats was started twice, not failed
                 rank, device = (None, None) if sig.twice else (_first(_RANK, line), _first(_DEVICE, line))
                 hits.append(SignatureHit(name=sig.name, cause=sig.cause, sub_cause=sig.sub_cause,
-                                         specificity=sig.specificity, line=clean(_quoted(lines, index)), index=index,
+                                         specificity=sig.specificity, line=clean(_quoted(lines, index, sig.quote_from)),
+                                         index=index,
                                          rank=int(rank) if rank else None, device=int(device) if device else None,
                                          host=clean(h) if (h := _first(_HOST, line)) else None))
     return sorted(hits, key=lambda h: (-h.specificity, h.index))

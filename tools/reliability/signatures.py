@@ -40,14 +40,18 @@ class Signature:
     last_of: re.Pattern | None = None
     """Where set, only the log's last line of this kind can hit: a progress bar passes every elapsed time on its
     way, and only where it stood when the job ended says anything."""
+    quote_from: re.Pattern | None = None
+    """Where set, the quote is the nearest line of this kind at or above the hit (a few lines up): the hit
+    carries an error on (NCCL's `file.cc:N -> 6` trace) and the line that started it names the reason."""
 
 
 def _sig(name: str, pattern: str, cause: str, sub_cause: str, specificity: int, implies: str, next_step: str,
          source: str, settles: bool = True, exact_case: bool = False, twice: bool = False,
-         last_of: str | None = None) -> Signature:
+         last_of: str | None = None, quote_from: str | None = None) -> Signature:
     return Signature(name, re.compile(pattern, 0 if exact_case else re.I), cause, sub_cause, specificity, implies,
                      next_step, source, settles, job_writable=exact_case, twice=twice,
-                     last_of=re.compile(last_of) if last_of else None)
+                     last_of=re.compile(last_of) if last_of else None,
+                     quote_from=re.compile(quote_from) if quote_from else None)
 
 
 def _slurm_end(due_to: str) -> str:
@@ -59,8 +63,15 @@ _CHECK_NODE = ("run trainops' known-answer check job on that node and read its k
                "there); drain it when the check agrees (the check's verdict, not this line, decides what runs next)")
 _NCCL_TRACE = r"NCCL INFO \S+\.(?:cc|h|cu|cpp):\d+ -> "
 """NCCL's error trace: each function an error passes through prints 'file.cc:LINE -> N', N its ncclResult_t."""
+_NCCL_WARN = r"NCCL WARN "
+"""NCCL's WARN line: where an error starts, before its trace, naming the reason."""
 _PROGRESS_BAR = r"\d+%\|[^\n]*\[\d+:\d\d(?::\d\d)?<"
 """tqdm's progress line: '46%|####      | 31/67 [29:02<35:12, 58.67s/it]' (elapsed < remaining)."""
+_FREE_PORT = ("launch with a free port (MASTER_PORT / --master_port, or torchrun's --rdzv-endpoint HOST:0 or "
+              "--standalone, which pick one), and find what holds it on the node (ss -ltnp): another job there, or a "
+              "process left over from an earlier run")
+_PORT_SOURCE = ("PyTorch c10d socket.cpp: 'The server socket has failed to listen on any local network address', per "
+                "address '... (errno: 98 - Address already in use)'; DistNetworkError '... name: EADDRINUSE'")
 _XID = r"\bXid\b[^\n]*?\b(?:\d{4}:)?[0-9a-f]{2}:[0-9a-f]{2}(?:\.\d)?\)?:?\s*"  # "Xid (PCI:0000:3b:00): 79, ..."
 
 SIGNATURES: tuple[Signature, ...] = (
@@ -114,10 +125,21 @@ SIGNATURES: tuple[Signature, ...] = (
          "fewer DataLoader workers or a smaller prefetch, or a node with more memory",
          "PyTorch DataLoader's worker error text"),
     _sig("oom-killer", r"Out of memory: Kill|oom-kill|oom_kill|Memory cgroup out of memory|"
-         r"cgroup out-of-memory handler|OUT_OF_MEMORY", "host-memory", "oom-kill", 4,
+         r"cgroup out-of-memory handler|OUT_OF_MEMORY|task \d+: Out Of Memory", "host-memory", "oom-kill", 4,
          "the kernel's OOM killer ended the job's processes: host memory ran out",
          "lower the job's host memory use (workers, caching, pinned buffers) or ask the scheduler for more memory",
-         "Linux OOM killer; Slurm slurmstepd oom-kill / OUT_OF_MEMORY state"),
+         "Linux OOM killer; Slurm slurmstepd oom-kill / OUT_OF_MEMORY state, srun's 'task N: Out Of Memory'"),
+    _sig("slurm-memory-limit", r"\b(?:Job|Step|JobId=|StepId=)\s?[\d.]+\w* exceeded (?:virtual )?memory limit "
+         r"\(\d+ > \d+\)|Exceeded (?:job|step) memory limit(?! at some point)", "host-memory", "job-memory-limit", 4,
+         "the scheduler killed the job for using more host memory than it asked for (its memory limit)",
+         "ask the scheduler for more memory (--mem / --mem-per-cpu: the line gives the use and the limit), or lower "
+         "the job's host memory use (DataLoader workers, caching, data held in RAM)",
+         "Slurm jobacct_gather ('%ps exceeded memory limit (USED > LIMIT), being killed', also 'virtual memory'), "
+         "slurmctld/slurmstepd's 'Exceeded job memory limit' notice"),
+    _sig("slurm-memory-limit-reached", r"Exceeded (?:job|step) memory limit at some point", "host-memory",
+         "job-memory-limit", 2, "the job's memory cgroup reached its limit at some point (page cache counts too: "
+         "not a kill by itself)", "compare the job's peak memory (sacct -o MaxRSS,ReqMem) with what it asked for",
+         "Slurm task/cgroup's 'Exceeded job/step memory limit at some point.' (memory.failcnt)"),
     _sig("host-alloc", r"\bMemoryError\b|std::bad_alloc|Cannot allocate memory|DefaultCPUAllocator: "
          r"(can't|not enough)|\[Errno 12\]", "host-memory", "host-oom", 3,
          "the job could not allocate host memory",
@@ -189,17 +211,35 @@ SIGNATURES: tuple[Signature, ...] = (
          "configuration", "shape-mismatch", 3,
          "two tensors' shapes disagree: a model dimension and the data or checkpoint differ",
          "make the named dimension agree in the config", "PyTorch shape errors; NumPy reshape"),
+    _sig("rendezvous-listen-failed", r"server socket has failed to listen on any local network address",
+         "configuration", "rendezvous-port", 4,
+         "the rendezvous server (rank 0's c10d TCPStore) could not listen on its port on any address: the port is "
+         "taken (most often), or not one it may bind", _FREE_PORT, _PORT_SOURCE),
+    _sig("rendezvous-port-in-use", r"(?:c10d|TCPStore|socket\.cpp|rendezvous|MASTER_PORT|DistNetworkError|"
+         r"torch\.distributed)[^\n]*(?:Address already in use|EADDRINUSE)", "configuration", "rendezvous-port", 3,
+         "the rendezvous port is already in use on the node", _FREE_PORT, _PORT_SOURCE),
+    _sig("address-in-use", r"Address already in use|EADDRINUSE|\[Errno 98\]", "configuration", "port-in-use", 2,
+         "a port the job binds is already in use (by another job, or a process left over from an earlier run)",
+         _FREE_PORT, "errno EADDRINUSE (98)"),
     _sig("device-assert", r"device-side assert triggered|Assertion `[^`]+` failed", "configuration",
          "device-assert", 2, "a device-side assertion failed (an index or value outside what the model accepts)",
          "rerun with CUDA_LAUNCH_BLOCKING=1 to find the assertion; check vocabulary and label ranges",
          "CUDA device-side assertions"),
     # --- numerics / data ---------------------------------------------------------------------
     _sig("loss-scale-min", r"(Minimum|min) loss scale reached|loss scale[^\n]*(minimum|already at)|"
-         r"Current loss scale already at minimum", "data", "fp16-overflow", 3,
+         r"Current loss scale already at minimum", "data", "fp16-overflow", 4,
          "fp16 gradients overflowed at every loss scale down to the minimum",
          "switch to bf16, lower the learning rate, or clip gradients; find the step's data",
          "DeepSpeed / fairseq / apex dynamic loss scaler"),
-    _sig("nan-loss", r"\b(?:\w+_)?loss(?!_?scale)(?:_\w+)?\b['\"]?\s*[:=]?\s*(nan|[+-]?inf)\b|"
+    _sig("loss-scale-collapse", r"loss.?scale[^\n]*?\bto:?\s*(?:-\d|0(?:\.\d+)?\b|\d(?:\.\d+)?e-\d)", "data",
+         "fp16-overflow", 4, "the fp16 loss scaler went on halving its scale to below 1 (a negative log2 scale): the "
+         "gradients overflow even unscaled, so the NaN/inf comes from the model's forward or weights (a divergence), "
+         "not from the scaling", "switch to bf16 (or fp32) to find the first non-finite step, lower the learning "
+         "rate or clip gradients, and resume from a checkpoint before the loss went NaN",
+         "dynamic loss scalers' decrease lines: apex ('reducing loss scale to S'), DeepSpeed ('Attempted loss scale: "
+         "S, reducing to S/2'), fairseq ('setting loss scale to: S'), guided/improved-diffusion fp16_util ('Found "
+         "NaN, decreased lg_loss_scale to L', L = log2 of the scale); loss scaling starts at 2^16 or so"),
+    _sig("nan-loss", r"\b(?:\w+_)?loss(?!_?scale)(?:_\w+)?\b['\"]?\s*[:=|]?\s*(nan|[+-]?inf)\b|"
          r"\bloss (is|became|was) (nan|[+-]?inf)|\b(nan|inf) loss\b|NaN or Inf found|FloatingPointError|"
          r"non-finite loss|Detected NaN|Tensor had (NaN|Inf) values|returned (nan|inf) values in its|"
          r"diverged with loss", "data", "nan-loss", 3,
@@ -207,18 +247,33 @@ SIGNATURES: tuple[Signature, ...] = (
          "and replay the step's data to see whether it recurs",
          "framework NaN guards and loss lines: Keras/TF 'loss: nan', tf.debugging.check_numerics 'Tensor had NaN "
          "values', TF 'Model diverged with loss = NaN', detectron2 'Loss became infinite or NaN', torch autograd "
-         "anomaly mode 'returned nan values in its 0th output', a logger's '<name>_loss: nan'"),
+         "anomaly mode 'returned nan values in its 0th output', a logger's '<name>_loss: nan' or its table row "
+         "('| loss | nan |', OpenAI's logger)"),
     _sig("grad-overflow", r"OVERFLOW! Rank \d+ Skipping step|Gradient overflow\.\s+Skipping step|"
-         r"overflow detected, setting loss scale to", "data",
+         r"overflow detected, setting loss scale to|Found NaN, decreased lg_loss_scale", "data",
          "fp16-overflow", 2, "fp16 gradients overflowed and steps were skipped (routine once, a problem when it "
          "repeats down to the minimum scale)", "switch to bf16 or lower the learning rate if it repeats",
-         "DeepSpeed loss_scaler; apex amp; fairseq FP16 optimizer"),
+         "DeepSpeed loss_scaler; apex amp; fairseq FP16 optimizer; guided/improved-diffusion fp16_util"),
     # --- network ------------------------------------------------------------------------------
+    _sig("nccl-ib-completion", r"NET/IB[^\n]*Got completion|retry counter exceeded|IBV_WC_\w+_ERR", "network",
+         "infiniband", 4, "an InfiniBand transfer completed with an error (status 12: the transport's retries ran "
+         "out, the peer or the link did not answer; 13: the receiver was not ready; 4/10: a memory key the HCA "
+         "refused)", "check the link between the two hosts the line names (ibstat, the switch port, the peer's own "
+         "log: a peer process that died stops answering too); exclude the node until the link is healthy",
+         "NCCL net_ib's 'NET/IB : Got completion from peer ADDR with error N' / 'with status=N' WARN; libibverbs "
+         "ibv_wc_status (IBV_WC_RETRY_EXC_ERR 12 'transport retry counter exceeded', IBV_WC_RNR_RETRY_EXC_ERR 13)",
+         settles=False),
     _sig("nccl-ib", r"NET/IB[^\n]*(error|port error|catastrophic|failed)|ibv_\w+ failed|IBV_EVENT_\w+|"
          r"local catastrophic error|NET/IB[^\n]*\b(port error|link down)\b|NET/IB : Got async event",
          "network", "infiniband", 4,
          "an InfiniBand port or HCA error on the node", "check the node's IB link (ibstat, the switch port); "
          "exclude the node until the link is healthy", "NCCL NET/IB; libibverbs"),
+    _sig("gloo-interface-missing", r"enforce fail[^\n]*Unable to find address for|ifa != nullptr",
+         "network", "socket-interface", 4, "gloo could not find the network interface it was told to use on this "
+         "host (the name given, e.g. GLOO_SOCKET_IFNAME or Horovod's --network-interface, does not exist there)",
+         "name an interface that exists on every host (ip -br addr on each): where hosts name their NICs "
+         "differently, give each host its own name or rename them alike",
+         "gloo transport/tcp device.cc: GLOO_ENFORCE(ifa != nullptr, 'Unable to find address for: ', iface)"),
     _sig("nccl-socket", r"NCCL_SOCKET_IFNAME|no socket interface found|NET/Socket[^\n]*(failed|error)|"
          r"Bootstrap[^\n]*(failed|error|no socket)|socketStartConnect|ncclSocket\w+ failed|bootstrap[^\n]*-> 2",
          "network", "socket-interface", 4, "NCCL could not open its sockets on the interface it chose",
@@ -237,7 +292,7 @@ SIGNATURES: tuple[Signature, ...] = (
          "rerun with NCCL_DEBUG=INFO and NCCL_DEBUG_SUBSYS=INIT,NET to see the failing call; check which interfaces "
          "NCCL uses (NCCL_SOCKET_IFNAME) and that the nodes reach each other on them",
          "NCCL's 'file.cc:LINE -> N' error trace, N an ncclResult_t (2 ncclSystemError, 6 ncclRemoteError)",
-         settles=False),
+         settles=False, quote_from=_NCCL_WARN),
     _sig("conn-reset", r"Connection reset by peer|No route to host|Network is unreachable|ECONNRESET",
          "network", "connection-reset", 2, "a connection between ranks was reset or unreachable",
          "check which rank ended first (its error is the cause); then the link between the nodes",
@@ -313,7 +368,18 @@ SIGNATURES: tuple[Signature, ...] = (
          "NCCL rejected a call as invalid (its result code names the family; the WARN or 'Last error' line beside "
          "it names the reason, e.g. two ranks on one GPU)",
          "read NCCL's WARN / 'Last error' line (rerun with NCCL_DEBUG=WARN) for what it rejected",
-         "NCCL ncclResult_t 4 ncclInvalidArgument / 5 ncclInvalidUsage ('a programming error in the application')"),
+         "NCCL ncclResult_t 4 ncclInvalidArgument / 5 ncclInvalidUsage ('a programming error in the application')",
+         quote_from=_NCCL_WARN),
+    _sig("collective-mismatch", r"Detected mismatch between collectives on ranks|Collectives differ in the "
+         r"following aspects|Detected at least one rank that exhausted inputs|Rank \d+ exhausted all inputs",
+         "software", "collective-desync", 4,
+         "the ranks called different collectives (or one ran out of inputs while the others went on): the code takes a "
+         "rank-dependent path, e.g. ranks given different numbers of batches, or a collective in a branch only some "
+         "ranks take", "give every rank the same number of batches (a DistributedSampler, drop_last, or DDP's join() "
+         "for uneven inputs) and keep collectives out of rank-dependent branches; a requeue repeats it",
+         "PyTorch c10d's collective fingerprint check (TORCH_DISTRIBUTED_DEBUG=DETAIL: 'Detected mismatch between "
+         "collectives on ranks'); torch.distributed.algorithms.Join ('Detected at least one rank that exhausted "
+         "inputs')"),
     _sig("no-kernel-image", r"no kernel image is available|not compatible with the current PyTorch installation|"
          r"sm_\d+ is not compatible|unsupported gpu architecture", "software", "cuda-arch", 3,
          "the installed framework has no kernels for this GPU's architecture",

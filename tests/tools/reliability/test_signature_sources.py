@@ -36,7 +36,8 @@ def test_numpys_reshape_error_is_a_shape_mismatch_like_pytorchs():
 
 
 def test_fairseqs_overflow_warnings_are_a_low_confidence_numerics_hint():
-    log = "\n".join(f"| WARNING: overflow detected, setting loss scale to: {2.0 ** -k}" for k in range(1, 6))
+    """Scales still above 1: the routine search for a scale (below 1 is a collapse: test_signature_families)."""
+    log = "\n".join(f"| WARNING: overflow detected, setting loss scale to: {2.0 ** k}" for k in range(7, 2, -1))
     d = _diagnosed(log + "\nTraceback (most recent call last):\n")
     assert (d.cause, d.sub_cause, d.confidence) == ("data", "fp16-overflow", "low"), d
 
