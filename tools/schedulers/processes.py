@@ -39,6 +39,9 @@ from trainops.tools.schedulers.job_env import LAUNCHER_MARKER
 from trainops.workspace import jobs_dir
 
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess)
+KILL_CONFIRM_S = 15.0
+"""How long a stop waits for the kernel to confirm SIGKILLed processes gone: it returns as soon as they
+are, and on a loaded host a killed rank has been seen still running 2 s after its SIGKILL."""
 
 
 def _is_launcher(proc: psutil.Process, job_id: str) -> bool:
@@ -95,7 +98,7 @@ def stop_processes(tree: list[psutil.Process], pgid: int | None, grace_s: float)
     if pgid is not None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)
-    _wait_gone(alive, 2.0)  # so a restart never overlaps the old processes
+    _wait_gone(alive, KILL_CONFIRM_S)  # so a restart never overlaps the old processes
 
 
 def _running(proc: psutil.Process) -> bool:
