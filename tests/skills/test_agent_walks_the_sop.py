@@ -4,22 +4,11 @@ an agent call the gate lets through under that approval; its pack has the same s
 `trainops sop --quick` (the `quick_sop` fixture). Real graph, gate, trainer jobs; minutes on 2 cores."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
+from tests.skills.test_scripted_models_walk_the_sop import steps_and_arms
 from trainops.agents.session import AgentSession
 from trainops.tools.governance import audit
 
 STEP_TOOLS = {"sop_baseline", "sop_design", "sop_arm", "sop_drill", "sop_pack"}
-
-
-def pack_of(pack_dir: str) -> dict:
-    return json.loads((Path(pack_dir) / "evidence.json").read_text())
-
-
-def steps_and_arms(pack: dict) -> tuple[list, list]:
-    return ([(s["step"], s["tool"]) for s in pack["sop_steps"]],
-            [(r["knob"], r["value"], r["scale_kind"]) for r in pack["ablations"]])
 
 
 def test_the_offline_agent_walks_the_quick_sop_as_its_own_calls_to_the_same_pack(quick_sop, approvers):
@@ -37,7 +26,8 @@ def test_the_offline_agent_walks_the_quick_sop_as_its_own_calls_to_the_same_pack
     assert all(e.get("finding") for e in results), "each step's figures shown as it lands"
 
     pack = results[-1]["output"]
-    assert steps_and_arms(pack_of(pack["pack_dir"])) == steps_and_arms(pack_of(quick_sop["pack_dir"]))
+    # the same steps, arms and first rung; how far an arm climbs depends on what each run measured
+    assert steps_and_arms(pack["pack_dir"]) == steps_and_arms(quick_sop["pack_dir"])
     gate = [e for e in audit.read() if e.get("kind") == "gate" and e.get("tool") in STEP_TOOLS]
     assert len(gate) == len(calls)
     assert {(e["actor"], e["decision"], e["under_approved_call"]) for e in gate} == {("agent", "allowed", approval)}
