@@ -28,27 +28,18 @@ SERVICE_GROUPS = (("sandbox_cluster", "sandbox"), ("slurm_accounting", "accounti
                   ("_accounting_service", "accounting"), ("slurm", "slurm"), ("slurm_cluster", "slurm"),
                   ("prometheus", "prometheus"), ("prometheus_server", "prometheus"))
 HOST_WIDE_MODULES = (("tests/tools/sandbox/", "sandbox"), ("tests/integration/test_multinode.py", "sandbox"),
-                     ("tests/integration/test_multinode_network.py", "sandbox-b"),
-                     ("tests/integration/test_sdc_sandbox.py", "sandbox-b"),
-                     ("tests/integration/test_shadow_queue.py", "sandbox-b"),
+                     ("tests/integration/test_multinode_network.py", "sandbox"),
+                     ("tests/integration/test_sdc_sandbox.py", "sandbox"),
+                     ("tests/integration/test_shadow_queue.py", "sandbox"),
                      ("tests/integration/test_quotas_slurm.py", "sandbox"),
                      ("tests/integration/test_ladder_on_nodes.py", "sandbox"),
-                     ("tests/tools/environment/test_env_multinode.py", "sandbox-b"),
+                     ("tests/tools/environment/test_env_multinode.py", "sandbox"),
                      ("tests/integration/test_slurm_training.py", "slurm"),
                      ("tests/integration/test_slurm_job_ends.py", "slurm"),
                      ("tests/tools/environment/test_env_slurm.py", "slurm"),
                      ("tests/tools/schedulers/test_slurm_transports.py", "slurm"))
 """A module's tests that reach its service without the fixture (a second cluster of their own, a
 sandbox brought up by hand) go in that service's group."""
-
-# Two sandbox clusters side by side, each with its own prefix, /24 and host ports, so the sandbox's tests
-# (26 minutes back to back on one worker in a profile run) split over two workers; a module's tests stay
-# on one of them. The modules named in HOST_WIDE_MODULES as "sandbox-b" use the second.
-SANDBOXES = {"sandbox": sandbox.SandboxSpec(nodes=3, prefix="tost", net="10.251.8", prometheus_port=17890),
-             "sandbox-b": sandbox.SandboxSpec(nodes=3, prefix="tosb", net="10.251.9", prometheus_port=17891,
-                                              ctld_port=17827, slurmd_port=17828, dbd_port=17829, mariadb_port=17830)}
-SECOND_SANDBOX_MODULES = tuple(prefix for prefix, group in HOST_WIDE_MODULES if group == "sandbox-b") + (
-    "tests/tools/schedulers/test_slurm_transports.py",)
 
 # Tests that judge a measured speed-up (the rollout ladder's gain or no gain): beside other tests'
 # training runs the measurement is noise, so `make test` runs them alone, after the parallel pass.
@@ -71,18 +62,13 @@ def _shared_run(item) -> str | None:
 def service_group(item, module: str) -> str | None:
     """The service whose state the test shares, if any: by the fixture it asks for, else by its module."""
     names = set(item.fixturenames)
-    group = (next((group for fixture, group in SERVICE_GROUPS if fixture in names), None)
-             or next((group for prefix, group in HOST_WIDE_MODULES if module.startswith(prefix)), None))
-    return "sandbox-b" if group == "sandbox" and module.startswith(SECOND_SANDBOX_MODULES) else group
-
-
-def _module(item) -> str:
-    return Path(str(item.path)).relative_to(Path(str(item.config.rootpath))).as_posix()
+    return (next((group for fixture, group in SERVICE_GROUPS if fixture in names), None)
+            or next((group for prefix, group in HOST_WIDE_MODULES if module.startswith(prefix)), None))
 
 
 def pytest_itemcollected(item):
     """Runs as each test is collected, so the group is there before pytest-xdist reads it."""
-    module = _module(item)
+    module = Path(str(item.path)).relative_to(Path(str(item.config.rootpath))).as_posix()
     service = service_group(item, module)
     shared = None if service else _shared_run(item)
     if shared is not None:  # e.g. Chromium reading the quick SOP's pack: a real program, no host-wide state
@@ -163,19 +149,18 @@ def approvers(tmp_path, monkeypatch) -> Approvers:
 
 
 @pytest.fixture
-def sandbox_cluster(require_service, monkeypatch, request):
+def sandbox_cluster(require_service, monkeypatch):
     """A 3-node `trainops sandbox` Slurm cluster (root; Linux) with its Prometheus, on a prefix, /24 and
     ports of its own, so a developer's own sandbox is left alone; SLURM_CONF and GLOO_SOCKET_IFNAME point at it."""
     require_service(os.geteuid() == 0 and all(shutil.which(t) for t in ("ip", "slurmd", "slurmctld", "munged",
                                                                          "mariadbd", "slurmdbd")),
                     "the sandbox needs root, iproute2 and Debian's slurm-wlm, munge, mariadb-server and slurmdbd")
     sandbox._start_munge()  # the tests' own munged, left running for the other services' tests: down keeps it
-    spec = SANDBOXES[service_group(request.node, _module(request.node))]
-    state = sandbox.up(spec)
+    state = sandbox.up(sandbox.SandboxSpec(nodes=3, prefix="tost", net="10.251.8", prometheus_port=17890))
     monkeypatch.setenv("SLURM_CONF", str(state.conf))
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", sandbox.NODE_IF)
     yield state
-    sandbox.down(spec.prefix)
+    sandbox.down("tost")
 
 
 @pytest.fixture
