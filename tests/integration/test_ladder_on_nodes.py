@@ -19,8 +19,9 @@ pytestmark = [pytest.mark.services, pytest.mark.slow]
 # 2 sequences per rank at each rung, so the arm saves one accumulation pass (~25 ms at the node rung);
 # rank 1 (only at the node rung) waits 12 s before every step, putting that pass at a fifth of the
 # 1% noise floor. (With 4 per rank and 8 s, three saved passes came within 10% of the floor, and a
-# slower host once called the node rung a gain.)
-JOB = ["training.seq_len=16", "training.global_batch=4", "training.steps=2", "data.kind=synthetic",
+# slower host once called the node rung a gain.) 4 steps, so each rung's figure is the mean of 3 measured
+# steps: with 1, a 10 ms hiccup in the arm's one step (of ~15 ms) hid the one-process rung's gain twice.
+JOB = ["training.seq_len=16", "training.global_batch=4", "training.steps=4", "data.kind=synthetic",
        "training.micro_batch=1", "faults.slow_rank=1", "faults.slow_ms=12000"]
 
 
