@@ -217,8 +217,9 @@ def good_model(results: list[Result]):
     if tool == "sop_design":
         return "sop_arm", {"session": sid, "arm": arm, "reason": ARM_REASON}
     if tool == "sop_arm" and "error" in out:
-        world = int(re.search(r"run sop_baseline with world=(\d+) first", out["error"])[1])
-        return "sop_baseline", {"session": sid, "world": world}
+        if (asked := re.search(r"run sop_baseline with world=(\d+) first", out["error"])) is None:
+            return final(f"sop_arm failed: {out['error']}")  # the test then fails quoting it, not on the wire
+        return "sop_baseline", {"session": sid, "world": int(asked[1])}
     if tool == "sop_baseline":
         return "sop_arm", {"session": sid, "arm": arm, "world": out["world"], "reason": ARM_REASON}
     if tool == "sop_arm" and not out["stopped"] and (above := re.search(r"world=(\d+)", out["next_step"])):
