@@ -269,13 +269,14 @@ def _from_signature(ev: Evidence, top: SignatureHit, hits: list[SignatureHit],
     requeue = requeue_can_help(top.cause, top.sub_cause, witnessed=False)  # a line of the job's own text
     if sig.job_writable:  # the scheduler's words in the job's own output: the job could have printed them
         reason += "; read from the job's output, not the scheduler's job state"
-    if top.cause == "planned" and (later := failed_after(ev, top)) is not None:
+    later = failed_after(ev, top) if top.cause == "planned" else None
+    if later is not None:
         reason += f"; the log goes on after that line and fails: {later.line}"
         requeue = False
     if others:
         reason += f"; other lines point to {', '.join(others)}"
     step = oom_next_step(top.line, ev.recipe, sig.next_step) if top.name == "cuda-oom" else sig.next_step
-    if top.cause == "planned" and requeue is False:
+    if later is not None:
         step = ("the job (or a restart of it in the same log) failed after the scheduler's end line: read that "
                 "failure and fix it first, a requeue meets it again; the scheduler's accounting (sacct -j JOB -o "
                 "JobID,State,Reason) says which run ended how")
