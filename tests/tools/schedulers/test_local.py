@@ -99,8 +99,10 @@ def test_cancel_leaves_no_torchrun_worker_behind(tmp_path, force):
     """torchrun starts each worker in a session of its own: killing the job's process group alone
     would orphan them, and orphaned ranks train on."""
     script = tmp_path / "worker.py"
-    script.write_text("import os, pathlib, sys, time\n"
-                      f"pathlib.Path({str(tmp_path)!r}, 'pid' + os.environ['RANK']).write_text(str(os.getpid()))\n"
+    script.write_text("import os, pathlib, sys, time\n"  # written whole, then renamed: the test polls for it
+                      f"part = pathlib.Path({str(tmp_path)!r}, 'part' + os.environ['RANK'])\n"
+                      "part.write_text(str(os.getpid()))\n"
+                      f"part.rename(pathlib.Path({str(tmp_path)!r}, 'pid' + os.environ['RANK']))\n"
                       "time.sleep(120)\n")
     sched = get_scheduler("local")
     handle = sched.submit(JobSpec(name="t", command=[str(script)], launcher="torchrun", procs_per_node=2))
