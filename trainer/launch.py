@@ -48,6 +48,13 @@ def prepare_run(cfg: JobConfig | str | Path | None = None, preset: str | None = 
     return new_run_folder(cfg.to_toml(), run_id=run_id)
 
 
+WARM_LAUNCHER = "trainops.trainer.warm_launch"
+"""torchrun for the embedded trainer with torch imported once per node, its ranks forked from it."""
+RANK_NAME = "trainops-r{rank}"
+"""The kernel name (comm, at most 15 bytes) a forked rank gives itself: its /proc/PID/environ is the
+launcher's and names no RANK."""
+
+
 def torchrun_argv(python: str, nproc_per_node: int, program: list[str], *, nnodes: int | str = 1,
                   rdzv_endpoint: str | None = None, rdzv_id: str | None = None, runs_here: bool = True) -> list[str]:
     """The one torchrun command line trainops launches, whichever scheduler runs it: standalone on one
@@ -57,7 +64,8 @@ def torchrun_argv(python: str, nproc_per_node: int, program: list[str], *, nnode
     place (`in_process_argv`); `runs_here`: this host runs it (a pod's manifest is written elsewhere)."""
     if (supervised := in_process_argv(python, nproc_per_node, program, nnodes, runs_here)) is not None:
         return supervised
-    argv = [python, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--nproc-per-node", str(nproc_per_node)]
+    launcher = WARM_LAUNCHER if program[:2] == trainer_program("")[:2] else "torch.distributed.run"
+    argv = [python, "-m", launcher, "--nnodes", str(nnodes), "--nproc-per-node", str(nproc_per_node)]
     if rdzv_endpoint is None:
         if str(nnodes) != "1":
             raise ValueError(f"nnodes={nnodes} needs rdzv_endpoint (host:port of the first node)")

@@ -36,6 +36,7 @@ import psutil
 from trainops.run_records import read_worker_events
 from trainops.tools.schedulers.base import JobSpec, SchedulerError, SchedulerKind
 from trainops.tools.schedulers.job_env import LAUNCHER_MARKER
+from trainops.trainer.launch import RANK_NAME, WARM_LAUNCHER
 from trainops.workspace import jobs_dir
 
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess)
@@ -225,19 +226,34 @@ def _supervised_rank(proc: psutil.Process, env: dict[str, str]) -> str:
     return str(given[-1]) if given else ""
 
 
+def _forked_rank(proc: psutil.Process) -> str:
+    """The rank a rank forked by the warm launcher (trainer/warm_launch.py) wrote into its kernel
+    name, for a process running the launcher's command line; "" otherwise."""
+    try:
+        argv, name = proc.cmdline(), proc.name()
+    except (*_GONE, psutil.AccessDenied):
+        return ""
+    prefix = RANK_NAME.format(rank="")
+    return name.removeprefix(prefix) if argv[1:3] == ["-m", WARM_LAUNCHER] and name.startswith(prefix) else ""
+
+
+def _rank_of(proc: psutil.Process, env: dict[str, str]) -> str:
+    return env.get("RANK", "") or _forked_rank(proc) or _supervised_rank(proc, env)
+
+
 def rank_processes(procs: list[psutil.Process]) -> dict[int, psutil.Process]:
     """rank -> the topmost process of `procs` that torchrun started as that rank (its children
     inherit RANK too)."""
     envs = {proc.pid: _env(proc) for proc in procs}
+    held = {proc.pid: _rank_of(proc, envs[proc.pid]) for proc in procs}
     ranks: dict[int, psutil.Process] = {}
     for proc in procs:
-        rank = envs[proc.pid].get("RANK", "") or _supervised_rank(proc, envs[proc.pid])
-        if not rank.isdigit():
+        if not (rank := held[proc.pid]).isdigit():
             continue
         try:
             parent = proc.ppid()
         except _GONE:
             continue
-        if envs.get(parent, {}).get("RANK") != rank:
+        if held.get(parent) != rank:
             ranks.setdefault(int(rank), proc)
     return dict(sorted(ranks.items()))

@@ -34,7 +34,7 @@ def test_the_script_asks_for_the_spec_resources_and_excludes_nodes():
 def test_multi_node_runs_torchrun_under_srun_with_c10d_rendezvous_on_the_first_node():
     script = batch_script(_spec(), "/logs/job.log")
     launch = next(line for line in script.splitlines() if line.startswith("srun"))
-    assert f"{sys.executable} -m torch.distributed.run --nnodes \"$SLURM_NNODES\" --nproc-per-node 4" in launch
+    assert f"{sys.executable} -m trainops.trainer.warm_launch --nnodes \"$SLURM_NNODES\" --nproc-per-node 4" in launch
     assert '--rdzv-backend c10d --rdzv-endpoint "$head_node:29500"' in launch
     assert "-m trainops.trainer.train --run-dir '/runs/r 1'" in launch
     assert "trainops.tools.schedulers.run_status '/runs/r 1' \"$rc\"" in script
