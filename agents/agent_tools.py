@@ -172,6 +172,9 @@ def sdc_case(inp: SdcCaseInput) -> SdcCase:
     if raw is None:
         raise ToolError("sdc_case", f"run: {run_dir.name} has no {CASE_FILE}: no SDC response ran for it "
                                     "(respond_to_sdc runs one, gated)")
+    if problem := sdc.case_problem(run_dir, raw):
+        raise ToolError("sdc_case", f"run: {run_dir.name}/{CASE_FILE} is not the case respond_to_sdc wrote: {problem}; "
+                                    "run respond_to_sdc again")
     try:
         return SdcCase.model_validate(_inert_strings(json.loads(raw)))
     except (ValueError, ValidationError) as exc:

@@ -16,6 +16,7 @@ from trainops.skills.escalate import hand_to_human
 from trainops.tools.calls import invoke
 from trainops.tools.context import CallContext, skill_context
 from trainops.tools.governance.escalation import Escalation, EscalationSignals, escalations_for, human_item
+from trainops.tools.governance.written import unbound, write_bound
 from trainops.tools.jobs import jobs
 from trainops.tools.reliability import quarantine
 from trainops.tools.reliability.sdc_check import NodeResult, results_in
@@ -27,6 +28,9 @@ CHECK_LOG_LINES = 2000
 """The check job's log lines read for its answers: one line per node, beside the launcher's own."""
 CASE_FILE = "sdc-case.json"
 """RUN/sdc-case.json: the case as handed to the human."""
+CASE_KIND = "sdc_case_written"
+"""The audit entry binding a case file to the bytes `respond` wrote (tools/governance/written.py): a case
+a job or another workspace writer edited, or one copied in, is not read as trainops' answer."""
 
 
 class Suspect(BaseModel):
@@ -118,8 +122,24 @@ def respond(run_dir: str, suspect: Suspect, scheduler: str = "local", ctx: CallC
     pending = hand_to_human(escalation, f"run {run_dir}", ctx, results=results)
     case = SdcCase(run_dir=run_dir, suspect=suspect, quarantined=quarantined, fleet=fleet, colocated=colocated,
                    drained=drained, escalation=escalation, pending_id=pending)
-    (Path(run_dir) / CASE_FILE).write_text(case.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    write_case(case)
     return case
+
+
+def case_key(run_dir: str | Path) -> str:
+    """The name a run's case is bound under: its folder, resolved."""
+    return str(Path(run_dir).resolve())
+
+
+def write_case(case: SdcCase) -> Path:
+    """RUN/sdc-case.json written whole and bound to the audit log."""
+    data = (case.model_dump_json(indent=2) + "\n").encode()
+    return write_bound(Path(case.run_dir) / CASE_FILE, CASE_KIND, case_key(case.run_dir), data)
+
+
+def case_problem(run_dir: str | Path, data: bytes) -> str | None:
+    """Why `data` is not the case trainops last wrote for this run (edited, or made by hand), or None."""
+    return unbound(CASE_KIND, case_key(run_dir), data)
 
 
 def run_check(kind: str, nodes: list[str], partition: list[str], scheduler: str, ctx: CallContext,

@@ -15,6 +15,9 @@ from typing import Iterator, Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
+from trainops.skills.sdc import CASE_FILE, CASE_KIND, case_key
+from trainops.tools.governance.written import bind
+
 HOME_TOKEN = "{TRAINOPS_HOME}"
 SCENARIO_FILE = "scenario.toml"
 WORKSPACE = "workspace"
@@ -224,7 +227,16 @@ def materialize(scenario: Scenario, home: Path) -> Path:
             pass  # a binary file is copied as it is
         target.write_bytes(data)
         target.chmod(0o600)
+    _bind_recorded_cases(home)
     return home
+
+
+def _bind_recorded_cases(home: Path) -> None:
+    """Bind the SDC cases trainops wrote while the scenario was recorded in the copy's own audit log:
+    the recording's log is left out (recorder.py), and a case no entry binds reads as made by hand."""
+    with workspace_at(home):
+        for case in sorted((home / "runs").glob(f"*/{CASE_FILE}")):
+            bind(CASE_KIND, case_key(case.parent), case.read_bytes())
 
 
 @contextmanager

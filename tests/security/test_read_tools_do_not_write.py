@@ -18,6 +18,7 @@ import pytest
 from pydantic import BaseModel
 
 from trainops.agents.agent_tools import agent_registry
+from trainops.skills.sdc import SdcCase, write_case
 from trainops.tools.base import tool
 from trainops.tools.calls import call
 from trainops.tools.catalog import build_registry
@@ -122,7 +123,8 @@ def scene(workspace, tmp_path, monkeypatch):
                                  "peak_mem_gib": 0.1, "time": time.time(), "peak_source": "measured-gemm"}) + "\n")
     committed_checkpoint(run_dir, 4)
     recorded = Path(__file__).parents[2] / "benchmarks/agent_eval/scenarios/bitflip-which-node/workspace/runs"
-    (run_dir / "sdc-case.json").write_text(next(recorded.glob("run-*/sdc-case.json")).read_text())  # a real case
+    case = SdcCase.model_validate_json(next(recorded.glob("run-*/sdc-case.json")).read_text())  # a real case
+    write_case(case.model_copy(update={"run_dir": str(run_dir)}))
     other = workspace / "runs" / OTHER_RUN
     other.mkdir()
     config = (run_dir / "config.toml").read_text()
