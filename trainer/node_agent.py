@@ -31,7 +31,7 @@ class NodeAgent:
     out the leader's kills; stops them all when the leader declares this node lost or cannot be
     reached (FENCE_S), and leaves once the leader says the job is over."""
 
-    def __init__(self, node: int, count: int, program: list[str], store_address: str, secret: str = ""):
+    def __init__(self, node: int, count: int, program: list[str], store_address: str, secret: str):
         self.node = node
         self.store = secured(connect(store_address), secret)
         self.store.set_timeout(timedelta(seconds=FENCE_S))  # a partitioned link fails a call instead of blocking it

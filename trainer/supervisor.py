@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-from trainops.record_keys import RECORD_KEY_ENV
+from trainops.record_keys import ENV_KEYS_DIR, RECORD_KEY_ENV, run_key
 from trainops.run_folder import RunFiles
 from trainops.run_records import LostRank, RecoveryEntry, read_faults, read_heartbeat, read_journal
 from trainops.trainer.config import RESTORE_TIMEOUT_S
@@ -382,6 +382,19 @@ def _take_record_key() -> bytes:
         return b""
 
 
+def _hand_launch_key(run_dir: str, nodes: int) -> bytes:
+    """The run's key for supervisors started across nodes without one (by hand, not by a trainops
+    launch): derived from the workspace's own key, which nodes sharing the keys folder read alike, so
+    the store keeps a secret. On one node none is needed: the workers are this process's children."""
+    if nodes == 1:
+        return b""
+    if (key := run_key(run_dir, create=True)) is None:
+        raise SystemExit(f"a supervisor across {nodes} nodes needs the run's key: launch the job through trainops "
+                         f"(submit_job), or let every node read this workspace's key ({ENV_KEYS_DIR} writable and "
+                         "shared by the nodes)")
+    return key
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     record_key = _take_record_key()
@@ -404,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     program = argv[split + 1:]
     if args.node_index and args.store is None:
         parser.error("--node-index above 0 needs --store HOST:PORT (node 0's address)")
+    record_key = record_key or _hand_launch_key(args.run_dir, args.nnodes + args.spare_nodes)
     if args.node_index:
         count = args.nproc_per_node + (args.warm_spares if args.node_index < args.nnodes else 0)
         launcher: Supervisor | NodeAgent = NodeAgent(args.node_index, count, program, args.store,

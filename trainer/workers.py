@@ -36,12 +36,14 @@ class Worker:
 
 
 def store_secret(record_key: bytes, nodes: int) -> str:
-    """The job's store namespace: derived from the run's key trainops launched every node's supervisor
-    with, so each node's agent derives the same one; without a key, a random one on a single node (the
-    workers are the supervisor's children) and none across nodes (launched by hand: nothing to share)."""
+    """The job's store namespace: derived from the run's key every node's supervisor holds, so each
+    node's agent derives the same one; without a key, a random one on a single node (the workers are
+    the supervisor's children). Across nodes a supervisor always has the key (supervisor.main)."""
     if record_key:
         return hmac.new(record_key, b"trainops supervisor store", hashlib.sha256).hexdigest()[:32]
-    return secrets.token_hex(16) if nodes == 1 else ""
+    if nodes > 1:
+        raise ValueError(f"a store shared by {nodes} nodes needs the run's key to derive its secret")
+    return secrets.token_hex(16)
 
 
 def secured(store, secret: str):

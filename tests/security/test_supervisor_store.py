@@ -14,8 +14,11 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
+from tests.trainer.test_inprocess_nodes import start_nodes
 from trainops.run_records import read_metrics, read_recoveries
 from trainops.tools.calls import call
+from trainops.trainer.config import load_config
+from trainops.trainer.launch import prepare_run
 from trainops.trainer.workers import STORE_SECRET_ENV
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("as_operator")]
@@ -67,3 +70,32 @@ def test_another_user_cannot_read_the_secret_out_of_a_workers_environment(worksp
         assert theirs.returncode != 0 and STORE_SECRET_ENV.encode() not in theirs.stdout
     finally:
         call("cancel_job", {"job_id": out.handle.job_id})
+
+
+def test_supervisors_started_by_hand_across_nodes_still_keep_the_store_secret(workspace):
+    """Node 0's supervisor and node 1's agent started by hand, without the run's key a trainops launch
+    hands them: each derives it from the workspace's own key (trainops/record_keys.py), so the store
+    still sits under a secret. Before, a hand launch across nodes had none, and an outsider's
+    `failed/0/1` set off a recovery."""
+    nodes = TINY + ["resilience.spare_nodes=0", "resilience.warm_spares=0"]
+    run_dir = prepare_run(load_config(None, "tiny", nodes), run_id="by-hand")
+    leader, agent = launched = start_nodes(run_dir, nnodes=2, with_key=False)
+    try:
+        wait = time.monotonic() + 180
+        while not {r.rank for r in read_metrics(run_dir)} >= {0, 1}:
+            assert time.monotonic() < wait and leader.poll() is None, (run_dir / "logs" / "node0.log").read_text()
+            time.sleep(0.2)
+        host, port = launched.store.rsplit(":", 1)
+        outsider = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=10))
+        assert not outsider.check(["ready/0"]) and not outsider.check(["assign/0/1"])
+        for rank in (0, 1):
+            outsider.set(f"failed/0/{rank}", "an outsider says so")
+        outsider.set("shutdown", "1")
+        attacked_at = max(r.step for r in read_metrics(run_dir))
+        assert leader.wait(timeout=300) == 0 and agent.wait(timeout=30) == 0
+    finally:
+        for node in launched:
+            if node.poll() is None:
+                node.kill()
+    assert attacked_at < 80, "the job ended before the outsider wrote: the test proved nothing"
+    assert read_recoveries(run_dir) == [] and max(r.step for r in read_metrics(run_dir)) == 80

@@ -16,6 +16,7 @@ import pytest
 
 from tests.conftest import free_port, wait_for
 from tests.trainer.test_inprocess_restart import BASE, OPERATOR, by_step, workers
+from trainops.record_keys import RECORD_KEY_ENV
 from trainops.run_records import RECOVERY_PHASES, read_heartbeat, read_journal, read_recoveries
 from trainops.tools.jobs.follow import run_local
 from trainops.trainer.config import load_config
@@ -27,16 +28,23 @@ NODES = ["resilience.in_process_restart=true", "resilience.collective_timeout_s=
          "resilience.warm_spares=0"]
 
 
-def start_nodes(run_dir, nnodes: int) -> list[subprocess.Popen]:
-    """Node 0's supervisor and every other node's agent, each in its own session (a node's processes)."""
+class Nodes(list):
+    """The node processes start_nodes started, and the store address they share."""
+    store: str
+
+
+def start_nodes(run_dir, nnodes: int, with_key: bool = True) -> Nodes:
+    """Node 0's supervisor and every other node's agent, each in its own session (a node's processes);
+    `with_key`: each handed the run's key as a launch does, else started as by hand."""
     cfg = load_config(run_dir / "config.toml")
-    store = f"127.0.0.1:{free_port()}"
-    nodes = []
+    nodes = Nodes()
+    nodes.store = f"127.0.0.1:{free_port()}"
     for index in range(nnodes + cfg.resilience.spare_nodes):
         argv = supervisor_argv(sys.executable, 1, trainer_program(run_dir), cfg.resilience, nnodes=nnodes,
-                               node_index=str(index), store=store)
+                               node_index=str(index), store=nodes.store)
         log = open(run_dir / "logs" / f"node{index}.log", "a")
-        env = {**os.environ, **record_key_env(argv)}  # as a launch hands node 0 its run's key
+        env = {k: v for k, v in os.environ.items() if k != RECORD_KEY_ENV}
+        env.update(record_key_env(argv) if with_key else {})
         nodes.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env))
     return nodes
 
