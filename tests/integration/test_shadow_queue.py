@@ -73,6 +73,10 @@ def test_a_passing_change_lands_only_when_approved_and_rollback_restores_the_exa
     assert {key: before_target[key] for key in SETTINGS} == {key: record.previous[key] for key in SETTINGS}
     assert record.applied["PriorityTier"] == "7" and record.evidence["comparison"]["passed"] is True
     assert record.approved_call == queued.value.pending_id  # the record links to the call the humans signed
+    shown = runner.invoke(app, ["changes"], env={"COLUMNS": "200"}).output  # what a reviewer reads (A-OUT-4)
+    assert "impact: partition sandbox: every sandbox job" in shown and "changed: " in shown and "PriorityTier" in shown
+    assert "shadow replay on shadow: passed" in shown and "before: " in shown and "after: " in shown
+    assert all(" ".join(argv) in shown for argv in record.rollback_commands), shown
 
     # a tampered copy (its restore command edited) is refused before anything runs or is queued
     forged = record.model_copy(update={"id": record.id[:-6] + "ffffff", "rollback_commands": [

@@ -13,6 +13,7 @@ import importlib
 import json
 import re
 import secrets
+import shlex
 import subprocess
 import time
 from pathlib import Path
@@ -150,6 +151,39 @@ def state_differences(expected: dict[str, Any], actual: dict[str, Any]) -> list[
     """Each field whose value differs, as `field: expected X, found Y`."""
     return [f"{key}: expected {expected.get(key)!r}, found {actual.get(key)!r}"
             for key in sorted(set(expected) | set(actual)) if expected.get(key) != actual.get(key)]
+
+
+def _replay_line(label: str, replay: dict[str, Any]) -> str:
+    wait = replay.get("mean_queue_wait_s")
+    return (f"{label}: {replay.get('completed')} completed, {replay.get('failures')} failed, mean queue wait "
+            + (f"{wait:.1f} s" if isinstance(wait, (int, float)) else "unknown"))
+
+
+def review_lines(record: ChangeRecord) -> list[str]:
+    """What a reviewer judges a change by (A-OUT-4), in words: who it affects, what it changed field by
+    field, the shadow replay's verdict and why, and the exact commands a rollback runs."""
+    evidence = record.evidence
+    state = "rolled back" if record.rolled_back_at else "in effect"
+    lines = [f"{record.id} {record.kind} {record.target}: {state}"]
+    if evidence.get("impact"):
+        lines.append(f"  impact: {evidence['impact']}")
+    if evidence.get("reason"):
+        lines.append(f"  reason: {evidence['reason']}")
+    moved = [f"{key} {record.previous.get(key)} -> {record.applied.get(key)}"
+             for key in sorted(set(record.previous) | set(record.applied))
+             if record.previous.get(key) != record.applied.get(key)]
+    lines.append(f"  changed: {'; '.join(moved) or 'nothing Slurm shows'}")
+    comparison = evidence.get("comparison")
+    if isinstance(comparison, dict):
+        verdict = "passed" if comparison.get("passed") else "failed"
+        lines.append(f"  shadow replay on {evidence.get('shadow_partition')}: {verdict}"
+                     + "".join(f"; {reason}" for reason in comparison.get("reasons", [])))
+        lines += [f"    {_replay_line(label, comparison.get(label) or {})}" for label in ("before", "after")]
+    else:
+        lines.append("  shadow replay: none (a quota is checked by reading Slurm's accounting back)")
+    lines.append(f"  rollback (`trainops rollback {record.id}`, approved by a human) runs:")
+    lines += [f"    {shlex.join(argv)}" for argv in record.rollback_commands]
+    return lines
 
 
 class RollbackInput(BaseModel):

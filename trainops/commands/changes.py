@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from trainops.commands.tools import run_tool
 from trainops.output import console, emit, fail
 from trainops.tools.changes import framework, known_issues
-from trainops.tools.changes.records import list_changes, read_change
+from trainops.tools.changes.records import ChangeRecord, list_changes, read_change, review_lines
 
 app = typer.Typer()
 
@@ -24,8 +24,8 @@ def _render_changes(rows: list[dict[str, Any]]) -> None:
     if not rows:
         out.print("no changes recorded", highlight=False)
     for row in rows:
-        state = "rolled back" if row["rolled_back_at"] else "in effect"
-        out.print(f"{row['id']} {row['kind']} {row['target']}: {state}", highlight=False, markup=False)
+        for line in review_lines(ChangeRecord.model_validate(row)):
+            out.print(line, highlight=False, markup=False)
 
 
 def _render_framework(found: dict[str, Any]) -> None:

@@ -18,6 +18,7 @@ from trainops.output import console, emit, fail
 from trainops.settings import SettingsError
 from trainops.tools.base import ToolError
 from trainops.tools.calls import call
+from trainops.tools.changes.records import read_change, review_lines
 from trainops.tools.context import CallContext
 from trainops.tools.governance.gate import needs_approval
 from trainops.tools.versions import envelope
@@ -126,7 +127,20 @@ def tool_call(
         fail(f"--input must be a JSON object, got {type(payload).__name__}: wrap the fields in {{...}}",
              as_json=as_json)
     out = run_tool(name, payload, as_json, approval_token)
-    emit(envelope(out, payload), as_json, render_fields(name))
+    emit(envelope(out, payload), as_json, _render_tool(name))
+
+
+def _render_tool(name: str):
+    """A tool's fields; for a change that landed (a change_id), also what a reviewer judges it by."""
+    fields = render_fields(name)
+
+    def render(out: dict[str, Any]) -> None:
+        fields(out)
+        if isinstance(change_id := out.get("change_id"), str):
+            for line in review_lines(read_change(change_id)):
+                console().print(line, highlight=False, markup=False)
+
+    return render
 
 
 MAX_INPUT_CHARS = 1 << 20

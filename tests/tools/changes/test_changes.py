@@ -152,3 +152,28 @@ def test_a_hand_written_record_is_no_change_at_all_even_when_its_commands_match_
         result = runner.invoke(app, ["rollback", change])
         assert result.exit_code == 2 and "is not a change trainops recorded" in result.output, result.output
     assert queue.pending_calls() == [] and list_changes() == []
+
+
+def test_trainops_changes_shows_a_reviewer_the_impact_the_shadow_result_and_the_rollback(workspace):
+    """A-OUT-4 without --json: what the change did field by field, who it affects, how the shadow replay
+    went (and why it failed), and the exact commands `trainops rollback` would run."""
+    failed = compare_replays(_replay(["COMPLETED"] * 3, wait_s=1.0),
+                             _replay(["COMPLETED", "FAILED", "COMPLETED"], wait_s=1.0))
+    save_change(_record(evidence={"impact": "tenants a and b queue behind priority-tier 7 jobs on gpu-a",
+                                  "shadow_partition": "shadow", "comparison": failed.model_dump()}))
+    quota = _record(kind="tenant_quota", target="acme", previous={"GrpTRES": "cpu=4"},
+                    applied={"GrpTRES": "cpu=8"}, rollback_commands=[["sacctmgr", "-i", "modify", "qos", "acme",
+                                                                      "set", "GrpTRES=cpu=4"]],
+                    evidence={"reason": "acme's sweep needs 8 CPUs this week"})
+    save_change(quota)
+    result = runner.invoke(app, ["changes"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    text = result.output
+    assert "impact: tenants a and b queue behind priority-tier 7 jobs on gpu-a" in text
+    assert "changed: PriorityTier 1 -> 7" in text
+    assert "shadow replay on shadow: failed" in text and "1 job(s) failed after the change" in text
+    assert "before: 3 completed, 0 failed, mean queue wait 1.0 s" in text
+    assert "scontrol update PartitionName=gpu-a" in text and "trainops rollback" in text
+    assert "reason: acme's sweep needs 8 CPUs this week" in text and "changed: GrpTRES cpu=4 -> cpu=8" in text
+    assert "sacctmgr -i modify qos acme set GrpTRES=cpu=4" in text
+    assert "shadow replay: none (a quota is checked by reading Slurm's accounting back)" in text
