@@ -3,6 +3,7 @@
 it fails here, not in front of a user."""
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -54,3 +55,33 @@ def test_a_made_up_command_or_flag_is_caught():
     assert "--warp-speed" not in {o for p in command.params for o in p.opts}
     command, rest = _command(["tenant", "NAME"])
     assert rest == ["tenant", "NAME"] and hasattr(command, "list_commands")
+
+
+def _outputs(skill: Path) -> list[tuple[str, list[str]]]:
+    """(output, the fields or files its `in the pack` cell names) per row of a skill's Outputs table."""
+    section = skill.read_text().split("## Outputs", 1)[1].split("\n## ", 1)[0]
+    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in section.splitlines() if line.startswith("| ")]
+    column = rows[0].index("in the pack")
+    return [(row[0], re.findall(r"`([^`]+)`", row[column])) for row in rows[1:]]
+
+
+SCHEMA = ROOT / "skills/evidence/evidence.schema.json"
+
+
+def test_every_output_the_sop_skill_promises_is_a_field_or_file_of_the_pack():
+    fields = set(json.loads(SCHEMA.read_text())["properties"])
+    promised = _outputs(ROOT / "SKILL.md")
+    assert len(promised) >= 6 and all(names for _, names in promised), promised
+    unknown = [name for _, names in promised for name in names if name not in fields and "." not in name]
+    assert not unknown, f"SKILL.md promises pack fields the pack does not have: {unknown}"
+
+
+def test_the_quick_sop_pack_holds_every_promised_output(quick_sop):
+    pack_dir = Path(quick_sop["pack_dir"])
+    pack = json.loads((pack_dir / "evidence.json").read_text())
+    for output, names in _outputs(ROOT / "SKILL.md"):
+        for name in names:
+            if "." in name:
+                assert (pack_dir / name).is_file(), (output, name)
+            elif name != "blockers":  # a passing pack has none
+                assert pack.get(name) not in (None, [], {}, ""), (output, name, pack.get(name))
