@@ -114,7 +114,7 @@ def build_from_runs(run_dirs: list[str], scheduler: str = "local", ctx: CallCont
     summary = baseline.summarize(req, results).model_copy(
         update={"reliability": planning.reliability_summary(None, escalate.ETTR_WINDOW_S)})
     pack = evidence_pack.assemble(f"runs-{time.strftime('%Y%m%d-%H%M%S')}", env, summary, [], drills, [env_row],
-                                  references=reference_notes(env, req.nproc, summary.model),
+                                  references=reference_notes(env, req.nproc, summary.model, summary),
                                   mlperf=references.mlperf(env, req.nproc))
     return evidence_pack.write(escalate.carry_fired(pack, ctx))
 

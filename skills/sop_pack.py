@@ -14,7 +14,7 @@ from trainops.skills import escalate, planning, sop_trail
 from trainops.skills.baseline import command_line
 from trainops.skills.evidence import pack as evidence_pack
 from trainops.skills.evidence import references
-from trainops.skills.evidence.model import PackEnvironment
+from trainops.skills.evidence.model import BaselineSummary, PackEnvironment
 from trainops.skills.evidence.view import DECISION_COMMANDS, SIGNING_NOTE
 from trainops.skills.sop_approval import declaration_approval
 from trainops.skills.sop_session import save
@@ -69,10 +69,13 @@ def headline(pack) -> Headline:
                     expected_waste_pct=plan.expected_waste_pct if plan else None)
 
 
-def reference_notes(env: PackEnvironment | None, world: int, model: str) -> list[str]:
-    """Published results to read our numbers against, with source and scale difference, worded for
-    the hardware the run used (SOP step 7)."""
-    return references.headline_notes(env, world, model)
+def reference_notes(env: PackEnvironment | None, world: int, model: str,
+                    summary: BaselineSummary | None = None) -> list[str]:
+    """Published results to read our numbers against (S2's median MFU, the record's interruption rate),
+    with source, evidence level and scale difference, worded for the hardware the run used (SOP step 7)."""
+    rel = summary.reliability if summary else None
+    return references.headline_notes(env, world, model, mfu_pct=summary.mfu_pct.median if summary else None,
+                                     interruptions_per_day=rel.interruption_rate_per_day if rel else None)
 
 
 def _mtbf_basis(rel) -> str:
@@ -111,7 +114,8 @@ def sop_pack(inp: SopPackInput) -> SopResult:
         [session.environment_row, *session.baseline_evidence, *(e for a in session.arms for e in a.evidence),
          *session.drill_evidence],
         rollback=f"keep the baseline configuration ({command_line(req)}); adopt no arm until a human approves",
-        references=reference_notes(env, world, model), checkpoint_plan=plan, mlperf=references.mlperf(env, world),
+        references=reference_notes(env, world, model, summary), checkpoint_plan=plan,
+        mlperf=references.mlperf(env, world),
         layout_plan=session.layout, ablation_design=session.design or None, sop_steps=trail,
         choices=sop_trail.choices(session, trail))
     pack = escalate.carry_fired(pack, ctx)  # R-ESC-1..4 on every SOP run: a fired rule goes to a human

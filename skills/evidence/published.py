@@ -3,6 +3,8 @@ and the parallel-strategy plan): models only, so the evidence model can hold the
 `references` can fill them without an import cycle."""
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
 from trainops.tools.planning.layout_mapping import TopologyPlan
@@ -21,6 +23,8 @@ class MlperfResult(BaseModel):
     time_to_train_min: float
     source: str
     url: str
+    level: Literal["A", "B", "C"] = Field(description="seed 004's evidence level: A the publisher's own, B a "
+                                                      "restatement, C a compilation or estimate")
 
 
 class MlperfComparison(BaseModel):

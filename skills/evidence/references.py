@@ -21,7 +21,6 @@ NO_SAME_GENERATION = "no same-generation result"
 SCALE_FACTOR = 10
 """A reference system is comparable only with a GPU run within this factor of its accelerator
 count: beyond it the difference says more about scale than about the change measured."""
-LLAMA3_GPUS = 16_384
 
 
 @lru_cache(maxsize=1)
@@ -125,27 +124,43 @@ def mlperf(env: PackEnvironment | None, world: int) -> MlperfComparison:
                             verdict=verdict, comparable=published()["mlperf_comparable"])
 
 
-def headline_notes(env: PackEnvironment | None, world: int, model: str) -> list[str]:
-    """The pack's reference lines: MegaScale's headline, the S7 MLPerf line and Llama 3's, each a
-    comparison where the run's hardware and scale make it one, else one line saying why not."""
-    mega = published()["megascale"]
+def level(entry: dict[str, Any] | MlperfResult) -> str:
+    """A figure's evidence level in words, as a reference line ends."""
+    code = entry["level"] if isinstance(entry, dict) else entry.level
+    return f"evidence level {code}: {published()['levels'][code]}"
+
+
+def headline_notes(env: PackEnvironment | None, world: int, model: str, mfu_pct: float | None = None,
+                   interruptions_per_day: float | None = None) -> list[str]:
+    """The pack's reference lines: MegaScale's headline, the S7 MLPerf line and Llama 3's, each set
+    beside this run's measured figure (S2's median MFU, the record's interruption rate) where the run's
+    hardware and scale make it comparable, with its source and evidence level; else one line saying why
+    not. Reference figures are context, never targets."""
+    data = published()
+    mega, llama = data["megascale"], data["llama3"]
     comparison = mlperf(env, world)
     notes = [_megascale_line(env, world)]
     if notes[0] is None:
-        headline = ExternalComparison(metric="MFU", ours=devices(env, world), source=mega["source"],
+        ours = f"{mfu_pct:.1f}% (S2 median)" if mfu_pct is not None else "not measured"
+        headline = ExternalComparison(metric="MFU", ours=f"{ours} on {devices(env, world)}", source=mega["source"],
                                       theirs=f"{mega['mfu_pct']}% against {mega['baseline_mfu_pct']}% for "
                                              f"{mega['baseline_framework']}",
                                       scale_difference=_difference(env, world, model))
         notes = [f"{headline.source} reports MFU {headline.theirs}, communication overlap the largest single item; "
-                 f"{headline.scale_difference} ({mega['url']})"]
+                 f"this run's MFU {headline.ours}; {headline.scale_difference} ({level(mega)}; {mega['url']})"]
     if comparison.same_generation:
         notes += [f"{r.round} ({r.published}), {r.benchmark}: {r.submitter}, {r.accelerators:,} {r.accelerator}, "
                   f"{r.time_to_train_min:g} min time to train; this run: {devices(env, world)}; source: {r.source}, "
-                  f"{r.url}" for r in comparison.same_generation]
+                  f"{r.url} ({level(r)})" for r in comparison.same_generation]
     else:
         notes.append(f"MLPerf Training: {comparison.verdict}")
-    llama = not_comparable(env, world, f"Llama 3's {LLAMA3_GPUS:,} H100 GPUs", LLAMA3_GPUS)
-    notes.append(f"Llama 3: {llama}" if llama else
-                 f"Llama 3 (arXiv 2407.21783) reports 419 unexpected interruptions in 54 days on {LLAMA3_GPUS:,} H100 "
-                 f"and effective training time above 90%; our drills measure single faults on {devices(env, world)}")
+    why = not_comparable(env, world, f"Llama 3's {llama['gpus']:,} {llama['accelerator']} GPUs", llama["gpus"])
+    theirs = llama["unexpected_interruptions"] / llama["days"]
+    ours = (f"{interruptions_per_day:.1f} a day in this workspace's record" if interruptions_per_day is not None
+            else "too few in this workspace's record for a rate")
+    notes.append(f"Llama 3: {why}" if why else
+                 f"Llama 3 ({llama['source']}) reports {llama['unexpected_interruptions']} unexpected interruptions "
+                 f"in {llama['days']} days on {llama['gpus']:,} {llama['accelerator']} ({theirs:.1f} a day) and "
+                 f"{llama['ettr_note']}; this run's interruptions: {ours}, on {devices(env, world)}; our drills "
+                 f"measure single faults ({level(llama)}; {llama['url']})")
     return notes

@@ -13,6 +13,7 @@ import pytest
 
 from trainops.skills import sop
 from trainops.skills.evidence import references
+from trainops.skills.evidence.model import ReliabilitySummary
 from trainops.skills.evidence.pack import assemble
 from trainops.skills.evidence.render import to_markdown
 from trainops.workspace import runs_dir
@@ -121,3 +122,32 @@ def test_the_quick_sop_pack_compares_with_sources_in_cpu_wording(quick_sop):
     assert evidence["mlperf"]["verdict"].startswith("no same-generation result")
     report = (pack / "report.md").read_text()
     assert "## S7 Comparisons with published results" in report and "CPU processes" in report
+
+
+def test_each_published_figure_names_its_evidence_level():
+    data = references.published()
+    assert set(data["levels"]) == {"A", "B", "C"}
+    entries = [data["megascale"], data["llama3"], *data["mlperf_training"]]
+    assert all(entry["level"] in data["levels"] for entry in entries)
+
+
+def test_a_comparable_gpu_run_sets_its_measured_figures_beside_theirs_with_the_level(factories):
+    """K-STEP-7 / K-DOD-1: where a reference is comparable, the run's own measured figure stands beside
+    the published one, with the source's evidence level: context, never a target."""
+    baseline = factories.baseline(["r1"])
+    rel = ReliabilitySummary(as_of=0.0, interruptions=6, unplanned=5, span_h=48.0, interruption_rate_per_day=2.5,
+                             mtbf_h=9.6, mtbf_source="measured from 5 recorded interruptions", mtbf_measured=True,
+                             mtbf_level="measured", recovery_time_s=40.0, cause_distribution={"hardware": 5},
+                             ettr_window_s=3600.0)
+    summary = baseline.model_copy(update={"mfu_pct": baseline.mfu_pct.model_copy(update={"median": 38.5}),
+                                          "reliability": rel})
+    notes = sop.reference_notes(_gpu(factories), 4096, "llama3-70b", summary)
+    mega = next(n for n in notes if "reports MFU 55.2%" in n)
+    assert "this run's MFU 38.5% (S2 median) on 4096 GPUs" in mega and "evidence level A" in mega
+    assert all("evidence level B" in n for n in notes if n.startswith("MLPerf Training v"))
+    llama = next(n for n in notes if n.startswith("Llama 3 ("))
+    assert "419 unexpected interruptions in 54 days" in llama and "(7.8 a day)" in llama
+    assert "this run's interruptions: 2.5 a day in this workspace's record" in llama
+    assert "evidence level A" in llama and "arxiv.org/abs/2407.21783" in llama
+    unmeasured = sop.reference_notes(_gpu(factories), 4096, "llama3-70b")
+    assert any("this run's MFU not measured" in n for n in unmeasured)
