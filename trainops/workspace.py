@@ -16,6 +16,7 @@ import stat
 from pathlib import Path
 
 from trainops.settings import SettingsError, table, user_config_path, workspace_path
+from trainops.tools.ids import tenant_id_problem
 
 _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
@@ -176,14 +177,42 @@ def _link_out(path: str | Path, roots: list[Path]) -> tuple[Path, Path] | None:
     return None
 
 
+TENANT_ENV = "TRAINOPS_TENANT"
+"""Scopes a process (a tenant's shell or agent session) to one tenant: its tools read and change only
+that tenant's runs, checkpoints and jobs (the gate's R-SEC-3), and a bare run id names its own run."""
+
+
+def scoped_tenant() -> str | None:
+    """The tenant this process is scoped to, or None (the operator's whole workspace)."""
+    tenant = os.environ.get(TENANT_ENV)
+    if tenant is None:
+        return None
+    if problem := tenant_id_problem(tenant):
+        raise ValueError(f"{TENANT_ENV}: {problem}; set it to the tenant's id, or unset it for the whole workspace")
+    return tenant
+
+
+def tenant_area(tenant: str) -> Path:
+    """The folder that holds everything of `tenant`'s (data, checkpoints, runs)."""
+    return home() / "tenants" / tenant
+
+
+def _run_ids_dir() -> Path:
+    """Where a bare run id is looked up: the scoped tenant's runs, else the workspace's."""
+    tenant = scoped_tenant()
+    return tenant_area(tenant) / "runs" if tenant else runs_dir()
+
+
 def run_folder(run: str, field: str = "run") -> Path:
-    """A run id under `runs/`, or a run folder path, resolved and confined (see `confine`)."""
+    """A run id (under `runs/`, or the scoped tenant's runs), or a run folder path, resolved and confined
+    (see `confine`)."""
     if _SAFE_ID.fullmatch(run):
-        if (runs_dir() / run).is_dir():
-            return confine(runs_dir() / run, field)
+        ids = _run_ids_dir()
+        if (ids / run).is_dir():
+            return confine(ids / run, field)
         if not Path(run).is_dir():
-            recent = sorted(p.name for p in runs_dir().iterdir() if p.is_dir())[-5:]
-            raise ValueError(f"{field}: run {run!r} not found in {runs_dir()}; "
+            recent = sorted(p.name for p in ids.iterdir() if p.is_dir())[-5:] if ids.is_dir() else []
+            raise ValueError(f"{field}: run {run!r} not found in {ids}; "
                              f"recent runs: {', '.join(recent) or 'none'}")
     folder = confine(run, field)
     if not folder.is_dir():

@@ -23,8 +23,9 @@ from trainops.tools.base import InputCheck, tool
 from trainops.tools.changes import compat
 from trainops.tools.ids import TenantId, check_tenant_id
 from trainops.tools.schedulers.base import JobSpec
+from trainops.tools.schedulers.processes import launched_spec
 from trainops.trainer.config import load_config
-from trainops.workspace import confine, home, shared_data_roots
+from trainops.workspace import TENANT_ENV, confine, run_folder, scoped_tenant, shared_data_roots, tenant_area
 
 if TYPE_CHECKING:
     from trainops.tools.frameworks.base import FrameworkAdapter
@@ -43,12 +44,59 @@ def tenant_ids(inp: BaseModel) -> Iterator[str]:
             yield from tenant_ids(value)
 
 
-def _tenants_root() -> Path:
-    return home() / "tenants"
-
-
 def tenant_root(tenant: str) -> Path:
-    return _tenants_root() / check_tenant_id(tenant)
+    return tenant_area(check_tenant_id(tenant))
+
+
+RUN_FIELDS = ("run", "runs", "baseline", "candidate", "run_dir")
+FOLDER_FIELDS = ("folder", "path", "ckpt_dir")
+
+
+def _named_folder(field: str, value: str) -> Path | None:
+    """The folder a run or folder field names, as the tool will resolve it (None: it names none the tool
+    could read, and the tool says so itself)."""
+    try:
+        return run_folder(value, field) if field in RUN_FIELDS else Path(value).resolve()
+    except ValueError:
+        return None
+
+
+def _job_problem(job_id: str, scheduler: str, tenant: str) -> str | None:
+    try:
+        spec = launched_spec(job_id, scheduler)  # type: ignore[arg-type]
+    except (ValueError, OSError):
+        spec = None
+    if spec is not None and spec.tenant == tenant:
+        return None
+    whose = (f"tenant {spec.tenant}'s job" if spec and spec.tenant else "a job launched for no tenant" if spec
+             else f"not a job trainops launched on {scheduler} in this workspace")
+    return f"job_id: {job_id} is {whose}; a session scoped to tenant {tenant} ({TENANT_ENV}) reads only its own jobs"
+
+
+def scope_problem(inp: BaseModel) -> str | None:
+    """For a process scoped to a tenant (workspace.TENANT_ENV): the first run, folder, job or tenant the
+    input names outside that tenant's own area (A-SEC-3), or None; unscoped, None."""
+    try:
+        tenant = scoped_tenant()
+    except ValueError as exc:
+        return str(exc)
+    if tenant is None:
+        return None
+    area = tenant_area(tenant).resolve()
+    for name, value in inp:
+        for item in value if isinstance(value, list) else [value]:
+            if item is None:
+                continue
+            if name == "tenant" and item != tenant:
+                return f"tenant: {item!r} is not {tenant}, the tenant this session is scoped to ({TENANT_ENV})"
+            if name in RUN_FIELDS + FOLDER_FIELDS and (folder := _named_folder(name, str(item))) is not None \
+                    and not folder.is_relative_to(area):
+                return (f"{name}: {item} lies outside tenant {tenant}'s area ({area}); a session scoped to a tenant "
+                        f"({TENANT_ENV}) reads and changes only that tenant's runs and checkpoints")
+            if name == "job_id" and (problem := _job_problem(str(item), getattr(inp, "scheduler", None) or "local",
+                                                            tenant)):
+                return problem
+    return None
 
 
 def tenant_path(tenant: str, kind: TenantKind) -> Path:

@@ -26,7 +26,7 @@ from pydantic import BaseModel
 
 from trainops.settings import SettingsError, table
 from trainops.tools.base import ToolError
-from trainops.tools.changes.tenancy import check_tenant_path, tenant_ids
+from trainops.tools.changes.tenancy import check_tenant_path, scope_problem, tenant_ids
 from trainops.tools.context import active_call
 from trainops.tools.governance import audit, queue, tokens, windows
 from trainops.tools.ids import tenant_id_problem
@@ -130,7 +130,7 @@ def check_input(spec, inp: BaseModel, ctx) -> None:
         message = check.fn(inp)
         if message:
             _refuse(spec, inp, ctx, "invalid_input", check.rule_id, message)
-    problem = _tenant_path_problem(inp)
+    problem = _tenant_path_problem(inp) or scope_problem(inp)
     if problem:
         _refuse(spec, inp, ctx, "invalid_input", "R-SEC-3", problem)
     if "change-window" in spec.tags:
