@@ -1,6 +1,7 @@
 """The labels an MFU or scaling figure is read against (R-ENV-1), from the job that ran: the run's own
 RUN/config.toml (the trainer's resolved config, or the settings a framework adapter wrote there), the
-world it was launched with, and the environment declaration (framework, version, hardware). The CLI's
+world it was launched with, and the environment declaration (framework, version, hardware); the config also
+declares the model's structure (sequence length, dense or MoE with its experts and top-k, A-ENV-3). The CLI's
 overrides are not labels: a config file can set precision or tp that no override mentions."""
 from __future__ import annotations
 
@@ -28,7 +29,18 @@ class Shape:
     layout: str
     global_batch: int | None
     dp: int | None = field(default=None)
+    seq_len: int | None = field(default=None)
+    architecture: str | None = field(default=None)
+    experts: int | None = field(default=None)
+    top_k: int | None = field(default=None)
     sources: dict[str, str] = field(default_factory=dict)
+
+
+LABELLED = ("model", "parameters", "precision", "parallel_layout", "seq_len", "architecture")
+"""The labels a run's config gives, each sourced to it unless its reader names another source."""
+DENSE_ONLY = "dense: the job builds the embedded trainer's model (trainer/model.py), which has no experts"
+MEGATRON_TOP_K = 2
+"""Megatron-LM's default --moe-router-topk, what a job that sets --num-experts alone routes to."""
 
 
 def run_config(run_dir: str) -> dict:
@@ -57,7 +69,33 @@ def _trainer(config, world: int) -> Shape:
                        *(["sequence_parallel"] if lay.sequence_parallel else [])])
     return Shape(model=model, parameters=count_parameters(config.model_args())["total"],
                  precision=config.training.precision, layout=layout, global_batch=config.training.global_batch,
-                 dp=lay.dp)
+                 dp=lay.dp, seq_len=config.training.seq_len, architecture="dense",
+                 sources={"architecture": DENSE_ONLY})
+
+
+def _megatron_experts(own: dict) -> tuple[int | None, int | None, dict[str, str]]:
+    """Megatron's MoE declaration, its own flags: --num-experts (unset: a dense model) and
+    --moe-router-topk (unset: Megatron's default); a value no MoE can have is refused with the fix."""
+    if own.get("num_experts") is None:
+        return None, None, {"architecture": "dense: megatron.num_experts (--num-experts) is not set"}
+    try:
+        experts = int(own["num_experts"])
+        top_k = int(own.get("moe_router_topk", MEGATRON_TOP_K))
+    except (TypeError, ValueError):
+        raise ToolError("summarize_run", f"megatron.num_experts={own['num_experts']!r} and megatron.moe_router_topk="
+                                         f"{own.get('moe_router_topk')!r} must be whole numbers: set them as "
+                                         "megatron.num_experts=8 megatron.moe_router_topk=2") from None
+    if experts < 2:
+        raise ToolError("summarize_run", f"megatron.num_experts={experts}: a mixture of experts has 2 or more; omit "
+                                         "it for a dense model, or set megatron.num_experts to 2 or more")
+    if not 1 <= top_k <= experts:
+        raise ToolError("summarize_run", f"megatron.moe_router_topk={top_k} "
+                                         f"{'exceeds' if top_k > experts else 'is below 1 for'} megatron.num_experts="
+                                         f"{experts}: set megatron.moe_router_topk to at least 1 and at most {experts}")
+    declared = "megatron.num_experts (--num-experts) of the job's config"
+    top = ("megatron.moe_router_topk (--moe-router-topk) of the job's config" if "moe_router_topk" in own
+           else f"Megatron's default --moe-router-topk {MEGATRON_TOP_K} (megatron.moe_router_topk is not set)")
+    return experts, top_k, {"architecture": declared, "experts": declared, "top_k": top}
 
 
 def _as_overrides(settings: dict) -> list[str]:
@@ -65,15 +103,30 @@ def _as_overrides(settings: dict) -> list[str]:
             if isinstance(values, dict) for key, value in values.items()]
 
 
-def _torchtitan_model(run_dir: Path) -> tuple[str, str]:
-    """torchtitan's model is named in its own job TOML (command.json names the file), not in trainops' config."""
+def _torchtitan_job(run_dir: Path, own: dict) -> Shape:
+    """torchtitan's model and sequence length are in its own job TOML (command.json names the file), not in
+    trainops' config, unless the job overrode training.seq_len; dense or MoE is fixed by the flavor in
+    torchtitan's model registry, which trainops does not read, so it is left unlabelled and says why."""
+    shape = Shape(model="unknown", parameters=None, precision="", layout="", global_batch=None, sources={
+        "architecture": "not in the run folder: torchtitan's model registry fixes dense or MoE by flavor, trainops "
+                        "does not read it"})
     try:
         command = json.loads((run_dir / "command.json").read_text(encoding="utf-8"))
         toml = Path(command[command.index("--job.config_file") + 1])
-        model = read_toml(toml).get("model", {})
+        job = read_toml(toml)
     except (OSError, ValueError, IndexError):
-        return "unknown", f"{run_dir}/command.json names no readable --job.config_file"
-    return f"{model.get('name', 'unknown')} {model.get('flavor', '')}".strip(), f"[model] name/flavor of {toml}"
+        job, toml = {}, None
+        shape.sources["model"] = f"{run_dir}/command.json names no readable --job.config_file"
+    model = job.get("model", {})
+    if toml is not None:
+        shape.model = f"{model.get('name', 'unknown')} {model.get('flavor', '')}".strip()
+        shape.sources["model"] = f"[model] name/flavor of {toml}"
+    seq_len = own.get("training.seq_len", job.get("training", {}).get("seq_len"))
+    if "training.seq_len" not in own:
+        shape.sources["seq_len"] = (f"[training] seq_len of {toml}" if seq_len is not None else
+                                    "not in the run folder: the job TOML leaves it to torchtitan's default")
+    shape.seq_len = seq_len if isinstance(seq_len, int) and seq_len > 0 else None
+    return shape
 
 
 def _adapter(framework: str, settings: dict, world: int, run_dir: Path) -> Shape:
@@ -87,25 +140,29 @@ def _adapter(framework: str, settings: dict, world: int, run_dir: Path) -> Shape
         shard = world // (degrees[0] * degrees[1] * degrees[2] * degrees[3]) if shard == -1 else shard
         layout = adapter.describe_layout(
             [*_as_overrides(settings), f"torchtitan.parallelism.data_parallel_shard_degree={shard}"], world)
-        model, where = _torchtitan_model(run_dir)
+        job = _torchtitan_job(run_dir, own)
         dp = degrees[0] * shard
         precision = {"bfloat16": "bf16", "float32": "fp32"}.get(str(own["training.mixed_precision_param"]),
                                                                  str(own["training.mixed_precision_param"]))
-        return Shape(model=model, parameters=None, precision=precision, layout=layout,
-                     global_batch=int(own["training.local_batch_size"]) * dp, dp=dp,
-                     sources={"model": where, "parameters": "not in the run folder: torchtitan logs its parameter "
-                                                             "count at start, trainops does not read it"})
+        job.sources["parameters"] = ("not in the run folder: torchtitan logs its parameter count at start, trainops "
+                                     "does not read it")
+        job.precision, job.layout, job.global_batch, job.dp = (precision, layout,
+                                                               int(own["training.local_batch_size"]) * dp, dp)
+        return job
     layout = adapter.describe_layout(_as_overrides(settings), world)
     preset = str(settings.get("model", {}).get("preset", "unknown"))
     if framework == "deepspeed":
         dp, precision = world, ("bf16" if own.get("bf16.enabled") else "fp16" if own.get("fp16.enabled") else "fp32")
         layout += f" dp={world} tp=1 pp=1"
+        experts, top_k, sources = None, None, {"architecture": DENSE_ONLY}
     else:  # megatron: dp is what tp x pp x cp leave
         split = int(own["tensor_model_parallel_size"]) * int(own["pipeline_model_parallel_size"]) * int(
             own["context_parallel_size"])
         dp, precision = world // split, ("bf16" if own.get("bf16") else "fp16" if own.get("fp16") else "fp32")
+        experts, top_k, sources = _megatron_experts(own)
     return Shape(model=preset, parameters=_preset_parameters(preset), precision=precision, layout=layout,
-                 global_batch=training.get("global_batch"), dp=dp)
+                 global_batch=training.get("global_batch"), dp=dp, seq_len=training.get("seq_len"),
+                 architecture="moe" if experts else "dense", experts=experts, top_k=top_k, sources=sources)
 
 
 def shape_of_request(req: JobRequest, world: int) -> Shape:
@@ -125,7 +182,7 @@ def shape_of_run(run_dir: str, req: JobRequest, world: int) -> Shape:
     if not config:
         shape = shape_of_request(req, world)
         where = f"the request (no RUN/config.toml in {run_dir})"
-        shape.sources = {k: where for k in ("model", "parameters", "precision", "parallel_layout")}
+        shape.sources = {k: where for k in LABELLED}
         return shape
     ran = str(config.get("framework", "trainops"))
     if ran != req.framework:
@@ -136,7 +193,7 @@ def shape_of_run(run_dir: str, req: JobRequest, world: int) -> Shape:
         shape = _trainer(load_config(RunFiles(run_dir).config), world)
     else:
         shape = _adapter(ran, config, world, Path(run_dir))
-    shape.sources = {**{k: where for k in ("model", "parameters", "precision", "parallel_layout")}, **shape.sources}
+    shape.sources = {**{k: where for k in LABELLED}, **shape.sources}
     return shape
 
 
@@ -156,6 +213,7 @@ def job_labels(run_dir: str, req: JobRequest, world: int, env: PackEnvironment) 
     return JobLabels(model=shape.model, parameters=shape.parameters, precision=shape.precision,
                      parallel_layout=shape.layout, world_size=world, global_batch=shape.global_batch,
                      framework=env.framework, framework_version=env.framework_version, hardware=env.hardware,
+                     seq_len=shape.seq_len, architecture=shape.architecture, experts=shape.experts, top_k=shape.top_k,
                      sources={**shape.sources, "world_size": "the job as launched (nodes x processes per node)",
                               "framework": declared, "framework_version": declared, "hardware": declared})
 

@@ -100,7 +100,33 @@ class JobLabels(BaseModel):
     framework: str = Field(description="framework, as the environment declaration names it")
     framework_version: str = Field(description="its version, from the environment declaration")
     hardware: str = Field(description="accelerator (or CPU) and generation, from the environment declaration")
+    seq_len: int | None = Field(default=None, ge=1, description="tokens per sequence the run trained on; None when "
+                                                                "its config does not say")
+    architecture: Literal["dense", "moe"] | None = Field(
+        default=None, description="dense, or a mixture of experts (A-ENV-3); None when the run folder does not say")
+    experts: int | None = Field(default=None, ge=2, description="MoE: experts per MoE layer")
+    top_k: int | None = Field(default=None, ge=1, description="MoE: experts each token is routed to")
     sources: dict[str, str] = Field(default_factory=dict, description="label -> where it was read from")
+
+    @model_validator(mode="after")
+    def _structure_is_whole(self) -> "JobLabels":
+        """An MoE label without its experts and top-k (or a dense one with them) would mislabel the figure."""
+        if self.architecture == "moe" and (self.experts is None or self.top_k is None):
+            raise ValueError(f"architecture='moe' needs experts and top_k (got experts={self.experts}, "
+                             f"top_k={self.top_k}): read both from the run's config")
+        if self.architecture != "moe" and (self.experts is not None or self.top_k is not None):
+            raise ValueError(f"architecture={self.architecture!r} has no experts or top_k (got experts="
+                             f"{self.experts}, top_k={self.top_k}): label the run architecture='moe', or drop them")
+        if self.top_k is not None and self.experts is not None and self.top_k > self.experts:
+            raise ValueError(f"top_k={self.top_k} exceeds experts={self.experts}: a token is routed to at most every "
+                             "expert")
+        return self
+
+    def structure(self) -> str:
+        """The declared model structure in words, as the report shows it beside the model."""
+        kind = {"dense": "dense", "moe": f"MoE, {self.experts} experts, top-{self.top_k}",
+                None: "dense or MoE not in the run folder"}[self.architecture]
+        return f"{kind}, seq_len {self.seq_len if self.seq_len is not None else 'not in the run folder'}"
 
 
 class MetricSpread(BaseModel):

@@ -189,7 +189,8 @@ def _baseline(pack: EvidencePack, figures: dict[str, PackFigure]) -> Section | N
         return None
     comm = (f"{pack_figures.quote(figures, 'communication time')}, of which "
             f"{pack_figures.quote(figures, 'exposed communication')} (not hidden behind compute)")
-    size = f" ({_count(base.labels.parameters)} parameters)" if base.labels and base.labels.parameters else ""
+    about = [f"{_count(base.labels.parameters)} parameters"] if base.labels and base.labels.parameters else []
+    size = f" ({'; '.join([*about, md_text(base.labels.structure())])})" if base.labels else ""
     intro = (f"{code(base.model)}{size}, layout {code(base.parallel_layout)}, {md_text(base.precision)}, "
              f"{base.repeats} repeats, the first {base.warmup_steps_excluded} steps of each excluded; "
              f"peak FLOP/s from {md_text(base.peak_source)}.")
@@ -367,9 +368,9 @@ def _layout_plan(pack: EvidencePack) -> Section | None:
     if ep is not None:
         wire = ("not estimated" if ep.all_to_all_s_per_step is None else f"{ep.all_to_all_s_per_step:.4g} s per step")
         section.paragraphs.append(
-            f"**Expert parallel (on paper).** {ep.experts} experts, top-{ep.top_k}, ep={ep.ep} "
-            f"({md_text(ep.placement)}), {ep.moe_layers} MoE layer(s): {ep.all_to_all_bytes_per_step / 2**20:,.1f} MiB "
-            f"of all-to-all per rank per step against {md_text(ep.bandwidth_basis)}"
+            f"**Expert parallel (on paper).** {ep.experts} experts, top-{ep.top_k}, ep={ep.ep} ({md_text(ep.ep_basis)}"
+            f"; {md_text(ep.placement)}), {ep.moe_layers} MoE layer(s): {ep.all_to_all_bytes_per_step / 2**20:,.1f}"
+            f" MiB of all-to-all per rank per step against {md_text(ep.bandwidth_basis)}"
             f"{'' if ep.bandwidth_gbit_s is None else f' ({ep.bandwidth_gbit_s:g} Gbit/s)'}: {wire}. "
             f"{md_text(ep.formula)}")
     return section

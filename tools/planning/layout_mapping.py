@@ -28,7 +28,9 @@ class MoeShape(BaseModel):
 
     experts: int = Field(gt=1, le=MAX_EXPERTS, description="Experts per MoE layer.")
     top_k: int = Field(ge=1, le=64, description="Experts each token is routed to.")
-    ep: int = Field(ge=1, le=MAX_EXPERTS, description="Expert-parallel degree, carved out of the data-parallel ranks.")
+    ep: int | None = Field(None, ge=1, le=MAX_EXPERTS,
+                           description="Expert-parallel degree, carved out of the data-parallel ranks; omit to derive "
+                                       "it from experts, the data-parallel degree and the scale-up domain.")
     moe_layers: int | None = Field(None, ge=1, le=10_000, description="Layers with experts; default every layer.")
     bytes_per_element: int = Field(2, ge=1, le=8, description="Bytes per activation element sent (2 for bf16).")
 
@@ -37,9 +39,10 @@ class MoeShape(BaseModel):
         if self.top_k > self.experts:
             raise ValueError(f"moe.top_k={self.top_k} exceeds moe.experts={self.experts}: route each token to at "
                              "most every expert")
-        if self.experts % self.ep:
+        if self.ep is not None and self.experts % self.ep:
             raise ValueError(f"moe.experts={self.experts} is not divisible by moe.ep={self.ep}: each expert-parallel "
-                             f"rank holds experts/ep experts; pick ep from the divisors of {self.experts}")
+                             f"rank holds experts/ep experts; pick ep from the divisors of {self.experts}, or omit "
+                             "moe.ep to derive it")
         return self
 
 
@@ -54,6 +57,8 @@ class ExpertParallelEstimate(BaseModel):
     experts: int
     top_k: int
     ep: int
+    ep_basis: str = Field("given", description="Whether ep was given, or derived and by which rule (plans made "
+                                               "before ep could be derived had it given).")
     moe_layers: int
     tokens_per_microbatch: int = Field(description="Tokens one rank routes per micro-batch.")
     all_to_all_bytes_per_step: float = Field(description="Bytes one rank sends in expert all-to-alls per step.")
@@ -118,20 +123,42 @@ def map_layout(mesh: dict[str, int], world: int, nodes: int, scale_up_domain: in
                         mapping=mapping, tp_inside_domain=inside, verdict=verdict)
 
 
+def derive_ep(experts: int, dp: int, stride: int, world: int, domain: int, per_node: int) -> tuple[int, str]:
+    """The expert-parallel degree for a declared shape: the largest that divides the experts (each rank
+    holds experts/ep of them) and the data-parallel degree (ep is carved out of the dp ranks) and keeps
+    each group inside one scale-up domain, since its all-to-all runs in every MoE layer, forward and
+    backward, as tensor parallel's collectives do; 1 (every rank holds every expert) when none does."""
+    common = [d for d in range(min(experts, dp), 0, -1) if experts % d == 0 and dp % d == 0]
+    ep = next(d for d in common if d == 1 or _placement(world, stride, d, domain, per_node)
+              == "inside one scale-up domain")
+    rule = (f"derived: the largest degree dividing experts={experts} and dp={dp} whose group of ranks {stride} "
+            f"apart stays inside one scale-up domain of {domain} rank(s)")
+    if ep == 1 and common[0] > 1:
+        least = common[-2]
+        rule += (f"; no degree above 1 does (ep={least} spans {least * stride} ranks at tp x cp = {stride}), so every "
+                 "rank holds every expert")
+    return ep, rule
+
+
 def expert_parallel(moe: MoeShape, layout, dim: int, n_layers: int, domain: int, per_node: int,
                     inter_node_gbit_s: float | None, intra_node_gbit_s: float | None) -> ExpertParallelEstimate:
-    """All-to-all volume per step against the declared link the expert-parallel group crosses."""
-    if layout.dp % moe.ep:
-        raise ValueError(f"moe.ep={moe.ep} does not divide the data-parallel degree dp={layout.dp}: expert "
-                         "parallelism is carved out of the data-parallel ranks; pick ep from the divisors of "
-                         f"{layout.dp}")
+    """All-to-all volume per step against the declared link the expert-parallel group crosses; ep as
+    given, or derived from the shape and the layout (derive_ep) when the shape leaves it out."""
     stride = layout.cp * layout.tp
     world = layout.world_size
-    placement = _placement(world, stride, moe.ep, domain, per_node) if moe.ep > 1 else "not split"
+    if moe.ep is None:
+        ep, ep_basis = derive_ep(moe.experts, layout.dp, stride, world, domain, per_node)
+    elif layout.dp % moe.ep:
+        raise ValueError(f"moe.ep={moe.ep} does not divide the data-parallel degree dp={layout.dp}: expert "
+                         "parallelism is carved out of the data-parallel ranks; pick ep from the divisors of "
+                         f"{layout.dp}, or omit moe.ep to derive it")
+    else:
+        ep, ep_basis = moe.ep, f"given: moe.ep={moe.ep}"
+    placement = _placement(world, stride, ep, domain, per_node) if ep > 1 else "not split"
     layers = moe.moe_layers or n_layers
     tokens = layout.micro_batch * layout.seq_len // layout.cp
     volume = (4 * layers * layout.grad_accumulation * tokens * moe.top_k * dim * moe.bytes_per_element
-              * (moe.ep - 1) / moe.ep)
+              * (ep - 1) / ep)
     if placement == "across nodes":
         bandwidth, basis = inter_node_gbit_s, "declared inter-node bandwidth"
     elif placement == "not split":
@@ -141,7 +168,7 @@ def expert_parallel(moe: MoeShape, layout, dim: int, n_layers: int, domain: int,
     if bandwidth is None and placement != "not split":
         field = "inter_node_gbit_s" if placement == "across nodes" else "intra_node_gbit_s"
         basis = f"not declared: pass {field} (trainops env --measure-interconnect measures the inter-node one)"
-    seconds = volume * 8 / (bandwidth * 1e9) if bandwidth else (0.0 if moe.ep == 1 else None)
-    return ExpertParallelEstimate(experts=moe.experts, top_k=moe.top_k, ep=moe.ep, moe_layers=layers,
+    seconds = volume * 8 / (bandwidth * 1e9) if bandwidth else (0.0 if ep == 1 else None)
+    return ExpertParallelEstimate(experts=moe.experts, top_k=moe.top_k, ep=ep, ep_basis=ep_basis, moe_layers=layers,
                                   tokens_per_microbatch=tokens, all_to_all_bytes_per_step=volume, placement=placement,
                                   bandwidth_gbit_s=bandwidth, bandwidth_basis=basis, all_to_all_s_per_step=seconds)
