@@ -50,9 +50,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv if argv is not None else sys.argv[1:])
     if args.training_script != train.__name__ or not args.module:
         raise SystemExit(f"{WARM_LAUNCHER} runs only '-m {train.__name__}', not {args.training_script!r}")
-    args.start_method = "fork"
+    overrides = {"start_method": "fork"}
     if args.standalone:  # as torchrun does: a rendezvous of one node on a free local port
-        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+        overrides.update(rdzv_backend="c10d", rdzv_endpoint="localhost:0", rdzv_id=str(uuid.uuid4()))
+    vars(args).update(overrides)
     config, _, _ = config_from_args(args)
     elastic_launch(config=config, entrypoint=_rank)(*args.training_script_args)
 

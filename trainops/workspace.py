@@ -16,7 +16,6 @@ import stat
 from pathlib import Path
 
 from trainops.settings import SettingsError, table, user_config_path, workspace_path
-from trainops.tools.ids import tenant_id_problem
 
 _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
@@ -187,8 +186,9 @@ def scoped_tenant() -> str | None:
     tenant = os.environ.get(TENANT_ENV)
     if tenant is None:
         return None
-    if problem := tenant_id_problem(tenant):
-        raise ValueError(f"{TENANT_ENV}: {problem}; set it to the tenant's id, or unset it for the whole workspace")
+    if not is_valid_id(tenant):
+        raise ValueError(f"{TENANT_ENV}={tenant!r} is not a tenant id (a letter or digit, then letters, digits, "
+                         "_ . -): set it to the tenant's id, or unset it for the whole workspace")
     return tenant
 
 

@@ -21,7 +21,7 @@ from trainops.run_records import RECOVERY_PHASES, read_faults, read_heartbeat, r
 from trainops.tools.context import CallContext
 from trainops.tools.jobs.follow import run_local
 from trainops.trainer.config import load_config
-from trainops.trainer.launch import local_gpus, prepare_run, torchrun_argv, trainer_program
+from trainops.trainer.launch import WARM_LAUNCHER, local_gpus, prepare_run, torchrun_argv, trainer_program
 
 BASE = ["model.n_layers=2", "training.seq_len=32", "training.global_batch=8", "training.micro_batch=2",
         "training.steps=6", "checkpoint.enable=true", "checkpoint.interval=2"]
@@ -62,10 +62,10 @@ def test_torchrun_argv_hands_an_in_process_run_to_the_supervisor(tmp_path):
     assert argv[1:3] == ["-m", "trainops.trainer.supervisor"] and argv[argv.index("--warm-spares") + 1] == "2"
     assert argv[argv.index("--restore-timeout-s") + 1] == "600"  # joining and restoring are not the 4 s hang clock
     assert argv[argv.index("--") + 1:] == ["-m", "trainops.trainer.inprocess", "--run-dir", str(on)]  # the worker
-    assert "torch.distributed.run" in torchrun_argv(sys.executable, 2, trainer_program(off))
-    assert "torch.distributed.run" in torchrun_argv(sys.executable, 1, trainer_program(on))  # one rank: nothing to keep
+    assert WARM_LAUNCHER in torchrun_argv(sys.executable, 2, trainer_program(off))
+    assert WARM_LAUNCHER in torchrun_argv(sys.executable, 1, trainer_program(on))  # one rank: nothing to keep
     multi = torchrun_argv(sys.executable, 2, trainer_program(on), nnodes=2, rdzv_endpoint="node0:29500")
-    assert "torch.distributed.run" in multi  # across nodes a lost node is the requeue's
+    assert WARM_LAUNCHER in multi  # across nodes a lost node is the requeue's
 
 
 @pytest.mark.parametrize("setting, ranks, gpus_here, spare_nodes, on", [
@@ -91,7 +91,7 @@ def test_the_default_launch_takes_the_supervisor_exactly_where_the_host_has_a_gp
     them (CUDA_VISIBLE_DEVICES narrows the device nodes; this host may have none)."""
     run = prepare_run(load_config(None, "tiny"), run_id="auto")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
-    assert local_gpus() == 0 and "torch.distributed.run" in torchrun_argv(sys.executable, 2, trainer_program(run))
+    assert local_gpus() == 0 and WARM_LAUNCHER in torchrun_argv(sys.executable, 2, trainer_program(run))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     supervised = "trainops.trainer.supervisor" in torchrun_argv(sys.executable, 2, trainer_program(run))
     assert supervised is (local_gpus() >= 2)

@@ -21,7 +21,7 @@ from trainops.run_folder import RunFiles
 from trainops.settings import SettingsError, read_toml
 from trainops.tools.base import InputCheck, tool
 from trainops.tools.changes import compat
-from trainops.tools.ids import TenantId, check_tenant_id
+from trainops.tools.ids import TenantId, check_tenant_id, tenant_id_problem
 from trainops.tools.schedulers.base import JobSpec
 from trainops.tools.schedulers.processes import launched_spec
 from trainops.trainer.config import load_config
@@ -82,6 +82,8 @@ def scope_problem(inp: BaseModel) -> str | None:
         return str(exc)
     if tenant is None:
         return None
+    if problem := tenant_id_problem(tenant):
+        return f"{TENANT_ENV}: {problem}"
     area = tenant_area(tenant).resolve()
     for name, value in inp:
         for item in value if isinstance(value, list) else [value]:
