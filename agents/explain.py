@@ -195,6 +195,10 @@ def compare(request: Request, out: dict[str, Any]) -> dict[str, Any]:
     cause; several are confounded (an ablation of each to collect); none, or no slowdown, is no diagnosis."""
     compared = out["compare_runs"]
     changed, slower, finding = compared.get("changed") or [], compared.get("slower"), str(compared.get("finding"))
+    versions = compared.get("versions")
+    ran_with = (", ".join(f"{k} {quoted(v)}" for k, v in versions.items() if v not in (None, ""))
+                if isinstance(versions, dict) else "not returned")
+    basis = f"Basis: {quoted(compared.get('basis') or 'not returned', 1000)}; read with: {ran_with}.\n"
     cited = [Evidence(source="compare_runs:finding", quote=finding)]
     cited += [Evidence(source="compare_runs:changed", quote=str(c["text"])) for c in changed]
     if slower is None:
@@ -205,5 +209,5 @@ def compare(request: Request, out: dict[str, Any]) -> dict[str, Any]:
                              "query_metrics step_time_s per rank on both runs"], cited)
     collect = [] if len(changed) == 1 else [f"an ablation of {c['key']} alone against the baseline (trainops ablate)"
                                             for c in changed]
-    return final("diagnosed", f"MFU regression: {finding}.", "high" if len(changed) == 1 else "medium",
+    return final("diagnosed", f"{basis}MFU regression: {finding}.", "high" if len(changed) == 1 else "medium",
                  fault_kind="mfu-regression", evidence=cited, next_to_collect=collect)

@@ -61,6 +61,7 @@ from trainops.tools.context import CallContext, serving
 from trainops.tools.governance import gate_api
 from trainops.tools.governance.gate_api import Refused
 from trainops.tools.langchain import as_langchain_tools
+from trainops.tools.versions import envelope
 
 
 class AgentState(TypedDict):
@@ -108,7 +109,7 @@ def _call_tool(specs, call: dict, thread: str | None, token: str | None = None) 
     except Exception as exc:  # a backend failure is reported to the model, not raised at the user
         message = _result(call, "error", {"error": scrub(f"{type(exc).__name__}: {exc}"), "kind": "tool_error"})
     else:
-        message = _result(call, "success", out.model_dump(mode="json"))
+        message = _result(call, "success", envelope(out, call["args"]))  # A-TOOL-1: with the versions it ran with
     message.response_metadata["elapsed_s"] = time.perf_counter() - started
     transcript.record(thread, "tool_result", tool=call["name"], call_id=call["id"], status=message.status,
                       elapsed_s=message.response_metadata["elapsed_s"], output=message.artifact)

@@ -58,11 +58,12 @@ def test_a_made_up_command_or_flag_is_caught():
 
 
 def _outputs(skill: Path) -> list[tuple[str, list[str]]]:
-    """(output, the fields or files its `in the pack` cell names) per row of a skill's Outputs table."""
+    """(output, the fields or files its `in the pack` cell lists, comma-separated) per row of a skill's Outputs
+    table."""
     section = skill.read_text().split("## Outputs", 1)[1].split("\n## ", 1)[0]
     rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in section.splitlines() if line.startswith("| ")]
     column = rows[0].index("in the pack")
-    return [(row[0], re.findall(r"`([^`]+)`", row[column])) for row in rows[1:]]
+    return [(row[0], [name.strip() for name in row[column].split(",") if name.strip()]) for row in rows[1:]]
 
 
 SCHEMA = ROOT / "skills/evidence/evidence.schema.json"

@@ -47,12 +47,33 @@ class CompareRunsOutput(BaseModel):
     slower: str | None = Field(description=f"The slower run's id, when step times differ by more than {NOISE_PCT:g}%; "
                                            "None within that.")
     finding: str = Field(description="What the difference and the settings support, in one sentence.")
+    basis: str = Field(description="What the MFU figures stand on (A-ENV-5): each run's model, layout, precision, "
+                                   "ranks and the peak its MFU is measured against, from its own config and metrics.")
 
 
 def _flat(value: Any, prefix: str = "") -> dict[str, str]:
     if isinstance(value, dict):
         return {k: v for key, sub in value.items() for k, v in _flat(sub, f"{prefix}{key}.").items()}
     return {prefix.rstrip("."): inert(str(value))}
+
+
+LAYOUT_DIMS = ("dp_replicate", "dp_shard", "cp", "tp", "pp")
+PEAK_NAMES = {"measured-gemm": "a measured CPU GEMM"}
+
+
+def _basis(name: str, settings: dict[str, str], summary: RunSummary) -> str:
+    """One run's basis: 'RUN: model tiny, fsdp with dp_replicate x ... = 1x2x1x1x1, fp32, 2 rank(s), MFU
+    against ...'."""
+    degrees = {d: settings.get(f"parallel.{d}", "?") for d in LAYOUT_DIMS}
+    others = [int(v) for d, v in degrees.items() if d != "dp_shard" and v.lstrip("-").isdigit()]
+    if degrees["dp_shard"] == "-1" and len(others) == 4 and summary.ranks:  # -1: the ranks the others leave
+        degrees["dp_shard"] = str(max(1, summary.ranks // max(1, others[0] * others[1] * others[2] * others[3])))
+    model = settings.get("model.preset")
+    peak = PEAK_NAMES.get(summary.peak_source or "", summary.peak_source or "no recorded peak")
+    return (f"{name}: model {model if model not in (None, 'None') else 'of custom dims'}, "
+            f"{settings.get('parallel.data_parallel', '?')} with {' x '.join(LAYOUT_DIMS)} = "
+            f"{'x'.join(degrees.values())}, {settings.get('training.precision', '?')}, {summary.ranks} rank(s), "
+            f"MFU against {peak}")
 
 
 def _settings(tool_name: str, run_dir) -> dict[str, str]:
@@ -112,5 +133,7 @@ def compare_runs(inp: CompareRunsInput) -> CompareRunsOutput:
     return CompareRunsOutput(baseline=summaries["baseline"], candidate=summaries["candidate"], changed=changed,
                              step_time_ratio=ratio, slower=slower,
                              mfu_change_points=c_mfu - b_mfu if b_mfu is not None and c_mfu is not None else None,
-                             finding=_finding(changed, slower, ratio))
+                             finding=_finding(changed, slower, ratio),
+                             basis="; ".join(_basis(dirs[role].name, settings, summaries[role])
+                                             for role, settings in (("baseline", base), ("candidate", cand))))
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from trainops.agents.session import AgentSession
 from trainops.benchmarks.agent_eval.scenario import SCENARIOS_DIR, load, materialize
 from trainops.cli import app
 
@@ -101,3 +102,25 @@ def test_a_config_that_does_not_load_is_named_with_the_file(pair):
     (slow / "config.toml").write_text("[training]\nmicro_batch = 'lots'\n")
     code, out = compare(fast.name, slow.name)
     assert code != 0 and "config.toml does not load" in str(out) and slow.name in str(out)
+
+
+def test_the_comparison_states_what_its_mfu_figures_stand_on(pair):
+    """A-ENV-5: no MFU statement without its basis: each run's model, layout, precision, ranks and the peak
+    its MFU is measured against, read from the run's own config and metrics."""
+    fast, slow = pair
+    code, out = compare(fast.name, slow.name)
+    assert code == 0, out
+    basis = out["basis"]
+    for run in (fast, slow):
+        assert f"{run.name}: model tiny" in basis
+    assert "dp_replicate x dp_shard x cp x tp x pp = " in basis and "fp32" in basis and "measured CPU GEMM" in basis
+
+
+def test_the_agent_s_comparison_answer_declares_its_basis_before_the_mfu(pair):
+    fast, slow = pair
+    with AgentSession("compare-basis") as session:
+        events = list(session.ask(f"why is run {slow.name} slower than run {fast.name}?"))
+    text = next(e["text"] for e in events if e["kind"] == "answer")
+    assert "Basis: " in text and "MFU" in text, text
+    assert text.index("Basis: ") < text.index("MFU regression"), text
+    assert f"{fast.name}: model tiny" in text and "read with: trainops " in text and "torch " in text
