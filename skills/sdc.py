@@ -8,17 +8,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, Field
-
 from trainops.run_folder import new_run_folder
 from trainops.run_records import read_heartbeat
 from trainops.skills.escalate import hand_to_human
 from trainops.tools.calls import invoke
 from trainops.tools.context import CallContext, skill_context
-from trainops.tools.governance.escalation import Escalation, EscalationSignals, escalations_for, human_item
-from trainops.tools.governance.written import unbound, write_bound
+from trainops.tools.governance.escalation import EscalationSignals, escalations_for, human_item
 from trainops.tools.jobs import jobs
 from trainops.tools.reliability import quarantine
+from trainops.tools.reliability.sdc_case import CASE_FILE as CASE_FILE  # the case's record, re-exported
+from trainops.tools.reliability.sdc_case import CASE_KIND as CASE_KIND
+from trainops.tools.reliability.sdc_case import CheckRun, SdcCase, Suspect, write_case
+from trainops.tools.reliability.sdc_case import case_key as case_key
+from trainops.tools.reliability.sdc_case import case_problem as case_problem
 from trainops.tools.reliability.sdc_check import NodeResult, results_in
 from trainops.tools.reliability.signals import DetectFaultsInput, FaultWatch
 from trainops.tools.schedulers.base import JobSpec
@@ -26,54 +28,6 @@ from trainops.tools.schedulers.base import JobSpec
 USABLE = ("idle", "allocated", "mixed", "completing")
 CHECK_LOG_LINES = 2000
 """The check job's log lines read for its answers: one line per node, beside the launcher's own."""
-CASE_FILE = "sdc-case.json"
-"""RUN/sdc-case.json: the case as handed to the human."""
-CASE_KIND = "sdc_case_written"
-"""The audit entry binding a case file to the bytes `respond` wrote (tools/governance/written.py): a case
-a job or another workspace writer edited, or one copied in, is not read as trainops' answer."""
-
-
-class Suspect(BaseModel):
-    rank: int
-    node: str | None
-    step: int = Field(ge=0)
-    evidence: str
-
-    @classmethod
-    def of(cls, detection) -> "Suspect":
-        """The suspect a detect_faults checksum mismatch names."""
-        return cls(rank=detection.rank, node=detection.node, step=int(detection.step), evidence=detection.evidence)
-
-
-class CheckRun(BaseModel):
-    """One known-answer check job and what each node gave."""
-    kind: str = Field(description="fleet or colocated")
-    job_id: str = ""
-    nodes: list[str]
-    state: str = ""
-    results: list[NodeResult] = Field(default_factory=list)
-    failed_nodes: list[str] = Field(default_factory=list, description="Nodes with a wrong answer or no answer.")
-    note: str = ""
-
-    def line(self) -> str:
-        if not self.job_id:
-            return f"{self.kind} test not run: {self.note}"
-        return (f"{self.kind} test job {self.job_id} on {', '.join(self.nodes)}: {self.state}; failed: "
-                f"{', '.join(self.failed_nodes) or 'none'}"
-                + "".join(f"; {r.host} GEMM {r.gemm_wrong_elements} wrong element(s), collective "
-                          f"{'ok' if r.collective_ok else 'wrong'}" for r in self.results if not r.ok)
-                + (f"; {self.note}" if self.note else ""))
-
-
-class SdcCase(BaseModel):
-    run_dir: str
-    suspect: Suspect
-    quarantined: list[int]
-    fleet: CheckRun
-    colocated: CheckRun
-    drained: list[str]
-    escalation: Escalation
-    pending_id: str | None = Field(description="The pending approval that hands the case to a human.")
 
 
 def suspect_in(run_dir: str | Path) -> Suspect | None:
@@ -124,22 +78,6 @@ def respond(run_dir: str, suspect: Suspect, scheduler: str = "local", ctx: CallC
                    drained=drained, escalation=escalation, pending_id=pending)
     write_case(case)
     return case
-
-
-def case_key(run_dir: str | Path) -> str:
-    """The name a run's case is bound under: its folder, resolved."""
-    return str(Path(run_dir).resolve())
-
-
-def write_case(case: SdcCase) -> Path:
-    """RUN/sdc-case.json written whole and bound to the audit log."""
-    data = (case.model_dump_json(indent=2) + "\n").encode()
-    return write_bound(Path(case.run_dir) / CASE_FILE, CASE_KIND, case_key(case.run_dir), data)
-
-
-def case_problem(run_dir: str | Path, data: bytes) -> str | None:
-    """Why `data` is not the case trainops last wrote for this run (edited, or made by hand), or None."""
-    return unbound(CASE_KIND, case_key(run_dir), data)
 
 
 def run_check(kind: str, nodes: list[str], partition: list[str], scheduler: str, ctx: CallContext,
