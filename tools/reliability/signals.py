@@ -137,17 +137,30 @@ ISOLATION: dict[str, tuple[Isolation, str]] = {
 
 def grad_norm_jump(rec: MetricsRecord, history: list[float], inp: DetectFaultsInput) -> str | None:
     """Why `rec`'s grad norm is an anomaly against `history` (the rank's earlier steps, oldest first),
-    or None. Median and MAD, not mean and sd: one early swing in a short window made a normal step
-    look 23 sd high (issue 24); the jump must also be a multiple of the median, past the warm-up."""
-    g, hist = rec.grad_norm, history[-inp.anomaly_window_steps:]
-    if g is None or rec.step <= inp.anomaly_skip_steps or len(hist) < ANOMALY_MIN_HISTORY:
+    or None; the first `anomaly_skip_steps` steps are warm-up and not judged."""
+    g = rec.grad_norm
+    if g is None or rec.step <= inp.anomaly_skip_steps:
+        return None
+    why = jump(g, history, inp)
+    return f"grad_norm {why}" if why else None
+
+
+def jump(value: float, history: list[float], inp: DetectFaultsInput) -> str | None:
+    """Why `value` is far above `history` (finite earlier values, oldest first), or None. Median and
+    MAD, not mean and sd: one early swing in a short window made a normal step look 23 sd high
+    (issue 24); the jump must also be a multiple of the median. A job writes these numbers: a window
+    whose median is not a positive finite number has no scale, and nothing is judged against it."""
+    hist = history[-inp.anomaly_window_steps:]
+    if len(hist) < ANOMALY_MIN_HISTORY:
         return None
     median = statistics.median(hist)
+    if not (math.isfinite(median) and median > 0):
+        return None
     spread = 1.4826 * statistics.median(abs(h - median) for h in hist) or 1e-12
-    z = (g - median) / spread
-    if z > inp.zscore_threshold and g > inp.anomaly_min_ratio * median:
-        return (f"grad_norm {g:.4g} is {g / median:.1f}x the median {median:.4g} of the last {len(hist)} steps "
-                f"({z:.1f} robust sd above it)")
+    z = (value - median) / spread
+    if z > inp.zscore_threshold and value > inp.anomaly_min_ratio * median:
+        return (f"{value:.4g} is {value / median:.3g}x the median {median:.4g} of the last {len(hist)} steps "
+                f"({z:.3g} robust sd above it)")  # .g: a job's 1e308 prints as a number, not 309 digits
     return None
 
 

@@ -15,6 +15,7 @@ from trainops.tools.base import ToolError, tool
 from trainops.tools.governance.escalation import Escalation, EscalationSignals, checkpoint_save_s, escalations_for
 from trainops.tools.ids import JobId
 from trainops.tools.reliability import ettr, interruptions
+from trainops.tools.reliability.divergence import divergence
 from trainops.tools.reliability.job_numbers import wall_clock
 from trainops.tools.reliability.signals import DetectFaultsInput, FaultWatch
 from trainops.tools.schedulers import get_scheduler
@@ -51,7 +52,8 @@ class WatchJobOutput(BaseModel):
     signals: EscalationSignals
     fired: list[Escalation] = Field(default_factory=list, description="Rules that fired, with their actions.")
     cause_distribution: dict[str, int] = Field(default_factory=dict, description="From the interruption record.")
-    suspect: SdcSuspect | None = Field(None, description="The rank and node a replica-checksum mismatch names.")
+    suspect: SdcSuspect | None = Field(None, description="The rank and node a replica-checksum mismatch, an "
+                                       "unexplained NaN loss or a sustained loss/grad-norm divergence names.")
     heartbeat_age_s: float | None = Field(None, description="Age of the stalest rank heartbeat at the last poll.")
     not_taken: list[str] = Field(default_factory=list, description="Figures the job wrote that the rules did not "
                                  "take: out of range for its wall clock (the value seen).")
@@ -64,7 +66,9 @@ class _RunReader:
         self.watch = FaultWatch(DetectFaultsInput(run=str(run_dir)), run_dir)
 
     def sdc(self) -> SdcSuspect | None:
-        """A replica-checksum mismatch, or a NaN/inf loss no injected NaN explains (no code change)."""
+        """A replica-checksum mismatch, a NaN/inf loss no injected NaN explains (no code change), or a
+        loss or grad norm that diverged without NaN and stayed diverged (tools/reliability/divergence.py):
+        each names a suspect for the same response."""
         records = self.watch.ingest()
         if (odd := self.watch.checksum_mismatch()) is not None:
             rec, why = odd
@@ -75,6 +79,10 @@ class _RunReader:
             if rec.loss is not None and not math.isfinite(rec.loss) and not injected_nan:
                 return SdcSuspect(rank=rec.rank, node=rec.host or self.host_of(rec.rank), step=rec.step,
                                   evidence=f"loss={rec.loss} at step {rec.step} on rank {rec.rank}, no NaN injected")
+        if (found := divergence(self.watch.by_rank, records, self.watch.inp)) is not None:
+            rec, why = found
+            return SdcSuspect(rank=rec.rank, node=rec.host or self.host_of(rec.rank), step=rec.step,
+                              evidence=f"divergence: {why}")
         return None
 
     def host_of(self, rank: int) -> str | None:
