@@ -6,7 +6,10 @@ passed remains to run on), and hand the case with both results to a human (a pen
 Every step is a tool call, so it passes the gate as `skill:sdc-response`."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
+
+from pydantic import BaseModel, Field
 
 from trainops.run_folder import new_run_folder
 from trainops.run_records import read_heartbeat
@@ -112,6 +115,34 @@ def verdict(results: list[NodeResult], nodes: list[str], allocated: list[str]) -
     note = f"answers naming {', '.join(outside)} (not a node the check ran on) left out" if outside else ""
     answered = {r.host for r in taken}
     return taken, sorted({r.host for r in taken if not r.ok} | {n for n in nodes if n not in answered}), note
+
+
+class FleetRound(BaseModel):
+    """One round of the periodic fleet check (`trainops sdc-check`): its check job and, where a node
+    failed, what was drained and the hand-over's awaiting_human line."""
+    started_at: float
+    check: CheckRun
+    drained: list[str] = Field(default_factory=list)
+    handed_to_human: str = ""
+
+
+def fleet_round(scheduler: str, ctx: CallContext | None = None, timeout_s: float = 300.0) -> FleetRound:
+    """The known-answer check on every usable node, with no suspect needed (K-FM-5: a defective chip
+    found before a job trips on it); a node that fails is drained where one that passed remains, and
+    the result goes to a human as R-ESC-3, as a suspect's case does."""
+    ctx, started = skill_context("sdc-response", ctx), time.time()
+    nodes = fleet_nodes(invoke(jobs.list_nodes, jobs.SchedulerRef(scheduler=scheduler), ctx).nodes, None)
+    check = run_check("fleet", nodes, nodes, scheduler, ctx, timeout_s)
+    if not check.failed_nodes:
+        return FleetRound(started_at=started, check=check)
+    drained = drain_failing(check.failed_nodes, [n for n in nodes if n not in check.failed_nodes], scheduler, ctx)
+    signals = EscalationSignals(sdc_suspected=True, sdc_evidence="the periodic fleet known-answer check failed on "
+                                                                 + ", ".join(check.failed_nodes))
+    results = [check.line(), f"drained {', '.join(drained) or 'nothing'}"]
+    esc = escalations_for(signals)[0]
+    esc = esc.model_copy(update={"detail": esc.detail + "; " + "; ".join(results)})
+    pending = hand_to_human(esc, f"fleet check job {check.job_id}", ctx, results=results)
+    return FleetRound(started_at=started, check=check, drained=drained, handed_to_human=human_item(esc, pending))
 
 
 def drain_failing(failing: list[str], passed: list[str], scheduler: str, ctx: CallContext) -> list[str]:

@@ -61,6 +61,8 @@ COMMANDS = (
     Entry("threads", "agent", "List the ops agent's conversation threads, newest first."),
     Entry("bench", "bench", "Run the performance suite and rewrite benchmarks/RESULTS.md (side-by-side ratios)."),
     Entry("watch", "watch", "Watch a running job and escalate what R-ESC-1..4 say a human must decide."),
+    Entry("sdc-check", "sdc", "The fleet known-answer SDC check through the scheduler, every --every-min (or [sdc] "
+                              "interval_min) minutes; a failing node is drained and handed to a human."),
     Entry("interruptions", "reliability", "List the interruption record: each job end that was not a clean finish, "
                                           "its cause and evidence."),
     Entry("ettr", "reliability", "Effective training time per window from the interruption record, with MTBF and "

@@ -25,7 +25,8 @@ def handed_case(run: Path) -> SdcCase:
     """The case skills/sdc.respond writes, its check jobs stood in for: the escalation with the tests'
     results handed to a human (a real pending acknowledge_escalation) and the case bound to the audit log."""
     suspect = Suspect(rank=1, node="node-a", step=5, evidence="divergence: loss diverged without NaN on rank 1")
-    signals = EscalationSignals(sdc_suspected=True, sdc_evidence=f"rank 1 on node node-a at step 5 ({suspect.evidence})")
+    signals = EscalationSignals(sdc_suspected=True,
+                                sdc_evidence=f"rank 1 on node node-a at step 5 ({suspect.evidence})")
     fleet = CheckRun(kind="fleet", job_id="7", nodes=["node-a", "node-b"], state="completed")
     colocated = CheckRun(kind="colocated", job_id="8", nodes=["node-a", "node-b"], state="completed")
     results = [fleet.line(), colocated.line(), "quarantined checkpoint(s) []", "drained nothing"]
