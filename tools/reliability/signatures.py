@@ -66,6 +66,12 @@ _NCCL_TRACE = r"NCCL INFO \S+\.(?:cc|h|cu|cpp):\d+ -> "
 _NCCL_WARN = r"NCCL WARN "
 """NCCL's WARN line: where an error starts, before its trace, naming the reason."""
 _PROGRESS_BAR = r"\d+%\|[^\n]*\[\d+:\d\d(?::\d\d)?<"
+_LOSS_SCALE_COLLAPSE = r"loss.?scale[^\n]*?\bto:?\s*(?:-\d|0(?:\.\d+)?\b|\d(?:\.\d+)?e-\d)"
+"""A decrease to a scale below 1: its first line is the collapse, quoted as it is."""
+_GRAD_OVERFLOW = (r"OVERFLOW! Rank \d+ Skipping step|Gradient overflow\.\s+Skipping step|"
+                  r"overflow detected, setting loss scale to|Found NaN, decreased lg_loss_scale")
+"""Routine overflow lines repeat as the scaler halves its scale; the last one says how far it fell before the
+end, so a hit is quoted from it (last_of)."""
 """tqdm's progress line: '46%|####      | 31/67 [29:02<35:12, 58.67s/it]' (elapsed < remaining)."""
 _FREE_PORT = ("launch with a free port (MASTER_PORT / --master_port, or torchrun's --rdzv-endpoint HOST:0 or "
               "--standalone, which pick one), and find what holds it on the node (ss -ltnp): another job there, or a "
@@ -231,7 +237,7 @@ SIGNATURES: tuple[Signature, ...] = (
          "fp16 gradients overflowed at every loss scale down to the minimum",
          "switch to bf16, lower the learning rate, or clip gradients; find the step's data",
          "DeepSpeed / fairseq / apex dynamic loss scaler"),
-    _sig("loss-scale-collapse", r"loss.?scale[^\n]*?\bto:?\s*(?:-\d|0(?:\.\d+)?\b|\d(?:\.\d+)?e-\d)", "data",
+    _sig("loss-scale-collapse", _LOSS_SCALE_COLLAPSE, "data",
          "fp16-overflow", 4, "the fp16 loss scaler went on halving its scale to below 1 (a negative log2 scale): the "
          "gradients overflow even unscaled, so the NaN/inf comes from the model's forward or weights (a divergence), "
          "not from the scaling", "switch to bf16 (or fp32) to find the first non-finite step, lower the learning "
@@ -249,11 +255,11 @@ SIGNATURES: tuple[Signature, ...] = (
          "values', TF 'Model diverged with loss = NaN', detectron2 'Loss became infinite or NaN', torch autograd "
          "anomaly mode 'returned nan values in its 0th output', a logger's '<name>_loss: nan' or its table row "
          "('| loss | nan |', OpenAI's logger)"),
-    _sig("grad-overflow", r"OVERFLOW! Rank \d+ Skipping step|Gradient overflow\.\s+Skipping step|"
-         r"overflow detected, setting loss scale to|Found NaN, decreased lg_loss_scale", "data",
+    _sig("grad-overflow", _GRAD_OVERFLOW, "data",
          "fp16-overflow", 2, "fp16 gradients overflowed and steps were skipped (routine once, a problem when it "
          "repeats down to the minimum scale)", "switch to bf16 or lower the learning rate if it repeats",
-         "DeepSpeed loss_scaler; apex amp; fairseq FP16 optimizer; guided/improved-diffusion fp16_util"),
+         "DeepSpeed loss_scaler; apex amp; fairseq FP16 optimizer; guided/improved-diffusion fp16_util",
+         last_of=_GRAD_OVERFLOW),
     # --- network ------------------------------------------------------------------------------
     _sig("nccl-ib-completion", r"NET/IB[^\n]*Got completion|retry counter exceeded|IBV_WC_\w+_ERR", "network",
          "infiniband", 4, "an InfiniBand transfer completed with an error (status 12: the transport's retries ran "
@@ -347,6 +353,18 @@ SIGNATURES: tuple[Signature, ...] = (
     _sig("slurm-requeued", _slurm_end(" DUE TO JOB REQUEUE"), "planned", "requeue", 3,
          "the scheduler requeued the job", "nothing to fix: the requeued job resumes from its last checkpoint",
          "Slurm requeue; slurmstepd", exact_case=True),
+    # submitit, the launcher inside the job, logs the signal it caught and reads it as a preemption or its time
+    # limit, then requeues the job itself: the job's own words, so capped below 'high' and deciding no requeue
+    _sig("submitit-preempted", r"Caught signal \w+ on \S+: this job is preempted", "planned", "preemption", 3,
+         "the job's submitit handler caught the scheduler's preemption signal", "requeue from the last good "
+         "checkpoint (submitit requeues the job itself once it has checkpointed); confirm the preemption in the "
+         "scheduler's accounting", "submitit JobEnvironment.checkpoint_and_try_requeue: 'Caught signal S on HOST: "
+         "this job is preempted.'", exact_case=True),
+    _sig("submitit-timed-out", r"Caught signal \w+ on \S+: this job is timed-out", "planned", "time-limit", 3,
+         "the job's submitit handler caught the signal of its time limit", "requeue from the last good checkpoint "
+         "with a longer limit or more frequent checkpoints (submitit requeues it itself while its timeout budget "
+         "lasts)", "submitit JobEnvironment.checkpoint_and_try_requeue: 'Caught signal S on HOST: this job is "
+         "timed-out.'", exact_case=True),
     _sig("slurm-node-fail", _slurm_end(" DUE TO NODE FAILURE"), "hardware", "node-failure", 4,
          "the scheduler lost the node under the job", _CHECK_NODE, "Slurm job state NODE_FAIL; slurmstepd",
          exact_case=True),
