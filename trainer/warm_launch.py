@@ -17,12 +17,13 @@ import os
 import sys
 import uuid
 
-from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 from torch.distributed.launcher.api import elastic_launch
 from torch.distributed.run import config_from_args, parse_args
 
 from trainops.trainer import train
 from trainops.trainer.launch import RANK_NAME, WARM_LAUNCHER
+from trainops.trainer.rank_exits import ExitWatch
 
 _PR_SET_NAME = 15
 
@@ -55,7 +56,14 @@ def main(argv: list[str] | None = None) -> None:
         overrides.update(rdzv_backend="c10d", rdzv_endpoint="localhost:0", rdzv_id=str(uuid.uuid4()))
     vars(args).update(overrides)
     config, _, _ = config_from_args(args)
-    elastic_launch(config=config, entrypoint=_rank)(*args.training_script_args)
+    watch = ExitWatch()
+    watch.start()
+    try:
+        elastic_launch(config=config, entrypoint=_rank)(*args.training_script_args)
+    except ChildFailedError as failed:  # torch names the first failure its poll found, not the first to end
+        raise watch.first_failures(failed) from None
+    finally:
+        watch.stop()
 
 
 if __name__ == "__main__":
