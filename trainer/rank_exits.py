@@ -20,8 +20,9 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 
 from trainops.trainer.launch import RANK_NAME
 
-POLL_S = 0.02
-"""How often new children are looked for; an end is seen at once (its pidfd turns readable)."""
+POLL_S = 0.2
+"""How often new children are looked for (a rank that ends sooner is left to torch's report); an end is
+seen at once, its pidfd turning readable."""
 
 
 @dataclass(frozen=True)
@@ -43,15 +44,13 @@ def _rank_of(pid: int) -> int | None:
 
 
 def _children() -> set[int]:
-    me = os.getpid()
+    """This process's children, as the kernel lists them per thread (no scan of /proc)."""
     found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == me:
-                    found.add(int(entry.name))
-            except (OSError, IndexError, ValueError):
-                continue
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            found.update(int(pid) for pid in (task / "children").read_text().split())
+        except (OSError, ValueError):
+            continue
     return found
 
 

@@ -18,9 +18,8 @@ from typing import Iterator
 
 from pydantic import BaseModel, Field
 
-from trainops.run_records import read_heartbeats
 from trainops.tools.backends import backends
-from trainops.tools.monitoring.base import AGGREGATES, HEARTBEAT_AGE, Sample, Series
+from trainops.tools.monitoring.base import Sample, Series
 from trainops.tools.monitoring.embedded import EmbeddedMonitor
 from trainops.tools.schedulers.base import (
     JobHandle,
@@ -201,17 +200,13 @@ class ReplayMonitor(EmbeddedMonitor):
         path = Path(run)
         return path if path.is_absolute() else self.home / "runs" / str(run)
 
-    def _heartbeat_samples(self, run_dir: Path, rank: int | None) -> list[Sample]:
-        now = self.recorded_at
-        return [Sample(rank=r, time=now, value=now - beat.time, step=beat.step)
-                for r, beat in read_heartbeats(run_dir).items() if rank is None or r == rank]
+    def now(self) -> float:
+        """The recording's instant: a window or a heartbeat's age reads as it did when recorded (two clock
+        reads, one here and one in the embedded window, let a loaded host drop a sample at its edge)."""
+        return self.recorded_at
 
     def series(self, metric: str, run: Path | str, rank: int | None = None, window_s: float = 300.0) -> list[Series]:
-        run_dir = self._run_dir(run)
-        if metric in AGGREGATES or metric == HEARTBEAT_AGE:
-            return super().series(metric, run_dir, rank, window_s)
-        # the embedded window starts at time.time() - window_s; widen it by the time since recording
-        return super().series(metric, run_dir, rank, window_s + (time.time() - self.recorded_at))
+        return super().series(metric, self._run_dir(run), rank, window_s)
 
     def instant(self, metric: str, run: Path | str, rank: int | None = None) -> list[Sample]:
         return super().instant(metric, self._run_dir(run), rank)

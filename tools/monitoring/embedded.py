@@ -25,8 +25,12 @@ def _number(value: object) -> float | None:
 class EmbeddedMonitor:
     kind = KIND
 
+    def now(self) -> float:
+        """The instant a heartbeat's age and a series' window are measured from (one clock read per answer)."""
+        return time.time()
+
     def _heartbeat_samples(self, run_dir: Path, rank: int | None) -> list[Sample]:
-        now = time.time()
+        now = self.now()
         return [Sample(rank=r, time=now, value=now - beat.time, step=beat.step)
                 for r, beat in read_heartbeats(run_dir).items() if rank is None or r == rank]
 
@@ -53,7 +57,7 @@ class EmbeddedMonitor:
                             if _number(value) is not None})
             raise MonitorError(KIND, f"metric {metric!r} is not in {run_dir / 'metrics.jsonl'}; known metrics: "
                                      f"{', '.join(known)}, {HEARTBEAT_AGE}")
-        since = time.time() - window_s
+        since = self.now() - window_s
         by_rank: dict[int, list[Sample]] = {}
         for rec, fields in written:
             if fields.get(metric) is None or (rank is not None and rec.rank != rank) or rec.time < since:
