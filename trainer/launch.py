@@ -55,6 +55,13 @@ RANK_NAME = "trainops-r{rank}"
 launcher's and names no RANK."""
 
 
+def rank_in_name(name: str) -> int | None:
+    """The global rank a forked rank's kernel name (RANK_NAME) holds, or None for any other name."""
+    prefix = RANK_NAME.format(rank="")
+    rest = name.removeprefix(prefix)
+    return int(rest) if name.startswith(prefix) and rest.isdigit() else None
+
+
 def torchrun_argv(python: str, nproc_per_node: int, program: list[str], *, nnodes: int | str = 1,
                   rdzv_endpoint: str | None = None, rdzv_id: str | None = None, runs_here: bool = True) -> list[str]:
     """The one torchrun command line trainops launches, whichever scheduler runs it: standalone on one

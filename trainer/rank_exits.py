@@ -18,7 +18,7 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-from trainops.trainer.launch import RANK_NAME
+from trainops.trainer.launch import rank_in_name
 
 POLL_S = 0.2
 """How often new children are looked for (a rank that ends sooner is left to torch's report); an end is
@@ -39,8 +39,7 @@ def _rank_of(pid: int) -> int | None:
         name = Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return None
-    prefix = RANK_NAME.format(rank="")
-    return int(name[len(prefix):]) if name.startswith(prefix) and name[len(prefix):].isdigit() else None
+    return rank_in_name(name)
 
 
 def _children() -> set[int]:

@@ -36,7 +36,7 @@ import psutil
 from trainops.run_records import read_worker_events
 from trainops.tools.schedulers.base import JobSpec, SchedulerError, SchedulerKind
 from trainops.tools.schedulers.job_env import LAUNCHER_MARKER
-from trainops.trainer.launch import RANK_NAME, WARM_LAUNCHER
+from trainops.trainer.launch import WARM_LAUNCHER, rank_in_name
 from trainops.workspace import jobs_dir
 
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess)
@@ -233,8 +233,8 @@ def _forked_rank(proc: psutil.Process) -> str:
         argv, name = proc.cmdline(), proc.name()
     except (*_GONE, psutil.AccessDenied):
         return ""
-    prefix = RANK_NAME.format(rank="")
-    return name.removeprefix(prefix) if argv[1:3] == ["-m", WARM_LAUNCHER] and name.startswith(prefix) else ""
+    rank = rank_in_name(name) if argv[1:3] == ["-m", WARM_LAUNCHER] else None
+    return "" if rank is None else str(rank)
 
 
 def _rank_of(proc: psutil.Process, env: dict[str, str]) -> str:
